@@ -1,0 +1,13 @@
+/* apex.h: the whole public API of apex in one include. */
+#ifndef APEX_APEX_H
+#define APEX_APEX_H
+
+#include "apex/dtype.h"
+#include "apex/loss_scaler.h"
+#include "apex/multi_tensor.h"
+#include "apex/rng.h"
+#include "apex/status.h"
+#include "apex/tensor.h"
+#include "apex/threads.h"
+
+#endif

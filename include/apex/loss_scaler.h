@@ -1,0 +1,94 @@
+/* loss_scaler.h: static and dynamic loss scaling (Apex's LossScaler, with the Ascend edition's
+ * tunables and Megatron-style hysteresis).
+ *
+ * Use: multiply the loss by apex_loss_scaler_scale() before backward; unscale the gradients by its
+ * inverse while checking them for Inf/NaN (apex_mt_scale does both in one pass); then call
+ * apex_loss_scaler_update(found_inf) and skip the optimizer step when it says so.
+ *
+ * Dynamic rule, per update:
+ *   overflow:    skip the step; the growth counter restarts; the hysteresis counter drops by one and,
+ *                when it reaches zero, scale = max(scale * backoff_factor, min_scale).
+ *   no overflow: growth counter + 1; when it reaches growth_interval, scale =
+ *                min(scale * growth_factor, max_scale), the growth counter restarts and the hysteresis
+ *                counter is reset to `hysteresis`.
+ * With hysteresis = 1 (the default) every overflow backs off: Apex's behaviour.
+ * A static scaler never changes its scale. It still reports overflow and asks for the step to be
+ * skipped, so a static scale can never write Inf/NaN into the weights (Apex's static mode steps
+ * anyway; apex prefers not to corrupt a model silently). */
+#ifndef APEX_LOSS_SCALER_H
+#define APEX_LOSS_SCALER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apex/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum apex_scale_mode {
+  APEX_SCALE_DYNAMIC = 0, /* the default */
+  APEX_SCALE_STATIC = 1
+} apex_scale_mode;
+
+/* Zero in any field means its default. */
+typedef struct apex_loss_scaler_config {
+  apex_scale_mode mode;
+  float init_scale;      /* dynamic: 2^16; static: 1.0 (the fixed scale) */
+  float growth_factor;   /* 2.0; must be > 1 */
+  float backoff_factor;  /* 0.5; must be in (0, 1) */
+  int growth_interval;   /* 2000 steps without overflow before growing (Apex's scale_window); >= 1 */
+  float min_scale;       /* 2^-24; must be > 0 */
+  float max_scale;       /* 2^24 */
+  int hysteresis;        /* 1: overflows tolerated before a backoff; >= 1 */
+} apex_loss_scaler_config;
+
+/* The saved state. Restoring it gives bitwise the same future as the scaler it was read from. */
+typedef struct apex_loss_scaler_state {
+  float scale;
+  int32_t growth_tracker;     /* steps since the last overflow or growth */
+  int32_t hysteresis_tracker; /* overflows left before the next backoff */
+  int64_t steps;              /* updates so far */
+  int64_t skipped;            /* updates that said skip */
+} apex_loss_scaler_state;
+
+/* Bytes of the serialised state (little-endian, versioned). */
+#define APEX_LOSS_SCALER_STATE_BYTES 40
+
+typedef struct apex_loss_scaler apex_loss_scaler;
+
+/* A scaler from the configuration (NULL = all defaults). Returns NULL with a message naming the
+ * setting for: growth_factor <= 1, backoff_factor outside (0, 1), growth_interval < 0 (0 means the
+ * default), hysteresis < 0, min_scale > max_scale, init_scale outside [min_scale, max_scale],
+ * negative or non-finite values, an unknown mode. */
+APEX_API apex_loss_scaler *apex_loss_scaler_create(const apex_loss_scaler_config *config);
+APEX_API void apex_loss_scaler_destroy(apex_loss_scaler *s);
+
+/* The configuration with every default filled in. */
+APEX_API apex_loss_scaler_config apex_loss_scaler_get_config(const apex_loss_scaler *s);
+/* The factor to multiply the loss by. */
+APEX_API float apex_loss_scaler_scale(const apex_loss_scaler *s);
+/* 1 / scale, the factor to multiply gradients by. */
+APEX_API float apex_loss_scaler_inv_scale(const apex_loss_scaler *s);
+
+/* Records one step's overflow check. *skip (may be NULL) is set to 1 when the optimizer step must be
+ * skipped (found_inf != 0), else 0. Returns APEX_OK, or APEX_ERR_SCALE_AT_MIN when found_inf and the
+ * scale was already at min_scale: gradients overflow even at the smallest scale allowed, so the
+ * model or its data produce Inf/NaN by themselves; the state is still updated and *skip set. */
+APEX_API apex_status apex_loss_scaler_update(apex_loss_scaler *s, int found_inf, int *skip);
+
+APEX_API apex_loss_scaler_state apex_loss_scaler_get_state(const apex_loss_scaler *s);
+/* Restores a state. Refuses (APEX_ERR_INVALID_ARG, nothing changed) a non-finite or non-positive
+ * scale, a scale outside [min_scale, max_scale] of a dynamic scaler, or negative counters. */
+APEX_API apex_status apex_loss_scaler_set_state(apex_loss_scaler *s, const apex_loss_scaler_state *state);
+
+/* The state as APEX_LOSS_SCALER_STATE_BYTES bytes, and back. Loading checks the magic, version and
+ * values (APEX_ERR_CORRUPT for a buffer that is not a scaler state) and changes nothing on error. */
+APEX_API apex_status apex_loss_scaler_save(const apex_loss_scaler *s, uint8_t *buf, size_t size);
+APEX_API apex_status apex_loss_scaler_load(apex_loss_scaler *s, const uint8_t *buf, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,84 @@
+/* tensor.h: dense, contiguous tensors of f32/f16/bf16 on a device.
+ *
+ * A tensor is a view (dtype, shape, byte offset) into a reference-counted storage. Most tensors own
+ * their storage alone; apex_tensor_flatten (multi_tensor.h) makes several tensors views into one
+ * shared buffer, and apex_tensor_wrap lets a program that owns its memory (llm.c style) hand apex a
+ * buffer without copying. Destroying a tensor releases its reference; the storage is freed with the
+ * last one. Shapes have 0 to APEX_MAX_DIMS dimensions; a 0-d tensor is a scalar with one element. */
+#ifndef APEX_TENSOR_H
+#define APEX_TENSOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apex/dtype.h"
+#include "apex/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define APEX_MAX_DIMS 8
+
+typedef enum apex_device {
+  APEX_DEVICE_CPU = 0,
+  APEX_DEVICE_CUDA = 1 /* reserved for the CUDA backend */
+} apex_device;
+
+typedef struct apex_tensor apex_tensor;
+
+/* A new zero-filled tensor on the CPU. shape may be NULL when ndim is 0. Returns NULL (with a
+ * message) for ndim outside [0, APEX_MAX_DIMS], a negative dimension, an invalid dtype, a size that
+ * overflows, or a failed allocation. */
+APEX_API apex_tensor *apex_tensor_create(apex_dtype dtype, int ndim, const int64_t *shape);
+/* Like apex_tensor_create on a given device. Only APEX_DEVICE_CPU is available in this build;
+ * CUDA returns NULL with a message until the CUDA backend is built in. */
+APEX_API apex_tensor *apex_tensor_create_on(apex_device device, apex_dtype dtype, int ndim,
+                                            const int64_t *shape);
+/* A tensor over memory the caller owns (at least numel * dtype size bytes, aligned to the element
+ * size). apex never frees it; the caller keeps it alive while the tensor exists. */
+APEX_API apex_tensor *apex_tensor_wrap(void *data, apex_dtype dtype, int ndim, const int64_t *shape);
+/* A new tensor with the same dtype and shape as t, its data copied. */
+APEX_API apex_tensor *apex_tensor_clone(const apex_tensor *t);
+/* Releases t (NULL is fine). */
+APEX_API void apex_tensor_destroy(apex_tensor *t);
+
+APEX_API apex_dtype apex_tensor_dtype(const apex_tensor *t);
+APEX_API apex_device apex_tensor_device(const apex_tensor *t);
+APEX_API int apex_tensor_ndim(const apex_tensor *t);
+/* Size of dimension dim; negative dim counts from the end. Returns -1 for a dim out of range. */
+APEX_API int64_t apex_tensor_dim(const apex_tensor *t, int dim);
+/* Pointer to the shape array (ndim entries). */
+APEX_API const int64_t *apex_tensor_shape(const apex_tensor *t);
+APEX_API size_t apex_tensor_numel(const apex_tensor *t);
+APEX_API size_t apex_tensor_nbytes(const apex_tensor *t);
+/* Pointer to the first element (host memory for CPU tensors). */
+APEX_API void *apex_tensor_data(const apex_tensor *t);
+/* 1 when a and b have the same ndim and sizes. */
+APEX_API int apex_tensor_same_shape(const apex_tensor *a, const apex_tensor *b);
+/* Writes "[2, 3, 4]" into buf (always NUL-terminated); returns buf. For error messages. */
+APEX_API char *apex_tensor_shape_str(const apex_tensor *t, char *buf, size_t size);
+
+/* Sets every element to value, rounded to the tensor's dtype. */
+APEX_API apex_status apex_tensor_fill(apex_tensor *t, float value);
+/* Copies src into dst; they need the same number of elements. Different dtypes convert (as
+ * apex_convert). */
+APEX_API apex_status apex_tensor_copy(apex_tensor *dst, const apex_tensor *src);
+/* A new tensor of the given dtype with src's shape and values converted. */
+APEX_API apex_tensor *apex_tensor_to(const apex_tensor *src, apex_dtype dtype);
+/* Element i (flat index) as a float, and the reverse; for tests and small code, not hot loops. */
+APEX_API float apex_tensor_get(const apex_tensor *t, size_t i);
+APEX_API void apex_tensor_set(apex_tensor *t, size_t i, float value);
+
+/* A new tensor sharing t's storage, with another shape of the same element count. */
+APEX_API apex_tensor *apex_tensor_view(apex_tensor *t, int ndim, const int64_t *shape);
+/* A new tensor viewing `numel` elements of t's storage starting at element `offset` of t, with the
+ * given shape (whose element count must be numel). */
+APEX_API apex_tensor *apex_tensor_slice_view(apex_tensor *t, size_t offset, int ndim, const int64_t *shape);
+/* 1 when a and b share storage. */
+APEX_API int apex_tensor_shares_storage(const apex_tensor *a, const apex_tensor *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

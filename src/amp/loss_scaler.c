@@ -1,0 +1,170 @@
+/* loss_scaler.c: static and dynamic loss scaling; the rule is documented in loss_scaler.h. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "apex/loss_scaler.h"
+#include "core/internal.h"
+
+struct apex_loss_scaler {
+  apex_loss_scaler_config cfg;
+  apex_loss_scaler_state st;
+};
+
+static apex_status fill_defaults(apex_loss_scaler_config *c) {
+  const char *who = "apex_loss_scaler_create";
+  if (c->mode != APEX_SCALE_DYNAMIC && c->mode != APEX_SCALE_STATIC)
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: unknown mode %d (use APEX_SCALE_DYNAMIC or APEX_SCALE_STATIC)", who, (int)c->mode);
+  const struct { const char *name; float v; } floats[] = {
+      {"init_scale", c->init_scale}, {"growth_factor", c->growth_factor}, {"backoff_factor", c->backoff_factor},
+      {"min_scale", c->min_scale},   {"max_scale", c->max_scale}};
+  for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++)
+    if (!isfinite(floats[i].v) || floats[i].v < 0)
+      return apex__fail(APEX_ERR_INVALID_ARG, "%s: %s is %g; it must be finite and positive (0 = default)", who, floats[i].name, floats[i].v);
+  if (c->growth_interval < 0)
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: growth_interval (window) is %d; it must be >= 1 (0 = default 2000)", who, c->growth_interval);
+  if (c->hysteresis < 0)
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: hysteresis is %d; it must be >= 1 (0 = default 1)", who, c->hysteresis);
+  if (c->init_scale == 0) c->init_scale = c->mode == APEX_SCALE_STATIC ? 1.0f : 65536.0f;
+  if (c->growth_factor == 0) c->growth_factor = 2.0f;
+  if (c->backoff_factor == 0) c->backoff_factor = 0.5f;
+  if (c->growth_interval == 0) c->growth_interval = 2000;
+  if (c->min_scale == 0) c->min_scale = 0x1p-24f;
+  if (c->max_scale == 0) c->max_scale = 0x1p24f;
+  if (c->hysteresis == 0) c->hysteresis = 1;
+  if (c->growth_factor <= 1.0f)
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: growth_factor is %g; it must be > 1", who, c->growth_factor);
+  if (c->backoff_factor >= 1.0f)
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: backoff_factor is %g; it must be in (0, 1)", who, c->backoff_factor);
+  if (c->min_scale > c->max_scale)
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: min_scale %g is above max_scale %g", who, c->min_scale, c->max_scale);
+  if (c->mode == APEX_SCALE_DYNAMIC && (c->init_scale < c->min_scale || c->init_scale > c->max_scale))
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: init_scale %g is outside [min_scale %g, max_scale %g]", who, c->init_scale,
+                      c->min_scale, c->max_scale);
+  return APEX_OK;
+}
+
+apex_loss_scaler *apex_loss_scaler_create(const apex_loss_scaler_config *config) {
+  apex_loss_scaler_config c = {0};
+  if (config) c = *config;
+  if (fill_defaults(&c) != APEX_OK) return NULL;
+  apex_loss_scaler *s = calloc(1, sizeof *s);
+  if (!s) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_loss_scaler_create: out of memory");
+  s->cfg = c;
+  s->st.scale = c.init_scale;
+  s->st.hysteresis_tracker = c.hysteresis;
+  return s;
+}
+
+void apex_loss_scaler_destroy(apex_loss_scaler *s) { free(s); }
+
+apex_loss_scaler_config apex_loss_scaler_get_config(const apex_loss_scaler *s) { return s->cfg; }
+float apex_loss_scaler_scale(const apex_loss_scaler *s) { return s->st.scale; }
+float apex_loss_scaler_inv_scale(const apex_loss_scaler *s) { return 1.0f / s->st.scale; }
+
+apex_status apex_loss_scaler_update(apex_loss_scaler *s, int found_inf, int *skip) {
+  if (!s) return apex__fail(APEX_ERR_INVALID_ARG, "apex_loss_scaler_update: NULL scaler");
+  apex_loss_scaler_state *st = &s->st;
+  const apex_loss_scaler_config *c = &s->cfg;
+  st->steps++;
+  if (skip) *skip = found_inf != 0;
+  if (!found_inf) {
+    if (c->mode == APEX_SCALE_DYNAMIC && ++st->growth_tracker >= c->growth_interval) {
+      st->growth_tracker = 0;
+      st->hysteresis_tracker = c->hysteresis;
+      st->scale = fminf(st->scale * c->growth_factor, c->max_scale);
+    }
+    return APEX_OK;
+  }
+  st->skipped++;
+  if (c->mode == APEX_SCALE_STATIC)
+    return APEX_OK;
+  int at_min = st->scale <= c->min_scale;
+  st->growth_tracker = 0;
+  if (st->hysteresis_tracker > 0) st->hysteresis_tracker--;
+  if (st->hysteresis_tracker == 0) st->scale = fmaxf(st->scale * c->backoff_factor, c->min_scale);
+  if (at_min)
+    return apex__fail(APEX_ERR_SCALE_AT_MIN,
+                      "loss scaler: gradients overflowed with the loss scale already at its minimum %g (%lld of %lld steps "
+                      "skipped); the loss or gradients are Inf/NaN at any scale: check the inputs and the learning rate",
+                      c->min_scale, (long long)st->skipped, (long long)st->steps);
+  return APEX_OK;
+}
+
+apex_loss_scaler_state apex_loss_scaler_get_state(const apex_loss_scaler *s) { return s->st; }
+
+apex_status apex_loss_scaler_set_state(apex_loss_scaler *s, const apex_loss_scaler_state *state) {
+  if (!s || !state) return apex__fail(APEX_ERR_INVALID_ARG, "apex_loss_scaler_set_state: NULL argument");
+  if (!isfinite(state->scale) || state->scale <= 0)
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex_loss_scaler_set_state: scale %g is not a positive finite number", state->scale);
+  if (s->cfg.mode == APEX_SCALE_DYNAMIC && (state->scale < s->cfg.min_scale || state->scale > s->cfg.max_scale))
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex_loss_scaler_set_state: scale %g is outside this scaler's [%g, %g]", state->scale,
+                      s->cfg.min_scale, s->cfg.max_scale);
+  if (state->growth_tracker < 0 || state->hysteresis_tracker < 0 || state->steps < 0 || state->skipped < 0 ||
+      state->skipped > state->steps)
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex_loss_scaler_set_state: negative or inconsistent counters");
+  s->st = *state;
+  return APEX_OK;
+}
+
+/* Layout: "APXS" magic, u32 version 1, f32 scale, i32 growth, i32 hysteresis, u32 reserved, i64
+ * steps, i64 skipped; little-endian. */
+#define SCALER_MAGIC 0x53585041u /* "APXS" read as little-endian u32 */
+#define SCALER_VERSION 1u
+
+static void put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get_u32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+static uint64_t get_u64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+apex_status apex_loss_scaler_save(const apex_loss_scaler *s, uint8_t *buf, size_t size) {
+  if (!s || !buf) return apex__fail(APEX_ERR_INVALID_ARG, "apex_loss_scaler_save: NULL argument");
+  if (size < APEX_LOSS_SCALER_STATE_BYTES)
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex_loss_scaler_save: buffer of %zu bytes; need %d", size, APEX_LOSS_SCALER_STATE_BYTES);
+  uint32_t scale_bits;
+  memcpy(&scale_bits, &s->st.scale, 4);
+  put_u32(buf, SCALER_MAGIC);
+  put_u32(buf + 4, SCALER_VERSION);
+  put_u32(buf + 8, scale_bits);
+  put_u32(buf + 12, (uint32_t)s->st.growth_tracker);
+  put_u32(buf + 16, (uint32_t)s->st.hysteresis_tracker);
+  put_u32(buf + 20, 0);
+  put_u64(buf + 24, (uint64_t)s->st.steps);
+  put_u64(buf + 32, (uint64_t)s->st.skipped);
+  return APEX_OK;
+}
+
+apex_status apex_loss_scaler_load(apex_loss_scaler *s, const uint8_t *buf, size_t size) {
+  if (!s || !buf) return apex__fail(APEX_ERR_INVALID_ARG, "apex_loss_scaler_load: NULL argument");
+  if (size < APEX_LOSS_SCALER_STATE_BYTES)
+    return apex__fail(APEX_ERR_CORRUPT, "apex_loss_scaler_load: %zu bytes; a scaler state has %d", size, APEX_LOSS_SCALER_STATE_BYTES);
+  if (get_u32(buf) != SCALER_MAGIC) return apex__fail(APEX_ERR_CORRUPT, "apex_loss_scaler_load: not a loss scaler state (bad magic)");
+  if (get_u32(buf + 4) != SCALER_VERSION)
+    return apex__fail(APEX_ERR_CORRUPT, "apex_loss_scaler_load: state version %u; this library reads version %u", get_u32(buf + 4), SCALER_VERSION);
+  apex_loss_scaler_state st;
+  uint32_t scale_bits = get_u32(buf + 8);
+  memcpy(&st.scale, &scale_bits, 4);
+  st.growth_tracker = (int32_t)get_u32(buf + 12);
+  st.hysteresis_tracker = (int32_t)get_u32(buf + 16);
+  st.steps = (int64_t)get_u64(buf + 24);
+  st.skipped = (int64_t)get_u64(buf + 32);
+  if (apex_loss_scaler_set_state(s, &st) != APEX_OK) {
+    char why[512]; /* copied: the message buffer is about to be rewritten */
+    snprintf(why, sizeof why, "%s", apex_last_error());
+    return apex__fail(APEX_ERR_CORRUPT, "apex_loss_scaler_load: corrupt state: %s", why);
+  }
+  return APEX_OK;
+}

@@ -1,0 +1,45 @@
+/* internal.h: what the layers of apex share but do not publish.
+ *
+ * Error reporting (apex__fail), the single-threaded conversion kernels that the bulk converter and
+ * the multi-tensor applier are built on, and the tensor internals. */
+#ifndef APEX_CORE_INTERNAL_H
+#define APEX_CORE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apex/dtype.h"
+#include "apex/status.h"
+#include "apex/tensor.h"
+
+#if defined(__GNUC__)
+#define APEX_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define APEX_PRINTF(a, b)
+#endif
+
+/* Records a message for apex_last_error() on this thread and returns status, so that a failure is
+ * one line: `return apex__fail(APEX_ERR_SHAPE, "x: %zu elements, y: %zu", nx, ny);`. */
+apex_status apex__fail(apex_status status, const char *fmt, ...) APEX_PRINTF(2, 3);
+/* As apex__fail for constructors: records the message and returns NULL. */
+void *apex__fail_null(apex_status status, const char *fmt, ...) APEX_PRINTF(2, 3);
+
+/* Converts n elements on the calling thread only, with the active SIMD path. Same contract as
+ * apex_convert, without argument checks. */
+void apex__convert_range(void *dst, apex_dtype dst_type, const void *src, apex_dtype src_type, size_t n);
+
+/* The portable kernels, and the AVX2/F16C ones (only defined on x86; only called when the CPU has
+ * them). */
+void apex__convert_portable(void *dst, apex_dtype dst_type, const void *src, apex_dtype src_type, size_t n);
+void apex__convert_avx2(void *dst, apex_dtype dst_type, const void *src, apex_dtype src_type, size_t n);
+/* 1 when the CPU has AVX2, F16C and FMA. */
+int apex__cpu_has_avx2(void);
+
+/* Validates a dtype argument; on error the message names `what`. */
+apex_status apex__check_dtype(apex_dtype dtype, const char *what);
+
+/* Block size for splitting elementwise loops over threads. Fixed, so results never depend on the
+ * number of threads. */
+#define APEX_THREAD_BLOCK ((size_t)1 << 16)
+
+#endif

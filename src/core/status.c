@@ -1,0 +1,51 @@
+/* status.c: the thread-local error message behind apex_last_error(). */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "core/internal.h"
+
+#define APEX_ERROR_CAPACITY 1024
+static _Thread_local char apex_error_message[APEX_ERROR_CAPACITY];
+
+static void apex_set_message(const char *fmt, va_list ap) {
+  vsnprintf(apex_error_message, sizeof apex_error_message, fmt, ap);
+}
+
+apex_status apex__fail(apex_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  apex_set_message(fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+void *apex__fail_null(apex_status status, const char *fmt, ...) {
+  (void)status;
+  va_list ap;
+  va_start(ap, fmt);
+  apex_set_message(fmt, ap);
+  va_end(ap);
+  return NULL;
+}
+
+const char *apex_last_error(void) { return apex_error_message; }
+
+void apex_clear_error(void) { apex_error_message[0] = '\0'; }
+
+const char *apex_status_name(apex_status status) {
+  switch (status) {
+  case APEX_OK: return "APEX_OK";
+  case APEX_ERR_INVALID_ARG: return "APEX_ERR_INVALID_ARG";
+  case APEX_ERR_OUT_OF_MEMORY: return "APEX_ERR_OUT_OF_MEMORY";
+  case APEX_ERR_SHAPE: return "APEX_ERR_SHAPE";
+  case APEX_ERR_DTYPE: return "APEX_ERR_DTYPE";
+  case APEX_ERR_DEVICE: return "APEX_ERR_DEVICE";
+  case APEX_ERR_IO: return "APEX_ERR_IO";
+  case APEX_ERR_CORRUPT: return "APEX_ERR_CORRUPT";
+  case APEX_ERR_STATE: return "APEX_ERR_STATE";
+  case APEX_ERR_UNSUPPORTED: return "APEX_ERR_UNSUPPORTED";
+  case APEX_ERR_NONFINITE: return "APEX_ERR_NONFINITE";
+  case APEX_ERR_SCALE_AT_MIN: return "APEX_ERR_SCALE_AT_MIN";
+  }
+  return "APEX_ERR_UNKNOWN";
+}

@@ -1,0 +1,34 @@
+/* tensor_internal.h: the tensor and storage structs, for the layers inside apex. Public code sees
+ * only the opaque apex_tensor of tensor.h. */
+#ifndef APEX_CORE_TENSOR_INTERNAL_H
+#define APEX_CORE_TENSOR_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "apex/tensor.h"
+
+typedef struct apex_storage {
+  void *data;
+  size_t bytes;
+  int owned; /* 0 for apex_tensor_wrap: the caller frees the memory */
+  atomic_int refs;
+} apex_storage;
+
+struct apex_tensor {
+  apex_storage *storage;
+  size_t offset; /* in bytes */
+  apex_dtype dtype;
+  apex_device device;
+  int ndim;
+  int64_t shape[APEX_MAX_DIMS];
+  size_t numel;
+};
+
+apex_storage *apex__storage_alloc(size_t bytes);
+void apex__storage_retain(apex_storage *s);
+void apex__storage_release(apex_storage *s);
+/* A new tensor over storage s at byte_offset (takes its own reference to s). */
+apex_tensor *apex__tensor_view_of(apex_storage *s, size_t byte_offset, apex_dtype dtype, int ndim, const int64_t *shape);
+
+#endif

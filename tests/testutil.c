@@ -1,0 +1,49 @@
+/* testutil.c: helpers shared by the tests (see testutil.h). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+void tu_assert_message(const char *needle) {
+  if (!strstr(apex_last_error(), needle)) fail_msg("message '%s' does not mention '%s'", apex_last_error(), needle);
+}
+
+apex_tensor *tu_random_tensor(apex_dtype dtype, size_t n, uint64_t seed, float range) {
+  int64_t shape = (int64_t)n;
+  apex_tensor *t = apex_tensor_create(dtype, 1, &shape);
+  assert_non_null(t);
+  float *tmp = malloc((n ? n : 1) * sizeof *tmp);
+  apex_rng rng = apex_rng_init(seed);
+  assert_int_equal(apex_rng_uniform(&rng, tmp, n), APEX_OK);
+  for (size_t i = 0; i < n; i++) tmp[i] = (2.0f * tmp[i] - 1.0f) * range;
+  assert_int_equal(apex_convert(apex_tensor_data(t), dtype, tmp, APEX_F32, n), APEX_OK);
+  free(tmp);
+  return t;
+}
+
+void *tu_read_data(const char *name, size_t *size) {
+  const char *dir = getenv("APEX_TEST_DATA");
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/data", name);
+  FILE *f = fopen(path, "rb");
+  if (!f) fail_msg("cannot open golden file %s", path);
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  void *buf = malloc((size_t)len + 1);
+  if (fread(buf, 1, (size_t)len, f) != (size_t)len) fail_msg("short read on %s", path);
+  fclose(f);
+  ((char *)buf)[len] = 0;
+  *size = (size_t)len;
+  return buf;
+}
+
+double tu_max_rel_diff(const float *a, const float *b, size_t n, double floor) {
+  double worst = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = fabs((double)a[i] - (double)b[i]) / fmax(fabs((double)b[i]), floor);
+    if (!(d <= worst)) worst = d; /* NaN counts as worst */
+  }
+  return worst;
+}

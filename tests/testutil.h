@@ -1,0 +1,58 @@
+/* testutil.h: what the cmocka tests share: the includes cmocka needs, bit-exact float comparisons,
+ * running a check at 1 and 2 threads, and reading golden files made by the scripts in tests/. */
+#ifndef APEX_TESTUTIL_H
+#define APEX_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+/* cmocka.h needs the four headers above first. */
+#include <cmocka.h>
+
+#include "apex/apex.h"
+
+/* The bits of a float, for bitwise comparisons. */
+static inline uint32_t tu_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+static inline float tu_float(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* Asserts that an apex call returned APEX_OK, printing the library's message if not. */
+#define TU_OK(call)                                                                                        \
+  do {                                                                                                     \
+    apex_status tu_st_ = (call);                                                                           \
+    if (tu_st_ != APEX_OK) fail_msg("%s returned %s: %s", #call, apex_status_name(tu_st_), apex_last_error()); \
+  } while (0)
+
+/* Asserts that a call failed with the given status and that its message contains `needle`. */
+#define TU_FAILS(call, status, needle)                                                                     \
+  do {                                                                                                     \
+    apex_status tu_st_ = (call);                                                                           \
+    if (tu_st_ != (status))                                                                                \
+      fail_msg("%s returned %s, expected %s (%s)", #call, apex_status_name(tu_st_), apex_status_name(status), apex_last_error()); \
+    if (!strstr(apex_last_error(), (needle)))                                                              \
+      fail_msg("%s: message '%s' does not mention '%s'", #call, apex_last_error(), (needle));             \
+  } while (0)
+
+/* Asserts that the last error message contains needle. */
+void tu_assert_message(const char *needle);
+
+/* A 1-d tensor of n elements of dtype, filled with deterministic values in [-range, range]. */
+apex_tensor *tu_random_tensor(apex_dtype dtype, size_t n, uint64_t seed, float range);
+
+/* Reads a whole file under $APEX_TEST_DATA (tests/data) into a malloc'd buffer; NULL (and the test
+ * fails with the path) if missing. */
+void *tu_read_data(const char *name, size_t *size);
+
+/* Maximum relative difference |a-b| / max(|b|, floor) over n floats. */
+double tu_max_rel_diff(const float *a, const float *b, size_t n, double floor);
+
+#endif
