@@ -1,0 +1,36 @@
+/* bench_util.h: timing and reporting shared by the benchmarks.
+ *
+ * Every figure is printed as one line
+ *     bench NAME VALUE UNIT ratio=R peer=PEER
+ * where R = apex's speed / the peer's speed, both measured in the same run, so that a noisy shared
+ * machine moves both alike. */
+#ifndef APEX_BENCH_UTIL_H
+#define APEX_BENCH_UTIL_H
+
+#include <stddef.h>
+
+/* Monotonic wall time in seconds. */
+double bench_now(void);
+
+/* Runs fn(ctx) `warmup` times, then repeatedly until at least min_seconds and min_reps have passed;
+ * returns the best (smallest) time of one call in seconds. Best-of is the figure least disturbed by
+ * other work on the machine. */
+double bench_best(void (*fn)(void *), void *ctx, int warmup, int min_reps, double min_seconds);
+
+/* Prints the bench line for a throughput: apex moved `bytes` in apex_s seconds, the peer moved
+ * peer_bytes in peer_s seconds. Value is apex's GB/s. */
+void bench_report_gbs(const char *name, double bytes, double apex_s, double peer_bytes, double peer_s, const char *peer);
+
+/* Prints a bench line for a measured value and a ratio computed by the caller. */
+void bench_report(const char *name, double value, const char *unit, double ratio, const char *peer);
+
+/* Prints a line saying a figure was skipped and why. */
+void bench_skip(const char *name, const char *why);
+
+/* memcpy split over the OpenMP threads in fixed blocks: the bandwidth peer. */
+void bench_parallel_memcpy(void *dst, const void *src, size_t bytes);
+
+/* 1 if NAME was asked for on the command line (or nothing was asked for). */
+int bench_wanted(int argc, char **argv, const char *name);
+
+#endif
