@@ -1,0 +1,1 @@
+set_tests_properties(test_dtype_exhaustive PROPERTIES LABELS long TIMEOUT 1800)
