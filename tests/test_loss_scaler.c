@@ -1,0 +1,200 @@
+/* test_loss_scaler.c: static and dynamic loss scaling.
+ *
+ * Expected scales are written in closed form from the rule in loss_scaler.h (halving per overflow,
+ * doubling after each full window, clamps, hysteresis), not by re-running the scaler's code. */
+#include <math.h>
+
+#include "testutil.h"
+
+static apex_loss_scaler *make(apex_loss_scaler_config c) {
+  apex_loss_scaler *s = apex_loss_scaler_create(&c);
+  if (!s) fail_msg("create failed: %s", apex_last_error());
+  return s;
+}
+
+static void test_defaults_are_apex(void **state) {
+  (void)state;
+  apex_loss_scaler *s = apex_loss_scaler_create(NULL);
+  apex_loss_scaler_config c = apex_loss_scaler_get_config(s);
+  assert_true(c.init_scale == 65536.0f && c.growth_factor == 2.0f && c.backoff_factor == 0.5f);
+  assert_int_equal(c.growth_interval, 2000);
+  assert_true(c.max_scale == 16777216.0f);
+  assert_int_equal(c.hysteresis, 1);
+  /* 1999 clean steps: no growth yet; the 2000th doubles. */
+  for (int i = 0; i < 1999; i++) TU_OK(apex_loss_scaler_update(s, 0, NULL));
+  assert_true(apex_loss_scaler_scale(s) == 65536.0f);
+  TU_OK(apex_loss_scaler_update(s, 0, NULL));
+  assert_true(apex_loss_scaler_scale(s) == 131072.0f);
+  assert_true(apex_loss_scaler_inv_scale(s) == 1.0f / 131072.0f);
+  apex_loss_scaler_destroy(s);
+}
+
+/* After k overflows the scale is init / 2^k and the unskipped count is 0 (Apex's L0 test). */
+static void test_halving_per_overflow(void **state) {
+  (void)state;
+  apex_loss_scaler *s = make((apex_loss_scaler_config){.growth_interval = 5});
+  TU_OK(apex_loss_scaler_update(s, 0, NULL));
+  TU_OK(apex_loss_scaler_update(s, 0, NULL));
+  for (int k = 1; k <= 10; k++) {
+    int skip = 0;
+    TU_OK(apex_loss_scaler_update(s, 1, &skip));
+    assert_int_equal(skip, 1);
+    assert_true(apex_loss_scaler_scale(s) == ldexpf(65536.0f, -k));
+    assert_int_equal(apex_loss_scaler_get_state(s).growth_tracker, 0);
+  }
+  assert_int_equal(apex_loss_scaler_get_state(s).skipped, 10);
+  apex_loss_scaler_destroy(s);
+}
+
+static void test_growth_and_max_clamp(void **state) {
+  (void)state;
+  apex_loss_scaler *s = make((apex_loss_scaler_config){.init_scale = 0x1p22f, .growth_interval = 3, .growth_factor = 2});
+  const float expect[12] = {0x1p22f, 0x1p22f, 0x1p23f, 0x1p23f, 0x1p23f, 0x1p24f,
+                            0x1p24f, 0x1p24f, 0x1p24f, 0x1p24f, 0x1p24f, 0x1p24f};
+  for (int i = 0; i < 12; i++) {
+    int skip = 1;
+    TU_OK(apex_loss_scaler_update(s, 0, &skip));
+    assert_int_equal(skip, 0);
+    if (apex_loss_scaler_scale(s) != expect[i]) fail_msg("step %d: scale %g, expected %g", i, apex_loss_scaler_scale(s), expect[i]);
+  }
+  apex_loss_scaler_destroy(s);
+  /* An overflow restarts the window: 2 clean, overflow, 2 clean -> no growth; 1 more -> growth. */
+  s = make((apex_loss_scaler_config){.init_scale = 1024, .growth_interval = 3, .growth_factor = 4, .backoff_factor = 0.25f});
+  int pattern[6] = {0, 0, 1, 0, 0, 0};
+  float scales[6] = {1024, 1024, 256, 256, 256, 1024};
+  for (int i = 0; i < 6; i++) {
+    TU_OK(apex_loss_scaler_update(s, pattern[i], NULL));
+    assert_true(apex_loss_scaler_scale(s) == scales[i]);
+  }
+  apex_loss_scaler_destroy(s);
+}
+
+static void test_min_clamp_and_status(void **state) {
+  (void)state;
+  apex_loss_scaler *s = make((apex_loss_scaler_config){.init_scale = 0x1p16f, .min_scale = 0x1p14f});
+  int skip;
+  TU_OK(apex_loss_scaler_update(s, 1, &skip));
+  TU_OK(apex_loss_scaler_update(s, 1, &skip));
+  assert_true(apex_loss_scaler_scale(s) == 0x1p14f);
+  /* Already at the minimum: still skipped, and the caller is told. */
+  skip = 0;
+  TU_FAILS(apex_loss_scaler_update(s, 1, &skip), APEX_ERR_SCALE_AT_MIN, "minimum");
+  assert_int_equal(skip, 1);
+  assert_true(apex_loss_scaler_scale(s) == 0x1p14f);
+  /* A clean step afterwards is fine. */
+  TU_OK(apex_loss_scaler_update(s, 0, &skip));
+  assert_int_equal(skip, 0);
+  apex_loss_scaler_destroy(s);
+}
+
+/* Hysteresis 2: the first overflow after a reset is tolerated (skipped, no backoff), later ones back
+ * off until a growth resets the counter. */
+static void test_hysteresis(void **state) {
+  (void)state;
+  apex_loss_scaler *s = make((apex_loss_scaler_config){.init_scale = 1024, .growth_interval = 2, .hysteresis = 2});
+  const int pattern[9] = {1, 1, 1, 0, 0, 1, 1, 0, 1};
+  const float expect[9] = {1024, 512, 256, 256, 512, 512, 256, 256, 128};
+  const int skips[9] = {1, 1, 1, 0, 0, 1, 1, 0, 1};
+  for (int i = 0; i < 9; i++) {
+    int skip = -1;
+    TU_OK(apex_loss_scaler_update(s, pattern[i], &skip));
+    assert_int_equal(skip, skips[i]);
+    if (apex_loss_scaler_scale(s) != expect[i]) fail_msg("step %d: scale %g, expected %g", i, apex_loss_scaler_scale(s), expect[i]);
+  }
+  apex_loss_scaler_destroy(s);
+}
+
+static void test_static(void **state) {
+  (void)state;
+  apex_loss_scaler *s = make((apex_loss_scaler_config){.mode = APEX_SCALE_STATIC, .init_scale = 128});
+  for (int i = 0; i < 10; i++) {
+    int skip;
+    TU_OK(apex_loss_scaler_update(s, i == 4, &skip));
+    assert_int_equal(skip, i == 4);
+    assert_true(apex_loss_scaler_scale(s) == 128.0f);
+  }
+  apex_loss_scaler_destroy(s);
+  s = make((apex_loss_scaler_config){.mode = APEX_SCALE_STATIC});
+  assert_true(apex_loss_scaler_scale(s) == 1.0f);
+  apex_loss_scaler_destroy(s);
+}
+
+static void test_save_load_bitwise(void **state) {
+  (void)state;
+  apex_loss_scaler_config c = {.init_scale = 4096, .growth_interval = 3, .hysteresis = 2, .growth_factor = 1.5f};
+  apex_loss_scaler *a = make(c), *b = make(c);
+  apex_rng rng = apex_rng_init(5);
+  float u[64];
+  TU_OK(apex_rng_uniform(&rng, u, 64));
+  for (int i = 0; i < 32; i++) TU_OK(apex_loss_scaler_update(a, u[i] < 0.3f, NULL));
+  uint8_t buf[APEX_LOSS_SCALER_STATE_BYTES];
+  TU_OK(apex_loss_scaler_save(a, buf, sizeof buf));
+  TU_OK(apex_loss_scaler_load(b, buf, sizeof buf));
+  for (int i = 32; i < 64; i++) {
+    TU_OK(apex_loss_scaler_update(a, u[i] < 0.3f, NULL));
+    TU_OK(apex_loss_scaler_update(b, u[i] < 0.3f, NULL));
+    apex_loss_scaler_state sa = apex_loss_scaler_get_state(a), sb = apex_loss_scaler_get_state(b);
+    assert_memory_equal(&sa, &sb, sizeof sa);
+  }
+  /* Corrupted, truncated or foreign buffers are refused and change nothing. */
+  apex_loss_scaler_state before = apex_loss_scaler_get_state(b);
+  uint8_t bad[APEX_LOSS_SCALER_STATE_BYTES];
+  memcpy(bad, buf, sizeof bad);
+  bad[0] ^= 1;
+  TU_FAILS(apex_loss_scaler_load(b, bad, sizeof bad), APEX_ERR_CORRUPT, "magic");
+  TU_FAILS(apex_loss_scaler_load(b, buf, 12), APEX_ERR_CORRUPT, "12 bytes");
+  memcpy(bad, buf, sizeof bad);
+  bad[4] = 9;
+  TU_FAILS(apex_loss_scaler_load(b, bad, sizeof bad), APEX_ERR_CORRUPT, "version 9");
+  memcpy(bad, buf, sizeof bad);
+  memset(bad + 8, 0xFF, 4); /* scale = NaN */
+  TU_FAILS(apex_loss_scaler_load(b, bad, sizeof bad), APEX_ERR_CORRUPT, "scale");
+  apex_loss_scaler_state after = apex_loss_scaler_get_state(b);
+  assert_memory_equal(&before, &after, sizeof before);
+  TU_FAILS(apex_loss_scaler_save(a, buf, 8), APEX_ERR_INVALID_ARG, "need 40");
+  apex_loss_scaler_destroy(a);
+  apex_loss_scaler_destroy(b);
+}
+
+static void test_invalid_settings(void **state) {
+  (void)state;
+  struct {
+    apex_loss_scaler_config c;
+    const char *needle;
+  } cases[] = {
+      {{.growth_factor = 1.0f}, "growth_factor"},
+      {{.growth_factor = 0.5f}, "growth_factor"},
+      {{.backoff_factor = 1.0f}, "backoff_factor"},
+      {{.backoff_factor = 2.0f}, "backoff_factor"},
+      {{.backoff_factor = -0.5f}, "backoff_factor"},
+      {{.growth_interval = -1}, "growth_interval"},
+      {{.hysteresis = -2}, "hysteresis"},
+      {{.min_scale = 100, .max_scale = 10, .init_scale = 50}, "min_scale 100 is above max_scale 10"},
+      {{.init_scale = 1e9f}, "init_scale"},
+      {{.init_scale = 1.0f, .min_scale = 2.0f}, "init_scale"},
+      {{.init_scale = INFINITY}, "init_scale"},
+      {{.max_scale = NAN}, "max_scale"},
+      {{.mode = (apex_scale_mode)7}, "mode"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    apex_loss_scaler *s = apex_loss_scaler_create(&cases[i].c);
+    if (s) fail_msg("case %zu (%s) was accepted", i, cases[i].needle);
+    tu_assert_message(cases[i].needle);
+  }
+  apex_loss_scaler *s = apex_loss_scaler_create(NULL);
+  apex_loss_scaler_state st = apex_loss_scaler_get_state(s);
+  st.scale = -1;
+  TU_FAILS(apex_loss_scaler_set_state(s, &st), APEX_ERR_INVALID_ARG, "scale -1");
+  TU_FAILS(apex_loss_scaler_update(NULL, 0, NULL), APEX_ERR_INVALID_ARG, "NULL");
+  apex_loss_scaler_destroy(s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_defaults_are_apex),  cmocka_unit_test(test_halving_per_overflow),
+      cmocka_unit_test(test_growth_and_max_clamp), cmocka_unit_test(test_min_clamp_and_status),
+      cmocka_unit_test(test_hysteresis),         cmocka_unit_test(test_static),
+      cmocka_unit_test(test_save_load_bitwise),  cmocka_unit_test(test_invalid_settings),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
