@@ -2,9 +2,11 @@
 #ifndef APEX_APEX_H
 #define APEX_APEX_H
 
+#include "apex/autograd.h"
 #include "apex/dtype.h"
 #include "apex/loss_scaler.h"
 #include "apex/multi_tensor.h"
+#include "apex/nn_ops.h"
 #include "apex/rng.h"
 #include "apex/status.h"
 #include "apex/tensor.h"

@@ -1,0 +1,151 @@
+/* autograd.h: tensors with gradients, recorded define-by-run, and backward.
+ *
+ * A training step is:
+ *
+ *     apex_var *x = apex_graph_input(g, batch, 0);
+ *     apex_var *loss = ...ops from nn_ops.h on x and the model's parameters...;
+ *     apex_backward(loss, NULL);          fills the parameters' grad tensors
+ *     optimizer step on (apex_var_value(p), apex_var_grad(p)) pairs
+ *     apex_graph_reset(g);                frees this step's intermediates for reuse
+ *
+ * Two kinds of apex_var:
+ *  - leaves (apex_var_create): long-lived, owned by the caller or by a model (parameters). A leaf
+ *    that requires gradients has a grad tensor of its own dtype and shape, zero at creation, to which
+ *    every backward adds until apex_var_zero_grad.
+ *  - graph vars: the inputs (apex_graph_input) and the results of ops. The graph owns them; they and
+ *    their values stay valid until apex_graph_reset (or apex_graph_destroy), after which the pointers
+ *    must not be used. Their memory comes from a per-graph pool that a shape-stable training loop
+ *    reuses step after step without allocating.
+ *
+ * Every op records its inputs when one of them requires gradients and grad mode is on
+ * (apex_graph_set_grad_enabled). Backward runs the recorded ops in reverse creation order, which is
+ * a valid topological order because an op's inputs always exist before it. Gradients flow in f32
+ * whatever the dtypes of the values; a leaf's grad tensor receives them rounded to its dtype.
+ *
+ * Autocast (the hook amp builds on): every op has an autocast category (apex_cast_category) and
+ * every op call passes through one dispatcher. With autocast on (apex_graph_set_autocast), the
+ * dispatcher casts the op's floating inputs per category: HALF ops run in the autocast dtype, FLOAT
+ * ops in f32, PROMOTE ops in the widest input dtype, NONE ops in their input's dtype. Casts are
+ * recorded ops, so gradients flow back to f32 parameters. A leaf's low-precision copy is made once
+ * per graph step and reused by every op that needs it (the weight-cast cache, cleared by
+ * apex_graph_reset). apex_graph_set_op_cast overrides an op's category for one graph (Apex's
+ * register_half_function / register_float_function).
+ *
+ * Errors: every function that can fail returns a status or NULL and leaves a message naming the op
+ * and the shapes (apex_last_error). Op functions return NULL on failure; passing that NULL to a
+ * later op fails again with APEX_ERR_INVALID_ARG, so a chain can be checked once at the end. */
+#ifndef APEX_AUTOGRAD_H
+#define APEX_AUTOGRAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apex/dtype.h"
+#include "apex/status.h"
+#include "apex/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct apex_var apex_var;
+typedef struct apex_graph apex_graph;
+
+/* How autocast treats an op's floating inputs. */
+typedef enum apex_cast_category {
+  APEX_CAST_NONE = 0, /* runs in its input's dtype (reshape, relu, pooling, ...) */
+  APEX_CAST_HALF,     /* runs in the autocast dtype (matmul, linear, conv2d, attention) */
+  APEX_CAST_FLOAT,    /* runs in f32 (softmax, norms, losses, sum) */
+  APEX_CAST_PROMOTE   /* runs in the widest dtype among its inputs (add, mul, concat, ...) */
+} apex_cast_category;
+
+/* Every op, in one place. The op table (name, category, backward) is indexed by this enum. */
+typedef enum apex_op {
+  APEX_OP_LEAF = 0, APEX_OP_CAST,
+  APEX_OP_ADD, APEX_OP_SUB, APEX_OP_MUL, APEX_OP_DIV, APEX_OP_SCALE,
+  APEX_OP_RELU, APEX_OP_GELU, APEX_OP_GELU_TANH, APEX_OP_TANH, APEX_OP_SIGMOID, APEX_OP_DROPOUT,
+  APEX_OP_MATMUL, APEX_OP_LINEAR, APEX_OP_CONV2D, APEX_OP_MAX_POOL2D, APEX_OP_AVG_POOL2D,
+  APEX_OP_BATCH_NORM, APEX_OP_LAYER_NORM, APEX_OP_RMS_NORM, APEX_OP_EMBEDDING,
+  APEX_OP_SOFTMAX, APEX_OP_LOG_SOFTMAX, APEX_OP_CROSS_ENTROPY, APEX_OP_MSE, APEX_OP_BCE_WITH_LOGITS,
+  APEX_OP_BCE, APEX_OP_SUM, APEX_OP_MEAN, APEX_OP_RESHAPE, APEX_OP_PERMUTE, APEX_OP_CONCAT,
+  APEX_OP_ATTENTION,
+  APEX_OP_COUNT
+} apex_op;
+
+/* The op's name ("linear", "conv2d", ...); "invalid" outside the enum. */
+APEX_API const char *apex_op_name(apex_op op);
+/* The op's default autocast category (APEX_CAST_NONE outside the enum). */
+APEX_API apex_cast_category apex_op_cast_category(apex_op op);
+
+/* ---- graphs -------------------------------------------------------------------------------------- */
+
+/* A new, empty graph with grad mode on and autocast off. NULL on allocation failure. */
+APEX_API apex_graph *apex_graph_create(void);
+/* Frees the graph, its vars and its memory pool (NULL is fine). Leaves are not touched. */
+APEX_API void apex_graph_destroy(apex_graph *g);
+/* Ends a step: every graph var made since the last reset becomes invalid, its memory goes back to
+ * the pool (pool blocks that this step did not use are freed), and the weight-cast cache is cleared.
+ * Grad mode, autocast and category overrides are kept. */
+APEX_API void apex_graph_reset(apex_graph *g);
+/* Turns recording on (1) or off (0, "no-grad" mode for evaluation); returns the previous setting.
+ * With recording off, ops compute values only and their results do not require gradients. */
+APEX_API int apex_graph_set_grad_enabled(apex_graph *g, int enabled);
+/* Turns autocast on in `dtype` (APEX_F16 or APEX_BF16) or off (enabled = 0). APEX_ERR_DTYPE for
+ * another dtype; APEX_ERR_INVALID_ARG for a NULL graph. */
+APEX_API apex_status apex_graph_set_autocast(apex_graph *g, int enabled, apex_dtype dtype);
+/* Overrides op's autocast category for this graph. APEX_ERR_INVALID_ARG for an op or category
+ * outside its enum. */
+APEX_API apex_status apex_graph_set_op_cast(apex_graph *g, apex_op op, apex_cast_category category);
+/* Bytes held by the graph's pool (in use or cached for reuse); for tests and tuning. */
+APEX_API size_t apex_graph_pool_bytes(const apex_graph *g);
+
+/* ---- vars ---------------------------------------------------------------------------------------- */
+
+/* A leaf var that takes ownership of `value` (destroyed with the var). With requires_grad, the var
+ * gets a zero grad tensor of value's dtype and shape. NULL for a NULL value or failed allocation. */
+APEX_API apex_var *apex_var_create(apex_tensor *value, int requires_grad);
+/* Destroys a leaf var, its value and its grad (NULL is fine). Graph vars are owned by their graph:
+ * passing one here does nothing. */
+APEX_API void apex_var_destroy(apex_var *v);
+/* A graph var holding a view of t (no copy; t's storage must not change until the graph is reset).
+ * With requires_grad the var gets a grad tensor from the pool, valid until reset. */
+APEX_API apex_var *apex_graph_input(apex_graph *g, apex_tensor *t, int requires_grad);
+
+/* The value (never NULL for a valid var). */
+APEX_API apex_tensor *apex_var_value(const apex_var *v);
+/* The grad tensor of a var that requires gradients and is a leaf or graph input; NULL otherwise. */
+APEX_API apex_tensor *apex_var_grad(const apex_var *v);
+APEX_API int apex_var_requires_grad(const apex_var *v);
+/* The op that made v (APEX_OP_LEAF for leaves and inputs). */
+APEX_API apex_op apex_var_op(const apex_var *v);
+/* Sets the grad tensor of a leaf to zero. APEX_ERR_INVALID_ARG for NULL or a var without grad. */
+APEX_API apex_status apex_var_zero_grad(apex_var *v);
+/* The value of a one-element var as a float (NaN for NULL or more than one element). */
+APEX_API float apex_var_item(const apex_var *v);
+
+/* ---- backward ------------------------------------------------------------------------------------ */
+
+typedef struct apex_backward_options {
+  /* The gradient of the output (same element count as the output, any dtype). NULL: the output must
+   * have one element and its gradient is 1. */
+  const apex_tensor *grad_output;
+  /* Keep the graph for another backward before the next reset (PyTorch's retain_graph). */
+  int retain_graph;
+} apex_backward_options;
+
+/* Runs backward from `out` (opts may be NULL: defaults), adding gradients into every leaf and input
+ * that requires them and that `out` depends on. Errors:
+ *  APEX_ERR_INVALID_ARG  NULL out, or out is a leaf;
+ *  APEX_ERR_STATE        out does not require gradients (made in no-grad mode, or from nothing that
+ *                        requires them), or the graph was already run backward without
+ *                        retain_graph ("backward through a freed graph");
+ *  APEX_ERR_SHAPE        out has more than one element and no grad_output was given, or
+ *                        grad_output's element count differs from out's (message names the op that
+ *                        made out and both shapes);
+ *  whatever an op's backward returns (an allocation failure). */
+APEX_API apex_status apex_backward(apex_var *out, const apex_backward_options *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,148 @@
+/* nn_ops.h: the differentiable ops, as functions on apex_var (see autograd.h).
+ *
+ * Every op takes its graph first, works on f32, f16 and bf16 values, accumulates in f32 inside,
+ * and gives its result in the op's declared dtype: the widest dtype among its floating inputs (f32
+ * wins; f16 with bf16 gives f32) after autocast has cast them per the op's category. Losses give a
+ * 0-d result unless the reduction is APEX_REDUCTION_NONE.
+ *
+ * Every op returns NULL on failure with a message naming the op and the shapes involved:
+ * APEX_ERR_INVALID_ARG for a NULL graph or input (so a chain of ops can be checked once at the end),
+ * APEX_ERR_STATE for a var from another graph step, APEX_ERR_SHAPE for shapes that do not fit
+ * together (the per-op lines below say what fits), APEX_ERR_OUT_OF_MEMORY for a failed allocation.
+ * Shapes are written [N, C, H, W]; "x [..., K]" means any leading dimensions. */
+#ifndef APEX_NN_OPS_H
+#define APEX_NN_OPS_H
+
+#include <stdint.h>
+
+#include "apex/autograd.h"
+#include "apex/rng.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- elementwise ----------------------------------------------------------------------------- */
+
+/* a op b with NumPy broadcasting (trailing dimensions aligned; each pair equal or one of them 1). */
+APEX_API apex_var *apex_add(apex_graph *g, apex_var *a, apex_var *b);
+APEX_API apex_var *apex_sub(apex_graph *g, apex_var *a, apex_var *b);
+APEX_API apex_var *apex_mul(apex_graph *g, apex_var *a, apex_var *b);
+APEX_API apex_var *apex_div(apex_graph *g, apex_var *a, apex_var *b);
+/* x * s for a constant s. */
+APEX_API apex_var *apex_scale(apex_graph *g, apex_var *x, float s);
+/* x converted to dtype (recorded: the gradient flows back converted to x's dtype). */
+APEX_API apex_var *apex_cast(apex_graph *g, apex_var *x, apex_dtype dtype);
+
+APEX_API apex_var *apex_relu(apex_graph *g, apex_var *x);
+/* GELU, exact form x * Phi(x) (PyTorch approximate="none"). */
+APEX_API apex_var *apex_gelu(apex_graph *g, apex_var *x);
+/* GELU, tanh form (PyTorch approximate="tanh"). */
+APEX_API apex_var *apex_gelu_tanh(apex_graph *g, apex_var *x);
+APEX_API apex_var *apex_tanh(apex_graph *g, apex_var *x);
+APEX_API apex_var *apex_sigmoid(apex_graph *g, apex_var *x);
+/* Zeroes each element with probability p and scales the rest by 1/(1-p), with a mask drawn from
+ * rng (advanced as apex_rng_bernoulli does). Identity when !training or p == 0. p must be in
+ * [0, 1); rng may be NULL only when the op is an identity. */
+APEX_API apex_var *apex_dropout(apex_graph *g, apex_var *x, float p, int training, apex_rng *rng);
+
+/* ---- matrix products ------------------------------------------------------------------------- */
+
+/* a [..., M, K] @ b [K, N] or b [..., K, N] with the same leading dimensions as a; a [M, K] @ b. */
+APEX_API apex_var *apex_matmul(apex_graph *g, apex_var *a, apex_var *b);
+/* x [..., in] @ w^T + b, w [out, in] (PyTorch's layout), b [out] or NULL. */
+APEX_API apex_var *apex_linear(apex_graph *g, apex_var *x, apex_var *w, apex_var *b);
+
+typedef struct apex_conv2d_options {
+  int stride_h, stride_w; /* 0 means 1 */
+  int pad_h, pad_w;       /* zero padding on each side */
+} apex_conv2d_options;
+/* x [N, C, H, W] conv w [O, C, KH, KW] (+ b [O] or NULL) -> [N, O, HO, WO]; opts may be NULL. */
+APEX_API apex_var *apex_conv2d(apex_graph *g, apex_var *x, apex_var *w, apex_var *b, const apex_conv2d_options *opts);
+
+typedef struct apex_pool2d_options {
+  int kernel_h, kernel_w; /* required, >= 1 */
+  int stride_h, stride_w; /* 0 means the kernel size (PyTorch's default) */
+  int pad_h, pad_w;       /* at most half the kernel */
+} apex_pool2d_options;
+/* Max pooling over x [N, C, H, W]; padding never wins the max. */
+APEX_API apex_var *apex_max_pool2d(apex_graph *g, apex_var *x, const apex_pool2d_options *opts);
+/* Average pooling; padded zeros count in the divisor (PyTorch's count_include_pad=True). */
+APEX_API apex_var *apex_avg_pool2d(apex_graph *g, apex_var *x, const apex_pool2d_options *opts);
+
+/* ---- normalisation --------------------------------------------------------------------------- */
+
+typedef struct apex_batch_norm_options {
+  int training;    /* 1: batch statistics, and running statistics updated; 0: running statistics */
+  float momentum;  /* 0 means 0.1: running = (1 - momentum) * running + momentum * batch */
+  float eps;       /* 0 means 1e-5 */
+} apex_batch_norm_options;
+/* Batch norm over channel dimension 1 of x [N, C], [N, C, L] or [N, C, H, W]. weight and bias [C] or
+ * NULL. running_mean and running_var are f32 tensors [C] (NULL allowed in training: no update);
+ * training updates them (running_var with the unbiased batch variance) as PyTorch does. */
+APEX_API apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var *bias,
+                                   apex_tensor *running_mean, apex_tensor *running_var,
+                                   const apex_batch_norm_options *opts);
+/* Layer norm over the last dimension of x [..., D]; weight, bias [D] or NULL; eps 0 means 1e-5. */
+APEX_API apex_var *apex_layer_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var *bias, float eps);
+/* x / sqrt(mean(x^2) + eps) * weight over the last dimension; weight [D] or NULL; eps 0 means 1e-5
+ * (Apex FusedRMSNorm's default). */
+APEX_API apex_var *apex_rms_norm(apex_graph *g, apex_var *x, apex_var *weight, float eps);
+
+/* Rows of weight [V, D] picked by ids (shape [ndim dims], each in [0, V)) -> [shape..., D]. */
+APEX_API apex_var *apex_embedding(apex_graph *g, apex_var *weight, const int64_t *ids, int ndim, const int64_t *shape);
+
+/* ---- softmax and losses ---------------------------------------------------------------------- */
+
+/* Along dim (negative counts from the end). */
+APEX_API apex_var *apex_softmax(apex_graph *g, apex_var *x, int dim);
+APEX_API apex_var *apex_log_softmax(apex_graph *g, apex_var *x, int dim);
+
+typedef enum apex_reduction {
+  APEX_REDUCTION_MEAN = 0,
+  APEX_REDUCTION_SUM,
+  APEX_REDUCTION_NONE
+} apex_reduction;
+
+typedef struct apex_cross_entropy_options {
+  apex_reduction reduction;
+  int use_ignore_index;   /* 1: targets equal to ignore_index add nothing and do not count in the mean */
+  int64_t ignore_index;
+  float label_smoothing;  /* in [0, 1] */
+} apex_cross_entropy_options;
+/* Cross entropy of logits [N, C] against class indices targets[N] (each in [0, C) unless ignored);
+ * opts may be NULL. Reduction NONE gives [N]. APEX_ERR_INVALID_ARG for a target out of range. */
+APEX_API apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *targets,
+                                      const apex_cross_entropy_options *opts);
+/* (x - y)^2 reduced; x and y of the same shape. */
+APEX_API apex_var *apex_mse_loss(apex_graph *g, apex_var *x, apex_var *y, apex_reduction reduction);
+/* Binary cross entropy of sigmoid(x) against targets y in [0, 1], computed stably from the logits. */
+APEX_API apex_var *apex_bce_with_logits(apex_graph *g, apex_var *x, apex_var *y, apex_reduction reduction);
+/* Binary cross entropy of probabilities p in [0, 1] against y; each log is clamped at -100 as
+ * PyTorch does. */
+APEX_API apex_var *apex_bce(apex_graph *g, apex_var *p, apex_var *y, apex_reduction reduction);
+
+/* ---- reductions and shapes ------------------------------------------------------------------- */
+
+/* Sum / mean of all elements -> 0-d. */
+APEX_API apex_var *apex_sum_all(apex_graph *g, apex_var *x);
+APEX_API apex_var *apex_mean_all(apex_graph *g, apex_var *x);
+/* Sum / mean along dim, keeping it as size 1 when keepdim. */
+APEX_API apex_var *apex_sum(apex_graph *g, apex_var *x, int dim, int keepdim);
+APEX_API apex_var *apex_mean(apex_graph *g, apex_var *x, int dim, int keepdim);
+/* Same elements, another shape; one entry may be -1 (inferred). A view: no copy. */
+APEX_API apex_var *apex_reshape(apex_graph *g, apex_var *x, int ndim, const int64_t *shape);
+/* Dimensions reordered: result dim i is x's dim perm[i] (a copy, contiguous). */
+APEX_API apex_var *apex_permute(apex_graph *g, apex_var *x, const int *perm);
+APEX_API apex_var *apex_transpose(apex_graph *g, apex_var *x, int dim0, int dim1);
+/* n vars joined along dim; all other dimensions equal. */
+APEX_API apex_var *apex_concat(apex_graph *g, int n, apex_var *const *xs, int dim);
+
+/* Causal scaled-dot-product attention: softmax(q k^T / sqrt(D) + causal mask) v for q, k, v
+ * [B, H, T, D] (or [..., T, D] with equal shapes) -> [B, H, T, D]. */
+APEX_API apex_var *apex_causal_attention(apex_graph *g, apex_var *q, apex_var *k, apex_var *v);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

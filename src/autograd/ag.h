@@ -1,0 +1,161 @@
+/* ag.h: what the autograd engine and the op files share.
+ *
+ * The var and graph structs, the memory pool, the dispatcher that every op passes through, the op
+ * table, and small helpers for working in f32 on tensors of any dtype. An op file implements the
+ * public forward function and a backward of type apex__backward_fn, and lists it in op_table.c. */
+#ifndef APEX_AUTOGRAD_AG_H
+#define APEX_AUTOGRAD_AG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "apex/autograd.h"
+#include "apex/nn_ops.h"
+#include "core/internal.h"
+#include "core/tensor_internal.h"
+
+#define AG_MAX_IN 4
+
+struct apex_var {
+  apex_tensor *value;
+  apex_tensor *grad;   /* leaves and inputs that require gradients; NULL otherwise */
+  float *gbuf;         /* f32 gradient during one backward; NULL when not reached */
+  apex_graph *graph;   /* NULL for leaves */
+  uint64_t step;       /* the graph step that made it */
+  int requires_grad;
+  apex_op op;
+  int n_in;
+  apex_var *in[AG_MAX_IN];
+  apex_tensor *ext[2]; /* tensors the op reads in backward but does not own (batch norm's stats) */
+  void *aux;           /* op-owned scratch from the graph pool (masks, indices, statistics) */
+  int64_t ia[8];       /* op parameters */
+  float fa[4];
+};
+
+typedef struct ag_block {
+  apex_storage *storage;
+  size_t bytes;
+  int used;       /* handed out this step */
+  int used_last;  /* handed out at some point since the previous reset */
+} ag_block;
+
+typedef struct ag_cast_entry {
+  apex_var *leaf;
+  apex_dtype dtype;
+  apex_var *cast;
+} ag_cast_entry;
+
+struct apex_graph {
+  apex_var **vars; /* this step's vars in creation order; [n_vars, n_alloc) are spare structs */
+  size_t n_vars, n_alloc, cap_vars;
+  ag_block *blocks;
+  size_t n_blocks, cap_blocks;
+  apex_tensor **headers; /* tensor headers made this step, destroyed at reset */
+  size_t n_headers, cap_headers;
+  apex_var **touched_leaves; /* leaves given a gradient buffer in the running backward */
+  size_t n_touched, cap_touched;
+  ag_cast_entry *casts;
+  size_t n_casts, cap_casts;
+  uint64_t step;
+  int grad_enabled;
+  int freed; /* backward ran without retain_graph since the last reset */
+  int oom;   /* a pool allocation failed during the running backward */
+  int autocast;
+  apex_dtype autocast_dtype;
+  signed char cast_override[APEX_OP_COUNT]; /* -1: the table's category */
+};
+
+/* ---- op table ---------------------------------------------------------------------------------- */
+
+/* Adds the gradients of out's inputs, given out->gbuf (f32, out's element count). */
+typedef apex_status (*apex__backward_fn)(apex_graph *g, apex_var *out);
+
+typedef struct apex__op_info {
+  const char *name;
+  apex_cast_category cast;
+  apex__backward_fn backward;
+} apex__op_info;
+
+const apex__op_info *apex__op(apex_op op);
+
+/* ---- pool -------------------------------------------------------------------------------------- */
+
+/* `bytes` of uninitialised scratch valid until reset; NULL (with a message) on failure. */
+void *apex__scratch(apex_graph *g, size_t bytes);
+/* n zeroed floats of scratch. */
+float *apex__scratch_zero(apex_graph *g, size_t n);
+/* A tensor from the pool, valid until reset (contents unspecified). */
+apex_tensor *apex__pool_tensor(apex_graph *g, apex_dtype dtype, int ndim, const int64_t *shape);
+
+/* Makes t the graph's: destroyed at reset. 0 (t destroyed, message set) on allocation failure. */
+int apex__adopt(apex_graph *g, apex_tensor *t);
+
+/* ---- dispatch ---------------------------------------------------------------------------------- */
+
+/* The one entry of every op: checks that g and the n inputs are valid (NULL inputs allowed where
+ * `optional` has bit i set), applies autocast per the op's category and writes the inputs the kernel
+ * must use into `use` (casts recorded as ops), and the op's result dtype into *dtype. */
+apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in, unsigned optional,
+                           apex_var **use, apex_dtype *dtype);
+/* A new graph var holding a fresh pool tensor of the given dtype and shape, recording op and its
+ * inputs when one of them requires gradients and grad mode is on. */
+apex_var *apex__result(apex_graph *g, apex_op op, apex_dtype dtype, int ndim, const int64_t *shape, int n,
+                       apex_var *const *in);
+/* As apex__result, with a given value (which must already belong to the graph: apex__adopt). */
+apex_var *apex__result_value(apex_graph *g, apex_op op, apex_tensor *value, int n, apex_var *const *in);
+
+/* The f32 gradient buffer of v (zeroed when first made), or NULL when v needs no gradient. Ops add
+ * into it. An allocation failure also gives NULL and sets g->oom, which apex_backward checks after
+ * every op. */
+float *apex__gbuf(apex_graph *g, apex_var *v);
+
+/* ---- f32 views --------------------------------------------------------------------------------- */
+
+/* t's elements as f32: its own data if f32, else a converted copy in scratch. */
+const float *apex__f32(apex_graph *g, const apex_tensor *t);
+/* Where to compute v's value in f32: its data if f32, else scratch; then apex__store. */
+float *apex__out_f32(apex_graph *g, apex_var *v);
+/* Converts buf into v's value when v is not f32 (no-op otherwise). */
+void apex__store(apex_var *v, const float *buf);
+/* The widest of two dtypes (f16 with bf16 gives f32). */
+apex_dtype apex__promote(apex_dtype a, apex_dtype b);
+
+/* ---- helpers ----------------------------------------------------------------------------------- */
+
+static inline float *ag_data(const apex_tensor *t) { return (float *)apex_tensor_data(t); }
+static inline size_t ag_numel(const apex_var *v) { return v->value->numel; }
+static inline size_t ag_nz(size_t n) { return n ? n : 1; }
+static inline int ag_needs(const apex_var *v) { return v && v->requires_grad; }
+/* Normalises a dim against ndim (negative counts from the end); -1 when out of range. */
+static inline int ag_dim(int dim, int ndim) {
+  if (dim < 0) dim += ndim;
+  return dim >= 0 && dim < ndim ? dim : -1;
+}
+/* "[2, 3]" for messages; two rotating buffers per thread, so two shapes fit in one message. */
+const char *apex__shape(const apex_var *v);
+const char *apex__shape_of(int ndim, const int64_t *shape);
+
+/* Runs elementwise loops on threads when they are big enough to pay. Each element's result does not
+ * depend on the thread count. */
+#define AG_PAR_MIN 16384
+#define AG_PFOR _Pragma("omp parallel for schedule(static) if (n > AG_PAR_MIN)")
+
+/* C = alpha * op(A) op(B) + beta * C, row-major, through OpenBLAS with apex's thread count. */
+void apex__sgemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+                 const float *b, int ldb, float beta, float *c, int ldc);
+
+/* dst[c] += sum over rows of m[r, c] (m is rows x cols), each column summed in row order. */
+void apex__colsum_add(const float *m, size_t rows, size_t cols, float *dst);
+
+/* Sum of n floats in double on the calling thread, in order. */
+static inline double apex__sum_serial(const float *x, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; i++) s += x[i];
+  return s;
+}
+
+/* Sum of n floats in double, in fixed blocks combined in order: independent of the thread count. */
+double apex__sum_f32(const float *x, size_t n);
+
+#endif

@@ -1,0 +1,107 @@
+/* backward.c: running a graph backward.
+ *
+ * Vars are visited in reverse creation order; a var whose gradient buffer was never made is not on
+ * a path from the output and is skipped. Gradients travel as f32 buffers from the graph pool. A
+ * leaf of dtype f32 accumulates straight into its grad tensor; a low-precision leaf collects its
+ * gradient in f32 and adds it to its grad tensor once, at the end, so it is rounded once per
+ * backward rather than once per use. */
+#include <stdlib.h>
+
+#include "autograd/ag.h"
+
+static int touch(apex_graph *g, apex_var *v) {
+  if (g->n_touched == g->cap_touched) {
+    size_t c = g->cap_touched ? 2 * g->cap_touched : 64;
+    apex_var **p = realloc(g->touched_leaves, c * sizeof *p);
+    if (!p) return 0;
+    g->touched_leaves = p;
+    g->cap_touched = c;
+  }
+  g->touched_leaves[g->n_touched++] = v;
+  return 1;
+}
+
+float *apex__gbuf(apex_graph *g, apex_var *v) {
+  if (!v || !v->requires_grad) return NULL;
+  if (v->gbuf) return v->gbuf;
+  if (v->grad && !touch(g, v)) {
+    g->oom = 1;
+    return NULL;
+  }
+  if (v->grad && v->grad->dtype == APEX_F32)
+    v->gbuf = ag_data(v->grad);
+  else
+    v->gbuf = apex__scratch_zero(g, ag_numel(v));
+  return v->gbuf;
+}
+
+/* Adds the collected f32 gradients into low-precision grad tensors and forgets every buffer. */
+static void finish(apex_graph *g) {
+  for (size_t i = 0; i < g->n_touched; i++) {
+    apex_var *v = g->touched_leaves[i];
+    apex_tensor *gr = v->grad;
+    if (gr->dtype != APEX_F32 && v->gbuf) {
+      size_t n = gr->numel;
+      float *tmp = apex__scratch(g, n * sizeof(float));
+      if (tmp) {
+        apex_convert(tmp, APEX_F32, apex_tensor_data(gr), gr->dtype, n);
+        for (size_t j = 0; j < n; j++) tmp[j] += v->gbuf[j];
+        apex_convert(apex_tensor_data(gr), gr->dtype, tmp, APEX_F32, n);
+      }
+    }
+    v->gbuf = NULL;
+  }
+  g->n_touched = 0;
+  for (size_t i = 0; i < g->n_vars; i++) g->vars[i]->gbuf = NULL;
+}
+
+apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
+  static const apex_backward_options defaults = {0};
+  if (!opts) opts = &defaults;
+  if (!out) return apex__fail(APEX_ERR_INVALID_ARG, "apex_backward: NULL output (did the forward fail?)");
+  apex_graph *g = out->graph;
+  const char *name = apex_op_name(out->op);
+  if (!g || out->op == APEX_OP_LEAF)
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex_backward: the output %s is a leaf or input, not the result of an op", apex__shape(out));
+  if (out->step != g->step)
+    return apex__fail(APEX_ERR_STATE, "apex_backward: the output of '%s' was made before apex_graph_reset; its graph is gone", name);
+  if (g->freed)
+    return apex__fail(APEX_ERR_STATE,
+                      "apex_backward: backward through a freed graph (output of '%s' %s): backward already ran on this step; "
+                      "pass retain_graph to the first backward, or reset the graph and run the forward again",
+                      name, apex__shape(out));
+  if (!out->requires_grad)
+    return apex__fail(APEX_ERR_STATE,
+                      "apex_backward: the output of '%s' %s does not require gradients (made in no-grad mode, or from no var that requires them)",
+                      name, apex__shape(out));
+  size_t n = ag_numel(out);
+  if (!opts->grad_output && n != 1)
+    return apex__fail(APEX_ERR_SHAPE,
+                      "apex_backward: the output of '%s' has shape %s, not one element; pass apex_backward_options.grad_output "
+                      "of that shape",
+                      name, apex__shape(out));
+  if (opts->grad_output && opts->grad_output->numel != n) {
+    char buf[96];
+    return apex__fail(APEX_ERR_SHAPE, "apex_backward: grad_output %s does not match the output of '%s' %s",
+                      apex_tensor_shape_str(opts->grad_output, buf, sizeof buf), name, apex__shape(out));
+  }
+  g->oom = 0;
+  float *go = apex__gbuf(g, out);
+  if (!go) return APEX_ERR_OUT_OF_MEMORY;
+  if (opts->grad_output) {
+    apex_convert(go, APEX_F32, apex_tensor_data(opts->grad_output), opts->grad_output->dtype, n);
+  } else {
+    go[0] = 1.0f;
+  }
+  apex_status st = APEX_OK;
+  for (size_t i = g->n_vars; i-- > 0;) {
+    apex_var *v = g->vars[i];
+    if (!v->gbuf || v->op == APEX_OP_LEAF || v->n_in == 0) continue;
+    st = apex__op(v->op)->backward(g, v);
+    if (st == APEX_OK && g->oom) st = APEX_ERR_OUT_OF_MEMORY;
+    if (st != APEX_OK) break;
+  }
+  finish(g);
+  if (st == APEX_OK && !opts->retain_graph) g->freed = 1;
+  return st;
+}

@@ -1,0 +1,387 @@
+/* graph.c: graphs, their memory pool, vars, and the dispatcher every op passes through.
+ *
+ * The pool hands out whole storages and takes them all back at reset. A training loop asks for the
+ * same sizes every step, so after the first step each request finds a free block of exactly its
+ * size and nothing is allocated; blocks a step did not use are freed at its reset, so a loop whose
+ * shapes change does not grow without bound. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "autograd/ag.h"
+
+static int grow(void **arr, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return 1;
+  size_t c = *cap ? *cap * 2 : 64;
+  while (c < need) c *= 2;
+  void *p = realloc(*arr, c * elem);
+  if (!p) return 0;
+  *arr = p;
+  *cap = c;
+  return 1;
+}
+
+/* ---- pool --------------------------------------------------------------------------------------- */
+
+static ag_block *take_block(apex_graph *g, size_t bytes) {
+  ag_block *best = NULL;
+  for (size_t i = 0; i < g->n_blocks; i++) {
+    ag_block *b = &g->blocks[i];
+    if (!b->used && b->bytes >= bytes && b->bytes <= 2 * bytes + 4096 && (!best || b->bytes < best->bytes)) best = b;
+  }
+  if (!best) {
+    if (!grow((void **)&g->blocks, &g->cap_blocks, g->n_blocks + 1, sizeof *g->blocks)) return NULL;
+    apex_storage *s = apex__storage_alloc(bytes);
+    if (!s) return NULL;
+    best = &g->blocks[g->n_blocks++];
+    best->storage = s;
+    best->bytes = bytes;
+  }
+  best->used = best->used_last = 1;
+  return best;
+}
+
+void *apex__scratch(apex_graph *g, size_t bytes) {
+  ag_block *b = take_block(g, bytes);
+  if (!b) {
+    g->oom = 1;
+    return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex graph: cannot allocate %zu bytes of scratch", bytes);
+  }
+  return b->storage->data;
+}
+
+float *apex__scratch_zero(apex_graph *g, size_t n) {
+  float *p = apex__scratch(g, n * sizeof(float));
+  if (p) memset(p, 0, n * sizeof(float));
+  return p;
+}
+
+int apex__adopt(apex_graph *g, apex_tensor *t) {
+  if (!grow((void **)&g->headers, &g->cap_headers, g->n_headers + 1, sizeof *g->headers)) {
+    apex_tensor_destroy(t);
+    return 0;
+  }
+  g->headers[g->n_headers++] = t;
+  return 1;
+}
+
+apex_tensor *apex__pool_tensor(apex_graph *g, apex_dtype dtype, int ndim, const int64_t *shape) {
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+  ag_block *b = take_block(g, n * apex_dtype_size(dtype));
+  if (!b) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex graph: cannot allocate a tensor %s", apex__shape_of(ndim, shape));
+  apex_tensor *t = apex__tensor_view_of(b->storage, 0, dtype, ndim, shape);
+  if (!t || !apex__adopt(g, t)) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex graph: out of memory");
+  return t;
+}
+
+size_t apex_graph_pool_bytes(const apex_graph *g) {
+  size_t s = 0;
+  for (size_t i = 0; g && i < g->n_blocks; i++) s += g->blocks[i].bytes;
+  return s;
+}
+
+/* ---- graph lifecycle ---------------------------------------------------------------------------- */
+
+apex_graph *apex_graph_create(void) {
+  apex_graph *g = calloc(1, sizeof *g);
+  if (!g) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_graph_create: out of memory");
+  g->grad_enabled = 1;
+  g->autocast_dtype = APEX_F16;
+  memset(g->cast_override, -1, sizeof g->cast_override);
+  return g;
+}
+
+void apex_graph_reset(apex_graph *g) {
+  if (!g) return;
+  for (size_t i = 0; i < g->n_headers; i++) apex_tensor_destroy(g->headers[i]);
+  g->n_headers = 0;
+  size_t kept = 0;
+  for (size_t i = 0; i < g->n_blocks; i++) {
+    ag_block b = g->blocks[i];
+    if (!b.used_last) {
+      apex__storage_release(b.storage);
+      continue;
+    }
+    b.used = b.used_last = 0;
+    g->blocks[kept++] = b;
+  }
+  g->n_blocks = kept;
+  g->n_vars = 0;
+  g->n_casts = 0;
+  g->freed = 0;
+  g->step++;
+}
+
+void apex_graph_destroy(apex_graph *g) {
+  if (!g) return;
+  apex_graph_reset(g);
+  for (size_t i = 0; i < g->n_blocks; i++) apex__storage_release(g->blocks[i].storage);
+  for (size_t i = 0; i < g->n_alloc; i++) free(g->vars[i]);
+  free(g->vars);
+  free(g->blocks);
+  free(g->headers);
+  free(g->touched_leaves);
+  free(g->casts);
+  free(g);
+}
+
+int apex_graph_set_grad_enabled(apex_graph *g, int enabled) {
+  if (!g) return 0;
+  int old = g->grad_enabled;
+  g->grad_enabled = enabled != 0;
+  return old;
+}
+
+apex_status apex_graph_set_autocast(apex_graph *g, int enabled, apex_dtype dtype) {
+  if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "apex_graph_set_autocast: NULL graph");
+  if (enabled && dtype != APEX_F16 && dtype != APEX_BF16)
+    return apex__fail(APEX_ERR_DTYPE, "apex_graph_set_autocast: autocast runs in f16 or bf16, not %s", apex_dtype_name(dtype));
+  g->autocast = enabled != 0;
+  if (enabled) g->autocast_dtype = dtype;
+  return APEX_OK;
+}
+
+apex_status apex_graph_set_op_cast(apex_graph *g, apex_op op, apex_cast_category category) {
+  if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "apex_graph_set_op_cast: NULL graph");
+  if ((int)op < 0 || op >= APEX_OP_COUNT) return apex__fail(APEX_ERR_INVALID_ARG, "apex_graph_set_op_cast: op %d is not an apex_op", (int)op);
+  if ((int)category < 0 || category > APEX_CAST_PROMOTE)
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex_graph_set_op_cast: category %d is not an apex_cast_category", (int)category);
+  g->cast_override[op] = (signed char)category;
+  return APEX_OK;
+}
+
+/* ---- vars --------------------------------------------------------------------------------------- */
+
+static apex_var *new_graph_var(apex_graph *g) {
+  if (g->n_vars == g->n_alloc) {
+    if (!grow((void **)&g->vars, &g->cap_vars, g->n_alloc + 1, sizeof *g->vars)) return NULL;
+    apex_var *v = malloc(sizeof *v);
+    if (!v) return NULL;
+    g->vars[g->n_alloc++] = v;
+  }
+  apex_var *v = g->vars[g->n_vars++];
+  memset(v, 0, sizeof *v);
+  v->graph = g;
+  v->step = g->step;
+  return v;
+}
+
+apex_var *apex_var_create(apex_tensor *value, int requires_grad) {
+  if (!value) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_var_create: NULL value");
+  apex_var *v = calloc(1, sizeof *v);
+  if (!v) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_var_create: out of memory");
+  v->value = value;
+  v->op = APEX_OP_LEAF;
+  if (requires_grad) {
+    v->requires_grad = 1;
+    v->grad = apex_tensor_create(value->dtype, value->ndim, value->shape);
+    if (!v->grad) {
+      free(v);
+      return NULL;
+    }
+  }
+  return v;
+}
+
+void apex_var_destroy(apex_var *v) {
+  if (!v || v->graph) return;
+  apex_tensor_destroy(v->value);
+  apex_tensor_destroy(v->grad);
+  free(v);
+}
+
+apex_var *apex_graph_input(apex_graph *g, apex_tensor *t, int requires_grad) {
+  if (!g || !t) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_graph_input: NULL %s", g ? "tensor" : "graph");
+  apex_tensor *view = apex__tensor_view_of(t->storage, t->offset, t->dtype, t->ndim, t->shape);
+  if (!view || !apex__adopt(g, view)) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_graph_input: out of memory");
+  apex_var *v = new_graph_var(g);
+  if (!v) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_graph_input: out of memory");
+  v->value = view;
+  v->op = APEX_OP_LEAF;
+  if (requires_grad) {
+    v->requires_grad = 1;
+    v->grad = apex__pool_tensor(g, t->dtype, t->ndim, t->shape);
+    if (!v->grad) return NULL;
+    memset(apex_tensor_data(v->grad), 0, apex_tensor_nbytes(v->grad));
+  }
+  return v;
+}
+
+apex_tensor *apex_var_value(const apex_var *v) { return v ? v->value : NULL; }
+apex_tensor *apex_var_grad(const apex_var *v) { return v ? v->grad : NULL; }
+int apex_var_requires_grad(const apex_var *v) { return v ? v->requires_grad : 0; }
+apex_op apex_var_op(const apex_var *v) { return v ? v->op : APEX_OP_LEAF; }
+
+apex_status apex_var_zero_grad(apex_var *v) {
+  if (!v || !v->grad) return apex__fail(APEX_ERR_INVALID_ARG, "apex_var_zero_grad: %s", v ? "the var has no grad tensor (it does not require gradients or is not a leaf)" : "NULL var");
+  memset(apex_tensor_data(v->grad), 0, apex_tensor_nbytes(v->grad));
+  return APEX_OK;
+}
+
+float apex_var_item(const apex_var *v) {
+  if (!v || v->value->numel != 1) return (float)NAN;
+  return apex_tensor_get(v->value, 0);
+}
+
+/* ---- shapes in messages ------------------------------------------------------------------------- */
+
+const char *apex__shape_of(int ndim, const int64_t *shape) {
+  static _Thread_local char buf[4][96];
+  static _Thread_local int next;
+  char *b = buf[next++ & 3];
+  size_t len = 0;
+  len += (size_t)snprintf(b, sizeof buf[0], "[");
+  for (int i = 0; i < ndim && len < sizeof buf[0]; i++)
+    len += (size_t)snprintf(b + len, sizeof buf[0] - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
+  if (len < sizeof buf[0]) snprintf(b + len, sizeof buf[0] - len, "]");
+  return b;
+}
+
+const char *apex__shape(const apex_var *v) { return v ? apex__shape_of(v->value->ndim, v->value->shape) : "(null)"; }
+
+/* ---- dispatch ----------------------------------------------------------------------------------- */
+
+apex_dtype apex__promote(apex_dtype a, apex_dtype b) { return a == b ? a : APEX_F32; }
+
+static apex_var *cast_to(apex_graph *g, apex_var *x, apex_dtype dtype);
+
+apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in, unsigned optional, apex_var **use,
+                           apex_dtype *dtype) {
+  const char *name = apex_op_name(op);
+  if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL graph", name);
+  int have = 0;
+  apex_dtype dt = APEX_F32;
+  for (int i = 0; i < n; i++) {
+    use[i] = in[i];
+    if (!in[i]) {
+      if (optional & (1u << i)) continue;
+      return apex__fail(APEX_ERR_INVALID_ARG, "%s: input %d is NULL (did an earlier op fail?)", name, i);
+    }
+    if (in[i]->graph && (in[i]->graph != g || in[i]->step != g->step))
+      return apex__fail(APEX_ERR_STATE, "%s: input %d %s belongs to another graph or to a step before apex_graph_reset", name, i,
+                        apex__shape(in[i]));
+    dt = have ? apex__promote(dt, in[i]->value->dtype) : in[i]->value->dtype;
+    have = 1;
+  }
+  apex_cast_category cat = g->cast_override[op] >= 0 ? (apex_cast_category)g->cast_override[op] : apex__op(op)->cast;
+  if (g->autocast && (cat == APEX_CAST_HALF || cat == APEX_CAST_FLOAT)) {
+    dt = cat == APEX_CAST_HALF ? g->autocast_dtype : APEX_F32;
+    for (int i = 0; i < n; i++) {
+      if (!in[i] || in[i]->value->dtype == dt) continue;
+      use[i] = cast_to(g, in[i], dt);
+      if (!use[i]) return APEX_ERR_OUT_OF_MEMORY;
+    }
+  }
+  *dtype = dt;
+  return APEX_OK;
+}
+
+apex_var *apex__result_value(apex_graph *g, apex_op op, apex_tensor *value, int n, apex_var *const *in) {
+  apex_var *v = new_graph_var(g);
+  if (!v) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", apex_op_name(op));
+  v->value = value;
+  v->op = op;
+  int rg = 0;
+  for (int i = 0; i < n; i++) rg |= ag_needs(in[i]);
+  if (rg && g->grad_enabled) {
+    v->requires_grad = 1;
+    v->n_in = n;
+    for (int i = 0; i < n; i++) v->in[i] = in[i];
+  }
+  return v;
+}
+
+apex_var *apex__result(apex_graph *g, apex_op op, apex_dtype dtype, int ndim, const int64_t *shape, int n,
+                       apex_var *const *in) {
+  apex_tensor *t = apex__pool_tensor(g, dtype, ndim, shape);
+  return t ? apex__result_value(g, op, t, n, in) : NULL;
+}
+
+/* ---- casts -------------------------------------------------------------------------------------- */
+
+static apex_var *cast_kernel(apex_graph *g, apex_var *x, apex_dtype dtype) {
+  apex_var *out = apex__result(g, APEX_OP_CAST, dtype, x->value->ndim, x->value->shape, 1, &x);
+  if (out && apex_convert(apex_tensor_data(out->value), dtype, apex_tensor_data(x->value), x->value->dtype, ag_numel(x)) != APEX_OK)
+    return NULL;
+  return out;
+}
+
+/* Autocast's cast: a leaf's copy in a dtype is made once per step and shared (the weight-cast
+ * cache); other vars are cast each time. */
+static apex_var *cast_to(apex_graph *g, apex_var *x, apex_dtype dtype) {
+  if (x->graph) return cast_kernel(g, x, dtype);
+  for (size_t i = 0; i < g->n_casts; i++)
+    if (g->casts[i].leaf == x && g->casts[i].dtype == dtype) return g->casts[i].cast;
+  apex_var *c = cast_kernel(g, x, dtype);
+  if (c && grow((void **)&g->casts, &g->cap_casts, g->n_casts + 1, sizeof *g->casts))
+    g->casts[g->n_casts++] = (ag_cast_entry){x, dtype, c};
+  return c;
+}
+
+apex_var *apex_cast(apex_graph *g, apex_var *x, apex_dtype dtype) {
+  apex_var *u = NULL;
+  apex_dtype dt;
+  if (apex__dispatch(g, APEX_OP_CAST, 1, &x, 0, &u, &dt) != APEX_OK) return NULL;
+  if (apex__check_dtype(dtype, "cast") != APEX_OK) return NULL;
+  return cast_kernel(g, u, dtype);
+}
+
+apex_status apex__cast_backward(apex_graph *g, apex_var *out);
+apex_status apex__cast_backward(apex_graph *g, apex_var *out) {
+  float *gx = apex__gbuf(g, out->in[0]);
+  if (!gx) return APEX_OK;
+  const float *go = out->gbuf;
+  size_t n = ag_numel(out);
+  AG_PFOR
+  for (size_t i = 0; i < n; i++) gx[i] += go[i];
+  return APEX_OK;
+}
+
+/* ---- f32 views ---------------------------------------------------------------------------------- */
+
+const float *apex__f32(apex_graph *g, const apex_tensor *t) {
+  if (t->dtype == APEX_F32) return ag_data(t);
+  float *buf = apex__scratch(g, t->numel * sizeof(float));
+  if (buf) apex_convert(buf, APEX_F32, apex_tensor_data(t), t->dtype, t->numel);
+  return buf;
+}
+
+float *apex__out_f32(apex_graph *g, apex_var *v) {
+  if (v->value->dtype == APEX_F32) return ag_data(v->value);
+  return apex__scratch(g, ag_numel(v) * sizeof(float));
+}
+
+void apex__store(apex_var *v, const float *buf) {
+  if (v->value->dtype != APEX_F32) apex_convert(apex_tensor_data(v->value), v->value->dtype, buf, APEX_F32, ag_numel(v));
+}
+
+double apex__sum_f32(const float *x, size_t n) {
+  enum { B = 4096 };
+  size_t nb = (n + B - 1) / B;
+  if (nb <= 1) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += x[i];
+    return s;
+  }
+  double *part = malloc(nb * sizeof *part);
+  if (!part) { /* fall back to one thread: same blocks, same order */
+    double s = 0;
+    for (size_t b = 0; b < nb; b++) {
+      double p = 0;
+      for (size_t i = b * B; i < n && i < (b + 1) * B; i++) p += x[i];
+      s += p;
+    }
+    return s;
+  }
+#pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
+  for (size_t b = 0; b < nb; b++) {
+    double p = 0;
+    for (size_t i = b * B; i < n && i < (b + 1) * B; i++) p += x[i];
+    part[b] = p;
+  }
+  double s = 0;
+  for (size_t b = 0; b < nb; b++) s += part[b];
+  free(part);
+  return s;
+}

@@ -1,0 +1,60 @@
+/* op_table.c: every op's name, autocast category and backward, in one table.
+ *
+ * The categories follow PyTorch's CPU/CUDA autocast lists: GEMM-bound ops run in the low-precision
+ * dtype, ops whose accuracy suffers in it (reductions, norms, softmax, losses, exp/log based
+ * activations) run in f32, ops combining several inputs promote, and everything else runs in the
+ * dtype it is given. */
+#include "autograd/ag.h"
+
+#define BWD(name) apex_status apex__bwd_##name(apex_graph *g, apex_var *out);
+BWD(cast) BWD(binary) BWD(scale) BWD(unary) BWD(dropout) BWD(matmul) BWD(linear) BWD(conv2d)
+BWD(max_pool2d) BWD(avg_pool2d) BWD(batch_norm) BWD(layer_norm) BWD(rms_norm) BWD(embedding)
+BWD(softmax) BWD(log_softmax) BWD(cross_entropy) BWD(pointwise_loss) BWD(sum) BWD(reshape)
+BWD(permute) BWD(concat) BWD(attention)
+#undef BWD
+
+apex_status apex__cast_backward(apex_graph *g, apex_var *out);
+apex_status apex__bwd_cast(apex_graph *g, apex_var *out) { return apex__cast_backward(g, out); }
+
+static const apex__op_info table[APEX_OP_COUNT] = {
+    [APEX_OP_LEAF] = {"leaf", APEX_CAST_NONE, NULL},
+    [APEX_OP_CAST] = {"cast", APEX_CAST_NONE, apex__bwd_cast},
+    [APEX_OP_ADD] = {"add", APEX_CAST_PROMOTE, apex__bwd_binary},
+    [APEX_OP_SUB] = {"sub", APEX_CAST_PROMOTE, apex__bwd_binary},
+    [APEX_OP_MUL] = {"mul", APEX_CAST_PROMOTE, apex__bwd_binary},
+    [APEX_OP_DIV] = {"div", APEX_CAST_PROMOTE, apex__bwd_binary},
+    [APEX_OP_SCALE] = {"scale", APEX_CAST_NONE, apex__bwd_scale},
+    [APEX_OP_RELU] = {"relu", APEX_CAST_NONE, apex__bwd_unary},
+    [APEX_OP_GELU] = {"gelu", APEX_CAST_NONE, apex__bwd_unary},
+    [APEX_OP_GELU_TANH] = {"gelu_tanh", APEX_CAST_NONE, apex__bwd_unary},
+    [APEX_OP_TANH] = {"tanh", APEX_CAST_NONE, apex__bwd_unary},
+    [APEX_OP_SIGMOID] = {"sigmoid", APEX_CAST_NONE, apex__bwd_unary},
+    [APEX_OP_DROPOUT] = {"dropout", APEX_CAST_NONE, apex__bwd_dropout},
+    [APEX_OP_MATMUL] = {"matmul", APEX_CAST_HALF, apex__bwd_matmul},
+    [APEX_OP_LINEAR] = {"linear", APEX_CAST_HALF, apex__bwd_linear},
+    [APEX_OP_CONV2D] = {"conv2d", APEX_CAST_HALF, apex__bwd_conv2d},
+    [APEX_OP_MAX_POOL2D] = {"max_pool2d", APEX_CAST_NONE, apex__bwd_max_pool2d},
+    [APEX_OP_AVG_POOL2D] = {"avg_pool2d", APEX_CAST_NONE, apex__bwd_avg_pool2d},
+    [APEX_OP_BATCH_NORM] = {"batch_norm", APEX_CAST_FLOAT, apex__bwd_batch_norm},
+    [APEX_OP_LAYER_NORM] = {"layer_norm", APEX_CAST_FLOAT, apex__bwd_layer_norm},
+    [APEX_OP_RMS_NORM] = {"rms_norm", APEX_CAST_FLOAT, apex__bwd_rms_norm},
+    [APEX_OP_EMBEDDING] = {"embedding", APEX_CAST_NONE, apex__bwd_embedding},
+    [APEX_OP_SOFTMAX] = {"softmax", APEX_CAST_FLOAT, apex__bwd_softmax},
+    [APEX_OP_LOG_SOFTMAX] = {"log_softmax", APEX_CAST_FLOAT, apex__bwd_log_softmax},
+    [APEX_OP_CROSS_ENTROPY] = {"cross_entropy", APEX_CAST_FLOAT, apex__bwd_cross_entropy},
+    [APEX_OP_MSE] = {"mse_loss", APEX_CAST_FLOAT, apex__bwd_pointwise_loss},
+    [APEX_OP_BCE_WITH_LOGITS] = {"bce_with_logits", APEX_CAST_FLOAT, apex__bwd_pointwise_loss},
+    [APEX_OP_BCE] = {"bce", APEX_CAST_FLOAT, apex__bwd_pointwise_loss},
+    [APEX_OP_SUM] = {"sum", APEX_CAST_FLOAT, apex__bwd_sum},
+    [APEX_OP_MEAN] = {"mean", APEX_CAST_FLOAT, apex__bwd_sum},
+    [APEX_OP_RESHAPE] = {"reshape", APEX_CAST_NONE, apex__bwd_reshape},
+    [APEX_OP_PERMUTE] = {"permute", APEX_CAST_NONE, apex__bwd_permute},
+    [APEX_OP_CONCAT] = {"concat", APEX_CAST_PROMOTE, apex__bwd_concat},
+    [APEX_OP_ATTENTION] = {"causal_attention", APEX_CAST_HALF, apex__bwd_attention},
+};
+
+static const apex__op_info invalid = {"invalid", APEX_CAST_NONE, NULL};
+
+const apex__op_info *apex__op(apex_op op) { return (int)op >= 0 && op < APEX_OP_COUNT ? &table[op] : &invalid; }
+const char *apex_op_name(apex_op op) { return apex__op(op)->name; }
+apex_cast_category apex_op_cast_category(apex_op op) { return apex__op(op)->cast; }

@@ -1,0 +1,286 @@
+/* ops_elementwise.c: broadcasting add/sub/mul/div, scale, activations and dropout.
+ *
+ * A broadcast is walked as rows of the output's last dimension: each row has one base offset per
+ * operand, and within a row an operand either moves with the output (stride 1) or repeats one
+ * element (stride 0). Rows are independent, so the forward runs them on threads; a backward that
+ * must sum over broadcast positions runs them in order on one thread, which keeps it bitwise
+ * independent of the thread count. */
+#include <math.h>
+
+#include "autograd/ag.h"
+
+typedef struct bcast {
+  int nd;
+  int64_t shape[APEX_MAX_DIMS];
+  int64_t st[2][APEX_MAX_DIMS]; /* element strides of a and b in the output's index space */
+  size_t rows, len;
+} bcast;
+
+static int bcast_plan(const apex_tensor *a, const apex_tensor *b, bcast *p) {
+  int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
+  const apex_tensor *t[2] = {a, b};
+  p->nd = nd;
+  for (int d = 0; d < nd; d++) {
+    int64_t s[2];
+    for (int k = 0; k < 2; k++) {
+      int dk = d - (nd - t[k]->ndim);
+      s[k] = dk >= 0 ? t[k]->shape[dk] : 1;
+    }
+    if (s[0] != s[1] && s[0] != 1 && s[1] != 1) return 0;
+    p->shape[d] = s[0] == 1 ? s[1] : s[0];
+  }
+  for (int k = 0; k < 2; k++) {
+    int64_t stride = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+      int dk = d - (nd - t[k]->ndim);
+      int64_t sz = dk >= 0 ? t[k]->shape[dk] : 1;
+      p->st[k][d] = sz == 1 ? 0 : stride;
+      stride *= sz;
+    }
+  }
+  p->len = nd ? (size_t)p->shape[nd - 1] : 1;
+  size_t total = 1;
+  for (int d = 0; d < nd; d++) total *= (size_t)p->shape[d];
+  p->rows = p->len ? total / p->len : 0;
+  return 1;
+}
+
+static void row_offsets(const bcast *p, size_t r, size_t off[2]) {
+  off[0] = off[1] = 0;
+  for (int d = p->nd - 2; d >= 0; d--) {
+    size_t i = r % (size_t)p->shape[d];
+    r /= (size_t)p->shape[d];
+    off[0] += i * (size_t)p->st[0][d];
+    off[1] += i * (size_t)p->st[1][d];
+  }
+}
+
+static apex_var *binary(apex_graph *g, apex_op op, apex_var *a, apex_var *b) {
+  apex_var *in[2] = {a, b}, *u[2];
+  apex_dtype dt;
+  if (apex__dispatch(g, op, 2, in, 0, u, &dt) != APEX_OK) return NULL;
+  bcast p;
+  if (!bcast_plan(u[0]->value, u[1]->value, &p))
+    return apex__fail_null(APEX_ERR_SHAPE, "%s: shapes %s and %s do not broadcast", apex_op_name(op), apex__shape(a), apex__shape(b));
+  apex_var *out = apex__result(g, op, dt, p.nd, p.shape, 2, u);
+  if (!out) return NULL;
+  const float *A = apex__f32(g, u[0]->value), *B = apex__f32(g, u[1]->value);
+  float *o = apex__out_f32(g, out);
+  if (!A || !B || !o) return NULL;
+  size_t rows = p.rows, len = p.len, n = rows * len;
+  size_t sa = p.nd ? (size_t)p.st[0][p.nd - 1] : 0, sb = p.nd ? (size_t)p.st[1][p.nd - 1] : 0;
+#pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
+  for (size_t r = 0; r < rows; r++) {
+    size_t off[2];
+    row_offsets(&p, r, off);
+    const float *x = A + off[0], *y = B + off[1];
+    float *z = o + r * len;
+    switch (op) {
+    case APEX_OP_ADD: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] + y[j * sb]; break;
+    case APEX_OP_SUB: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] - y[j * sb]; break;
+    case APEX_OP_MUL: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] * y[j * sb]; break;
+    default: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] / y[j * sb]; break;
+    }
+  }
+  apex__store(out, o);
+  return out;
+}
+
+apex_var *apex_add(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, APEX_OP_ADD, a, b); }
+apex_var *apex_sub(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, APEX_OP_SUB, a, b); }
+apex_var *apex_mul(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, APEX_OP_MUL, a, b); }
+apex_var *apex_div(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, APEX_OP_DIV, a, b); }
+
+/* d(out)/d(operand k) at one position, given the operands' values there. */
+static inline float partial(apex_op op, int k, float x, float y) {
+  switch (op) {
+  case APEX_OP_ADD: return 1.0f;
+  case APEX_OP_SUB: return k ? -1.0f : 1.0f;
+  case APEX_OP_MUL: return k ? x : y;
+  default: return k ? -x / (y * y) : 1.0f / y;
+  }
+}
+
+apex_status apex__bwd_binary(apex_graph *g, apex_var *out) {
+  bcast p;
+  bcast_plan(out->in[0]->value, out->in[1]->value, &p);
+  const float *v[2] = {apex__f32(g, out->in[0]->value), apex__f32(g, out->in[1]->value)};
+  if (!v[0] || !v[1]) return APEX_ERR_OUT_OF_MEMORY;
+  const float *go = out->gbuf;
+  size_t rows = p.rows, len = p.len, n = rows * len;
+  apex_op op = out->op;
+  for (int k = 0; k < 2; k++) {
+    float *gk = apex__gbuf(g, out->in[k]);
+    if (!gk) continue;
+    size_t s[2] = {p.nd ? (size_t)p.st[0][p.nd - 1] : 0, p.nd ? (size_t)p.st[1][p.nd - 1] : 0};
+    int full = ag_numel(out->in[k]) == n; /* no broadcast: each output position has its own element */
+#pragma omp parallel for schedule(static) if (full && n > AG_PAR_MIN)
+    for (size_t r = 0; r < rows; r++) {
+      size_t off[2];
+      row_offsets(&p, r, off);
+      const float *x = v[0] + off[0], *y = v[1] + off[1], *gr = go + r * len;
+      float *gd = gk + off[k];
+      size_t sk = s[k];
+      for (size_t j = 0; j < len; j++) gd[j * sk] += gr[j] * partial(op, k, x[j * s[0]], y[j * s[1]]);
+    }
+  }
+  return APEX_OK;
+}
+
+/* ---- scale --------------------------------------------------------------------------------------- */
+
+apex_var *apex_scale(apex_graph *g, apex_var *x, float s) {
+  apex_var *u;
+  apex_dtype dt;
+  if (apex__dispatch(g, APEX_OP_SCALE, 1, &x, 0, &u, &dt) != APEX_OK) return NULL;
+  apex_var *out = apex__result(g, APEX_OP_SCALE, dt, u->value->ndim, u->value->shape, 1, &u);
+  if (!out) return NULL;
+  out->fa[0] = s;
+  const float *X = apex__f32(g, u->value);
+  float *o = apex__out_f32(g, out);
+  if (!X || !o) return NULL;
+  size_t n = ag_numel(out);
+  AG_PFOR
+  for (size_t i = 0; i < n; i++) o[i] = X[i] * s;
+  apex__store(out, o);
+  return out;
+}
+
+apex_status apex__bwd_scale(apex_graph *g, apex_var *out) {
+  float *gx = apex__gbuf(g, out->in[0]);
+  if (!gx) return APEX_OK;
+  const float *go = out->gbuf;
+  float s = out->fa[0];
+  size_t n = ag_numel(out);
+  AG_PFOR
+  for (size_t i = 0; i < n; i++) gx[i] += go[i] * s;
+  return APEX_OK;
+}
+
+/* ---- activations --------------------------------------------------------------------------------- */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_C 0.044715f
+
+static apex_var *unary(apex_graph *g, apex_op op, apex_var *x) {
+  apex_var *u;
+  apex_dtype dt;
+  if (apex__dispatch(g, op, 1, &x, 0, &u, &dt) != APEX_OK) return NULL;
+  apex_var *out = apex__result(g, op, dt, u->value->ndim, u->value->shape, 1, &u);
+  if (!out) return NULL;
+  const float *X = apex__f32(g, u->value);
+  float *o = apex__out_f32(g, out);
+  if (!X || !o) return NULL;
+  size_t n = ag_numel(out);
+  switch (op) {
+  case APEX_OP_RELU:
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) o[i] = X[i] > 0.0f ? X[i] : 0.0f;
+    break;
+  case APEX_OP_GELU:
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) o[i] = 0.5f * X[i] * (1.0f + erff(X[i] * 0.70710678118654752f));
+    break;
+  case APEX_OP_GELU_TANH:
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) o[i] = 0.5f * X[i] * (1.0f + tanhf(GELU_K * (X[i] + GELU_C * X[i] * X[i] * X[i])));
+    break;
+  case APEX_OP_TANH:
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) o[i] = tanhf(X[i]);
+    break;
+  default:
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) o[i] = 1.0f / (1.0f + expf(-X[i]));
+    break;
+  }
+  apex__store(out, o);
+  return out;
+}
+
+apex_var *apex_relu(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_RELU, x); }
+apex_var *apex_gelu(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_GELU, x); }
+apex_var *apex_gelu_tanh(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_GELU_TANH, x); }
+apex_var *apex_tanh(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_TANH, x); }
+apex_var *apex_sigmoid(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_SIGMOID, x); }
+
+apex_status apex__bwd_unary(apex_graph *g, apex_var *out) {
+  float *gx = apex__gbuf(g, out->in[0]);
+  if (!gx) return APEX_OK;
+  const float *X = apex__f32(g, out->in[0]->value), *go = out->gbuf;
+  if (!X) return APEX_ERR_OUT_OF_MEMORY;
+  size_t n = ag_numel(out);
+  switch (out->op) {
+  case APEX_OP_RELU:
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) gx[i] += X[i] > 0.0f ? go[i] : 0.0f;
+    break;
+  case APEX_OP_GELU:
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) {
+      float x = X[i], cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f)), pdf = 0.3989422804014327f * expf(-0.5f * x * x);
+      gx[i] += go[i] * (cdf + x * pdf);
+    }
+    break;
+  case APEX_OP_GELU_TANH:
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) {
+      float x = X[i], t = tanhf(GELU_K * (x + GELU_C * x * x * x));
+      gx[i] += go[i] * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * x * x));
+    }
+    break;
+  case APEX_OP_TANH:
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) {
+      float t = tanhf(X[i]);
+      gx[i] += go[i] * (1.0f - t * t);
+    }
+    break;
+  default:
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) {
+      float s = 1.0f / (1.0f + expf(-X[i]));
+      gx[i] += go[i] * s * (1.0f - s);
+    }
+    break;
+  }
+  return APEX_OK;
+}
+
+/* ---- dropout ------------------------------------------------------------------------------------- */
+
+apex_var *apex_dropout(apex_graph *g, apex_var *x, float p, int training, apex_rng *rng) {
+  apex_var *u;
+  apex_dtype dt;
+  if (apex__dispatch(g, APEX_OP_DROPOUT, 1, &x, 0, &u, &dt) != APEX_OK) return NULL;
+  if (!(p >= 0.0f && p < 1.0f)) return apex__fail_null(APEX_ERR_INVALID_ARG, "dropout: p = %g on %s; it must be in [0, 1)", p, apex__shape(x));
+  if (!training || p == 0.0f) return u;
+  if (!rng) return apex__fail_null(APEX_ERR_INVALID_ARG, "dropout: NULL rng for p = %g on %s in training", p, apex__shape(x));
+  apex_var *out = apex__result(g, APEX_OP_DROPOUT, dt, u->value->ndim, u->value->shape, 1, &u);
+  if (!out) return NULL;
+  size_t n = ag_numel(out);
+  uint8_t *mask = apex__scratch(g, n ? n : 1);
+  const float *X = apex__f32(g, u->value);
+  float *o = apex__out_f32(g, out);
+  if (!mask || !X || !o) return NULL;
+  if (apex_rng_bernoulli(rng, mask, n, 1.0f - p) != APEX_OK) return NULL;
+  float s = 1.0f / (1.0f - p);
+  out->aux = mask;
+  out->fa[0] = s;
+  AG_PFOR
+  for (size_t i = 0; i < n; i++) o[i] = mask[i] ? X[i] * s : 0.0f;
+  apex__store(out, o);
+  return out;
+}
+
+apex_status apex__bwd_dropout(apex_graph *g, apex_var *out) {
+  float *gx = apex__gbuf(g, out->in[0]);
+  if (!gx) return APEX_OK;
+  const uint8_t *mask = out->aux;
+  const float *go = out->gbuf;
+  float s = out->fa[0];
+  size_t n = ag_numel(out);
+  AG_PFOR
+  for (size_t i = 0; i < n; i++) gx[i] += mask[i] ? go[i] * s : 0.0f;
+  return APEX_OK;
+}

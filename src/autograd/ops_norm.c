@@ -1,0 +1,194 @@
+/* ops_norm.c: batch norm (training and evaluation, running statistics), layer norm and RMS norm.
+ *
+ * Statistics are per channel (batch norm) or per row (layer/RMS norm), each summed in double by one
+ * thread in a fixed order. The weight and bias gradients of the row norms are column sums of an
+ * [rows, D] product, done by apex__colsum_add in row order. */
+#include <math.h>
+
+#include "autograd/ag.h"
+
+/* ---- batch norm --------------------------------------------------------------------------------- */
+
+apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var *bias, apex_tensor *running_mean,
+                          apex_tensor *running_var, const apex_batch_norm_options *opts) {
+  static const apex_batch_norm_options defaults = {0};
+  if (!opts) opts = &defaults;
+  apex_var *in[3] = {x, weight, bias}, *u[3];
+  apex_dtype dt;
+  if (apex__dispatch(g, APEX_OP_BATCH_NORM, 3, in, 6u, u, &dt) != APEX_OK) return NULL;
+  const apex_tensor *X = u[0]->value;
+  if (X->ndim < 2 || X->ndim > 4)
+    return apex__fail_null(APEX_ERR_SHAPE, "batch_norm: input %s must be [N, C], [N, C, L] or [N, C, H, W]", apex__shape(x));
+  size_t N = (size_t)X->shape[0], C = (size_t)X->shape[1], S = X->numel / ag_nz(N * C), M = N * S;
+  const apex_tensor *stats[2] = {running_mean, running_var};
+  for (int i = 0; i < 3; i++)
+    if (i && u[i] && (u[i]->value->ndim != 1 || (size_t)u[i]->value->shape[0] != C))
+      return apex__fail_null(APEX_ERR_SHAPE, "batch_norm: %s %s does not match the %zu channels of input %s", i == 1 ? "weight" : "bias",
+                             apex__shape(in[i]), C, apex__shape(x));
+  for (int i = 0; i < 2; i++) {
+    if (!stats[i]) continue;
+    char buf[64];
+    if (stats[i]->dtype != APEX_F32)
+      return apex__fail_null(APEX_ERR_DTYPE, "batch_norm: %s is %s; running statistics are f32", i ? "running_var" : "running_mean",
+                             apex_dtype_name(stats[i]->dtype));
+    if (stats[i]->numel != C)
+      return apex__fail_null(APEX_ERR_SHAPE, "batch_norm: %s %s does not match the %zu channels of input %s", i ? "running_var" : "running_mean",
+                             apex_tensor_shape_str(stats[i], buf, sizeof buf), C, apex__shape(x));
+  }
+  if (!opts->training && (!running_mean || !running_var))
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "batch_norm: evaluation of %s needs running_mean and running_var", apex__shape(x));
+  if (opts->training && M <= 1)
+    return apex__fail_null(APEX_ERR_SHAPE, "batch_norm: training needs more than one value per channel; input %s has %zu", apex__shape(x), M);
+  float mom = opts->momentum != 0.0f ? opts->momentum : 0.1f, eps = opts->eps != 0.0f ? opts->eps : 1e-5f;
+  apex_var *out = apex__result(g, APEX_OP_BATCH_NORM, dt, X->ndim, X->shape, 3, u);
+  if (!out) return NULL;
+  const float *xf = apex__f32(g, X), *wf = u[1] ? apex__f32(g, u[1]->value) : NULL, *bf = u[2] ? apex__f32(g, u[2]->value) : NULL;
+  float *o = apex__out_f32(g, out), *st = apex__scratch(g, 2 * C * sizeof(float));
+  if (!xf || !o || !st || (u[1] && !wf) || (u[2] && !bf)) return NULL;
+  float *rm = running_mean ? ag_data(running_mean) : NULL, *rv = running_var ? ag_data(running_var) : NULL;
+  out->aux = st; /* mean[C], rstd[C] as used */
+  out->ia[0] = opts->training;
+  out->ia[1] = (int64_t)C;
+  out->ia[2] = (int64_t)S;
+#pragma omp parallel for schedule(static) if (X->numel > AG_PAR_MIN)
+  for (size_t c = 0; c < C; c++) {
+    double mean, var;
+    if (opts->training) {
+      double s = 0, q = 0;
+      for (size_t n = 0; n < N; n++) s += apex__sum_serial(xf + (n * C + c) * S, S);
+      mean = s / (double)M;
+      for (size_t n = 0; n < N; n++)
+        for (size_t i = 0; i < S; i++) {
+          double d = xf[(n * C + c) * S + i] - mean;
+          q += d * d;
+        }
+      var = q / (double)M;
+      if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mean);
+      if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * q / (double)(M - 1));
+    } else {
+      mean = rm[c];
+      var = rv[c];
+    }
+    float m = (float)mean, r = (float)(1.0 / sqrt(var + eps)), w = wf ? wf[c] : 1.0f, b = bf ? bf[c] : 0.0f;
+    st[c] = m;
+    st[C + c] = r;
+    for (size_t n = 0; n < N; n++) {
+      const float *xs = xf + (n * C + c) * S;
+      float *os = o + (n * C + c) * S;
+      for (size_t i = 0; i < S; i++) os[i] = (xs[i] - m) * r * w + b;
+    }
+  }
+  apex__store(out, o);
+  return out;
+}
+
+apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
+  float *gx = apex__gbuf(g, out->in[0]), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
+  size_t C = (size_t)out->ia[1], S = (size_t)out->ia[2], N = ag_numel(out) / ag_nz(C * S), M = N * S;
+  int training = (int)out->ia[0];
+  const float *xf = apex__f32(g, out->in[0]->value), *wf = out->in[1] ? apex__f32(g, out->in[1]->value) : NULL;
+  const float *st = out->aux, *go = out->gbuf;
+  if (!xf || (out->in[1] && !wf)) return APEX_ERR_OUT_OF_MEMORY;
+#pragma omp parallel for schedule(static) if (ag_numel(out) > AG_PAR_MIN)
+  for (size_t c = 0; c < C; c++) {
+    float m = st[c], r = st[C + c], w = wf ? wf[c] : 1.0f;
+    double sg = 0, sgx = 0;
+    for (size_t n = 0; n < N; n++)
+      for (size_t i = 0; i < S; i++) {
+        size_t j = (n * C + c) * S + i;
+        sg += go[j];
+        sgx += go[j] * (xf[j] - m) * r;
+      }
+    if (gw) gw[c] += (float)sgx;
+    if (gb) gb[c] += (float)sg;
+    if (!gx) continue;
+    float a = w * r, mg = training ? (float)(sg / (double)M) : 0.0f, mgx = training ? (float)(sgx / (double)M) : 0.0f;
+    for (size_t n = 0; n < N; n++)
+      for (size_t i = 0; i < S; i++) {
+        size_t j = (n * C + c) * S + i;
+        gx[j] += a * (go[j] - mg - (xf[j] - m) * r * mgx);
+      }
+  }
+  return APEX_OK;
+}
+
+/* ---- layer norm and RMS norm -------------------------------------------------------------------- */
+
+/* One op for both: layer norm centres (ia[0] = 1) and has a bias; RMS norm does neither. */
+static apex_var *row_norm(apex_graph *g, apex_op op, apex_var *x, apex_var *weight, apex_var *bias, float eps) {
+  apex_var *in[3] = {x, weight, bias}, *u[3];
+  apex_dtype dt;
+  int n_in = op == APEX_OP_LAYER_NORM ? 3 : 2;
+  if (apex__dispatch(g, op, n_in, in, 6u, u, &dt) != APEX_OK) return NULL;
+  if (n_in == 2) u[2] = NULL;
+  const apex_tensor *X = u[0]->value;
+  if (X->ndim < 1) return apex__fail_null(APEX_ERR_SHAPE, "%s: input %s has no dimension to normalise", apex_op_name(op), apex__shape(x));
+  size_t D = (size_t)X->shape[X->ndim - 1], R = X->numel / ag_nz(D);
+  for (int i = 1; i < 3; i++)
+    if (u[i] && (u[i]->value->ndim != 1 || (size_t)u[i]->value->shape[0] != D))
+      return apex__fail_null(APEX_ERR_SHAPE, "%s: %s %s does not match the last dimension of input %s", apex_op_name(op), i == 1 ? "weight" : "bias",
+                             apex__shape(in[i]), apex__shape(x));
+  if (eps == 0.0f) eps = 1e-5f;
+  apex_var *out = apex__result(g, op, dt, X->ndim, X->shape, n_in, u);
+  if (!out) return NULL;
+  const float *xf = apex__f32(g, X), *wf = u[1] ? apex__f32(g, u[1]->value) : NULL, *bf = u[2] ? apex__f32(g, u[2]->value) : NULL;
+  float *o = apex__out_f32(g, out), *st = apex__scratch(g, ag_nz(2 * R) * sizeof(float));
+  if (!xf || !o || !st || (u[1] && !wf) || (u[2] && !bf)) return NULL;
+  int centre = op == APEX_OP_LAYER_NORM;
+  out->aux = st;
+  out->ia[0] = (int64_t)R;
+  out->ia[1] = (int64_t)D;
+#pragma omp parallel for schedule(static) if (X->numel > AG_PAR_MIN)
+  for (size_t r = 0; r < R; r++) {
+    const float *xr = xf + r * D;
+    double mean = centre ? apex__sum_serial(xr, D) / (double)D : 0.0, q = 0;
+    for (size_t j = 0; j < D; j++) q += (xr[j] - mean) * (xr[j] - mean);
+    float m = (float)mean, rs = (float)(1.0 / sqrt(q / (double)D + eps));
+    st[r] = m;
+    st[R + r] = rs;
+    float *orow = o + r * D;
+    for (size_t j = 0; j < D; j++) orow[j] = (xr[j] - m) * rs * (wf ? wf[j] : 1.0f) + (bf ? bf[j] : 0.0f);
+  }
+  apex__store(out, o);
+  return out;
+}
+
+apex_var *apex_layer_norm(apex_graph *g, apex_var *x, apex_var *w, apex_var *b, float eps) {
+  return row_norm(g, APEX_OP_LAYER_NORM, x, w, b, eps);
+}
+apex_var *apex_rms_norm(apex_graph *g, apex_var *x, apex_var *w, float eps) { return row_norm(g, APEX_OP_RMS_NORM, x, w, NULL, eps); }
+
+static apex_status row_norm_bwd(apex_graph *g, apex_var *out) {
+  size_t R = (size_t)out->ia[0], D = (size_t)out->ia[1];
+  int centre = out->op == APEX_OP_LAYER_NORM;
+  float *gx = apex__gbuf(g, out->in[0]), *gw = apex__gbuf(g, out->in[1]), *gb = centre ? apex__gbuf(g, out->in[2]) : NULL;
+  const float *xf = apex__f32(g, out->in[0]->value), *wf = out->in[1] ? apex__f32(g, out->in[1]->value) : NULL;
+  const float *st = out->aux, *go = out->gbuf;
+  float *gxhat = gw ? apex__scratch(g, ag_nz(R * D) * sizeof(float)) : NULL;
+  if (!xf || (out->in[1] && !wf) || (gw && !gxhat)) return APEX_ERR_OUT_OF_MEMORY;
+#pragma omp parallel for schedule(static) if (R * D > AG_PAR_MIN)
+  for (size_t r = 0; r < R; r++) {
+    const float *xr = xf + r * D, *gr = go + r * D;
+    float m = st[r], rs = st[R + r];
+    double s1 = 0, s2 = 0;
+    for (size_t j = 0; j < D; j++) {
+      float xh = (xr[j] - m) * rs, gh = gr[j] * (wf ? wf[j] : 1.0f);
+      if (gxhat) gxhat[r * D + j] = gr[j] * xh;
+      s1 += gh;
+      s2 += gh * xh;
+    }
+    if (!gx) continue;
+    float a = centre ? (float)(s1 / (double)D) : 0.0f, b = (float)(s2 / (double)D);
+    float *gxr = gx + r * D;
+    for (size_t j = 0; j < D; j++) {
+      float xh = (xr[j] - m) * rs, gh = gr[j] * (wf ? wf[j] : 1.0f);
+      gxr[j] += rs * (gh - a - xh * b);
+    }
+  }
+  if (gw) apex__colsum_add(gxhat, R, D, gw);
+  if (gb) apex__colsum_add(go, R, D, gb);
+  return APEX_OK;
+}
+
+apex_status apex__bwd_layer_norm(apex_graph *g, apex_var *out) { return row_norm_bwd(g, out); }
+apex_status apex__bwd_rms_norm(apex_graph *g, apex_var *out) { return row_norm_bwd(g, out); }
