@@ -8,6 +8,7 @@
 #include "apex/multi_tensor.h"
 #include "apex/nn_ops.h"
 #include "apex/rng.h"
+#include "apex/safetensors.h"
 #include "apex/status.h"
 #include "apex/tensor.h"
 #include "apex/threads.h"
