@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# run.sh SOURCE_DIR [SECONDS]: builds the safetensors reader with clang's libFuzzer + AddressSanitizer
+# + UBSan and fuzzes it for SECONDS (default 60), starting from the golden file and a few seeds.
+# Exits 77 (ctest: skipped) when clang or its fuzzer runtime is missing; non-zero on any crash.
+set -euo pipefail
+src=$1
+seconds=${2:-60}
+clang=$(command -v clang || command -v clang-14 || true)
+if [ -z "$clang" ]; then echo "skipped: clang is not installed (apt-get install clang)"; exit 77; fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I"$src/include" -I"$src/src"
+       -D_POSIX_C_SOURCE=200809L -DAPEX_HAVE_X86=0 $(pkg-config --cflags libcjson))
+if ! echo 'int LLVMFuzzerTestOneInput(const char*d,long n){(void)d;(void)n;return 0;}' \
+     | "$clang" -x c -fsanitize=fuzzer - -o "$work/probe" 2>/dev/null; then
+  echo "skipped: clang has no libFuzzer runtime (apt-get install libclang-rt-14-dev)"; exit 77
+fi
+# The reader and the core it uses; the AVX2 fast path is left out (APEX_HAVE_X86=0: portable path).
+sources=("$src/src/io/safetensors.c" "$src/src/core/status.c" "$src/src/core/tensor.c" "$src/src/core/convert.c" "$src/src/core/cpu.c")
+"$clang" "${flags[@]}" "${sources[@]}" "$src/tests/fuzz/fuzz_safetensors.c" -o "$work/fuzz" $(pkg-config --libs libcjson) -lm
+mkdir -p "$work/corpus"
+cp "$src/tests/data/golden.safetensors" "$work/corpus/"
+printf '\x02\x00\x00\x00\x00\x00\x00\x00{}' > "$work/corpus/empty"
+printf '\x10\x00\x00\x00\x00\x00\x00\x00{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}' > "$work/corpus/one"
+"$work/fuzz" -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 "$work/corpus" 2>&1 | tail -n 15
+echo "fuzz: no crash in ${seconds}s"
