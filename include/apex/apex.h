@@ -7,6 +7,7 @@
 #include "apex/loss_scaler.h"
 #include "apex/multi_tensor.h"
 #include "apex/nn_ops.h"
+#include "apex/optim.h"
 #include "apex/rng.h"
 #include "apex/safetensors.h"
 #include "apex/status.h"

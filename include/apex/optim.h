@@ -1,0 +1,223 @@
+/* optim.h: fused optimizers over the multi-tensor applier (Apex's FusedSGD, FusedAdam, FusedLAMB,
+ * FusedNovoGrad, FusedAdagrad and the Ascend edition's fused Adadelta, AdamP, RMSprop, RMSpropTF).
+ *
+ * An optimizer holds parameter groups. Each group is a list of parameters, their gradients (any of
+ * f32, f16, bf16) and one set of hyperparameters. A step runs one fused pass per group (two for
+ * LAMB, NovoGrad and AdamP, which need per-tensor norms first) that unscales the gradients, updates
+ * the state and writes the parameters.
+ *
+ * Mixed precision: for an f16 or bf16 parameter the optimizer keeps an f32 master copy (made when the
+ * group is added) and f32 state; the step updates the master and writes the master rounded to nearest
+ * even into the model's parameter in the same pass. f32 parameters are updated in place.
+ *
+ * Loss scaling: apex_optimizer_step takes the loss scale the gradients carry and multiplies them by
+ * its inverse inside the kernel, and an overflow flag: a step with overflow set changes nothing at
+ * all, step counters included. All state is allocated and initialised when a group is added, so a
+ * skipped first step leaves no garbage.
+ *
+ * Step counts are kept per parameter, as PyTorch does: a parameter whose gradient is NULL is skipped
+ * by a step, its state and count untouched. Results are bitwise independent of the thread count.
+ *
+ * Lifetimes: the optimizer borrows the parameter and gradient tensors; they must outlive it (or be
+ * replaced with apex_optimizer_set_grad). It owns the masters and the state. */
+#ifndef APEX_OPTIM_H
+#define APEX_OPTIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "apex/status.h"
+#include "apex/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum apex_optim_kind {
+  APEX_OPTIM_SGD = 0,     /* torch.optim.SGD / Apex FusedSGD */
+  APEX_OPTIM_ADAM,        /* torch.optim.Adam (L2 weight decay) / Apex FusedAdam(adam_w_mode=False) */
+  APEX_OPTIM_ADAMW,       /* torch.optim.AdamW (decoupled decay) / Apex FusedAdam */
+  APEX_OPTIM_ADAMP,       /* AdamP (Heo et al. 2021, clovaai/AdamP) */
+  APEX_OPTIM_LAMB,        /* Apex FusedLAMB */
+  APEX_OPTIM_ADADELTA,    /* torch.optim.Adadelta */
+  APEX_OPTIM_ADAGRAD,     /* torch.optim.Adagrad / Apex FusedAdagrad */
+  APEX_OPTIM_RMSPROP,     /* torch.optim.RMSprop */
+  APEX_OPTIM_RMSPROP_TF,  /* timm's RMSpropTF (TensorFlow's RMSprop) */
+  APEX_OPTIM_NOVOGRAD,    /* Apex FusedNovoGrad */
+  APEX_OPTIM_KIND_COUNT
+} apex_optim_kind;
+
+/* "sgd", "adam", "adamw", "adamp", "lamb", "adadelta", "adagrad", "rmsprop", "rmsprop_tf",
+ * "novograd"; "invalid" for anything else. */
+APEX_API const char *apex_optim_kind_name(apex_optim_kind kind);
+/* The reverse of apex_optim_kind_name (case-insensitive). APEX_ERR_INVALID_ARG, with the list of
+ * names, for anything else. */
+APEX_API apex_status apex_optim_kind_parse(const char *name, apex_optim_kind *out);
+
+/* A yes/no option whose zero value means "the optimizer's default". */
+typedef enum apex_optim_flag {
+  APEX_OPTIM_DEFAULT = 0,
+  APEX_OPTIM_ON = 1,
+  APEX_OPTIM_OFF = -1
+} apex_optim_flag;
+
+/* Bits of apex_optim_options.zero: the float options whose default is not zero. Setting a bit asks
+ * for an explicit 0 in that field (the field itself must then be 0), e.g. Adam without momentum:
+ *     (apex_optim_options){.zero = APEX_OPTIM_ZERO_BETA1}                                        */
+enum {
+  APEX_OPTIM_ZERO_LR = 1u << 0,
+  APEX_OPTIM_ZERO_BETA1 = 1u << 1,
+  APEX_OPTIM_ZERO_BETA2 = 1u << 2,
+  APEX_OPTIM_ZERO_EPS = 1u << 3,
+  APEX_OPTIM_ZERO_ALPHA = 1u << 4,
+  APEX_OPTIM_ZERO_RHO = 1u << 5,
+  APEX_OPTIM_ZERO_DELTA = 1u << 6,
+  APEX_OPTIM_ZERO_WD_RATIO = 1u << 7
+};
+
+/* NovoGrad's norm_type: 0 and 2 mean the L2 norm (the default); this asks for the infinity norm
+ * (Apex spells it norm_type=0). */
+#define APEX_OPTIM_NORM_INF (-1)
+
+/* Hyperparameters. The zero value of every field means the optimizer's default (in brackets below,
+ * per kind). Setting a field that the kind does not use is an error (APEX_ERR_INVALID_ARG naming the
+ * field), so that a typo never passes silently. */
+typedef struct apex_optim_options {
+  float lr;            /* >= 0. Adadelta 1.0; Adagrad, RMSprop, RMSpropTF 1e-2; all others 1e-3 */
+  float beta1, beta2;  /* in [0, 1). Adam, AdamW, AdamP, LAMB, NovoGrad: 0.9 and 0.999 */
+  float eps;           /* >= 0. Adam, AdamW, AdamP, NovoGrad, RMSprop 1e-8; LAMB, Adadelta 1e-6;
+                          Adagrad, RMSpropTF 1e-10 */
+  float weight_decay;  /* >= 0, every kind [0]. L2 (added to the gradient) or decoupled, see the flags.
+                          Note torch.optim.AdamW defaults to 1e-2; apex, like Apex's FusedAdam, to 0. */
+  float momentum;      /* >= 0. SGD, RMSprop, RMSpropTF [0] */
+  float dampening;     /* SGD [0]; not applied at the first momentum step (PyTorch) */
+  float alpha;         /* >= 0, square-average smoothing. RMSprop 0.99, RMSpropTF 0.9 */
+  float rho;           /* in [0, 1]. Adadelta 0.9 */
+  float delta;         /* >= 0. AdamP: projection threshold [0.1] */
+  float wd_ratio;      /* >= 0. AdamP: weight decay factor for projected tensors [0.1] */
+  float initial_accumulator_value; /* >= 0. Adagrad [0] */
+  float lr_decay;      /* >= 0. Adagrad [0]: lr / (1 + (step - 1) * lr_decay) */
+  float max_grad_norm; /* LAMB [1.0]: the global gradient norm (of all groups) is clipped to this
+                          before the update; negative or +Inf means no clipping */
+  int norm_type;       /* NovoGrad: 0 or 2 = L2 [default], APEX_OPTIM_NORM_INF */
+  apex_optim_flag nesterov;          /* SGD [off; needs momentum > 0 and dampening 0], AdamP [off] */
+  apex_optim_flag wd_after_momentum; /* SGD [off]: add weight decay after the momentum update (Apex) */
+  apex_optim_flag bias_correction;   /* Adam, AdamW, LAMB, NovoGrad [on] */
+  apex_optim_flag amsgrad;           /* Adam, AdamW [off] */
+  apex_optim_flag adam_w_mode;       /* decoupled weight decay: Adam [off], AdamW [on], LAMB [on] */
+  apex_optim_flag grad_averaging;    /* LAMB, NovoGrad [on]: scale the gradient by (1 - beta1) in m */
+  apex_optim_flag use_nvlamb;        /* LAMB [off]: apply the trust ratio even when weight_decay == 0 */
+  apex_optim_flag adagrad_w_mode;    /* Adagrad [off]: decoupled weight decay (Apex FusedAdagrad) */
+  apex_optim_flag centered;          /* RMSprop, RMSpropTF [off] */
+  apex_optim_flag decoupled_decay;   /* RMSpropTF [off] */
+  apex_optim_flag lr_in_momentum;    /* RMSpropTF [on]: the momentum buffer accumulates lr * update */
+  apex_optim_flag init_zero;         /* NovoGrad [off]: start the second moment at 0, not at the first
+                                        gradient's norm */
+  apex_optim_flag reg_inside_moment; /* NovoGrad [off]: weight decay inside the first moment */
+  unsigned zero;                     /* APEX_OPTIM_ZERO_* bits: explicit zeros, see above */
+} apex_optim_options;
+
+/* Sets one field by its name as spelled above ("lr", "beta1", "nesterov", ...), for configuration
+ * files. A value of 0 sets an explicit zero (the zero bit, or APEX_OPTIM_OFF for a flag); a flag
+ * takes 0 or 1. APEX_ERR_INVALID_ARG for an unknown name (listing the names) or a flag value other
+ * than 0 or 1. Ranges are checked when the options are used. */
+APEX_API apex_status apex_optim_options_set(apex_optim_options *opts, const char *name, double value);
+
+typedef struct apex_optimizer apex_optimizer;
+
+/* A new optimizer of the given kind with no groups. defaults (NULL: all defaults) are the options of
+ * groups added without their own. Returns NULL with a message for an invalid kind, invalid defaults
+ * (as apex_optimizer_add_group) or a failed allocation. */
+APEX_API apex_optimizer *apex_optimizer_create(apex_optim_kind kind, const apex_optim_options *defaults);
+/* Frees the optimizer, its masters and state (not the parameters or gradients). NULL is fine. */
+APEX_API void apex_optimizer_destroy(apex_optimizer *opt);
+
+/* Adds a group: params[0..n_params) with gradients grads[0..n_grads). grads may be NULL with
+ * n_grads == 0 (no gradients yet, see apex_optimizer_set_grad); otherwise n_grads must equal n_params
+ * and grads[i] may be NULL for a parameter without gradient. opts NULL means the optimizer's defaults.
+ * Creates the f32 masters and the state. Errors, each changing nothing:
+ *   APEX_ERR_INVALID_ARG  NULL opt or params, n_params < 1 (an empty group), n_grads neither 0 nor
+ *                         n_params, a NULL parameter, a parameter given twice (in this or another
+ *                         group), a hyperparameter out of range (negative lr or eps, a beta outside
+ *                         [0, 1), ...), an option the kind does not use;
+ *   APEX_ERR_SHAPE        a gradient whose shape differs from its parameter's;
+ *   APEX_ERR_DTYPE        a parameter or gradient dtype outside f32/f16/bf16;
+ *   APEX_ERR_DEVICE       a tensor not on the CPU;
+ *   APEX_ERR_OUT_OF_MEMORY.
+ * Returns the new group's index through group_out (may be NULL). */
+APEX_API apex_status apex_optimizer_add_group(apex_optimizer *opt, apex_tensor *const *params, int n_params,
+                                              apex_tensor *const *grads, int n_grads, const apex_optim_options *opts,
+                                              int *group_out);
+
+/* Sets (or, with grad NULL, removes) the gradient of parameter i of a group. APEX_ERR_INVALID_ARG
+ * for a group or index out of range, APEX_ERR_SHAPE / APEX_ERR_DTYPE / APEX_ERR_DEVICE as add_group. */
+APEX_API apex_status apex_optimizer_set_grad(apex_optimizer *opt, int group, int i, apex_tensor *grad);
+
+/* The learning rate of a group, changeable between steps (schedulers). set: APEX_ERR_INVALID_ARG for a
+ * group out of range or an lr that is negative or not finite. get: NaN for a bad group. */
+APEX_API apex_status apex_optimizer_set_lr(apex_optimizer *opt, int group, float lr);
+APEX_API float apex_optimizer_get_lr(const apex_optimizer *opt, int group);
+/* A group's options with every default filled in. APEX_ERR_INVALID_ARG for a bad group or NULL out. */
+APEX_API apex_status apex_optimizer_group_options(const apex_optimizer *opt, int group, apex_optim_options *out);
+
+APEX_API apex_optim_kind apex_optimizer_kind(const apex_optimizer *opt);
+APEX_API int apex_optimizer_num_groups(const apex_optimizer *opt);
+/* Parameters in a group; -1 for a bad group. */
+APEX_API int apex_optimizer_group_size(const apex_optimizer *opt, int group);
+/* The tensor the optimizer updates for parameter i of a group: the f32 master for an f16/bf16
+ * parameter, the parameter itself for an f32 one (Apex's master_params). Borrowed; NULL (with a
+ * message) for a bad index. */
+APEX_API apex_tensor *apex_optimizer_master(const apex_optimizer *opt, int group, int i);
+/* Steps taken by parameter i of a group (it counts only the steps where it had a gradient); -1 for a
+ * bad index. */
+APEX_API int64_t apex_optimizer_step_count(const apex_optimizer *opt, int group, int i);
+
+/* One optimizer step over every group. Gradients are multiplied by 1 / grad_scale inside the kernel
+ * (pass 1 for unscaled gradients). overflow != 0 skips the step: nothing changes (step counts,
+ * state, masters, parameters), only a pending clip coefficient is dropped. APEX_ERR_INVALID_ARG for a
+ * NULL opt or a grad_scale that is not finite and > 0; APEX_ERR_STATE for an optimizer without
+ * groups. */
+APEX_API apex_status apex_optimizer_step(apex_optimizer *opt, float grad_scale, int overflow);
+
+/* Global gradient-norm clipping (torch.nn.utils.clip_grad_norm_): computes the L2 norm of all
+ * gradients of all groups, unscaled by 1 / grad_scale (the norm of the f32 values the step will
+ * use), returns it in *total_norm (may be NULL) and, when it exceeds max_norm, makes the next step
+ * multiply the gradients by max_norm / (norm + 1e-6). The gradients themselves are not rewritten:
+ * the coefficient joins the unscale inside the step kernel, so f16 gradients lose no precision. A
+ * non-finite norm is returned as it is and sets no coefficient (skip the step). APEX_ERR_INVALID_ARG
+ * for max_norm not finite and > 0 or a bad grad_scale. */
+APEX_API apex_status apex_optimizer_clip_grad_norm(apex_optimizer *opt, float max_norm, float grad_scale,
+                                                   float *total_norm);
+
+/* ---- state save / load -------------------------------------------------------------------------
+ * The state is: per group its options (lr included) and per parameter its dtype, shape, step count,
+ * f32 master (f16/bf16 parameters) and f32 state tensors, plus per-tensor scalars (NovoGrad). Layout,
+ * all integers and floats little-endian:
+ *     "APEXOPTM"  u32 version (1)  u32 kind  u32 ngroups  u64 total bytes
+ *     per group:  u32 nfields, then per field u32 bits (the options, in the order of the struct)
+ *                 u32 nparams  u32 nstates  u32 nscalars
+ *                 per param:  u32 dtype  u32 ndim  i64 shape[ndim]  i64 step
+ *                             f32 master[numel] (f16/bf16 only)  f32 state[nstates][numel]
+ *                 f32 scalars[nparams * nscalars]
+ *     u64 FNV-1a hash of every byte before it
+ * Loading restores the options and rewrites each f16/bf16 parameter as its master rounded, so that
+ * save, load, step gives the same bits as step. It refuses (changing nothing) another kind, another
+ * number of groups or parameters, another shape or dtype, or another state layout
+ * (APEX_ERR_SHAPE / APEX_ERR_DTYPE / APEX_ERR_STATE, the message naming the first mismatch), and a
+ * truncated or corrupted buffer (APEX_ERR_CORRUPT). */
+
+/* Bytes apex_optimizer_save needs. */
+APEX_API apex_status apex_optimizer_state_size(const apex_optimizer *opt, size_t *bytes);
+/* Writes the state into buf (size bytes; APEX_ERR_INVALID_ARG if too small) and its length into
+ * *written (may be NULL). */
+APEX_API apex_status apex_optimizer_save(const apex_optimizer *opt, void *buf, size_t size, size_t *written);
+APEX_API apex_status apex_optimizer_load(apex_optimizer *opt, const void *buf, size_t size);
+/* The same through a FILE* (APEX_ERR_IO when it cannot be written or read). */
+APEX_API apex_status apex_optimizer_save_file(const apex_optimizer *opt, FILE *f);
+APEX_API apex_status apex_optimizer_load_file(apex_optimizer *opt, FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

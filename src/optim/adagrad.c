@@ -1,0 +1,60 @@
+/* adagrad.c: Adagrad as torch.optim.Adagrad (PyTorch 1.13) with Apex FusedAdagrad's adagrad_w_mode:
+ *     g = g / scale (+ wd * p unless adagrad_w_mode)
+ *     sum += g * g
+ *     p -= clr * (g / (sqrt(sum) + eps) + wd * p if adagrad_w_mode)
+ * with clr = lr / (1 + (step - 1) * lr_decay) per parameter, and sum starting at
+ * initial_accumulator_value. */
+#include <stdlib.h>
+
+#include "core/internal.h"
+#include "optim/optim_internal.h"
+
+typedef struct {
+  float inv_scale, eps, l2, wd_w;
+  const float *clr; /* per tensor */
+} adagrad_ctx;
+
+static void adagrad_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
+  const adagrad_ctx *c = vctx;
+  const float *g = t->p[0];
+  float *p = t->p[1], *h = t->p[2];
+  const float inv = c->inv_scale, l2 = c->l2, eps = c->eps, ww = c->wd_w, clr = c->clr[t->tensor];
+  float gs[APEX_MT_TILE], d[APEX_MT_TILE];
+  for (size_t i = 0; i < t->n; i++) {
+    float gi = g[i] * inv + l2 * p[i];
+    float hi = h[i] + gi * gi;
+    h[i] = hi;
+    gs[i] = gi;
+    d[i] = hi;
+  }
+  apex__optim_sqrt(d, t->n);
+  for (size_t i = 0; i < t->n; i++) p[i] = p[i] - clr * (gs[i] / (d[i] + eps) + ww * p[i]);
+  *nonfinite = 0;
+}
+
+static apex_status adagrad_step(apex__step_args *s) {
+  const apex_optim_options *o = &s->group->o;
+  const apex__active *a = s->a;
+  float *clr = malloc((size_t)a->n * sizeof *clr);
+  if (!clr) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "Adagrad step: out of memory");
+  for (int i = 0; i < a->n; i++) clr[i] = (float)(o->lr / (1.0 + (double)(a->step[i] - 1) * o->lr_decay));
+  int w = apex__on(o->adagrad_w_mode);
+  adagrad_ctx c = {.inv_scale = s->inv_scale, .eps = o->eps, .l2 = w ? 0.0f : o->weight_decay,
+                   .wd_w = w ? o->weight_decay : 0.0f, .clr = clr};
+  apex_status st = apex__optim_run(a, 0, 3, 6u, adagrad_tile, &c, "Adagrad step");
+  free(clr);
+  return st;
+}
+
+static int adagrad_nstates(const apex_optim_options *o) { (void)o; return 1; }
+static float adagrad_init(const apex_optim_options *o, int s) { (void)s; return o->initial_accumulator_value; }
+
+const apex__optim_ops apex__adagrad_ops = {
+    .name = "Adagrad",
+    .fields = APEX__FIELD(LR) | APEX__FIELD(EPS) | APEX__FIELD(WEIGHT_DECAY) | APEX__FIELD(INITIAL_ACC) |
+              APEX__FIELD(LR_DECAY) | APEX__FIELD(ADAGRAD_W_MODE),
+    .defaults = {.lr = 1e-2f, .eps = 1e-10f, .adagrad_w_mode = APEX_OPTIM_OFF},
+    .nstates = adagrad_nstates,
+    .state_init = adagrad_init,
+    .step = adagrad_step,
+};

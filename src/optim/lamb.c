@@ -1,0 +1,141 @@
+/* lamb.c: LAMB after Apex's FusedLAMB (multi_tensor_lamb.cu), in two passes per group:
+ *   stage 1  g = g / scale / clip, where clip = max(1, global_norm / max_grad_norm) over all groups
+ *            g += wd * p                                  (L2 mode, adam_w_mode off)
+ *            m = b1 * m + beta3 * g;  v = b2 * v + (1 - b2) * g * g      (beta3 = 1 - b1 with
+ *            grad_averaging, else 1)
+ *            u = (m / bc1) / (sqrt(v / bc2) + eps) (+ wd * p in adam_w_mode)
+ *   stage 2  p -= ratio * u, ratio = lr * ||p|| / ||u|| per tensor when weight_decay != 0 or
+ *            use_nvlamb (and both norms are non-zero), else lr.
+ * Apex stores u in the gradient buffer between the stages; apex leaves the caller's gradients alone
+ * and recomputes u in stage 2 from m, v and p (bit for bit the same expression), which also reads
+ * less memory: stage 1 sums ||p||^2 and ||u||^2 per chunk as it goes, so there is no separate norm
+ * pass over p or u. The per-chunk sums are combined in chunk order: thread-count independent. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/internal.h"
+#include "optim/optim_internal.h"
+
+typedef struct {
+  float inv_bc1, inv_bc2, ratio;
+} lamb_coef;
+
+typedef struct {
+  float grad_mul, beta1, beta2, beta3, eps, l2, wd_w;
+  const lamb_coef *coef;
+  double *p_sq, *u_sq; /* per chunk */
+} lamb_ctx;
+
+/* u = (m / bc1) / (sqrt(v / bc2) + eps) + wd_w * p: the same code in both stages. */
+static void lamb_update(const lamb_ctx *c, const lamb_coef *k, const float *p, const float *m, const float *v,
+                        float *u, size_t n) {
+  for (size_t i = 0; i < n; i++) u[i] = v[i] * k->inv_bc2;
+  apex__optim_sqrt(u, n);
+  const float eps = c->eps, ww = c->wd_w, ib1 = k->inv_bc1;
+  for (size_t i = 0; i < n; i++) u[i] = (m[i] * ib1) / (u[i] + eps) + ww * p[i];
+}
+
+static void lamb_stage1(void *vctx, const apex_mt_tile *t, int *nonfinite) {
+  const lamb_ctx *c = vctx;
+  const float *g = t->p[0], *p = t->p[1];
+  float *m = t->p[2], *v = t->p[3];
+  const float gm = c->grad_mul, l2 = c->l2, b1 = c->beta1, b2 = c->beta2, b3 = c->beta3, nb2 = 1.0f - c->beta2;
+  for (size_t i = 0; i < t->n; i++) {
+    float gi = g[i] * gm + l2 * p[i];
+    m[i] = b1 * m[i] + b3 * gi;
+    v[i] = b2 * v[i] + nb2 * gi * gi;
+  }
+  float u[APEX_MT_TILE];
+  lamb_update(c, &c->coef[t->tensor], p, m, v, u, t->n);
+  c->p_sq[t->chunk] += apex__optim_sumsq(p, t->n);
+  c->u_sq[t->chunk] += apex__optim_sumsq(u, t->n);
+  *nonfinite = 0;
+}
+
+static void lamb_stage2(void *vctx, const apex_mt_tile *t, int *nonfinite) {
+  const lamb_ctx *c = vctx;
+  float *p = t->p[0];
+  const float *m = t->p[1], *v = t->p[2];
+  const lamb_coef *k = &c->coef[t->tensor];
+  float u[APEX_MT_TILE];
+  lamb_update(c, k, p, m, v, u, t->n);
+  const float ratio = k->ratio;
+  for (size_t i = 0; i < t->n; i++) p[i] = p[i] - ratio * u[i];
+  *nonfinite = 0;
+}
+
+/* The global norm of every group's gradients, for max_grad_norm. */
+static apex_status lamb_prepare(apex__step_args *groups, int ngroups) {
+  int n = 0;
+  for (int k = 0; k < ngroups; k++) n += groups[k].a->n;
+  apex_tensor **g = calloc(n ? (size_t)n : 1, sizeof *g);
+  if (!g) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "LAMB step: out of memory");
+  n = 0;
+  for (int k = 0; k < ngroups; k++)
+    for (int i = 0; i < groups[k].a->n; i++) g[n++] = groups[k].a->g[i];
+  float norm = 0.0f;
+  apex_status st = apex_mt_unscale_l2norm(0, NULL, g, n, groups[0].inv_scale, &norm, NULL);
+  free(g);
+  for (int k = 0; k < ngroups; k++) groups[k].global_grad_norm = norm;
+  return st;
+}
+
+static apex_status lamb_step(apex__step_args *s) {
+  const apex_optim_options *o = &s->group->o;
+  const apex__active *a = s->a;
+  size_t *chunk_start = malloc(((size_t)a->n + 1) * sizeof *chunk_start);
+  size_t nchunks = chunk_start ? apex_mt_chunk_count(0, a->p, a->n, chunk_start) : 0;
+  double *sums = calloc(2 * nchunks + 1, sizeof *sums);
+  lamb_coef *coef = malloc((size_t)a->n * sizeof *coef);
+  apex_status st = APEX_OK;
+  if (!chunk_start || !sums || !coef) {
+    st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "LAMB step: out of memory");
+    goto done;
+  }
+  int bc = apex__on(o->bias_correction), w = apex__on(o->adam_w_mode);
+  for (int i = 0; i < a->n; i++) {
+    double bc1 = bc ? 1.0 - apex__optim_pow(o->beta1, a->step[i]) : 1.0;
+    double bc2 = bc ? 1.0 - apex__optim_pow(o->beta2, a->step[i]) : 1.0;
+    coef[i] = (lamb_coef){(float)(1.0 / bc1), (float)(1.0 / bc2), o->lr};
+  }
+  float gnorm = s->global_grad_norm, maxn = o->max_grad_norm;
+  float clip = maxn > 0.0f && gnorm > maxn ? gnorm / maxn : 1.0f;
+  lamb_ctx c = {.grad_mul = s->inv_scale / clip, .beta1 = o->beta1, .beta2 = o->beta2,
+                .beta3 = apex__on(o->grad_averaging) ? 1.0f - o->beta1 : 1.0f, .eps = o->eps,
+                .l2 = w ? 0.0f : o->weight_decay, .wd_w = w ? o->weight_decay : 0.0f, .coef = coef,
+                .p_sq = sums, .u_sq = sums + nchunks};
+  st = apex__optim_run(a, 0, 4, 12u, lamb_stage1, &c, "LAMB step (stage 1)");
+  if (st != APEX_OK) goto done;
+  if (apex__on(o->use_nvlamb) || o->weight_decay != 0.0f) {
+    for (int i = 0; i < a->n; i++) {
+      double psq = 0, usq = 0;
+      for (size_t k = chunk_start[i]; k < chunk_start[i + 1]; k++) {
+        psq += c.p_sq[k];
+        usq += c.u_sq[k];
+      }
+      float pn = (float)sqrt(psq), un = (float)sqrt(usq);
+      if (pn != 0.0f && un != 0.0f) coef[i].ratio = o->lr * (pn / un);
+    }
+  }
+  st = apex__optim_run(a, 1, 3, 1u, lamb_stage2, &c, "LAMB step (stage 2)");
+done:
+  free(chunk_start);
+  free(sums);
+  free(coef);
+  return st;
+}
+
+static int lamb_nstates(const apex_optim_options *o) { (void)o; return 2; }
+
+const apex__optim_ops apex__lamb_ops = {
+    .name = "LAMB",
+    .fields = APEX__FIELD(LR) | APEX__FIELD(BETA1) | APEX__FIELD(BETA2) | APEX__FIELD(EPS) |
+              APEX__FIELD(WEIGHT_DECAY) | APEX__FIELD(BIAS_CORRECTION) | APEX__FIELD(GRAD_AVERAGING) |
+              APEX__FIELD(MAX_GRAD_NORM) | APEX__FIELD(USE_NVLAMB) | APEX__FIELD(ADAM_W_MODE),
+    .defaults = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-6f, .max_grad_norm = 1.0f,
+                 .bias_correction = APEX_OPTIM_ON, .grad_averaging = APEX_OPTIM_ON, .use_nvlamb = APEX_OPTIM_OFF,
+                 .adam_w_mode = APEX_OPTIM_ON},
+    .nstates = lamb_nstates,
+    .prepare = lamb_prepare,
+    .step = lamb_step,
+};

@@ -1,0 +1,83 @@
+/* sgd.c: SGD with momentum, dampening, Nesterov and weight decay, as torch.optim.SGD (PyTorch 1.13)
+ * and Apex's FusedSGD (wd_after_momentum):
+ *     g = g / scale (+ wd * p unless wd_after_momentum)
+ *     buf = g at a parameter's first step, else momentum * buf + (1 - dampening) * g
+ *     d = nesterov ? g + momentum * buf : buf        (d = g without momentum)
+ *     d += wd * p if wd_after_momentum
+ *     p -= lr * d
+ * The first-step special case becomes per-tensor coefficients (keep 0, take 1), so the loop has no
+ * branch. */
+#include <stdlib.h>
+
+#include "core/internal.h"
+#include "optim/optim_internal.h"
+
+typedef struct {
+  float keep, take; /* buf = keep * buf + take * g */
+} sgd_coef;
+
+typedef struct {
+  float inv_scale, lr, wd_before, wd_after, momentum, nest_g, nest_buf;
+  const sgd_coef *coef;
+} sgd_ctx;
+
+static void sgd_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
+  const sgd_ctx *c = vctx;
+  const float *g = t->p[0];
+  float *p = t->p[1];
+  const float inv = c->inv_scale, lr = c->lr, wb = c->wd_before, wa = c->wd_after;
+  if (c->momentum == 0.0f) {
+    for (size_t i = 0; i < t->n; i++) {
+      float d = g[i] * inv + wb * p[i];
+      p[i] = p[i] - lr * (d + wa * p[i]);
+    }
+  } else {
+    float *buf = t->p[2];
+    const float keep = c->coef[t->tensor].keep, take = c->coef[t->tensor].take;
+    const float ng = c->nest_g, nb = c->nest_buf;
+    for (size_t i = 0; i < t->n; i++) {
+      float d = g[i] * inv + wb * p[i];
+      float b = keep * buf[i] + take * d;
+      buf[i] = b;
+      d = ng * d + nb * b;
+      p[i] = p[i] - lr * (d + wa * p[i]);
+    }
+  }
+  *nonfinite = 0;
+}
+
+static apex_status sgd_step(apex__step_args *s) {
+  const apex_optim_options *o = &s->group->o;
+  const apex__active *a = s->a;
+  sgd_coef *coef = malloc((size_t)a->n * sizeof *coef);
+  if (!coef) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "SGD step: out of memory");
+  for (int i = 0; i < a->n; i++)
+    coef[i] = a->step[i] == 1 ? (sgd_coef){0.0f, 1.0f} : (sgd_coef){o->momentum, 1.0f - o->dampening};
+  int after = apex__on(o->wd_after_momentum), nesterov = apex__on(o->nesterov);
+  sgd_ctx c = {.inv_scale = s->inv_scale, .lr = o->lr, .wd_before = after ? 0.0f : o->weight_decay,
+               .wd_after = after ? o->weight_decay : 0.0f, .momentum = o->momentum,
+               .nest_g = nesterov ? 1.0f : 0.0f, .nest_buf = nesterov ? o->momentum : 1.0f, .coef = coef};
+  int nlists = o->momentum != 0.0f ? 3 : 2;
+  apex_status st = apex__optim_run(a, 0, nlists, (1u << nlists) - 2u, sgd_tile, &c, "SGD step");
+  free(coef);
+  return st;
+}
+
+static apex_status sgd_validate(const apex_optim_options *o) {
+  if (apex__on(o->nesterov) && (o->momentum <= 0.0f || o->dampening != 0.0f))
+    return apex__fail(APEX_ERR_INVALID_ARG, "SGD: nesterov needs momentum > 0 and dampening 0 (momentum %g, "
+                      "dampening %g)", (double)o->momentum, (double)o->dampening);
+  return APEX_OK;
+}
+
+static int sgd_nstates(const apex_optim_options *o) { return o->momentum != 0.0f; }
+
+const apex__optim_ops apex__sgd_ops = {
+    .name = "SGD",
+    .fields = APEX__FIELD(LR) | APEX__FIELD(MOMENTUM) | APEX__FIELD(DAMPENING) | APEX__FIELD(WEIGHT_DECAY) |
+              APEX__FIELD(NESTEROV) | APEX__FIELD(WD_AFTER_MOMENTUM),
+    .defaults = {.lr = 1e-3f, .nesterov = APEX_OPTIM_OFF, .wd_after_momentum = APEX_OPTIM_OFF},
+    .validate = sgd_validate,
+    .nstates = sgd_nstates,
+    .step = sgd_step,
+};
