@@ -7,7 +7,7 @@
  * the state and writes the parameters.
  *
  * Mixed precision: for an f16 or bf16 parameter the optimizer keeps an f32 master copy (made when the
- * group is added) and f32 state; the step updates the master and writes the master rounded to nearest
+ * group is added; see apex_optimizer_replace_param for running without) and f32 state; the step updates the master and writes the master rounded to nearest
  * even into the model's parameter in the same pass. f32 parameters are updated in place.
  *
  * Loss scaling: apex_optimizer_step takes the loss scale the gradients carry and multiplies them by
@@ -169,6 +169,19 @@ APEX_API int apex_optimizer_group_size(const apex_optimizer *opt, int group);
  * parameter, the parameter itself for an f32 one (Apex's master_params). Borrowed; NULL (with a
  * message) for a bad index. */
 APEX_API apex_tensor *apex_optimizer_master(const apex_optimizer *opt, int group, int i);
+/* The model's parameter i of a group (borrowed); NULL (with a message) for a bad index. */
+APEX_API apex_tensor *apex_optimizer_param(const apex_optimizer *opt, int group, int i);
+/* Replaces parameter i of a group by `param` (same shape, any of f32/f16/bf16) with gradient `grad`
+ * (may be NULL), keeping its step count and state: for amp's O2/O3, which cast the model after the
+ * optimizer was built. Call it while the old parameter is still alive. With master_weights and an
+ * f16/bf16 param, the f32 master is the existing master, or else the old parameter's values widened
+ * (so an f32 model's exact values survive the cast, as Apex's master params); without
+ * master_weights, or for an f32 param, the optimizer updates param in place (an f16/bf16 param is
+ * then widened and rounded back at every step). Errors, changing nothing: APEX_ERR_INVALID_ARG (bad
+ * index, NULL param, param already elsewhere in the optimizer), APEX_ERR_SHAPE, APEX_ERR_DTYPE,
+ * APEX_ERR_DEVICE, APEX_ERR_OUT_OF_MEMORY. */
+APEX_API apex_status apex_optimizer_replace_param(apex_optimizer *opt, int group, int i, apex_tensor *param,
+                                                  apex_tensor *grad, int master_weights);
 /* Steps taken by parameter i of a group (it counts only the steps where it had a gradient); -1 for a
  * bad index. */
 APEX_API int64_t apex_optimizer_step_count(const apex_optimizer *opt, int group, int i);
@@ -197,13 +210,14 @@ APEX_API apex_status apex_optimizer_clip_grad_norm(apex_optimizer *opt, float ma
  *     "APEXOPTM"  u32 version (1)  u32 kind  u32 ngroups  u64 total bytes
  *     per group:  u32 nfields, then per field u32 bits (the options, in the order of the struct)
  *                 u32 nparams  u32 nstates  u32 nscalars
- *                 per param:  u32 dtype  u32 ndim  i64 shape[ndim]  i64 step
- *                             f32 master[numel] (f16/bf16 only)  f32 state[nstates][numel]
+ *                 per param:  u32 dtype  u32 ndim  i64 shape[ndim]  i64 step  u32 has_master
+ *                             f32 master[numel] (if has_master)  f32 state[nstates][numel]
  *                 f32 scalars[nparams * nscalars]
  *     u64 FNV-1a hash of every byte before it
  * Loading restores the options and rewrites each f16/bf16 parameter as its master rounded, so that
  * save, load, step gives the same bits as step. It refuses (changing nothing) another kind, another
  * number of groups or parameters, another shape or dtype, or another state layout
+ * or master weights where the optimizer has none (or the reverse)
  * (APEX_ERR_SHAPE / APEX_ERR_DTYPE / APEX_ERR_STATE, the message naming the first mismatch), and a
  * truncated or corrupted buffer (APEX_ERR_CORRUPT). */
 

@@ -42,24 +42,25 @@ static void adamp_moments(const adamp_rule *r, const adamp_coef *k, const float 
   for (size_t i = 0; i < n; i++) u[i] = (nm * m[i] + ng * g[i]) / (u[i] * ib + eps);
 }
 
-/* Gradient tile as unscaled f32. */
-static void load_grad(const apex_tensor *g, size_t off, size_t n, float inv, float *out) {
-  apex_dtype dt = apex_tensor_dtype(g);
-  apex__convert_range(out, APEX_F32, (const char *)apex_tensor_data(g) + off * apex_dtype_size(dt), dt, n);
-  for (size_t i = 0; i < n; i++) out[i] *= inv;
+/* A tile of t as f32, times mul. */
+static void load_f32(const apex_tensor *t, size_t off, size_t n, float mul, float *out) {
+  apex_dtype dt = apex_tensor_dtype(t);
+  apex__convert_range(out, APEX_F32, (const char *)apex_tensor_data(t) + off * apex_dtype_size(dt), dt, n);
+  for (size_t i = 0; i < n; i++) out[i] *= mul;
 }
 
 /* Pass 1 over one row: stats[0..4) = <g,p>, <g,g>, <p,p>, <p,perturb>. */
-static void row_pass(const adamp_rule *r, const adamp_coef *k, const apex_tensor *gt, float *p, float *m, float *v,
-                     size_t begin, size_t len, double *stats) {
-  float g[APEX_MT_TILE], u[APEX_MT_TILE];
+static void row_pass(const adamp_rule *r, const adamp_coef *k, const apex_tensor *gt, const apex_tensor *pt, float *m,
+                     float *v, size_t begin, size_t len, double *stats) {
+  float g[APEX_MT_TILE], p[APEX_MT_TILE], u[APEX_MT_TILE];
   double gp = 0, gg = 0, pp = 0, pu = 0;
   for (size_t off = 0; off < len; off += APEX_MT_TILE) {
     size_t n = len - off < APEX_MT_TILE ? len - off : APEX_MT_TILE, at = begin + off;
-    load_grad(gt, at, n, r->inv_scale, g);
+    load_f32(gt, at, n, r->inv_scale, g);
+    load_f32(pt, at, n, 1.0f, p);
     adamp_moments(r, k, g, m + at, v + at, u, n, 1);
     for (size_t i = 0; i < n; i++) {
-      double gi = g[i], pi = p[at + i];
+      double gi = g[i], pi = p[i];
       gp += gi * pi;
       gg += gi * gi;
       pp += pi * pi;
@@ -155,10 +156,10 @@ static apex_status adamp_step(apex__step_args *s) {
       st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "AdamP step: out of memory");
       break;
     }
-    float *pd = apex_tensor_data(p), *md = apex_tensor_data(a->s[0][i]), *vd = apex_tensor_data(a->s[1][i]);
+    float *md = apex_tensor_data(a->s[0][i]), *vd = apex_tensor_data(a->s[1][i]);
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (long long r = 0; r < rows; r++)
-      row_pass(&rule, k, a->g[i], pd, md, vd, (size_t)r * len, len, stats + 4 * r);
+      row_pass(&rule, k, a->g[i], p, md, vd, (size_t)r * len, len, stats + 4 * r);
     float wd = project(p, stats, (size_t)rows, o->delta, o->wd_ratio, o->eps, k, coefs[i]);
     k->decay = o->weight_decay > 0.0f ? 1.0f - o->lr * o->weight_decay * wd : 1.0f;
     free(stats);

@@ -369,6 +369,38 @@ apex_tensor *apex_optimizer_master(const apex_optimizer *opt, int group, int i) 
   return g->master[i] ? g->master[i] : g->params[i];
 }
 
+apex_tensor *apex_optimizer_param(const apex_optimizer *opt, int group, int i) {
+  apex__group *g = param_at(opt, group, i, "apex_optimizer_param");
+  return g ? g->params[i] : NULL;
+}
+
+apex_status apex_optimizer_replace_param(apex_optimizer *opt, int group, int i, apex_tensor *param, apex_tensor *grad,
+                                         int master_weights) {
+  apex__group *g = param_at(opt, group, i, "apex_optimizer_replace_param");
+  if (!g) return APEX_ERR_INVALID_ARG;
+  if (!param) return apex__fail(APEX_ERR_INVALID_ARG, "apex_optimizer_replace_param: NULL parameter");
+  int k = param == g->params[i] ? -1 : param_known(opt, param);
+  if (k >= 0)
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex_optimizer_replace_param: the new parameter is already in group %d", k);
+  apex_status st = check_tensor("parameter", i, param);
+  if (st == APEX_OK && !apex_tensor_same_shape(param, g->params[i])) {
+    char a[96], b[96];
+    st = apex__fail(APEX_ERR_SHAPE, "apex_optimizer_replace_param: the new parameter has shape %s, the old %s",
+                    apex_tensor_shape_str(param, a, sizeof a), apex_tensor_shape_str(g->params[i], b, sizeof b));
+  }
+  if (st == APEX_OK) st = check_grad(i, param, grad);
+  if (st != APEX_OK) return st;
+  apex_tensor *master = g->master[i];
+  if (!master_weights || apex_tensor_dtype(param) == APEX_F32) master = NULL;
+  else if (!master && !(master = apex_tensor_to(g->params[i], APEX_F32)))
+    return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_replace_param: out of memory for the master");
+  if (master != g->master[i]) apex_tensor_destroy(g->master[i]);
+  g->master[i] = master;
+  g->params[i] = param;
+  g->grads[i] = grad;
+  return APEX_OK;
+}
+
 int64_t apex_optimizer_step_count(const apex_optimizer *opt, int group, int i) {
   apex__group *g = param_at(opt, group, i, "apex_optimizer_step_count");
   return g ? g->step[i] : -1;

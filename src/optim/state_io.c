@@ -2,6 +2,7 @@
  *
  * Loading parses the whole buffer twice: a dry run that checks every count, shape, dtype and the
  * hash, and only then a second run that copies. So a refused load changes nothing. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,6 +72,7 @@ static void write_state(const apex_optimizer *opt, writer *w) {
       put_le(w, (uint32_t)apex_tensor_ndim(p), 4);
       for (int d = 0; d < apex_tensor_ndim(p); d++) put_le(w, (uint64_t)apex_tensor_shape(p)[d], 8);
       put_le(w, (uint64_t)g->step[i], 8);
+      put_le(w, g->master[i] != NULL, 4);
       size_t numel = apex_tensor_numel(p);
       if (g->master[i]) put_f32s(w, apex_tensor_data(g->master[i]), numel);
       for (int s = 0; s < g->nstates; s++) put_f32s(w, apex_tensor_data(g->state[(size_t)i * g->nstates + s]), numel);
@@ -169,15 +171,22 @@ static apex_status read_param(apex_optimizer *opt, reader *r, int k, int i) {
     same = same && shape[d] == apex_tensor_shape(p)[d];
   }
   if (!same) {
-    char want[96];
-    return apex__fail(APEX_ERR_SHAPE, "apex_optimizer_load: group %d, parameter %d was saved with %llu dimensions "
-                      "[%lld%s] but has shape %s", k, i, (unsigned long long)ndim, (long long)shape[0],
-                      ndim > 1 ? ", ..." : "", apex_tensor_shape_str(p, want, sizeof want));
+    char saved[160] = "[", want[96];
+    for (uint64_t d = 0; d < ndim && d < APEX_MAX_DIMS; d++)
+      snprintf(saved + strlen(saved), sizeof saved - strlen(saved), "%s%lld", d ? ", " : "", (long long)shape[d]);
+    strcat(saved, ndim > APEX_MAX_DIMS ? ", ...]" : "]");
+    return apex__fail(APEX_ERR_SHAPE, "apex_optimizer_load: group %d, parameter %d was saved with shape %s but has "
+                      "shape %s", k, i, saved, apex_tensor_shape_str(p, want, sizeof want));
   }
   GET(step, 8, "a step count");
   if ((int64_t)step < 0)
     return apex__fail(APEX_ERR_CORRUPT, "apex_optimizer_load: group %d, parameter %d has step count %lld", k, i,
                       (long long)step);
+  uint64_t has_master;
+  GET(has_master, 4, "the master flag");
+  if (has_master != (g->master[i] != NULL))
+    return apex__fail(APEX_ERR_STATE, "apex_optimizer_load: group %d, parameter %d was saved %s f32 master weights but "
+                      "the optimizer keeps %s", k, i, has_master ? "with" : "without", g->master[i] ? "some" : "none");
   size_t numel = apex_tensor_numel(p);
   apex_status st = APEX_OK;
   if (g->master[i]) st = get_f32s(r, apex_tensor_data(g->master[i]), numel, "a master");
@@ -239,7 +248,7 @@ static apex_status read_state(apex_optimizer *opt, reader *r) {
                       (unsigned long long)version, VERSION);
   GET(kind, 4, "the kind");
   if (kind != (uint64_t)opt->kind)
-    return apex__fail(APEX_ERR_STATE, "apex_optimizer_load: the state was saved by a %s optimizer, this one is %s",
+    return apex__fail(APEX_ERR_STATE, "apex_optimizer_load: the state is from an %s optimizer, this one is %s",
                       apex_optim_kind_name((apex_optim_kind)(kind < APEX_OPTIM_KIND_COUNT ? kind : APEX_OPTIM_KIND_COUNT)),
                       apex_optim_kind_name(opt->kind));
   GET(ngroups, 4, "the group count");
