@@ -1,0 +1,143 @@
+#!/usr/bin/python3
+"""peer_optim.py BUILD_DIR [NAME...]: apex's fused optimizers against PyTorch on the same machine and
+thread count, in the same bench/run invocation.
+
+For each figure this script times PyTorch's step (best of several), then runs BUILD_DIR/bench/bench_optim
+--time NAME for apex's best step time on the same problem (10M parameters in 20 tensors), and prints
+    bench NAME_vs_torch GBS GB/s ratio=R peer=PEER
+where GBS is apex's effective GB/s (the byte counts of bench/bench_optim.c) and R = torch time / apex time.
+
+Peers: torch.optim.AdamW(foreach=True); torch.optim.SGD(momentum=0.9, foreach=True); LAMB written with
+torch._foreach_* ops (PyTorch has no LAMB; the same update as Apex's FusedLAMB); AdamW(foreach=True) on
+f32 master copies of bf16 parameters, with the bf16 gradients widened into the masters' .grad and the
+masters copied back into the bf16 parameters every step (what Apex's O2 does around the step).
+"""
+import os
+import subprocess
+import sys
+import time
+
+NPARAMS, NTENSORS = 10_000_000, 20
+BYTES = {"optim_adamw_f32": 28, "optim_sgd_momentum_f32": 20, "optim_lamb_f32": 28, "optim_adamw_bf16_master": 28}
+
+
+def skip(name, why):
+    print("bench %s_vs_torch skipped: %s" % (name, why), flush=True)
+
+
+def best(fn, reps=5, warmup=2):
+    for _ in range(warmup):
+        fn()
+    t = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        t = min(t, time.perf_counter() - t0)
+    return t
+
+
+def make(torch, dtype=None):
+    n = NPARAMS // NTENSORS
+    dtype = dtype or torch.float32
+    ps = [torch.full((n,), 0.5 + 0.01 * i, dtype=dtype) for i in range(NTENSORS)]
+    gs = [torch.full((n,), 1e-3 * (i + 1), dtype=dtype) for i in range(NTENSORS)]
+    return ps, gs
+
+
+def torch_adamw(torch):
+    ps, gs = make(torch)
+    for p, g in zip(ps, gs):
+        p.grad = g
+    opt = torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01, foreach=True)
+    return lambda: opt.step(), "torch-AdamW-foreach"
+
+
+def torch_sgd(torch):
+    ps, gs = make(torch)
+    for p, g in zip(ps, gs):
+        p.grad = g
+    opt = torch.optim.SGD(ps, lr=1e-3, momentum=0.9, foreach=True)
+    return lambda: opt.step(), "torch-SGD-momentum-foreach"
+
+
+def torch_lamb(torch):
+    ps, gs = make(torch)
+    ms = [torch.zeros_like(p) for p in ps]
+    vs = [torch.zeros_like(p) for p in ps]
+    b1, b2, eps, lr, wd, maxn = 0.9, 0.999, 1e-6, 1e-3, 0.01, 1.0
+    state = {"t": 0}
+
+    def step():
+        state["t"] += 1
+        t = state["t"]
+        gnorm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gs))).item()
+        clip = gnorm / maxn if gnorm > maxn else 1.0
+        g = torch._foreach_div(gs, clip)
+        torch._foreach_mul_(ms, b1)
+        torch._foreach_add_(ms, g, alpha=1 - b1)
+        torch._foreach_mul_(vs, b2)
+        torch._foreach_addcmul_(vs, g, g, value=1 - b2)
+        den = torch._foreach_sqrt(torch._foreach_div(vs, 1 - b2 ** t))
+        torch._foreach_add_(den, eps)
+        u = torch._foreach_div(torch._foreach_div(ms, 1 - b1 ** t), den)
+        torch._foreach_add_(u, ps, alpha=wd)
+        pn, un = torch._foreach_norm(ps), torch._foreach_norm(u)
+        ratios = [(lr * float(a) / float(b)) if float(a) and float(b) else lr for a, b in zip(pn, un)]
+        for p, x, r in zip(ps, u, ratios):
+            p.add_(x, alpha=-r)
+
+    return step, "torch-foreach-LAMB"
+
+
+def torch_adamw_bf16(torch):
+    model, gs = make(torch, torch.bfloat16)
+    masters = [p.float() for p in model]
+    opt = torch.optim.AdamW(masters, lr=1e-3, weight_decay=0.01, foreach=True)
+
+    def step():
+        for m, g in zip(masters, gs):
+            m.grad = g.float()
+        opt.step()
+        for p, m in zip(model, masters):
+            p.copy_(m)
+
+    return step, "torch-AdamW-foreach-bf16-O2"
+
+
+PEERS = {"optim_adamw_f32": torch_adamw, "optim_sgd_momentum_f32": torch_sgd, "optim_lamb_f32": torch_lamb,
+         "optim_adamw_bf16_master": torch_adamw_bf16}
+
+
+def main():
+    build = sys.argv[1] if len(sys.argv) > 1 else "build"
+    wanted = sys.argv[2:]
+    names = [n for n in PEERS if not wanted or any(w in n + "_vs_torch" for w in wanted)]
+    if not names:
+        return
+    try:
+        import torch
+    except ImportError as e:
+        for n in names:
+            skip(n, "python3-torch is not installed (%s)" % e)
+        return
+    threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
+    torch.set_num_threads(threads)
+    exe = os.path.join(build, "bench", "bench_optim")
+    for name in names:
+        with torch.no_grad():
+            fn, peer = PEERS[name](torch)
+            torch_s = best(fn)
+        del fn
+        out = subprocess.run([exe, "--time", name], capture_output=True, text=True,
+                             env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+        if out.returncode != 0 or not out.stdout.startswith("time "):
+            skip(name, "bench_optim --time failed: %s" % (out.stderr.strip() or out.stdout.strip()))
+            continue
+        apex_s = float(out.stdout.split()[2])
+        gbs = BYTES[name] * NPARAMS / apex_s / 1e9
+        print("bench %s_vs_torch_%dthreads %.3f GB/s ratio=%.3f peer=%s" % (name, threads, gbs, torch_s / apex_s, peer),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
