@@ -66,8 +66,12 @@ static void lamb_stage2(void *vctx, const apex_mt_tile *t, int *nonfinite) {
 
 /* The global norm of every group's gradients, for max_grad_norm. */
 static apex_status lamb_prepare(apex__step_args *groups, int ngroups) {
-  int n = 0;
-  for (int k = 0; k < ngroups; k++) n += groups[k].a->n;
+  int n = 0, clips = 0;
+  for (int k = 0; k < ngroups; k++) {
+    n += groups[k].a->n;
+    clips |= groups[k].group->o.max_grad_norm > 0.0f && isfinite(groups[k].group->o.max_grad_norm);
+  }
+  if (!clips) return APEX_OK; /* no group clips: spare the pass over the gradients */
   apex_tensor **g = calloc(n ? (size_t)n : 1, sizeof *g);
   if (!g) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "LAMB step: out of memory");
   n = 0;
