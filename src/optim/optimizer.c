@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 
 #include "core/internal.h"
@@ -81,6 +82,10 @@ static const field_desc FIELDS[APEX__F_COUNT] = {
 static int is_float_field(const field_desc *f) { return f->range != 'f' && f->range != 'i'; }
 static float *float_at(apex_optim_options *o, const field_desc *f) { return (float *)((char *)o + f->off); }
 static int *int_at(apex_optim_options *o, const field_desc *f) { return (int *)((char *)o + f->off); }
+/* Copies field f of src into dst. */
+static void copy_field(apex_optim_options *dst, const apex_optim_options *src, const field_desc *f) {
+  memcpy((char *)dst + f->off, (const char *)src + f->off, 4);
+}
 static int field_is_zero(apex_optim_options *o, const field_desc *f) {
   return is_float_field(f) ? *float_at(o, f) == 0.0f : *int_at(o, f) == 0;
 }
@@ -152,10 +157,7 @@ apex_status apex__optim_resolve(const apex__optim_ops *ops, const apex_optim_opt
     }
     if (zero_bit && !zero)
       return apex__fail(APEX_ERR_INVALID_ARG, "%s: %s is set but its APEX_OPTIM_ZERO bit asks for 0", ops->name, f->name);
-    if (zero && !zero_bit) {
-      if (is_float_field(f)) *float_at(&o, f) = *float_at((apex_optim_options *)&ops->defaults, f);
-      else *int_at(&o, f) = *int_at((apex_optim_options *)&ops->defaults, f);
-    }
+    if (zero && !zero_bit) copy_field(&o, &ops->defaults, f);
     apex_status st = check_range(ops->name, f, &o);
     if (st != APEX_OK) return st;
     if (is_float_field(f) && *float_at(&o, f) == 0.0f) o.zero |= f->zero_bit; /* resolving twice changes nothing */
@@ -350,7 +352,8 @@ float apex_optimizer_get_lr(const apex_optimizer *opt, int group) {
 
 apex_status apex_optimizer_group_options(const apex_optimizer *opt, int group, apex_optim_options *out) {
   apex__group *g = group_at(opt, group, "apex_optimizer_group_options");
-  if (!g || !out) return g ? apex__fail(APEX_ERR_INVALID_ARG, "apex_optimizer_group_options: NULL out") : APEX_ERR_INVALID_ARG;
+  if (!g) return APEX_ERR_INVALID_ARG;
+  if (!out) return apex__fail(APEX_ERR_INVALID_ARG, "apex_optimizer_group_options: NULL out");
   *out = g->o;
   return APEX_OK;
 }
