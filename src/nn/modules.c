@@ -1,0 +1,235 @@
+/* modules.c: the module constructors and their forward passes.
+ *
+ * A module is a small record (kind, parameters, options); its forward is a few op calls from
+ * nn_ops.h. Composite modules (attention, transformer block) are built from child modules whose
+ * names carry the parent's name as a prefix. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "nn/nn_internal.h"
+
+static const char *child_name(char *buf, const apex_module *parent, const char *local) { return apex__nn_join(buf, parent->name, local); }
+
+apex_module *apex_linear_create(apex_model *m, const char *name, int64_t in, int64_t out, int bias) {
+  if (in < 1 || out < 1) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_linear_create: sizes %lld -> %lld must be >= 1", (long long)in, (long long)out);
+  apex_module *mod = apex__nn_module(m, NN_LINEAR, name, "apex_linear_create");
+  if (!mod) return NULL;
+  int64_t ws[2] = {out, in};
+  float bound = 1.0f / sqrtf((float)in);
+  if (!(mod->p[0] = apex__nn_param(mod, "weight", 2, ws, 'u', bound))) return NULL;
+  if (bias && !(mod->p[1] = apex__nn_param(mod, "bias", 1, &out, 'u', bound))) return NULL;
+  return mod;
+}
+
+apex_module *apex_conv2d_create(apex_model *m, const char *name, int64_t in_ch, int64_t out_ch, int kh, int kw,
+                                const apex_conv2d_options *opts, int bias) {
+  if (in_ch < 1 || out_ch < 1 || kh < 1 || kw < 1)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_conv2d_create: channels %lld -> %lld, kernel %dx%d must be >= 1", (long long)in_ch,
+                           (long long)out_ch, kh, kw);
+  apex_module *mod = apex__nn_module(m, NN_CONV2D, name, "apex_conv2d_create");
+  if (!mod) return NULL;
+  if (opts) mod->conv = *opts;
+  int64_t ws[4] = {out_ch, in_ch, kh, kw};
+  float bound = 1.0f / sqrtf((float)(in_ch * kh * kw));
+  if (!(mod->p[0] = apex__nn_param(mod, "weight", 4, ws, 'u', bound))) return NULL;
+  if (bias && !(mod->p[1] = apex__nn_param(mod, "bias", 1, &out_ch, 'u', bound))) return NULL;
+  return mod;
+}
+
+static apex_module *batch_norm_create(apex_model *m, nn_kind kind, const char *name, int64_t c, const apex_batch_norm_options *opts,
+                                      const char *who) {
+  if (c < 1) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: %lld channels; need at least 1", who, (long long)c);
+  apex_module *mod = apex__nn_module(m, kind, name, who);
+  if (!mod) return NULL;
+  if (opts) mod->bn = *opts;
+  if (!(mod->p[0] = apex__nn_param(mod, "weight", 1, &c, '1', 0))) return NULL;
+  if (!(mod->p[1] = apex__nn_param(mod, "bias", 1, &c, '0', 0))) return NULL;
+  if (!(mod->buf[0] = apex__nn_buffer(mod, "running_mean", c, 0.0f))) return NULL;
+  if (!(mod->buf[1] = apex__nn_buffer(mod, "running_var", c, 1.0f))) return NULL;
+  return mod;
+}
+
+apex_module *apex_batch_norm1d_create(apex_model *m, const char *name, int64_t c, const apex_batch_norm_options *opts) {
+  return batch_norm_create(m, NN_BATCH_NORM1D, name, c, opts, "apex_batch_norm1d_create");
+}
+apex_module *apex_batch_norm2d_create(apex_model *m, const char *name, int64_t c, const apex_batch_norm_options *opts) {
+  return batch_norm_create(m, NN_BATCH_NORM2D, name, c, opts, "apex_batch_norm2d_create");
+}
+
+static apex_module *row_norm_create(apex_model *m, nn_kind kind, const char *name, int64_t dim, float eps, const char *who) {
+  if (dim < 1) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: dim %lld must be >= 1", who, (long long)dim);
+  apex_module *mod = apex__nn_module(m, kind, name, who);
+  if (!mod) return NULL;
+  mod->f = eps;
+  if (!(mod->p[0] = apex__nn_param(mod, "weight", 1, &dim, '1', 0))) return NULL;
+  if (kind == NN_LAYER_NORM && !(mod->p[1] = apex__nn_param(mod, "bias", 1, &dim, '0', 0))) return NULL;
+  return mod;
+}
+
+apex_module *apex_layer_norm_create(apex_model *m, const char *name, int64_t dim, float eps) {
+  return row_norm_create(m, NN_LAYER_NORM, name, dim, eps, "apex_layer_norm_create");
+}
+apex_module *apex_rms_norm_create(apex_model *m, const char *name, int64_t dim, float eps) {
+  return row_norm_create(m, NN_RMS_NORM, name, dim, eps, "apex_rms_norm_create");
+}
+
+apex_module *apex_embedding_create(apex_model *m, const char *name, int64_t num, int64_t dim) {
+  if (num < 1 || dim < 1)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_embedding_create: %lld x %lld must be >= 1", (long long)num, (long long)dim);
+  apex_module *mod = apex__nn_module(m, NN_EMBEDDING, name, "apex_embedding_create");
+  if (!mod) return NULL;
+  int64_t ws[2] = {num, dim};
+  return (mod->p[0] = apex__nn_param(mod, "weight", 2, ws, 'n', 0)) ? mod : NULL;
+}
+
+apex_var *apex_embedding_forward(apex_module *mod, apex_graph *g, const int64_t *ids, int ndim, const int64_t *shape) {
+  if (!mod || mod->kind != NN_EMBEDDING) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_embedding_forward: not an embedding module");
+  return apex_embedding(g, mod->p[0], ids, ndim, shape);
+}
+
+apex_module *apex_attention_create(apex_model *m, const char *name, int64_t dim, int n_heads) {
+  if (dim < 1 || n_heads < 1 || dim % n_heads)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_attention_create: %d heads do not divide dim %lld", n_heads, (long long)dim);
+  apex_module *mod = apex__nn_module(m, NN_ATTENTION, name, "apex_attention_create");
+  if (!mod) return NULL;
+  mod->n_heads = n_heads;
+  static const char *parts[4] = {"q", "k", "v", "proj"};
+  char buf[APEX_NAME_MAX];
+  for (int i = 0; i < 4; i++) {
+    apex_module *c = apex_linear_create(m, child_name(buf, mod, parts[i]), dim, dim, 1);
+    if (!c || !apex__nn_add_child(mod, c)) return c ? apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_attention_create: out of memory") : NULL;
+  }
+  return mod;
+}
+
+apex_module *apex_transformer_block_create(apex_model *m, const char *name, int64_t dim, int n_heads) {
+  apex_module *mod = apex__nn_module(m, NN_BLOCK, name, "apex_transformer_block_create");
+  if (!mod) return NULL;
+  char buf[APEX_NAME_MAX];
+  apex_module *parts[5] = {
+      apex_layer_norm_create(m, child_name(buf, mod, "ln1"), dim, 0),
+      apex_attention_create(m, child_name(buf, mod, "attn"), dim, n_heads),
+      apex_layer_norm_create(m, child_name(buf, mod, "ln2"), dim, 0),
+      apex_linear_create(m, child_name(buf, mod, "fc"), dim, 4 * dim, 1),
+      apex_linear_create(m, child_name(buf, mod, "proj"), 4 * dim, dim, 1),
+  };
+  for (int i = 0; i < 5; i++)
+    if (!parts[i] || !apex__nn_add_child(mod, parts[i])) return parts[i] ? apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "out of memory") : NULL;
+  return mod;
+}
+
+apex_module *apex_activation_create(apex_model *m, apex_op op) {
+  if (op != APEX_OP_RELU && op != APEX_OP_GELU && op != APEX_OP_GELU_TANH && op != APEX_OP_TANH && op != APEX_OP_SIGMOID)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_activation_create: op '%s' is not an activation", apex_op_name(op));
+  apex_module *mod = apex__nn_module(m, NN_ACTIVATION, NULL, "apex_activation_create");
+  if (mod) mod->act = op;
+  return mod;
+}
+
+static apex_module *pool_create(apex_model *m, nn_kind kind, const apex_pool2d_options *opts, const char *who) {
+  if (!opts || opts->kernel_h < 1 || opts->kernel_w < 1) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: a kernel size >= 1 is required", who);
+  apex_module *mod = apex__nn_module(m, kind, NULL, who);
+  if (mod) mod->pool = *opts;
+  return mod;
+}
+apex_module *apex_max_pool2d_create(apex_model *m, const apex_pool2d_options *o) { return pool_create(m, NN_MAX_POOL, o, "apex_max_pool2d_create"); }
+apex_module *apex_avg_pool2d_create(apex_model *m, const apex_pool2d_options *o) { return pool_create(m, NN_AVG_POOL, o, "apex_avg_pool2d_create"); }
+apex_module *apex_flatten_create(apex_model *m) { return apex__nn_module(m, NN_FLATTEN, NULL, "apex_flatten_create"); }
+
+apex_module *apex_dropout_create(apex_model *m, float p) {
+  if (!(p >= 0.0f && p < 1.0f)) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_dropout_create: p = %g; it must be in [0, 1)", p);
+  apex_module *mod = apex__nn_module(m, NN_DROPOUT, NULL, "apex_dropout_create");
+  if (mod) mod->f = p;
+  return mod;
+}
+
+apex_module *apex_sequential_create(apex_model *m, const char *name) { return apex__nn_module(m, NN_SEQUENTIAL, name, "apex_sequential_create"); }
+
+apex_status apex_sequential_add(apex_module *seq, apex_module *child) {
+  if (!seq || !child) return apex__fail(APEX_ERR_INVALID_ARG, "apex_sequential_add: NULL %s (did its constructor fail?)", seq ? "child" : "sequential");
+  if (seq->kind != NN_SEQUENTIAL) return apex__fail(APEX_ERR_INVALID_ARG, "apex_sequential_add: '%s' is not a sequential", seq->name);
+  if (child->model != seq->model) return apex__fail(APEX_ERR_INVALID_ARG, "apex_sequential_add: '%s' belongs to another model", child->name);
+  if (child == seq) return apex__fail(APEX_ERR_INVALID_ARG, "apex_sequential_add: a sequential cannot contain itself");
+  return apex__nn_add_child(seq, child) ? APEX_OK : apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_sequential_add: out of memory");
+}
+
+const char *apex_module_name(const apex_module *mod) { return mod ? mod->name : ""; }
+
+apex_var *apex_module_param(const apex_module *mod, const char *local) {
+  if (!mod || !local) return NULL;
+  if (!strcmp(local, "weight")) return mod->p[0];
+  if (!strcmp(local, "bias")) return mod->p[1];
+  return NULL;
+}
+
+/* ---- forward ------------------------------------------------------------------------------------ */
+
+static apex_var *attention_forward(apex_module *mod, apex_graph *g, apex_var *x) {
+  const apex_tensor *X = apex_var_value(x);
+  if (apex_tensor_ndim(X) != 3)
+    return apex__fail_null(APEX_ERR_SHAPE, "attention '%s': input must be [B, T, C], not %d-d", mod->name, apex_tensor_ndim(X));
+  int64_t B = apex_tensor_dim(X, 0), T = apex_tensor_dim(X, 1), C = apex_tensor_dim(X, 2), H = mod->n_heads;
+  int64_t split[4] = {B, T, H, C / H}, merged[3] = {B, T, C};
+  apex_var *qkv[3];
+  for (int i = 0; i < 3; i++) {
+    apex_var *p = apex_module_forward(mod->children[i], g, x);
+    qkv[i] = apex_transpose(g, apex_reshape(g, p, 4, split), 1, 2);
+  }
+  apex_var *y = apex_causal_attention(g, qkv[0], qkv[1], qkv[2]);
+  y = apex_reshape(g, apex_transpose(g, y, 1, 2), 3, merged);
+  return apex_module_forward(mod->children[3], g, y);
+}
+
+static apex_var *block_forward(apex_module *mod, apex_graph *g, apex_var *x) {
+  apex_module **c = mod->children;
+  x = apex_add(g, x, apex_module_forward(c[1], g, apex_module_forward(c[0], g, x)));
+  apex_var *h = apex_gelu_tanh(g, apex_module_forward(c[3], g, apex_module_forward(c[2], g, x)));
+  return apex_add(g, x, apex_module_forward(c[4], g, h));
+}
+
+apex_var *apex_module_forward(apex_module *mod, apex_graph *g, apex_var *x) {
+  if (!mod) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_module_forward: NULL module (did its constructor fail?)");
+  if (!x) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_module_forward: '%s' got a NULL input (did an earlier op fail?)", mod->name);
+  int training = mod->model->training;
+  switch (mod->kind) {
+  case NN_LINEAR: return apex_linear(g, x, mod->p[0], mod->p[1]);
+  case NN_CONV2D: return apex_conv2d(g, x, mod->p[0], mod->p[1], &mod->conv);
+  case NN_BATCH_NORM1D:
+  case NN_BATCH_NORM2D: {
+    int nd = apex_tensor_ndim(apex_var_value(x));
+    if (mod->kind == NN_BATCH_NORM2D ? nd != 4 : (nd != 2 && nd != 3))
+      return apex__fail_null(APEX_ERR_SHAPE, "%s '%s': input has %d dimensions; it takes %s", mod->kind == NN_BATCH_NORM2D ? "BatchNorm2d" : "BatchNorm1d",
+                             mod->name, nd, mod->kind == NN_BATCH_NORM2D ? "[N, C, H, W]" : "[N, C] or [N, C, L]");
+    apex_batch_norm_options o = mod->bn;
+    o.training = training;
+    return apex_batch_norm(g, x, mod->p[0], mod->p[1], mod->buf[0], mod->buf[1], &o);
+  }
+  case NN_LAYER_NORM: return apex_layer_norm(g, x, mod->p[0], mod->p[1], mod->f);
+  case NN_RMS_NORM: return apex_rms_norm(g, x, mod->p[0], mod->f);
+  case NN_EMBEDDING:
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_module_forward: embedding '%s' takes ids: use apex_embedding_forward", mod->name);
+  case NN_ATTENTION: return attention_forward(mod, g, x);
+  case NN_BLOCK: return block_forward(mod, g, x);
+  case NN_ACTIVATION:
+    switch (mod->act) {
+    case APEX_OP_RELU: return apex_relu(g, x);
+    case APEX_OP_GELU: return apex_gelu(g, x);
+    case APEX_OP_GELU_TANH: return apex_gelu_tanh(g, x);
+    case APEX_OP_TANH: return apex_tanh(g, x);
+    default: return apex_sigmoid(g, x);
+    }
+  case NN_MAX_POOL: return apex_max_pool2d(g, x, &mod->pool);
+  case NN_AVG_POOL: return apex_avg_pool2d(g, x, &mod->pool);
+  case NN_FLATTEN: {
+    int64_t s[2] = {apex_tensor_dim(apex_var_value(x), 0), -1};
+    return apex_reshape(g, x, 2, s);
+  }
+  case NN_DROPOUT: return apex_dropout(g, x, mod->f, training, &mod->model->rng);
+  case NN_SEQUENTIAL:
+    for (size_t i = 0; i < mod->n_children && x; i++) x = apex_module_forward(mod->children[i], g, x);
+    return x;
+  }
+  return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_module_forward: unknown module kind %d", (int)mod->kind);
+}

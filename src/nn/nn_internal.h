@@ -1,0 +1,76 @@
+/* nn_internal.h: the model and module structs shared by model.c and modules.c. */
+#ifndef APEX_NN_INTERNAL_H
+#define APEX_NN_INTERNAL_H
+
+#include <stddef.h>
+
+#include "apex/nn.h"
+
+typedef enum nn_kind {
+  NN_LINEAR, NN_CONV2D, NN_BATCH_NORM1D, NN_BATCH_NORM2D, NN_LAYER_NORM, NN_RMS_NORM, NN_EMBEDDING, NN_ATTENTION,
+  NN_BLOCK, NN_ACTIVATION, NN_MAX_POOL, NN_AVG_POOL, NN_FLATTEN, NN_DROPOUT, NN_SEQUENTIAL
+} nn_kind;
+
+#define NN_MAX_PARAMS 2
+#define NN_MAX_CHILDREN_FIXED 6
+
+struct apex_module {
+  apex_model *model;
+  nn_kind kind;
+  char name[APEX_NAME_MAX];
+  apex_var *p[NN_MAX_PARAMS];     /* weight, bias (NULL when absent) */
+  apex_tensor *buf[2];            /* running_mean, running_var */
+  apex_module **children;         /* sequential children, or a composite's parts */
+  size_t n_children, cap_children;
+  apex_op act;
+  float f;                        /* eps, dropout p */
+  int n_heads;
+  apex_conv2d_options conv;
+  apex_pool2d_options pool;
+  apex_batch_norm_options bn;
+};
+
+typedef struct nn_named_param {
+  char name[APEX_NAME_MAX];
+  apex_var *var;
+} nn_named_param;
+
+typedef struct nn_named_buffer {
+  char name[APEX_NAME_MAX];
+  apex_tensor *t;
+} nn_named_buffer;
+
+struct apex_model {
+  apex_rng init_rng, rng;
+  apex_dtype dtype;
+  int training;
+  nn_named_param *params;
+  size_t n_params, cap_params;
+  nn_named_buffer *buffers;
+  size_t n_buffers, cap_buffers;
+  apex_module **modules;
+  size_t n_modules, cap_modules;
+};
+
+/* dst = "a.b" ("b" when a is empty), cut to APEX_NAME_MAX - 1 characters. */
+static inline const char *apex__nn_join(char *dst, const char *a, const char *b) {
+  size_t n = 0;
+  for (const char *s = a; *s && n < APEX_NAME_MAX - 1; s++) dst[n++] = *s;
+  if (*a && n < APEX_NAME_MAX - 1) dst[n++] = '.';
+  for (const char *s = b; *s && n < APEX_NAME_MAX - 1; s++) dst[n++] = *s;
+  dst[n] = 0;
+  return dst;
+}
+
+/* A new module of the model (registered for destruction); NULL with a message on failure. name may
+ * be NULL (unnamed); a non-empty name must be unused among the model's modules. */
+apex_module *apex__nn_module(apex_model *m, nn_kind kind, const char *name, const char *who);
+/* Registers "<module>.<local>" as a parameter of shape [d0] or [d0, d1, ...] initialised per init:
+ * 'u' uniform +-bound, 'n' N(0, 1), '1' ones, '0' zeros. */
+apex_var *apex__nn_param(apex_module *mod, const char *local, int ndim, const int64_t *shape, char init, float bound);
+/* Registers a f32 buffer "<module>.<local>" [n] filled with value. */
+apex_tensor *apex__nn_buffer(apex_module *mod, const char *local, int64_t n, float value);
+/* Appends child to mod's children. */
+int apex__nn_add_child(apex_module *mod, apex_module *child);
+
+#endif
