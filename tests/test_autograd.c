@@ -1,0 +1,293 @@
+/* test_autograd.c: the engine: accumulation, no-grad, freed graphs, errors that name the op and the
+ * shapes, autocast, low-precision parameters, thread-count independence and a 10,000-step run that
+ * must not grow (run under LeakSanitizer in the APEX_SANITIZE build). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "testutil.h"
+#include "apex/nn.h"
+
+static apex_var *leaf(apex_dtype dt, int ndim, const int64_t *shape, uint64_t seed, int rg) {
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+  apex_tensor *flat = tu_random_tensor(dt, n, seed, 1.0f);
+  apex_tensor *t = apex_tensor_view(flat, ndim, shape);
+  apex_tensor_destroy(flat);
+  return apex_var_create(t, rg);
+}
+
+static void test_accumulate_and_zero(void **state) {
+  (void)state;
+  apex_graph *g = apex_graph_create();
+  apex_var *w = leaf(APEX_F32, 1, (int64_t[]){3}, 1, 1);
+  for (int step = 0; step < 2; step++) {
+    apex_var *loss = apex_sum_all(g, apex_scale(g, w, 2.0f));
+    TU_OK(apex_backward(loss, NULL));
+    apex_graph_reset(g);
+  }
+  for (size_t i = 0; i < 3; i++) assert_float_equal(apex_tensor_get(apex_var_grad(w), i), 4.0f, 0);
+  TU_OK(apex_var_zero_grad(w));
+  assert_float_equal(apex_tensor_get(apex_var_grad(w), 1), 0.0f, 0);
+  /* a var used twice gets both contributions; a cast passes the gradient through */
+  apex_var *y = apex_mul(g, w, apex_cast(g, apex_cast(g, w, APEX_F16), APEX_F32));
+  TU_OK(apex_backward(apex_sum_all(g, y), NULL));
+  for (size_t i = 0; i < 3; i++) {
+    float x = apex_tensor_get(apex_var_value(w), i), xr = apex_f16_to_f32(apex_f32_to_f16(x));
+    assert_float_equal(apex_tensor_get(apex_var_grad(w), i), x + xr, 1e-6);
+  }
+  apex_var_destroy(w);
+  apex_graph_destroy(g);
+}
+
+static void test_no_grad_and_freed_graph(void **state) {
+  (void)state;
+  apex_graph *g = apex_graph_create();
+  apex_var *w = leaf(APEX_F32, 2, (int64_t[]){2, 3}, 2, 1);
+  assert_int_equal(apex_graph_set_grad_enabled(g, 0), 1);
+  apex_var *y = apex_sum_all(g, apex_relu(g, w));
+  assert_false(apex_var_requires_grad(y));
+  TU_FAILS(apex_backward(y, NULL), APEX_ERR_STATE, "does not require gradients");
+  apex_graph_set_grad_enabled(g, 1);
+  apex_graph_reset(g);
+
+  apex_var *loss = apex_mean_all(g, apex_tanh(g, w));
+  TU_OK(apex_backward(loss, &(apex_backward_options){.retain_graph = 1}));
+  TU_OK(apex_backward(loss, NULL));
+  TU_FAILS(apex_backward(loss, NULL), APEX_ERR_STATE, "freed graph");
+  tu_assert_message("mean");
+  apex_graph_reset(g);
+
+  apex_var *y2 = apex_relu(g, w);
+  TU_FAILS(apex_backward(y2, NULL), APEX_ERR_SHAPE, "relu");
+  tu_assert_message("[2, 3]");
+  tu_assert_message("grad_output");
+  apex_tensor *bad = apex_tensor_create(APEX_F32, 1, (int64_t[]){5});
+  TU_FAILS(apex_backward(y2, &(apex_backward_options){.grad_output = bad}), APEX_ERR_SHAPE, "[5]");
+  TU_FAILS(apex_backward(w, NULL), APEX_ERR_INVALID_ARG, "leaf");
+  TU_FAILS(apex_backward(NULL, NULL), APEX_ERR_INVALID_ARG, "NULL");
+  apex_tensor_destroy(bad);
+  apex_var_destroy(w);
+  apex_graph_destroy(g);
+}
+
+static void test_errors_name_op_and_shapes(void **state) {
+  (void)state;
+  apex_graph *g = apex_graph_create();
+  apex_var *x = leaf(APEX_F32, 2, (int64_t[]){4, 3}, 3, 0), *w = leaf(APEX_F32, 2, (int64_t[]){5, 4}, 4, 1);
+  apex_var *img = leaf(APEX_F32, 4, (int64_t[]){2, 3, 8, 8}, 5, 0), *k = leaf(APEX_F32, 4, (int64_t[]){4, 2, 3, 3}, 6, 1);
+  assert_null(apex_linear(g, x, w, NULL));
+  tu_assert_message("linear: input [4, 3], weight [5, 4]");
+  assert_null(apex_add(g, x, w));
+  tu_assert_message("add: shapes [4, 3] and [5, 4] do not broadcast");
+  assert_null(apex_matmul(g, x, x));
+  tu_assert_message("matmul: cannot multiply [4, 3] by [4, 3]");
+  assert_null(apex_conv2d(g, img, k, NULL, NULL));
+  tu_assert_message("conv2d: input [2, 3, 8, 8], weight [4, 2, 3, 3]");
+  assert_null(apex_cross_entropy(g, x, (int64_t[]){0, 1, 3, 2}, NULL));
+  tu_assert_message("cross_entropy: target 3 at row 2 is outside [0, 3)");
+  assert_null(apex_mse_loss(g, x, w, APEX_REDUCTION_MEAN));
+  tu_assert_message("mse_loss: input [4, 3] and target [5, 4]");
+  assert_null(apex_reshape(g, x, 2, (int64_t[]){5, -1}));
+  tu_assert_message("reshape: [4, 3] has 12 elements");
+  assert_null(apex_causal_attention(g, img, img, k));
+  tu_assert_message("causal_attention");
+  apex_tensor *f16stats = apex_tensor_create(APEX_F16, 1, (int64_t[]){3});
+  assert_null(apex_batch_norm(g, img, NULL, NULL, f16stats, f16stats, NULL));
+  tu_assert_message("batch_norm: running_mean is f16; running statistics are f32");
+  assert_null(apex_dropout(g, x, 1.5f, 1, NULL));
+  tu_assert_message("dropout: p = 1.5");
+  /* a failed op's NULL makes the next op fail, and backward reports it */
+  apex_var *chain = apex_relu(g, apex_linear(g, x, w, NULL));
+  assert_null(chain);
+  tu_assert_message("relu: input 0 is NULL");
+  TU_FAILS(apex_backward(chain, NULL), APEX_ERR_INVALID_ARG, "did the forward fail?");
+  /* vars from before a reset are refused */
+  apex_var *old = apex_relu(g, x);
+  apex_graph_reset(g);
+  assert_null(apex_relu(g, old));
+  tu_assert_message("before apex_graph_reset");
+  TU_FAILS(apex_graph_set_autocast(g, 1, APEX_F32), APEX_ERR_DTYPE, "f16 or bf16");
+  apex_tensor_destroy(f16stats);
+  apex_var_destroy(x);
+  apex_var_destroy(w);
+  apex_var_destroy(img);
+  apex_var_destroy(k);
+  apex_graph_destroy(g);
+}
+
+/* Every op takes f16 and bf16 values, and gives its result in the declared dtype. */
+static void test_low_precision_and_autocast(void **state) {
+  (void)state;
+  apex_graph *g = apex_graph_create();
+  apex_dtype dts[2] = {APEX_F16, APEX_BF16};
+  for (int d = 0; d < 2; d++) {
+    apex_var *x = leaf(dts[d], 2, (int64_t[]){4, 6}, 7, 1), *w = leaf(dts[d], 2, (int64_t[]){3, 6}, 8, 1);
+    apex_var *h = apex_gelu(g, apex_linear(g, x, w, NULL));
+    assert_int_equal(apex_tensor_dtype(apex_var_value(h)), dts[d]);
+    apex_var *loss = apex_cross_entropy(g, h, (int64_t[]){0, 2, 1, 1}, NULL);
+    assert_int_equal(apex_tensor_dtype(apex_var_value(loss)), dts[d]);
+    TU_OK(apex_backward(loss, NULL));
+    assert_int_equal(apex_tensor_dtype(apex_var_grad(w)), dts[d]);
+    apex_graph_reset(g);
+    apex_var_destroy(x);
+    apex_var_destroy(w);
+  }
+  /* autocast: linear runs in f16 on a cached cast of the f32 weight; cross entropy in f32 */
+  apex_var *x = leaf(APEX_F32, 2, (int64_t[]){4, 6}, 9, 0), *w = leaf(APEX_F32, 2, (int64_t[]){3, 6}, 10, 1);
+  TU_OK(apex_graph_set_autocast(g, 1, APEX_F16));
+  apex_var *a = apex_linear(g, x, w, NULL), *b = apex_linear(g, x, w, NULL);
+  assert_int_equal(apex_tensor_dtype(apex_var_value(a)), APEX_F16);
+  apex_var *loss = apex_cross_entropy(g, apex_add(g, a, b), (int64_t[]){0, 2, 1, 1}, NULL);
+  assert_int_equal(apex_tensor_dtype(apex_var_value(loss)), APEX_F32);
+  size_t before = apex_graph_pool_bytes(g);
+  TU_OK(apex_backward(loss, NULL));
+  assert_int_equal(apex_tensor_dtype(apex_var_grad(w)), APEX_F32);
+  float g_auto = apex_tensor_get(apex_var_grad(w), 0);
+  apex_graph_reset(g);
+  TU_OK(apex_graph_set_autocast(g, 0, APEX_F16));
+  TU_OK(apex_var_zero_grad(w));
+  a = apex_linear(g, x, w, NULL);
+  TU_OK(apex_backward(apex_cross_entropy(g, apex_add(g, a, a), (int64_t[]){0, 2, 1, 1}, NULL), NULL));
+  assert_float_equal(g_auto, apex_tensor_get(apex_var_grad(w), 0), 2e-2 * fabsf(g_auto) + 1e-3);
+  /* an override: linear forced to f32 */
+  apex_graph_reset(g);
+  TU_OK(apex_graph_set_autocast(g, 1, APEX_BF16));
+  TU_OK(apex_graph_set_op_cast(g, APEX_OP_LINEAR, APEX_CAST_FLOAT));
+  assert_int_equal(apex_tensor_dtype(apex_var_value(apex_linear(g, x, w, NULL))), APEX_F32);
+  assert_int_equal(apex_op_cast_category(APEX_OP_CONV2D), APEX_CAST_HALF);
+  assert_int_equal(apex_op_cast_category(APEX_OP_SOFTMAX), APEX_CAST_FLOAT);
+  assert_string_equal(apex_op_name(APEX_OP_LAYER_NORM), "layer_norm");
+  (void)before;
+  apex_var_destroy(x);
+  apex_var_destroy(w);
+  apex_graph_destroy(g);
+}
+
+/* One training step of a model touching the threaded paths (large enough to split). */
+static void train_step(int threads, uint32_t *out_bits, size_t *n_out) {
+  TU_OK(apex_set_num_threads(threads));
+  apex_model *m = apex_model_create(&(apex_model_options){.seed = 11});
+  apex_module *net = apex_sequential_create(m, NULL);
+  TU_OK(apex_sequential_add(net, apex_conv2d_create(m, "c", 1, 8, 3, 3, &(apex_conv2d_options){.pad_h = 1, .pad_w = 1}, 1)));
+  TU_OK(apex_sequential_add(net, apex_batch_norm2d_create(m, "bn", 8, NULL)));
+  TU_OK(apex_sequential_add(net, apex_activation_create(m, APEX_OP_GELU)));
+  TU_OK(apex_sequential_add(net, apex_avg_pool2d_create(m, &(apex_pool2d_options){.kernel_h = 2, .kernel_w = 2})));
+  TU_OK(apex_sequential_add(net, apex_flatten_create(m)));
+  TU_OK(apex_sequential_add(net, apex_layer_norm_create(m, "ln", 8 * 14 * 14, 0)));
+  TU_OK(apex_sequential_add(net, apex_dropout_create(m, 0.1f)));
+  TU_OK(apex_sequential_add(net, apex_linear_create(m, "fc", 8 * 14 * 14, 10, 1)));
+  apex_graph *g = apex_graph_create();
+  apex_tensor *flat = tu_random_tensor(APEX_F32, 32 * 28 * 28, 12, 1.0f);
+  apex_tensor *x = apex_tensor_view(flat, 4, (int64_t[]){32, 1, 28, 28});
+  int64_t labels[32];
+  for (int i = 0; i < 32; i++) labels[i] = (i * 7) % 10;
+  apex_var *loss = apex_cross_entropy(g, apex_module_forward(net, g, apex_graph_input(g, x, 0)), labels,
+                                      &(apex_cross_entropy_options){.label_smoothing = 0.1f});
+  assert_non_null(loss);
+  TU_OK(apex_backward(loss, NULL));
+  size_t k = 0;
+  out_bits[k++] = tu_bits(apex_var_item(loss));
+  for (size_t p = 0; p < apex_model_num_params(m); p++) {
+    apex_tensor *gr = apex_var_grad(apex_model_param(m, p, NULL));
+    for (size_t i = 0; i < apex_tensor_numel(gr); i++) out_bits[k++] = tu_bits(apex_tensor_get(gr, i));
+  }
+  *n_out = k;
+  apex_tensor_destroy(x);
+  apex_tensor_destroy(flat);
+  apex_graph_destroy(g);
+  apex_model_destroy(m);
+}
+
+static void test_threads_bitwise(void **state) {
+  (void)state;
+  size_t cap = 1 << 16, n1, n2;
+  uint32_t *a = malloc(cap * sizeof *a), *b = malloc(cap * sizeof *b);
+  int saved = apex_get_num_threads();
+  train_step(1, a, &n1);
+  train_step(2, b, &n2);
+  TU_OK(apex_set_num_threads(saved));
+  assert_int_equal(n1, n2);
+  for (size_t i = 0; i < n1; i++)
+    if (a[i] != b[i]) fail_msg("value %zu differs between 1 and 2 threads: %08x vs %08x", i, a[i], b[i]);
+  free(a);
+  free(b);
+}
+
+/* 10,000 steps: the pool must stop growing after the first, and nothing may leak (LeakSanitizer). */
+static void test_ten_thousand_steps(void **state) {
+  (void)state;
+  apex_model *m = apex_model_create(&(apex_model_options){.seed = 4});
+  apex_module *net = apex_sequential_create(m, NULL);
+  TU_OK(apex_sequential_add(net, apex_linear_create(m, "0", 16, 32, 1)));
+  TU_OK(apex_sequential_add(net, apex_rms_norm_create(m, "1", 32, 0)));
+  TU_OK(apex_sequential_add(net, apex_activation_create(m, APEX_OP_SIGMOID)));
+  TU_OK(apex_sequential_add(net, apex_linear_create(m, "2", 32, 4, 1)));
+  apex_graph *g = apex_graph_create();
+  apex_tensor *x = tu_random_tensor(APEX_F32, 8 * 16, 5, 1.0f);
+  apex_tensor *x2 = apex_tensor_view(x, 2, (int64_t[]){8, 16});
+  int64_t labels[8] = {0, 1, 2, 3, 3, 2, 1, 0};
+  size_t pool = 0;
+  float first = 0, last = 0;
+  for (int step = 0; step < 10000; step++) {
+    apex_var *loss = apex_cross_entropy(g, apex_module_forward(net, g, apex_graph_input(g, x2, 0)), labels, NULL);
+    TU_OK(apex_model_zero_grad(m));
+    TU_OK(apex_backward(loss, NULL));
+    if (step == 0) first = apex_var_item(loss);
+    last = apex_var_item(loss);
+    for (size_t p = 0; p < apex_model_num_params(m); p++) { /* plain SGD */
+      apex_var *v = apex_model_param(m, p, NULL);
+      float *w = apex_tensor_data(apex_var_value(v)), *gr = apex_tensor_data(apex_var_grad(v));
+      for (size_t i = 0; i < apex_tensor_numel(apex_var_value(v)); i++) w[i] -= 0.05f * gr[i];
+    }
+    apex_graph_reset(g);
+    if (step == 1) pool = apex_graph_pool_bytes(g);
+    if (step > 1) assert_int_equal(apex_graph_pool_bytes(g), pool);
+  }
+  assert_true(last < 0.1f * first);
+  apex_tensor_destroy(x2);
+  apex_tensor_destroy(x);
+  apex_graph_destroy(g);
+  apex_model_destroy(m);
+}
+
+static void test_model_names_and_init(void **state) {
+  (void)state;
+  apex_model *a = apex_model_create(&(apex_model_options){.seed = 9}), *b = apex_model_create(&(apex_model_options){.seed = 9});
+  apex_model *c = apex_model_create(&(apex_model_options){.seed = 9, .dtype = APEX_BF16});
+  apex_model *ms[3] = {a, b, c};
+  for (int i = 0; i < 3; i++) {
+    assert_non_null(apex_linear_create(ms[i], "fc", 10, 20, 1));
+    assert_non_null(apex_batch_norm1d_create(ms[i], "bn", 20, NULL));
+    assert_non_null(apex_embedding_create(ms[i], "wte", 7, 4));
+  }
+  assert_null(apex_linear_create(a, "fc", 3, 3, 1));
+  tu_assert_message("already has a module named 'fc'");
+  assert_int_equal(apex_model_num_params(a), 5);
+  assert_int_equal(apex_model_num_buffers(a), 2);
+  const char *name;
+  apex_model_param(a, 1, &name);
+  assert_string_equal(name, "fc.bias");
+  apex_model_buffer(a, 1, &name);
+  assert_string_equal(name, "bn.running_var");
+  assert_float_equal(apex_tensor_get(apex_model_find_buffer(a, "bn.running_var"), 3), 1.0f, 0);
+  assert_int_equal(apex_model_param_elements(a), 200 + 20 + 20 + 20 + 28);
+  apex_tensor *wa = apex_var_value(apex_model_find_param(a, "fc.weight")), *wb = apex_var_value(apex_model_find_param(b, "fc.weight"));
+  assert_memory_equal(apex_tensor_data(wa), apex_tensor_data(wb), apex_tensor_nbytes(wa));
+  for (size_t i = 0; i < 200; i++) assert_true(fabsf(apex_tensor_get(wa, i)) <= 1.0f / sqrtf(10.0f));
+  apex_tensor *wc = apex_var_value(apex_model_find_param(c, "fc.weight"));
+  assert_int_equal(apex_tensor_dtype(wc), APEX_BF16);
+  assert_int_equal(apex_f32_to_bf16(apex_tensor_get(wa, 5)), apex_f32_to_bf16(apex_tensor_get(wc, 5)));
+  assert_float_equal(apex_tensor_get(apex_var_value(apex_model_find_param(a, "bn.weight")), 0), 1.0f, 0);
+  for (int i = 0; i < 3; i++) apex_model_destroy(ms[i]);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_accumulate_and_zero),       cmocka_unit_test(test_no_grad_and_freed_graph),
+      cmocka_unit_test(test_errors_name_op_and_shapes), cmocka_unit_test(test_low_precision_and_autocast),
+      cmocka_unit_test(test_threads_bitwise),           cmocka_unit_test(test_ten_thousand_steps),
+      cmocka_unit_test(test_model_names_and_init),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
