@@ -1,9 +1,8 @@
 /* ops_linear.c: matmul and linear on OpenBLAS sgemm.
  *
  * Low-precision operands are widened to f32 once per call and every product accumulates in f32
- * inside sgemm. OpenBLAS splits a GEMM over threads by blocks of the output, never along K, so a
- * product's bits do not depend on the thread count; apex's thread count is handed to OpenBLAS
- * before each call. */
+ * inside sgemm. apex__sgemm splits the output into blocks over the OpenMP threads (never along K),
+ * so a product's bits do not depend on the thread count. */
 #include <cblas.h>
 
 #include "apex/threads.h"
@@ -11,14 +10,37 @@
 
 void apex__sgemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
                  int ldb, float beta, float *c, int ldc) {
-  static int blas_threads;
-  int t = apex_get_num_threads();
-  if (t != blas_threads) {
-    openblas_set_num_threads(t);
-    blas_threads = t;
+  /* OpenBLAS runs on one thread and apex splits the output over its OpenMP threads: OpenBLAS's
+   * pthreads spinning beside OpenMP's would fight for the cores, and every output element is still
+   * summed over all of K by the same kernel, so the bits do not depend on the split. */
+  static int blas_single;
+  if (!blas_single) {
+    openblas_set_num_threads(1);
+    blas_single = 1;
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha,
-              a, lda, b, ldb, beta, c, ldc);
+  int t = apex_get_num_threads();
+  double work = (double)m * n * k;
+  if (t < 2 || work < 4e6) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
+                b, ldb, beta, c, ldc);
+    return;
+  }
+  int split_rows = m >= n, len = split_rows ? m : n, parts = t * 2;
+  int chunk = ((len + parts - 1) / parts + 15) / 16 * 16;
+  int nparts = (len + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static)
+  for (int p = 0; p < nparts; p++) {
+    int lo = p * chunk, w = len - lo < chunk ? len - lo : chunk;
+    if (split_rows) {
+      const float *ap = trans_a ? a + lo : a + (size_t)lo * lda;
+      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, w, n, k, alpha, ap, lda, b,
+                  ldb, beta, c + (size_t)lo * ldc, ldc);
+    } else {
+      const float *bp = trans_b ? b + (size_t)lo * ldb : b + lo;
+      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, w, k, alpha, a, lda, bp,
+                  ldb, beta, c + lo, ldc);
+    }
+  }
 }
 
 void apex__colsum_add(const float *m, size_t rows, size_t cols, float *dst) {

@@ -1,0 +1,157 @@
+/* bench_nn.c: training-step throughput of an MLP and a small CNN against PyTorch on this machine.
+ *
+ * Each figure is a full f32 training step (forward, cross-entropy, backward, fused AdamW) at batch
+ * 128 on OMP_NUM_THREADS threads (bench/run sets 2), in samples/s. The PyTorch peer is
+ * bench/peer_nn.py --measure, run from here so that both are measured in the same invocation; the
+ * ratio is apex / PyTorch. A second line per model gives the GFLOP/s the step achieves (GEMM and
+ * convolution FLOPs of forward and backward), with ratio = that / the sgemm peak measured here (a
+ * 1024^3 cblas_sgemm on the same threads). */
+#define _POSIX_C_SOURCE 200809L
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "apex/apex.h"
+#include "bench_util.h"
+
+enum { B = 128 };
+
+typedef struct step_ctx {
+  apex_model *m;
+  apex_module *net;
+  apex_graph *g;
+  apex_optimizer *opt;
+  apex_tensor *x;
+  int64_t labels[B];
+} step_ctx;
+
+static void step(void *p) {
+  step_ctx *c = p;
+  apex_var *loss = apex_cross_entropy(c->g, apex_module_forward(c->net, c->g, apex_graph_input(c->g, c->x, 0)), c->labels, NULL);
+  apex_model_zero_grad(c->m);
+  if (!loss || apex_backward(loss, NULL) != APEX_OK || apex_optimizer_step(c->opt, 1.0f, 0) != APEX_OK) {
+    fprintf(stderr, "bench_nn: step failed: %s\n", apex_last_error());
+    exit(1);
+  }
+  apex_graph_reset(c->g);
+}
+
+static void ctx_init(step_ctx *c, apex_model *m, apex_module *net, int ndim, const int64_t *shape) {
+  c->m = m;
+  c->net = net;
+  c->g = apex_graph_create();
+  size_t np = apex_model_num_params(m);
+  apex_tensor **ps = malloc(np * sizeof *ps), **gs = malloc(np * sizeof *gs);
+  for (size_t i = 0; i < np; i++) {
+    ps[i] = apex_var_value(apex_model_param(m, i, NULL));
+    gs[i] = apex_var_grad(apex_model_param(m, i, NULL));
+  }
+  c->opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 1e-3f, .weight_decay = 1e-2f});
+  apex_optimizer_add_group(c->opt, ps, (int)np, gs, (int)np, NULL, NULL);
+  free(ps);
+  free(gs);
+  c->x = apex_tensor_create(APEX_F32, ndim, shape);
+  apex_rng r = apex_rng_init(3);
+  apex_rng_normal(&r, apex_tensor_data(c->x), apex_tensor_numel(c->x), 0.0f, 1.0f);
+  for (int i = 0; i < B; i++) c->labels[i] = (i * 7) % 10;
+}
+
+static void ctx_free(step_ctx *c) {
+  apex_tensor_destroy(c->x);
+  apex_optimizer_destroy(c->opt);
+  apex_graph_destroy(c->g);
+  apex_model_destroy(c->m);
+}
+
+typedef struct gemm_ctx {
+  float *a, *b, *c;
+} gemm_ctx;
+static void gemm(void *p) {
+  gemm_ctx *g = p;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1024, 1024, 1024, 1.0f, g->a, 1024, g->b, 1024, 0.0f, g->c, 1024);
+}
+
+static double sgemm_peak_gflops(void) {
+  openblas_set_num_threads(apex_get_num_threads());
+  gemm_ctx g = {calloc(1 << 20, 4), calloc(1 << 20, 4), calloc(1 << 20, 4)};
+  double t = bench_best(gemm, &g, 2, 5, 1.0);
+  free(g.a);
+  free(g.b);
+  free(g.c);
+  return 2.0 * 1024 * 1024 * 1024 / t / 1e9;
+}
+
+/* samples/s of the PyTorch peer for `which` ("mlp" or "cnn"); 0 when it cannot run. */
+static double peer(const char *which) {
+  const char *root = getenv("APEX_ROOT");
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/bench/peer_nn.py --measure %s 2>/dev/null", root ? root : ".", which);
+  FILE *p = popen(cmd, "r");
+  if (!p) return 0;
+  double v = 0;
+  if (fscanf(p, "%lf", &v) != 1) v = 0;
+  pclose(p);
+  return v;
+}
+
+static void report(const char *name, double sps, double peer_sps, double flops_per_sample, double peak) {
+  char line[128];
+  if (peer_sps > 0) {
+    bench_report(name, sps, "samples/s", sps / peer_sps, "pytorch");
+  } else {
+    snprintf(line, sizeof line, "%s (apex %.1f samples/s)", name, sps);
+    bench_skip(line, "the PyTorch peer (bench/peer_nn.py, /usr/bin/python3 with torch) did not run");
+  }
+  snprintf(line, sizeof line, "%s_gflops", name);
+  double gf = sps * flops_per_sample / 1e9;
+  bench_report(line, gf, "GFLOP/s", gf / peak, "sgemm_peak");
+}
+
+int main(int argc, char **argv) {
+  int want_mlp = bench_wanted(argc, argv, "nn_mlp_train"), want_cnn = bench_wanted(argc, argv, "nn_cnn_train");
+  if (!want_mlp && !want_cnn) return 0;
+  double peak = sgemm_peak_gflops();
+  if (want_mlp) {
+    apex_model *m = apex_model_create(&(apex_model_options){.seed = 1});
+    apex_module *net = apex_sequential_create(m, NULL);
+    apex_sequential_add(net, apex_linear_create(m, "0", 784, 1024, 1));
+    apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
+    apex_sequential_add(net, apex_linear_create(m, "2", 1024, 1024, 1));
+    apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
+    apex_sequential_add(net, apex_linear_create(m, "4", 1024, 10, 1));
+    step_ctx c;
+    ctx_init(&c, m, net, 2, (int64_t[]){B, 784});
+    double t = bench_best(step, &c, 3, 10, 2.0);
+    ctx_free(&c);
+    /* forward 2MK per layer; backward 2MK for dW and 2MK for dx except the first layer */
+    double f = 2.0 * (784 * 1024 + 1024 * 1024 + 1024 * 10) * 3 - 2.0 * 784 * 1024;
+    report("nn_mlp_train_f32", B / t, peer("mlp"), f, peak);
+  }
+  if (want_cnn) {
+    apex_model *m = apex_model_create(&(apex_model_options){.seed = 2});
+    apex_module *net = apex_sequential_create(m, NULL);
+    apex_conv2d_options pad = {.pad_h = 1, .pad_w = 1};
+    apex_pool2d_options p2 = {.kernel_h = 2, .kernel_w = 2};
+    apex_sequential_add(net, apex_conv2d_create(m, "0", 1, 32, 3, 3, &pad, 1));
+    apex_sequential_add(net, apex_batch_norm2d_create(m, "1", 32, NULL));
+    apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
+    apex_sequential_add(net, apex_max_pool2d_create(m, &p2));
+    apex_sequential_add(net, apex_conv2d_create(m, "4", 32, 64, 3, 3, &pad, 1));
+    apex_sequential_add(net, apex_batch_norm2d_create(m, "5", 64, NULL));
+    apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
+    apex_sequential_add(net, apex_max_pool2d_create(m, &p2));
+    apex_sequential_add(net, apex_flatten_create(m));
+    apex_sequential_add(net, apex_linear_create(m, "9", 64 * 7 * 7, 128, 1));
+    apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
+    apex_sequential_add(net, apex_linear_create(m, "11", 128, 10, 1));
+    step_ctx c;
+    ctx_init(&c, m, net, 4, (int64_t[]){B, 1, 28, 28});
+    double t = bench_best(step, &c, 2, 5, 2.0);
+    ctx_free(&c);
+    double conv1 = 2.0 * 32 * 9 * 784, conv2 = 2.0 * 64 * 288 * 196, fc = 2.0 * (3136 * 128 + 128 * 10);
+    double f = 3 * (conv1 + conv2 + fc) - conv1;
+    report("nn_cnn_train_f32", B / t, peer("cnn"), f, peak);
+  }
+  return 0;
+}
