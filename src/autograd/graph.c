@@ -259,8 +259,7 @@ apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in
       return apex__fail(APEX_ERR_INVALID_ARG, "%s: input %d is NULL (did an earlier op fail?)", name, i);
     }
     if (in[i]->graph && (in[i]->graph != g || in[i]->step != g->step))
-      return apex__fail(APEX_ERR_STATE, "%s: input %d %s belongs to another graph or to a step before apex_graph_reset", name, i,
-                        apex__shape(in[i]));
+      return apex__fail(APEX_ERR_STATE, "%s: input %d belongs to another graph or to a step before apex_graph_reset", name, i);
     dt = have ? apex__promote(dt, in[i]->value->dtype) : in[i]->value->dtype;
     have = 1;
   }

@@ -1,0 +1,210 @@
+/* parallel.h: process groups, the gradient Reducer and SyncBatchNorm statistics.
+ *
+ * A process group (apex_pg) is the set of processes that train one model together: each has a
+ * rank in [0, world_size). Backends sit behind one interface: "mpi" (Open MPI, processes started
+ * with mpirun), "local" (one process, world size 1: every collective is an identity or a copy, so a
+ * program runs unchanged without mpirun) and, on GPUs, "nccl".
+ *
+ * Collectives work on whole f32/f16/bf16 tensors, blocking or not. Every rank must call the same
+ * collectives in the same order with the same element counts and dtypes (as in MPI).
+ *
+ * Sums are deterministic and identical on every rank: the MPI backend does not use MPI's own
+ * reduction (whose order is up to the MPI library). Each rank receives one segment of every rank's
+ * buffer, adds the contributions in rank order, (((x0 + x1) + x2) + ...), in f32, and the reduced
+ * segments are then gathered by all. f16 and bf16 values are widened to f32, summed in f32 and
+ * rounded once to the buffer's dtype at the end (round to nearest even), so a half-precision sum
+ * is as exact as an f32 one. AVG is that f32 sum divided by world_size, rounded once. MAX is
+ * order-free; NaN wins (a NaN on any rank makes the result NaN).
+ *
+ * Errors: every function validates its arguments before any communication and returns the status
+ * listed; a collective that MPI reports as failed returns APEX_ERR_IO with MPI's error string
+ * (the communicator uses MPI_ERRORS_RETURN, so MPI never aborts the program for us). An argument
+ * error on one rank only leaves the other ranks waiting in that collective, as in MPI: check
+ * arguments identically on every rank. */
+#ifndef APEX_PARALLEL_H
+#define APEX_PARALLEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apex/status.h"
+#include "apex/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- process groups ----------------------------------------------------------------------------- */
+
+typedef enum apex_reduce_op {
+  APEX_REDUCE_SUM = 0,
+  APEX_REDUCE_AVG = 1, /* the sum divided by world_size */
+  APEX_REDUCE_MAX = 2
+} apex_reduce_op;
+
+typedef struct apex_pg apex_pg;
+/* A collective in flight (from an *_async call). Finished and released by apex_pg_wait. */
+typedef struct apex_pg_work apex_pg_work;
+
+/* Zero in any field means its default. */
+typedef struct apex_pg_options {
+  /* MPI: a pointer to the MPI_Comm to duplicate; NULL means MPI_COMM_WORLD. */
+  const void *mpi_comm;
+} apex_pg_options;
+
+/* An MPI process group: initialises MPI (MPI_Init_thread, MPI_THREAD_SERIALIZED) unless the program
+ * already did, and duplicates MPI_COMM_WORLD (or options->mpi_comm). When apex initialised MPI it
+ * also finalises it, once, at process exit; destroying the group does not, so groups can be
+ * created and destroyed again. Returns NULL with a message when: apex was built without MPI
+ * (APEX_ERR_UNSUPPORTED), MPI was already finalised (APEX_ERR_STATE), or MPI fails (APEX_ERR_IO). */
+APEX_API apex_pg *apex_pg_create_mpi(const apex_pg_options *options);
+/* A one-process group (rank 0, world size 1). NULL only when out of memory. */
+APEX_API apex_pg *apex_pg_create_local(void);
+/* The group a program started by mpirun (Open MPI, MPICH, Slurm's PMI) wants: MPI when the
+ * launcher's environment is present and apex has MPI, otherwise local. Errors as
+ * apex_pg_create_mpi when MPI is chosen. */
+APEX_API apex_pg *apex_pg_create(const apex_pg_options *options);
+/* Waits for every collective still in flight on pg, then frees it (NULL is fine). */
+APEX_API void apex_pg_destroy(apex_pg *pg);
+
+/* 1 when this library was built with MPI. */
+APEX_API int apex_pg_mpi_available(void);
+/* This process's rank and the number of ranks; -1 for a NULL pg. */
+APEX_API int apex_pg_rank(const apex_pg *pg);
+APEX_API int apex_pg_world_size(const apex_pg *pg);
+/* "mpi", "local" or "nccl"; "" for NULL. */
+APEX_API const char *apex_pg_backend(const apex_pg *pg);
+
+/* Reduces t over all ranks in place (see the top of this file for the order and rounding).
+ * Errors: APEX_ERR_INVALID_ARG for a NULL pg or t or an unknown op; APEX_ERR_DTYPE for a dtype
+ * outside f32/f16/bf16; APEX_ERR_DEVICE for a tensor this backend cannot reach (CUDA tensors on
+ * mpi/local); APEX_ERR_SHAPE for more than 2^31-1 elements (MPI counts are int); APEX_ERR_IO when
+ * MPI fails. */
+APEX_API apex_status apex_pg_allreduce(apex_pg *pg, apex_tensor *t, apex_reduce_op op);
+/* Copies root's t into t on every rank. Errors as allreduce, plus APEX_ERR_INVALID_ARG for a root
+ * outside [0, world_size). */
+APEX_API apex_status apex_pg_broadcast(apex_pg *pg, apex_tensor *t, int root);
+/* out (world_size * numel(in) elements, any shape) receives every rank's in, in rank order.
+ * Errors as allreduce, plus APEX_ERR_DTYPE when in and out differ in dtype, APEX_ERR_SHAPE when out
+ * has the wrong element count, APEX_ERR_INVALID_ARG when in and out share storage. */
+APEX_API apex_status apex_pg_allgather(apex_pg *pg, const apex_tensor *in, apex_tensor *out);
+/* Returns once every rank has entered the barrier. APEX_ERR_INVALID_ARG for NULL; APEX_ERR_IO. */
+APEX_API apex_status apex_pg_barrier(apex_pg *pg);
+/* Sets *flag on every rank to 1 when any rank passed a nonzero *flag, else 0 (a MAX all-reduce), so
+ * that every rank skips the same amp step after an overflow on any of them. */
+APEX_API apex_status apex_pg_allreduce_flag(apex_pg *pg, int *flag);
+
+/* Non-blocking forms: start the collective and return at once with *work set (NULL on error).
+ * The tensors must stay alive and untouched until apex_pg_wait returns. Collectives progress while
+ * the program calls apex (apex_pg_test, apex_pg_wait, further collectives), as in MPI. Errors as
+ * the blocking forms, plus APEX_ERR_INVALID_ARG for a NULL work. */
+APEX_API apex_status apex_pg_allreduce_async(apex_pg *pg, apex_tensor *t, apex_reduce_op op, apex_pg_work **work);
+APEX_API apex_status apex_pg_broadcast_async(apex_pg *pg, apex_tensor *t, int root, apex_pg_work **work);
+APEX_API apex_status apex_pg_allgather_async(apex_pg *pg, const apex_tensor *in, apex_tensor *out, apex_pg_work **work);
+APEX_API apex_status apex_pg_barrier_async(apex_pg *pg, apex_pg_work **work);
+/* Advances work without blocking; *done = 1 when it has finished. The work stays valid (release it
+ * with apex_pg_wait). A failure is returned here and again by apex_pg_wait. */
+APEX_API apex_status apex_pg_test(apex_pg_work *work, int *done);
+/* Blocks until work has finished and releases it, also on error; returns the collective's status
+ * (APEX_ERR_IO with MPI's message when it failed). NULL is APEX_ERR_INVALID_ARG. */
+APEX_API apex_status apex_pg_wait(apex_pg_work *work);
+
+/* Checks that every rank holds the same model: the same number of parameters, and parameter i has
+ * the same name, dtype and shape everywhere (data parallelism needs it; DDP calls this when it is
+ * created). Costs one small all-gather when the models agree. Every rank returns the same status
+ * and the same message, naming the first parameter that differs and the ranks: APEX_ERR_SHAPE for
+ * a shape, APEX_ERR_DTYPE for a dtype, APEX_ERR_INVALID_ARG for a name or the parameter count.
+ * names may be NULL (parameters are then called "parameter i"). Bad arguments (NULL pg or tensors,
+ * n < 0, a NULL tensor or name) give APEX_ERR_INVALID_ARG on the rank that passed them, and that
+ * rank still takes part, so the other ranks return APEX_ERR_INVALID_ARG naming it instead of
+ * waiting. */
+APEX_API apex_status apex_pg_check_consistent(apex_pg *pg, const char *const *names, apex_tensor *const *tensors, int n);
+
+/* ---- the Reducer: bucketed gradient all-reduce (Apex's Reducer and DDP's engine) ----------------- */
+
+typedef struct apex_reducer apex_reducer;
+
+/* Zero in any field means its default. */
+typedef struct apex_reducer_options {
+  size_t bucket_bytes;              /* bytes per bucket, counted in the reduction dtype: 25 MiB */
+  int sum_only;                     /* 1: sum the gradients; 0 (default): average them (Apex's gradient_average) */
+  float gradient_predivide_factor;  /* 1.0: gradients are multiplied by 1/f before the all-reduce, and by
+                                       f/world_size after it when averaging (Apex's semantics) */
+  int allreduce_always_fp32;        /* 1: f16/bf16 gradients are reduced in an f32 bucket */
+} apex_reducer_options;
+
+/* A Reducer for the n gradient tensors grads[0..n) (kept by pointer: they must outlive the Reducer).
+ * Buckets are cut in index order: each tensor joins the open bucket of its reduction dtype (its own,
+ * or f32 with allreduce_always_fp32), and a bucket is closed when the next tensor would take it past
+ * bucket_bytes; a tensor larger than bucket_bytes gets a bucket of its own. Each bucket owns a flat
+ * buffer allocated here, once. Buckets are reduced in bucket order on every rank, so give the
+ * tensors in the order their gradients become ready (DDP: reverse parameter order).
+ * Creation is collective: it checks with apex_pg_check_consistent that every rank has the same
+ * tensors (dtypes and shapes). Returns NULL with a message for: NULL pg or grads or a NULL tensor,
+ * n < 1, a tensor listed twice, a CUDA tensor on a CPU backend, a negative or non-finite
+ * predivide factor, ranks that disagree, or no memory. */
+APEX_API apex_reducer *apex_reducer_create(apex_pg *pg, apex_tensor *const *grads, int n, const apex_reducer_options *options);
+/* Waits for buckets still in flight, then frees r (NULL is fine). */
+APEX_API void apex_reducer_destroy(apex_reducer *r);
+
+/* Says gradient i is final for this step: it is copied (scaled by 1/predivide, converted) into its
+ * bucket, and every bucket whose tensors are all ready is all-reduced without blocking, in bucket
+ * order (bucket k is started only after buckets 0..k-1). Buckets in flight are advanced.
+ * Errors: APEX_ERR_INVALID_ARG for NULL or i outside [0, n); APEX_ERR_STATE when i was already
+ * marked this step; APEX_ERR_IO when a collective fails. */
+APEX_API apex_status apex_reducer_mark_ready(apex_reducer *r, int i);
+/* Ends the step: starts the buckets not started yet, waits for all of them and writes the reduced
+ * values back into the gradients (times f/world_size when averaging, converted back to their
+ * dtype). Then the next step can begin. A gradient not marked ready is still reduced with its
+ * current value, so no rank is left waiting, but APEX_ERR_STATE names the first one afterwards.
+ * APEX_ERR_IO when a collective fails. */
+APEX_API apex_status apex_reducer_finish(apex_reducer *r);
+/* Marks every gradient ready in index order and finishes: reduce everything now. */
+APEX_API apex_status apex_reducer_reduce(apex_reducer *r);
+/* The number of buckets, and the bucket holding gradient i (-1 for a bad argument). */
+APEX_API int apex_reducer_bucket_count(const apex_reducer *r);
+APEX_API int apex_reducer_bucket_of(const apex_reducer *r, int i);
+
+/* ---- SyncBatchNorm statistics --------------------------------------------------------------------- */
+
+/* Per-channel batch statistics over every rank's batch, for SyncBatchNorm's forward.
+ * x is (N, C, ...) of any dtype on this rank; N may differ between ranks (and be 0 on some).
+ * Each rank computes (count, mean, M2) per channel in f64 (two passes), the triples are all-gathered
+ * and merged in rank order with Chan et al.'s parallel formula, so every rank gets bitwise the same
+ * result, equal to the statistics of the concatenated batch. Writes mean_out and invstd_out =
+ * 1/sqrt(var + eps) (biased variance, used to normalise), and unbiased_var_out (may be NULL; for the
+ * running variance) as f32 tensors of C elements; *total_count (may be NULL) = the number of values
+ * per channel over all ranks.
+ * Errors: APEX_ERR_INVALID_ARG for NULL pg/x/mean_out/invstd_out, eps < 0 or non-finite, x with
+ * fewer than 2 dimensions, or fewer than 2 values per channel over all ranks (as PyTorch); on every
+ * rank, naming the rank: ranks with different C, or a rank that passed bad arguments (it still takes
+ * part in the exchange). APEX_ERR_DTYPE for outputs that are not f32; APEX_ERR_SHAPE for outputs
+ * without C elements; APEX_ERR_IO when MPI fails. */
+APEX_API apex_status apex_syncbn_stats(apex_pg *pg, const apex_tensor *x, apex_tensor *mean_out, apex_tensor *invstd_out,
+                                       apex_tensor *unbiased_var_out, float eps, int64_t *total_count);
+
+/* SyncBatchNorm's backward reduction: per channel, sum_dy = sum(dy) and sum_dy_xhat =
+ * sum(dy * (x - mean) * invstd) over the local batch (in f64), then summed over all ranks (one
+ * all-reduce of 2C floats, in rank order). x and dy are (N, C, ...) with the same shape; mean and
+ * invstd are the f32 tensors apex_syncbn_stats wrote; sum_dy_out and sum_dy_xhat_out are f32
+ * tensors of C elements. The local sums before the all-reduce are the gradients of the affine bias
+ * and weight on this rank. Errors: APEX_ERR_INVALID_ARG for NULL or ndim < 2, APEX_ERR_SHAPE for
+ * mismatched shapes or channel counts, APEX_ERR_DTYPE for non-f32 statistics, APEX_ERR_IO. */
+APEX_API apex_status apex_syncbn_backward_reduce(apex_pg *pg, const apex_tensor *x, const apex_tensor *dy,
+                                                 const apex_tensor *mean, const apex_tensor *invstd,
+                                                 apex_tensor *sum_dy_out, apex_tensor *sum_dy_xhat_out);
+
+/* The input gradient from the reduced sums (no communication):
+ *   dx = weight * invstd * (dy - sum_dy / total - xhat * sum_dy_xhat / total),  xhat = (x - mean) * invstd,
+ * computed in f32 and rounded to dx's dtype. weight may be NULL (no affine: weight 1). dx has x's
+ * shape (any dtype). Errors: APEX_ERR_INVALID_ARG for NULL or total_count < 1, APEX_ERR_SHAPE,
+ * APEX_ERR_DTYPE for non-f32 per-channel tensors. */
+APEX_API apex_status apex_syncbn_backward_input(const apex_tensor *x, const apex_tensor *dy, const apex_tensor *mean,
+                                                const apex_tensor *invstd, const apex_tensor *weight,
+                                                const apex_tensor *sum_dy, const apex_tensor *sum_dy_xhat,
+                                                int64_t total_count, apex_tensor *dx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
