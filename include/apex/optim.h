@@ -171,6 +171,9 @@ APEX_API int apex_optimizer_group_size(const apex_optimizer *opt, int group);
 APEX_API apex_tensor *apex_optimizer_master(const apex_optimizer *opt, int group, int i);
 /* The model's parameter i of a group (borrowed); NULL (with a message) for a bad index. */
 APEX_API apex_tensor *apex_optimizer_param(const apex_optimizer *opt, int group, int i);
+/* The gradient of parameter i of a group (borrowed): NULL when it has none, and (with a message) for
+ * a bad index. */
+APEX_API apex_tensor *apex_optimizer_grad(const apex_optimizer *opt, int group, int i);
 /* Replaces parameter i of a group by `param` (same shape, any of f32/f16/bf16) with gradient `grad`
  * (may be NULL), keeping its step count and state: for amp's O2/O3, which cast the model after the
  * optimizer was built. Call it while the old parameter is still alive. With master_weights and an

@@ -377,6 +377,11 @@ apex_tensor *apex_optimizer_param(const apex_optimizer *opt, int group, int i) {
   return g ? g->params[i] : NULL;
 }
 
+apex_tensor *apex_optimizer_grad(const apex_optimizer *opt, int group, int i) {
+  apex__group *g = param_at(opt, group, i, "apex_optimizer_grad");
+  return g ? g->grads[i] : NULL;
+}
+
 apex_status apex_optimizer_replace_param(apex_optimizer *opt, int group, int i, apex_tensor *param, apex_tensor *grad,
                                          int master_weights) {
   apex__group *g = param_at(opt, group, i, "apex_optimizer_replace_param");
