@@ -7,6 +7,7 @@
 #include "apex/loss_scaler.h"
 #include "apex/data.h"
 #include "apex/multi_tensor.h"
+#include "apex/parallel.h"
 #include "apex/nn.h"
 #include "apex/nn_ops.h"
 #include "apex/optim.h"
