@@ -66,6 +66,9 @@ struct apex_graph {
   signed char cast_override[APEX_OP_COUNT]; /* -1: the table's category */
 };
 
+/* Grows *arr (of *cap elements of elem bytes) to hold need; 0 on allocation failure. */
+int apex__grow(void **arr, size_t *cap, size_t need, size_t elem);
+
 /* ---- op table ---------------------------------------------------------------------------------- */
 
 /* Adds the gradients of out's inputs, given out->gbuf (f32, out's element count). */

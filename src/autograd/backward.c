@@ -10,13 +10,7 @@
 #include "autograd/ag.h"
 
 static int touch(apex_graph *g, apex_var *v) {
-  if (g->n_touched == g->cap_touched) {
-    size_t c = g->cap_touched ? 2 * g->cap_touched : 64;
-    apex_var **p = realloc(g->touched_leaves, c * sizeof *p);
-    if (!p) return 0;
-    g->touched_leaves = p;
-    g->cap_touched = c;
-  }
+  if (!apex__grow((void **)&g->touched_leaves, &g->cap_touched, g->n_touched + 1, sizeof *g->touched_leaves)) return 0;
   g->touched_leaves[g->n_touched++] = v;
   return 1;
 }

@@ -10,7 +10,7 @@
 
 #include "autograd/ag.h"
 
-static int grow(void **arr, size_t *cap, size_t need, size_t elem) {
+int apex__grow(void **arr, size_t *cap, size_t need, size_t elem) {
   if (need <= *cap) return 1;
   size_t c = *cap ? *cap * 2 : 64;
   while (c < need) c *= 2;
@@ -30,7 +30,7 @@ static ag_block *take_block(apex_graph *g, size_t bytes) {
     if (!b->used && b->bytes >= bytes && b->bytes <= 2 * bytes + 4096 && (!best || b->bytes < best->bytes)) best = b;
   }
   if (!best) {
-    if (!grow((void **)&g->blocks, &g->cap_blocks, g->n_blocks + 1, sizeof *g->blocks)) return NULL;
+    if (!apex__grow((void **)&g->blocks, &g->cap_blocks, g->n_blocks + 1, sizeof *g->blocks)) return NULL;
     apex_storage *s = apex__storage_alloc(bytes);
     if (!s) return NULL;
     best = &g->blocks[g->n_blocks++];
@@ -57,7 +57,7 @@ float *apex__scratch_zero(apex_graph *g, size_t n) {
 }
 
 int apex__adopt(apex_graph *g, apex_tensor *t) {
-  if (!grow((void **)&g->headers, &g->cap_headers, g->n_headers + 1, sizeof *g->headers)) {
+  if (!apex__grow((void **)&g->headers, &g->cap_headers, g->n_headers + 1, sizeof *g->headers)) {
     apex_tensor_destroy(t);
     return 0;
   }
@@ -155,7 +155,7 @@ apex_status apex_graph_set_op_cast(apex_graph *g, apex_op op, apex_cast_category
 
 static apex_var *new_graph_var(apex_graph *g) {
   if (g->n_vars == g->n_alloc) {
-    if (!grow((void **)&g->vars, &g->cap_vars, g->n_alloc + 1, sizeof *g->vars)) return NULL;
+    if (!apex__grow((void **)&g->vars, &g->cap_vars, g->n_alloc + 1, sizeof *g->vars)) return NULL;
     apex_var *v = malloc(sizeof *v);
     if (!v) return NULL;
     g->vars[g->n_alloc++] = v;
@@ -313,7 +313,7 @@ static apex_var *cast_to(apex_graph *g, apex_var *x, apex_dtype dtype) {
   for (size_t i = 0; i < g->n_casts; i++)
     if (g->casts[i].leaf == x && g->casts[i].dtype == dtype) return g->casts[i].cast;
   apex_var *c = cast_kernel(g, x, dtype);
-  if (c && grow((void **)&g->casts, &g->cap_casts, g->n_casts + 1, sizeof *g->casts))
+  if (c && apex__grow((void **)&g->casts, &g->cap_casts, g->n_casts + 1, sizeof *g->casts))
     g->casts[g->n_casts++] = (ag_cast_entry){x, dtype, c};
   return c;
 }
@@ -326,8 +326,8 @@ apex_var *apex_cast(apex_graph *g, apex_var *x, apex_dtype dtype) {
   return cast_kernel(g, u, dtype);
 }
 
-apex_status apex__cast_backward(apex_graph *g, apex_var *out);
-apex_status apex__cast_backward(apex_graph *g, apex_var *out) {
+/* The backward of ops that pass the gradient through unchanged (cast, reshape). */
+apex_status apex__bwd_identity(apex_graph *g, apex_var *out) {
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
   const float *go = out->gbuf;
@@ -355,31 +355,21 @@ void apex__store(apex_var *v, const float *buf) {
   if (v->value->dtype != APEX_F32) apex_convert(apex_tensor_data(v->value), v->value->dtype, buf, APEX_F32, ag_numel(v));
 }
 
+enum { SUM_BLOCK = 4096 };
+static double block_sum(const float *x, size_t n, size_t b) {
+  size_t end = (b + 1) * SUM_BLOCK < n ? (b + 1) * SUM_BLOCK : n;
+  return apex__sum_serial(x + b * SUM_BLOCK, end - b * SUM_BLOCK);
+}
+
 double apex__sum_f32(const float *x, size_t n) {
-  enum { B = 4096 };
-  size_t nb = (n + B - 1) / B;
-  if (nb <= 1) {
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += x[i];
-    return s;
-  }
-  double *part = malloc(nb * sizeof *part);
-  if (!part) { /* fall back to one thread: same blocks, same order */
-    double s = 0;
-    for (size_t b = 0; b < nb; b++) {
-      double p = 0;
-      for (size_t i = b * B; i < n && i < (b + 1) * B; i++) p += x[i];
-      s += p;
-    }
+  size_t nb = (n + SUM_BLOCK - 1) / SUM_BLOCK;
+  double *part = nb > 1 ? malloc(nb * sizeof *part) : NULL, s = 0;
+  if (!part) { /* one block, or no memory: the same blocks in the same order on this thread */
+    for (size_t b = 0; b < nb; b++) s += block_sum(x, n, b);
     return s;
   }
 #pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
-  for (size_t b = 0; b < nb; b++) {
-    double p = 0;
-    for (size_t i = b * B; i < n && i < (b + 1) * B; i++) p += x[i];
-    part[b] = p;
-  }
-  double s = 0;
+  for (size_t b = 0; b < nb; b++) part[b] = block_sum(x, n, b);
   for (size_t b = 0; b < nb; b++) s += part[b];
   free(part);
   return s;

@@ -7,18 +7,16 @@
 #include "autograd/ag.h"
 
 #define BWD(name) apex_status apex__bwd_##name(apex_graph *g, apex_var *out);
-BWD(cast) BWD(binary) BWD(scale) BWD(unary) BWD(dropout) BWD(matmul) BWD(linear) BWD(conv2d)
+BWD(identity) BWD(binary) BWD(scale) BWD(unary) BWD(dropout) BWD(matmul) BWD(linear) BWD(conv2d)
 BWD(max_pool2d) BWD(avg_pool2d) BWD(batch_norm) BWD(layer_norm) BWD(rms_norm) BWD(embedding)
-BWD(softmax) BWD(log_softmax) BWD(cross_entropy) BWD(pointwise_loss) BWD(sum) BWD(reshape)
+BWD(softmax) BWD(log_softmax) BWD(cross_entropy) BWD(pointwise_loss) BWD(sum)
 BWD(permute) BWD(concat) BWD(attention)
 #undef BWD
 
-apex_status apex__cast_backward(apex_graph *g, apex_var *out);
-apex_status apex__bwd_cast(apex_graph *g, apex_var *out) { return apex__cast_backward(g, out); }
 
 static const apex__op_info table[APEX_OP_COUNT] = {
     [APEX_OP_LEAF] = {"leaf", APEX_CAST_NONE, NULL},
-    [APEX_OP_CAST] = {"cast", APEX_CAST_NONE, apex__bwd_cast},
+    [APEX_OP_CAST] = {"cast", APEX_CAST_NONE, apex__bwd_identity},
     [APEX_OP_ADD] = {"add", APEX_CAST_PROMOTE, apex__bwd_binary},
     [APEX_OP_SUB] = {"sub", APEX_CAST_PROMOTE, apex__bwd_binary},
     [APEX_OP_MUL] = {"mul", APEX_CAST_PROMOTE, apex__bwd_binary},
@@ -47,7 +45,7 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     [APEX_OP_BCE] = {"bce", APEX_CAST_FLOAT, apex__bwd_pointwise_loss},
     [APEX_OP_SUM] = {"sum", APEX_CAST_FLOAT, apex__bwd_sum},
     [APEX_OP_MEAN] = {"mean", APEX_CAST_FLOAT, apex__bwd_sum},
-    [APEX_OP_RESHAPE] = {"reshape", APEX_CAST_NONE, apex__bwd_reshape},
+    [APEX_OP_RESHAPE] = {"reshape", APEX_CAST_NONE, apex__bwd_identity},
     [APEX_OP_PERMUTE] = {"permute", APEX_CAST_NONE, apex__bwd_permute},
     [APEX_OP_CONCAT] = {"concat", APEX_CAST_PROMOTE, apex__bwd_concat},
     [APEX_OP_ATTENTION] = {"causal_attention", APEX_CAST_HALF, apex__bwd_attention},

@@ -95,16 +95,6 @@ apex_var *apex_reshape(apex_graph *g, apex_var *x, int ndim, const int64_t *shap
   return apex__result_value(g, APEX_OP_RESHAPE, v, 1, &u);
 }
 
-apex_status apex__bwd_reshape(apex_graph *g, apex_var *out) {
-  float *gx = apex__gbuf(g, out->in[0]);
-  if (!gx) return APEX_OK;
-  const float *go = out->gbuf;
-  size_t n = ag_numel(out);
-  AG_PFOR
-  for (size_t i = 0; i < n; i++) gx[i] += go[i];
-  return APEX_OK;
-}
-
 /* ---- permute ------------------------------------------------------------------------------------ */
 
 /* Input element strides, in the result's dimension order. */

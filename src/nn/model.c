@@ -7,19 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/ag.h"
 #include "core/internal.h"
 #include "nn/nn_internal.h"
-
-static int grow(void **arr, size_t *cap, size_t need, size_t elem) {
-  if (need <= *cap) return 1;
-  size_t c = *cap ? *cap * 2 : 16;
-  while (c < need) c *= 2;
-  void *p = realloc(*arr, c * elem);
-  if (!p) return 0;
-  *arr = p;
-  *cap = c;
-  return 1;
-}
 
 apex_model *apex_model_create(const apex_model_options *opts) {
   static const apex_model_options defaults = {0};
@@ -100,7 +90,7 @@ apex_module *apex__nn_module(apex_model *m, nn_kind kind, const char *name, cons
   for (size_t i = 0; name && *name && i < m->n_modules; i++)
     if (!strcmp(m->modules[i]->name, name))
       return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: the model already has a module named '%s'", who, name);
-  if (!grow((void **)&m->modules, &m->cap_modules, m->n_modules + 1, sizeof *m->modules))
+  if (!apex__grow((void **)&m->modules, &m->cap_modules, m->n_modules + 1, sizeof *m->modules))
     return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", who);
   apex_module *mod = calloc(1, sizeof *mod);
   if (!mod) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", who);
@@ -115,7 +105,7 @@ static void full_name(char *dst, const apex_module *mod, const char *local) { ap
 
 apex_var *apex__nn_param(apex_module *mod, const char *local, int ndim, const int64_t *shape, char init, float bound) {
   apex_model *m = mod->model;
-  if (!grow((void **)&m->params, &m->cap_params, m->n_params + 1, sizeof *m->params))
+  if (!apex__grow((void **)&m->params, &m->cap_params, m->n_params + 1, sizeof *m->params))
     return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", mod->name);
   apex_tensor *f = apex_tensor_create(APEX_F32, ndim, shape);
   if (!f) return NULL;
@@ -147,7 +137,7 @@ apex_var *apex__nn_param(apex_module *mod, const char *local, int ndim, const in
 
 apex_tensor *apex__nn_buffer(apex_module *mod, const char *local, int64_t n, float value) {
   apex_model *m = mod->model;
-  if (!grow((void **)&m->buffers, &m->cap_buffers, m->n_buffers + 1, sizeof *m->buffers))
+  if (!apex__grow((void **)&m->buffers, &m->cap_buffers, m->n_buffers + 1, sizeof *m->buffers))
     return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", mod->name);
   apex_tensor *t = apex_tensor_create(APEX_F32, 1, &n);
   if (!t) return NULL;
@@ -158,7 +148,7 @@ apex_tensor *apex__nn_buffer(apex_module *mod, const char *local, int64_t n, flo
 }
 
 int apex__nn_add_child(apex_module *mod, apex_module *child) {
-  if (!grow((void **)&mod->children, &mod->cap_children, mod->n_children + 1, sizeof *mod->children)) return 0;
+  if (!apex__grow((void **)&mod->children, &mod->cap_children, mod->n_children + 1, sizeof *mod->children)) return 0;
   mod->children[mod->n_children++] = child;
   return 1;
 }

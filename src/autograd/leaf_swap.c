@@ -1,0 +1,24 @@
+/* leaf_swap.c: what amp needs from the engine beyond running ops: replacing a parameter's value by
+ * a cast copy (O2/O3 cast the model after it was built) and reading the autocast switch (regions
+ * that disable casts restore it). */
+#include "autograd/ag.h"
+
+apex_tensor *apex_var_swap_value(apex_var *v, apex_tensor *value) {
+  if (!v || !value) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_var_swap_value: NULL %s", v ? "value" : "var");
+  if (v->graph) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_var_swap_value: only a leaf's value can be replaced");
+  if (!apex_tensor_same_shape(value, v->value)) {
+    char a[96], b[96];
+    return apex__fail_null(APEX_ERR_SHAPE, "apex_var_swap_value: new value %s for a leaf of shape %s", apex_tensor_shape_str(value, a, sizeof a),
+                           apex_tensor_shape_str(v->value, b, sizeof b));
+  }
+  apex_tensor *grad = NULL;
+  if (v->requires_grad && !(grad = apex_tensor_create(value->dtype, value->ndim, value->shape)))
+    return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_var_swap_value: out of memory for the gradient");
+  apex_tensor *old = v->value;
+  apex_tensor_destroy(v->grad);
+  v->grad = grad;
+  v->value = value;
+  return old;
+}
+
+int apex_graph_autocast_enabled(const apex_graph *g) { return g ? g->autocast : 0; }
