@@ -129,11 +129,14 @@ static void reduce_segment(mpi_work *m, int rank, int world) {
   const char *st = m->staging;
   enum { TILE = 2048 };
   float acc[TILE], x[TILE];
+  /* This rank's own piece is read in place (its slot in staging is unused); each tile of the output
+   * is written only after every piece of it has been read. */
+#define PIECE(p) ((p) == rank ? out + t0 * esz : st + ((size_t)(p) * len + t0) * esz)
   for (size_t t0 = 0; t0 < len; t0 += TILE) {
     size_t tn = len - t0 < TILE ? len - t0 : TILE;
-    apex__convert_range(acc, APEX_F32, st + t0 * esz, m->dtype, tn);
+    apex__convert_range(acc, APEX_F32, PIECE(0), m->dtype, tn);
     for (int p = 1; p < world; p++) {
-      apex__convert_range(x, APEX_F32, st + ((size_t)p * len + t0) * esz, m->dtype, tn);
+      apex__convert_range(x, APEX_F32, PIECE(p), m->dtype, tn);
       if (m->op == APEX_REDUCE_MAX) {
         for (size_t j = 0; j < tn; j++)
           if (isnan(x[j]) || x[j] > acc[j]) acc[j] = x[j];
@@ -145,6 +148,7 @@ static void reduce_segment(mpi_work *m, int rank, int world) {
       for (size_t j = 0; j < tn; j++) acc[j] /= (float)world;
     apex__convert_range(out + t0 * esz, m->dtype, acc, APEX_F32, tn);
   }
+#undef PIECE
 }
 
 /* Round 1: segment p of my buffer to rank p, segment `me` of everyone's into staging slot p. */
@@ -153,7 +157,6 @@ static apex_status post_scatter(apex_pg *pg, mpi_work *m) {
   int me = pg->rank, world = pg->world;
   size_t esz = apex_dtype_size(m->dtype), mylen = m->start[me + 1] - m->start[me];
   MPI_Datatype type = mpi_type(m->dtype);
-  memcpy((char *)m->staging + (size_t)me * mylen * esz, (char *)m->buf + m->start[me] * esz, mylen * esz);
   m->nreqs = 0;
   for (int p = 0; p < world; p++) {
     if (p == me) continue;
