@@ -2,13 +2,16 @@
 #ifndef APEX_APEX_H
 #define APEX_APEX_H
 
+#include "apex/amp.h"
+#include "apex/amp_config.h"
 #include "apex/autograd.h"
 #include "apex/dtype.h"
+#include "apex/fp16_optimizer.h"
 #include "apex/loss_scaler.h"
 #include "apex/data.h"
 #include "apex/multi_tensor.h"
-#include "apex/parallel.h"
 #include "apex/nn.h"
+#include "apex/parallel.h"
 #include "apex/nn_ops.h"
 #include "apex/optim.h"
 #include "apex/rng.h"

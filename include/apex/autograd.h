@@ -123,6 +123,15 @@ APEX_API apex_status apex_var_zero_grad(apex_var *v);
 /* The value of a one-element var as a float (NaN for NULL or more than one element). */
 APEX_API float apex_var_item(const apex_var *v);
 
+/* Replaces a leaf's value by `value` (same shape, any dtype; the var takes ownership) and its grad by
+ * a zero tensor of the new dtype, and returns the old value, which the caller now owns (the old grad
+ * is freed). For amp, which casts a model's parameters after the model was built. NULL with a
+ * message for a graph var (APEX_ERR_INVALID_ARG), another shape (APEX_ERR_SHAPE), or a failed
+ * allocation (nothing changed). */
+APEX_API apex_tensor *apex_var_swap_value(apex_var *v, apex_tensor *value);
+/* 1 when the graph's autocast is on. */
+APEX_API int apex_graph_autocast_enabled(const apex_graph *g);
+
 /* ---- backward ------------------------------------------------------------------------------------ */
 
 typedef struct apex_backward_options {

@@ -67,6 +67,9 @@ APEX_API size_t apex_model_param_elements(const apex_model *m);
 APEX_API size_t apex_model_num_buffers(const apex_model *m);
 APEX_API apex_tensor *apex_model_buffer(const apex_model *m, size_t i, const char **name);
 APEX_API apex_tensor *apex_model_find_buffer(const apex_model *m, const char *name);
+/* 1 when parameter i belongs to a BatchNorm1d/2d module (amp keeps these f32 under
+ * keep_batchnorm_fp32); 0 otherwise or for i out of range. */
+APEX_API int apex_model_param_in_batch_norm(const apex_model *m, size_t i);
 /* Zeroes every parameter's grad. APEX_ERR_INVALID_ARG for NULL. */
 APEX_API apex_status apex_model_zero_grad(apex_model *m);
 

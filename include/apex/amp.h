@@ -1,0 +1,132 @@
+/* amp.h: automatic mixed precision in three calls (Apex's amp.initialize, amp.scale_loss and
+ * optimizer.step, in C).
+ *
+ *     apex_amp *amp;
+ *     apex_amp_initialize(&model, 1, &opt, 1, &(apex_amp_config){.opt_level = "O2"}, &amp);
+ *     for (...) {
+ *       apex_amp_prepare_graph(amp, g);                 autocast policy (O1), op registrations
+ *       apex_var *y = apex_amp_forward(amp, 0, net, g, x);   O2/O3: input cast in, output f32 out
+ *       apex_var *loss = apex_cross_entropy(g, y, labels, NULL);
+ *       apex_amp_backward(amp, loss, 0, NULL);          scale, backward, unscale + overflow check
+ *       apex_amp_step(amp, opt, &skipped);              steps unless a gradient overflowed
+ *       apex_amp_zero_grad(amp);
+ *       apex_graph_reset(g);
+ *     }
+ *
+ * What initialize does, per the resolved properties (amp_config.h):
+ *  - cast_model: every parameter becomes cast_model_type, except the parameters of batch norm
+ *    modules when keep_batchnorm_fp32; buffers stay f32. Each optimizer is told, keeping as its
+ *    f32 master the parameter's exact f32 value from before the cast (master_weights), or updating the
+ *    low-precision parameter itself (no master weights, O3).
+ *  - patch_functions: apex_amp_prepare_graph turns the graph's autocast on in half_type.
+ *  - one loss scaler per loss (num_losses), static or dynamic.
+ *
+ * What backward does (Apex's scale_loss context): the gradient of loss * scale flows back; unless
+ * delay_unscale, the new gradients of the optimizers' parameters are then multiplied by 1/scale in
+ * one pass that also checks them for Inf/NaN, into the f32 master gradients when there are masters
+ * (or in place), added to what earlier losses left there (so several losses with different scales
+ * may share parameters). The loss's scaler is updated with the result; on overflow the optimizers'
+ * next step is skipped and, at verbosity >= 1, amp prints Apex's line
+ *     Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0
+ * With delay_unscale (gradient accumulation) the scaled gradients stay and the next backward without
+ * it unscales them all.
+ *
+ * Disabled amp (config.disabled) makes every call an identity of the f32 program: no cast, no
+ * autocast, scale 1, backward and step as plain calls. */
+#ifndef APEX_AMP_H
+#define APEX_AMP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apex/amp_config.h"
+#include "apex/autograd.h"
+#include "apex/nn.h"
+#include "apex/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct apex_amp apex_amp;
+
+/* Applies the configuration to models[0..n_models) and optimizers[0..n_opts) and returns the amp
+ * handle in *out. The models must be f32 and the optimizers built over their parameters (with any
+ * grads; amp sets the gradients it manages). Errors, leaving models and optimizers as they were:
+ *   everything apex_amp_resolve refuses (APEX_ERR_INVALID_ARG naming the property);
+ *   APEX_ERR_INVALID_ARG  NULL arguments, no model, a model given twice or already initialised by
+ *                         another apex_amp ("initialising the same model twice"), an optimizer
+ *                         parameter that belongs to none of the models;
+ *   APEX_ERR_DTYPE        a model parameter that is not f32;
+ *   APEX_ERR_OUT_OF_MEMORY.
+ * The amp handle borrows models and optimizers: destroy it first. */
+APEX_API apex_status apex_amp_initialize(apex_model *const *models, int n_models, apex_optimizer *const *opts, int n_opts,
+                                         const apex_amp_config *config, apex_amp **out);
+/* Frees amp's state (scalers, master gradients); models and optimizers keep their current dtypes. */
+APEX_API void apex_amp_destroy(apex_amp *amp);
+APEX_API const apex_amp_properties *apex_amp_properties_of(const apex_amp *amp);
+
+/* Prepares a graph for this amp: autocast on in half_type under patch_functions (off otherwise) and
+ * the registered op categories. Call after apex_graph_create (it persists across resets). */
+APEX_API apex_status apex_amp_prepare_graph(apex_amp *amp, apex_graph *g);
+/* Registers a user op's autocast category for every graph prepared afterwards (Apex's
+ * register_half_function / register_float_function / register_promote_function).
+ * APEX_ERR_INVALID_ARG for an op or category outside its enum. */
+APEX_API apex_status apex_amp_register_op(apex_amp *amp, apex_op op, apex_cast_category category);
+/* Turns casts off (0) or back on (1) in a region of a graph's forward (Apex's disable_casts);
+ * returns the previous setting. Outside O1 it does nothing and returns 0. */
+APEX_API int apex_amp_casts_enabled(apex_amp *amp, apex_graph *g, int enabled);
+
+/* Runs net (a module of models[model]) on x. With cast_model, floating x is cast to the model's type
+ * on entry and the output to cast_model_outputs on the way out (Apex's patched forward); otherwise
+ * it is apex_module_forward. NULL with a message on failure. */
+APEX_API apex_var *apex_amp_forward(apex_amp *amp, int model, apex_module *net, apex_graph *g, apex_var *x);
+
+typedef struct apex_amp_backward_options {
+  apex_optimizer *const *optimizers; /* whose gradients this loss reaches; NULL = all of amp's */
+  int n_optimizers;
+  int delay_unscale;                 /* gradient accumulation: leave the gradients scaled */
+  int retain_graph;
+} apex_amp_backward_options;
+
+/* Backward of loss with loss scaler loss_id (see the top of this file); opts may be NULL. Returns
+ * APEX_OK also when the step will be skipped (see apex_amp_step); APEX_ERR_SCALE_AT_MIN when the
+ * gradients overflowed with the dynamic scale already at its minimum (the step is skipped too);
+ * APEX_ERR_NONFINITE when the loss itself is Inf or NaN (nothing is run, the step is skipped and
+ * the scaler backs off as for an overflow); APEX_ERR_INVALID_ARG for a bad loss_id or NULL loss;
+ * whatever apex_backward returns. */
+APEX_API apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const apex_amp_backward_options *opts);
+
+/* The optimizer step, unless a backward since the last step found an overflow for this optimizer:
+ * then nothing changes and *skipped (may be NULL) is 1. APEX_ERR_STATE when gradients are still
+ * scaled (delay_unscale without a closing backward); APEX_ERR_INVALID_ARG for an optimizer amp does
+ * not manage. */
+APEX_API apex_status apex_amp_step(apex_amp *amp, apex_optimizer *opt, int *skipped);
+
+/* Zeroes every managed parameter's gradient and master gradient, and forgets pending skips. */
+APEX_API apex_status apex_amp_zero_grad(apex_amp *amp);
+
+/* Loss scaler loss_id (borrowed), e.g. to read its state or set a scale as Apex's tests do through
+ * amp._amp_state.loss_scalers; NULL (with a message) for a bad loss_id. */
+APEX_API apex_loss_scaler *apex_amp_loss_scaler(const apex_amp *amp, int loss_id);
+/* The current scale of a loss scaler (1 when disabled); NaN for a bad loss_id. */
+APEX_API float apex_amp_loss_scale(const apex_amp *amp, int loss_id);
+/* The f32 master of parameter i of an optimizer group (Apex's amp.master_params): what the
+ * optimizer updates. NULL for a bad index. */
+APEX_API apex_tensor *apex_amp_master_param(const apex_amp *amp, apex_optimizer *opt, int group, int i);
+/* Clips the global norm of an optimizer's (unscaled, master) gradients to max_norm, as
+ * torch.nn.utils.clip_grad_norm_(amp.master_params(opt), max_norm); *total_norm (may be NULL)
+ * receives the norm before clipping. Call after apex_amp_backward, before apex_amp_step. */
+APEX_API apex_status apex_amp_clip_grad_norm(apex_amp *amp, apex_optimizer *opt, float max_norm, float *total_norm);
+
+/* amp's state: every loss scaler, bitwise (Apex's amp.state_dict). */
+APEX_API size_t apex_amp_state_size(const apex_amp *amp);
+APEX_API apex_status apex_amp_state_save(const apex_amp *amp, uint8_t *buf, size_t size);
+/* Refuses (APEX_ERR_CORRUPT / APEX_ERR_STATE, nothing changed) a buffer of another size, a different
+ * number of losses, or a corrupted scaler state. */
+APEX_API apex_status apex_amp_state_load(apex_amp *amp, const uint8_t *buf, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

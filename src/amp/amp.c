@@ -1,0 +1,578 @@
+/* amp.c: initialize (casting models, telling the optimizers), the scaled backward with its fused
+ * unscale + overflow check, the skipping step, and amp's state. The contract is in amp.h; the
+ * configuration and its checks are in properties.c. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "apex/amp.h"
+#include "apex/multi_tensor.h"
+#include "core/internal.h"
+
+/* One optimizer parameter that amp manages. */
+typedef struct {
+  apex_var *var;           /* the model's parameter */
+  int group, index;        /* its place in the optimizer */
+  apex_tensor *master_grad; /* f32, when the optimizer keeps an f32 master of a low-precision param */
+  apex_tensor *stash;      /* f32 copy of an in-place gradient while another loss runs backward */
+} amp_param;
+
+typedef struct {
+  apex_optimizer *opt;
+  amp_param *params;
+  int n;
+  int skip;          /* an overflow since the last step: skip the next one */
+  int scaled;        /* gradients still carry a loss scale (delay_unscale) */
+  int dirty;         /* the unscaled gradients hold values (from an earlier loss, or a step without
+                        apex_amp_zero_grad): the next backward adds to them */
+} amp_opt;
+
+typedef struct {
+  apex_op op;
+  apex_cast_category category;
+} amp_reg;
+
+struct apex_amp {
+  apex_amp_properties p;
+  apex_model **models;
+  int n_models;
+  amp_opt *opts;
+  int n_opts;
+  apex_loss_scaler **scalers;
+  amp_reg *regs;
+  int n_regs, cap_regs;
+};
+
+/* ---- the models initialised so far, to refuse a second initialize ------------------------------ */
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static const apex_model **registry;
+static int registry_n, registry_cap;
+
+static int registry_has(const apex_model *m) {
+  for (int i = 0; i < registry_n; i++)
+    if (registry[i] == m) return 1;
+  return 0;
+}
+
+/* Adds all models, or none if one is there already (returns its index) or memory runs out (-2). */
+static int registry_add(apex_model *const *models, int n) {
+  int clash = -1;
+  pthread_mutex_lock(&registry_lock);
+  for (int i = 0; i < n && clash < 0; i++)
+    if (registry_has(models[i])) clash = i;
+  if (clash < 0 && registry_n + n > registry_cap) {
+    int cap = (registry_n + n) * 2;
+    const apex_model **grown = realloc(registry, (size_t)cap * sizeof *grown);
+    if (!grown) clash = -2;
+    else {
+      registry = grown;
+      registry_cap = cap;
+    }
+  }
+  if (clash == -1)
+    for (int i = 0; i < n; i++) registry[registry_n++] = models[i];
+  pthread_mutex_unlock(&registry_lock);
+  return clash;
+}
+
+static void registry_remove(apex_model *const *models, int n) {
+  pthread_mutex_lock(&registry_lock);
+  for (int k = 0; k < n; k++)
+    for (int i = 0; i < registry_n; i++)
+      if (registry[i] == models[k]) {
+        registry[i] = registry[--registry_n];
+        break;
+      }
+  pthread_mutex_unlock(&registry_lock);
+}
+
+/* ---- initialize -------------------------------------------------------------------------------- */
+
+/* The model parameter whose value is t, and which model and index it has. */
+static apex_var *find_var(apex_model *const *models, int n_models, const apex_tensor *t, int *model, size_t *index) {
+  for (int m = 0; m < n_models; m++)
+    for (size_t i = 0; i < apex_model_num_params(models[m]); i++) {
+      apex_var *v = apex_model_param(models[m], i, NULL);
+      if (apex_var_value(v) == t) {
+        *model = m;
+        *index = i;
+        return v;
+      }
+    }
+  return NULL;
+}
+
+static void free_opts(apex_amp *amp) {
+  for (int o = 0; o < amp->n_opts; o++) {
+    for (int k = 0; k < amp->opts[o].n; k++) {
+      apex_tensor_destroy(amp->opts[o].params[k].master_grad);
+      apex_tensor_destroy(amp->opts[o].params[k].stash);
+    }
+    free(amp->opts[o].params);
+  }
+  free(amp->opts);
+}
+
+void apex_amp_destroy(apex_amp *amp) {
+  if (!amp) return;
+  registry_remove(amp->models, amp->n_models);
+  free_opts(amp);
+  for (int i = 0; amp->scalers && i < amp->p.num_losses; i++) apex_loss_scaler_destroy(amp->scalers[i]);
+  free(amp->scalers);
+  free(amp->models);
+  free(amp->regs);
+  free(amp);
+}
+
+/* Maps every optimizer parameter to its model var (all must belong to the models). */
+static apex_status map_optimizers(apex_amp *amp, apex_optimizer *const *opts) {
+  for (int o = 0; o < amp->n_opts; o++) {
+    amp_opt *ao = &amp->opts[o];
+    ao->opt = opts[o];
+    for (int g = 0; g < apex_optimizer_num_groups(opts[o]); g++) ao->n += apex_optimizer_group_size(opts[o], g);
+    ao->params = calloc((size_t)ao->n + 1, sizeof *ao->params);
+    if (!ao->params) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_initialize: out of memory");
+    int k = 0;
+    for (int g = 0; g < apex_optimizer_num_groups(opts[o]); g++)
+      for (int i = 0; i < apex_optimizer_group_size(opts[o], g); i++, k++) {
+        int model;
+        size_t index;
+        apex_var *v = find_var(amp->models, amp->n_models, apex_optimizer_param(opts[o], g, i), &model, &index);
+        if (!v)
+          return apex__fail(APEX_ERR_INVALID_ARG,
+                            "apex_amp_initialize: parameter %d of group %d of optimizer %d belongs to none of the models", i, g, o);
+        ao->params[k] = (amp_param){.var = v, .group = g, .index = i};
+      }
+  }
+  return APEX_OK;
+}
+
+/* Casts the models' parameters (O2/O3) and tells the optimizers, while each old f32 value is still
+ * alive so that it becomes the optimizer's master. */
+static apex_status cast_param(apex_amp *amp, apex_var *v) {
+  apex_tensor *fresh = apex_tensor_to(apex_var_value(v), amp->p.cast_model_type);
+  if (!fresh) return APEX_ERR_OUT_OF_MEMORY;
+  apex_tensor *old = apex_var_swap_value(v, fresh);
+  if (!old) {
+    apex_tensor_destroy(fresh);
+    return APEX_ERR_STATE;
+  }
+  apex_status st = APEX_OK;
+  for (int o = 0; o < amp->n_opts && st == APEX_OK; o++)
+    for (int k = 0; k < amp->opts[o].n && st == APEX_OK; k++) {
+      amp_param *ap = &amp->opts[o].params[k];
+      if (ap->var == v)
+        st = apex_optimizer_replace_param(amp->opts[o].opt, ap->group, ap->index, fresh, apex_var_grad(v), amp->p.master_weights);
+    }
+  apex_tensor_destroy(old);
+  return st;
+}
+
+static apex_status cast_models(apex_amp *amp) {
+  for (int m = 0; m < amp->n_models; m++)
+    for (size_t i = 0; i < apex_model_num_params(amp->models[m]); i++) {
+      if (amp->p.keep_batchnorm_fp32 && apex_model_param_in_batch_norm(amp->models[m], i)) continue;
+      apex_status st = cast_param(amp, apex_model_param(amp->models[m], i, NULL));
+      if (st != APEX_OK) return st;
+    }
+  return APEX_OK;
+}
+
+/* Points each optimizer at the gradients amp unscales into: an f32 master gradient for a parameter
+ * the optimizer keeps an f32 master of, the parameter's own gradient otherwise. */
+static apex_status attach_grads(apex_amp *amp) {
+  for (int o = 0; o < amp->n_opts; o++)
+    for (int k = 0; k < amp->opts[o].n; k++) {
+      amp_param *ap = &amp->opts[o].params[k];
+      apex_tensor *value = apex_var_value(ap->var), *grad = apex_var_grad(ap->var);
+      if (apex_tensor_dtype(value) != APEX_F32 && amp->p.master_weights) {
+        ap->master_grad = apex_tensor_create(APEX_F32, apex_tensor_ndim(value), apex_tensor_shape(value));
+        if (!ap->master_grad) return APEX_ERR_OUT_OF_MEMORY;
+        grad = ap->master_grad;
+      }
+      apex_status st = apex_optimizer_set_grad(amp->opts[o].opt, ap->group, ap->index, grad);
+      if (st != APEX_OK) return st;
+    }
+  return APEX_OK;
+}
+
+static apex_status already_initialised(int m) {
+  return apex__fail(APEX_ERR_INVALID_ARG,
+                    "apex_amp_initialize: model %d was already initialised by another apex_amp; initialise each model once "
+                    "(destroy the other apex_amp first)", m);
+}
+
+static apex_status check_models(apex_model *const *models, int n_models, apex_optimizer *const *opts, int n_opts) {
+  if (!models || n_models < 1) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_initialize: no model");
+  if (n_opts < 0 || (n_opts > 0 && !opts)) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_initialize: bad optimizer list");
+  for (int m = 0; m < n_models; m++) {
+    if (!models[m]) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_initialize: model %d is NULL", m);
+    for (int k = 0; k < m; k++)
+      if (models[k] == models[m]) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_initialize: model %d is given twice (also as %d)", m, k);
+    pthread_mutex_lock(&registry_lock);
+    int taken = registry_has(models[m]);
+    pthread_mutex_unlock(&registry_lock);
+    if (taken) return already_initialised(m);
+    for (size_t i = 0; i < apex_model_num_params(models[m]); i++) {
+      const char *name;
+      apex_var *v = apex_model_param(models[m], i, &name);
+      if (apex_tensor_dtype(apex_var_value(v)) != APEX_F32)
+        return apex__fail(APEX_ERR_DTYPE, "apex_amp_initialize: parameter '%s' of model %d is %s; amp takes f32 models", name, m,
+                          apex_dtype_name(apex_tensor_dtype(apex_var_value(v))));
+    }
+  }
+  for (int o = 0; o < n_opts; o++) {
+    if (!opts[o]) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_initialize: optimizer %d is NULL", o);
+    for (int k = 0; k < o; k++)
+      if (opts[k] == opts[o]) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_initialize: optimizer %d is given twice", o);
+  }
+  return APEX_OK;
+}
+
+apex_status apex_amp_initialize(apex_model *const *models, int n_models, apex_optimizer *const *opts, int n_opts,
+                                const apex_amp_config *config, apex_amp **out) {
+  if (!out) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_initialize: NULL output");
+  *out = NULL;
+  apex_amp_properties props;
+  apex_status st = apex_amp_resolve(config, &props);
+  if (st != APEX_OK) return st;
+  if ((st = check_models(models, n_models, opts, n_opts)) != APEX_OK) return st;
+  apex_amp *amp = calloc(1, sizeof *amp);
+  if (!amp) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_initialize: out of memory");
+  amp->p = props;
+  amp->models = malloc((size_t)n_models * sizeof *amp->models);
+  amp->opts = calloc((size_t)n_opts + 1, sizeof *amp->opts);
+  amp->scalers = calloc((size_t)props.num_losses, sizeof *amp->scalers);
+  if (!amp->models || !amp->opts || !amp->scalers) {
+    free(amp->models);
+    free(amp->opts);
+    free(amp->scalers);
+    free(amp);
+    return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_initialize: out of memory");
+  }
+  memcpy(amp->models, models, (size_t)n_models * sizeof *models);
+  amp->n_opts = n_opts;
+  int clash = registry_add(models, n_models); /* checked above; checked again here against a race */
+  if (clash != -1) {
+    amp->n_models = 0; /* not registered: nothing to remove */
+    apex_amp_destroy(amp);
+    if (clash == -2) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_initialize: out of memory");
+    return already_initialised(clash);
+  }
+  amp->n_models = n_models;
+  for (int i = 0; i < props.num_losses; i++)
+    if (!(amp->scalers[i] = apex_loss_scaler_create(&props.scaler))) st = APEX_ERR_OUT_OF_MEMORY;
+  if (st == APEX_OK) st = map_optimizers(amp, opts);
+  if (st == APEX_OK && props.enabled && props.cast_model) st = cast_models(amp);
+  if (st == APEX_OK && props.enabled) st = attach_grads(amp);
+  if (st != APEX_OK) {
+    apex_amp_destroy(amp);
+    return st;
+  }
+  if (props.enabled && props.verbosity >= 1) {
+    char buf[1024];
+    fputs(apex_amp_properties_format(&props, buf, sizeof buf), stderr);
+  }
+  *out = amp;
+  return APEX_OK;
+}
+
+const apex_amp_properties *apex_amp_properties_of(const apex_amp *amp) { return amp ? &amp->p : NULL; }
+
+/* ---- graphs and forward ------------------------------------------------------------------------- */
+
+apex_status apex_amp_register_op(apex_amp *amp, apex_op op, apex_cast_category category) {
+  if (!amp) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_register_op: NULL amp");
+  if ((int)op <= APEX_OP_CAST || op >= APEX_OP_COUNT || (int)category < 0 || category > APEX_CAST_PROMOTE)
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_register_op: op %d or category %d is out of range", (int)op, (int)category);
+  if (amp->n_regs == amp->cap_regs) {
+    int cap = amp->cap_regs ? amp->cap_regs * 2 : 8;
+    amp_reg *grown = realloc(amp->regs, (size_t)cap * sizeof *grown);
+    if (!grown) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_register_op: out of memory");
+    amp->regs = grown;
+    amp->cap_regs = cap;
+  }
+  amp->regs[amp->n_regs++] = (amp_reg){op, category};
+  return APEX_OK;
+}
+
+apex_status apex_amp_prepare_graph(apex_amp *amp, apex_graph *g) {
+  if (!amp || !g) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_prepare_graph: NULL argument");
+  int on = amp->p.enabled && amp->p.patch_functions;
+  apex_status st = apex_graph_set_autocast(g, on, amp->p.half_type);
+  for (int i = 0; i < amp->n_regs && st == APEX_OK; i++) st = apex_graph_set_op_cast(g, amp->regs[i].op, amp->regs[i].category);
+  return st;
+}
+
+int apex_amp_casts_enabled(apex_amp *amp, apex_graph *g, int enabled) {
+  if (!amp || !g || !amp->p.enabled || !amp->p.patch_functions) return 0;
+  int was = apex_graph_autocast_enabled(g);
+  apex_graph_set_autocast(g, enabled, amp->p.half_type);
+  return was;
+}
+
+static int is_float(apex_dtype t) { return t == APEX_F32 || t == APEX_F16 || t == APEX_BF16; }
+
+apex_var *apex_amp_forward(apex_amp *amp, int model, apex_module *net, apex_graph *g, apex_var *x) {
+  if (!amp || !net || !g || !x) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_amp_forward: NULL argument");
+  if (model < 0 || model >= amp->n_models)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_amp_forward: model %d; amp manages %d", model, amp->n_models);
+  if (!amp->p.enabled || !amp->p.cast_model) return apex_module_forward(net, g, x);
+  apex_dtype in = apex_tensor_dtype(apex_var_value(x));
+  if (is_float(in) && in != amp->p.cast_model_type && !(x = apex_cast(g, x, amp->p.cast_model_type))) return NULL;
+  apex_var *y = apex_module_forward(net, g, x);
+  if (y && apex_tensor_dtype(apex_var_value(y)) != amp->p.cast_model_outputs) y = apex_cast(g, y, amp->p.cast_model_outputs);
+  return y;
+}
+
+/* ---- backward: scale, run, unscale + check ------------------------------------------------------- */
+
+/* Gathers the lists of one optimizer's unscale launch: x the new (scaled) gradients, y what earlier
+ * losses left (masters: the master gradients themselves; in place: the stash), out where the
+ * unscaled sum goes. */
+typedef struct {
+  apex_tensor **x, **y, **out;
+  int n;
+} unscale_lists;
+
+static apex_status lists_alloc(unscale_lists *l, int n) {
+  l->x = calloc((size_t)n + 1, sizeof *l->x);
+  l->y = calloc((size_t)n + 1, sizeof *l->y);
+  l->out = calloc((size_t)n + 1, sizeof *l->out);
+  l->n = 0;
+  return l->x && l->y && l->out ? APEX_OK : apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_backward: out of memory");
+}
+
+static void lists_free(unscale_lists *l) {
+  free(l->x);
+  free(l->y);
+  free(l->out);
+}
+
+/* Before a backward reaches gradients that already hold an earlier loss's unscaled values: in-place
+ * gradients move to the stash (the backward must start from zero so that its result can be unscaled
+ * alone); master gradients stay where they are and model gradients are already zero. */
+static apex_status stash_grads(amp_opt *ao) {
+  for (int k = 0; k < ao->n; k++) {
+    amp_param *ap = &ao->params[k];
+    if (ap->master_grad) continue;
+    apex_tensor *grad = apex_var_grad(ap->var);
+    if (!ap->stash && !(ap->stash = apex_tensor_create(APEX_F32, apex_tensor_ndim(grad), apex_tensor_shape(grad))))
+      return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_backward: out of memory for the gradient stash");
+    apex_status st = apex_tensor_copy(ap->stash, grad);
+    if (st == APEX_OK) st = apex_tensor_fill(grad, 0.0f);
+    if (st != APEX_OK) return st;
+  }
+  return APEX_OK;
+}
+
+/* grad * inv_scale (+ earlier values) into the optimizer's gradients, checking the new gradients for
+ * Inf/NaN in the same pass; model gradients behind masters are zeroed once consumed. */
+static apex_status unscale(amp_opt *ao, float inv_scale, int *overflow) {
+  unscale_lists fresh = {0}, accum = {0};
+  apex_status st = lists_alloc(&fresh, ao->n);
+  if (st == APEX_OK) st = lists_alloc(&accum, ao->n);
+  for (int k = 0; k < ao->n && st == APEX_OK; k++) {
+    amp_param *ap = &ao->params[k];
+    apex_tensor *grad = apex_var_grad(ap->var);
+    apex_tensor *dst = ap->master_grad ? ap->master_grad : grad;
+    if (!ao->dirty) {
+      fresh.x[fresh.n] = grad;
+      fresh.out[fresh.n++] = dst;
+    } else {
+      accum.x[accum.n] = grad;
+      accum.y[accum.n] = ap->master_grad ? ap->master_grad : ap->stash;
+      accum.out[accum.n++] = dst;
+    }
+  }
+  if (st == APEX_OK && fresh.n) st = apex_mt_scale(0, overflow, fresh.x, fresh.out, fresh.n, inv_scale);
+  if (st == APEX_OK && accum.n) st = apex_mt_axpby(0, overflow, accum.x, accum.y, accum.out, accum.n, inv_scale, 1.0f, 0);
+  for (int k = 0; k < ao->n && st == APEX_OK; k++)
+    if (ao->params[k].master_grad) st = apex_tensor_fill(apex_var_grad(ao->params[k].var), 0.0f);
+  lists_free(&fresh);
+  lists_free(&accum);
+  return st;
+}
+
+/* The optimizers a backward concerns: the listed ones (each must be amp's), or all. */
+static apex_status select_opts(apex_amp *amp, const apex_amp_backward_options *o, amp_opt **sel, int *n) {
+  *n = 0;
+  if (!o || !o->optimizers) {
+    for (int i = 0; i < amp->n_opts; i++) sel[(*n)++] = &amp->opts[i];
+    return APEX_OK;
+  }
+  for (int k = 0; k < o->n_optimizers; k++) {
+    int found = -1;
+    for (int i = 0; i < amp->n_opts; i++)
+      if (amp->opts[i].opt == o->optimizers[k]) found = i;
+    if (found < 0) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_backward: optimizer %d of the list is not managed by this amp", k);
+    sel[(*n)++] = &amp->opts[found];
+  }
+  return APEX_OK;
+}
+
+/* Records a loss's overflow in its scaler and marks the optimizers' next step skipped. */
+static apex_status record_overflow(apex_amp *amp, int loss_id, int overflow, amp_opt **sel, int n_sel) {
+  int skip = 0;
+  apex_status st = apex_loss_scaler_update(amp->scalers[loss_id], overflow, &skip);
+  if (!skip) return st;
+  for (int i = 0; i < n_sel; i++) sel[i]->skip = 1;
+  if (amp->p.verbosity >= 1) {
+    if (amp->p.scaler.mode == APEX_SCALE_DYNAMIC)
+      fprintf(stderr, "Gradient overflow.  Skipping step, loss scaler %d reducing loss scale to %.1f\n", loss_id,
+              (double)apex_loss_scaler_scale(amp->scalers[loss_id]));
+    else
+      fprintf(stderr, "Gradient overflow.  Skipping step (static loss scale %.1f)\n", (double)apex_loss_scaler_scale(amp->scalers[loss_id]));
+  }
+  return st;
+}
+
+apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const apex_amp_backward_options *opts) {
+  if (!amp || !loss) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_backward: NULL amp or loss");
+  if (loss_id < 0 || loss_id >= amp->p.num_losses)
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_backward: loss_id %d; amp was initialised with num_losses = %d", loss_id,
+                      amp->p.num_losses);
+  apex_backward_options bo = {.retain_graph = opts ? opts->retain_graph : 0};
+  if (!amp->p.enabled) return apex_backward(loss, &bo);
+  amp_opt *sel[64], **selp = sel;
+  if (amp->n_opts > 64 && !(selp = malloc((size_t)amp->n_opts * sizeof *selp)))
+    return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_backward: out of memory");
+  int n_sel = 0;
+  apex_status st = select_opts(amp, opts, selp, &n_sel);
+  float scale = apex_loss_scaler_scale(amp->scalers[loss_id]);
+  if (st == APEX_OK && !isfinite(apex_var_item(loss))) {
+    /* Nothing to run backward through: treat as an overflow (back off, skip) and say so. */
+    record_overflow(amp, loss_id, 1, selp, n_sel);
+    st = apex__fail(APEX_ERR_NONFINITE, "apex_amp_backward: loss %d is %g before scaling; the step will be skipped", loss_id,
+                    (double)apex_var_item(loss));
+  }
+  for (int i = 0; i < n_sel && st == APEX_OK; i++)
+    if (!selp[i]->scaled && selp[i]->dirty) st = stash_grads(selp[i]);
+  apex_tensor *seed = NULL;
+  if (st == APEX_OK) {
+    /* d(loss * scale) = scale * d(loss): seed backward with the scale instead of scaling the loss. */
+    seed = apex_tensor_create(APEX_F32, 0, NULL);
+    if (!seed) st = APEX_ERR_OUT_OF_MEMORY;
+    else apex_tensor_fill(seed, scale);
+    bo.grad_output = seed;
+  }
+  if (st == APEX_OK) st = apex_backward(loss, &bo);
+  apex_tensor_destroy(seed);
+  int overflow = 0;
+  for (int i = 0; i < n_sel && st == APEX_OK; i++) {
+    if (opts && opts->delay_unscale) {
+      selp[i]->scaled = 1;
+      continue;
+    }
+    st = unscale(selp[i], 1.0f / scale, &overflow);
+    selp[i]->scaled = 0;
+    selp[i]->dirty = 1;
+  }
+  if (st == APEX_OK && !(opts && opts->delay_unscale)) st = record_overflow(amp, loss_id, overflow, selp, n_sel);
+  if (selp != sel) free(selp);
+  return st;
+}
+
+/* ---- step, zero_grad, masters, clipping ------------------------------------------------------------ */
+
+static amp_opt *find_opt(apex_amp *amp, const apex_optimizer *opt) {
+  for (int i = 0; amp && i < amp->n_opts; i++)
+    if (amp->opts[i].opt == opt) return &amp->opts[i];
+  return NULL;
+}
+
+apex_status apex_amp_step(apex_amp *amp, apex_optimizer *opt, int *skipped) {
+  if (skipped) *skipped = 0;
+  if (!amp || !opt) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_step: NULL argument");
+  amp_opt *ao = find_opt(amp, opt);
+  if (!ao) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_step: the optimizer is not managed by this amp");
+  if (!amp->p.enabled) return apex_optimizer_step(opt, 1.0f, 0);
+  if (ao->scaled)
+    return apex__fail(APEX_ERR_STATE, "apex_amp_step: the gradients are still scaled: the last apex_amp_backward used delay_unscale; "
+                                      "run the last micro-batch's backward without it");
+  int skip = ao->skip;
+  ao->skip = 0;
+  if (skipped) *skipped = skip;
+  return apex_optimizer_step(opt, 1.0f, skip);
+}
+
+apex_status apex_amp_zero_grad(apex_amp *amp) {
+  if (!amp) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_zero_grad: NULL amp");
+  for (int m = 0; m < amp->n_models; m++) {
+    apex_status st = apex_model_zero_grad(amp->models[m]);
+    if (st != APEX_OK) return st;
+  }
+  for (int o = 0; o < amp->n_opts; o++) {
+    amp_opt *ao = &amp->opts[o];
+    for (int k = 0; k < ao->n; k++)
+      if (ao->params[k].master_grad) apex_tensor_fill(ao->params[k].master_grad, 0.0f);
+    ao->skip = ao->scaled = ao->dirty = 0;
+  }
+  return APEX_OK;
+}
+
+apex_loss_scaler *apex_amp_loss_scaler(const apex_amp *amp, int loss_id) {
+  if (!amp || loss_id < 0 || loss_id >= amp->p.num_losses)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_amp_loss_scaler: no loss scaler %d", loss_id);
+  return amp->scalers[loss_id];
+}
+
+float apex_amp_loss_scale(const apex_amp *amp, int loss_id) {
+  if (!amp || loss_id < 0 || loss_id >= amp->p.num_losses) return NAN;
+  return amp->p.enabled ? apex_loss_scaler_scale(amp->scalers[loss_id]) : 1.0f;
+}
+
+apex_tensor *apex_amp_master_param(const apex_amp *amp, apex_optimizer *opt, int group, int i) {
+  if (!amp || !find_opt((apex_amp *)amp, opt)) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_amp_master_param: unknown optimizer");
+  return apex_optimizer_master(opt, group, i);
+}
+
+apex_status apex_amp_clip_grad_norm(apex_amp *amp, apex_optimizer *opt, float max_norm, float *total_norm) {
+  if (!amp || !find_opt(amp, opt)) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_clip_grad_norm: unknown optimizer");
+  return apex_optimizer_clip_grad_norm(opt, max_norm, 1.0f, total_norm);
+}
+
+/* ---- state ------------------------------------------------------------------------------------------ */
+
+/* Layout: u32 number of losses, then each scaler's APEX_LOSS_SCALER_STATE_BYTES. */
+size_t apex_amp_state_size(const apex_amp *amp) {
+  return amp ? 4 + (size_t)amp->p.num_losses * APEX_LOSS_SCALER_STATE_BYTES : 0;
+}
+
+apex_status apex_amp_state_save(const apex_amp *amp, uint8_t *buf, size_t size) {
+  if (!amp || !buf) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_state_save: NULL argument");
+  if (size < apex_amp_state_size(amp))
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_state_save: %zu bytes; the state needs %zu", size, apex_amp_state_size(amp));
+  uint32_t n = (uint32_t)amp->p.num_losses;
+  for (int i = 0; i < 4; i++) buf[i] = (uint8_t)(n >> (8 * i));
+  for (int i = 0; i < amp->p.num_losses; i++) {
+    apex_status st = apex_loss_scaler_save(amp->scalers[i], buf + 4 + (size_t)i * APEX_LOSS_SCALER_STATE_BYTES, APEX_LOSS_SCALER_STATE_BYTES);
+    if (st != APEX_OK) return st;
+  }
+  return APEX_OK;
+}
+
+apex_status apex_amp_state_load(apex_amp *amp, const uint8_t *buf, size_t size) {
+  if (!amp || !buf) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_state_load: NULL argument");
+  if (size != apex_amp_state_size(amp))
+    return apex__fail(APEX_ERR_CORRUPT, "apex_amp_state_load: %zu bytes; amp with %d losses has %zu", size, amp->p.num_losses,
+                      apex_amp_state_size(amp));
+  uint32_t n = 0;
+  for (int i = 0; i < 4; i++) n |= (uint32_t)buf[i] << (8 * i);
+  if (n != (uint32_t)amp->p.num_losses)
+    return apex__fail(APEX_ERR_STATE, "apex_amp_state_load: the state has %u loss scalers; this amp has %d", n, amp->p.num_losses);
+  /* Check every scaler into scratch copies first, so that a bad one changes nothing. */
+  apex_loss_scaler_state *saved = malloc((size_t)n * sizeof *saved);
+  if (!saved) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_state_load: out of memory");
+  for (uint32_t i = 0; i < n; i++) saved[i] = apex_loss_scaler_get_state(amp->scalers[i]);
+  apex_status st = APEX_OK;
+  for (uint32_t i = 0; i < n && st == APEX_OK; i++)
+    st = apex_loss_scaler_load(amp->scalers[i], buf + 4 + (size_t)i * APEX_LOSS_SCALER_STATE_BYTES, APEX_LOSS_SCALER_STATE_BYTES);
+  if (st != APEX_OK)
+    for (uint32_t i = 0; i < n; i++) apex_loss_scaler_set_state(amp->scalers[i], &saved[i]);
+  free(saved);
+  return st;
+}

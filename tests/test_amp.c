@@ -1,0 +1,609 @@
+/* test_amp.c: amp's three calls, after Apex's tests/L0/run_amp (test_basic_casts, test_cache,
+ * test_promotion, test_multiple_models_optimizers_losses, test_checkpointing) and the loss-scale
+ * decrease case.
+ *
+ * References: casts are checked against the same ops run without autocast on explicitly cast inputs;
+ * training runs are checked against runs that differ only in the thing under test (no injected
+ * overflow, no checkpoint, no amp), which must give the same bits, since loss scales are powers of
+ * two and unscaling by them is exact. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "apex/amp.h"
+#include "testutil.h"
+
+enum { IN = 8, HID = 16, OUT = 4, BATCH = 6 };
+
+typedef struct {
+  apex_model *m;
+  apex_module *net;
+  apex_optimizer *opt;
+} net_t;
+
+/* Linear(8,16) -> [BatchNorm1d] -> ReLU -> Linear(16,4), SGD with momentum over all parameters. */
+static net_t make_net(uint64_t seed, int with_bn, float lr) {
+  net_t n;
+  n.m = apex_model_create(&(apex_model_options){.seed = seed});
+  n.net = apex_sequential_create(n.m, NULL);
+  TU_OK(apex_sequential_add(n.net, apex_linear_create(n.m, "fc1", IN, HID, 1)));
+  if (with_bn) TU_OK(apex_sequential_add(n.net, apex_batch_norm1d_create(n.m, "bn", HID, NULL)));
+  TU_OK(apex_sequential_add(n.net, apex_activation_create(n.m, APEX_OP_RELU)));
+  TU_OK(apex_sequential_add(n.net, apex_linear_create(n.m, "fc2", HID, OUT, 1)));
+  size_t np = apex_model_num_params(n.m);
+  apex_tensor *p[8], *g[8];
+  for (size_t i = 0; i < np; i++) {
+    p[i] = apex_var_value(apex_model_param(n.m, i, NULL));
+    g[i] = apex_var_grad(apex_model_param(n.m, i, NULL));
+  }
+  n.opt = apex_optimizer_create(APEX_OPTIM_SGD, &(apex_optim_options){.lr = lr, .momentum = 0.125f});
+  assert_non_null(n.opt);
+  TU_OK(apex_optimizer_add_group(n.opt, p, (int)np, g, (int)np, NULL, NULL));
+  return n;
+}
+
+static void free_net(net_t n) {
+  apex_optimizer_destroy(n.opt);
+  apex_model_destroy(n.m);
+}
+
+/* Batch `step` of a deterministic data stream: inputs in [-1, 1] and labels. */
+static apex_tensor *batch_x(int step) {
+  apex_tensor *x = tu_random_tensor(APEX_F32, BATCH * IN, 1000 + (uint64_t)step, 1.0f);
+  int64_t shape[2] = {BATCH, IN};
+  apex_tensor *v = apex_tensor_view(x, 2, shape);
+  apex_tensor_destroy(x);
+  return v;
+}
+
+static void batch_y(int step, int64_t *y) {
+  for (int i = 0; i < BATCH; i++) y[i] = (step * 7 + i * 3) % OUT;
+}
+
+/* Copies of every parameter's bytes, for bitwise comparisons. */
+static void snapshot(apex_model *m, uint8_t **out, size_t *len) {
+  size_t total = 0;
+  for (size_t i = 0; i < apex_model_num_params(m); i++) total += apex_tensor_nbytes(apex_var_value(apex_model_param(m, i, NULL)));
+  *out = malloc(total);
+  *len = total;
+  size_t at = 0;
+  for (size_t i = 0; i < apex_model_num_params(m); i++) {
+    apex_tensor *t = apex_var_value(apex_model_param(m, i, NULL));
+    memcpy(*out + at, apex_tensor_data(t), apex_tensor_nbytes(t));
+    at += apex_tensor_nbytes(t);
+  }
+}
+
+/* One amp training step on batch `step`; returns the loss. */
+static float amp_step(apex_amp *amp, net_t *n, apex_graph *g, int step, int *skipped) {
+  apex_tensor *x = batch_x(step);
+  int64_t y[BATCH];
+  batch_y(step, y);
+  apex_var *out = apex_amp_forward(amp, 0, n->net, g, apex_graph_input(g, x, 0));
+  apex_var *loss = apex_cross_entropy(g, out, y, NULL);
+  if (!loss) fail_msg("forward failed: %s", apex_last_error());
+  float l = apex_var_item(loss);
+  TU_OK(apex_amp_backward(amp, loss, 0, NULL));
+  TU_OK(apex_amp_step(amp, n->opt, skipped));
+  TU_OK(apex_amp_zero_grad(amp));
+  apex_graph_reset(g);
+  apex_tensor_destroy(x);
+  return l;
+}
+
+/* ---- O1 casts ---------------------------------------------------------------------------------- */
+
+static void test_o1_casts_per_category(void **state) {
+  (void)state;
+  for (int bf = 0; bf < 2; bf++) {
+    apex_dtype half = bf ? APEX_BF16 : APEX_F16;
+    net_t n = make_net(1, 0, 0.1f);
+    apex_amp *amp;
+    TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1,
+                              &(apex_amp_config){.opt_level = "O1", .half_type = bf ? APEX_AMP_CAST_BF16 : APEX_AMP_CAST_F16}, &amp));
+    apex_graph *g = apex_graph_create();
+    TU_OK(apex_amp_prepare_graph(amp, g));
+    apex_tensor *xt = batch_x(0);
+    apex_var *x = apex_graph_input(g, xt, 0);
+    apex_var *fc1w = apex_model_find_param(n.m, "fc1.weight"), *fc1b = apex_model_find_param(n.m, "fc1.bias");
+    apex_var *h = apex_linear(g, x, fc1w, fc1b); /* half */
+    assert_int_equal(apex_tensor_dtype(apex_var_value(h)), half);
+    apex_var *r = apex_relu(g, h); /* input's type */
+    assert_int_equal(apex_tensor_dtype(apex_var_value(r)), half);
+    apex_var *s = apex_softmax(g, r, -1); /* float */
+    assert_int_equal(apex_tensor_dtype(apex_var_value(s)), APEX_F32);
+    apex_var *p = apex_add(g, r, s); /* promote: widest */
+    assert_int_equal(apex_tensor_dtype(apex_var_value(p)), APEX_F32);
+    apex_var *p2 = apex_mul(g, r, r); /* promote of equal types stays */
+    assert_int_equal(apex_tensor_dtype(apex_var_value(p2)), half);
+    apex_var *ln = apex_layer_norm(g, r, NULL, NULL, 0); /* float */
+    assert_int_equal(apex_tensor_dtype(apex_var_value(ln)), APEX_F32);
+    apex_var *ms = apex_mean_all(g, r); /* float reduction */
+    assert_int_equal(apex_tensor_dtype(apex_var_value(ms)), APEX_F32);
+    /* The half linear equals the same op on explicitly cast inputs in a graph without autocast. */
+    apex_graph *ref = apex_graph_create();
+    apex_var *xr = apex_graph_input(ref, xt, 0);
+    apex_var *hr = apex_linear(ref, apex_cast(ref, xr, half), apex_cast(ref, fc1w, half), apex_cast(ref, fc1b, half));
+    assert_memory_equal(apex_tensor_data(apex_var_value(h)), apex_tensor_data(apex_var_value(hr)), apex_tensor_nbytes(apex_var_value(h)));
+    /* A region with casts disabled runs in the inputs' types. */
+    int was = apex_amp_casts_enabled(amp, g, 0);
+    assert_int_equal(was, 1);
+    apex_var *h32 = apex_linear(g, x, fc1w, fc1b);
+    assert_int_equal(apex_tensor_dtype(apex_var_value(h32)), APEX_F32);
+    apex_amp_casts_enabled(amp, g, was);
+    /* A user registration: linear as float. */
+    TU_OK(apex_amp_register_op(amp, APEX_OP_LINEAR, APEX_CAST_FLOAT));
+    TU_OK(apex_amp_prepare_graph(amp, g));
+    assert_int_equal(apex_tensor_dtype(apex_var_value(apex_linear(g, x, fc1w, fc1b))), APEX_F32);
+    apex_graph_destroy(ref);
+    apex_graph_destroy(g);
+    apex_tensor_destroy(xt);
+    apex_amp_destroy(amp);
+    free_net(n);
+  }
+}
+
+/* The cached half copy of a weight is refreshed after each step and across train/eval/train: every
+ * forward equals the linear of freshly cast weights (Apex's test_cache). */
+static void test_cast_cache_across_modes(void **state) {
+  (void)state;
+  net_t n = make_net(2, 0, 0.5f);
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1, &(apex_amp_config){.opt_level = "O1"}, &amp));
+  apex_graph *g = apex_graph_create(), *ref = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  apex_var *w = apex_model_find_param(n.m, "fc1.weight"), *b = apex_model_find_param(n.m, "fc1.bias");
+  apex_tensor *xt = batch_x(3);
+  const int modes[5] = {1, 1, 0, 1, 0};
+  for (int it = 0; it < 5; it++) {
+    apex_model_train(n.m, modes[it]);
+    int prev = apex_graph_set_grad_enabled(g, modes[it]);
+    apex_var *h = apex_linear(g, apex_graph_input(g, xt, 0), w, b);
+    apex_var *h2 = apex_linear(g, apex_graph_input(g, xt, 0), w, b); /* second use: from the cache */
+    apex_var *hr = apex_linear(ref, apex_cast(ref, apex_graph_input(ref, xt, 0), APEX_F16), apex_cast(ref, w, APEX_F16), apex_cast(ref, b, APEX_F16));
+    size_t nb = apex_tensor_nbytes(apex_var_value(hr));
+    assert_memory_equal(apex_tensor_data(apex_var_value(h)), apex_tensor_data(apex_var_value(hr)), nb);
+    assert_memory_equal(apex_tensor_data(apex_var_value(h2)), apex_tensor_data(apex_var_value(hr)), nb);
+    if (modes[it]) { /* a training step changes the weights */
+      apex_var *loss = apex_mean_all(g, h);
+      TU_OK(apex_amp_backward(amp, loss, 0, NULL));
+      int skipped;
+      TU_OK(apex_amp_step(amp, n.opt, &skipped));
+      assert_int_equal(skipped, 0);
+      TU_OK(apex_amp_zero_grad(amp));
+    }
+    apex_graph_set_grad_enabled(g, prev);
+    apex_graph_reset(g);
+    apex_graph_reset(ref);
+  }
+  apex_tensor_destroy(xt);
+  apex_graph_destroy(g);
+  apex_graph_destroy(ref);
+  apex_amp_destroy(amp);
+  free_net(n);
+}
+
+/* ---- O2 / O3 model casting ---------------------------------------------------------------------- */
+
+static void test_o2_casts_model_keeps_bn_and_masters(void **state) {
+  (void)state;
+  net_t n = make_net(3, 1, 0.1f);
+  uint8_t *before;
+  size_t len;
+  snapshot(n.m, &before, &len); /* all f32 */
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1, &(apex_amp_config){.opt_level = "O2"}, &amp));
+  size_t at = 0;
+  for (size_t i = 0; i < apex_model_num_params(n.m); i++) {
+    const char *name;
+    apex_var *v = apex_model_param(n.m, i, &name);
+    int bn = strncmp(name, "bn.", 3) == 0;
+    assert_int_equal(apex_model_param_in_batch_norm(n.m, i), bn);
+    apex_tensor *t = apex_var_value(v);
+    assert_int_equal(apex_tensor_dtype(t), bn ? APEX_F32 : APEX_F16);
+    assert_int_equal(apex_tensor_dtype(apex_var_grad(v)), bn ? APEX_F32 : APEX_F16);
+    /* The master is the exact f32 value from before the cast. */
+    apex_tensor *master = apex_amp_master_param(amp, n.opt, 0, (int)i);
+    assert_int_equal(apex_tensor_dtype(master), APEX_F32);
+    assert_memory_equal(apex_tensor_data(master), before + at, apex_tensor_nbytes(master));
+    at += apex_tensor_nbytes(master);
+  }
+  /* Forward: input cast in, f32 out. */
+  apex_graph *g = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  assert_int_equal(apex_graph_autocast_enabled(g), 0);
+  apex_tensor *xt = batch_x(0);
+  apex_var *y = apex_amp_forward(amp, 0, n.net, g, apex_graph_input(g, xt, 0));
+  assert_non_null(y);
+  assert_int_equal(apex_tensor_dtype(apex_var_value(y)), APEX_F32);
+  apex_graph_reset(g);
+  /* Training moves the masters and keeps the model copies equal to them rounded. */
+  for (int s = 0; s < 3; s++) amp_step(amp, &n, g, s, NULL);
+  for (size_t i = 0; i < apex_model_num_params(n.m); i++) {
+    apex_tensor *t = apex_var_value(apex_model_param(n.m, i, NULL));
+    apex_tensor *master = apex_amp_master_param(amp, n.opt, 0, (int)i);
+    if (apex_tensor_dtype(t) == APEX_F32) { /* batch norm, kept f32: it is its own master */
+      assert_ptr_equal(master, t);
+      continue;
+    }
+    for (size_t k = 0; k < apex_tensor_numel(t); k++)
+      assert_int_equal(tu_bits(apex_tensor_get(t, k)), tu_bits(apex_f16_to_f32(apex_f32_to_f16(apex_tensor_get(master, k)))));
+  }
+  apex_tensor_destroy(xt);
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  free_net(n);
+  free(before);
+  /* O3: no masters; the f16 parameters are what the optimizer updates. */
+  n = make_net(3, 1, 0.1f);
+  TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1, &(apex_amp_config){.opt_level = "O3"}, &amp));
+  for (size_t i = 0; i < apex_model_num_params(n.m); i++) {
+    apex_tensor *t = apex_var_value(apex_model_param(n.m, i, NULL));
+    assert_int_equal(apex_tensor_dtype(t), APEX_F16); /* keep_batchnorm_fp32 is off at O3 */
+    assert_ptr_equal(apex_amp_master_param(amp, n.opt, 0, (int)i), t);
+  }
+  apex_amp_destroy(amp);
+  free_net(n);
+}
+
+/* ---- loss scaling -------------------------------------------------------------------------------- */
+
+/* O2 gradients overflow f16 when the scale is too large: w * 4 summed gives d/dw = 4, and 4 * 2^14
+ * and up is past f16's 65504. Each overflow halves the scale and skips the step (Apex's loss scale
+ * decrease test: after k overflows the scale is init / 2^k and the unskipped count is 0). */
+static void test_loss_scale_decrease(void **state) {
+  (void)state;
+  apex_model *m = apex_model_create(&(apex_model_options){.seed = 5});
+  apex_module *lin = apex_linear_create(m, "w", 4, 1, 0);
+  apex_var *w = apex_model_param(m, 0, NULL);
+  apex_optimizer *opt = apex_optimizer_create(APEX_OPTIM_SGD, &(apex_optim_options){.lr = 0.01f});
+  apex_tensor *p = apex_var_value(w), *gr = apex_var_grad(w);
+  TU_OK(apex_optimizer_add_group(opt, &p, 1, &gr, 1, NULL, NULL));
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&m, 1, &opt, 1, &(apex_amp_config){.opt_level = "O2"}, &amp));
+  apex_graph *g = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  int64_t shape[2] = {1, 4};
+  apex_tensor *xt = apex_tensor_create(APEX_F32, 2, shape);
+  apex_tensor_fill(xt, 4.0f);
+  uint8_t *before, *after;
+  size_t len;
+  for (int k = 1; k <= 4; k++) {
+    snapshot(m, &before, &len);
+    apex_var *y = apex_amp_forward(amp, 0, lin, g, apex_graph_input(g, xt, 0));
+    TU_OK(apex_amp_backward(amp, apex_sum_all(g, y), 0, NULL));
+    int skipped;
+    TU_OK(apex_amp_step(amp, opt, &skipped));
+    snapshot(m, &after, &len);
+    apex_loss_scaler_state st = apex_loss_scaler_get_state(apex_amp_loss_scaler(amp, 0));
+    if (k <= 3) {
+      assert_int_equal(skipped, 1);
+      assert_true(apex_amp_loss_scale(amp, 0) == ldexpf(65536.0f, -k));
+      assert_int_equal(st.growth_tracker, 0);
+      assert_memory_equal(before, after, len); /* nothing stepped */
+    } else { /* 4 * 8192 = 32768 fits */
+      assert_int_equal(skipped, 0);
+      assert_true(apex_amp_loss_scale(amp, 0) == 8192.0f);
+      assert_int_equal(st.growth_tracker, 1);
+      assert_true(memcmp(before, after, len) != 0);
+    }
+    free(before);
+    free(after);
+    TU_OK(apex_amp_zero_grad(amp));
+    apex_graph_reset(g);
+  }
+  apex_tensor_destroy(xt);
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  apex_optimizer_destroy(opt);
+  apex_model_destroy(m);
+}
+
+/* Two models, two optimizers, two losses with scales 4 and 16 (set on the scalers as Apex's test
+ * does), SGD with momentum; model 1 gets gradients from both losses, so the second loss's unscale adds
+ * to what the first left. An Inf injected into one iteration's input makes both losses non-finite:
+ * that iteration is skipped, and the final parameters equal a run that leaves the iteration out. */
+static void run_two_losses(const char *level, int inject_at, int leave_out, uint8_t **params, size_t *len) {
+  /* level NULL: the same training without amp, gradients of both losses summed by autograd. */
+  net_t a = make_net(11, 0, 0.25f), b = make_net(12, 0, 0.5f);
+  apex_model *models[2] = {a.m, b.m};
+  apex_optimizer *opts[2] = {a.opt, b.opt};
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(models, 2, opts, 2,
+                            &(apex_amp_config){.opt_level = level ? level : "O0", .num_losses = 2, .disabled = !level}, &amp));
+  for (int l = 0; level && l < 2; l++) {
+    apex_loss_scaler_state st = apex_loss_scaler_get_state(apex_amp_loss_scaler(amp, l));
+    st.scale = l ? 16.0f : 4.0f;
+    TU_OK(apex_loss_scaler_set_state(apex_amp_loss_scaler(amp, l), &st));
+  }
+  apex_graph *g = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  for (int it = 0; it < 6; it++) {
+    if (it == leave_out) continue;
+    apex_tensor *x = batch_x(it);
+    if (it == inject_at) apex_tensor_set(x, 3, INFINITY);
+    int64_t y[BATCH];
+    batch_y(it, y);
+    apex_var *xi = apex_graph_input(g, x, 0);
+    apex_var *loss0 = apex_add(g, apex_cross_entropy(g, apex_amp_forward(amp, 0, a.net, g, xi), y, NULL),
+                               apex_cross_entropy(g, apex_amp_forward(amp, 1, b.net, g, xi), y, NULL));
+    apex_var *loss1 = apex_mean_all(g, apex_amp_forward(amp, 1, b.net, g, xi));
+    apex_amp_backward_options both = {.optimizers = opts, .n_optimizers = 2, .retain_graph = 1};
+    apex_amp_backward_options only_b = {.optimizers = &opts[1], .n_optimizers = 1};
+    apex_status want = it == inject_at ? APEX_ERR_NONFINITE : APEX_OK;
+    assert_int_equal(apex_amp_backward(amp, loss0, 0, &both), want);
+    assert_int_equal(apex_amp_backward(amp, loss1, 1, &only_b), want);
+    int s0, s1;
+    TU_OK(apex_amp_step(amp, a.opt, &s0));
+    TU_OK(apex_amp_step(amp, b.opt, &s1));
+    assert_int_equal(s0, it == inject_at);
+    assert_int_equal(s1, it == inject_at);
+    TU_OK(apex_amp_zero_grad(amp));
+    apex_graph_reset(g);
+    apex_tensor_destroy(x);
+  }
+  uint8_t *pa, *pb;
+  size_t la, lb;
+  snapshot(a.m, &pa, &la);
+  snapshot(b.m, &pb, &lb);
+  *params = malloc(la + lb);
+  memcpy(*params, pa, la);
+  memcpy(*params + la, pb, lb);
+  *len = la + lb;
+  free(pa);
+  free(pb);
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  free_net(a);
+  free_net(b);
+}
+
+static void test_two_models_two_losses_skip(void **state) {
+  (void)state;
+  const char *levels[4] = {"O0", "O1", "O2", "O3"};
+  for (int l = 0; l < 4; l++) {
+    uint8_t *injected, *reference;
+    size_t li, lr;
+    run_two_losses(levels[l], 3, -1, &injected, &li);
+    run_two_losses(levels[l], -1, 3, &reference, &lr);
+    assert_int_equal(li, lr);
+    if (memcmp(injected, reference, li) != 0) fail_msg("%s: the skipped iteration left a trace", levels[l]);
+    free(injected);
+    free(reference);
+  }
+  /* At O0 the scales 4 and 16 are exact, so unscaling each loss and adding the results must give the
+   * bits of plain f32 training, where autograd sums the two losses' gradients. */
+  uint8_t *amp_run, *plain;
+  size_t la, lp;
+  run_two_losses("O0", -1, -1, &amp_run, &la);
+  run_two_losses(NULL, -1, -1, &plain, &lp);
+  assert_int_equal(la, lp);
+  assert_memory_equal(amp_run, plain, la);
+  free(amp_run);
+  free(plain);
+}
+
+/* ---- checkpointing: bitwise resume ---------------------------------------------------------------- */
+
+typedef struct {
+  uint8_t *params, *opt, *amp;
+  size_t params_len, opt_len, amp_len;
+} saved_state;
+
+static void save_all(net_t *n, apex_amp *amp, saved_state *s) {
+  snapshot(n->m, &s->params, &s->params_len);
+  TU_OK(apex_optimizer_state_size(n->opt, &s->opt_len));
+  s->opt = malloc(s->opt_len);
+  TU_OK(apex_optimizer_save(n->opt, s->opt, s->opt_len, NULL));
+  s->amp_len = apex_amp_state_size(amp);
+  s->amp = malloc(s->amp_len);
+  TU_OK(apex_amp_state_save(amp, s->amp, s->amp_len));
+}
+
+static void load_all(net_t *n, apex_amp *amp, const saved_state *s) {
+  size_t at = 0;
+  for (size_t i = 0; i < apex_model_num_params(n->m); i++) {
+    apex_tensor *t = apex_var_value(apex_model_param(n->m, i, NULL));
+    memcpy(apex_tensor_data(t), s->params + at, apex_tensor_nbytes(t));
+    at += apex_tensor_nbytes(t);
+  }
+  assert_int_equal(at, s->params_len);
+  TU_OK(apex_optimizer_load(n->opt, s->opt, s->opt_len));
+  TU_OK(apex_amp_state_load(amp, s->amp, s->amp_len));
+}
+
+/* Losses of `steps` steps from `first`; two losses when num_losses == 2 (the second a scaled copy). */
+static void train_range(apex_amp *amp, net_t *n, int first, int steps, int num_losses, float *losses) {
+  apex_graph *g = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  for (int s = first; s < first + steps; s++) {
+    apex_tensor *x = batch_x(s);
+    int64_t y[BATCH];
+    batch_y(s, y);
+    apex_var *out = apex_amp_forward(amp, 0, n->net, g, apex_graph_input(g, x, 0));
+    apex_var *loss = apex_cross_entropy(g, out, y, NULL);
+    losses[s] = apex_var_item(loss);
+    apex_amp_backward_options keep = {.retain_graph = num_losses == 2};
+    TU_OK(apex_amp_backward(amp, loss, 0, &keep));
+    if (num_losses == 2) TU_OK(apex_amp_backward(amp, apex_mean_all(g, out), 1, NULL));
+    TU_OK(apex_amp_step(amp, n->opt, NULL));
+    TU_OK(apex_amp_zero_grad(amp));
+    apex_graph_reset(g);
+    apex_tensor_destroy(x);
+  }
+  apex_graph_destroy(g);
+}
+
+static void test_bitwise_resume(void **state) {
+  (void)state;
+  const char *levels[4] = {"O0", "O1", "O2", "O3"};
+  for (int l = 0; l < 4; l++)
+    for (int nl = 1; nl <= 2; nl++) {
+      apex_amp_config cfg = {.opt_level = levels[l], .num_losses = nl, .scale_window = l == 1 || l == 2 ? 3 : 0};
+      float straight[10], resumed[10];
+      net_t a = make_net(21, 1, 0.1f);
+      apex_amp *amp;
+      TU_OK(apex_amp_initialize(&a.m, 1, &a.opt, 1, &cfg, &amp));
+      train_range(amp, &a, 0, 10, nl, straight);
+      uint8_t *final_straight;
+      size_t len;
+      snapshot(a.m, &final_straight, &len);
+      apex_amp_destroy(amp);
+      free_net(a);
+
+      net_t b = make_net(21, 1, 0.1f);
+      TU_OK(apex_amp_initialize(&b.m, 1, &b.opt, 1, &cfg, &amp));
+      train_range(amp, &b, 0, 5, nl, resumed);
+      saved_state s;
+      save_all(&b, amp, &s);
+      apex_amp_destroy(amp);
+      free_net(b);
+
+      net_t c = make_net(99, 1, 0.1f); /* another seed: everything must come from the checkpoint */
+      TU_OK(apex_amp_initialize(&c.m, 1, &c.opt, 1, &cfg, &amp));
+      load_all(&c, amp, &s);
+      train_range(amp, &c, 5, 5, nl, resumed);
+      uint8_t *final_resumed;
+      snapshot(c.m, &final_resumed, &len);
+      for (int i = 0; i < 10; i++)
+        if (tu_bits(straight[i]) != tu_bits(resumed[i])) fail_msg("%s, %d losses: loss %d differs", levels[l], nl, i);
+      assert_memory_equal(final_straight, final_resumed, len);
+      free(final_straight);
+      free(final_resumed);
+      free(s.params);
+      free(s.opt);
+      free(s.amp);
+      apex_amp_destroy(amp);
+      free_net(c);
+    }
+}
+
+/* ---- disabled amp, accumulation, FP16 state ------------------------------------------------------- */
+
+/* enabled = false: the same bits as the program without amp. */
+static void test_disabled_is_identity(void **state) {
+  (void)state;
+  net_t a = make_net(31, 0, 0.1f), b = make_net(31, 0, 0.1f);
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&a.m, 1, &a.opt, 1, &(apex_amp_config){.opt_level = "O2", .disabled = 1}, &amp));
+  assert_true(apex_amp_loss_scale(amp, 0) == 1.0f);
+  apex_graph *g = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  for (int s = 0; s < 4; s++) amp_step(amp, &a, g, s, NULL);
+  for (int s = 0; s < 4; s++) { /* plain f32 program */
+    apex_tensor *x = batch_x(s);
+    int64_t y[BATCH];
+    batch_y(s, y);
+    apex_var *loss = apex_cross_entropy(g, apex_module_forward(b.net, g, apex_graph_input(g, x, 0)), y, NULL);
+    TU_OK(apex_backward(loss, NULL));
+    TU_OK(apex_optimizer_step(b.opt, 1.0f, 0));
+    TU_OK(apex_model_zero_grad(b.m));
+    apex_graph_reset(g);
+    apex_tensor_destroy(x);
+  }
+  uint8_t *pa, *pb;
+  size_t la, lb;
+  snapshot(a.m, &pa, &la);
+  snapshot(b.m, &pb, &lb);
+  assert_int_equal(la, lb);
+  assert_memory_equal(pa, pb, la);
+  free(pa);
+  free(pb);
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  free_net(a);
+  free_net(b);
+}
+
+/* Gradient accumulation with delay_unscale over two micro-batches equals plain accumulation in f32
+ * (O0 with a dynamic scale of 2^16: scaling is exact). */
+static void test_delay_unscale_accumulation(void **state) {
+  (void)state;
+  net_t a = make_net(41, 0, 0.1f), b = make_net(41, 0, 0.1f);
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&a.m, 1, &a.opt, 1, &(apex_amp_config){.opt_level = "O0", .loss_scale = APEX_AMP_DYNAMIC}, &amp));
+  assert_true(apex_amp_loss_scale(amp, 0) == 65536.0f);
+  apex_graph *g = apex_graph_create(), *gb = apex_graph_create();
+  for (int it = 0; it < 3; it++)
+    for (int micro = 0; micro < 2; micro++) {
+      apex_tensor *x = batch_x(it * 2 + micro);
+      int64_t y[BATCH];
+      batch_y(it * 2 + micro, y);
+      apex_var *la = apex_cross_entropy(g, apex_amp_forward(amp, 0, a.net, g, apex_graph_input(g, x, 0)), y, NULL);
+      apex_amp_backward_options o = {.delay_unscale = micro == 0};
+      TU_OK(apex_amp_backward(amp, la, 0, &o));
+      if (micro == 0) TU_FAILS(apex_amp_step(amp, a.opt, NULL), APEX_ERR_STATE, "still scaled");
+      apex_var *lb = apex_cross_entropy(gb, apex_module_forward(b.net, gb, apex_graph_input(gb, x, 0)), y, NULL);
+      TU_OK(apex_backward(lb, NULL));
+      if (micro == 1) {
+        TU_OK(apex_amp_step(amp, a.opt, NULL));
+        TU_OK(apex_amp_zero_grad(amp));
+        TU_OK(apex_optimizer_step(b.opt, 1.0f, 0));
+        TU_OK(apex_model_zero_grad(b.m));
+      }
+      apex_graph_reset(g);
+      apex_graph_reset(gb);
+      apex_tensor_destroy(x);
+    }
+  uint8_t *pa, *pb;
+  size_t la, lb;
+  snapshot(a.m, &pa, &la);
+  snapshot(b.m, &pb, &lb);
+  assert_memory_equal(pa, pb, la);
+  free(pa);
+  free(pb);
+  apex_graph_destroy(g);
+  apex_graph_destroy(gb);
+  apex_amp_destroy(amp);
+  free_net(a);
+  free_net(b);
+}
+
+static void test_bad_input(void **state) {
+  (void)state;
+  net_t a = make_net(51, 0, 0.1f), b = make_net(52, 0, 0.1f);
+  apex_amp *amp = NULL, *again = NULL;
+  /* An optimizer over parameters of no given model. */
+  TU_FAILS(apex_amp_initialize(&a.m, 1, &b.opt, 1, NULL, &amp), APEX_ERR_INVALID_ARG, "belongs to none of the models");
+  assert_null(amp);
+  TU_FAILS(apex_amp_initialize(&a.m, 1, &a.opt, 1, &(apex_amp_config){.opt_level = "O1", .master_weights = APEX_AMP_ON}, &amp),
+           APEX_ERR_INVALID_ARG, "master_weights");
+  apex_model *twice[2] = {a.m, a.m};
+  TU_FAILS(apex_amp_initialize(twice, 2, &a.opt, 1, NULL, &amp), APEX_ERR_INVALID_ARG, "given twice");
+  TU_OK(apex_amp_initialize(&a.m, 1, &a.opt, 1, &(apex_amp_config){.opt_level = "O2"}, &amp));
+  /* The same model again: refused, and the first amp is untouched. */
+  TU_FAILS(apex_amp_initialize(&a.m, 1, &a.opt, 1, &(apex_amp_config){.opt_level = "O2"}, &again), APEX_ERR_INVALID_ARG,
+           "already initialised");
+  assert_null(again);
+  apex_graph *g = apex_graph_create();
+  apex_tensor *x = batch_x(0);
+  apex_var *loss = apex_mean_all(g, apex_amp_forward(amp, 0, a.net, g, apex_graph_input(g, x, 0)));
+  TU_FAILS(apex_amp_backward(amp, loss, 1, NULL), APEX_ERR_INVALID_ARG, "num_losses = 1");
+  TU_FAILS(apex_amp_backward(amp, NULL, 0, NULL), APEX_ERR_INVALID_ARG, "NULL");
+  TU_FAILS(apex_amp_step(amp, b.opt, NULL), APEX_ERR_INVALID_ARG, "not managed");
+  apex_amp_backward_options foreign = {.optimizers = &b.opt, .n_optimizers = 1};
+  TU_FAILS(apex_amp_backward(amp, loss, 0, &foreign), APEX_ERR_INVALID_ARG, "not managed");
+  assert_null(apex_amp_forward(amp, 3, a.net, g, apex_graph_input(g, x, 0)));
+  tu_assert_message("model 3");
+  assert_true(isnan(apex_amp_loss_scale(amp, 5)));
+  uint8_t buf[8] = {0};
+  TU_FAILS(apex_amp_state_load(amp, buf, sizeof buf), APEX_ERR_CORRUPT, "1 losses");
+  apex_tensor_destroy(x);
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  /* Destroying releases the model: it can be initialised again. */
+  TU_OK(apex_amp_initialize(&b.m, 1, &b.opt, 1, NULL, &again));
+  apex_amp_destroy(again);
+  free_net(a);
+  free_net(b);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_o1_casts_per_category),     cmocka_unit_test(test_cast_cache_across_modes),
+      cmocka_unit_test(test_o2_casts_model_keeps_bn_and_masters), cmocka_unit_test(test_loss_scale_decrease),
+      cmocka_unit_test(test_two_models_two_losses_skip), cmocka_unit_test(test_bitwise_resume),
+      cmocka_unit_test(test_disabled_is_identity),       cmocka_unit_test(test_delay_unscale_accumulation),
+      cmocka_unit_test(test_bad_input),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
