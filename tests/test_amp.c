@@ -119,6 +119,23 @@ static void test_o1_casts_per_category(void **state) {
     assert_int_equal(apex_tensor_dtype(apex_var_value(ln)), APEX_F32);
     apex_var *ms = apex_mean_all(g, r); /* float reduction */
     assert_int_equal(apex_tensor_dtype(apex_var_value(ms)), APEX_F32);
+    apex_var *ge = apex_gelu(g, r); /* float, as in Apex's FP32 list */
+    assert_int_equal(apex_tensor_dtype(apex_var_value(ge)), APEX_F32);
+    /* Batch norm runs in its input's type with its f32 parameters. */
+    int64_t c16 = HID;
+    apex_tensor *bw = apex_tensor_create(APEX_F32, 1, &c16), *rm = apex_tensor_create(APEX_F32, 1, &c16),
+                *rv = apex_tensor_create(APEX_F32, 1, &c16);
+    apex_tensor_fill(bw, 1.0f);
+    apex_tensor_fill(rv, 1.0f);
+    apex_var *bwv = apex_var_create(bw, 1);
+    apex_var *bn = apex_batch_norm(g, r, bwv, NULL, rm, rv, &(apex_batch_norm_options){.training = 1});
+    assert_non_null(bn);
+    assert_int_equal(apex_tensor_dtype(apex_var_value(bn)), half);
+    /* Plain binary cross-entropy is refused under O1, pointing to the with-logits form. */
+    apex_var *prob = apex_sigmoid(g, h);
+    assert_null(apex_bce(g, prob, prob, APEX_REDUCTION_MEAN));
+    tu_assert_message("apex_bce_with_logits");
+    assert_non_null(apex_bce_with_logits(g, h, prob, APEX_REDUCTION_MEAN));
     /* The half linear equals the same op on explicitly cast inputs in a graph without autocast. */
     apex_graph *ref = apex_graph_create();
     apex_var *xr = apex_graph_input(ref, xt, 0);
@@ -137,9 +154,25 @@ static void test_o1_casts_per_category(void **state) {
     apex_graph_destroy(ref);
     apex_graph_destroy(g);
     apex_tensor_destroy(xt);
+    apex_var_destroy(bwv);
+    apex_tensor_destroy(rm);
+    apex_tensor_destroy(rv);
     apex_amp_destroy(amp);
     free_net(n);
   }
+  /* allow_banned lets it run. */
+  net_t n = make_net(1, 0, 0.1f);
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1, &(apex_amp_config){.opt_level = "O1", .allow_banned = 1}, &amp));
+  apex_graph *g = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  apex_tensor *xt = batch_x(0);
+  apex_var *prob = apex_sigmoid(g, apex_graph_input(g, xt, 0));
+  assert_non_null(apex_bce(g, prob, prob, APEX_REDUCTION_MEAN));
+  apex_tensor_destroy(xt);
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  free_net(n);
 }
 
 /* The cached half copy of a weight is refreshed after each step and across train/eval/train: every

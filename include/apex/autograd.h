@@ -131,6 +131,10 @@ APEX_API float apex_var_item(const apex_var *v);
 APEX_API apex_tensor *apex_var_swap_value(apex_var *v, apex_tensor *value);
 /* 1 when the graph's autocast is on. */
 APEX_API int apex_graph_autocast_enabled(const apex_graph *g);
+/* Makes op fail (APEX_ERR_UNSUPPORTED, naming the safe alternative) while the graph's autocast is on
+ * (banned = 1), or allows it again (0): amp bans plain binary cross-entropy under O1 as Apex does.
+ * APEX_ERR_INVALID_ARG for a NULL graph or an op outside the enum. */
+APEX_API apex_status apex_graph_set_op_banned(apex_graph *g, apex_op op, int banned);
 
 /* ---- backward ------------------------------------------------------------------------------------ */
 

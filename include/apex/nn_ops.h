@@ -79,7 +79,8 @@ typedef struct apex_batch_norm_options {
 } apex_batch_norm_options;
 /* Batch norm over channel dimension 1 of x [N, C], [N, C, L] or [N, C, H, W]. weight and bias [C] or
  * NULL. running_mean and running_var are f32 tensors [C] (NULL allowed in training: no update);
- * training updates them (running_var with the unbiased batch variance) as PyTorch does. */
+ * training updates them (running_var with the unbiased batch variance) as PyTorch does. The result
+ * has x's dtype whatever the parameters' (amp keeps batch norm parameters f32 on a half model). */
 APEX_API apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var *bias,
                                    apex_tensor *running_mean, apex_tensor *running_var,
                                    const apex_batch_norm_options *opts);

@@ -304,6 +304,7 @@ apex_status apex_amp_prepare_graph(apex_amp *amp, apex_graph *g) {
   int on = amp->p.enabled && amp->p.patch_functions;
   apex_status st = apex_graph_set_autocast(g, on, amp->p.half_type);
   for (int i = 0; i < amp->n_regs && st == APEX_OK; i++) st = apex_graph_set_op_cast(g, amp->regs[i].op, amp->regs[i].category);
+  if (st == APEX_OK) st = apex_graph_set_op_banned(g, APEX_OP_BCE, on && !amp->p.allow_banned);
   return st;
 }
 

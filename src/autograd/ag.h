@@ -64,6 +64,7 @@ struct apex_graph {
   int autocast;
   apex_dtype autocast_dtype;
   signed char cast_override[APEX_OP_COUNT]; /* -1: the table's category */
+  unsigned char banned[APEX_OP_COUNT];      /* refused while autocast is on (amp's banned list) */
 };
 
 /* Grows *arr (of *cap elements of elem bytes) to hold need; 0 on allocation failure. */

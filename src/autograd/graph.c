@@ -263,6 +263,11 @@ apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in
     dt = have ? apex__promote(dt, in[i]->value->dtype) : in[i]->value->dtype;
     have = 1;
   }
+  if (g->autocast && g->banned[op])
+    return apex__fail(APEX_ERR_UNSUPPORTED,
+                      "%s: amp refuses this op under autocast: binary cross-entropy on probabilities saturates its log in half "
+                      "precision; use apex_bce_with_logits (sigmoid and loss in one op), or set allow_banned in the amp config",
+                      name);
   apex_cast_category cat = g->cast_override[op] >= 0 ? (apex_cast_category)g->cast_override[op] : apex__op(op)->cast;
   if (g->autocast && (cat == APEX_CAST_HALF || cat == APEX_CAST_FLOAT)) {
     dt = cat == APEX_CAST_HALF ? g->autocast_dtype : APEX_F32;

@@ -1,6 +1,6 @@
 /* leaf_swap.c: what amp needs from the engine beyond running ops: replacing a parameter's value by
- * a cast copy (O2/O3 cast the model after it was built) and reading the autocast switch (regions
- * that disable casts restore it). */
+ * a cast copy (O2/O3 cast the model after it was built), reading the autocast switch (regions that
+ * disable casts restore it) and refusing ops that autocast cannot run safely. */
 #include "autograd/ag.h"
 
 apex_tensor *apex_var_swap_value(apex_var *v, apex_tensor *value) {
@@ -22,3 +22,10 @@ apex_tensor *apex_var_swap_value(apex_var *v, apex_tensor *value) {
 }
 
 int apex_graph_autocast_enabled(const apex_graph *g) { return g ? g->autocast : 0; }
+
+apex_status apex_graph_set_op_banned(apex_graph *g, apex_op op, int banned) {
+  if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "apex_graph_set_op_banned: NULL graph");
+  if ((int)op < 0 || op >= APEX_OP_COUNT) return apex__fail(APEX_ERR_INVALID_ARG, "apex_graph_set_op_banned: op %d is out of range", (int)op);
+  g->banned[op] = banned != 0;
+  return APEX_OK;
+}

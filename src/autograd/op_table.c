@@ -23,8 +23,8 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     [APEX_OP_DIV] = {"div", APEX_CAST_PROMOTE, apex__bwd_binary},
     [APEX_OP_SCALE] = {"scale", APEX_CAST_NONE, apex__bwd_scale},
     [APEX_OP_RELU] = {"relu", APEX_CAST_NONE, apex__bwd_unary},
-    [APEX_OP_GELU] = {"gelu", APEX_CAST_NONE, apex__bwd_unary},
-    [APEX_OP_GELU_TANH] = {"gelu_tanh", APEX_CAST_NONE, apex__bwd_unary},
+    [APEX_OP_GELU] = {"gelu", APEX_CAST_FLOAT, apex__bwd_unary},       /* Apex's FP32_FUNCS */
+    [APEX_OP_GELU_TANH] = {"gelu_tanh", APEX_CAST_FLOAT, apex__bwd_unary},
     [APEX_OP_TANH] = {"tanh", APEX_CAST_NONE, apex__bwd_unary},
     [APEX_OP_SIGMOID] = {"sigmoid", APEX_CAST_NONE, apex__bwd_unary},
     [APEX_OP_DROPOUT] = {"dropout", APEX_CAST_NONE, apex__bwd_dropout},
@@ -33,7 +33,9 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     [APEX_OP_CONV2D] = {"conv2d", APEX_CAST_HALF, apex__bwd_conv2d},
     [APEX_OP_MAX_POOL2D] = {"max_pool2d", APEX_CAST_NONE, apex__bwd_max_pool2d},
     [APEX_OP_AVG_POOL2D] = {"avg_pool2d", APEX_CAST_NONE, apex__bwd_avg_pool2d},
-    [APEX_OP_BATCH_NORM] = {"batch_norm", APEX_CAST_FLOAT, apex__bwd_batch_norm},
+    /* Runs in its input's type with f32 parameters and statistics (cuDNN's and Apex's O1/O2 batch
+     * norm): the output takes the input's dtype, see ops_norm.c. */
+    [APEX_OP_BATCH_NORM] = {"batch_norm", APEX_CAST_NONE, apex__bwd_batch_norm},
     [APEX_OP_LAYER_NORM] = {"layer_norm", APEX_CAST_FLOAT, apex__bwd_layer_norm},
     [APEX_OP_RMS_NORM] = {"rms_norm", APEX_CAST_FLOAT, apex__bwd_rms_norm},
     [APEX_OP_EMBEDDING] = {"embedding", APEX_CAST_NONE, apex__bwd_embedding},

@@ -17,6 +17,7 @@ apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var
   apex_dtype dt;
   if (apex__dispatch(g, APEX_OP_BATCH_NORM, 3, in, 6u, u, &dt) != APEX_OK) return NULL;
   const apex_tensor *X = u[0]->value;
+  dt = X->dtype; /* the input's type, whatever the parameters' (f32 under keep_batchnorm_fp32) */
   if (X->ndim < 2 || X->ndim > 4)
     return apex__fail_null(APEX_ERR_SHAPE, "batch_norm: input %s must be [N, C], [N, C, L] or [N, C, H, W]", apex__shape(x));
   size_t N = (size_t)X->shape[0], C = (size_t)X->shape[1], S = X->numel / ag_nz(N * C), M = N * S;
