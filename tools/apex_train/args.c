@@ -1,0 +1,181 @@
+/* args.c: the flag table, parsing (--flag value and --flag=value) and --help. Every bad input is one
+ * line on stderr naming the flag and what it accepts. */
+#include "args.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { T_STR, T_LONG, T_DOUBLE, T_SWITCH } flag_type;
+
+typedef struct {
+  const char *name;
+  flag_type type;
+  size_t offset;           /* into train_args */
+  const char *def;         /* default as text ("" = none) */
+  const char *choices;     /* space-separated accepted values, or NULL */
+  long min;                /* T_LONG: smallest accepted */
+  const char *help;
+} flag;
+
+#define F(field) offsetof(train_args, field)
+
+static const flag flags[] = {
+    {"model", T_STR, F(model), "cnn", "mlp cnn gpt", 0, "model to train"},
+    {"data", T_STR, F(data), "", NULL, 0,
+     "data: Fashion-MNIST directory (default /usr/share/datasets/fashion-mnist) or, for gpt, a text file "
+     "(default /usr/share/common-licenses/GPL-3)"},
+    {"opt-level", T_STR, F(opt_level), "O1", "O0 O1 O2 O3", 0, "amp optimization level"},
+    {"cast-type", T_STR, F(cast_type), "f16", "f16 bf16", 0, "low-precision type of O1-O3"},
+    {"loss-scale", T_STR, F(loss_scale), "", NULL, 0, "dynamic, or a static scale > 0 (default: the opt level's)"},
+    {"keep-batchnorm-fp32", T_STR, F(keep_batchnorm_fp32), "", "true false", 0, "override (default: the opt level's)"},
+    {"master-weights", T_STR, F(master_weights), "", "true false", 0, "override (default: the opt level's)"},
+    {"optimizer", T_STR, F(optimizer), "adamw", "sgd adam adamw adamp lamb adadelta adagrad rmsprop rmsprop_tf novograd", 0,
+     "fused optimizer"},
+    {"lr", T_DOUBLE, F(lr), "0", NULL, 0, "peak learning rate, decayed linearly over the epochs to 5% (0: 1e-3 for the Adam family, LAMB, NovoGrad and RMSprop; 3e-3 for gpt; SGD 0.05 with momentum 0.9; Adagrad 1e-2; Adadelta 1.0)"},
+    {"weight-decay", T_DOUBLE, F(weight_decay), "0", NULL, 0, "weight decay"},
+    {"batch-size", T_LONG, F(batch_size), "64", NULL, 1, "samples (gpt: sequences) per step"},
+    {"epochs", T_LONG, F(epochs), "", NULL, 1, "passes over the training data (default: 2; gpt: 30)"},
+    {"steps", T_LONG, F(steps), "0", NULL, 0, "stop after N steps counted from the start of training (0: run the epochs)"},
+    {"seed", T_LONG, F(seed), "1", NULL, 0, "seed of initialisation, shuffling and dropout"},
+    {"threads", T_LONG, F(threads), "0", NULL, 0, "CPU threads (0: OpenMP's default)"},
+    {"checkpoint", T_STR, F(checkpoint), "", NULL, 0, "directory for checkpoints"},
+    {"save-every", T_LONG, F(save_every), "0", NULL, 0, "save a checkpoint every N steps (0: at the end only)"},
+    {"resume", T_SWITCH, F(resume), "off", NULL, 0, "continue from the checkpoint in --checkpoint"},
+    {"log", T_STR, F(log), "", NULL, 0, "write JSON lines (step, loss, loss scale, skipped, samples/s, elapsed) to FILE"},
+    {"device", T_STR, F(device), "cpu", "cpu cuda", 0, "where to train"},
+    {"seq-len", T_LONG, F(seq_len), "64", NULL, 2, "gpt: tokens per sequence"},
+    {"sample-bytes", T_LONG, F(sample_bytes), "200", NULL, 0, "gpt: bytes of text to generate at the end"},
+    {"help", T_SWITCH, F(help), "off", NULL, 0, "print this list and exit"},
+};
+#define NFLAGS (sizeof flags / sizeof flags[0])
+
+static int in_choices(const char *value, const char *choices) {
+  size_t n = strlen(value);
+  for (const char *c = choices; *c;) {
+    const char *end = strchr(c, ' ');
+    size_t len = end ? (size_t)(end - c) : strlen(c);
+    if (len == n && strncmp(c, value, n) == 0) return 1;
+    c += len + (end ? 1 : 0);
+  }
+  return 0;
+}
+
+static int set_value(train_args *a, const flag *f, const char *value) {
+  char *field = (char *)a + f->offset;
+  char *end;
+  switch (f->type) {
+  case T_STR:
+    if (f->choices && !in_choices(value, f->choices)) {
+      fprintf(stderr, "apex-train: --%s: '%s' is not one of: %s\n", f->name, value, f->choices);
+      return 2;
+    }
+    *(const char **)field = value;
+    return 0;
+  case T_LONG: {
+    errno = 0;
+    long v = strtol(value, &end, 10);
+    if (errno || end == value || *end || v < f->min) {
+      fprintf(stderr, "apex-train: --%s: '%s' is not a whole number >= %ld\n", f->name, value, f->min);
+      return 2;
+    }
+    *(long *)field = v;
+    return 0;
+  }
+  case T_DOUBLE: {
+    errno = 0;
+    double v = strtod(value, &end);
+    if (errno || end == value || *end || !(v >= 0) || v > 1e30) {
+      fprintf(stderr, "apex-train: --%s: '%s' is not a number >= 0\n", f->name, value);
+      return 2;
+    }
+    *(double *)field = v;
+    return 0;
+  }
+  case T_SWITCH: *(int *)field = 1; return 0;
+  }
+  return 2;
+}
+
+static void set_defaults(train_args *a) {
+  memset(a, 0, sizeof *a);
+  for (size_t i = 0; i < NFLAGS; i++) {
+    const flag *f = &flags[i];
+    if (f->type == T_SWITCH || !f->def[0]) continue;
+    set_value(a, f, f->def);
+  }
+}
+
+/* --loss-scale and the booleans have values that the table's choices cannot describe alone. */
+static int check_values(const train_args *a) {
+  if (a->loss_scale && strcmp(a->loss_scale, "dynamic") != 0) {
+    char *end;
+    double v = strtod(a->loss_scale, &end);
+    if (end == a->loss_scale || *end || !(v > 0) || v > 3.4e38) {
+      fprintf(stderr, "apex-train: --loss-scale: '%s' is neither 'dynamic' nor a number > 0\n", a->loss_scale);
+      return 2;
+    }
+  }
+  if (a->save_every > 0 && !a->checkpoint) {
+    fprintf(stderr, "apex-train: --save-every needs --checkpoint DIR\n");
+    return 2;
+  }
+  if (a->resume && !a->checkpoint) {
+    fprintf(stderr, "apex-train: --resume needs --checkpoint DIR\n");
+    return 2;
+  }
+  return 0;
+}
+
+int args_parse(int argc, char **argv, train_args *a) {
+  set_defaults(a);
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i];
+    if (strncmp(arg, "--", 2) != 0) {
+      fprintf(stderr, "apex-train: unexpected argument '%s' (flags start with --; see --help)\n", arg);
+      return 2;
+    }
+    const char *name = arg + 2, *eq = strchr(name, '=');
+    size_t len = eq ? (size_t)(eq - name) : strlen(name);
+    const flag *f = NULL;
+    for (size_t k = 0; k < NFLAGS; k++)
+      if (strlen(flags[k].name) == len && strncmp(flags[k].name, name, len) == 0) f = &flags[k];
+    if (!f) {
+      fprintf(stderr, "apex-train: unknown flag --%.*s (see --help)\n", (int)len, name);
+      return 2;
+    }
+    const char *value;
+    if (f->type == T_SWITCH) {
+      if (eq) {
+        fprintf(stderr, "apex-train: --%s takes no value\n", f->name);
+        return 2;
+      }
+      value = "";
+    } else if (eq) {
+      value = eq + 1;
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      fprintf(stderr, "apex-train: --%s needs a value\n", f->name);
+      return 2;
+    }
+    int rc = set_value(a, f, value);
+    if (rc) return rc;
+  }
+  return check_values(a);
+}
+
+void args_usage(FILE *out) {
+  fprintf(out, "usage: apex-train [--flag value]...\n"
+               "Trains a model with apex's mixed precision; with no flags, the CNN on Fashion-MNIST at O1.\n\n");
+  for (size_t i = 0; i < NFLAGS; i++) {
+    const flag *f = &flags[i];
+    char left[64];
+    snprintf(left, sizeof left, "--%s%s", f->name, f->type == T_SWITCH ? "" : " V");
+    fprintf(out, "  %-24s %s", left, f->help);
+    if (f->choices) fprintf(out, " [%s]", f->choices);
+    if (f->def[0]) fprintf(out, " (default: %s)", f->def);
+    fputc('\n', out);
+  }
+}

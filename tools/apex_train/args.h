@@ -1,0 +1,44 @@
+/* args.h: apex-train's command line. One table (args.c) lists every flag with its default and help;
+ * parsing and --help both read it, so they never disagree. */
+#ifndef APEX_TRAIN_ARGS_H
+#define APEX_TRAIN_ARGS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "apex/apex.h"
+
+typedef struct train_args {
+  const char *model;        /* mlp | cnn | gpt */
+  const char *data;         /* directory (IDX files) or text file; NULL = the model's default */
+  const char *opt_level;    /* O0..O3 */
+  const char *cast_type;    /* f16 | bf16 */
+  const char *loss_scale;   /* "dynamic", a number, or NULL = the opt level's */
+  const char *keep_batchnorm_fp32; /* true | false | NULL */
+  const char *master_weights;      /* true | false | NULL */
+  const char *optimizer;    /* any apex_optim_kind_name */
+  double lr;                /* 0 = the optimizer's default for the model */
+  double weight_decay;
+  long batch_size;
+  long epochs;
+  long steps;               /* > 0: stop after this many steps from the start of training */
+  long seed;
+  long threads;             /* 0 = OpenMP's default */
+  const char *checkpoint;   /* directory or NULL */
+  long save_every;          /* steps; 0 = at the end only */
+  int resume;
+  const char *log;          /* JSON-lines file or NULL */
+  const char *device;       /* cpu | cuda */
+  int help;
+  /* gpt only */
+  long seq_len;
+  long sample_bytes;
+} train_args;
+
+/* Fills defaults, then parses argv. On a bad flag or value prints one line to stderr and returns
+ * non-zero (the exit code to use). */
+int args_parse(int argc, char **argv, train_args *a);
+/* Prints every flag with its default and meaning. */
+void args_usage(FILE *out);
+
+#endif

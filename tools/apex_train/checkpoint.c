@@ -1,0 +1,502 @@
+/* checkpoint.c: atomic, deterministic, verified checkpoints (layout in checkpoint.h). */
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define FORMAT "apex-train checkpoint 1"
+
+void ckpt_config_add(ckpt_config *c, const char *key, const char *fmt, ...) {
+  if (c->n >= CKPT_NCONFIG) return;
+  va_list ap;
+  va_start(ap, fmt);
+  c->key[c->n] = key;
+  vsnprintf(c->value[c->n], sizeof c->value[c->n], fmt, ap);
+  va_end(ap);
+  c->n++;
+}
+
+static const char *one_line(const char *msg) {
+  static char buf[1024];
+  snprintf(buf, sizeof buf, "%s", msg);
+  for (char *c = buf; *c; c++)
+    if (*c == '\n' || *c == '\r') *c = ' ';
+  return buf;
+}
+
+static uint64_t fnv1a(const uint8_t *p, size_t n, uint64_t h) {
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+#define FNV_INIT 0xcbf29ce484222325ull
+
+/* ---- files ------------------------------------------------------------------------------------------ */
+
+static int fsync_path(const char *path) {
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -1;
+  int rc = fsync(fd);
+  close(fd);
+  return rc;
+}
+
+/* Writes buf to path through path.tmp, fsync and rename. */
+static int write_atomic(const char *path, const void *buf, size_t len) {
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return -1;
+  const uint8_t *p = buf;
+  size_t done = 0;
+  while (done < len) {
+    ssize_t w = write(fd, p + done, len - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    done += (size_t)w;
+  }
+  int ok = done == len && fsync(fd) == 0;
+  ok = close(fd) == 0 && ok;
+  if (ok && rename(tmp, path) == 0) return 0;
+  int e = errno;
+  unlink(tmp);
+  errno = e;
+  return -1;
+}
+
+static uint8_t *read_all(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, n = 0;
+  uint8_t *buf = malloc(cap);
+  while (buf) {
+    size_t r = fread(buf + n, 1, cap - n, f);
+    n += r;
+    if (r == 0) break;
+    if (n == cap) {
+      uint8_t *nb = realloc(buf, cap *= 2);
+      if (!nb) {
+        free(buf);
+        buf = NULL;
+      } else {
+        buf = nb;
+      }
+    }
+  }
+  if (buf && ferror(f)) {
+    free(buf);
+    buf = NULL;
+  }
+  fclose(f);
+  *len = n;
+  return buf;
+}
+
+/* Removes a step directory (only plain files inside). */
+static void remove_dir(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+    unlink(p);
+  }
+  closedir(d);
+  rmdir(path);
+}
+
+int ckpt_exists(const char *dir) {
+  char p[4200];
+  snprintf(p, sizeof p, "%s/latest", dir);
+  return access(p, F_OK) == 0;
+}
+
+int ckpt_prepare_dir(const char *dir, int *created) {
+  struct stat st;
+  *created = 0;
+  if (stat(dir, &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) {
+      fprintf(stderr, "apex-train: --checkpoint %s is not a directory\n", dir);
+      return 1;
+    }
+  } else if (mkdir(dir, 0755) != 0) {
+    fprintf(stderr, "apex-train: --checkpoint %s: cannot create the directory: %s\n", dir, strerror(errno));
+    return 1;
+  } else {
+    *created = 1;
+  }
+  char probe[4200];
+  snprintf(probe, sizeof probe, "%s/.apex-train-probe", dir);
+  int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) {
+    int e = errno;
+    if (*created) rmdir(dir);
+    fprintf(stderr, "apex-train: --checkpoint %s is not writable: %s\n", dir, strerror(e));
+    return 1;
+  }
+  close(fd);
+  unlink(probe);
+  return 0;
+}
+
+/* ---- the state's metadata ------------------------------------------------------------------------ */
+
+typedef struct meta {
+  const char *key[64];
+  char *value[64];
+  int n;
+} meta;
+
+static void meta_add(meta *m, const char *key, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int len = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  char *v = malloc((size_t)len + 1);
+  va_start(ap, fmt);
+  vsnprintf(v, (size_t)len + 1, fmt, ap);
+  va_end(ap);
+  m->key[m->n] = key;
+  m->value[m->n++] = v;
+}
+
+static void meta_free(meta *m) {
+  for (int i = 0; i < m->n; i++) free(m->value[i]);
+  m->n = 0;
+}
+
+/* "name[2,3];..." for every parameter and buffer. */
+static char *shapes_string(const train_model *tm) {
+  size_t cap = 1 << 14, at = 0;
+  char *s = malloc(cap);
+  s[0] = 0;
+  size_t np = apex_model_num_params(tm->m), nb = apex_model_num_buffers(tm->m);
+  for (size_t i = 0; i < np + nb; i++) {
+    const char *name;
+    apex_tensor *t = i < np ? apex_var_value(apex_model_param(tm->m, i, &name)) : apex_model_buffer(tm->m, i - np, &name);
+    char sh[128];
+    apex_tensor_shape_str(t, sh, sizeof sh);
+    size_t need = strlen(name) + strlen(sh) + 4;
+    if (at + need >= cap) s = realloc(s, cap = 2 * cap + need);
+    at += (size_t)sprintf(s + at, "%s%s%s", at ? ";" : "", name, sh);
+  }
+  return s;
+}
+
+/* The checksum of every metadata entry but "checksum", in order. */
+static uint64_t meta_checksum(const char *const *keys, const char *const *values, int n) {
+  uint64_t h = FNV_INIT;
+  for (int i = 0; i < n; i++) {
+    if (strcmp(keys[i], "checksum") == 0) continue;
+    h = fnv1a((const uint8_t *)keys[i], strlen(keys[i]), h);
+    h = fnv1a((const uint8_t *)"=", 1, h);
+    h = fnv1a((const uint8_t *)values[i], strlen(values[i]), h);
+    h = fnv1a((const uint8_t *)"\n", 1, h);
+  }
+  return h;
+}
+
+/* The keys of state.safetensors after the configuration's, in order. */
+static const char *const state_keys[] = {"format", "shapes", "step", "epoch", "position", "model_rng_seed",
+                                         "model_rng_offset", "amp_state", "model_fnv1a64", "optimizer_fnv1a64"};
+#define N_STATE_KEYS (sizeof state_keys / sizeof state_keys[0])
+
+/* ---- save ---------------------------------------------------------------------------------------- */
+
+static int save_model(const char *path, const train_model *tm, apex_optimizer *opt) {
+  size_t np = apex_model_num_params(tm->m), nb = apex_model_num_buffers(tm->m), n = np + nb;
+  const char **names = calloc(n, sizeof *names);
+  apex_tensor **ts = calloc(n, sizeof *ts), **owned = calloc(n, sizeof *owned);
+  int rc = -1;
+  if (!names || !ts || !owned) goto done;
+  for (size_t i = 0; i < np; i++) {
+    apex_model_param(tm->m, i, &names[i]);
+    apex_tensor *t = apex_optimizer_master(opt, 0, (int)i); /* the f32 master, or the parameter */
+    if (!t) goto done;
+    if (apex_tensor_dtype(t) != APEX_F32) t = owned[i] = apex_tensor_to(t, APEX_F32);
+    if (!t) goto done;
+    ts[i] = t;
+  }
+  for (size_t j = 0; j < nb; j++) ts[np + j] = apex_model_buffer(tm->m, j, &names[np + j]);
+  const char *mk[2] = {"format", "model"}, *mv[2] = {FORMAT, model_kind_name(tm->kind)};
+  rc = apex_safetensors_save(path, names, ts, (int)n, mk, mv, 2) == APEX_OK ? 0 : -1;
+done:
+  for (size_t i = 0; owned && i < n; i++) apex_tensor_destroy(owned[i]);
+  free(owned);
+  free(ts);
+  free(names);
+  return rc;
+}
+
+int ckpt_save(const char *dir, const train_model *tm, apex_amp *amp, apex_optimizer *opt, const ckpt_config *cfg,
+              const ckpt_position *p) {
+  char partial[4200], final[4200], path[4300], prev[256] = "";
+  snprintf(partial, sizeof partial, "%s/step-%ld.partial", dir, p->step);
+  snprintf(final, sizeof final, "%s/step-%ld", dir, p->step);
+  /* The directory latest names now survives this save. */
+  snprintf(path, sizeof path, "%s/latest", dir);
+  size_t llen;
+  uint8_t *lb = read_all(path, &llen);
+  if (lb) {
+    snprintf(prev, sizeof prev, "%.*s", (int)(llen < 200 ? llen : 200), (char *)lb);
+    prev[strcspn(prev, "\n")] = 0;
+    free(lb);
+  }
+  if (strcmp(prev, final + strlen(dir) + 1) == 0) return 0; /* this state is the latest checkpoint already */
+
+  remove_dir(partial);
+  const char *what = "create";
+  meta m = {0};
+  uint8_t *ob = NULL, *mb = NULL;
+  if (mkdir(partial, 0755) != 0) goto fail;
+  what = "write model.safetensors in";
+  snprintf(path, sizeof path, "%s/model.safetensors", partial);
+  if (save_model(path, tm, opt) != 0) goto fail;
+  size_t mlen;
+  mb = read_all(path, &mlen);
+  if (!mb) goto fail;
+  what = "write optimizer.bin in";
+  size_t olen;
+  if (apex_optimizer_state_size(opt, &olen) != APEX_OK || !(ob = malloc(olen)) ||
+      apex_optimizer_save(opt, ob, olen, &olen) != APEX_OK)
+    goto fail;
+  snprintf(path, sizeof path, "%s/optimizer.bin", partial);
+  if (write_atomic(path, ob, olen) != 0) goto fail;
+
+  what = "write state.safetensors in";
+  size_t alen = apex_amp_state_size(amp);
+  uint8_t abuf[4096];
+  if (alen > sizeof abuf || apex_amp_state_save(amp, abuf, alen) != APEX_OK) goto fail;
+  char hex[8193];
+  for (size_t i = 0; i < alen; i++) sprintf(hex + 2 * i, "%02x", abuf[i]);
+  hex[2 * alen] = 0;
+  for (int i = 0; i < cfg->n; i++) meta_add(&m, cfg->key[i], "%s", cfg->value[i]);
+  char *shapes = shapes_string(tm);
+  apex_rng *mr = apex_model_rng(tm->m);
+  meta_add(&m, "format", "%s", FORMAT);
+  meta_add(&m, "shapes", "%s", shapes);
+  free(shapes);
+  meta_add(&m, "step", "%ld", p->step);
+  meta_add(&m, "epoch", "%ld", p->epoch);
+  meta_add(&m, "position", "%ld", p->pos);
+  meta_add(&m, "model_rng_seed", "%llu", (unsigned long long)mr->seed);
+  meta_add(&m, "model_rng_offset", "%llu", (unsigned long long)mr->offset);
+  meta_add(&m, "amp_state", "%s", hex);
+  meta_add(&m, "model_fnv1a64", "%016llx", (unsigned long long)fnv1a(mb, mlen, FNV_INIT));
+  meta_add(&m, "optimizer_fnv1a64", "%016llx", (unsigned long long)fnv1a(ob, olen, FNV_INIT));
+  meta_add(&m, "checksum", "%016llx",
+           (unsigned long long)meta_checksum(m.key, (const char *const *)m.value, m.n));
+  snprintf(path, sizeof path, "%s/state.safetensors", partial);
+  if (apex_safetensors_save(path, NULL, NULL, 0, m.key, (const char *const *)m.value, m.n) != APEX_OK) goto fail;
+
+  what = "publish";
+  if (fsync_path(partial) != 0) goto fail;
+  remove_dir(final); /* a stale one from an abandoned run; never the latest (checked above) */
+  if (rename(partial, final) != 0 || fsync_path(dir) != 0) goto fail;
+  snprintf(path, sizeof path, "%s/latest", dir);
+  char line[256];
+  int ll = snprintf(line, sizeof line, "step-%ld\n", p->step);
+  if (write_atomic(path, line, (size_t)ll) != 0 || fsync_path(dir) != 0) goto fail;
+
+  /* Older checkpoints go; the previous one stays. */
+  DIR *d = opendir(dir);
+  if (d) {
+    struct dirent *e;
+    while ((e = readdir(d))) {
+      if (strncmp(e->d_name, "step-", 5) != 0 || strcmp(e->d_name, final + strlen(dir) + 1) == 0 ||
+          strcmp(e->d_name, prev) == 0)
+        continue;
+      char old[4400];
+      snprintf(old, sizeof old, "%s/%s", dir, e->d_name);
+      remove_dir(old);
+    }
+    closedir(d);
+  }
+  meta_free(&m);
+  free(ob);
+  free(mb);
+  return 0;
+
+fail:;
+  int e = errno;
+  const char *msg = apex_last_error();
+  fprintf(stderr, "apex-train: cannot %s %s: %s\n", what, partial, msg && msg[0] ? one_line(msg) : strerror(e));
+  remove_dir(partial);
+  meta_free(&m);
+  free(ob);
+  free(mb);
+  return 1;
+}
+
+/* ---- load ---------------------------------------------------------------------------------------- */
+
+static int hex_decode(const char *hex, uint8_t *out, size_t cap, size_t *len) {
+  size_t n = strlen(hex);
+  if (n % 2 || n / 2 > cap) return -1;
+  for (size_t i = 0; i < n / 2; i++) {
+    unsigned v;
+    if (sscanf(hex + 2 * i, "%2x", &v) != 1) return -1;
+    out[i] = (uint8_t)v;
+  }
+  *len = n / 2;
+  return 0;
+}
+
+/* The first entry where two "name[shape];..." lists differ, for the message. */
+static void first_difference(const char *a, const char *b, char *out, size_t size) {
+  while (*a || *b) {
+    size_t la = strcspn(a, ";"), lb = strcspn(b, ";");
+    if (la != lb || strncmp(a, b, la) != 0) {
+      snprintf(out, size, "the checkpoint has %.*s where this model has %.*s", (int)(la ? la : 6), la ? a : "nothing",
+               (int)(lb ? lb : 7), lb ? b : "nothing");
+      return;
+    }
+    a += la + (a[la] == ';');
+    b += lb + (b[lb] == ';');
+  }
+  snprintf(out, size, "different tensors");
+}
+
+int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *opt, const ckpt_config *cfg, ckpt_position *p) {
+  char path[4700], sub[256], where[4400];
+  apex_safetensors *st = NULL, *ms = NULL;
+  uint8_t *mb = NULL, *ob = NULL;
+  char *shapes = NULL;
+  int rc = 1;
+  snprintf(path, sizeof path, "%s/latest", dir);
+  size_t len;
+  uint8_t *lb = read_all(path, &len);
+  if (!lb) {
+    fprintf(stderr, "apex-train: --resume: no checkpoint in %s (no %s); train without --resume first\n", dir, path);
+    return 1;
+  }
+  long step_named = -1;
+  char tail = 0;
+  int ok = len > 0 && len < sizeof sub;
+  if (ok) {
+    memcpy(sub, lb, len);
+    sub[len] = 0;
+    sub[strcspn(sub, "\n")] = 0;
+    ok = sscanf(sub, "step-%ld%c", &step_named, &tail) == 1 && step_named >= 0;
+  }
+  free(lb);
+  if (!ok) {
+    fprintf(stderr, "apex-train: --resume: %s is corrupted (it should name a step-<N> directory)\n", path);
+    return 1;
+  }
+  snprintf(where, sizeof where, "%s/%s", dir, sub);
+  snprintf(path, sizeof path, "%s/state.safetensors", where);
+  st = apex_safetensors_open(path);
+  if (!st) {
+    fprintf(stderr, "apex-train: --resume: checkpoint %s is unreadable or corrupted: %s\n", where, one_line(apex_last_error()));
+    goto done;
+  }
+  /* Every key present, the checksum right. */
+  const char *keys[64], *values[64];
+  int nk = 0;
+  for (int i = 0; i < cfg->n; i++) keys[nk++] = cfg->key[i];
+  for (size_t i = 0; i < N_STATE_KEYS; i++) keys[nk++] = state_keys[i];
+  keys[nk++] = "checksum";
+  for (int i = 0; i < nk; i++) {
+    values[i] = apex_safetensors_metadata(st, keys[i]);
+    if (!values[i]) {
+      fprintf(stderr, "apex-train: --resume: %s is not an apex-train checkpoint of this version (no '%s' in state.safetensors)\n",
+              where, keys[i]);
+      goto done;
+    }
+  }
+  char sum[32];
+  snprintf(sum, sizeof sum, "%016llx", (unsigned long long)meta_checksum(keys, values, nk));
+  if (strcmp(sum, values[nk - 1]) != 0 || strcmp(values[cfg->n], FORMAT) != 0) {
+    fprintf(stderr, "apex-train: --resume: %s/state.safetensors is corrupted (its checksum does not match)\n", where);
+    goto done;
+  }
+  for (int i = 0; i < cfg->n; i++)
+    if (strcmp(values[i], cfg->value[i]) != 0) {
+      fprintf(stderr, "apex-train: --resume: checkpoint %s was made with %s %s, this run has %s %s; resume with the same flags or use another --checkpoint directory\n",
+              where, cfg->key[i], values[i], cfg->key[i], cfg->value[i]);
+      goto done;
+    }
+  shapes = shapes_string(tm);
+  if (strcmp(shapes, values[cfg->n + 1]) != 0) {
+    char diff[512];
+    first_difference(values[cfg->n + 1], shapes, diff, sizeof diff);
+    fprintf(stderr, "apex-train: --resume: checkpoint %s does not fit this model: %s\n", where, diff);
+    goto done;
+  }
+  /* The other two files, whole. */
+  snprintf(path, sizeof path, "%s/model.safetensors", where);
+  size_t mlen, olen;
+  mb = read_all(path, &mlen);
+  snprintf(sum, sizeof sum, "%016llx", mb ? (unsigned long long)fnv1a(mb, mlen, FNV_INIT) : 0ull);
+  if (!mb || strcmp(sum, values[cfg->n + 8]) != 0) {
+    fprintf(stderr, "apex-train: --resume: %s is %s\n", path, mb ? "corrupted or truncated (its hash does not match the state's)" : "missing or unreadable");
+    goto done;
+  }
+  snprintf(path, sizeof path, "%s/optimizer.bin", where);
+  ob = read_all(path, &olen);
+  snprintf(sum, sizeof sum, "%016llx", ob ? (unsigned long long)fnv1a(ob, olen, FNV_INIT) : 0ull);
+  if (!ob || strcmp(sum, values[cfg->n + 9]) != 0) {
+    fprintf(stderr, "apex-train: --resume: %s is %s\n", path, ob ? "corrupted or truncated (its hash does not match the state's)" : "missing or unreadable");
+    goto done;
+  }
+  uint8_t amp_buf[4096];
+  size_t alen;
+  char *endp;
+  unsigned long long rseed = strtoull(values[cfg->n + 5], &endp, 10), roff = strtoull(values[cfg->n + 6], &endp, 10);
+  p->step = strtol(values[cfg->n + 2], &endp, 10);
+  p->epoch = strtol(values[cfg->n + 3], &endp, 10);
+  p->pos = strtol(values[cfg->n + 4], &endp, 10);
+  if (hex_decode(values[cfg->n + 7], amp_buf, sizeof amp_buf, &alen) != 0 || p->step != step_named) {
+    fprintf(stderr, "apex-train: --resume: %s/state.safetensors is inconsistent (amp state or step)\n", where);
+    goto done;
+  }
+  ms = apex_safetensors_parse(mb, mlen);
+  if (!ms) {
+    fprintf(stderr, "apex-train: --resume: %s/model.safetensors is corrupted: %s\n", where, one_line(apex_last_error()));
+    goto done;
+  }
+  /* Restore: weights (converted to the parameters' dtype), buffers, optimizer (which rewrites f16/bf16
+   * parameters from their masters), amp's scalers, the dropout generator. */
+  size_t np = apex_model_num_params(tm->m), nb = apex_model_num_buffers(tm->m);
+  for (size_t i = 0; i < np + nb; i++) {
+    const char *name;
+    apex_tensor *dst = i < np ? apex_var_value(apex_model_param(tm->m, i, &name)) : apex_model_buffer(tm->m, i - np, &name);
+    apex_tensor *src = apex_safetensors_get(ms, name);
+    apex_status s = src ? (apex_tensor_same_shape(src, dst) && apex_tensor_dtype(src) == APEX_F32 ? apex_tensor_copy(dst, src) : APEX_ERR_SHAPE)
+                        : APEX_ERR_INVALID_ARG;
+    apex_tensor_destroy(src);
+    if (s != APEX_OK) {
+      fprintf(stderr, "apex-train: --resume: %s/model.safetensors: tensor %s is missing or not f32 of its shape\n", where, name);
+      goto done;
+    }
+  }
+  if (apex_optimizer_load(opt, ob, olen) != APEX_OK) {
+    fprintf(stderr, "apex-train: --resume: %s/optimizer.bin does not fit this optimizer: %s\n", where, one_line(apex_last_error()));
+    goto done;
+  }
+  if (apex_amp_state_load(amp, amp_buf, alen) != APEX_OK) {
+    fprintf(stderr, "apex-train: --resume: the amp state of %s does not fit: %s\n", where, one_line(apex_last_error()));
+    goto done;
+  }
+  apex_model_rng(tm->m)->seed = rseed;
+  apex_model_rng(tm->m)->offset = roff;
+  rc = 0;
+done:
+  apex_safetensors_close(st);
+  apex_safetensors_close(ms);
+  free(mb);
+  free(ob);
+  free(shapes);
+  return rc;
+}

@@ -1,0 +1,60 @@
+/* checkpoint.h: apex-train's checkpoints. A checkpoint directory holds
+ *
+ *   DIR/latest                    "step-<N>\n": the last complete checkpoint, replaced atomically
+ *   DIR/step-<N>/model.safetensors  the weights in f32 (the f32 masters at O2/O3) and the batch norm
+ *                                 running statistics, by their PyTorch state_dict names: any
+ *                                 safetensors reader loads them
+ *   DIR/step-<N>/optimizer.bin    the optimizer state, apex_optimizer_save's layout (optim.h)
+ *   DIR/step-<N>/state.safetensors  no tensors; its metadata (strings) holds the run's identity
+ *                                 (model, opt level, cast type, optimizer, loss scale, overrides,
+ *                                 lr, weight decay, batch size, epochs, seed, seq len, parameter
+ *                                 shapes), the amp state (hex of apex_amp_state_save), the RNG
+ *                                 states (the model's dropout generator; the data order is a
+ *                                 function of seed and epoch), the data position (step, epoch,
+ *                                 batch within the epoch), FNV-1a 64 hashes of the two other files
+ *                                 and a checksum of the metadata itself.
+ *
+ * A save writes DIR/step-<N>.partial/ in full (each file through a temporary, fsync, rename), renames
+ * it to step-<N>, fsyncs DIR, replaces DIR/latest atomically, and only then removes step dirs other
+ * than the new one and the one latest named before. A save killed at any point leaves the previous
+ * checkpoint intact and named by latest. Nothing in the files depends on the time or the run: the
+ * same training state gives the same bytes. */
+#ifndef APEX_TRAIN_CHECKPOINT_H
+#define APEX_TRAIN_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "apex/apex.h"
+#include "models.h"
+
+#define CKPT_NCONFIG 14
+
+/* The run's identity: each must match on resume. */
+typedef struct ckpt_config {
+  const char *key[CKPT_NCONFIG];
+  char value[CKPT_NCONFIG][64];
+  int n;
+} ckpt_config;
+
+typedef struct ckpt_position {
+  long step;   /* steps done from the start of training */
+  long epoch;  /* epoch of the next step */
+  long pos;    /* batch within that epoch of the next step */
+} ckpt_position;
+
+void ckpt_config_add(ckpt_config *c, const char *key, const char *fmt, ...);
+
+/* Checks that dir can hold checkpoints (creating it if absent; *created says so). Prints one line
+ * and returns non-zero otherwise. */
+int ckpt_prepare_dir(const char *dir, int *created);
+/* 1 when dir has a `latest` file. */
+int ckpt_exists(const char *dir);
+/* Saves the state after p->step steps. Prints one line and returns non-zero on failure; the
+ * previous checkpoint is intact then. */
+int ckpt_save(const char *dir, const train_model *tm, apex_amp *amp, apex_optimizer *opt, const ckpt_config *cfg,
+              const ckpt_position *p);
+/* Loads the checkpoint DIR/latest names into the model, optimizer and amp after checking that it is
+ * whole and was made by the same configuration. Prints one line and returns non-zero otherwise. */
+int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *opt, const ckpt_config *cfg, ckpt_position *p);
+
+#endif

@@ -1,0 +1,49 @@
+/* dataset.h: apex-train's data: Fashion-MNIST (IDX files) or a text file of bytes, and the
+ * deterministic order in which training visits them.
+ *
+ * Order: epoch e visits a permutation of the items drawn with apex_rng from (seed, e) alone, so a run
+ * resumed at (epoch, position) sees exactly the batches the straight run saw. For text an item is a
+ * start offset of a window of seq_len + 1 bytes, and an epoch is len / (batch * seq_len) steps. */
+#ifndef APEX_TRAIN_DATASET_H
+#define APEX_TRAIN_DATASET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apex/apex.h"
+
+#define DEFAULT_FMNIST_DIR "/usr/share/datasets/fashion-mnist"
+/* The GPT's default corpus: the GNU GPL version 3, which Debian's base-files (Essential: yes)
+ * installs on every system. */
+#define DEFAULT_TEXT_FILE "/usr/share/common-licenses/GPL-3"
+
+typedef struct dataset {
+  int text;
+  /* images */
+  apex_idx *img[2], *lab[2]; /* train, test */
+  /* text */
+  uint8_t *bytes;
+  size_t len;
+  int64_t seq_len;
+  /* order */
+  size_t n_items;            /* items a permutation ranges over */
+  size_t steps_per_epoch;
+  size_t *perm;
+  long perm_epoch;           /* epoch perm belongs to, -1 none */
+} dataset;
+
+/* Loads Fashion-MNIST from dir. On failure prints one line to stderr saying what is missing and how
+ * to install it, and returns non-zero. */
+int dataset_load_images(dataset *d, const char *dir, int64_t batch);
+/* Loads a text file (at least seq_len + 2 bytes). Same error convention. */
+int dataset_load_text(dataset *d, const char *path, int64_t batch, int64_t seq_len);
+void dataset_free(dataset *d);
+
+/* The permutation of epoch e for this seed (recomputed only when the epoch changes). */
+int dataset_order(dataset *d, uint64_t seed, long epoch);
+/* Batch `pos` of the current epoch: images into x ([B, 784] or [B, 1, 28, 28] f32) and labels; text
+ * into ids [B, T] and targets [B, T]. */
+void dataset_image_batch(const dataset *d, size_t pos, int64_t B, float *x, int64_t *labels);
+void dataset_text_batch(const dataset *d, size_t pos, int64_t B, int64_t *ids, int64_t *targets);
+
+#endif

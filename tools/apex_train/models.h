@@ -1,0 +1,35 @@
+/* models.h: the models apex-train knows: an MLP and a CNN for Fashion-MNIST, and a byte-level GPT
+ * for text. Each is an apex_model plus what its forward needs. */
+#ifndef APEX_TRAIN_MODELS_H
+#define APEX_TRAIN_MODELS_H
+
+#include <stdint.h>
+
+#include "apex/apex.h"
+
+typedef enum { MODEL_MLP, MODEL_CNN, MODEL_GPT } model_kind;
+
+typedef struct train_model {
+  model_kind kind;
+  apex_model *m;
+  apex_module *net;       /* mlp, cnn: the whole network; gpt: unused */
+  /* gpt */
+  apex_module *wte, *wpe, *ln_f, **blocks;
+  int n_layer, n_head;
+  int64_t dim, seq_len;
+} train_model;
+
+/* Builds the model with parameters initialised from seed. 0 on success; otherwise prints nothing
+ * and leaves apex_last_error. */
+int model_build(train_model *tm, model_kind kind, uint64_t seed, int64_t seq_len);
+void model_free(train_model *tm);
+
+/* mlp/cnn: logits [N, 10] (f32) of images x (a graph input, [N, 784] or [N, 1, 28, 28]). */
+apex_var *model_forward_images(train_model *tm, apex_amp *amp, apex_graph *g, apex_var *x);
+/* gpt: logits [B * T, 256] (f32) of ids [B, T]. */
+apex_var *model_forward_text(train_model *tm, apex_graph *g, const int64_t *ids, int64_t B, int64_t T);
+
+/* mlp | cnn | gpt. */
+const char *model_kind_name(model_kind kind);
+
+#endif

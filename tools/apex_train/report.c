@@ -1,0 +1,74 @@
+/* report.c: progress bar, plain lines and JSON-lines log for apex-train. */
+#define _POSIX_C_SOURCE 200809L
+#include "report.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+struct report {
+  FILE *out;
+  FILE *log;
+  int tty;
+  double last_draw;
+  int drawn;
+};
+
+report *report_create(FILE *out, const char *log_path, int append) {
+  report *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->out = out;
+  r->tty = isatty(fileno(out));
+  r->last_draw = -1;
+  if (log_path) {
+    r->log = fopen(log_path, append ? "a" : "w");
+    if (!r->log) {
+      fprintf(stderr, "apex-train: cannot write the log %s\n", log_path);
+      free(r);
+      return NULL;
+    }
+  }
+  return r;
+}
+
+static void draw_bar(report *r, const report_point *p) {
+  const int width = 24;
+  double frac = p->total_steps > 0 ? (double)p->step / (double)p->total_steps : 0;
+  int fill = (int)(frac * width + 0.5);
+  long done = p->step - p->first_step;
+  double eta = done > 0 && p->total_steps > p->step ? p->elapsed_s / (double)done * (double)(p->total_steps - p->step) : 0;
+  fprintf(r->out, "\r[");
+  for (int i = 0; i < width; i++) fputc(i < fill ? '#' : '.', r->out);
+  fprintf(r->out, "] epoch %ld/%ld step %ld/%ld loss %.4f scale %g skipped %ld %.0f samples/s ETA %.0fs   ", p->epoch, p->epochs,
+          p->step, p->total_steps, p->loss, p->loss_scale, p->skipped, p->samples_per_s, eta);
+  fflush(r->out);
+  r->drawn = 1;
+}
+
+void report_step(report *r, const report_point *p) {
+  if (r->log) {
+    fprintf(r->log, "{\"step\":%ld,\"epoch\":%ld,\"loss\":%.9g,\"loss_scale\":%.9g,\"skipped\":%ld,\"samples_per_s\":%.3f,\"elapsed_s\":%.3f}\n",
+            p->step, p->epoch, p->loss, p->loss_scale, p->skipped, p->samples_per_s, p->elapsed_s);
+    fflush(r->log);
+  }
+  if (r->tty) {
+    if (p->elapsed_s - r->last_draw >= 0.1 || p->step == p->total_steps) {
+      draw_bar(r, p);
+      r->last_draw = p->elapsed_s;
+    }
+  } else if (p->step % 100 == 0 || p->step == p->total_steps) {
+    fprintf(r->out, "epoch %ld/%ld step %ld/%ld loss %.4f loss_scale %g skipped %ld samples/s %.0f elapsed %.1fs\n", p->epoch,
+            p->epochs, p->step, p->total_steps, p->loss, p->loss_scale, p->skipped, p->samples_per_s, p->elapsed_s);
+    fflush(r->out);
+  }
+}
+
+void report_finish(report *r) {
+  if (r->tty && r->drawn) fputc('\n', r->out);
+  r->drawn = 0;
+}
+
+void report_destroy(report *r) {
+  if (!r) return;
+  if (r->log) fclose(r->log);
+  free(r);
+}
