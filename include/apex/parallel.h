@@ -55,7 +55,12 @@ typedef struct apex_pg_options {
 /* An MPI process group: initialises MPI (MPI_Init_thread, MPI_THREAD_SERIALIZED) unless the program
  * already did, and duplicates MPI_COMM_WORLD (or options->mpi_comm). When apex initialised MPI it
  * also finalises it, once, at process exit; destroying the group does not, so groups can be
- * created and destroyed again. Returns NULL with a message when: apex was built without MPI
+ * created and destroyed again. When apex initialised MPI it also sets MPI_ERRORS_RETURN on
+ * MPI_COMM_WORLD, because Open MPI reports failed non-blocking collectives through that
+ * communicator's handler; a program that initialises MPI itself should do the same, or such a
+ * failure aborts the job. After APEX_ERR_IO from a collective, destroy the group: MPI may still own
+ * the buffers of that collective (apex leaks them rather than reuse them).
+ * Returns NULL with a message when: apex was built without MPI
  * (APEX_ERR_UNSUPPORTED), MPI was already finalised (APEX_ERR_STATE), or MPI fails (APEX_ERR_IO). */
 APEX_API apex_pg *apex_pg_create_mpi(const apex_pg_options *options);
 /* A one-process group (rank 0, world size 1). NULL only when out of memory. */
