@@ -410,7 +410,7 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
   for (int i = 0; i < nk; i++) {
     values[i] = apex_safetensors_metadata(st, keys[i]);
     if (!values[i]) {
-      fprintf(stderr, "apex-train: --resume: %s is not an apex-train checkpoint of this version (no '%s' in state.safetensors)\n",
+      fprintf(stderr, "apex-train: --resume: %s/state.safetensors is corrupted or not from this version of apex-train (no '%s' in it)\n",
               where, keys[i]);
       goto done;
     }
