@@ -35,7 +35,7 @@ static const flag flags[] = {
      "fused optimizer"},
     {"lr", T_DOUBLE, F(lr), "0", NULL, 0, "peak learning rate, decayed linearly over the epochs to 5% (0: 1e-3 for the Adam family, LAMB, NovoGrad and RMSprop; 3e-3 for gpt; SGD 0.05 with momentum 0.9; Adagrad 1e-2; Adadelta 1.0)"},
     {"weight-decay", T_DOUBLE, F(weight_decay), "0", NULL, 0, "weight decay"},
-    {"batch-size", T_LONG, F(batch_size), "64", NULL, 1, "samples (gpt: sequences) per step"},
+    {"batch-size", T_LONG, F(batch_size), "", NULL, 1, "samples (gpt: sequences) per step (default: 64; gpt: 16)"},
     {"epochs", T_LONG, F(epochs), "", NULL, 1, "passes over the training data (default: 2; gpt: 30)"},
     {"steps", T_LONG, F(steps), "0", NULL, 0, "stop after N steps counted from the start of training (0: run the epochs)"},
     {"seed", T_LONG, F(seed), "1", NULL, 0, "seed of initialisation, shuffling and dropout"},

@@ -149,6 +149,7 @@ int main(int argc, char **argv) {
   }
   model_kind kind = strcmp(a.model, "mlp") == 0 ? MODEL_MLP : strcmp(a.model, "cnn") == 0 ? MODEL_CNN : MODEL_GPT;
   if (a.epochs == 0) a.epochs = kind == MODEL_GPT ? 30 : 2;
+  if (a.batch_size == 0) a.batch_size = kind == MODEL_GPT ? 16 : 64;
   const char *data = a.data ? a.data : kind == MODEL_GPT ? DEFAULT_TEXT_FILE : DEFAULT_FMNIST_DIR;
 
   /* amp's configuration and the optimizer's options, checked before anything is loaded. */
