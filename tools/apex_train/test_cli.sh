@@ -187,7 +187,8 @@ done
 # A process killed while saving every step: the last complete checkpoint resumes.
 "$BIN" "${COMMON[@]}" --model mlp --batch-size 16 --steps 100000 --save-every 1 --checkpoint k > /dev/null 2>&1 &
 pid=$!
-sleep 2
+for _ in $(seq 600); do [ -f k/latest ] && break; sleep 0.1; done # the first save, however slow the machine
+sleep 0.5
 kill -9 $pid 2> /dev/null
 wait $pid 2> /dev/null
 n=$(sed 's/step-//' k/latest)
