@@ -98,6 +98,9 @@ APEX_API apex_status apex_graph_set_autocast(apex_graph *g, int enabled, apex_dt
 APEX_API apex_status apex_graph_set_op_cast(apex_graph *g, apex_op op, apex_cast_category category);
 /* Bytes held by the graph's pool (in use or cached for reuse); for tests and tuning. */
 APEX_API size_t apex_graph_pool_bytes(const apex_graph *g);
+/* Bytes of the pool holding this step's values, gradients and what ops saved for backward: the
+ * pool minus its cached spares and the current op's transient f32 copies. */
+APEX_API size_t apex_graph_live_bytes(const apex_graph *g);
 
 /* ---- vars ---------------------------------------------------------------------------------------- */
 

@@ -38,6 +38,7 @@ typedef struct ag_block {
   size_t bytes;
   int used;       /* handed out this step */
   int used_last;  /* handed out at some point since the previous reset */
+  int temp;       /* an op's transient f32 copy: back to the pool when the next op starts */
 } ag_block;
 
 typedef struct ag_cast_entry {
@@ -116,10 +117,14 @@ float *apex__gbuf(apex_graph *g, apex_var *v);
 
 /* ---- f32 views --------------------------------------------------------------------------------- */
 
-/* t's elements as f32: its own data if f32, else a converted copy in scratch. */
+/* t's elements as f32: its own data if f32, else a converted copy in transient scratch, which goes
+ * back to the pool when the next op (forward or backward) starts: never keep it in aux. */
 const float *apex__f32(apex_graph *g, const apex_tensor *t);
-/* Where to compute v's value in f32: its data if f32, else scratch; then apex__store. */
+/* Where to compute v's value in f32: its data if f32, else transient scratch; then apex__store.
+ * Also never kept past the op (an op that needs its f32 output in backward takes apex__scratch). */
 float *apex__out_f32(apex_graph *g, apex_var *v);
+/* Returns every transient scratch block to the pool (called as each op starts). */
+void apex__release_temps(apex_graph *g);
 /* Converts buf into v's value when v is not f32 (no-op otherwise). */
 void apex__store(apex_var *v, const float *buf);
 /* The widest of two dtypes (f16 with bf16 gives f32). */

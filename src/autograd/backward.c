@@ -91,6 +91,7 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
   for (size_t i = g->n_vars; i-- > 0;) {
     apex_var *v = g->vars[i];
     if (!v->gbuf || v->op == APEX_OP_LEAF || v->n_in == 0) continue;
+    apex__release_temps(g);
     st = apex__op(v->op)->backward(g, v);
     if (st == APEX_OK && g->oom) st = APEX_ERR_OUT_OF_MEMORY;
     if (st != APEX_OK) break;

@@ -23,11 +23,13 @@ int apex__grow(void **arr, size_t *cap, size_t need, size_t elem) {
 
 /* ---- pool --------------------------------------------------------------------------------------- */
 
+/* Best fit among free blocks at most a quarter larger than asked: a looser fit would let a big
+ * transient f32 block hold a half-size f16 value for the rest of the step. */
 static ag_block *take_block(apex_graph *g, size_t bytes) {
   ag_block *best = NULL;
   for (size_t i = 0; i < g->n_blocks; i++) {
     ag_block *b = &g->blocks[i];
-    if (!b->used && b->bytes >= bytes && b->bytes <= 2 * bytes + 4096 && (!best || b->bytes < best->bytes)) best = b;
+    if (!b->used && b->bytes >= bytes && b->bytes <= bytes + bytes / 4 + 4096 && (!best || b->bytes < best->bytes)) best = b;
   }
   if (!best) {
     if (!apex__grow((void **)&g->blocks, &g->cap_blocks, g->n_blocks + 1, sizeof *g->blocks)) return NULL;
@@ -38,6 +40,7 @@ static ag_block *take_block(apex_graph *g, size_t bytes) {
     best->bytes = bytes;
   }
   best->used = best->used_last = 1;
+  best->temp = 0;
   return best;
 }
 
@@ -48,6 +51,23 @@ void *apex__scratch(apex_graph *g, size_t bytes) {
     return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex graph: cannot allocate %zu bytes of scratch", bytes);
   }
   return b->storage->data;
+}
+
+/* Transient scratch: valid until the next op (forward or backward) starts. Widened copies of
+ * low-precision inputs live here, so a half model keeps only its half activations between ops. */
+static void *scratch_temp(apex_graph *g, size_t bytes) {
+  ag_block *b = take_block(g, bytes);
+  if (!b) {
+    g->oom = 1;
+    return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex graph: cannot allocate %zu bytes of scratch", bytes);
+  }
+  b->temp = 1;
+  return b->storage->data;
+}
+
+void apex__release_temps(apex_graph *g) {
+  for (size_t i = 0; i < g->n_blocks; i++)
+    if (g->blocks[i].temp) g->blocks[i].used = g->blocks[i].temp = 0;
 }
 
 float *apex__scratch_zero(apex_graph *g, size_t n) {
@@ -78,6 +98,13 @@ apex_tensor *apex__pool_tensor(apex_graph *g, apex_dtype dtype, int ndim, const 
 size_t apex_graph_pool_bytes(const apex_graph *g) {
   size_t s = 0;
   for (size_t i = 0; g && i < g->n_blocks; i++) s += g->blocks[i].bytes;
+  return s;
+}
+
+size_t apex_graph_live_bytes(const apex_graph *g) {
+  size_t s = 0;
+  for (size_t i = 0; g && i < g->n_blocks; i++)
+    if (g->blocks[i].used && !g->blocks[i].temp) s += g->blocks[i].bytes;
   return s;
 }
 
@@ -250,6 +277,7 @@ apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in
                            apex_dtype *dtype) {
   const char *name = apex_op_name(op);
   if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL graph", name);
+  apex__release_temps(g); /* the previous op is done with its transient copies */
   int have = 0;
   apex_dtype dt = APEX_F32;
   for (int i = 0; i < n; i++) {
@@ -346,14 +374,14 @@ apex_status apex__bwd_identity(apex_graph *g, apex_var *out) {
 
 const float *apex__f32(apex_graph *g, const apex_tensor *t) {
   if (t->dtype == APEX_F32) return ag_data(t);
-  float *buf = apex__scratch(g, t->numel * sizeof(float));
+  float *buf = scratch_temp(g, t->numel * sizeof(float));
   if (buf) apex_convert(buf, APEX_F32, apex_tensor_data(t), t->dtype, t->numel);
   return buf;
 }
 
 float *apex__out_f32(apex_graph *g, apex_var *v) {
   if (v->value->dtype == APEX_F32) return ag_data(v->value);
-  return apex__scratch(g, ag_numel(v) * sizeof(float));
+  return scratch_temp(g, ag_numel(v) * sizeof(float));
 }
 
 void apex__store(apex_var *v, const float *buf) {

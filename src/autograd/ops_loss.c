@@ -26,7 +26,8 @@ static apex_var *softmax_op(apex_graph *g, apex_op op, apex_var *x, int dim) {
   apex_var *out = apex__result(g, op, dt, u->value->ndim, u->value->shape, 1, &u);
   if (!out) return NULL;
   const float *X = apex__f32(g, u->value);
-  float *o = apex__out_f32(g, out);
+  /* backward reads the f32 result (aux): persistent scratch when the value itself is not f32 */
+  float *o = out->value->dtype == APEX_F32 ? ag_data(out->value) : apex__scratch(g, ag_numel(out) * sizeof(float));
   if (!X || !o) return NULL;
   size_t outer, D, inner;
   lines(u->value, dd, &outer, &D, &inner);

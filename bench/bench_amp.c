@@ -1,0 +1,199 @@
+/* bench_amp.c: what amp costs and saves on this CPU, each opt level against our own O0 in the same
+ * run.
+ *   amp_{mlp,cnn}_O{1,2}_step   training-step time ratio O-level / O0 (target <= 1.3: this CPU has no
+ *                               native f16 arithmetic, so amp must not cost more than the casts);
+ *                               the value is the level's samples/s.
+ *   amp_mlp_activation_O{1,2,3} bytes autograd keeps for backward (the graph's pool after forward)
+ *                               at batch 4096, ratio = level / O0 (target for O2 <= 0.55).
+ *   amp_mlp_peak_O{0..3}        total peak resident memory of a process training the MLP at batch
+ *                               4096 at that level (each level in its own child process), ratio to O0.
+ * MLP 784-1024-1024-10 and the CNN of bench_nn.c, AdamW, batch 128 for the speed figures. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "apex/apex.h"
+#include "bench_util.h"
+
+typedef struct {
+  apex_model *m;
+  apex_module *net;
+  apex_optimizer *opt;
+  apex_amp *amp;
+  apex_graph *g;
+  apex_tensor *x;
+  int64_t *labels;
+  int batch;
+} run_t;
+
+static void die(const char *what) {
+  fprintf(stderr, "bench_amp: %s: %s\n", what, apex_last_error());
+  exit(1);
+}
+
+static apex_module *build(apex_model *m, int cnn) {
+  apex_module *net = apex_sequential_create(m, NULL);
+  if (!cnn) {
+    apex_sequential_add(net, apex_linear_create(m, "0", 784, 1024, 1));
+    apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
+    apex_sequential_add(net, apex_linear_create(m, "2", 1024, 1024, 1));
+    apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
+    apex_sequential_add(net, apex_linear_create(m, "4", 1024, 10, 1));
+    return net;
+  }
+  apex_conv2d_options pad1 = {.pad_h = 1, .pad_w = 1};
+  apex_pool2d_options p2 = {.kernel_h = 2, .kernel_w = 2};
+  apex_sequential_add(net, apex_conv2d_create(m, "0", 1, 32, 3, 3, &pad1, 1));
+  apex_sequential_add(net, apex_batch_norm2d_create(m, "1", 32, NULL));
+  apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
+  apex_sequential_add(net, apex_max_pool2d_create(m, &p2));
+  apex_sequential_add(net, apex_conv2d_create(m, "4", 32, 64, 3, 3, &pad1, 1));
+  apex_sequential_add(net, apex_batch_norm2d_create(m, "5", 64, NULL));
+  apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
+  apex_sequential_add(net, apex_max_pool2d_create(m, &p2));
+  apex_sequential_add(net, apex_flatten_create(m));
+  apex_sequential_add(net, apex_linear_create(m, "9", 64 * 7 * 7, 128, 1));
+  apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
+  apex_sequential_add(net, apex_linear_create(m, "11", 128, 10, 1));
+  return net;
+}
+
+static void run_init(run_t *r, int cnn, int batch, const char *level) {
+  memset(r, 0, sizeof *r);
+  r->batch = batch;
+  r->m = apex_model_create(&(apex_model_options){.seed = 1});
+  r->net = build(r->m, cnn);
+  size_t np = apex_model_num_params(r->m);
+  apex_tensor *ps[16], *gs[16];
+  for (size_t i = 0; i < np; i++) {
+    ps[i] = apex_var_value(apex_model_param(r->m, i, NULL));
+    gs[i] = apex_var_grad(apex_model_param(r->m, i, NULL));
+  }
+  r->opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 1e-3f});
+  if (!r->opt || apex_optimizer_add_group(r->opt, ps, (int)np, gs, (int)np, NULL, NULL) != APEX_OK) die("optimizer");
+  if (apex_amp_initialize(&r->m, 1, &r->opt, 1, &(apex_amp_config){.opt_level = level}, &r->amp) != APEX_OK) die("amp");
+  r->g = apex_graph_create();
+  if (apex_amp_prepare_graph(r->amp, r->g) != APEX_OK) die("graph");
+  int64_t xs[4] = {batch, 1, 28, 28}, xm[2] = {batch, 784};
+  r->x = cnn ? apex_tensor_create(APEX_F32, 4, xs) : apex_tensor_create(APEX_F32, 2, xm);
+  apex_rng rng = apex_rng_init(3);
+  apex_rng_normal(&rng, apex_tensor_data(r->x), apex_tensor_numel(r->x), 0.0f, 1.0f);
+  r->labels = malloc((size_t)batch * sizeof *r->labels);
+  for (int i = 0; i < batch; i++) r->labels[i] = (i * 7) % 10;
+}
+
+static void run_free(run_t *r) {
+  apex_graph_destroy(r->g);
+  apex_amp_destroy(r->amp);
+  apex_optimizer_destroy(r->opt);
+  apex_model_destroy(r->m);
+  apex_tensor_destroy(r->x);
+  free(r->labels);
+}
+
+static apex_var *forward(run_t *r) {
+  apex_var *out = apex_amp_forward(r->amp, 0, r->net, r->g, apex_graph_input(r->g, r->x, 0));
+  apex_var *loss = apex_cross_entropy(r->g, out, r->labels, NULL);
+  if (!loss) die("forward");
+  return loss;
+}
+
+static void step(void *p) {
+  run_t *r = p;
+  apex_var *loss = forward(r);
+  if (apex_amp_backward(r->amp, loss, 0, NULL) != APEX_OK) die("backward");
+  if (apex_amp_step(r->amp, r->opt, NULL) != APEX_OK) die("step");
+  apex_amp_zero_grad(r->amp);
+  apex_graph_reset(r->g);
+}
+
+static double time_level(int cnn, const char *level) {
+  run_t r;
+  run_init(&r, cnn, 128, level);
+  double t = bench_best(step, &r, 2, 5, 2.0);
+  run_free(&r);
+  return t;
+}
+
+/* Bytes the graph holds for backward after the forward: its live pool blocks (values and saved
+ * state; not cached spares or transient f32 copies). The batch itself is the caller's memory at
+ * every level and is not counted. */
+static double activation_bytes(const char *level) {
+  run_t r;
+  run_init(&r, 0, 4096, level);
+  step(&r); /* warm the pool to its working size, then measure a clean forward */
+  apex_graph_destroy(r.g);
+  r.g = apex_graph_create();
+  apex_amp_prepare_graph(r.amp, r.g);
+  forward(&r);
+  double bytes = (double)apex_graph_live_bytes(r.g);
+  run_free(&r);
+  return bytes;
+}
+
+/* Peak RSS of a child that trains 3 MLP steps at batch 4096, reported by the child through a pipe
+ * (its own getrusage, so each level is measured alone). */
+static double peak_rss(const char *level) {
+  int fd[2];
+  if (pipe(fd) != 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fd[0]);
+    run_t r;
+    run_init(&r, 0, 4096, level);
+    for (int i = 0; i < 3; i++) step(&r);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    long kib = ru.ru_maxrss;
+    ssize_t w = write(fd[1], &kib, sizeof kib);
+    _exit(w == (ssize_t)sizeof kib ? 0 : 1);
+  }
+  close(fd[1]);
+  long kib = -1;
+  ssize_t got = pid > 0 ? read(fd[0], &kib, sizeof kib) : -1;
+  close(fd[0]);
+  int status = 0;
+  if (pid > 0) waitpid(pid, &status, 0);
+  if (got != (ssize_t)sizeof kib || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+  return (double)kib * 1024.0;
+}
+
+int main(int argc, char **argv) {
+  const char *levels[4] = {"O0", "O1", "O2", "O3"};
+  for (int cnn = 0; cnn < 2; cnn++) {
+    char name[64];
+    snprintf(name, sizeof name, "amp_%s_O1_step", cnn ? "cnn" : "mlp");
+    if (!bench_wanted(argc, argv, name)) continue;
+    double t0 = time_level(cnn, "O0");
+    for (int l = 1; l <= 2; l++) {
+      double t = time_level(cnn, levels[l]);
+      snprintf(name, sizeof name, "amp_%s_%s_step", cnn ? "cnn" : "mlp", levels[l]);
+      bench_report(name, 128.0 / t, "samples/s", t / t0, "apex-O0-time");
+    }
+  }
+  if (bench_wanted(argc, argv, "amp_mlp_activation")) {
+    double a0 = activation_bytes("O0");
+    bench_report("amp_mlp_activation_O0", a0 / 1048576.0, "MiB", 1.0, "apex-O0");
+    for (int l = 1; l < 4; l++) {
+      char name[64];
+      snprintf(name, sizeof name, "amp_mlp_activation_%s", levels[l]);
+      double a = activation_bytes(levels[l]);
+      bench_report(name, a / 1048576.0, "MiB", a / a0, "apex-O0");
+    }
+  }
+  if (bench_wanted(argc, argv, "amp_mlp_peak")) {
+    double p0 = peak_rss("O0");
+    for (int l = 0; l < 4; l++) {
+      char name[64];
+      snprintf(name, sizeof name, "amp_mlp_peak_%s", levels[l]);
+      double p = l ? peak_rss(levels[l]) : p0;
+      if (p < 0) bench_skip(name, "the child process failed");
+      else bench_report(name, p / 1048576.0, "MiB", p / p0, "apex-O0");
+    }
+  }
+  return 0;
+}
