@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "apex/apex.h"
+#include "bench_models.h"
 #include "bench_util.h"
 
 typedef struct {
@@ -35,38 +36,11 @@ static void die(const char *what) {
   exit(1);
 }
 
-static apex_module *build(apex_model *m, int cnn) {
-  apex_module *net = apex_sequential_create(m, NULL);
-  if (!cnn) {
-    apex_sequential_add(net, apex_linear_create(m, "0", 784, 1024, 1));
-    apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
-    apex_sequential_add(net, apex_linear_create(m, "2", 1024, 1024, 1));
-    apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
-    apex_sequential_add(net, apex_linear_create(m, "4", 1024, 10, 1));
-    return net;
-  }
-  apex_conv2d_options pad1 = {.pad_h = 1, .pad_w = 1};
-  apex_pool2d_options p2 = {.kernel_h = 2, .kernel_w = 2};
-  apex_sequential_add(net, apex_conv2d_create(m, "0", 1, 32, 3, 3, &pad1, 1));
-  apex_sequential_add(net, apex_batch_norm2d_create(m, "1", 32, NULL));
-  apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
-  apex_sequential_add(net, apex_max_pool2d_create(m, &p2));
-  apex_sequential_add(net, apex_conv2d_create(m, "4", 32, 64, 3, 3, &pad1, 1));
-  apex_sequential_add(net, apex_batch_norm2d_create(m, "5", 64, NULL));
-  apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
-  apex_sequential_add(net, apex_max_pool2d_create(m, &p2));
-  apex_sequential_add(net, apex_flatten_create(m));
-  apex_sequential_add(net, apex_linear_create(m, "9", 64 * 7 * 7, 128, 1));
-  apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
-  apex_sequential_add(net, apex_linear_create(m, "11", 128, 10, 1));
-  return net;
-}
-
 static void run_init(run_t *r, int cnn, int batch, const char *level) {
   memset(r, 0, sizeof *r);
   r->batch = batch;
   r->m = apex_model_create(&(apex_model_options){.seed = 1});
-  r->net = build(r->m, cnn);
+  r->net = cnn ? bench_cnn(r->m) : bench_mlp(r->m);
   size_t np = apex_model_num_params(r->m);
   apex_tensor *ps[16], *gs[16];
   for (size_t i = 0; i < np; i++) {

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "apex/apex.h"
+#include "bench_models.h"
 #include "bench_util.h"
 
 enum { B = 128 };
@@ -114,12 +115,7 @@ int main(int argc, char **argv) {
   double peak = sgemm_peak_gflops();
   if (want_mlp) {
     apex_model *m = apex_model_create(&(apex_model_options){.seed = 1});
-    apex_module *net = apex_sequential_create(m, NULL);
-    apex_sequential_add(net, apex_linear_create(m, "0", 784, 1024, 1));
-    apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
-    apex_sequential_add(net, apex_linear_create(m, "2", 1024, 1024, 1));
-    apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
-    apex_sequential_add(net, apex_linear_create(m, "4", 1024, 10, 1));
+    apex_module *net = bench_mlp(m);
     step_ctx c;
     ctx_init(&c, m, net, 2, (int64_t[]){B, 784});
     double t = bench_best(step, &c, 3, 10, 2.0);
@@ -130,21 +126,7 @@ int main(int argc, char **argv) {
   }
   if (want_cnn) {
     apex_model *m = apex_model_create(&(apex_model_options){.seed = 2});
-    apex_module *net = apex_sequential_create(m, NULL);
-    apex_conv2d_options pad = {.pad_h = 1, .pad_w = 1};
-    apex_pool2d_options p2 = {.kernel_h = 2, .kernel_w = 2};
-    apex_sequential_add(net, apex_conv2d_create(m, "0", 1, 32, 3, 3, &pad, 1));
-    apex_sequential_add(net, apex_batch_norm2d_create(m, "1", 32, NULL));
-    apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
-    apex_sequential_add(net, apex_max_pool2d_create(m, &p2));
-    apex_sequential_add(net, apex_conv2d_create(m, "4", 32, 64, 3, 3, &pad, 1));
-    apex_sequential_add(net, apex_batch_norm2d_create(m, "5", 64, NULL));
-    apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
-    apex_sequential_add(net, apex_max_pool2d_create(m, &p2));
-    apex_sequential_add(net, apex_flatten_create(m));
-    apex_sequential_add(net, apex_linear_create(m, "9", 64 * 7 * 7, 128, 1));
-    apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU));
-    apex_sequential_add(net, apex_linear_create(m, "11", 128, 10, 1));
+    apex_module *net = bench_cnn(m);
     step_ctx c;
     ctx_init(&c, m, net, 4, (int64_t[]){B, 1, 28, 28});
     double t = bench_best(step, &c, 2, 5, 2.0);

@@ -1,4 +1,5 @@
 /* checkpoint.c: atomic, deterministic, verified checkpoints (layout in checkpoint.h). */
+#include "report.h"
 #include "checkpoint.h"
 
 #include <dirent.h>
@@ -23,13 +24,6 @@ void ckpt_config_add(ckpt_config *c, const char *key, const char *fmt, ...) {
   c->n++;
 }
 
-static const char *one_line(const char *msg) {
-  static char buf[1024];
-  snprintf(buf, sizeof buf, "%s", msg);
-  for (char *c = buf; *c; c++)
-    if (*c == '\n' || *c == '\r') *c = ' ';
-  return buf;
-}
 
 static uint64_t fnv1a(const uint8_t *p, size_t n, uint64_t h) {
   for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;

@@ -1,4 +1,5 @@
 /* dataset.c: Fashion-MNIST and text loading, and the per-epoch permutation. */
+#include "report.h"
 #include "dataset.h"
 
 #include <errno.h>
@@ -10,13 +11,6 @@ static const char *fmnist_files[4] = {"train-images-idx3-ubyte", "train-labels-i
                                       "t10k-labels-idx1-ubyte"};
 
 /* One line: the last error with its newlines flattened. */
-static const char *one_line(const char *msg) {
-  static char buf[1024];
-  snprintf(buf, sizeof buf, "%s", msg);
-  for (char *c = buf; *c; c++)
-    if (*c == '\n' || *c == '\r') *c = ' ';
-  return buf;
-}
 
 int dataset_load_images(dataset *d, const char *dir, int64_t batch) {
   memset(d, 0, sizeof *d);

@@ -24,13 +24,6 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static const char *one_line(const char *msg) {
-  static char buf[1024];
-  snprintf(buf, sizeof buf, "%s", msg);
-  for (char *c = buf; *c; c++)
-    if (*c == '\n' || *c == '\r') *c = ' ';
-  return buf;
-}
 
 static apex_amp_flag tristate(const char *v) {
   return !v ? APEX_AMP_DEFAULT : strcmp(v, "true") == 0 ? APEX_AMP_ON : APEX_AMP_OFF;

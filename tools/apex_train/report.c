@@ -72,3 +72,11 @@ void report_destroy(report *r) {
   if (r->log) fclose(r->log);
   free(r);
 }
+
+const char *one_line(const char *msg) {
+  static char buf[1024];
+  snprintf(buf, sizeof buf, "%s", msg);
+  for (char *c = buf; *c; c++)
+    if (*c == '\n' || *c == '\r') *c = ' ';
+  return buf;
+}

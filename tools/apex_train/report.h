@@ -28,4 +28,8 @@ void report_step(report *r, const report_point *p);
 void report_finish(report *r);
 void report_destroy(report *r);
 
+/* msg with its line breaks turned into spaces (a static buffer, overwritten by the next call), so
+ * that every error apex-train prints is one line. */
+const char *one_line(const char *msg);
+
 #endif
