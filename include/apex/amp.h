@@ -87,6 +87,17 @@ typedef struct apex_amp_backward_options {
   int n_optimizers;
   int delay_unscale;                 /* gradient accumulation: leave the gradients scaled */
   int retain_graph;
+  /* Data parallelism (ddp.h: apex_ddp_amp_before_unscale / _reduce_overflow with hook_ctx = the DDP).
+   * before_unscale is called after the backward (also when amp is disabled, and in place of it when
+   * the loss is not finite) and before unscaling: it all-reduces the gradients. reduce_overflow is
+   * called with this rank's overflow flag before the loss scaler sees it (on every backward that
+   * unscales, and for a non-finite loss with the flag 1) and must MAX-reduce it over the ranks, so
+   * every rank skips the same steps and loss scales stay equal. Either may be NULL. A callback's
+   * error is returned unless an earlier one came first; amp still calls the other callback so
+   * that the ranks stay in step. */
+  apex_status (*before_unscale)(void *ctx);
+  apex_status (*reduce_overflow)(void *ctx, int *overflow);
+  void *hook_ctx;
 } apex_amp_backward_options;
 
 /* Backward of loss with loss scaler loss_id (see the top of this file); opts may be NULL. Returns

@@ -9,6 +9,7 @@
 #include "apex/fp16_optimizer.h"
 #include "apex/loss_scaler.h"
 #include "apex/data.h"
+#include "apex/ddp.h"
 #include "apex/multi_tensor.h"
 #include "apex/nn.h"
 #include "apex/parallel.h"

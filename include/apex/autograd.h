@@ -69,6 +69,7 @@ typedef enum apex_op {
   APEX_OP_SOFTMAX, APEX_OP_LOG_SOFTMAX, APEX_OP_CROSS_ENTROPY, APEX_OP_MSE, APEX_OP_BCE_WITH_LOGITS,
   APEX_OP_BCE, APEX_OP_SUM, APEX_OP_MEAN, APEX_OP_RESHAPE, APEX_OP_PERMUTE, APEX_OP_CONCAT,
   APEX_OP_ATTENTION,
+  APEX_OP_SYNC_BATCH_NORM, /* batch norm with statistics over every rank (parallel.h, src/parallel/) */
   APEX_OP_COUNT
 } apex_op;
 
@@ -160,6 +161,18 @@ typedef struct apex_backward_options {
  *                        made out and both shapes);
  *  whatever an op's backward returns (an allocation failure). */
 APEX_API apex_status apex_backward(apex_var *out, const apex_backward_options *opts);
+
+/* Called by apex_backward once per leaf (a var from apex_var_create that requires gradients) that
+ * this backward reaches, as soon as the leaf's gradient for this backward is final: right after the
+ * backward of the earliest-created op that reads the leaf (backward runs in reverse creation order,
+ * so no later op can add to it). At that point the leaf's grad tensor holds its final value for this
+ * backward, in its own dtype (an f16/bf16 leaf is rounded into its grad tensor early, once, as at
+ * the end of backward). DDP posts each gradient bucket's all-reduce from here while the rest of the
+ * backward runs. A hook that returns an error stops the backward, which returns that status. */
+typedef apex_status (*apex_grad_hook)(void *ctx, apex_var *leaf);
+/* Installs fn (NULL removes it) for every later backward on g; ctx is passed through.
+ * APEX_ERR_INVALID_ARG for a NULL graph. */
+APEX_API apex_status apex_graph_set_grad_hook(apex_graph *g, apex_grad_hook fn, void *ctx);
 
 #ifdef __cplusplus
 }

@@ -437,7 +437,14 @@ apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const 
     return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_backward: loss_id %d; amp was initialised with num_losses = %d", loss_id,
                       amp->p.num_losses);
   apex_backward_options bo = {.retain_graph = opts ? opts->retain_graph : 0};
-  if (!amp->p.enabled) return apex_backward(loss, &bo);
+  apex_status (*before_unscale)(void *) = opts ? opts->before_unscale : NULL;
+  apex_status (*reduce_overflow)(void *, int *) = opts ? opts->reduce_overflow : NULL;
+  void *hctx = opts ? opts->hook_ctx : NULL;
+  if (!amp->p.enabled) {
+    apex_status st = apex_backward(loss, &bo);
+    apex_status hs = before_unscale ? before_unscale(hctx) : APEX_OK;
+    return st != APEX_OK ? st : hs;
+  }
   amp_opt *sel[64], **selp = sel;
   if (amp->n_opts > 64 && !(selp = malloc((size_t)amp->n_opts * sizeof *selp)))
     return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_backward: out of memory");
@@ -445,7 +452,11 @@ apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const 
   apex_status st = select_opts(amp, opts, selp, &n_sel);
   float scale = apex_loss_scaler_scale(amp->scalers[loss_id]);
   if (st == APEX_OK && !isfinite(apex_var_item(loss))) {
-    /* Nothing to run backward through: treat as an overflow (back off, skip) and say so. */
+    /* Nothing to run backward through: treat as an overflow (back off, skip) and say so. The other
+     * ranks of a data-parallel run still reduce: take part with this rank's gradients and flag. */
+    int flag = 1;
+    if (before_unscale) before_unscale(hctx);
+    if (reduce_overflow) reduce_overflow(hctx, &flag);
     record_overflow(amp, loss_id, 1, selp, n_sel);
     st = apex__fail(APEX_ERR_NONFINITE, "apex_amp_backward: loss %d is %g before scaling; the step will be skipped", loss_id,
                     (double)apex_var_item(loss));
@@ -460,8 +471,13 @@ apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const 
     else apex_tensor_fill(seed, scale);
     bo.grad_output = seed;
   }
+  int ran = st == APEX_OK;
   if (st == APEX_OK) st = apex_backward(loss, &bo);
   apex_tensor_destroy(seed);
+  if (ran && before_unscale) {
+    apex_status hs = before_unscale(hctx);
+    if (st == APEX_OK) st = hs;
+  }
   int overflow = 0;
   for (int i = 0; i < n_sel && st == APEX_OK; i++) {
     if (opts && opts->delay_unscale) {
@@ -471,6 +487,10 @@ apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const 
     st = unscale(selp[i], 1.0f / scale, &overflow);
     selp[i]->scaled = 0;
     selp[i]->dirty = 1;
+  }
+  if (ran && reduce_overflow && !(opts && opts->delay_unscale)) {
+    apex_status hs = reduce_overflow(hctx, &overflow);
+    if (st == APEX_OK) st = hs;
   }
   if (st == APEX_OK && !(opts && opts->delay_unscale)) st = record_overflow(amp, loss_id, overflow, selp, n_sel);
   if (selp != sel) free(selp);

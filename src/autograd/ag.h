@@ -31,6 +31,7 @@ struct apex_var {
   void *aux;           /* op-owned scratch from the graph pool (masks, indices, statistics) */
   int64_t ia[8];       /* op parameters */
   float fa[4];
+  int hook_seen;       /* queued for the grad-ready hook in the running backward */
 };
 
 typedef struct ag_block {
@@ -58,6 +59,10 @@ struct apex_graph {
   size_t n_touched, cap_touched;
   ag_cast_entry *casts;
   size_t n_casts, cap_casts;
+  apex_grad_hook grad_hook; /* apex_graph_set_grad_hook */
+  void *grad_hook_ctx;
+  struct ag_final { size_t at; apex_var *leaf; } *finals; /* leaves and the var after which they are final */
+  size_t n_finals, cap_finals;
   uint64_t step;
   int grad_enabled;
   int freed; /* backward ran without retain_graph since the last reset */

@@ -29,24 +29,69 @@ float *apex__gbuf(apex_graph *g, apex_var *v) {
   return v->gbuf;
 }
 
+/* Adds a low-precision leaf's collected f32 gradient into its grad tensor, once. The leaf keeps
+ * its gbuf (NULL for f32 leaves would lose nothing, but finish() forgets both kinds). */
+static void flush_leaf(apex_graph *g, apex_var *v) {
+  apex_tensor *gr = v->grad;
+  if (gr->dtype != APEX_F32 && v->gbuf) {
+    size_t n = gr->numel;
+    float *tmp = apex__scratch(g, n * sizeof(float));
+    if (tmp) {
+      apex_convert(tmp, APEX_F32, apex_tensor_data(gr), gr->dtype, n);
+      for (size_t j = 0; j < n; j++) tmp[j] += v->gbuf[j];
+      apex_convert(apex_tensor_data(gr), gr->dtype, tmp, APEX_F32, n);
+    } else {
+      g->oom = 1;
+    }
+  }
+  v->gbuf = NULL;
+}
+
 /* Adds the collected f32 gradients into low-precision grad tensors and forgets every buffer. */
 static void finish(apex_graph *g) {
-  for (size_t i = 0; i < g->n_touched; i++) {
-    apex_var *v = g->touched_leaves[i];
-    apex_tensor *gr = v->grad;
-    if (gr->dtype != APEX_F32 && v->gbuf) {
-      size_t n = gr->numel;
-      float *tmp = apex__scratch(g, n * sizeof(float));
-      if (tmp) {
-        apex_convert(tmp, APEX_F32, apex_tensor_data(gr), gr->dtype, n);
-        for (size_t j = 0; j < n; j++) tmp[j] += v->gbuf[j];
-        apex_convert(apex_tensor_data(gr), gr->dtype, tmp, APEX_F32, n);
-      }
-    }
-    v->gbuf = NULL;
-  }
+  for (size_t i = 0; i < g->n_touched; i++) flush_leaf(g, g->touched_leaves[i]);
   g->n_touched = 0;
   for (size_t i = 0; i < g->n_vars; i++) g->vars[i]->gbuf = NULL;
+  for (size_t i = 0; i < g->n_finals; i++) g->finals[i].leaf->hook_seen = 0;
+  g->n_finals = 0;
+}
+
+apex_status apex_graph_set_grad_hook(apex_graph *g, apex_grad_hook fn, void *ctx) {
+  if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "apex_graph_set_grad_hook: graph is NULL");
+  g->grad_hook = fn;
+  g->grad_hook_ctx = ctx;
+  return APEX_OK;
+}
+
+/* For the grad hook: every leaf that requires gradients, with the index of the earliest var reading
+ * it, in increasing index order (a forward scan, so each leaf is listed at its first reader). */
+static int plan_finals(apex_graph *g) {
+  g->n_finals = 0;
+  for (size_t i = 0; i < g->n_vars; i++) {
+    apex_var *v = g->vars[i];
+    for (int k = 0; k < v->n_in; k++) {
+      apex_var *l = v->in[k];
+      if (!l || l->graph || l->op != APEX_OP_LEAF || !l->grad || l->hook_seen) continue;
+      if (!apex__grow((void **)&g->finals, &g->cap_finals, g->n_finals + 1, sizeof *g->finals)) return 0;
+      l->hook_seen = 1;
+      g->finals[g->n_finals].at = i;
+      g->finals[g->n_finals++].leaf = l;
+    }
+  }
+  return 1;
+}
+
+/* Calls the hook for the leaves whose earliest reader has index >= i (all of them once i is 0). */
+static apex_status fire_finals(apex_graph *g, size_t *k, size_t i) {
+  while (*k > 0 && g->finals[*k - 1].at >= i) {
+    apex_var *l = g->finals[--*k].leaf;
+    if (!l->gbuf) continue; /* not reached by this backward */
+    flush_leaf(g, l);
+    if (g->oom) return APEX_ERR_OUT_OF_MEMORY;
+    apex_status st = g->grad_hook(g->grad_hook_ctx, l);
+    if (st != APEX_OK) return st;
+  }
+  return APEX_OK;
 }
 
 apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
@@ -88,13 +133,18 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
     go[0] = 1.0f;
   }
   apex_status st = APEX_OK;
-  for (size_t i = g->n_vars; i-- > 0;) {
+  int hook = g->grad_hook != NULL;
+  if (hook && !plan_finals(g)) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_backward: out of memory for the grad hook's plan");
+  size_t k = g->n_finals;
+  for (size_t i = g->n_vars; st == APEX_OK && i-- > 0;) {
     apex_var *v = g->vars[i];
-    if (!v->gbuf || v->op == APEX_OP_LEAF || v->n_in == 0) continue;
-    apex__release_temps(g);
-    st = apex__op(v->op)->backward(g, v);
-    if (st == APEX_OK && g->oom) st = APEX_ERR_OUT_OF_MEMORY;
-    if (st != APEX_OK) break;
+    if (v->gbuf && v->op != APEX_OP_LEAF && v->n_in != 0) {
+      apex__release_temps(g);
+      st = apex__op(v->op)->backward(g, v);
+      if (st == APEX_OK && g->oom) st = APEX_ERR_OUT_OF_MEMORY;
+      if (st != APEX_OK) break;
+    }
+    if (hook) st = fire_finals(g, &k, i);
   }
   finish(g);
   if (st == APEX_OK && !opts->retain_graph) g->freed = 1;

@@ -150,6 +150,7 @@ void apex_graph_destroy(apex_graph *g) {
   free(g->headers);
   free(g->touched_leaves);
   free(g->casts);
+  free(g->finals);
   free(g);
 }
 

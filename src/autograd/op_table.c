@@ -10,7 +10,7 @@
 BWD(identity) BWD(binary) BWD(scale) BWD(unary) BWD(dropout) BWD(matmul) BWD(linear) BWD(conv2d)
 BWD(max_pool2d) BWD(avg_pool2d) BWD(batch_norm) BWD(layer_norm) BWD(rms_norm) BWD(embedding)
 BWD(softmax) BWD(log_softmax) BWD(cross_entropy) BWD(pointwise_loss) BWD(sum)
-BWD(permute) BWD(concat) BWD(attention)
+BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm)
 #undef BWD
 
 
@@ -51,6 +51,8 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     [APEX_OP_PERMUTE] = {"permute", APEX_CAST_NONE, apex__bwd_permute},
     [APEX_OP_CONCAT] = {"concat", APEX_CAST_PROMOTE, apex__bwd_concat},
     [APEX_OP_ATTENTION] = {"causal_attention", APEX_CAST_HALF, apex__bwd_attention},
+    /* Same category as batch_norm; the op lives in src/parallel/sync_batch_norm.c (it communicates). */
+    [APEX_OP_SYNC_BATCH_NORM] = {"sync_batch_norm", APEX_CAST_NONE, apex__bwd_sync_batch_norm},
 };
 
 static const apex__op_info invalid = {"invalid", APEX_CAST_NONE, NULL};

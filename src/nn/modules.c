@@ -204,6 +204,7 @@ apex_var *apex_module_forward(apex_module *mod, apex_graph *g, apex_var *x) {
                              mod->name, nd, mod->kind == NN_BATCH_NORM2D ? "[N, C, H, W]" : "[N, C] or [N, C, L]");
     apex_batch_norm_options o = mod->bn;
     o.training = training;
+    if (training && mod->bn_forward) return mod->bn_forward(mod->bn_ctx, g, x, mod->p[0], mod->p[1], mod->buf[0], mod->buf[1], &o);
     return apex_batch_norm(g, x, mod->p[0], mod->p[1], mod->buf[0], mod->buf[1], &o);
   }
   case NN_LAYER_NORM: return apex_layer_norm(g, x, mod->p[0], mod->p[1], mod->f);

@@ -28,6 +28,11 @@ struct apex_module {
   apex_conv2d_options conv;
   apex_pool2d_options pool;
   apex_batch_norm_options bn;
+  /* Batch norm modules: a replacement for apex_batch_norm in training mode (SyncBatchNorm, set by
+   * apex_convert_sync_batchnorm in the parallel layer, which nn may not call itself). */
+  apex_var *(*bn_forward)(void *ctx, apex_graph *g, apex_var *x, apex_var *w, apex_var *b, apex_tensor *rm, apex_tensor *rv,
+                          const apex_batch_norm_options *o);
+  void *bn_ctx;
 };
 
 typedef struct nn_named_param {
