@@ -134,7 +134,7 @@ static void test_save_load_bitwise(void **state) {
     TU_OK(apex_loss_scaler_update(a, u[i] < 0.3f, NULL));
     TU_OK(apex_loss_scaler_update(b, u[i] < 0.3f, NULL));
     apex_loss_scaler_state sa = apex_loss_scaler_get_state(a), sb = apex_loss_scaler_get_state(b);
-    assert_memory_equal(&sa, &sb, sizeof sa);
+    tu_assert_scaler_state_equal(&sa, &sb);
   }
   /* Corrupted, truncated or foreign buffers are refused and change nothing. */
   apex_loss_scaler_state before = apex_loss_scaler_get_state(b);
@@ -150,7 +150,7 @@ static void test_save_load_bitwise(void **state) {
   memset(bad + 8, 0xFF, 4); /* scale = NaN */
   TU_FAILS(apex_loss_scaler_load(b, bad, sizeof bad), APEX_ERR_CORRUPT, "scale");
   apex_loss_scaler_state after = apex_loss_scaler_get_state(b);
-  assert_memory_equal(&before, &after, sizeof before);
+  tu_assert_scaler_state_equal(&before, &after);
   TU_FAILS(apex_loss_scaler_save(a, buf, 8), APEX_ERR_INVALID_ARG, "need 40");
   apex_loss_scaler_destroy(a);
   apex_loss_scaler_destroy(b);

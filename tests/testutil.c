@@ -47,3 +47,11 @@ double tu_max_rel_diff(const float *a, const float *b, size_t n, double floor) {
   }
   return worst;
 }
+
+void tu_assert_scaler_state_equal(const apex_loss_scaler_state *a, const apex_loss_scaler_state *b) {
+  assert_int_equal(tu_bits(a->scale), tu_bits(b->scale));
+  assert_int_equal(a->growth_tracker, b->growth_tracker);
+  assert_int_equal(a->hysteresis_tracker, b->hysteresis_tracker);
+  assert_int_equal(a->steps, b->steps);
+  assert_int_equal(a->skipped, b->skipped);
+}

@@ -42,6 +42,10 @@ static inline float tu_float(uint32_t u) {
       fail_msg("%s: message '%s' does not mention '%s'", #call, apex_last_error(), (needle));             \
   } while (0)
 
+/* Asserts two loss-scaler states are equal field by field (bitwise for the scale); comparing the
+ * structs' bytes would also compare their padding, which holds no defined value. */
+void tu_assert_scaler_state_equal(const apex_loss_scaler_state *a, const apex_loss_scaler_state *b);
+
 /* Asserts that the last error message contains needle. */
 void tu_assert_message(const char *needle);
 
