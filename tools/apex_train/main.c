@@ -169,30 +169,33 @@ int main(int argc, char **argv) {
     return 2;
   }
 
+  /* From here on a failure frees what was made (at `fail`), so that an error exit leaks nothing. */
   dataset d;
-  if (kind == MODEL_GPT ? dataset_load_text(&d, data, a.batch_size, a.seq_len) : dataset_load_images(&d, data, a.batch_size)) {
-    apex_optimizer_destroy(opt);
-    return 1;
-  }
   train_model tm;
+  apex_amp *amp = NULL;
+  int have_data = 0, have_model = 0;
+  if (kind == MODEL_GPT ? dataset_load_text(&d, data, a.batch_size, a.seq_len) : dataset_load_images(&d, data, a.batch_size))
+    goto fail;
+  have_data = 1;
   if (model_build(&tm, kind, (uint64_t)a.seed, a.seq_len) != 0) {
     fprintf(stderr, "apex-train: cannot build the %s: %s\n", a.model, one_line(apex_last_error()));
-    return 1;
+    goto fail;
   }
+  have_model = 1;
   size_t np = apex_model_num_params(tm.m);
   apex_tensor **pv = malloc(np * sizeof *pv), **gv = malloc(np * sizeof *gv);
   for (size_t i = 0; i < np; i++) {
     pv[i] = apex_var_value(apex_model_param(tm.m, i, NULL));
     gv[i] = apex_var_grad(apex_model_param(tm.m, i, NULL));
   }
-  apex_amp *amp = NULL;
-  if (apex_optimizer_add_group(opt, pv, (int)np, gv, (int)np, NULL, NULL) != APEX_OK ||
-      apex_amp_initialize(&tm.m, 1, &opt, 1, &acfg, &amp) != APEX_OK) {
-    fprintf(stderr, "apex-train: %s\n", one_line(apex_last_error()));
-    return 1;
-  }
+  int made = apex_optimizer_add_group(opt, pv, (int)np, gv, (int)np, NULL, NULL) == APEX_OK &&
+             apex_amp_initialize(&tm.m, 1, &opt, 1, &acfg, &amp) == APEX_OK;
   free(pv);
   free(gv);
+  if (!made) {
+    fprintf(stderr, "apex-train: %s\n", one_line(apex_last_error()));
+    goto fail;
+  }
 
   ckpt_config cc = {0};
   ckpt_config_add(&cc, "model", "%s", a.model);
@@ -215,18 +218,18 @@ int main(int argc, char **argv) {
   int created = 0;
   if (a.checkpoint) {
     if (a.resume) {
-      if (ckpt_load(a.checkpoint, &tm, amp, opt, &cc, &at) != 0) return 1;
+      if (ckpt_load(a.checkpoint, &tm, amp, opt, &cc, &at) != 0) goto fail;
     } else if (ckpt_exists(a.checkpoint)) {
       fprintf(stderr, "apex-train: --checkpoint %s already holds a checkpoint; add --resume to continue it, or choose another directory\n",
               a.checkpoint);
-      return 1;
+      goto fail;
     }
-    if (ckpt_prepare_dir(a.checkpoint, &created) != 0) return 1;
+    if (ckpt_prepare_dir(a.checkpoint, &created) != 0) goto fail;
   }
   report *rep = report_create(stdout, a.log, a.resume);
   if (!rep) {
     if (created) remove(a.checkpoint);
-    return 1;
+    goto fail;
   }
 
   const char *what = kind == MODEL_GPT ? "bytes of text" : "training images";
@@ -345,4 +348,11 @@ int main(int argc, char **argv) {
   model_free(&tm);
   dataset_free(&d);
   return failed;
+
+fail:
+  apex_amp_destroy(amp);
+  apex_optimizer_destroy(opt);
+  if (have_model) model_free(&tm);
+  if (have_data) dataset_free(&d);
+  return 1;
 }
