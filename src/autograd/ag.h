@@ -137,6 +137,17 @@ apex_dtype apex__promote(apex_dtype a, apex_dtype b);
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
 
+/* Batch norm's output for channel c of x [N, C, S] (f32): (x - mean) * rstd * w + b. Shared by batch
+ * norm and SyncBatchNorm, which differ only in where mean and rstd come from. */
+static inline void apex__bn_normalize_channel(const float *xf, float *o, size_t N, size_t C, size_t S, size_t c, float mean,
+                                              float rstd, float w, float b) {
+  for (size_t n = 0; n < N; n++) {
+    const float *xs = xf + (n * C + c) * S;
+    float *os = o + (n * C + c) * S;
+    for (size_t i = 0; i < S; i++) os[i] = (xs[i] - mean) * rstd * w + b;
+  }
+}
+
 static inline float *ag_data(const apex_tensor *t) { return (float *)apex_tensor_data(t); }
 static inline size_t ag_numel(const apex_var *v) { return v->value->numel; }
 static inline size_t ag_nz(size_t n) { return n ? n : 1; }

@@ -73,11 +73,7 @@ apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var
     float m = (float)mean, r = (float)(1.0 / sqrt(var + eps)), w = wf ? wf[c] : 1.0f, b = bf ? bf[c] : 0.0f;
     st[c] = m;
     st[C + c] = r;
-    for (size_t n = 0; n < N; n++) {
-      const float *xs = xf + (n * C + c) * S;
-      float *os = o + (n * C + c) * S;
-      for (size_t i = 0; i < S; i++) os[i] = (xs[i] - m) * r * w + b;
-    }
+    apex__bn_normalize_channel(xf, o, N, C, S, c, m, r, w, b);
   }
   apex__store(out, o);
   return out;

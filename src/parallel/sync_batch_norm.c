@@ -56,11 +56,7 @@ apex_var *apex_sync_batch_norm(apex_graph *g, apex_pg *pg, apex_var *x, apex_var
     if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mf[c]);
     if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * vf[c]);
     float m = mf[c], r = rf[c], w = wf ? wf[c] : 1.0f, b = bf ? bf[c] : 0.0f;
-    for (size_t n = 0; n < N; n++) {
-      const float *xs = xf + (n * C + c) * S;
-      float *os = o + (n * C + c) * S;
-      for (size_t i = 0; i < S; i++) os[i] = (xs[i] - m) * r * w + b;
-    }
+    apex__bn_normalize_channel(xf, o, N, C, S, c, m, r, w, b);
   }
   apex__store(out, o);
   return out;
