@@ -22,7 +22,7 @@ extern "C" {
 
 typedef enum apex_device {
   APEX_DEVICE_CPU = 0,
-  APEX_DEVICE_CUDA = 1 /* reserved for the CUDA backend */
+  APEX_DEVICE_CUDA = 1 /* the CUDA backend (apex/cuda.h); refused in a build without it */
 } apex_device;
 
 typedef struct apex_tensor apex_tensor;
@@ -31,14 +31,18 @@ typedef struct apex_tensor apex_tensor;
  * message) for ndim outside [0, APEX_MAX_DIMS], a negative dimension, an invalid dtype, a size that
  * overflows, or a failed allocation. */
 APEX_API apex_tensor *apex_tensor_create(apex_dtype dtype, int ndim, const int64_t *shape);
-/* Like apex_tensor_create on a given device. Only APEX_DEVICE_CPU is available in this build;
- * CUDA returns NULL with a message until the CUDA backend is built in. */
+/* Like apex_tensor_create on a given device. APEX_DEVICE_CUDA needs a build with CUDA and a GPU
+ * (apex_cuda_available); otherwise NULL with APEX_ERR_UNSUPPORTED and a message saying which is missing. */
 APEX_API apex_tensor *apex_tensor_create_on(apex_device device, apex_dtype dtype, int ndim,
                                             const int64_t *shape);
 /* A tensor over memory the caller owns (at least numel * dtype size bytes, aligned to the element
  * size). apex never frees it; the caller keeps it alive while the tensor exists. */
 APEX_API apex_tensor *apex_tensor_wrap(void *data, apex_dtype dtype, int ndim, const int64_t *shape);
-/* A new tensor with the same dtype and shape as t, its data copied. */
+/* apex_tensor_wrap for memory on a device: data is a device pointer for APEX_DEVICE_CUDA (llm.c-style
+ * programs that cudaMalloc their own buffers). */
+APEX_API apex_tensor *apex_tensor_wrap_on(apex_device device, void *data, apex_dtype dtype, int ndim,
+                                          const int64_t *shape);
+/* A new tensor with the same dtype, shape and device as t, its data copied. */
 APEX_API apex_tensor *apex_tensor_clone(const apex_tensor *t);
 /* Releases t (NULL is fine). */
 APEX_API void apex_tensor_destroy(apex_tensor *t);
@@ -52,7 +56,7 @@ APEX_API int64_t apex_tensor_dim(const apex_tensor *t, int dim);
 APEX_API const int64_t *apex_tensor_shape(const apex_tensor *t);
 APEX_API size_t apex_tensor_numel(const apex_tensor *t);
 APEX_API size_t apex_tensor_nbytes(const apex_tensor *t);
-/* Pointer to the first element (host memory for CPU tensors). */
+/* Pointer to the first element (host memory for CPU tensors, device memory for CUDA ones). */
 APEX_API void *apex_tensor_data(const apex_tensor *t);
 /* 1 when a and b have the same ndim and sizes. */
 APEX_API int apex_tensor_same_shape(const apex_tensor *a, const apex_tensor *b);
@@ -62,11 +66,13 @@ APEX_API char *apex_tensor_shape_str(const apex_tensor *t, char *buf, size_t siz
 /* Sets every element to value, rounded to the tensor's dtype. */
 APEX_API apex_status apex_tensor_fill(apex_tensor *t, float value);
 /* Copies src into dst; they need the same number of elements. Different dtypes convert (as
- * apex_convert). */
+ * apex_convert). Either may be on the GPU; the call returns once a copy to the host is done, and
+ * other copies are queued on apex's CUDA stream (apex/cuda.h). */
 APEX_API apex_status apex_tensor_copy(apex_tensor *dst, const apex_tensor *src);
 /* A new tensor of the given dtype with src's shape and values converted. */
 APEX_API apex_tensor *apex_tensor_to(const apex_tensor *src, apex_dtype dtype);
-/* Element i (flat index) as a float, and the reverse; for tests and small code, not hot loops. */
+/* Element i (flat index) as a float, and the reverse; for tests and small code, not hot loops (on a
+ * CUDA tensor each is a copy that waits for the GPU). */
 APEX_API float apex_tensor_get(const apex_tensor *t, size_t i);
 APEX_API void apex_tensor_set(apex_tensor *t, size_t i, float value);
 

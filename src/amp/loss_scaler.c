@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "apex/loss_scaler.h"
+#include "amp/scale_rule.h"
 #include "core/internal.h"
 
 struct apex_loss_scaler {
@@ -65,30 +66,12 @@ float apex_loss_scaler_inv_scale(const apex_loss_scaler *s) { return 1.0f / s->s
 
 apex_status apex_loss_scaler_update(apex_loss_scaler *s, int found_inf, int *skip) {
   if (!s) return apex__fail(APEX_ERR_INVALID_ARG, "apex_loss_scaler_update: NULL scaler");
-  apex_loss_scaler_state *st = &s->st;
-  const apex_loss_scaler_config *c = &s->cfg;
-  st->steps++;
   if (skip) *skip = found_inf != 0;
-  if (!found_inf) {
-    if (c->mode == APEX_SCALE_DYNAMIC && ++st->growth_tracker >= c->growth_interval) {
-      st->growth_tracker = 0;
-      st->hysteresis_tracker = c->hysteresis;
-      st->scale = fminf(st->scale * c->growth_factor, c->max_scale);
-    }
-    return APEX_OK;
-  }
-  st->skipped++;
-  if (c->mode == APEX_SCALE_STATIC)
-    return APEX_OK;
-  int at_min = st->scale <= c->min_scale;
-  st->growth_tracker = 0;
-  if (st->hysteresis_tracker > 0) st->hysteresis_tracker--;
-  if (st->hysteresis_tracker == 0) st->scale = fmaxf(st->scale * c->backoff_factor, c->min_scale);
-  if (at_min)
+  if (apex__scale_rule(&s->st, &s->cfg, found_inf))
     return apex__fail(APEX_ERR_SCALE_AT_MIN,
                       "loss scaler: gradients overflowed with the loss scale already at its minimum %g (%lld of %lld steps "
                       "skipped); the loss or gradients are Inf/NaN at any scale: check the inputs and the learning rate",
-                      c->min_scale, (long long)st->skipped, (long long)st->steps);
+                      s->cfg.min_scale, (long long)s->st.skipped, (long long)s->st.steps);
   return APEX_OK;
 }
 

@@ -6,19 +6,27 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint32_t apex__f32_bits(float f) {
+/* The CUDA backend compiles these same functions for the device (src/cuda/convert.cu), so that a
+ * conversion on the GPU gives the bits the CPU gives. */
+#if defined(__CUDACC__)
+#define APEX_HD __host__ __device__
+#else
+#define APEX_HD
+#endif
+
+APEX_HD static inline uint32_t apex__f32_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof u);
   return u;
 }
 
-static inline float apex__bits_f32(uint32_t u) {
+APEX_HD static inline float apex__bits_f32(uint32_t u) {
   float f;
   memcpy(&f, &u, sizeof f);
   return f;
 }
 
-static inline float apex__f16_to_f32(uint16_t h) {
+APEX_HD static inline float apex__f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1Fu;
   uint32_t mant = h & 0x3FFu;
@@ -37,7 +45,7 @@ static inline float apex__f16_to_f32(uint16_t h) {
   return apex__bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
-static inline uint16_t apex__f32_to_f16(float f) {
+APEX_HD static inline uint16_t apex__f32_to_f16(float f) {
   uint32_t x = apex__f32_bits(f);
   uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
   uint32_t ax = x & 0x7FFFFFFFu;
@@ -59,13 +67,13 @@ static inline uint16_t apex__f32_to_f16(float f) {
   return (uint16_t)(sign | h);
 }
 
-static inline float apex__bf16_to_f32(uint16_t b) {
+APEX_HD static inline float apex__bf16_to_f32(uint16_t b) {
   uint32_t x = (uint32_t)b << 16;
   if ((x & 0x7FFFFFFFu) > 0x7F800000u) x |= 0x00400000u; /* quiet a signalling NaN */
   return apex__bits_f32(x);
 }
 
-static inline uint16_t apex__f32_to_bf16(float f) {
+APEX_HD static inline uint16_t apex__f32_to_bf16(float f) {
   uint32_t x = apex__f32_bits(f);
   if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((x >> 16) | 0x0040u); /* quiet NaN */
   return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);

@@ -1,14 +1,18 @@
 /* tensor.c: tensors as views into reference-counted storage.
  *
  * Storage is allocated 64-byte aligned (a cache line; also what AVX-512 loads like), zero-filled.
- * Wrapped storage belongs to the caller and is never freed here. */
+ * Wrapped storage belongs to the caller and is never freed here. CUDA storage comes from the CUDA
+ * backend's caching allocator (src/cuda/runtime.cu); the few tensor calls that touch data branch on
+ * the device here, so that every layer above sees one tensor type. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "apex/cuda.h"
 #include "core/internal.h"
 #include "core/tensor_internal.h"
+#include "cuda/cuda_internal.h"
 
 #define APEX_ALIGN 64
 
@@ -24,14 +28,54 @@ static apex_storage *storage_new(size_t bytes) {
   memset(s->data, 0, padded);
   s->bytes = bytes;
   s->owned = 1;
+  s->device = APEX_DEVICE_CPU;
   atomic_init(&s->refs, 1);
   return s;
+}
+
+/* Zero-filled storage on a device; NULL with a message (the device's own, or out of memory). */
+static apex_storage *storage_new_on(apex_device device, size_t bytes) {
+  if (device == APEX_DEVICE_CPU) {
+    apex_storage *s = storage_new(bytes);
+    if (!s) apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_tensor_create: cannot allocate %zu bytes", bytes);
+    return s;
+  }
+#if APEX_HAVE_CUDA
+  if (device == APEX_DEVICE_CUDA) {
+    apex_storage *s = calloc(1, sizeof *s);
+    if (!s) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_tensor_create: out of memory");
+    if (apex__cuda_alloc(bytes, 1, &s->data) != APEX_OK) {
+      free(s);
+      return NULL;
+    }
+    s->bytes = bytes;
+    s->owned = 1;
+    s->device = APEX_DEVICE_CUDA;
+    atomic_init(&s->refs, 1);
+    return s;
+  }
+  return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_create_on: unknown device %d", (int)device);
+#else
+  return apex__fail_null(APEX_ERR_UNSUPPORTED,
+                         "apex_tensor_create_on: device %d is not built into this library (built without CUDA); use "
+                         "APEX_DEVICE_CPU", (int)device);
+#endif
+}
+
+static void storage_free_data(apex_storage *s) {
+#if APEX_HAVE_CUDA
+  if (s->device == APEX_DEVICE_CUDA) {
+    apex__cuda_free(s->data);
+    return;
+  }
+#endif
+  free(s->data);
 }
 
 void apex__storage_release(apex_storage *s) {
   if (!s) return;
   if (atomic_fetch_sub(&s->refs, 1) == 1) {
-    if (s->owned) free(s->data);
+    if (s->owned) storage_free_data(s);
     free(s);
   }
 }
@@ -65,7 +109,7 @@ static apex_tensor *tensor_new(apex_storage *s, size_t offset, apex_dtype dtype,
   t->storage = s;
   t->offset = offset;
   t->dtype = dtype;
-  t->device = APEX_DEVICE_CPU;
+  t->device = s->device;
   t->ndim = ndim;
   for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
   t->numel = numel;
@@ -74,12 +118,10 @@ static apex_tensor *tensor_new(apex_storage *s, size_t offset, apex_dtype dtype,
 
 apex_tensor *apex_tensor_create_on(apex_device device, apex_dtype dtype, int ndim, const int64_t *shape) {
   size_t numel;
-  if (device != APEX_DEVICE_CPU)
-    return apex__fail_null(APEX_ERR_UNSUPPORTED, "apex_tensor_create_on: device %d is not built into this library; use APEX_DEVICE_CPU", (int)device);
   if (apex__check_dtype(dtype, "apex_tensor_create") != APEX_OK) return NULL;
   if (shape_numel("apex_tensor_create", ndim, shape, &numel) != APEX_OK) return NULL;
-  apex_storage *s = storage_new(numel * apex_dtype_size(dtype));
-  if (!s) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_tensor_create: cannot allocate %zu bytes", numel * apex_dtype_size(dtype));
+  apex_storage *s = storage_new_on(device, numel * apex_dtype_size(dtype));
+  if (!s) return NULL;
   apex_tensor *t = tensor_new(s, 0, dtype, ndim, shape, numel);
   if (!t) {
     apex__storage_release(s);
@@ -93,7 +135,22 @@ apex_tensor *apex_tensor_create(apex_dtype dtype, int ndim, const int64_t *shape
 }
 
 apex_tensor *apex_tensor_wrap(void *data, apex_dtype dtype, int ndim, const int64_t *shape) {
+  return apex_tensor_wrap_on(APEX_DEVICE_CPU, data, dtype, ndim, shape);
+}
+
+apex_tensor *apex_tensor_wrap_on(apex_device device, void *data, apex_dtype dtype, int ndim, const int64_t *shape) {
   size_t numel;
+  if (device != APEX_DEVICE_CPU) {
+#if APEX_HAVE_CUDA
+    const char *why;
+    if (device != APEX_DEVICE_CUDA)
+      return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_wrap_on: unknown device %d", (int)device);
+    if (!apex__cuda_ready(&why)) return apex__fail_null(APEX_ERR_UNSUPPORTED, "apex_tensor_wrap_on: %s", why);
+#else
+    return apex__fail_null(APEX_ERR_UNSUPPORTED, "apex_tensor_wrap_on: device %d is not built into this library",
+                           (int)device);
+#endif
+  }
   if (apex__check_dtype(dtype, "apex_tensor_wrap") != APEX_OK) return NULL;
   if (shape_numel("apex_tensor_wrap", ndim, shape, &numel) != APEX_OK) return NULL;
   if (!data && numel > 0) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_wrap: NULL data for %zu elements", numel);
@@ -104,6 +161,7 @@ apex_tensor *apex_tensor_wrap(void *data, apex_dtype dtype, int ndim, const int6
   s->data = data;
   s->bytes = numel * apex_dtype_size(dtype);
   s->owned = 0;
+  s->device = device;
   atomic_init(&s->refs, 1);
   apex_tensor *t = tensor_new(s, 0, dtype, ndim, shape, numel);
   if (!t) {
@@ -115,8 +173,11 @@ apex_tensor *apex_tensor_wrap(void *data, apex_dtype dtype, int ndim, const int6
 
 apex_tensor *apex_tensor_clone(const apex_tensor *t) {
   if (!t) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_clone: NULL tensor");
-  apex_tensor *c = apex_tensor_create(t->dtype, t->ndim, t->shape);
-  if (c) memcpy(apex_tensor_data(c), apex_tensor_data(t), apex_tensor_nbytes(t));
+  apex_tensor *c = apex_tensor_create_on(t->device, t->dtype, t->ndim, t->shape);
+  if (c && apex_tensor_copy(c, t) != APEX_OK) {
+    apex_tensor_destroy(c);
+    return NULL;
+  }
   return c;
 }
 
@@ -197,6 +258,9 @@ char *apex_tensor_shape_str(const apex_tensor *t, char *buf, size_t size) {
 apex_status apex_tensor_fill(apex_tensor *t, float value) {
   if (!t) return apex__fail(APEX_ERR_INVALID_ARG, "apex_tensor_fill: NULL tensor");
   void *p = apex_tensor_data(t);
+#if APEX_HAVE_CUDA
+  if (t->device == APEX_DEVICE_CUDA) return apex__cuda_fill(p, t->dtype, value, t->numel);
+#endif
   if (t->dtype == APEX_F32) {
     for (size_t i = 0; i < t->numel; i++) ((float *)p)[i] = value;
   } else {
@@ -207,20 +271,62 @@ apex_status apex_tensor_fill(apex_tensor *t, float value) {
   return APEX_OK;
 }
 
-apex_status apex_tensor_copy(apex_tensor *dst, const apex_tensor *src) {
-  if (!dst || !src) return apex__fail(APEX_ERR_INVALID_ARG, "apex_tensor_copy: NULL tensor");
+#if APEX_HAVE_CUDA
+/* A copy with at least one side on the GPU. Conversions run on the GPU (the same rounding as the CPU's):
+ * a host source of another dtype goes up first, a device source of another dtype is converted before it
+ * comes down. */
+static apex_status copy_cuda(apex_tensor *dst, const apex_tensor *src, int wait) {
+  void *d = apex_tensor_data(dst);
+  const void *s = apex_tensor_data(src);
+  int dir = src->device == APEX_DEVICE_CPU ? APEX__H2D : dst->device == APEX_DEVICE_CPU ? APEX__D2H : APEX__D2D;
+  if (dst->dtype == src->dtype)
+    return apex__cuda_memcpy(d, s, apex_tensor_nbytes(src), dir, wait && dir == APEX__D2H);
+  if (dir == APEX__D2D) return apex__cuda_convert(d, dst->dtype, s, src->dtype, src->numel);
+  /* Stage through a device buffer of the other side's layout. */
+  apex_dtype staged = dir == APEX__H2D ? src->dtype : dst->dtype;
+  apex_tensor *tmp = apex_tensor_create_on(APEX_DEVICE_CUDA, staged, src->ndim, src->shape);
+  if (!tmp) return APEX_ERR_OUT_OF_MEMORY;
+  apex_status st;
+  if (dir == APEX__H2D) {
+    st = apex__cuda_memcpy(apex_tensor_data(tmp), s, apex_tensor_nbytes(src), APEX__H2D, 0);
+    if (st == APEX_OK) st = apex__cuda_convert(d, dst->dtype, apex_tensor_data(tmp), staged, src->numel);
+  } else {
+    st = apex__cuda_convert(apex_tensor_data(tmp), staged, s, src->dtype, src->numel);
+    if (st == APEX_OK) st = apex__cuda_memcpy(d, apex_tensor_data(tmp), apex_tensor_nbytes(dst), APEX__D2H, 1);
+  }
+  apex_tensor_destroy(tmp); /* the allocator reuses it only behind the queued work */
+  return st;
+}
+#endif
+
+static apex_status copy_impl(apex_tensor *dst, const apex_tensor *src, int wait, const char *fn) {
+  if (!dst || !src) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL tensor", fn);
   if (dst->numel != src->numel) {
     char a[96], b[96];
-    return apex__fail(APEX_ERR_SHAPE, "apex_tensor_copy: destination %s has %zu elements, source %s has %zu",
+    return apex__fail(APEX_ERR_SHAPE, "%s: destination %s has %zu elements, source %s has %zu", fn,
                       apex_tensor_shape_str(dst, a, sizeof a), dst->numel, apex_tensor_shape_str(src, b, sizeof b), src->numel);
   }
-  if (apex_tensor_data(dst) == apex_tensor_data(src) && dst->dtype == src->dtype) return APEX_OK;
+  if (apex_tensor_data(dst) == apex_tensor_data(src) && dst->dtype == src->dtype && dst->device == src->device)
+    return APEX_OK;
+#if APEX_HAVE_CUDA
+  if (dst->device != APEX_DEVICE_CPU || src->device != APEX_DEVICE_CPU) return copy_cuda(dst, src, wait);
+#else
+  (void)wait;
+#endif
   return apex_convert(apex_tensor_data(dst), dst->dtype, apex_tensor_data(src), src->dtype, src->numel);
+}
+
+apex_status apex_tensor_copy(apex_tensor *dst, const apex_tensor *src) {
+  return copy_impl(dst, src, 1, "apex_tensor_copy");
+}
+
+apex_status apex_tensor_copy_async(apex_tensor *dst, const apex_tensor *src) {
+  return copy_impl(dst, src, 0, "apex_tensor_copy_async");
 }
 
 apex_tensor *apex_tensor_to(const apex_tensor *src, apex_dtype dtype) {
   if (!src) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_to: NULL tensor");
-  apex_tensor *t = apex_tensor_create(dtype, src->ndim, src->shape);
+  apex_tensor *t = apex_tensor_create_on(src->device, dtype, src->ndim, src->shape);
   if (!t) return NULL;
   if (apex_tensor_copy(t, src) != APEX_OK) {
     apex_tensor_destroy(t);
@@ -229,12 +335,36 @@ apex_tensor *apex_tensor_to(const apex_tensor *src, apex_dtype dtype) {
   return t;
 }
 
+/* Element i's bytes on the host (copied down from a device tensor). */
+static void element_bytes(const apex_tensor *t, size_t i, void *out) {
+  size_t es = apex_dtype_size(t->dtype);
+  const char *p = (const char *)apex_tensor_data(t) + i * es;
+#if APEX_HAVE_CUDA
+  if (t->device == APEX_DEVICE_CUDA) {
+    if (apex__cuda_memcpy(out, p, es, APEX__D2H, 1) != APEX_OK) memset(out, 0xFF, es); /* NaN: no silent zero */
+    return;
+  }
+#endif
+  memcpy(out, p, es);
+}
+
 float apex_tensor_get(const apex_tensor *t, size_t i) {
+  unsigned char raw[4];
   float v;
-  apex__convert_portable(&v, APEX_F32, (const char *)apex_tensor_data(t) + i * apex_dtype_size(t->dtype), t->dtype, 1);
+  element_bytes(t, i, raw);
+  apex__convert_portable(&v, APEX_F32, raw, t->dtype, 1);
   return v;
 }
 
 void apex_tensor_set(apex_tensor *t, size_t i, float value) {
-  apex__convert_portable((char *)apex_tensor_data(t) + i * apex_dtype_size(t->dtype), t->dtype, &value, APEX_F32, 1);
+  size_t es = apex_dtype_size(t->dtype);
+  unsigned char raw[4];
+  apex__convert_portable(raw, t->dtype, &value, APEX_F32, 1);
+#if APEX_HAVE_CUDA
+  if (t->device == APEX_DEVICE_CUDA) {
+    apex__cuda_memcpy((char *)apex_tensor_data(t) + i * es, raw, es, APEX__H2D, 1);
+    return;
+  }
+#endif
+  memcpy((char *)apex_tensor_data(t) + i * es, raw, es);
 }

@@ -12,6 +12,7 @@ typedef struct apex_storage {
   void *data;
   size_t bytes;
   int owned; /* 0 for apex_tensor_wrap: the caller frees the memory */
+  apex_device device;
   atomic_int refs;
 } apex_storage;
 

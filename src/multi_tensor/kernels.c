@@ -8,6 +8,7 @@
 
 #include "apex/multi_tensor.h"
 #include "core/internal.h"
+#include "multi_tensor/mt_cuda.h"
 
 /* 1 when v is Inf or NaN (all exponent bits set). */
 static inline unsigned nonfinite_bits(float v) {
@@ -32,6 +33,7 @@ static void scale_tile(void *ctx, const apex_mt_tile *t, int *nonfinite) {
 
 apex_status apex_mt_scale(size_t chunk_size, int *overflow, apex_tensor *const *in, apex_tensor *const *out, int n,
                           float scale) {
+  if (apex__mt_on_cuda(in, n)) return apex__mt_cuda_scale(overflow, in, out, n, scale);
   apex_mt_launch L = {.chunk_size = chunk_size, .nlists = 2, .ntensors = n, .lists = {in, out}, .written = 2u,
                       .kernel = scale_tile, .ctx = &scale, .name = "apex_mt_scale"};
   return apex_multi_tensor_apply(&L, overflow);
@@ -66,6 +68,7 @@ apex_status apex_mt_axpby(size_t chunk_size, int *overflow, apex_tensor *const *
                           apex_tensor *const *out, int n, float a, float b, int arg_to_check) {
   if (arg_to_check < -1 || arg_to_check > 1)
     return apex__fail(APEX_ERR_INVALID_ARG, "apex_mt_axpby: arg_to_check is %d; use -1 (both), 0 (x) or 1 (y)", arg_to_check);
+  if (apex__mt_on_cuda(x, n)) return apex__mt_cuda_axpby(overflow, x, y, out, n, a, b, arg_to_check);
   axpby_ctx c = {a, b, arg_to_check};
   apex_mt_launch L = {.chunk_size = chunk_size, .nlists = 3, .ntensors = n, .lists = {x, y, out}, .written = 4u,
                       .kernel = axpby_tile, .ctx = &c, .name = "apex_mt_axpby"};
@@ -137,10 +140,13 @@ static apex_status norm_launch(const char *name, size_t chunk_size, int *overflo
 
 apex_status apex_mt_l2norm(size_t chunk_size, int *overflow, apex_tensor *const *x, int n, float *global_norm,
                            float *per_tensor) {
+  if (apex__mt_on_cuda(x, n)) return apex__mt_cuda_l2norm("apex_mt_l2norm", overflow, x, n, 1.0f, global_norm, per_tensor);
   return norm_launch("apex_mt_l2norm", chunk_size, overflow, x, n, 1.0f, global_norm, per_tensor);
 }
 
 apex_status apex_mt_unscale_l2norm(size_t chunk_size, int *overflow, apex_tensor *const *x, int n, float inv_scale,
                                    float *global_norm, float *per_tensor) {
+  if (apex__mt_on_cuda(x, n))
+    return apex__mt_cuda_l2norm("apex_mt_unscale_l2norm", overflow, x, n, inv_scale, global_norm, per_tensor);
   return norm_launch("apex_mt_unscale_l2norm", chunk_size, overflow, x, n, inv_scale, global_norm, per_tensor);
 }

@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #include "core/internal.h"
+#include "cuda/cuda_internal.h"
 #include "optim/optim_internal.h"
 
 static const apex__optim_ops *const KINDS[APEX_OPTIM_KIND_COUNT] = {
@@ -197,6 +198,7 @@ static void group_free(apex__group *g) {
   free(g->state);
   free(g->scalars);
   free(g->step);
+  if (g->d_step) apex__cuda_free(g->d_step);
 }
 
 void apex_optimizer_destroy(apex_optimizer *opt) {
@@ -206,9 +208,12 @@ void apex_optimizer_destroy(apex_optimizer *opt) {
   free(opt);
 }
 
-static apex_status check_tensor(const char *what, int i, const apex_tensor *t) {
-  if (apex_tensor_device(t) != APEX_DEVICE_CPU)
-    return apex__fail(APEX_ERR_DEVICE, "apex_optimizer: %s %d is not on the CPU", what, i);
+/* Every tensor of a group lives on its first parameter's device (the CPU, or a GPU that can be used). */
+static apex_status check_tensor_on(const char *what, int i, const apex_tensor *t, apex_device device) {
+  if (apex_tensor_device(t) != device)
+    return apex__fail(APEX_ERR_DEVICE, "apex_optimizer: %s %d is on the %s but the group's parameters are on the %s",
+                      what, i, apex_tensor_device(t) == APEX_DEVICE_CPU ? "CPU" : "GPU",
+                      device == APEX_DEVICE_CPU ? "CPU" : "GPU");
   apex_dtype dt = apex_tensor_dtype(t);
   if (dt != APEX_F32 && dt != APEX_F16 && dt != APEX_BF16)
     return apex__fail(APEX_ERR_DTYPE, "apex_optimizer: %s %d has dtype %s; use f32, f16 or bf16", what, i,
@@ -218,7 +223,7 @@ static apex_status check_tensor(const char *what, int i, const apex_tensor *t) {
 
 static apex_status check_grad(int i, const apex_tensor *param, const apex_tensor *grad) {
   if (!grad) return APEX_OK;
-  apex_status st = check_tensor("gradient", i, grad);
+  apex_status st = check_tensor_on("gradient", i, grad, apex_tensor_device(param));
   if (st != APEX_OK) return st;
   if (!apex_tensor_same_shape(param, grad)) {
     char a[96], b[96];
@@ -245,7 +250,7 @@ static apex_status check_group_args(const apex_optimizer *opt, apex_tensor *cons
                       "must have the same length (or pass NULL, 0 for no gradients yet)", n_params, n_grads);
   for (int i = 0; i < n_params; i++) {
     if (!params[i]) return apex__fail(APEX_ERR_INVALID_ARG, "apex_optimizer_add_group: parameter %d is NULL", i);
-    apex_status st = check_tensor("parameter", i, params[i]);
+    apex_status st = check_tensor_on("parameter", i, params[i], apex_tensor_device(params[0]));
     if (st == APEX_OK && grads) st = check_grad(i, params[i], grads[i]);
     if (st != APEX_OK) return st;
     for (int j = 0; j < i; j++)
@@ -270,14 +275,17 @@ static apex_status group_alloc(const apex__optim_ops *ops, apex__group *g, apex_
   g->state = calloc((size_t)n * (size_t)(g->nstates ? g->nstates : 1), sizeof *g->state);
   g->scalars = calloc((size_t)n * (size_t)(g->nscalars ? g->nscalars : 1), sizeof *g->scalars);
   g->step = calloc((size_t)n, sizeof *g->step);
+  g->device = apex_tensor_device(params[0]);
   if (!g->params || !g->grads || !g->master || !g->state || !g->scalars || !g->step) goto oom;
+  if (g->device == APEX_DEVICE_CUDA && apex__cuda_alloc((size_t)n * sizeof(int64_t), 1, (void **)&g->d_step) != APEX_OK)
+    goto oom;
   for (int i = 0; i < n; i++) {
     apex_tensor *p = params[i];
     g->params[i] = p;
     g->grads[i] = grads ? grads[i] : NULL;
     if (apex_tensor_dtype(p) != APEX_F32 && !(g->master[i] = apex_tensor_to(p, APEX_F32))) goto oom;
     for (int s = 0; s < g->nstates; s++) {
-      apex_tensor *t = apex_tensor_create(APEX_F32, apex_tensor_ndim(p), apex_tensor_shape(p));
+      apex_tensor *t = apex_tensor_create_on(g->device, APEX_F32, apex_tensor_ndim(p), apex_tensor_shape(p));
       g->state[(size_t)i * g->nstates + s] = t;
       float init = ops->state_init ? ops->state_init(&g->o, s) : 0.0f;
       if (!t || (init != 0.0f && apex_tensor_fill(t, init) != APEX_OK)) goto oom;
@@ -390,7 +398,7 @@ apex_status apex_optimizer_replace_param(apex_optimizer *opt, int group, int i, 
   int k = param == g->params[i] ? -1 : param_known(opt, param);
   if (k >= 0)
     return apex__fail(APEX_ERR_INVALID_ARG, "apex_optimizer_replace_param: the new parameter is already in group %d", k);
-  apex_status st = check_tensor("parameter", i, param);
+  apex_status st = check_tensor_on("parameter", i, param, g->device);
   if (st == APEX_OK && !apex_tensor_same_shape(param, g->params[i])) {
     char a[96], b[96];
     st = apex__fail(APEX_ERR_SHAPE, "apex_optimizer_replace_param: the new parameter has shape %s, the old %s",
@@ -411,7 +419,18 @@ apex_status apex_optimizer_replace_param(apex_optimizer *opt, int group, int i, 
 
 int64_t apex_optimizer_step_count(const apex_optimizer *opt, int group, int i) {
   apex__group *g = param_at(opt, group, i, "apex_optimizer_step_count");
-  return g ? g->step[i] : -1;
+  if (!g || apex__optim_steps_to_host(g) != APEX_OK) return -1;
+  return g->step[i];
+}
+
+apex_status apex__optim_steps_to_host(apex__group *g) {
+  if (g->device != APEX_DEVICE_CUDA) return APEX_OK;
+  return apex__cuda_memcpy(g->step, g->d_step, (size_t)g->n * sizeof *g->step, APEX__D2H, 1);
+}
+
+apex_status apex__optim_steps_to_device(apex__group *g) {
+  if (g->device != APEX_DEVICE_CUDA) return APEX_OK;
+  return apex__cuda_memcpy(g->d_step, g->step, (size_t)g->n * sizeof *g->step, APEX__H2D, 1);
 }
 
 /* ---- the step ------------------------------------------------------------------------------------------- */
@@ -462,15 +481,52 @@ static apex_status check_scale(const char *fn, float grad_scale) {
   return APEX_OK;
 }
 
-apex_status apex_optimizer_step(apex_optimizer *opt, float grad_scale, int overflow) {
-  if (!opt) return apex__fail(APEX_ERR_INVALID_ARG, "apex_optimizer_step: NULL optimizer");
-  apex_status st = check_scale("apex_optimizer_step", grad_scale);
-  if (st != APEX_OK) return st;
-  if (opt->ngroups == 0)
-    return apex__fail(APEX_ERR_STATE, "apex_optimizer_step: the optimizer has no parameter groups; add one first");
-  float inv_scale = opt->clip_coef / grad_scale;
-  opt->clip_coef = 1.0f;
-  if (overflow) return APEX_OK;
+/* Lists of device tensors for one CUDA group's active parameters (freed with cuda_step_free). */
+static void cuda_step_free(apex__cuda_step *c) {
+  free(c->g.ptr);
+}
+
+static apex_status cuda_step_build(const apex_optimizer *opt, const apex__group *g, const apex__active *a,
+                                   apex__cuda_step *c) {
+  int n = a->n, lists = 3 + g->nstates;
+  size_t each = (size_t)(n ? n : 1);
+  char *mem = malloc((size_t)lists * each * (sizeof(void *) + sizeof(apex_dtype) + sizeof(size_t)));
+  if (!mem) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
+  apex__cuda_list *all[6] = {&c->g, &c->p, &c->model, &c->s[0], &c->s[1], &c->s[2]};
+  for (int l = 0; l < lists; l++) {
+    all[l]->n = n;
+    all[l]->ptr = (void **)(mem + (size_t)l * each * sizeof(void *));
+    all[l]->numel = (size_t *)(mem + (size_t)lists * each * sizeof(void *) + (size_t)l * each * sizeof(size_t));
+    all[l]->dtype = (apex_dtype *)(mem + (size_t)lists * each * (sizeof(void *) + sizeof(size_t)) +
+                                   (size_t)l * each * sizeof(apex_dtype));
+  }
+  for (int j = 0; j < n; j++) {
+    apex_tensor *t[6] = {a->g[j], a->p[j], a->model[j], NULL, NULL, NULL};
+    for (int s = 0; s < g->nstates; s++) t[3 + s] = a->s[s][j];
+    for (int l = 0; l < lists; l++) {
+      all[l]->ptr[j] = t[l] ? apex_tensor_data(t[l]) : NULL;
+      all[l]->numel[j] = apex_tensor_numel(a->p[j]);
+      all[l]->dtype[j] = t[l] ? apex_tensor_dtype(t[l]) : APEX_F32;
+    }
+  }
+  c->kind = opt->kind;
+  c->o = &g->o;
+  c->n = n;
+  c->nstates = g->nstates;
+  return APEX_OK;
+}
+
+/* The step, with the skip decided on the host (d_skip NULL, overflow) or on the device (d_skip). */
+static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *d_scale, const int *d_skip) {
+  apex_status st = APEX_OK;
+  int cuda = 0;
+  for (int k = 0; k < opt->ngroups; k++) cuda |= opt->groups[k].device == APEX_DEVICE_CUDA;
+  if (cuda && (opt->ops->prepare || opt->kind == APEX_OPTIM_ADAMP || opt->kind == APEX_OPTIM_NOVOGRAD))
+    return apex__fail(APEX_ERR_UNSUPPORTED, "apex_optimizer_step: %s has no CUDA kernel yet; keep its parameters on the CPU",
+                      opt->ops->name);
+  if (d_skip && !cuda)
+    return apex__fail(APEX_ERR_DEVICE, "apex_cuda_optimizer_step: the optimizer's parameters are on the CPU; use "
+                      "apex_optimizer_step");
   apex__active *act = calloc((size_t)opt->ngroups, sizeof *act);
   apex__step_args *args = calloc((size_t)opt->ngroups, sizeof *args);
   if (!act || !args) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
@@ -481,15 +537,51 @@ apex_status apex_optimizer_step(apex_optimizer *opt, float grad_scale, int overf
   }
   if (st == APEX_OK && opt->ops->prepare) st = opt->ops->prepare(args, opt->ngroups);
   for (int k = 0; st == APEX_OK && k < opt->ngroups; k++) {
+    apex__group *g = &opt->groups[k];
     if (act[k].n == 0) continue;
+    if (g->device == APEX_DEVICE_CUDA) {
+      /* The step counts live on the device: the kernel reads them and advances them unless it skips. */
+      apex__cuda_step c = {0};
+      st = cuda_step_build(opt, g, &act[k], &c);
+      if (st == APEX_OK) {
+        c.inv_scale = inv_scale;
+        c.d_scale = d_scale;
+        c.d_skip = d_skip;
+        c.d_step = g->d_step;
+        c.idx = act[k].idx;
+        st = apex__cuda_optim_step(&c);
+      }
+      cuda_step_free(&c);
+      continue;
+    }
     st = opt->ops->step(&args[k]);
     if (st == APEX_OK)
-      for (int j = 0; j < act[k].n; j++) opt->groups[k].step[act[k].idx[j]] = act[k].step[j];
+      for (int j = 0; j < act[k].n; j++) g->step[act[k].idx[j]] = act[k].step[j];
   }
   for (int k = 0; act && k < built; k++) active_free(&act[k]);
   free(act);
   free(args);
   return st;
+}
+
+apex_status apex_optimizer_step(apex_optimizer *opt, float grad_scale, int overflow) {
+  if (!opt) return apex__fail(APEX_ERR_INVALID_ARG, "apex_optimizer_step: NULL optimizer");
+  apex_status st = check_scale("apex_optimizer_step", grad_scale);
+  if (st != APEX_OK) return st;
+  if (opt->ngroups == 0)
+    return apex__fail(APEX_ERR_STATE, "apex_optimizer_step: the optimizer has no parameter groups; add one first");
+  float inv_scale = opt->clip_coef / grad_scale;
+  opt->clip_coef = 1.0f;
+  if (overflow) return APEX_OK;
+  return step_impl(opt, inv_scale, NULL, NULL);
+}
+
+apex_status apex__optimizer_step_device(apex_optimizer *opt, const float *d_scale, const int *d_skip) {
+  if (opt->ngroups == 0)
+    return apex__fail(APEX_ERR_STATE, "apex_cuda_optimizer_step: the optimizer has no parameter groups; add one first");
+  float clip = opt->clip_coef;
+  opt->clip_coef = 1.0f;
+  return step_impl(opt, clip, d_scale, d_skip);
 }
 
 /* ---- clipping ------------------------------------------------------------------------------------------ */

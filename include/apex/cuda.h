@@ -1,0 +1,148 @@
+/* cuda.h: the CUDA backend: device tensors, the device loss scaler and the fused GPU kernels.
+ *
+ * Device tensors are ordinary apex tensors made with apex_tensor_create_on(APEX_DEVICE_CUDA, ...);
+ * their memory comes from a caching allocator over cudaMalloc (never managed memory) and
+ * apex_tensor_data() gives the device pointer. apex_tensor_fill, apex_tensor_copy (any direction,
+ * any dtype pair, with the CPU's exact rounding), apex_tensor_to, apex_tensor_clone, apex_tensor_get
+ * and apex_tensor_set work on them; the multi-tensor kernels (multi_tensor.h) and the optimizers
+ * (optim.h: every kind but AdamP, LAMB and NovoGrad so far) run on the GPU when their tensors are
+ * there. The autograd ops are CPU-only for now and refuse device tensors.
+ *
+ * All apex work is queued on one stream (apex_cuda_stream). Nothing waits for the GPU unless it
+ * must hand a value to the host: a copy to the host, apex_tensor_get, a norm returned as a float,
+ * apex_cuda_scaler_get_state, apex_optimizer_step_count and optimizer saves. The mixed-precision
+ * loop below makes no host-device synchronisation at all:
+ *
+ *     apex_cuda_scaler *sc = apex_cuda_scaler_create(NULL);        dynamic, 2^16
+ *     for (...) {
+ *       forward; multiply the loss gradient by *apex_cuda_scaler_scale_ptr(sc); backward
+ *       apex_cuda_scaler_check(sc, grads, n);                       found_inf |= any Inf/NaN (reads only)
+ *       apex_cuda_optimizer_step(opt, sc);                          unscales in-kernel; skips on found_inf
+ *       apex_cuda_scaler_update(sc);                                grows / backs off, clears found_inf
+ *     }
+ *
+ * In a build without CUDA, or on a machine without a GPU, apex_cuda_available() is 0 and every other
+ * call here fails with APEX_ERR_UNSUPPORTED and a message saying why. */
+#ifndef APEX_CUDA_H
+#define APEX_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apex/loss_scaler.h"
+#include "apex/optim.h"
+#include "apex/status.h"
+#include "apex/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when the library was built with CUDA and a GPU can be used; else 0, and *why (may be NULL) says
+ * which of the two is missing (a constant string). */
+APEX_API int apex_cuda_available(const char **why);
+/* The GPU's name and compute capability ("NVIDIA H100 80GB HBM3, sm_90") into buf. */
+APEX_API apex_status apex_cuda_device_name(char *buf, size_t size);
+/* Waits for all work queued on apex's stream. */
+APEX_API apex_status apex_cuda_synchronize(void);
+/* apex's stream as a cudaStream_t (void * here so that this header needs no CUDA headers); NULL
+ * without CUDA. Kernels of your own that touch apex tensors should run on it. */
+APEX_API void *apex_cuda_stream(void);
+
+typedef struct apex_cuda_memory_stats {
+  size_t allocated;      /* bytes in live tensors (rounded block sizes) */
+  size_t reserved;       /* bytes obtained from cudaMalloc, live or cached */
+  size_t peak_allocated; /* the highest `allocated` since the last reset */
+  size_t device_allocs;  /* cudaMalloc calls so far: flat once the cache is warm */
+} apex_cuda_memory_stats;
+/* The caching allocator's counters. */
+APEX_API apex_status apex_cuda_memory_stats_get(apex_cuda_memory_stats *out);
+/* Restarts peak_allocated from the current `allocated`. */
+APEX_API apex_status apex_cuda_memory_reset_peak(void);
+/* Returns every cached (free) block to the GPU. */
+APEX_API apex_status apex_cuda_empty_cache(void);
+
+/* Page-locked host memory, for copies that overlap computation (data loading). NULL with a message on
+ * failure or without CUDA. */
+APEX_API void *apex_cuda_host_alloc(size_t bytes);
+APEX_API void apex_cuda_host_free(void *p);
+/* Copies between tensors as apex_tensor_copy, without waiting for a copy to the host: the data is
+ * there once apex_cuda_synchronize returns. Host tensors should be over apex_cuda_host_alloc memory
+ * (apex_tensor_wrap) for the copy to be truly asynchronous. */
+APEX_API apex_status apex_tensor_copy_async(apex_tensor *dst, const apex_tensor *src);
+
+/* ---- the device loss scaler -----------------------------------------------------------------------
+ * apex_loss_scaler's rules (loss_scaler.h: static or dynamic with growth, backoff, window, min, max,
+ * hysteresis), with the scale, both trackers, the counters and the found_inf flag kept on the GPU so
+ * that checks, steps and updates never wait for the host. Its state equals, bit for bit, that of an
+ * apex_loss_scaler fed the same overflow sequence. */
+typedef struct apex_cuda_scaler apex_cuda_scaler;
+
+/* A scaler from the configuration (NULL = the defaults), validated as apex_loss_scaler_create. */
+APEX_API apex_cuda_scaler *apex_cuda_scaler_create(const apex_loss_scaler_config *config);
+APEX_API void apex_cuda_scaler_destroy(apex_cuda_scaler *s);
+/* Device pointers: the current scale (f32) and the found_inf flag (int32, nonzero = overflow seen). */
+APEX_API const float *apex_cuda_scaler_scale_ptr(const apex_cuda_scaler *s);
+APEX_API int *apex_cuda_scaler_found_inf_ptr(apex_cuda_scaler *s);
+/* Raises found_inf if any element of the n device tensors is Inf or NaN; reads them only. */
+APEX_API apex_status apex_cuda_scaler_check(apex_cuda_scaler *s, apex_tensor *const *grads, int n);
+/* out[i] = in[i] / scale (in place when out == in), raising found_inf on a non-finite input. */
+APEX_API apex_status apex_cuda_scaler_unscale(apex_cuda_scaler *s, apex_tensor *const *in, apex_tensor *const *out,
+                                              int n);
+/* Multiplies a device tensor (say the loss gradient that seeds backward) by the scale, in place. */
+APEX_API apex_status apex_cuda_scaler_scale_tensor(apex_cuda_scaler *s, apex_tensor *t);
+/* Applies one update from found_inf (as apex_loss_scaler_update) and clears the flag. Returns at once;
+ * APEX_ERR_SCALE_AT_MIN cannot be reported without waiting: read the state to find out. */
+APEX_API apex_status apex_cuda_scaler_update(apex_cuda_scaler *s);
+/* The state (waits for the GPU), and the reverse (validated as apex_loss_scaler_set_state); save and
+ * load it with apex_loss_scaler_save/load through an apex_loss_scaler. */
+APEX_API apex_status apex_cuda_scaler_get_state(apex_cuda_scaler *s, apex_loss_scaler_state *out);
+APEX_API apex_status apex_cuda_scaler_set_state(apex_cuda_scaler *s, const apex_loss_scaler_state *state);
+/* One optimizer step over device parameters with the gradients unscaled by the scaler's scale inside the
+ * kernel and skipped, every state and step count unchanged, when found_inf is set. Does not update the
+ * scaler (call apex_cuda_scaler_update after). APEX_ERR_DEVICE for an optimizer with CPU parameters. */
+APEX_API apex_status apex_cuda_optimizer_step(apex_optimizer *opt, apex_cuda_scaler *s);
+
+/* ---- fused kernels (Apex's FusedLayerNorm, FusedRMSNorm, xentropy, Welford BN, fused dense) --------------
+ * Each takes device tensors, checks shapes, dtypes and devices (APEX_ERR_SHAPE / APEX_ERR_DTYPE /
+ * APEX_ERR_DEVICE naming the argument), accumulates in f32 and is deterministic: the same inputs give
+ * the same bits on every run. x, y, dy, dx: f32, f16 or bf16; weights f32 or x's dtype. */
+
+/* Layer norm over the last dimension of x ([rows, cols], any leading shape): y = (x - mean) * rstd * w + b.
+ * b may be NULL (no bias); mean and rstd are f32 [rows] outputs for the backward. With rms = 1 this is
+ * RMSNorm: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), mean left untouched (may be NULL). */
+APEX_API apex_status apex_cuda_layer_norm_forward(const apex_tensor *x, const apex_tensor *w, const apex_tensor *b,
+                                                  float eps, int rms, apex_tensor *y, apex_tensor *mean,
+                                                  apex_tensor *rstd);
+/* The gradients dx (x's dtype), dw and db (w's dtype; db may be NULL; both overwritten, not
+ * accumulated) from dy and the forward's x, w, mean and rstd. */
+APEX_API apex_status apex_cuda_layer_norm_backward(const apex_tensor *dy, const apex_tensor *x, const apex_tensor *w,
+                                                   const apex_tensor *mean, const apex_tensor *rstd, int rms,
+                                                   apex_tensor *dx, apex_tensor *dw, apex_tensor *db);
+/* Softmax + cross-entropy per row of logits [rows, classes] against class indices d_target (a device
+ * pointer to rows int64 values, as PyTorch's cross_entropy with reduction='none', ignore_index and
+ * label_smoothing): loss f32 [rows] (0 for an ignored row, NaN for an index outside [0, classes)) and
+ * lse f32 [rows], the log-sum-exp the backward reuses. Never forms the softmax. */
+APEX_API apex_status apex_cuda_cross_entropy_forward(const apex_tensor *logits, const int64_t *d_target,
+                                                     int64_t ignore_index, float label_smoothing, apex_tensor *loss,
+                                                     apex_tensor *lse);
+/* dlogits = dloss[row] * (softmax - smoothed one-hot), 0 for ignored rows, in one pass. */
+APEX_API apex_status apex_cuda_cross_entropy_backward(const apex_tensor *dloss, const apex_tensor *logits,
+                                                      const int64_t *d_target, const apex_tensor *lse,
+                                                      int64_t ignore_index, float label_smoothing,
+                                                      apex_tensor *dlogits);
+/* Per-channel batch statistics of x [N, C, ...] by Welford's method: mean, biased variance and the sum of
+ * squared deviations M2 (f32 [C] each; m2 may be NULL), the triples SyncBatchNorm merges across ranks. */
+APEX_API apex_status apex_cuda_batch_norm_stats(const apex_tensor *x, apex_tensor *mean, apex_tensor *var,
+                                                apex_tensor *m2);
+/* c = alpha * op(a) @ op(b) + beta * c (+ bias per column of c) (then GELU, tanh form, when gelu = 1),
+ * through cuBLASLt with f32 accumulation: a, b f16/bf16 (tensor cores) or f32 (TF32 off); c f32 or a's
+ * dtype; bias (may be NULL) c's dtype, [n]. a is [m, k] ([k, m] with trans_a), b [k, n] ([n, k] with
+ * trans_b), c [m, n], all row-major. */
+APEX_API apex_status apex_cuda_matmul(const apex_tensor *a, int trans_a, const apex_tensor *b, int trans_b,
+                                      apex_tensor *c, float alpha, float beta, const apex_tensor *bias, int gelu);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

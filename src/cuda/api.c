@@ -1,0 +1,346 @@
+/* api.c: the public CUDA calls of apex/cuda.h: argument checks and messages here, in plain C, the work in
+ * the .cu files behind cuda_internal.h. In a build without CUDA the internal entry points are the
+ * failing ones of stubs.c, and apex__cuda_ready says why, so this file needs no #if. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "apex/cuda.h"
+#include "core/internal.h"
+#include "core/tensor_internal.h"
+#include "cuda/cuda_internal.h"
+#include "optim/optim_internal.h"
+
+#define REQUIRE_CUDA(fn)                                                    \
+  do {                                                                      \
+    const char *why_;                                                       \
+    if (!apex__cuda_ready(&why_)) return apex__fail(APEX_ERR_UNSUPPORTED, "%s: %s", fn, why_); \
+  } while (0)
+
+int apex_cuda_available(const char **why) { return apex__cuda_ready(why); }
+
+apex_status apex_cuda_device_name(char *buf, size_t size) {
+  if (!buf || size == 0) return apex__fail(APEX_ERR_INVALID_ARG, "apex_cuda_device_name: NULL or empty buffer");
+  REQUIRE_CUDA("apex_cuda_device_name");
+  return apex__cuda_device_name(buf, size);
+}
+
+apex_status apex_cuda_synchronize(void) { return apex__cuda_sync("apex_cuda_synchronize"); }
+
+void *apex_cuda_stream(void) { return apex__cuda_stream(); }
+
+apex_status apex_cuda_memory_stats_get(apex_cuda_memory_stats *out) {
+  if (!out) return apex__fail(APEX_ERR_INVALID_ARG, "apex_cuda_memory_stats_get: NULL out");
+  REQUIRE_CUDA("apex_cuda_memory_stats_get");
+  apex__cuda_stats(out, 0);
+  return APEX_OK;
+}
+
+apex_status apex_cuda_memory_reset_peak(void) {
+  REQUIRE_CUDA("apex_cuda_memory_reset_peak");
+  apex__cuda_stats(NULL, 1);
+  return APEX_OK;
+}
+
+apex_status apex_cuda_empty_cache(void) {
+  REQUIRE_CUDA("apex_cuda_empty_cache");
+  apex__cuda_empty_cache();
+  return APEX_OK;
+}
+
+void *apex_cuda_host_alloc(size_t bytes) {
+  const char *why;
+  if (!apex__cuda_ready(&why)) return apex__fail_null(APEX_ERR_UNSUPPORTED, "apex_cuda_host_alloc: %s", why);
+  return apex__cuda_host_alloc(bytes);
+}
+
+void apex_cuda_host_free(void *p) {
+  if (p && apex__cuda_ready(NULL)) apex__cuda_host_free(p);
+}
+
+/* ---- argument checks shared by the kernels below ------------------------------------------------------- */
+
+static apex_status need(const char *fn, const char *what, const apex_tensor *t) {
+  if (!t) return apex__fail(APEX_ERR_INVALID_ARG, "%s: %s is NULL", fn, what);
+  if (apex_tensor_device(t) != APEX_DEVICE_CUDA)
+    return apex__fail(APEX_ERR_DEVICE, "%s: %s is on the CPU; this kernel takes CUDA tensors (apex_tensor_create_on)",
+                      fn, what);
+  return APEX_OK;
+}
+
+static apex_status need_numel(const char *fn, const char *what, const apex_tensor *t, size_t numel) {
+  apex_status st = need(fn, what, t);
+  if (st == APEX_OK && apex_tensor_numel(t) != numel) {
+    char buf[96];
+    st = apex__fail(APEX_ERR_SHAPE, "%s: %s has shape %s (%zu elements); %zu expected", fn, what,
+                    apex_tensor_shape_str(t, buf, sizeof buf), apex_tensor_numel(t), numel);
+  }
+  return st;
+}
+
+static apex_status need_dtype(const char *fn, const char *what, const apex_tensor *t, apex_dtype a, apex_dtype b) {
+  apex_dtype d = apex_tensor_dtype(t);
+  if (d != a && d != b)
+    return apex__fail(APEX_ERR_DTYPE, "%s: %s is %s; use %s%s%s", fn, what, apex_dtype_name(d), apex_dtype_name(a),
+                      a == b ? "" : " or ", a == b ? "" : apex_dtype_name(b));
+  return APEX_OK;
+}
+
+apex_status apex__cuda_list_make(const char *fn, const char *what, apex_tensor *const *t, int n, apex__cuda_list *l) {
+  *l = (apex__cuda_list){0};
+  if (n < 0 || (n > 0 && !t)) return apex__fail(APEX_ERR_INVALID_ARG, "%s: bad %s list (%d tensors)", fn, what, n);
+  char *mem = malloc((size_t)(n ? n : 1) * (sizeof(void *) + sizeof(apex_dtype) + sizeof(size_t)));
+  if (!mem) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  l->n = n;
+  l->ptr = (void **)mem;
+  l->numel = (size_t *)(mem + (size_t)(n ? n : 1) * sizeof(void *));
+  l->dtype = (apex_dtype *)(mem + (size_t)(n ? n : 1) * (sizeof(void *) + sizeof(size_t)));
+  for (int i = 0; i < n; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "%s %d", what, i);
+    apex_status st = need(fn, name, t[i]);
+    if (st != APEX_OK) {
+      free(mem);
+      *l = (apex__cuda_list){0};
+      return st;
+    }
+    l->ptr[i] = apex_tensor_data(t[i]);
+    l->numel[i] = apex_tensor_numel(t[i]);
+    l->dtype[i] = apex_tensor_dtype(t[i]);
+  }
+  return APEX_OK;
+}
+
+void apex__cuda_list_free(apex__cuda_list *l) { free(l->ptr); }
+
+/* ---- the device loss scaler --------------------------------------------------------------------------------- */
+
+struct apex_cuda_scaler {
+  apex_loss_scaler *host;       /* the configuration, validated by apex_loss_scaler_create */
+  apex_loss_scaler_config cfg;
+  apex__cuda_scaler_dev *d;     /* state + found_inf on the device */
+};
+
+apex_cuda_scaler *apex_cuda_scaler_create(const apex_loss_scaler_config *config) {
+  const char *why;
+  if (!apex__cuda_ready(&why)) return apex__fail_null(APEX_ERR_UNSUPPORTED, "apex_cuda_scaler_create: %s", why);
+  apex_loss_scaler *host = apex_loss_scaler_create(config);
+  if (!host) return NULL;
+  apex_cuda_scaler *s = calloc(1, sizeof *s);
+  void *d = NULL;
+  if (!s || apex__cuda_alloc(sizeof(apex__cuda_scaler_dev), 1, &d) != APEX_OK) {
+    free(s);
+    apex_loss_scaler_destroy(host);
+    return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_cuda_scaler_create: out of memory");
+  }
+  s->host = host;
+  s->cfg = apex_loss_scaler_get_config(host);
+  s->d = d;
+  apex__cuda_scaler_dev init = {.st = apex_loss_scaler_get_state(host), .found_inf = 0};
+  if (apex__cuda_memcpy(s->d, &init, sizeof init, APEX__H2D, 1) != APEX_OK) {
+    apex_cuda_scaler_destroy(s);
+    return NULL;
+  }
+  return s;
+}
+
+void apex_cuda_scaler_destroy(apex_cuda_scaler *s) {
+  if (!s) return;
+  apex__cuda_free(s->d);
+  apex_loss_scaler_destroy(s->host);
+  free(s);
+}
+
+const float *apex_cuda_scaler_scale_ptr(const apex_cuda_scaler *s) { return s ? &s->d->st.scale : NULL; }
+int *apex_cuda_scaler_found_inf_ptr(apex_cuda_scaler *s) { return s ? (int *)&s->d->found_inf : NULL; }
+
+static apex_status scale_lists(apex_cuda_scaler *s, apex_tensor *const *in, apex_tensor *const *out, int n,
+                               int inverse, const char *fn) {
+  if (!s) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL scaler", fn);
+  apex__cuda_list li, lo = {0};
+  apex_status st = apex__cuda_list_make(fn, "tensor", in, n, &li);
+  if (st == APEX_OK && out) st = apex__cuda_list_make(fn, "output", out, n, &lo);
+  for (int i = 0; st == APEX_OK && out && i < n; i++)
+    if (lo.numel[i] != li.numel[i])
+      st = apex__fail(APEX_ERR_SHAPE, "%s: output %d has %zu elements, its input %zu", fn, i, lo.numel[i], li.numel[i]);
+  if (st == APEX_OK)
+    st = apex__cuda_mt_scale(&li, out ? &lo : NULL, 1.0f, &s->d->st.scale, inverse, (int *)&s->d->found_inf);
+  apex__cuda_list_free(&li);
+  apex__cuda_list_free(&lo);
+  return st;
+}
+
+apex_status apex_cuda_scaler_check(apex_cuda_scaler *s, apex_tensor *const *grads, int n) {
+  return scale_lists(s, grads, NULL, n, 1, "apex_cuda_scaler_check");
+}
+
+apex_status apex_cuda_scaler_unscale(apex_cuda_scaler *s, apex_tensor *const *in, apex_tensor *const *out, int n) {
+  if (!out) return apex__fail(APEX_ERR_INVALID_ARG, "apex_cuda_scaler_unscale: NULL output list (pass the inputs to unscale in place)");
+  return scale_lists(s, in, out, n, 1, "apex_cuda_scaler_unscale");
+}
+
+apex_status apex_cuda_scaler_scale_tensor(apex_cuda_scaler *s, apex_tensor *t) {
+  apex_tensor *one[1] = {t};
+  return scale_lists(s, one, one, 1, 0, "apex_cuda_scaler_scale_tensor");
+}
+
+apex_status apex_cuda_scaler_update(apex_cuda_scaler *s) {
+  if (!s) return apex__fail(APEX_ERR_INVALID_ARG, "apex_cuda_scaler_update: NULL scaler");
+  return apex__cuda_scaler_update(s->d, &s->cfg);
+}
+
+apex_status apex_cuda_scaler_get_state(apex_cuda_scaler *s, apex_loss_scaler_state *out) {
+  if (!s || !out) return apex__fail(APEX_ERR_INVALID_ARG, "apex_cuda_scaler_get_state: NULL argument");
+  apex__cuda_scaler_dev h;
+  apex_status st = apex__cuda_memcpy(&h, s->d, sizeof h, APEX__D2H, 1);
+  if (st == APEX_OK) *out = h.st;
+  return st;
+}
+
+apex_status apex_cuda_scaler_set_state(apex_cuda_scaler *s, const apex_loss_scaler_state *state) {
+  if (!s || !state) return apex__fail(APEX_ERR_INVALID_ARG, "apex_cuda_scaler_set_state: NULL argument");
+  apex_status st = apex_loss_scaler_set_state(s->host, state); /* the CPU scaler's checks */
+  if (st != APEX_OK) return st;
+  apex__cuda_scaler_dev h = {.st = *state, .found_inf = 0};
+  return apex__cuda_memcpy(s->d, &h, sizeof h, APEX__H2D, 1);
+}
+
+apex_status apex_cuda_optimizer_step(apex_optimizer *opt, apex_cuda_scaler *s) {
+  if (!opt || !s) return apex__fail(APEX_ERR_INVALID_ARG, "apex_cuda_optimizer_step: NULL argument");
+  return apex__optimizer_step_device(opt, &s->d->st.scale, (const int *)&s->d->found_inf);
+}
+
+/* ---- fused kernels ------------------------------------------------------------------------------------------ */
+
+static int64_t rows_of(const apex_tensor *x, int64_t cols) { return cols ? (int64_t)(apex_tensor_numel(x) / (size_t)cols) : 0; }
+
+apex_status apex_cuda_layer_norm_forward(const apex_tensor *x, const apex_tensor *w, const apex_tensor *b, float eps,
+                                         int rms, apex_tensor *y, apex_tensor *mean, apex_tensor *rstd) {
+  const char *fn = "apex_cuda_layer_norm_forward";
+  REQUIRE_CUDA(fn);
+  apex_status st = need(fn, "x", x);
+  if (st != APEX_OK) return st;
+  if (apex_tensor_ndim(x) < 1) return apex__fail(APEX_ERR_SHAPE, "%s: x is a scalar; it needs a last dimension", fn);
+  int64_t cols = apex_tensor_dim(x, -1), rows = rows_of(x, cols);
+  apex_dtype xt = apex_tensor_dtype(x);
+  if ((st = need_numel(fn, "w", w, (size_t)cols)) || (st = need_dtype(fn, "w", w, APEX_F32, xt)) ||
+      (b && ((st = need_numel(fn, "b", b, (size_t)cols)) || (st = need_dtype(fn, "b", b, apex_tensor_dtype(w), apex_tensor_dtype(w))))) ||
+      (st = need_numel(fn, "y", y, apex_tensor_numel(x))) || (st = need_dtype(fn, "y", y, xt, xt)) ||
+      (!rms && ((st = need_numel(fn, "mean", mean, (size_t)rows)) || (st = need_dtype(fn, "mean", mean, APEX_F32, APEX_F32)))) ||
+      (st = need_numel(fn, "rstd", rstd, (size_t)rows)) || (st = need_dtype(fn, "rstd", rstd, APEX_F32, APEX_F32)))
+    return st;
+  if (!(eps >= 0.0f)) return apex__fail(APEX_ERR_INVALID_ARG, "%s: eps is %g; it must be >= 0", fn, (double)eps);
+  return apex__cuda_layer_norm_fwd(apex_tensor_data(x), xt, apex_tensor_data(w), b ? apex_tensor_data(b) : NULL,
+                                   apex_tensor_dtype(w), rows, cols, eps, rms, apex_tensor_data(y),
+                                   rms ? NULL : apex_tensor_data(mean), apex_tensor_data(rstd));
+}
+
+apex_status apex_cuda_layer_norm_backward(const apex_tensor *dy, const apex_tensor *x, const apex_tensor *w,
+                                          const apex_tensor *mean, const apex_tensor *rstd, int rms, apex_tensor *dx,
+                                          apex_tensor *dw, apex_tensor *db) {
+  const char *fn = "apex_cuda_layer_norm_backward";
+  REQUIRE_CUDA(fn);
+  apex_status st = need(fn, "x", x);
+  if (st != APEX_OK) return st;
+  if (apex_tensor_ndim(x) < 1) return apex__fail(APEX_ERR_SHAPE, "%s: x is a scalar; it needs a last dimension", fn);
+  int64_t cols = apex_tensor_dim(x, -1), rows = rows_of(x, cols);
+  apex_dtype xt = apex_tensor_dtype(x);
+  if ((st = need_numel(fn, "dy", dy, apex_tensor_numel(x))) || (st = need_dtype(fn, "dy", dy, xt, xt)) ||
+      (st = need_numel(fn, "w", w, (size_t)cols)) || (st = need_dtype(fn, "w", w, APEX_F32, xt)) ||
+      (!rms && ((st = need_numel(fn, "mean", mean, (size_t)rows)) || (st = need_dtype(fn, "mean", mean, APEX_F32, APEX_F32)))) ||
+      (st = need_numel(fn, "rstd", rstd, (size_t)rows)) || (st = need_dtype(fn, "rstd", rstd, APEX_F32, APEX_F32)) ||
+      (st = need_numel(fn, "dx", dx, apex_tensor_numel(x))) || (st = need_dtype(fn, "dx", dx, xt, xt)) ||
+      (st = need_numel(fn, "dw", dw, (size_t)cols)) || (st = need_dtype(fn, "dw", dw, apex_tensor_dtype(w), apex_tensor_dtype(w))) ||
+      (db && ((st = need_numel(fn, "db", db, (size_t)cols)) || (st = need_dtype(fn, "db", db, apex_tensor_dtype(w), apex_tensor_dtype(w))))))
+    return st;
+  return apex__cuda_layer_norm_bwd(apex_tensor_data(dy), apex_tensor_data(x), xt, apex_tensor_data(w),
+                                   apex_tensor_dtype(w), rms ? NULL : apex_tensor_data(mean), apex_tensor_data(rstd),
+                                   rows, cols, rms, apex_tensor_data(dx), apex_tensor_data(dw),
+                                   db ? apex_tensor_data(db) : NULL);
+}
+
+static apex_status xent_args(const char *fn, const apex_tensor *logits, const int64_t *target, float smoothing,
+                             int64_t *rows, int64_t *cols) {
+  apex_status st = need(fn, "logits", logits);
+  if (st != APEX_OK) return st;
+  if (apex_tensor_ndim(logits) != 2) {
+    char buf[96];
+    return apex__fail(APEX_ERR_SHAPE, "%s: logits has shape %s; it must be [rows, classes]", fn,
+                      apex_tensor_shape_str(logits, buf, sizeof buf));
+  }
+  *rows = apex_tensor_dim(logits, 0);
+  *cols = apex_tensor_dim(logits, 1);
+  if (!target && *rows > 0) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL target", fn);
+  if (!(smoothing >= 0.0f && smoothing <= 1.0f))
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: label_smoothing is %g; it must be in [0, 1]", fn, (double)smoothing);
+  return APEX_OK;
+}
+
+apex_status apex_cuda_cross_entropy_forward(const apex_tensor *logits, const int64_t *target, int64_t ignore_index,
+                                            float label_smoothing, apex_tensor *loss, apex_tensor *lse) {
+  const char *fn = "apex_cuda_cross_entropy_forward";
+  REQUIRE_CUDA(fn);
+  int64_t rows = 0, cols = 0;
+  apex_status st = xent_args(fn, logits, target, label_smoothing, &rows, &cols);
+  if (st || (st = need_numel(fn, "loss", loss, (size_t)rows)) || (st = need_dtype(fn, "loss", loss, APEX_F32, APEX_F32)) ||
+      (st = need_numel(fn, "lse", lse, (size_t)rows)) || (st = need_dtype(fn, "lse", lse, APEX_F32, APEX_F32)))
+    return st;
+  return apex__cuda_xent_fwd(apex_tensor_data(logits), apex_tensor_dtype(logits), target, rows, cols,
+                             ignore_index, label_smoothing, apex_tensor_data(loss), apex_tensor_data(lse));
+}
+
+apex_status apex_cuda_cross_entropy_backward(const apex_tensor *dloss, const apex_tensor *logits,
+                                             const int64_t *target, const apex_tensor *lse, int64_t ignore_index,
+                                             float label_smoothing, apex_tensor *dlogits) {
+  const char *fn = "apex_cuda_cross_entropy_backward";
+  REQUIRE_CUDA(fn);
+  int64_t rows = 0, cols = 0;
+  apex_status st = xent_args(fn, logits, target, label_smoothing, &rows, &cols);
+  if (st || (st = need_numel(fn, "dloss", dloss, (size_t)rows)) || (st = need_dtype(fn, "dloss", dloss, APEX_F32, APEX_F32)) ||
+      (st = need_numel(fn, "lse", lse, (size_t)rows)) || (st = need_dtype(fn, "lse", lse, APEX_F32, APEX_F32)) ||
+      (st = need_numel(fn, "dlogits", dlogits, apex_tensor_numel(logits))) ||
+      (st = need_dtype(fn, "dlogits", dlogits, apex_tensor_dtype(logits), apex_tensor_dtype(logits))))
+    return st;
+  return apex__cuda_xent_bwd(apex_tensor_data(dloss), apex_tensor_data(logits), apex_tensor_dtype(logits),
+                             target, apex_tensor_data(lse), rows, cols, ignore_index, label_smoothing,
+                             apex_tensor_data(dlogits));
+}
+
+apex_status apex_cuda_batch_norm_stats(const apex_tensor *x, apex_tensor *mean, apex_tensor *var, apex_tensor *m2) {
+  const char *fn = "apex_cuda_batch_norm_stats";
+  REQUIRE_CUDA(fn);
+  apex_status st = need(fn, "x", x);
+  if (st != APEX_OK) return st;
+  if (apex_tensor_ndim(x) < 2) return apex__fail(APEX_ERR_SHAPE, "%s: x needs at least [N, C]", fn);
+  int64_t n = apex_tensor_dim(x, 0), c = apex_tensor_dim(x, 1);
+  int64_t hw = n > 0 && c > 0 ? (int64_t)apex_tensor_numel(x) / (n * c) : 0;
+  if ((st = need_numel(fn, "mean", mean, (size_t)c)) || (st = need_dtype(fn, "mean", mean, APEX_F32, APEX_F32)) ||
+      (st = need_numel(fn, "var", var, (size_t)c)) || (st = need_dtype(fn, "var", var, APEX_F32, APEX_F32)) ||
+      (m2 && ((st = need_numel(fn, "m2", m2, (size_t)c)) || (st = need_dtype(fn, "m2", m2, APEX_F32, APEX_F32)))))
+    return st;
+  return apex__cuda_bn_stats(apex_tensor_data(x), apex_tensor_dtype(x), n, c, hw, apex_tensor_data(mean),
+                             apex_tensor_data(var), m2 ? apex_tensor_data(m2) : NULL);
+}
+
+apex_status apex_cuda_matmul(const apex_tensor *a, int trans_a, const apex_tensor *b, int trans_b, apex_tensor *c,
+                             float alpha, float beta, const apex_tensor *bias, int gelu) {
+  const char *fn = "apex_cuda_matmul";
+  REQUIRE_CUDA(fn);
+  apex_status st;
+  if ((st = need(fn, "a", a)) || (st = need(fn, "b", b)) || (st = need(fn, "c", c))) return st;
+  if (apex_tensor_ndim(a) != 2 || apex_tensor_ndim(b) != 2 || apex_tensor_ndim(c) != 2)
+    return apex__fail(APEX_ERR_SHAPE, "%s: a, b and c must be 2-d", fn);
+  int64_t m = apex_tensor_dim(a, trans_a ? 1 : 0), k = apex_tensor_dim(a, trans_a ? 0 : 1);
+  int64_t kb = apex_tensor_dim(b, trans_b ? 1 : 0), n = apex_tensor_dim(b, trans_b ? 0 : 1);
+  if (k != kb || apex_tensor_dim(c, 0) != m || apex_tensor_dim(c, 1) != n) {
+    char sa[64], sb[64], sc[64];
+    return apex__fail(APEX_ERR_SHAPE, "%s: op(a) %s%s times op(b) %s%s does not give c %s", fn,
+                      apex_tensor_shape_str(a, sa, sizeof sa), trans_a ? "^T" : "", apex_tensor_shape_str(b, sb, sizeof sb),
+                      trans_b ? "^T" : "", apex_tensor_shape_str(c, sc, sizeof sc));
+  }
+  apex_dtype it = apex_tensor_dtype(a), ct = apex_tensor_dtype(c);
+  if ((st = need_dtype(fn, "b", b, it, it)) || (st = need_dtype(fn, "c", c, APEX_F32, it)) ||
+      (bias && ((st = need_numel(fn, "bias", bias, (size_t)n)) || (st = need_dtype(fn, "bias", bias, ct, ct)))))
+    return st;
+  return apex__cuda_gemm(trans_a, trans_b, m, n, k, alpha, apex_tensor_data(a), apex_tensor_data(b), it, beta,
+                         apex_tensor_data(c), ct, bias ? apex_tensor_data(bias) : NULL, gelu);
+}

@@ -1,0 +1,538 @@
+/* test_cuda.c: the CUDA backend against the CPU (the parity suite of the CUDA issue).
+ *
+ * Every kernel runs on the GPU and on the CPU reference over the same inputs; the tolerance is stated
+ * per check: conversions, copies and the loss scaler bitwise; the elementwise optimizers bitwise too
+ * (the CUDA files are built without FMA contraction and repeat the CPU kernels operation for operation;
+ * Adam's bias corrections go through the device's pow, so those allow 2 f32 ulps); norms, layer norm,
+ * cross-entropy, batch statistics against a double-precision reference computed here, to 1e-5
+ * relative in f32 and to the dtype's rounding (2^-8 f16, 2^-7 bf16, relative to the row's scale) for
+ * outputs stored in 16 bits; GEMM with bf16 inputs to 1e-2 relative (f32 accumulation of rounded
+ * inputs). Without a GPU the program prints why and exits 77, which ctest reports as skipped. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "apex/cuda.h"
+#include "testutil.h"
+
+static apex_tensor *dev_copy(const apex_tensor *h) {
+  apex_tensor *d = apex_tensor_create_on(APEX_DEVICE_CUDA, apex_tensor_dtype(h), apex_tensor_ndim(h), apex_tensor_shape(h));
+  assert_non_null(d);
+  TU_OK(apex_tensor_copy(d, h));
+  return d;
+}
+
+static apex_tensor *host_copy(const apex_tensor *d) {
+  apex_tensor *h = apex_tensor_create(apex_tensor_dtype(d), apex_tensor_ndim(d), apex_tensor_shape(d));
+  assert_non_null(h);
+  TU_OK(apex_tensor_copy(h, d));
+  return h;
+}
+
+/* Asserts a device tensor equals a host tensor bit for bit (same dtype). */
+static void assert_same_bits(const apex_tensor *dev, const apex_tensor *host, const char *what) {
+  apex_tensor *h = host_copy(dev);
+  if (memcmp(apex_tensor_data(h), apex_tensor_data(host), apex_tensor_nbytes(host)) != 0) {
+    size_t i = 0;
+    while (apex_tensor_get(h, i) == apex_tensor_get(host, i)) i++;
+    fail_msg("%s: element %zu differs: GPU %.9g, CPU %.9g", what, i, (double)apex_tensor_get(h, i),
+             (double)apex_tensor_get(host, i));
+  }
+  apex_tensor_destroy(h);
+}
+
+/* Largest distance in f32 ulps between a device f32 tensor and a host one. */
+static uint32_t max_ulps(const apex_tensor *dev, const apex_tensor *host) {
+  apex_tensor *h = host_copy(dev);
+  uint32_t worst = 0;
+  const float *a = apex_tensor_data(h), *b = apex_tensor_data(host);
+  for (size_t i = 0; i < apex_tensor_numel(host); i++) {
+    int64_t ia = (int32_t)tu_bits(a[i]), ib = (int32_t)tu_bits(b[i]);
+    if (ia < 0) ia = INT32_MIN - ia;
+    if (ib < 0) ib = INT32_MIN - ib;
+    uint64_t d = (uint64_t)(ia > ib ? ia - ib : ib - ia);
+    if (d > worst) worst = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+  }
+  apex_tensor_destroy(h);
+  return worst;
+}
+
+/* ---- conversions, copies, allocator ---------------------------------------------------------------- */
+
+static void test_convert_bitwise(void **state) {
+  (void)state;
+  /* Every 16-bit pattern up, and random f32 with specials down, on both devices. */
+  int64_t n = 65536;
+  for (int dt = APEX_F16; dt <= APEX_BF16; dt++) {
+    apex_tensor *h16 = apex_tensor_create((apex_dtype)dt, 1, &n);
+    for (int64_t i = 0; i < n; i++) ((uint16_t *)apex_tensor_data(h16))[i] = (uint16_t)i;
+    apex_tensor *d16 = dev_copy(h16);
+    apex_tensor *d32 = apex_tensor_to(d16, APEX_F32), *h32 = apex_tensor_to(h16, APEX_F32);
+    assert_same_bits(d32, h32, "16-bit -> f32");
+    apex_tensor_destroy(d32);
+    apex_tensor_destroy(h32);
+    apex_tensor_destroy(d16);
+    apex_tensor_destroy(h16);
+  }
+  int64_t m = 1 << 20;
+  apex_tensor *h = apex_tensor_create(APEX_F32, 1, &m);
+  uint64_t x = 88172645463325252ull;
+  for (int64_t i = 0; i < m; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    ((uint32_t *)apex_tensor_data(h))[i] = (uint32_t)x; /* every kind of f32: NaNs, Infs, subnormals */
+  }
+  apex_tensor *d = dev_copy(h);
+  for (int dt = APEX_F16; dt <= APEX_BF16; dt++) {
+    apex_tensor *dd = apex_tensor_to(d, (apex_dtype)dt), *hh = apex_tensor_to(h, (apex_dtype)dt);
+    assert_same_bits(dd, hh, "f32 -> 16-bit");
+    /* the host-side staging paths of apex_tensor_copy: CPU f32 into a GPU f16, GPU f32 into a CPU f16 */
+    apex_tensor *mixed = apex_tensor_create_on(APEX_DEVICE_CUDA, (apex_dtype)dt, 1, &m);
+    TU_OK(apex_tensor_copy(mixed, h));
+    assert_same_bits(mixed, hh, "CPU f32 -> GPU 16-bit");
+    apex_tensor *down = apex_tensor_create((apex_dtype)dt, 1, &m);
+    TU_OK(apex_tensor_copy(down, d));
+    assert_memory_equal(apex_tensor_data(down), apex_tensor_data(hh), apex_tensor_nbytes(hh));
+    apex_tensor_destroy(down);
+    apex_tensor_destroy(mixed);
+    apex_tensor_destroy(dd);
+    apex_tensor_destroy(hh);
+  }
+  apex_tensor_destroy(d);
+  apex_tensor_destroy(h);
+}
+
+static void test_tensor_ops_and_allocator(void **state) {
+  (void)state;
+  int64_t shape[2] = {3, 1000};
+  apex_tensor *d = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 2, shape);
+  assert_non_null(d);
+  assert_int_equal(apex_tensor_device(d), APEX_DEVICE_CUDA);
+  assert_true(apex_tensor_get(d, 2999) == 0.0f); /* zero-filled */
+  TU_OK(apex_tensor_fill(d, 1.0f / 3.0f));
+  assert_true(apex_tensor_get(d, 1234) == apex_bf16_to_f32(apex_f32_to_bf16(1.0f / 3.0f)));
+  apex_tensor_set(d, 7, -2.5f);
+  assert_true(apex_tensor_get(d, 7) == -2.5f);
+  apex_tensor *c = apex_tensor_clone(d);
+  assert_int_equal(apex_tensor_device(c), APEX_DEVICE_CUDA);
+  assert_true(apex_tensor_get(c, 7) == -2.5f);
+  apex_tensor_destroy(c);
+  apex_tensor_destroy(d);
+  /* A loop of the same sizes reuses cached blocks: no new cudaMalloc after the first round. */
+  apex_cuda_memory_stats s0, s1;
+  for (int round = 0; round < 3; round++) {
+    if (round == 1) TU_OK(apex_cuda_memory_stats_get(&s0));
+    apex_tensor *t[8];
+    for (int i = 0; i < 8; i++) {
+      int64_t n = 1000 + 4096 * i;
+      t[i] = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &n);
+      assert_non_null(t[i]);
+    }
+    for (int i = 0; i < 8; i++) apex_tensor_destroy(t[i]);
+  }
+  TU_OK(apex_cuda_memory_stats_get(&s1));
+  assert_int_equal(s0.device_allocs, s1.device_allocs);
+  assert_true(s1.peak_allocated >= s1.allocated);
+  char name[128];
+  TU_OK(apex_cuda_device_name(name, sizeof name));
+  print_message("device: %s\n", name);
+}
+
+/* ---- multi-tensor kernels and the device loss scaler ------------------------------------------------------ */
+
+static void test_multi_tensor_parity(void **state) {
+  (void)state;
+  enum { N = 5 };
+  const size_t sizes[N] = {1, 16383, 16384, 16385, 300001}; /* around the GPU chunk */
+  apex_tensor *h[N], *d[N], *ho[N], *dout[N];
+  for (int i = 0; i < N; i++) {
+    h[i] = tu_random_tensor(i % 2 ? APEX_F16 : APEX_F32, sizes[i], 11 + i, 100.0f);
+    d[i] = dev_copy(h[i]);
+    ho[i] = apex_tensor_create(APEX_F32, 1, (int64_t[]){(int64_t)sizes[i]});
+    dout[i] = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, (int64_t[]){(int64_t)sizes[i]});
+  }
+  int ovh = 0, ovd = 0;
+  TU_OK(apex_mt_scale(0, &ovh, h, ho, N, 1.0f / 1024));
+  TU_OK(apex_mt_scale(0, &ovd, d, dout, N, 1.0f / 1024));
+  assert_int_equal(ovh, 0);
+  assert_int_equal(ovd, 0);
+  for (int i = 0; i < N; i++) assert_same_bits(dout[i], ho[i], "mt_scale"); /* one multiply: exact */
+  TU_OK(apex_mt_axpby(0, &ovh, h, ho, ho, N, 0.5f, -2.0f, -1));
+  TU_OK(apex_mt_axpby(0, &ovd, d, dout, dout, N, 0.5f, -2.0f, -1));
+  for (int i = 0; i < N; i++) assert_same_bits(dout[i], ho[i], "mt_axpby");
+  float gh, gd, ph[N], pd[N];
+  TU_OK(apex_mt_unscale_l2norm(0, &ovh, h, N, 0.25f, &gh, ph));
+  TU_OK(apex_mt_unscale_l2norm(0, &ovd, d, N, 0.25f, &gd, pd));
+  assert_true(fabs(gd - gh) <= 1e-5 * gh); /* summation orders differ: f32 partials, f64 across */
+  for (int i = 0; i < N; i++) assert_true(fabs(pd[i] - ph[i]) <= 1e-5 * ph[i]);
+  /* An Inf in the last element of the big tensor raises the flag. */
+  apex_tensor_set(d[N - 1], sizes[N - 1] - 1, INFINITY);
+  ovd = 0;
+  TU_OK(apex_mt_scale(0, &ovd, d, dout, N, 1.0f));
+  assert_int_equal(ovd, 1);
+  /* CPU and GPU tensors in one list: refused, naming the tensor. */
+  apex_tensor *mixed[2] = {d[0], h[1]}, *mo[2] = {dout[0], dout[1]};
+  TU_FAILS(apex_mt_scale(0, &ovd, mixed, mo, 2, 1.0f), APEX_ERR_DEVICE, "list 0 tensor 1");
+  for (int i = 0; i < N; i++) {
+    apex_tensor_destroy(h[i]);
+    apex_tensor_destroy(d[i]);
+    apex_tensor_destroy(ho[i]);
+    apex_tensor_destroy(dout[i]);
+  }
+}
+
+static void test_device_scaler_matches_cpu(void **state) {
+  (void)state;
+  apex_loss_scaler_config cfg = {.init_scale = 1024.0f, .growth_interval = 3, .hysteresis = 2, .min_scale = 1.0f};
+  apex_loss_scaler *cpu = apex_loss_scaler_create(&cfg);
+  apex_cuda_scaler *gpu = apex_cuda_scaler_create(&cfg);
+  assert_non_null(gpu);
+  int64_t n = 100;
+  apex_tensor *g = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F16, 1, &n);
+  apex_tensor *gl[1] = {g};
+  uint32_t x = 12345;
+  for (int step = 0; step < 200; step++) {
+    x = x * 1103515245u + 12345u;
+    int inf = (x >> 16) % 4 == 0;
+    TU_OK(apex_tensor_fill(g, inf ? INFINITY : 1.0f));
+    TU_OK(apex_cuda_scaler_check(gpu, gl, 1));
+    apex_loss_scaler_update(cpu, inf, NULL);
+    TU_OK(apex_cuda_scaler_update(gpu));
+  }
+  apex_loss_scaler_state a = apex_loss_scaler_get_state(cpu), b;
+  TU_OK(apex_cuda_scaler_get_state(gpu, &b));
+  tu_assert_scaler_state_equal(&b, &a);
+  /* unscale divides by the scale; set_state validates as the CPU scaler does */
+  TU_OK(apex_tensor_fill(g, 3.0f));
+  TU_OK(apex_cuda_scaler_unscale(gpu, gl, gl, 1));
+  assert_true(apex_tensor_get(g, 5) == apex_f16_to_f32(apex_f32_to_f16(3.0f / a.scale)));
+  apex_loss_scaler_state bad = a;
+  bad.scale = -1.0f;
+  TU_FAILS(apex_cuda_scaler_set_state(gpu, &bad), APEX_ERR_INVALID_ARG, "scale");
+  apex_tensor *hg = apex_tensor_create(APEX_F16, 1, &n), *hl[1] = {hg};
+  TU_FAILS(apex_cuda_scaler_check(gpu, hl, 1), APEX_ERR_DEVICE, "tensor 0 is on the CPU");
+  apex_tensor_destroy(hg);
+  apex_tensor_destroy(g);
+  apex_cuda_scaler_destroy(gpu);
+  apex_loss_scaler_destroy(cpu);
+}
+
+/* ---- the fused optimizers ------------------------------------------------------------------------------ */
+
+typedef struct {
+  apex_optim_kind kind;
+  apex_optim_options o;
+  uint32_t ulps; /* allowed difference in f32 ulps (0: bitwise) */
+} optim_case;
+
+static void run_optim_case(const optim_case *c, apex_dtype pdt) {
+  enum { P = 3 };
+  const size_t sizes[P] = {17, 20000, 70001};
+  apex_tensor *hp[P], *dp[P], *hg[P], *dg[P];
+  for (int i = 0; i < P; i++) {
+    apex_tensor *f = tu_random_tensor(APEX_F32, sizes[i], 100 + i, 1.0f);
+    hp[i] = apex_tensor_to(f, pdt);
+    dp[i] = dev_copy(hp[i]);
+    hg[i] = apex_tensor_create(APEX_F16, 1, (int64_t[]){(int64_t)sizes[i]});
+    dg[i] = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F16, 1, (int64_t[]){(int64_t)sizes[i]});
+    apex_tensor_destroy(f);
+  }
+  apex_optimizer *ho = apex_optimizer_create(c->kind, &c->o), *dopt = apex_optimizer_create(c->kind, &c->o);
+  /* The middle parameter has no gradient in group 0's first steps: it must be skipped on both. */
+  TU_OK(apex_optimizer_add_group(ho, hp, P, hg, P, NULL, NULL));
+  TU_OK(apex_optimizer_add_group(dopt, dp, P, dg, P, NULL, NULL));
+  TU_OK(apex_optimizer_set_grad(ho, 0, 1, NULL));
+  TU_OK(apex_optimizer_set_grad(dopt, 0, 1, NULL));
+  for (int step = 0; step < 10; step++) {
+    if (step == 3) {
+      TU_OK(apex_optimizer_set_grad(ho, 0, 1, hg[1]));
+      TU_OK(apex_optimizer_set_grad(dopt, 0, 1, dg[1]));
+    }
+    for (int i = 0; i < P; i++) {
+      apex_tensor *r = tu_random_tensor(APEX_F32, sizes[i], 1000 * step + i, 512.0f); /* scaled by 256 */
+      TU_OK(apex_tensor_copy(hg[i], r));
+      TU_OK(apex_tensor_copy(dg[i], hg[i]));
+      apex_tensor_destroy(r);
+    }
+    TU_OK(apex_optimizer_step(ho, 256.0f, 0));
+    TU_OK(apex_optimizer_step(dopt, 256.0f, 0));
+  }
+  for (int i = 0; i < P; i++) {
+    assert_int_equal(apex_optimizer_step_count(dopt, 0, i), apex_optimizer_step_count(ho, 0, i));
+    uint32_t u = max_ulps(apex_optimizer_master(dopt, 0, i), apex_optimizer_master(ho, 0, i));
+    if (u > c->ulps)
+      fail_msg("%s %s: parameter %d is %u ulps from the CPU (allowed %u)", apex_optim_kind_name(c->kind),
+               apex_dtype_name(pdt), i, u, c->ulps);
+    if (pdt != APEX_F32 && c->ulps == 0) assert_same_bits(dp[i], hp[i], "model copy");
+  }
+  apex_optimizer_destroy(ho);
+  apex_optimizer_destroy(dopt);
+  for (int i = 0; i < P; i++) {
+    apex_tensor_destroy(hp[i]);
+    apex_tensor_destroy(dp[i]);
+    apex_tensor_destroy(hg[i]);
+    apex_tensor_destroy(dg[i]);
+  }
+}
+
+static void test_optimizers_match_cpu(void **state) {
+  (void)state;
+  const optim_case cases[] = {
+      {APEX_OPTIM_SGD, {.lr = 0.1f}, 0},
+      {APEX_OPTIM_SGD, {.lr = 0.1f, .momentum = 0.9f, .dampening = 0.1f, .weight_decay = 1e-2f}, 0},
+      {APEX_OPTIM_SGD, {.lr = 0.1f, .momentum = 0.9f, .nesterov = APEX_OPTIM_ON, .weight_decay = 1e-2f,
+                        .wd_after_momentum = APEX_OPTIM_ON}, 0},
+      {APEX_OPTIM_ADAM, {.lr = 1e-2f, .weight_decay = 1e-2f}, 2},
+      {APEX_OPTIM_ADAMW, {.lr = 1e-2f, .weight_decay = 1e-1f}, 2},
+      {APEX_OPTIM_ADAMW, {.lr = 1e-2f, .amsgrad = APEX_OPTIM_ON, .bias_correction = APEX_OPTIM_OFF}, 2},
+      {APEX_OPTIM_ADADELTA, {.weight_decay = 1e-2f}, 0},
+      {APEX_OPTIM_ADAGRAD, {.lr_decay = 1e-2f, .weight_decay = 1e-2f, .initial_accumulator_value = 0.1f}, 0},
+      {APEX_OPTIM_ADAGRAD, {.adagrad_w_mode = APEX_OPTIM_ON, .weight_decay = 1e-2f}, 0},
+      {APEX_OPTIM_RMSPROP, {.momentum = 0.9f, .centered = APEX_OPTIM_ON, .weight_decay = 1e-2f}, 0},
+      {APEX_OPTIM_RMSPROP_TF, {.momentum = 0.9f, .centered = APEX_OPTIM_ON, .decoupled_decay = APEX_OPTIM_ON,
+                               .weight_decay = 1e-2f}, 0},
+      {APEX_OPTIM_RMSPROP_TF, {.lr_in_momentum = APEX_OPTIM_OFF, .momentum = 0.5f}, 0},
+  };
+  const apex_dtype dts[3] = {APEX_F32, APEX_F16, APEX_BF16};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+    for (int d = 0; d < 3; d++) run_optim_case(&cases[k], dts[d]);
+}
+
+/* With the device flag set, the step changes nothing: masters, states, model copies, step counts. */
+static void test_device_skip_changes_nothing(void **state) {
+  (void)state;
+  int64_t n = 50000;
+  apex_tensor *f = tu_random_tensor(APEX_F32, (size_t)n, 5, 1.0f);
+  apex_tensor *p = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 1, &n);
+  TU_OK(apex_tensor_copy(p, f));
+  apex_tensor *g = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 1, &n);
+  apex_optimizer *opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 1e-2f});
+  TU_OK(apex_optimizer_add_group(opt, &p, 1, &g, 1, NULL, NULL));
+  apex_cuda_scaler *sc = apex_cuda_scaler_create(NULL);
+  TU_OK(apex_tensor_copy(g, f));
+  TU_OK(apex_cuda_scaler_check(sc, &g, 1));
+  TU_OK(apex_cuda_optimizer_step(opt, sc)); /* a real step first, so the state is not all zeros */
+  TU_OK(apex_cuda_scaler_update(sc));
+  apex_tensor *before_p = host_copy(p), *before_m = host_copy(apex_optimizer_master(opt, 0, 0));
+  apex_tensor_set(g, 123, NAN);
+  TU_OK(apex_cuda_scaler_check(sc, &g, 1));
+  TU_OK(apex_cuda_optimizer_step(opt, sc));
+  TU_OK(apex_cuda_scaler_update(sc));
+  assert_same_bits(p, before_p, "model after a skipped step");
+  assert_same_bits(apex_optimizer_master(opt, 0, 0), before_m, "master after a skipped step");
+  assert_int_equal(apex_optimizer_step_count(opt, 0, 0), 1);
+  apex_loss_scaler_state s;
+  TU_OK(apex_cuda_scaler_get_state(sc, &s));
+  assert_true(s.scale == 32768.0f && s.skipped == 1 && s.steps == 2);
+  /* GPU optimizer state cannot be saved yet: refused, not read through device pointers. */
+  size_t need = 0;
+  TU_FAILS(apex_optimizer_save(opt, &need, sizeof need, NULL), APEX_ERR_UNSUPPORTED, "GPU");
+  /* A kind without a CUDA kernel: refused before anything runs. */
+  apex_optimizer *lamb = apex_optimizer_create(APEX_OPTIM_LAMB, NULL);
+  TU_OK(apex_optimizer_add_group(lamb, &p, 1, &g, 1, NULL, NULL));
+  TU_FAILS(apex_optimizer_step(lamb, 1.0f, 0), APEX_ERR_UNSUPPORTED, "LAMB");
+  /* A group mixing devices: refused at add time. */
+  apex_tensor *hp = apex_tensor_create(APEX_F32, 1, &n);
+  apex_tensor *mixed[2] = {p, hp};
+  TU_FAILS(apex_optimizer_add_group(lamb, mixed, 2, NULL, 0, NULL, NULL), APEX_ERR_DEVICE, "parameter 1 is on the CPU");
+  apex_optimizer_destroy(lamb);
+  apex_tensor_destroy(hp);
+  apex_tensor_destroy(before_p);
+  apex_tensor_destroy(before_m);
+  apex_cuda_scaler_destroy(sc);
+  apex_optimizer_destroy(opt);
+  apex_tensor_destroy(g);
+  apex_tensor_destroy(p);
+  apex_tensor_destroy(f);
+}
+
+/* ---- fused kernels against double-precision references ------------------------------------------------ */
+
+/* Tolerance for a value stored in dtype: relative to `scale`. */
+static double tol_for(apex_dtype dt) { return dt == APEX_F32 ? 2e-5 : dt == APEX_F16 ? 1.0 / 256 : 1.0 / 128; }
+
+static void check_close(const apex_tensor *dev, const double *ref, size_t n, double tol, double scale, const char *what) {
+  apex_tensor *h = host_copy(dev);
+  for (size_t i = 0; i < n; i++) {
+    double v = apex_tensor_get(h, i);
+    if (!(fabs(v - ref[i]) <= tol * (fabs(ref[i]) > scale ? fabs(ref[i]) : scale)))
+      fail_msg("%s: element %zu is %.8g, reference %.8g", what, i, v, ref[i]);
+  }
+  apex_tensor_destroy(h);
+}
+
+static void layer_norm_case(apex_dtype dt, int64_t rows, int64_t cols, int rms) {
+  int64_t shape[2] = {rows, cols};
+  size_t n = (size_t)(rows * cols);
+  apex_tensor *hx = tu_random_tensor(dt, n, 7 + (uint64_t)cols, 3.0f), *hdy = tu_random_tensor(dt, n, 9, 1.0f);
+  apex_tensor *hw = tu_random_tensor(APEX_F32, (size_t)cols, 10, 1.0f), *hb = tu_random_tensor(APEX_F32, (size_t)cols, 12, 1.0f);
+  apex_tensor *x = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 2, shape), *dy = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 2, shape);
+  TU_OK(apex_tensor_copy(x, hx));
+  TU_OK(apex_tensor_copy(dy, hdy));
+  apex_tensor *w = dev_copy(hw), *b = dev_copy(hb);
+  apex_tensor *y = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 2, shape), *dx = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 2, shape);
+  apex_tensor *mean = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &rows), *rstd = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &rows);
+  apex_tensor *dw = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &cols), *db = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &cols);
+  TU_OK(apex_cuda_layer_norm_forward(x, w, rms ? NULL : b, 1e-5f, rms, y, rms ? NULL : mean, rstd));
+  TU_OK(apex_cuda_layer_norm_backward(dy, x, w, rms ? NULL : mean, rstd, rms, dx, dw, rms ? NULL : db));
+  double *ry = malloc(n * sizeof *ry), *rdx = malloc(n * sizeof *rdx), *rdw = calloc((size_t)cols, sizeof *rdw),
+         *rdb = calloc((size_t)cols, sizeof *rdb);
+  for (int64_t r = 0; r < rows; r++) {
+    double mu = 0, var = 0, a = 0, bb = 0;
+    for (int64_t c = 0; c < cols; c++) mu += apex_tensor_get(hx, (size_t)(r * cols + c));
+    mu = rms ? 0 : mu / (double)cols;
+    for (int64_t c = 0; c < cols; c++) {
+      double d = apex_tensor_get(hx, (size_t)(r * cols + c)) - mu;
+      var += d * d;
+    }
+    double rs = 1.0 / sqrt(var / (double)cols + 1e-5);
+    for (int64_t c = 0; c < cols; c++) {
+      size_t i = (size_t)(r * cols + c);
+      double xh = (apex_tensor_get(hx, i) - mu) * rs, g = apex_tensor_get(hdy, i), wc = apex_tensor_get(hw, (size_t)c);
+      ry[i] = xh * wc + (rms ? 0 : apex_tensor_get(hb, (size_t)c));
+      a += g * wc;
+      bb += g * wc * xh;
+      rdw[c] += g * xh;
+      rdb[c] += g;
+    }
+    for (int64_t c = 0; c < cols; c++) {
+      size_t i = (size_t)(r * cols + c);
+      double xh = (apex_tensor_get(hx, i) - mu) * rs, wdy = apex_tensor_get(hdy, i) * apex_tensor_get(hw, (size_t)c);
+      rdx[i] = rs * (wdy - (rms ? 0 : a / (double)cols) - xh * bb / (double)cols);
+    }
+  }
+  check_close(y, ry, n, tol_for(dt), 1.0, rms ? "rms norm y" : "layer norm y");
+  check_close(dx, rdx, n, tol_for(dt) * 2, 1.0, rms ? "rms norm dx" : "layer norm dx");
+  check_close(dw, rdw, (size_t)cols, 1e-4, sqrt((double)rows), "layer norm dw");
+  if (!rms) check_close(db, rdb, (size_t)cols, 1e-4, sqrt((double)rows), "layer norm db");
+  /* Bad input: a CPU weight, a weight of the wrong length. */
+  TU_FAILS(apex_cuda_layer_norm_forward(x, hw, NULL, 1e-5f, rms, y, mean, rstd), APEX_ERR_DEVICE, "w is on the CPU");
+  TU_FAILS(apex_cuda_layer_norm_forward(x, mean, NULL, 1e-5f, rms, y, mean, rstd), APEX_ERR_SHAPE, "w has shape");
+  free(ry), free(rdx), free(rdw), free(rdb);
+  apex_tensor *all[] = {hx, hdy, hw, hb, x, dy, w, b, y, dx, mean, rstd, dw, db};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
+}
+
+static void test_layer_norm(void **state) {
+  (void)state;
+  layer_norm_case(APEX_F32, 37, 1024, 0);
+  layer_norm_case(APEX_BF16, 300, 768, 0);
+  layer_norm_case(APEX_F16, 64, 4097, 0);
+  layer_norm_case(APEX_BF16, 33, 8192, 1);
+  layer_norm_case(APEX_F32, 5, 100, 1);
+}
+
+static void test_cross_entropy(void **state) {
+  (void)state;
+  const int64_t rows = 67, cols = 5003;
+  for (int dt = APEX_F32; dt <= APEX_BF16; dt++) {
+    apex_tensor *hl = tu_random_tensor((apex_dtype)dt, (size_t)(rows * cols), 21, 8.0f);
+    int64_t shape[2] = {rows, cols};
+    apex_tensor *l = apex_tensor_create_on(APEX_DEVICE_CUDA, (apex_dtype)dt, 2, shape);
+    TU_OK(apex_tensor_copy(l, hl));
+    int64_t target[67];
+    for (int64_t r = 0; r < rows; r++) target[r] = r == 5 ? -100 : (r * 7919) % cols;
+    int64_t two = 2 * rows; /* the int64 targets travel as raw bytes in an f32 tensor of twice the length */
+    apex_tensor *ht = apex_tensor_wrap(target, APEX_F32, 1, &two), *dt_ = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &two);
+    TU_OK(apex_tensor_copy(dt_, ht));
+    const int64_t *d_target = apex_tensor_data(dt_);
+    apex_tensor *loss = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &rows), *lse = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &rows);
+    apex_tensor *dloss = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &rows), *dl = apex_tensor_create_on(APEX_DEVICE_CUDA, (apex_dtype)dt, 2, shape);
+    const float eps = 0.1f;
+    TU_OK(apex_tensor_fill(dloss, 0.5f));
+    TU_OK(apex_cuda_cross_entropy_forward(l, d_target, -100, eps, loss, lse));
+    TU_OK(apex_cuda_cross_entropy_backward(dloss, l, d_target, lse, -100, eps, dl));
+    double *rl = malloc((size_t)rows * sizeof *rl), *rg = malloc((size_t)(rows * cols) * sizeof *rg);
+    for (int64_t r = 0; r < rows; r++) {
+      double mx = -INFINITY, se = 0, sx = 0;
+      for (int64_t c = 0; c < cols; c++) mx = fmax(mx, apex_tensor_get(hl, (size_t)(r * cols + c)));
+      for (int64_t c = 0; c < cols; c++) {
+        double v = apex_tensor_get(hl, (size_t)(r * cols + c));
+        se += exp(v - mx);
+        sx += v;
+      }
+      double lsev = mx + log(se);
+      int ign = target[r] == -100;
+      rl[r] = ign ? 0 : (1 - eps) * (lsev - apex_tensor_get(hl, (size_t)(r * cols + target[r]))) + eps * (lsev - sx / (double)cols);
+      for (int64_t c = 0; c < cols; c++) {
+        double p = exp(apex_tensor_get(hl, (size_t)(r * cols + c)) - lsev);
+        rg[r * cols + c] = ign ? 0 : 0.5 * (p - eps / (double)cols - (c == target[r] ? 1 - eps : 0));
+      }
+    }
+    check_close(loss, rl, (size_t)rows, 1e-5, 1.0, "cross-entropy loss");
+    check_close(dl, rg, (size_t)(rows * cols), tol_for((apex_dtype)dt), 1e-3, "cross-entropy grad");
+    free(rl), free(rg);
+    TU_FAILS(apex_cuda_cross_entropy_forward(l, d_target, -100, 1.5f, loss, lse), APEX_ERR_INVALID_ARG, "label_smoothing");
+    TU_FAILS(apex_cuda_cross_entropy_forward(l, d_target, -100, 0, lse, dl), APEX_ERR_SHAPE, "lse has shape");
+    apex_tensor *all[] = {hl, l, ht, dt_, loss, lse, dloss, dl};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
+  }
+}
+
+static void test_batch_norm_stats(void **state) {
+  (void)state;
+  int64_t shape[4] = {6, 5, 13, 17};
+  size_t n = 6 * 5 * 13 * 17;
+  apex_tensor *hx = tu_random_tensor(APEX_F32, n, 31, 4.0f);
+  for (size_t i = 0; i < n; i++) apex_tensor_set(hx, i, apex_tensor_get(hx, i) + 100.0f); /* a large mean */
+  apex_tensor *x = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 4, shape);
+  TU_OK(apex_tensor_copy(x, hx));
+  int64_t c = 5;
+  apex_tensor *mean = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &c), *var = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &c);
+  TU_OK(apex_cuda_batch_norm_stats(x, mean, var, NULL));
+  double rm[5] = {0}, rv[5] = {0};
+  size_t per = 6 * 13 * 17;
+  for (size_t i = 0; i < n; i++) rm[(i / (13 * 17)) % 5] += apex_tensor_get(hx, i) / (double)per;
+  for (size_t i = 0; i < n; i++) {
+    double d = apex_tensor_get(hx, i) - rm[(i / (13 * 17)) % 5];
+    rv[(i / (13 * 17)) % 5] += d * d / (double)per;
+  }
+  check_close(mean, rm, 5, 1e-6, 1.0, "batch mean");
+  check_close(var, rv, 5, 1e-4, 1.0, "batch variance"); /* Welford keeps it despite the mean of 100 */
+  apex_tensor_destroy(hx), apex_tensor_destroy(x), apex_tensor_destroy(mean), apex_tensor_destroy(var);
+}
+
+static void test_matmul(void **state) {
+  (void)state;
+  const int64_t m = 96, k = 200, n = 72;
+  for (int gelu = 0; gelu <= 1; gelu++)
+    for (int ta = 0; ta <= 1; ta++) {
+      apex_tensor *ha = tu_random_tensor(APEX_BF16, (size_t)(m * k), 41, 1.0f), *hb = tu_random_tensor(APEX_BF16, (size_t)(k * n), 43, 1.0f);
+      apex_tensor *hbias = tu_random_tensor(APEX_F32, (size_t)n, 47, 1.0f);
+      int64_t sa[2] = {ta ? k : m, ta ? m : k}, sb[2] = {k, n}, sc[2] = {m, n};
+      apex_tensor *a = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 2, sa), *b = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 2, sb);
+      TU_OK(apex_tensor_copy(a, ha));
+      TU_OK(apex_tensor_copy(b, hb));
+      apex_tensor *bias = dev_copy(hbias), *c = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 2, sc);
+      TU_OK(apex_cuda_matmul(a, ta, b, 0, c, 1.0f, 0.0f, bias, gelu));
+      double *ref = malloc((size_t)(m * n) * sizeof *ref);
+      for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+          double s = apex_tensor_get(hbias, (size_t)j);
+          for (int64_t p = 0; p < k; p++)
+            s += (double)apex_tensor_get(ha, (size_t)(ta ? p * m + i : i * k + p)) * apex_tensor_get(hb, (size_t)(p * n + j));
+          if (gelu) s = 0.5 * s * (1 + tanh(0.7978845608028654 * (s + 0.044715 * s * s * s)));
+          ref[i * n + j] = s;
+        }
+      check_close(c, ref, (size_t)(m * n), 1e-2, 1.0, gelu ? "matmul + bias + gelu" : "matmul + bias");
+      free(ref);
+      TU_FAILS(apex_cuda_matmul(a, !ta, b, 0, c, 1.0f, 0.0f, NULL, 0), APEX_ERR_SHAPE, "does not give c");
+      apex_tensor *all[] = {ha, hb, hbias, a, b, bias, c};
+      for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
+    }
+}
+
+int main(void) {
+  const char *why;
+  if (!apex_cuda_available(&why)) {
+    printf("test_cuda skipped: %s\n", why);
+    return 77;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_convert_bitwise),         cmocka_unit_test(test_tensor_ops_and_allocator),
+      cmocka_unit_test(test_multi_tensor_parity),     cmocka_unit_test(test_device_scaler_matches_cpu),
+      cmocka_unit_test(test_optimizers_match_cpu),    cmocka_unit_test(test_device_skip_changes_nothing),
+      cmocka_unit_test(test_layer_norm),              cmocka_unit_test(test_cross_entropy),
+      cmocka_unit_test(test_batch_norm_stats),        cmocka_unit_test(test_matmul),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
