@@ -331,10 +331,11 @@ static void test_device_skip_changes_nothing(void **state) {
   TU_OK(apex_optimizer_add_group(lamb, &p, 1, &g, 1, NULL, NULL));
   TU_FAILS(apex_optimizer_step(lamb, 1.0f, 0), APEX_ERR_UNSUPPORTED, "LAMB");
   /* A group mixing devices: refused at add time. */
-  apex_tensor *hp = apex_tensor_create(APEX_F32, 1, &n);
-  apex_tensor *mixed[2] = {p, hp};
+  apex_tensor *hp = apex_tensor_create(APEX_F32, 1, &n), *dp2 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &n);
+  apex_tensor *mixed[2] = {dp2, hp};
   TU_FAILS(apex_optimizer_add_group(lamb, mixed, 2, NULL, 0, NULL, NULL), APEX_ERR_DEVICE, "parameter 1 is on the CPU");
   apex_optimizer_destroy(lamb);
+  apex_tensor_destroy(dp2);
   apex_tensor_destroy(hp);
   apex_tensor_destroy(before_p);
   apex_tensor_destroy(before_m);

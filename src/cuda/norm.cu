@@ -1,7 +1,8 @@
 /* norm.cu: fused layer norm and RMS norm, forward and backward (Apex's FusedLayerNorm / FusedRMSNorm).
  *
- * Forward: one block per row; the row is read once into registers (up to NORM_MAX_PER_THREAD values
- * per thread, so rows up to 16,384 at 512 threads), its mean and variance reduced in f32 in a fixed
+ * Forward: one block per row; the row is read once into registers (PER values per thread, a template
+ * parameter of 8, 16 or 32 picked from the row length, so short rows keep few registers and many
+ * blocks per multiprocessor; rows up to 16,384 at 512 threads), its mean and variance reduced in f32 in a fixed
  * order, and y written from the registers: one read and one write of x's bytes. Backward: dx in the
  * same one-row-per-block shape; dw and db as per-column partial sums over groups of rows, then a
  * second kernel adding the groups in order (deterministic, no atomics). */
@@ -14,15 +15,18 @@ extern "C" {
 #include "cuda/block_reduce.cuh"
 #include "cuda/dtype_dev.cuh"
 
-#define NORM_MAX_PER_THREAD 32
+#define NORM_MAX_COLS (512 * 32)
 
+/* Values per thread for a row length, and threads per block. */
+static int norm_per(int64_t cols) { return cols <= 4096 ? 8 : cols <= 8192 ? 16 : 32; }
 static int norm_threads(int64_t cols) {
-  int t = 32;
-  while (t < 512 && (int64_t)t * 8 < cols) t *= 2;
+  int t = 32, per = norm_per(cols);
+  while (t < 512 && (int64_t)t * per < cols) t *= 2;
   return t;
 }
 
-__global__ void ln_fwd_kernel(const void *x, apex_dtype xt, const void *w, const void *b, apex_dtype wt, int64_t cols,
+template <int NORM_MAX_PER_THREAD>
+__global__ void __launch_bounds__(512) ln_fwd_kernel(const void *x, apex_dtype xt, const void *w, const void *b, apex_dtype wt, int64_t cols,
                               float eps, int rms, void *y, float *mean_out, float *rstd_out) {
   __shared__ float scratch[33];
   const int64_t row = blockIdx.x;
@@ -65,7 +69,8 @@ __global__ void ln_fwd_kernel(const void *x, apex_dtype xt, const void *w, const
   }
 }
 
-__global__ void ln_bwd_dx_kernel(const void *dy, const void *x, apex_dtype xt, const void *w, apex_dtype wt,
+template <int NORM_MAX_PER_THREAD>
+__global__ void __launch_bounds__(512) ln_bwd_dx_kernel(const void *dy, const void *x, apex_dtype xt, const void *w, apex_dtype wt,
                                  const float *mean, const float *rstd, int64_t cols, int rms, void *dx) {
   __shared__ float scratch[33];
   const int64_t row = blockIdx.x, base = row * cols;
@@ -139,18 +144,26 @@ __global__ void ln_bwd_dw_finish(const float *pw, const float *pb, int groups, i
   if (db) apex_st(db, wt, c, tb);
 }
 
-static int norm_fits(int64_t cols) { return cols <= (int64_t)512 * NORM_MAX_PER_THREAD; }
+static int norm_fits(int64_t cols) { return cols <= NORM_MAX_COLS; }
+
+/* Launches kernel K<PER> for the row length: PER is a compile-time count (the register arrays). */
+#define NORM_LAUNCH(K, cols, grid, block, stream, ...)                                  \
+  do {                                                                                   \
+    int per_ = norm_per(cols);                                                           \
+    if (per_ == 8) K<8><<<grid, block, 0, stream>>>(__VA_ARGS__);                        \
+    else if (per_ == 16) K<16><<<grid, block, 0, stream>>>(__VA_ARGS__);                 \
+    else K<32><<<grid, block, 0, stream>>>(__VA_ARGS__);                                 \
+  } while (0)
 
 extern "C" apex_status apex__cuda_layer_norm_fwd(const void *x, apex_dtype xt, const void *w, const void *b,
                                                  apex_dtype wt, int64_t rows, int64_t cols, float eps, int rms, void *y,
                                                  float *mean, float *rstd) {
   if (!norm_fits(cols))
     return apex__fail(APEX_ERR_UNSUPPORTED, "apex_cuda_layer_norm_forward: rows of %lld; the fused kernel takes up to %d",
-                      (long long)cols, 512 * NORM_MAX_PER_THREAD);
+                      (long long)cols, NORM_MAX_COLS);
   if (rows == 0) return APEX_OK;
-  ln_fwd_kernel<<<(unsigned)rows, norm_threads(cols), 0, (cudaStream_t)apex__cuda_stream()>>>(x, xt, w, rms ? NULL : b,
-                                                                                             wt, cols, eps, rms, y,
-                                                                                             mean, rstd);
+  NORM_LAUNCH(ln_fwd_kernel, cols, (unsigned)rows, norm_threads(cols), (cudaStream_t)apex__cuda_stream(), x, xt, w,
+              rms ? NULL : b, wt, cols, eps, rms, y, mean, rstd);
   return apex__cuda_check_launch("apex_cuda_layer_norm_forward");
 }
 
@@ -159,10 +172,11 @@ extern "C" apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, 
                                                  int64_t cols, int rms, void *dx, void *dw, void *db) {
   if (!norm_fits(cols))
     return apex__fail(APEX_ERR_UNSUPPORTED, "apex_cuda_layer_norm_backward: rows of %lld; the fused kernel takes up to %d",
-                      (long long)cols, 512 * NORM_MAX_PER_THREAD);
+                      (long long)cols, NORM_MAX_COLS);
   cudaStream_t st = (cudaStream_t)apex__cuda_stream();
   if (rows > 0)
-    ln_bwd_dx_kernel<<<(unsigned)rows, norm_threads(cols), 0, st>>>(dy, x, xt, w, wt, mean, rstd, cols, rms, dx);
+    NORM_LAUNCH(ln_bwd_dx_kernel, cols, (unsigned)rows, norm_threads(cols), st, dy, x, xt, w, wt, mean, rstd, cols, rms,
+                dx);
   apex_status s = apex__cuda_check_launch("apex_cuda_layer_norm_backward");
   int groups = (int)((rows + DW_GROUP - 1) / DW_GROUP);
   if (groups < 1) groups = 1;
