@@ -26,7 +26,8 @@ struct apex_var {
   int requires_grad;
   apex_op op;
   int n_in;
-  apex_var *in[AG_MAX_IN];
+  apex_var **in;               /* the n_in inputs: in_small, or the graph pool past AG_MAX_IN (concat) */
+  apex_var *in_small[AG_MAX_IN];
   apex_tensor *ext[2]; /* tensors the op reads in backward but does not own (batch norm's stats) */
   void *aux;           /* op-owned scratch from the graph pool (masks, indices, statistics) */
   int64_t ia[8];       /* op parameters */
@@ -156,6 +157,13 @@ static inline int ag_needs(const apex_var *v) { return v && v->requires_grad; }
 static inline int ag_dim(int dim, int ndim) {
   if (dim < 0) dim += ndim;
   return dim >= 0 && dim < ndim ? dim : -1;
+}
+/* t seen as [outer, D, inner] around dimension dim (already normalised). */
+static inline void ag_lines(const apex_tensor *t, int dim, size_t *outer, size_t *d, size_t *inner) {
+  *outer = *inner = 1;
+  for (int i = 0; i < dim; i++) *outer *= (size_t)t->shape[i];
+  for (int i = dim + 1; i < t->ndim; i++) *inner *= (size_t)t->shape[i];
+  *d = (size_t)t->shape[dim];
 }
 /* "[2, 3]" for messages; two rotating buffers per thread, so two shapes fit in one message. */
 const char *apex__shape(const apex_var *v);

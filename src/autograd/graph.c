@@ -284,7 +284,7 @@ apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in
   for (int i = 0; i < n; i++) {
     use[i] = in[i];
     if (!in[i]) {
-      if (optional & (1u << i)) continue;
+      if (i < 32 && (optional >> i & 1u)) continue;
       return apex__fail(APEX_ERR_INVALID_ARG, "%s: input %d is NULL (did an earlier op fail?)", name, i);
     }
     if (in[i]->graph && (in[i]->graph != g || in[i]->step != g->step))
@@ -318,6 +318,8 @@ apex_var *apex__result_value(apex_graph *g, apex_op op, apex_tensor *value, int 
   int rg = 0;
   for (int i = 0; i < n; i++) rg |= ag_needs(in[i]);
   if (rg && g->grad_enabled) {
+    v->in = n <= AG_MAX_IN ? v->in_small : apex__scratch(g, (size_t)n * sizeof *v->in);
+    if (!v->in) return NULL;
     v->requires_grad = 1;
     v->n_in = n;
     for (int i = 0; i < n; i++) v->in[i] = in[i];
