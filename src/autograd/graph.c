@@ -53,9 +53,9 @@ void *apex__scratch(apex_graph *g, size_t bytes) {
   return b->storage->data;
 }
 
-/* Transient scratch: valid until the next op (forward or backward) starts. Widened copies of
- * low-precision inputs live here, so a half model keeps only its half activations between ops. */
-static void *scratch_temp(apex_graph *g, size_t bytes) {
+/* Widened copies of low-precision inputs live in transient scratch, so a half model keeps only its
+ * half activations between ops. */
+void *apex__scratch_temp(apex_graph *g, size_t bytes) {
   ag_block *b = take_block(g, bytes);
   if (!b) {
     g->oom = 1;
@@ -377,14 +377,14 @@ apex_status apex__bwd_identity(apex_graph *g, apex_var *out) {
 
 const float *apex__f32(apex_graph *g, const apex_tensor *t) {
   if (t->dtype == APEX_F32) return ag_data(t);
-  float *buf = scratch_temp(g, t->numel * sizeof(float));
+  float *buf = apex__scratch_temp(g, t->numel * sizeof(float));
   if (buf) apex_convert(buf, APEX_F32, apex_tensor_data(t), t->dtype, t->numel);
   return buf;
 }
 
 float *apex__out_f32(apex_graph *g, apex_var *v) {
   if (v->value->dtype == APEX_F32) return ag_data(v->value);
-  return scratch_temp(g, ag_numel(v) * sizeof(float));
+  return apex__scratch_temp(g, ag_numel(v) * sizeof(float));
 }
 
 void apex__store(apex_var *v, const float *buf) {
