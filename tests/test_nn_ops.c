@@ -12,15 +12,6 @@
 #include "apex/nn.h"
 #include "autograd/ag.h"
 
-static apex_var *leaf(apex_dtype dt, int ndim, const int64_t *shape, uint64_t seed, int rg) {
-  size_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
-  apex_tensor *flat = tu_random_tensor(dt, n, seed, 1.0f);
-  apex_tensor *t = apex_tensor_view(flat, ndim, shape);
-  apex_tensor_destroy(flat);
-  return apex_var_create(t, rg);
-}
-
 /* ---- concat --------------------------------------------------------------------------------------- */
 
 /* Ten inputs [2, w_k, 3] along dim 1 (-2), each dtype: every value lands where torch.cat puts it,
@@ -35,7 +26,7 @@ static void test_concat_many(void **state) {
     int64_t total = 0;
     for (int k = 0; k < N; k++) {
       int64_t w = 1 + k % 3;
-      xs[k] = leaf(dts[d], 3, (int64_t[]){2, w, 3}, 10 + (uint64_t)k, 1);
+      xs[k] = tu_random_leaf(dts[d], 3, (int64_t[]){2, w, 3}, 10 + (uint64_t)k, 1);
       total += w;
     }
     apex_var *y = apex_concat(g, N, xs, -2);
@@ -69,7 +60,7 @@ static void test_concat_many(void **state) {
 static void test_concat_mixed_and_single(void **state) {
   (void)state;
   apex_graph *g = apex_graph_create();
-  apex_var *a = leaf(APEX_F16, 2, (int64_t[]){2, 3}, 1, 1), *b = leaf(APEX_BF16, 2, (int64_t[]){2, 2}, 2, 0);
+  apex_var *a = tu_random_leaf(APEX_F16, 2, (int64_t[]){2, 3}, 1, 1), *b = tu_random_leaf(APEX_BF16, 2, (int64_t[]){2, 2}, 2, 0);
   apex_var *ab[2] = {a, b};
   apex_var *y = apex_concat(g, 2, ab, 1);
   assert_non_null(y);
@@ -93,12 +84,12 @@ static void test_concat_errors(void **state) {
   (void)state;
   apex_graph *g = apex_graph_create();
   apex_var *xs[6];
-  for (int k = 0; k < 6; k++) xs[k] = leaf(APEX_F32, 2, (int64_t[]){2, 3}, (uint64_t)k, 0);
+  for (int k = 0; k < 6; k++) xs[k] = tu_random_leaf(APEX_F32, 2, (int64_t[]){2, 3}, (uint64_t)k, 0);
   assert_null(apex_concat(g, 0, xs, 0));
   tu_assert_message("concat: an empty list (0 inputs)");
   assert_null(apex_concat(g, 3, NULL, 0));
   tu_assert_message("concat: an empty list (3 inputs, NULL array)");
-  apex_var *odd = leaf(APEX_F32, 2, (int64_t[]){2, 4}, 9, 0), *flat = leaf(APEX_F32, 1, (int64_t[]){6}, 9, 0);
+  apex_var *odd = tu_random_leaf(APEX_F32, 2, (int64_t[]){2, 4}, 9, 0), *flat = tu_random_leaf(APEX_F32, 1, (int64_t[]){6}, 9, 0);
   apex_var *bad[6] = {xs[0], xs[1], xs[2], xs[3], odd, xs[5]};
   assert_null(apex_concat(g, 6, bad, 0));
   tu_assert_message("concat: input 4 [2, 4] does not match input 0 [2, 3] outside dim 0");
@@ -135,7 +126,7 @@ static void test_norm_nd_module(void **state) {
   assert_int_equal(apex_tensor_dim(w, 0), 3);
   assert_null(apex_model_find_param(m, "rms.bias"));
   apex_graph *g = apex_graph_create();
-  apex_var *x = leaf(APEX_F32, 3, (int64_t[]){2, 3, 4}, 7, 0);
+  apex_var *x = tu_random_leaf(APEX_F32, 3, (int64_t[]){2, 3, 4}, 7, 0);
   const apex_tensor *a = apex_var_value(apex_module_forward(ln, g, x));
   const apex_tensor *b = apex_var_value(apex_layer_norm_nd(g, x, 2, ns, apex_module_param(ln, "weight"), apex_module_param(ln, "bias"), 0));
   const apex_tensor *c = apex_var_value(apex_module_forward(rms, g, x));
@@ -162,8 +153,8 @@ static void test_norm_nd_module(void **state) {
 static void test_norm_nd_errors(void **state) {
   (void)state;
   apex_graph *g = apex_graph_create();
-  apex_var *x = leaf(APEX_F32, 3, (int64_t[]){2, 3, 4}, 7, 0), *w34 = leaf(APEX_F32, 2, (int64_t[]){3, 4}, 8, 1);
-  apex_var *w12 = leaf(APEX_F32, 1, (int64_t[]){12}, 8, 1), *w4 = leaf(APEX_F32, 1, (int64_t[]){4}, 8, 1);
+  apex_var *x = tu_random_leaf(APEX_F32, 3, (int64_t[]){2, 3, 4}, 7, 0), *w34 = tu_random_leaf(APEX_F32, 2, (int64_t[]){3, 4}, 8, 1);
+  apex_var *w12 = tu_random_leaf(APEX_F32, 1, (int64_t[]){12}, 8, 1), *w4 = tu_random_leaf(APEX_F32, 1, (int64_t[]){4}, 8, 1);
   int64_t ns[2] = {3, 4};
   assert_null(apex_layer_norm_nd(g, x, 2, NULL, NULL, NULL, 0));
   tu_assert_message("layer_norm: NULL normalized_shape");
@@ -253,7 +244,7 @@ static void free_run(gemm_run *r) {
 
 /* Per-tile widening gives the bits of whole-tensor widening, and 2 threads the bits of 1, in every
  * dtype mix (f32 alone included: its split once depended on the thread count); shapes with ragged
- * tile edges ([300, 130] x [270, 130]^T, tiles of 256), one with K past 1024 (tiles of 160) and one
+ * tile edges ([300, 130] x [270, 130]^T, tiles of 256), one with K = 1500 (tiles of 256, batched) and one
  * that stays a single call. The K = 1500 one's pool is smaller per tile than whole. */
 static void test_gemm_tiles_bitwise(void **state) {
   (void)state;
@@ -267,9 +258,9 @@ static void test_gemm_tiles_bitwise(void **state) {
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
     for (size_t mx = 0; mx < sizeof mixes / sizeof mixes[0]; mx++) {
       int m = shapes[s].m, k = shapes[s].k, n = shapes[s].n;
-      apex_var *in[4] = {leaf(mixes[mx].x, 2, (int64_t[]){m, k}, 1, 1), leaf(mixes[mx].w, 2, (int64_t[]){n, k}, 2, 1),
-                         leaf(mixes[mx].w, 1, (int64_t[]){n}, 3, 1),
-                         shapes[s].batched ? leaf(mixes[mx].x, 3, (int64_t[]){3, n, 20}, 4, 1) : leaf(mixes[mx].x, 2, (int64_t[]){n, 20}, 4, 1)};
+      apex_var *in[4] = {tu_random_leaf(mixes[mx].x, 2, (int64_t[]){m, k}, 1, 1), tu_random_leaf(mixes[mx].w, 2, (int64_t[]){n, k}, 2, 1),
+                         tu_random_leaf(mixes[mx].w, 1, (int64_t[]){n}, 3, 1),
+                         shapes[s].batched ? tu_random_leaf(mixes[mx].x, 3, (int64_t[]){3, n, 20}, 4, 1) : tu_random_leaf(mixes[mx].x, 2, (int64_t[]){n, 20}, 4, 1)};
       gemm_run whole = run_gemm(in, shapes[s].batched, 1, 1);
       for (int t = 1; t <= 2; t++) {
         gemm_run tiled = run_gemm(in, shapes[s].batched, 0, t);
@@ -290,7 +281,7 @@ static void test_gemm_tiles_bitwise(void **state) {
 static void test_gemm_tiles_accuracy(void **state) {
   (void)state;
   int m = 300, k = 130, n = 270;
-  apex_var *x = leaf(APEX_F16, 2, (int64_t[]){m, k}, 5, 0), *w = leaf(APEX_F16, 2, (int64_t[]){n, k}, 6, 0);
+  apex_var *x = tu_random_leaf(APEX_F16, 2, (int64_t[]){m, k}, 5, 0), *w = tu_random_leaf(APEX_F16, 2, (int64_t[]){n, k}, 6, 0);
   apex_graph *g = apex_graph_create();
   const apex_tensor *Y = apex_var_value(apex_linear(g, x, w, NULL)), *X = apex_var_value(x), *W = apex_var_value(w);
   for (int i = 0; i < m; i++)

@@ -5,8 +5,9 @@
  * grid is what makes a product's bits independent of the thread count: OpenBLAS's kernels sum an
  * element in an order that depends on where it falls in the call's microkernel blocking (measured on
  * this machine's Zen kernels: splitting a product at any column, or at rows not a multiple of 24,
- * changes about 3% of the elements by an ulp), so the old split of rows or columns into 2 x threads
- * parts gave different bits at 1 and 2 threads. Now a thread only chooses which tiles it runs.
+ * changes 1% to 40% of the elements in the last bit), so the old split of rows or columns into
+ * 2 x threads parts gave different bits at 1 and 2 threads. Now a thread only chooses which tiles
+ * it runs.
  *
  * apex__gemm takes operands and results of any float dtype. Each tile widens just the panels of
  * op(A)'s rows and op(B)'s columns it reads into a per-thread scratch (at most PANEL_BYTES each, and
@@ -15,8 +16,11 @@
  * the same as after widening whole tensors, so the bits are too (test_nn_ops checks this, and keeps
  * the whole-tensor way as the reference: apex__gemm_set_whole_widening).
  *
- * Measured with bench_nn gemm_tiles (f16 linear [4096, 1024] x [1024, 1024]^T forward and backward,
- * 2 threads, this shared 2-core VM): see bench_nn.c's comment and the figures quoted at PANEL_BYTES. */
+ * Measured with bench_nn nn_gemm_tiles (f16 linear [4096, 1024] x [1024, 1024]^T with bias, forward
+ * and backward, 2 threads, this shared 2-core VM): per-tile widening ran at 0.97x to 1.13x the speed
+ * of whole-tensor widening (noise either way) and the step's pool shrank from 120 MiB to 74.5 MiB,
+ * so per tile is the default. The grid itself against the old split of an f32 linear, forward and
+ * backward: 0.84x to 1.6x across shapes and runs, no consistent loss within this machine's noise. */
 #include <cblas.h>
 #include <omp.h>
 
@@ -26,12 +30,12 @@
 /* Products of at least this many multiply-adds are tiled and run on threads; smaller ones are one
  * sgemm call, which keeps their bits what they have always been. */
 #define TILE_MIN_WORK 4e6
-/* A tile's panel of op(A) (TM x K) or op(B) (K x TN) takes at most this much f32, so tiles narrow
- * from 256 for K above 1024 (down to 64 lines at K = 4096, 16 beyond). Widening a panel costs about
- * 1/(2 x tile) of the tile's multiply-adds (under 1% at 256); the bench measured per-tile widening at
- * the whole-tensor way's speed (see bench_nn.c) with the f32 copies cut from O(M K + K N + M N) to
- * 2 x threads panels plus a tile. */
-#define PANEL_BYTES ((size_t)1 << 20)
+/* A tile's panel of op(A) (TM x K) or op(B) (K x TN) takes at most this much f32, so tiles are 256
+ * lines up to K = 4096 and narrow beyond (64 at K = 16384, never under 16). Narrower tiles cost sgemm
+ * speed: single-threaded OpenBLAS here ran [2048, 1024] x [1024, 1024] at 98 GFLOP/s in one call,
+ * 94 in tiles of 256, 88 in tiles of 128, and tiles of 64 at K = 4096 lost a fifth. Re-widening a
+ * panel for each tile costs one conversion per 512 multiply-adds at 256. */
+#define PANEL_BYTES ((size_t)4 << 20)
 enum { TILE_MAX = 256, TILE_MIN = 16 };
 
 static int whole_widening;
@@ -106,11 +110,11 @@ typedef struct job {
 } job;
 
 /* Runs every tile of j's grid; scratch holds `per` floats for each thread (panels and a C tile for
- * the operands and result that are not f32). Tiles go to threads in row-major runs, so a thread
- * keeps its op(A) panel across a row of tiles. */
+ * the operands and result that are not f32). Tiles go to threads in runs along a row of tiles, so a
+ * thread widens its op(A) panel once per row, or along a column when only op(B) needs widening. */
 static void run_grid(const job *j, grid gr, float *scratch, size_t fa, size_t fb) {
   size_t per = fa + fb + lowp(j->ct, (size_t)gr.tm * gr.tn), es = apex_dtype_size(j->ct);
-  int nt = gr.ti * gr.tj, par = nt > 1 && apex_get_num_threads() > 1;
+  int nt = gr.ti * gr.tj, par = nt > 1 && apex_get_num_threads() > 1, down = j->a.dtype == APEX_F32 && j->b.dtype != APEX_F32;
 #pragma omp parallel if (par)
   {
     float *abuf = scratch ? scratch + (size_t)omp_get_thread_num() * per : NULL, *bbuf = abuf ? abuf + fa : NULL, *cbuf = bbuf ? bbuf + fb : NULL;
@@ -118,7 +122,7 @@ static void run_grid(const job *j, grid gr, float *scratch, size_t fa, size_t fb
     int lda = 0, ldb = 0, last_i = -1, last_j = -1;
 #pragma omp for schedule(static)
     for (int t = 0; t < nt; t++) {
-      int i = t / gr.tj, jj = t % gr.tj, i0 = i * gr.tm, j0 = jj * gr.tn;
+      int i = down ? t % gr.ti : t / gr.tj, jj = down ? t / gr.ti : t % gr.tj, i0 = i * gr.tm, j0 = jj * gr.tn;
       int mi = j->m - i0 < gr.tm ? j->m - i0 : gr.tm, nj = j->n - j0 < gr.tn ? j->n - j0 : gr.tn;
       if (i != last_i) ap = panel(&j->a, !j->a.trans, i0, mi, j->k, abuf, &lda);
       if (jj != last_j) bp = panel(&j->b, j->b.trans, j0, nj, j->k, bbuf, &ldb);

@@ -1,8 +1,9 @@
 /* ops_norm.c: batch norm (training and evaluation, running statistics), layer norm and RMS norm.
  *
  * Statistics are per channel (batch norm) or per row (layer/RMS norm: a row is the normalised last
- * dimensions, flattened), each summed in double by one thread in a fixed order. The weight and bias gradients of the row norms are column sums of an
- * [rows, D] product, done by apex__colsum_add in row order. */
+ * dimensions, flattened), each summed in double by one thread in a fixed order. The weight and bias
+ * gradients of the row norms are column sums of an [rows, D] product, done by apex__colsum_add in
+ * row order. */
 #include <math.h>
 
 #include "autograd/ag.h"
