@@ -28,8 +28,8 @@ BN_MEAN = torch.tensor([0.2, -0.1])
 BN_VAR = torch.tensor([0.5, 2.0])
 
 
-def rms_norm(x, w, eps=1e-5):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+def rms_norm(x, w, eps=1e-5, dims=(-1,)):
+    return x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps) * w
 
 
 def causal_attention(q, k, v):
@@ -77,6 +77,12 @@ CASES = [
     ("transpose", lambda x: x.transpose(0, 1), [(3, 5)], 0),
     ("concat", lambda a, b, c: torch.cat([a, b, c], 1), [(2, 3), (2, 1), (2, 2)], 0),
     ("causal_attention", causal_attention, [(1, 2, 4, 3)] * 3, 0),
+    # issue #4: concat of more than four inputs, norms over several trailing dims (appended, so the
+    # cases above draw the same inputs as before)
+    ("concat_many", lambda *xs: torch.cat(xs, 0), [(1, 3), (2, 3), (1, 3), (3, 3), (1, 3), (2, 3)], 0),
+    ("concat_mid", lambda *xs: torch.cat(xs, -2), [(2, 1, 3), (2, 2, 3), (2, 1, 3), (2, 3, 3), (2, 1, 3)], 0),
+    ("layer_norm_2d", lambda x, w, b: F.layer_norm(x, (3, 4), w, b, 1e-5), [(2, 3, 4), (3, 4), (3, 4)], 0),
+    ("rms_norm_3d", lambda x, w: rms_norm(x, w, dims=(-3, -2, -1)), [(2, 2, 3, 2), (2, 3, 2)], 0),
 ]
 
 DTYPES = [("f32", torch.float32), ("f16", torch.float16), ("bf16", torch.bfloat16)]

@@ -7,7 +7,7 @@
 
 #include "apex/nn.h"
 
-#define MAX_IN 4
+#define MAX_IN 6
 
 typedef apex_var *(*op_fn)(apex_graph *g, apex_var **in);
 
@@ -78,6 +78,10 @@ static apex_var *f_permute(apex_graph *g, apex_var **x) { return apex_permute(g,
 static apex_var *f_transpose(apex_graph *g, apex_var **x) { return apex_transpose(g, x[0], 0, 1); }
 static apex_var *f_concat(apex_graph *g, apex_var **x) { return apex_concat(g, 3, x, 1); }
 static apex_var *f_attention(apex_graph *g, apex_var **x) { return apex_causal_attention(g, x[0], x[1], x[2]); }
+static apex_var *f_concat_many(apex_graph *g, apex_var **x) { return apex_concat(g, 6, x, 0); }
+static apex_var *f_concat_mid(apex_graph *g, apex_var **x) { return apex_concat(g, 5, x, -2); }
+static apex_var *f_layer_norm_2d(apex_graph *g, apex_var **x) { return apex_layer_norm_nd(g, x[0], 2, (int64_t[]){3, 4}, x[1], x[2], 0); }
+static apex_var *f_rms_norm_3d(apex_graph *g, apex_var **x) { return apex_rms_norm_nd(g, x[0], 3, (int64_t[]){2, 3, 2}, x[1], 0); }
 
 static const gc_case cases[] = {
     {"add", f_add, 2, {3, 2}, {{2, 3, 4}, {3, 1}}, 0, 0},
@@ -117,6 +121,10 @@ static const gc_case cases[] = {
     {"transpose", f_transpose, 1, {2}, {{3, 5}}, 0, 0},
     {"concat", f_concat, 3, {2, 2, 2}, {{2, 3}, {2, 1}, {2, 2}}, 0, 0},
     {"causal_attention", f_attention, 3, {4, 4, 4}, {{1, 2, 4, 3}, {1, 2, 4, 3}, {1, 2, 4, 3}}, 0, 0},
+    {"concat_many", f_concat_many, 6, {2, 2, 2, 2, 2, 2}, {{1, 3}, {2, 3}, {1, 3}, {3, 3}, {1, 3}, {2, 3}}, 0, 0},
+    {"concat_mid", f_concat_mid, 5, {3, 3, 3, 3, 3}, {{2, 1, 3}, {2, 2, 3}, {2, 1, 3}, {2, 3, 3}, {2, 1, 3}}, 0, 0},
+    {"layer_norm_2d", f_layer_norm_2d, 3, {3, 2, 2}, {{2, 3, 4}, {3, 4}, {3, 4}}, 0, 0},
+    {"rms_norm_3d", f_rms_norm_3d, 2, {4, 3}, {{2, 2, 3, 2}, {2, 3, 2}}, 0, 0},
 };
 
 static void cases_setup(void) {

@@ -8,19 +8,10 @@
 #include "testutil.h"
 #include "apex/nn.h"
 
-static apex_var *leaf(apex_dtype dt, int ndim, const int64_t *shape, uint64_t seed, int rg) {
-  size_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
-  apex_tensor *flat = tu_random_tensor(dt, n, seed, 1.0f);
-  apex_tensor *t = apex_tensor_view(flat, ndim, shape);
-  apex_tensor_destroy(flat);
-  return apex_var_create(t, rg);
-}
-
 static void test_accumulate_and_zero(void **state) {
   (void)state;
   apex_graph *g = apex_graph_create();
-  apex_var *w = leaf(APEX_F32, 1, (int64_t[]){3}, 1, 1);
+  apex_var *w = tu_random_leaf(APEX_F32, 1, (int64_t[]){3}, 1, 1);
   for (int step = 0; step < 2; step++) {
     apex_var *loss = apex_sum_all(g, apex_scale(g, w, 2.0f));
     TU_OK(apex_backward(loss, NULL));
@@ -43,7 +34,7 @@ static void test_accumulate_and_zero(void **state) {
 static void test_no_grad_and_freed_graph(void **state) {
   (void)state;
   apex_graph *g = apex_graph_create();
-  apex_var *w = leaf(APEX_F32, 2, (int64_t[]){2, 3}, 2, 1);
+  apex_var *w = tu_random_leaf(APEX_F32, 2, (int64_t[]){2, 3}, 2, 1);
   assert_int_equal(apex_graph_set_grad_enabled(g, 0), 1);
   apex_var *y = apex_sum_all(g, apex_relu(g, w));
   assert_false(apex_var_requires_grad(y));
@@ -74,8 +65,8 @@ static void test_no_grad_and_freed_graph(void **state) {
 static void test_errors_name_op_and_shapes(void **state) {
   (void)state;
   apex_graph *g = apex_graph_create();
-  apex_var *x = leaf(APEX_F32, 2, (int64_t[]){4, 3}, 3, 0), *w = leaf(APEX_F32, 2, (int64_t[]){5, 4}, 4, 1);
-  apex_var *img = leaf(APEX_F32, 4, (int64_t[]){2, 3, 8, 8}, 5, 0), *k = leaf(APEX_F32, 4, (int64_t[]){4, 2, 3, 3}, 6, 1);
+  apex_var *x = tu_random_leaf(APEX_F32, 2, (int64_t[]){4, 3}, 3, 0), *w = tu_random_leaf(APEX_F32, 2, (int64_t[]){5, 4}, 4, 1);
+  apex_var *img = tu_random_leaf(APEX_F32, 4, (int64_t[]){2, 3, 8, 8}, 5, 0), *k = tu_random_leaf(APEX_F32, 4, (int64_t[]){4, 2, 3, 3}, 6, 1);
   assert_null(apex_linear(g, x, w, NULL));
   tu_assert_message("linear: input [4, 3], weight [5, 4]");
   assert_null(apex_add(g, x, w));
@@ -122,7 +113,7 @@ static void test_low_precision_and_autocast(void **state) {
   apex_graph *g = apex_graph_create();
   apex_dtype dts[2] = {APEX_F16, APEX_BF16};
   for (int d = 0; d < 2; d++) {
-    apex_var *x = leaf(dts[d], 2, (int64_t[]){4, 6}, 7, 1), *w = leaf(dts[d], 2, (int64_t[]){3, 6}, 8, 1);
+    apex_var *x = tu_random_leaf(dts[d], 2, (int64_t[]){4, 6}, 7, 1), *w = tu_random_leaf(dts[d], 2, (int64_t[]){3, 6}, 8, 1);
     apex_var *h = apex_gelu(g, apex_linear(g, x, w, NULL));
     assert_int_equal(apex_tensor_dtype(apex_var_value(h)), dts[d]);
     apex_var *loss = apex_cross_entropy(g, h, (int64_t[]){0, 2, 1, 1}, NULL);
@@ -134,7 +125,7 @@ static void test_low_precision_and_autocast(void **state) {
     apex_var_destroy(w);
   }
   /* autocast: linear runs in f16 on a cached cast of the f32 weight; cross entropy in f32 */
-  apex_var *x = leaf(APEX_F32, 2, (int64_t[]){4, 6}, 9, 0), *w = leaf(APEX_F32, 2, (int64_t[]){3, 6}, 10, 1);
+  apex_var *x = tu_random_leaf(APEX_F32, 2, (int64_t[]){4, 6}, 9, 0), *w = tu_random_leaf(APEX_F32, 2, (int64_t[]){3, 6}, 10, 1);
   TU_OK(apex_graph_set_autocast(g, 1, APEX_F16));
   apex_var *a = apex_linear(g, x, w, NULL), *b = apex_linear(g, x, w, NULL);
   assert_int_equal(apex_tensor_dtype(apex_var_value(a)), APEX_F16);

@@ -22,6 +22,15 @@ apex_tensor *tu_random_tensor(apex_dtype dtype, size_t n, uint64_t seed, float r
   return t;
 }
 
+apex_var *tu_random_leaf(apex_dtype dtype, int ndim, const int64_t *shape, uint64_t seed, int requires_grad) {
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+  apex_tensor *flat = tu_random_tensor(dtype, n, seed, 1.0f);
+  apex_tensor *t = apex_tensor_view(flat, ndim, shape);
+  apex_tensor_destroy(flat);
+  return apex_var_create(t, requires_grad);
+}
+
 void *tu_read_data(const char *name, size_t *size) {
   const char *dir = getenv("APEX_TEST_DATA");
   char path[1024];

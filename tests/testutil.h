@@ -52,6 +52,9 @@ void tu_assert_message(const char *needle);
 /* A 1-d tensor of n elements of dtype, filled with deterministic values in [-range, range]. */
 apex_tensor *tu_random_tensor(apex_dtype dtype, size_t n, uint64_t seed, float range);
 
+/* A leaf var of the given shape holding tu_random_tensor's values in [-1, 1] (the var owns it). */
+apex_var *tu_random_leaf(apex_dtype dtype, int ndim, const int64_t *shape, uint64_t seed, int requires_grad);
+
 /* Reads a whole file under $APEX_TEST_DATA (tests/data) into a malloc'd buffer; NULL (and the test
  * fails with the path) if missing. */
 void *tu_read_data(const char *name, size_t *size);

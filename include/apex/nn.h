@@ -94,8 +94,14 @@ APEX_API apex_module *apex_batch_norm1d_create(apex_model *m, const char *name, 
 APEX_API apex_module *apex_batch_norm2d_create(apex_model *m, const char *name, int64_t channels, const apex_batch_norm_options *opts);
 /* nn.LayerNorm over the last dimension: weight, bias [dim]; eps 0 means 1e-5. */
 APEX_API apex_module *apex_layer_norm_create(apex_model *m, const char *name, int64_t dim, float eps);
+/* nn.LayerNorm(normalized_shape) over the last ndim dimensions: weight, bias of shape
+ * normalized_shape. APEX_ERR_INVALID_ARG for ndim outside [1, APEX_MAX_DIMS], a NULL shape or an entry
+ * < 1; forward fails with APEX_ERR_SHAPE unless the input ends in normalized_shape. */
+APEX_API apex_module *apex_layer_norm_nd_create(apex_model *m, const char *name, int ndim, const int64_t *normalized_shape, float eps);
 /* RMSNorm over the last dimension: weight [dim]; eps 0 means 1e-5. */
 APEX_API apex_module *apex_rms_norm_create(apex_model *m, const char *name, int64_t dim, float eps);
+/* RMSNorm(normalized_shape) over the last ndim dimensions (Apex FusedRMSNorm); as above. */
+APEX_API apex_module *apex_rms_norm_nd_create(apex_model *m, const char *name, int ndim, const int64_t *normalized_shape, float eps);
 /* nn.Embedding: weight [num, dim]. */
 APEX_API apex_module *apex_embedding_create(apex_model *m, const char *name, int64_t num, int64_t dim);
 APEX_API apex_var *apex_embedding_forward(apex_module *mod, apex_graph *g, const int64_t *ids, int ndim, const int64_t *shape);

@@ -86,9 +86,20 @@ APEX_API apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight,
                                    const apex_batch_norm_options *opts);
 /* Layer norm over the last dimension of x [..., D]; weight, bias [D] or NULL; eps 0 means 1e-5. */
 APEX_API apex_var *apex_layer_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var *bias, float eps);
+/* Layer norm over the last norm_ndim dimensions of x, which must equal normalized_shape (PyTorch's
+ * F.layer_norm(x, normalized_shape, weight, bias, eps)): mean and variance over all of them at once.
+ * weight and bias have shape normalized_shape, or are NULL. APEX_ERR_INVALID_ARG for a NULL
+ * normalized_shape; APEX_ERR_SHAPE when norm_ndim is not in [1, x's ndim], normalized_shape is not
+ * x's trailing shape, or weight/bias has another shape. */
+APEX_API apex_var *apex_layer_norm_nd(apex_graph *g, apex_var *x, int norm_ndim, const int64_t *normalized_shape,
+                                      apex_var *weight, apex_var *bias, float eps);
 /* x / sqrt(mean(x^2) + eps) * weight over the last dimension; weight [D] or NULL; eps 0 means 1e-5
  * (Apex FusedRMSNorm's default). */
 APEX_API apex_var *apex_rms_norm(apex_graph *g, apex_var *x, apex_var *weight, float eps);
+/* RMS norm over the last norm_ndim dimensions (Apex FusedRMSNorm(normalized_shape)); the mean of x^2
+ * is over all of them; weight of shape normalized_shape or NULL; errors as apex_layer_norm_nd's. */
+APEX_API apex_var *apex_rms_norm_nd(apex_graph *g, apex_var *x, int norm_ndim, const int64_t *normalized_shape,
+                                    apex_var *weight, float eps);
 
 /* Rows of weight [V, D] picked by ids (shape [ndim dims], each in [0, V)) -> [shape..., D]. */
 APEX_API apex_var *apex_embedding(apex_graph *g, apex_var *weight, const int64_t *ids, int ndim, const int64_t *shape);
@@ -136,7 +147,9 @@ APEX_API apex_var *apex_reshape(apex_graph *g, apex_var *x, int ndim, const int6
 /* Dimensions reordered: result dim i is x's dim perm[i] (a copy, contiguous). */
 APEX_API apex_var *apex_permute(apex_graph *g, apex_var *x, const int *perm);
 APEX_API apex_var *apex_transpose(apex_graph *g, apex_var *x, int dim0, int dim1);
-/* n vars joined along dim; all other dimensions equal. */
+/* n >= 1 vars (any number) joined along dim (negative counts from the end); every other dimension
+ * must equal input 0's. Mixed dtypes promote as every op's do (f16 with bf16 or f32 gives f32), like
+ * torch.cat. APEX_ERR_INVALID_ARG for an empty list; APEX_ERR_SHAPE naming the input that does not fit. */
 APEX_API apex_var *apex_concat(apex_graph *g, int n, apex_var *const *xs, int dim);
 
 /* Causal scaled-dot-product attention: softmax(q k^T / sqrt(D) + causal mask) v for q, k, v

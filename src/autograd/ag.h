@@ -26,7 +26,8 @@ struct apex_var {
   int requires_grad;
   apex_op op;
   int n_in;
-  apex_var *in[AG_MAX_IN];
+  apex_var **in;               /* the n_in inputs: in_small, or the graph pool past AG_MAX_IN (concat) */
+  apex_var *in_small[AG_MAX_IN];
   apex_tensor *ext[2]; /* tensors the op reads in backward but does not own (batch norm's stats) */
   void *aux;           /* op-owned scratch from the graph pool (masks, indices, statistics) */
   int64_t ia[8];       /* op parameters */
@@ -93,6 +94,9 @@ const apex__op_info *apex__op(apex_op op);
 
 /* `bytes` of uninitialised scratch valid until reset; NULL (with a message) on failure. */
 void *apex__scratch(apex_graph *g, size_t bytes);
+/* `bytes` of transient scratch: valid until the next op (forward or backward) starts, then back to
+ * the pool; NULL (with a message) on failure. */
+void *apex__scratch_temp(apex_graph *g, size_t bytes);
 /* n zeroed floats of scratch. */
 float *apex__scratch_zero(apex_graph *g, size_t n);
 /* A tensor from the pool, valid until reset (contents unspecified). */
@@ -157,6 +161,13 @@ static inline int ag_dim(int dim, int ndim) {
   if (dim < 0) dim += ndim;
   return dim >= 0 && dim < ndim ? dim : -1;
 }
+/* t seen as [outer, D, inner] around dimension dim (already normalised). */
+static inline void ag_lines(const apex_tensor *t, int dim, size_t *outer, size_t *d, size_t *inner) {
+  *outer = *inner = 1;
+  for (int i = 0; i < dim; i++) *outer *= (size_t)t->shape[i];
+  for (int i = dim + 1; i < t->ndim; i++) *inner *= (size_t)t->shape[i];
+  *d = (size_t)t->shape[dim];
+}
 /* "[2, 3]" for messages; two rotating buffers per thread, so two shapes fit in one message. */
 const char *apex__shape(const apex_var *v);
 const char *apex__shape_of(int ndim, const int64_t *shape);
@@ -166,9 +177,29 @@ const char *apex__shape_of(int ndim, const int64_t *shape);
 #define AG_PAR_MIN 16384
 #define AG_PFOR _Pragma("omp parallel for schedule(static) if (n > AG_PAR_MIN)")
 
-/* C = alpha * op(A) op(B) + beta * C, row-major, through OpenBLAS with apex's thread count. */
+/* C = alpha * op(A) op(B) + beta * C, row-major, through OpenBLAS on apex's threads, in a tile grid
+ * fixed by m, n, k so that the bits do not depend on the thread count (see gemm.c). */
 void apex__sgemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
                  const float *b, int ldb, float beta, float *c, int ldc);
+
+/* An operand of apex__gemm as stored: row-major, ld elements between rows, any float dtype; trans
+ * as for sgemm (1: the stored matrix is the transpose of the operand). */
+typedef struct ag_mat {
+  const void *data;
+  apex_dtype dtype;
+  int ld, trans;
+} ag_mat;
+
+/* C [m, n] (dtype ct, ldc) = alpha * op(A) [m, k] op(B) [k, n] + beta * C, for operands of any float
+ * dtype, accumulated in f32, in apex__sgemm's grid. With bias (f32 [n]), C = bias + alpha * op(A)
+ * op(B) instead. C that is not f32 is written, never read: beta must then be 0. Low-precision
+ * operands are widened a tile's panel at a time into transient scratch, never whole, with the bits of
+ * widening whole. APEX_ERR_OUT_OF_MEMORY when the scratch cannot be had. */
+apex_status apex__gemm(apex_graph *g, int m, int n, int k, float alpha, ag_mat a, ag_mat b, float beta, void *c, apex_dtype ct, int ldc,
+                       const float *bias);
+/* 1: apex__gemm widens whole tensors first (the reference way, for tests and benchmarks); 0: per
+ * tile (the default). Returns the previous setting. Not thread-safe. */
+int apex__gemm_set_whole_widening(int on);
 
 /* dst[c] += sum over rows of m[r, c] (m is rows x cols), each column summed in row order. */
 void apex__colsum_add(const float *m, size_t rows, size_t cols, float *dst);

@@ -53,9 +53,9 @@ void *apex__scratch(apex_graph *g, size_t bytes) {
   return b->storage->data;
 }
 
-/* Transient scratch: valid until the next op (forward or backward) starts. Widened copies of
- * low-precision inputs live here, so a half model keeps only its half activations between ops. */
-static void *scratch_temp(apex_graph *g, size_t bytes) {
+/* Widened copies of low-precision inputs live in transient scratch, so a half model keeps only its
+ * half activations between ops. */
+void *apex__scratch_temp(apex_graph *g, size_t bytes) {
   ag_block *b = take_block(g, bytes);
   if (!b) {
     g->oom = 1;
@@ -284,7 +284,7 @@ apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in
   for (int i = 0; i < n; i++) {
     use[i] = in[i];
     if (!in[i]) {
-      if (optional & (1u << i)) continue;
+      if (i < 32 && (optional >> i & 1u)) continue;
       return apex__fail(APEX_ERR_INVALID_ARG, "%s: input %d is NULL (did an earlier op fail?)", name, i);
     }
     if (in[i]->graph && (in[i]->graph != g || in[i]->step != g->step))
@@ -318,6 +318,8 @@ apex_var *apex__result_value(apex_graph *g, apex_op op, apex_tensor *value, int 
   int rg = 0;
   for (int i = 0; i < n; i++) rg |= ag_needs(in[i]);
   if (rg && g->grad_enabled) {
+    v->in = n <= AG_MAX_IN ? v->in_small : apex__scratch(g, (size_t)n * sizeof *v->in);
+    if (!v->in) return NULL;
     v->requires_grad = 1;
     v->n_in = n;
     for (int i = 0; i < n; i++) v->in[i] = in[i];
@@ -375,14 +377,14 @@ apex_status apex__bwd_identity(apex_graph *g, apex_var *out) {
 
 const float *apex__f32(apex_graph *g, const apex_tensor *t) {
   if (t->dtype == APEX_F32) return ag_data(t);
-  float *buf = scratch_temp(g, t->numel * sizeof(float));
+  float *buf = apex__scratch_temp(g, t->numel * sizeof(float));
   if (buf) apex_convert(buf, APEX_F32, apex_tensor_data(t), t->dtype, t->numel);
   return buf;
 }
 
 float *apex__out_f32(apex_graph *g, apex_var *v) {
   if (v->value->dtype == APEX_F32) return ag_data(v->value);
-  return scratch_temp(g, ag_numel(v) * sizeof(float));
+  return apex__scratch_temp(g, ag_numel(v) * sizeof(float));
 }
 
 void apex__store(apex_var *v, const float *buf) {

@@ -1,47 +1,15 @@
-/* ops_linear.c: matmul and linear on OpenBLAS sgemm.
+/* ops_linear.c: matmul and linear on apex__gemm (gemm.c).
  *
- * Low-precision operands are widened to f32 once per call and every product accumulates in f32
- * inside sgemm. apex__sgemm splits the output into blocks over the OpenMP threads (never along K),
- * so a product's bits do not depend on the thread count. */
-#include <cblas.h>
-
-#include "apex/threads.h"
+ * Operands and results stay in their own dtypes: apex__gemm widens low-precision operands to f32
+ * (per tile once a product is big) and every product accumulates in f32 inside sgemm, split over the
+ * threads never along K, so a product's bits do not depend on the thread count. */
 #include "autograd/ag.h"
 
-void apex__sgemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
-                 int ldb, float beta, float *c, int ldc) {
-  /* OpenBLAS runs on one thread and apex splits the output over its OpenMP threads: OpenBLAS's
-   * pthreads spinning beside OpenMP's would fight for the cores, and every output element is still
-   * summed over all of K by the same kernel, so the bits do not depend on the split. */
-  static int blas_single;
-  if (!blas_single) {
-    openblas_set_num_threads(1);
-    blas_single = 1;
-  }
-  int t = apex_get_num_threads();
-  double work = (double)m * n * k;
-  if (t < 2 || work < 4e6) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
-                b, ldb, beta, c, ldc);
-    return;
-  }
-  int split_rows = m >= n, len = split_rows ? m : n, parts = t * 2;
-  int chunk = ((len + parts - 1) / parts + 15) / 16 * 16;
-  int nparts = (len + chunk - 1) / chunk;
-#pragma omp parallel for schedule(static)
-  for (int p = 0; p < nparts; p++) {
-    int lo = p * chunk, w = len - lo < chunk ? len - lo : chunk;
-    if (split_rows) {
-      const float *ap = trans_a ? a + lo : a + (size_t)lo * lda;
-      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, w, n, k, alpha, ap, lda, b,
-                  ldb, beta, c + (size_t)lo * ldc, ldc);
-    } else {
-      const float *bp = trans_b ? b + (size_t)lo * ldb : b + lo;
-      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, w, k, alpha, a, lda, bp,
-                  ldb, beta, c + lo, ldc);
-    }
-  }
+/* t's data from element off, as a gemm operand with rows of ld elements. */
+static ag_mat mat(const apex_tensor *t, size_t off, int ld, int trans) {
+  return (ag_mat){(const char *)apex_tensor_data(t) + off * apex_dtype_size(t->dtype), t->dtype, ld, trans};
 }
+static ag_mat mat_f32(const float *p, int ld, int trans) { return (ag_mat){p, APEX_F32, ld, trans}; }
 
 void apex__colsum_add(const float *m, size_t rows, size_t cols, float *dst) {
   enum { CB = 64 };
@@ -98,13 +66,13 @@ apex_var *apex_matmul(apex_graph *g, apex_var *a, apex_var *b) {
   shape[nd - 1] = d.n;
   apex_var *out = apex__result(g, APEX_OP_MATMUL, dt, nd, shape, 2, u);
   if (!out) return NULL;
-  const float *A = apex__f32(g, u[0]->value), *B = apex__f32(g, u[1]->value);
-  float *o = apex__out_f32(g, out);
-  if (!A || !B || !o) return NULL;
+  const apex_tensor *A = u[0]->value, *B = u[1]->value;
   size_t sa = (size_t)d.m * d.k, sb = d.batch > 1 ? (size_t)d.k * d.n : 0, so = (size_t)d.m * d.n;
+  char *o = apex_tensor_data(out->value);
   for (size_t i = 0; i < d.batch; i++)
-    apex__sgemm(0, 0, d.m, d.n, d.k, 1.0f, A + i * sa, d.k, B + i * sb, d.n, 0.0f, o + i * so, d.n);
-  apex__store(out, o);
+    if (apex__gemm(g, d.m, d.n, d.k, 1.0f, mat(A, i * sa, d.k, 0), mat(B, i * sb, d.n, 0), 0.0f, o + i * so * apex_dtype_size(dt), dt, d.n,
+                   NULL) != APEX_OK)
+      return NULL;
   return out;
 }
 
@@ -112,12 +80,16 @@ apex_status apex__bwd_matmul(apex_graph *g, apex_var *out) {
   mm_dims d;
   mm_plan(out->in[0]->value, out->in[1]->value, &d);
   float *ga = apex__gbuf(g, out->in[0]), *gb = apex__gbuf(g, out->in[1]);
-  const float *A = apex__f32(g, out->in[0]->value), *B = apex__f32(g, out->in[1]->value), *go = out->gbuf;
-  if (!A || !B) return APEX_ERR_OUT_OF_MEMORY;
+  const apex_tensor *A = out->in[0]->value, *B = out->in[1]->value;
+  const float *go = out->gbuf;
   size_t sa = (size_t)d.m * d.k, sb = d.batch > 1 ? (size_t)d.k * d.n : 0, so = (size_t)d.m * d.n;
   for (size_t i = 0; i < d.batch; i++) {
-    if (ga) apex__sgemm(0, 1, d.m, d.k, d.n, 1.0f, go + i * so, d.n, B + i * sb, d.n, 1.0f, ga + i * sa, d.k);
-    if (gb) apex__sgemm(1, 0, d.k, d.n, d.m, 1.0f, A + i * sa, d.k, go + i * so, d.n, 1.0f, gb + i * sb, d.n);
+    if (ga && apex__gemm(g, d.m, d.k, d.n, 1.0f, mat_f32(go + i * so, d.n, 0), mat(B, i * sb, d.n, 1), 1.0f, ga + i * sa, APEX_F32, d.k,
+                         NULL) != APEX_OK)
+      return APEX_ERR_OUT_OF_MEMORY;
+    if (gb && apex__gemm(g, d.k, d.n, d.m, 1.0f, mat(A, i * sa, d.k, 1), mat_f32(go + i * so, d.n, 0), 1.0f, gb + i * sb, APEX_F32, d.n,
+                         NULL) != APEX_OK)
+      return APEX_ERR_OUT_OF_MEMORY;
   }
   return APEX_OK;
 }
@@ -140,18 +112,9 @@ apex_var *apex_linear(apex_graph *g, apex_var *x, apex_var *w, apex_var *b) {
   shape[X->ndim - 1] = n;
   apex_var *out = apex__result(g, APEX_OP_LINEAR, dt, X->ndim, shape, 3, u);
   if (!out) return NULL;
-  const float *xf = apex__f32(g, X), *wf = apex__f32(g, W), *bf = b ? apex__f32(g, u[2]->value) : NULL;
-  float *o = apex__out_f32(g, out);
-  if (!xf || !wf || !o || (b && !bf)) return NULL;
-  float beta = 0.0f;
-  if (bf) {
-    size_t rows = (size_t)m, cols = (size_t)n, total = rows * cols;
-#pragma omp parallel for schedule(static) if (total > AG_PAR_MIN)
-    for (size_t r = 0; r < rows; r++) memcpy(o + r * cols, bf, cols * sizeof(float));
-    beta = 1.0f;
-  }
-  apex__sgemm(0, 1, m, n, k, 1.0f, xf, k, wf, k, beta, o, n);
-  apex__store(out, o);
+  const float *bf = b ? apex__f32(g, u[2]->value) : NULL;
+  if (b && !bf) return NULL;
+  if (apex__gemm(g, m, n, k, 1.0f, mat(X, 0, k, 0), mat(W, 0, k, 1), 0.0f, apex_tensor_data(out->value), dt, n, bf) != APEX_OK) return NULL;
   return out;
 }
 
@@ -161,16 +124,10 @@ apex_status apex__bwd_linear(apex_graph *g, apex_var *out) {
   int m = (int)(X->numel / (size_t)ag_nz(k));
   const float *go = out->gbuf;
   float *gx = apex__gbuf(g, out->in[0]), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
-  if (gx) {
-    const float *wf = apex__f32(g, W);
-    if (!wf) return APEX_ERR_OUT_OF_MEMORY;
-    apex__sgemm(0, 0, m, k, n, 1.0f, go, n, wf, k, 1.0f, gx, k);
-  }
-  if (gw) {
-    const float *xf = apex__f32(g, X);
-    if (!xf) return APEX_ERR_OUT_OF_MEMORY;
-    apex__sgemm(1, 0, n, k, m, 1.0f, go, n, xf, k, 1.0f, gw, k);
-  }
+  if (gx && apex__gemm(g, m, k, n, 1.0f, mat_f32(go, n, 0), mat(W, 0, k, 0), 1.0f, gx, APEX_F32, k, NULL) != APEX_OK)
+    return APEX_ERR_OUT_OF_MEMORY;
+  if (gw && apex__gemm(g, n, k, m, 1.0f, mat_f32(go, n, 1), mat(X, 0, k, 0), 1.0f, gw, APEX_F32, k, NULL) != APEX_OK)
+    return APEX_ERR_OUT_OF_MEMORY;
   if (gb) apex__colsum_add(go, (size_t)m, (size_t)n, gb);
   return APEX_OK;
 }

@@ -10,13 +10,6 @@
 
 /* ---- softmax / log-softmax ---------------------------------------------------------------------- */
 
-static void lines(const apex_tensor *t, int dim, size_t *outer, size_t *d, size_t *inner) {
-  *outer = *inner = 1;
-  for (int i = 0; i < dim; i++) *outer *= (size_t)t->shape[i];
-  for (int i = dim + 1; i < t->ndim; i++) *inner *= (size_t)t->shape[i];
-  *d = (size_t)t->shape[dim];
-}
-
 static apex_var *softmax_op(apex_graph *g, apex_op op, apex_var *x, int dim) {
   apex_var *u;
   apex_dtype dt;
@@ -30,7 +23,7 @@ static apex_var *softmax_op(apex_graph *g, apex_op op, apex_var *x, int dim) {
   float *o = out->value->dtype == APEX_F32 ? ag_data(out->value) : apex__scratch(g, ag_numel(out) * sizeof(float));
   if (!X || !o) return NULL;
   size_t outer, D, inner;
-  lines(u->value, dd, &outer, &D, &inner);
+  ag_lines(u->value, dd, &outer, &D, &inner);
   out->ia[0] = dd;
   out->aux = o;
   size_t nl = outer * inner, n = nl * D;
@@ -63,7 +56,7 @@ static apex_status softmax_bwd(apex_graph *g, apex_var *out) {
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
   size_t outer, D, inner;
-  lines(out->value, (int)out->ia[0], &outer, &D, &inner);
+  ag_lines(out->value, (int)out->ia[0], &outer, &D, &inner);
   const float *y = out->aux, *go = out->gbuf;
   size_t nl = outer * inner, n = nl * D;
   int logsm = out->op == APEX_OP_LOG_SOFTMAX;

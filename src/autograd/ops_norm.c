@@ -1,8 +1,9 @@
 /* ops_norm.c: batch norm (training and evaluation, running statistics), layer norm and RMS norm.
  *
- * Statistics are per channel (batch norm) or per row (layer/RMS norm), each summed in double by one
- * thread in a fixed order. The weight and bias gradients of the row norms are column sums of an
- * [rows, D] product, done by apex__colsum_add in row order. */
+ * Statistics are per channel (batch norm) or per row (layer/RMS norm: a row is the normalised last
+ * dimensions, flattened), each summed in double by one thread in a fixed order. The weight and bias
+ * gradients of the row norms are column sums of an [rows, D] product, done by apex__colsum_add in
+ * row order. */
 #include <math.h>
 
 #include "autograd/ag.h"
@@ -111,20 +112,39 @@ apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
 
 /* ---- layer norm and RMS norm -------------------------------------------------------------------- */
 
-/* One op for both: layer norm centres (ia[0] = 1) and has a bias; RMS norm does neither. */
-static apex_var *row_norm(apex_graph *g, apex_op op, apex_var *x, apex_var *weight, apex_var *bias, float eps) {
+/* 1 when t has shape [ns...] (nn dims). */
+static int has_shape(const apex_tensor *t, int nn, const int64_t *ns) {
+  if (t->ndim != nn) return 0;
+  for (int i = 0; i < nn; i++)
+    if (t->shape[i] != ns[i]) return 0;
+  return 1;
+}
+
+/* One op for both: layer norm centres and has a bias; RMS norm does neither. Each row is the last
+ * nn dimensions of x flattened (PyTorch's normalized_shape), so weight and bias, of that shape and
+ * contiguous, index the row as a flat [D]; ns NULL means x's own last nn dimensions. */
+static apex_var *row_norm(apex_graph *g, apex_op op, apex_var *x, int nn, const int64_t *ns, apex_var *weight, apex_var *bias, float eps) {
   apex_var *in[3] = {x, weight, bias}, *u[3];
   apex_dtype dt;
+  const char *name = apex_op_name(op);
   int n_in = op == APEX_OP_LAYER_NORM ? 3 : 2;
   if (apex__dispatch(g, op, n_in, in, 6u, u, &dt) != APEX_OK) return NULL;
   if (n_in == 2) u[2] = NULL;
   const apex_tensor *X = u[0]->value;
-  if (X->ndim < 1) return apex__fail_null(APEX_ERR_SHAPE, "%s: input %s has no dimension to normalise", apex_op_name(op), apex__shape(x));
-  size_t D = (size_t)X->shape[X->ndim - 1], R = X->numel / ag_nz(D);
+  if (nn < 1 || nn > X->ndim)
+    return apex__fail_null(APEX_ERR_SHAPE, "%s: normalized_shape of %d dimensions for input %s (need 1 to %d)", name, nn, apex__shape(x), X->ndim);
+  const int64_t *tail = X->shape + X->ndim - nn;
+  if (!ns) ns = tail;
+  if (memcmp(ns, tail, (size_t)nn * sizeof *ns))
+    return apex__fail_null(APEX_ERR_SHAPE, "%s: normalized_shape %s does not match the last %d dimensions of input %s", name,
+                           apex__shape_of(nn, ns), nn, apex__shape(x));
+  size_t D = 1;
+  for (int i = 0; i < nn; i++) D *= (size_t)ns[i];
+  size_t R = X->numel / ag_nz(D);
   for (int i = 1; i < 3; i++)
-    if (u[i] && (u[i]->value->ndim != 1 || (size_t)u[i]->value->shape[0] != D))
-      return apex__fail_null(APEX_ERR_SHAPE, "%s: %s %s does not match the last dimension of input %s", apex_op_name(op), i == 1 ? "weight" : "bias",
-                             apex__shape(in[i]), apex__shape(x));
+    if (u[i] && !has_shape(u[i]->value, nn, ns))
+      return apex__fail_null(APEX_ERR_SHAPE, "%s: %s %s does not match normalized_shape %s of input %s", name, i == 1 ? "weight" : "bias",
+                             apex__shape(in[i]), apex__shape_of(nn, ns), apex__shape(x));
   if (eps == 0.0f) eps = 1e-5f;
   apex_var *out = apex__result(g, op, dt, X->ndim, X->shape, n_in, u);
   if (!out) return NULL;
@@ -151,9 +171,22 @@ static apex_var *row_norm(apex_graph *g, apex_op op, apex_var *x, apex_var *weig
 }
 
 apex_var *apex_layer_norm(apex_graph *g, apex_var *x, apex_var *w, apex_var *b, float eps) {
-  return row_norm(g, APEX_OP_LAYER_NORM, x, w, b, eps);
+  return row_norm(g, APEX_OP_LAYER_NORM, x, 1, NULL, w, b, eps);
 }
-apex_var *apex_rms_norm(apex_graph *g, apex_var *x, apex_var *w, float eps) { return row_norm(g, APEX_OP_RMS_NORM, x, w, NULL, eps); }
+apex_var *apex_rms_norm(apex_graph *g, apex_var *x, apex_var *w, float eps) { return row_norm(g, APEX_OP_RMS_NORM, x, 1, NULL, w, NULL, eps); }
+
+/* The _nd forms take normalized_shape explicitly, as PyTorch does, so that a mismatch with x is an
+ * error rather than a silently different normalisation. */
+static apex_var *row_norm_nd(apex_graph *g, apex_op op, apex_var *x, int nn, const int64_t *ns, apex_var *w, apex_var *b, float eps) {
+  if (!ns) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: NULL normalized_shape", apex_op_name(op));
+  return row_norm(g, op, x, nn, ns, w, b, eps);
+}
+apex_var *apex_layer_norm_nd(apex_graph *g, apex_var *x, int norm_ndim, const int64_t *normalized_shape, apex_var *w, apex_var *b, float eps) {
+  return row_norm_nd(g, APEX_OP_LAYER_NORM, x, norm_ndim, normalized_shape, w, b, eps);
+}
+apex_var *apex_rms_norm_nd(apex_graph *g, apex_var *x, int norm_ndim, const int64_t *normalized_shape, apex_var *w, float eps) {
+  return row_norm_nd(g, APEX_OP_RMS_NORM, x, norm_ndim, normalized_shape, w, NULL, eps);
+}
 
 static apex_status row_norm_bwd(apex_graph *g, apex_var *out) {
   size_t R = (size_t)out->ia[0], D = (size_t)out->ia[1];

@@ -17,11 +17,7 @@ static apex_var *reduce(apex_graph *g, apex_op op, apex_var *x, int all, int dim
   if (!all) {
     int d = ag_dim(dim, X->ndim);
     if (d < 0) return apex__fail_null(APEX_ERR_SHAPE, "%s: dim %d is out of range for %s", apex_op_name(op), dim, apex__shape(x));
-    outer = 1;
-    for (int i = 0; i < d; i++) outer *= (size_t)X->shape[i];
-    D = (size_t)X->shape[d];
-    inner = 1;
-    for (int i = d + 1; i < X->ndim; i++) inner *= (size_t)X->shape[i];
+    ag_lines(X, d, &outer, &D, &inner);
     for (int i = 0; i < X->ndim; i++)
       if (i != d || keepdim) shape[nd++] = i == d ? 1 : X->shape[i];
   }
@@ -177,17 +173,18 @@ apex_status apex__bwd_permute(apex_graph *g, apex_var *out) {
 
 /* ---- concat ------------------------------------------------------------------------------------- */
 
-#define CONCAT_MAX AG_MAX_IN
-
+/* Any number of inputs: the in-list past AG_MAX_IN lives in the graph pool (apex__result_value). Each
+ * input's rows are converted straight into the result's dtype (a copy when it is the same), so no
+ * input is widened to f32 and back: a cast of f16 or bf16 to f32 is exact, and so is the result. */
 apex_var *apex_concat(apex_graph *g, int n, apex_var *const *xs, int dim) {
-  if (n < 1 || n > CONCAT_MAX || !xs)
-    return apex__fail_null(APEX_ERR_INVALID_ARG, "concat: %d inputs; this build joins 1 to %d", n, CONCAT_MAX);
-  apex_var *u[CONCAT_MAX];
+  if (!g) return apex__fail_null(APEX_ERR_INVALID_ARG, "concat: NULL graph");
+  if (n < 1 || !xs) return apex__fail_null(APEX_ERR_INVALID_ARG, "concat: an empty list (%d inputs%s); give at least one", n, xs ? "" : ", NULL array");
+  apex_var *small[AG_MAX_IN], **u = n <= AG_MAX_IN ? small : apex__scratch(g, (size_t)n * sizeof *u);
   apex_dtype dt;
-  if (apex__dispatch(g, APEX_OP_CONCAT, n, xs, 0, u, &dt) != APEX_OK) return NULL;
+  if (!u || apex__dispatch(g, APEX_OP_CONCAT, n, xs, 0, u, &dt) != APEX_OK) return NULL;
   const apex_tensor *x0 = u[0]->value;
   int nd = x0->ndim, d = ag_dim(dim, nd);
-  if (d < 0) return apex__fail_null(APEX_ERR_SHAPE, "concat: dim %d is out of range for %s", dim, apex__shape(xs[0]));
+  if (d < 0) return apex__fail_null(APEX_ERR_SHAPE, "concat: dim %d is out of range for input 0 %s", dim, apex__shape(xs[0]));
   int64_t shape[APEX_MAX_DIMS];
   memcpy(shape, x0->shape, sizeof(int64_t) * (size_t)nd);
   shape[d] = 0;
@@ -203,30 +200,25 @@ apex_var *apex_concat(apex_graph *g, int n, apex_var *const *xs, int dim) {
   apex_var *out = apex__result(g, APEX_OP_CONCAT, dt, nd, shape, n, u);
   if (!out) return NULL;
   out->ia[0] = d;
-  float *o = apex__out_f32(g, out);
-  if (!o) return NULL;
-  size_t outer = 1, inner = 1;
-  for (int i = 0; i < d; i++) outer *= (size_t)shape[i];
-  for (int i = d + 1; i < nd; i++) inner *= (size_t)shape[i];
-  size_t row = (size_t)shape[d] * inner, at = 0;
+  size_t outer, D, inner, es = apex_dtype_size(dt);
+  ag_lines(out->value, d, &outer, &D, &inner);
+  size_t row = D * inner, at = 0;
+  char *o = apex_tensor_data(out->value);
   for (int k = 0; k < n; k++) {
-    const float *X = apex__f32(g, u[k]->value);
-    if (!X) return NULL;
-    size_t w = (size_t)u[k]->value->shape[d] * inner;
-    for (size_t r = 0; r < outer; r++) memcpy(o + r * row + at, X + r * w, w * sizeof(float));
+    const apex_tensor *t = u[k]->value;
+    const char *X = apex_tensor_data(t);
+    size_t w = (size_t)t->shape[d] * inner, tes = apex_dtype_size(t->dtype);
+    for (size_t r = 0; r < outer; r++) apex_convert(o + (r * row + at) * es, dt, X + r * w * tes, t->dtype, w);
     at += w;
   }
-  apex__store(out, o);
   return out;
 }
 
 apex_status apex__bwd_concat(apex_graph *g, apex_var *out) {
-  int d = (int)out->ia[0], nd = out->value->ndim;
-  const int64_t *shape = out->value->shape;
-  size_t outer = 1, inner = 1;
-  for (int i = 0; i < d; i++) outer *= (size_t)shape[i];
-  for (int i = d + 1; i < nd; i++) inner *= (size_t)shape[i];
-  size_t row = (size_t)shape[d] * inner, at = 0;
+  int d = (int)out->ia[0];
+  size_t outer, D, inner;
+  ag_lines(out->value, d, &outer, &D, &inner);
+  size_t row = D * inner, at = 0;
   for (int k = 0; k < out->n_in; k++) {
     size_t w = (size_t)out->in[k]->value->shape[d] * inner;
     float *gx = apex__gbuf(g, out->in[k]);

@@ -58,21 +58,33 @@ apex_module *apex_batch_norm2d_create(apex_model *m, const char *name, int64_t c
   return batch_norm_create(m, NN_BATCH_NORM2D, name, c, opts, "apex_batch_norm2d_create");
 }
 
-static apex_module *row_norm_create(apex_model *m, nn_kind kind, const char *name, int64_t dim, float eps, const char *who) {
-  if (dim < 1) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: dim %lld must be >= 1", who, (long long)dim);
+/* Weight (and bias) take the normalized shape; forward reads it back from the weight, which every
+ * norm module has, so the module needs no field of its own. */
+static apex_module *row_norm_create(apex_model *m, nn_kind kind, const char *name, int nd, const int64_t *shape, float eps, const char *who) {
+  if (nd < 1 || nd > APEX_MAX_DIMS || !shape)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: normalized_shape of %d dimensions%s (need 1 to %d)", who, nd, shape ? "" : ", NULL",
+                           APEX_MAX_DIMS);
+  for (int i = 0; i < nd; i++)
+    if (shape[i] < 1) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: normalized_shape entry %d is %lld; it must be >= 1", who, i, (long long)shape[i]);
   apex_module *mod = apex__nn_module(m, kind, name, who);
   if (!mod) return NULL;
   mod->f = eps;
-  if (!(mod->p[0] = apex__nn_param(mod, "weight", 1, &dim, '1', 0))) return NULL;
-  if (kind == NN_LAYER_NORM && !(mod->p[1] = apex__nn_param(mod, "bias", 1, &dim, '0', 0))) return NULL;
+  if (!(mod->p[0] = apex__nn_param(mod, "weight", nd, shape, '1', 0))) return NULL;
+  if (kind == NN_LAYER_NORM && !(mod->p[1] = apex__nn_param(mod, "bias", nd, shape, '0', 0))) return NULL;
   return mod;
 }
 
 apex_module *apex_layer_norm_create(apex_model *m, const char *name, int64_t dim, float eps) {
-  return row_norm_create(m, NN_LAYER_NORM, name, dim, eps, "apex_layer_norm_create");
+  return row_norm_create(m, NN_LAYER_NORM, name, 1, &dim, eps, "apex_layer_norm_create");
 }
 apex_module *apex_rms_norm_create(apex_model *m, const char *name, int64_t dim, float eps) {
-  return row_norm_create(m, NN_RMS_NORM, name, dim, eps, "apex_rms_norm_create");
+  return row_norm_create(m, NN_RMS_NORM, name, 1, &dim, eps, "apex_rms_norm_create");
+}
+apex_module *apex_layer_norm_nd_create(apex_model *m, const char *name, int ndim, const int64_t *normalized_shape, float eps) {
+  return row_norm_create(m, NN_LAYER_NORM, name, ndim, normalized_shape, eps, "apex_layer_norm_nd_create");
+}
+apex_module *apex_rms_norm_nd_create(apex_model *m, const char *name, int ndim, const int64_t *normalized_shape, float eps) {
+  return row_norm_create(m, NN_RMS_NORM, name, ndim, normalized_shape, eps, "apex_rms_norm_nd_create");
 }
 
 apex_module *apex_embedding_create(apex_model *m, const char *name, int64_t num, int64_t dim) {
@@ -207,8 +219,12 @@ apex_var *apex_module_forward(apex_module *mod, apex_graph *g, apex_var *x) {
     if (training && mod->bn_forward) return mod->bn_forward(mod->bn_ctx, g, x, mod->p[0], mod->p[1], mod->buf[0], mod->buf[1], &o);
     return apex_batch_norm(g, x, mod->p[0], mod->p[1], mod->buf[0], mod->buf[1], &o);
   }
-  case NN_LAYER_NORM: return apex_layer_norm(g, x, mod->p[0], mod->p[1], mod->f);
-  case NN_RMS_NORM: return apex_rms_norm(g, x, mod->p[0], mod->f);
+  case NN_LAYER_NORM:
+  case NN_RMS_NORM: {
+    const apex_tensor *w = apex_var_value(mod->p[0]);
+    if (mod->kind == NN_RMS_NORM) return apex_rms_norm_nd(g, x, apex_tensor_ndim(w), apex_tensor_shape(w), mod->p[0], mod->f);
+    return apex_layer_norm_nd(g, x, apex_tensor_ndim(w), apex_tensor_shape(w), mod->p[0], mod->p[1], mod->f);
+  }
   case NN_EMBEDDING:
     return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_module_forward: embedding '%s' takes ids: use apex_embedding_forward", mod->name);
   case NN_ATTENTION: return attention_forward(mod, g, x);

@@ -1,0 +1,308 @@
+/* test_nn_ops.c: what issue #4 added to the ops beyond the shared cases of nn_cases.h: concat of
+ * many inputs and of mixed dtypes (exact values), layer/RMS norm over several trailing dimensions
+ * through the op and the modules, the bad inputs of both, and the tiled low-precision GEMM, which
+ * must give the bits of the whole-tensor path for matmul and linear, forward and backward, at 1
+ * and 2 threads, in less pool memory. (PyTorch's values for the new cases are in test_nn_golden.) */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "testutil.h"
+#include "apex/nn.h"
+#include "autograd/ag.h"
+
+/* ---- concat --------------------------------------------------------------------------------------- */
+
+/* Ten inputs [2, w_k, 3] along dim 1 (-2), each dtype: every value lands where torch.cat puts it,
+ * bit for bit, and each input's gradient is its slice of the output's. */
+static void test_concat_many(void **state) {
+  (void)state;
+  enum { N = 10 };
+  apex_dtype dts[3] = {APEX_F32, APEX_F16, APEX_BF16};
+  for (int d = 0; d < 3; d++) {
+    apex_graph *g = apex_graph_create();
+    apex_var *xs[N];
+    int64_t total = 0;
+    for (int k = 0; k < N; k++) {
+      int64_t w = 1 + k % 3;
+      xs[k] = tu_random_leaf(dts[d], 3, (int64_t[]){2, w, 3}, 10 + (uint64_t)k, 1);
+      total += w;
+    }
+    apex_var *y = apex_concat(g, N, xs, -2);
+    if (!y) fail_msg("%s", apex_last_error());
+    const apex_tensor *Y = apex_var_value(y);
+    assert_int_equal(apex_tensor_dtype(Y), dts[d]);
+    assert_int_equal(apex_tensor_dim(Y, 1), total);
+    apex_tensor *R = apex_tensor_create(APEX_F32, 3, (int64_t[]){2, total, 3});
+    for (size_t i = 0; i < apex_tensor_numel(R); i++) apex_tensor_set(R, i, (float)i * 0.25f);
+    TU_OK(apex_backward(y, &(apex_backward_options){.grad_output = R}));
+    int64_t at = 0;
+    for (int k = 0; k < N; k++) {
+      const apex_tensor *X = apex_var_value(xs[k]), *G = apex_var_grad(xs[k]);
+      int64_t w = apex_tensor_dim(X, 1);
+      for (int64_t b = 0; b < 2; b++)
+        for (int64_t j = 0; j < w; j++)
+          for (int64_t c = 0; c < 3; c++) {
+            size_t xi = (size_t)((b * w + j) * 3 + c), yi = (size_t)((b * total + at + j) * 3 + c);
+            assert_int_equal(tu_bits(apex_tensor_get(Y, yi)), tu_bits(apex_tensor_get(X, xi)));
+            assert_int_equal(tu_bits(apex_tensor_get(G, xi)), tu_bits(apex_tensor_get(R, yi)));
+          }
+      at += w;
+    }
+    apex_tensor_destroy(R);
+    for (int k = 0; k < N; k++) apex_var_destroy(xs[k]);
+    apex_graph_destroy(g);
+  }
+}
+
+/* f16 with bf16 promotes to f32, as torch.cat does; a single input is a copy. */
+static void test_concat_mixed_and_single(void **state) {
+  (void)state;
+  apex_graph *g = apex_graph_create();
+  apex_var *a = tu_random_leaf(APEX_F16, 2, (int64_t[]){2, 3}, 1, 1), *b = tu_random_leaf(APEX_BF16, 2, (int64_t[]){2, 2}, 2, 0);
+  apex_var *ab[2] = {a, b};
+  apex_var *y = apex_concat(g, 2, ab, 1);
+  assert_non_null(y);
+  assert_int_equal(apex_tensor_dtype(apex_var_value(y)), APEX_F32);
+  for (int r = 0; r < 2; r++)
+    for (int c = 0; c < 5; c++) {
+      float want = c < 3 ? apex_tensor_get(apex_var_value(a), (size_t)(r * 3 + c)) : apex_tensor_get(apex_var_value(b), (size_t)(r * 2 + c - 3));
+      assert_int_equal(tu_bits(apex_tensor_get(apex_var_value(y), (size_t)(r * 5 + c))), tu_bits(want));
+    }
+  TU_OK(apex_backward(apex_sum_all(g, y), NULL));
+  for (size_t i = 0; i < 6; i++) assert_true(apex_tensor_get(apex_var_grad(a), i) == 1.0f);
+  apex_var *one = apex_concat(g, 1, &a, 0);
+  assert_non_null(one);
+  assert_true(apex_tensor_same_shape(apex_var_value(one), apex_var_value(a)));
+  apex_var_destroy(a);
+  apex_var_destroy(b);
+  apex_graph_destroy(g);
+}
+
+static void test_concat_errors(void **state) {
+  (void)state;
+  apex_graph *g = apex_graph_create();
+  apex_var *xs[6];
+  for (int k = 0; k < 6; k++) xs[k] = tu_random_leaf(APEX_F32, 2, (int64_t[]){2, 3}, (uint64_t)k, 0);
+  assert_null(apex_concat(g, 0, xs, 0));
+  tu_assert_message("concat: an empty list (0 inputs)");
+  assert_null(apex_concat(g, 3, NULL, 0));
+  tu_assert_message("concat: an empty list (3 inputs, NULL array)");
+  apex_var *odd = tu_random_leaf(APEX_F32, 2, (int64_t[]){2, 4}, 9, 0), *flat = tu_random_leaf(APEX_F32, 1, (int64_t[]){6}, 9, 0);
+  apex_var *bad[6] = {xs[0], xs[1], xs[2], xs[3], odd, xs[5]};
+  assert_null(apex_concat(g, 6, bad, 0));
+  tu_assert_message("concat: input 4 [2, 4] does not match input 0 [2, 3] outside dim 0");
+  assert_non_null(apex_concat(g, 6, bad, 1)); /* along dim 1 it fits */
+  bad[5] = flat;
+  assert_null(apex_concat(g, 6, bad, 1));
+  tu_assert_message("concat: input 5 [6] does not match input 0 [2, 3]");
+  assert_null(apex_concat(g, 6, xs, 2));
+  tu_assert_message("concat: dim 2 is out of range for input 0 [2, 3]");
+  bad[5] = NULL;
+  assert_null(apex_concat(g, 6, bad, 1));
+  tu_assert_message("concat: input 5 is NULL");
+  assert_null(apex_concat(NULL, 6, xs, 1));
+  tu_assert_message("concat: NULL graph");
+  for (int k = 0; k < 6; k++) apex_var_destroy(xs[k]);
+  apex_var_destroy(odd);
+  apex_var_destroy(flat);
+  apex_graph_destroy(g);
+}
+
+/* ---- layer norm / RMS norm over trailing dimensions ---------------------------------------------- */
+
+/* The module normalises over its weight's shape: the same bits as the op, and PyTorch's state_dict
+ * shapes; the 1-d forms are the nd forms with one dimension. */
+static void test_norm_nd_module(void **state) {
+  (void)state;
+  int64_t ns[2] = {3, 4};
+  apex_model *m = apex_model_create(&(apex_model_options){.seed = 1});
+  apex_module *ln = apex_layer_norm_nd_create(m, "ln", 2, ns, 0), *rms = apex_rms_norm_nd_create(m, "rms", 2, ns, 1e-6f);
+  assert_non_null(ln);
+  assert_non_null(rms);
+  const apex_tensor *w = apex_var_value(apex_model_find_param(m, "ln.bias"));
+  assert_int_equal(apex_tensor_ndim(w), 2);
+  assert_int_equal(apex_tensor_dim(w, 0), 3);
+  assert_null(apex_model_find_param(m, "rms.bias"));
+  apex_graph *g = apex_graph_create();
+  apex_var *x = tu_random_leaf(APEX_F32, 3, (int64_t[]){2, 3, 4}, 7, 0);
+  const apex_tensor *a = apex_var_value(apex_module_forward(ln, g, x));
+  const apex_tensor *b = apex_var_value(apex_layer_norm_nd(g, x, 2, ns, apex_module_param(ln, "weight"), apex_module_param(ln, "bias"), 0));
+  const apex_tensor *c = apex_var_value(apex_module_forward(rms, g, x));
+  const apex_tensor *d = apex_var_value(apex_rms_norm_nd(g, x, 2, ns, apex_module_param(rms, "weight"), 1e-6f));
+  for (size_t i = 0; i < 24; i++) {
+    assert_int_equal(tu_bits(apex_tensor_get(a, i)), tu_bits(apex_tensor_get(b, i)));
+    assert_int_equal(tu_bits(apex_tensor_get(c, i)), tu_bits(apex_tensor_get(d, i)));
+  }
+  /* each [3, 4] block has mean 0 and variance 1 (eps aside) */
+  for (int r = 0; r < 2; r++) {
+    double s = 0, q = 0;
+    for (size_t i = 0; i < 12; i++) s += apex_tensor_get(a, (size_t)r * 12 + i);
+    for (size_t i = 0; i < 12; i++) q += pow(apex_tensor_get(a, (size_t)r * 12 + i) - s / 12, 2);
+    assert_true(fabs(s / 12) < 1e-6 && fabs(q / 12 - 1) < 1e-3);
+  }
+  const apex_tensor *one = apex_var_value(apex_layer_norm(g, x, NULL, NULL, 0));
+  const apex_tensor *one_nd = apex_var_value(apex_layer_norm_nd(g, x, 1, (int64_t[]){4}, NULL, NULL, 0));
+  for (size_t i = 0; i < 24; i++) assert_int_equal(tu_bits(apex_tensor_get(one, i)), tu_bits(apex_tensor_get(one_nd, i)));
+  apex_var_destroy(x);
+  apex_graph_destroy(g);
+  apex_model_destroy(m);
+}
+
+static void test_norm_nd_errors(void **state) {
+  (void)state;
+  apex_graph *g = apex_graph_create();
+  apex_var *x = tu_random_leaf(APEX_F32, 3, (int64_t[]){2, 3, 4}, 7, 0), *w34 = tu_random_leaf(APEX_F32, 2, (int64_t[]){3, 4}, 8, 1);
+  apex_var *w12 = tu_random_leaf(APEX_F32, 1, (int64_t[]){12}, 8, 1), *w4 = tu_random_leaf(APEX_F32, 1, (int64_t[]){4}, 8, 1);
+  int64_t ns[2] = {3, 4};
+  assert_null(apex_layer_norm_nd(g, x, 2, NULL, NULL, NULL, 0));
+  tu_assert_message("layer_norm: NULL normalized_shape");
+  assert_null(apex_layer_norm_nd(g, x, 0, ns, NULL, NULL, 0));
+  tu_assert_message("layer_norm: normalized_shape of 0 dimensions for input [2, 3, 4] (need 1 to 3)");
+  assert_null(apex_rms_norm_nd(g, x, 4, (int64_t[]){1, 2, 3, 4}, NULL, 0));
+  tu_assert_message("rms_norm: normalized_shape of 4 dimensions for input [2, 3, 4]");
+  assert_null(apex_layer_norm_nd(g, x, 2, (int64_t[]){4, 3}, NULL, NULL, 0));
+  tu_assert_message("layer_norm: normalized_shape [4, 3] does not match the last 2 dimensions of input [2, 3, 4]");
+  assert_null(apex_layer_norm_nd(g, x, 2, ns, w12, NULL, 0));
+  tu_assert_message("layer_norm: weight [12] does not match normalized_shape [3, 4] of input [2, 3, 4]");
+  assert_null(apex_layer_norm_nd(g, x, 2, ns, w34, w4, 0));
+  tu_assert_message("layer_norm: bias [4] does not match normalized_shape [3, 4]");
+  assert_null(apex_layer_norm(g, x, w34, NULL, 0));
+  tu_assert_message("layer_norm: weight [3, 4] does not match normalized_shape [4]");
+  assert_null(apex_rms_norm_nd(g, x, 2, ns, w4, 0));
+  tu_assert_message("rms_norm: weight [4] does not match normalized_shape [3, 4]");
+  apex_model *m = apex_model_create(NULL);
+  assert_null(apex_layer_norm_nd_create(m, "a", 0, ns, 0));
+  tu_assert_message("apex_layer_norm_nd_create: normalized_shape of 0 dimensions");
+  assert_null(apex_rms_norm_nd_create(m, "b", 2, NULL, 0));
+  tu_assert_message("apex_rms_norm_nd_create: normalized_shape of 2 dimensions, NULL");
+  assert_null(apex_layer_norm_nd_create(m, "c", 2, (int64_t[]){3, 0}, 0));
+  tu_assert_message("normalized_shape entry 1 is 0");
+  assert_null(apex_layer_norm_create(m, "d", 0, 0));
+  tu_assert_message("apex_layer_norm_create: normalized_shape entry 0 is 0");
+  apex_module *ln = apex_layer_norm_nd_create(m, "e", 2, (int64_t[]){4, 4}, 0);
+  assert_null(apex_module_forward(ln, g, x));
+  tu_assert_message("layer_norm: normalized_shape [4, 4] does not match the last 2 dimensions of input [2, 3, 4]");
+  apex_model_destroy(m);
+  apex_var_destroy(x);
+  apex_var_destroy(w34);
+  apex_var_destroy(w12);
+  apex_var_destroy(w4);
+  apex_graph_destroy(g);
+}
+
+/* ---- tiled GEMM ----------------------------------------------------------------------------------- */
+
+typedef struct gemm_run {
+  apex_tensor *out;      /* f32 copies */
+  apex_tensor *grads[4];
+  size_t pool;           /* the graph pool's bytes after forward and backward */
+} gemm_run;
+
+/* y = linear(x, w, b) @ v (v [n, 20], or [3, n, 20] with y reshaped to [3, -1, n]), forward and
+ * backward of sum(y * y), widening per tile or whole, on `threads` threads. */
+static gemm_run run_gemm(apex_var **in, int batched, int whole, int threads) {
+  int old = apex__gemm_set_whole_widening(whole);
+  TU_OK(apex_set_num_threads(threads));
+  for (int k = 0; k < 4; k++) TU_OK(apex_tensor_fill(apex_var_grad(in[k]), 0.0f));
+  apex_graph *g = apex_graph_create();
+  apex_var *h = apex_linear(g, in[0], in[1], in[2]);
+  int64_t n = apex_tensor_dim(apex_var_value(in[1]), 0);
+  apex_var *y = apex_matmul(g, batched ? apex_reshape(g, h, 3, (int64_t[]){3, -1, n}) : h, in[3]);
+  if (!y) fail_msg("%s", apex_last_error());
+  TU_OK(apex_backward(apex_sum_all(g, apex_mul(g, y, y)), NULL));
+  gemm_run r = {apex_tensor_to(apex_var_value(y), APEX_F32), {NULL}, apex_graph_pool_bytes(g)};
+  for (int k = 0; k < 4; k++) r.grads[k] = apex_tensor_to(apex_var_grad(in[k]), APEX_F32);
+  apex_graph_destroy(g);
+  apex__gemm_set_whole_widening(old);
+  return r;
+}
+
+static void assert_same_bits(const char *what, const apex_tensor *a, const apex_tensor *b) {
+  size_t n = apex_tensor_numel(a);
+  assert_int_equal(n, apex_tensor_numel(b));
+  for (size_t i = 0; i < n; i++)
+    if (tu_bits(apex_tensor_get(a, i)) != tu_bits(apex_tensor_get(b, i)))
+      fail_msg("%s[%zu]: %.9g vs %.9g", what, i, apex_tensor_get(a, i), apex_tensor_get(b, i));
+}
+
+static void assert_same_run(const char *what, const gemm_run *a, const gemm_run *b) {
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s output", what);
+  assert_same_bits(buf, a->out, b->out);
+  for (int q = 0; q < 4; q++) {
+    snprintf(buf, sizeof buf, "%s grad %d", what, q);
+    assert_same_bits(buf, a->grads[q], b->grads[q]);
+  }
+}
+
+static void free_run(gemm_run *r) {
+  apex_tensor_destroy(r->out);
+  for (int k = 0; k < 4; k++) apex_tensor_destroy(r->grads[k]);
+}
+
+/* Per-tile widening gives the bits of whole-tensor widening, and 2 threads the bits of 1, in every
+ * dtype mix (f32 alone included: its split once depended on the thread count); shapes with ragged
+ * tile edges ([300, 130] x [270, 130]^T, tiles of 256), one with K = 1500 (tiles of 256, batched) and one
+ * that stays a single call. The K = 1500 one's pool is smaller per tile than whole. */
+static void test_gemm_tiles_bitwise(void **state) {
+  (void)state;
+  int saved = apex_get_num_threads();
+  struct {
+    int m, k, n, batched;
+  } shapes[] = {{300, 130, 270, 0}, {390, 1500, 100, 1}, {30, 20, 10, 0}};
+  struct {
+    apex_dtype x, w;
+  } mixes[] = {{APEX_F16, APEX_F16}, {APEX_BF16, APEX_BF16}, {APEX_F16, APEX_F32}, {APEX_F32, APEX_BF16}, {APEX_F32, APEX_F32}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (size_t mx = 0; mx < sizeof mixes / sizeof mixes[0]; mx++) {
+      int m = shapes[s].m, k = shapes[s].k, n = shapes[s].n;
+      apex_var *in[4] = {tu_random_leaf(mixes[mx].x, 2, (int64_t[]){m, k}, 1, 1), tu_random_leaf(mixes[mx].w, 2, (int64_t[]){n, k}, 2, 1),
+                         tu_random_leaf(mixes[mx].w, 1, (int64_t[]){n}, 3, 1),
+                         shapes[s].batched ? tu_random_leaf(mixes[mx].x, 3, (int64_t[]){3, n, 20}, 4, 1) : tu_random_leaf(mixes[mx].x, 2, (int64_t[]){n, 20}, 4, 1)};
+      gemm_run whole = run_gemm(in, shapes[s].batched, 1, 1);
+      for (int t = 1; t <= 2; t++) {
+        gemm_run tiled = run_gemm(in, shapes[s].batched, 0, t);
+        char what[96];
+        snprintf(what, sizeof what, "shape %zu mix %zu, %d thread(s), per tile vs whole", s, mx, t);
+        assert_same_run(what, &tiled, &whole);
+        if (s == 1 && mx < 2 && tiled.pool >= whole.pool) fail_msg("%s: tiles use %zu pool bytes, whole tensors %zu", what, tiled.pool, whole.pool);
+        free_run(&tiled);
+      }
+      free_run(&whole);
+      for (int q = 0; q < 4; q++) apex_var_destroy(in[q]);
+    }
+  TU_OK(apex_set_num_threads(saved));
+}
+
+/* A tiled f16 linear against a double-precision product of the same f16 inputs: within the 2 ulp
+ * that test_nn_golden allows against PyTorch. */
+static void test_gemm_tiles_accuracy(void **state) {
+  (void)state;
+  int m = 300, k = 130, n = 270;
+  apex_var *x = tu_random_leaf(APEX_F16, 2, (int64_t[]){m, k}, 5, 0), *w = tu_random_leaf(APEX_F16, 2, (int64_t[]){n, k}, 6, 0);
+  apex_graph *g = apex_graph_create();
+  const apex_tensor *Y = apex_var_value(apex_linear(g, x, w, NULL)), *X = apex_var_value(x), *W = apex_var_value(w);
+  for (int i = 0; i < m; i++)
+    for (int j = 0; j < n; j++) {
+      double s = 0;
+      for (int q = 0; q < k; q++) s += (double)apex_tensor_get(X, (size_t)(i * k + q)) * apex_tensor_get(W, (size_t)(j * k + q));
+      int e;
+      frexp(fmax(fabs(s), 1e-2), &e);
+      double ulp = ldexp(1.0, (e - 1 < -14 ? -14 : e - 1) - 10), got = apex_tensor_get(Y, (size_t)(i * n + j));
+      if (fabs(got - s) > 2 * ulp) fail_msg("y[%d, %d] = %.9g, double %.9g (2 ulp %.3g)", i, j, got, s, 2 * ulp);
+    }
+  apex_var_destroy(x);
+  apex_var_destroy(w);
+  apex_graph_destroy(g);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_concat_many),    cmocka_unit_test(test_concat_mixed_and_single), cmocka_unit_test(test_concat_errors),
+      cmocka_unit_test(test_norm_nd_module), cmocka_unit_test(test_norm_nd_errors),          cmocka_unit_test(test_gemm_tiles_bitwise),
+      cmocka_unit_test(test_gemm_tiles_accuracy),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
