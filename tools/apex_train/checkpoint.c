@@ -428,7 +428,8 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
       /* The world size is not a flag: say how to get the checkpoint's. */
       char how[128] = "resume with the same flags";
       if (strcmp(cfg->key[i], "world_size") == 0)
-        snprintf(how, sizeof how, "resume with %s", strcmp(values[i], "1") == 0 ? "a single process" : "mpirun -np <its world size> ... --distributed");
+        snprintf(how, sizeof how, strcmp(values[i], "1") == 0 ? "resume with a single process" : "resume with `mpirun -np %s ... --distributed`",
+                 values[i]);
       fprintf(stderr, "apex-train: --resume: checkpoint %s was made with %s %s, this run has %s %s; %s or use another --checkpoint directory\n",
               where, cfg->key[i], values[i], cfg->key[i], cfg->value[i], how);
       goto done;
