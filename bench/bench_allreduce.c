@@ -10,69 +10,15 @@
  * bench/run starts every benchmark as a plain program. Started without MPI ranks, this one re-runs
  * itself under `mpirun --allow-run-as-root --oversubscribe -np 2`, or says why it cannot. */
 #define _POSIX_C_SOURCE 200809L
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "apex/apex.h"
 #include "bench_util.h"
 #if APEX_TREE_HAS_MPI
 #include <mpi.h>
 #endif
-
-static int launched_by_mpi(void) { return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK"); }
-
-static int on_path(const char *prog) {
-  const char *path = getenv("PATH");
-  if (!path) return 0;
-  char *copy = strdup(path), *save = NULL;
-  int found = 0;
-  for (char *dir = strtok_r(copy, ":", &save); dir && !found; dir = strtok_r(NULL, ":", &save)) {
-    char full[4096];
-    snprintf(full, sizeof full, "%s/%s", dir, prog);
-    found = access(full, X_OK) == 0;
-  }
-  free(copy);
-  return found;
-}
-
-/* Re-runs this program on 2 ranks; returns only when that is impossible. */
-static void relaunch(int argc, char **argv) {
-  if (getenv("APEX_BENCH_UNDER_MPIRUN")) {
-    bench_skip("allreduce", "started by mpirun but without its environment (not Open MPI, MPICH or PMIx?)");
-    return;
-  }
-  if (!on_path("mpirun")) {
-    bench_skip("allreduce", "mpirun is not on PATH (Debian: apt-get install openmpi-bin)");
-    return;
-  }
-  char self[4096];
-  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (len <= 0) {
-    bench_skip("allreduce", "cannot find this program's path to hand to mpirun");
-    return;
-  }
-  self[len] = '\0';
-  char **args = calloc((size_t)argc + 8, sizeof *args);
-  int k = 0;
-  args[k++] = "mpirun";
-  args[k++] = "--allow-run-as-root";
-  args[k++] = "--oversubscribe";
-  args[k++] = "-np";
-  args[k++] = "2";
-  args[k++] = self;
-  for (int i = 1; i < argc; i++) args[k++] = argv[i];
-  setenv("APEX_BENCH_UNDER_MPIRUN", "1", 1);
-  setenv("OMP_NUM_THREADS", "1", 1); /* one core per rank */
-  fflush(stdout);
-  execvp("mpirun", args);
-  char why[256];
-  snprintf(why, sizeof why, "could not start mpirun: %s", strerror(errno));
-  bench_skip("allreduce", why);
-  free(args);
-}
 
 /* Best time of `reps` all-reduces; every rank runs the same count (a time limit could differ). */
 static double time_allreduce(apex_pg *pg, apex_tensor *t, int reps) {
@@ -155,8 +101,8 @@ int main(int argc, char **argv) {
     bench_skip("allreduce", "apex was built without MPI (APEX_MPI=OFF or MPI not found)");
     return 0;
   }
-  if (!launched_by_mpi()) {
-    relaunch(argc, argv);
+  if (!bench_launched_by_mpi()) {
+    bench_relaunch_mpi("allreduce", 2, argc, argv);
     return 0;
   }
   apex_pg *pg = apex_pg_create_mpi(NULL);

@@ -30,6 +30,14 @@ void bench_skip(const char *name, const char *why);
 /* memcpy split over the OpenMP threads in fixed blocks: the bandwidth peer. */
 void bench_parallel_memcpy(void *dst, const void *src, size_t bytes);
 
+/* 1 when this process was started by mpirun (Open MPI, MPICH/PMI or PMIx environment). */
+int bench_launched_by_mpi(void);
+
+/* Re-runs this program with its arguments under `mpirun --allow-run-as-root --oversubscribe -np np`,
+ * one OpenMP thread per rank (the benchmarks that need MPI ranks are started as plain programs by
+ * bench/run). Returns only when that is impossible, after printing a skip line for `name` saying why. */
+void bench_relaunch_mpi(const char *name, int np, int argc, char **argv);
+
 /* 1 if NAME was asked for on the command line (or nothing was asked for). */
 int bench_wanted(int argc, char **argv, const char *name);
 

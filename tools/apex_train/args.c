@@ -45,6 +45,10 @@ static const flag flags[] = {
     {"resume", T_SWITCH, F(resume), "off", NULL, 0, "continue from the checkpoint in --checkpoint"},
     {"log", T_STR, F(log), "", NULL, 0, "write JSON lines (step, loss, loss scale, skipped, samples/s, elapsed) to FILE"},
     {"device", T_STR, F(device), "cpu", "cpu cuda", 0, "where to train"},
+    {"distributed", T_SWITCH, F(distributed), "off", NULL, 0,
+     "data-parallel training on the ranks of `mpirun -np N`: each rank trains on its shard of every step, --batch-size "
+     "is per rank (the global batch is N times it)"},
+    {"sync-bn", T_SWITCH, F(sync_bn), "off", NULL, 0, "--distributed: batch norm statistics over every rank's batch (SyncBatchNorm)"},
     {"seq-len", T_LONG, F(seq_len), "64", NULL, 2, "gpt: tokens per sequence"},
     {"sample-bytes", T_LONG, F(sample_bytes), "200", NULL, 0, "gpt: bytes of text to generate at the end"},
     {"help", T_SWITCH, F(help), "off", NULL, 0, "print this list and exit"},
@@ -119,6 +123,10 @@ static int check_values(const train_args *a) {
   }
   if (a->save_every > 0 && !a->checkpoint) {
     fprintf(stderr, "apex-train: --save-every needs --checkpoint DIR\n");
+    return 2;
+  }
+  if (a->sync_bn && !a->distributed) {
+    fprintf(stderr, "apex-train: --sync-bn needs --distributed\n");
     return 2;
   }
   if (a->resume && !a->checkpoint) {

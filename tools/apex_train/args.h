@@ -29,6 +29,8 @@ typedef struct train_args {
   int resume;
   const char *log;          /* JSON-lines file or NULL */
   const char *device;       /* cpu | cuda */
+  int distributed;          /* data-parallel over the ranks mpirun started (dist.h) */
+  int sync_bn;              /* --distributed: batch norm statistics over every rank's batch */
   int help;
   /* gpt only */
   long seq_len;

@@ -232,6 +232,16 @@ done:
   return rc;
 }
 
+/* The optimizer's state (apex_optimizer_save) in a new buffer; NULL on failure. */
+static uint8_t *optimizer_bytes(apex_optimizer *opt, size_t *len) {
+  uint8_t *b = NULL;
+  if (apex_optimizer_state_size(opt, len) != APEX_OK || !(b = malloc(*len ? *len : 1)) || apex_optimizer_save(opt, b, *len, len) != APEX_OK) {
+    free(b);
+    return NULL;
+  }
+  return b;
+}
+
 int ckpt_save(const char *dir, const train_model *tm, apex_amp *amp, apex_optimizer *opt, const ckpt_config *cfg,
               const ckpt_position *p) {
   char partial[4200], final[4200], path[4300], prev[256] = "";
@@ -261,9 +271,7 @@ int ckpt_save(const char *dir, const train_model *tm, apex_amp *amp, apex_optimi
   if (!mb) goto fail;
   what = "write optimizer.bin in";
   size_t olen;
-  if (apex_optimizer_state_size(opt, &olen) != APEX_OK || !(ob = malloc(olen)) ||
-      apex_optimizer_save(opt, ob, olen, &olen) != APEX_OK)
-    goto fail;
+  if (!(ob = optimizer_bytes(opt, &olen))) goto fail;
   snprintf(path, sizeof path, "%s/optimizer.bin", partial);
   if (write_atomic(path, ob, olen) != 0) goto fail;
 
@@ -417,8 +425,13 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
   }
   for (int i = 0; i < cfg->n; i++)
     if (strcmp(values[i], cfg->value[i]) != 0) {
-      fprintf(stderr, "apex-train: --resume: checkpoint %s was made with %s %s, this run has %s %s; resume with the same flags or use another --checkpoint directory\n",
-              where, cfg->key[i], values[i], cfg->key[i], cfg->value[i]);
+      /* The world size is not a flag: say how to get the checkpoint's. */
+      char how[128] = "resume with the same flags";
+      if (strcmp(cfg->key[i], "world_size") == 0)
+        snprintf(how, sizeof how, strcmp(values[i], "1") == 0 ? "resume with a single process" : "resume with `mpirun -np %s ... --distributed`",
+                 values[i]);
+      fprintf(stderr, "apex-train: --resume: checkpoint %s was made with %s %s, this run has %s %s; %s or use another --checkpoint directory\n",
+              where, cfg->key[i], values[i], cfg->key[i], cfg->value[i], how);
       goto done;
     }
   shapes = shapes_string(tm);
@@ -493,4 +506,32 @@ done:
   free(ob);
   free(shapes);
   return rc;
+}
+
+/* ---- the state's hash ------------------------------------------------------------------------------ */
+
+static uint64_t hash_tensor(const apex_tensor *t, uint64_t h) { return fnv1a(apex_tensor_data(t), apex_tensor_nbytes(t), h); }
+
+int ckpt_state_hash(const train_model *tm, apex_amp *amp, apex_optimizer *opt, uint64_t *hash) {
+  uint64_t h = FNV_INIT;
+  size_t np = apex_model_num_params(tm->m), nb = apex_model_num_buffers(tm->m);
+  for (size_t i = 0; i < np; i++) {
+    h = hash_tensor(apex_var_value(apex_model_param(tm->m, i, NULL)), h);
+    const apex_tensor *master = apex_optimizer_master(opt, 0, (int)i);
+    if (master) h = hash_tensor(master, h);
+  }
+  for (size_t j = 0; j < nb; j++) h = hash_tensor(apex_model_buffer(tm->m, j, NULL), h);
+  size_t olen, alen = apex_amp_state_size(amp);
+  uint8_t abuf[4096], *ob = optimizer_bytes(opt, &olen);
+  if (!ob || alen > sizeof abuf || apex_amp_state_save(amp, abuf, alen) != APEX_OK) {
+    free(ob);
+    return 1;
+  }
+  h = fnv1a(ob, olen, h);
+  h = fnv1a(abuf, alen, h);
+  free(ob);
+  const apex_rng *r = apex_model_rng(tm->m);
+  uint64_t rs[2] = {r->seed, r->offset};
+  *hash = fnv1a((const uint8_t *)rs, sizeof rs, h);
+  return 0;
 }

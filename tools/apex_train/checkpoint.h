@@ -7,8 +7,8 @@
  *   DIR/step-<N>/optimizer.bin    the optimizer state, apex_optimizer_save's layout (optim.h)
  *   DIR/step-<N>/state.safetensors  no tensors; its metadata (strings) holds the run's identity
  *                                 (model, opt level, cast type, optimizer, loss scale, overrides,
- *                                 lr, weight decay, batch size, epochs, seed, seq len, parameter
- *                                 shapes), the amp state (hex of apex_amp_state_save), the RNG
+ *                                 lr, weight decay, batch size per rank, epochs, seed, seq len,
+ *                                 world size, sync bn, parameter shapes), the amp state (hex of apex_amp_state_save), the RNG
  *                                 states (the model's dropout generator; the data order is a
  *                                 function of seed and epoch), the data position (step, epoch,
  *                                 batch within the epoch), FNV-1a 64 hashes of the two other files
@@ -27,7 +27,7 @@
 #include "apex/apex.h"
 #include "models.h"
 
-#define CKPT_NCONFIG 14
+#define CKPT_NCONFIG 16
 
 /* The run's identity: each must match on resume. */
 typedef struct ckpt_config {
@@ -56,5 +56,9 @@ int ckpt_save(const char *dir, const train_model *tm, apex_amp *amp, apex_optimi
 /* Loads the checkpoint DIR/latest names into the model, optimizer and amp after checking that it is
  * whole and was made by the same configuration. Prints one line and returns non-zero otherwise. */
 int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *opt, const ckpt_config *cfg, ckpt_position *p);
+/* FNV-1a 64 of the training state a checkpoint holds (parameters, f32 masters, buffers, optimizer
+ * and amp state, the dropout generator), as this process has it in memory: equal hashes on two
+ * ranks mean they would save the same checkpoint. Non-zero when out of memory. */
+int ckpt_state_hash(const train_model *tm, apex_amp *amp, apex_optimizer *opt, uint64_t *hash);
 
 #endif

@@ -10,11 +10,23 @@
 static const char *fmnist_files[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
                                       "t10k-labels-idx1-ubyte"};
 
-/* One line: the last error with its newlines flattened. */
+/* " x N ranks" after a batch size in messages, when there are several ranks. */
+static const char *ranks_note(int world) {
+  static char buf[32];
+  buf[0] = 0;
+  if (world > 1) snprintf(buf, sizeof buf, " x %d ranks", world);
+  return buf;
+}
 
-int dataset_load_images(dataset *d, const char *dir, int64_t batch) {
+static void init(dataset *d, int rank, int world) {
   memset(d, 0, sizeof *d);
   d->perm_epoch = -1;
+  d->rank = rank;
+  d->world = world;
+}
+
+int dataset_load_images(dataset *d, const char *dir, int64_t batch, int rank, int world) {
+  init(d, rank, world);
   apex_idx **slot[4] = {&d->img[0], &d->lab[0], &d->img[1], &d->lab[1]};
   for (int i = 0; i < 4; i++) {
     char gz[4096], plain[4096];
@@ -54,19 +66,20 @@ int dataset_load_images(dataset *d, const char *dir, int64_t batch) {
     }
   }
   d->n_items = (size_t)apex_idx_dim(d->img[0], 0);
-  d->steps_per_epoch = d->n_items / (size_t)batch;
+  d->steps_per_epoch = d->n_items / ((size_t)batch * (size_t)world);
   if (d->steps_per_epoch == 0) {
-    fprintf(stderr, "apex-train: --batch-size %lld is larger than the %zu training images\n", (long long)batch, d->n_items);
+    fprintf(stderr, "apex-train: --batch-size %lld%s is larger than the %zu training images\n", (long long)batch, ranks_note(world),
+            d->n_items);
     dataset_free(d);
     return 1;
   }
   return 0;
 }
 
-int dataset_load_text(dataset *d, const char *path, int64_t batch, int64_t seq_len) {
-  memset(d, 0, sizeof *d);
-  d->perm_epoch = -1;
+int dataset_load_text(dataset *d, const char *path, int64_t batch, int64_t seq_len, int rank, int world) {
+  init(d, rank, world);
   d->text = 1;
+  batch *= world; /* the steps of an epoch count global batches */
   d->seq_len = seq_len;
   FILE *f = fopen(path, "rb");
   if (!f) {
@@ -110,8 +123,8 @@ int dataset_load_text(dataset *d, const char *path, int64_t batch, int64_t seq_l
   if (d->steps_per_epoch == 0) d->steps_per_epoch = 1;
   if (d->steps_per_epoch * (size_t)batch > d->n_items) d->steps_per_epoch = d->n_items / (size_t)batch;
   if (d->steps_per_epoch == 0) {
-    fprintf(stderr, "apex-train: the text %s is too short for --batch-size %lld windows of --seq-len %lld\n", path,
-            (long long)batch, (long long)seq_len);
+    fprintf(stderr, "apex-train: the text %s is too short for --batch-size %lld%s windows of --seq-len %lld\n", path,
+            (long long)(batch / world), ranks_note(world), (long long)seq_len);
     dataset_free(d);
     return 1;
   }
@@ -159,10 +172,15 @@ int dataset_order(dataset *d, uint64_t seed, long epoch) {
   return 0;
 }
 
+/* Item b of this rank's share of batch pos (the sharding in dataset.h). */
+static size_t item(const dataset *d, size_t pos, int64_t B, int64_t b) {
+  return d->perm[(pos * (size_t)d->world + (size_t)d->rank) * (size_t)B + (size_t)b];
+}
+
 void dataset_image_batch(const dataset *d, size_t pos, int64_t B, float *x, int64_t *labels) {
   const uint8_t *pix = apex_idx_data(d->img[0]), *lab = apex_idx_data(d->lab[0]);
   for (int64_t b = 0; b < B; b++) {
-    size_t k = d->perm[pos * (size_t)B + (size_t)b];
+    size_t k = item(d, pos, B, b);
     for (int p = 0; p < 784; p++) x[b * 784 + p] = (float)pix[k * 784 + (size_t)p] / 255.0f * 2.0f - 1.0f;
     labels[b] = lab[k];
   }
@@ -171,7 +189,7 @@ void dataset_image_batch(const dataset *d, size_t pos, int64_t B, float *x, int6
 void dataset_text_batch(const dataset *d, size_t pos, int64_t B, int64_t *ids, int64_t *targets) {
   int64_t T = d->seq_len;
   for (int64_t b = 0; b < B; b++) {
-    size_t start = d->perm[pos * (size_t)B + (size_t)b];
+    size_t start = item(d, pos, B, b);
     for (int64_t t = 0; t < T; t++) {
       ids[b * T + t] = d->bytes[start + (size_t)t];
       targets[b * T + t] = d->bytes[start + (size_t)t + 1];

@@ -3,7 +3,12 @@
  *
  * Order: epoch e visits a permutation of the items drawn with apex_rng from (seed, e) alone, so a run
  * resumed at (epoch, position) sees exactly the batches the straight run saw. For text an item is a
- * start offset of a window of seq_len + 1 bytes, and an epoch is len / (batch * seq_len) steps. */
+ * start offset of a window of seq_len + 1 bytes, and an epoch is len / (batch * seq_len) steps.
+ *
+ * Sharding (--distributed): with `world` ranks a step consumes world * batch consecutive items of the
+ * permutation, rank r taking the r-th run of `batch` of them. Every rank computes the same
+ * permutation, so the shards are disjoint and together are exactly the global batch, and an epoch
+ * has world times fewer steps. With world 1 this is the single-process order. */
 #ifndef APEX_TRAIN_DATASET_H
 #define APEX_TRAIN_DATASET_H
 
@@ -28,20 +33,22 @@ typedef struct dataset {
   /* order */
   size_t n_items;            /* items a permutation ranges over */
   size_t steps_per_epoch;
+  int rank, world;           /* this process's shard of each step's items */
   size_t *perm;
   long perm_epoch;           /* epoch perm belongs to, -1 none */
 } dataset;
 
-/* Loads Fashion-MNIST from dir. On failure prints one line to stderr saying what is missing and how
- * to install it, and returns non-zero. */
-int dataset_load_images(dataset *d, const char *dir, int64_t batch);
-/* Loads a text file (at least seq_len + 2 bytes). Same error convention. */
-int dataset_load_text(dataset *d, const char *path, int64_t batch, int64_t seq_len);
+/* Loads Fashion-MNIST from dir, for `batch` images per step on each of `world` ranks, this one being
+ * `rank`. On failure prints one line to stderr saying what is missing and how to install it, and
+ * returns non-zero. */
+int dataset_load_images(dataset *d, const char *dir, int64_t batch, int rank, int world);
+/* Loads a text file (at least seq_len + 2 bytes). Same arguments and error convention. */
+int dataset_load_text(dataset *d, const char *path, int64_t batch, int64_t seq_len, int rank, int world);
 void dataset_free(dataset *d);
 
 /* The permutation of epoch e for this seed (recomputed only when the epoch changes). */
 int dataset_order(dataset *d, uint64_t seed, long epoch);
-/* Batch `pos` of the current epoch: images into x ([B, 784] or [B, 1, 28, 28] f32) and labels; text
+/* This rank's share of batch `pos` of the current epoch: images into x ([B, 784] or [B, 1, 28, 28] f32) and labels; text
  * into ids [B, T] and targets [B, T]. */
 void dataset_image_batch(const dataset *d, size_t pos, int64_t B, float *x, int64_t *labels);
 void dataset_text_batch(const dataset *d, size_t pos, int64_t B, int64_t *ids, int64_t *targets);

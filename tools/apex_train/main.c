@@ -5,7 +5,12 @@
  * Everything a run does is a function of its flags: the data order comes from (seed, epoch), the
  * learning rate from the step, so --steps N stops a run where a straight run of N steps stops, and a
  * resumed run continues with the same bits. Bad input is one line on stderr and a non-zero exit,
- * before any file is written. */
+ * before any file is written.
+ *
+ * With --distributed (under mpirun) every rank runs this same program on its shard of the data; the
+ * collectives are in dist.c. Setup is checked on every rank, the ranks agree that it worked
+ * (dist_agree) before rank 0 writes anything, and every save is agreed the same way, so that all
+ * ranks stop together. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +20,8 @@
 #include "args.h"
 #include "checkpoint.h"
 #include "dataset.h"
+#include "dist.h"
+#include "evaluate.h"
 #include "models.h"
 #include "report.h"
 
@@ -23,7 +30,6 @@ static double now_s(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-
 
 static apex_amp_flag tristate(const char *v) {
   return !v ? APEX_AMP_DEFAULT : strcmp(v, "true") == 0 ? APEX_AMP_ON : APEX_AMP_OFF;
@@ -38,95 +44,38 @@ static float default_lr(apex_optim_kind k, model_kind m) {
   }
 }
 
-/* Test accuracy of an image model over the 10,000 test images. */
-static double evaluate(train_model *tm, apex_amp *amp, apex_graph *g, const dataset *d) {
-  const int64_t flat[1] = {784}, img[3] = {1, 28, 28};
-  int ndim = tm->kind == MODEL_MLP ? 1 : 3;
-  size_t n = (size_t)apex_idx_dim(d->img[1], 0), correct = 0;
-  apex_model_train(tm->m, 0);
-  int prev = apex_graph_set_grad_enabled(g, 0);
-  for (size_t s = 0; s < n; s += 500) {
-    size_t cnt = n - s < 500 ? n - s : 500;
-    apex_tensor *tx = apex_idx_to_f32(d->img[1], s, cnt, ndim, ndim == 1 ? flat : img, 0.5f, 0.5f);
-    int64_t tl[500];
-    apex_idx_labels(d->lab[1], s, cnt, tl);
-    apex_var *logits = tx ? model_forward_images(tm, amp, g, apex_graph_input(g, tx, 0)) : NULL;
-    if (!logits) {
-      apex_tensor_destroy(tx);
-      return -1;
-    }
-    apex_tensor *lt = apex_var_value(logits);
-    for (size_t i = 0; i < cnt; i++) {
-      int best = 0;
-      for (int c = 1; c < 10; c++)
-        if (apex_tensor_get(lt, i * 10 + (size_t)c) > apex_tensor_get(lt, i * 10 + (size_t)best)) best = c;
-      correct += best == tl[i];
-    }
-    apex_graph_reset(g);
-    apex_tensor_destroy(tx);
-  }
-  apex_graph_set_grad_enabled(g, prev);
-  apex_model_train(tm->m, 1);
-  return (double)correct / (double)n;
-}
-
-/* Generates n bytes after a prompt, sampling at temperature 0.8 from a generator seeded by seed. */
-static int generate(train_model *tm, apex_graph *g, uint64_t seed, long n, FILE *out) {
-  const char *prompt = "The ";
-  int64_t T = tm->seq_len, len = 0;
-  size_t cap = strlen(prompt) + (size_t)n;
-  int64_t *buf = malloc(cap * sizeof *buf);
-  if (!buf) return -1;
-  for (const char *c = prompt; *c; c++) buf[len++] = (uint8_t)*c;
-  apex_rng rng = apex_rng_init(seed ^ 0x5A3D1E5ull);
-  apex_model_train(tm->m, 0);
-  int prev = apex_graph_set_grad_enabled(g, 0);
-  fputs(prompt, out);
-  for (long k = 0; k < n; k++) {
-    int64_t w = len < T ? len : T;
-    apex_var *logits = model_forward_text(tm, g, buf + len - w, 1, w);
-    if (!logits) {
-      free(buf);
-      return -1;
-    }
-    apex_tensor *lt = apex_var_value(logits);
-    double p[256], mx = -INFINITY, sum = 0;
-    for (int v = 0; v < 256; v++) {
-      p[v] = apex_tensor_get(lt, (size_t)(w - 1) * 256 + (size_t)v) / 0.8;
-      if (p[v] > mx) mx = p[v];
-    }
-    for (int v = 0; v < 256; v++) sum += p[v] = exp(p[v] - mx);
-    float u;
-    apex_rng_uniform(&rng, &u, 1);
-    double r = u * sum;
-    int pick = 255;
-    for (int v = 0; v < 256; v++) {
-      r -= p[v];
-      if (r < 0) {
-        pick = v;
-        break;
-      }
-    }
-    buf[len++] = pick;
-    fputc(pick == '\n' || pick == '\t' || (pick >= 32 && pick < 127) ? pick : '?', out);
-    apex_graph_reset(g);
-  }
-  fputc('\n', out);
-  apex_graph_set_grad_enabled(g, prev);
-  apex_model_train(tm->m, 1);
-  free(buf);
-  return 0;
-}
-
-int main(int argc, char **argv) {
+/* Everything a run makes, so that any exit frees what exists (run_free). */
+typedef struct run {
   train_args a;
-  int rc = args_parse(argc, argv, &a);
-  if (rc) return rc;
-  if (a.help) {
-    args_usage(stdout);
-    return 0;
-  }
-  if (strcmp(a.device, "cuda") == 0) {
+  model_kind kind;
+  const char *data;
+  float lr;
+  apex_optimizer *opt;
+  dataset d;
+  int have_data;
+  train_model tm;
+  int have_model;
+  apex_amp *amp;
+  apex_graph *g;
+  ckpt_config cc;
+  ckpt_position at;
+  report *rep;         /* rank 0 only */
+  int created;         /* rank 0 made the checkpoint directory */
+} run;
+
+static void run_free(run *r) {
+  report_destroy(r->rep);
+  apex_graph_destroy(r->g); /* before the DDP (dist_free): it holds the DDP's hook */
+  apex_amp_destroy(r->amp);
+  apex_optimizer_destroy(r->opt);
+  if (r->have_model) model_free(&r->tm);
+  if (r->have_data) dataset_free(&r->d);
+}
+
+/* The flags' checks that need no data: amp's configuration and the optimizer. */
+static int check_flags(run *r) {
+  train_args *a = &r->a;
+  if (strcmp(a->device, "cuda") == 0) {
     apex_tensor *t = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 0, NULL);
     if (!t) {
       fprintf(stderr, "apex-train: --device cuda: this build of apex has no CUDA backend (or no GPU is visible); use --device cpu\n");
@@ -136,22 +85,27 @@ int main(int argc, char **argv) {
     fprintf(stderr, "apex-train: --device cuda: apex-train does not train on CUDA yet; use --device cpu\n");
     return 2;
   }
-  if (a.threads > 0 && apex_set_num_threads((int)a.threads) != APEX_OK) {
-    fprintf(stderr, "apex-train: --threads %ld: %s\n", a.threads, one_line(apex_last_error()));
+  if (a->threads > 0 && apex_set_num_threads((int)a->threads) != APEX_OK) {
+    fprintf(stderr, "apex-train: --threads %ld: %s\n", a->threads, one_line(apex_last_error()));
     return 2;
   }
-  model_kind kind = strcmp(a.model, "mlp") == 0 ? MODEL_MLP : strcmp(a.model, "cnn") == 0 ? MODEL_CNN : MODEL_GPT;
-  if (a.epochs == 0) a.epochs = kind == MODEL_GPT ? 30 : 2;
-  if (a.batch_size == 0) a.batch_size = kind == MODEL_GPT ? 16 : 64;
-  const char *data = a.data ? a.data : kind == MODEL_GPT ? DEFAULT_TEXT_FILE : DEFAULT_FMNIST_DIR;
+  r->kind = strcmp(a->model, "mlp") == 0 ? MODEL_MLP : strcmp(a->model, "cnn") == 0 ? MODEL_CNN : MODEL_GPT;
+  if (a->epochs == 0) a->epochs = r->kind == MODEL_GPT ? 30 : 2;
+  if (a->batch_size == 0) a->batch_size = r->kind == MODEL_GPT ? 16 : 64;
+  r->data = a->data ? a->data : r->kind == MODEL_GPT ? DEFAULT_TEXT_FILE : DEFAULT_FMNIST_DIR;
+  return 0;
+}
 
-  /* amp's configuration and the optimizer's options, checked before anything is loaded. */
+/* Loads the data (this rank's shard), builds the model, amp and the optimizer, and resumes: the
+ * same on every rank. One line on stderr and non-zero on failure. */
+static int setup(run *r, dist *ds) {
+  train_args *a = &r->a;
   apex_amp_config acfg = {
-      .opt_level = a.opt_level,
-      .half_type = strcmp(a.cast_type, "bf16") == 0 ? APEX_AMP_CAST_BF16 : APEX_AMP_CAST_F16,
-      .keep_batchnorm_fp32 = tristate(a.keep_batchnorm_fp32),
-      .master_weights = tristate(a.master_weights),
-      .loss_scale = !a.loss_scale ? 0.0f : strcmp(a.loss_scale, "dynamic") == 0 ? APEX_AMP_DYNAMIC : (float)atof(a.loss_scale),
+      .opt_level = a->opt_level,
+      .half_type = strcmp(a->cast_type, "bf16") == 0 ? APEX_AMP_CAST_BF16 : APEX_AMP_CAST_F16,
+      .keep_batchnorm_fp32 = tristate(a->keep_batchnorm_fp32),
+      .master_weights = tristate(a->master_weights),
+      .loss_scale = !a->loss_scale ? 0.0f : strcmp(a->loss_scale, "dynamic") == 0 ? APEX_AMP_DYNAMIC : (float)atof(a->loss_scale),
   };
   apex_amp_properties props;
   if (apex_amp_resolve(&acfg, &props) != APEX_OK) {
@@ -159,118 +113,133 @@ int main(int argc, char **argv) {
     return 2;
   }
   apex_optim_kind okind;
-  apex_optim_kind_parse(a.optimizer, &okind); /* the table admits only valid names */
-  float lr = a.lr > 0 ? (float)a.lr : default_lr(okind, kind);
-  apex_optim_options oo = {.lr = lr, .weight_decay = (float)a.weight_decay};
-  if (a.lr == 0 && okind == APEX_OPTIM_SGD) oo.momentum = 0.9f;
-  apex_optimizer *opt = apex_optimizer_create(okind, &oo);
-  if (!opt) {
-    fprintf(stderr, "apex-train: --optimizer %s: %s\n", a.optimizer, one_line(apex_last_error()));
+  apex_optim_kind_parse(a->optimizer, &okind); /* the table admits only valid names */
+  r->lr = a->lr > 0 ? (float)a->lr : default_lr(okind, r->kind);
+  apex_optim_options oo = {.lr = r->lr, .weight_decay = (float)a->weight_decay};
+  if (a->lr == 0 && okind == APEX_OPTIM_SGD) oo.momentum = 0.9f;
+  r->opt = apex_optimizer_create(okind, &oo);
+  if (!r->opt) {
+    fprintf(stderr, "apex-train: --optimizer %s: %s\n", a->optimizer, one_line(apex_last_error()));
     return 2;
   }
 
-  /* From here on a failure frees what was made (at `fail`), so that an error exit leaks nothing. */
-  dataset d;
-  train_model tm;
-  apex_amp *amp = NULL;
-  int have_data = 0, have_model = 0;
-  if (kind == MODEL_GPT ? dataset_load_text(&d, data, a.batch_size, a.seq_len) : dataset_load_images(&d, data, a.batch_size))
-    goto fail;
-  have_data = 1;
-  if (model_build(&tm, kind, (uint64_t)a.seed, a.seq_len) != 0) {
-    fprintf(stderr, "apex-train: cannot build the %s: %s\n", a.model, one_line(apex_last_error()));
-    goto fail;
+  if (r->kind == MODEL_GPT ? dataset_load_text(&r->d, r->data, a->batch_size, a->seq_len, ds->rank, ds->world)
+                           : dataset_load_images(&r->d, r->data, a->batch_size, ds->rank, ds->world))
+    return 1;
+  r->have_data = 1;
+  if (model_build(&r->tm, r->kind, (uint64_t)a->seed, a->seq_len) != 0) {
+    fprintf(stderr, "apex-train: cannot build the %s: %s\n", a->model, one_line(apex_last_error()));
+    return 1;
   }
-  have_model = 1;
-  size_t np = apex_model_num_params(tm.m);
+  r->have_model = 1;
+  size_t np = apex_model_num_params(r->tm.m);
   apex_tensor **pv = malloc(np * sizeof *pv), **gv = malloc(np * sizeof *gv);
-  for (size_t i = 0; i < np; i++) {
-    pv[i] = apex_var_value(apex_model_param(tm.m, i, NULL));
-    gv[i] = apex_var_grad(apex_model_param(tm.m, i, NULL));
+  int made = pv && gv;
+  for (size_t i = 0; made && i < np; i++) {
+    pv[i] = apex_var_value(apex_model_param(r->tm.m, i, NULL));
+    gv[i] = apex_var_grad(apex_model_param(r->tm.m, i, NULL));
   }
-  int made = apex_optimizer_add_group(opt, pv, (int)np, gv, (int)np, NULL, NULL) == APEX_OK &&
-             apex_amp_initialize(&tm.m, 1, &opt, 1, &acfg, &amp) == APEX_OK;
+  made = made && apex_optimizer_add_group(r->opt, pv, (int)np, gv, (int)np, NULL, NULL) == APEX_OK &&
+         apex_amp_initialize(&r->tm.m, 1, &r->opt, 1, &acfg, &r->amp) == APEX_OK;
   free(pv);
   free(gv);
   if (!made) {
     fprintf(stderr, "apex-train: %s\n", one_line(apex_last_error()));
-    goto fail;
+    return 1;
+  }
+  if (a->sync_bn && dist_sync_bn(ds, &r->tm, a->model) != 0) return 2;
+  r->g = apex_graph_create();
+  if (!r->g || apex_amp_prepare_graph(r->amp, r->g) != APEX_OK) {
+    fprintf(stderr, "apex-train: %s\n", one_line(apex_last_error()));
+    return 1;
   }
 
-  ckpt_config cc = {0};
-  ckpt_config_add(&cc, "model", "%s", a.model);
-  ckpt_config_add(&cc, "opt_level", "%s", a.opt_level);
-  ckpt_config_add(&cc, "cast_type", "%s", a.cast_type);
-  ckpt_config_add(&cc, "loss_scale", "%s", a.loss_scale ? a.loss_scale : "default");
-  ckpt_config_add(&cc, "keep_batchnorm_fp32", "%s", a.keep_batchnorm_fp32 ? a.keep_batchnorm_fp32 : "default");
-  ckpt_config_add(&cc, "master_weights", "%s", a.master_weights ? a.master_weights : "default");
-  ckpt_config_add(&cc, "optimizer", "%s", a.optimizer);
-  ckpt_config_add(&cc, "lr", "%.9g", (double)lr);
-  ckpt_config_add(&cc, "weight_decay", "%.9g", (double)(float)a.weight_decay);
-  ckpt_config_add(&cc, "batch_size", "%ld", a.batch_size);
-  ckpt_config_add(&cc, "epochs", "%ld", a.epochs);
-  ckpt_config_add(&cc, "seed", "%ld", a.seed);
-  ckpt_config_add(&cc, "seq_len", "%ld", kind == MODEL_GPT ? a.seq_len : 0L);
-
-  long spe = (long)d.steps_per_epoch, sched_total = a.epochs * spe;
-  long stop = a.steps > 0 ? a.steps : sched_total;
-  ckpt_position at = {0, 0, 0};
-  int created = 0;
-  if (a.checkpoint) {
-    if (a.resume) {
-      if (ckpt_load(a.checkpoint, &tm, amp, opt, &cc, &at) != 0) goto fail;
-    } else if (ckpt_exists(a.checkpoint)) {
+  ckpt_config *cc = &r->cc;
+  ckpt_config_add(cc, "model", "%s", a->model);
+  ckpt_config_add(cc, "opt_level", "%s", a->opt_level);
+  ckpt_config_add(cc, "cast_type", "%s", a->cast_type);
+  ckpt_config_add(cc, "loss_scale", "%s", a->loss_scale ? a->loss_scale : "default");
+  ckpt_config_add(cc, "keep_batchnorm_fp32", "%s", a->keep_batchnorm_fp32 ? a->keep_batchnorm_fp32 : "default");
+  ckpt_config_add(cc, "master_weights", "%s", a->master_weights ? a->master_weights : "default");
+  ckpt_config_add(cc, "optimizer", "%s", a->optimizer);
+  ckpt_config_add(cc, "lr", "%.9g", (double)r->lr);
+  ckpt_config_add(cc, "weight_decay", "%.9g", (double)(float)a->weight_decay);
+  ckpt_config_add(cc, "batch_size", "%ld", a->batch_size);
+  ckpt_config_add(cc, "epochs", "%ld", a->epochs);
+  ckpt_config_add(cc, "seed", "%ld", a->seed);
+  ckpt_config_add(cc, "seq_len", "%ld", r->kind == MODEL_GPT ? a->seq_len : 0L);
+  /* The world size fixes the data each step sees (the global batch and the shards). */
+  ckpt_config_add(cc, "world_size", "%d", ds->world);
+  ckpt_config_add(cc, "sync_bn", "%s", a->sync_bn ? "on" : "off");
+  if (a->checkpoint) {
+    if (a->resume) return ckpt_load(a->checkpoint, &r->tm, r->amp, r->opt, cc, &r->at);
+    if (ckpt_exists(a->checkpoint)) {
       fprintf(stderr, "apex-train: --checkpoint %s already holds a checkpoint; add --resume to continue it, or choose another directory\n",
-              a.checkpoint);
-      goto fail;
+              a->checkpoint);
+      return 1;
     }
-    if (ckpt_prepare_dir(a.checkpoint, &created) != 0) goto fail;
   }
-  report *rep = report_create(stdout, a.log, a.resume);
-  if (!rep) {
-    if (created) remove(a.checkpoint);
-    goto fail;
+  return 0;
+}
+
+/* Rank 0's outputs: the checkpoint directory and the log. */
+static int open_outputs(run *r) {
+  if (r->a.checkpoint && ckpt_prepare_dir(r->a.checkpoint, &r->created) != 0) return 1;
+  r->rep = report_create(stdout, r->a.log, r->a.resume);
+  return r->rep ? 0 : 1;
+}
+
+/* Collective: rank 0 saves the state after `step` steps (with rank 0's batch norm statistics on
+ * every rank: dist_sync_buffers); every rank learns whether the save worked. */
+static int save(run *r, dist *ds, long step) {
+  long spe = (long)r->d.steps_per_epoch;
+  int failed = dist_sync_buffers(ds, &r->tm);
+  if (!failed && ds->rank == 0) {
+    ckpt_position p = {step, step / spe, step % spe};
+    failed = ckpt_save(r->a.checkpoint, &r->tm, r->amp, r->opt, &r->cc, &p) != 0;
   }
+  if (apex_pg_allreduce_flag(ds->pg, &failed) != APEX_OK) failed = 1;
+  return failed;
+}
 
-  const char *what = kind == MODEL_GPT ? "bytes of text" : "training images";
-  printf("apex-train: %s on %s (%zu %s), %s %s, %s lr %g, batch %ld, %ld epochs of %ld steps%s\n", a.model, data,
-         kind == MODEL_GPT ? d.len : d.n_items, what, a.opt_level, a.cast_type, a.optimizer, (double)lr, a.batch_size,
-         a.epochs, spe, a.steps > 0 ? ", stopping early (--steps)" : "");
-  if (a.resume) printf("apex-train: resumed from %s/step-%ld\n", a.checkpoint, at.step);
-  fflush(stdout);
-
-  apex_graph *g = apex_graph_create();
-  apex_amp_prepare_graph(amp, g);
-  int64_t B = a.batch_size, T = a.seq_len;
+/* Trains from r->at to the end (or --steps); returns the steps reached via *end. Non-zero on failure. */
+static int train(run *r, dist *ds, long *end) {
+  train_args *a = &r->a;
+  apex_graph *g = r->g;
+  long spe = (long)r->d.steps_per_epoch, sched_total = a->epochs * spe;
+  long stop = a->steps > 0 ? a->steps : sched_total;
+  int64_t B = a->batch_size, T = a->seq_len;
   apex_tensor *x = NULL;
   int64_t *labels = NULL, *ids = NULL;
-  if (kind == MODEL_GPT) {
+  if (r->kind == MODEL_GPT) {
     ids = malloc((size_t)(B * T) * sizeof *ids);
     labels = malloc((size_t)(B * T) * sizeof *labels);
   } else {
     labels = malloc((size_t)B * sizeof *labels);
-    x = kind == MODEL_MLP ? apex_tensor_create(APEX_F32, 2, (int64_t[]){B, 784}) : apex_tensor_create(APEX_F32, 4, (int64_t[]){B, 1, 28, 28});
+    x = r->kind == MODEL_MLP ? apex_tensor_create(APEX_F32, 2, (int64_t[]){B, 784}) : apex_tensor_create(APEX_F32, 4, (int64_t[]){B, 1, 28, 28});
   }
-  apex_loss_scaler *scaler = apex_amp_loss_scaler(amp, 0);
+  apex_loss_scaler *scaler = apex_amp_loss_scaler(r->amp, 0);
+  const apex_amp_backward_options *bo = dist_backward_options(ds);
   double t0 = now_s();
-  long first = at.step, s = at.step;
-  int failed = 0;
-  for (; s < stop; s++) {
+  long first = r->at.step, s = r->at.step;
+  int failed = !labels || (r->kind == MODEL_GPT ? !ids : !x);
+  if (failed) fprintf(stderr, "apex-train: out of memory for the batch\n");
+  for (; !failed && s < stop; s++) {
     long epoch = s / spe, pos = s % spe;
-    if (dataset_order(&d, (uint64_t)a.seed, epoch) != 0) {
+    if (dataset_order(&r->d, (uint64_t)a->seed, epoch) != 0) {
       fprintf(stderr, "apex-train: out of memory for the data order\n");
       failed = 1;
       break;
     }
     double frac = (double)s / (double)sched_total;
-    apex_optimizer_set_lr(opt, 0, lr * (float)(frac < 0.95 ? 1.0 - frac : 0.05));
+    apex_optimizer_set_lr(r->opt, 0, r->lr * (float)(frac < 0.95 ? 1.0 - frac : 0.05));
     apex_var *logits;
-    if (kind == MODEL_GPT) {
-      dataset_text_batch(&d, (size_t)pos, B, ids, labels);
-      logits = model_forward_text(&tm, g, ids, B, T);
+    if (r->kind == MODEL_GPT) {
+      dataset_text_batch(&r->d, (size_t)pos, B, ids, labels);
+      logits = model_forward_text(&r->tm, g, ids, B, T);
     } else {
-      dataset_image_batch(&d, (size_t)pos, B, apex_tensor_data(x), labels);
-      logits = model_forward_images(&tm, amp, g, apex_graph_input(g, x, 0));
+      dataset_image_batch(&r->d, (size_t)pos, B, apex_tensor_data(x), labels);
+      logits = model_forward_images(&r->tm, r->amp, g, apex_graph_input(g, x, 0));
     }
     apex_var *loss = apex_cross_entropy(g, logits, labels, NULL);
     if (!loss) {
@@ -278,8 +247,8 @@ int main(int argc, char **argv) {
       failed = 1;
       break;
     }
-    float lv = apex_var_item(loss);
-    apex_status st = apex_amp_backward(amp, loss, 0, NULL);
+    double lv = apex_var_item(loss);
+    apex_status st = apex_amp_backward(r->amp, loss, 0, bo);
     if (st == APEX_ERR_SCALE_AT_MIN) {
       fprintf(stderr, "apex-train: step %ld: %s\n", s + 1, one_line(apex_last_error()));
       failed = 1;
@@ -290,69 +259,116 @@ int main(int argc, char **argv) {
       failed = 1;
       break;
     }
-    if (apex_amp_step(amp, opt, NULL) != APEX_OK) {
+    if (apex_amp_step(r->amp, r->opt, NULL) != APEX_OK) {
       fprintf(stderr, "apex-train: optimizer step %ld failed: %s\n", s + 1, one_line(apex_last_error()));
       failed = 1;
       break;
     }
-    apex_amp_zero_grad(amp);
+    apex_amp_zero_grad(r->amp);
     apex_graph_reset(g);
+    /* The loss reported is the global batch's: the mean of the ranks' losses. */
+    if (ds->on && dist_sum(ds, &lv, 1) != 0) {
+      failed = 1;
+      break;
+    }
     double el = now_s() - t0;
-    report_point rp = {.epoch = epoch + 1, .epochs = a.epochs, .step = s + 1, .total_steps = stop, .first_step = first,
-                       .loss = lv, .loss_scale = apex_amp_loss_scale(amp, 0),
+    report_point rp = {.epoch = epoch + 1, .epochs = a->epochs, .step = s + 1, .total_steps = stop, .first_step = first,
+                       .loss = lv / ds->world, .loss_scale = apex_amp_loss_scale(r->amp, 0),
                        .skipped = (long)apex_loss_scaler_get_state(scaler).skipped,
-                       .samples_per_s = el > 0 ? (double)(s + 1 - first) * (double)B / el : 0, .elapsed_s = el};
-    report_step(rep, &rp);
-    if (a.checkpoint && a.save_every > 0 && (s + 1) % a.save_every == 0 && s + 1 < stop) {
-      ckpt_position p = {s + 1, (s + 1) / spe, (s + 1) % spe};
-      if (ckpt_save(a.checkpoint, &tm, amp, opt, &cc, &p) != 0) {
-        failed = 1;
-        s++;
-        break;
-      }
+                       .samples_per_s = el > 0 ? (double)(s + 1 - first) * (double)(B * ds->world) / el : 0, .elapsed_s = el};
+    if (r->rep) report_step(r->rep, &rp);
+    if (a->checkpoint && a->save_every > 0 && (s + 1) % a->save_every == 0 && s + 1 < stop && save(r, ds, s + 1) != 0) {
+      failed = 1;
+      s++;
+      break;
     }
   }
-  report_finish(rep);
+  if (r->rep) report_finish(r->rep);
   double train_s = now_s() - t0;
-  if (!failed && a.checkpoint) {
-    ckpt_position p = {s, s / spe, s % spe};
-    if (ckpt_save(a.checkpoint, &tm, amp, opt, &cc, &p) != 0) failed = 1;
-    else printf("apex-train: checkpoint %s/step-%ld\n", a.checkpoint, s);
-  }
-  if (!failed) {
+  *end = s;
+  if (!failed && ds->rank == 0)
     printf("apex-train: %ld steps in %.1f s (%.0f samples/s), %ld skipped\n", s - first, train_s,
-           train_s > 0 ? (double)(s - first) * (double)B / train_s : 0.0, (long)apex_loss_scaler_get_state(scaler).skipped);
-    if (kind == MODEL_GPT) {
-      printf("apex-train: sample:\n");
-      if (generate(&tm, g, (uint64_t)a.seed, a.sample_bytes, stdout) != 0) {
-        fprintf(stderr, "apex-train: generation failed: %s\n", one_line(apex_last_error()));
-        failed = 1;
-      }
-    } else {
-      double acc = evaluate(&tm, amp, g, &d);
-      if (acc < 0) {
-        fprintf(stderr, "apex-train: evaluation failed: %s\n", one_line(apex_last_error()));
-        failed = 1;
-      } else {
-        printf("apex-train: test accuracy %.4f\n", acc);
-      }
-    }
-  }
-  report_destroy(rep);
+           train_s > 0 ? (double)(s - first) * (double)(B * ds->world) / train_s : 0.0, (long)apex_loss_scaler_get_state(scaler).skipped);
   apex_tensor_destroy(x);
   free(labels);
   free(ids);
-  apex_graph_destroy(g);
-  apex_amp_destroy(amp);
-  apex_optimizer_destroy(opt);
-  model_free(&tm);
-  dataset_free(&d);
   return failed;
+}
 
-fail:
-  apex_amp_destroy(amp);
-  apex_optimizer_destroy(opt);
-  if (have_model) model_free(&tm);
-  if (have_data) dataset_free(&d);
-  return 1;
+/* After training: the ranks' states compared, the final checkpoint, then test accuracy or a sample. */
+static int finish(run *r, dist *ds, long s) {
+  int failed = dist_sync_buffers(ds, &r->tm);
+  if (!failed && ds->on) {
+    uint64_t h;
+    failed = dist_check_identical(ds, &r->tm, r->amp, r->opt, &h);
+    if (!failed && ds->rank == 0)
+      printf("apex-train: training state identical on all %d ranks (fnv1a64 %016llx)\n", ds->world, (unsigned long long)h);
+  }
+  if (!failed && r->a.checkpoint) {
+    failed = save(r, ds, s);
+    if (!failed && ds->rank == 0) printf("apex-train: checkpoint %s/step-%ld\n", r->a.checkpoint, s);
+  }
+  if (failed) return 1;
+  if (r->kind == MODEL_GPT) {
+    if (ds->rank != 0) return 0;
+    printf("apex-train: sample:\n");
+    if (generate(&r->tm, r->g, (uint64_t)r->a.seed, r->a.sample_bytes, stdout) != 0) {
+      fprintf(stderr, "apex-train: generation failed: %s\n", one_line(apex_last_error()));
+      return 1;
+    }
+    return 0;
+  }
+  double acc = evaluate(&r->tm, r->amp, r->g, &r->d, ds);
+  if (acc < 0) {
+    fprintf(stderr, "apex-train: evaluation failed: %s\n", one_line(apex_last_error()));
+    return 1;
+  }
+  if (ds->rank == 0) printf("apex-train: test accuracy %.4f\n", acc);
+  return 0;
+}
+
+static int run_main(run *r, dist *ds, int argc, char **argv) {
+  int rc = args_parse(argc, argv, &r->a);
+  if (rc) return rc;
+  train_args *a = &r->a;
+  if (a->help) {
+    if (!dist_quiet(ds)) args_usage(stdout);
+    return 0;
+  }
+  if ((rc = dist_init(ds, a)) != 0 || (rc = check_flags(r)) != 0) return rc;
+  /* From here every rank takes part in each agreement, also after its own failure. */
+  rc = setup(r, ds);
+  if (dist_agree(ds, rc, 0)) return rc ? rc : 1;
+  rc = dist_wrap(ds, &r->tm, r->g);
+  if (rc == 0 && ds->rank == 0) rc = open_outputs(r);
+  if (dist_agree(ds, rc, 1)) {
+    if (r->created) remove(a->checkpoint);
+    return rc ? rc : 1;
+  }
+
+  if (ds->rank == 0) {
+    const char *what = r->kind == MODEL_GPT ? "bytes of text" : "training images";
+    char ranks[64] = "";
+    if (ds->on) snprintf(ranks, sizeof ranks, " per rank x %d ranks", ds->world);
+    printf("apex-train: %s on %s (%zu %s), %s %s, %s lr %g, batch %ld%s, %ld epochs of %ld steps%s%s\n", a->model, r->data,
+           r->kind == MODEL_GPT ? r->d.len : r->d.n_items, what, a->opt_level, a->cast_type, a->optimizer, (double)r->lr,
+           a->batch_size, ranks, a->epochs, (long)r->d.steps_per_epoch, a->sync_bn ? ", SyncBatchNorm" : "",
+           a->steps > 0 ? ", stopping early (--steps)" : "");
+    if (a->resume) printf("apex-train: resumed from %s/step-%ld\n", a->checkpoint, r->at.step);
+    fflush(stdout);
+  }
+  long end;
+  if (train(r, ds, &end) != 0) return 1;
+  return finish(r, ds, end);
+}
+
+int main(int argc, char **argv) {
+  dist ds;
+  dist_begin(&ds);
+  run r;
+  memset(&r, 0, sizeof r);
+  int rc = run_main(&r, &ds, argc, argv);
+  run_free(&r);
+  dist_free(&ds);
+  return rc;
 }

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# test_distributed.sh APEX_TRAIN: apex-train --distributed on 2 MPI ranks (ctest apex_train_distributed).
+#  - refusals, each one apex-train line on stderr, a non-zero exit and no file written: --distributed
+#    outside mpirun, mpirun without --distributed, --sync-bn without --distributed or on a model
+#    without batch norm, resuming a 2-rank checkpoint in one process or a 1-process one on 2 ranks
+#    (the world size is named);
+#  - a 2-rank run ends with every rank's training state identical (apex-train compares hashes of the
+#    weights, masters, optimizer and amp state over the ranks) and prints progress, the test
+#    accuracy and the checkpoint once (rank 0 only);
+#  - bitwise resume: 20 steps straight = 10 steps, a new 2-rank job in which every rank restores the
+#    checkpoint, and 10 more (losses in the logs and every checkpoint file, compared with cmp);
+#  - the CNN with --sync-bn at O2 runs and ends identical on both ranks.
+# Skips (77) with the reason when mpirun or Fashion-MNIST is absent or apex was built without MPI,
+# after the checks that need neither pass.
+set -uo pipefail
+BIN=$(realpath "$1")
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+fails=0
+ok() { echo "ok   $*"; }
+ko() { echo "FAIL $*"; fails=$((fails + 1)); }
+skip() {
+  echo "skipped: $*"
+  [ $fails -eq 0 ] && exit 77
+  exit 1
+}
+FM=${APEX_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+# Open MPI refuses root and more ranks than cores unless told; one thread per rank on a small machine.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
+# Open MPI's initialisation leaks by design: LeakSanitizer stays off under mpirun only.
+mpi() { ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" mpirun -np "$@"; }
+
+snapshot() { find . -type f -print0 | sort -z | xargs -0 -r sha256sum; find . -print | sort; }
+
+# bad NAME COMMAND...: refused with one apex-train line on stderr (mpirun adds its own lines about
+# the exit status), a non-zero exit, nothing written or changed under $W.
+bad() {
+  local name=$1
+  shift
+  local before after rc lines
+  before=$(snapshot)
+  "$@" > "$W/../out.$$" 2> "$W/../err.$$"
+  rc=$?
+  lines=$(grep -c '^apex-train:' "$W/../err.$$")
+  after=$(snapshot)
+  if [ $rc -eq 0 ]; then
+    ko "$name: exit 0 for: $*"
+  elif [ "$lines" -ne 1 ] || grep -q '^apex-train:' "$W/../out.$$"; then
+    ko "$name: $lines apex-train lines on stderr:"; cat "$W/../err.$$" "$W/../out.$$"
+  elif [ "$before" != "$after" ]; then
+    ko "$name: files changed:"; diff <(echo "$before") <(echo "$after") | head
+  else
+    ok "$name (exit $rc): $(grep '^apex-train:' "$W/../err.$$")"
+  fi
+  rm -f "$W/../err.$$" "$W/../out.$$"
+}
+
+bad "--distributed outside mpirun" "$BIN" --distributed --model mlp --steps 1
+bad "--sync-bn without --distributed" "$BIN" --sync-bn --model cnn --steps 1
+command -v mpirun > /dev/null 2>&1 || skip "mpirun is not on PATH (Debian: apt-get install openmpi-bin)"
+"$BIN" --distributed --steps 1 2>&1 | grep -q "has no MPI" && skip "this apex-train was built without MPI (APEX_MPI=OFF)"
+[ -f "$FM/train-images-idx3-ubyte.gz" ] || skip "Fashion-MNIST not found in $FM (Debian: apt-get install dataset-fashion-mnist)"
+
+A=(--data "$FM" --model mlp --batch-size 16)
+bad "mpirun without --distributed" mpi 2 "$BIN" "${A[@]}" --steps 2
+bad "--sync-bn on a model without batch norm" mpi 2 "$BIN" "${A[@]}" --distributed --sync-bn --steps 2
+bad "a bad flag, reported once" mpi 2 "$BIN" "${A[@]}" --distributed --opt-level O7
+
+# ---- a run, and bitwise resume with every rank restoring -----------------------------------------------
+mpi 2 "$BIN" "${A[@]}" --distributed --steps 20 --checkpoint s --log s.jsonl > s.out 2> s.err || { ko "2-rank run"; cat s.err; }
+for what in "training state identical on all 2 ranks" "test accuracy" "checkpoint s/step-20" "per rank x 2 ranks"; do
+  [ "$(grep -c "$what" s.out)" = 1 ] || ko "'$what' printed $(grep -c "$what" s.out) times (rank 0 only should print)"
+done
+[ "$(wc -l < s.jsonl)" = 20 ] && ok "2-rank run: identical states, one report, one 20-line log" || ko "log has $(wc -l < s.jsonl) lines"
+mpi 2 "$BIN" "${A[@]}" --distributed --steps 10 --checkpoint r --log r.jsonl > /dev/null 2> r.err || { ko "first half"; cat r.err; }
+mpi 2 "$BIN" "${A[@]}" --distributed --steps 20 --checkpoint r --log r2.jsonl --resume > r2.out 2> r.err || { ko "resumed half"; cat r.err; }
+a=$(sed -n '11,20p' s.jsonl | sed 's/,"samples_per_s.*//')
+b=$(sed 's/,"samples_per_s.*//' r2.jsonl)
+same=1
+for f in model.safetensors optimizer.bin state.safetensors; do cmp -s s/step-20/$f r/step-20/$f || same=0; done
+if [ "$a" = "$b" ] && [ -n "$a" ] && [ $same -eq 1 ] && grep -q "identical on all 2 ranks" r2.out; then
+  ok "2 ranks: 20 straight steps = 10 + resume on every rank + 10, bit for bit (losses, weights, optimizer, state)"
+else
+  ko "2 ranks: resume differs"; diff <(echo "$a") <(echo "$b") | head -5
+fi
+
+# ---- the world size is part of the checkpoint's identity ------------------------------------------------
+bad "resume a 2-rank checkpoint in one process" "$BIN" "${A[@]}" --steps 30 --checkpoint s --resume
+"$BIN" "${A[@]}" --steps 2 --checkpoint one > /dev/null || ko "one-process run"
+bad "resume a 1-process checkpoint on 2 ranks" mpi 2 "$BIN" "${A[@]}" --distributed --steps 4 --checkpoint one --resume
+
+# ---- the CNN with SyncBatchNorm at O2 ---------------------------------------------------------------------
+mpi 2 "$BIN" --data "$FM" --model cnn --batch-size 8 --opt-level O2 --distributed --sync-bn --steps 6 > c.out 2> c.err &&
+  grep -q "identical on all 2 ranks" c.out && grep -q "SyncBatchNorm" c.out && grep -q "test accuracy" c.out &&
+  ok "cnn --sync-bn O2 on 2 ranks: identical states" || { ko "cnn --sync-bn"; cat c.out c.err; }
+
+echo "$fails failures"
+[ $fails -eq 0 ]
