@@ -3,10 +3,14 @@
  *   amp_{mlp,cnn}_O{1,2}_step   training-step time ratio O-level / O0 (target <= 1.3: this CPU has no
  *                               native f16 arithmetic, so amp must not cost more than the casts);
  *                               the value is the level's samples/s.
- *   amp_mlp_activation_O{1,2,3} bytes autograd keeps for backward (the graph's pool after forward)
- *                               at batch 4096, ratio = level / O0 (target for O2 <= 0.55).
+ *   amp_mlp_activation_O{0..3}  bytes autograd keeps for backward after the forward at batch 4096
+ *                               (apex_graph_saved_bytes: what the pool holds, plus the caller's f32
+ *                               batch where the first layer saves it, as its f16 copy is counted
+ *                               under amp), ratio = level / O0 (target for O2 <= 0.55).
  *   amp_mlp_peak_O{0..3}        total peak resident memory of a process training the MLP at batch
- *                               4096 at that level (each level in its own child process), ratio to O0.
+ *                               4096 at that level (each level in a fresh process), ratio to O0;
+ *   amp_mlp_train_mem_O{0..3}   the same less what the process held before building the model (the
+ *                               loaded libraries: OpenBLAS, OpenMP, MPI), which no level changes.
  * MLP 784-1024-1024-10 and the CNN of bench_nn.c, AdamW, batch 128 for the speed figures. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -93,9 +97,10 @@ static double time_level(int cnn, const char *level) {
   return t;
 }
 
-/* Bytes the graph holds for backward after the forward: its live pool blocks (values and saved
- * state; not cached spares or transient f32 copies). The batch itself is the caller's memory at
- * every level and is not counted. */
+/* Bytes the graph holds for backward after the forward: its live pool blocks (saved values and
+ * state, the logits and loss; not cached spares, released values or transient f32 copies) and the
+ * caller's batch when backward reads it (O0: the first linear saves its f32 input; amp levels save
+ * their f16 copy, which is the pool's). */
 static double activation_bytes(const char *level) {
   run_t r;
   run_init(&r, 0, 4096, level);
@@ -104,39 +109,56 @@ static double activation_bytes(const char *level) {
   r.g = apex_graph_create();
   apex_amp_prepare_graph(r.amp, r.g);
   forward(&r);
-  double bytes = (double)apex_graph_live_bytes(r.g);
+  double bytes = (double)apex_graph_saved_bytes(r.g);
   run_free(&r);
   return bytes;
 }
 
-/* Peak RSS of a child that trains 3 MLP steps at batch 4096, reported by the child through a pipe
- * (its own getrusage, so each level is measured alone). */
-static double peak_rss(const char *level) {
+static long max_rss_kib(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+/* The child of peak_rss: trains 3 MLP steps at batch 4096 and prints its peak RSS before and after,
+ * in KiB. */
+static int peak_child(const char *level) {
+  long base = max_rss_kib();
+  run_t r;
+  run_init(&r, 0, 4096, level);
+  for (int i = 0; i < 3; i++) step(&r);
+  printf("%ld %ld\n", base, max_rss_kib());
+  run_free(&r);
+  return 0;
+}
+
+/* Peak RSS of this program re-run as a peak_child (each level measured alone), and in *base what
+ * it held before training; bytes, -1 on failure. A fresh exec, not a
+ * bare fork: the parent's OpenMP thread pool does not survive fork, and the child would hang. */
+static double peak_rss(const char *level, double *base) {
   int fd[2];
   if (pipe(fd) != 0) return -1;
   pid_t pid = fork();
   if (pid == 0) {
     close(fd[0]);
-    run_t r;
-    run_init(&r, 0, 4096, level);
-    for (int i = 0; i < 3; i++) step(&r);
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    long kib = ru.ru_maxrss;
-    ssize_t w = write(fd[1], &kib, sizeof kib);
-    _exit(w == (ssize_t)sizeof kib ? 0 : 1);
+    if (dup2(fd[1], STDOUT_FILENO) < 0) _exit(1);
+    execl("/proc/self/exe", "bench_amp", "--peak-child", level, (char *)NULL);
+    _exit(1);
   }
   close(fd[1]);
-  long kib = -1;
-  ssize_t got = pid > 0 ? read(fd[0], &kib, sizeof kib) : -1;
+  char buf[64] = {0};
+  ssize_t got = pid > 0 ? read(fd[0], buf, sizeof buf - 1) : -1;
   close(fd[0]);
   int status = 0;
   if (pid > 0) waitpid(pid, &status, 0);
-  if (got != (ssize_t)sizeof kib || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+  long before = -1, kib = -1;
+  if (got <= 0 || sscanf(buf, "%ld %ld", &before, &kib) != 2 || kib <= 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+  *base = (double)before * 1024.0;
   return (double)kib * 1024.0;
 }
 
 int main(int argc, char **argv) {
+  if (argc == 3 && !strcmp(argv[1], "--peak-child")) return peak_child(argv[2]);
   const char *levels[4] = {"O0", "O1", "O2", "O3"};
   for (int cnn = 0; cnn < 2; cnn++) {
     char name[64];
@@ -159,15 +181,21 @@ int main(int argc, char **argv) {
       bench_report(name, a / 1048576.0, "MiB", a / a0, "apex-O0");
     }
   }
-  if (bench_wanted(argc, argv, "amp_mlp_peak")) {
-    double p0 = peak_rss("O0");
+  if (bench_wanted(argc, argv, "amp_mlp_peak") || bench_wanted(argc, argv, "amp_mlp_train_mem")) {
+    double peak[4], train[4];
     for (int l = 0; l < 4; l++) {
-      char name[64];
-      snprintf(name, sizeof name, "amp_mlp_peak_%s", levels[l]);
-      double p = l ? peak_rss(levels[l]) : p0;
-      if (p < 0) bench_skip(name, "the child process failed");
-      else bench_report(name, p / 1048576.0, "MiB", p / p0, "apex-O0");
+      double base = 0;
+      peak[l] = peak_rss(levels[l], &base);
+      train[l] = peak[l] - base;
     }
+    for (int k = 0; k < 2; k++)
+      for (int l = 0; l < 4; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "amp_mlp_%s_%s", k ? "train_mem" : "peak", levels[l]);
+        const double *v = k ? train : peak;
+        if (peak[l] < 0 || peak[0] < 0) bench_skip(name, "the child process failed");
+        else bench_report(name, v[l] / 1048576.0, "MiB", v[l] / v[0], "apex-O0");
+      }
   }
   return 0;
 }

@@ -17,6 +17,13 @@
  *    must not be used. Their memory comes from a per-graph pool that a shape-stable training loop
  *    reuses step after step without allocating.
  *
+ * Memory: an op records references to the values its backward reads (linear its input and weight,
+ * ReLU its output), not to everything it touched. A caller done with a graph var's value says so
+ * with apex_var_release; the value's memory then goes back to the pool as soon as no recorded
+ * backward needs it either, and later ops of the same step reuse it. The modules release the
+ * intermediates they make, so a model keeps only what its backward needs (PyTorch's saved tensors),
+ * and backward drops each op's references once that op has run (unless retain_graph).
+ *
  * Every op records its inputs when one of them requires gradients and grad mode is on
  * (apex_graph_set_grad_enabled). Backward runs the recorded ops in reverse creation order, which is
  * a valid topological order because an op's inputs always exist before it. Gradients flow in f32
@@ -100,8 +107,13 @@ APEX_API apex_status apex_graph_set_op_cast(apex_graph *g, apex_op op, apex_cast
 /* Bytes held by the graph's pool (in use or cached for reuse); for tests and tuning. */
 APEX_API size_t apex_graph_pool_bytes(const apex_graph *g);
 /* Bytes of the pool holding this step's values, gradients and what ops saved for backward: the
- * pool minus its cached spares and the current op's transient f32 copies. */
+ * pool minus its cached spares, released values and the current op's transient f32 copies. */
 APEX_API size_t apex_graph_live_bytes(const apex_graph *g);
+/* Activation memory, read after a forward: apex_graph_live_bytes plus the caller-owned values of
+ * graph inputs (apex_graph_input) that a recorded op reads in backward, each storage once. These
+ * too are kept alive for backward, though not by the pool: with them an f32 batch that the first
+ * layer saves counts as its f16 copy does under amp. */
+APEX_API size_t apex_graph_saved_bytes(const apex_graph *g);
 
 /* ---- vars ---------------------------------------------------------------------------------------- */
 
@@ -111,6 +123,13 @@ APEX_API apex_var *apex_var_create(apex_tensor *value, int requires_grad);
 /* Destroys a leaf var, its value and its grad (NULL is fine). Graph vars are owned by their graph:
  * passing one here does nothing. */
 APEX_API void apex_var_destroy(apex_var *v);
+/* Drops the caller's hold on a graph var's value (PyTorch's `del x`): its memory goes back to the
+ * graph's pool once, in addition, no recorded backward reads it. Afterwards the value's data must
+ * not be read and v may not be an op's input (APEX_ERR_STATE says it was released); v stays valid
+ * otherwise (its shape, apex_backward from it, gradients through it) until apex_graph_reset. Does
+ * nothing for NULL, a leaf, a var already released or one from before a reset. Under the
+ * sanitizer build released memory is poisoned until reset, so a stray read is reported. */
+APEX_API void apex_var_release(apex_var *v);
 /* A graph var holding a view of t (no copy; t's storage must not change until the graph is reset).
  * With requires_grad the var gets a grad tensor from the pool, valid until reset. */
 APEX_API apex_var *apex_graph_input(apex_graph *g, apex_tensor *t, int requires_grad);

@@ -323,9 +323,16 @@ apex_var *apex_amp_forward(apex_amp *amp, int model, apex_module *net, apex_grap
     return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_amp_forward: model %d; amp manages %d", model, amp->n_models);
   if (!amp->p.enabled || !amp->p.cast_model) return apex_module_forward(net, g, x);
   apex_dtype in = apex_tensor_dtype(apex_var_value(x));
-  if (is_float(in) && in != amp->p.cast_model_type && !(x = apex_cast(g, x, amp->p.cast_model_type))) return NULL;
-  apex_var *y = apex_module_forward(net, g, x);
-  if (y && apex_tensor_dtype(apex_var_value(y)) != amp->p.cast_model_outputs) y = apex_cast(g, y, amp->p.cast_model_outputs);
+  apex_var *xc = x;
+  if (is_float(in) && in != amp->p.cast_model_type && !(xc = apex_cast(g, x, amp->p.cast_model_type))) return NULL;
+  apex_var *y = apex_module_forward(net, g, xc);
+  /* The copies made here are nobody else's: release them, so each stays only while backward needs it. */
+  if (xc != x && y != xc) apex_var_release(xc);
+  if (y && apex_tensor_dtype(apex_var_value(y)) != amp->p.cast_model_outputs) {
+    apex_var *yc = apex_cast(g, y, amp->p.cast_model_outputs);
+    apex_var_release(y);
+    y = yc;
+  }
   return y;
 }
 

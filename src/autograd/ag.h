@@ -33,6 +33,9 @@ struct apex_var {
   int64_t ia[8];       /* op parameters */
   float fa[4];
   int hook_seen;       /* queued for the grad-ready hook in the running backward */
+  size_t blk;          /* 1 + index of the pool block holding value's data; 0 when it is not the pool's */
+  int held;            /* graph vars: the maker's handle on value is live (until apex_var_release) */
+  int saves;           /* this var's op took references for backward (dropped when backward has run) */
 };
 
 typedef struct ag_block {
@@ -41,6 +44,8 @@ typedef struct ag_block {
   int used;       /* handed out this step */
   int used_last;  /* handed out at some point since the previous reset */
   int temp;       /* an op's transient f32 copy: back to the pool when the next op starts */
+  int refs;       /* value blocks: handles and backward references on the data (lifetime.c) */
+  int parked;     /* sanitizer builds: released this step, poisoned and not handed out until reset */
 } ag_block;
 
 typedef struct ag_cast_entry {
@@ -64,6 +69,10 @@ struct apex_graph {
   void *grad_hook_ctx;
   struct ag_final { size_t at; apex_var *leaf; } *finals; /* leaves and the var after which they are final */
   size_t n_finals, cap_finals;
+  apex_var **pending; /* casts autocast made for the op now running: released when the next starts */
+  size_t n_pending, cap_pending;
+  const apex_storage **ext_saved; /* caller storages (graph inputs) that backward reads: apex_graph_saved_bytes */
+  size_t n_ext_saved, cap_ext_saved, ext_saved_bytes;
   uint64_t step;
   int grad_enabled;
   int freed; /* backward ran without retain_graph since the last reset */
@@ -82,10 +91,18 @@ int apex__grow(void **arr, size_t *cap, size_t need, size_t elem);
 /* Adds the gradients of out's inputs, given out->gbuf (f32, out's element count). */
 typedef apex_status (*apex__backward_fn)(apex_graph *g, apex_var *out);
 
+/* What an op's backward reads of values, beyond their shapes and the op's own aux and ext: every
+ * input's value unless its bit (1 << i) is set in `unread` (bit 31 stands for inputs 31 and up),
+ * and the output's value when reads_out is set (also when aux points into the output). The zero
+ * default (all inputs, not the output) is always safe; a tighter entry lets a value that no
+ * backward reads go back to the pool once its holder releases it (lifetime.c). A wrong entry is
+ * caught by test_autograd_memory under the sanitizer build. */
 typedef struct apex__op_info {
   const char *name;
   apex_cast_category cast;
   apex__backward_fn backward;
+  uint32_t unread;
+  unsigned char reads_out;
 } apex__op_info;
 
 const apex__op_info *apex__op(apex_op op);
@@ -104,6 +121,29 @@ apex_tensor *apex__pool_tensor(apex_graph *g, apex_dtype dtype, int ndim, const 
 
 /* Makes t the graph's: destroyed at reset. 0 (t destroyed, message set) on allocation failure. */
 int apex__adopt(apex_graph *g, apex_tensor *t);
+
+/* ---- value lifetimes (lifetime.c) ---------------------------------------------------------------- */
+
+/* 1 + the index of the pool block whose storage is s; 0 when s is not the pool's. */
+size_t apex__block_of(const apex_graph *g, const apex_storage *s);
+/* Gives the pool block blk (1 + index) back for reuse in this step (sanitizer builds poison it and
+ * keep it out of use until reset, so that a read of a released value is caught). */
+void apex__block_put(apex_graph *g, size_t blk);
+/* Makes a parked block usable again (at reset). */
+void apex__block_unpark(ag_block *b);
+/* Takes v's references as it is made: its maker's handle on its value and, when v is recorded for
+ * backward, one on each value its op's backward reads (apex__op_info). */
+void apex__hold(apex_graph *g, apex_var *v);
+/* Drops the backward references v's op took (after its backward ran, unless the graph is kept). */
+void apex__unsave(apex_graph *g, apex_var *v);
+/* A cast autocast made for the op now running: nobody else holds it, so it is released when the
+ * next op starts (apex__release_pending), its value kept only if the op saved it. */
+void apex__pend(apex_graph *g, apex_var *cast);
+void apex__release_pending(apex_graph *g);
+/* An op hands out one of its autocast inputs as its own result (dropout in eval): keep it. */
+void apex__claim(apex_graph *g, apex_var *v);
+/* Gives a gradient buffer from the pool back once nothing will read it again. */
+void apex__gbuf_put(apex_graph *g, apex_var *v);
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
 

@@ -136,6 +136,8 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
   int hook = g->grad_hook != NULL;
   if (hook && !plan_finals(g)) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_backward: out of memory for the grad hook's plan");
   size_t k = g->n_finals;
+  int dropped = 0;
+  apex__release_pending(g);
   for (size_t i = g->n_vars; st == APEX_OK && i-- > 0;) {
     apex_var *v = g->vars[i];
     if (v->gbuf && v->op != APEX_OP_LEAF && v->n_in != 0) {
@@ -143,10 +145,18 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
       st = apex__op(v->op)->backward(g, v);
       if (st == APEX_OK && g->oom) st = APEX_ERR_OUT_OF_MEMORY;
       if (st != APEX_OK) break;
+      /* Every op that adds into v's gradient came after v and has run: its buffer is spent. What the
+       * op saved is spent too unless the graph must serve another backward. */
+      apex__gbuf_put(g, v);
+      if (!opts->retain_graph) {
+        apex__unsave(g, v);
+        dropped = 1;
+      }
     }
     if (hook) st = fire_finals(g, &k, i);
   }
   finish(g);
-  if (st == APEX_OK && !opts->retain_graph) g->freed = 1;
+  /* Once saved values have gone, another backward would read freed memory: refuse it, failed or not. */
+  if ((st == APEX_OK || dropped) && !opts->retain_graph) g->freed = 1;
   return st;
 }

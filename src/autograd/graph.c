@@ -29,18 +29,17 @@ static ag_block *take_block(apex_graph *g, size_t bytes) {
   ag_block *best = NULL;
   for (size_t i = 0; i < g->n_blocks; i++) {
     ag_block *b = &g->blocks[i];
-    if (!b->used && b->bytes >= bytes && b->bytes <= bytes + bytes / 4 + 4096 && (!best || b->bytes < best->bytes)) best = b;
+    if (!b->used && !b->parked && b->bytes >= bytes && b->bytes <= bytes + bytes / 4 + 4096 && (!best || b->bytes < best->bytes)) best = b;
   }
   if (!best) {
     if (!apex__grow((void **)&g->blocks, &g->cap_blocks, g->n_blocks + 1, sizeof *g->blocks)) return NULL;
     apex_storage *s = apex__storage_alloc(bytes);
     if (!s) return NULL;
     best = &g->blocks[g->n_blocks++];
-    best->storage = s;
-    best->bytes = bytes;
+    *best = (ag_block){.storage = s, .bytes = bytes};
   }
   best->used = best->used_last = 1;
-  best->temp = 0;
+  best->temp = best->refs = 0;
   return best;
 }
 
@@ -126,16 +125,19 @@ void apex_graph_reset(apex_graph *g) {
   size_t kept = 0;
   for (size_t i = 0; i < g->n_blocks; i++) {
     ag_block b = g->blocks[i];
+    if (b.parked) apex__block_unpark(&b);
     if (!b.used_last) {
       apex__storage_release(b.storage);
       continue;
     }
-    b.used = b.used_last = 0;
+    b.used = b.used_last = b.refs = b.parked = 0;
     g->blocks[kept++] = b;
   }
   g->n_blocks = kept;
   g->n_vars = 0;
   g->n_casts = 0;
+  g->n_pending = 0;
+  g->n_ext_saved = g->ext_saved_bytes = 0;
   g->freed = 0;
   g->step++;
 }
@@ -151,6 +153,8 @@ void apex_graph_destroy(apex_graph *g) {
   free(g->touched_leaves);
   free(g->casts);
   free(g->finals);
+  free(g->ext_saved);
+  free(g->pending);
   free(g);
 }
 
@@ -227,6 +231,7 @@ apex_var *apex_graph_input(apex_graph *g, apex_tensor *t, int requires_grad) {
   if (!v) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_graph_input: out of memory");
   v->value = view;
   v->op = APEX_OP_LEAF;
+  apex__hold(g, v);
   if (requires_grad) {
     v->requires_grad = 1;
     v->grad = apex__pool_tensor(g, t->dtype, t->ndim, t->shape);
@@ -279,6 +284,7 @@ apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in
   const char *name = apex_op_name(op);
   if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL graph", name);
   apex__release_temps(g); /* the previous op is done with its transient copies */
+  apex__release_pending(g); /* and with the casts autocast made for it */
   int have = 0;
   apex_dtype dt = APEX_F32;
   for (int i = 0; i < n; i++) {
@@ -289,6 +295,9 @@ apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in
     }
     if (in[i]->graph && (in[i]->graph != g || in[i]->step != g->step))
       return apex__fail(APEX_ERR_STATE, "%s: input %d belongs to another graph or to a step before apex_graph_reset", name, i);
+    if (in[i]->graph && !in[i]->held)
+      return apex__fail(APEX_ERR_STATE, "%s: input %d %s was released (apex_var_release): its memory may hold another value now", name,
+                        i, apex__shape(in[i]));
     dt = have ? apex__promote(dt, in[i]->value->dtype) : in[i]->value->dtype;
     have = 1;
   }
@@ -324,6 +333,7 @@ apex_var *apex__result_value(apex_graph *g, apex_op op, apex_tensor *value, int 
     v->n_in = n;
     for (int i = 0; i < n; i++) v->in[i] = in[i];
   }
+  apex__hold(g, v);
   return v;
 }
 
@@ -345,7 +355,11 @@ static apex_var *cast_kernel(apex_graph *g, apex_var *x, apex_dtype dtype) {
 /* Autocast's cast: a leaf's copy in a dtype is made once per step and shared (the weight-cast
  * cache); other vars are cast each time. */
 static apex_var *cast_to(apex_graph *g, apex_var *x, apex_dtype dtype) {
-  if (x->graph) return cast_kernel(g, x, dtype);
+  if (x->graph) {
+    apex_var *c = cast_kernel(g, x, dtype);
+    if (c) apex__pend(g, c);
+    return c;
+  }
   for (size_t i = 0; i < g->n_casts; i++)
     if (g->casts[i].leaf == x && g->casts[i].dtype == dtype) return g->casts[i].cast;
   apex_var *c = cast_kernel(g, x, dtype);

@@ -13,49 +13,54 @@ BWD(softmax) BWD(log_softmax) BWD(cross_entropy) BWD(pointwise_loss) BWD(sum)
 BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm)
 #undef BWD
 
+/* The unread masks (ag.h): which inputs' values each backward never reads. */
+#define IN(i) (1u << (i))
+#define ALL_IN 0xFFFFFFFFu
+
 
 static const apex__op_info table[APEX_OP_COUNT] = {
     [APEX_OP_LEAF] = {"leaf", APEX_CAST_NONE, NULL},
-    [APEX_OP_CAST] = {"cast", APEX_CAST_NONE, apex__bwd_identity},
-    [APEX_OP_ADD] = {"add", APEX_CAST_PROMOTE, apex__bwd_binary},
-    [APEX_OP_SUB] = {"sub", APEX_CAST_PROMOTE, apex__bwd_binary},
+    [APEX_OP_CAST] = {"cast", APEX_CAST_NONE, apex__bwd_identity, ALL_IN},
+    [APEX_OP_ADD] = {"add", APEX_CAST_PROMOTE, apex__bwd_binary, ALL_IN},
+    [APEX_OP_SUB] = {"sub", APEX_CAST_PROMOTE, apex__bwd_binary, ALL_IN},
     [APEX_OP_MUL] = {"mul", APEX_CAST_PROMOTE, apex__bwd_binary},
     [APEX_OP_DIV] = {"div", APEX_CAST_PROMOTE, apex__bwd_binary},
-    [APEX_OP_SCALE] = {"scale", APEX_CAST_NONE, apex__bwd_scale},
-    [APEX_OP_RELU] = {"relu", APEX_CAST_NONE, apex__bwd_unary},
+    [APEX_OP_SCALE] = {"scale", APEX_CAST_NONE, apex__bwd_scale, ALL_IN},
+    [APEX_OP_RELU] = {"relu", APEX_CAST_NONE, apex__bwd_unary, ALL_IN, 1},
     [APEX_OP_GELU] = {"gelu", APEX_CAST_FLOAT, apex__bwd_unary},       /* Apex's FP32_FUNCS */
     [APEX_OP_GELU_TANH] = {"gelu_tanh", APEX_CAST_FLOAT, apex__bwd_unary},
     [APEX_OP_TANH] = {"tanh", APEX_CAST_NONE, apex__bwd_unary},
     [APEX_OP_SIGMOID] = {"sigmoid", APEX_CAST_NONE, apex__bwd_unary},
-    [APEX_OP_DROPOUT] = {"dropout", APEX_CAST_NONE, apex__bwd_dropout},
+    [APEX_OP_DROPOUT] = {"dropout", APEX_CAST_NONE, apex__bwd_dropout, ALL_IN},
     [APEX_OP_MATMUL] = {"matmul", APEX_CAST_HALF, apex__bwd_matmul},
-    [APEX_OP_LINEAR] = {"linear", APEX_CAST_HALF, apex__bwd_linear},
-    [APEX_OP_CONV2D] = {"conv2d", APEX_CAST_HALF, apex__bwd_conv2d},
-    [APEX_OP_MAX_POOL2D] = {"max_pool2d", APEX_CAST_NONE, apex__bwd_max_pool2d},
-    [APEX_OP_AVG_POOL2D] = {"avg_pool2d", APEX_CAST_NONE, apex__bwd_avg_pool2d},
+    [APEX_OP_LINEAR] = {"linear", APEX_CAST_HALF, apex__bwd_linear, IN(2)},
+    [APEX_OP_CONV2D] = {"conv2d", APEX_CAST_HALF, apex__bwd_conv2d, IN(0) | IN(2)},
+    [APEX_OP_MAX_POOL2D] = {"max_pool2d", APEX_CAST_NONE, apex__bwd_max_pool2d, ALL_IN},
+    [APEX_OP_AVG_POOL2D] = {"avg_pool2d", APEX_CAST_NONE, apex__bwd_avg_pool2d, ALL_IN},
     /* Runs in its input's type with f32 parameters and statistics (cuDNN's and Apex's O1/O2 batch
      * norm): the output takes the input's dtype, see ops_norm.c. */
-    [APEX_OP_BATCH_NORM] = {"batch_norm", APEX_CAST_NONE, apex__bwd_batch_norm},
-    [APEX_OP_LAYER_NORM] = {"layer_norm", APEX_CAST_FLOAT, apex__bwd_layer_norm},
+    [APEX_OP_BATCH_NORM] = {"batch_norm", APEX_CAST_NONE, apex__bwd_batch_norm, IN(2)},
+    [APEX_OP_LAYER_NORM] = {"layer_norm", APEX_CAST_FLOAT, apex__bwd_layer_norm, IN(2)},
     [APEX_OP_RMS_NORM] = {"rms_norm", APEX_CAST_FLOAT, apex__bwd_rms_norm},
-    [APEX_OP_EMBEDDING] = {"embedding", APEX_CAST_NONE, apex__bwd_embedding},
-    [APEX_OP_SOFTMAX] = {"softmax", APEX_CAST_FLOAT, apex__bwd_softmax},
-    [APEX_OP_LOG_SOFTMAX] = {"log_softmax", APEX_CAST_FLOAT, apex__bwd_log_softmax},
-    [APEX_OP_CROSS_ENTROPY] = {"cross_entropy", APEX_CAST_FLOAT, apex__bwd_cross_entropy},
+    [APEX_OP_EMBEDDING] = {"embedding", APEX_CAST_NONE, apex__bwd_embedding, ALL_IN},
+    /* their f32 result is their aux, the value itself when it is f32 */
+    [APEX_OP_SOFTMAX] = {"softmax", APEX_CAST_FLOAT, apex__bwd_softmax, ALL_IN, 1},
+    [APEX_OP_LOG_SOFTMAX] = {"log_softmax", APEX_CAST_FLOAT, apex__bwd_log_softmax, ALL_IN, 1},
+    [APEX_OP_CROSS_ENTROPY] = {"cross_entropy", APEX_CAST_FLOAT, apex__bwd_cross_entropy, ALL_IN},
     [APEX_OP_MSE] = {"mse_loss", APEX_CAST_FLOAT, apex__bwd_pointwise_loss},
     [APEX_OP_BCE_WITH_LOGITS] = {"bce_with_logits", APEX_CAST_FLOAT, apex__bwd_pointwise_loss},
     [APEX_OP_BCE] = {"bce", APEX_CAST_FLOAT, apex__bwd_pointwise_loss},
-    [APEX_OP_SUM] = {"sum", APEX_CAST_FLOAT, apex__bwd_sum},
-    [APEX_OP_MEAN] = {"mean", APEX_CAST_FLOAT, apex__bwd_sum},
-    [APEX_OP_RESHAPE] = {"reshape", APEX_CAST_NONE, apex__bwd_identity},
-    [APEX_OP_PERMUTE] = {"permute", APEX_CAST_NONE, apex__bwd_permute},
-    [APEX_OP_CONCAT] = {"concat", APEX_CAST_PROMOTE, apex__bwd_concat},
+    [APEX_OP_SUM] = {"sum", APEX_CAST_FLOAT, apex__bwd_sum, ALL_IN},
+    [APEX_OP_MEAN] = {"mean", APEX_CAST_FLOAT, apex__bwd_sum, ALL_IN},
+    [APEX_OP_RESHAPE] = {"reshape", APEX_CAST_NONE, apex__bwd_identity, ALL_IN},
+    [APEX_OP_PERMUTE] = {"permute", APEX_CAST_NONE, apex__bwd_permute, ALL_IN},
+    [APEX_OP_CONCAT] = {"concat", APEX_CAST_PROMOTE, apex__bwd_concat, ALL_IN},
     [APEX_OP_ATTENTION] = {"causal_attention", APEX_CAST_HALF, apex__bwd_attention},
     /* Same category as batch_norm; the op lives in src/parallel/sync_batch_norm.c (it communicates). */
     [APEX_OP_SYNC_BATCH_NORM] = {"sync_batch_norm", APEX_CAST_NONE, apex__bwd_sync_batch_norm},
 };
 
-static const apex__op_info invalid = {"invalid", APEX_CAST_NONE, NULL};
+static const apex__op_info invalid = {.name = "invalid", .cast = APEX_CAST_NONE};
 
 const apex__op_info *apex__op(apex_op op) { return (int)op >= 0 && op < APEX_OP_COUNT ? &table[op] : &invalid; }
 const char *apex_op_name(apex_op op) { return apex__op(op)->name; }

@@ -104,11 +104,13 @@ static inline float partial(apex_op op, int k, float x, float y) {
 apex_status apex__bwd_binary(apex_graph *g, apex_var *out) {
   bcast p;
   bcast_plan(out->in[0]->value, out->in[1]->value, &p);
-  const float *v[2] = {apex__f32(g, out->in[0]->value), apex__f32(g, out->in[1]->value)};
-  if (!v[0] || !v[1]) return APEX_ERR_OUT_OF_MEMORY;
+  apex_op op = out->op;
+  /* add and sub have constant partials and read no values (op_table.c lets them go) */
+  int reads = op == APEX_OP_MUL || op == APEX_OP_DIV;
+  const float *v[2] = {NULL, NULL};
+  if (reads && (!(v[0] = apex__f32(g, out->in[0]->value)) || !(v[1] = apex__f32(g, out->in[1]->value)))) return APEX_ERR_OUT_OF_MEMORY;
   const float *go = out->gbuf;
   size_t rows = p.rows, len = p.len, n = rows * len;
-  apex_op op = out->op;
   for (int k = 0; k < 2; k++) {
     float *gk = apex__gbuf(g, out->in[k]);
     if (!gk) continue;
@@ -118,9 +120,15 @@ apex_status apex__bwd_binary(apex_graph *g, apex_var *out) {
     for (size_t r = 0; r < rows; r++) {
       size_t off[2];
       row_offsets(&p, r, off);
-      const float *x = v[0] + off[0], *y = v[1] + off[1], *gr = go + r * len;
+      const float *gr = go + r * len;
       float *gd = gk + off[k];
       size_t sk = s[k];
+      if (!reads) {
+        float c = partial(op, k, 0.0f, 0.0f);
+        for (size_t j = 0; j < len; j++) gd[j * sk] += gr[j] * c;
+        continue;
+      }
+      const float *x = v[0] + off[0], *y = v[1] + off[1];
       for (size_t j = 0; j < len; j++) gd[j * sk] += gr[j] * partial(op, k, x[j * s[0]], y[j * s[1]]);
     }
   }
@@ -204,17 +212,35 @@ apex_var *apex_gelu_tanh(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_G
 apex_var *apex_tanh(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_TANH, x); }
 apex_var *apex_sigmoid(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_SIGMOID, x); }
 
+/* ReLU's backward reads its output, not its input, so that the input (usually a linear's output
+ * nothing else keeps) can go (op_table.c). The output is +0 or the positive input itself, in the
+ * input's dtype (never -0 or NaN: see unary), so its bits are non-zero exactly where the input was
+ * > 0: tested as raw bits, a half output needs no widening to f32. */
+static void relu_bwd(float *gx, const apex_var *out) {
+  const float *go = out->gbuf;
+  size_t n = ag_numel(out);
+  if (apex_dtype_size(out->value->dtype) == 2) {
+    const uint16_t *o = apex_tensor_data(out->value);
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) gx[i] += o[i] ? go[i] : 0.0f;
+  } else {
+    const uint32_t *o = apex_tensor_data(out->value);
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) gx[i] += o[i] ? go[i] : 0.0f;
+  }
+}
+
 apex_status apex__bwd_unary(apex_graph *g, apex_var *out) {
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
+  if (out->op == APEX_OP_RELU) {
+    relu_bwd(gx, out);
+    return APEX_OK;
+  }
   const float *X = apex__f32(g, out->in[0]->value), *go = out->gbuf;
   if (!X) return APEX_ERR_OUT_OF_MEMORY;
   size_t n = ag_numel(out);
   switch (out->op) {
-  case APEX_OP_RELU:
-    AG_PFOR
-    for (size_t i = 0; i < n; i++) gx[i] += X[i] > 0.0f ? go[i] : 0.0f;
-    break;
   case APEX_OP_GELU:
     AG_PFOR
     for (size_t i = 0; i < n; i++) {
@@ -254,7 +280,10 @@ apex_var *apex_dropout(apex_graph *g, apex_var *x, float p, int training, apex_r
   apex_dtype dt;
   if (apex__dispatch(g, APEX_OP_DROPOUT, 1, &x, 0, &u, &dt) != APEX_OK) return NULL;
   if (!(p >= 0.0f && p < 1.0f)) return apex__fail_null(APEX_ERR_INVALID_ARG, "dropout: p = %g on %s; it must be in [0, 1)", p, apex__shape(x));
-  if (!training || p == 0.0f) return u;
+  if (!training || p == 0.0f) {
+    apex__claim(g, u); /* an autocast copy handed out as the result stays */
+    return u;
+  }
   if (!rng) return apex__fail_null(APEX_ERR_INVALID_ARG, "dropout: NULL rng for p = %g on %s in training", p, apex__shape(x));
   apex_var *out = apex__result(g, APEX_OP_DROPOUT, dt, u->value->ndim, u->value->shape, 1, &u);
   if (!out) return NULL;

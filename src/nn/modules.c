@@ -178,6 +178,14 @@ apex_var *apex_module_param(const apex_module *mod, const char *local) {
 
 /* ---- forward ------------------------------------------------------------------------------------ */
 
+/* Returns result after releasing done, an intermediate the caller of the module never sees: its
+ * memory goes back to the graph's pool once no backward needs it (apex_var_release). An op may hand
+ * its input back as its result (dropout in evaluation), which must then stay. */
+static apex_var *drop(apex_var *result, apex_var *done) {
+  if (done != result) apex_var_release(done);
+  return result;
+}
+
 static apex_var *attention_forward(apex_module *mod, apex_graph *g, apex_var *x) {
   const apex_tensor *X = apex_var_value(x);
   if (apex_tensor_ndim(X) != 3)
@@ -187,18 +195,26 @@ static apex_var *attention_forward(apex_module *mod, apex_graph *g, apex_var *x)
   apex_var *qkv[3];
   for (int i = 0; i < 3; i++) {
     apex_var *p = apex_module_forward(mod->children[i], g, x);
-    qkv[i] = apex_transpose(g, apex_reshape(g, p, 4, split), 1, 2);
+    apex_var *r = drop(apex_reshape(g, p, 4, split), p);
+    qkv[i] = drop(apex_transpose(g, r, 1, 2), r);
   }
   apex_var *y = apex_causal_attention(g, qkv[0], qkv[1], qkv[2]);
-  y = apex_reshape(g, apex_transpose(g, y, 1, 2), 3, merged);
-  return apex_module_forward(mod->children[3], g, y);
+  for (int i = 0; i < 3; i++) drop(y, qkv[i]);
+  apex_var *t = drop(apex_transpose(g, y, 1, 2), y);
+  y = drop(apex_reshape(g, t, 3, merged), t);
+  return drop(apex_module_forward(mod->children[3], g, y), y);
 }
 
 static apex_var *block_forward(apex_module *mod, apex_graph *g, apex_var *x) {
   apex_module **c = mod->children;
-  x = apex_add(g, x, apex_module_forward(c[1], g, apex_module_forward(c[0], g, x)));
-  apex_var *h = apex_gelu_tanh(g, apex_module_forward(c[3], g, apex_module_forward(c[2], g, x)));
-  return apex_add(g, x, apex_module_forward(c[4], g, h));
+  apex_var *h = apex_module_forward(c[0], g, x);
+  apex_var *a = drop(apex_module_forward(c[1], g, h), h);
+  apex_var *x1 = drop(apex_add(g, x, a), a);
+  h = apex_module_forward(c[2], g, x1);
+  apex_var *f = drop(apex_module_forward(c[3], g, h), h);
+  h = drop(apex_gelu_tanh(g, f), f);
+  apex_var *p = drop(apex_module_forward(c[4], g, h), h);
+  return drop(drop(apex_add(g, x1, p), p), x1);
 }
 
 apex_var *apex_module_forward(apex_module *mod, apex_graph *g, apex_var *x) {
@@ -244,9 +260,14 @@ apex_var *apex_module_forward(apex_module *mod, apex_graph *g, apex_var *x) {
     return apex_reshape(g, x, 2, s);
   }
   case NN_DROPOUT: return apex_dropout(g, x, mod->f, training, &mod->model->rng);
-  case NN_SEQUENTIAL:
-    for (size_t i = 0; i < mod->n_children && x; i++) x = apex_module_forward(mod->children[i], g, x);
+  case NN_SEQUENTIAL: {
+    apex_var *in = x; /* the caller's: kept */
+    for (size_t i = 0; i < mod->n_children && x; i++) {
+      apex_var *y = apex_module_forward(mod->children[i], g, x);
+      x = x == in ? y : drop(y, x);
+    }
     return x;
+  }
   }
   return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_module_forward: unknown module kind %d", (int)mod->kind);
 }
