@@ -4,7 +4,8 @@
  * (widen, compute in f32, round to nearest even); norms are recomputed in f64. Sizes straddle the
  * chunk size (chunk-1, chunk, chunk+1) for chunks 333, 33333 and 65536, with 1 and 55 tensors, for
  * every input/output dtype pair, and Inf or NaN placed at the first, a middle and the last element
- * must raise the overflow flag exactly then. */
+ * must raise the overflow flag exactly then. The baseline and AVX2 copies of the kernels agree bit for
+ * bit. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -220,6 +221,48 @@ static void test_flatten_unflatten(void **state) {
   for (int k = 0; k < 3; k++) apex_tensor_destroy(t[k]);
 }
 
+/* Every kernel is compiled for the baseline and for AVX2 (core/simd_kernel.h): both give the same
+ * bits, overflow flags included. Odd sizes put tails in the tile loops. */
+static void test_simd_paths_agree(void **state) {
+  (void)state;
+  if (apex_simd_set(APEX_SIMD_AVX2) != APEX_OK) {
+    printf("skipped: this CPU has no AVX2/F16C/FMA, so there is one path only\n");
+    TU_OK(apex_simd_set(APEX_SIMD_AUTO));
+    return;
+  }
+  const apex_simd paths[2] = {APEX_SIMD_PORTABLE, APEX_SIMD_AVX2};
+  for (int d = 0; d < 3; d++)
+    for (int bad = 0; bad < 2; bad++) {
+      tlist x[2], y[2];
+      float norms[2][5], global[2];
+      int flags[2][3];
+      for (int r = 0; r < 2; r++) {
+        TU_OK(apex_simd_set(paths[r]));
+        x[r] = make_list(all_dtypes[d], 5, 4099, 21);
+        y[r] = make_list(all_dtypes[d], 5, 4099, 41);
+        size_t at;
+        if (bad) inject(x[r], 1, NAN, &at);
+        flags[r][0] = flags[r][1] = flags[r][2] = 0;
+        TU_OK(apex_mt_unscale_l2norm(333, &flags[r][0], x[r].t, x[r].n, 0.125f, &global[r], norms[r]));
+        TU_OK(apex_mt_axpby(333, &flags[r][1], x[r].t, y[r].t, y[r].t, x[r].n, 0.7f, -1.3f, -1));
+        TU_OK(apex_mt_scale(333, &flags[r][2], y[r].t, x[r].t, x[r].n, 3.0f));
+      }
+      assert_memory_equal(flags[0], flags[1], sizeof flags[0]);
+      assert_int_equal(flags[0][0], bad);
+      assert_int_equal(tu_bits(global[0]), tu_bits(global[1]));
+      for (int k = 0; k < 5; k++) {
+        assert_int_equal(tu_bits(norms[0][k]), tu_bits(norms[1][k]));
+        assert_memory_equal(apex_tensor_data(x[0].t[k]), apex_tensor_data(x[1].t[k]), apex_tensor_nbytes(x[0].t[k]));
+        assert_memory_equal(apex_tensor_data(y[0].t[k]), apex_tensor_data(y[1].t[k]), apex_tensor_nbytes(y[0].t[k]));
+      }
+      for (int r = 0; r < 2; r++) {
+        free_list(x[r]);
+        free_list(y[r]);
+      }
+    }
+  TU_OK(apex_simd_set(APEX_SIMD_AUTO));
+}
+
 static void test_bad_input(void **state) {
   (void)state;
   tlist a = make_list(APEX_F32, 3, 10, 1), b = make_list(APEX_F32, 3, 11, 1);
@@ -260,6 +303,7 @@ int main(void) {
       cmocka_unit_test(test_scale_all_cases), cmocka_unit_test(test_scale_in_place_and_threads),
       cmocka_unit_test(test_axpby),           cmocka_unit_test(test_l2norm),
       cmocka_unit_test(test_flatten_unflatten), cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_simd_paths_agree),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

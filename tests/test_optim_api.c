@@ -1,7 +1,7 @@
 /* test_optim_api.c: the optimizer object beyond the update rules (those are in test_optim_golden.c):
  * every bad input gets a clear error and changes nothing; a skipped step changes nothing, first step
  * included; save, load, step gives the bits of step; loading refuses mismatches; results do not
- * depend on the thread count; parameters without gradient are skipped; groups added later; the
+ * depend on the thread count or on the SIMD path; parameters without gradient are skipped; groups added later; the
  * learning rate changed between steps; gradient clipping; options and defaults. Expected values here
  * are computed by hand in the test (no golden file). */
 #include <math.h>
@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "testutil.h"
+#include "optim/optim_internal.h"
 
 /* Options that use every state slot of a kind. */
 static apex_optim_options full_options(apex_optim_kind kind) {
@@ -279,6 +280,69 @@ static void test_thread_count_independent(void **state) {
       model_free(&m[1]);
     }
   TU_OK(apex_set_num_threads(2));
+}
+
+/* ---- SIMD paths ---- */
+
+/* Every kind's tile kernel is compiled for the baseline and for AVX2 (optim_internal.h); both must
+ * give the same bits, state included. Odd sizes put tails in every tile loop. */
+static void test_simd_paths_agree(void **state) {
+  (void)state;
+  if (apex_simd_set(APEX_SIMD_AVX2) != APEX_OK) {
+    printf("skipped: this CPU has no AVX2/F16C/FMA, so there is one path only\n");
+    TU_OK(apex_simd_set(APEX_SIMD_AUTO));
+    return;
+  }
+  const apex_simd paths[2] = {APEX_SIMD_PORTABLE, APEX_SIMD_AVX2};
+  for (int k = 0; k < APEX_OPTIM_KIND_COUNT; k++)
+    for (int d = 0; d < 3; d++) {
+      model m[2];
+      for (int r = 0; r < 2; r++) {
+        TU_OK(apex_simd_set(paths[r]));
+        model_init(&m[r], (apex_optim_kind)k, DTYPES[d], DTYPES[d], 333, 11);
+        for (int t = 0; t < 4; t++) {
+          set_grads(&m[r], t);
+          TU_OK(apex_optimizer_clip_grad_norm(m[r].opt, 30.0f, 1.0f, NULL));
+          TU_OK(apex_optimizer_step(m[r].opt, 4.0f, 0));
+        }
+      }
+      snapshot s = snap(&m[0]);
+      char what[64];
+      snprintf(what, sizeof what, "%s/%s, portable vs AVX2", apex_optim_kind_name((apex_optim_kind)k), apex_dtype_name(DTYPES[d]));
+      assert_model_is(&m[1], &s, what);
+      snap_free(&s);
+      model_free(&m[0]);
+      model_free(&m[1]);
+    }
+  TU_OK(apex_simd_set(APEX_SIMD_AUTO));
+}
+
+/* LAMB runs its two stages batch by batch, keeping u in a scratch buffer between them, and
+ * recomputes u for a tensor larger than a batch (lamb.c). Any batch size gives the same bits: every
+ * tensor batched (the default here), some alone and recomputed, all recomputed. */
+static void test_lamb_batches_agree(void **state) {
+  (void)state;
+  const size_t sizes[3] = {(size_t)1 << 20, 4000, 1};
+  for (int d = 0; d < 3; d++) {
+    model m[3];
+    for (int r = 0; r < 3; r++) {
+      size_t old = apex__lamb_set_batch_params(sizes[r]);
+      model_init(&m[r], APEX_OPTIM_LAMB, DTYPES[d], DTYPES[d], 333, 13); /* 6660, 2331 and 3996 elements: at 4000, two batched alone and one recomputed */
+      for (int t = 0; t < 3; t++) {
+        set_grads(&m[r], t);
+        TU_OK(apex_optimizer_step(m[r].opt, 2.0f, 0));
+      }
+      apex__lamb_set_batch_params(old);
+    }
+    snapshot s = snap(&m[0]);
+    char what[64];
+    for (int r = 1; r < 3; r++) {
+      snprintf(what, sizeof what, "LAMB/%s, batches of %zu", apex_dtype_name(DTYPES[d]), sizes[r]);
+      assert_model_is(&m[r], &s, what);
+    }
+    snap_free(&s);
+    for (int r = 0; r < 3; r++) model_free(&m[r]);
+  }
 }
 
 /* ---- parameters without gradient, groups, learning rate ---- */
@@ -565,6 +629,8 @@ int main(void) {
       cmocka_unit_test(test_save_load_step_is_step),
       cmocka_unit_test(test_load_refuses_mismatches),
       cmocka_unit_test(test_thread_count_independent),
+      cmocka_unit_test(test_simd_paths_agree),
+      cmocka_unit_test(test_lamb_batches_agree),
       cmocka_unit_test(test_missing_grad_is_skipped),
       cmocka_unit_test(test_groups_and_lr),
       cmocka_unit_test(test_replace_param),

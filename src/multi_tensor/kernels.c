@@ -8,17 +8,18 @@
 
 #include "apex/multi_tensor.h"
 #include "core/internal.h"
+#include "core/simd_kernel.h"
 #include "multi_tensor/mt_cuda.h"
 
 /* 1 when v is Inf or NaN (all exponent bits set). */
-static inline unsigned nonfinite_bits(float v) {
+APEX__INLINE unsigned nonfinite_bits(float v) {
   uint32_t u;
   memcpy(&u, &v, sizeof u);
   return (u & 0x7F800000u) == 0x7F800000u;
 }
 
 /* ---- scale ---- */
-static void scale_tile(void *ctx, const apex_mt_tile *t, int *nonfinite) {
+APEX__INLINE void scale_tile_body(void *ctx, const apex_mt_tile *t, int *nonfinite) {
   const float s = *(const float *)ctx;
   const float *x = t->p[0];
   float *y = t->p[1];
@@ -30,12 +31,13 @@ static void scale_tile(void *ctx, const apex_mt_tile *t, int *nonfinite) {
   }
   *nonfinite = bad != 0;
 }
+APEX__SIMD_KERNEL(scale_tile);
 
 apex_status apex_mt_scale(size_t chunk_size, int *overflow, apex_tensor *const *in, apex_tensor *const *out, int n,
                           float scale) {
   if (apex__mt_on_cuda(in, n)) return apex__mt_cuda_scale(overflow, in, out, n, scale);
   apex_mt_launch L = {.chunk_size = chunk_size, .nlists = 2, .ntensors = n, .lists = {in, out}, .written = 2u,
-                      .kernel = scale_tile, .ctx = &scale, .name = "apex_mt_scale"};
+                      .kernel = apex__simd_pick(&scale_tile), .ctx = &scale, .name = "apex_mt_scale"};
   return apex_multi_tensor_apply(&L, overflow);
 }
 
@@ -50,7 +52,7 @@ typedef struct {
   int check;
 } axpby_ctx;
 
-static void axpby_tile(void *ctx, const apex_mt_tile *t, int *nonfinite) {
+APEX__INLINE void axpby_tile_body(void *ctx, const apex_mt_tile *t, int *nonfinite) {
   const axpby_ctx *c = ctx;
   const float *x = t->p[0], *y = t->p[1];
   float *out = t->p[2];
@@ -63,6 +65,7 @@ static void axpby_tile(void *ctx, const apex_mt_tile *t, int *nonfinite) {
   }
   *nonfinite = bad != 0;
 }
+APEX__SIMD_KERNEL(axpby_tile);
 
 apex_status apex_mt_axpby(size_t chunk_size, int *overflow, apex_tensor *const *x, apex_tensor *const *y,
                           apex_tensor *const *out, int n, float a, float b, int arg_to_check) {
@@ -71,7 +74,7 @@ apex_status apex_mt_axpby(size_t chunk_size, int *overflow, apex_tensor *const *
   if (apex__mt_on_cuda(x, n)) return apex__mt_cuda_axpby(overflow, x, y, out, n, a, b, arg_to_check);
   axpby_ctx c = {a, b, arg_to_check};
   apex_mt_launch L = {.chunk_size = chunk_size, .nlists = 3, .ntensors = n, .lists = {x, y, out}, .written = 4u,
-                      .kernel = axpby_tile, .ctx = &c, .name = "apex_mt_axpby"};
+                      .kernel = apex__simd_pick(&axpby_tile), .ctx = &c, .name = "apex_mt_axpby"};
   return apex_multi_tensor_apply(&L, overflow);
 }
 
@@ -82,7 +85,7 @@ typedef struct {
 } norm_ctx;
 
 /* Eight running f32 sums combined in a fixed order: vectorisable and the same on every run. */
-static void norm_tile(void *ctx, const apex_mt_tile *t, int *nonfinite) {
+APEX__INLINE void norm_tile_body(void *ctx, const apex_mt_tile *t, int *nonfinite) {
   norm_ctx *c = ctx;
   const float *x = t->p[0];
   const float s = c->inv_scale;
@@ -104,6 +107,7 @@ static void norm_tile(void *ctx, const apex_mt_tile *t, int *nonfinite) {
   c->partial[t->chunk] += sum;
   *nonfinite = bad != 0;
 }
+APEX__SIMD_KERNEL(norm_tile);
 
 static apex_status norm_launch(const char *name, size_t chunk_size, int *overflow, apex_tensor *const *x, int n,
                                float inv_scale, float *global_norm, float *per_tensor) {
@@ -121,7 +125,7 @@ static apex_status norm_launch(const char *name, size_t chunk_size, int *overflo
   }
   norm_ctx c = {inv_scale, partial};
   apex_mt_launch L = {.chunk_size = chunk_size, .nlists = 1, .ntensors = n, .lists = {x}, .written = 0u,
-                      .kernel = norm_tile, .ctx = &c, .name = name};
+                      .kernel = apex__simd_pick(&norm_tile), .ctx = &c, .name = name};
   apex_status st = apex_multi_tensor_apply(&L, overflow);
   if (st == APEX_OK) {
     double global = 0;

@@ -11,7 +11,7 @@ typedef struct {
   float inv_scale, lr, rho, eps, wd;
 } adadelta_ctx;
 
-static void adadelta_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
+APEX__INLINE void adadelta_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   const adadelta_ctx *c = vctx;
   const float *g = t->p[0];
   float *p = t->p[1], *sq = t->p[2], *acc = t->p[3];
@@ -34,11 +34,12 @@ static void adadelta_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   }
   *nonfinite = 0;
 }
+APEX__SIMD_KERNEL(adadelta_tile);
 
 static apex_status adadelta_step(apex__step_args *s) {
   const apex_optim_options *o = &s->group->o;
   adadelta_ctx c = {s->inv_scale, o->lr, o->rho, o->eps, o->weight_decay};
-  return apex__optim_run(s->a, 0, 4, 14u, adadelta_tile, &c, "Adadelta step");
+  return apex__optim_run(s->a, 0, 4, 14u, &adadelta_tile, &c, "Adadelta step");
 }
 
 static int adadelta_nstates(const apex_optim_options *o) { (void)o; return 2; }

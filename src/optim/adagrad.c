@@ -14,7 +14,7 @@ typedef struct {
   const float *clr; /* per tensor */
 } adagrad_ctx;
 
-static void adagrad_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
+APEX__INLINE void adagrad_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   const adagrad_ctx *c = vctx;
   const float *g = t->p[0];
   float *p = t->p[1], *h = t->p[2];
@@ -31,6 +31,7 @@ static void adagrad_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   for (size_t i = 0; i < t->n; i++) p[i] = p[i] - clr * (gs[i] / (d[i] + eps) + ww * p[i]);
   *nonfinite = 0;
 }
+APEX__SIMD_KERNEL(adagrad_tile);
 
 static apex_status adagrad_step(apex__step_args *s) {
   const apex_optim_options *o = &s->group->o;
@@ -41,7 +42,7 @@ static apex_status adagrad_step(apex__step_args *s) {
   int w = apex__on(o->adagrad_w_mode);
   adagrad_ctx c = {.inv_scale = s->inv_scale, .eps = o->eps, .l2 = w ? 0.0f : o->weight_decay,
                    .wd_w = w ? o->weight_decay : 0.0f, .clr = clr};
-  apex_status st = apex__optim_run(a, 0, 3, 6u, adagrad_tile, &c, "Adagrad step");
+  apex_status st = apex__optim_run(a, 0, 3, 6u, &adagrad_tile, &c, "Adagrad step");
   free(clr);
   return st;
 }

@@ -23,7 +23,7 @@ typedef struct {
   const adam_coef *coef;
 } adam_ctx;
 
-static void adam_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
+APEX__INLINE void adam_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   const adam_ctx *c = vctx;
   const float *g = t->p[0];
   float *p = t->p[1], *m = t->p[2], *v = t->p[3];
@@ -52,6 +52,7 @@ static void adam_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   for (size_t i = 0; i < t->n; i++) p[i] = p[i] * decay - ss * (m[i] / (d[i] * ib + eps));
   *nonfinite = 0;
 }
+APEX__SIMD_KERNEL(adam_tile);
 
 static apex_status adam_step(apex__step_args *s) {
   const apex_optim_options *o = &s->group->o;
@@ -69,7 +70,7 @@ static apex_status adam_step(apex__step_args *s) {
                 .l2 = w ? 0.0f : o->weight_decay, .decay = w ? 1.0f - o->lr * o->weight_decay : 1.0f,
                 .amsgrad = ams, .coef = coef};
   int nlists = ams ? 5 : 4;
-  apex_status st = apex__optim_run(a, 0, nlists, (1u << nlists) - 2u, adam_tile, &c, "Adam step");
+  apex_status st = apex__optim_run(a, 0, nlists, (1u << nlists) - 2u, &adam_tile, &c, "Adam step");
   free(coef);
   return st;
 }

@@ -28,7 +28,7 @@ typedef struct {
 } adamp_coef;
 
 /* m, v and perturb for n elements; the same code in both passes, so perturb is bitwise the same. */
-static void adamp_moments(const adamp_rule *r, const adamp_coef *k, const float *g, float *m, float *v, float *u,
+APEX__INLINE void adamp_moments(const adamp_rule *r, const adamp_coef *k, const float *g, float *m, float *v, float *u,
                           size_t n, int update) {
   const float b1 = r->beta1, b2 = r->beta2, nb1 = 1.0f - r->beta1, nb2 = 1.0f - r->beta2;
   if (update)
@@ -116,7 +116,7 @@ typedef struct {
   const adamp_coef *coef;
 } adamp_ctx;
 
-static void adamp_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
+APEX__INLINE void adamp_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   const adamp_ctx *c = vctx;
   const adamp_coef *k = &c->coef[t->tensor];
   float *p = t->p[1], g[APEX_MT_TILE], u[APEX_MT_TILE];
@@ -131,6 +131,7 @@ static void adamp_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   }
   *nonfinite = 0;
 }
+APEX__SIMD_KERNEL(adamp_tile);
 
 static apex_status adamp_step(apex__step_args *s) {
   const apex_optim_options *o = &s->group->o;
@@ -165,7 +166,7 @@ static apex_status adamp_step(apex__step_args *s) {
     free(stats);
   }
   adamp_ctx c = {rule, coef};
-  if (st == APEX_OK) st = apex__optim_run(a, 0, 4, 2u, adamp_tile, &c, "AdamP step");
+  if (st == APEX_OK) st = apex__optim_run(a, 0, 4, 2u, &adamp_tile, &c, "AdamP step");
   for (int i = 0; coefs && i < a->n; i++) free(coefs[i]);
   free(coefs);
   free(coef);

@@ -62,7 +62,7 @@ typedef struct {
   const novo_coef *coef;
 } novo_ctx;
 
-static void novo_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
+APEX__INLINE void novo_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   const novo_ctx *c = vctx;
   const float *g = t->p[0];
   float *p = t->p[1], *m = t->p[2];
@@ -83,6 +83,7 @@ static void novo_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   }
   *nonfinite = 0;
 }
+APEX__SIMD_KERNEL(novo_tile);
 
 static apex_status novo_step(apex__step_args *s) {
   apex__group *grp = s->group;
@@ -108,7 +109,7 @@ static apex_status novo_step(apex__step_args *s) {
   novo_ctx c = {.inv_scale = s->inv_scale, .lr = o->lr, .beta1 = o->beta1,
                 .beta3 = apex__on(o->grad_averaging) ? 1.0f - o->beta1 : 1.0f, .wd = o->weight_decay,
                 .reg_inside = apex__on(o->reg_inside_moment), .coef = coef};
-  if (st == APEX_OK) st = apex__optim_run(a, 0, 3, 6u, novo_tile, &c, "NovoGrad step");
+  if (st == APEX_OK) st = apex__optim_run(a, 0, 3, 6u, &novo_tile, &c, "NovoGrad step");
   free(norms);
   free(coef);
   return st;

@@ -5,7 +5,12 @@
 #ifndef APEX_OPTIM_INTERNAL_H
 #define APEX_OPTIM_INTERNAL_H
 
+#include <math.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include "core/internal.h"
+#include "core/simd_kernel.h"
 
 #include "apex/multi_tensor.h"
 #include "apex/optim.h"
@@ -103,17 +108,33 @@ apex_status apex__optim_steps_to_device(apex__group *g);
 
 /* ---- launch.c ------------------------------------------------------------------------------------ */
 
-/* Runs kernel over the active tensors with the lists {g, p, s[0], s[1], ...} starting at list
+/* Runs kernel k over the active tensors with the lists {g, p, s[0], s[1], ...} starting at list
  * `first` (0, or 1 to leave the gradients out), `nlists` of them. written: bits of the lists (counted
  * from `first`) the kernel writes. When the p list is written, each model copy is refreshed from the
  * tile of p in the same pass (rounded to nearest even). */
-apex_status apex__optim_run(const apex__active *a, int first, int nlists, unsigned written, apex_mt_kernel kernel,
+apex_status apex__optim_run(const apex__active *a, int first, int nlists, unsigned written, const apex__simd_kernel *k,
                             void *ctx, const char *name);
-/* x[i] = sqrt(x[i]) for a tile, correctly rounded, with SIMD where the C library's errno-setting sqrtf
- * keeps the compiler from vectorising. */
-void apex__optim_sqrt(float *x, size_t n);
-/* Sum of x[i]^2 in a fixed order (eight f32 lanes), as the multi-tensor l2norm sums a tile. */
-float apex__optim_sumsq(const float *x, size_t n);
+/* x[i] = sqrt(x[i]) for a tile, correctly rounded; vectorised by the compiler (apex builds with
+ * -fno-math-errno, without which the errno-setting sqrtf keeps loops scalar). */
+APEX__INLINE void apex__optim_sqrt(float *x, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] = sqrtf(x[i]);
+}
+/* Sum of x[i]^2 in a fixed order (eight f32 lanes), as the multi-tensor l2norm sums a tile: the
+ * same bits whatever the vector width. */
+APEX__INLINE float apex__optim_sumsq(const float *x, size_t n) {
+  float acc[8] = {0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++) acc[k] += x[i + k] * x[i + k];
+  for (int k = 0; i < n; i++, k++) acc[k] += x[i] * x[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+/* ---- lamb.c ---- */
+
+/* Sets how many parameters one LAMB batch holds (both stages run batch by batch; see lamb.c) and
+ * returns the old value: for tests, to reach the path for tensors larger than a batch. */
+size_t apex__lamb_set_batch_params(size_t n);
+
 /* beta^step in double, the bias corrections' base. */
 double apex__optim_pow(double beta, int64_t step);
 

@@ -17,7 +17,7 @@ typedef struct {
   int tf, centered, buf_list, avg_list;
 } rms_ctx;
 
-static void rms_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
+APEX__INLINE void rms_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   const rms_ctx *c = vctx;
   const float *g = t->p[0];
   float *p = t->p[1], *sq = t->p[2];
@@ -65,6 +65,7 @@ static void rms_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   }
   *nonfinite = 0;
 }
+APEX__SIMD_KERNEL(rms_tile);
 
 static apex_status rms_step(apex__step_args *s) {
   const apex_optim_options *o = &s->group->o;
@@ -76,7 +77,7 @@ static apex_status rms_step(apex__step_args *s) {
                .momentum = o->momentum, .buf_lr = lr_in ? o->lr : 1.0f, .p_lr = lr_in ? 1.0f : o->lr, .tf = tf,
                .centered = centered, .buf_list = mom ? 3 : 0, .avg_list = centered ? 3 + mom : 0};
   int nlists = 3 + mom + centered;
-  return apex__optim_run(s->a, 0, nlists, (1u << nlists) - 2u, rms_tile, &c, tf ? "RMSpropTF step" : "RMSprop step");
+  return apex__optim_run(s->a, 0, nlists, (1u << nlists) - 2u, &rms_tile, &c, tf ? "RMSpropTF step" : "RMSprop step");
 }
 
 static int rms_nstates(const apex_optim_options *o) { return 1 + (o->momentum > 0.0f) + apex__on(o->centered); }

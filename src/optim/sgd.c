@@ -21,7 +21,7 @@ typedef struct {
   const sgd_coef *coef;
 } sgd_ctx;
 
-static void sgd_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
+APEX__INLINE void sgd_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   const sgd_ctx *c = vctx;
   const float *g = t->p[0];
   float *p = t->p[1];
@@ -45,6 +45,7 @@ static void sgd_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   }
   *nonfinite = 0;
 }
+APEX__SIMD_KERNEL(sgd_tile);
 
 static apex_status sgd_step(apex__step_args *s) {
   const apex_optim_options *o = &s->group->o;
@@ -58,7 +59,7 @@ static apex_status sgd_step(apex__step_args *s) {
                .wd_after = after ? o->weight_decay : 0.0f, .momentum = o->momentum,
                .nest_g = nesterov ? 1.0f : 0.0f, .nest_buf = nesterov ? o->momentum : 1.0f, .coef = coef};
   int nlists = o->momentum != 0.0f ? 3 : 2;
-  apex_status st = apex__optim_run(a, 0, nlists, (1u << nlists) - 2u, sgd_tile, &c, "SGD step");
+  apex_status st = apex__optim_run(a, 0, nlists, (1u << nlists) - 2u, &sgd_tile, &c, "SGD step");
   free(coef);
   return st;
 }
