@@ -16,11 +16,20 @@
  * is as exact as an f32 one. AVG is that f32 sum divided by world_size, rounded once. MAX is
  * order-free; NaN wins (a NaN on any rank makes the result NaN).
  *
+ * The NCCL backend (apex_pg_create_nccl) works on CUDA tensors only and reduces with NCCL: its sums
+ * follow NCCL's ring/tree order, and NCCL adds f16/bf16 values in their own precision at each step,
+ * so the bits of a sum or average may differ from the MPI backend's (and from one NCCL version or
+ * topology to another); on every rank of one run they are the same. AVG is NCCL's ncclAvg. MAX is
+ * NCCL's: whether a NaN wins is NCCL's choice, not guaranteed as above.
+ *
  * Errors: every function validates its arguments before any communication and returns the status
  * listed; a collective that MPI reports as failed returns APEX_ERR_IO with MPI's error string
- * (the communicator uses MPI_ERRORS_RETURN, so MPI never aborts the program for us). An argument
- * error on one rank only leaves the other ranks waiting in that collective, as in MPI: check
- * arguments identically on every rank. */
+ * (the communicator uses MPI_ERRORS_RETURN, so MPI never aborts the program for us). On the NCCL
+ * backend a failed NCCL call or an asynchronous NCCL error (ncclCommGetAsyncError, checked while
+ * waiting) returns APEX_ERR_IO with NCCL's message, and a CUDA error APEX_ERR_DEVICE; after an
+ * asynchronous error the communicator is aborted and every later collective on the group fails:
+ * destroy it. An argument error on one rank only leaves the other ranks waiting in that
+ * collective, as in MPI: check arguments identically on every rank. */
 #ifndef APEX_PARALLEL_H
 #define APEX_PARALLEL_H
 
@@ -48,7 +57,8 @@ typedef struct apex_pg_work apex_pg_work;
 
 /* Zero in any field means its default. */
 typedef struct apex_pg_options {
-  /* MPI: a pointer to the MPI_Comm to duplicate; NULL means MPI_COMM_WORLD. */
+  /* MPI: a pointer to the MPI_Comm to duplicate; NULL means MPI_COMM_WORLD. NCCL: the ranks of that
+   * communicator form the NCCL group (MPI carries its bootstrap). */
   const void *mpi_comm;
 } apex_pg_options;
 
@@ -63,11 +73,40 @@ typedef struct apex_pg_options {
  * Returns NULL with a message when: apex was built without MPI
  * (APEX_ERR_UNSUPPORTED), MPI was already finalised (APEX_ERR_STATE), or MPI fails (APEX_ERR_IO). */
 APEX_API apex_pg *apex_pg_create_mpi(const apex_pg_options *options);
+/* An NCCL process group over the ranks of an MPI communicator (as apex_pg_create_mpi: MPI_COMM_WORLD
+ * or options->mpi_comm; MPI is initialised and finalised as there): one NCCL communicator per
+ * process, collectives on CUDA tensors (apex_tensor_create_on(APEX_DEVICE_CUDA, ...)) only; CPU
+ * tensors are refused with APEX_ERR_DEVICE. Collective: every rank of the communicator calls it.
+ *
+ * Each rank takes GPU (local rank % visible GPUs), its local rank being its index among the ranks
+ * on its host, and apex's CUDA work moves to that GPU: call this before creating any CUDA tensor,
+ * because apex works on one device per process and cannot move once it holds memory on one
+ * (APEX_ERR_STATE; apex_cuda_available before is fine).
+ * NCCL cannot put two ranks of one communicator on one GPU, so a host that runs more ranks than it
+ * has GPUs is refused, on every rank, with APEX_ERR_UNSUPPORTED. Rank 0's ncclUniqueId is sent over
+ * MPI. The MPI group stays inside: apex_pg_check_consistent and apex_syncbn_stats exchange their
+ * host data over it.
+ *
+ * Collectives run on a stream of their own that first waits for everything queued on apex's
+ * stream (apex_cuda_stream), so they see what earlier apex kernels wrote, and later apex kernels may
+ * overlap them. A work ends with a cudaEvent: apex_pg_test queries it, apex_pg_wait blocks until it
+ * has completed (polling, to report asynchronous NCCL errors rather than hang); read or overwrite
+ * the tensors only after apex_pg_wait, as with MPI. Kernels of your own on other streams must wait
+ * for that too. apex_pg_allreduce_flag goes through a one-element device buffer.
+ *
+ * Returns NULL with a message when apex was built without CUDA, MPI or NCCL
+ * (APEX_ERR_UNSUPPORTED), when a rank has no usable GPU or a host too few, when MPI fails, or when
+ * NCCL or CUDA fails during setup (the message names the rank and NCCL's or CUDA's error). Every
+ * rank fails together in all these cases except a failing ncclCommInitRank. */
+APEX_API apex_pg *apex_pg_create_nccl(const apex_pg_options *options);
+/* 1 when this library was built with the NCCL group (CUDA, MPI and NCCL); a GPU may still be missing. */
+APEX_API int apex_pg_nccl_available(void);
 /* A one-process group (rank 0, world size 1). NULL only when out of memory. */
 APEX_API apex_pg *apex_pg_create_local(void);
 /* The group a program started by mpirun (Open MPI, MPICH, Slurm's PMI) wants: MPI when the
  * launcher's environment is present and apex has MPI, otherwise local. Errors as
- * apex_pg_create_mpi when MPI is chosen. */
+ * apex_pg_create_mpi when MPI is chosen. It never picks NCCL: a program with CUDA tensors asks for
+ * apex_pg_create_nccl. */
 APEX_API apex_pg *apex_pg_create(const apex_pg_options *options);
 /* Waits for every collective still in flight on pg, then frees it (NULL is fine). */
 APEX_API void apex_pg_destroy(apex_pg *pg);
@@ -79,12 +118,15 @@ APEX_API int apex_pg_rank(const apex_pg *pg);
 APEX_API int apex_pg_world_size(const apex_pg *pg);
 /* "mpi", "local" or "nccl"; "" for NULL. */
 APEX_API const char *apex_pg_backend(const apex_pg *pg);
+/* Where the group's tensors must live: APEX_DEVICE_CPU for mpi and local (and NULL),
+ * APEX_DEVICE_CUDA for nccl. */
+APEX_API apex_device apex_pg_device(const apex_pg *pg);
 
 /* Reduces t over all ranks in place (see the top of this file for the order and rounding).
  * Errors: APEX_ERR_INVALID_ARG for a NULL pg or t or an unknown op; APEX_ERR_DTYPE for a dtype
  * outside f32/f16/bf16; APEX_ERR_DEVICE for a tensor this backend cannot reach (CUDA tensors on
- * mpi/local); APEX_ERR_SHAPE for more than 2^31-1 elements (MPI counts are int); APEX_ERR_IO when
- * MPI fails. */
+ * mpi/local, CPU tensors on nccl); APEX_ERR_SHAPE for more than 2^31-1 elements (MPI counts are
+ * int); APEX_ERR_IO when MPI or NCCL fails; APEX_ERR_DEVICE when CUDA fails (nccl). */
 APEX_API apex_status apex_pg_allreduce(apex_pg *pg, apex_tensor *t, apex_reduce_op op);
 /* Copies root's t into t on every rank. Errors as allreduce, plus APEX_ERR_INVALID_ARG for a root
  * outside [0, world_size). */
@@ -96,7 +138,8 @@ APEX_API apex_status apex_pg_allgather(apex_pg *pg, const apex_tensor *in, apex_
 /* Returns once every rank has entered the barrier. APEX_ERR_INVALID_ARG for NULL; APEX_ERR_IO. */
 APEX_API apex_status apex_pg_barrier(apex_pg *pg);
 /* Sets *flag on every rank to 1 when any rank passed a nonzero *flag, else 0 (a MAX all-reduce), so
- * that every rank skips the same amp step after an overflow on any of them. */
+ * that every rank skips the same amp step after an overflow on any of them. flag is host memory on
+ * every backend (nccl copies it to the GPU and back). */
 APEX_API apex_status apex_pg_allreduce_flag(apex_pg *pg, int *flag);
 
 /* Non-blocking forms: start the collective and return at once with *work set (NULL on error).
@@ -145,9 +188,11 @@ typedef struct apex_reducer_options {
  * buffer allocated here, once. Buckets are reduced in bucket order on every rank, so give the
  * tensors in the order their gradients become ready (DDP: reverse parameter order).
  * Creation is collective: it checks with apex_pg_check_consistent that every rank has the same
- * tensors (dtypes and shapes). Returns NULL with a message for: NULL pg or grads or a NULL tensor,
- * n < 1, a tensor listed twice, a CUDA tensor on a CPU backend, a negative or non-finite
- * predivide factor, ranks that disagree, or no memory. */
+ * tensors (dtypes and shapes). The buckets live on the group's device: on the NCCL group the
+ * gradients are CUDA tensors and never leave the GPU. Returns NULL with a message for: NULL pg or
+ * grads or a NULL tensor, n < 1, a tensor listed twice, a tensor not on the group's device (CUDA on
+ * mpi/local, CPU on nccl), a negative or non-finite predivide factor, ranks that disagree, or no
+ * memory. */
 APEX_API apex_reducer *apex_reducer_create(apex_pg *pg, apex_tensor *const *grads, int n, const apex_reducer_options *options);
 /* Waits for buckets still in flight, then frees r (NULL is fine). */
 APEX_API void apex_reducer_destroy(apex_reducer *r);

@@ -29,6 +29,10 @@ extern "C" {
 int apex__cuda_ready(const char **why);
 /* apex's stream (a cudaStream_t). */
 void *apex__cuda_stream(void);
+/* Makes apex work on GPU `device` (0 by default): the current device of every thread that calls
+ * apex, and the stream. Possible until apex first allocates device memory: APEX_ERR_STATE after
+ * that, APEX_ERR_UNSUPPORTED without a GPU, APEX_ERR_INVALID_ARG for a device not visible. */
+apex_status apex__cuda_use_device(int device);
 /* Device memory of at least `bytes` from the caching allocator (never managed memory), zero-filled
  * when zero is set. Blocks freed earlier are reused; the GPU is asked for more only when none fits,
  * and after a failed request every cached block is given back and the request tried once more. */

@@ -21,8 +21,21 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_ready;
 static const char *g_why = "apex has not looked for a GPU yet";
 static cudaStream_t g_stream;
+/* The device apex works on: 0 unless apex__cuda_use_device chose another (the NCCL process group
+ * gives each rank of a host its own GPU). */
+static pthread_mutex_t g_want_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_want_device;
+static int g_device;
+/* The current device is per host thread in CUDA: each thread that calls apex is moved to apex's
+ * device once per choice of device (g_gen counts them), or its allocations and kernels would land
+ * on device 0. */
+static int g_gen = 1;
+static thread_local int t_gen;
 
 static void init_device(void) {
+  pthread_mutex_lock(&g_want_mu);
+  int want = g_want_device;
+  pthread_mutex_unlock(&g_want_mu);
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -32,11 +45,14 @@ static void init_device(void) {
     cudaGetLastError();
     return;
   }
-  if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess) {
+  if (want >= count) want = 0; /* apex__cuda_use_device reports it */
+  if (cudaSetDevice(want) != cudaSuccess || cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess) {
     g_why = "the CUDA device could not be opened";
     cudaGetLastError();
     return;
   }
+  g_device = want;
+  t_gen = g_gen;
   g_ready = 1;
   g_why = "";
 }
@@ -44,7 +60,55 @@ static void init_device(void) {
 extern "C" int apex__cuda_ready(const char **why) {
   pthread_once(&g_once, init_device);
   if (why) *why = g_why;
+  if (g_ready) {
+    int gen = __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE);
+    if (t_gen != gen) {
+      cudaSetDevice(g_device);
+      t_gen = gen;
+    }
+  }
   return g_ready;
+}
+
+static apex_status cuda_fail(cudaError_t e, const char *what);
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static apex_cuda_memory_stats g_stats;
+
+extern "C" apex_status apex__cuda_use_device(int device) {
+  pthread_mutex_lock(&g_want_mu);
+  g_want_device = device;
+  pthread_mutex_unlock(&g_want_mu);
+  const char *why;
+  if (!apex__cuda_ready(&why)) return apex__fail(APEX_ERR_UNSUPPORTED, "CUDA device %d: %s", device, why);
+  if (g_device == device) return APEX_OK;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count)
+    return apex__fail(APEX_ERR_INVALID_ARG, "CUDA device %d: only %d device%s visible", device, count, count == 1 ? " is" : "s are");
+  /* apex opened device 0 on its first CUDA call (apex_cuda_available, say). Moving is safe while
+   * nothing lives there yet: no memory was ever allocated, so only the stream must be remade. */
+  pthread_mutex_lock(&g_mu);
+  apex_status st = APEX_OK;
+  if (g_stats.device_allocs != 0) {
+    st = apex__fail(APEX_ERR_STATE,
+                    "CUDA device %d is needed but apex already holds memory on device %d; create the NCCL process group "
+                    "before any CUDA tensor",
+                    device, g_device);
+  } else {
+    cudaStream_t s = NULL;
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      st = cuda_fail(e, "opening the CUDA device");
+      cudaSetDevice(g_device);
+    } else {
+      cudaStreamDestroy(g_stream);
+      g_stream = s;
+      g_device = device;
+      t_gen = __atomic_add_fetch(&g_gen, 1, __ATOMIC_ACQ_REL);
+    }
+  }
+  pthread_mutex_unlock(&g_mu);
+  return st;
 }
 
 extern "C" void *apex__cuda_stream(void) { return apex__cuda_ready(NULL) ? (void *)g_stream : NULL; }
@@ -73,10 +137,8 @@ typedef struct block {
   int in_use;
 } block;
 
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static block *g_blocks;
 static size_t g_nblocks, g_cap;
-static apex_cuda_memory_stats g_stats;
 
 static size_t round_size(size_t bytes) {
   const size_t small = 512, large = (size_t)2 << 20;
@@ -182,7 +244,7 @@ extern "C" apex_status apex__cuda_memcpy(void *dst, const void *src, size_t byte
 
 extern "C" apex_status apex__cuda_device_name(char *buf, size_t size) {
   cudaDeviceProp prop;
-  cudaError_t e = cudaGetDeviceProperties(&prop, 0);
+  cudaError_t e = cudaGetDeviceProperties(&prop, g_device);
   if (e != cudaSuccess) return cuda_fail(e, "apex_cuda_device_name");
   snprintf(buf, size, "%s, sm_%d%d", prop.name, prop.major, prop.minor);
   return APEX_OK;

@@ -11,6 +11,10 @@ int apex__cuda_ready(const char **why) {
   return 0;
 }
 void *apex__cuda_stream(void) { return NULL; }
+apex_status apex__cuda_use_device(int device) {
+  (void)device;
+  return NO_CUDA("CUDA device selection");
+}
 apex_status apex__cuda_alloc(size_t bytes, int zero, void **out) {
   (void)bytes, (void)zero, (void)out;
   return NO_CUDA("CUDA allocation");

@@ -63,6 +63,15 @@ apex_ddp *apex_ddp_create(apex_pg *pg, apex_model *m, const apex_ddp_options *op
     grads[n - 1 - i] = apex_var_grad(v);
     d->lookup[i] = (ddp_entry){(uintptr_t)v, n - 1 - i};
   }
+  /* Checked before any exchange, so that a model on the wrong device fails alike on every rank
+   * (apex models are on the CPU; the NCCL group takes CUDA tensors only). */
+  apex_device dev = apex_pg_device(pg);
+  for (int i = 0; st == APEX_OK && i < n; i++)
+    if (apex_tensor_device(vals[i]) != dev)
+      st = apex__fail(APEX_ERR_DEVICE, "parameter %d ('%s') is on %s but the %s group works on %s tensors%s", i, names[i],
+                      apex_tensor_device(vals[i]) == APEX_DEVICE_CUDA ? "the GPU" : "the CPU", apex_pg_backend(pg),
+                      dev == APEX_DEVICE_CUDA ? "CUDA" : "CPU",
+                      dev == APEX_DEVICE_CUDA ? " (apex models train on the CPU for now: use apex_pg_create_mpi)" : "");
   if (st == APEX_OK) st = apex_pg_check_consistent(pg, names, vals, n);
   if (st != APEX_OK) {
     char msg[512];

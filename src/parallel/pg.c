@@ -65,6 +65,7 @@ void apex_pg_destroy(apex_pg *pg) {
 int apex_pg_rank(const apex_pg *pg) { return pg ? pg->rank : -1; }
 int apex_pg_world_size(const apex_pg *pg) { return pg ? pg->world : -1; }
 const char *apex_pg_backend(const apex_pg *pg) { return pg ? pg->backend->name : ""; }
+apex_device apex_pg_device(const apex_pg *pg) { return pg ? pg->backend->device : APEX_DEVICE_CPU; }
 
 /* ---- argument checks -------------------------------------------------------------------------- */
 
@@ -222,11 +223,22 @@ apex_status apex_pg_barrier(apex_pg *pg) {
 
 apex_status apex_pg_allreduce_flag(apex_pg *pg, int *flag) {
   if (!flag) return apex__fail(APEX_ERR_INVALID_ARG, "apex_pg_allreduce_flag: flag is NULL");
+  apex_status st = check_pg(pg, "apex_pg_allreduce_flag");
+  if (st != APEX_OK) return st;
   float v = *flag ? 1.0f : 0.0f;
   int64_t shape = 1;
   apex_tensor *t = apex_tensor_wrap(&v, APEX_F32, 1, &shape);
   if (!t) return APEX_ERR_OUT_OF_MEMORY;
-  apex_status st = apex_pg_allreduce(pg, t, APEX_REDUCE_MAX);
+  if (pg->backend->device == APEX_DEVICE_CPU) {
+    st = apex_pg_allreduce(pg, t, APEX_REDUCE_MAX);
+  } else {
+    /* A device backend reduces on the device, on the same stream order as the gradients it follows. */
+    apex_tensor *d = apex_tensor_create_on(pg->backend->device, APEX_F32, 1, &shape);
+    st = d ? apex_tensor_copy(d, t) : APEX_ERR_OUT_OF_MEMORY;
+    if (st == APEX_OK) st = apex_pg_allreduce(pg, d, APEX_REDUCE_MAX);
+    if (st == APEX_OK) st = apex_tensor_copy(t, d);
+    apex_tensor_destroy(d);
+  }
   apex_tensor_destroy(t);
   if (st == APEX_OK) *flag = v != 0.0f;
   return st;
@@ -235,6 +247,7 @@ apex_status apex_pg_allreduce_flag(apex_pg *pg, int *flag) {
 /* ---- raw buffers, for the layers inside apex ---------------------------------------------------- */
 
 apex_status apex__pg_allgather_bytes(apex_pg *pg, const void *in, void *out, size_t bytes) {
+  if (pg->host) pg = pg->host;
   int64_t n = (int64_t)(bytes / 4), nout = n * pg->world;
   apex_tensor *tin = apex_tensor_wrap((void *)in, APEX_F32, 1, &n);
   apex_tensor *tout = apex_tensor_wrap(out, APEX_F32, 1, &nout);
@@ -245,6 +258,7 @@ apex_status apex__pg_allgather_bytes(apex_pg *pg, const void *in, void *out, siz
 }
 
 apex_status apex__pg_allreduce_f32(apex_pg *pg, float *buf, size_t n, apex_reduce_op op) {
+  if (pg->host) pg = pg->host;
   int64_t shape = (int64_t)n;
   apex_tensor *t = apex_tensor_wrap(buf, APEX_F32, 1, &shape);
   if (!t) return APEX_ERR_OUT_OF_MEMORY;

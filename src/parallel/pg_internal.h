@@ -32,6 +32,9 @@ struct apex_pg {
   int world;
   void *impl;
   apex_pg_work *inflight; /* works not yet released by apex_pg_wait, newest first */
+  /* A CPU group over the same ranks for the host-buffer helpers below, when this backend works on
+   * device memory (nccl: its MPI bootstrap group, owned by the backend); NULL otherwise. */
+  apex_pg *host;
 };
 
 #define APEX_PG_MESSAGE 512
@@ -50,8 +53,9 @@ struct apex_pg_work {
  * memory (impl is then destroyed too). */
 apex_pg *apex__pg_new(const apex_pg_vtable *backend, int rank, int world, void *impl);
 
-/* Blocking collectives on raw host buffers, for the layers built on process groups. bytes must be a
- * multiple of 4; the data is moved, never interpreted. */
+/* Blocking collectives on raw host buffers, for the layers built on process groups (over pg->host
+ * when the group works on device memory). bytes must be a multiple of 4; the data is moved, never
+ * interpreted. */
 apex_status apex__pg_allgather_bytes(apex_pg *pg, const void *in, void *out, size_t bytes);
 /* Sums n floats over all ranks in place (rank order, as apex_pg_allreduce). */
 apex_status apex__pg_allreduce_f32(apex_pg *pg, float *buf, size_t n, apex_reduce_op op);

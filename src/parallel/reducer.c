@@ -4,7 +4,8 @@
  * reduced with one non-blocking all-reduce as soon as all its gradients are ready, and finish
  * waits for them and copies the results back. Buckets start strictly in bucket order on every rank:
  * the order in which a rank happens to mark gradients ready can differ between ranks, but the
- * sequence of collectives must not. */
+ * sequence of collectives must not. The buckets live on the group's device, so device gradients
+ * (the NCCL group) are copied, scaled and reduced without leaving the GPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,11 +40,11 @@ struct apex_reducer {
   float pre, post;
 };
 
-/* Copies src into dst (converting dtypes), times scale unless it is 1. */
+/* Copies src into dst (converting dtypes), times scale unless it is 1. No overflow flag is asked
+ * for: on the GPU reading one back would wait for the device at every gradient. */
 static apex_status copy_scaled(apex_tensor *dst, apex_tensor *src, float scale) {
   if (scale == 1.0f) return apex_tensor_copy(dst, src);
-  int overflow = 0;
-  return apex_mt_scale(0, &overflow, &src, &dst, 1, scale);
+  return apex_mt_scale(0, NULL, &src, &dst, 1, scale);
 }
 
 void apex_reducer_destroy(apex_reducer *r) {
@@ -143,7 +144,8 @@ apex_reducer *apex_reducer_create(apex_pg *pg, apex_tensor *const *grads, int n,
 
   for (int b = 0; b < r->nbuckets; b++) {
     int64_t len = (int64_t)r->buckets[b].numel;
-    r->buckets[b].flat = apex_tensor_create(r->buckets[b].dtype, 1, &len);
+    /* On the backend's device: the NCCL group reduces device gradients in device buckets. */
+    r->buckets[b].flat = apex_tensor_create_on(pg->backend->device, r->buckets[b].dtype, 1, &len);
     if (!r->buckets[b].flat) return fail_create(r, APEX_ERR_OUT_OF_MEMORY);
   }
   for (int i = 0; i < n; i++) {
