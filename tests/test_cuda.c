@@ -297,6 +297,111 @@ static void test_optimizers_match_cpu(void **state) {
     for (int d = 0; d < 3; d++) run_optim_case(&cases[k], dts[d]);
 }
 
+/* ---- GPU optimizer state: save, load, resume ---- */
+
+static void *save_state(const apex_optimizer *o, size_t *size) {
+  TU_OK(apex_optimizer_state_size(o, size));
+  void *buf = malloc(*size);
+  TU_OK(apex_optimizer_save(o, buf, *size, NULL));
+  return buf;
+}
+
+/* A GPU optimizer saved at step 5 of 10 and loaded into fresh objects continues bit for bit like the
+ * run that never stopped; the saved bytes are the CPU layout: they load into a CPU optimizer, which
+ * then holds the GPU's masters and states and saves the same bytes again. */
+static void gpu_resume_case(const optim_case *c, apex_dtype pdt) {
+  enum { P = 2 };
+  const size_t sizes[P] = {33, 40001};
+  apex_tensor *hp[P], *dp[P], *dp2[P], *dg[P], *hg[P], *at5[P];
+  for (int i = 0; i < P; i++) {
+    apex_tensor *f = tu_random_tensor(APEX_F32, sizes[i], 300 + i, 1.0f);
+    hp[i] = apex_tensor_to(f, pdt);
+    dp[i] = dev_copy(hp[i]);
+    dp2[i] = dev_copy(hp[i]);
+    dg[i] = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F16, 1, (int64_t[]){(int64_t)sizes[i]});
+    hg[i] = apex_tensor_create(APEX_F16, 1, (int64_t[]){(int64_t)sizes[i]});
+    apex_tensor_destroy(f);
+  }
+  apex_optimizer *a = apex_optimizer_create(c->kind, &c->o), *b = apex_optimizer_create(c->kind, &c->o);
+  apex_optimizer *h = apex_optimizer_create(c->kind, &c->o);
+  TU_OK(apex_optimizer_add_group(a, dp, P, dg, P, NULL, NULL));
+  TU_OK(apex_optimizer_add_group(b, dp2, P, dg, P, NULL, NULL));
+  TU_OK(apex_optimizer_add_group(h, hp, P, hg, P, NULL, NULL));
+  void *saved = NULL;
+  size_t saved_size = 0;
+  for (int step = 0; step < 10; step++) {
+    if (step == 5) {
+      saved = save_state(a, &saved_size);
+      for (int i = 0; i < P; i++) at5[i] = host_copy(dp[i]);
+    }
+    for (int i = 0; i < P; i++) {
+      apex_tensor *r = tu_random_tensor(APEX_F32, sizes[i], 7000 + 10 * step + i, 512.0f);
+      TU_OK(apex_tensor_copy(dg[i], r));
+      apex_tensor_destroy(r);
+    }
+    TU_OK(apex_optimizer_step(a, 256.0f, 0));
+  }
+  /* b: fresh parameters given the step-5 values (a checkpoint saves the model), then the state. */
+  for (int i = 0; i < P; i++) TU_OK(apex_tensor_copy(dp2[i], at5[i]));
+  TU_OK(apex_optimizer_load(b, saved, saved_size));
+  for (int step = 5; step < 10; step++) {
+    for (int i = 0; i < P; i++) {
+      apex_tensor *r = tu_random_tensor(APEX_F32, sizes[i], 7000 + 10 * step + i, 512.0f);
+      TU_OK(apex_tensor_copy(dg[i], r));
+      apex_tensor_destroy(r);
+    }
+    TU_OK(apex_optimizer_step(b, 256.0f, 0));
+  }
+  size_t sa, sb;
+  void *ba = save_state(a, &sa), *bb = save_state(b, &sb);
+  assert_int_equal(sa, sb);
+  if (memcmp(ba, bb, sa)) fail_msg("%s %s: resumed GPU state differs", apex_optim_kind_name(c->kind), apex_dtype_name(pdt));
+  for (int i = 0; i < P; i++) {
+    apex_tensor *x = host_copy(dp[i]);
+    assert_same_bits(dp2[i], x, "resumed GPU parameter");
+    apex_tensor_destroy(x);
+  }
+  /* The GPU's bytes load into the CPU optimizer, which then holds the GPU's masters. */
+  TU_OK(apex_optimizer_load(h, ba, sa));
+  for (int i = 0; i < P; i++) {
+    if (apex_optimizer_master(a, 0, i))
+      assert_same_bits(apex_optimizer_master(a, 0, i), apex_optimizer_master(h, 0, i), "master loaded on the CPU");
+    assert_int_equal(apex_optimizer_step_count(h, 0, i), 10);
+  }
+  size_t sh;
+  void *bh = save_state(h, &sh);
+  assert_int_equal(sh, sa);
+  if (memcmp(bh, ba, sa)) fail_msg("%s %s: GPU state saved, loaded on the CPU and saved again differs",
+                                   apex_optim_kind_name(c->kind), apex_dtype_name(pdt));
+  free(saved);
+  free(ba);
+  free(bb);
+  free(bh);
+  apex_optimizer_destroy(a);
+  apex_optimizer_destroy(b);
+  apex_optimizer_destroy(h);
+  for (int i = 0; i < P; i++) {
+    apex_tensor_destroy(hp[i]);
+    apex_tensor_destroy(dp[i]);
+    apex_tensor_destroy(dp2[i]);
+    apex_tensor_destroy(dg[i]);
+    apex_tensor_destroy(hg[i]);
+    apex_tensor_destroy(at5[i]);
+  }
+}
+
+static void test_optimizer_state_on_gpu(void **state) {
+  (void)state;
+  const optim_case cases[] = {
+      {APEX_OPTIM_SGD, {.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-2f}, 0},
+      {APEX_OPTIM_ADAMW, {.lr = 1e-2f, .amsgrad = APEX_OPTIM_ON}, 2},
+      {APEX_OPTIM_RMSPROP_TF, {.momentum = 0.9f, .centered = APEX_OPTIM_ON}, 0},
+  };
+  const apex_dtype dts[2] = {APEX_F32, APEX_BF16};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+    for (int d = 0; d < 2; d++) gpu_resume_case(&cases[k], dts[d]);
+}
+
 /* With the device flag set, the step changes nothing: masters, states, model copies, step counts. */
 static void test_device_skip_changes_nothing(void **state) {
   (void)state;
@@ -323,9 +428,6 @@ static void test_device_skip_changes_nothing(void **state) {
   apex_loss_scaler_state s;
   TU_OK(apex_cuda_scaler_get_state(sc, &s));
   assert_true(s.scale == 32768.0f && s.skipped == 1 && s.steps == 2);
-  /* GPU optimizer state cannot be saved yet: refused, not read through device pointers. */
-  size_t need = 0;
-  TU_FAILS(apex_optimizer_save(opt, &need, sizeof need, NULL), APEX_ERR_UNSUPPORTED, "GPU");
   /* A kind without a CUDA kernel: refused before anything runs. */
   apex_optimizer *lamb = apex_optimizer_create(APEX_OPTIM_LAMB, NULL);
   TU_OK(apex_optimizer_add_group(lamb, &p, 1, &g, 1, NULL, NULL));
@@ -534,6 +636,7 @@ int main(void) {
       cmocka_unit_test(test_optimizers_match_cpu),    cmocka_unit_test(test_device_skip_changes_nothing),
       cmocka_unit_test(test_layer_norm),              cmocka_unit_test(test_cross_entropy),
       cmocka_unit_test(test_batch_norm_stats),        cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_optimizer_state_on_gpu),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

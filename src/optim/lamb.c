@@ -7,7 +7,7 @@
  *   stage 2  p -= ratio * u, ratio = lr * ||p|| / ||u|| per tensor when weight_decay != 0 or
  *            use_nvlamb (and both norms are non-zero), else lr.
  * Apex stores u in the gradient buffer between the stages; apex leaves the caller's gradients alone.
- * Tensors go through both stages in batches of at most batch_params (2^20) parameters, and stage 1
+ * Tensors go through both stages in batches of at most batch_params (2^21) parameters, and stage 1
  * writes a batch's u into a scratch buffer of that size, which stage 2 reads back (from the cache,
  * mostly): stage 2 then costs one multiply-add per element instead of recomputing u's square root
  * and division, which made LAMB compute-bound (a batch can be small: a tensor's norms come only from
@@ -103,10 +103,10 @@ static apex_status lamb_prepare(apex__step_args *groups, int ngroups) {
   return st;
 }
 
-/* A batch's size in parameters: its u scratch (4 MiB) and its p, m, v stay within the L2/L3 caches
+/* A batch's size in parameters: its u scratch (8 MiB) and its p, m, v stay within the L2/L3 caches
  * between the stages. Settable for tests (apex__lamb_set_batch_params), to reach the recomputing
  * path with small tensors. */
-static size_t batch_params = (size_t)1 << 20;
+static size_t batch_params = (size_t)1 << 21;
 
 size_t apex__lamb_set_batch_params(size_t n) {
   size_t old = batch_params;

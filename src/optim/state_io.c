@@ -1,12 +1,17 @@
 /* state_io.c: saving and loading an optimizer's state (layout documented in include/apex/optim.h).
  *
  * Loading parses the whole buffer twice: a dry run that checks every count, shape, dtype and the
- * hash, and only then a second run that copies. So a refused load changes nothing. */
+ * hash, and only then a second run that copies. So a refused load changes nothing.
+ *
+ * A GPU group's masters, states and step counts are copied between the device and the buffer; the
+ * bytes are the same as for the same state on the CPU, so a state saved on one device loads on the
+ * other. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/internal.h"
+#include "cuda/cuda_internal.h"
 #include "optim/optim_internal.h"
 
 #define MAGIC "APEXOPTM"
@@ -29,6 +34,7 @@ static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
 typedef struct {
   uint8_t *buf;
   size_t pos;
+  apex_status st; /* the first failed device copy */
 } writer;
 
 static void put_bytes(writer *w, const void *p, size_t n) {
@@ -52,6 +58,19 @@ static void put_f32s(writer *w, const float *x, size_t n) {
   }
 }
 
+/* An f32 state tensor (master, moment) wherever it lives. Device memory goes straight into the
+ * buffer: every CUDA host is little-endian, the layout's byte order. */
+static void put_tensor(writer *w, const apex_tensor *t) {
+  size_t n = apex_tensor_numel(t);
+  if (apex_tensor_device(t) == APEX_DEVICE_CPU) {
+    put_f32s(w, apex_tensor_data(t), n);
+    return;
+  }
+  if (w->buf && w->st == APEX_OK && host_is_le())
+    w->st = apex__cuda_memcpy(w->buf + w->pos, apex_tensor_data(t), n * 4, APEX__D2H, 1);
+  w->pos += n * 4;
+}
+
 static void write_state(const apex_optimizer *opt, writer *w) {
   put_bytes(w, MAGIC, 8);
   put_le(w, VERSION, 4);
@@ -73,9 +92,8 @@ static void write_state(const apex_optimizer *opt, writer *w) {
       for (int d = 0; d < apex_tensor_ndim(p); d++) put_le(w, (uint64_t)apex_tensor_shape(p)[d], 8);
       put_le(w, (uint64_t)g->step[i], 8);
       put_le(w, g->master[i] != NULL, 4);
-      size_t numel = apex_tensor_numel(p);
-      if (g->master[i]) put_f32s(w, apex_tensor_data(g->master[i]), numel);
-      for (int s = 0; s < g->nstates; s++) put_f32s(w, apex_tensor_data(g->state[(size_t)i * g->nstates + s]), numel);
+      if (g->master[i]) put_tensor(w, g->master[i]);
+      for (int s = 0; s < g->nstates; s++) put_tensor(w, g->state[(size_t)i * g->nstates + s]);
     }
     put_f32s(w, g->scalars, (size_t)g->n * (size_t)g->nscalars);
   }
@@ -89,32 +107,38 @@ static void write_state(const apex_optimizer *opt, writer *w) {
 
 apex_status apex_optimizer_state_size(const apex_optimizer *opt, size_t *bytes) {
   if (!opt || !bytes) return apex__fail(APEX_ERR_INVALID_ARG, "apex_optimizer_state_size: NULL argument");
-  writer w = {NULL, 0};
+  writer w = {NULL, 0, APEX_OK};
   write_state(opt, &w);
   *bytes = w.pos;
   return APEX_OK;
 }
 
-/* Saving and loading read and write the state tensors through host pointers; a GPU optimizer's state
- * would first have to come down. Not built yet: refused rather than read through device pointers. */
-static apex_status refuse_cuda(const apex_optimizer *opt, const char *fn) {
-  for (int k = 0; opt && k < opt->ngroups; k++)
-    if (opt->groups[k].device != APEX_DEVICE_CPU)
-      return apex__fail(APEX_ERR_UNSUPPORTED, "%s: group %d is on the GPU; saving and loading GPU optimizer state is not "
-                        "built yet", fn, k);
+/* A GPU group's step counts live on the device (updated there by each step): bring them to the host
+ * mirror that write_state reads. */
+static apex_status steps_to_host(const apex_optimizer *opt) {
+  for (int k = 0; k < opt->ngroups; k++) {
+    apex_status st = apex__optim_steps_to_host((apex__group *)&opt->groups[k]);
+    if (st != APEX_OK) return st;
+  }
   return APEX_OK;
 }
 
 apex_status apex_optimizer_save(const apex_optimizer *opt, void *buf, size_t size, size_t *written) {
   size_t need = 0;
-  if (refuse_cuda(opt, "apex_optimizer_save")) return APEX_ERR_UNSUPPORTED;
   apex_status st = apex_optimizer_state_size(opt, &need);
   if (st != APEX_OK) return st;
   if (!buf || size < need)
     return apex__fail(APEX_ERR_INVALID_ARG, "apex_optimizer_save: the buffer holds %zu bytes, the state needs %zu "
                       "(see apex_optimizer_state_size)", buf ? size : 0, need);
-  writer w = {buf, 0};
+  st = steps_to_host(opt);
+  if (st != APEX_OK) return st;
+  writer w = {buf, 0, APEX_OK};
   write_state(opt, &w);
+  if (w.st != APEX_OK) return w.st;
+  if (!host_is_le())
+    for (int k = 0; k < opt->ngroups; k++)
+      if (opt->groups[k].device != APEX_DEVICE_CPU)
+        return apex__fail(APEX_ERR_UNSUPPORTED, "apex_optimizer_save: GPU state on a big-endian host");
   if (written) *written = w.pos;
   return APEX_OK;
 }
@@ -158,6 +182,21 @@ static apex_status get_f32s(reader *r, float *dst, size_t n, const char *what) {
   return APEX_OK;
 }
 
+/* Reads an f32 state tensor wherever it lives (skips it in a dry run). */
+static apex_status get_tensor(reader *r, apex_tensor *t, const char *what) {
+  size_t n = apex_tensor_numel(t);
+  if (apex_tensor_device(t) == APEX_DEVICE_CPU) return get_f32s(r, apex_tensor_data(t), n, what);
+  apex_status st = need(r, n * 4, what);
+  if (st != APEX_OK) return st;
+  if (r->apply) {
+    if (!host_is_le()) return apex__fail(APEX_ERR_UNSUPPORTED, "apex_optimizer_load: GPU state on a big-endian host");
+    st = apex__cuda_memcpy(apex_tensor_data(t), r->buf + r->pos, n * 4, APEX__H2D, 1);
+    if (st != APEX_OK) return st;
+  }
+  r->pos += n * 4;
+  return APEX_OK;
+}
+
 #define GET(var, bytes, what)                     \
   do {                                            \
     apex_status st_ = need(r, (bytes), (what));   \
@@ -198,11 +237,10 @@ static apex_status read_param(apex_optimizer *opt, reader *r, int k, int i) {
   if (has_master != (g->master[i] != NULL))
     return apex__fail(APEX_ERR_STATE, "apex_optimizer_load: group %d, parameter %d was saved %s f32 master weights but "
                       "the optimizer keeps %s", k, i, has_master ? "with" : "without", g->master[i] ? "some" : "none");
-  size_t numel = apex_tensor_numel(p);
   apex_status st = APEX_OK;
-  if (g->master[i]) st = get_f32s(r, apex_tensor_data(g->master[i]), numel, "a master");
+  if (g->master[i]) st = get_tensor(r, g->master[i], "a master");
   for (int s = 0; st == APEX_OK && s < g->nstates; s++)
-    st = get_f32s(r, apex_tensor_data(g->state[(size_t)i * g->nstates + s]), numel, "a state tensor");
+    st = get_tensor(r, g->state[(size_t)i * g->nstates + s], "a state tensor");
   if (st == APEX_OK && r->apply) {
     g->step[i] = (int64_t)step;
     if (g->master[i]) st = apex_tensor_copy(g->params[i], g->master[i]);
@@ -242,7 +280,10 @@ static apex_status read_group(apex_optimizer *opt, reader *r, int k) {
     if (st != APEX_OK) return st;
   }
   st = get_f32s(r, g->scalars, (size_t)g->n * (size_t)g->nscalars, "the per-tensor scalars");
-  if (st == APEX_OK && r->apply) g->o = resolved;
+  if (st == APEX_OK && r->apply) {
+    g->o = resolved;
+    st = apex__optim_steps_to_device(g);
+  }
   return st;
 }
 
@@ -286,7 +327,6 @@ static apex_status read_state(apex_optimizer *opt, reader *r) {
 
 apex_status apex_optimizer_load(apex_optimizer *opt, const void *buf, size_t size) {
   if (!opt || !buf) return apex__fail(APEX_ERR_INVALID_ARG, "apex_optimizer_load: NULL argument");
-  if (refuse_cuda(opt, "apex_optimizer_load")) return APEX_ERR_UNSUPPORTED;
   if (size < 36) return apex__fail(APEX_ERR_CORRUPT, "apex_optimizer_load: the state is truncated (%zu bytes)", size);
   reader dry = {buf, size, 0, 0};
   apex_status st = read_state(opt, &dry);
