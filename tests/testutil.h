@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 /* cmocka.h needs the four headers above first. */
 #include <cmocka.h>
@@ -26,6 +27,15 @@ static inline float tu_float(uint32_t u) {
 }
 
 /* Asserts that an apex call returned APEX_OK, printing the library's message if not. */
+/* Selects the AVX2 copies of the kernels (core/simd_kernel.h); 0, with the reason printed, on a CPU
+ * without them, where a test comparing the two paths has nothing to compare. */
+static inline int tu_have_avx2(void) {
+  if (apex_simd_set(APEX_SIMD_AVX2) == APEX_OK) return 1;
+  printf("skipped: this CPU has no AVX2/F16C/FMA, so there is one path only\n");
+  apex_simd_set(APEX_SIMD_AUTO);
+  return 0;
+}
+
 #define TU_OK(call)                                                                                        \
   do {                                                                                                     \
     apex_status tu_st_ = (call);                                                                           \

@@ -95,10 +95,16 @@ static apex_status abort_comm(nccl_pg *p, ncclResult_t r, const char *what) {
   return st;
 }
 
-/* The common start of a collective: a work with its end event, and the collective stream made to
- * wait for what apex has queued so far. */
-static apex_status begin(apex_pg *pg, apex_pg_work *w, nccl_work **out) {
+/* The common start of a collective over n elements: a work with its end event, and the collective
+ * stream made to wait for what apex has queued so far. n == 0 finishes the work at once and sets
+ * *out to NULL (every rank passes the same count, so every rank skips). */
+static apex_status begin(apex_pg *pg, apex_pg_work *w, size_t n, nccl_work **out) {
   nccl_pg *p = pg->impl;
+  *out = NULL;
+  if (n == 0) {
+    w->done = 1;
+    return APEX_OK;
+  }
   if (p->broken) return broken(p, w->what);
   apex__cuda_ready(NULL); /* puts this thread on apex's device */
   nccl_work *nw = calloc(1, sizeof *nw);
@@ -127,36 +133,24 @@ static apex_status end(apex_pg *pg, nccl_work *nw, ncclResult_t r, const char *w
 static apex_status nccl_allreduce(apex_pg *pg, apex_pg_work *w, void *buf, size_t n, apex_dtype dtype, apex_reduce_op op) {
   nccl_pg *p = pg->impl;
   nccl_work *nw = NULL;
-  if (n == 0) { /* every rank passes the same count, so every rank skips */
-    w->done = 1;
-    return APEX_OK;
-  }
-  apex_status st = begin(pg, w, &nw);
-  if (st != APEX_OK) return st;
+  apex_status st = begin(pg, w, n, &nw);
+  if (st != APEX_OK || !nw) return st;
   return end(pg, nw, ncclAllReduce(buf, buf, n, nccl_type(dtype), nccl_op(op), p->comm, p->stream), "ncclAllReduce");
 }
 
 static apex_status nccl_broadcast(apex_pg *pg, apex_pg_work *w, void *buf, size_t n, apex_dtype dtype, int root) {
   nccl_pg *p = pg->impl;
   nccl_work *nw = NULL;
-  if (n == 0) {
-    w->done = 1;
-    return APEX_OK;
-  }
-  apex_status st = begin(pg, w, &nw);
-  if (st != APEX_OK) return st;
+  apex_status st = begin(pg, w, n, &nw);
+  if (st != APEX_OK || !nw) return st;
   return end(pg, nw, ncclBroadcast(buf, buf, n, nccl_type(dtype), root, p->comm, p->stream), "ncclBroadcast");
 }
 
 static apex_status nccl_allgather(apex_pg *pg, apex_pg_work *w, const void *in, void *out, size_t n, apex_dtype dtype) {
   nccl_pg *p = pg->impl;
   nccl_work *nw = NULL;
-  if (n == 0) {
-    w->done = 1;
-    return APEX_OK;
-  }
-  apex_status st = begin(pg, w, &nw);
-  if (st != APEX_OK) return st;
+  apex_status st = begin(pg, w, n, &nw);
+  if (st != APEX_OK || !nw) return st;
   return end(pg, nw, ncclAllGather(in, out, n, nccl_type(dtype), p->comm, p->stream), "ncclAllGather");
 }
 
@@ -164,7 +158,7 @@ static apex_status nccl_allgather(apex_pg *pg, apex_pg_work *w, const void *in, 
 static apex_status nccl_barrier(apex_pg *pg, apex_pg_work *w) {
   nccl_pg *p = pg->impl;
   nccl_work *nw = NULL;
-  apex_status st = begin(pg, w, &nw);
+  apex_status st = begin(pg, w, 1, &nw);
   if (st != APEX_OK) return st;
   return end(pg, nw, ncclAllReduce(p->d_scratch, p->d_scratch, 1, ncclFloat32, ncclSum, p->comm, p->stream),
              "ncclAllReduce (barrier)");
