@@ -222,6 +222,13 @@ const char *apex__shape_of(int ndim, const int64_t *shape);
 void apex__sgemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
                  const float *b, int ldb, float beta, float *c, int ldc);
 
+/* For ops that run their own threads over independent products (conv2d's images): one sgemm call
+ * on the calling thread, its bits fixed by its shape. apex__blas_serial() must have been called
+ * first, outside the parallel region, so that OpenBLAS does not start threads of its own. */
+void apex__blas_serial(void);
+void apex__sgemm_call(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
+                      float beta, float *c, int ldc);
+
 /* An operand of apex__gemm as stored: row-major, ld elements between rows, any float dtype; trans
  * as for sgemm (1: the stored matrix is the transpose of the operand). */
 typedef struct ag_mat {
@@ -249,6 +256,21 @@ static inline double apex__sum_serial(const float *x, size_t n) {
   double s = 0;
   for (size_t i = 0; i < n; i++) s += x[i];
   return s;
+}
+
+/* Sums in double that vectorise: element i of a run goes to partial sum i % AG_LANES and the partials
+ * are combined in a fixed order, so the value depends on the data alone (not the thread that runs
+ * it). One chain of dependent double adds costs its 4-cycle latency an element; eight chains run at
+ * the speed of loading the floats. Runs can be added one after another into the same lanes. */
+#define AG_LANES 8
+static inline void apex__lanes_add(double acc[AG_LANES], const float *x, size_t n) {
+  size_t i = 0;
+  for (; i + AG_LANES <= n; i += AG_LANES)
+    for (int l = 0; l < AG_LANES; l++) acc[l] += (double)x[i + l];
+  for (int l = 0; i < n; i++, l++) acc[l] += (double)x[i];
+}
+static inline double apex__lanes_total(const double acc[AG_LANES]) {
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 /* Sum of n floats in double, in fixed blocks combined in order: independent of the thread count. */

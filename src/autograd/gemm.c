@@ -50,7 +50,7 @@ int apex__gemm_set_whole_widening(int on) {
  * spinning beside OpenMP's would fight for the cores. Checked before every product, not once: the
  * program may set OpenBLAS's thread count for its own calls (bench_nn's sgemm peak does), and a
  * product run at 2 x 2 threads on 2 cores took 1.6x as long. */
-static void blas_single_thread(void) {
+void apex__blas_serial(void) {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
@@ -58,6 +58,11 @@ static void sgemm1(int trans_a, int trans_b, int m, int n, int k, float alpha, c
                    float beta, float *c, int ldc) {
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb,
               beta, c, ldc);
+}
+
+void apex__sgemm_call(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
+                      float beta, float *c, int ldc) {
+  sgemm1(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /* ---- the tile grid -------------------------------------------------------------------------------- */
@@ -140,7 +145,7 @@ static void run_grid(const job *j, grid gr, float *scratch, size_t fa, size_t fb
 
 void apex__sgemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
                  float beta, float *c, int ldc) {
-  blas_single_thread();
+  apex__blas_serial();
   job j = {m, n, k, alpha, beta, {a, APEX_F32, lda, trans_a}, {b, APEX_F32, ldb, trans_b}, c, APEX_F32, ldc, NULL};
   run_grid(&j, plan(m, n, k), NULL, 0, 0);
 }
@@ -166,7 +171,7 @@ static apex_status gemm_whole(apex_graph *g, const job *j, grid gr) {
 
 apex_status apex__gemm(apex_graph *g, int m, int n, int k, float alpha, ag_mat a, ag_mat b, float beta, void *c, apex_dtype ct, int ldc,
                        const float *bias) {
-  blas_single_thread();
+  apex__blas_serial();
   job j = {m, n, k, alpha, beta, a, b, c, ct, ldc, bias};
   grid gr = plan(m, n, k);
   if (a.dtype == APEX_F32 && b.dtype == APEX_F32 && ct == APEX_F32) {
