@@ -216,17 +216,26 @@ apex_var *apex_sigmoid(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_SIG
  * nothing else keeps) can go (op_table.c). The output is +0 or the positive input itself, in the
  * input's dtype (never -0 or NaN: see unary), so its bits are non-zero exactly where the input was
  * > 0: tested as raw bits, a half output needs no widening to f32. */
-static void relu_bwd(float *gx, const apex_var *out) {
-  const float *go = out->gbuf;
+/* The gradient is loaded whatever the mask and then selected, so that the loop vectorises into
+ * masks instead of branching on every element (the signs of a ReLU input are coin flips to the
+ * branch predictor: the branching loop took 15% of the benchmark CNN's step). */
+static void relu_bwd(float *restrict gx, const apex_var *out) {
+  const float *restrict go = out->gbuf;
   size_t n = ag_numel(out);
   if (apex_dtype_size(out->value->dtype) == 2) {
-    const uint16_t *o = apex_tensor_data(out->value);
+    const uint16_t *restrict o = apex_tensor_data(out->value);
     AG_PFOR
-    for (size_t i = 0; i < n; i++) gx[i] += o[i] ? go[i] : 0.0f;
+    for (size_t i = 0; i < n; i++) {
+      float v = go[i];
+      gx[i] += o[i] ? v : 0.0f;
+    }
   } else {
-    const uint32_t *o = apex_tensor_data(out->value);
+    const uint32_t *restrict o = apex_tensor_data(out->value);
     AG_PFOR
-    for (size_t i = 0; i < n; i++) gx[i] += o[i] ? go[i] : 0.0f;
+    for (size_t i = 0; i < n; i++) {
+      float v = go[i];
+      gx[i] += o[i] ? v : 0.0f;
+    }
   }
 }
 
