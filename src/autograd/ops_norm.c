@@ -10,6 +10,32 @@
 
 /* ---- batch norm --------------------------------------------------------------------------------- */
 
+/* A channel's sums run over its N planes of S in the lanes of ag.h (vectorised, the same bits on any
+ * thread). */
+static void lanes_sq(double acc[AG_LANES], const float *x, size_t n, double mean) {
+  size_t i = 0;
+  for (; i + AG_LANES <= n; i += AG_LANES)
+    for (int l = 0; l < AG_LANES; l++) {
+      double d = x[i + l] - mean;
+      acc[l] += d * d;
+    }
+  for (int l = 0; i < n; i++, l++) acc[l] += (x[i] - mean) * (x[i] - mean);
+}
+
+/* sum of go and of go * (x - m) * r over one plane (the latter's terms rounded to f32, as before). */
+static void lanes_bwd(double sg[AG_LANES], double sgx[AG_LANES], const float *restrict go, const float *restrict x, size_t n, float m, float r) {
+  size_t i = 0;
+  for (; i + AG_LANES <= n; i += AG_LANES)
+    for (int l = 0; l < AG_LANES; l++) {
+      sg[l] += go[i + l];
+      sgx[l] += go[i + l] * (x[i + l] - m) * r;
+    }
+  for (int l = 0; i < n; i++, l++) {
+    sg[l] += go[i];
+    sgx[l] += go[i] * (x[i] - m) * r;
+  }
+}
+
 apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var *bias, apex_tensor *running_mean,
                           apex_tensor *running_var, const apex_batch_norm_options *opts) {
   static const apex_batch_norm_options defaults = {0};
@@ -56,14 +82,11 @@ apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var
   for (size_t c = 0; c < C; c++) {
     double mean, var;
     if (opts->training) {
-      double s = 0, q = 0;
-      for (size_t n = 0; n < N; n++) s += apex__sum_serial(xf + (n * C + c) * S, S);
-      mean = s / (double)M;
-      for (size_t n = 0; n < N; n++)
-        for (size_t i = 0; i < S; i++) {
-          double d = xf[(n * C + c) * S + i] - mean;
-          q += d * d;
-        }
+      double sa[AG_LANES] = {0}, qa[AG_LANES] = {0};
+      for (size_t n = 0; n < N; n++) apex__lanes_add(sa, xf + (n * C + c) * S, S);
+      mean = apex__lanes_total(sa) / (double)M;
+      for (size_t n = 0; n < N; n++) lanes_sq(qa, xf + (n * C + c) * S, S, mean);
+      double q = apex__lanes_total(qa);
       var = q / (double)M;
       if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mean);
       if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * q / (double)(M - 1));
@@ -90,22 +113,18 @@ apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
 #pragma omp parallel for schedule(static) if (ag_numel(out) > AG_PAR_MIN)
   for (size_t c = 0; c < C; c++) {
     float m = st[c], r = st[C + c], w = wf ? wf[c] : 1.0f;
-    double sg = 0, sgx = 0;
-    for (size_t n = 0; n < N; n++)
-      for (size_t i = 0; i < S; i++) {
-        size_t j = (n * C + c) * S + i;
-        sg += go[j];
-        sgx += go[j] * (xf[j] - m) * r;
-      }
+    double sga[AG_LANES] = {0}, sgxa[AG_LANES] = {0};
+    for (size_t n = 0; n < N; n++) lanes_bwd(sga, sgxa, go + (n * C + c) * S, xf + (n * C + c) * S, S, m, r);
+    double sg = apex__lanes_total(sga), sgx = apex__lanes_total(sgxa);
     if (gw) gw[c] += (float)sgx;
     if (gb) gb[c] += (float)sg;
     if (!gx) continue;
     float a = w * r, mg = training ? (float)(sg / (double)M) : 0.0f, mgx = training ? (float)(sgx / (double)M) : 0.0f;
-    for (size_t n = 0; n < N; n++)
-      for (size_t i = 0; i < S; i++) {
-        size_t j = (n * C + c) * S + i;
-        gx[j] += a * (go[j] - mg - (xf[j] - m) * r * mgx);
-      }
+    for (size_t n = 0; n < N; n++) {
+      const float *restrict gop = go + (n * C + c) * S, *restrict xp = xf + (n * C + c) * S;
+      float *restrict gxp = gx + (n * C + c) * S;
+      for (size_t i = 0; i < S; i++) gxp[i] += a * (gop[i] - mg - (xp[i] - m) * r * mgx);
+    }
   }
   return APEX_OK;
 }
