@@ -163,6 +163,11 @@ apex_var *apex__result_value(apex_graph *g, apex_op op, apex_tensor *value, int 
  * into it. An allocation failure also gives NULL and sets g->oom, which apex_backward checks after
  * every op. */
 float *apex__gbuf(apex_graph *g, apex_var *v);
+/* As apex__gbuf, for an op that writes every element of the gradient: when *fresh comes back 1 this
+ * is the first gradient v receives and the buffer is not zeroed: the op stores 0.0f + its term (the
+ * bits of adding into zeros, -0 included) instead of adding. Saves a pass that zeroes the buffer and
+ * one that reads the zeros back: on the benchmark CNN, 60 MB of the backward's traffic. */
+float *apex__gbuf_w(apex_graph *g, apex_var *v, int *fresh);
 
 /* ---- f32 views --------------------------------------------------------------------------------- */
 
@@ -267,7 +272,7 @@ static inline void apex__lanes_add(double acc[AG_LANES], const float *x, size_t 
   size_t i = 0;
   for (; i + AG_LANES <= n; i += AG_LANES)
     for (int l = 0; l < AG_LANES; l++) acc[l] += (double)x[i + l];
-  for (int l = 0; i < n; i++, l++) acc[l] += (double)x[i];
+  for (size_t l = 0; i + l < n; l++) acc[l] += (double)x[i + l];
 }
 static inline double apex__lanes_total(const double acc[AG_LANES]) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));

@@ -19,7 +19,7 @@ static void lanes_sq(double acc[AG_LANES], const float *x, size_t n, double mean
       double d = x[i + l] - mean;
       acc[l] += d * d;
     }
-  for (int l = 0; i < n; i++, l++) acc[l] += (x[i] - mean) * (x[i] - mean);
+  for (size_t l = 0; i + l < n; l++) acc[l] += (x[i + l] - mean) * (x[i + l] - mean);
 }
 
 /* sum of go and of go * (x - m) * r over one plane (the latter's terms rounded to f32, as before). */
@@ -30,9 +30,9 @@ static void lanes_bwd(double sg[AG_LANES], double sgx[AG_LANES], const float *re
       sg[l] += go[i + l];
       sgx[l] += go[i + l] * (x[i + l] - m) * r;
     }
-  for (int l = 0; i < n; i++, l++) {
-    sg[l] += go[i];
-    sgx[l] += go[i] * (x[i] - m) * r;
+  for (size_t l = 0; i + l < n; l++) {
+    sg[l] += go[i + l];
+    sgx[l] += go[i + l] * (x[i + l] - m) * r;
   }
 }
 
@@ -104,7 +104,8 @@ apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var
 }
 
 apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
-  float *gx = apex__gbuf(g, out->in[0]), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
+  int fresh;
+  float *gx = apex__gbuf_w(g, out->in[0], &fresh), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
   size_t C = (size_t)out->ia[1], S = (size_t)out->ia[2], N = ag_numel(out) / ag_nz(C * S), M = N * S;
   int training = (int)out->ia[0];
   const float *xf = apex__f32(g, out->in[0]->value), *wf = out->in[1] ? apex__f32(g, out->in[1]->value) : NULL;
@@ -123,7 +124,10 @@ apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
     for (size_t n = 0; n < N; n++) {
       const float *restrict gop = go + (n * C + c) * S, *restrict xp = xf + (n * C + c) * S;
       float *restrict gxp = gx + (n * C + c) * S;
-      for (size_t i = 0; i < S; i++) gxp[i] += a * (gop[i] - mg - (xp[i] - m) * r * mgx);
+      if (fresh)
+        for (size_t i = 0; i < S; i++) gxp[i] = 0.0f + a * (gop[i] - mg - (xp[i] - m) * r * mgx);
+      else
+        for (size_t i = 0; i < S; i++) gxp[i] += a * (gop[i] - mg - (xp[i] - m) * r * mgx);
     }
   }
   return APEX_OK;
