@@ -263,19 +263,29 @@ static inline double apex__sum_serial(const float *x, size_t n) {
   return s;
 }
 
-/* Sums in double that vectorise: element i of a run goes to partial sum i % AG_LANES and the partials
- * are combined in a fixed order, so the value depends on the data alone (not the thread that runs
- * it). One chain of dependent double adds costs its 4-cycle latency an element; eight chains run at
- * the speed of loading the floats. Runs can be added one after another into the same lanes. */
-#define AG_LANES 8
-static inline void apex__lanes_add(double acc[AG_LANES], const float *x, size_t n) {
-  size_t i = 0;
-  for (; i + AG_LANES <= n; i += AG_LANES)
-    for (int l = 0; l < AG_LANES; l++) acc[l] += (double)x[i + l];
-  for (size_t l = 0; i + l < n; l++) acc[l] += (double)x[i + l];
+/* Sums that vectorise: element i of a run goes to lane i % AG_LANES, each lane sums a block of up
+ * to AG_LANE_BLOCK elements in f32 (at most 64 terms a lane) and adds that to its f64 total, and the
+ * totals are combined in a fixed order; so the value depends on the data alone (not the thread that
+ * runs it), and long runs lose no more than f64 sums of short f32 ones. One chain of dependent adds
+ * costs its 4-cycle latency an element; sixteen f32 lanes run at the speed of loading the floats.
+ * Measured on batch norm's statistics over [128, 32, 28, 28] from memory, one thread: 2.6 ms with
+ * eight f64 lanes, 1.7 ms with f32 blocks. Runs can be added one after another into the same lanes. */
+#define AG_LANES 16
+#define AG_LANE_BLOCK 1024
+static inline void apex__lanes_add(double acc[AG_LANES], const float *restrict x, size_t n) {
+  for (size_t b0 = 0; b0 < n; b0 += AG_LANE_BLOCK) {
+    size_t e = n - b0 < AG_LANE_BLOCK ? n : b0 + AG_LANE_BLOCK, i = b0;
+    float f[AG_LANES] = {0};
+    for (; i + AG_LANES <= e; i += AG_LANES)
+      for (int l = 0; l < AG_LANES; l++) f[l] += x[i + l];
+    for (size_t l = 0; i + l < e; l++) f[l] += x[i + l];
+    for (int l = 0; l < AG_LANES; l++) acc[l] += f[l];
+  }
 }
 static inline double apex__lanes_total(const double acc[AG_LANES]) {
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  double s[AG_LANES / 2];
+  for (int l = 0; l < AG_LANES / 2; l++) s[l] = acc[2 * l] + acc[2 * l + 1];
+  return (((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
 }
 
 /* Sum of n floats in double, in fixed blocks combined in order: independent of the thread count. */

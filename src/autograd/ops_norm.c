@@ -1,7 +1,8 @@
 /* ops_norm.c: batch norm (training and evaluation, running statistics), layer norm and RMS norm.
  *
  * Statistics are per channel (batch norm) or per row (layer/RMS norm: a row is the normalised last
- * dimensions, flattened), each summed in double by one thread in a fixed order. The weight and bias
+ * dimensions, flattened), each summed by one thread in a fixed order: batch norm's in the f32-block,
+ * f64-total lanes of ag.h, the row norms' in double. The weight and bias
  * gradients of the row norms are column sums of an [rows, D] product, done by apex__colsum_add in
  * row order. */
 #include <math.h>
@@ -10,29 +11,40 @@
 
 /* ---- batch norm --------------------------------------------------------------------------------- */
 
-/* A channel's sums run over its N planes of S in the lanes of ag.h (vectorised, the same bits on any
- * thread). */
-static void lanes_sq(double acc[AG_LANES], const float *x, size_t n, double mean) {
-  size_t i = 0;
-  for (; i + AG_LANES <= n; i += AG_LANES)
-    for (int l = 0; l < AG_LANES; l++) {
-      double d = x[i + l] - mean;
-      acc[l] += d * d;
-    }
-  for (size_t l = 0; i + l < n; l++) acc[l] += (x[i + l] - mean) * (x[i + l] - mean);
+/* A channel's sums run over its N planes of S in the lanes of ag.h (vectorised, f32 blocks into f64,
+ * the same bits on any thread). */
+static void lanes_sq(double acc[AG_LANES], const float *restrict x, size_t n, float mean) {
+  for (size_t b0 = 0; b0 < n; b0 += AG_LANE_BLOCK) {
+    size_t e = n - b0 < AG_LANE_BLOCK ? n : b0 + AG_LANE_BLOCK, i = b0;
+    float f[AG_LANES] = {0};
+    for (; i + AG_LANES <= e; i += AG_LANES)
+      for (int l = 0; l < AG_LANES; l++) {
+        float d = x[i + l] - mean;
+        f[l] += d * d;
+      }
+    for (size_t l = 0; i + l < e; l++) f[l] += (x[i + l] - mean) * (x[i + l] - mean);
+    for (int l = 0; l < AG_LANES; l++) acc[l] += f[l];
+  }
 }
 
-/* sum of go and of go * (x - m) * r over one plane (the latter's terms rounded to f32, as before). */
+/* sum of go and of go * (x - m) * r over one plane. */
 static void lanes_bwd(double sg[AG_LANES], double sgx[AG_LANES], const float *restrict go, const float *restrict x, size_t n, float m, float r) {
-  size_t i = 0;
-  for (; i + AG_LANES <= n; i += AG_LANES)
-    for (int l = 0; l < AG_LANES; l++) {
-      sg[l] += go[i + l];
-      sgx[l] += go[i + l] * (x[i + l] - m) * r;
+  for (size_t b0 = 0; b0 < n; b0 += AG_LANE_BLOCK) {
+    size_t e = n - b0 < AG_LANE_BLOCK ? n : b0 + AG_LANE_BLOCK, i = b0;
+    float f[AG_LANES] = {0}, h[AG_LANES] = {0};
+    for (; i + AG_LANES <= e; i += AG_LANES)
+      for (int l = 0; l < AG_LANES; l++) {
+        f[l] += go[i + l];
+        h[l] += go[i + l] * (x[i + l] - m) * r;
+      }
+    for (size_t l = 0; i + l < e; l++) {
+      f[l] += go[i + l];
+      h[l] += go[i + l] * (x[i + l] - m) * r;
     }
-  for (size_t l = 0; i + l < n; l++) {
-    sg[l] += go[i + l];
-    sgx[l] += go[i + l] * (x[i + l] - m) * r;
+    for (int l = 0; l < AG_LANES; l++) {
+      sg[l] += f[l];
+      sgx[l] += h[l];
+    }
   }
 }
 
@@ -85,7 +97,7 @@ apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var
       double sa[AG_LANES] = {0}, qa[AG_LANES] = {0};
       for (size_t n = 0; n < N; n++) apex__lanes_add(sa, xf + (n * C + c) * S, S);
       mean = apex__lanes_total(sa) / (double)M;
-      for (size_t n = 0; n < N; n++) lanes_sq(qa, xf + (n * C + c) * S, S, mean);
+      for (size_t n = 0; n < N; n++) lanes_sq(qa, xf + (n * C + c) * S, S, (float)mean);
       double q = apex__lanes_total(qa);
       var = q / (double)M;
       if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mean);
