@@ -237,17 +237,21 @@ static void max_plane(const conv_geom *q, const float *restrict src, float *rest
   for (int oh = 0; oh < q->ho; oh++) {
     float *orow = o + (size_t)oh * q->wo;
     int32_t *arow = arg + (size_t)oh * q->wo;
-    if (q->kh == 2 && q->kw == 2 && q->sw == 2) {
-      int32_t i0 = oh * q->sh * q->w;
-      const float *r0 = src + i0, *r1 = r0 + q->w;
+    if (q->kh == 2 && q->kw == 2 && q->sw == 2) { /* written out so that gcc vectorises it */
+      int32_t i0 = oh * q->sh * q->w, w = q->w;
+      const float *restrict r0 = src + i0, *restrict r1 = r0 + w;
       for (int ow = 0; ow < q->wo; ow++) {
-        float v[4] = {r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]}, best = v[0];
-        int32_t at = i0 + 2 * ow, idx[4] = {at, at + 1, at + q->w, at + q->w + 1};
-        for (int e = 1; e < 4; e++) {
-          int take = v[e] > best || v[e] != v[e];
-          best = take ? v[e] : best;
-          at = take ? idx[e] : at;
-        }
+        float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1], best = a;
+        int32_t at = i0 + 2 * ow;
+        int t = (b > best) | (b != b);
+        best = t ? b : best;
+        at = t ? i0 + 2 * ow + 1 : at;
+        t = (c > best) | (c != c);
+        best = t ? c : best;
+        at = t ? i0 + w + 2 * ow : at;
+        t = (d > best) | (d != d);
+        best = t ? d : best;
+        at = t ? i0 + w + 2 * ow + 1 : at;
         orow[ow] = best;
         arow[ow] = at;
       }
@@ -260,7 +264,7 @@ static void max_plane(const conv_geom *q, const float *restrict src, float *rest
         for (int j = 0; j < q->kw; j++) {
           int32_t k = (oh * q->sh + i) * q->w + ow * q->sw + j;
           float v = src[k];
-          int take = v > best || v != v;
+          int take = (v > best) | (v != v);
           best = take ? v : best;
           at = take ? k : at;
         }
