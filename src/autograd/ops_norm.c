@@ -17,11 +17,23 @@ static void lanes_sq(double acc[AG_LANES], const float *restrict x, size_t n, fl
   for (size_t b0 = 0; b0 < n; b0 += AG_LANE_BLOCK) {
     size_t e = n - b0 < AG_LANE_BLOCK ? n : b0 + AG_LANE_BLOCK, i = b0;
     float f[AG_LANES] = {0};
+#if AG_VEC
+    ag_v4 a = {0}, b = {0}, c = {0}, d = {0};
+    for (; i + AG_LANES <= e; i += AG_LANES) {
+      ag_v4 d0 = ag_ld4(x + i) - mean, d1 = ag_ld4(x + i + 4) - mean, d2 = ag_ld4(x + i + 8) - mean, d3 = ag_ld4(x + i + 12) - mean;
+      a += d0 * d0;
+      b += d1 * d1;
+      c += d2 * d2;
+      d += d3 * d3;
+    }
+    ag_st16(f, a, b, c, d);
+#else
     for (; i + AG_LANES <= e; i += AG_LANES)
       for (int l = 0; l < AG_LANES; l++) {
         float d = x[i + l] - mean;
         f[l] += d * d;
       }
+#endif
     for (size_t l = 0; i + l < e; l++) f[l] += (x[i + l] - mean) * (x[i + l] - mean);
     for (int l = 0; l < AG_LANES; l++) acc[l] += f[l];
   }
@@ -32,11 +44,28 @@ static void lanes_bwd(double sg[AG_LANES], double sgx[AG_LANES], const float *re
   for (size_t b0 = 0; b0 < n; b0 += AG_LANE_BLOCK) {
     size_t e = n - b0 < AG_LANE_BLOCK ? n : b0 + AG_LANE_BLOCK, i = b0;
     float f[AG_LANES] = {0}, h[AG_LANES] = {0};
+#if AG_VEC
+    ag_v4 f0 = {0}, f1 = {0}, f2 = {0}, f3 = {0}, h0 = {0}, h1 = {0}, h2 = {0}, h3 = {0};
+    for (; i + AG_LANES <= e; i += AG_LANES) {
+      ag_v4 g0 = ag_ld4(go + i), g1 = ag_ld4(go + i + 4), g2 = ag_ld4(go + i + 8), g3 = ag_ld4(go + i + 12);
+      f0 += g0;
+      f1 += g1;
+      f2 += g2;
+      f3 += g3;
+      h0 += g0 * (ag_ld4(x + i) - m) * r;
+      h1 += g1 * (ag_ld4(x + i + 4) - m) * r;
+      h2 += g2 * (ag_ld4(x + i + 8) - m) * r;
+      h3 += g3 * (ag_ld4(x + i + 12) - m) * r;
+    }
+    ag_st16(f, f0, f1, f2, f3);
+    ag_st16(h, h0, h1, h2, h3);
+#else
     for (; i + AG_LANES <= e; i += AG_LANES)
       for (int l = 0; l < AG_LANES; l++) {
         f[l] += go[i + l];
         h[l] += go[i + l] * (x[i + l] - m) * r;
       }
+#endif
     for (size_t l = 0; i + l < e; l++) {
       f[l] += go[i + l];
       h[l] += go[i + l] * (x[i + l] - m) * r;
