@@ -81,8 +81,8 @@ static grid plan(int m, int n, int k) {
   gr.tn = n < t ? n : t;
   /* A product that fits a few tiles is halved (the longer side first, down to SPLIT_MIN) until it has
    * MIN_TILES: otherwise the benchmark CNN's first linear, [128, 3136] x [3136, 128], was one tile on
-   * one thread (0.5 ms of a 33 ms step with the other thread waiting). 64 x 128 x 3136 ran at 98.5
-   * GFLOP/s single-threaded against 104 for 128 x 128 x 3136. */
+   * one thread (0.99 ms measured, of a ~33 ms step, with the other thread waiting). 64 x 128 x 3136
+   * ran at 98.5 GFLOP/s single-threaded against 104 for 128 x 128 x 3136. */
   while (((m + gr.tm - 1) / gr.tm) * ((n + gr.tn - 1) / gr.tn) < MIN_TILES && (gr.tm >= 2 * SPLIT_MIN || gr.tn >= 2 * SPLIT_MIN)) {
     if (gr.tm >= gr.tn && gr.tm >= 2 * SPLIT_MIN)
       gr.tm = (gr.tm + 1) / 2;
