@@ -18,9 +18,10 @@
  * Measured on this shared 2-core VM (2 threads, five runs each, alternating with the build before
  * the change; the peer itself ranged 1.7K to 3.0K samples/s between runs): the CNN went from
  * 1.4-1.7K to 3.7-4.3K samples/s (ratio 1.3-2.4, median 2.15) once conv2d ran image by image and
- * the elementwise passes vectorised (ops_conv.c, ops_norm.c); the MLP stayed at 13-16.6K (ratio
- * 1.9-2.7), GEMM-bound: its 1.26 GFLOP a step take >= 6.0 ms at the 2-thread sgemm peak (~210
- * GFLOP/s) and AdamW's 52 MB of traffic ~1 ms more, so 3x PyTorch (~6.6 ms a step) is out of reach. */
+ * the elementwise passes vectorised (ops_conv.c, ops_norm.c). The MLP (before 13.1-15.5K, ratio
+ * 1.9-2.5; after 9.1-16.6K, ratio 1.2-2.7, median 2.5) is GEMM-bound: its 1.26 GFLOP a step take
+ * >= 6 ms at the 2-thread sgemm peak (200-220 GFLOP/s here) and AdamW's 52 MB of traffic ~1 ms
+ * more, so 3x PyTorch (~6.6 ms a step) is out of reach. */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
 #include <stdio.h>
