@@ -13,7 +13,15 @@
  * for both. Measured on this shared 2-core VM (2 threads, best of three alternating rounds, three
  * runs): per tile 0.97x, 1.12x and 1.13x the whole-tensor speed, so no slower within the noise; pool
  * 74.5 MiB against 120.0 MiB: the products' f32 copies peak at 8 MiB (two threads' panels of the
- * K = 4096 weight-gradient product) instead of 36 MiB (x, w and the output widened whole). */
+ * K = 4096 weight-gradient product) instead of 36 MiB (x, w and the output widened whole).
+ *
+ * Measured on this shared 2-core VM (2 threads, five runs each, alternating with the build before
+ * the change; the peer itself ranged 1.7K to 3.0K samples/s between runs): the CNN went from
+ * 1.4-1.7K to 3.7-4.3K samples/s (ratio 1.3-2.4, median 2.15) once conv2d ran image by image and
+ * the elementwise passes vectorised (ops_conv.c, ops_norm.c). The MLP (before 13.1-15.5K, ratio
+ * 1.9-2.5; after 9.1-16.6K, ratio 1.2-2.7, median 2.5) is GEMM-bound: its 1.26 GFLOP a step take
+ * >= 6 ms at the 2-thread sgemm peak (200-220 GFLOP/s here) and AdamW's 52 MB of traffic ~1 ms
+ * more, so 3x PyTorch (~6.6 ms a step) is out of reach. */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
 #include <stdio.h>

@@ -29,6 +29,15 @@ float *apex__gbuf(apex_graph *g, apex_var *v) {
   return v->gbuf;
 }
 
+float *apex__gbuf_w(apex_graph *g, apex_var *v, int *fresh) {
+  *fresh = 0;
+  if (!v || !v->requires_grad) return NULL;
+  if (v->gbuf || v->grad) return apex__gbuf(g, v);
+  v->gbuf = apex__scratch(g, ag_nz(ag_numel(v)) * sizeof(float));
+  *fresh = v->gbuf != NULL;
+  return v->gbuf;
+}
+
 /* Adds a low-precision leaf's collected f32 gradient into its grad tensor, once. The leaf keeps
  * its gbuf (NULL for f32 leaves would lose nothing, but finish() forgets both kinds). */
 static void flush_leaf(apex_graph *g, apex_var *v) {

@@ -34,7 +34,8 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     [APEX_OP_DROPOUT] = {"dropout", APEX_CAST_NONE, apex__bwd_dropout, ALL_IN},
     [APEX_OP_MATMUL] = {"matmul", APEX_CAST_HALF, apex__bwd_matmul},
     [APEX_OP_LINEAR] = {"linear", APEX_CAST_HALF, apex__bwd_linear, IN(2)},
-    [APEX_OP_CONV2D] = {"conv2d", APEX_CAST_HALF, apex__bwd_conv2d, IN(0) | IN(2)},
+    /* the backward recomputes each image's patches from the input (ops_conv.c) */
+    [APEX_OP_CONV2D] = {"conv2d", APEX_CAST_HALF, apex__bwd_conv2d, IN(2)},
     [APEX_OP_MAX_POOL2D] = {"max_pool2d", APEX_CAST_NONE, apex__bwd_max_pool2d, ALL_IN},
     [APEX_OP_AVG_POOL2D] = {"avg_pool2d", APEX_CAST_NONE, apex__bwd_avg_pool2d, ALL_IN},
     /* Runs in its input's type with f32 parameters and statistics (cuDNN's and Apex's O1/O2 batch

@@ -1,11 +1,23 @@
-/* ops_conv.c: conv2d (im2col + one sgemm for the whole batch), max and average pooling.
+/* ops_conv.c: conv2d (im2col + sgemm, one image at a time), max and average pooling.
  *
- * conv2d lays the batch's patches out as one matrix cols [C*KH*KW, N*HO*WO], so the forward is one
- * GEMM W [O, C*KH*KW] @ cols (large enough to keep every thread busy) and the backward two more.
- * The forward keeps cols for the weight gradient. col2im, the adjoint of im2col, runs one input
- * channel per thread: every input element is summed by one thread in a fixed order. */
+ * conv2d runs image by image: the image's patches are laid out as cols [C*KH*KW, HO*WO] in a
+ * per-thread buffer and one sgemm W [O, C*KH*KW] @ cols writes the image's output [O, HO*WO], which
+ * is already NCHW. The threads take whole images, so each image's bits come from one sgemm call of a
+ * fixed shape whatever the thread count, and its cols stay in cache between im2col and the product.
+ * The backward recomputes each image's cols rather than keeping them: they are C*KH*KW / C times the
+ * input (9x for 3x3 kernels, 29 MB for the benchmark CNN's second conv), and writing them out and
+ * reading them back cost more than a second im2col into cache.
+ *
+ * Measured on this 2-core VM against the old layout (the whole batch's cols [K, N*HO*WO] in one
+ * tiled product, the output transposed to NCHW after): the single-threaded sgemm runs the per-image
+ * shapes of the benchmark CNN at the speed of large ones (64x196x288 at 105 GFLOP/s, 288x196x64 at
+ * 110, 64x288x196 at 102, against 106 for 1024^3), while the old weight-gradient product
+ * [64, 25088] x [25088, 288] was cut into 32 x 32 tiles that ran at 69 GFLOP/s and re-read their
+ * panels from memory. */
 #include <float.h>
+#include <omp.h>
 
+#include "apex/threads.h"
 #include "autograd/ag.h"
 
 typedef struct conv_geom {
@@ -13,54 +25,74 @@ typedef struct conv_geom {
 } conv_geom;
 
 static size_t cg_k(const conv_geom *q) { return (size_t)q->c * q->kh * q->kw; }
-static size_t cg_np(const conv_geom *q) { return (size_t)q->n * q->ho * q->wo; }
+static size_t cg_p(const conv_geom *q) { return (size_t)q->ho * q->wo; }
 
-static void im2col(const conv_geom *q, const float *x, float *cols) {
-  size_t K = cg_k(q), NP = cg_np(q), P = (size_t)q->ho * q->wo;
-#pragma omp parallel for schedule(static) if (K * NP > AG_PAR_MIN)
-  for (size_t k = 0; k < K; k++) {
-    int c = (int)(k / (size_t)(q->kh * q->kw)), ki = (int)(k / (size_t)q->kw % (size_t)q->kh), kj = (int)(k % (size_t)q->kw);
-    float *row = cols + k * NP;
-    for (int n = 0; n < q->n; n++) {
-      const float *plane = x + ((size_t)n * q->c + c) * q->h * q->w;
-      float *dst = row + (size_t)n * P;
-      for (int oh = 0; oh < q->ho; oh++) {
-        int ih = oh * q->sh - q->ph + ki;
-        float *d = dst + (size_t)oh * q->wo;
-        if (ih < 0 || ih >= q->h) {
-          memset(d, 0, (size_t)q->wo * sizeof(float));
-          continue;
-        }
-        const float *src = plane + (size_t)ih * q->w;
-        for (int ow = 0; ow < q->wo; ow++) {
-          int iw = ow * q->sw - q->pw + kj;
-          d[ow] = iw >= 0 && iw < q->w ? src[iw] : 0.0f;
-        }
-      }
+/* im2col and col2im work on a zero-padded copy of the image, so that every patch row is a plain
+ * strided copy with no bounds to test. Measured for one image of the benchmark CNN's second conv
+ * ([32, 14, 14], 3x3, padding 1): 19 to 28 us with a bounds test per output row (a memcpy or a loop
+ * per row alike), 8.8 us through the padded copy; im2col had been 12% of the step. */
+static size_t cg_padded(const conv_geom *q) { return (size_t)q->c * (q->h + 2 * q->ph) * (q->w + 2 * q->pw); }
+
+/* GCC turns the row copies below into memmove calls, which cost more than rows of 14 floats (the
+ * call made im2col 1.9x slower in the benchmark CNN's profile). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_MEMCPY_CALLS __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define NO_MEMCPY_CALLS
+#endif
+
+/* One image x [C, H, W] to cols [K, P], through xp (cg_padded floats). */
+NO_MEMCPY_CALLS static void im2col(const conv_geom *q, const float *restrict x, float *restrict cols, float *restrict xp) {
+  int hp = q->h + 2 * q->ph, wp = q->w + 2 * q->pw;
+  for (int c = 0; c < q->c; c++) {
+    float *pc = xp + (size_t)c * hp * wp;
+    memset(pc, 0, (size_t)q->ph * wp * sizeof(float));
+    memset(pc + (size_t)(hp - q->ph) * wp, 0, (size_t)q->ph * wp * sizeof(float));
+    for (int i = 0; i < q->h; i++) {
+      float *r = pc + (size_t)(i + q->ph) * wp;
+      const float *src = x + ((size_t)c * q->h + i) * q->w;
+      for (int j = 0; j < q->pw; j++) r[j] = r[wp - 1 - j] = 0.0f;
+      for (int j = 0; j < q->w; j++) r[q->pw + j] = src[j];
     }
   }
-}
-
-static void col2im_add(const conv_geom *q, const float *cols, float *gx) {
-  size_t NP = cg_np(q), P = (size_t)q->ho * q->wo;
-#pragma omp parallel for schedule(static) if (cg_k(q) * NP > AG_PAR_MIN)
+  float *d = cols;
   for (int c = 0; c < q->c; c++)
     for (int ki = 0; ki < q->kh; ki++)
       for (int kj = 0; kj < q->kw; kj++) {
-        const float *row = cols + (((size_t)c * q->kh + ki) * q->kw + kj) * NP;
-        for (int n = 0; n < q->n; n++) {
-          float *plane = gx + ((size_t)n * q->c + c) * q->h * q->w;
-          const float *src = row + (size_t)n * P;
-          for (int oh = 0; oh < q->ho; oh++) {
-            int ih = oh * q->sh - q->ph + ki;
-            if (ih < 0 || ih >= q->h) continue;
-            for (int ow = 0; ow < q->wo; ow++) {
-              int iw = ow * q->sw - q->pw + kj;
-              if (iw >= 0 && iw < q->w) plane[(size_t)ih * q->w + iw] += src[(size_t)oh * q->wo + ow];
-            }
-          }
-        }
+        const float *src = xp + ((size_t)c * hp + ki) * wp + kj;
+        for (int oh = 0; oh < q->ho; oh++, d += q->wo, src += (size_t)wp * q->sh)
+          if (q->sw == 1)
+            for (int ow = 0; ow < q->wo; ow++) d[ow] = src[ow];
+          else
+            for (int ow = 0; ow < q->wo; ow++) d[ow] = src[(size_t)ow * q->sw];
       }
+}
+
+/* The adjoint of im2col for one image: gx [C, H, W] += cols (= 0 + cols when fresh), summed first
+ * into the padded gp. Each input element gathers its terms in (ki, kj) order. */
+static void col2im_add(const conv_geom *q, const float *restrict cols, float *restrict gx, int fresh, float *restrict gp) {
+  int hp = q->h + 2 * q->ph, wp = q->w + 2 * q->pw;
+  memset(gp, 0, cg_padded(q) * sizeof(float));
+  const float *s = cols;
+  for (int c = 0; c < q->c; c++)
+    for (int ki = 0; ki < q->kh; ki++)
+      for (int kj = 0; kj < q->kw; kj++) {
+        float *dst = gp + ((size_t)c * hp + ki) * wp + kj;
+        for (int oh = 0; oh < q->ho; oh++, s += q->wo, dst += (size_t)wp * q->sh)
+          if (q->sw == 1)
+            for (int ow = 0; ow < q->wo; ow++) dst[ow] += s[ow];
+          else
+            for (int ow = 0; ow < q->wo; ow++) dst[(size_t)ow * q->sw] += s[ow];
+      }
+  for (int c = 0; c < q->c; c++)
+    for (int i = 0; i < q->h; i++) {
+      const float *r = gp + ((size_t)c * hp + i + q->ph) * wp + q->pw;
+      float *o = gx + ((size_t)c * q->h + i) * q->w;
+      if (fresh)
+        for (int j = 0; j < q->w; j++) o[j] = 0.0f + r[j];
+      else
+        for (int j = 0; j < q->w; j++) o[j] += r[j];
+    }
 }
 
 _Static_assert(sizeof(conv_geom) <= sizeof(((apex_var *)0)->ia), "conv_geom fits an op's parameters");
@@ -70,6 +102,9 @@ static conv_geom geom_load(const apex_var *out) {
   memcpy(&q, out->ia, sizeof q);
   return q;
 }
+
+/* Images run on threads once the whole convolution is worth it. */
+static int conv_par(const conv_geom *q) { return (double)q->n * q->o * cg_p(q) * cg_k(q) > 4e6 && q->n > 1; }
 
 apex_var *apex_conv2d(apex_graph *g, apex_var *x, apex_var *w, apex_var *b, const apex_conv2d_options *opts) {
   static const apex_conv2d_options defaults = {0};
@@ -98,56 +133,146 @@ apex_var *apex_conv2d(apex_graph *g, apex_var *x, apex_var *w, apex_var *b, cons
   apex_var *out = apex__result(g, APEX_OP_CONV2D, dt, 4, shape, 3, u);
   if (!out) return NULL;
   geom_store(out, &q);
-  size_t K = cg_k(&q), NP = cg_np(&q), P = (size_t)q.ho * q.wo;
+  size_t K = cg_k(&q), P = cg_p(&q), CHW = (size_t)q.c * q.h * q.w, OP = (size_t)q.o * P;
+  int par = conv_par(&q), nt = par ? apex_get_num_threads() : 1;
   const float *xf = apex__f32(g, X), *wf = apex__f32(g, W), *bf = b ? apex__f32(g, u[2]->value) : NULL;
-  float *cols = apex__scratch(g, ag_nz(K * NP) * sizeof(float));
-  float *y = apex__scratch(g, ag_nz((size_t)q.o * NP) * sizeof(float));
+  size_t per = K * P + cg_padded(&q);
+  float *cols = apex__scratch_temp(g, (size_t)nt * per * sizeof(float));
   float *o = apex__out_f32(g, out);
-  if (!xf || !wf || !cols || !y || !o || (b && !bf)) return NULL;
-  out->aux = cols;
-  im2col(&q, xf, cols);
-  apex__sgemm(0, 0, q.o, (int)NP, (int)K, 1.0f, wf, (int)K, cols, (int)NP, 0.0f, y, (int)NP);
-  size_t planes = (size_t)q.n * q.o;
-#pragma omp parallel for schedule(static) if (planes * P > AG_PAR_MIN)
-  for (size_t pl = 0; pl < planes; pl++) {
-    size_t n = pl / (size_t)q.o, oc = pl % (size_t)q.o;
-    const float *src = y + oc * NP + n * P;
-    float bias = bf ? bf[oc] : 0.0f, *dst = o + pl * P;
-    for (size_t p = 0; p < P; p++) dst[p] = src[p] + bias;
+  if (!xf || !wf || !cols || !o || (b && !bf)) return NULL;
+  apex__blas_serial();
+#pragma omp parallel if (par)
+  {
+    float *cb = cols + (size_t)omp_get_thread_num() * per;
+#pragma omp for schedule(static)
+    for (int n = 0; n < q.n; n++) {
+      float *on = o + (size_t)n * OP;
+      im2col(&q, xf + (size_t)n * CHW, cb, cb + K * P);
+      if (bf)
+        for (int oc = 0; oc < q.o; oc++)
+          for (size_t p = 0; p < P; p++) on[(size_t)oc * P + p] = bf[oc];
+      apex__sgemm_call(0, 0, q.o, (int)P, (int)K, 1.0f, wf, (int)K, cb, (int)P, bf ? 1.0f : 0.0f, on, (int)P);
+    }
   }
   apex__store(out, o);
   return out;
 }
 
+/* The weight gradient sums over images: the images are cut into a fixed number of runs (a function
+ * of the shape alone), each run's sum is one partial [O, K] added image by image in order, and the
+ * partials are added into the gradient in run order; so the bits do not depend on which thread ran
+ * which run. Partials take at most PART_BYTES; 16 runs keep up to 16 threads busy. */
+#define PART_BYTES ((size_t)16 << 20)
+enum { MAX_RUNS = 16 };
+static int weight_runs(const conv_geom *q) {
+  size_t fit = PART_BYTES / (ag_nz((size_t)q->o * cg_k(q)) * sizeof(float));
+  int r = fit < MAX_RUNS ? (int)fit : MAX_RUNS;
+  if (r > q->n) r = q->n;
+  return r < 1 ? 1 : r;
+}
+
 apex_status apex__bwd_conv2d(apex_graph *g, apex_var *out) {
   conv_geom q = geom_load(out);
-  size_t K = cg_k(&q), NP = cg_np(&q), P = (size_t)q.ho * q.wo;
-  float *gx = apex__gbuf(g, out->in[0]), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
-  float *goT = apex__scratch(g, ag_nz((size_t)q.o * NP) * sizeof(float));
-  if (!goT) return APEX_ERR_OUT_OF_MEMORY;
+  size_t K = cg_k(&q), P = cg_p(&q), CHW = (size_t)q.c * q.h * q.w, OP = (size_t)q.o * P, OK = (size_t)q.o * K;
+  int fresh;
+  float *gx = apex__gbuf_w(g, out->in[0], &fresh), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
   const float *go = out->gbuf;
-  size_t planes = (size_t)q.n * q.o;
-#pragma omp parallel for schedule(static) if (planes * P > AG_PAR_MIN)
-  for (size_t pl = 0; pl < planes; pl++) {
-    size_t n = pl / (size_t)q.o, oc = pl % (size_t)q.o;
-    memcpy(goT + oc * NP + n * P, go + pl * P, P * sizeof(float));
+  int par = conv_par(&q), nt = par ? apex_get_num_threads() : 1, runs = weight_runs(&q);
+  if (!gw && !gx && !gb) return APEX_OK;
+  const float *xf = gw ? apex__f32(g, out->in[0]->value) : NULL, *wf = gx ? apex__f32(g, out->in[1]->value) : NULL;
+  size_t per = 2 * K * P + cg_padded(&q);
+  float *cols = apex__scratch_temp(g, (size_t)nt * per * sizeof(float));
+  float *part = gw ? apex__scratch_temp(g, ag_nz((size_t)runs * OK) * sizeof(float)) : NULL;
+  double *bpart = gb ? apex__scratch_temp(g, (size_t)runs * q.o * AG_LANES * sizeof(double)) : NULL;
+  if ((gw && (!xf || !part)) || (gx && !wf) || (gb && !bpart) || !cols) return APEX_ERR_OUT_OF_MEMORY;
+  if (gb) memset(bpart, 0, (size_t)runs * q.o * AG_LANES * sizeof(double));
+  apex__blas_serial();
+#pragma omp parallel if (par)
+  {
+    float *cb = cols + (size_t)omp_get_thread_num() * per, *gcb = cb + K * P, *pad = gcb + K * P;
+#pragma omp for schedule(static)
+    for (int r = 0; r < runs; r++) {
+      int n0 = (int)((long long)q.n * r / runs), n1 = (int)((long long)q.n * (r + 1) / runs);
+      for (int n = n0; n < n1; n++) {
+        const float *gon = go + (size_t)n * OP;
+        if (gb) /* the bias gradient in the same lanes per run, summed over runs like the weight's */
+          for (int oc = 0; oc < q.o; oc++) apex__lanes_add(bpart + ((size_t)r * q.o + oc) * AG_LANES, gon + (size_t)oc * P, P);
+        if (gw) {
+          im2col(&q, xf + (size_t)n * CHW, cb, pad);
+          apex__sgemm_call(0, 1, q.o, (int)K, (int)P, 1.0f, gon, (int)P, cb, (int)P, n > n0 ? 1.0f : 0.0f, part + (size_t)r * OK, (int)K);
+        }
+        if (gx) {
+          apex__sgemm_call(1, 0, (int)K, (int)P, q.o, 1.0f, wf, (int)K, gon, (int)P, 0.0f, gcb, (int)P);
+          col2im_add(&q, gcb, gx + (size_t)n * CHW, fresh, pad);
+        }
+      }
+    }
   }
-  if (gw) apex__sgemm(0, 1, q.o, (int)K, (int)NP, 1.0f, goT, (int)NP, out->aux, (int)NP, 1.0f, gw, (int)K);
-  if (gb) {
-#pragma omp parallel for schedule(static) if (planes * P > AG_PAR_MIN)
-    for (int oc = 0; oc < q.o; oc++) gb[oc] += (float)apex__sum_serial(goT + (size_t)oc * NP, NP);
+  if (gw) {
+#pragma omp parallel for schedule(static) if (par && OK > AG_PAR_MIN)
+    for (size_t j = 0; j < OK; j++) {
+      float s = part[j];
+      for (int r = 1; r < runs; r++) s += part[(size_t)r * OK + j];
+      gw[j] += s;
+    }
   }
-  if (gx) {
-    const float *wf = apex__f32(g, out->in[1]->value);
-    float *gcols = apex__scratch(g, ag_nz(K * NP) * sizeof(float));
-    if (!wf || !gcols) return APEX_ERR_OUT_OF_MEMORY;
-    apex__sgemm(1, 0, (int)K, (int)NP, q.o, 1.0f, wf, (int)K, goT, (int)NP, 0.0f, gcols, (int)NP);
-    col2im_add(&q, gcols, gx);
+  for (int oc = 0; gb && oc < q.o; oc++) {
+    double acc[AG_LANES];
+    for (int l = 0; l < AG_LANES; l++) {
+      acc[l] = 0;
+      for (int r = 0; r < runs; r++) acc[l] += bpart[((size_t)r * q.o + oc) * AG_LANES + l];
+    }
+    gb[oc] += (float)apex__lanes_total(acc);
   }
   return APEX_OK;
 }
 
 /* ---- pooling ------------------------------------------------------------------------------------ */
+
+/* Max pooling of one plane whose windows all lie inside it, without branches: each window keeps
+ * its first element, then takes an element that is greater or NaN (so NaN propagates, the last one
+ * winning), as the general loop does. The maxima of data are coin flips to the branch predictor:
+ * the branching loop took 16% of the benchmark CNN's step. */
+static void max_plane(const conv_geom *q, const float *restrict src, float *restrict o, int32_t *restrict arg) {
+  for (int oh = 0; oh < q->ho; oh++) {
+    float *orow = o + (size_t)oh * q->wo;
+    int32_t *arow = arg + (size_t)oh * q->wo;
+    if (q->kh == 2 && q->kw == 2 && q->sw == 2) { /* written out so that gcc vectorises it */
+      int32_t i0 = oh * q->sh * q->w, w = q->w;
+      const float *restrict r0 = src + i0, *restrict r1 = r0 + w;
+      for (int ow = 0; ow < q->wo; ow++) {
+        float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1], best = a;
+        int32_t at = i0 + 2 * ow;
+        int t = (b > best) | (b != b);
+        best = t ? b : best;
+        at = t ? i0 + 2 * ow + 1 : at;
+        t = (c > best) | (c != c);
+        best = t ? c : best;
+        at = t ? i0 + w + 2 * ow : at;
+        t = (d > best) | (d != d);
+        best = t ? d : best;
+        at = t ? i0 + w + 2 * ow + 1 : at;
+        orow[ow] = best;
+        arow[ow] = at;
+      }
+      continue;
+    }
+    for (int ow = 0; ow < q->wo; ow++) {
+      int32_t at = oh * q->sh * q->w + ow * q->sw;
+      float best = src[at];
+      for (int i = 0; i < q->kh; i++)
+        for (int j = 0; j < q->kw; j++) {
+          int32_t k = (oh * q->sh + i) * q->w + ow * q->sw + j;
+          float v = src[k];
+          int take = (v > best) | (v != v);
+          best = take ? v : best;
+          at = take ? k : at;
+        }
+      orow[ow] = best;
+      arow[ow] = at;
+    }
+  }
+}
 
 static apex_var *pool(apex_graph *g, apex_op op, apex_var *x, const apex_pool2d_options *opts) {
   apex_var *u;
@@ -181,9 +306,14 @@ static apex_var *pool(apex_graph *g, apex_op op, apex_var *x, const apex_pool2d_
   if (!xf || !o || (op == APEX_OP_MAX_POOL2D && !arg)) return NULL;
   out->aux = arg;
   float inv = 1.0f / (float)(q.kh * q.kw);
+  int inside = arg && q.ph == 0 && q.pw == 0; /* every window lies inside the image */
 #pragma omp parallel for schedule(static) if (planes * P > AG_PAR_MIN)
   for (size_t pl = 0; pl < planes; pl++) {
     const float *src = xf + pl * HW;
+    if (inside) {
+      max_plane(&q, src, o + pl * P, arg + pl * P);
+      continue;
+    }
     for (int oh = 0; oh < q.ho; oh++)
       for (int ow = 0; ow < q.wo; ow++) {
         float best = -FLT_MAX, s = 0.0f;
@@ -216,7 +346,8 @@ apex_var *apex_max_pool2d(apex_graph *g, apex_var *x, const apex_pool2d_options 
 apex_var *apex_avg_pool2d(apex_graph *g, apex_var *x, const apex_pool2d_options *o) { return pool(g, APEX_OP_AVG_POOL2D, x, o); }
 
 static apex_status pool_bwd(apex_graph *g, apex_var *out) {
-  float *gx = apex__gbuf(g, out->in[0]);
+  int fresh;
+  float *gx = apex__gbuf_w(g, out->in[0], &fresh);
   if (!gx) return APEX_OK;
   conv_geom q = geom_load(out);
   size_t planes = (size_t)q.n * q.c, P = (size_t)q.ho * q.wo, HW = (size_t)q.h * q.w;
@@ -226,6 +357,7 @@ static apex_status pool_bwd(apex_graph *g, apex_var *out) {
 #pragma omp parallel for schedule(static) if (planes * P > AG_PAR_MIN)
   for (size_t pl = 0; pl < planes; pl++) {
     float *dst = gx + pl * HW;
+    if (fresh) memset(dst, 0, HW * sizeof(float)); /* while the plane is about to be in cache anyway */
     for (int oh = 0; oh < q.ho; oh++)
       for (int ow = 0; ow < q.wo; ow++) {
         size_t oi = pl * P + (size_t)oh * q.wo + ow;

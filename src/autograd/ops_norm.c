@@ -1,7 +1,8 @@
 /* ops_norm.c: batch norm (training and evaluation, running statistics), layer norm and RMS norm.
  *
  * Statistics are per channel (batch norm) or per row (layer/RMS norm: a row is the normalised last
- * dimensions, flattened), each summed in double by one thread in a fixed order. The weight and bias
+ * dimensions, flattened), each summed by one thread in a fixed order: batch norm's in the f32-block,
+ * f64-total lanes of ag.h, the row norms' in double. The weight and bias
  * gradients of the row norms are column sums of an [rows, D] product, done by apex__colsum_add in
  * row order. */
 #include <math.h>
@@ -9,6 +10,72 @@
 #include "autograd/ag.h"
 
 /* ---- batch norm --------------------------------------------------------------------------------- */
+
+/* A channel's sums run over its N planes of S in the lanes of ag.h (vectorised, f32 blocks into f64,
+ * the same bits on any thread). */
+static void lanes_sq(double acc[AG_LANES], const float *restrict x, size_t n, float mean) {
+  for (size_t b0 = 0; b0 < n; b0 += AG_LANE_BLOCK) {
+    size_t e = n - b0 < AG_LANE_BLOCK ? n : b0 + AG_LANE_BLOCK, i = b0;
+    float f[AG_LANES] = {0};
+#if AG_VEC
+    ag_v4 a = {0}, b = {0}, c = {0}, d = {0};
+    for (; i + AG_LANES <= e; i += AG_LANES) {
+      ag_v4 d0 = ag_ld4(x + i) - mean, d1 = ag_ld4(x + i + 4) - mean, d2 = ag_ld4(x + i + 8) - mean, d3 = ag_ld4(x + i + 12) - mean;
+      a += d0 * d0;
+      b += d1 * d1;
+      c += d2 * d2;
+      d += d3 * d3;
+    }
+    ag_st16(f, a, b, c, d);
+#else
+    for (; i + AG_LANES <= e; i += AG_LANES)
+      for (int l = 0; l < AG_LANES; l++) {
+        float d = x[i + l] - mean;
+        f[l] += d * d;
+      }
+#endif
+    for (size_t l = 0; i + l < e; l++) f[l] += (x[i + l] - mean) * (x[i + l] - mean);
+    for (int l = 0; l < AG_LANES; l++) acc[l] += f[l];
+  }
+}
+
+/* sum of go and of go * (x - m) * r over one plane. */
+static void lanes_bwd(double sg[AG_LANES], double sgx[AG_LANES], const float *restrict go, const float *restrict x, size_t n, float m, float r) {
+  for (size_t b0 = 0; b0 < n; b0 += AG_LANE_BLOCK) {
+    size_t e = n - b0 < AG_LANE_BLOCK ? n : b0 + AG_LANE_BLOCK, i = b0;
+    float f[AG_LANES] = {0}, h[AG_LANES] = {0};
+#if AG_VEC
+    ag_v4 f0 = {0}, f1 = {0}, f2 = {0}, f3 = {0}, h0 = {0}, h1 = {0}, h2 = {0}, h3 = {0};
+    for (; i + AG_LANES <= e; i += AG_LANES) {
+      ag_v4 g0 = ag_ld4(go + i), g1 = ag_ld4(go + i + 4), g2 = ag_ld4(go + i + 8), g3 = ag_ld4(go + i + 12);
+      f0 += g0;
+      f1 += g1;
+      f2 += g2;
+      f3 += g3;
+      h0 += g0 * (ag_ld4(x + i) - m) * r;
+      h1 += g1 * (ag_ld4(x + i + 4) - m) * r;
+      h2 += g2 * (ag_ld4(x + i + 8) - m) * r;
+      h3 += g3 * (ag_ld4(x + i + 12) - m) * r;
+    }
+    ag_st16(f, f0, f1, f2, f3);
+    ag_st16(h, h0, h1, h2, h3);
+#else
+    for (; i + AG_LANES <= e; i += AG_LANES)
+      for (int l = 0; l < AG_LANES; l++) {
+        f[l] += go[i + l];
+        h[l] += go[i + l] * (x[i + l] - m) * r;
+      }
+#endif
+    for (size_t l = 0; i + l < e; l++) {
+      f[l] += go[i + l];
+      h[l] += go[i + l] * (x[i + l] - m) * r;
+    }
+    for (int l = 0; l < AG_LANES; l++) {
+      sg[l] += f[l];
+      sgx[l] += h[l];
+    }
+  }
+}
 
 apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var *bias, apex_tensor *running_mean,
                           apex_tensor *running_var, const apex_batch_norm_options *opts) {
@@ -56,14 +123,11 @@ apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var
   for (size_t c = 0; c < C; c++) {
     double mean, var;
     if (opts->training) {
-      double s = 0, q = 0;
-      for (size_t n = 0; n < N; n++) s += apex__sum_serial(xf + (n * C + c) * S, S);
-      mean = s / (double)M;
-      for (size_t n = 0; n < N; n++)
-        for (size_t i = 0; i < S; i++) {
-          double d = xf[(n * C + c) * S + i] - mean;
-          q += d * d;
-        }
+      double sa[AG_LANES] = {0}, qa[AG_LANES] = {0};
+      for (size_t n = 0; n < N; n++) apex__lanes_add(sa, xf + (n * C + c) * S, S);
+      mean = apex__lanes_total(sa) / (double)M;
+      for (size_t n = 0; n < N; n++) lanes_sq(qa, xf + (n * C + c) * S, S, (float)mean);
+      double q = apex__lanes_total(qa);
       var = q / (double)M;
       if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mean);
       if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * q / (double)(M - 1));
@@ -81,7 +145,8 @@ apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var
 }
 
 apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
-  float *gx = apex__gbuf(g, out->in[0]), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
+  int fresh;
+  float *gx = apex__gbuf_w(g, out->in[0], &fresh), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
   size_t C = (size_t)out->ia[1], S = (size_t)out->ia[2], N = ag_numel(out) / ag_nz(C * S), M = N * S;
   int training = (int)out->ia[0];
   const float *xf = apex__f32(g, out->in[0]->value), *wf = out->in[1] ? apex__f32(g, out->in[1]->value) : NULL;
@@ -90,22 +155,21 @@ apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
 #pragma omp parallel for schedule(static) if (ag_numel(out) > AG_PAR_MIN)
   for (size_t c = 0; c < C; c++) {
     float m = st[c], r = st[C + c], w = wf ? wf[c] : 1.0f;
-    double sg = 0, sgx = 0;
-    for (size_t n = 0; n < N; n++)
-      for (size_t i = 0; i < S; i++) {
-        size_t j = (n * C + c) * S + i;
-        sg += go[j];
-        sgx += go[j] * (xf[j] - m) * r;
-      }
+    double sga[AG_LANES] = {0}, sgxa[AG_LANES] = {0};
+    for (size_t n = 0; n < N; n++) lanes_bwd(sga, sgxa, go + (n * C + c) * S, xf + (n * C + c) * S, S, m, r);
+    double sg = apex__lanes_total(sga), sgx = apex__lanes_total(sgxa);
     if (gw) gw[c] += (float)sgx;
     if (gb) gb[c] += (float)sg;
     if (!gx) continue;
     float a = w * r, mg = training ? (float)(sg / (double)M) : 0.0f, mgx = training ? (float)(sgx / (double)M) : 0.0f;
-    for (size_t n = 0; n < N; n++)
-      for (size_t i = 0; i < S; i++) {
-        size_t j = (n * C + c) * S + i;
-        gx[j] += a * (go[j] - mg - (xf[j] - m) * r * mgx);
-      }
+    for (size_t n = 0; n < N; n++) {
+      const float *restrict gop = go + (n * C + c) * S, *restrict xp = xf + (n * C + c) * S;
+      float *restrict gxp = gx + (n * C + c) * S;
+      if (fresh)
+        for (size_t i = 0; i < S; i++) gxp[i] = 0.0f + a * (gop[i] - mg - (xp[i] - m) * r * mgx);
+      else
+        for (size_t i = 0; i < S; i++) gxp[i] += a * (gop[i] - mg - (xp[i] - m) * r * mgx);
+    }
   }
   return APEX_OK;
 }
