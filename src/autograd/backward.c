@@ -32,25 +32,40 @@ float *apex__gbuf(apex_graph *g, apex_var *v) {
 float *apex__gbuf_w(apex_graph *g, apex_var *v, int *fresh) {
   *fresh = 0;
   if (!v || !v->requires_grad) return NULL;
-  if (v->gbuf || v->grad) return apex__gbuf(g, v);
+  /* f32 leaves accumulate in their grad tensor, and a buffer already begun must be added to. */
+  if (v->gbuf || (v->grad && v->grad->dtype == APEX_F32)) return apex__gbuf(g, v);
+  /* A low-precision leaf's buffer holds only this backward's sum (flush_leaf adds it to the grad
+   * tensor), so a first writer that writes it whole needs no zeros either. */
+  if (v->grad && !touch(g, v)) {
+    g->oom = 1;
+    return NULL;
+  }
   v->gbuf = apex__scratch(g, ag_nz(ag_numel(v)) * sizeof(float));
   *fresh = v->gbuf != NULL;
   return v->gbuf;
 }
 
-/* Adds a low-precision leaf's collected f32 gradient into its grad tensor, once. The leaf keeps
- * its gbuf (NULL for f32 leaves would lose nothing, but finish() forgets both kinds). */
+/* Adds a low-precision leaf's collected f32 gradient into its grad tensor, once: each block is
+ * widened into a tile on the stack, summed and rounded back, in parallel (an elementwise sum, so the
+ * bits do not depend on the split). The leaf keeps no gbuf afterwards (finish() forgets both kinds). */
+#define FLUSH_TILE 2048
 static void flush_leaf(apex_graph *g, apex_var *v) {
+  (void)g;
   apex_tensor *gr = v->grad;
   if (gr->dtype != APEX_F32 && v->gbuf) {
+    const float *add = v->gbuf;
+    uint16_t *d = apex_tensor_data(gr);
+    apex_dtype dt = gr->dtype;
     size_t n = gr->numel;
-    float *tmp = apex__scratch(g, n * sizeof(float));
-    if (tmp) {
-      apex_convert(tmp, APEX_F32, apex_tensor_data(gr), gr->dtype, n);
-      for (size_t j = 0; j < n; j++) tmp[j] += v->gbuf[j];
-      apex_convert(apex_tensor_data(gr), gr->dtype, tmp, APEX_F32, n);
-    } else {
-      g->oom = 1;
+    long long ntiles = (long long)((n + FLUSH_TILE - 1) / FLUSH_TILE);
+    apex_simd_active(); /* resolve the path once, before the threads read it */
+#pragma omp parallel for schedule(static) if (n > APEX_THREAD_BLOCK)
+    for (long long k = 0; k < ntiles; k++) {
+      float tile[FLUSH_TILE];
+      size_t lo = (size_t)k * FLUSH_TILE, len = n - lo < FLUSH_TILE ? n - lo : FLUSH_TILE;
+      apex__convert_range(tile, APEX_F32, d + lo, dt, len);
+      for (size_t j = 0; j < len; j++) tile[j] += add[lo + j];
+      apex__convert_range(d + lo, dt, tile, APEX_F32, len);
     }
   }
   v->gbuf = NULL;

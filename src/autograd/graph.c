@@ -71,7 +71,7 @@ void apex__release_temps(apex_graph *g) {
 
 float *apex__scratch_zero(apex_graph *g, size_t n) {
   float *p = apex__scratch(g, n * sizeof(float));
-  if (p) memset(p, 0, n * sizeof(float));
+  if (p) apex__fill_bits(p, sizeof(float), 0, n);
   return p;
 }
 

@@ -123,10 +123,16 @@ apex_status apex__bwd_linear(apex_graph *g, apex_var *out) {
   int k = (int)W->shape[1], n = (int)W->shape[0];
   int m = (int)(X->numel / (size_t)ag_nz(k));
   const float *go = out->gbuf;
-  float *gx = apex__gbuf(g, out->in[0]), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
-  if (gx && apex__gemm(g, m, k, n, 1.0f, mat_f32(go, n, 0), mat(W, 0, k, 0), 1.0f, gx, APEX_F32, k, NULL) != APEX_OK)
+  /* A first gradient is written with beta 0 into an unzeroed buffer (see apex__gbuf_w); the product
+   * then starts from +0 as it would have in a zeroed one. */
+  int fresh_x, fresh_w;
+  float *gx = apex__gbuf_w(g, out->in[0], &fresh_x), *gw = apex__gbuf_w(g, out->in[1], &fresh_w);
+  float *gb = apex__gbuf(g, out->in[2]);
+  if (gx && apex__gemm(g, m, k, n, 1.0f, mat_f32(go, n, 0), mat(W, 0, k, 0), fresh_x ? 0.0f : 1.0f, gx, APEX_F32, k,
+                       NULL) != APEX_OK)
     return APEX_ERR_OUT_OF_MEMORY;
-  if (gw && apex__gemm(g, n, k, m, 1.0f, mat_f32(go, n, 1), mat(X, 0, k, 0), 1.0f, gw, APEX_F32, k, NULL) != APEX_OK)
+  if (gw && apex__gemm(g, n, k, m, 1.0f, mat_f32(go, n, 1), mat(X, 0, k, 0), fresh_w ? 0.0f : 1.0f, gw, APEX_F32, k,
+                       NULL) != APEX_OK)
     return APEX_ERR_OUT_OF_MEMORY;
   if (gb) apex__colsum_add(go, (size_t)m, (size_t)n, gb);
   return APEX_OK;

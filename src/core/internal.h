@@ -42,4 +42,8 @@ apex_status apex__check_dtype(apex_dtype dtype, const char *what);
  * number of threads. */
 #define APEX_THREAD_BLOCK ((size_t)1 << 16)
 
+/* Sets n elements of `size` bytes (1, 2 or 4) at p to the bit pattern `bits`, in parallel blocks
+ * when n is large (zeroing a model's gradients serially left one thread idle for a millisecond). */
+void apex__fill_bits(void *p, size_t size, uint32_t bits, size_t n);
+
 #endif

@@ -255,19 +255,33 @@ char *apex_tensor_shape_str(const apex_tensor *t, char *buf, size_t size) {
   return buf;
 }
 
+void apex__fill_bits(void *p, size_t size, uint32_t bits, size_t n) {
+  long long nblocks = (long long)((n + APEX_THREAD_BLOCK - 1) / APEX_THREAD_BLOCK);
+#pragma omp parallel for schedule(static) if (nblocks > 1)
+  for (long long b = 0; b < nblocks; b++) {
+    size_t lo = (size_t)b * APEX_THREAD_BLOCK, len = n - lo < APEX_THREAD_BLOCK ? n - lo : APEX_THREAD_BLOCK;
+    if (bits == 0) memset((char *)p + lo * size, 0, len * size);
+    else if (size == 4) for (size_t i = lo; i < lo + len; i++) ((uint32_t *)p)[i] = bits;
+    else if (size == 2) for (size_t i = lo; i < lo + len; i++) ((uint16_t *)p)[i] = (uint16_t)bits;
+    else memset((char *)p + lo, (int)(bits & 0xFF), len);
+  }
+}
+
 apex_status apex_tensor_fill(apex_tensor *t, float value) {
   if (!t) return apex__fail(APEX_ERR_INVALID_ARG, "apex_tensor_fill: NULL tensor");
   void *p = apex_tensor_data(t);
 #if APEX_HAVE_CUDA
   if (t->device == APEX_DEVICE_CUDA) return apex__cuda_fill(p, t->dtype, value, t->numel);
 #endif
+  uint32_t bits;
   if (t->dtype == APEX_F32) {
-    for (size_t i = 0; i < t->numel; i++) ((float *)p)[i] = value;
+    memcpy(&bits, &value, sizeof bits);
   } else {
     uint16_t v;
     apex__convert_portable(&v, t->dtype, &value, APEX_F32, 1);
-    for (size_t i = 0; i < t->numel; i++) ((uint16_t *)p)[i] = v;
+    bits = v;
   }
+  apex__fill_bits(p, apex_dtype_size(t->dtype), bits, t->numel);
   return APEX_OK;
 }
 
