@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "testutil.h"
 #include "apex/nn.h"
@@ -155,6 +156,39 @@ static void test_low_precision_and_autocast(void **state) {
   apex_graph_destroy(g);
 }
 
+/* A low-precision leaf collects its gradient in f32 and adds it to its grad tensor once, rounded once:
+ * with an f16 weight used by two linears and a grad that already holds values, the grad must become
+ * round(old + (a + b)), a and b the f32 weight gradients of the same graph run on the widened values.
+ * The weight is large enough for the parallel path (more than one 65,536-element block). */
+static void test_low_precision_leaf_adds_once(void **state) {
+  (void)state;
+  const int64_t xs[2] = {8, 320}, ws[2] = {300, 320};
+  const size_t nw = 300 * 320;
+  apex_var *xh = tu_random_leaf(APEX_F16, 2, xs, 21, 0), *wh = tu_random_leaf(APEX_F16, 2, ws, 22, 1);
+  apex_tensor *old = tu_random_tensor(APEX_F16, nw, 23, 4.0f);
+  memcpy(apex_tensor_data(apex_var_grad(wh)), apex_tensor_data(old), nw * 2);
+  apex_var *xf = apex_var_create(apex_tensor_to(apex_var_value(xh), APEX_F32), 0);
+  apex_var *wf = apex_var_create(apex_tensor_to(apex_var_value(wh), APEX_F32), 1);
+  apex_graph *g = apex_graph_create();
+  apex_var *xv[2] = {xh, xf}, *wv[2] = {wh, wf};
+  for (int k = 0; k < 2; k++) {
+    apex_var *y1 = apex_linear(g, xv[k], wv[k], NULL), *y2 = apex_linear(g, apex_scale(g, xv[k], 0.5f), wv[k], NULL);
+    TU_OK(apex_backward(apex_add(g, apex_sum_all(g, y1), apex_sum_all(g, y2)), NULL));
+    apex_graph_reset(g);
+  }
+  const uint16_t *got = apex_tensor_data(apex_var_grad(wh)), *was = apex_tensor_data(old);
+  const float *sum = apex_tensor_data(apex_var_grad(wf));
+  size_t changed = 0;
+  for (size_t i = 0; i < nw; i++) {
+    assert_int_equal(got[i], apex_f32_to_f16(apex_f16_to_f32(was[i]) + sum[i]));
+    changed += got[i] != was[i];
+  }
+  assert_true(changed > nw / 2);
+  apex_graph_destroy(g);
+  apex_tensor_destroy(old);
+  apex_var_destroy(xh), apex_var_destroy(wh), apex_var_destroy(xf), apex_var_destroy(wf);
+}
+
 /* One training step of a model touching the threaded paths (large enough to split). */
 static void train_step(int threads, uint32_t *out_bits, size_t *n_out) {
   TU_OK(apex_set_num_threads(threads));
@@ -279,6 +313,7 @@ int main(void) {
       cmocka_unit_test(test_errors_name_op_and_shapes), cmocka_unit_test(test_low_precision_and_autocast),
       cmocka_unit_test(test_threads_bitwise),           cmocka_unit_test(test_ten_thousand_steps),
       cmocka_unit_test(test_model_names_and_init),
+      cmocka_unit_test(test_low_precision_leaf_adds_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

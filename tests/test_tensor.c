@@ -56,6 +56,35 @@ static void test_fill_copy_convert(void **state) {
   apex_tensor_destroy(h);
 }
 
+/* Fills large enough to run in parallel blocks (including a partial last block), on a view that
+ * starts mid-storage so that nothing outside it may change: every element gets the value's bits. */
+static void test_fill_large(void **state) {
+  (void)state;
+  const apex_dtype types[3] = {APEX_F32, APEX_F16, APEX_BF16};
+  const float values[3] = {0.0f, -0.0f, 0.1f};
+  const size_t n = 3 * 65536 + 123;
+  for (int d = 0; d < 3; d++)
+    for (int v = 0; v < 3; v++) {
+      int64_t total = (int64_t)n + 2, shape[1] = {(int64_t)n};
+      apex_tensor *base = apex_tensor_create(types[d], 1, &total);
+      TU_OK(apex_tensor_fill(base, 7.0f));
+      apex_tensor *view = apex_tensor_slice_view(base, 1, 1, shape);
+      assert_non_null(view);
+      TU_OK(apex_tensor_fill(view, values[v]));
+      size_t es = apex_dtype_size(types[d]);
+      unsigned char want[4], seven[4];
+      TU_OK(apex_convert(want, types[d], &values[v], APEX_F32, 1));
+      float s7 = 7.0f;
+      TU_OK(apex_convert(seven, types[d], &s7, APEX_F32, 1));
+      const unsigned char *p = apex_tensor_data(base);
+      assert_memory_equal(p, seven, es);
+      for (size_t i = 1; i <= n; i++) assert_memory_equal(p + i * es, want, es);
+      assert_memory_equal(p + (n + 1) * es, seven, es);
+      apex_tensor_destroy(view);
+      apex_tensor_destroy(base);
+    }
+}
+
 static void test_views(void **state) {
   (void)state;
   int64_t shape[2] = {4, 6};
@@ -127,7 +156,7 @@ static void test_bad_input(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_create_and_query), cmocka_unit_test(test_fill_copy_convert),
+      cmocka_unit_test(test_create_and_query), cmocka_unit_test(test_fill_copy_convert), cmocka_unit_test(test_fill_large),
       cmocka_unit_test(test_views),            cmocka_unit_test(test_wrap),
       cmocka_unit_test(test_bad_input),
   };
