@@ -104,8 +104,11 @@ typedef struct apex__cuda_step {
   float inv_scale;
   const float *d_scale;
   const int *d_skip;
+  const float *d_grad_norm; /* LAMB: the global norm of every group's g * inv_scale (NULL: no clipping) */
 } apex__cuda_step;
 apex_status apex__cuda_optim_step(const apex__cuda_step *s);
+/* LAMB's step (lamb.cu), reached through apex__cuda_optim_step. */
+apex_status apex__cuda_lamb_step(const apex__cuda_step *s);
 
 /* ---- loss_scaler.cu --------------------------------------------------------------------------------- */
 

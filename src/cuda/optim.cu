@@ -1,5 +1,6 @@
 /* optim.cu: the fused optimizer step on the GPU, one kernel for the elementwise kinds (SGD, Adam, AdamW,
- * Adadelta, Adagrad, RMSprop, RMSpropTF).
+ * Adadelta, Adagrad, RMSprop, RMSpropTF); LAMB, which needs per-tensor norms between two passes, is in
+ * lamb.cu.
  *
  * Each element's update repeats, operation for operation, the CPU kernel in src/optim/<kind>.c, and
  * the CUDA files are compiled without contracting multiplies and adds into FMAs (-fmad=false), so
@@ -17,7 +18,7 @@ extern "C" {
 #include "core/internal.h"
 #include "cuda/cuda_internal.h"
 }
-#include "cuda/mt_apply.cuh"
+#include "cuda/optim_dev.cuh"
 
 struct OptParams {
   apex_optim_kind kind;
@@ -149,20 +150,10 @@ struct StepOp {
   __device__ void end_chunk(const MtTable &, int, int, bool) const {}
 };
 
-/* After the update: the first chunk of each tensor advances its step count, unless the step was skipped. */
-struct CountOp {
-  const int *d_skip;
-  __device__ bool begin(const MtTable &t, int k, int64_t start, float *) const {
-    if (start == 0 && !(d_skip && *d_skip)) ++*(int64_t *)t.ptr[6][k];
-    return false;
-  }
-  __device__ void elem(const MtTable &, int, int64_t, bool &, const float *) const {}
-  __device__ void end_chunk(const MtTable &, int, int, bool) const {}
-};
-
 static int on(apex_optim_flag f) { return f == APEX_OPTIM_ON; }
 
 extern "C" apex_status apex__cuda_optim_step(const apex__cuda_step *s) {
+  if (s->kind == APEX_OPTIM_LAMB) return apex__cuda_lamb_step(s); /* per-tensor norms: its own stages */
   const apex_optim_options *o = s->o;
   OptParams q = {};
   q.kind = s->kind;
@@ -199,11 +190,8 @@ extern "C" apex_status apex__cuda_optim_step(const apex__cuda_step *s) {
                         "the CPU", apex_optim_kind_name(s->kind));
   }
   /* Lists 3..5 are the states that exist; list 6 the step counts as pointers into d_step. */
-  apex__cuda_list none = s->p, steps = s->p;
-  void **step_ptr = (void **)malloc(sizeof(void *) * (size_t)(s->n ? s->n : 1));
-  if (!step_ptr) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
-  for (int i = 0; i < s->n; i++) step_ptr[i] = s->d_step + s->idx[i];
-  steps.ptr = step_ptr;
+  apex__cuda_list none = s->p, steps;
+  if (!step_count_list(s, &steps)) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
   const apex__cuda_list *lists[MT_LISTS] = {&s->g, &s->p, &s->model, &none, &none, &none, &steps};
   for (int l = 0; l < s->nstates; l++) lists[3 + l] = &s->s[l];
   StepOp op;
@@ -217,7 +205,7 @@ extern "C" apex_status apex__cuda_optim_step(const apex__cuda_step *s) {
     c.d_skip = s->d_skip;
     e = mt_apply(MT_LISTS, lists, c);
   }
-  free(step_ptr);
+  free(steps.ptr);
   if (e != cudaSuccess)
     return apex__fail(APEX_ERR_DEVICE, "apex_optimizer_step: CUDA error %s (%s)", cudaGetErrorName(e),
                       cudaGetErrorString(e));

@@ -516,14 +516,47 @@ static apex_status cuda_step_build(const apex_optimizer *opt, const apex__group 
   return APEX_OK;
 }
 
+/* LAMB on the GPU: the global norm of every group's gradients times inv_scale, for max_grad_norm, into
+ * the device float *d_norm (left NULL when no group clips): the device counterpart of lamb_prepare. */
+static apex_status cuda_lamb_norm(const apex_optimizer *opt, const apex__active *act, float inv_scale, float **d_norm) {
+  int n = 0, clips = 0;
+  for (int k = 0; k < opt->ngroups; k++) {
+    const apex_optim_options *o = &opt->groups[k].o;
+    n += act[k].n;
+    clips |= o->max_grad_norm > 0.0f && isfinite(o->max_grad_norm);
+  }
+  *d_norm = NULL;
+  if (!clips || n == 0) return APEX_OK;
+  apex_tensor **g = malloc((size_t)n * sizeof *g);
+  if (!g) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
+  n = 0;
+  for (int k = 0; k < opt->ngroups; k++)
+    for (int j = 0; j < act[k].n; j++) g[n++] = act[k].g[j];
+  apex__cuda_list l;
+  apex_status st = apex__cuda_list_make("apex_optimizer_step", "gradient", g, n, &l);
+  free(g);
+  if (st == APEX_OK) {
+    st = apex__cuda_alloc(sizeof(float), 1, (void **)d_norm);
+    if (st == APEX_OK) st = apex__cuda_mt_l2norm(&l, inv_scale, *d_norm, NULL, NULL);
+    apex__cuda_list_free(&l);
+  }
+  return st;
+}
+
 /* The step, with the skip decided on the host (d_skip NULL, overflow) or on the device (d_skip). */
 static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *d_scale, const int *d_skip) {
   apex_status st = APEX_OK;
-  int cuda = 0;
-  for (int k = 0; k < opt->ngroups; k++) cuda |= opt->groups[k].device == APEX_DEVICE_CUDA;
-  if (cuda && (opt->ops->prepare || opt->kind == APEX_OPTIM_ADAMP || opt->kind == APEX_OPTIM_NOVOGRAD))
+  int cuda = 0, cpu = 0;
+  for (int k = 0; k < opt->ngroups; k++) {
+    cuda |= opt->groups[k].device == APEX_DEVICE_CUDA;
+    cpu |= opt->groups[k].device != APEX_DEVICE_CUDA;
+  }
+  if (cuda && (opt->kind == APEX_OPTIM_ADAMP || opt->kind == APEX_OPTIM_NOVOGRAD))
     return apex__fail(APEX_ERR_UNSUPPORTED, "apex_optimizer_step: %s has no CUDA kernel yet; keep its parameters on the CPU",
                       opt->ops->name);
+  if (cuda && cpu && opt->ops->prepare) /* LAMB's global norm spans every group: one device for all */
+    return apex__fail(APEX_ERR_DEVICE, "apex_optimizer_step: %s has groups on the CPU and on the GPU; its global gradient "
+                      "norm needs them all on one device", opt->ops->name);
   if (d_skip && !cuda)
     return apex__fail(APEX_ERR_DEVICE, "apex_cuda_optimizer_step: the optimizer's parameters are on the CPU; use "
                       "apex_optimizer_step");
@@ -535,7 +568,9 @@ static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *
     st = active_build(&opt->groups[built], &act[built]);
     args[built] = (apex__step_args){.opt = opt, .group = &opt->groups[built], .a = &act[built], .inv_scale = inv_scale};
   }
-  if (st == APEX_OK && opt->ops->prepare) st = opt->ops->prepare(args, opt->ngroups);
+  float *d_grad_norm = NULL;
+  if (st == APEX_OK && opt->ops->prepare)
+    st = cuda ? cuda_lamb_norm(opt, act, inv_scale, &d_grad_norm) : opt->ops->prepare(args, opt->ngroups);
   for (int k = 0; st == APEX_OK && k < opt->ngroups; k++) {
     apex__group *g = &opt->groups[k];
     if (act[k].n == 0) continue;
@@ -549,6 +584,7 @@ static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *
         c.d_skip = d_skip;
         c.d_step = g->d_step;
         c.idx = act[k].idx;
+        c.d_grad_norm = d_grad_norm;
         st = apex__cuda_optim_step(&c);
       }
       cuda_step_free(&c);
@@ -559,6 +595,7 @@ static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *
       for (int j = 0; j < act[k].n; j++) g->step[act[k].idx[j]] = act[k].step[j];
   }
   for (int k = 0; act && k < built; k++) active_free(&act[k]);
+  apex__cuda_free(d_grad_norm);
   free(act);
   free(args);
   return st;
