@@ -297,6 +297,11 @@ static void test_optimizers_match_cpu(void **state) {
       {APEX_OPTIM_LAMB, {.lr = 1e-2f, .max_grad_norm = 0.0f, .use_nvlamb = APEX_OPTIM_ON}, 64},
       {APEX_OPTIM_LAMB, {.lr = 1e-2f, .weight_decay = 1e-2f, .adam_w_mode = APEX_OPTIM_OFF,
                          .grad_averaging = APEX_OPTIM_OFF, .bias_correction = APEX_OPTIM_OFF}, 64},
+      /* NovoGrad: per-tensor L2 norms in another order; the moment blend in device double arithmetic. */
+      {APEX_OPTIM_NOVOGRAD, {.lr = 1e-2f, .weight_decay = 1e-2f}, 64},
+      {APEX_OPTIM_NOVOGRAD, {.lr = 1e-2f, .weight_decay = 1e-2f, .norm_type = APEX_OPTIM_NORM_INF,
+                             .reg_inside_moment = APEX_OPTIM_ON, .init_zero = APEX_OPTIM_ON}, 64},
+      {APEX_OPTIM_NOVOGRAD, {.lr = 1e-2f, .grad_averaging = APEX_OPTIM_OFF, .bias_correction = APEX_OPTIM_OFF}, 64},
   };
   const apex_dtype dts[3] = {APEX_F32, APEX_F16, APEX_BF16};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
@@ -403,6 +408,7 @@ static void test_optimizer_state_on_gpu(void **state) {
       {APEX_OPTIM_ADAMW, {.lr = 1e-2f, .amsgrad = APEX_OPTIM_ON}, 2},
       {APEX_OPTIM_RMSPROP_TF, {.momentum = 0.9f, .centered = APEX_OPTIM_ON}, 0},
       {APEX_OPTIM_LAMB, {.lr = 1e-2f, .weight_decay = 1e-2f}, 64},
+      {APEX_OPTIM_NOVOGRAD, {.lr = 1e-2f, .weight_decay = 1e-2f}, 64}, /* its per-tensor moments live on the GPU */
   };
   const apex_dtype dts[2] = {APEX_F32, APEX_BF16};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)

@@ -105,10 +105,12 @@ typedef struct apex__cuda_step {
   const float *d_scale;
   const int *d_skip;
   const float *d_grad_norm; /* LAMB: the global norm of every group's g * inv_scale (NULL: no clipping) */
+  float *d_scalars;         /* NovoGrad: the group's per-tensor second moments on the device, by parameter */
 } apex__cuda_step;
 apex_status apex__cuda_optim_step(const apex__cuda_step *s);
-/* LAMB's step (lamb.cu), reached through apex__cuda_optim_step. */
+/* LAMB's and NovoGrad's steps (lamb.cu, novograd.cu), reached through apex__cuda_optim_step. */
 apex_status apex__cuda_lamb_step(const apex__cuda_step *s);
+apex_status apex__cuda_novograd_step(const apex__cuda_step *s);
 
 /* ---- loss_scaler.cu --------------------------------------------------------------------------------- */
 

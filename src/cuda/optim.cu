@@ -1,6 +1,6 @@
 /* optim.cu: the fused optimizer step on the GPU, one kernel for the elementwise kinds (SGD, Adam, AdamW,
- * Adadelta, Adagrad, RMSprop, RMSpropTF); LAMB, which needs per-tensor norms between two passes, is in
- * lamb.cu.
+ * Adadelta, Adagrad, RMSprop, RMSpropTF); LAMB and NovoGrad, which need per-tensor norms between
+ * passes, are in lamb.cu and novograd.cu.
  *
  * Each element's update repeats, operation for operation, the CPU kernel in src/optim/<kind>.c, and
  * the CUDA files are compiled without contracting multiplies and adds into FMAs (-fmad=false), so
@@ -153,7 +153,9 @@ struct StepOp {
 static int on(apex_optim_flag f) { return f == APEX_OPTIM_ON; }
 
 extern "C" apex_status apex__cuda_optim_step(const apex__cuda_step *s) {
-  if (s->kind == APEX_OPTIM_LAMB) return apex__cuda_lamb_step(s); /* per-tensor norms: its own stages */
+  /* Per-tensor norms between passes: their own files. */
+  if (s->kind == APEX_OPTIM_LAMB) return apex__cuda_lamb_step(s);
+  if (s->kind == APEX_OPTIM_NOVOGRAD) return apex__cuda_novograd_step(s);
   const apex_optim_options *o = s->o;
   OptParams q = {};
   q.kind = s->kind;

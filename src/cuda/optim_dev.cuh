@@ -1,5 +1,5 @@
-/* optim_dev.cuh: what the optimizer kernels (optim.cu, lamb.cu) share: list 6 of a step, the step
- * counts, and the op that advances them after an update. */
+/* optim_dev.cuh: what the optimizer kernels (optim.cu, lamb.cu, novograd.cu) share: lists of one value
+ * per parameter (list 6, the step counts), and the op that advances the counts after an update. */
 #ifndef APEX_CUDA_OPTIM_DEV_CUH
 #define APEX_CUDA_OPTIM_DEV_CUH
 
@@ -18,16 +18,21 @@ struct CountOp {
   __device__ void end_chunk(const MtTable &, int, int, bool) const {}
 };
 
-/* The step counts of s's parameters as a list (pointers into s->d_step, dtype ignored), with the
- * element counts of s->p so that it walks with the other lists. Its ptr array is malloc'd: free it.
- * 0 when out of memory. */
-static int step_count_list(const apex__cuda_step *s, apex__cuda_list *out) {
+/* One value per parameter as a list: entry i points at base + idx[i] * bytes_each (the group's step
+ * counts in d_step, NovoGrad's per-tensor scalars), with the element counts of s->p so that it walks
+ * with the other lists; dtypes ignored. Its ptr array is malloc'd: free it. 0 when out of memory. */
+static int per_param_list(const apex__cuda_step *s, void *base, size_t bytes_each, apex__cuda_list *out) {
   *out = s->p;
   void **ptr = (void **)malloc(sizeof(void *) * (size_t)(s->n ? s->n : 1));
   if (!ptr) return 0;
-  for (int i = 0; i < s->n; i++) ptr[i] = s->d_step + s->idx[i];
+  for (int i = 0; i < s->n; i++) ptr[i] = (char *)base + (size_t)s->idx[i] * bytes_each;
   out->ptr = ptr;
   return 1;
+}
+
+/* The step counts as list 6 expects them. */
+static int step_count_list(const apex__cuda_step *s, apex__cuda_list *out) {
+  return per_param_list(s, s->d_step, sizeof(int64_t), out);
 }
 
 #endif

@@ -41,6 +41,7 @@ typedef struct apex__group {
   int64_t *step;          /* per parameter (CPU groups) */
   apex_device device;     /* where every tensor of the group lives */
   int64_t *d_step;        /* CUDA groups: the step counts on the device, n of them (see cuda/optim.cu) */
+  float *d_scalars;       /* CUDA groups with scalars: n * nscalars on the device, where the kernels keep them */
 } apex__group;
 
 /* The parameters of one group that have a gradient in this step, as applier lists. */
@@ -101,7 +102,7 @@ static inline int apex__on(apex_optim_flag f) { return f == APEX_OPTIM_ON; }
 
 /* The step with the loss scale and the skip flag in device memory (apex_cuda_optimizer_step). */
 apex_status apex__optimizer_step_device(apex_optimizer *opt, const float *d_scale, const int *d_skip);
-/* A group's step counts on the host (copied from the device for a CUDA group). */
+/* A group's step counts and per-tensor scalars on the host (copied from the device for a CUDA group). */
 apex_status apex__optim_steps_to_host(apex__group *g);
 /* The reverse, after a load. */
 apex_status apex__optim_steps_to_device(apex__group *g);

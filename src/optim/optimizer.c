@@ -199,6 +199,7 @@ static void group_free(apex__group *g) {
   free(g->scalars);
   free(g->step);
   if (g->d_step) apex__cuda_free(g->d_step);
+  if (g->d_scalars) apex__cuda_free(g->d_scalars);
 }
 
 void apex_optimizer_destroy(apex_optimizer *opt) {
@@ -278,6 +279,9 @@ static apex_status group_alloc(const apex__optim_ops *ops, apex__group *g, apex_
   g->device = apex_tensor_device(params[0]);
   if (!g->params || !g->grads || !g->master || !g->state || !g->scalars || !g->step) goto oom;
   if (g->device == APEX_DEVICE_CUDA && apex__cuda_alloc((size_t)n * sizeof(int64_t), 1, (void **)&g->d_step) != APEX_OK)
+    goto oom;
+  if (g->device == APEX_DEVICE_CUDA && g->nscalars &&
+      apex__cuda_alloc((size_t)n * (size_t)g->nscalars * sizeof(float), 1, (void **)&g->d_scalars) != APEX_OK)
     goto oom;
   for (int i = 0; i < n; i++) {
     apex_tensor *p = params[i];
@@ -425,12 +429,16 @@ int64_t apex_optimizer_step_count(const apex_optimizer *opt, int group, int i) {
 
 apex_status apex__optim_steps_to_host(apex__group *g) {
   if (g->device != APEX_DEVICE_CUDA) return APEX_OK;
-  return apex__cuda_memcpy(g->step, g->d_step, (size_t)g->n * sizeof *g->step, APEX__D2H, 1);
+  size_t nsc = (size_t)g->n * (size_t)g->nscalars * sizeof *g->scalars;
+  apex_status st = nsc ? apex__cuda_memcpy(g->scalars, g->d_scalars, nsc, APEX__D2H, 0) : APEX_OK;
+  return st != APEX_OK ? st : apex__cuda_memcpy(g->step, g->d_step, (size_t)g->n * sizeof *g->step, APEX__D2H, 1);
 }
 
 apex_status apex__optim_steps_to_device(apex__group *g) {
   if (g->device != APEX_DEVICE_CUDA) return APEX_OK;
-  return apex__cuda_memcpy(g->d_step, g->step, (size_t)g->n * sizeof *g->step, APEX__H2D, 1);
+  size_t nsc = (size_t)g->n * (size_t)g->nscalars * sizeof *g->scalars;
+  apex_status st = nsc ? apex__cuda_memcpy(g->d_scalars, g->scalars, nsc, APEX__H2D, 0) : APEX_OK;
+  return st != APEX_OK ? st : apex__cuda_memcpy(g->d_step, g->step, (size_t)g->n * sizeof *g->step, APEX__H2D, 1);
 }
 
 /* ---- the step ------------------------------------------------------------------------------------------- */
@@ -551,7 +559,7 @@ static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *
     cuda |= opt->groups[k].device == APEX_DEVICE_CUDA;
     cpu |= opt->groups[k].device != APEX_DEVICE_CUDA;
   }
-  if (cuda && (opt->kind == APEX_OPTIM_ADAMP || opt->kind == APEX_OPTIM_NOVOGRAD))
+  if (cuda && opt->kind == APEX_OPTIM_ADAMP)
     return apex__fail(APEX_ERR_UNSUPPORTED, "apex_optimizer_step: %s has no CUDA kernel yet; keep its parameters on the CPU",
                       opt->ops->name);
   if (cuda && cpu && opt->ops->prepare) /* LAMB's global norm spans every group: one device for all */
@@ -585,6 +593,7 @@ static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *
         c.d_step = g->d_step;
         c.idx = act[k].idx;
         c.d_grad_norm = d_grad_norm;
+        c.d_scalars = g->d_scalars;
         st = apex__cuda_optim_step(&c);
       }
       cuda_step_free(&c);
