@@ -6,7 +6,8 @@
  * any dtype pair, with the CPU's exact rounding), apex_tensor_to, apex_tensor_clone, apex_tensor_get
  * and apex_tensor_set work on them; the multi-tensor kernels (multi_tensor.h) and the optimizers
  * (optim.h: every kind but AdamP so far; LAMB and NovoGrad built but not yet run on a GPU) run on
- * the GPU when their tensors are there; LAMB needs all its groups on one device (its global norm). The autograd ops are CPU-only for now and refuse device tensors.
+ * the GPU when their tensors are there; LAMB needs all its groups on one device (its global norm).
+ * The autograd ops are CPU-only for now and refuse device tensors.
  *
  * All apex work is queued on one stream (apex_cuda_stream). Nothing waits for the GPU unless it
  * must hand a value to the host: a copy to the host, apex_tensor_get, a norm returned as a float,

@@ -223,8 +223,8 @@ APEX_API apex_status apex_optimizer_clip_grad_norm(apex_optimizer *opt, float ma
  * or master weights where the optimizer has none (or the reverse)
  * (APEX_ERR_SHAPE / APEX_ERR_DTYPE / APEX_ERR_STATE, the message naming the first mismatch), and a
  * truncated or corrupted buffer (APEX_ERR_CORRUPT).
- * A GPU group's masters, states, step counts and per-tensor scalars are copied from and to the device; the bytes are the
- * same layout, so a state saved from a GPU optimizer loads into a CPU one and the reverse. */
+ * A GPU group's masters, states, step counts and per-tensor scalars are copied from and to the device;
+ * the bytes are the same layout, so a state saved from a GPU optimizer loads into a CPU one and the reverse. */
 
 /* Bytes apex_optimizer_save needs. */
 APEX_API apex_status apex_optimizer_state_size(const apex_optimizer *opt, size_t *bytes);
