@@ -12,7 +12,8 @@
 /* ---- batch norm --------------------------------------------------------------------------------- */
 
 /* A channel's sums run over its N planes of S in the lanes of ag.h (vectorised, f32 blocks into f64,
- * the same bits on any thread). */
+ * the same bits on any thread). Every pass over a channel prefetches its next plane
+ * (ag_prefetch_plane). */
 static void lanes_sq(double acc[AG_LANES], const float *restrict x, size_t n, float mean) {
   for (size_t b0 = 0; b0 < n; b0 += AG_LANE_BLOCK) {
     size_t e = n - b0 < AG_LANE_BLOCK ? n : b0 + AG_LANE_BLOCK, i = b0;
@@ -124,9 +125,15 @@ apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var
     double mean, var;
     if (opts->training) {
       double sa[AG_LANES] = {0}, qa[AG_LANES] = {0};
-      for (size_t n = 0; n < N; n++) apex__lanes_add(sa, xf + (n * C + c) * S, S);
+      for (size_t n = 0; n < N; n++) {
+        ag_prefetch_plane(xf, N, C, S, n, c, 0);
+        apex__lanes_add(sa, xf + (n * C + c) * S, S);
+      }
       mean = apex__lanes_total(sa) / (double)M;
-      for (size_t n = 0; n < N; n++) lanes_sq(qa, xf + (n * C + c) * S, S, (float)mean);
+      for (size_t n = 0; n < N; n++) {
+        ag_prefetch_plane(xf, N, C, S, n, c, 0);
+        lanes_sq(qa, xf + (n * C + c) * S, S, (float)mean);
+      }
       double q = apex__lanes_total(qa);
       var = q / (double)M;
       if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mean);
@@ -156,7 +163,11 @@ apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
   for (size_t c = 0; c < C; c++) {
     float m = st[c], r = st[C + c], w = wf ? wf[c] : 1.0f;
     double sga[AG_LANES] = {0}, sgxa[AG_LANES] = {0};
-    for (size_t n = 0; n < N; n++) lanes_bwd(sga, sgxa, go + (n * C + c) * S, xf + (n * C + c) * S, S, m, r);
+    for (size_t n = 0; n < N; n++) {
+      ag_prefetch_plane(go, N, C, S, n, c, 0);
+      ag_prefetch_plane(xf, N, C, S, n, c, 0);
+      lanes_bwd(sga, sgxa, go + (n * C + c) * S, xf + (n * C + c) * S, S, m, r);
+    }
     double sg = apex__lanes_total(sga), sgx = apex__lanes_total(sgxa);
     if (gw) gw[c] += (float)sgx;
     if (gb) gb[c] += (float)sg;
@@ -165,6 +176,9 @@ apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
     for (size_t n = 0; n < N; n++) {
       const float *restrict gop = go + (n * C + c) * S, *restrict xp = xf + (n * C + c) * S;
       float *restrict gxp = gx + (n * C + c) * S;
+      ag_prefetch_plane(go, N, C, S, n, c, 0);
+      ag_prefetch_plane(xf, N, C, S, n, c, 0);
+      ag_prefetch_plane(gx, N, C, S, n, c, 1);
       if (fresh)
         for (size_t i = 0; i < S; i++) gxp[i] = 0.0f + a * (gop[i] - mg - (xp[i] - m) * r * mgx);
       else
