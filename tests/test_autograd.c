@@ -275,17 +275,17 @@ static void test_model_names_and_init(void **state) {
 
 /* relu(batch norm) as one op (apex_batch_norm_options.relu, fused by apex_sequential) gives the bits
  * of the two ops: output, running statistics and the gradients of input, weight and bias, in f32 and
- * with a half input (whose output is masked by its raw bits). */
-static void bn_relu_run(apex_dtype dt, int fused, uint32_t *bits, size_t *n) {
+ * with a half input (whose output is masked by its raw bits), in training and in evaluation. */
+static void bn_relu_run(apex_dtype dt, int training, int fused, uint32_t *bits, size_t *n) {
   enum { N = 6, C = 3, H = 5, W = 7 };
   apex_graph *g = apex_graph_create();
   apex_var *x = tu_random_leaf(dt, 4, (int64_t[]){N, C, H, W}, 21, 1), *w = tu_random_leaf(APEX_F32, 1, (int64_t[]){C}, 22, 1);
   apex_var *b = tu_random_leaf(APEX_F32, 1, (int64_t[]){C}, 23, 1);
   apex_tensor *rm = apex_tensor_create(APEX_F32, 1, (int64_t[]){C}), *rv = apex_tensor_create(APEX_F32, 1, (int64_t[]){C});
   apex_tensor *go = tu_random_tensor(APEX_F32, N * C * H * W, 24, 1.0f);
-  apex_tensor_fill(rm, 0.0f);
-  apex_tensor_fill(rv, 1.0f);
-  apex_batch_norm_options o = {.training = 1, .relu = fused};
+  apex_tensor_fill(rm, 0.25f);
+  apex_tensor_fill(rv, 0.5f);
+  apex_batch_norm_options o = {.training = training, .relu = fused};
   apex_var *y = apex_batch_norm(g, x, w, b, rm, rv, &o);
   if (!fused) y = apex_relu(g, y);
   assert_non_null(y);
@@ -310,13 +310,14 @@ static void test_batch_norm_relu_fused(void **state) {
   enum { CAP = 4096 };
   static uint32_t a[CAP], f[CAP];
   apex_dtype dts[2] = {APEX_F32, APEX_F16};
-  for (int d = 0; d < 2; d++) {
-    size_t na, nf;
-    bn_relu_run(dts[d], 0, a, &na);
-    bn_relu_run(dts[d], 1, f, &nf);
-    assert_int_equal(na, nf);
-    assert_memory_equal(a, f, na * sizeof *a);
-  }
+  for (int d = 0; d < 2; d++)
+    for (int training = 0; training < 2; training++) {
+      size_t na, nf;
+      bn_relu_run(dts[d], training, 0, a, &na);
+      bn_relu_run(dts[d], training, 1, f, &nf);
+      assert_int_equal(na, nf);
+      assert_memory_equal(a, f, na * sizeof *a);
+    }
   assert_string_equal(apex_op_name(APEX_OP_BATCH_NORM_RELU), "batch_norm_relu");
   /* a sequential fuses a batch norm followed by a ReLU, and not one followed by another activation */
   apex_op acts[2] = {APEX_OP_RELU, APEX_OP_GELU}, want[2] = {APEX_OP_BATCH_NORM_RELU, APEX_OP_GELU};
