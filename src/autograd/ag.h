@@ -207,6 +207,7 @@ static inline void ag_prefetch_plane(const float *t, size_t N, size_t C, size_t 
 /* Batch norm's output for channel c of x [N, C, S] (f32): (x - mean) * rstd * w + b, through relu's
  * max(v, 0) when `relu` (the same bits as apex_relu on the unfused output). Shared by batch norm and
  * SyncBatchNorm, which differ only in where mean and rstd come from. */
+static inline float apex__bn_affine(float x, float mean, float rstd, float w, float b) { return (x - mean) * rstd * w + b; }
 static inline void apex__bn_normalize_channel(const float *xf, float *o, size_t N, size_t C, size_t S, size_t c, float mean,
                                               float rstd, float w, float b, int relu) {
   for (size_t n = 0; n < N; n++) {
@@ -215,11 +216,11 @@ static inline void apex__bn_normalize_channel(const float *xf, float *o, size_t 
     ag_prefetch_plane(o, N, C, S, n, c, 1);
     if (relu)
       for (size_t i = 0; i < S; i++) {
-        float v = (xs[i] - mean) * rstd * w + b;
+        float v = apex__bn_affine(xs[i], mean, rstd, w, b);
         os[i] = v > 0.0f ? v : 0.0f;
       }
     else
-      for (size_t i = 0; i < S; i++) os[i] = (xs[i] - mean) * rstd * w + b;
+      for (size_t i = 0; i < S; i++) os[i] = apex__bn_affine(xs[i], mean, rstd, w, b);
   }
 }
 
