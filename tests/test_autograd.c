@@ -307,12 +307,81 @@ static void test_model_names_and_init(void **state) {
   for (int i = 0; i < 3; i++) apex_model_destroy(ms[i]);
 }
 
+/* relu(batch norm) as one op (apex_batch_norm_options.relu, fused by apex_sequential) gives the bits
+ * of the two ops: output, running statistics and the gradients of input, weight and bias, in f32 and
+ * with a half input (whose output is masked by its raw bits), in training and in evaluation. The
+ * bias is an op's result, released after the batch norm and its memory offered to the next op: the
+ * fused backward reads it (op_table.c), so it must stay. */
+static void bn_relu_run(apex_dtype dt, int training, int fused, uint32_t *bits, size_t *n) {
+  enum { N = 6, C = 3, H = 5, W = 7 };
+  apex_graph *g = apex_graph_create();
+  apex_var *x = tu_random_leaf(dt, 4, (int64_t[]){N, C, H, W}, 21, 1), *w = tu_random_leaf(APEX_F32, 1, (int64_t[]){C}, 22, 1);
+  apex_var *b = tu_random_leaf(APEX_F32, 1, (int64_t[]){C}, 23, 1);
+  apex_tensor *rm = apex_tensor_create(APEX_F32, 1, (int64_t[]){C}), *rv = apex_tensor_create(APEX_F32, 1, (int64_t[]){C});
+  apex_tensor *go = tu_random_tensor(APEX_F32, N * C * H * W, 24, 1.0f);
+  apex_tensor_fill(rm, 0.25f);
+  apex_tensor_fill(rv, 0.5f);
+  apex_batch_norm_options o = {.training = training, .relu = fused};
+  apex_var *bias = apex_scale(g, b, 1.0f);
+  apex_var *y = apex_batch_norm(g, x, w, bias, rm, rv, &o);
+  apex_var_release(bias);
+  assert_non_null(apex_scale(g, b, -7.0f)); /* may take the bias's block if it was let go */
+  if (!fused) y = apex_relu(g, y);
+  assert_non_null(y);
+  assert_int_equal(apex_var_op(y), fused ? APEX_OP_BATCH_NORM_RELU : APEX_OP_RELU);
+  TU_OK(apex_backward(y, &(apex_backward_options){.grad_output = go}));
+  size_t k = 0;
+  const apex_tensor *ts[6] = {apex_var_value(y), rm, rv, apex_var_grad(x), apex_var_grad(w), apex_var_grad(b)};
+  for (int t = 0; t < 6; t++)
+    for (size_t i = 0; i < apex_tensor_numel(ts[t]); i++) bits[k++] = tu_bits(apex_tensor_get(ts[t], i));
+  *n = k;
+  apex_tensor_destroy(go);
+  apex_tensor_destroy(rm);
+  apex_tensor_destroy(rv);
+  apex_graph_destroy(g);
+  apex_var_destroy(x);
+  apex_var_destroy(w);
+  apex_var_destroy(b);
+}
+
+static void test_batch_norm_relu_fused(void **state) {
+  (void)state;
+  enum { CAP = 4096 };
+  static uint32_t a[CAP], f[CAP];
+  apex_dtype dts[2] = {APEX_F32, APEX_F16};
+  for (int d = 0; d < 2; d++)
+    for (int training = 0; training < 2; training++) {
+      size_t na, nf;
+      bn_relu_run(dts[d], training, 0, a, &na);
+      bn_relu_run(dts[d], training, 1, f, &nf);
+      assert_int_equal(na, nf);
+      assert_memory_equal(a, f, na * sizeof *a);
+    }
+  assert_string_equal(apex_op_name(APEX_OP_BATCH_NORM_RELU), "batch_norm_relu");
+  /* a sequential fuses a batch norm followed by a ReLU, and not one followed by another activation */
+  apex_op acts[2] = {APEX_OP_RELU, APEX_OP_GELU}, want[2] = {APEX_OP_BATCH_NORM_RELU, APEX_OP_GELU};
+  for (int i = 0; i < 2; i++) {
+    apex_model *m = apex_model_create(&(apex_model_options){.seed = 1});
+    apex_module *net = apex_sequential_create(m, NULL);
+    TU_OK(apex_sequential_add(net, apex_batch_norm2d_create(m, "bn", 3, NULL)));
+    TU_OK(apex_sequential_add(net, apex_activation_create(m, acts[i])));
+    apex_graph *g = apex_graph_create();
+    apex_var *x = tu_random_leaf(APEX_F32, 4, (int64_t[]){2, 3, 4, 4}, 25, 0);
+    apex_var *y = apex_module_forward(net, g, x);
+    assert_non_null(y);
+    assert_int_equal(apex_var_op(y), want[i]);
+    apex_graph_destroy(g);
+    apex_var_destroy(x);
+    apex_model_destroy(m);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_accumulate_and_zero),       cmocka_unit_test(test_no_grad_and_freed_graph),
       cmocka_unit_test(test_errors_name_op_and_shapes), cmocka_unit_test(test_low_precision_and_autocast),
       cmocka_unit_test(test_threads_bitwise),           cmocka_unit_test(test_ten_thousand_steps),
-      cmocka_unit_test(test_model_names_and_init),
+      cmocka_unit_test(test_model_names_and_init),       cmocka_unit_test(test_batch_norm_relu_fused),
       cmocka_unit_test(test_low_precision_leaf_adds_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

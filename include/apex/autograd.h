@@ -77,6 +77,7 @@ typedef enum apex_op {
   APEX_OP_BCE, APEX_OP_SUM, APEX_OP_MEAN, APEX_OP_RESHAPE, APEX_OP_PERMUTE, APEX_OP_CONCAT,
   APEX_OP_ATTENTION,
   APEX_OP_SYNC_BATCH_NORM, /* batch norm with statistics over every rank (parallel.h, src/parallel/) */
+  APEX_OP_BATCH_NORM_RELU, /* relu(batch norm): apex_batch_norm_options.relu */
   APEX_OP_COUNT
 } apex_op;
 

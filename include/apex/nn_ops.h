@@ -76,6 +76,9 @@ typedef struct apex_batch_norm_options {
   int training;    /* 1: batch statistics, and running statistics updated; 0: running statistics */
   float momentum;  /* 0 means 0.1: running = (1 - momentum) * running + momentum * batch */
   float eps;       /* 0 means 1e-5 */
+  int relu;        /* 1: the result is relu(batch norm(x)), as one op (APEX_OP_BATCH_NORM_RELU) that
+                      spares a pass over the activations each way; apex_sequential fuses a batch
+                      norm followed by a ReLU this way */
 } apex_batch_norm_options;
 /* Batch norm over channel dimension 1 of x [N, C], [N, C, L] or [N, C, H, W]. weight and bias [C] or
  * NULL. running_mean and running_var are f32 tensors [C] (NULL allowed in training: no update);

@@ -59,6 +59,9 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     [APEX_OP_ATTENTION] = {"causal_attention", APEX_CAST_HALF, apex__bwd_attention},
     /* Same category as batch_norm; the op lives in src/parallel/sync_batch_norm.c (it communicates). */
     [APEX_OP_SYNC_BATCH_NORM] = {"sync_batch_norm", APEX_CAST_NONE, apex__bwd_sync_batch_norm},
+    /* its backward masks the gradient where the output is non-zero: a half output's bits, or for f32
+     * the output recomputed from x, weight and bias (ops_norm.c), so it reads every input */
+    [APEX_OP_BATCH_NORM_RELU] = {"batch_norm_relu", APEX_CAST_NONE, apex__bwd_batch_norm, 0, 1},
 };
 
 static const apex__op_info invalid = {.name = "invalid", .cast = APEX_CAST_NONE};

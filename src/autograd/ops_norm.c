@@ -6,13 +6,17 @@
  * gradients of the row norms are column sums of an [rows, D] product, done by apex__colsum_add in
  * row order. */
 #include <math.h>
+#include <omp.h>
+
+#include "apex/threads.h"
 
 #include "autograd/ag.h"
 
 /* ---- batch norm --------------------------------------------------------------------------------- */
 
 /* A channel's sums run over its N planes of S in the lanes of ag.h (vectorised, f32 blocks into f64,
- * the same bits on any thread). */
+ * the same bits on any thread). Every pass over a channel prefetches its next plane
+ * (ag_prefetch_plane). */
 static void lanes_sq(double acc[AG_LANES], const float *restrict x, size_t n, float mean) {
   for (size_t b0 = 0; b0 < n; b0 += AG_LANE_BLOCK) {
     size_t e = n - b0 < AG_LANE_BLOCK ? n : b0 + AG_LANE_BLOCK, i = b0;
@@ -83,6 +87,7 @@ apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var
   if (!opts) opts = &defaults;
   apex_var *in[3] = {x, weight, bias}, *u[3];
   apex_dtype dt;
+  /* the fused op casts as batch norm does (and follows any override of batch norm's category) */
   if (apex__dispatch(g, APEX_OP_BATCH_NORM, 3, in, 6u, u, &dt) != APEX_OK) return NULL;
   const apex_tensor *X = u[0]->value;
   dt = X->dtype; /* the input's type, whatever the parameters' (f32 under keep_batchnorm_fp32) */
@@ -109,7 +114,7 @@ apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var
   if (opts->training && M <= 1)
     return apex__fail_null(APEX_ERR_SHAPE, "batch_norm: training needs more than one value per channel; input %s has %zu", apex__shape(x), M);
   float mom = opts->momentum != 0.0f ? opts->momentum : 0.1f, eps = opts->eps != 0.0f ? opts->eps : 1e-5f;
-  apex_var *out = apex__result(g, APEX_OP_BATCH_NORM, dt, X->ndim, X->shape, 3, u);
+  apex_var *out = apex__result(g, opts->relu ? APEX_OP_BATCH_NORM_RELU : APEX_OP_BATCH_NORM, dt, X->ndim, X->shape, 3, u);
   if (!out) return NULL;
   const float *xf = apex__f32(g, X), *wf = u[1] ? apex__f32(g, u[1]->value) : NULL, *bf = u[2] ? apex__f32(g, u[2]->value) : NULL;
   float *o = apex__out_f32(g, out), *st = apex__scratch(g, 2 * C * sizeof(float));
@@ -124,9 +129,15 @@ apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var
     double mean, var;
     if (opts->training) {
       double sa[AG_LANES] = {0}, qa[AG_LANES] = {0};
-      for (size_t n = 0; n < N; n++) apex__lanes_add(sa, xf + (n * C + c) * S, S);
+      for (size_t n = 0; n < N; n++) {
+        ag_prefetch_plane(xf, N, C, S, n, c, 0);
+        apex__lanes_add(sa, xf + (n * C + c) * S, S);
+      }
       mean = apex__lanes_total(sa) / (double)M;
-      for (size_t n = 0; n < N; n++) lanes_sq(qa, xf + (n * C + c) * S, S, (float)mean);
+      for (size_t n = 0; n < N; n++) {
+        ag_prefetch_plane(xf, N, C, S, n, c, 0);
+        lanes_sq(qa, xf + (n * C + c) * S, S, (float)mean);
+      }
       double q = apex__lanes_total(qa);
       var = q / (double)M;
       if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mean);
@@ -138,33 +149,73 @@ apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var
     float m = (float)mean, r = (float)(1.0 / sqrt(var + eps)), w = wf ? wf[c] : 1.0f, b = bf ? bf[c] : 0.0f;
     st[c] = m;
     st[C + c] = r;
-    apex__bn_normalize_channel(xf, o, N, C, S, c, m, r, w, b);
+    apex__bn_normalize_channel(xf, o, N, C, S, c, m, r, w, b, opts->relu);
   }
   apex__store(out, o);
   return out;
 }
 
+/* The fused op's gradient at its batch norm output, one plane: go where the output is non-zero
+ * (it is +0 or the positive value itself, never -0 or NaN); 0 + go as relu's backward writes it into
+ * fresh zeros, so the bits are those of the unfused ops. An f32 output is non-zero exactly where the
+ * forward's apex__bn_affine of the input was > 0, and the input's plane is read here anyway, so the
+ * output is not read (12.8 MB less from memory for the benchmark CNN's first batch norm); a half
+ * output may have rounded to zero, so its raw bits are tested instead. */
+static void relu_mask_plane(float *restrict gm, const float *restrict go, const float *restrict x, const apex_var *out, size_t off, size_t S,
+                            float m, float r, float w, float bias) {
+  const uint16_t *restrict y = out->value->dtype == APEX_F32 ? NULL : (const uint16_t *)apex_tensor_data(out->value) + off;
+  for (size_t i = 0; i < S; i++) {
+    float v = go[off + i] + 0.0f;
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    b &= -(uint32_t)(y ? y[i] != 0 : apex__bn_affine(x[off + i], m, r, w, bias) > 0.0f);
+    memcpy(gm + i, &b, sizeof b);
+  }
+}
+
+/* The batch norm backward reads its gradient twice per channel: once for the sums, once for the
+ * input's gradient. The fused op masks each plane once, in the first pass, into a per-thread copy of
+ * the channel's gradient (N * S floats, which stays in cache for the second pass), so its output is
+ * read once. */
 apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
   int fresh;
   float *gx = apex__gbuf_w(g, out->in[0], &fresh), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
   size_t C = (size_t)out->ia[1], S = (size_t)out->ia[2], N = ag_numel(out) / ag_nz(C * S), M = N * S;
-  int training = (int)out->ia[0];
+  int training = (int)out->ia[0], fused = out->op == APEX_OP_BATCH_NORM_RELU;
+  int par = ag_numel(out) > AG_PAR_MIN, nt = par ? apex_get_num_threads() : 1;
   const float *xf = apex__f32(g, out->in[0]->value), *wf = out->in[1] ? apex__f32(g, out->in[1]->value) : NULL;
+  const float *bf = fused && out->in[2] ? apex__f32(g, out->in[2]->value) : NULL;
   const float *st = out->aux, *go = out->gbuf;
-  if (!xf || (out->in[1] && !wf)) return APEX_ERR_OUT_OF_MEMORY;
-#pragma omp parallel for schedule(static) if (ag_numel(out) > AG_PAR_MIN)
+  float *gms = fused ? apex__scratch_temp(g, (size_t)nt * ag_nz(M) * sizeof(float)) : NULL;
+  if (!xf || (out->in[1] && !wf) || (fused && (!gms || (out->in[2] && !bf)))) return APEX_ERR_OUT_OF_MEMORY;
+  size_t ysize = apex_dtype_size(out->value->dtype);
+  int read_y = out->value->dtype != APEX_F32;
+#pragma omp parallel for schedule(static) if (par)
   for (size_t c = 0; c < C; c++) {
-    float m = st[c], r = st[C + c], w = wf ? wf[c] : 1.0f;
+    float m = st[c], r = st[C + c], w = wf ? wf[c] : 1.0f, bias = bf ? bf[c] : 0.0f, *gm = fused ? gms + (size_t)omp_get_thread_num() * M : NULL;
     double sga[AG_LANES] = {0}, sgxa[AG_LANES] = {0};
-    for (size_t n = 0; n < N; n++) lanes_bwd(sga, sgxa, go + (n * C + c) * S, xf + (n * C + c) * S, S, m, r);
+    for (size_t n = 0; n < N; n++) {
+      size_t off = (n * C + c) * S;
+      ag_prefetch_plane(go, N, C, S, n, c, 0);
+      ag_prefetch_plane(xf, N, C, S, n, c, 0);
+      if (fused) {
+        if (read_y) ag_prefetch_plane_of(apex_tensor_data(out->value), ysize, N, C, S, n, c, 0);
+        relu_mask_plane(gm + n * S, go, xf, out, off, S, m, r, w, bias);
+      }
+      lanes_bwd(sga, sgxa, fused ? gm + n * S : go + off, xf + off, S, m, r);
+    }
     double sg = apex__lanes_total(sga), sgx = apex__lanes_total(sgxa);
     if (gw) gw[c] += (float)sgx;
     if (gb) gb[c] += (float)sg;
     if (!gx) continue;
     float a = w * r, mg = training ? (float)(sg / (double)M) : 0.0f, mgx = training ? (float)(sgx / (double)M) : 0.0f;
     for (size_t n = 0; n < N; n++) {
-      const float *restrict gop = go + (n * C + c) * S, *restrict xp = xf + (n * C + c) * S;
-      float *restrict gxp = gx + (n * C + c) * S;
+      size_t off = (n * C + c) * S;
+      const float *restrict gop = fused ? gm + n * S : go + off, *restrict xp = xf + off;
+      float *restrict gxp = gx + off;
+      if (!fused) ag_prefetch_plane(go, N, C, S, n, c, 0);
+      ag_prefetch_plane(xf, N, C, S, n, c, 0);
+      ag_prefetch_plane(gx, N, C, S, n, c, 1);
       if (fresh)
         for (size_t i = 0; i < S; i++) gxp[i] = 0.0f + a * (gop[i] - mg - (xp[i] - m) * r * mgx);
       else

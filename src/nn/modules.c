@@ -217,6 +217,29 @@ static apex_var *block_forward(apex_module *mod, apex_graph *g, apex_var *x) {
   return drop(drop(apex_add(g, x1, p), p), x1);
 }
 
+static int is_batch_norm(const apex_module *mod) { return mod->kind == NN_BATCH_NORM1D || mod->kind == NN_BATCH_NORM2D; }
+
+/* A batch norm module's forward; relu: its result through relu, fused (apex_batch_norm_options.relu). */
+static apex_var *batch_norm_forward(apex_module *mod, apex_graph *g, apex_var *x, int relu) {
+  int nd = apex_tensor_ndim(apex_var_value(x)), training = mod->model->training;
+  if (mod->kind == NN_BATCH_NORM2D ? nd != 4 : (nd != 2 && nd != 3))
+    return apex__fail_null(APEX_ERR_SHAPE, "%s '%s': input has %d dimensions; it takes %s", mod->kind == NN_BATCH_NORM2D ? "BatchNorm2d" : "BatchNorm1d",
+                           mod->name, nd, mod->kind == NN_BATCH_NORM2D ? "[N, C, H, W]" : "[N, C] or [N, C, L]");
+  apex_batch_norm_options o = mod->bn;
+  o.training = training;
+  o.relu = relu;
+  if (training && mod->bn_forward) return mod->bn_forward(mod->bn_ctx, g, x, mod->p[0], mod->p[1], mod->buf[0], mod->buf[1], &o);
+  return apex_batch_norm(g, x, mod->p[0], mod->p[1], mod->buf[0], mod->buf[1], &o);
+}
+
+/* A sequential runs a batch norm followed by a ReLU as one fused op: the ReLU's pass over the
+ * activations (and its backward's) is gone. Measured on the benchmark CNN (2 threads): the two
+ * ReLUs after batch norm took 2.2 ms of a 26 ms step. Not with a SyncBatchNorm (its op has no fused
+ * form). */
+static int fuses_relu(const apex_module *bn, const apex_module *next) {
+  return is_batch_norm(bn) && !(bn->model->training && bn->bn_forward) && next->kind == NN_ACTIVATION && next->act == APEX_OP_RELU;
+}
+
 apex_var *apex_module_forward(apex_module *mod, apex_graph *g, apex_var *x) {
   if (!mod) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_module_forward: NULL module (did its constructor fail?)");
   if (!x) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_module_forward: '%s' got a NULL input (did an earlier op fail?)", mod->name);
@@ -225,16 +248,7 @@ apex_var *apex_module_forward(apex_module *mod, apex_graph *g, apex_var *x) {
   case NN_LINEAR: return apex_linear(g, x, mod->p[0], mod->p[1]);
   case NN_CONV2D: return apex_conv2d(g, x, mod->p[0], mod->p[1], &mod->conv);
   case NN_BATCH_NORM1D:
-  case NN_BATCH_NORM2D: {
-    int nd = apex_tensor_ndim(apex_var_value(x));
-    if (mod->kind == NN_BATCH_NORM2D ? nd != 4 : (nd != 2 && nd != 3))
-      return apex__fail_null(APEX_ERR_SHAPE, "%s '%s': input has %d dimensions; it takes %s", mod->kind == NN_BATCH_NORM2D ? "BatchNorm2d" : "BatchNorm1d",
-                             mod->name, nd, mod->kind == NN_BATCH_NORM2D ? "[N, C, H, W]" : "[N, C] or [N, C, L]");
-    apex_batch_norm_options o = mod->bn;
-    o.training = training;
-    if (training && mod->bn_forward) return mod->bn_forward(mod->bn_ctx, g, x, mod->p[0], mod->p[1], mod->buf[0], mod->buf[1], &o);
-    return apex_batch_norm(g, x, mod->p[0], mod->p[1], mod->buf[0], mod->buf[1], &o);
-  }
+  case NN_BATCH_NORM2D: return batch_norm_forward(mod, g, x, 0);
   case NN_LAYER_NORM:
   case NN_RMS_NORM: {
     const apex_tensor *w = apex_var_value(mod->p[0]);
@@ -263,7 +277,10 @@ apex_var *apex_module_forward(apex_module *mod, apex_graph *g, apex_var *x) {
   case NN_SEQUENTIAL: {
     apex_var *in = x; /* the caller's: kept */
     for (size_t i = 0; i < mod->n_children && x; i++) {
-      apex_var *y = apex_module_forward(mod->children[i], g, x);
+      apex_module *c = mod->children[i];
+      int fuse = i + 1 < mod->n_children && fuses_relu(c, mod->children[i + 1]);
+      apex_var *y = fuse ? batch_norm_forward(c, g, x, 1) : apex_module_forward(c, g, x);
+      i += fuse;
       x = x == in ? y : drop(y, x);
     }
     return x;

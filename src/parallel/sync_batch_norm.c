@@ -16,6 +16,7 @@ apex_var *apex_sync_batch_norm(apex_graph *g, apex_pg *pg, apex_var *x, apex_var
   static const apex_batch_norm_options defaults = {0};
   if (!opts) opts = &defaults;
   if (!pg) return apex__fail_null(APEX_ERR_INVALID_ARG, "sync_batch_norm: pg is NULL");
+  if (opts->relu) return apex__fail_null(APEX_ERR_UNSUPPORTED, "sync_batch_norm: relu is not fused here; apply apex_relu to the result");
   apex_var *in[3] = {x, weight, bias}, *u[3];
   apex_dtype dt;
   if (apex__dispatch(g, APEX_OP_SYNC_BATCH_NORM, 3, in, 6u, u, &dt) != APEX_OK) return NULL;
@@ -56,7 +57,7 @@ apex_var *apex_sync_batch_norm(apex_graph *g, apex_pg *pg, apex_var *x, apex_var
     if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mf[c]);
     if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * vf[c]);
     float m = mf[c], r = rf[c], w = wf ? wf[c] : 1.0f, b = bf ? bf[c] : 0.0f;
-    apex__bn_normalize_channel(xf, o, N, C, S, c, m, r, w, b);
+    apex__bn_normalize_channel(xf, o, N, C, S, c, m, r, w, b, 0);
   }
   apex__store(out, o);
   return out;
