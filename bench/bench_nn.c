@@ -113,6 +113,21 @@ static double peer(const char *which) {
   return v;
 }
 
+/* apex's best step time and the peer's best samples/s (*peer_sps, 0 when it cannot run), in three
+ * alternating rounds, so that both see the same moments of a shared machine (measured one after the
+ * other, the peer's figure swung between 2.4K and 3.9K samples/s on the CNN from run to run). */
+static double interleaved(step_ctx *c, const char *which, double *peer_sps) {
+  double t = 1e300;
+  *peer_sps = 0;
+  for (int round = 0; round < 3; round++) {
+    double a = bench_best(step, c, round == 0 ? 3 : 1, 5, 1.0), p = peer(which);
+    t = a < t ? a : t;
+    *peer_sps = p > *peer_sps ? p : *peer_sps;
+    if (p <= 0) break; /* no peer: one round is enough */
+  }
+  return t;
+}
+
 static void report(const char *name, double sps, double peer_sps, double flops_per_sample, double peak) {
   char line[128];
   if (peer_sps > 0) {
@@ -194,22 +209,22 @@ int main(int argc, char **argv) {
     apex_module *net = bench_mlp(m);
     step_ctx c;
     ctx_init(&c, m, net, 2, (int64_t[]){B, 784});
-    double t = bench_best(step, &c, 3, 10, 2.0);
+    double peer_sps, t = interleaved(&c, "mlp", &peer_sps);
     ctx_free(&c);
     /* forward 2MK per layer; backward 2MK for dW and 2MK for dx except the first layer */
     double f = 2.0 * (784 * 1024 + 1024 * 1024 + 1024 * 10) * 3 - 2.0 * 784 * 1024;
-    report("nn_mlp_train_f32", B / t, peer("mlp"), f, peak);
+    report("nn_mlp_train_f32", B / t, peer_sps, f, peak);
   }
   if (want_cnn) {
     apex_model *m = apex_model_create(&(apex_model_options){.seed = 2});
     apex_module *net = bench_cnn(m);
     step_ctx c;
     ctx_init(&c, m, net, 4, (int64_t[]){B, 1, 28, 28});
-    double t = bench_best(step, &c, 2, 5, 2.0);
+    double peer_sps, t = interleaved(&c, "cnn", &peer_sps);
     ctx_free(&c);
     double conv1 = 2.0 * 32 * 9 * 784, conv2 = 2.0 * 64 * 288 * 196, fc = 2.0 * (3136 * 128 + 128 * 10);
     double f = 3 * (conv1 + conv2 + fc) - conv1;
-    report("nn_cnn_train_f32", B / t, peer("cnn"), f, peak);
+    report("nn_cnn_train_f32", B / t, peer_sps, f, peak);
   }
   return 0;
 }
