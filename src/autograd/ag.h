@@ -269,6 +269,15 @@ typedef struct ag_mat {
   int ld, trans;
 } ag_mat;
 
+/* sgemm_avx512.c: apex's own single-threaded f32 product C = alpha op(A) op(B) + beta C (row-major,
+ * beta 0 never reads C), and whether this CPU can run it. gemm.c uses it instead of OpenBLAS when it can. */
+int apex__sgemm_avx512_ok(void);
+void apex__sgemm_avx512(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+                        const float *b, int ldb, float beta, float *c, int ldc);
+/* For tests and benchmarks: 0 makes gemm.c use OpenBLAS even where the own kernel can run; returns
+ * the previous setting (1 by default). */
+int apex__gemm_set_own_kernel(int on);
+
 /* C [m, n] (dtype ct, ldc) = alpha * op(A) [m, k] op(B) [k, n] + beta * C, for operands of any float
  * dtype, accumulated in f32, in apex__sgemm's grid. With bias (f32 [n]), C = bias + alpha * op(A)
  * op(B) instead. C that is not f32 is written, never read: beta must then be 0. Low-precision

@@ -54,8 +54,22 @@ void apex__blas_serial(void) {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
+static int own_kernel = 1;
+
+int apex__gemm_set_own_kernel(int on) {
+  int old = own_kernel;
+  own_kernel = on != 0;
+  return old;
+}
+
+/* One single-threaded product: apex's AVX-512 kernel where the CPU has it (OpenBLAS is pinned to its
+ * AVX2 kernels on this project's machines; see sgemm_avx512.c), else OpenBLAS. */
 static void sgemm1(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
                    float beta, float *c, int ldc) {
+  if (own_kernel && apex__sgemm_avx512_ok()) {
+    apex__sgemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb,
               beta, c, ldc);
 }
