@@ -25,7 +25,7 @@
 #define HAVE_KERNEL 0
 #endif
 
-enum { MR = 12, NR = 32, KC = 256, MC = 96, NC = 128 };
+enum { MR = 12, NR = 32, KC = 256, MC = 96, NC = 256 };
 
 int apex__sgemm_avx512_ok(void) {
 #if HAVE_KERNEL
@@ -129,7 +129,7 @@ static void store(float *c, int ldc, int rows, int cols, const float *acc, float
 
 AVX512 void apex__sgemm_avx512(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
                                const float *b, int ldb, float beta, float *c, int ldc) {
-  /* 96 KiB of A strips and 128 KiB of B strips on the stack: no allocation per call, as products are
+  /* 96 KiB of A strips and 256 KiB of B strips on the stack: no allocation per call, as products are
    * called per tile from every thread. */
   _Alignas(64) float ap[MC * KC], bp[KC * NC], acc[MR * NR];
   if (k == 0) { /* no products: C = beta * C, as sgemm */
