@@ -300,7 +300,7 @@ static void test_gemm_tiles_accuracy(void **state) {
 }
 
 /* apex's AVX-512 product (where the CPU has it) against a double-precision reference: every
- * transpose pair, ragged shapes around its 12 x 32 tile and 256-deep slices, alpha and beta (beta 0
+ * transpose pair, ragged shapes around its 8 x 32 tile and 256-deep slices, alpha and beta (beta 0
  * over a NaN-filled C must not read it), leading dimensions wider than the operands. f32 sums of up
  * to 600 terms of values in [-1, 1]: within 1e-5 of the largest magnitude the sum could have. */
 static void test_own_sgemm(void **state) {
