@@ -308,6 +308,83 @@ static void test_optimizers_match_cpu(void **state) {
     for (int d = 0; d < 3; d++) run_optim_case(&cases[k], dts[d]);
 }
 
+/* AdamP's projection depends on each tensor's shape: parameters of 3, 2 and 1 dimensions, with gradients
+ * that make the projection happen per row (each row of g orthogonal to that row of p), for the whole
+ * tensor (g orthogonal to p as a whole, its rows not), or not at all (random g), over 10 steps. The GPU
+ * sums rows in another order than the CPU: 64 ulps allowed, as for LAMB. */
+enum { ADAMP_RANDOM, ADAMP_PER_ROW, ADAMP_WHOLE };
+
+/* g = random * 256 (the loss scale), made orthogonal to the CPU's current p as `how` says. */
+static void adamp_grad(apex_tensor *hg, const apex_tensor *p, int how, uint64_t seed) {
+  size_t n = apex_tensor_numel(hg), rows = how == ADAMP_PER_ROW ? (size_t)apex_tensor_dim(p, 0) : 1, len = n / rows;
+  apex_tensor *r = tu_random_tensor(APEX_F32, n, seed, 1.0f);
+  for (size_t row = 0; row < rows; row++) {
+    double rp = 0, pp = 0;
+    for (size_t i = row * len; i < (row + 1) * len; i++) {
+      rp += (double)apex_tensor_get(r, i) * apex_tensor_get(p, i);
+      pp += (double)apex_tensor_get(p, i) * apex_tensor_get(p, i);
+    }
+    double c = how == ADAMP_RANDOM || pp == 0 ? 0 : rp / pp;
+    for (size_t i = row * len; i < (row + 1) * len; i++)
+      apex_tensor_set(hg, i, (float)(256.0 * (apex_tensor_get(r, i) - c * apex_tensor_get(p, i))));
+  }
+  apex_tensor_destroy(r);
+}
+
+static void adamp_case(const apex_optim_options *o, apex_dtype pdt) {
+  enum { P = 4 };
+  const int64_t shapes[P][3] = {{6, 5, 7}, {64, 300, 0}, {40, 250, 0}, {40001, 0, 0}};
+  const int ndims[P] = {3, 2, 2, 1}, how[P] = {ADAMP_PER_ROW, ADAMP_PER_ROW, ADAMP_WHOLE, ADAMP_RANDOM};
+  apex_tensor *hp[P], *dp[P], *hg[P], *dg[P];
+  for (int i = 0; i < P; i++) {
+    hp[i] = apex_tensor_create(pdt, ndims[i], shapes[i]);
+    apex_tensor *f = tu_random_tensor(APEX_F32, apex_tensor_numel(hp[i]), 400 + i, 1.0f);
+    for (size_t j = 0; j < apex_tensor_numel(f); j++) apex_tensor_set(hp[i], j, apex_tensor_get(f, j));
+    dp[i] = dev_copy(hp[i]);
+    hg[i] = apex_tensor_create(APEX_F32, ndims[i], shapes[i]);
+    dg[i] = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, ndims[i], shapes[i]);
+    apex_tensor_destroy(f);
+  }
+  apex_optimizer *ho = apex_optimizer_create(APEX_OPTIM_ADAMP, o), *dopt = apex_optimizer_create(APEX_OPTIM_ADAMP, o);
+  TU_OK(apex_optimizer_add_group(ho, hp, P, hg, P, NULL, NULL));
+  TU_OK(apex_optimizer_add_group(dopt, dp, P, dg, P, NULL, NULL));
+  for (int step = 0; step < 10; step++) {
+    for (int i = 0; i < P; i++) {
+      const apex_tensor *cur = apex_optimizer_master(ho, 0, i) ? apex_optimizer_master(ho, 0, i) : hp[i];
+      adamp_grad(hg[i], cur, how[i], 2000 + 10 * (uint64_t)step + (uint64_t)i);
+      TU_OK(apex_tensor_copy(dg[i], hg[i]));
+    }
+    TU_OK(apex_optimizer_step(ho, 256.0f, 0));
+    TU_OK(apex_optimizer_step(dopt, 256.0f, 0));
+  }
+  for (int i = 0; i < P; i++) {
+    assert_int_equal(apex_optimizer_step_count(dopt, 0, i), 10);
+    const apex_tensor *dm = apex_optimizer_master(dopt, 0, i) ? apex_optimizer_master(dopt, 0, i) : dp[i];
+    const apex_tensor *hm = apex_optimizer_master(ho, 0, i) ? apex_optimizer_master(ho, 0, i) : hp[i];
+    uint32_t u = max_ulps(dm, hm);
+    if (u > 64) fail_msg("AdamP %s: parameter %d is %u ulps from the CPU (allowed 64)", apex_dtype_name(pdt), i, u);
+  }
+  apex_optimizer_destroy(ho);
+  apex_optimizer_destroy(dopt);
+  for (int i = 0; i < P; i++) {
+    apex_tensor_destroy(hp[i]);
+    apex_tensor_destroy(dp[i]);
+    apex_tensor_destroy(hg[i]);
+    apex_tensor_destroy(dg[i]);
+  }
+}
+
+static void test_adamp_matches_cpu(void **state) {
+  (void)state;
+  const apex_optim_options opts[] = {
+      {.lr = 1e-2f, .weight_decay = 1e-2f},
+      {.lr = 1e-2f, .weight_decay = 1e-1f, .nesterov = APEX_OPTIM_ON, .delta = 0.2f, .wd_ratio = 0.5f},
+  };
+  const apex_dtype dts[3] = {APEX_F32, APEX_F16, APEX_BF16};
+  for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
+    for (int d = 0; d < 3; d++) adamp_case(&opts[k], dts[d]);
+}
+
 /* ---- GPU optimizer state: save, load, resume ---- */
 
 static void *save_state(const apex_optimizer *o, size_t *size) {
@@ -409,6 +486,7 @@ static void test_optimizer_state_on_gpu(void **state) {
       {APEX_OPTIM_RMSPROP_TF, {.momentum = 0.9f, .centered = APEX_OPTIM_ON}, 0},
       {APEX_OPTIM_LAMB, {.lr = 1e-2f, .weight_decay = 1e-2f}, 64},
       {APEX_OPTIM_NOVOGRAD, {.lr = 1e-2f, .weight_decay = 1e-2f}, 64}, /* its per-tensor moments live on the GPU */
+      {APEX_OPTIM_ADAMP, {.weight_decay = 1e-2f}, 64},
   };
   const apex_dtype dts[2] = {APEX_F32, APEX_BF16};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
@@ -454,10 +532,18 @@ static void test_device_skip_changes_nothing(void **state) {
   apex_tensor_destroy(lamb_before);
   apex_tensor_destroy(lp);
   apex_optimizer_destroy(lamb);
-  /* A kind without a CUDA kernel: refused before anything runs. */
-  apex_optimizer *adamp = apex_optimizer_create(APEX_OPTIM_ADAMP, NULL);
-  TU_OK(apex_optimizer_add_group(adamp, &p, 1, &g, 1, NULL, NULL));
-  TU_FAILS(apex_optimizer_step(adamp, 1.0f, 0), APEX_ERR_UNSUPPORTED, "AdamP");
+  /* AdamP (sums per row between launches) skips from the device flag too. */
+  apex_optimizer *adamp = apex_optimizer_create(APEX_OPTIM_ADAMP, &(apex_optim_options){.weight_decay = 1e-2f});
+  apex_tensor *ap = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 1, &n);
+  TU_OK(apex_tensor_copy(ap, f));
+  TU_OK(apex_optimizer_add_group(adamp, &ap, 1, &g, 1, NULL, NULL));
+  apex_tensor *adamp_before = host_copy(ap);
+  TU_OK(apex_cuda_scaler_check(sc, &g, 1));
+  TU_OK(apex_cuda_optimizer_step(adamp, sc));
+  assert_same_bits(ap, adamp_before, "AdamP model after a skipped step");
+  assert_int_equal(apex_optimizer_step_count(adamp, 0, 0), 0);
+  apex_tensor_destroy(adamp_before);
+  apex_tensor_destroy(ap);
   /* A group mixing devices: refused at add time. */
   apex_tensor *hp = apex_tensor_create(APEX_F32, 1, &n), *dp2 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &n);
   apex_tensor *mixed[2] = {dp2, hp};
@@ -662,7 +748,7 @@ int main(void) {
       cmocka_unit_test(test_optimizers_match_cpu),    cmocka_unit_test(test_device_skip_changes_nothing),
       cmocka_unit_test(test_layer_norm),              cmocka_unit_test(test_cross_entropy),
       cmocka_unit_test(test_batch_norm_stats),        cmocka_unit_test(test_matmul),
-      cmocka_unit_test(test_optimizer_state_on_gpu),
+      cmocka_unit_test(test_optimizer_state_on_gpu),  cmocka_unit_test(test_adamp_matches_cpu),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

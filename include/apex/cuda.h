@@ -5,7 +5,7 @@
  * apex_tensor_data() gives the device pointer. apex_tensor_fill, apex_tensor_copy (any direction,
  * any dtype pair, with the CPU's exact rounding), apex_tensor_to, apex_tensor_clone, apex_tensor_get
  * and apex_tensor_set work on them; the multi-tensor kernels (multi_tensor.h) and the optimizers
- * (optim.h: every kind but AdamP so far; LAMB and NovoGrad built but not yet run on a GPU) run on
+ * (optim.h: every kind; LAMB, NovoGrad and AdamP built but not yet run on a GPU) run on
  * the GPU when their tensors are there; LAMB needs all its groups on one device (its global norm).
  * The autograd ops are CPU-only for now and refuse device tensors.
  *

@@ -106,10 +106,13 @@ typedef struct apex__cuda_step {
   const int *d_skip;
   const float *d_grad_norm; /* LAMB: the global norm of every group's g * inv_scale (NULL: no clipping) */
   float *d_scalars;         /* NovoGrad: the group's per-tensor second moments on the device, by parameter */
+  const int64_t *rows;      /* AdamP: each entry's channel-view rows (its first dimension), 0 for 0/1-D tensors */
 } apex__cuda_step;
 apex_status apex__cuda_optim_step(const apex__cuda_step *s);
-/* LAMB's and NovoGrad's steps (lamb.cu, novograd.cu), reached through apex__cuda_optim_step. */
+/* LAMB's, NovoGrad's and AdamP's steps (lamb.cu, novograd.cu, adamp.cu), reached through
+ * apex__cuda_optim_step. */
 apex_status apex__cuda_lamb_step(const apex__cuda_step *s);
+apex_status apex__cuda_adamp_step(const apex__cuda_step *s);
 apex_status apex__cuda_novograd_step(const apex__cuda_step *s);
 
 /* ---- loss_scaler.cu --------------------------------------------------------------------------------- */

@@ -1,6 +1,6 @@
 /* optim.cu: the fused optimizer step on the GPU, one kernel for the elementwise kinds (SGD, Adam, AdamW,
- * Adadelta, Adagrad, RMSprop, RMSpropTF); LAMB and NovoGrad, which need per-tensor norms between
- * passes, are in lamb.cu and novograd.cu.
+ * Adadelta, Adagrad, RMSprop, RMSpropTF); LAMB, NovoGrad and AdamP, which need per-tensor norms or
+ * sums between passes, are in lamb.cu, novograd.cu and adamp.cu.
  *
  * Each element's update repeats, operation for operation, the CPU kernel in src/optim/<kind>.c, and
  * the CUDA files are compiled without contracting multiplies and adds into FMAs (-fmad=false), so
@@ -156,6 +156,7 @@ extern "C" apex_status apex__cuda_optim_step(const apex__cuda_step *s) {
   /* Per-tensor norms between passes: their own files. */
   if (s->kind == APEX_OPTIM_LAMB) return apex__cuda_lamb_step(s);
   if (s->kind == APEX_OPTIM_NOVOGRAD) return apex__cuda_novograd_step(s);
+  if (s->kind == APEX_OPTIM_ADAMP) return apex__cuda_adamp_step(s);
   const apex_optim_options *o = s->o;
   OptParams q = {};
   q.kind = s->kind;

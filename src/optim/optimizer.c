@@ -498,8 +498,12 @@ static apex_status cuda_step_build(const apex_optimizer *opt, const apex__group 
                                    apex__cuda_step *c) {
   int n = a->n, lists = 3 + g->nstates;
   size_t each = (size_t)(n ? n : 1);
-  char *mem = malloc((size_t)lists * each * (sizeof(void *) + sizeof(apex_dtype) + sizeof(size_t)));
+  /* One block: the lists' pointers, element counts and dtypes, then AdamP's rows per entry. */
+  size_t list_bytes = (size_t)lists * each * (sizeof(void *) + sizeof(apex_dtype) + sizeof(size_t));
+  list_bytes = (list_bytes + sizeof(int64_t) - 1) / sizeof(int64_t) * sizeof(int64_t);
+  char *mem = malloc(list_bytes + each * sizeof(int64_t));
   if (!mem) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
+  int64_t *rows = (int64_t *)(mem + list_bytes);
   apex__cuda_list *all[6] = {&c->g, &c->p, &c->model, &c->s[0], &c->s[1], &c->s[2]};
   for (int l = 0; l < lists; l++) {
     all[l]->n = n;
@@ -509,6 +513,7 @@ static apex_status cuda_step_build(const apex_optimizer *opt, const apex__group 
                                    (size_t)l * each * sizeof(apex_dtype));
   }
   for (int j = 0; j < n; j++) {
+    rows[j] = apex_tensor_ndim(a->p[j]) >= 2 ? apex_tensor_dim(a->p[j], 0) : 0;
     apex_tensor *t[6] = {a->g[j], a->p[j], a->model[j], NULL, NULL, NULL};
     for (int s = 0; s < g->nstates; s++) t[3 + s] = a->s[s][j];
     for (int l = 0; l < lists; l++) {
@@ -517,6 +522,7 @@ static apex_status cuda_step_build(const apex_optimizer *opt, const apex__group 
       all[l]->dtype[j] = t[l] ? apex_tensor_dtype(t[l]) : APEX_F32;
     }
   }
+  c->rows = rows;
   c->kind = opt->kind;
   c->o = &g->o;
   c->n = n;
@@ -559,9 +565,6 @@ static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *
     cuda |= opt->groups[k].device == APEX_DEVICE_CUDA;
     cpu |= opt->groups[k].device != APEX_DEVICE_CUDA;
   }
-  if (cuda && opt->kind == APEX_OPTIM_ADAMP)
-    return apex__fail(APEX_ERR_UNSUPPORTED, "apex_optimizer_step: %s has no CUDA kernel yet; keep its parameters on the CPU",
-                      opt->ops->name);
   if (cuda && cpu && opt->ops->prepare) /* LAMB's global norm spans every group: one device for all */
     return apex__fail(APEX_ERR_DEVICE, "apex_optimizer_step: %s has groups on the CPU and on the GPU; its global gradient "
                       "norm needs them all on one device", opt->ops->name);
