@@ -5,7 +5,8 @@ tests/test_optim_golden.c checks apex's optimizers against.
 Run with Debian's python3-torch (1.13, CPU): /usr/bin/python3 tests/gen_optim_golden.py
 
 Where the expected values come from:
-  * SGD, Adam, AdamW, Adadelta, Adagrad, RMSprop: torch.optim itself, run in float64.
+  * SGD, Adam, AdamW, Adadelta, Adagrad, RMSprop: torch.optim itself, run in float64 (for Adam and
+    AdamW, torch.optim.AdamW when the case's adam_w_mode is on, torch.optim.Adam when it is off).
   * AdamP, LAMB, RMSpropTF, NovoGrad, and the Apex-only options of SGD (wd_after_momentum), Adam
     (bias_correction off) and Adagrad (adagrad_w_mode): the plain float64 references below, written
     from the papers' update rules and the authors' reference code (cited at each function), not
@@ -266,14 +267,28 @@ def torch_group(params, o):
             g["betas"] = (o.get("beta1", 0.9), o.get("beta2", 0.999))
         elif k in ("nesterov", "amsgrad", "centered"):
             g[k] = bool(v)
+        elif k == "adam_w_mode":
+            pass  # chooses the torch class (torch_kind)
         else:
             g[TORCH_NAMES.get(k, k)] = v
     return g
 
 
+def torch_kind(kind, groups):
+    """Adam and AdamW are one rule with adam_w_mode as the switch: the torch class for the mode asked."""
+    if kind not in ("adam", "adamw"):
+        return kind
+    modes = {bool(o.get("adam_w_mode", kind == "adamw")) for _, o in groups}
+    assert len(modes) == 1, "one adam_w_mode for all groups of a torch reference"
+    w_mode = modes.pop()
+    # torch.optim.AdamW defaults weight_decay to 1e-2, apex to 0: a case must give it
+    assert not w_mode or all("weight_decay" in o for _, o in groups), "give weight_decay with adam_w_mode"
+    return "adamw" if w_mode else "adam"
+
+
 class TorchRef:
     def __init__(self, kind, groups):
-        self.opt = TORCH[kind]([torch_group(ps, o) for ps, o in groups])
+        self.opt = TORCH[torch_kind(kind, groups)]([torch_group(ps, o) for ps, o in groups])
 
     def step(self):
         self.opt.step()
@@ -396,6 +411,18 @@ def cases():
     yield run_case("novograd_reg_inside_noavg", "novograd",
                    ["lr=0.01 reg_inside_moment=1 grad_averaging=0 weight_decay=0.001 beta1=0.95 beta2=0.98"], one,
                    False, 32, missing=miss)
+    # adam_w_mode as an option of either kind (torch.optim.AdamW / Adam as the reference), and the betas
+    # and eps of the kinds whose cases above keep the defaults.
+    yield run_case("adam_w_mode_on", "adam", ["lr=0.01 weight_decay=0.05 adam_w_mode=1"], one, True, 33)
+    yield run_case("adamw_w_mode_off_amsgrad", "adamw", ["lr=0.01 weight_decay=0.05 adam_w_mode=0 amsgrad=1"], one,
+                   True, 34, missing=miss)
+    yield run_case("adamp_betas_eps", "adamp", ["lr=0.01 beta1=0.8 beta2=0.99 eps=1e-6 weight_decay=0.01"], one,
+                   False, 35, ortho=ortho)
+    yield run_case("lamb_betas_eps", "lamb", ["lr=0.01 beta1=0.8 beta2=0.99 eps=1e-4 weight_decay=0.01"], one,
+                   False, 36)
+    yield run_case("rmsprop_tf_eps_alpha", "rmsprop_tf", ["lr=0.01 eps=1e-3 alpha=0.8"], one, False, 37)
+    yield run_case("novograd_eps_no_bias_correction", "novograd",
+                   ["lr=0.01 eps=1e-3 bias_correction=0 weight_decay=0.01"], one, False, 38)
 
 
 def put_str(out, s):

@@ -254,6 +254,114 @@ static void test_load_refuses_mismatches(void **state) {
   model_free(&b);
 }
 
+/* A tensor of dtype and shape [d0, d1] with tu_random_tensor's values. */
+static apex_tensor *random_2d(apex_dtype dtype, int64_t d0, int64_t d1, uint64_t seed) {
+  const int64_t shape[2] = {d0, d1};
+  apex_tensor *flat = tu_random_tensor(dtype, (size_t)(d0 * d1), seed, 1.0f);
+  apex_tensor *t = apex_tensor_view(flat, 2, shape);
+  apex_tensor_destroy(flat);
+  return t;
+}
+
+/* An Adam optimizer (amsgrad) over params, split into groups of the sizes given (0-terminated). */
+static apex_optimizer *adam_over(apex_tensor **params, const int *sizes) {
+  apex_optimizer *opt = apex_optimizer_create(APEX_OPTIM_ADAM, &(apex_optim_options){.amsgrad = APEX_OPTIM_ON});
+  assert_non_null(opt);
+  for (int at = 0; *sizes; at += *sizes++) TU_OK(apex_optimizer_add_group(opt, params + at, *sizes, NULL, 0, NULL, NULL));
+  return opt;
+}
+
+/* Loads buf into opt and checks it fails with status and needle, the optimizer's state unchanged. */
+static void assert_opt_load_refused(apex_optimizer *opt, const void *buf, size_t size, apex_status status,
+                                    const char *needle) {
+  size_t before_size, after_size;
+  void *before = state_bytes(opt, &before_size);
+  TU_FAILS(apex_optimizer_load(opt, buf, size), status, needle);
+  void *after = state_bytes(opt, &after_size);
+  if (after_size != before_size || memcmp(after, before, before_size)) fail_msg("%s: the state changed", needle);
+  free(before);
+  free(after);
+}
+
+/* The refusal names the first mismatch, wherever it is: a later parameter, a later group, and not a
+ * later mismatch of the same load. */
+static void test_load_names_first_mismatch(void **state) {
+  (void)state;
+  /* Saved: bf16 [4, 5], bf16 [7, 1], bf16 [3, 4], f32 [2, 2], after one step with gradients. */
+  apex_tensor *saved[4] = {random_2d(APEX_BF16, 4, 5, 1), random_2d(APEX_BF16, 7, 1, 2), random_2d(APEX_BF16, 3, 4, 3),
+                           random_2d(APEX_F32, 2, 2, 4)};
+  apex_tensor *grads[4];
+  for (int i = 0; i < 4; i++) grads[i] = random_2d(APEX_F32, apex_tensor_dim(saved[i], 0), apex_tensor_dim(saved[i], 1), 10 + (uint64_t)i);
+  const int one_group[] = {4, 0}, two_groups[] = {2, 2, 0};
+  size_t size1, size2;
+  apex_optimizer *src = adam_over(saved, one_group);
+  for (int i = 0; i < 4; i++) TU_OK(apex_optimizer_set_grad(src, 0, i, grads[i]));
+  TU_OK(apex_optimizer_step(src, 1.0f, 0));
+  void *buf1 = state_bytes(src, &size1);
+  apex_optimizer_destroy(src);
+  src = adam_over(saved, two_groups);
+  void *buf2 = state_bytes(src, &size2);
+  apex_optimizer_destroy(src);
+
+  /* Parameter 0 matches; parameter 1 has another shape and parameter 2 another dtype: the message
+   * names parameter 1. With parameter 1 fixed, it names parameter 2. */
+  apex_tensor *p[4] = {random_2d(APEX_BF16, 4, 5, 5), random_2d(APEX_BF16, 7, 2, 6), random_2d(APEX_F16, 3, 4, 7),
+                       random_2d(APEX_F32, 2, 2, 8)};
+  apex_optimizer *dst = adam_over(p, one_group);
+  assert_opt_load_refused(dst, buf1, size1, APEX_ERR_SHAPE,
+                          "group 0, parameter 1 was saved with shape [7, 1] but has shape [7, 2]");
+  apex_optimizer_destroy(dst);
+  apex_tensor *p1 = p[1];
+  p[1] = random_2d(APEX_BF16, 7, 1, 9);
+  dst = adam_over(p, one_group);
+  assert_opt_load_refused(dst, buf1, size1, APEX_ERR_DTYPE, "group 0, parameter 2 was saved as bf16 but is f16");
+  apex_optimizer_destroy(dst);
+  /* The last parameter alone differs: another dtype, then another rank. */
+  apex_tensor *p2 = p[2], *p3 = p[3];
+  p[2] = random_2d(APEX_BF16, 3, 4, 11);
+  p[3] = random_2d(APEX_BF16, 2, 2, 12);
+  dst = adam_over(p, one_group);
+  assert_opt_load_refused(dst, buf1, size1, APEX_ERR_DTYPE, "group 0, parameter 3 was saved as f32 but is bf16");
+  apex_optimizer_destroy(dst);
+  apex_tensor_destroy(p[3]);
+  const int64_t four = 4;
+  p[3] = apex_tensor_create(APEX_F32, 1, &four);
+  dst = adam_over(p, one_group);
+  assert_opt_load_refused(dst, buf1, size1, APEX_ERR_SHAPE, "group 0, parameter 3 was saved with shape [2, 2] but has shape [4]");
+  apex_optimizer_destroy(dst);
+
+  /* Two groups: the first group's count differs ({1, 3} against the saved {2, 2}), or only the second
+   * group's last parameter. */
+  const int other_split[] = {1, 3, 0};
+  dst = adam_over(p, other_split);
+  assert_opt_load_refused(dst, buf2, size2, APEX_ERR_STATE, "group 0 was saved with 2 parameters but has 1");
+  apex_optimizer_destroy(dst);
+  dst = adam_over(p, two_groups);
+  assert_opt_load_refused(dst, buf2, size2, APEX_ERR_SHAPE, "group 1, parameter 1 was saved with shape [2, 2] but has shape [4]");
+  apex_optimizer_destroy(dst);
+  /* With every parameter matching, both load; the loaded step counts are the saved ones. */
+  apex_tensor_destroy(p[3]);
+  p[3] = random_2d(APEX_F32, 2, 2, 13);
+  dst = adam_over(p, one_group);
+  TU_OK(apex_optimizer_load(dst, buf1, size1));
+  for (int i = 0; i < 4; i++) assert_int_equal(apex_optimizer_step_count(dst, 0, i), 1);
+  apex_optimizer_destroy(dst);
+  dst = adam_over(p, two_groups);
+  TU_OK(apex_optimizer_load(dst, buf2, size2));
+  apex_optimizer_destroy(dst);
+
+  free(buf1);
+  free(buf2);
+  apex_tensor_destroy(p1);
+  apex_tensor_destroy(p2);
+  apex_tensor_destroy(p3);
+  for (int i = 0; i < 4; i++) {
+    apex_tensor_destroy(p[i]);
+    apex_tensor_destroy(saved[i]);
+    apex_tensor_destroy(grads[i]);
+  }
+}
+
 /* ---- threads ---- */
 
 static void test_thread_count_independent(void **state) {
@@ -624,6 +732,7 @@ int main(void) {
       cmocka_unit_test(test_skipped_step_changes_nothing),
       cmocka_unit_test(test_save_load_step_is_step),
       cmocka_unit_test(test_load_refuses_mismatches),
+      cmocka_unit_test(test_load_names_first_mismatch),
       cmocka_unit_test(test_thread_count_independent),
       cmocka_unit_test(test_simd_paths_agree),
       cmocka_unit_test(test_lamb_batches_agree),

@@ -4,7 +4,7 @@
  * SGD, Adam, AdamW, Adadelta, Adagrad and RMSprop by torch.optim (PyTorch 1.13, float64); for AdamP,
  * LAMB, RMSpropTF, NovoGrad and the Apex-only options (SGD wd_after_momentum, Adam without bias
  * correction, Adagrad adagrad_w_mode) by the float64 references in that script, written from the
- * papers and the authors' code, not from apex's kernels. 32 cases, 12 steps each, with learning-rate
+ * papers and the authors' code, not from apex's kernels. 38 cases, 12 steps each, with learning-rate
  * schedules, two parameter groups, parameters without gradient and a 2^10 loss scale.
  *
  * f32 parameters must stay within 1e-6 (relative to max(|expected|, 0.1)) of the float64 reference at
