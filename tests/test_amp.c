@@ -215,6 +215,51 @@ static void test_cast_cache_across_modes(void **state) {
   free_net(n);
 }
 
+/* The cache ends with each backward (Apex clears it when scale_loss exits): a forward after the
+ * optimizer step, in the same graph step (an evaluation before the reset), must see the new weights,
+ * not the half copies cast before the step. The reference casts the current weights in a graph
+ * without autocast. */
+static void test_cast_cache_cleared_by_backward(void **state) {
+  (void)state;
+  net_t n = make_net(4, 0, 0.5f);
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1, &(apex_amp_config){.opt_level = "O1"}, &amp));
+  apex_graph *g = apex_graph_create(), *ref = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  apex_var *w = apex_model_find_param(n.m, "fc1.weight"), *b = apex_model_find_param(n.m, "fc1.bias");
+  apex_tensor *xt = batch_x(5);
+  for (int it = 0; it < 3; it++) {
+    apex_var *h = apex_linear(g, apex_graph_input(g, xt, 0), w, b);
+    size_t nb = apex_tensor_nbytes(apex_var_value(h));
+    uint8_t *before = malloc(nb);
+    memcpy(before, apex_tensor_data(apex_var_value(h)), nb);
+    TU_OK(apex_amp_backward(amp, apex_mean_all(g, h), 0, NULL));
+    int skipped;
+    TU_OK(apex_amp_step(amp, n.opt, &skipped));
+    assert_int_equal(skipped, 0);
+    TU_OK(apex_amp_zero_grad(amp));
+    /* Same graph step, no reset: evaluate with the stepped weights. */
+    int prev = apex_graph_set_grad_enabled(g, 0);
+    apex_var *h2 = apex_linear(g, apex_graph_input(g, xt, 0), w, b);
+    apex_graph_set_grad_enabled(g, prev);
+    apex_var *hr = apex_linear(ref, apex_cast(ref, apex_graph_input(ref, xt, 0), APEX_F16), apex_cast(ref, w, APEX_F16),
+                               apex_cast(ref, b, APEX_F16));
+    assert_non_null(h2);
+    assert_int_equal(apex_tensor_dtype(apex_var_value(h2)), APEX_F16);
+    if (memcmp(apex_tensor_data(apex_var_value(h2)), apex_tensor_data(apex_var_value(hr)), nb) != 0)
+      fail_msg("iteration %d: the forward after the step used the weights' half copies from before it", it);
+    assert_true(memcmp(before, apex_tensor_data(apex_var_value(hr)), nb) != 0); /* the step did change them */
+    free(before);
+    apex_graph_reset(g);
+    apex_graph_reset(ref);
+  }
+  apex_tensor_destroy(xt);
+  apex_graph_destroy(g);
+  apex_graph_destroy(ref);
+  apex_amp_destroy(amp);
+  free_net(n);
+}
+
 /* ---- O2 / O3 model casting ---------------------------------------------------------------------- */
 
 static void test_o2_casts_model_keeps_bn_and_masters(void **state) {
@@ -636,7 +681,7 @@ int main(void) {
       cmocka_unit_test(test_o2_casts_model_keeps_bn_and_masters), cmocka_unit_test(test_loss_scale_decrease),
       cmocka_unit_test(test_two_models_two_losses_skip), cmocka_unit_test(test_bitwise_resume),
       cmocka_unit_test(test_disabled_is_identity),       cmocka_unit_test(test_delay_unscale_accumulation),
-      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_bad_input),                  cmocka_unit_test(test_cast_cache_cleared_by_backward),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
