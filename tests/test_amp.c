@@ -6,8 +6,10 @@
  * training runs are checked against runs that differ only in the thing under test (no injected
  * overflow, no checkpoint, no amp), which must give the same bits, since loss scales are powers of
  * two and unscaling by them is exact. */
+#define _POSIX_C_SOURCE 200809L /* dup, dup2, fileno: to read what amp prints at verbosity 1 */
 #include <math.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "apex/amp.h"
 #include "testutil.h"
@@ -211,6 +213,101 @@ static void test_cast_cache_across_modes(void **state) {
   apex_tensor_destroy(xt);
   apex_graph_destroy(g);
   apex_graph_destroy(ref);
+  apex_amp_destroy(amp);
+  free_net(n);
+}
+
+/* The cache ends with each backward (Apex clears it when scale_loss exits): a forward after the
+ * optimizer step, in the same graph step (an evaluation before the reset), must see the new weights,
+ * not the half copies cast before the step. The reference casts the current weights in a graph
+ * without autocast. */
+static void test_cast_cache_cleared_by_backward(void **state) {
+  (void)state;
+  net_t n = make_net(4, 0, 0.5f);
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1, &(apex_amp_config){.opt_level = "O1"}, &amp));
+  apex_graph *g = apex_graph_create(), *ref = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  apex_var *w = apex_model_find_param(n.m, "fc1.weight"), *b = apex_model_find_param(n.m, "fc1.bias");
+  apex_tensor *xt = batch_x(5);
+  for (int it = 0; it < 3; it++) {
+    apex_var *h = apex_linear(g, apex_graph_input(g, xt, 0), w, b);
+    size_t nb = apex_tensor_nbytes(apex_var_value(h));
+    uint8_t *before = malloc(nb);
+    memcpy(before, apex_tensor_data(apex_var_value(h)), nb);
+    TU_OK(apex_amp_backward(amp, apex_mean_all(g, h), 0, NULL));
+    int skipped;
+    TU_OK(apex_amp_step(amp, n.opt, &skipped));
+    assert_int_equal(skipped, 0);
+    TU_OK(apex_amp_zero_grad(amp));
+    /* Same graph step, no reset: evaluate with the stepped weights. */
+    int prev = apex_graph_set_grad_enabled(g, 0);
+    apex_var *h2 = apex_linear(g, apex_graph_input(g, xt, 0), w, b);
+    apex_graph_set_grad_enabled(g, prev);
+    apex_var *hr = apex_linear(ref, apex_cast(ref, apex_graph_input(ref, xt, 0), APEX_F16), apex_cast(ref, w, APEX_F16),
+                               apex_cast(ref, b, APEX_F16));
+    assert_non_null(h2);
+    assert_int_equal(apex_tensor_dtype(apex_var_value(h2)), APEX_F16);
+    if (memcmp(apex_tensor_data(apex_var_value(h2)), apex_tensor_data(apex_var_value(hr)), nb) != 0)
+      fail_msg("iteration %d: the forward after the step used the weights' half copies from before it", it);
+    assert_true(memcmp(before, apex_tensor_data(apex_var_value(hr)), nb) != 0); /* the step did change them */
+    free(before);
+    apex_graph_reset(g);
+    apex_graph_reset(ref);
+  }
+  apex_tensor_destroy(xt);
+  apex_graph_destroy(g);
+  apex_graph_destroy(ref);
+  apex_amp_destroy(amp);
+  free_net(n);
+}
+
+/* User registrations as half and as promote (Apex's register_half_function /
+ * register_promote_function; float is checked above): each op runs as its new category says, with
+ * the values of the same op on explicitly cast inputs in a graph without autocast. */
+static void test_register_half_and_promote(void **state) {
+  (void)state;
+  net_t n = make_net(6, 0, 0.1f);
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1, &(apex_amp_config){.opt_level = "O1"}, &amp));
+  apex_tensor *at = tu_random_tensor(APEX_F32, BATCH * IN, 71, 1.0f), *bt = tu_random_tensor(APEX_F32, BATCH * IN, 72, 1.0f);
+  int64_t sa[2] = {BATCH, IN}, sb[2] = {IN, BATCH};
+  apex_tensor *a2 = apex_tensor_view(at, 2, sa), *b2 = apex_tensor_view(bt, 2, sa), *bm = apex_tensor_view(bt, 2, sb);
+  apex_graph *g = apex_graph_create(), *ref = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  /* Before any registration: add promotes (f32 + f32 stays f32), matmul is half. */
+  apex_var *a = apex_graph_input(g, a2, 0), *b = apex_graph_input(g, b2, 0), *m = apex_graph_input(g, bm, 0);
+  assert_int_equal(apex_tensor_dtype(apex_var_value(apex_add(g, a, b))), APEX_F32);
+  assert_int_equal(apex_tensor_dtype(apex_var_value(apex_matmul(g, a, m))), APEX_F16);
+  apex_graph_reset(g);
+  TU_OK(apex_amp_register_op(amp, APEX_OP_ADD, APEX_CAST_HALF));
+  TU_OK(apex_amp_register_op(amp, APEX_OP_MATMUL, APEX_CAST_PROMOTE));
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  a = apex_graph_input(g, a2, 0);
+  b = apex_graph_input(g, b2, 0);
+  m = apex_graph_input(g, bm, 0);
+  apex_var *ar = apex_graph_input(ref, a2, 0), *br = apex_graph_input(ref, b2, 0), *mr = apex_graph_input(ref, bm, 0);
+  /* add as half: both f32 inputs run in f16. */
+  apex_var *s = apex_add(g, a, b), *sr = apex_add(ref, apex_cast(ref, ar, APEX_F16), apex_cast(ref, br, APEX_F16));
+  assert_int_equal(apex_tensor_dtype(apex_var_value(s)), APEX_F16);
+  assert_memory_equal(apex_tensor_data(apex_var_value(s)), apex_tensor_data(apex_var_value(sr)), apex_tensor_nbytes(apex_var_value(sr)));
+  /* matmul as promote: an f16 and an f32 input run in f32 (the widest). */
+  apex_var *ah = apex_cast(g, a, APEX_F16);
+  apex_var *p = apex_matmul(g, ah, m);
+  apex_var *pr = apex_matmul(ref, apex_cast(ref, apex_cast(ref, ar, APEX_F16), APEX_F32), mr);
+  assert_int_equal(apex_tensor_dtype(apex_var_value(p)), APEX_F32);
+  assert_memory_equal(apex_tensor_data(apex_var_value(p)), apex_tensor_data(apex_var_value(pr)), apex_tensor_nbytes(apex_var_value(pr)));
+  /* Two half inputs stay half under promote. */
+  assert_int_equal(apex_tensor_dtype(apex_var_value(apex_matmul(g, ah, apex_cast(g, m, APEX_F16)))), APEX_F16);
+  TU_FAILS(apex_amp_register_op(amp, APEX_OP_COUNT, APEX_CAST_HALF), APEX_ERR_INVALID_ARG, "out of range");
+  TU_FAILS(apex_amp_register_op(amp, APEX_OP_ADD, (apex_cast_category)9), APEX_ERR_INVALID_ARG, "out of range");
+  apex_graph_destroy(g);
+  apex_graph_destroy(ref);
+  apex_tensor_destroy(a2);
+  apex_tensor_destroy(b2);
+  apex_tensor_destroy(bm);
+  apex_tensor_destroy(at);
+  apex_tensor_destroy(bt);
   apex_amp_destroy(amp);
   free_net(n);
 }
@@ -591,6 +688,152 @@ static void test_delay_unscale_accumulation(void **state) {
   free_net(b);
 }
 
+/* What amp prints to stderr while fn(arg) runs, NUL-terminated in buf. */
+static void capture_stderr(void (*fn)(void *), void *arg, char *buf, size_t size) {
+  fflush(stderr);
+  FILE *tmp = tmpfile();
+  assert_non_null(tmp);
+  int saved = dup(fileno(stderr));
+  assert_true(saved >= 0);
+  assert_true(dup2(fileno(tmp), fileno(stderr)) >= 0);
+  fn(arg);
+  fflush(stderr);
+  dup2(saved, fileno(stderr));
+  close(saved);
+  rewind(tmp);
+  size_t got = fread(buf, 1, size - 1, tmp);
+  buf[got] = '\0';
+  fclose(tmp);
+}
+
+/* One O2 step whose f16 gradients overflow at the default scale 2^16 (d/dw of sum(4 * w) is 4, and
+ * 4 * 2^16 is past f16's 65504), at the verbosity given. */
+static void overflow_step(void *arg) {
+  int verbosity = *(int *)arg;
+  apex_model *m = apex_model_create(&(apex_model_options){.seed = 5});
+  apex_module *lin = apex_linear_create(m, "w", 4, 1, 0);
+  apex_var *w = apex_model_param(m, 0, NULL);
+  apex_optimizer *opt = apex_optimizer_create(APEX_OPTIM_SGD, &(apex_optim_options){.lr = 0.01f});
+  apex_tensor *p = apex_var_value(w), *gr = apex_var_grad(w);
+  TU_OK(apex_optimizer_add_group(opt, &p, 1, &gr, 1, NULL, NULL));
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&m, 1, &opt, 1, &(apex_amp_config){.opt_level = "O2", .verbosity = verbosity}, &amp));
+  apex_graph *g = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  int64_t shape[2] = {1, 4};
+  apex_tensor *xt = apex_tensor_create(APEX_F32, 2, shape);
+  apex_tensor_fill(xt, 4.0f);
+  apex_var *y = apex_amp_forward(amp, 0, lin, g, apex_graph_input(g, xt, 0));
+  TU_OK(apex_amp_backward(amp, apex_sum_all(g, y), 0, NULL));
+  int skipped;
+  TU_OK(apex_amp_step(amp, opt, &skipped));
+  assert_int_equal(skipped, 1);
+  apex_tensor_destroy(xt);
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  apex_optimizer_destroy(opt);
+  apex_model_destroy(m);
+}
+
+/* At verbosity >= 1 amp prints the properties and Apex's line for a skipped step; at 0 nothing. */
+static void test_overflow_message(void **state) {
+  (void)state;
+  char out[4096];
+  int verbosity = 1;
+  capture_stderr(overflow_step, &verbosity, out, sizeof out);
+  if (!strstr(out, "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0\n"))
+    fail_msg("no overflow line in: %s", out);
+  assert_non_null(strstr(out, "Selected optimization level O2"));
+  verbosity = 0;
+  capture_stderr(overflow_step, &verbosity, out, sizeof out);
+  assert_string_equal(out, "");
+}
+
+/* cast_model_outputs: O2 returns the model's outputs in the type asked for, f32 by default. */
+static void test_cast_model_outputs(void **state) {
+  (void)state;
+  const apex_amp_cast asked[3] = {APEX_AMP_CAST_DEFAULT, APEX_AMP_CAST_F16, APEX_AMP_CAST_BF16};
+  const apex_dtype want[3] = {APEX_F32, APEX_F16, APEX_BF16};
+  for (int i = 0; i < 3; i++) {
+    net_t n = make_net(7, 1, 0.1f);
+    apex_amp *amp;
+    TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1, &(apex_amp_config){.opt_level = "O2", .cast_model_outputs = asked[i]}, &amp));
+    apex_graph *g = apex_graph_create();
+    TU_OK(apex_amp_prepare_graph(amp, g));
+    apex_tensor *xt = batch_x(0);
+    apex_var *y = apex_amp_forward(amp, 0, n.net, g, apex_graph_input(g, xt, 0));
+    assert_non_null(y);
+    assert_int_equal(apex_tensor_dtype(apex_var_value(y)), want[i]);
+    apex_tensor_destroy(xt);
+    apex_graph_destroy(g);
+    apex_amp_destroy(amp);
+    free_net(n);
+  }
+}
+
+/* Clipping through master_params (torch.nn.utils.clip_grad_norm_(amp.master_params(opt), max_norm)) at
+ * O2: the norm is that of the unscaled f32 master gradients, computed here in double, and the step
+ * moves each f32 master by lr * g * max_norm / (norm + 1e-6) (SGD's first momentum step is the
+ * gradient itself). */
+static void test_clip_master_grads(void **state) {
+  (void)state;
+  const float lr = 0.25f;
+  net_t n = make_net(8, 1, lr);
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1, &(apex_amp_config){.opt_level = "O2"}, &amp));
+  apex_graph *g = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  apex_tensor *xt = batch_x(9);
+  int64_t y[BATCH];
+  batch_y(9, y);
+  apex_var *loss = apex_cross_entropy(g, apex_amp_forward(amp, 0, n.net, g, apex_graph_input(g, xt, 0)), y, NULL);
+  TU_OK(apex_amp_backward(amp, loss, 0, NULL));
+  int np = (int)apex_model_num_params(n.m);
+  double sq = 0;
+  size_t total = 0;
+  for (int i = 0; i < np; i++) {
+    apex_tensor *gm = apex_optimizer_grad(n.opt, 0, i);
+    assert_int_equal(apex_tensor_dtype(gm), APEX_F32); /* master gradients, f32 behind f16 params too */
+    for (size_t k = 0; k < apex_tensor_numel(gm); k++) sq += (double)apex_tensor_get(gm, k) * apex_tensor_get(gm, k);
+    total += apex_tensor_numel(gm);
+  }
+  double norm = sqrt(sq);
+  assert_true(norm > 0);
+  float max_norm = (float)(norm / 4), got;
+  float *g0 = malloc(total * sizeof *g0), *m0 = malloc(total * sizeof *m0);
+  size_t at = 0;
+  for (int i = 0; i < np; i++) {
+    apex_tensor *gm = apex_optimizer_grad(n.opt, 0, i), *mm = apex_amp_master_param(amp, n.opt, 0, i);
+    for (size_t k = 0; k < apex_tensor_numel(gm); k++, at++) {
+      g0[at] = apex_tensor_get(gm, k);
+      m0[at] = apex_tensor_get(mm, k);
+    }
+  }
+  TU_OK(apex_amp_clip_grad_norm(amp, n.opt, max_norm, &got));
+  if (fabs(got - norm) > 1e-5 * norm) fail_msg("norm %.9g, expected %.9g", got, norm);
+  int skipped;
+  TU_OK(apex_amp_step(amp, n.opt, &skipped));
+  assert_int_equal(skipped, 0);
+  double coef = max_norm / (norm + 1e-6);
+  at = 0;
+  for (int i = 0; i < np; i++) {
+    apex_tensor *mm = apex_amp_master_param(amp, n.opt, 0, i);
+    for (size_t k = 0; k < apex_tensor_numel(mm); k++, at++) {
+      double want = m0[at] - lr * (g0[at] * coef);
+      double tol = 1e-6 * fmax(fabs(want), 1.0);
+      if (fabs(apex_tensor_get(mm, k) - want) > tol) fail_msg("param %d element %zu: %.9g, expected %.9g", i, k, apex_tensor_get(mm, k), want);
+    }
+  }
+  assert_int_equal(at, total);
+  TU_FAILS(apex_amp_clip_grad_norm(amp, NULL, 1.0f, NULL), APEX_ERR_INVALID_ARG, "unknown optimizer");
+  free(g0);
+  free(m0);
+  apex_tensor_destroy(xt);
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  free_net(n);
+}
+
 static void test_bad_input(void **state) {
   (void)state;
   net_t a = make_net(51, 0, 0.1f), b = make_net(52, 0, 0.1f);
@@ -636,7 +879,9 @@ int main(void) {
       cmocka_unit_test(test_o2_casts_model_keeps_bn_and_masters), cmocka_unit_test(test_loss_scale_decrease),
       cmocka_unit_test(test_two_models_two_losses_skip), cmocka_unit_test(test_bitwise_resume),
       cmocka_unit_test(test_disabled_is_identity),       cmocka_unit_test(test_delay_unscale_accumulation),
-      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_bad_input),                  cmocka_unit_test(test_cast_cache_cleared_by_backward),
+      cmocka_unit_test(test_register_half_and_promote),  cmocka_unit_test(test_overflow_message),
+      cmocka_unit_test(test_cast_model_outputs),         cmocka_unit_test(test_clip_master_grads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -35,7 +35,8 @@
  * ops in f32, PROMOTE ops in the widest input dtype, NONE ops in their input's dtype. Casts are
  * recorded ops, so gradients flow back to f32 parameters. A leaf's low-precision copy is made once
  * per graph step and reused by every op that needs it (the weight-cast cache, cleared by
- * apex_graph_reset). apex_graph_set_op_cast overrides an op's category for one graph (Apex's
+ * apex_graph_reset and at the end of each apex_backward, as Apex clears it when scale_loss exits, so
+ * that a forward after an optimizer step sees the new weights). apex_graph_set_op_cast overrides an op's category for one graph (Apex's
  * register_half_function / register_float_function).
  *
  * Errors: every function that can fail returns a status or NULL and leaves a message naming the op

@@ -180,6 +180,10 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
     if (hook) st = fire_finals(g, &k, i);
   }
   finish(g);
+  /* The weight-cast cache ends with the backward, as Apex clears its cache when scale_loss exits: an
+   * optimizer step may follow and change the leaves, and the cached copies' values may have been
+   * released above. A later forward on this step (an evaluation before the reset) casts afresh. */
+  g->n_casts = 0;
   /* Once saved values have gone, another backward would read freed memory: refuse it, failed or not. */
   if ((st == APEX_OK || dropped) && !opts->retain_graph) g->freed = 1;
   return st;
