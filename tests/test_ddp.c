@@ -105,21 +105,57 @@ static void assert_close(const apex_tensor *got, const apex_tensor *want, double
 
 /* ---- DDP training equals single-process training on the whole batch ----------------------------- */
 
-static void body_train(apex_pg *pg, int accumulate, int delay) {
+/* The gradients of every parameter of n, copied (to see that a finish left them alone). */
+static void grads_snapshot(net_t *n, apex_tensor **out) {
+  for (size_t i = 0; i < apex_model_num_params(n->m); i++) out[i] = apex_tensor_clone(apex_var_grad(apex_model_param(n->m, i, NULL)));
+}
+
+static void grads_unchanged(net_t *n, apex_tensor **snap) {
+  for (size_t i = 0; i < apex_model_num_params(n->m); i++) {
+    apex_tensor *g = apex_var_grad(apex_model_param(n->m, i, NULL));
+    assert_memory_equal(apex_tensor_data(g), apex_tensor_data(snap[i]), apex_tensor_nbytes(g));
+    apex_tensor_destroy(snap[i]);
+  }
+}
+
+/* triggers: buckets cut by allreduce_trigger_params (fc2.weight and fc1.bias) instead of bytes. */
+static void body_train(apex_pg *pg, int accumulate, int delay, int triggers) {
   int r = apex_pg_rank(pg), w = apex_pg_world_size(pg), B = 4;
   net_t ref = make_net(1, 0, 1), dn = make_net(1 + (uint64_t)r, 0, 0); /* broadcast fixes the seeds */
-  apex_ddp *ddp = apex_ddp_create(pg, dn.m, &(apex_ddp_options){.bucket_bytes = 64, .delay_allreduce = delay});
-  assert_non_null(ddp);
-  assert_true(apex_reducer_bucket_count(apex_ddp_reducer(ddp)) > 1);
+  const char *pn[4];
+  apex_var *pv[4];
+  assert_int_equal(apex_model_num_params(dn.m), 4);
+  for (size_t i = 0; i < 4; i++) pv[i] = apex_model_param(dn.m, i, &pn[i]);
+  assert_string_equal(pn[1], "fc1.bias");
+  assert_string_equal(pn[2], "fc2.weight");
+  apex_var *trig[2] = {pv[2], pv[1]};
+  apex_ddp_options o = {.bucket_bytes = 64, .delay_allreduce = delay};
+  if (triggers) o.allreduce_trigger_params = trig, o.num_allreduce_trigger_params = 2, o.bucket_bytes = 1;
+  apex_ddp *ddp = apex_ddp_create(pg, dn.m, &o);
+  if (!ddp) fail_msg("apex_ddp_create: %s", apex_last_error());
+  apex_reducer *red = apex_ddp_reducer(ddp);
+  int nb = apex_reducer_bucket_count(red);
+  assert_true(nb > 1);
+  if (triggers) {
+    /* Reducer order is backward's: fc2.bias, fc2.weight | fc1.bias | fc1.weight (bucket_bytes ignored). */
+    assert_int_equal(nb, 3);
+    const int want[4] = {0, 0, 1, 2};
+    for (int k = 0; k < 4; k++) assert_int_equal(apex_reducer_bucket_of(red, k), want[k]);
+  }
   add_opt(&dn); /* after the DDP's broadcast */
   apex_graph *g = apex_graph_create(), *gref = apex_graph_create();
   TU_OK(apex_ddp_attach(ddp, g));
   for (int step = 0; step < 10; step++) {
     if (accumulate) {
-      /* Two micro-batches of B/2 rows per rank; the first only accumulates (no_sync). */
+      /* Two micro-batches of B/2 rows per rank; the first only accumulates (no_sync): no bucket is
+       * started during its backward, and finish leaves the local gradients as they are. */
       apex_ddp_set_sync(ddp, 0);
       fwd_bwd(&dn, g, step, r * (B / 2), B / 2);
+      assert_int_equal(apex_reducer_buckets_started(red), 0);
+      apex_tensor *snap[4];
+      grads_snapshot(&dn, snap);
       TU_OK(apex_ddp_finish(ddp)); /* nothing while sync is off */
+      grads_unchanged(&dn, snap);
       apex_ddp_set_sync(ddp, 1);
       fwd_bwd(&dn, g, step + 100, r * (B / 2), B / 2);
       fwd_bwd(&ref, gref, step, 0, w * (B / 2));
@@ -128,7 +164,11 @@ static void body_train(apex_pg *pg, int accumulate, int delay) {
       fwd_bwd(&dn, g, step, r * B, B);
       fwd_bwd(&ref, gref, step, 0, w * B);
     }
+    /* Overlap: every bucket was posted during the backward (each has all its gradients by its end),
+     * before finish; with delay_allreduce none was. */
+    assert_int_equal(apex_reducer_buckets_started(red), delay ? 0 : nb);
     TU_OK(apex_ddp_finish(ddp));
+    assert_int_equal(apex_reducer_buckets_started(red), 0);
     TU_OK(apex_optimizer_step(dn.opt, 1.0f, 0));
     TU_OK(apex_optimizer_step(ref.opt, 1.0f, 0));
     TU_OK(apex_model_zero_grad(dn.m));
@@ -267,11 +307,12 @@ static void body_mismatch(apex_pg *pg) {
   apex_model_destroy(m);
 }
 
-static void body_train_plain(apex_pg *pg) { body_train(pg, 0, 0); }
-static void body_train_accum(apex_pg *pg) { body_train(pg, 1, 0); }
-static void body_train_delay(apex_pg *pg) { body_train(pg, 0, 1); }
+static void body_train_plain(apex_pg *pg) { body_train(pg, 0, 0, 0); }
+static void body_train_accum(apex_pg *pg) { body_train(pg, 1, 0, 0); }
+static void body_train_delay(apex_pg *pg) { body_train(pg, 0, 1, 0); }
+static void body_train_triggers(apex_pg *pg) { body_train(pg, 1, 0, 1); }
 
-#define CASES(X) X(train_plain) X(train_accum) X(train_delay) X(syncbn) X(amp)
+#define CASES(X) X(train_plain) X(train_accum) X(train_delay) X(train_triggers) X(syncbn) X(amp)
 
 #define DEFINE_CASE(name)                                                                                  \
   static void test_local_##name(void **state) {                                                            \
@@ -313,6 +354,19 @@ static void test_grad_hook(void **state) {
   TU_FAILS(apex_graph_set_grad_hook(NULL, count_hook, NULL), APEX_ERR_INVALID_ARG, "graph is NULL");
   assert_null(apex_ddp_create(NULL, n.m, NULL));
   tu_assert_message("pg is NULL");
+  /* allreduce_trigger_params: refused before any communication. */
+  apex_pg *pg = apex_pg_create_local();
+  net_t other = make_net(2, 0, 0);
+  apex_var *mine[1] = {apex_model_param(n.m, 0, NULL)}, *theirs[1] = {apex_model_param(other.m, 0, NULL)};
+  assert_null(apex_ddp_create(pg, n.m,
+                              &(apex_ddp_options){.delay_allreduce = 1, .allreduce_trigger_params = mine, .num_allreduce_trigger_params = 1}));
+  tu_assert_message("only valid without delay_allreduce");
+  assert_null(apex_ddp_create(pg, n.m, &(apex_ddp_options){.allreduce_trigger_params = theirs, .num_allreduce_trigger_params = 1}));
+  tu_assert_message("allreduce_trigger_params[0] is not a parameter of the model");
+  assert_null(apex_ddp_create(pg, n.m, &(apex_ddp_options){.num_allreduce_trigger_params = 1}));
+  tu_assert_message("the list is NULL");
+  free_net(other);
+  apex_pg_destroy(pg);
   apex_graph_destroy(g);
   free_net(n);
 }

@@ -278,7 +278,7 @@ int main(void) {
     }
     return skip_run(apex_last_error());
   }
-  /* mpirun_test.sh found no mpirun: this is the np2 variant, which one process cannot stand in for. */
+  /* A launcher that found no mpirun (mpirun_test.sh itself exits 77 then): one process cannot stand in. */
   if (getenv("APEX_TEST_MPI_SKIP")) return skip_run(getenv("APEX_TEST_MPI_SKIP"));
   const char *why = NULL;
   if (!apex_cuda_available(&why)) {

@@ -222,7 +222,7 @@ static void run_reducer(apex_pg *pg, size_t bucket_bytes, apex_reducer_options o
   for (int i = 0; i < NGRADS; i++) grads[i] = grad_of(r, i, 0);
   apex_reducer *red = apex_reducer_create(pg, grads, NGRADS, &o);
   if (!red) fail_msg("apex_reducer_create: %s", apex_last_error());
-  if (bucket_bytes == 1) assert_int_equal(apex_reducer_bucket_count(red), NGRADS);
+  if (bucket_bytes == 1 && !o.num_triggers) assert_int_equal(apex_reducer_bucket_count(red), NGRADS);
   for (int step = 0; step < 2; step++) {
     for (int i = 0; i < NGRADS; i++) {
       apex_tensor *g = grad_of(r, i, step);
@@ -261,6 +261,32 @@ static void body_reducer(apex_pg *pg) {
   };
   for (size_t b = 0; b < sizeof buckets / sizeof buckets[0]; b++)
     for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) run_reducer(pg, buckets[b], opts[k]);
+}
+
+/* Buckets cut by triggers (Apex's allreduce_trigger_params): bucket_bytes is ignored, a bucket of a
+ * dtype ends after each trigger of that dtype, and the values are what any bucketing gives. */
+static void body_reducer_triggers(apex_pg *pg) {
+  int r = apex_pg_rank(pg);
+  apex_tensor *grads[NGRADS];
+  for (int i = 0; i < NGRADS; i++) grads[i] = grad_of(r, i, 0);
+  const int trig[2] = {3, 0};
+  /* Dtypes f32 f16 bf16 f32 f16 bf16: f32 buckets end after 0 and after 3; f16 and bf16 have none. */
+  const int want_own[NGRADS] = {0, 1, 2, 3, 1, 2}, want_fp32[NGRADS] = {0, 1, 1, 1, 2, 2};
+  for (int fp32 = 0; fp32 < 2; fp32++) {
+    apex_reducer_options o = {.bucket_bytes = 1, .allreduce_always_fp32 = fp32, .triggers = trig, .num_triggers = 2};
+    apex_reducer *red = apex_reducer_create(pg, grads, NGRADS, &o);
+    if (!red) fail_msg("apex_reducer_create: %s", apex_last_error());
+    assert_int_equal(apex_reducer_bucket_count(red), fp32 ? 3 : 4);
+    for (int i = 0; i < NGRADS; i++) assert_int_equal(apex_reducer_bucket_of(red, i), fp32 ? want_fp32[i] : want_own[i]);
+    apex_reducer_destroy(red);
+    run_reducer(pg, 1, o);
+  }
+  const int bad[1] = {NGRADS};
+  assert_null(apex_reducer_create(pg, grads, NGRADS, &(apex_reducer_options){.triggers = bad, .num_triggers = 1}));
+  tu_assert_message("trigger 0 is gradient 6, outside [0, 6)");
+  assert_null(apex_reducer_create(pg, grads, NGRADS, &(apex_reducer_options){.num_triggers = 1}));
+  tu_assert_message("triggers is NULL");
+  for (int i = 0; i < NGRADS; i++) apex_tensor_destroy(grads[i]);
 }
 
 /* A gradient never marked ready is still reduced (no rank waits) and the caller is told. */
@@ -421,6 +447,9 @@ static void body_consistency(apex_pg *pg) {
   /* ... or options that cut other buckets. */
   assert_null(apex_reducer_create(pg, t, 3, &(apex_reducer_options){.allreduce_always_fp32 = r == 1}));
   tu_assert_message("parameter 2 is named 'gradient 2 (bucket 1, reduced in bf16)' on rank 0 but 'gradient 2 (bucket 0, reduced in f32)' on rank 1");
+  const int trig1[1] = {1};
+  assert_null(apex_reducer_create(pg, t, 3, &(apex_reducer_options){.allreduce_always_fp32 = 1, .triggers = trig1, .num_triggers = r == 1}));
+  tu_assert_message("parameter 2 is named 'gradient 2 (bucket 0, reduced in f32)' on rank 0 but 'gradient 2 (bucket 1, reduced in f32)' on rank 1");
   apex_tensor_destroy(other);
   /* SyncBN with another channel count on the last rank. */
   int64_t xs[3] = {2, r == w - 1 ? 4 : 3, 2};
@@ -457,7 +486,7 @@ static void body_mpi_error(apex_pg *pg) {
 
 #define CASES(X)                                                                                           \
   X(allreduce) X(allreduce_rank_order) X(max_nan) X(broadcast) X(allgather) X(async) X(flag) X(reducer)    \
-  X(reducer_missing) X(syncbn) X(consistency)
+  X(reducer_triggers) X(reducer_missing) X(syncbn) X(consistency)
 
 #define DEFINE_CASE(name)                                                                                  \
   static void test_local_##name(void **state) {                                                            \

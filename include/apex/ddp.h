@@ -52,6 +52,12 @@ typedef struct apex_ddp_options {
   float gradient_predivide_factor; /* as apex_reducer_options (1.0) */
   int allreduce_always_fp32;       /* reduce f16/bf16 gradients in f32 buckets */
   int delay_allreduce;             /* 1: nothing during backward; apex_ddp_finish reduces everything */
+  /* Apex's allreduce_trigger_params: parameters of the model after whose gradient a bucket ends (in
+   * the order backward finishes them, reverse creation order; one open bucket per dtype), in place
+   * of bucket_bytes, which is then ignored. Each listed bucket's all-reduce is posted as soon as its
+   * gradients are final, as usual. Not with delay_allreduce (as in Apex). */
+  apex_var *const *allreduce_trigger_params;
+  int num_allreduce_trigger_params;
 } apex_ddp_options;
 
 /* A DDP over every parameter of m (collective). It checks that every rank has the same model
@@ -59,7 +65,11 @@ typedef struct apex_ddp_options {
  * parameters and buffers to every rank, and builds a Reducer over the parameters' grad tensors in
  * reverse creation order (the order backward finishes them), so buckets are cut and reduced in the
  * same order on every rank. NULL with a message (the same on every rank for models that differ)
- * for a NULL pg or m, a model without parameters, ranks whose models differ, or no memory. */
+ * for a NULL pg or m, a model without parameters, ranks whose models differ, or no memory; and
+ * APEX_ERR_INVALID_ARG, before any communication, for allreduce_trigger_params with delay_allreduce,
+ * a negative count, a NULL list with a positive count, or an entry that is not a parameter of m
+ * (a program that passes the same options on every rank fails alike on every rank). Ranks whose
+ * triggers cut other buckets are refused like models that differ. */
 APEX_API apex_ddp *apex_ddp_create(apex_pg *pg, apex_model *m, const apex_ddp_options *options);
 /* Waits for buckets in flight and frees the DDP (NULL is fine). Graphs it was attached to must have
  * their hook removed (apex_graph_set_grad_hook(g, NULL, NULL)) or be destroyed first. */

@@ -179,20 +179,28 @@ typedef struct apex_reducer_options {
   float gradient_predivide_factor;  /* 1.0: gradients are multiplied by 1/f before the all-reduce, and by
                                        f/world_size after it when averaging (Apex's semantics) */
   int allreduce_always_fp32;        /* 1: f16/bf16 gradients are reduced in an f32 bucket */
+  /* Buckets cut by the caller (Apex's allreduce_trigger_params): with num_triggers > 0, bucket_bytes
+   * is ignored and the open bucket of gradient i's reduction dtype is closed right after i, for each
+   * index i in triggers[0..num_triggers) (listing one twice is harmless). Gradients after the last
+   * trigger of their dtype share a final bucket. */
+  const int *triggers;
+  int num_triggers;
 } apex_reducer_options;
 
 /* A Reducer for the n gradient tensors grads[0..n) (kept by pointer: they must outlive the Reducer).
  * Buckets are cut in index order: each tensor joins the open bucket of its reduction dtype (its own,
  * or f32 with allreduce_always_fp32), and a bucket is closed when the next tensor would take it past
- * bucket_bytes; a tensor larger than bucket_bytes gets a bucket of its own. Each bucket owns a flat
+ * bucket_bytes; a tensor larger than bucket_bytes gets a bucket of its own (or, with triggers, a
+ * bucket is closed after each trigger index instead). Each bucket owns a flat
  * buffer allocated here, once. Buckets are reduced in bucket order on every rank, so give the
  * tensors in the order their gradients become ready (DDP: reverse parameter order).
  * Creation is collective: it checks with apex_pg_check_consistent that every rank has the same
  * tensors (dtypes and shapes). The buckets live on the group's device: on the NCCL group the
  * gradients are CUDA tensors and never leave the GPU. Returns NULL with a message for: NULL pg or
  * grads or a NULL tensor, n < 1, a tensor listed twice, a tensor not on the group's device (CUDA on
- * mpi/local, CPU on nccl), a negative or non-finite predivide factor, ranks that disagree, or no
- * memory. */
+ * mpi/local, CPU on nccl), a negative or non-finite predivide factor, num_triggers < 0, NULL
+ * triggers with num_triggers > 0 or a trigger outside [0, n), ranks that disagree (the bucket plans
+ * are compared too, so ranks with other triggers are refused), or no memory. */
 APEX_API apex_reducer *apex_reducer_create(apex_pg *pg, apex_tensor *const *grads, int n, const apex_reducer_options *options);
 /* Waits for buckets still in flight, then frees r (NULL is fine). */
 APEX_API void apex_reducer_destroy(apex_reducer *r);
@@ -214,6 +222,11 @@ APEX_API apex_status apex_reducer_reduce(apex_reducer *r);
 /* The number of buckets, and the bucket holding gradient i (-1 for a bad argument). */
 APEX_API int apex_reducer_bucket_count(const apex_reducer *r);
 APEX_API int apex_reducer_bucket_of(const apex_reducer *r, int i);
+/* The number of buckets whose all-reduce has been started in the current step (buckets start in
+ * order, so these are buckets 0..k-1): after a backward that marked gradients ready, the buckets
+ * already in flight before apex_reducer_finish, i.e. the communication overlapped with the backward.
+ * 0 at the start of a step (after finish). -1 for NULL. */
+APEX_API int apex_reducer_buckets_started(const apex_reducer *r);
 
 /* ---- SyncBatchNorm statistics --------------------------------------------------------------------- */
 

@@ -4,7 +4,8 @@
  * hook (apex_graph_set_grad_hook) marks each parameter's gradient ready as soon as backward has
  * finished it, so bucket all-reduces overlap the rest of the backward. Reducer index k is parameter
  * n-1-k: backward finishes parameters roughly in reverse creation order, and the buckets are cut in
- * that order on every rank. Parameters are found from the hook's leaf by binary search over their
+ * that order on every rank (by bytes, or after each of allreduce_trigger_params, mapped to their
+ * reducer indices here). Parameters are found from the hook's leaf by binary search over their
  * addresses. */
 #include <stdint.h>
 #include <stdio.h>
@@ -72,11 +73,25 @@ apex_ddp *apex_ddp_create(apex_pg *pg, apex_model *m, const apex_ddp_options *op
                       apex_tensor_device(vals[i]) == APEX_DEVICE_CUDA ? "the GPU" : "the CPU", apex_pg_backend(pg),
                       dev == APEX_DEVICE_CUDA ? "CUDA" : "CPU",
                       dev == APEX_DEVICE_CUDA ? " (apex models train on the CPU for now: use apex_pg_create_mpi)" : "");
+  /* Trigger parameters are checked before any exchange too, and become reducer indices. */
+  int nt = o->num_allreduce_trigger_params, *triggers = NULL;
+  if (st == APEX_OK && nt != 0) {
+    if (o->delay_allreduce) st = apex__fail(APEX_ERR_INVALID_ARG, "allreduce_trigger_params is only valid without delay_allreduce");
+    else if (nt < 0 || !o->allreduce_trigger_params)
+      st = apex__fail(APEX_ERR_INVALID_ARG, "%d allreduce_trigger_params %s", nt, nt < 0 ? "(must be >= 0)" : "but the list is NULL");
+    else if (!(triggers = malloc((size_t)nt * sizeof *triggers))) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int t = 0; st == APEX_OK && t < nt; t++) {
+      triggers[t] = -1;
+      for (int i = 0; i < n && triggers[t] < 0; i++)
+        if (apex_model_param(m, (size_t)i, NULL) == o->allreduce_trigger_params[t]) triggers[t] = n - 1 - i;
+      if (triggers[t] < 0) st = apex__fail(APEX_ERR_INVALID_ARG, "allreduce_trigger_params[%d] is not a parameter of the model", t);
+    }
+  }
   if (st == APEX_OK) st = apex_pg_check_consistent(pg, names, vals, n);
   if (st != APEX_OK) {
     char msg[512];
     snprintf(msg, sizeof msg, "%s", apex_last_error());
-    free(names), free(vals), free(grads);
+    free(names), free(vals), free(grads), free(triggers);
     apex_ddp_destroy(d);
     return apex__fail_null(st, "apex_ddp_create: %s", msg);
   }
@@ -85,11 +100,12 @@ apex_ddp *apex_ddp_create(apex_pg *pg, apex_model *m, const apex_ddp_options *op
   if (st == APEX_OK) {
     apex_reducer_options ro = {.bucket_bytes = o->bucket_bytes, .sum_only = o->sum_only,
                                .gradient_predivide_factor = o->gradient_predivide_factor,
-                               .allreduce_always_fp32 = o->allreduce_always_fp32};
+                               .allreduce_always_fp32 = o->allreduce_always_fp32,
+                               .triggers = triggers, .num_triggers = triggers ? nt : 0};
     d->red = apex_reducer_create(pg, grads, n, &ro);
     if (!d->red) st = APEX_ERR_INVALID_ARG; /* its message stands */
   }
-  free(names), free(vals), free(grads);
+  free(names), free(vals), free(grads), free(triggers);
   if (st != APEX_OK) {
     apex_ddp_destroy(d);
     return NULL;

@@ -7,6 +7,7 @@
  * sequence of collectives must not. The buckets live on the group's device, so device gradients
  * (the NCCL group) are copied, scaled and reduced without leaving the GPU. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,10 +71,12 @@ static apex_reducer *fail_create(apex_reducer *r, apex_status st) {
   return apex__fail_null(st, "%s", msg);
 }
 
-/* Assigns buckets in index order: one open bucket per reduction dtype. */
-static void plan_buckets(apex_reducer *r, size_t cap, int always_fp32) {
+/* Assigns buckets in index order: one open bucket per reduction dtype. With trigger marks (cut[i]
+ * nonzero) a bucket ends after each marked gradient and the byte cap plays no part. */
+static void plan_buckets(apex_reducer *r, size_t cap, int always_fp32, const unsigned char *cut) {
   int open[APEX_DTYPE_COUNT] = {-1, -1, -1};
   size_t open_bytes[APEX_DTYPE_COUNT] = {0};
+  if (cut) cap = SIZE_MAX;
   for (int i = 0; i < r->n; i++) {
     apex_dtype dt = always_fp32 ? APEX_F32 : apex_tensor_dtype(r->grads[i]);
     size_t numel = apex_tensor_numel(r->grads[i]), bytes = numel * apex_dtype_size(dt);
@@ -89,7 +92,7 @@ static void plan_buckets(apex_reducer *r, size_t cap, int always_fp32) {
     b->numel += numel;
     b->pending++;
     open_bytes[dt] += bytes;
-    if (open_bytes[dt] >= cap) open[dt] = -1;
+    if (open_bytes[dt] >= cap || (cut && cut[i])) open[dt] = -1;
   }
 }
 
@@ -109,6 +112,11 @@ apex_reducer *apex_reducer_create(apex_pg *pg, apex_tensor *const *grads, int n,
   if (!(f > 0.0f) || !isfinite(f))
     return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: gradient_predivide_factor must be positive and finite (got %g)", fn, (double)f);
   size_t cap = o.bucket_bytes ? o.bucket_bytes : DEFAULT_BUCKET_BYTES;
+  if (o.num_triggers < 0 || (o.num_triggers > 0 && !o.triggers))
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: %d triggers %s", fn, o.num_triggers, o.num_triggers < 0 ? "(must be >= 0)" : "but triggers is NULL");
+  for (int t = 0; t < o.num_triggers; t++)
+    if (o.triggers[t] < 0 || o.triggers[t] >= n)
+      return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: trigger %d is gradient %d, outside [0, %d)", fn, t, o.triggers[t], n);
 
   apex_reducer *r = calloc(1, sizeof *r);
   if (!r) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
@@ -125,7 +133,13 @@ apex_reducer *apex_reducer_create(apex_pg *pg, apex_tensor *const *grads, int n,
   if (!r->grads || !r->views || !r->bucket_of || !r->offset || !r->ready || !r->buckets)
     return fail_create(r, apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn));
   memcpy(r->grads, grads, (size_t)n * sizeof *grads);
-  plan_buckets(r, cap, o.allreduce_always_fp32);
+  unsigned char *cut = NULL;
+  if (o.num_triggers > 0) {
+    if (!(cut = calloc((size_t)n, 1))) return fail_create(r, apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn));
+    for (int t = 0; t < o.num_triggers; t++) cut[o.triggers[t]] = 1;
+  }
+  plan_buckets(r, cap, o.allreduce_always_fp32, cut);
+  free(cut);
 
   /* The ranks must agree on every gradient and on the buckets, or the all-reduces would not match. */
   char **names = calloc((size_t)n, sizeof *names);
@@ -243,3 +257,5 @@ apex_status apex_reducer_reduce(apex_reducer *r) {
 int apex_reducer_bucket_count(const apex_reducer *r) { return r ? r->nbuckets : -1; }
 
 int apex_reducer_bucket_of(const apex_reducer *r, int i) { return r && i >= 0 && i < r->n ? r->bucket_of[i] : -1; }
+
+int apex_reducer_buckets_started(const apex_reducer *r) { return r ? r->next_post : -1; }
