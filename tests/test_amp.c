@@ -6,12 +6,14 @@
  * training runs are checked against runs that differ only in the thing under test (no injected
  * overflow, no checkpoint, no amp), which must give the same bits, since loss scales are powers of
  * two and unscaling by them is exact. */
-#define _POSIX_C_SOURCE 200809L /* dup, dup2, fileno: to read what amp prints at verbosity 1 */
+#define _POSIX_C_SOURCE 200809L /* dup, dup2, fileno: to read what amp prints at verbosity 1; mkstemp */
 #include <math.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "apex/amp.h"
+#include "apex/model_io.h"
+#include "apex/safetensors.h"
 #include "testutil.h"
 
 enum { IN = 8, HID = 16, OUT = 4, BATCH = 6 };
@@ -873,6 +875,205 @@ static void test_bad_input(void **state) {
   free_net(b);
 }
 
+/* ---- combine_grad -------------------------------------------------------------------------------- */
+
+/* Trains 6 steps at `level` with combine_grad off or on (below O0, batch 3 has an input that overflows
+ * in half, so that step is skipped); returns the parameters' bytes after each step, concatenated. */
+static uint8_t *train_combined(const char *level, apex_amp_cast half, int combine, size_t *len, int *adjacent) {
+  net_t n = make_net(61, 1, 0.1f);
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1,
+                            &(apex_amp_config){.opt_level = level, .half_type = half,
+                                                 .combine_grad = combine ? APEX_AMP_ON : APEX_AMP_OFF}, &amp));
+  /* Gradients of fc1 (weight, then bias) next to each other in one buffer: the combination happened. */
+  apex_tensor *gw = apex_var_grad(apex_model_param(n.m, 0, NULL)), *gb = apex_var_grad(apex_model_param(n.m, 1, NULL));
+  *adjacent = (char *)apex_tensor_data(gw) + apex_tensor_nbytes(gw) == (char *)apex_tensor_data(gb);
+  apex_tensor *mw = apex_optimizer_grad(n.opt, 0, 0), *mb = apex_optimizer_grad(n.opt, 0, 1);
+  *adjacent &= (char *)apex_tensor_data(mw) + apex_tensor_nbytes(mw) == (char *)apex_tensor_data(mb);
+  apex_graph *g = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  uint8_t *all = NULL;
+  size_t one = 0;
+  for (int step = 0; step < 6; step++) {
+    /* Two backwards a step: the second adds to what the first unscaled (the accumulating path). */
+    int inject = step == 3 && strcmp(level, "O0") != 0, skipped;
+    for (int micro = 0; micro < 2; micro++) {
+      apex_tensor *x = batch_x(2 * step + micro);
+      if (inject && micro == 0) apex_tensor_set(x, 5, half == APEX_AMP_CAST_BF16 ? 1e38f : 1e30f); /* past the range */
+      int64_t y[BATCH];
+      batch_y(2 * step + micro, y);
+      apex_var *loss = apex_cross_entropy(g, apex_amp_forward(amp, 0, n.net, g, apex_graph_input(g, x, 0)), y, NULL);
+      assert_non_null(loss);
+      TU_OK(apex_amp_backward(amp, loss, 0, NULL));
+      apex_graph_reset(g);
+      apex_tensor_destroy(x);
+    }
+    TU_OK(apex_amp_step(amp, n.opt, &skipped));
+    assert_int_equal(skipped, inject);
+    TU_OK(apex_amp_zero_grad(amp));
+    uint8_t *snap;
+    snapshot(n.m, &snap, &one);
+    all = realloc(all, (size_t)(step + 1) * one);
+    memcpy(all + (size_t)step * one, snap, one);
+    free(snap);
+  }
+  *len = 6 * one;
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  free_net(n);
+  return all;
+}
+
+/* combine_grad flattens the gradients (one buffer per dtype and kind) and unscales them in one pass:
+ * training gives the same bits as without it, skipped step included, at every level. */
+static void test_combine_grad(void **state) {
+  (void)state;
+  const char *levels[] = {"O0", "O1", "O2", "O3", "O1", "O2"};
+  for (size_t l = 0; l < sizeof levels / sizeof levels[0]; l++) {
+    size_t la, lb;
+    int adj_off, adj_on;
+    apex_amp_cast half = l < 4 ? APEX_AMP_CAST_F16 : APEX_AMP_CAST_BF16;
+    uint8_t *a = train_combined(levels[l], half, 0, &la, &adj_off), *b = train_combined(levels[l], half, 1, &lb, &adj_on);
+    assert_int_equal(la, lb);
+    if (memcmp(a, b, la)) fail_msg("%s: combine_grad changed the training", levels[l]);
+    if (!adj_on) fail_msg("%s: combine_grad left the gradients in separate buffers", levels[l]);
+    if (adj_off) fail_msg("%s: gradients already adjacent without combine_grad: the check above proves nothing", levels[l]);
+    free(a);
+    free(b);
+  }
+}
+
+/* A backward that fails once it has run leaves partial gradients: the step is refused until
+ * apex_amp_zero_grad, and nothing changes meanwhile. */
+static void test_step_refused_after_failed_backward(void **state) {
+  (void)state;
+  net_t n = make_net(71, 0, 0.1f);
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1, &(apex_amp_config){.opt_level = "O1"}, &amp));
+  apex_graph *g = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  apex_tensor *x = batch_x(0);
+  int64_t y[BATCH];
+  batch_y(0, y);
+  apex_var *loss = apex_cross_entropy(g, apex_amp_forward(amp, 0, n.net, g, apex_graph_input(g, x, 0)), y, NULL);
+  TU_OK(apex_amp_backward(amp, loss, 0, NULL));
+  assert_int_not_equal(apex_amp_backward(amp, loss, 0, NULL), APEX_OK); /* the graph was freed by the first */
+  uint8_t *before, *after;
+  size_t len;
+  snapshot(n.m, &before, &len);
+  TU_FAILS(apex_amp_step(amp, n.opt, NULL), APEX_ERR_STATE, "failed");
+  snapshot(n.m, &after, &len);
+  assert_memory_equal(before, after, len);
+  TU_OK(apex_amp_zero_grad(amp));
+  apex_graph_reset(g);
+  assert_true(amp_step(amp, &n, g, 1, NULL) > 0.0f); /* the iteration again: steps */
+  free(before);
+  free(after);
+  apex_tensor_destroy(x);
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  free_net(n);
+}
+
+/* ---- the model's saved state is f32 at every level --------------------------------------------------- */
+
+static void test_model_state_is_f32(void **state) {
+  (void)state;
+  char path[] = "/tmp/apex_test_model_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  net_t a = make_net(81, 1, 0.1f);
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&a.m, 1, &a.opt, 1, &(apex_amp_config){.opt_level = "O2"}, &amp));
+  apex_graph *g = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  for (int step = 0; step < 3; step++) amp_step(amp, &a, g, step, NULL);
+  TU_OK(apex_model_save_f32(a.m, amp, path));
+  /* The file: every tensor f32; a cast parameter is its master, bit for bit; BN stays itself. */
+  apex_safetensors *f = apex_safetensors_open(path);
+  assert_non_null(f);
+  size_t np = apex_model_num_params(a.m), nb = apex_model_num_buffers(a.m);
+  assert_int_equal(apex_safetensors_count(f), (int)(np + nb));
+  int masters = 0;
+  for (size_t i = 0; i < np; i++) {
+    const char *name;
+    apex_var *v = apex_model_param(a.m, i, &name);
+    apex_tensor *t = apex_safetensors_get(f, name), *m = apex_amp_master_of(amp, v);
+    assert_int_equal(apex_tensor_dtype(t), APEX_F32);
+    const apex_tensor *want = m ? m : apex_var_value(v);
+    if (m) masters++;
+    assert_int_equal(apex_tensor_dtype(want), APEX_F32);
+    assert_memory_equal(apex_tensor_data(t), apex_tensor_data(want), apex_tensor_nbytes(t));
+    apex_tensor_destroy(t);
+  }
+  assert_int_equal(masters, 4); /* fc1 and fc2 weight and bias; the batch norm's stay f32 without one */
+  for (size_t j = 0; j < nb; j++) {
+    const char *name;
+    apex_tensor *b = apex_model_buffer(a.m, j, &name), *t = apex_safetensors_get(f, name);
+    assert_memory_equal(apex_tensor_data(t), apex_tensor_data(b), apex_tensor_nbytes(t));
+    apex_tensor_destroy(t);
+  }
+  apex_safetensors_close(f);
+  /* Into another O2 model: its masters become the saved values, its parameters their rounding (which
+   * is what the first model holds). */
+  net_t b = make_net(82, 1, 0.1f);
+  apex_amp *amp_b;
+  TU_OK(apex_amp_initialize(&b.m, 1, &b.opt, 1, &(apex_amp_config){.opt_level = "O2"}, &amp_b));
+  TU_OK(apex_model_load_f32(b.m, amp_b, path));
+  for (size_t i = 0; i < np; i++) {
+    apex_var *va = apex_model_param(a.m, i, NULL), *vb = apex_model_param(b.m, i, NULL);
+    apex_tensor *pa = apex_var_value(va), *pb = apex_var_value(vb);
+    assert_int_equal(apex_tensor_dtype(pa), apex_tensor_dtype(pb));
+    assert_memory_equal(apex_tensor_data(pa), apex_tensor_data(pb), apex_tensor_nbytes(pa));
+    apex_tensor *ma = apex_amp_master_of(amp, va), *mb = apex_amp_master_of(amp_b, vb);
+    assert_true(!ma == !mb);
+    if (ma) assert_memory_equal(apex_tensor_data(ma), apex_tensor_data(mb), apex_tensor_nbytes(ma));
+  }
+  /* Into a plain f32 model (O0, no amp): the f32 values are the masters. */
+  net_t c = make_net(83, 1, 0.1f);
+  TU_OK(apex_model_load_f32(c.m, NULL, path));
+  for (size_t i = 0; i < np; i++) {
+    apex_var *va = apex_model_param(a.m, i, NULL);
+    apex_tensor *want = apex_amp_master_of(amp, va) ? apex_amp_master_of(amp, va) : apex_var_value(va);
+    apex_tensor *pc = apex_var_value(apex_model_param(c.m, i, NULL));
+    assert_memory_equal(apex_tensor_data(pc), apex_tensor_data(want), apex_tensor_nbytes(want));
+  }
+  /* Bad input: nothing changes. A model of other shapes, one with a parameter the file lacks, no file. */
+  apex_model *wide = apex_model_create(&(apex_model_options){.seed = 84});
+  apex_module *seq = apex_sequential_create(wide, NULL);
+  TU_OK(apex_sequential_add(seq, apex_linear_create(wide, "fc1", IN, HID + 1, 1)));
+  uint8_t *before, *after;
+  size_t len;
+  snapshot(wide, &before, &len);
+  TU_FAILS(apex_model_load_f32(wide, NULL, path), APEX_ERR_SHAPE, "fc1.weight");
+  snapshot(wide, &after, &len);
+  assert_memory_equal(before, after, len);
+  free(before);
+  free(after);
+  apex_model *extra = apex_model_create(&(apex_model_options){.seed = 85});
+  apex_module *seq2 = apex_sequential_create(extra, NULL);
+  TU_OK(apex_sequential_add(seq2, apex_linear_create(extra, "fc1", IN, HID, 1)));
+  TU_OK(apex_sequential_add(seq2, apex_linear_create(extra, "fc9", HID, OUT, 1)));
+  snapshot(extra, &before, &len);
+  TU_FAILS(apex_model_load_f32(extra, NULL, path), APEX_ERR_INVALID_ARG, "fc9");
+  snapshot(extra, &after, &len);
+  assert_memory_equal(before, after, len);
+  free(before);
+  free(after);
+  TU_FAILS(apex_model_load_f32(c.m, NULL, "/nonexistent/model.safetensors"), APEX_ERR_IO, "/nonexistent/model.safetensors");
+  TU_FAILS(apex_model_save_f32(NULL, NULL, path), APEX_ERR_INVALID_ARG, "NULL");
+  apex_model_destroy(wide);
+  apex_model_destroy(extra);
+  unlink(path);
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  apex_amp_destroy(amp_b);
+  free_net(a);
+  free_net(b);
+  free_net(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_o1_casts_per_category),     cmocka_unit_test(test_cast_cache_across_modes),
@@ -882,6 +1083,8 @@ int main(void) {
       cmocka_unit_test(test_bad_input),                  cmocka_unit_test(test_cast_cache_cleared_by_backward),
       cmocka_unit_test(test_register_half_and_promote),  cmocka_unit_test(test_overflow_message),
       cmocka_unit_test(test_cast_model_outputs),         cmocka_unit_test(test_clip_master_grads),
+      cmocka_unit_test(test_combine_grad),               cmocka_unit_test(test_step_refused_after_failed_backward),
+      cmocka_unit_test(test_model_state_is_f32),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -110,11 +110,13 @@ APEX_API apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_i
 
 /* The optimizer step, unless a backward since the last step found an overflow for this optimizer:
  * then nothing changes and *skipped (may be NULL) is 1. APEX_ERR_STATE when gradients are still
- * scaled (delay_unscale without a closing backward); APEX_ERR_INVALID_ARG for an optimizer amp does
+ * scaled (delay_unscale without a closing backward) or when a backward since the last zero_grad
+ * failed after it ran (its gradients are incomplete); APEX_ERR_INVALID_ARG for an optimizer amp does
  * not manage. */
 APEX_API apex_status apex_amp_step(apex_amp *amp, apex_optimizer *opt, int *skipped);
 
-/* Zeroes every managed parameter's gradient and master gradient, and forgets pending skips. */
+/* Zeroes every managed parameter's gradient and master gradient, and forgets pending skips and a
+ * failed backward. */
 APEX_API apex_status apex_amp_zero_grad(apex_amp *amp);
 
 /* Loss scaler loss_id (borrowed), e.g. to read its state or set a scale as Apex's tests do through
@@ -125,6 +127,10 @@ APEX_API float apex_amp_loss_scale(const apex_amp *amp, int loss_id);
 /* The f32 master of parameter i of an optimizer group (Apex's amp.master_params): what the
  * optimizer updates. NULL for a bad index. */
 APEX_API apex_tensor *apex_amp_master_param(const apex_amp *amp, apex_optimizer *opt, int group, int i);
+/* The f32 master that amp's optimizers keep of a model parameter (O2), or NULL when there is none:
+ * the optimizer updates the parameter itself (O0, O1, O3, batch norm kept in f32), or the parameter
+ * is in none of amp's optimizers. */
+APEX_API apex_tensor *apex_amp_master_of(const apex_amp *amp, const apex_var *param);
 /* Clips the global norm of an optimizer's (unscaled, master) gradients to max_norm, as
  * torch.nn.utils.clip_grad_norm_(amp.master_params(opt), max_norm); *total_norm (may be NULL)
  * receives the norm before clipping. Call after apex_amp_backward, before apex_amp_step. */

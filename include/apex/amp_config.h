@@ -65,8 +65,11 @@ typedef struct apex_amp_config {
   float min_loss_scale;           /* [2^-24] */
   float max_loss_scale;           /* [2^24] */
   int hysteresis;                 /* [1] */
-  apex_amp_flag combine_grad;     /* [off] flatten each model's gradients into one buffer so the
-                                     overflow check (and all-reduce) is one pass (Ascend) */
+  apex_amp_flag combine_grad;     /* [off] (Ascend) flatten each optimizer's gradients into one buffer
+                                     per dtype (and the f32 master gradients into another) at initialize,
+                                     so the unscale + overflow check runs over a few long buffers; the
+                                     gradient tensors stay the same objects (views), the results the
+                                     same bits. Create a DDP or Reducer after initialize. */
   int allow_banned;               /* 1: allow ops amp refuses under O1 (plain binary cross-entropy) */
 } apex_amp_config;
 

@@ -19,10 +19,18 @@ typedef struct {
   apex_tensor *stash;      /* f32 copy of an in-place gradient while another loss runs backward */
 } amp_param;
 
+/* combine_grad: the gradients of one optimizer flattened into one buffer per (dtype, master or not),
+ * so that the fresh unscale runs over a few long tensors instead of one per parameter. */
+#define AMP_MAX_FLATS 6
+
 typedef struct {
   apex_optimizer *opt;
   amp_param *params;
   int n;
+  apex_tensor *flat_x[AMP_MAX_FLATS];   /* the model gradients, every one a view into one of these */
+  apex_tensor *flat_out[AMP_MAX_FLATS]; /* where they unscale to: the flat master gradients, or flat_x */
+  int n_flat;
+  int failed;        /* the last backward failed after touching gradients: refuse the step */
   int skip;          /* an overflow since the last step: skip the next one */
   int scaled;        /* gradients still carry a loss scale (delay_unscale) */
   int dirty;         /* the unscaled gradients hold values (from an earlier loss, or a step without
@@ -110,6 +118,10 @@ static void free_opts(apex_amp *amp) {
     for (int k = 0; k < amp->opts[o].n; k++) {
       apex_tensor_destroy(amp->opts[o].params[k].master_grad);
       apex_tensor_destroy(amp->opts[o].params[k].stash);
+    }
+    for (int f = 0; f < amp->opts[o].n_flat; f++) {
+      if (amp->opts[o].flat_out[f] != amp->opts[o].flat_x[f]) apex_tensor_destroy(amp->opts[o].flat_out[f]);
+      apex_tensor_destroy(amp->opts[o].flat_x[f]); /* the views keep the storage while they live */
     }
     free(amp->opts[o].params);
   }
@@ -199,6 +211,45 @@ static apex_status attach_grads(apex_amp *amp) {
   return APEX_OK;
 }
 
+/* combine_grad: flattens each optimizer's gradients, one buffer per (gradient dtype, has a master
+ * gradient): in-place gradients into one flat tensor that the unscale reads and writes; low-precision
+ * model gradients and their f32 master gradients into two flat tensors in the same order. Every
+ * gradient tensor stays the same object (a view now), so the optimizers and autograd see no change. */
+static apex_status combine_grads(amp_opt *ao) {
+  const apex_dtype dts[3] = {APEX_F32, APEX_F16, APEX_BF16};
+  apex_tensor **x = malloc((size_t)(ao->n + 1) * sizeof *x), **m = malloc((size_t)(ao->n + 1) * sizeof *m);
+  apex_status st = x && m ? APEX_OK : apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_initialize: out of memory");
+  for (int d = 0; d < 3 && st == APEX_OK; d++)
+    for (int master = 0; master < 2 && st == APEX_OK; master++) {
+      int k = 0;
+      for (int i = 0; i < ao->n; i++) {
+        apex_tensor *grad = apex_var_grad(ao->params[i].var);
+        if (apex_tensor_dtype(grad) != dts[d] || !ao->params[i].master_grad != !master) continue;
+        x[k] = grad;
+        m[k++] = ao->params[i].master_grad;
+      }
+      if (k == 0) continue;
+      int f = ao->n_flat;
+      st = apex_tensor_flatten(x, k, &ao->flat_x[f]);
+      if (st == APEX_OK && master && (st = apex_tensor_flatten(m, k, &ao->flat_out[f])) != APEX_OK) {
+        apex_tensor_destroy(ao->flat_x[f]);
+        ao->flat_x[f] = NULL;
+      }
+      if (st == APEX_OK) {
+        if (!master) ao->flat_out[f] = ao->flat_x[f];
+        ao->n_flat++;
+      }
+    }
+  free(x);
+  free(m);
+  if (st != APEX_OK) {
+    char why[512]; /* the message is rewritten below: copy it out first */
+    snprintf(why, sizeof why, "%s", apex_last_error());
+    return apex__fail(st, "apex_amp_initialize: combine_grad could not flatten the gradients: %s", why);
+  }
+  return APEX_OK;
+}
+
 static apex_status already_initialised(int m) {
   return apex__fail(APEX_ERR_INVALID_ARG,
                     "apex_amp_initialize: model %d was already initialised by another apex_amp; initialise each model once "
@@ -268,6 +319,7 @@ apex_status apex_amp_initialize(apex_model *const *models, int n_models, apex_op
   if (st == APEX_OK) st = map_optimizers(amp, opts);
   if (st == APEX_OK && props.enabled && props.cast_model) st = cast_models(amp);
   if (st == APEX_OK && props.enabled) st = attach_grads(amp);
+  for (int o = 0; st == APEX_OK && props.enabled && props.combine_grad && o < amp->n_opts; o++) st = combine_grads(&amp->opts[o]);
   if (st != APEX_OK) {
     apex_amp_destroy(amp);
     return st;
@@ -380,6 +432,12 @@ static apex_status stash_grads(amp_opt *ao) {
 /* grad * inv_scale (+ earlier values) into the optimizer's gradients, checking the new gradients for
  * Inf/NaN in the same pass; model gradients behind masters are zeroed once consumed. */
 static apex_status unscale(amp_opt *ao, float inv_scale, int *overflow) {
+  if (ao->n_flat && !ao->dirty) { /* combine_grad: the same elementwise pass over a few flat buffers */
+    apex_status st = apex_mt_scale(0, overflow, ao->flat_x, ao->flat_out, ao->n_flat, inv_scale);
+    for (int f = 0; f < ao->n_flat && st == APEX_OK; f++)
+      if (ao->flat_out[f] != ao->flat_x[f]) st = apex_tensor_fill(ao->flat_x[f], 0.0f);
+    return st;
+  }
   unscale_lists fresh = {0}, accum = {0};
   apex_status st = lists_alloc(&fresh, ao->n);
   if (st == APEX_OK) st = lists_alloc(&accum, ao->n);
@@ -500,6 +558,9 @@ apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const 
     if (st == APEX_OK) st = hs;
   }
   if (st == APEX_OK && !(opts && opts->delay_unscale)) st = record_overflow(amp, loss_id, overflow, selp, n_sel);
+  /* A backward that failed once it ran leaves gradients half made: the step must not use them. */
+  if (ran && st != APEX_OK)
+    for (int i = 0; i < n_sel; i++) selp[i]->failed = 1;
   if (selp != sel) free(selp);
   return st;
 }
@@ -521,6 +582,9 @@ apex_status apex_amp_step(apex_amp *amp, apex_optimizer *opt, int *skipped) {
   if (ao->scaled)
     return apex__fail(APEX_ERR_STATE, "apex_amp_step: the gradients are still scaled: the last apex_amp_backward used delay_unscale; "
                                       "run the last micro-batch's backward without it");
+  if (ao->failed)
+    return apex__fail(APEX_ERR_STATE, "apex_amp_step: an apex_amp_backward since the last apex_amp_zero_grad failed, so the "
+                                      "gradients are incomplete; call apex_amp_zero_grad and run the iteration again");
   int skip = ao->skip;
   ao->skip = 0;
   if (skipped) *skipped = skip;
@@ -537,7 +601,7 @@ apex_status apex_amp_zero_grad(apex_amp *amp) {
     amp_opt *ao = &amp->opts[o];
     for (int k = 0; k < ao->n; k++)
       if (ao->params[k].master_grad) apex_tensor_fill(ao->params[k].master_grad, 0.0f);
-    ao->skip = ao->scaled = ao->dirty = 0;
+    ao->skip = ao->scaled = ao->dirty = ao->failed = 0;
   }
   return APEX_OK;
 }
@@ -556,6 +620,17 @@ float apex_amp_loss_scale(const apex_amp *amp, int loss_id) {
 apex_tensor *apex_amp_master_param(const apex_amp *amp, apex_optimizer *opt, int group, int i) {
   if (!amp || !find_opt((apex_amp *)amp, opt)) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_amp_master_param: unknown optimizer");
   return apex_optimizer_master(opt, group, i);
+}
+
+apex_tensor *apex_amp_master_of(const apex_amp *amp, const apex_var *param) {
+  for (int o = 0; amp && param && o < amp->n_opts; o++)
+    for (int k = 0; k < amp->opts[o].n; k++) {
+      const amp_param *ap = &amp->opts[o].params[k];
+      if (ap->var != param) continue;
+      apex_tensor *m = apex_optimizer_master(amp->opts[o].opt, ap->group, ap->index);
+      return m && m != apex_var_value(param) ? m : NULL; /* the optimizer updates the parameter itself */
+    }
+  return NULL;
 }
 
 apex_status apex_amp_clip_grad_norm(apex_amp *amp, apex_optimizer *opt, float max_norm, float *total_norm) {
