@@ -465,6 +465,38 @@ static void test_mean_all_and_view(void **state) {
   apex_graph_destroy(g);
 }
 
+/* Plain binary cross entropy at the ends of [0, 1]: each log clamped at -100, the gradient
+ * (p - y) / max(p (1 - p), 1e-12) (PyTorch's), both in closed form; outside [0, 1] an error. */
+static void test_bce_edges(void **state) {
+  (void)state;
+  apex_graph *g = apex_graph_create();
+  apex_var *p = apex_var_create(apex_tensor_create(APEX_F32, 1, (int64_t[]){4}), 1);
+  apex_var *y = apex_var_create(apex_tensor_create(APEX_F32, 1, (int64_t[]){4}), 0);
+  const float pv[4] = {0.0f, 1.0f, 0.0f, 0.25f}, yv[4] = {1.0f, 0.0f, 0.5f, 1.0f};
+  for (size_t i = 0; i < 4; i++) apex_tensor_set(apex_var_value(p), i, pv[i]), apex_tensor_set(apex_var_value(y), i, yv[i]);
+  const double want[4] = {100.0, 100.0, 50.0, -log(0.25)};
+  apex_var *l = apex_bce(g, p, y, APEX_REDUCTION_NONE);
+  assert_non_null(l);
+  for (size_t i = 0; i < 4; i++) assert_close_rel("bce", i, apex_tensor_get(apex_var_value(l), i), want[i], 1.0);
+  TU_OK(apex_backward(apex_sum_all(g, l), NULL));
+  for (size_t i = 0; i < 4; i++) {
+    double d = fmax((double)pv[i] * (1.0 - pv[i]), 1e-12), gw = ((double)pv[i] - yv[i]) / d;
+    assert_close_rel("bce grad", i, apex_tensor_get(apex_var_grad(p), i), gw, 1e-3);
+  }
+  apex_graph_reset(g);
+  apex_tensor_set(apex_var_value(p), 2, -0.5f);
+  assert_null(apex_bce(g, p, y, APEX_REDUCTION_MEAN));
+  tu_assert_message("bce: input element 2 of [4] is -0.5; probabilities must be in [0, 1]");
+  apex_tensor_set(apex_var_value(p), 2, 1.25f);
+  assert_null(apex_bce(g, p, y, APEX_REDUCTION_MEAN));
+  tu_assert_message("is 1.25");
+  apex_tensor_set(apex_var_value(p), 2, NAN); /* passes, and the loss is NaN (not a clamped -100 log) */
+  assert_true(isnan(apex_var_item(apex_bce(g, p, y, APEX_REDUCTION_SUM))));
+  apex_var_destroy(p);
+  apex_var_destroy(y);
+  apex_graph_destroy(g);
+}
+
 /* ---- bad inputs ----------------------------------------------------------------------------------- */
 
 /* A NULL-returning call's status is not observable (apex__fail_null keeps only the message), so the
@@ -564,7 +596,7 @@ int main(void) {
       cmocka_unit_test(test_batch_norm_running_stats), cmocka_unit_test(test_batch_norm_module_modes),
       cmocka_unit_test(test_attention_module_forward), cmocka_unit_test(test_transformer_block_forward),
       cmocka_unit_test(test_default_init),             cmocka_unit_test(test_mean_all_and_view),
-      cmocka_unit_test(test_bad_inputs),
+      cmocka_unit_test(test_bad_inputs),                cmocka_unit_test(test_bce_edges),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
