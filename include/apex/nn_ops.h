@@ -134,7 +134,7 @@ APEX_API apex_var *apex_mse_loss(apex_graph *g, apex_var *x, apex_var *y, apex_r
 /* Binary cross entropy of sigmoid(x) against targets y in [0, 1], computed stably from the logits. */
 APEX_API apex_var *apex_bce_with_logits(apex_graph *g, apex_var *x, apex_var *y, apex_reduction reduction);
 /* Binary cross entropy of probabilities p in [0, 1] against y; each log is clamped at -100 as
- * PyTorch does. */
+ * PyTorch does. APEX_ERR_INVALID_ARG for a p outside [0, 1] (NaN passes, for the loss scaler). */
 APEX_API apex_var *apex_bce(apex_graph *g, apex_var *p, apex_var *y, apex_reduction reduction);
 
 /* ---- reductions and shapes ------------------------------------------------------------------- */

@@ -191,7 +191,11 @@ apex_status apex__bwd_cross_entropy(apex_graph *g, apex_var *out) {
 
 /* ---- pointwise losses --------------------------------------------------------------------------- */
 
-static inline float clamp_log(float v) { return fmaxf(logf(v), -100.0f); }
+/* log clamped at -100 (PyTorch's); a NaN stays NaN (fmaxf would turn it into -100 and hide it). */
+static inline float clamp_log(float v) {
+  float l = logf(v);
+  return l < -100.0f ? -100.0f : l;
+}
 
 static apex_var *pointwise_loss(apex_graph *g, apex_op op, apex_var *x, apex_var *y, apex_reduction red) {
   apex_var *in[2] = {x, y}, *u[2];
@@ -199,12 +203,21 @@ static apex_var *pointwise_loss(apex_graph *g, apex_op op, apex_var *x, apex_var
   if (apex__dispatch(g, op, 2, in, 0, u, &dt) != APEX_OK) return NULL;
   if (!apex_tensor_same_shape(u[0]->value, u[1]->value))
     return apex__fail_null(APEX_ERR_SHAPE, "%s: input %s and target %s must have the same shape", apex_op_name(op), apex__shape(x), apex__shape(y));
-  apex_var *out = loss_result(g, op, dt, red, u[0]->value->ndim, u[0]->value->shape, 2, u);
-  if (!out) return NULL;
   size_t n = ag_numel(u[0]);
   const float *X = apex__f32(g, u[0]->value), *Y = apex__f32(g, u[1]->value);
+  if (!X || !Y) return NULL;
+  /* Probabilities outside [0, 1] would give a finite, meaningless loss (the clamp turns log of a
+   * negative number into -100), so they are refused as PyTorch refuses them. NaN passes: a
+   * non-finite forward must reach the loss scaler, which skips the step. */
+  if (op == APEX_OP_BCE)
+    for (size_t i = 0; i < n; i++)
+      if (X[i] < 0.0f || X[i] > 1.0f)
+        return apex__fail_null(APEX_ERR_INVALID_ARG, "bce: input element %zu of %s is %g; probabilities must be in [0, 1] (for logits use "
+                               "apex_bce_with_logits)", i, apex__shape(x), (double)X[i]);
+  apex_var *out = loss_result(g, op, dt, red, u[0]->value->ndim, u[0]->value->shape, 2, u);
+  if (!out) return NULL;
   float *l = apex__scratch(g, ag_nz(n) * sizeof(float));
-  if (!X || !Y || !l) return NULL;
+  if (!l) return NULL;
   switch (op) {
   case APEX_OP_MSE:
     AG_PFOR
