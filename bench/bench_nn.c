@@ -5,7 +5,7 @@
  * bench/peer_nn.py --measure, run from here so that both are measured in the same invocation; the
  * ratio is apex / PyTorch. A second line per model gives the GFLOP/s the step achieves (GEMM and
  * convolution FLOPs of forward and backward), with ratio = that / the sgemm peak measured here (a
- * 1024^3 cblas_sgemm on the same threads).
+ * 1024^3 product on the same threads, the faster of OpenBLAS and apex's own AVX-512 kernel).
  *
  * nn_gemm_tiles_f16 is an f16 linear, [4096, 1024] x [1024, 1024]^T plus bias, forward and backward
  * (what O1 autocast runs): GFLOP/s with low-precision operands widened per tile (the default), ratio
@@ -19,9 +19,10 @@
  * the change; the peer itself ranged 1.7K to 3.0K samples/s between runs): the CNN went from
  * 1.4-1.7K to 3.7-4.3K samples/s (ratio 1.3-2.4, median 2.15) once conv2d ran image by image and
  * the elementwise passes vectorised (ops_conv.c, ops_norm.c). The MLP (before 13.1-15.5K, ratio
- * 1.9-2.5; after 9.1-16.6K, ratio 1.2-2.7, median 2.5) is GEMM-bound: its 1.26 GFLOP a step take
- * >= 6 ms at the 2-thread sgemm peak (200-220 GFLOP/s here) and AdamW's 52 MB of traffic ~1 ms
- * more, so 3x PyTorch (~6.6 ms a step) is out of reach. */
+ * 1.9-2.5; after 9.1-16.6K, ratio 1.2-2.7, median 2.5) is GEMM-bound: its 1.26 GFLOP a step took
+ * >= 6 ms at OpenBLAS's 2-thread peak here (200-220 GFLOP/s, its AVX2 kernels). apex's own AVX-512
+ * sgemm (src/autograd/sgemm_avx512.c, 300+ GFLOP/s on 2 threads) then took the MLP to 29.7-30.9K
+ * samples/s, 3.4-3.5x PyTorch, and the CNN to 6.6-6.7K, 2.1-2.3x (README, "On this CPU"). */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
 #include <stdio.h>
