@@ -499,13 +499,15 @@ static void test_bce_edges(void **state) {
 
 /* ---- bad inputs ----------------------------------------------------------------------------------- */
 
-/* A NULL-returning call's status is not observable (apex__fail_null keeps only the message), so the
- * status each case documents is for the reader; the message is what is checked. */
+/* A NULL-returning call: its status (apex_last_status) and message. */
 #define FAILS_WITH(expr, status, needle)                                                                   \
   do {                                                                                                     \
+    apex_clear_error();                                                                                    \
     assert_null(expr);                                                                                     \
     tu_assert_message(needle);                                                                             \
-    (void)(status);                                                                                        \
+    if (apex_last_status() != (status))                                                                    \
+      fail_msg("%s: status %s, expected %s", #expr, apex_status_name(apex_last_status()),                  \
+               apex_status_name(status));                                                                  \
   } while (0)
 
 static void test_bad_inputs(void **state) {

@@ -140,8 +140,12 @@ static void test_bad_input(void **state) {
   int64_t s1 = 5, s2 = 6;
   apex_tensor *a = apex_tensor_create(APEX_F32, 1, &s1), *b = apex_tensor_create(APEX_F16, 1, &s2);
   TU_FAILS(apex_tensor_copy(a, b), APEX_ERR_SHAPE, "[5] has 5 elements, source [6] has 6");
+  apex_clear_error();
+  assert_int_equal(apex_last_status(), APEX_OK);
+  assert_string_equal(apex_last_error(), "");
   assert_null(apex_tensor_view(a, 1, &s2));
   tu_assert_message("6 elements over a tensor [5]");
+  assert_int_equal(apex_last_status(), APEX_ERR_SHAPE); /* a NULL-returning call's status */
   assert_null(apex_tensor_slice_view(a, 3, 1, &s1));
   tu_assert_message("outside");
   char odd[8];

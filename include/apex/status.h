@@ -36,10 +36,14 @@ typedef enum apex_status {
  * stays valid until the next apex call on this thread. */
 APEX_API const char *apex_last_error(void);
 
+/* The status of the failure that left apex_last_error's message (APEX_OK if none yet): the code a
+ * function that returns NULL on failure (an op, a create) failed with, e.g. APEX_ERR_SHAPE. */
+APEX_API apex_status apex_last_status(void);
+
 /* A short constant name for a status code, e.g. "APEX_ERR_SHAPE". */
 APEX_API const char *apex_status_name(apex_status status);
 
-/* Clears this thread's message. */
+/* Clears this thread's message and status. */
 APEX_API void apex_clear_error(void);
 
 #ifdef __cplusplus

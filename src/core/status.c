@@ -6,31 +6,37 @@
 
 #define APEX_ERROR_CAPACITY 1024
 static _Thread_local char apex_error_message[APEX_ERROR_CAPACITY];
+static _Thread_local apex_status apex_error_status = APEX_OK;
 
-static void apex_set_message(const char *fmt, va_list ap) {
+static void apex_set_message(apex_status status, const char *fmt, va_list ap) {
   vsnprintf(apex_error_message, sizeof apex_error_message, fmt, ap);
+  apex_error_status = status;
 }
 
 apex_status apex__fail(apex_status status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  apex_set_message(fmt, ap);
+  apex_set_message(status, fmt, ap);
   va_end(ap);
   return status;
 }
 
 void *apex__fail_null(apex_status status, const char *fmt, ...) {
-  (void)status;
   va_list ap;
   va_start(ap, fmt);
-  apex_set_message(fmt, ap);
+  apex_set_message(status, fmt, ap);
   va_end(ap);
   return NULL;
 }
 
 const char *apex_last_error(void) { return apex_error_message; }
 
-void apex_clear_error(void) { apex_error_message[0] = '\0'; }
+apex_status apex_last_status(void) { return apex_error_status; }
+
+void apex_clear_error(void) {
+  apex_error_message[0] = '\0';
+  apex_error_status = APEX_OK;
+}
 
 const char *apex_status_name(apex_status status) {
   switch (status) {
