@@ -1,0 +1,29 @@
+#!/bin/sh
+# run_all.sh [BUILD_DIR]: every GPU check of the CUDA issue in one command, for a lent GPU machine
+# (the device tool's `run`, where each call costs a machine start): builds apex with CUDA (Release),
+# then runs the parity suite test_cuda, the GPU benchmarks bench_cuda with the PyTorch peer
+# (bench/peer_cuda.py, same GPU, same run) and the NCCL test (run_nccl.sh). Logs go to $OUT when it
+# is set (the device tool brings that folder back), else to BUILD_DIR. Exit status: test_cuda's.
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build-gpu}
+logs=${OUT:-$build}
+mkdir -p "$logs"
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DAPEX_CUDA=ON > "$logs/configure.log" 2>&1 ||
+  { tail -20 "$logs/configure.log"; exit 1; }
+cmake --build "$build" -j"${JOBS:-$(nproc)}" --target test_cuda bench_cuda > "$logs/build.log" 2>&1 ||
+  { grep -E "error" "$logs/build.log" | head -20; exit 1; }
+
+echo "== test_cuda"
+"$build/tests/test_cuda" 2>&1 | tee "$logs/test_cuda.log"
+rc=$(tail -1 "$logs/test_cuda.log" | grep -q "FAILED" && echo 1 || echo 0)
+grep -q "PASSED" "$logs/test_cuda.log" || rc=1
+
+echo "== bench_cuda vs PyTorch"
+"$build/bench/bench_cuda" 2>&1 | tee "$logs/bench_cuda.log"
+python3 "$root/bench/peer_cuda.py" "$build" 2>&1 | tee "$logs/peer_cuda.log"
+
+echo "== NCCL"
+sh "$root/tests/gpu/run_nccl.sh" "$build" 2>&1 | tee "$logs/nccl.log"
+exit "$rc"
