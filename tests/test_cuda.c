@@ -218,6 +218,16 @@ static void test_device_scaler_matches_cpu(void **state) {
 
 /* ---- the fused optimizers ------------------------------------------------------------------------------ */
 
+/* Destroys the host and device parameters and gradients of an optimizer case. */
+static void destroy_params(int n, apex_tensor **hp, apex_tensor **dp, apex_tensor **hg, apex_tensor **dg) {
+  for (int i = 0; i < n; i++) {
+    apex_tensor_destroy(hp[i]);
+    apex_tensor_destroy(dp[i]);
+    apex_tensor_destroy(hg[i]);
+    apex_tensor_destroy(dg[i]);
+  }
+}
+
 typedef struct {
   apex_optim_kind kind;
   apex_optim_options o;
@@ -266,12 +276,7 @@ static void run_optim_case(const optim_case *c, apex_dtype pdt) {
   }
   apex_optimizer_destroy(ho);
   apex_optimizer_destroy(dopt);
-  for (int i = 0; i < P; i++) {
-    apex_tensor_destroy(hp[i]);
-    apex_tensor_destroy(dp[i]);
-    apex_tensor_destroy(hg[i]);
-    apex_tensor_destroy(dg[i]);
-  }
+  destroy_params(P, hp, dp, hg, dg);
 }
 
 static void test_optimizers_match_cpu(void **state) {
@@ -366,12 +371,7 @@ static void adamp_case(const apex_optim_options *o, apex_dtype pdt) {
   }
   apex_optimizer_destroy(ho);
   apex_optimizer_destroy(dopt);
-  for (int i = 0; i < P; i++) {
-    apex_tensor_destroy(hp[i]);
-    apex_tensor_destroy(dp[i]);
-    apex_tensor_destroy(hg[i]);
-    apex_tensor_destroy(dg[i]);
-  }
+  destroy_params(P, hp, dp, hg, dg);
 }
 
 static void test_adamp_matches_cpu(void **state) {
