@@ -131,7 +131,7 @@ static void channel_stats(const apex_tensor *x, size_t N, size_t C, size_t S, si
 }
 
 /* Training: running = (1 - momentum) running + momentum batch, with the unbiased variance, over two
- * steps (momentum 0.1 by default, 0.25 given), for [N, C], [N, C, L] and [N, C, H, W]; the output
+ * steps (momentum 0.1 by default, 0.25 given, exactly 0 and 1 with momentum_exact), for [N, C], [N, C, L] and [N, C, H, W]; the output
  * uses the biased variance and eps. Evaluation: the running statistics are used and left alone. */
 static void test_batch_norm_running_stats(void **state) {
   (void)state;
@@ -139,13 +139,15 @@ static void test_batch_norm_running_stats(void **state) {
     int ndim;
     int64_t shape[4];
   } shapes[] = {{2, {7, 3}}, {3, {4, 3, 5}}, {4, {3, 3, 4, 5}}};
-  float moms[2] = {0.0f, 0.25f}, epss[2] = {0.0f, 1e-2f};
+  /* default 0.1, 0.25 given, and with momentum_exact PyTorch's momentum=0 (frozen) and 1 (the batch's) */
+  float moms[4] = {0.0f, 0.25f, 0.0f, 1.0f}, epss[4] = {0.0f, 1e-2f, 0.0f, 1e-2f};
+  int exact[4] = {0, 0, 1, 1};
   for (size_t sh = 0; sh < 3; sh++)
-    for (int mo = 0; mo < 2; mo++) {
+    for (int mo = 0; mo < 4; mo++) {
       size_t N = (size_t)shapes[sh].shape[0], C = 3, S = 1;
       for (int d = 2; d < shapes[sh].ndim; d++) S *= (size_t)shapes[sh].shape[d];
-      double mom = moms[mo] == 0.0f ? 0.1 : moms[mo], eps = epss[mo] == 0.0f ? 1e-5 : epss[mo];
-      apex_batch_norm_options o = {.training = 1, .momentum = moms[mo], .eps = epss[mo]};
+      double mom = moms[mo] == 0.0f && !exact[mo] ? 0.1 : moms[mo], eps = epss[mo] == 0.0f ? 1e-5 : epss[mo];
+      apex_batch_norm_options o = {.training = 1, .momentum = moms[mo], .momentum_exact = exact[mo], .eps = epss[mo]};
       apex_graph *g = apex_graph_create();
       apex_var *w = tu_random_leaf(APEX_F32, 1, (int64_t[]){3}, 40, 1), *b = tu_random_leaf(APEX_F32, 1, (int64_t[]){3}, 41, 1);
       apex_tensor *rm = apex_tensor_create(APEX_F32, 1, (int64_t[]){3}), *rv = apex_tensor_create(APEX_F32, 1, (int64_t[]){3});
@@ -558,6 +560,24 @@ static void test_bad_inputs(void **state) {
              "batch_norm: weight [3, 4] does not match the 3 channels of input [2, 3, 4, 4]");
   FAILS_WITH(apex_batch_norm(g, img, NULL, NULL, NULL, NULL, NULL), APEX_ERR_INVALID_ARG,
              "batch_norm: evaluation of [2, 3, 4, 4] needs running_mean and running_var");
+  /* momentum outside [0, 1], a bad eps: the op and the modules refuse them */
+  FAILS_WITH(apex_batch_norm(g, img, NULL, NULL, NULL, NULL, &(apex_batch_norm_options){.training = 1, .momentum = -0.1f}),
+             APEX_ERR_INVALID_ARG, "batch_norm: momentum is -0.1; it must be in [0, 1]");
+  FAILS_WITH(apex_batch_norm(g, img, NULL, NULL, NULL, NULL, &(apex_batch_norm_options){.training = 1, .momentum = 1.5f}),
+             APEX_ERR_INVALID_ARG, "momentum is 1.5");
+  FAILS_WITH(apex_batch_norm(g, img, NULL, NULL, NULL, NULL, &(apex_batch_norm_options){.training = 1, .momentum = NAN}),
+             APEX_ERR_INVALID_ARG, "momentum is nan");
+  FAILS_WITH(apex_batch_norm(g, img, NULL, NULL, NULL, NULL, &(apex_batch_norm_options){.training = 1, .eps = -1.0f}),
+             APEX_ERR_INVALID_ARG, "batch_norm: eps is -1; it must be finite and >= 0");
+  {
+    apex_model *bm = apex_model_create(NULL);
+    FAILS_WITH(apex_batch_norm2d_create(bm, "bn", 3, &(apex_batch_norm_options){.momentum = 2.0f}), APEX_ERR_INVALID_ARG,
+               "apex_batch_norm2d_create: momentum is 2");
+    FAILS_WITH(apex_batch_norm1d_create(bm, "bn", 3, &(apex_batch_norm_options){.eps = INFINITY}), APEX_ERR_INVALID_ARG,
+               "apex_batch_norm1d_create: eps is inf");
+    assert_int_equal(apex_model_num_params(bm), 0);
+    apex_model_destroy(bm);
+  }
   FAILS_WITH(apex_batch_norm(g, one, NULL, NULL, NULL, NULL, &(apex_batch_norm_options){.training = 1}), APEX_ERR_SHAPE,
              "batch_norm: training needs more than one value per channel; input [1, 3, 1, 1]");
   FAILS_WITH(apex_batch_norm(g, x3, NULL, NULL, NULL, NULL, &(apex_batch_norm_options){.training = 1}), APEX_ERR_SHAPE,

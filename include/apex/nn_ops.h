@@ -74,14 +74,17 @@ APEX_API apex_var *apex_avg_pool2d(apex_graph *g, apex_var *x, const apex_pool2d
 
 typedef struct apex_batch_norm_options {
   int training;    /* 1: batch statistics, and running statistics updated; 0: running statistics */
-  float momentum;  /* 0 means 0.1: running = (1 - momentum) * running + momentum * batch */
+  float momentum;  /* in [0, 1]; 0 means 0.1 unless momentum_exact:
+                      running = (1 - momentum) * running + momentum * batch */
+  int momentum_exact; /* 1: momentum as given, 0 included (PyTorch's momentum=0 keeps the running
+                         statistics as they are) */
   float eps;       /* 0 means 1e-5 */
   int relu;        /* 1: the result is relu(batch norm(x)), as one op (APEX_OP_BATCH_NORM_RELU) that
                       spares a pass over the activations each way; apex_sequential fuses a batch
                       norm followed by a ReLU this way */
 } apex_batch_norm_options;
 /* Batch norm over channel dimension 1 of x [N, C], [N, C, L] or [N, C, H, W]. weight and bias [C] or
- * NULL. running_mean and running_var are f32 tensors [C] (NULL allowed in training: no update);
+ * NULL. APEX_ERR_INVALID_ARG for a momentum outside [0, 1] or an eps that is negative or not finite. running_mean and running_var are f32 tensors [C] (NULL allowed in training: no update);
  * training updates them (running_var with the unbiased batch variance) as PyTorch does. The result
  * has x's dtype whatever the parameters' (amp keeps batch norm parameters f32 on a half model). */
 APEX_API apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var *bias,

@@ -6,6 +6,7 @@
 #ifndef APEX_AUTOGRAD_AG_H
 #define APEX_AUTOGRAD_AG_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -207,6 +208,19 @@ static inline void ag_prefetch_plane(const float *t, size_t N, size_t C, size_t 
 /* Batch norm's output for channel c of x [N, C, S] (f32): (x - mean) * rstd * w + b, through relu's
  * max(v, 0) when `relu` (the same bits as apex_relu on the unfused output). Shared by batch norm and
  * SyncBatchNorm, which differ only in where mean and rstd come from. */
+/* Batch norm's momentum and eps from its options (defaults 0.1 and 1e-5 for zeros, unless
+ * momentum_exact); APEX_ERR_INVALID_ARG naming fn for a momentum outside [0, 1] or a bad eps. Shared
+ * by batch norm and SyncBatchNorm, so both read their options alike. */
+static inline apex_status apex__bn_options(const apex_batch_norm_options *o, const char *fn, float *mom, float *eps) {
+  if (!(o->momentum >= 0.0f && o->momentum <= 1.0f))
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: momentum is %g; it must be in [0, 1]", fn, (double)o->momentum);
+  if (!(o->eps >= 0.0f) || !isfinite(o->eps))
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: eps is %g; it must be finite and >= 0", fn, (double)o->eps);
+  *mom = o->momentum != 0.0f || o->momentum_exact ? o->momentum : 0.1f;
+  *eps = o->eps != 0.0f ? o->eps : 1e-5f;
+  return APEX_OK;
+}
+
 static inline float apex__bn_affine(float x, float mean, float rstd, float w, float b) { return (x - mean) * rstd * w + b; }
 static inline void apex__bn_normalize_channel(const float *xf, float *o, size_t N, size_t C, size_t S, size_t c, float mean,
                                               float rstd, float w, float b, int relu) {

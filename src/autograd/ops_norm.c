@@ -113,7 +113,8 @@ apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var
     return apex__fail_null(APEX_ERR_INVALID_ARG, "batch_norm: evaluation of %s needs running_mean and running_var", apex__shape(x));
   if (opts->training && M <= 1)
     return apex__fail_null(APEX_ERR_SHAPE, "batch_norm: training needs more than one value per channel; input %s has %zu", apex__shape(x), M);
-  float mom = opts->momentum != 0.0f ? opts->momentum : 0.1f, eps = opts->eps != 0.0f ? opts->eps : 1e-5f;
+  float mom = 0.0f, eps = 0.0f;
+  if (apex__bn_options(opts, "batch_norm", &mom, &eps) != APEX_OK) return NULL;
   apex_var *out = apex__result(g, opts->relu ? APEX_OP_BATCH_NORM_RELU : APEX_OP_BATCH_NORM, dt, X->ndim, X->shape, 3, u);
   if (!out) return NULL;
   const float *xf = apex__f32(g, X), *wf = u[1] ? apex__f32(g, u[1]->value) : NULL, *bf = u[2] ? apex__f32(g, u[2]->value) : NULL;

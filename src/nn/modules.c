@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "autograd/ag.h" /* apex__bn_options */
 #include "core/internal.h"
 #include "nn/nn_internal.h"
 
@@ -41,6 +42,8 @@ apex_module *apex_conv2d_create(apex_model *m, const char *name, int64_t in_ch, 
 static apex_module *batch_norm_create(apex_model *m, nn_kind kind, const char *name, int64_t c, const apex_batch_norm_options *opts,
                                       const char *who) {
   if (c < 1) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: %lld channels; need at least 1", who, (long long)c);
+  float mom, eps; /* checked here, so that a bad option fails at creation rather than at the first forward */
+  if (opts && apex__bn_options(opts, who, &mom, &eps) != APEX_OK) return NULL;
   apex_module *mod = apex__nn_module(m, kind, name, who);
   if (!mod) return NULL;
   if (opts) mod->bn = *opts;

@@ -33,7 +33,8 @@ apex_var *apex_sync_batch_norm(apex_graph *g, apex_pg *pg, apex_var *x, apex_var
   for (int i = 0; i < 2; i++)
     if (stats[i] && (stats[i]->dtype != APEX_F32 || stats[i]->numel != C))
       return apex__fail_null(APEX_ERR_SHAPE, "sync_batch_norm: %s must be f32 with %zu elements", i ? "running_var" : "running_mean", C);
-  float mom = opts->momentum != 0.0f ? opts->momentum : 0.1f, eps = opts->eps != 0.0f ? opts->eps : 1e-5f;
+  float mom = 0.0f, eps = 0.0f;
+  if (apex__bn_options(opts, "sync_batch_norm", &mom, &eps) != APEX_OK) return NULL;
   apex_tensor *mean = apex__pool_tensor(g, APEX_F32, 1, &Ci), *invstd = apex__pool_tensor(g, APEX_F32, 1, &Ci);
   apex_tensor *uvar = apex__pool_tensor(g, APEX_F32, 1, &Ci);
   if (!mean || !invstd || !uvar) return NULL;
