@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "apex/autograd.h"
 #include "apex/cuda.h"
 #include "testutil.h"
 
@@ -214,6 +215,29 @@ static void test_device_scaler_matches_cpu(void **state) {
   apex_tensor_destroy(g);
   apex_cuda_scaler_destroy(gpu);
   apex_loss_scaler_destroy(cpu);
+}
+
+/* Autograd runs on the CPU for now: device tensors are refused where they would enter a graph. */
+static void test_autograd_refuses_device_tensors(void **state) {
+  (void)state;
+  int64_t shape[2] = {4, 8};
+  apex_tensor *d = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 2, shape);
+  apex_graph *g = apex_graph_create();
+  apex_clear_error();
+  assert_null(apex_graph_input(g, d, 1));
+  tu_assert_message("apex_graph_input: the tensor is on the GPU");
+  assert_int_equal(apex_last_status(), APEX_ERR_DEVICE);
+  assert_null(apex_var_create(d, 1));
+  tu_assert_message("apex_var_create: the tensor is on the GPU");
+  apex_tensor *h = apex_tensor_create(APEX_F32, 2, shape);
+  apex_var *leaf = apex_var_create(h, 1);
+  assert_non_null(leaf);
+  assert_null(apex_var_swap_value(leaf, d));
+  tu_assert_message("apex_var_swap_value: the tensor is on the GPU");
+  assert_ptr_equal(apex_var_value(leaf), h); /* unchanged */
+  apex_var_destroy(leaf);
+  apex_graph_destroy(g);
+  apex_tensor_destroy(d);
 }
 
 /* ---- the fused optimizers ------------------------------------------------------------------------------ */
@@ -749,6 +773,7 @@ int main(void) {
       cmocka_unit_test(test_layer_norm),              cmocka_unit_test(test_cross_entropy),
       cmocka_unit_test(test_batch_norm_stats),        cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_optimizer_state_on_gpu),  cmocka_unit_test(test_adamp_matches_cpu),
+      cmocka_unit_test(test_autograd_refuses_device_tensors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

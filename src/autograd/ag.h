@@ -208,6 +208,15 @@ static inline void ag_prefetch_plane(const float *t, size_t N, size_t C, size_t 
 /* Batch norm's output for channel c of x [N, C, S] (f32): (x - mean) * rstd * w + b, through relu's
  * max(v, 0) when `relu` (the same bits as apex_relu on the unfused output). Shared by batch norm and
  * SyncBatchNorm, which differ only in where mean and rstd come from. */
+/* Autograd's ops run on the CPU: a value on another device would be read through a device pointer.
+ * The entry points (apex_var_create, apex_graph_input, apex_var_swap_value) refuse one here, naming
+ * fn, so no op ever sees it. */
+static inline apex_status apex__host_only(const apex_tensor *t, const char *fn) {
+  if (t->device == APEX_DEVICE_CPU) return APEX_OK;
+  return apex__fail(APEX_ERR_DEVICE, "%s: the tensor is on the GPU; autograd ops run on the CPU for now: copy it to a CPU "
+                    "tensor first (apex_tensor_copy), or use the GPU kernels of cuda.h", fn);
+}
+
 /* Batch norm's momentum and eps from its options (defaults 0.1 and 1e-5 for zeros, unless
  * momentum_exact); APEX_ERR_INVALID_ARG naming fn for a momentum outside [0, 1] or a bad eps. Shared
  * by batch norm and SyncBatchNorm, so both read their options alike. */

@@ -201,6 +201,7 @@ static apex_var *new_graph_var(apex_graph *g) {
 
 apex_var *apex_var_create(apex_tensor *value, int requires_grad) {
   if (!value) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_var_create: NULL value");
+  if (apex__host_only(value, "apex_var_create") != APEX_OK) return NULL;
   apex_var *v = calloc(1, sizeof *v);
   if (!v) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_var_create: out of memory");
   v->value = value;
@@ -225,6 +226,7 @@ void apex_var_destroy(apex_var *v) {
 
 apex_var *apex_graph_input(apex_graph *g, apex_tensor *t, int requires_grad) {
   if (!g || !t) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_graph_input: NULL %s", g ? "tensor" : "graph");
+  if (apex__host_only(t, "apex_graph_input") != APEX_OK) return NULL;
   apex_tensor *view = apex__tensor_view_of(t->storage, t->offset, t->dtype, t->ndim, t->shape);
   if (!view || !apex__adopt(g, view)) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_graph_input: out of memory");
   apex_var *v = new_graph_var(g);
