@@ -730,6 +730,76 @@ static void test_batch_norm_stats(void **state) {
   apex_tensor_destroy(hx), apex_tensor_destroy(x), apex_tensor_destroy(mean), apex_tensor_destroy(var);
 }
 
+/* Convolution through cuDNN against apex_conv2d and its backward on the CPU over the same inputs (the
+ * CPU op accumulates in f32, as cuDNN does): f32 to 2e-5 of the output's largest value (another
+ * summation order), f16/bf16 to the dtype's rounding. Skipped, saying why,
+ * where cuDNN cannot be loaded. */
+static int conv_case(apex_dtype dt, const int64_t xs[4], const int64_t ws[4], apex_conv2d_options o, int bias) {
+  apex_graph *g = apex_graph_create();
+  apex_var *x = tu_random_leaf(dt, 4, xs, 31, 1), *w = tu_random_leaf(dt, 4, ws, 32, 1);
+  apex_var *b = bias ? tu_random_leaf(APEX_F32, 1, &ws[0], 33, 1) : NULL;
+  apex_var *y = apex_conv2d(g, x, w, b, &o);
+  assert_non_null(y);
+  const apex_tensor *hy = apex_var_value(y);
+  apex_tensor *hdy = apex_tensor_create(dt, apex_tensor_ndim(hy), apex_tensor_shape(hy));
+  apex_tensor *r = tu_random_tensor(APEX_F32, apex_tensor_numel(hy), 34, 1.0f);
+  for (size_t i = 0; i < apex_tensor_numel(r); i++) apex_tensor_set(hdy, i, apex_tensor_get(r, i));
+  TU_OK(apex_backward(y, &(apex_backward_options){.grad_output = hdy}));
+  apex_tensor *dx_ = dev_copy(apex_var_value(x)), *dw_ = dev_copy(apex_var_value(w));
+  apex_tensor *db_ = bias ? dev_copy(apex_var_value(b)) : NULL, *ddy = dev_copy(hdy);
+  apex_tensor *dy = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, apex_tensor_ndim(hy), apex_tensor_shape(hy));
+  apex_tensor *gx = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 4, xs), *gw = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 4, ws);
+  apex_tensor *gb = bias ? apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &ws[0]) : NULL;
+  apex_status st = apex_cuda_conv2d_forward(dx_, dw_, db_, &o, dy);
+  int ran = !(st == APEX_ERR_UNSUPPORTED && strstr(apex_last_error(), "could not be loaded"));
+  if (!ran) {
+    printf("conv2d on the GPU skipped: %s\n", apex_last_error());
+  } else {
+    TU_OK(st);
+    TU_OK(apex_cuda_conv2d_backward(ddy, dx_, dw_, &o, gx, gw, gb));
+    const apex_tensor *want[4] = {hy, apex_var_grad(x), apex_var_grad(w), bias ? apex_var_grad(b) : NULL};
+    const apex_tensor *got[4] = {dy, gx, gw, gb};
+    const char *what[4] = {"conv2d y", "conv2d dx", "conv2d dw", "conv2d db"};
+    for (int k = 0; k < 4; k++) {
+      if (!want[k]) continue;
+      size_t n = apex_tensor_numel(want[k]);
+      double *ref = malloc(n * sizeof *ref), scale = 1e-30;
+      for (size_t i = 0; i < n; i++) {
+        ref[i] = apex_tensor_get(want[k], i);
+        scale = fabs(ref[i]) > scale ? fabs(ref[i]) : scale;
+      }
+      check_close(got[k], ref, n, tol_for(apex_tensor_dtype(got[k])), scale, what[k]);
+      free(ref);
+    }
+    /* Bad input: w with other input channels, a y of the wrong shape, a CPU tensor. */
+    int64_t bad[4] = {ws[0], ws[1] + 1, ws[2], ws[3]};
+    apex_tensor *wbad = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 4, bad);
+    TU_FAILS(apex_cuda_conv2d_forward(dx_, wbad, NULL, &o, dy), APEX_ERR_SHAPE, "input channels");
+    TU_FAILS(apex_cuda_conv2d_forward(dx_, dw_, NULL, &o, gx), APEX_ERR_SHAPE, "y has shape");
+    TU_FAILS(apex_cuda_conv2d_forward(apex_var_value(x), dw_, NULL, &o, dy), APEX_ERR_DEVICE, "x is on the CPU");
+    apex_tensor_destroy(wbad);
+  }
+  apex_tensor *all[] = {hdy, r, dx_, dw_, db_, ddy, dy, gx, gw, gb};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
+  apex_graph_destroy(g);
+  apex_var_destroy(x);
+  apex_var_destroy(w);
+  apex_var_destroy(b);
+  return ran;
+}
+
+static void test_conv2d(void **state) {
+  (void)state;
+  const apex_dtype dts[3] = {APEX_F32, APEX_F16, APEX_BF16};
+  for (int d = 0; d < 3; d++) {
+    /* the benchmark CNN's first and second layers (3x3, padding 1), and a strided 5x5 without padding */
+    if (!conv_case(dts[d], (int64_t[]){4, 1, 28, 28}, (int64_t[]){32, 1, 3, 3}, (apex_conv2d_options){.pad_h = 1, .pad_w = 1}, 1))
+      skip();
+    conv_case(dts[d], (int64_t[]){4, 32, 14, 14}, (int64_t[]){64, 32, 3, 3}, (apex_conv2d_options){.pad_h = 1, .pad_w = 1}, 1);
+    conv_case(dts[d], (int64_t[]){2, 8, 17, 13}, (int64_t[]){16, 8, 5, 5}, (apex_conv2d_options){.stride_h = 2, .stride_w = 3}, 0);
+  }
+}
+
 static void test_matmul(void **state) {
   (void)state;
   const int64_t m = 96, k = 200, n = 72;
@@ -773,7 +843,7 @@ int main(void) {
       cmocka_unit_test(test_layer_norm),              cmocka_unit_test(test_cross_entropy),
       cmocka_unit_test(test_batch_norm_stats),        cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_optimizer_state_on_gpu),  cmocka_unit_test(test_adamp_matches_cpu),
-      cmocka_unit_test(test_autograd_refuses_device_tensors),
+      cmocka_unit_test(test_autograd_refuses_device_tensors), cmocka_unit_test(test_conv2d),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "apex/loss_scaler.h"
+#include "apex/nn_ops.h" /* apex_conv2d_options */
 #include "apex/optim.h"
 #include "apex/status.h"
 #include "apex/tensor.h"
@@ -142,6 +143,20 @@ APEX_API apex_status apex_cuda_batch_norm_stats(const apex_tensor *x, apex_tenso
  * trans_b), c [m, n], all row-major. */
 APEX_API apex_status apex_cuda_matmul(const apex_tensor *a, int trans_a, const apex_tensor *b, int trans_b,
                                       apex_tensor *c, float alpha, float beta, const apex_tensor *bias, int gelu);
+
+/* 2-D convolution through cuDNN (loaded at the first call from $APEX_CUDNN, else libcudnn.so.9 on the
+ * loader's path; APEX_ERR_UNSUPPORTED saying so when it cannot be loaded): y = conv(x, w) + b as
+ * apex_conv2d (nn_ops.h) computes it, x [N, C, H, W], w [K, C, R, S], b [K] or NULL, y [N, K, P, Q]
+ * with P = (H + 2 pad_h - R) / stride_h + 1 (Q likewise); x, w and y of one dtype (f32 on the FMA
+ * units, f16/bf16 on the tensor cores, f32 accumulation), b f32 or that dtype; opts may be NULL.
+ * Deterministic: cuDNN's algorithms are chosen among those it marks deterministic. */
+APEX_API apex_status apex_cuda_conv2d_forward(const apex_tensor *x, const apex_tensor *w, const apex_tensor *b,
+                                              const apex_conv2d_options *opts, apex_tensor *y);
+/* The gradients of the forward above from dy [N, K, P, Q]: dx (x's shape and dtype), dw (w's) and db
+ * (b's, [K]), overwritten; any of them may be NULL to skip it. */
+APEX_API apex_status apex_cuda_conv2d_backward(const apex_tensor *dy, const apex_tensor *x, const apex_tensor *w,
+                                               const apex_conv2d_options *opts, apex_tensor *dx, apex_tensor *dw,
+                                               apex_tensor *db);
 
 #ifdef __cplusplus
 }

@@ -344,3 +344,82 @@ apex_status apex_cuda_matmul(const apex_tensor *a, int trans_a, const apex_tenso
   return apex__cuda_gemm(trans_a, trans_b, m, n, k, alpha, apex_tensor_data(a), apex_tensor_data(b), it, beta,
                          apex_tensor_data(c), ct, bias ? apex_tensor_data(bias) : NULL, gelu);
 }
+
+/* ---- convolution ----------------------------------------------------------------------------------------- */
+
+/* The geometry of a convolution of x by w (both checked to be 4-d CUDA tensors of one float dtype). */
+static apex_status conv_geometry(const char *fn, const apex_tensor *x, const apex_tensor *w, const apex_conv2d_options *o,
+                                 apex__cuda_conv *g) {
+  apex_status st;
+  if ((st = need(fn, "x", x)) || (st = need(fn, "w", w))) return st;
+  char xs[96], ws[96];
+  apex_tensor_shape_str(x, xs, sizeof xs);
+  apex_tensor_shape_str(w, ws, sizeof ws);
+  if (apex_tensor_ndim(x) != 4 || apex_tensor_ndim(w) != 4)
+    return apex__fail(APEX_ERR_SHAPE, "%s: x %s and w %s must be [N, C, H, W] and [K, C, R, S]", fn, xs, ws);
+  if (apex_tensor_dim(w, 1) != apex_tensor_dim(x, 1))
+    return apex__fail(APEX_ERR_SHAPE, "%s: w %s has %lld input channels but x %s has %lld", fn, ws, (long long)apex_tensor_dim(w, 1),
+                      xs, (long long)apex_tensor_dim(x, 1));
+  apex_dtype dt = apex_tensor_dtype(x);
+  if ((st = need_dtype(fn, "w", w, dt, dt))) return st;
+  static const apex_conv2d_options defaults = {0};
+  if (!o) o = &defaults;
+  if (o->stride_h < 0 || o->stride_w < 0 || o->pad_h < 0 || o->pad_w < 0)
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: stride (%d, %d) and padding (%d, %d) must be >= 0", fn, o->stride_h, o->stride_w,
+                      o->pad_h, o->pad_w);
+  int64_t d[8] = {apex_tensor_dim(x, 0), apex_tensor_dim(x, 1), apex_tensor_dim(x, 2), apex_tensor_dim(x, 3),
+                  apex_tensor_dim(w, 0), apex_tensor_dim(w, 2), apex_tensor_dim(w, 3), 0};
+  for (int i = 0; i < 7; i++)
+    if (d[i] > INT32_MAX) return apex__fail(APEX_ERR_SHAPE, "%s: x %s or w %s has a dimension past cuDNN's int range", fn, xs, ws);
+  *g = (apex__cuda_conv){.n = (int)d[0], .c = (int)d[1], .h = (int)d[2], .w = (int)d[3], .k = (int)d[4], .r = (int)d[5],
+                         .s = (int)d[6], .pad_h = o->pad_h, .pad_w = o->pad_w, .stride_h = o->stride_h ? o->stride_h : 1,
+                         .stride_w = o->stride_w ? o->stride_w : 1, .dtype = dt};
+  int64_t hp = d[2] + 2 * (int64_t)g->pad_h - d[5], wp = d[3] + 2 * (int64_t)g->pad_w - d[6];
+  if (hp < 0 || wp < 0)
+    return apex__fail(APEX_ERR_SHAPE, "%s: the kernel of w %s is larger than x %s with padding (%d, %d)", fn, ws, xs, g->pad_h, g->pad_w);
+  g->p = (int)(hp / g->stride_h + 1);
+  g->q = (int)(wp / g->stride_w + 1);
+  return APEX_OK;
+}
+
+/* t has the shape [a, b, c, d]. */
+static apex_status need_shape4(const char *fn, const char *what, const apex_tensor *t, int a, int b, int c, int d) {
+  apex_status st = need(fn, what, t);
+  if (st != APEX_OK) return st;
+  if (apex_tensor_ndim(t) != 4 || apex_tensor_dim(t, 0) != a || apex_tensor_dim(t, 1) != b || apex_tensor_dim(t, 2) != c ||
+      apex_tensor_dim(t, 3) != d) {
+    char buf[96];
+    return apex__fail(APEX_ERR_SHAPE, "%s: %s has shape %s; [%d, %d, %d, %d] expected", fn, what,
+                      apex_tensor_shape_str(t, buf, sizeof buf), a, b, c, d);
+  }
+  return APEX_OK;
+}
+
+apex_status apex_cuda_conv2d_forward(const apex_tensor *x, const apex_tensor *w, const apex_tensor *b,
+                                     const apex_conv2d_options *opts, apex_tensor *y) {
+  const char *fn = "apex_cuda_conv2d_forward";
+  REQUIRE_CUDA(fn);
+  apex__cuda_conv g;
+  apex_status st = conv_geometry(fn, x, w, opts, &g);
+  if (st || (st = need_shape4(fn, "y", y, g.n, g.k, g.p, g.q)) || (st = need_dtype(fn, "y", y, g.dtype, g.dtype)) ||
+      (b && ((st = need_numel(fn, "b", b, (size_t)g.k)) || (st = need_dtype(fn, "b", b, APEX_F32, g.dtype)))))
+    return st;
+  return apex__cuda_conv2d_fwd(&g, apex_tensor_data(x), apex_tensor_data(w), b ? apex_tensor_data(b) : NULL,
+                               b ? apex_tensor_dtype(b) : APEX_F32, apex_tensor_data(y));
+}
+
+apex_status apex_cuda_conv2d_backward(const apex_tensor *dy, const apex_tensor *x, const apex_tensor *w,
+                                      const apex_conv2d_options *opts, apex_tensor *dx, apex_tensor *dw, apex_tensor *db) {
+  const char *fn = "apex_cuda_conv2d_backward";
+  REQUIRE_CUDA(fn);
+  apex__cuda_conv g;
+  apex_status st = conv_geometry(fn, x, w, opts, &g);
+  if (st || (st = need_shape4(fn, "dy", dy, g.n, g.k, g.p, g.q)) || (st = need_dtype(fn, "dy", dy, g.dtype, g.dtype)) ||
+      (dx && ((st = need_shape4(fn, "dx", dx, g.n, g.c, g.h, g.w)) || (st = need_dtype(fn, "dx", dx, g.dtype, g.dtype)))) ||
+      (dw && ((st = need_shape4(fn, "dw", dw, g.k, g.c, g.r, g.s)) || (st = need_dtype(fn, "dw", dw, g.dtype, g.dtype)))) ||
+      (db && ((st = need_numel(fn, "db", db, (size_t)g.k)) || (st = need_dtype(fn, "db", db, APEX_F32, g.dtype)))))
+    return st;
+  return apex__cuda_conv2d_bwd(&g, apex_tensor_data(dy), apex_tensor_data(x), apex_tensor_data(w),
+                               dx ? apex_tensor_data(dx) : NULL, dw ? apex_tensor_data(dw) : NULL,
+                               db ? apex_tensor_data(db) : NULL, db ? apex_tensor_dtype(db) : APEX_F32);
+}

@@ -144,6 +144,21 @@ apex_status apex__cuda_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int6
                             const void *b, apex_dtype in_type, float beta, void *c, apex_dtype c_type,
                             const void *bias, int gelu);
 
+/* ---- conv.cu: 2-D convolution through cuDNN ------------------------------------------------------------- */
+
+/* A convolution's geometry: x [n, c, h, w], w [k, c, r, s], y [n, k, p, q]; x, w, y all of dtype. */
+typedef struct apex__cuda_conv {
+  int n, c, h, w, k, r, s, p, q;
+  int pad_h, pad_w, stride_h, stride_w;
+  apex_dtype dtype;
+} apex__cuda_conv;
+/* y = conv(x, w) (+ b per output channel, b of dtype bt, when b is not NULL). */
+apex_status apex__cuda_conv2d_fwd(const apex__cuda_conv *g, const void *x, const void *w, const void *b, apex_dtype bt,
+                                  void *y);
+/* dx, dw (x's and w's shapes and dtype) and db (bt) from dy, each skipped when NULL; overwritten. */
+apex_status apex__cuda_conv2d_bwd(const apex__cuda_conv *g, const void *dy, const void *x, const void *w, void *dx,
+                                  void *dw, void *db, apex_dtype bt);
+
 #ifdef __cplusplus
 }
 #endif

@@ -15,6 +15,15 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DAPEX_CUDA=ON > "$logs/
 cmake --build "$build" -j"${JOBS:-$(nproc)}" --target test_cuda bench_cuda > "$logs/build.log" 2>&1 ||
   { grep -E "error" "$logs/build.log" | head -20; exit 1; }
 
+# cuDNN for the convolution: the system's, else the one PyTorch's wheels ship (its sub-libraries beside it).
+if [ -z "${APEX_CUDNN:-}" ] && ! ldconfig -p 2>/dev/null | grep -q "libcudnn.so.9 "; then
+  d=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null)
+  if [ -n "$d" ] && [ -e "$d/libcudnn.so.9" ]; then
+    export APEX_CUDNN="$d/libcudnn.so.9" LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "cuDNN: $APEX_CUDNN"
+  fi
+fi
+
 echo "== test_cuda"
 "$build/tests/test_cuda" 2>&1 | tee "$logs/test_cuda.log"
 rc=$(tail -1 "$logs/test_cuda.log" | grep -q "FAILED" && echo 1 || echo 0)
