@@ -800,6 +800,52 @@ static void test_conv2d(void **state) {
   }
 }
 
+/* Embedding against apex_embedding on the CPU: the lookup is a copy (bitwise), the gradient sums each
+ * row's positions in ascending order like the CPU op (bitwise in f32; f16/bf16 tables to their
+ * rounding); ids 40..49 never occur, so their rows must come back zero. */
+static void test_embedding(void **state) {
+  (void)state;
+  enum { V = 50, D = 300, N = 1000 };
+  int64_t ids[N], n = N;
+  for (int t = 0; t < N; t++) ids[t] = (int64_t)((t * 7919u + (unsigned)t * t) % 40u);
+  const apex_dtype dts[3] = {APEX_F32, APEX_F16, APEX_BF16};
+  for (int k = 0; k < 3; k++) {
+    apex_dtype dt = dts[k];
+    apex_graph *g = apex_graph_create();
+    apex_var *w = tu_random_leaf(dt, 2, (int64_t[]){V, D}, 71, 1);
+    apex_var *y = apex_embedding(g, w, ids, 1, &n);
+    assert_non_null(y);
+    apex_tensor *hdy = apex_tensor_create(dt, 2, (int64_t[]){N, D}), *r = tu_random_tensor(APEX_F32, (size_t)N * D, 72, 1.0f);
+    for (size_t i = 0; i < (size_t)N * D; i++) apex_tensor_set(hdy, i, apex_tensor_get(r, i));
+    TU_OK(apex_backward(y, &(apex_backward_options){.grad_output = hdy}));
+    apex_tensor *table = dev_copy(apex_var_value(w)), *dy = dev_copy(hdy);
+    apex_tensor *out = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 2, (int64_t[]){N, D});
+    apex_tensor *dtable = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 2, (int64_t[]){V, D});
+    TU_OK(apex_tensor_fill(dtable, 7.0f)); /* overwritten, absent rows included */
+    TU_OK(apex_cuda_embedding_forward(table, ids, n, out));
+    TU_OK(apex_cuda_embedding_backward(dy, ids, n, dtable));
+    assert_same_bits(out, apex_var_value(y), "embedding y");
+    if (dt == APEX_F32) {
+      assert_same_bits(dtable, apex_var_grad(w), "embedding dtable");
+    } else {
+      double *ref = malloc((size_t)V * D * sizeof *ref);
+      for (size_t i = 0; i < (size_t)V * D; i++) ref[i] = apex_tensor_get(apex_var_grad(w), i);
+      check_close(dtable, ref, (size_t)V * D, tol_for(dt), 4.0, "embedding dtable");
+      free(ref);
+    }
+    apex_tensor *h = host_copy(dtable);
+    for (size_t i = (size_t)40 * D; i < (size_t)V * D; i++) assert_true(apex_tensor_get(h, i) == 0.0f);
+    apex_tensor_destroy(h);
+    int64_t bad[2] = {3, V};
+    TU_FAILS(apex_cuda_embedding_forward(table, bad, 2, out), APEX_ERR_INVALID_ARG, "id 50 at 1 is outside [0, 50)");
+    TU_FAILS(apex_cuda_embedding_backward(dy, ids, n - 1, dtable), APEX_ERR_SHAPE, "dy has shape");
+    apex_tensor *all[] = {hdy, r, table, dy, out, dtable};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
+    apex_graph_destroy(g);
+    apex_var_destroy(w);
+  }
+}
+
 static void test_matmul(void **state) {
   (void)state;
   const int64_t m = 96, k = 200, n = 72;
@@ -844,6 +890,7 @@ int main(void) {
       cmocka_unit_test(test_batch_norm_stats),        cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_optimizer_state_on_gpu),  cmocka_unit_test(test_adamp_matches_cpu),
       cmocka_unit_test(test_autograd_refuses_device_tensors), cmocka_unit_test(test_conv2d),
+      cmocka_unit_test(test_embedding),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -158,6 +158,16 @@ APEX_API apex_status apex_cuda_conv2d_backward(const apex_tensor *dy, const apex
                                                const apex_conv2d_options *opts, apex_tensor *dx, apex_tensor *dw,
                                                apex_tensor *db);
 
+/* Embedding lookup: y[t, :] = table[ids[t], :] for the n ids, a HOST array of int64 (as apex_embedding
+ * takes them; copied to the GPU without waiting for it). table [V, D] f32/f16/bf16; y of table's dtype
+ * with n * D elements (e.g. [n, D] or [B, T, D]). APEX_ERR_INVALID_ARG naming the position of an id
+ * outside [0, V). */
+APEX_API apex_status apex_cuda_embedding_forward(const apex_tensor *table, const int64_t *ids, int64_t n, apex_tensor *y);
+/* The table's gradient: dtable [V, D] (f32, f16 or bf16) row v = the sum of dy[t, :] over the positions
+ * t with ids[t] == v, in ascending t (deterministic, no atomics), zero for ids not present; overwritten.
+ * dy has n * D elements of any float dtype. */
+APEX_API apex_status apex_cuda_embedding_backward(const apex_tensor *dy, const int64_t *ids, int64_t n, apex_tensor *dtable);
+
 #ifdef __cplusplus
 }
 #endif

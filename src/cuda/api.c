@@ -423,3 +423,44 @@ apex_status apex_cuda_conv2d_backward(const apex_tensor *dy, const apex_tensor *
                                dx ? apex_tensor_data(dx) : NULL, dw ? apex_tensor_data(dw) : NULL,
                                db ? apex_tensor_data(db) : NULL, db ? apex_tensor_dtype(db) : APEX_F32);
 }
+
+/* ---- embedding ------------------------------------------------------------------------------------------- */
+
+/* table (or dtable) is a CUDA [V, D] tensor and ids[0..n) are in [0, V). */
+static apex_status embedding_args(const char *fn, const char *what, const apex_tensor *table, const int64_t *ids, int64_t n) {
+  apex_status st = need(fn, what, table);
+  if (st != APEX_OK) return st;
+  if (apex_tensor_ndim(table) != 2) {
+    char buf[96];
+    return apex__fail(APEX_ERR_SHAPE, "%s: %s has shape %s; it must be [V, D]", fn, what, apex_tensor_shape_str(table, buf, sizeof buf));
+  }
+  if (n < 0) return apex__fail(APEX_ERR_INVALID_ARG, "%s: %lld ids", fn, (long long)n);
+  if (n > 0 && !ids) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL ids", fn);
+  int64_t v = apex_tensor_dim(table, 0);
+  for (int64_t t = 0; t < n; t++)
+    if (ids[t] < 0 || ids[t] >= v)
+      return apex__fail(APEX_ERR_INVALID_ARG, "%s: id %lld at %lld is outside [0, %lld)", fn, (long long)ids[t], (long long)t, (long long)v);
+  return APEX_OK;
+}
+
+apex_status apex_cuda_embedding_forward(const apex_tensor *table, const int64_t *ids, int64_t n, apex_tensor *y) {
+  const char *fn = "apex_cuda_embedding_forward";
+  REQUIRE_CUDA(fn);
+  apex_status st = embedding_args(fn, "table", table, ids, n);
+  if (st != APEX_OK) return st;
+  int64_t v = apex_tensor_dim(table, 0), d = apex_tensor_dim(table, 1);
+  apex_dtype tt = apex_tensor_dtype(table);
+  if ((st = need_numel(fn, "y", y, (size_t)(n * d))) || (st = need_dtype(fn, "y", y, tt, tt))) return st;
+  return apex__cuda_embedding_fwd(apex_tensor_data(table), tt, v, d, ids, n, apex_tensor_data(y), tt);
+}
+
+apex_status apex_cuda_embedding_backward(const apex_tensor *dy, const int64_t *ids, int64_t n, apex_tensor *dtable) {
+  const char *fn = "apex_cuda_embedding_backward";
+  REQUIRE_CUDA(fn);
+  apex_status st = embedding_args(fn, "dtable", dtable, ids, n);
+  if (st != APEX_OK) return st;
+  int64_t v = apex_tensor_dim(dtable, 0), d = apex_tensor_dim(dtable, 1);
+  if ((st = need_numel(fn, "dy", dy, (size_t)(n * d)))) return st;
+  return apex__cuda_embedding_bwd(apex_tensor_data(dy), apex_tensor_dtype(dy), ids, n, v, d, apex_tensor_data(dtable),
+                                  apex_tensor_dtype(dtable));
+}

@@ -159,6 +159,15 @@ apex_status apex__cuda_conv2d_fwd(const apex__cuda_conv *g, const void *x, const
 apex_status apex__cuda_conv2d_bwd(const apex__cuda_conv *g, const void *dy, const void *x, const void *w, void *dx,
                                   void *dw, void *db, apex_dtype bt);
 
+/* ---- embedding.cu: lookup and its deterministic gradient, ids on the host -------------------------------- */
+
+/* y [n, d] (yt) = rows ids[0..n) of table [v, d] (tt); ids checked by the caller. */
+apex_status apex__cuda_embedding_fwd(const void *table, apex_dtype tt, int64_t v, int64_t d, const int64_t *ids, int64_t n,
+                                     void *y, apex_dtype yt);
+/* dtable [v, d] (gt) = per row the sum of dy [n, d] (dt) over the positions with that id, overwritten. */
+apex_status apex__cuda_embedding_bwd(const void *dy, apex_dtype dt, const int64_t *ids, int64_t n, int64_t v, int64_t d,
+                                     void *dtable, apex_dtype gt);
+
 #ifdef __cplusplus
 }
 #endif

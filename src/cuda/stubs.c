@@ -119,3 +119,13 @@ apex_status apex__cuda_conv2d_bwd(const apex__cuda_conv *g, const void *dy, cons
   (void)g, (void)dy, (void)x, (void)w, (void)dx, (void)dw, (void)db, (void)bt;
   return NO_CUDA("apex_cuda_conv2d_backward");
 }
+apex_status apex__cuda_embedding_fwd(const void *table, apex_dtype tt, int64_t v, int64_t d, const int64_t *ids, int64_t n,
+                                     void *y, apex_dtype yt) {
+  (void)table, (void)tt, (void)v, (void)d, (void)ids, (void)n, (void)y, (void)yt;
+  return NO_CUDA("apex_cuda_embedding_forward");
+}
+apex_status apex__cuda_embedding_bwd(const void *dy, apex_dtype dt, const int64_t *ids, int64_t n, int64_t v, int64_t d,
+                                     void *dtable, apex_dtype gt) {
+  (void)dy, (void)dt, (void)ids, (void)n, (void)v, (void)d, (void)dtable, (void)gt;
+  return NO_CUDA("apex_cuda_embedding_backward");
+}
