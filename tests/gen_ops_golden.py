@@ -83,6 +83,16 @@ CASES = [
     ("concat_mid", lambda *xs: torch.cat(xs, -2), [(2, 1, 3), (2, 2, 3), (2, 1, 3), (2, 3, 3), (2, 1, 3)], 0),
     ("layer_norm_2d", lambda x, w, b: F.layer_norm(x, (3, 4), w, b, 1e-5), [(2, 3, 4), (3, 4), (3, 4)], 0),
     ("rms_norm_3d", lambda x, w: rms_norm(x, w, dims=(-3, -2, -1)), [(2, 2, 3, 2), (2, 3, 2)], 0),
+    # issue #5: exp, log, pow and the L2 norm (Apex's FP32 list), appended for the same reason
+    ("exp", torch.exp, [(4, 5)], 0),
+    ("log", torch.log, [(4, 5)], 1),
+    ("pow2", lambda x: torch.pow(x, 2.0), [(3, 4)], 0),
+    ("pow_half", lambda x: torch.pow(x, 0.5), [(3, 4)], 1),
+    ("pow3", lambda x: torch.pow(x, 3.0), [(3, 4)], 0),
+    ("pow_tensor", torch.pow, [(3, 4), (4,)], 3),
+    ("norm_all", torch.linalg.vector_norm, [(2, 3, 4)], 0),
+    ("norm_dim", lambda x: torch.norm(x, 2, 1, keepdim=True), [(2, 3, 4)], 0),
+    ("norm_last", lambda x: torch.norm(x, 2, -1), [(3, 5)], 0),
 ]
 
 DTYPES = [("f32", torch.float32), ("f16", torch.float16), ("bf16", torch.bfloat16)]

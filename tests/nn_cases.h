@@ -82,6 +82,15 @@ static apex_var *f_concat_many(apex_graph *g, apex_var **x) { return apex_concat
 static apex_var *f_concat_mid(apex_graph *g, apex_var **x) { return apex_concat(g, 5, x, -2); }
 static apex_var *f_layer_norm_2d(apex_graph *g, apex_var **x) { return apex_layer_norm_nd(g, x[0], 2, (int64_t[]){3, 4}, x[1], x[2], 0); }
 static apex_var *f_rms_norm_3d(apex_graph *g, apex_var **x) { return apex_rms_norm_nd(g, x[0], 3, (int64_t[]){2, 3, 2}, x[1], 0); }
+static apex_var *f_exp(apex_graph *g, apex_var **x) { return apex_exp(g, x[0]); }
+static apex_var *f_log(apex_graph *g, apex_var **x) { return apex_log(g, x[0]); }
+static apex_var *f_pow2(apex_graph *g, apex_var **x) { return apex_pow(g, x[0], 2.0f); }
+static apex_var *f_pow_half(apex_graph *g, apex_var **x) { return apex_pow(g, x[0], 0.5f); }
+static apex_var *f_pow3(apex_graph *g, apex_var **x) { return apex_pow(g, x[0], 3.0f); }
+static apex_var *f_pow_tensor(apex_graph *g, apex_var **x) { return apex_pow_tensor(g, x[0], x[1]); }
+static apex_var *f_norm_all(apex_graph *g, apex_var **x) { return apex_norm_all(g, x[0]); }
+static apex_var *f_norm_dim(apex_graph *g, apex_var **x) { return apex_norm(g, x[0], 1, 1); }
+static apex_var *f_norm_last(apex_graph *g, apex_var **x) { return apex_norm(g, x[0], -1, 0); }
 
 static const gc_case cases[] = {
     {"add", f_add, 2, {3, 2}, {{2, 3, 4}, {3, 1}}, 0, 0},
@@ -125,6 +134,17 @@ static const gc_case cases[] = {
     {"concat_mid", f_concat_mid, 5, {3, 3, 3, 3, 3}, {{2, 1, 3}, {2, 2, 3}, {2, 1, 3}, {2, 3, 3}, {2, 1, 3}}, 0, 0},
     {"layer_norm_2d", f_layer_norm_2d, 3, {3, 2, 2}, {{2, 3, 4}, {3, 4}, {3, 4}}, 0, 0},
     {"rms_norm_3d", f_rms_norm_3d, 2, {4, 3}, {{2, 2, 3, 2}, {2, 3, 2}}, 0, 0},
+    /* issue #5: Apex's FP32 list (log, pow 0.5 and pow_tensor's base on positive inputs; the
+     * exponent too, where a^b with b < 0 near a = 0.1 curves too fast for a step of 1e-2) */
+    {"exp", f_exp, 1, {2}, {{4, 5}}, 0, 0},
+    {"log", f_log, 1, {2}, {{4, 5}}, 1u, 0},
+    {"pow2", f_pow2, 1, {2}, {{3, 4}}, 0, 0},
+    {"pow_half", f_pow_half, 1, {2}, {{3, 4}}, 1u, 0},
+    {"pow3", f_pow3, 1, {2}, {{3, 4}}, 0, 0},
+    {"pow_tensor", f_pow_tensor, 2, {2, 1}, {{3, 4}, {4}}, 3u, 0},
+    {"norm_all", f_norm_all, 1, {3}, {{2, 3, 4}}, 0, 0},
+    {"norm_dim", f_norm_dim, 1, {3}, {{2, 3, 4}}, 0, 0},
+    {"norm_last", f_norm_last, 1, {2}, {{3, 5}}, 0, 0},
 };
 
 static void cases_setup(void) {

@@ -125,6 +125,33 @@ static void test_o1_casts_per_category(void **state) {
     assert_int_equal(apex_tensor_dtype(apex_var_value(ms)), APEX_F32);
     apex_var *ge = apex_gelu(g, r); /* float, as in Apex's FP32 list */
     assert_int_equal(apex_tensor_dtype(apex_var_value(ge)), APEX_F32);
+    /* The rest of Apex's FP32 list: exp, log, pow and the norm run in f32 on the half input, each
+     * giving the bits of the same op on an explicitly cast input in a graph without autocast.
+     * Comparisons promote: a half mask for two half inputs, f32 with an f32 one, each the bits of
+     * the comparison of explicitly cast inputs. */
+    {
+      apex_graph *ref = apex_graph_create();
+      apex_var *rr = apex_graph_input(ref, apex_var_value(r), 0), *sr = apex_graph_input(ref, apex_var_value(s), 0);
+      apex_var *r32 = apex_cast(ref, rr, APEX_F32);
+      enum { NF = 7, NC = 4 };
+      apex_var *got[NF] = {apex_exp(g, r),          apex_log(g, r),      apex_pow(g, r, 2.0f),      apex_pow(g, r, 0.5f),
+                           apex_pow_tensor(g, r, r), apex_norm_all(g, r), apex_norm(g, r, -1, 1)};
+      apex_var *want[NF] = {apex_exp(ref, r32),            apex_log(ref, r32),      apex_pow(ref, r32, 2.0f), apex_pow(ref, r32, 0.5f),
+                            apex_pow_tensor(ref, r32, r32), apex_norm_all(ref, r32), apex_norm(ref, r32, -1, 1)};
+      apex_var *gotc[NC] = {apex_gt(g, r, s), apex_lt(g, s, r), apex_eq(g, r, r), apex_gt(g, r, h)};
+      apex_var *wantc[NC] = {apex_gt(ref, r32, sr), apex_lt(ref, sr, r32), apex_eq(ref, rr, rr),
+                             apex_gt(ref, rr, apex_graph_input(ref, apex_var_value(h), 0))};
+      apex_dtype cdt[NC] = {APEX_F32, APEX_F32, half, half};
+      for (int k = 0; k < NF + NC; k++) {
+        apex_var *a = k < NF ? got[k] : gotc[k - NF], *b = k < NF ? want[k] : wantc[k - NF];
+        if (!a || !b) fail_msg("op %d: %s", k, apex_last_error());
+        assert_int_equal(apex_tensor_dtype(apex_var_value(a)), k < NF ? APEX_F32 : cdt[k - NF]);
+        assert_int_equal(apex_tensor_dtype(apex_var_value(b)), apex_tensor_dtype(apex_var_value(a)));
+        assert_memory_equal(apex_tensor_data(apex_var_value(a)), apex_tensor_data(apex_var_value(b)), apex_tensor_nbytes(apex_var_value(a)));
+        assert_int_equal(apex_var_requires_grad(a), k < NF); /* r requires gradients (fc1's); masks never do */
+      }
+      apex_graph_destroy(ref);
+    }
     /* Batch norm runs in its input's type with its f32 parameters. */
     int64_t c16 = HID;
     apex_tensor *bw = apex_tensor_create(APEX_F32, 1, &c16), *rm = apex_tensor_create(APEX_F32, 1, &c16),

@@ -63,8 +63,8 @@ typedef struct apex_graph apex_graph;
 typedef enum apex_cast_category {
   APEX_CAST_NONE = 0, /* runs in its input's dtype (reshape, relu, pooling, ...) */
   APEX_CAST_HALF,     /* runs in the autocast dtype (matmul, linear, conv2d, attention) */
-  APEX_CAST_FLOAT,    /* runs in f32 (softmax, norms, losses, sum) */
-  APEX_CAST_PROMOTE   /* runs in the widest dtype among its inputs (add, mul, concat, ...) */
+  APEX_CAST_FLOAT,    /* runs in f32 (softmax, norms, losses, sum, exp, log, pow) */
+  APEX_CAST_PROMOTE   /* runs in the widest dtype among its inputs (add, mul, concat, comparisons) */
 } apex_cast_category;
 
 /* Every op, in one place. The op table (name, category, backward) is indexed by this enum. */
@@ -79,6 +79,9 @@ typedef enum apex_op {
   APEX_OP_ATTENTION,
   APEX_OP_SYNC_BATCH_NORM, /* batch norm with statistics over every rank (parallel.h, src/parallel/) */
   APEX_OP_BATCH_NORM_RELU, /* relu(batch norm): apex_batch_norm_options.relu */
+  /* Apex's FP32 list beyond the activations (appended, so the values above keep their numbers) */
+  APEX_OP_EXP, APEX_OP_LOG, APEX_OP_POW, APEX_OP_POW_TENSOR, APEX_OP_NORM,
+  APEX_OP_GT, APEX_OP_LT, APEX_OP_EQ, /* comparisons: 0/1 masks, not differentiable */
   APEX_OP_COUNT
 } apex_op;
 

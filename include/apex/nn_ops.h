@@ -41,6 +41,30 @@ APEX_API apex_var *apex_gelu(apex_graph *g, apex_var *x);
 APEX_API apex_var *apex_gelu_tanh(apex_graph *g, apex_var *x);
 APEX_API apex_var *apex_tanh(apex_graph *g, apex_var *x);
 APEX_API apex_var *apex_sigmoid(apex_graph *g, apex_var *x);
+/* e^x and the natural log, elementwise. As in PyTorch, log gives NaN for x < 0 and -Inf for 0
+ * (no error: a loss scaler is what notices non-finite values). Both are in autocast's FLOAT
+ * category (Apex's FP32 list): under O1 a half input runs in f32 and gives an f32 result. */
+APEX_API apex_var *apex_exp(apex_graph *g, apex_var *x);
+APEX_API apex_var *apex_log(apex_graph *g, apex_var *x);
+/* x^p for a constant p (torch.pow(x, p)), elementwise; FLOAT category. The gradient is
+ * p * x^(p-1), and 0 where p == 0, as in PyTorch; a negative x with a non-integer p gives NaN. */
+APEX_API apex_var *apex_pow(apex_graph *g, apex_var *x, float p);
+/* a^b elementwise with NumPy broadcasting (torch.pow(a, b)); FLOAT category, so under O1 both run
+ * in f32. Gradients as PyTorch's: b a^(b-1) to a (0 where b == 0) and a^b log(a) to b (0 where
+ * a == 0 and b >= 0). APEX_ERR_SHAPE when the shapes do not broadcast. */
+APEX_API apex_var *apex_pow_tensor(apex_graph *g, apex_var *a, apex_var *b);
+
+/* Comparisons a > b, a < b, a == b with NumPy broadcasting: a mask of 1.0 where the comparison holds
+ * and 0.0 elsewhere, in the promoted dtype of a and b (PyTorch gives bool; a float mask multiplies
+ * straight into the next op). PROMOTE category: under autocast an f16 input compared with an f32 one
+ * is compared in f32, exactly (every f16 value is an f32 value). A mask is not differentiable, as in
+ * PyTorch: it never requires gradients and records nothing, so apex_backward from it fails with
+ * APEX_ERR_STATE, and an op that uses it (apex_mul(g, mask, x)) passes gradients to its other inputs
+ * only. NaN compares false (so NaN == NaN gives 0). APEX_ERR_SHAPE when the shapes do not broadcast. */
+APEX_API apex_var *apex_gt(apex_graph *g, apex_var *a, apex_var *b);
+APEX_API apex_var *apex_lt(apex_graph *g, apex_var *a, apex_var *b);
+APEX_API apex_var *apex_eq(apex_graph *g, apex_var *a, apex_var *b);
+
 /* Zeroes each element with probability p and scales the rest by 1/(1-p), with a mask drawn from
  * rng (advanced as apex_rng_bernoulli does). Identity when !training or p == 0. p must be in
  * [0, 1); rng may be NULL only when the op is an identity. */
@@ -148,6 +172,12 @@ APEX_API apex_var *apex_mean_all(apex_graph *g, apex_var *x);
 /* Sum / mean along dim, keeping it as size 1 when keepdim. */
 APEX_API apex_var *apex_sum(apex_graph *g, apex_var *x, int dim, int keepdim);
 APEX_API apex_var *apex_mean(apex_graph *g, apex_var *x, int dim, int keepdim);
+/* The L2 norm sqrt(sum x^2) of all elements -> 0-d (torch.linalg.vector_norm(x)), or along dim
+ * keeping it as size 1 when keepdim (torch.norm(x, 2, dim, keepdim)). FLOAT category; the squares are
+ * summed in double whatever x's dtype. The gradient is x / norm, and 0 where the norm is 0 (as
+ * PyTorch's). APEX_ERR_SHAPE for a dim out of range. */
+APEX_API apex_var *apex_norm_all(apex_graph *g, apex_var *x);
+APEX_API apex_var *apex_norm(apex_graph *g, apex_var *x, int dim, int keepdim);
 /* Same elements, another shape; one entry may be -1 (inferred). A view: no copy. */
 APEX_API apex_var *apex_reshape(apex_graph *g, apex_var *x, int ndim, const int64_t *shape);
 /* Dimensions reordered: result dim i is x's dim perm[i] (a copy, contiguous). */

@@ -10,7 +10,7 @@
 BWD(identity) BWD(binary) BWD(scale) BWD(unary) BWD(dropout) BWD(matmul) BWD(linear) BWD(conv2d)
 BWD(max_pool2d) BWD(avg_pool2d) BWD(batch_norm) BWD(layer_norm) BWD(rms_norm) BWD(embedding)
 BWD(softmax) BWD(log_softmax) BWD(cross_entropy) BWD(pointwise_loss) BWD(sum)
-BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm)
+BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm) BWD(norm)
 #undef BWD
 
 /* The unread masks (ag.h): which inputs' values each backward never reads. */
@@ -62,6 +62,19 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     /* its backward masks the gradient where the output is non-zero: a half output's bits, or for f32
      * the output recomputed from x, weight and bias (ops_norm.c), so it reads every input */
     [APEX_OP_BATCH_NORM_RELU] = {"batch_norm_relu", APEX_CAST_NONE, apex__bwd_batch_norm, 0, 1},
+    /* Apex's FP32_FUNCS: in half precision exp overflows past 11, log and pow lose their small
+     * differences, and a norm's sum of squares overflows at 256 */
+    [APEX_OP_EXP] = {"exp", APEX_CAST_FLOAT, apex__bwd_unary},
+    [APEX_OP_LOG] = {"log", APEX_CAST_FLOAT, apex__bwd_unary},
+    [APEX_OP_POW] = {"pow", APEX_CAST_FLOAT, apex__bwd_unary},
+    [APEX_OP_POW_TENSOR] = {"pow_tensor", APEX_CAST_FLOAT, apex__bwd_binary},
+    /* its f32 norms are its aux; the backward reads x */
+    [APEX_OP_NORM] = {"norm", APEX_CAST_FLOAT, apex__bwd_norm},
+    /* Apex's CASTS (promote). A mask records no inputs (ops_elementwise.c), so no backward ever runs
+     * for one: it has none, and reads nothing. */
+    [APEX_OP_GT] = {"gt", APEX_CAST_PROMOTE, NULL, ALL_IN},
+    [APEX_OP_LT] = {"lt", APEX_CAST_PROMOTE, NULL, ALL_IN},
+    [APEX_OP_EQ] = {"eq", APEX_CAST_PROMOTE, NULL, ALL_IN},
 };
 
 static const apex__op_info invalid = {.name = "invalid", .cast = APEX_CAST_NONE};

@@ -1,4 +1,5 @@
-/* ops_elementwise.c: broadcasting add/sub/mul/div, scale, activations and dropout.
+/* ops_elementwise.c: broadcasting add/sub/mul/div/pow and comparisons, scale, exp/log/pow,
+ * activations and dropout.
  *
  * A broadcast is walked as rows of the output's last dimension: each row has one base offset per
  * operand, and within a row an operand either moves with the output (stride 1) or repeats one
@@ -55,6 +56,8 @@ static void row_offsets(const bcast *p, size_t r, size_t off[2]) {
   }
 }
 
+static int is_comparison(apex_op op) { return op == APEX_OP_GT || op == APEX_OP_LT || op == APEX_OP_EQ; }
+
 static apex_var *binary(apex_graph *g, apex_op op, apex_var *a, apex_var *b) {
   apex_var *in[2] = {a, b}, *u[2];
   apex_dtype dt;
@@ -62,7 +65,10 @@ static apex_var *binary(apex_graph *g, apex_op op, apex_var *a, apex_var *b) {
   bcast p;
   if (!bcast_plan(u[0]->value, u[1]->value, &p))
     return apex__fail_null(APEX_ERR_SHAPE, "%s: shapes %s and %s do not broadcast", apex_op_name(op), apex__shape(a), apex__shape(b));
-  apex_var *out = apex__result(g, op, dt, p.nd, p.shape, 2, u);
+  /* A comparison's mask is a step function of its inputs, with no useful derivative: it records no
+   * inputs, so it never requires gradients and keeps nothing alive for a backward (PyTorch's bool
+   * results do not require grad either). */
+  apex_var *out = apex__result(g, op, dt, p.nd, p.shape, is_comparison(op) ? 0 : 2, u);
   if (!out) return NULL;
   const float *A = apex__f32(g, u[0]->value), *B = apex__f32(g, u[1]->value);
   float *o = apex__out_f32(g, out);
@@ -79,6 +85,10 @@ static apex_var *binary(apex_graph *g, apex_op op, apex_var *a, apex_var *b) {
     case APEX_OP_ADD: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] + y[j * sb]; break;
     case APEX_OP_SUB: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] - y[j * sb]; break;
     case APEX_OP_MUL: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] * y[j * sb]; break;
+    case APEX_OP_POW_TENSOR: for (size_t j = 0; j < len; j++) z[j] = powf(x[j * sa], y[j * sb]); break;
+    case APEX_OP_GT: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] > y[j * sb] ? 1.0f : 0.0f; break;
+    case APEX_OP_LT: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] < y[j * sb] ? 1.0f : 0.0f; break;
+    case APEX_OP_EQ: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] == y[j * sb] ? 1.0f : 0.0f; break;
     default: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] / y[j * sb]; break;
     }
   }
@@ -90,6 +100,10 @@ apex_var *apex_add(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, A
 apex_var *apex_sub(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, APEX_OP_SUB, a, b); }
 apex_var *apex_mul(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, APEX_OP_MUL, a, b); }
 apex_var *apex_div(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, APEX_OP_DIV, a, b); }
+apex_var *apex_pow_tensor(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, APEX_OP_POW_TENSOR, a, b); }
+apex_var *apex_gt(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, APEX_OP_GT, a, b); }
+apex_var *apex_lt(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, APEX_OP_LT, a, b); }
+apex_var *apex_eq(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, APEX_OP_EQ, a, b); }
 
 /* d(out)/d(operand k) at one position, given the operands' values there. */
 static inline float partial(apex_op op, int k, float x, float y) {
@@ -97,6 +111,11 @@ static inline float partial(apex_op op, int k, float x, float y) {
   case APEX_OP_ADD: return 1.0f;
   case APEX_OP_SUB: return k ? -1.0f : 1.0f;
   case APEX_OP_MUL: return k ? x : y;
+  /* PyTorch's pow_backward_self / pow_backward_exponent, zeros included: b == 0 gives a^b = 1 for
+   * every a, and 0^b (b >= 0) has log(0) * 0 = NaN where the limit from a > 0 is 0 */
+  case APEX_OP_POW_TENSOR:
+    if (!k) return y == 0.0f ? 0.0f : y * powf(x, y - 1.0f);
+    return x == 0.0f && y >= 0.0f ? 0.0f : powf(x, y) * logf(x);
   default: return k ? -x / (y * y) : 1.0f / y;
   }
 }
@@ -106,7 +125,7 @@ apex_status apex__bwd_binary(apex_graph *g, apex_var *out) {
   bcast_plan(out->in[0]->value, out->in[1]->value, &p);
   apex_op op = out->op;
   /* add and sub have constant partials and read no values (op_table.c lets them go) */
-  int reads = op == APEX_OP_MUL || op == APEX_OP_DIV;
+  int reads = op == APEX_OP_MUL || op == APEX_OP_DIV || op == APEX_OP_POW_TENSOR;
   const float *v[2] = {NULL, NULL};
   if (reads && (!(v[0] = apex__f32(g, out->in[0]->value)) || !(v[1] = apex__f32(g, out->in[1]->value)))) return APEX_ERR_OUT_OF_MEMORY;
   const float *go = out->gbuf;
@@ -170,12 +189,14 @@ apex_status apex__bwd_scale(apex_graph *g, apex_var *out) {
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_C 0.044715f
 
-static apex_var *unary(apex_graph *g, apex_op op, apex_var *x) {
+/* p: pow's exponent (kept in fa[0] for the backward); unused by the other ops. */
+static apex_var *unary(apex_graph *g, apex_op op, apex_var *x, float p) {
   apex_var *u;
   apex_dtype dt;
   if (apex__dispatch(g, op, 1, &x, 0, &u, &dt) != APEX_OK) return NULL;
   apex_var *out = apex__result(g, op, dt, u->value->ndim, u->value->shape, 1, &u);
   if (!out) return NULL;
+  out->fa[0] = p;
   const float *X = apex__f32(g, u->value);
   float *o = apex__out_f32(g, out);
   if (!X || !o) return NULL;
@@ -197,6 +218,27 @@ static apex_var *unary(apex_graph *g, apex_op op, apex_var *x) {
     AG_PFOR
     for (size_t i = 0; i < n; i++) o[i] = tanhf(X[i]);
     break;
+  case APEX_OP_EXP:
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) o[i] = expf(X[i]);
+    break;
+  case APEX_OP_LOG:
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) o[i] = logf(X[i]);
+    break;
+  case APEX_OP_POW:
+    /* squares and square roots exactly rounded, as PyTorch's pow special-cases them */
+    if (p == 2.0f) {
+      AG_PFOR
+      for (size_t i = 0; i < n; i++) o[i] = X[i] * X[i];
+    } else if (p == 0.5f) {
+      AG_PFOR
+      for (size_t i = 0; i < n; i++) o[i] = sqrtf(X[i]);
+    } else {
+      AG_PFOR
+      for (size_t i = 0; i < n; i++) o[i] = powf(X[i], p);
+    }
+    break;
   default:
     AG_PFOR
     for (size_t i = 0; i < n; i++) o[i] = 1.0f / (1.0f + expf(-X[i]));
@@ -206,11 +248,14 @@ static apex_var *unary(apex_graph *g, apex_op op, apex_var *x) {
   return out;
 }
 
-apex_var *apex_relu(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_RELU, x); }
-apex_var *apex_gelu(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_GELU, x); }
-apex_var *apex_gelu_tanh(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_GELU_TANH, x); }
-apex_var *apex_tanh(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_TANH, x); }
-apex_var *apex_sigmoid(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_SIGMOID, x); }
+apex_var *apex_relu(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_RELU, x, 0.0f); }
+apex_var *apex_gelu(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_GELU, x, 0.0f); }
+apex_var *apex_gelu_tanh(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_GELU_TANH, x, 0.0f); }
+apex_var *apex_tanh(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_TANH, x, 0.0f); }
+apex_var *apex_sigmoid(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_SIGMOID, x, 0.0f); }
+apex_var *apex_exp(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_EXP, x, 0.0f); }
+apex_var *apex_log(apex_graph *g, apex_var *x) { return unary(g, APEX_OP_LOG, x, 0.0f); }
+apex_var *apex_pow(apex_graph *g, apex_var *x, float p) { return unary(g, APEX_OP_POW, x, p); }
 
 /* ReLU's backward reads its output, not its input, so that the input (usually a linear's output
  * nothing else keeps) can go (op_table.c). The output is +0 or the positive input itself, in the
@@ -284,6 +329,22 @@ apex_status apex__bwd_unary(apex_graph *g, apex_var *out) {
       gx[i] += go[i] * (1.0f - t * t);
     }
     break;
+  /* exp is recomputed from x rather than read from a half output, which would round it once more */
+  case APEX_OP_EXP:
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) gx[i] += go[i] * expf(X[i]);
+    break;
+  case APEX_OP_LOG:
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) gx[i] += go[i] / X[i];
+    break;
+  case APEX_OP_POW: {
+    float p = out->fa[0];
+    if (p == 0.0f) break; /* x^0 is 1 everywhere: PyTorch gives 0, not 0 * 0^-1 = NaN at x = 0 */
+    AG_PFOR
+    for (size_t i = 0; i < n; i++) gx[i] += go[i] * (p * powf(X[i], p - 1.0f));
+    break;
+  }
   default:
     AG_PFOR
     for (size_t i = 0; i < n; i++) {

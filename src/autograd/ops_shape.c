@@ -1,10 +1,33 @@
-/* ops_shape.c: sum and mean, reshape, permute/transpose, concat, and embedding lookups.
+/* ops_shape.c: sum, mean and the L2 norm, reshape, permute/transpose, concat, and embedding lookups.
  *
  * A reduction along a dim sees x as [outer, D, inner] and sums each line of D in order (the whole
- * tensor for sum_all, in apex__sum_f32's fixed blocks), so its bits do not depend on threads. */
+ * tensor for sum_all, in apex__sum_f32's fixed blocks; norm_all in the same fixed blocks), so its
+ * bits do not depend on threads. */
 #include "autograd/ag.h"
 
-/* ---- sum / mean --------------------------------------------------------------------------------- */
+/* ---- sum / mean / norm -------------------------------------------------------------------------- */
+
+/* Sum of squares of n floats in double, in fixed blocks combined in order (apex__sum_f32's scheme),
+ * so a norm's bits do not depend on the thread count either. */
+enum { SQ_BLOCK = 4096 };
+static double block_sumsq(const float *x, size_t n, size_t b) {
+  size_t end = (b + 1) * SQ_BLOCK < n ? (b + 1) * SQ_BLOCK : n;
+  double s = 0;
+  for (size_t i = b * SQ_BLOCK; i < end; i++) s += (double)x[i] * x[i];
+  return s;
+}
+static double sumsq_f32(apex_graph *g, const float *x, size_t n) {
+  size_t nb = (n + SQ_BLOCK - 1) / SQ_BLOCK;
+  double *part = nb > 1 ? apex__scratch_temp(g, nb * sizeof *part) : NULL, s = 0;
+  if (!part) { /* one block, or no memory: the same blocks in the same order on this thread */
+    for (size_t b = 0; b < nb; b++) s += block_sumsq(x, n, b);
+    return s;
+  }
+#pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
+  for (size_t b = 0; b < nb; b++) part[b] = block_sumsq(x, n, b);
+  for (size_t b = 0; b < nb; b++) s += part[b];
+  return s;
+}
 
 static apex_var *reduce(apex_graph *g, apex_op op, apex_var *x, int all, int dim, int keepdim) {
   apex_var *u;
@@ -31,7 +54,25 @@ static apex_var *reduce(apex_graph *g, apex_op op, apex_var *x, int all, int dim
   out->ia[1] = (int64_t)D;
   out->ia[2] = (int64_t)inner;
   out->fa[0] = (float)scale;
-  if (outer * inner == 1) {
+  if (op == APEX_OP_NORM) {
+    /* The backward divides by the norms: kept in f32 (aux), not read back from a half result. */
+    size_t nl = outer * inner, n = nl * D;
+    float *nrm = apex__scratch(g, ag_nz(nl) * sizeof(float));
+    if (!nrm) return NULL;
+    out->aux = nrm;
+    if (nl == 1) {
+      nrm[0] = (float)sqrt(sumsq_f32(g, xf, D));
+    } else {
+#pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
+      for (size_t l = 0; l < nl; l++) {
+        const float *xl = xf + (l / inner) * D * inner + l % inner;
+        double s = 0;
+        for (size_t j = 0; j < D; j++) s += (double)xl[j * inner] * xl[j * inner];
+        nrm[l] = (float)sqrt(s);
+      }
+    }
+    memcpy(o, nrm, nl * sizeof(float));
+  } else if (outer * inner == 1) {
     o[0] = (float)(apex__sum_f32(xf, D) * scale);
   } else {
     size_t nl = outer * inner, n = nl * D;
@@ -51,6 +92,8 @@ apex_var *apex_sum_all(apex_graph *g, apex_var *x) { return reduce(g, APEX_OP_SU
 apex_var *apex_mean_all(apex_graph *g, apex_var *x) { return reduce(g, APEX_OP_MEAN, x, 1, 0, 0); }
 apex_var *apex_sum(apex_graph *g, apex_var *x, int dim, int keepdim) { return reduce(g, APEX_OP_SUM, x, 0, dim, keepdim); }
 apex_var *apex_mean(apex_graph *g, apex_var *x, int dim, int keepdim) { return reduce(g, APEX_OP_MEAN, x, 0, dim, keepdim); }
+apex_var *apex_norm_all(apex_graph *g, apex_var *x) { return reduce(g, APEX_OP_NORM, x, 1, 0, 0); }
+apex_var *apex_norm(apex_graph *g, apex_var *x, int dim, int keepdim) { return reduce(g, APEX_OP_NORM, x, 0, dim, keepdim); }
 
 apex_status apex__bwd_sum(apex_graph *g, apex_var *out) {
   float *gx = apex__gbuf(g, out->in[0]);
@@ -60,6 +103,22 @@ apex_status apex__bwd_sum(apex_graph *g, apex_var *out) {
   float s = out->fa[0];
   AG_PFOR
   for (size_t i = 0; i < n; i++) gx[i] += go[(i / (D * inner)) * inner + i % inner] * s;
+  return APEX_OK;
+}
+
+/* d norm / dx = x / norm, and 0 where the norm is 0 (PyTorch's norm_backward: the subgradient 0 at
+ * the origin rather than 0/0). */
+apex_status apex__bwd_norm(apex_graph *g, apex_var *out) {
+  float *gx = apex__gbuf(g, out->in[0]);
+  if (!gx) return APEX_OK;
+  const float *X = apex__f32(g, out->in[0]->value), *nrm = out->aux, *go = out->gbuf;
+  if (!X) return APEX_ERR_OUT_OF_MEMORY;
+  size_t D = (size_t)out->ia[1], inner = (size_t)out->ia[2], n = ag_numel(out->in[0]);
+  AG_PFOR
+  for (size_t i = 0; i < n; i++) {
+    size_t l = (i / (D * inner)) * inner + i % inner;
+    if (nrm[l] != 0.0f) gx[i] += go[l] * (X[i] / nrm[l]);
+  }
   return APEX_OK;
 }
 
