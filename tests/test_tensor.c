@@ -137,6 +137,11 @@ static void test_bad_input(void **state) {
     tu_assert_message(why);
   }
   assert_null(apex_tensor_create_on((apex_device)7, APEX_F32, 1, nine));
+  tu_assert_message("unknown device 7");
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  float host[9] = {0};
+  assert_null(apex_tensor_wrap_on((apex_device)7, host, APEX_F32, 1, nine));
+  tu_assert_message("unknown device 7");
   int64_t s1 = 5, s2 = 6;
   apex_tensor *a = apex_tensor_create(APEX_F32, 1, &s1), *b = apex_tensor_create(APEX_F16, 1, &s2);
   TU_FAILS(apex_tensor_copy(a, b), APEX_ERR_SHAPE, "[5] has 5 elements, source [6] has 6");

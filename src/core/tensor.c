@@ -40,26 +40,22 @@ static apex_storage *storage_new_on(apex_device device, size_t bytes) {
     if (!s) apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_tensor_create: cannot allocate %zu bytes", bytes);
     return s;
   }
-#if APEX_HAVE_CUDA
-  if (device == APEX_DEVICE_CUDA) {
-    apex_storage *s = calloc(1, sizeof *s);
-    if (!s) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_tensor_create: out of memory");
-    if (apex__cuda_alloc(bytes, 1, &s->data) != APEX_OK) {
-      free(s);
-      return NULL;
-    }
-    s->bytes = bytes;
-    s->owned = 1;
-    s->device = APEX_DEVICE_CUDA;
-    atomic_init(&s->refs, 1);
-    return s;
+  /* The same path with and without CUDA: a build without it links stubs whose apex__cuda_ready says so. */
+  const char *why;
+  if (device != APEX_DEVICE_CUDA)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_create_on: unknown device %d", (int)device);
+  if (!apex__cuda_ready(&why)) return apex__fail_null(APEX_ERR_UNSUPPORTED, "apex_tensor_create_on: %s", why);
+  apex_storage *s = calloc(1, sizeof *s);
+  if (!s) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_tensor_create: out of memory");
+  if (apex__cuda_alloc(bytes, 1, &s->data) != APEX_OK) {
+    free(s);
+    return NULL;
   }
-  return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_create_on: unknown device %d", (int)device);
-#else
-  return apex__fail_null(APEX_ERR_UNSUPPORTED,
-                         "apex_tensor_create_on: device %d is not built into this library (built without CUDA); use "
-                         "APEX_DEVICE_CPU", (int)device);
-#endif
+  s->bytes = bytes;
+  s->owned = 1;
+  s->device = APEX_DEVICE_CUDA;
+  atomic_init(&s->refs, 1);
+  return s;
 }
 
 static void storage_free_data(apex_storage *s) {
@@ -141,15 +137,10 @@ apex_tensor *apex_tensor_wrap(void *data, apex_dtype dtype, int ndim, const int6
 apex_tensor *apex_tensor_wrap_on(apex_device device, void *data, apex_dtype dtype, int ndim, const int64_t *shape) {
   size_t numel;
   if (device != APEX_DEVICE_CPU) {
-#if APEX_HAVE_CUDA
     const char *why;
     if (device != APEX_DEVICE_CUDA)
       return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_wrap_on: unknown device %d", (int)device);
     if (!apex__cuda_ready(&why)) return apex__fail_null(APEX_ERR_UNSUPPORTED, "apex_tensor_wrap_on: %s", why);
-#else
-    return apex__fail_null(APEX_ERR_UNSUPPORTED, "apex_tensor_wrap_on: device %d is not built into this library",
-                           (int)device);
-#endif
   }
   if (apex__check_dtype(dtype, "apex_tensor_wrap") != APEX_OK) return NULL;
   if (shape_numel("apex_tensor_wrap", ndim, shape, &numel) != APEX_OK) return NULL;
