@@ -168,6 +168,45 @@ APEX_API apex_status apex_cuda_embedding_forward(const apex_tensor *table, const
  * dy has n * D elements of any float dtype. */
 APEX_API apex_status apex_cuda_embedding_backward(const apex_tensor *dy, const int64_t *ids, int64_t n, apex_tensor *dtable);
 
+
+/* ---- attention (GPT-2's causal self-attention block) ---------------------------------------------------------
+ * Causal multi-head self-attention on the packed projection qkv [B, T, 3 * C] that GPT-2's c_attn linear
+ * produces: q, k and v are its three [B, T, C] thirds, each split into n_heads heads of D = C / n_heads
+ * contiguous channels. y [B, T, C] is, per head, softmax(q k^T / sqrt(D) + causal mask) v with the heads
+ * side by side again (ready for the c_proj linear), as apex_causal_attention (nn_ops.h) computes it on
+ * [B, H, T, D] operands. qkv and y of one dtype: f32, or f16/bf16 on the tensor cores, accumulating in
+ * f32. lse f32 [B, n_heads, T]: the log-sum-exp of each scaled score row, saved for the backward (which
+ * recomputes the probabilities from it instead of keeping a [T, T] matrix per head). Deterministic. */
+APEX_API apex_status apex_cuda_attention_forward(const apex_tensor *qkv, int n_heads, apex_tensor *y, apex_tensor *lse);
+/* dqkv [B, T, 3 * C] (qkv's dtype, overwritten) from dy [B, T, C] (y's dtype) and the forward's qkv, y and
+ * lse. */
+APEX_API apex_status apex_cuda_attention_backward(const apex_tensor *dy, const apex_tensor *qkv, const apex_tensor *y,
+                                                  const apex_tensor *lse, int n_heads, apex_tensor *dqkv);
+
+/* ---- elementwise and reductions --------------------------------------------------------------------------
+ * Device tensors of f32, f16 or bf16 (each argument may have its own dtype), math in f32, rounded to the
+ * output's dtype as the CPU ops round: the same bits as apex_add / apex_mul / apex_relu / apex_gelu_tanh
+ * on the CPU. Outputs may alias inputs of the same dtype (y = a is an in-place update). */
+
+/* y = a + b over equal element counts (a residual connection; dx += dy in a backward). */
+APEX_API apex_status apex_cuda_add(const apex_tensor *a, const apex_tensor *b, apex_tensor *y);
+/* y = a * b over equal element counts. */
+APEX_API apex_status apex_cuda_mul(const apex_tensor *a, const apex_tensor *b, apex_tensor *y);
+/* y = alpha * x. */
+APEX_API apex_status apex_cuda_scale(const apex_tensor *x, float alpha, apex_tensor *y);
+/* y = max(x, 0); dx = dy where x > 0, else 0. */
+APEX_API apex_status apex_cuda_relu_forward(const apex_tensor *x, apex_tensor *y);
+APEX_API apex_status apex_cuda_relu_backward(const apex_tensor *dy, const apex_tensor *x, apex_tensor *dx);
+/* GELU in the tanh form (GPT-2's): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), and its gradient
+ * dx = dy * gelu'(x) from the forward's input x. */
+APEX_API apex_status apex_cuda_gelu_forward(const apex_tensor *x, apex_tensor *y);
+APEX_API apex_status apex_cuda_gelu_backward(const apex_tensor *dy, const apex_tensor *x, apex_tensor *dx);
+/* Column sums of x viewed as [rows, cols] (cols = y's element count, rows = x's count / cols): y[j] = sum
+ * over i of x[i, j] (+ y[j] when accumulate), summed in f32 in a fixed order (a bias's gradient). */
+APEX_API apex_status apex_cuda_sum_rows(const apex_tensor *x, apex_tensor *y, int accumulate);
+/* The sum of all elements of x into y (one f32 element), in a fixed order; the mean with mean = 1. */
+APEX_API apex_status apex_cuda_sum_all(const apex_tensor *x, int mean, apex_tensor *y);
+
 #ifdef __cplusplus
 }
 #endif
