@@ -384,7 +384,10 @@ static inline double apex__lanes_total(const double acc[AG_LANES]) {
   return (((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
 }
 
-/* Sum of n floats in double, in fixed blocks combined in order: independent of the thread count. */
+/* serial(block) over the fixed blocks of 4096 floats of x (run on several threads), the block results
+ * added in order in double: the value does not depend on the thread count. */
+double apex__blocked_sum(const float *x, size_t n, double (*serial)(const float *x, size_t n));
+/* Sum of n floats in double, in apex__blocked_sum's blocks, each summed by apex__sum_serial. */
 double apex__sum_f32(const float *x, size_t n);
 
 #endif

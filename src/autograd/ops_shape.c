@@ -7,25 +7,11 @@
 
 /* ---- sum / mean / norm -------------------------------------------------------------------------- */
 
-/* Sum of squares of n floats in double, in fixed blocks combined in order (apex__sum_f32's scheme),
- * so a norm's bits do not depend on the thread count either. */
-enum { SQ_BLOCK = 4096 };
-static double block_sumsq(const float *x, size_t n, size_t b) {
-  size_t end = (b + 1) * SQ_BLOCK < n ? (b + 1) * SQ_BLOCK : n;
+/* Sum of squares of n floats in double on the calling thread, in order: the block function of a norm's
+ * apex__blocked_sum, so its bits do not depend on the thread count either. */
+static double sumsq_serial(const float *x, size_t n) {
   double s = 0;
-  for (size_t i = b * SQ_BLOCK; i < end; i++) s += (double)x[i] * x[i];
-  return s;
-}
-static double sumsq_f32(apex_graph *g, const float *x, size_t n) {
-  size_t nb = (n + SQ_BLOCK - 1) / SQ_BLOCK;
-  double *part = nb > 1 ? apex__scratch_temp(g, nb * sizeof *part) : NULL, s = 0;
-  if (!part) { /* one block, or no memory: the same blocks in the same order on this thread */
-    for (size_t b = 0; b < nb; b++) s += block_sumsq(x, n, b);
-    return s;
-  }
-#pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
-  for (size_t b = 0; b < nb; b++) part[b] = block_sumsq(x, n, b);
-  for (size_t b = 0; b < nb; b++) s += part[b];
+  for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
   return s;
 }
 
@@ -61,7 +47,7 @@ static apex_var *reduce(apex_graph *g, apex_op op, apex_var *x, int all, int dim
     if (!nrm) return NULL;
     out->aux = nrm;
     if (nl == 1) {
-      nrm[0] = (float)sqrt(sumsq_f32(g, xf, D));
+      nrm[0] = (float)sqrt(apex__blocked_sum(xf, D, sumsq_serial));
     } else {
 #pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
       for (size_t l = 0; l < nl; l++) {
