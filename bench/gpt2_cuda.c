@@ -384,6 +384,8 @@ apex_status gpt2_cuda_loss(gpt2_cuda *m, float *loss) {
   return st == APEX_OK ? APEX_OK : fail_at(st, "reading the loss");
 }
 
+const apex_tensor *gpt2_cuda_loss_tensor(const gpt2_cuda *m) { return m ? m->acts->loss : NULL; }
+
 apex_status gpt2_cuda_backward(gpt2_cuda *m) {
   if (!m) return apex__fail(APEX_ERR_INVALID_ARG, "gpt2_cuda_backward: NULL model");
   struct gpt2_acts *a = m->acts;

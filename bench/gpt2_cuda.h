@@ -95,6 +95,9 @@ double gpt2_cuda_flops_per_token(const gpt2_cuda *m);
 apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t *targets);
 /* The mean loss of the last forward (waits for the GPU). */
 apex_status gpt2_cuda_loss(gpt2_cuda *m, float *loss);
+/* The device f32 [1] tensor holding the last forward's mean loss (valid once the GPU gets there): copy it
+ * elsewhere on the device to keep a loss history without waiting. */
+const apex_tensor *gpt2_cuda_loss_tensor(const gpt2_cuda *m);
 /* Backward of the last forward: writes every gradient (each is overwritten, none accumulated, so no
  * zero_grad is needed between steps). The logits buffer holds their gradient afterwards. */
 apex_status gpt2_cuda_backward(gpt2_cuda *m);
