@@ -7,10 +7,11 @@
  * cross-entropy, batch statistics against a double-precision reference computed here, to 1e-5
  * relative in f32 and to the dtype's rounding (2^-8 f16, 2^-7 bf16, relative to the row's scale) for
  * outputs stored in 16 bits; GEMM with bf16 inputs to 1e-2 relative (f32 accumulation of rounded
- * inputs). GPT-2 (bench/gpt2_cuda.c, a tiny configuration in f32) against the same model on apex's CPU
- * autograd: the loss to 1e-4 relative, every gradient to 1e-3 of its largest magnitude; and in bf16 with
- * f32 masters, 5 AdamW steps lower the loss. Without a GPU the program prints why and exits 77, which
- * ctest reports as skipped. */
+ * inputs); the attention block against the CPU autograd op on the same rounded inputs, to the
+ * per-dtype tolerances stated at attention_case. GPT-2 (bench/gpt2_cuda.c, a tiny configuration in f32)
+ * against the same model on apex's CPU autograd: the loss to 1e-4 relative, every gradient to 1e-3 of its
+ * largest magnitude; and in bf16 with f32 masters, 5 AdamW steps lower the loss. Without a GPU the
+ * program prints why and exits 77, which ctest reports as skipped. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -881,6 +882,192 @@ static void test_matmul(void **state) {
     }
 }
 
+/* ---- attention --------------------------------------------------------------------------------------------- */
+
+/* Element (b, t, part w, head h, channel d) of a packed [B, T, W * H * D] tensor (W = 3 for qkv, 1 for y),
+ * and of a per-head [B, H, T, D] one. */
+static size_t att_packed(int64_t T, int64_t W, int64_t H, int64_t D, int64_t b, int64_t t, int64_t w, int64_t h, int64_t d) {
+  return (size_t)((((b * T + t) * W + w) * H + h) * D + d);
+}
+static size_t att_head(int64_t T, int64_t H, int64_t D, int64_t b, int64_t t, int64_t h, int64_t d) {
+  return (size_t)(((b * H + h) * T + t) * D + d);
+}
+
+/* Two device tensors hold the same bits. */
+static void same_run_bits(const apex_tensor *a, const apex_tensor *b, const char *what) {
+  apex_tensor *h = host_copy(b);
+  assert_same_bits(a, h, what);
+  apex_tensor_destroy(h);
+}
+
+/* The GPU's y [B, T, C] and dqkv [B, T, 3C] against apex_causal_attention and its backward on the CPU, run
+ * in f32 on the same (already rounded) inputs, each element to tol times the largest magnitude of its
+ * reference (per third of dqkv: dv is larger than dq and dk). The tolerances: f32 2e-5 for y and 5e-5
+ * for dqkv (another summation order; no TF32); f16 2e-3 and 4e-3, bf16 2e-2 and 3e-2 (P and dS enter
+ * their GEMMs rounded to the dtype, and y, dqkv are stored in it: a few of its half-ulps, 2^-11 and
+ * 2^-8 relative). lse against a double-precision log-sum-exp of the rounded inputs to 1e-5 relative
+ * (f32 scores whatever the dtype). A second run must give the same bits. */
+static void attention_case(apex_dtype dt, int64_t B, int64_t T, int64_t H, int64_t D) {
+  const int64_t C = H * D;
+  const size_t nq = (size_t)(B * T * 3 * C), ny = (size_t)(B * T * C), nl = (size_t)(B * H * T);
+  const double tol_y = dt == APEX_F32 ? 2e-5 : dt == APEX_F16 ? 2e-3 : 2e-2;
+  const double tol_g = dt == APEX_F32 ? 5e-5 : dt == APEX_F16 ? 4e-3 : 3e-2;
+  apex_tensor *hqkv = tu_random_tensor(dt, nq, 81 + (uint64_t)T, 2.0f), *hdy = tu_random_tensor(dt, ny, 83 + (uint64_t)T, 1.0f);
+  /* The CPU reference on [B, H, T, D] permutes of the same values, in f32. */
+  int64_t hs[4] = {B, H, T, D};
+  apex_tensor *hq[3], *rdy = apex_tensor_create(APEX_F32, 4, hs);
+  for (int w = 0; w < 3; w++) hq[w] = apex_tensor_create(APEX_F32, 4, hs);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t d = 0; d < D; d++) {
+          for (int w = 0; w < 3; w++)
+            apex_tensor_set(hq[w], att_head(T, H, D, b, t, h, d), apex_tensor_get(hqkv, att_packed(T, 3, H, D, b, t, w, h, d)));
+          apex_tensor_set(rdy, att_head(T, H, D, b, t, h, d), apex_tensor_get(hdy, att_packed(T, 1, H, D, b, t, 0, h, d)));
+        }
+  apex_graph *g = apex_graph_create();
+  apex_var *vq = apex_var_create(hq[0], 1), *vk = apex_var_create(hq[1], 1), *vv = apex_var_create(hq[2], 1);
+  apex_var *vy = apex_causal_attention(g, vq, vk, vv);
+  assert_non_null(vy);
+  TU_OK(apex_backward(vy, &(apex_backward_options){.grad_output = rdy}));
+  const apex_tensor *ry = apex_var_value(vy), *rg[3] = {apex_var_grad(vq), apex_var_grad(vk), apex_var_grad(vv)};
+  /* The GPU. */
+  int64_t sq[3] = {B, T, 3 * C}, sy[3] = {B, T, C}, sl[3] = {B, H, T};
+  apex_tensor *qkv = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 3, sq), *dy = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 3, sy);
+  TU_OK(apex_tensor_copy(qkv, hqkv));
+  TU_OK(apex_tensor_copy(dy, hdy));
+  apex_tensor *y[2], *lse[2], *dqkv[2];
+  for (int run = 0; run < 2; run++) {
+    y[run] = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 3, sy);
+    lse[run] = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 3, sl);
+    dqkv[run] = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 3, sq);
+    TU_OK(apex_tensor_fill(y[run], 7.0f)); /* every element must be overwritten */
+    TU_OK(apex_tensor_fill(dqkv[run], 7.0f));
+    TU_OK(apex_cuda_attention_forward(qkv, (int)H, y[run], lse[run]));
+    TU_OK(apex_cuda_attention_backward(dy, qkv, y[run], lse[run], (int)H, dqkv[run]));
+  }
+  char what[96];
+  snprintf(what, sizeof what, "attention %s B=%lld T=%lld H=%lld D=%lld", apex_dtype_name(dt), (long long)B, (long long)T,
+           (long long)H, (long long)D);
+  /* y and dqkv */
+  double *ref = malloc(nq * sizeof *ref), scale[3] = {1e-30, 1e-30, 1e-30};
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t d = 0; d < D; d++) {
+          size_t i = att_packed(T, 1, H, D, b, t, 0, h, d);
+          ref[i] = apex_tensor_get(ry, att_head(T, H, D, b, t, h, d));
+          scale[0] = fmax(scale[0], fabs(ref[i]));
+        }
+  apex_tensor *got = host_copy(y[0]);
+  for (size_t i = 0; i < ny; i++)
+    if (!(fabs(apex_tensor_get(got, i) - ref[i]) <= tol_y * scale[0]))
+      fail_msg("%s: y element %zu is %.8g, reference %.8g (largest %.4g)", what, i, (double)apex_tensor_get(got, i), ref[i], scale[0]);
+  apex_tensor_destroy(got);
+  scale[0] = 1e-30;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      for (int w = 0; w < 3; w++)
+        for (int64_t h = 0; h < H; h++)
+          for (int64_t d = 0; d < D; d++) {
+            size_t i = att_packed(T, 3, H, D, b, t, w, h, d);
+            ref[i] = apex_tensor_get(rg[w], att_head(T, H, D, b, t, h, d));
+            scale[w] = fmax(scale[w], fabs(ref[i]));
+          }
+  got = host_copy(dqkv[0]);
+  for (size_t i = 0; i < nq; i++) {
+    int w = (int)((i / (size_t)C) % 3);
+    if (!(fabs(apex_tensor_get(got, i) - ref[i]) <= tol_g * scale[w]))
+      fail_msg("%s: d%c element %zu of dqkv is %.8g, reference %.8g (largest %.4g)", what, "qkv"[w], i,
+               (double)apex_tensor_get(got, i), ref[i], scale[w]);
+  }
+  apex_tensor_destroy(got);
+  /* lse: log sum over s <= t of exp(q_t . k_s / sqrt(D)), in double */
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t t = 0; t < T; t++) {
+        double mx = -INFINITY, *sc = malloc((size_t)(t + 1) * sizeof *sc), se = 0;
+        for (int64_t u = 0; u <= t; u++) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; d++)
+            dot += (double)apex_tensor_get(hqkv, att_packed(T, 3, H, D, b, t, 0, h, d)) *
+                   apex_tensor_get(hqkv, att_packed(T, 3, H, D, b, u, 1, h, d));
+          sc[u] = dot / sqrt((double)D);
+          mx = fmax(mx, sc[u]);
+        }
+        for (int64_t u = 0; u <= t; u++) se += exp(sc[u] - mx);
+        ref[(b * H + h) * T + t] = mx + log(se);
+        free(sc);
+      }
+  snprintf(what + strlen(what), sizeof what - strlen(what), " lse");
+  check_close(lse[0], ref, nl, 1e-5, 1.0, what);
+  free(ref);
+  /* deterministic: the second run gives the same bits */
+  same_run_bits(y[1], y[0], "attention y, second run");
+  same_run_bits(lse[1], lse[0], "attention lse, second run");
+  same_run_bits(dqkv[1], dqkv[0], "attention dqkv, second run");
+  for (int run = 0; run < 2; run++) {
+    apex_tensor_destroy(y[run]), apex_tensor_destroy(lse[run]), apex_tensor_destroy(dqkv[run]);
+  }
+  apex_tensor *all[] = {hqkv, hdy, rdy, qkv, dy};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
+  apex_graph_destroy(g);
+  apex_var_destroy(vq), apex_var_destroy(vk), apex_var_destroy(vv);
+}
+
+/* Every bad input of the two calls is refused with a message naming the argument, before any work. */
+static void attention_bad_input(void) {
+  int64_t sq[3] = {1, 4, 24}, sy[3] = {1, 4, 8}, sl[3] = {1, 2, 4}, s2[2] = {4, 24}, s25[3] = {1, 4, 25}, sy9[3] = {1, 4, 9};
+  apex_tensor *qkv = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 3, sq), *y = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 3, sy);
+  apex_tensor *lse = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 3, sl), *dqkv = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 3, sq);
+  apex_tensor *dy = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 3, sy);
+  apex_tensor *q2 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 2, s2), *q25 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 3, s25);
+  apex_tensor *y9 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 3, sy9), *y16 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F16, 3, sy);
+  apex_tensor *l16 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F16, 3, sl), *l7 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, (int64_t[]){7});
+  apex_tensor *dq16 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 3, sq), *hqkv = apex_tensor_create(APEX_F32, 3, sq);
+  apex_tensor *hl = apex_tensor_create(APEX_F32, 3, sl);
+  TU_OK(apex_tensor_fill(qkv, 0.5f));
+  TU_OK(apex_tensor_fill(dy, 0.25f));
+  TU_OK(apex_cuda_attention_forward(qkv, 2, y, lse)); /* the shapes below differ from these in one thing each */
+  TU_FAILS(apex_cuda_attention_forward(q2, 2, y, lse), APEX_ERR_SHAPE, "qkv has shape [4, 24]; it must be [B, T, 3 * C]");
+  TU_FAILS(apex_cuda_attention_forward(q25, 2, y, lse), APEX_ERR_SHAPE, "qkv has shape [1, 4, 25]");
+  TU_FAILS(apex_cuda_attention_forward(qkv, 3, y, lse), APEX_ERR_SHAPE, "C = 8 channels per third, not divisible by n_heads = 3");
+  TU_FAILS(apex_cuda_attention_forward(qkv, 0, y, lse), APEX_ERR_INVALID_ARG, "n_heads is 0");
+  TU_FAILS(apex_cuda_attention_forward(qkv, -1, y, lse), APEX_ERR_INVALID_ARG, "n_heads is -1");
+  TU_FAILS(apex_cuda_attention_forward(qkv, 2, y9, lse), APEX_ERR_SHAPE, "y has shape [1, 4, 9]; [1, 4, 8] expected");
+  TU_FAILS(apex_cuda_attention_forward(qkv, 2, y16, lse), APEX_ERR_DTYPE, "y is f16; use f32");
+  TU_FAILS(apex_cuda_attention_forward(qkv, 2, y, l16), APEX_ERR_DTYPE, "lse is f16; use f32");
+  TU_FAILS(apex_cuda_attention_forward(qkv, 2, y, l7), APEX_ERR_SHAPE, "lse has shape [7] (7 elements); 8 expected");
+  TU_FAILS(apex_cuda_attention_forward(qkv, 1, y, lse), APEX_ERR_SHAPE, "lse has shape"); /* one head: 4 rows, not 8 */
+  TU_FAILS(apex_cuda_attention_forward(hqkv, 2, y, lse), APEX_ERR_DEVICE, "qkv is on the CPU");
+  TU_FAILS(apex_cuda_attention_forward(qkv, 2, y, hl), APEX_ERR_DEVICE, "lse is on the CPU");
+  TU_FAILS(apex_cuda_attention_forward(NULL, 2, y, lse), APEX_ERR_INVALID_ARG, "qkv is NULL");
+  TU_FAILS(apex_cuda_attention_forward(qkv, 2, NULL, lse), APEX_ERR_INVALID_ARG, "y is NULL");
+  TU_OK(apex_cuda_attention_backward(dy, qkv, y, lse, 2, dqkv));
+  TU_FAILS(apex_cuda_attention_backward(dy, qkv, y, lse, 2, q25), APEX_ERR_SHAPE, "dqkv has shape [1, 4, 25]; [1, 4, 24] expected");
+  TU_FAILS(apex_cuda_attention_backward(dy, qkv, y, lse, 2, dq16), APEX_ERR_DTYPE, "dqkv is bf16; use f32");
+  TU_FAILS(apex_cuda_attention_backward(y16, qkv, y, lse, 2, dqkv), APEX_ERR_DTYPE, "dy is f16; use f32");
+  TU_FAILS(apex_cuda_attention_backward(dy, qkv, y9, lse, 2, dqkv), APEX_ERR_SHAPE, "y has shape [1, 4, 9]");
+  TU_FAILS(apex_cuda_attention_backward(dy, qkv, y, l16, 2, dqkv), APEX_ERR_DTYPE, "lse is f16");
+  TU_FAILS(apex_cuda_attention_backward(dy, qkv, y, lse, 3, dqkv), APEX_ERR_SHAPE, "not divisible by n_heads = 3");
+  TU_FAILS(apex_cuda_attention_backward(dy, hqkv, y, lse, 2, dqkv), APEX_ERR_DEVICE, "qkv is on the CPU");
+  TU_FAILS(apex_cuda_attention_backward(dy, qkv, y, lse, 2, NULL), APEX_ERR_INVALID_ARG, "dqkv is NULL");
+  apex_tensor *all[] = {qkv, y, lse, dqkv, dy, q2, q25, y9, y16, l16, l7, dq16, hqkv, hl};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
+}
+
+static void test_attention_matches_cpu(void **state) {
+  (void)state;
+  const apex_dtype dts[3] = {APEX_F32, APEX_F16, APEX_BF16};
+  for (int k = 0; k < 3; k++) {
+    attention_case(dts[k], 2, 7, 3, 8);   /* T not a multiple of 8: the padded [T, T] rows */
+    attention_case(dts[k], 1, 33, 2, 16); /* T past a warp */
+    attention_case(dts[k], 2, 64, 4, 32);
+  }
+  attention_case(APEX_BF16, 1, 300, 2, 64); /* rows longer than a 256-thread block */
+  attention_bad_input();
+}
+
 /* ---- GPT-2 on the GPU (bench/gpt2_cuda.c) against the same model on apex's CPU autograd ------------------ */
 
 /* A tiny GPT-2: 2 blocks, C = 64, 4 heads of 16, an unpadded vocabulary of 96, batches of 2 x 16 tokens with
@@ -1074,8 +1261,8 @@ int main(void) {
       cmocka_unit_test(test_batch_norm_stats),        cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_optimizer_state_on_gpu),  cmocka_unit_test(test_adamp_matches_cpu),
       cmocka_unit_test(test_autograd_refuses_device_tensors), cmocka_unit_test(test_conv2d),
-      cmocka_unit_test(test_embedding),               cmocka_unit_test(test_gpt2_matches_cpu),
-      cmocka_unit_test(test_gpt2_bf16_trains),
+      cmocka_unit_test(test_embedding),               cmocka_unit_test(test_attention_matches_cpu),
+      cmocka_unit_test(test_gpt2_matches_cpu),        cmocka_unit_test(test_gpt2_bf16_trains),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

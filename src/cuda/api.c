@@ -464,3 +464,68 @@ apex_status apex_cuda_embedding_backward(const apex_tensor *dy, const int64_t *i
   return apex__cuda_embedding_bwd(apex_tensor_data(dy), apex_tensor_dtype(dy), ids, n, v, d, apex_tensor_data(dtable),
                                   apex_tensor_dtype(dtable));
 }
+
+/* ---- attention ------------------------------------------------------------------------------------------- */
+
+/* t is the CUDA tensor [b, t, c] of dtype dt. */
+static apex_status need_btc(const char *fn, const char *what, const apex_tensor *x, int64_t b, int64_t t, int64_t c,
+                            apex_dtype dt) {
+  apex_status st = need(fn, what, x);
+  if (st != APEX_OK) return st;
+  if (apex_tensor_ndim(x) != 3 || apex_tensor_dim(x, 0) != b || apex_tensor_dim(x, 1) != t || apex_tensor_dim(x, 2) != c) {
+    char buf[96];
+    return apex__fail(APEX_ERR_SHAPE, "%s: %s has shape %s; [%lld, %lld, %lld] expected", fn, what,
+                      apex_tensor_shape_str(x, buf, sizeof buf), (long long)b, (long long)t, (long long)c);
+  }
+  return need_dtype(fn, what, x, dt, dt);
+}
+
+/* qkv is a CUDA [B, T, 3 * C] tensor with C split into n_heads heads (any of the three float dtypes: a
+ * tensor has no other), and lse an f32 CUDA tensor of B * n_heads * T elements; fills a with the shapes. */
+static apex_status attention_args(const char *fn, const apex_tensor *qkv, int n_heads, const apex_tensor *lse,
+                                  apex__cuda_attn *a) {
+  apex_status st = need(fn, "qkv", qkv);
+  if (st != APEX_OK) return st;
+  char buf[96];
+  apex_tensor_shape_str(qkv, buf, sizeof buf);
+  if (apex_tensor_ndim(qkv) != 3 || apex_tensor_dim(qkv, 2) % 3 != 0 || apex_tensor_dim(qkv, 2) == 0)
+    return apex__fail(APEX_ERR_SHAPE, "%s: qkv has shape %s; it must be [B, T, 3 * C] with C >= 1", fn, buf);
+  if (n_heads < 1) return apex__fail(APEX_ERR_INVALID_ARG, "%s: n_heads is %d; it must be >= 1", fn, n_heads);
+  int64_t c = apex_tensor_dim(qkv, 2) / 3;
+  if (c % n_heads != 0)
+    return apex__fail(APEX_ERR_SHAPE, "%s: qkv %s has C = %lld channels per third, not divisible by n_heads = %d", fn, buf,
+                      (long long)c, n_heads);
+  *a = (apex__cuda_attn){.b = apex_tensor_dim(qkv, 0), .t = apex_tensor_dim(qkv, 1), .h = n_heads, .d = c / n_heads,
+                         .dtype = apex_tensor_dtype(qkv)};
+  if (a->b * a->h > INT32_MAX)
+    return apex__fail(APEX_ERR_SHAPE, "%s: qkv %s with %d heads makes %lld (batch, head) pairs; at most %d", fn, buf, n_heads,
+                      (long long)(a->b * a->h), INT32_MAX);
+  if ((st = need_numel(fn, "lse", lse, (size_t)(a->b * a->h * a->t))) || (st = need_dtype(fn, "lse", lse, APEX_F32, APEX_F32)))
+    return st;
+  return APEX_OK;
+}
+
+apex_status apex_cuda_attention_forward(const apex_tensor *qkv, int n_heads, apex_tensor *y, apex_tensor *lse) {
+  const char *fn = "apex_cuda_attention_forward";
+  REQUIRE_CUDA(fn);
+  apex__cuda_attn a;
+  apex_status st = attention_args(fn, qkv, n_heads, lse, &a);
+  if (st || (st = need_btc(fn, "y", y, a.b, a.t, a.h * a.d, a.dtype))) return st;
+  if (a.b * a.t == 0) return APEX_OK; /* no positions: y and lse are empty */
+  return apex__cuda_attention_fwd(&a, apex_tensor_data(qkv), apex_tensor_data(y), apex_tensor_data(lse));
+}
+
+apex_status apex_cuda_attention_backward(const apex_tensor *dy, const apex_tensor *qkv, const apex_tensor *y,
+                                         const apex_tensor *lse, int n_heads, apex_tensor *dqkv) {
+  const char *fn = "apex_cuda_attention_backward";
+  REQUIRE_CUDA(fn);
+  apex__cuda_attn a;
+  apex_status st = attention_args(fn, qkv, n_heads, lse, &a);
+  if (st || (st = need_btc(fn, "dy", dy, a.b, a.t, a.h * a.d, a.dtype)) ||
+      (st = need_btc(fn, "y", y, a.b, a.t, a.h * a.d, a.dtype)) ||
+      (st = need_btc(fn, "dqkv", dqkv, a.b, a.t, 3 * a.h * a.d, a.dtype)))
+    return st;
+  if (a.b * a.t == 0) return APEX_OK;
+  return apex__cuda_attention_bwd(&a, apex_tensor_data(dy), apex_tensor_data(qkv), apex_tensor_data(y),
+                                  apex_tensor_data(lse), apex_tensor_data(dqkv));
+}

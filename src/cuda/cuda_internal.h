@@ -143,6 +143,14 @@ apex_status apex__cuda_bn_stats(const void *x, apex_dtype xt, int64_t n, int64_t
 apex_status apex__cuda_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
                             const void *b, apex_dtype in_type, float beta, void *c, apex_dtype c_type,
                             const void *bias, int gelu);
+/* `batch` products C_i = alpha op(A_i) op(B_i) + beta C_i, matrix i of each operand at its base pointer plus
+ * i * stride elements; each stored row-major with the row length ld* (>= its stored row's element count:
+ * lda >= (trans_a ? m : k), ldb >= (trans_b ? k : n), ldc >= n). Same dtypes and f32 accumulation as
+ * apex__cuda_gemm, no epilogue; fn names the public call in messages. batch, m or n 0: nothing to do. */
+apex_status apex__cuda_gemm_batched(const char *fn, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                                    const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
+                                    int64_t stride_b, apex_dtype in_type, float beta, void *c, int64_t ldc,
+                                    int64_t stride_c, apex_dtype c_type, int batch);
 
 /* ---- conv.cu: 2-D convolution through cuDNN ------------------------------------------------------------- */
 
@@ -167,6 +175,20 @@ apex_status apex__cuda_embedding_fwd(const void *table, apex_dtype tt, int64_t v
 /* dtable [v, d] (gt) = per row the sum of dy [n, d] (dt) over the positions with that id, overwritten. */
 apex_status apex__cuda_embedding_bwd(const void *dy, apex_dtype dt, const int64_t *ids, int64_t n, int64_t v, int64_t d,
                                      void *dtable, apex_dtype gt);
+
+/* ---- attention.cu: GPT-2's causal self-attention on the packed qkv (see apex/cuda.h) ---------------------- */
+
+/* The shapes, checked by api.c: qkv [b, t, 3 * h * d], y and dy [b, t, h * d], lse f32 [b, h, t], all but lse
+ * of dtype; b, t, h, d >= 1 and b * h within int range. */
+typedef struct apex__cuda_attn {
+  int64_t b, t, h, d;
+  apex_dtype dtype;
+} apex__cuda_attn;
+/* y and lse from qkv. */
+apex_status apex__cuda_attention_fwd(const apex__cuda_attn *a, const void *qkv, void *y, float *lse);
+/* dqkv (overwritten) from dy and the forward's qkv, y and lse. */
+apex_status apex__cuda_attention_bwd(const apex__cuda_attn *a, const void *dy, const void *qkv, const void *y,
+                                     const float *lse, void *dqkv);
 
 #ifdef __cplusplus
 }
