@@ -210,7 +210,10 @@ def main():
         for m in modes:
             print("bench %s_vs_torch_%s skipped: torch sees no GPU" % (name, m), flush=True)
         return
-    apex_tps, why = (None, "no apex figure on the CPU") if args.device != "cuda" else apex_tokens_per_s(args)
+    if args.device == "cuda" or args.apex_tokens_per_s:
+        apex_tps, why = apex_tokens_per_s(args)
+    else:
+        apex_tps, why = None, "no apex figure on the CPU"
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # nanoGPT's settings (autocast's GEMMs are bf16 anyway)
         torch.backends.cudnn.allow_tf32 = True
