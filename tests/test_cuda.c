@@ -8,14 +8,20 @@
  * relative in f32 and to the dtype's rounding (2^-8 f16, 2^-7 bf16, relative to the row's scale) for
  * outputs stored in 16 bits; GEMM with bf16 inputs to 1e-2 relative (f32 accumulation of rounded
  * inputs); the attention block against the CPU autograd op on the same rounded inputs, to the
- * per-dtype tolerances stated at attention_case. Without a GPU the program prints why and exits 77,
- * which ctest reports as skipped. */
+ * per-dtype tolerances stated at attention_case; the elementwise ops bitwise against the CPU autograd ops
+ * and their backward (GELU within the bound cuda.h states: the device's tanhf is not glibc's); column sums
+ * and sum/mean bitwise over values whose sums are exact in any order, else to 1e-5 of the sum of |x|
+ * against double, and bitwise from run to run. GPT-2 (bench/gpt2_cuda.c, a tiny configuration in f32)
+ * against the same model on apex's CPU autograd: the loss to 1e-4 relative, every gradient to 1e-3 of its
+ * largest magnitude; and in bf16 with f32 masters, 5 AdamW steps lower the loss. Without a GPU the
+ * program prints why and exits 77, which ctest reports as skipped. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "apex/autograd.h"
 #include "apex/cuda.h"
+#include "gpt2_cuda.h"
 #include "testutil.h"
 
 static apex_tensor *dev_copy(const apex_tensor *h) {
@@ -879,6 +885,343 @@ static void test_matmul(void **state) {
     }
 }
 
+/* ---- elementwise ops and reductions ---------------------------------------------------------------------- */
+
+/* The spacing of dtype's values at |v| (the smallest spacing for subnormals and zero). */
+static double ulp_in(apex_dtype dt, double v) {
+  int mant = dt == APEX_F32 ? 23 : dt == APEX_F16 ? 10 : 7, emin = dt == APEX_F16 ? -14 : -126, e = 0;
+  frexp(fabs(v), &e); /* |v| = m 2^e with m in [0.5, 1): the binade's exponent is e - 1 */
+  e = v != 0 && e - 1 > emin ? e - 1 : emin;
+  return ldexp(1.0, e - mant);
+}
+
+/* n elements of dtype in [-range, range] with special values from index `at` on: signed zeros,
+ * infinities, NaN, subnormals, values where GELU's tanh saturates and values past f16's range. Two
+ * operands built with different `at` pair the specials with each other (inf + -inf, inf * 0, ...). */
+static apex_tensor *ew_input(apex_dtype dt, size_t n, uint64_t seed, float range, size_t at) {
+  static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, -1e-40f, 10.0f,
+                                  -10.0f, 100.0f, -100.0f, 7e4f, -3e5f, 1.0f, -1.0f, -4.0f};
+  apex_tensor *t = tu_random_tensor(dt, n, seed, range);
+  for (size_t k = 0; k < sizeof special / sizeof special[0] && at + k < n; k++) apex_tensor_set(t, at + k, special[k]);
+  return t;
+}
+
+/* Compares a device result with the CPU's (same dtype and count): bit for bit when bound is NULL (any
+ * NaN matching any NaN: the GPU's arithmetic returns one canonical NaN), else within bound[i] + 2 ulp
+ * of the dtype at the larger of the two, and bit for bit where either is not finite. Returns the worst
+ * |GPU - CPU| as a fraction of what was allowed. */
+static double compare_ew(const apex_tensor *dev, const apex_tensor *cpu, const double *bound, const char *what) {
+  assert_int_equal(apex_tensor_dtype(dev), apex_tensor_dtype(cpu));
+  assert_int_equal(apex_tensor_numel(dev), apex_tensor_numel(cpu));
+  apex_tensor *h = host_copy(dev);
+  apex_dtype dt = apex_tensor_dtype(cpu);
+  size_t n = apex_tensor_numel(cpu), es = apex_dtype_size(dt);
+  const char *pg = apex_tensor_data(h), *pc = apex_tensor_data(cpu);
+  double worst = 0;
+  for (size_t i = 0; i < n; i++) {
+    double g = apex_tensor_get(h, i), c = apex_tensor_get(cpu, i);
+    if (isnan(g) && isnan(c)) continue;
+    if (!bound || !isfinite(g) || !isfinite(c)) {
+      if (memcmp(pg + i * es, pc + i * es, es) != 0) fail_msg("%s: element %zu: GPU %.9g, CPU %.9g (bitwise expected)", what, i, g, c);
+      continue;
+    }
+    double allowed = (isnan(bound[i]) ? INFINITY : bound[i]) + 2 * ulp_in(dt, fmax(fabs(g), fabs(c))), d = fabs(g - c);
+    if (!(d <= allowed)) fail_msg("%s: element %zu: GPU %.9g, CPU %.9g, |difference| %.3g > %.3g allowed", what, i, g, c, d, allowed);
+    if (d / allowed > worst) worst = d / allowed;
+  }
+  apex_tensor_destroy(h);
+  return worst;
+}
+
+/* add and mul against apex_add / apex_mul on the CPU, bit for bit: one dtype and mixed ones, an output
+ * narrower than the CPU op's (its f32 result rounded once, as the kernel rounds), counts below, across
+ * and far past one block, and in place (y = a). */
+static void test_elementwise_binary(void **state) {
+  (void)state;
+  const apex_dtype cases[][3] = {{APEX_F32, APEX_F32, APEX_F32},  {APEX_F16, APEX_F16, APEX_F16}, {APEX_BF16, APEX_BF16, APEX_BF16},
+                                 {APEX_F16, APEX_F32, APEX_F32},  {APEX_F32, APEX_BF16, APEX_F32}, {APEX_BF16, APEX_F16, APEX_F32},
+                                 {APEX_F32, APEX_F16, APEX_BF16}};
+  const size_t sizes[] = {1, 255, 1000, ((size_t)1 << 20) + 3};
+  for (int op = 0; op < 2; op++)
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+      for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        apex_dtype at = cases[c][0], bt = cases[c][1], yt = cases[c][2];
+        size_t n = sizes[s];
+        int64_t shape = (int64_t)n;
+        char what[96];
+        snprintf(what, sizeof what, "%s %s, %s -> %s, %zu elements", op ? "mul" : "add", apex_dtype_name(at), apex_dtype_name(bt),
+                 apex_dtype_name(yt), n);
+        apex_tensor *ha = ew_input(at, n, 100 + s, 4.0f, 0), *hb = ew_input(bt, n, 200 + s, 4.0f, 3);
+        apex_tensor *a = dev_copy(ha), *b = dev_copy(hb), *y = apex_tensor_create_on(APEX_DEVICE_CUDA, yt, 1, &shape);
+        apex_graph *g = apex_graph_create();
+        apex_var *va = apex_var_create(ha, 0), *vb = apex_var_create(hb, 0);
+        apex_var *vy = op ? apex_mul(g, va, vb) : apex_add(g, va, vb);
+        assert_non_null(vy);
+        apex_tensor *want = apex_tensor_to(apex_var_value(vy), yt);
+        TU_OK(op ? apex_cuda_mul(a, b, y) : apex_cuda_add(a, b, y));
+        compare_ew(y, want, NULL, what);
+        if (at == yt) {
+          TU_OK(op ? apex_cuda_mul(a, b, a) : apex_cuda_add(a, b, a)); /* in place */
+          compare_ew(a, want, NULL, what);
+        }
+        apex_tensor *all[] = {a, b, y, want};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
+        apex_graph_destroy(g);
+        apex_var_destroy(va);
+        apex_var_destroy(vb);
+      }
+}
+
+#define GELU_K 0.7978845608028654
+#define GELU_C 0.044715
+typedef enum { ACT_RELU, ACT_GELU, ACT_SCALE } act_kind;
+
+/* One activation (or scale, by 0.3) over n elements: x of xt, y of yt (xt, or narrower than an f32 x), dy
+ * of dyt; forward against the CPU op, backward against apex_backward from the op's output with dy as its
+ * grad_output (scale's backward is a scale: not a call of its own). ReLU and scale bit for bit, GELU
+ * within cuda.h's bounds. Positions 16..31 hold x > 0 with dy = -0, where the CPU's gradient is +0
+ * (added into zeros). Then in place: y = x, and dx = dy. */
+static void act_case(act_kind k, apex_dtype xt, apex_dtype yt, apex_dtype dyt, size_t n) {
+  static const char *names[] = {"relu", "gelu", "scale"};
+  const float alpha = 0.3f;
+  char what[96];
+  int64_t shape = (int64_t)n;
+  apex_tensor *hx = ew_input(xt, n, 300 + n, 6.0f, 0), *hdy = tu_random_tensor(dyt, n, 400 + n, 2.0f);
+  for (size_t i = 16; i < 32 && i < n; i++) {
+    apex_tensor_set(hx, i, 0.25f * (float)(i - 15));
+    apex_tensor_set(hdy, i, -0.0f);
+  }
+  apex_tensor *x = dev_copy(hx), *dy = dev_copy(hdy), *y = apex_tensor_create_on(APEX_DEVICE_CUDA, yt, 1, &shape),
+              *dx = apex_tensor_create_on(APEX_DEVICE_CUDA, xt, 1, &shape);
+  apex_graph *g = apex_graph_create();
+  apex_var *vx = apex_var_create(hx, 1);
+  apex_var *vy = k == ACT_RELU ? apex_relu(g, vx) : k == ACT_GELU ? apex_gelu_tanh(g, vx) : apex_scale(g, vx, alpha);
+  assert_non_null(vy);
+  apex_tensor *want_y = apex_tensor_to(apex_var_value(vy), yt);
+  TU_OK(apex_backward(vy, &(apex_backward_options){.grad_output = hdy}));
+  const apex_tensor *want_dx = apex_var_grad(vx);
+  TU_OK(k == ACT_RELU ? apex_cuda_relu_forward(x, y) : k == ACT_GELU ? apex_cuda_gelu_forward(x, y) : apex_cuda_scale(x, alpha, y));
+  if (k == ACT_RELU) TU_OK(apex_cuda_relu_backward(dy, x, dx));
+  if (k == ACT_GELU) TU_OK(apex_cuda_gelu_backward(dy, x, dx));
+  double *by = NULL, *bdx = NULL;
+  if (k == ACT_GELU) {
+    by = malloc(n * sizeof *by), bdx = malloc(n * sizeof *bdx);
+    for (size_t i = 0; i < n; i++) {
+      double xv = fabs(apex_tensor_get(hx, i)), p = xv * GELU_K * (1 + 3 * GELU_C * xv * xv) / 2;
+      by[i] = xv * ldexp(1.0, -21);
+      bdx[i] = fabs(apex_tensor_get(hdy, i)) * (1 + p) * ldexp(1.0, -19);
+    }
+  }
+  snprintf(what, sizeof what, "%s forward %s -> %s, %zu elements", names[k], apex_dtype_name(xt), apex_dtype_name(yt), n);
+  double wy = compare_ew(y, want_y, by, what), wdx = 0;
+  if (k != ACT_SCALE) {
+    snprintf(what, sizeof what, "%s backward dy %s, x %s, %zu elements", names[k], apex_dtype_name(dyt), apex_dtype_name(xt), n);
+    wdx = compare_ew(dx, want_dx, bdx, what);
+  }
+  if (k == ACT_GELU)
+    printf("gelu %s -> %s, %zu elements: worst |GPU - CPU| is %.3f of the bound (y), %.3f (dx)\n", apex_dtype_name(xt),
+           apex_dtype_name(yt), n, wy, wdx);
+  if (yt == xt) { /* y = x in place (the backward above has read x already) */
+    TU_OK(k == ACT_RELU ? apex_cuda_relu_forward(x, x) : k == ACT_GELU ? apex_cuda_gelu_forward(x, x) : apex_cuda_scale(x, alpha, x));
+    snprintf(what, sizeof what, "%s forward in place, %s, %zu elements", names[k], apex_dtype_name(xt), n);
+    compare_ew(x, want_y, by, what);
+  }
+  if (k != ACT_SCALE && dyt == xt) { /* dx = dy in place, from a fresh x */
+    apex_tensor *x2 = dev_copy(apex_var_value(vx));
+    TU_OK(k == ACT_RELU ? apex_cuda_relu_backward(dy, x2, dy) : apex_cuda_gelu_backward(dy, x2, dy));
+    snprintf(what, sizeof what, "%s backward in place, %s, %zu elements", names[k], apex_dtype_name(xt), n);
+    compare_ew(dy, want_dx, bdx, what);
+    apex_tensor_destroy(x2);
+  }
+  free(by), free(bdx);
+  apex_tensor *all[] = {x, dy, y, dx, want_y};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
+  apex_graph_destroy(g);
+  apex_var_destroy(vx);
+  apex_tensor_destroy(hdy);
+}
+
+static void test_activations(void **state) {
+  (void)state;
+  const apex_dtype dts[3] = {APEX_F32, APEX_F16, APEX_BF16};
+  const size_t sizes[] = {1, 1000, ((size_t)1 << 20) + 3};
+  for (int k = ACT_RELU; k <= ACT_SCALE; k++) {
+    for (int d = 0; d < 3; d++)
+      for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) act_case((act_kind)k, dts[d], dts[d], dts[d], sizes[s]);
+    /* an f32 x into a narrower y, the gradient from a dy of another dtype */
+    act_case((act_kind)k, APEX_F32, APEX_BF16, APEX_F16, 1000);
+    act_case((act_kind)k, APEX_F32, APEX_F16, APEX_BF16, 4097);
+  }
+}
+
+/* x's element i in the exact sets below: multiples of 1/4 in [-1/2, 1/2], so that every partial sum of
+ * fewer than 2^23 of them is a multiple of 1/4 below 2^22: exact in f32, whatever the order. */
+static float exact_value(size_t i) { return (float)((int)((i * 2654435761u) % 5u) - 2) / 4.0f; }
+
+/* Column sums of x [rows, cols] (xt) into y (yt): (a) over exact_value, bit for bit against the exact
+ * sum rounded to y's dtype (as the kernel rounds its f32 sum); (b) over random values against a double
+ * sum to 1e-5 of the column's sum of |x| (at these shapes each value goes through fewer than 60 f32
+ * roundings) plus y's rounding, and the same bits on a second run. With accumulate, y starts at
+ * multiples of 1/4 that are added. */
+static void sum_rows_case(apex_dtype xt, apex_dtype yt, int64_t rows, int64_t cols, int accumulate) {
+  size_t n = (size_t)(rows * cols);
+  int64_t xs[2] = {rows, cols};
+  char what[96];
+  snprintf(what, sizeof what, "sum_rows [%lld, %lld] %s -> %s%s", (long long)rows, (long long)cols, apex_dtype_name(xt),
+           apex_dtype_name(yt), accumulate ? ", accumulating" : "");
+  apex_tensor *hx = apex_tensor_create(xt, 2, xs), *hy0 = apex_tensor_create(yt, 1, &cols), *want = apex_tensor_create(yt, 1, &cols);
+  for (size_t i = 0; i < n; i++) apex_tensor_set(hx, i, exact_value(i));
+  for (int64_t j = 0; j < cols; j++) apex_tensor_set(hy0, (size_t)j, (float)((int)(j % 5) - 2) / 4.0f);
+  for (int64_t j = 0; j < cols; j++) {
+    double s = accumulate ? apex_tensor_get(hy0, (size_t)j) : 0.0;
+    for (int64_t i = 0; i < rows; i++) s += apex_tensor_get(hx, (size_t)(i * cols + j));
+    apex_tensor_set(want, (size_t)j, (float)s);
+  }
+  apex_tensor *x = dev_copy(hx), *y = dev_copy(hy0), *y2 = dev_copy(hy0);
+  TU_OK(apex_cuda_sum_rows(x, y, accumulate));
+  compare_ew(y, want, NULL, what);
+  /* random values, twice */
+  apex_tensor *hr = tu_random_tensor(xt, n, 500 + (uint64_t)rows, 1.0f);
+  TU_OK(apex_tensor_copy(x, hr));
+  TU_OK(apex_tensor_copy(y, hy0));
+  TU_OK(apex_cuda_sum_rows(x, y, accumulate));
+  TU_OK(apex_cuda_sum_rows(x, y2, accumulate));
+  apex_tensor *h2 = host_copy(y2);
+  compare_ew(y, h2, NULL, "sum_rows run to run");
+  apex_tensor *h = host_copy(y);
+  for (int64_t j = 0; j < cols; j++) {
+    double s = accumulate ? apex_tensor_get(hy0, (size_t)j) : 0.0, a = fabs(s);
+    for (int64_t i = 0; i < rows; i++) {
+      double v = apex_tensor_get(hr, (size_t)(i * cols + j));
+      s += v, a += fabs(v);
+    }
+    double got = apex_tensor_get(h, (size_t)j);
+    if (!(fabs(got - s) <= 1e-5 * a + ulp_in(yt, s)))
+      fail_msg("%s: column %lld is %.9g, the double sum %.9g (sum of |x| %.6g)", what, (long long)j, got, s, a);
+  }
+  apex_tensor *all[] = {hx, hy0, want, x, y, y2, hr, h2, h};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
+}
+
+static void test_sum_rows(void **state) {
+  (void)state;
+  /* one row, a tall narrow x, a short wide one, a tall one of 17 chunks, GPT-2's bias gradient, no rows */
+  const int64_t shapes[][2] = {{1, 5}, {1000, 7}, {3, 4096}, {4097, 3}, {8192, 768}, {0, 5}};
+  const apex_dtype dts[][2] = {{APEX_F32, APEX_F32}, {APEX_BF16, APEX_F32}, {APEX_F16, APEX_F16}, {APEX_F32, APEX_BF16}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
+      for (int acc = 0; acc <= 1; acc++) sum_rows_case(dts[d][0], dts[d][1], shapes[s][0], shapes[s][1], acc);
+}
+
+/* The sum and the mean of all of x: over exact_value bit for bit against the exact sum (the mean: it
+ * divided in double and rounded once, as the kernel does); over random values against a double sum to
+ * 1e-5 of the sum of |x| (plus the f32 rounding), the same bits on a second run. */
+static void sum_all_case(apex_dtype xt, size_t n) {
+  char what[64];
+  snprintf(what, sizeof what, "sum_all %s, %zu elements", apex_dtype_name(xt), n);
+  int64_t one = 1, shape = (int64_t)n;
+  apex_tensor *hx = apex_tensor_create(xt, 1, &shape);
+  double exact = 0;
+  for (size_t i = 0; i < n; i++) {
+    apex_tensor_set(hx, i, exact_value(i));
+    exact += exact_value(i);
+  }
+  apex_tensor *x = dev_copy(hx), *y = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &one);
+  apex_tensor *hy = host_copy(y);
+  for (int mean = 0; mean <= 1; mean++) {
+    TU_OK(apex_cuda_sum_all(x, mean, y));
+    apex_tensor_set(hy, 0, (float)(mean ? exact / (double)n : exact));
+    compare_ew(y, hy, NULL, what);
+  }
+  apex_tensor *hr = tu_random_tensor(xt, n, 600 + n, 1.0f);
+  TU_OK(apex_tensor_copy(x, hr));
+  double s = 0, a = 0;
+  for (size_t i = 0; i < n; i++) {
+    double v = apex_tensor_get(hr, i);
+    s += v, a += fabs(v);
+  }
+  for (int mean = 0; mean <= 1; mean++) {
+    TU_OK(apex_cuda_sum_all(x, mean, y));
+    TU_OK(apex_tensor_copy(hy, y));
+    TU_OK(apex_cuda_sum_all(x, mean, y));
+    compare_ew(y, hy, NULL, "sum_all run to run");
+    double div = mean ? (double)n : 1.0, want = s / div, got = apex_tensor_get(hy, 0);
+    if (!(fabs(got - want) <= 1e-5 * a / div + ulp_in(APEX_F32, want)))
+      fail_msg("%s%s: %.9g, the double reference %.9g", what, mean ? " (mean)" : "", got, want);
+  }
+  apex_tensor *all[] = {hx, x, y, hy, hr};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
+}
+
+static void test_sum_all(void **state) {
+  (void)state;
+  const size_t sizes[] = {1, 1000, ((size_t)1 << 20) + 3, 5000000};
+  for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+    sum_all_case(APEX_F32, sizes[s]);
+    sum_all_case(APEX_BF16, sizes[s]);
+  }
+  sum_all_case(APEX_F16, 4099);
+  /* An empty x: the sum 0, the mean NaN (0 / 0, as PyTorch's mean). */
+  int64_t zero = 0, one = 1;
+  apex_tensor *x = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &zero), *y = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &one);
+  TU_OK(apex_cuda_sum_all(x, 0, y));
+  assert_true(apex_tensor_get(y, 0) == 0.0f);
+  TU_OK(apex_cuda_sum_all(x, 1, y));
+  assert_true(isnan(apex_tensor_get(y, 0)));
+  apex_tensor_destroy(x);
+  apex_tensor_destroy(y);
+}
+
+/* Every bad input names the argument: a CPU tensor, a NULL one, another element count, an output
+ * overlapping an input other than as itself in its dtype, sum_rows' shapes and sum_all's f32 output. */
+static void test_elementwise_bad_inputs(void **state) {
+  (void)state;
+  int64_t n = 64, m = 63, one = 1, two = 2, rc[2] = {4, 16};
+  apex_tensor *a = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &n), *b = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F16, 1, &n);
+  apex_tensor *y = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &n), *short_ = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &m);
+  apex_tensor *host = apex_tensor_create(APEX_F32, 1, &n), *x2 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 2, rc);
+  apex_tensor *as_bf16 = apex_tensor_wrap_on(APEX_DEVICE_CUDA, apex_tensor_data(a), APEX_BF16, 1, &n); /* a's first half, as bf16 */
+  apex_tensor *shifted = apex_tensor_slice_view(a, 1, 1, &m);
+  apex_tensor *a63 = apex_tensor_slice_view(a, 0, 1, &m);
+  apex_tensor *s1 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &one), *s2 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &two);
+  apex_tensor *s16 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F16, 1, &one), *col5 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, (int64_t[]){5});
+  apex_tensor *a16 = apex_tensor_slice_view(a, 1, 1, (int64_t[]){16}); /* 16 columns of 4 rows, inside a */
+  assert_non_null(as_bf16);
+  assert_non_null(shifted);
+  assert_non_null(a63);
+  assert_non_null(a16);
+  TU_FAILS(apex_cuda_add(host, b, y), APEX_ERR_DEVICE, "apex_cuda_add: a is on the CPU");
+  TU_FAILS(apex_cuda_mul(a, host, y), APEX_ERR_DEVICE, "apex_cuda_mul: b is on the CPU");
+  TU_FAILS(apex_cuda_add(a, NULL, y), APEX_ERR_INVALID_ARG, "apex_cuda_add: b is NULL");
+  TU_FAILS(apex_cuda_add(a, short_, y), APEX_ERR_SHAPE, "b has shape [63] (63 elements); 64 expected");
+  TU_FAILS(apex_cuda_mul(a, b, short_), APEX_ERR_SHAPE, "y has shape [63]");
+  TU_FAILS(apex_cuda_scale(NULL, 2.0f, y), APEX_ERR_INVALID_ARG, "apex_cuda_scale: x is NULL");
+  TU_FAILS(apex_cuda_scale(a, 2.0f, host), APEX_ERR_DEVICE, "y is on the CPU");
+  TU_FAILS(apex_cuda_relu_forward(a, as_bf16), APEX_ERR_INVALID_ARG, "y (bf16) overlaps x (f32)");
+  TU_FAILS(apex_cuda_gelu_forward(a63, shifted), APEX_ERR_INVALID_ARG, "y (f32) overlaps x (f32)");
+  TU_FAILS(apex_cuda_add(a63, shifted, shifted), APEX_ERR_INVALID_ARG, "overlaps a");
+  TU_FAILS(apex_cuda_relu_backward(a, b, host), APEX_ERR_DEVICE, "apex_cuda_relu_backward: dx is on the CPU");
+  TU_FAILS(apex_cuda_gelu_backward(a, short_, y), APEX_ERR_SHAPE, "apex_cuda_gelu_backward: x has shape");
+  TU_FAILS(apex_cuda_gelu_backward(a, b, as_bf16), APEX_ERR_INVALID_ARG, "dx (bf16) overlaps dy (f32)");
+  TU_FAILS(apex_cuda_sum_rows(x2, col5, 0), APEX_ERR_SHAPE, "x [4, 16] (64 elements) is not a whole number of rows of y's 5 columns");
+  TU_FAILS(apex_cuda_sum_rows(host, s1, 0), APEX_ERR_DEVICE, "apex_cuda_sum_rows: x is on the CPU");
+  TU_FAILS(apex_cuda_sum_rows(a, a16, 0), APEX_ERR_INVALID_ARG, "apex_cuda_sum_rows: y overlaps x");
+  apex_tensor *a1 = apex_tensor_slice_view(a, 3, 1, &one);
+  TU_FAILS(apex_cuda_sum_all(a, 0, a1), APEX_ERR_INVALID_ARG, "apex_cuda_sum_all: y overlaps x");
+  apex_tensor_destroy(a1);
+  TU_FAILS(apex_cuda_sum_all(a, 0, s16), APEX_ERR_DTYPE, "y is f16; use f32");
+  TU_FAILS(apex_cuda_sum_all(a, 0, s2), APEX_ERR_SHAPE, "y has shape [2] (2 elements); 1 expected");
+  TU_FAILS(apex_cuda_sum_all(a, 1, a63), APEX_ERR_SHAPE, "y has shape");
+  TU_FAILS(apex_cuda_sum_all(a, 1, NULL), APEX_ERR_INVALID_ARG, "y is NULL");
+  /* in place over the same memory and dtype is fine, through a view too */
+  apex_tensor *view = apex_tensor_slice_view(a, 0, 1, &n);
+  TU_OK(apex_tensor_fill(a, -2.0f));
+  TU_OK(apex_cuda_relu_forward(a, view));
+  assert_true(apex_tensor_get(a, 5) == 0.0f);
+  apex_tensor *all[] = {a, b, y, short_, host, x2, as_bf16, shifted, a63, s1, s2, s16, col5, view, a16};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
+}
+
 /* ---- attention --------------------------------------------------------------------------------------------- */
 
 /* Element (b, t, part w, head h, channel d) of a packed [B, T, W * H * D] tensor (W = 3 for qkv, 1 for y),
@@ -1065,6 +1408,185 @@ static void test_attention_matches_cpu(void **state) {
   attention_bad_input();
 }
 
+/* ---- GPT-2 on the GPU (bench/gpt2_cuda.c) against the same model on apex's CPU autograd ------------------ */
+
+/* A tiny GPT-2: 2 blocks, C = 64, 4 heads of 16, an unpadded vocabulary of 96, batches of 2 x 16 tokens with
+ * room for 24 positions (so wpe has rows no position reaches: their gradient must be 0). */
+static const gpt2_config TINY = {.vocab = 96, .max_t = 24, .n_layer = 2, .n_embd = 64, .n_head = 4};
+enum { TINY_B = 2, TINY_T = 16 };
+
+static void tiny_batch(int64_t *tokens, int64_t *targets, int64_t *positions) {
+  for (int i = 0; i < TINY_B * TINY_T; i++) {
+    tokens[i] = (i * 37 + 11) % TINY.vocab;
+    targets[i] = (i * 53 + 5) % TINY.vocab;
+    positions[i] = i % TINY_T;
+  }
+}
+
+/* A CPU leaf holding rows [row0, row0 + rows) of the host tensor h ([R, cols], or [R] when cols is 0). */
+static apex_var *leaf_rows(const apex_tensor *h, int64_t row0, int64_t rows, int64_t cols) {
+  int64_t shape[2] = {rows, cols}, w = cols ? cols : 1;
+  apex_tensor *t = apex_tensor_create(APEX_F32, cols ? 2 : 1, shape);
+  assert_non_null(t);
+  memcpy(apex_tensor_data(t), (const float *)apex_tensor_data(h) + row0 * w, (size_t)(rows * w) * sizeof(float));
+  return apex_var_create(t, 1);
+}
+
+/* The mean cross-entropy of GPT-2 on the CPU graph. leaf[i] holds tensor i of the model's list except
+ * c_attn's: its weight and bias are split into their q, k and v thirds (qkv[l][0..2] the weights,
+ * qkv[l][3..5] the biases), since the graph has no slicing op and linear layers on the thirds give the
+ * same q, k and v. */
+static apex_var *cpu_gpt2_loss(apex_graph *g, apex_var **leaf, int n, apex_var *(*qkv)[6], const int64_t *tokens,
+                               const int64_t *positions, const int64_t *targets) {
+  const int64_t C = TINY.n_embd, H = TINY.n_head;
+  const int64_t bt[2] = {TINY_B, TINY_T}, s4[4] = {TINY_B, TINY_T, H, C / H}, s3[3] = {TINY_B, TINY_T, C};
+  const int64_t s2[2] = {TINY_B * TINY_T, TINY.vocab};
+  const int perm[4] = {0, 2, 1, 3}; /* [B, T, H, D] <-> [B, H, T, D] */
+  apex_var *x = apex_add(g, apex_embedding(g, leaf[0], tokens, 2, bt), apex_embedding(g, leaf[1], positions, 2, bt));
+  for (int l = 0; l < TINY.n_layer; l++) {
+    apex_var **w = leaf + 2 + GPT2_TENSORS_PER_LAYER * l; /* ln1_w ln1_b qkv_w qkv_b proj_w proj_b ln2_w ln2_b fc_w fc_b fcproj_w fcproj_b */
+    apex_var *h = apex_layer_norm(g, x, w[0], w[1], 1e-5f), *heads[3];
+    for (int j = 0; j < 3; j++) heads[j] = apex_permute(g, apex_reshape(g, apex_linear(g, h, qkv[l][j], qkv[l][3 + j]), 4, s4), perm);
+    apex_var *att = apex_causal_attention(g, heads[0], heads[1], heads[2]);
+    att = apex_reshape(g, apex_permute(g, att, perm), 3, s3);
+    x = apex_add(g, x, apex_linear(g, att, w[4], w[5]));
+    h = apex_gelu_tanh(g, apex_linear(g, apex_layer_norm(g, x, w[6], w[7], 1e-5f), w[8], w[9]));
+    x = apex_add(g, x, apex_linear(g, h, w[10], w[11]));
+  }
+  x = apex_layer_norm(g, x, leaf[n - 2], leaf[n - 1], 1e-5f);
+  apex_var *logits = apex_reshape(g, apex_linear(g, x, leaf[0], NULL), 2, s2); /* the tied lm_head */
+  return apex_cross_entropy(g, logits, targets, NULL);
+}
+
+/* f32 on both sides, from identical parameters (random, larger than GPT-2's initialisation, so that the
+ * softmaxes and GELUs work away from their linear regions): the mean loss to 1e-4 relative and every
+ * gradient to 1e-3 of that gradient's largest magnitude (both sides accumulate in f32; the bound leaves
+ * room for the other summation orders of the GEMMs and of the attention, and still catches a wrong index,
+ * transpose, scale or mask). */
+static void test_gpt2_matches_cpu(void **state) {
+  (void)state;
+  int64_t tokens[TINY_B * TINY_T], targets[TINY_B * TINY_T], positions[TINY_B * TINY_T];
+  tiny_batch(tokens, targets, positions);
+  gpt2_cuda *m = gpt2_cuda_create(&TINY, APEX_F32, TINY_B, TINY_T, 7);
+  if (!m) fail_msg("gpt2_cuda_create: %s", apex_last_error());
+  const int n = m->n_tensors, L = TINY.n_layer;
+  const int64_t C = TINY.n_embd;
+  apex_tensor **hp = calloc((size_t)n, sizeof *hp);
+  apex_var **leaf = calloc((size_t)n, sizeof *leaf);
+  apex_var *(*qkv)[6] = calloc((size_t)L, sizeof *qkv);
+  for (int i = 0; i < n; i++) {
+    char name[32];
+    gpt2_cuda_tensor_name(m, i, name, sizeof name);
+    apex_tensor *p = m->param_list[i];
+    size_t numel = apex_tensor_numel(p);
+    apex_tensor *r = tu_random_tensor(APEX_F32, numel, 900 + (uint64_t)i, 0.25f);
+    if (strstr(name, "ln") && name[strlen(name) - 1] == 'w') /* layer-norm weights around 1 */
+      for (size_t k = 0; k < numel; k++) ((float *)apex_tensor_data(r))[k] += 1.0f;
+    TU_OK(apex_tensor_copy(p, r));
+    hp[i] = r;
+    int64_t cols = apex_tensor_ndim(p) == 2 ? apex_tensor_dim(p, 1) : 0;
+    leaf[i] = leaf_rows(r, 0, apex_tensor_dim(p, 0), cols);
+  }
+  for (int l = 0; l < L; l++) {
+    int wi = 2 + GPT2_TENSORS_PER_LAYER * l + 2; /* qkv_w; qkv_b follows */
+    for (int j = 0; j < 3; j++) {
+      qkv[l][j] = leaf_rows(hp[wi], j * C, C, C);
+      qkv[l][3 + j] = leaf_rows(hp[wi + 1], j * C, C, 0);
+    }
+  }
+  TU_OK(gpt2_cuda_forward(m, tokens, targets));
+  float gpu_loss;
+  TU_OK(gpt2_cuda_loss(m, &gpu_loss));
+  TU_OK(gpt2_cuda_backward(m));
+  apex_graph *g = apex_graph_create();
+  apex_var *loss = cpu_gpt2_loss(g, leaf, n, qkv, tokens, positions, targets);
+  if (!loss) fail_msg("the CPU GPT-2: %s", apex_last_error());
+  TU_OK(apex_backward(loss, NULL));
+  double cpu_loss = apex_var_item(loss);
+  printf("gpt2 f32: loss GPU %.7f, CPU %.7f\n", (double)gpu_loss, cpu_loss);
+  if (!(fabs(gpu_loss - cpu_loss) <= 1e-4 * fabs(cpu_loss))) fail_msg("GPT-2 loss: GPU %.7f, CPU %.7f", (double)gpu_loss, cpu_loss);
+  double worst = 0;
+  char worst_name[32] = "";
+  for (int i = 0; i < n; i++) {
+    char name[32];
+    gpt2_cuda_tensor_name(m, i, name, sizeof name);
+    apex_tensor *gd = host_copy(m->grad_list[i]);
+    size_t numel = apex_tensor_numel(gd);
+    double *ref = malloc(numel * sizeof *ref);
+    int j = i >= 2 && i < n - 2 ? (i - 2) % GPT2_TENSORS_PER_LAYER : -1;
+    if (j == 2 || j == 3) { /* c_attn: the thirds' gradients side by side */
+      int l = (i - 2) / GPT2_TENSORS_PER_LAYER;
+      size_t third = numel / 3;
+      for (int t = 0; t < 3; t++) {
+        const float *part = apex_tensor_data(apex_var_grad(qkv[l][t + (j == 3 ? 3 : 0)]));
+        for (size_t k = 0; k < third; k++) ref[t * third + k] = part[k];
+      }
+    } else {
+      const float *cg = apex_tensor_data(apex_var_grad(leaf[i]));
+      for (size_t k = 0; k < numel; k++) ref[k] = cg[k];
+    }
+    double mag = 0, err = 0;
+    for (size_t k = 0; k < numel; k++) mag = fmax(mag, fabs(ref[k]));
+    for (size_t k = 0; k < numel; k++) err = fmax(err, fabs(apex_tensor_get(gd, k) - ref[k]));
+    if (!(mag > 0)) fail_msg("GPT-2 %s: the CPU gradient is all zero", name);
+    if (!(err <= 1e-3 * mag)) fail_msg("GPT-2 gradient %s: max |GPU - CPU| %.3g is more than 1e-3 of its largest magnitude %.3g", name, err, mag);
+    if (err / mag > worst) worst = err / mag, snprintf(worst_name, sizeof worst_name, "%s", name);
+    if (i == 1) /* positions T..max_t-1 never occur */
+      for (size_t k = (size_t)TINY_T * (size_t)C; k < numel; k++) assert_true(apex_tensor_get(gd, k) == 0.0f);
+    free(ref);
+    apex_tensor_destroy(gd);
+  }
+  printf("gpt2 f32: %d gradients, the worst max|GPU - CPU| / max|CPU| %.2e (%s)\n", n, worst, worst_name);
+  TU_FAILS(gpt2_cuda_backward(m), APEX_ERR_STATE, "no forward");
+  apex_graph_destroy(g);
+  for (int i = 0; i < n; i++) apex_var_destroy(leaf[i]), apex_tensor_destroy(hp[i]);
+  for (int l = 0; l < L; l++)
+    for (int j = 0; j < 6; j++) apex_var_destroy(qkv[l][j]);
+  free(qkv);
+  free(leaf);
+  free(hp);
+  gpt2_cuda_destroy(m);
+}
+
+/* bf16 parameters and activations with f32 masters: the first loss near the f32 model's (same seed, so the
+ * same initial values before rounding), then 5 AdamW steps on the same batch lower it, the optimizer's
+ * masters are f32 and the bf16 parameters moved. */
+static void test_gpt2_bf16_trains(void **state) {
+  (void)state;
+  int64_t tokens[TINY_B * TINY_T], targets[TINY_B * TINY_T], positions[TINY_B * TINY_T];
+  tiny_batch(tokens, targets, positions);
+  gpt2_cuda *ref = gpt2_cuda_create(&TINY, APEX_F32, TINY_B, TINY_T, 11), *m = gpt2_cuda_create(&TINY, APEX_BF16, TINY_B, TINY_T, 11);
+  if (!ref || !m) fail_msg("gpt2_cuda_create: %s", apex_last_error());
+  float l32, loss[6];
+  TU_OK(gpt2_cuda_forward(ref, tokens, targets));
+  TU_OK(gpt2_cuda_loss(ref, &l32));
+  apex_optimizer *opt = gpt2_cuda_optimizer_create(m, 1e-3f, 0.1f);
+  if (!opt) fail_msg("gpt2_cuda_optimizer_create: %s", apex_last_error());
+  assert_int_equal(apex_optimizer_num_groups(opt), 2);
+  assert_int_equal(apex_optimizer_group_size(opt, 0), 2 + 4 * TINY.n_layer);     /* wte, wpe, 4 linear weights a block */
+  assert_int_equal(apex_optimizer_group_size(opt, 1), 2 + 8 * TINY.n_layer);     /* 4 biases and 4 layer-norm tensors a block, ln_f */
+  assert_int_equal(apex_tensor_dtype(apex_optimizer_master(opt, 0, 0)), APEX_F32);
+  apex_tensor *wte0 = host_copy(m->params.wte);
+  for (int s = 0; s < 5; s++) {
+    TU_OK(gpt2_cuda_train_step(m, opt, tokens, targets));
+    TU_OK(gpt2_cuda_loss(m, &loss[s])); /* the loss of the forward before step s's update */
+  }
+  TU_OK(gpt2_cuda_forward(m, tokens, targets));
+  TU_OK(gpt2_cuda_loss(m, &loss[5]));
+  printf("gpt2 bf16: f32 loss %.4f; bf16 losses %.4f %.4f %.4f %.4f %.4f -> %.4f\n", (double)l32, (double)loss[0],
+         (double)loss[1], (double)loss[2], (double)loss[3], (double)loss[4], (double)loss[5]);
+  if (!(fabs(loss[0] - l32) <= 0.02 * l32)) fail_msg("GPT-2 bf16 first loss %.5f, f32 %.5f", (double)loss[0], (double)l32);
+  for (int s = 0; s < 6; s++) assert_true(isfinite(loss[s]));
+  if (!(loss[5] < loss[0] - 0.01f)) fail_msg("GPT-2 bf16: 5 AdamW steps took the loss from %.5f to %.5f", (double)loss[0], (double)loss[5]);
+  apex_tensor *wte1 = host_copy(m->params.wte);
+  assert_true(memcmp(apex_tensor_data(wte0), apex_tensor_data(wte1), apex_tensor_nbytes(wte0)) != 0);
+  apex_tensor_destroy(wte0);
+  apex_tensor_destroy(wte1);
+  apex_optimizer_destroy(opt);
+  gpt2_cuda_destroy(m);
+  gpt2_cuda_destroy(ref);
+}
+
 int main(void) {
   const char *why;
   if (!apex_cuda_available(&why)) {
@@ -1080,6 +1602,10 @@ int main(void) {
       cmocka_unit_test(test_optimizer_state_on_gpu),  cmocka_unit_test(test_adamp_matches_cpu),
       cmocka_unit_test(test_autograd_refuses_device_tensors), cmocka_unit_test(test_conv2d),
       cmocka_unit_test(test_embedding),               cmocka_unit_test(test_attention_matches_cpu),
+      cmocka_unit_test(test_elementwise_binary),      cmocka_unit_test(test_activations),
+      cmocka_unit_test(test_sum_rows),                cmocka_unit_test(test_sum_all),
+      cmocka_unit_test(test_elementwise_bad_inputs),  cmocka_unit_test(test_gpt2_matches_cpu),
+      cmocka_unit_test(test_gpt2_bf16_trains),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

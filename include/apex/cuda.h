@@ -184,9 +184,16 @@ APEX_API apex_status apex_cuda_attention_backward(const apex_tensor *dy, const a
                                                   const apex_tensor *lse, int n_heads, apex_tensor *dqkv);
 
 /* ---- elementwise and reductions --------------------------------------------------------------------------
- * Device tensors of f32, f16 or bf16 (each argument may have its own dtype), math in f32, rounded to the
- * output's dtype as the CPU ops round: the same bits as apex_add / apex_mul / apex_relu / apex_gelu_tanh
- * on the CPU. Outputs may alias inputs of the same dtype (y = a is an in-place update). */
+ * Device tensors of f32, f16 or bf16 (each argument may have its own dtype, and its own shape: only the
+ * element counts must agree), math in f32, rounded to the output's dtype as the CPU ops round: the same bits
+ * as apex_add / apex_mul / apex_scale / apex_relu and ReLU's gradient on the CPU (NaN where the CPU gives NaN,
+ * not necessarily the same NaN: the GPU's arithmetic returns one canonical NaN). GELU goes through the
+ * device's tanhf, which is not glibc's (each is within 2 ulp of tanh), so it is not bitwise: y is within
+ * |x| 2^-21 + 2 ulp (of y's dtype, at y) of apex_gelu_tanh's, and dx within |dy| (1 + P) 2^-19 + 2 ulp of
+ * the CPU backward's, P = |x| sqrt(2/pi) (1 + 3 * 0.044715 x^2) / 2; the same values where either is not
+ * finite. Outputs may alias inputs of the same dtype (y = a is an in-place update); any other overlap of an
+ * output with an input is APEX_ERR_INVALID_ARG. APEX_ERR_DEVICE for a CPU tensor, APEX_ERR_SHAPE for an
+ * element count that does not match, each naming the argument. */
 
 /* y = a + b over equal element counts (a residual connection; dx += dy in a backward). */
 APEX_API apex_status apex_cuda_add(const apex_tensor *a, const apex_tensor *b, apex_tensor *y);
@@ -194,17 +201,21 @@ APEX_API apex_status apex_cuda_add(const apex_tensor *a, const apex_tensor *b, a
 APEX_API apex_status apex_cuda_mul(const apex_tensor *a, const apex_tensor *b, apex_tensor *y);
 /* y = alpha * x. */
 APEX_API apex_status apex_cuda_scale(const apex_tensor *x, float alpha, apex_tensor *y);
-/* y = max(x, 0); dx = dy where x > 0, else 0. */
+/* y = max(x, 0) (+0 for NaN, as the CPU op); dx = dy where x > 0, else 0 (overwritten, not accumulated). */
 APEX_API apex_status apex_cuda_relu_forward(const apex_tensor *x, apex_tensor *y);
 APEX_API apex_status apex_cuda_relu_backward(const apex_tensor *dy, const apex_tensor *x, apex_tensor *dx);
 /* GELU in the tanh form (GPT-2's): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), and its gradient
- * dx = dy * gelu'(x) from the forward's input x. */
+ * dx = dy * gelu'(x) from the forward's input x (overwritten, not accumulated). */
 APEX_API apex_status apex_cuda_gelu_forward(const apex_tensor *x, apex_tensor *y);
 APEX_API apex_status apex_cuda_gelu_backward(const apex_tensor *dy, const apex_tensor *x, apex_tensor *dx);
-/* Column sums of x viewed as [rows, cols] (cols = y's element count, rows = x's count / cols): y[j] = sum
- * over i of x[i, j] (+ y[j] when accumulate), summed in f32 in a fixed order (a bias's gradient). */
+/* Column sums of x viewed as [rows, cols] (cols = y's element count, rows = x's count / cols, which must
+ * divide it: APEX_ERR_SHAPE otherwise): y[j] = sum over i of x[i, j] (+ y[j] when accumulate), summed in
+ * f32 in an order fixed by the shape (the same bits on every run; a bias's gradient). y f32, f16 or bf16,
+ * apart from x (APEX_ERR_INVALID_ARG). Zero rows give zeros (or leave y as it is when accumulating). */
 APEX_API apex_status apex_cuda_sum_rows(const apex_tensor *x, apex_tensor *y, int accumulate);
-/* The sum of all elements of x into y (one f32 element), in a fixed order; the mean with mean = 1. */
+/* The sum of all elements of x into y (one f32 element, apart from x), or their mean with mean = 1 (NaN
+ * for an empty x, as PyTorch's mean): f32 sums over fixed slices of x, combined in f64 in a fixed order
+ * and rounded once, so every run gives the same bits. */
 APEX_API apex_status apex_cuda_sum_all(const apex_tensor *x, int mean, apex_tensor *y);
 
 #ifdef __cplusplus

@@ -529,3 +529,98 @@ apex_status apex_cuda_attention_backward(const apex_tensor *dy, const apex_tenso
   return apex__cuda_attention_bwd(&a, apex_tensor_data(dy), apex_tensor_data(qkv), apex_tensor_data(y),
                                   apex_tensor_data(lse), apex_tensor_data(dqkv));
 }
+
+/* ---- elementwise and reductions ------------------------------------------------------------------------- */
+
+/* 1 when the bytes of a and b overlap. */
+static int overlaps(const apex_tensor *a, const apex_tensor *b) {
+  uintptr_t pa = (uintptr_t)apex_tensor_data(a), pb = (uintptr_t)apex_tensor_data(b);
+  size_t na = apex_tensor_nbytes(a), nb = apex_tensor_nbytes(b);
+  return na && nb && pa < pb + nb && pb < pa + na;
+}
+
+/* The output y may be the input `in` itself in its dtype (an in-place update: each element is read,
+ * then written, by one thread) but may not overlap it otherwise: through a shifted view, or with
+ * another element size, threads would overwrite elements that others have yet to read. */
+static apex_status need_in_place_or_apart(const char *fn, const char *yname, const apex_tensor *y, const char *iname,
+                                          const apex_tensor *in) {
+  if (!overlaps(y, in) || (apex_tensor_data(y) == apex_tensor_data(in) && apex_tensor_dtype(y) == apex_tensor_dtype(in)))
+    return APEX_OK;
+  return apex__fail(APEX_ERR_INVALID_ARG,
+                    "%s: %s (%s) overlaps %s (%s) without being it in the same dtype; an in-place update must pass the "
+                    "same tensor (or a view of the same memory and dtype)",
+                    fn, yname, apex_dtype_name(apex_tensor_dtype(y)), iname, apex_dtype_name(apex_tensor_dtype(in)));
+}
+
+/* The checks every elementwise call shares, then the launch: a, b (when bname is set; NULL is then an
+ * error) and y are CUDA tensors with a's element count (any shapes, any dtypes), and y is an input or
+ * apart from it. */
+static apex_status elementwise(const char *fn, apex__cuda_ew_op op, const char *aname, const apex_tensor *a,
+                               const char *bname, const apex_tensor *b, float alpha, const char *yname, apex_tensor *y) {
+  REQUIRE_CUDA(fn);
+  apex_status st = need(fn, aname, a);
+  if (st != APEX_OK) return st;
+  size_t n = apex_tensor_numel(a);
+  if ((bname && (st = need_numel(fn, bname, b, n))) || (st = need_numel(fn, yname, y, n)) ||
+      (st = need_in_place_or_apart(fn, yname, y, aname, a)) ||
+      (bname && (st = need_in_place_or_apart(fn, yname, y, bname, b))))
+    return st;
+  return apex__cuda_ew(op, apex_tensor_data(a), apex_tensor_dtype(a), bname ? apex_tensor_data(b) : NULL,
+                       bname ? apex_tensor_dtype(b) : APEX_F32, alpha, apex_tensor_data(y), apex_tensor_dtype(y),
+                       (int64_t)n);
+}
+
+apex_status apex_cuda_add(const apex_tensor *a, const apex_tensor *b, apex_tensor *y) {
+  return elementwise("apex_cuda_add", APEX__EW_ADD, "a", a, "b", b, 0.0f, "y", y);
+}
+
+apex_status apex_cuda_mul(const apex_tensor *a, const apex_tensor *b, apex_tensor *y) {
+  return elementwise("apex_cuda_mul", APEX__EW_MUL, "a", a, "b", b, 0.0f, "y", y);
+}
+
+apex_status apex_cuda_scale(const apex_tensor *x, float alpha, apex_tensor *y) {
+  return elementwise("apex_cuda_scale", APEX__EW_SCALE, "x", x, NULL, NULL, alpha, "y", y);
+}
+
+apex_status apex_cuda_relu_forward(const apex_tensor *x, apex_tensor *y) {
+  return elementwise("apex_cuda_relu_forward", APEX__EW_RELU, "x", x, NULL, NULL, 0.0f, "y", y);
+}
+
+apex_status apex_cuda_relu_backward(const apex_tensor *dy, const apex_tensor *x, apex_tensor *dx) {
+  return elementwise("apex_cuda_relu_backward", APEX__EW_RELU_BWD, "dy", dy, "x", x, 0.0f, "dx", dx);
+}
+
+apex_status apex_cuda_gelu_forward(const apex_tensor *x, apex_tensor *y) {
+  return elementwise("apex_cuda_gelu_forward", APEX__EW_GELU, "x", x, NULL, NULL, 0.0f, "y", y);
+}
+
+apex_status apex_cuda_gelu_backward(const apex_tensor *dy, const apex_tensor *x, apex_tensor *dx) {
+  return elementwise("apex_cuda_gelu_backward", APEX__EW_GELU_BWD, "dy", dy, "x", x, 0.0f, "dx", dx);
+}
+
+apex_status apex_cuda_sum_rows(const apex_tensor *x, apex_tensor *y, int accumulate) {
+  const char *fn = "apex_cuda_sum_rows";
+  REQUIRE_CUDA(fn);
+  apex_status st;
+  if ((st = need(fn, "x", x)) || (st = need(fn, "y", y))) return st;
+  size_t n = apex_tensor_numel(x), cols = apex_tensor_numel(y);
+  if (cols ? n % cols != 0 : n != 0) {
+    char xs[96], ys[96];
+    return apex__fail(APEX_ERR_SHAPE, "%s: x %s (%zu elements) is not a whole number of rows of y's %zu columns (y %s)", fn,
+                      apex_tensor_shape_str(x, xs, sizeof xs), n, cols, apex_tensor_shape_str(y, ys, sizeof ys));
+  }
+  if (overlaps(x, y)) return apex__fail(APEX_ERR_INVALID_ARG, "%s: y overlaps x; the sums need an output of their own", fn);
+  return apex__cuda_sum_rows(apex_tensor_data(x), apex_tensor_dtype(x), cols ? (int64_t)(n / cols) : 0, (int64_t)cols,
+                             apex_tensor_data(y), apex_tensor_dtype(y), accumulate != 0);
+}
+
+apex_status apex_cuda_sum_all(const apex_tensor *x, int mean, apex_tensor *y) {
+  const char *fn = "apex_cuda_sum_all";
+  REQUIRE_CUDA(fn);
+  apex_status st;
+  if ((st = need(fn, "x", x)) || (st = need_numel(fn, "y", y, 1)) || (st = need_dtype(fn, "y", y, APEX_F32, APEX_F32)))
+    return st;
+  if (overlaps(x, y)) return apex__fail(APEX_ERR_INVALID_ARG, "%s: y overlaps x; the sum needs an output of its own", fn);
+  return apex__cuda_sum_all(apex_tensor_data(x), apex_tensor_dtype(x), (int64_t)apex_tensor_numel(x), mean != 0,
+                            apex_tensor_data(y));
+}

@@ -190,6 +190,27 @@ apex_status apex__cuda_attention_fwd(const apex__cuda_attn *a, const void *qkv, 
 apex_status apex__cuda_attention_bwd(const apex__cuda_attn *a, const void *dy, const void *qkv, const void *y,
                                      const float *lse, void *dqkv);
 
+/* ---- elementwise.cu: elementwise ops and deterministic sums (see apex/cuda.h) ----------------------------- */
+
+typedef enum apex__cuda_ew_op {
+  APEX__EW_ADD,      /* y = a + b */
+  APEX__EW_MUL,      /* y = a * b */
+  APEX__EW_SCALE,    /* y = a * alpha */
+  APEX__EW_RELU,     /* y = max(a, 0) */
+  APEX__EW_RELU_BWD, /* y = a (dy) where b (x) > 0, else 0 */
+  APEX__EW_GELU,     /* y = gelu_tanh(a) */
+  APEX__EW_GELU_BWD  /* y = a (dy) * gelu_tanh'(b (x)) */
+} apex__cuda_ew_op;
+/* y[i] = op(a[i], b[i]) for i < n, in f32 from each operand's dtype, rounded to yt; b is unused (may be
+ * NULL) by the unary ops, alpha by all but SCALE. y may be a or b with its dtype. */
+apex_status apex__cuda_ew(apex__cuda_ew_op op, const void *a, apex_dtype at, const void *b, apex_dtype bt, float alpha,
+                          void *y, apex_dtype yt, int64_t n);
+/* y[j] (yt, cols elements) = the column sums of x [rows, cols] (xt) in f32, plus y[j] when accumulate. */
+apex_status apex__cuda_sum_rows(const void *x, apex_dtype xt, int64_t rows, int64_t cols, void *y, apex_dtype yt,
+                                int accumulate);
+/* *y (f32) = the sum of x's n elements, or their mean when mean is set. */
+apex_status apex__cuda_sum_all(const void *x, apex_dtype xt, int64_t n, int mean, float *y);
+
 #ifdef __cplusplus
 }
 #endif

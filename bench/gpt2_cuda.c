@@ -1,0 +1,486 @@
+/* gpt2_cuda.c: GPT-2's forward, backward and training step on the GPU over apex's CUDA kernels (see
+ * gpt2_cuda.h). Memory is planned once in gpt2_cuda_create; a step allocates nothing of its own.
+ *
+ * Shapes (BT = B * T rows; every matrix row-major; apex_cuda_matmul(a, ta, b, tb, c) is c = op(a) op(b),
+ * and a linear y = x W^T + b with W [out, in] is matmul(x, 0, W, 1, y, bias)):
+ *
+ *   forward                                     a (op)            b (op)              c
+ *   enc     = wte[tokens] + wpe[positions]      embedding lookups and apex_cuda_add       [BT, C]
+ *   ln1     = layer_norm(res_in)                                                      [BT, C]
+ *   qkv     = ln1 qkv_w^T + qkv_b               ln1 [BT, C]       qkv_w [3C, C]^T     [BT, 3C]
+ *   atty    = attention(qkv)                    qkv viewed [B, T, 3C] -> [B, T, C], lse [B, H, T]
+ *   res_mid = res_in + atty proj_w^T + proj_b   atty [BT, C]      proj_w [C, C]^T     [BT, C]
+ *   ln2     = layer_norm(res_mid)                                                     [BT, C]
+ *   fch     = ln2 fc_w^T + fc_b                 ln2 [BT, C]       fc_w [4C, C]^T      [BT, 4C]
+ *   fch_gelu = gelu(fch)                                                              [BT, 4C]
+ *   res_out = res_mid + fch_gelu fcproj_w^T + fcproj_b  fch_gelu [BT, 4C]  fcproj_w [C, 4C]^T  [BT, C]
+ *   lnf     = layer_norm(res_out of block L-1)                                        [BT, C]
+ *   logits  = lnf wte^T                         lnf [BT, C]       wte [V, C]^T        [BT, V]
+ *   loss    = mean over BT of cross_entropy(logits, targets)
+ *
+ *   backward (dX is the loss's gradient with respect to X)
+ *   dlogits = (softmax - onehot) / BT, in place over logits
+ *   dlnf    = dlogits wte                       dlogits [BT, V]   wte [V, C]          [BT, C]
+ *   dres    = layer_norm_backward(dlnf), dlnf_w, dlnf_b
+ *   per block, last first (dres = d res_out on entry, d res_in on exit):
+ *   dfcproj_w = dres^T fch_gelu                 dres [BT, C]^T    fch_gelu [BT, 4C]   [C, 4C]
+ *   dfcproj_b = column sums of dres
+ *   dfc     = dres fcproj_w                     dres [BT, C]      fcproj_w [C, 4C]    [BT, 4C]
+ *   dfc     = gelu_backward(dfc, fch)  (in place)
+ *   dfc_w   = dfc^T ln2                         dfc [BT, 4C]^T    ln2 [BT, C]         [4C, C]
+ *   dfc_b   = column sums of dfc
+ *   dln     = dfc fc_w                          dfc [BT, 4C]      fc_w [4C, C]        [BT, C]
+ *   dres   += layer_norm_backward(dln) (x = res_mid), dln2_w, dln2_b      now d res_mid
+ *   dproj_w = dres^T atty                       dres [BT, C]^T    atty [BT, C]        [C, C]
+ *   dproj_b = column sums of dres
+ *   datty   = dres proj_w                       dres [BT, C]      proj_w [C, C]       [BT, C]
+ *   dqkv    = attention_backward(datty, qkv, atty, lse)                               [BT, 3C]
+ *   dqkv_w  = dqkv^T ln1                        dqkv [BT, 3C]^T   ln1 [BT, C]         [3C, C]
+ *   dqkv_b  = column sums of dqkv
+ *   dln     = dqkv qkv_w                        dqkv [BT, 3C]     qkv_w [3C, C]       [BT, C]
+ *   dres   += layer_norm_backward(dln) (x = res_in), dln1_w, dln1_b       now d res_in
+ *   then dres = d enc:
+ *   dwte    = embedding_backward(dres, tokens)  (overwrites: rows of absent tokens become 0)
+ *   dwpe    = embedding_backward(dres, positions)
+ *   dwte   += dlogits^T lnf  (beta = 1)         dlogits [BT, V]^T lnf [BT, C]          [V, C]
+ *
+ * The tied lm_head's share of dwte is added last because the embedding backward overwrites its table;
+ * dlogits stays alive until then (it is the logits buffer, which nothing else needs after the loss). */
+#include "gpt2_cuda.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "apex/cuda.h"
+#include "core/internal.h" /* apex__fail: the model's errors read like the library's */
+
+#define LN_EPS 1e-5f
+/* No target is ever this: the cross-entropy kernels take an ignore_index, and GPT-2 ignores nothing. */
+#define NO_IGNORE (-1)
+
+typedef struct gpt2_layer_acts {
+  apex_tensor *ln1, *ln1_mean, *ln1_rstd; /* [BT, C]; f32 [BT] each */
+  apex_tensor *qkv, *qkv3;                /* [BT, 3C] and the same storage as [B, T, 3C] */
+  apex_tensor *atty, *atty3, *lse;        /* [BT, C], as [B, T, C]; f32 [B, H, T] */
+  apex_tensor *res_mid;                   /* [BT, C]: the residual stream after the attention */
+  apex_tensor *ln2, *ln2_mean, *ln2_rstd;
+  apex_tensor *fch, *fch_gelu;            /* [BT, 4C]: the MLP before and after GELU */
+  apex_tensor *res_out;                   /* [BT, C]: the block's output */
+} gpt2_layer_acts;
+
+struct gpt2_acts {
+  int64_t *tokens, *targets, *positions; /* host [BT]: the embedding kernels take host ids, backward too */
+  apex_tensor *h_targets, *d_targets;    /* the int64 targets as raw bytes: f32 [2 BT], host and device */
+  apex_tensor *enc;                      /* [BT, C]: the residual into block 0 */
+  apex_tensor *tmp;                      /* [BT, C] forward scratch: position rows, projections */
+  gpt2_layer_acts *layer;
+  apex_tensor *lnf, *lnf_mean, *lnf_rstd;
+  apex_tensor *logits;        /* [BT, V]; their gradient after backward */
+  apex_tensor *losses, *lse;  /* f32 [BT] */
+  apex_tensor *loss;          /* f32 [1]: the mean */
+  apex_tensor *dloss;         /* f32 [BT], each 1 / BT: the mean's gradient */
+  apex_tensor *dres, *dln, *dx; /* [BT, C]: d residual, d layer-norm output, a layer norm's d input */
+  apex_tensor *datty, *datty3;  /* [BT, C], as [B, T, C] */
+  apex_tensor *dqkv, *dqkv3;    /* [BT, 3C], as [B, T, 3C] */
+  apex_tensor *dfc;             /* [BT, 4C] */
+  int forward_done;             /* a forward's activations wait for their backward */
+  /* Every tensor made here (parameters, gradients, activations, views), for destroy. */
+  apex_tensor **owned;
+  int n_owned, cap_owned;
+};
+
+static const char *const LAYER_NAMES[GPT2_TENSORS_PER_LAYER] = {
+    "ln1_w", "ln1_b", "qkv_w", "qkv_b", "proj_w", "proj_b", "ln2_w", "ln2_b", "fc_w", "fc_b", "fcproj_w", "fcproj_b"};
+
+/* Re-raises the current error with the model step that hit it in front. */
+static apex_status fail_at(apex_status st, const char *fmt, ...) APEX_PRINTF(2, 3);
+static apex_status fail_at(apex_status st, const char *fmt, ...) {
+  char what[128], msg[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  snprintf(msg, sizeof msg, "%s", apex_last_error()); /* copied: apex__fail rewrites that buffer */
+  return apex__fail(st, "gpt2_cuda: %s: %s", what, msg);
+}
+
+#define CHECK(call, ...)                                  \
+  do {                                                    \
+    apex_status st_ = (call);                             \
+    if (st_ != APEX_OK) return fail_at(st_, __VA_ARGS__); \
+  } while (0)
+
+/* ---- memory ---------------------------------------------------------------------------------------------- */
+
+static apex_tensor *own(struct gpt2_acts *a, apex_tensor *t) {
+  if (!t) return NULL;
+  if (a->n_owned == a->cap_owned) {
+    int cap = a->cap_owned ? 2 * a->cap_owned : 256;
+    apex_tensor **p = realloc(a->owned, (size_t)cap * sizeof *p);
+    if (!p) {
+      apex_tensor_destroy(t);
+      return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "gpt2_cuda: out of memory");
+    }
+    a->owned = p;
+    a->cap_owned = cap;
+  }
+  a->owned[a->n_owned++] = t;
+  return t;
+}
+
+/* A device tensor [d0] (d1 == 0), [d0, d1] or [d0, d1, d2] (d2 != 0), owned by the model. */
+static apex_tensor *dev(struct gpt2_acts *a, apex_dtype dt, int64_t d0, int64_t d1, int64_t d2) {
+  int64_t s[3] = {d0, d1, d2};
+  return own(a, apex_tensor_create_on(APEX_DEVICE_CUDA, dt, d2 ? 3 : d1 ? 2 : 1, s));
+}
+
+/* t seen as [d0, d1, d2] (the attention kernels take [B, T, ...] operands). */
+static apex_tensor *view3(struct gpt2_acts *a, apex_tensor *t, int64_t d0, int64_t d1, int64_t d2) {
+  int64_t s[3] = {d0, d1, d2};
+  return t ? own(a, apex_tensor_view(t, 3, s)) : NULL;
+}
+
+static void list_tensors(const gpt2_params *p, int L, apex_tensor **out) {
+  int k = 0;
+  out[k++] = p->wte;
+  out[k++] = p->wpe;
+  for (int l = 0; l < L; l++) {
+    const gpt2_layer *y = &p->layer[l];
+    apex_tensor *t[GPT2_TENSORS_PER_LAYER] = {y->ln1_w, y->ln1_b, y->qkv_w,  y->qkv_b, y->proj_w,   y->proj_b,
+                                              y->ln2_w, y->ln2_b, y->fc_w, y->fc_b,  y->fcproj_w, y->fcproj_b};
+    for (int j = 0; j < GPT2_TENSORS_PER_LAYER; j++) out[k++] = t[j];
+  }
+  out[k++] = p->lnf_w;
+  out[k++] = p->lnf_b;
+}
+
+/* Makes every tensor of p; 0 when one failed (the others are owned and freed by destroy). */
+static int make_params(struct gpt2_acts *a, gpt2_params *p, const gpt2_config *c, apex_dtype dt) {
+  int64_t C = c->n_embd;
+  p->layer = calloc((size_t)c->n_layer, sizeof *p->layer);
+  if (!p->layer) return 0;
+  int ok = (p->wte = dev(a, dt, c->vocab, C, 0)) && (p->wpe = dev(a, dt, c->max_t, C, 0));
+  for (int l = 0; ok && l < c->n_layer; l++) {
+    gpt2_layer *y = &p->layer[l];
+    ok = (y->ln1_w = dev(a, dt, C, 0, 0)) && (y->ln1_b = dev(a, dt, C, 0, 0)) && (y->qkv_w = dev(a, dt, 3 * C, C, 0)) &&
+         (y->qkv_b = dev(a, dt, 3 * C, 0, 0)) && (y->proj_w = dev(a, dt, C, C, 0)) && (y->proj_b = dev(a, dt, C, 0, 0)) &&
+         (y->ln2_w = dev(a, dt, C, 0, 0)) && (y->ln2_b = dev(a, dt, C, 0, 0)) && (y->fc_w = dev(a, dt, 4 * C, C, 0)) &&
+         (y->fc_b = dev(a, dt, 4 * C, 0, 0)) && (y->fcproj_w = dev(a, dt, C, 4 * C, 0)) && (y->fcproj_b = dev(a, dt, C, 0, 0));
+  }
+  return ok && (p->lnf_w = dev(a, dt, C, 0, 0)) && (p->lnf_b = dev(a, dt, C, 0, 0));
+}
+
+static int make_acts(struct gpt2_acts *a, const gpt2_config *c, apex_dtype dt, int B, int T) {
+  int64_t C = c->n_embd, BT = (int64_t)B * T, H = c->n_head, two = 2 * BT;
+  a->tokens = malloc((size_t)BT * sizeof(int64_t));
+  a->targets = malloc((size_t)BT * sizeof(int64_t));
+  a->positions = malloc((size_t)BT * sizeof(int64_t));
+  a->layer = calloc((size_t)c->n_layer, sizeof *a->layer);
+  if (!a->tokens || !a->targets || !a->positions || !a->layer) return 0;
+  for (int64_t i = 0; i < BT; i++) a->positions[i] = i % T;
+  const apex_dtype f = APEX_F32;
+  int ok = (a->h_targets = own(a, apex_tensor_wrap(a->targets, f, 1, &two))) && (a->d_targets = dev(a, f, two, 0, 0)) &&
+           (a->enc = dev(a, dt, BT, C, 0)) && (a->tmp = dev(a, dt, BT, C, 0));
+  for (int l = 0; ok && l < c->n_layer; l++) {
+    gpt2_layer_acts *y = &a->layer[l];
+    ok = (y->ln1 = dev(a, dt, BT, C, 0)) && (y->ln1_mean = dev(a, f, BT, 0, 0)) && (y->ln1_rstd = dev(a, f, BT, 0, 0)) &&
+         (y->qkv = dev(a, dt, BT, 3 * C, 0)) && (y->qkv3 = view3(a, y->qkv, B, T, 3 * C)) &&
+         (y->atty = dev(a, dt, BT, C, 0)) && (y->atty3 = view3(a, y->atty, B, T, C)) && (y->lse = dev(a, f, B, H, T)) &&
+         (y->res_mid = dev(a, dt, BT, C, 0)) && (y->ln2 = dev(a, dt, BT, C, 0)) && (y->ln2_mean = dev(a, f, BT, 0, 0)) &&
+         (y->ln2_rstd = dev(a, f, BT, 0, 0)) && (y->fch = dev(a, dt, BT, 4 * C, 0)) &&
+         (y->fch_gelu = dev(a, dt, BT, 4 * C, 0)) && (y->res_out = dev(a, dt, BT, C, 0));
+  }
+  ok = ok && (a->lnf = dev(a, dt, BT, C, 0)) && (a->lnf_mean = dev(a, f, BT, 0, 0)) && (a->lnf_rstd = dev(a, f, BT, 0, 0)) &&
+       (a->logits = dev(a, dt, BT, c->vocab, 0)) && (a->losses = dev(a, f, BT, 0, 0)) && (a->lse = dev(a, f, BT, 0, 0)) &&
+       (a->loss = dev(a, f, 1, 0, 0)) && (a->dloss = dev(a, f, BT, 0, 0)) && (a->dres = dev(a, dt, BT, C, 0)) &&
+       (a->dln = dev(a, dt, BT, C, 0)) && (a->dx = dev(a, dt, BT, C, 0)) && (a->datty = dev(a, dt, BT, C, 0)) &&
+       (a->datty3 = view3(a, a->datty, B, T, C)) && (a->dqkv = dev(a, dt, BT, 3 * C, 0)) &&
+       (a->dqkv3 = view3(a, a->dqkv, B, T, 3 * C)) && (a->dfc = dev(a, dt, BT, 4 * C, 0));
+  /* The mean over BT positions: each position's loss has weight 1 / BT. */
+  return ok && apex_tensor_fill(a->dloss, 1.0f / (float)BT) == APEX_OK;
+}
+
+/* ---- creation -------------------------------------------------------------------------------------------- */
+
+gpt2_config gpt2_config_small(void) {
+  return (gpt2_config){.vocab = 50304, .max_t = 1024, .n_layer = 12, .n_embd = 768, .n_head = 12};
+}
+
+/* values of tensor i of the list (see gpt2_cuda.h) drawn on the host, copied (and rounded) to the GPU. */
+static apex_status init_tensor(gpt2_cuda *m, int i, apex_rng *rng, float *host) {
+  apex_tensor *t = m->param_list[i];
+  size_t n = apex_tensor_numel(t);
+  int j = i >= 2 && i < m->n_tensors - 2 ? (i - 2) % GPT2_TENSORS_PER_LAYER : -1;
+  const char *name = j >= 0 ? LAYER_NAMES[j] : i == 0 ? "wte" : i == 1 ? "wpe" : i == m->n_tensors - 2 ? "lnf_w" : "lnf_b";
+  size_t len = strlen(name);
+  if (!strcmp(name + len - 2, "_b")) return apex_tensor_fill(t, 0.0f); /* biases */
+  if (!strncmp(name, "ln", 2)) return apex_tensor_fill(t, 1.0f);       /* layer-norm weights */
+  /* GPT-2 scales the projections into the residual stream by 1 / sqrt(2 L): the stream's variance then
+   * stays put as the 2 L residual additions pile up. */
+  float std = !strcmp(name, "proj_w") || !strcmp(name, "fcproj_w") ? 0.02f / sqrtf(2.0f * (float)m->cfg.n_layer) : 0.02f;
+  apex_status st = apex_rng_normal(rng, host, n, 0.0f, std);
+  if (st != APEX_OK) return st;
+  int64_t len64 = (int64_t)n;
+  apex_tensor *h = apex_tensor_wrap(host, APEX_F32, 1, &len64);
+  if (!h) return apex_last_status();
+  st = apex_tensor_copy(t, h);
+  apex_tensor_destroy(h);
+  return st;
+}
+
+gpt2_cuda *gpt2_cuda_create(const gpt2_config *cfg, apex_dtype dtype, int B, int T, uint64_t seed) {
+  if (!cfg) return apex__fail_null(APEX_ERR_INVALID_ARG, "gpt2_cuda_create: NULL config");
+  const gpt2_config *c = cfg;
+  if (c->vocab < 1 || c->max_t < 1 || c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->n_embd % c->n_head)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "gpt2_cuda_create: bad config (vocab %d, max_t %d, n_layer %d, n_embd %d, "
+                           "n_head %d): all must be >= 1 and n_embd a multiple of n_head", c->vocab, c->max_t, c->n_layer,
+                           c->n_embd, c->n_head);
+  if (B < 1 || T < 1 || T > c->max_t)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "gpt2_cuda_create: batch %d x %d: B must be >= 1 and T in [1, max_t = %d]",
+                           B, T, c->max_t);
+  if (dtype != APEX_F32 && dtype != APEX_BF16)
+    return apex__fail_null(APEX_ERR_DTYPE, "gpt2_cuda_create: dtype %s: f32 or bf16 (f16 would need loss scaling)",
+                           apex_dtype_name(dtype));
+  gpt2_cuda *m = calloc(1, sizeof *m);
+  struct gpt2_acts *a = m ? calloc(1, sizeof *a) : NULL;
+  if (!a) {
+    free(m);
+    return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "gpt2_cuda_create: out of memory");
+  }
+  m->cfg = *c;
+  m->dtype = dtype;
+  m->B = B;
+  m->T = T;
+  m->acts = a;
+  m->n_tensors = 2 + GPT2_TENSORS_PER_LAYER * c->n_layer + 2;
+  m->param_list = calloc((size_t)m->n_tensors, sizeof *m->param_list);
+  m->grad_list = calloc((size_t)m->n_tensors, sizeof *m->grad_list);
+  float *host = NULL;
+  apex_status st = APEX_OK;
+  if (!m->param_list || !m->grad_list) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "gpt2_cuda_create: out of memory");
+  else if (!make_params(a, &m->params, c, dtype) || !make_params(a, &m->grads, c, dtype) || !make_acts(a, c, dtype, B, T))
+    st = fail_at(apex_last_status() != APEX_OK ? apex_last_status() : APEX_ERR_OUT_OF_MEMORY, "creating the tensors");
+  if (st == APEX_OK) {
+    list_tensors(&m->params, c->n_layer, m->param_list);
+    list_tensors(&m->grads, c->n_layer, m->grad_list);
+    size_t biggest = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+      if (apex_tensor_numel(m->param_list[i]) > biggest) biggest = apex_tensor_numel(m->param_list[i]);
+    if (!(host = malloc(biggest * sizeof *host))) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "gpt2_cuda_create: out of memory");
+  }
+  if (st == APEX_OK) {
+    apex_rng rng = apex_rng_init(seed);
+    for (int i = 0; st == APEX_OK && i < m->n_tensors; i++)
+      if ((st = init_tensor(m, i, &rng, host)) != APEX_OK) st = fail_at(st, "initialising tensor %d", i);
+    if (st == APEX_OK && (st = gpt2_cuda_zero_grad(m)) == APEX_OK) st = apex_cuda_synchronize();
+  }
+  free(host);
+  if (st != APEX_OK) {
+    gpt2_cuda_destroy(m);
+    return NULL;
+  }
+  return m;
+}
+
+void gpt2_cuda_destroy(gpt2_cuda *m) {
+  if (!m) return;
+  struct gpt2_acts *a = m->acts;
+  if (a) {
+    for (int i = a->n_owned - 1; i >= 0; i--) apex_tensor_destroy(a->owned[i]); /* views before their bases */
+    free(a->owned);
+    free(a->tokens);
+    free(a->targets);
+    free(a->positions);
+    free(a->layer);
+    free(a);
+  }
+  free(m->params.layer);
+  free(m->grads.layer);
+  free(m->param_list);
+  free(m->grad_list);
+  free(m);
+}
+
+const char *gpt2_cuda_tensor_name(const gpt2_cuda *m, int i, char *buf, size_t size) {
+  if (i == 0) snprintf(buf, size, "wte");
+  else if (i == 1) snprintf(buf, size, "wpe");
+  else if (i == m->n_tensors - 2) snprintf(buf, size, "lnf_w");
+  else if (i == m->n_tensors - 1) snprintf(buf, size, "lnf_b");
+  else snprintf(buf, size, "h.%d.%s", (i - 2) / GPT2_TENSORS_PER_LAYER, LAYER_NAMES[(i - 2) % GPT2_TENSORS_PER_LAYER]);
+  return buf;
+}
+
+int64_t gpt2_cuda_num_params(const gpt2_cuda *m) {
+  int64_t n = 0;
+  for (int i = 0; i < m->n_tensors; i++) n += (int64_t)apex_tensor_numel(m->param_list[i]);
+  return n;
+}
+
+int64_t gpt2_cuda_num_params_non_embedding(const gpt2_cuda *m) {
+  return gpt2_cuda_num_params(m) - (int64_t)apex_tensor_numel(m->params.wpe);
+}
+
+double gpt2_cuda_flops_per_token(const gpt2_cuda *m) {
+  /* 6 N: 2 N for the forward's multiply-adds, 4 N for the backward's two products per weight; 12 L C T:
+   * the attention's q k^T and p v (2 L T C multiply-adds a token forward), times 3 with the backward. */
+  return 6.0 * (double)gpt2_cuda_num_params_non_embedding(m) +
+         12.0 * m->cfg.n_layer * (double)m->cfg.n_embd * (double)m->T;
+}
+
+/* ---- forward and backward --------------------------------------------------------------------------------- */
+
+apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t *targets) {
+  if (!m || !tokens || !targets) return apex__fail(APEX_ERR_INVALID_ARG, "gpt2_cuda_forward: NULL argument");
+  struct gpt2_acts *a = m->acts;
+  const gpt2_params *p = &m->params;
+  const int64_t BT = (int64_t)m->B * m->T, V = m->cfg.vocab;
+  for (int64_t i = 0; i < BT; i++)
+    if (targets[i] < 0 || targets[i] >= V) /* the kernel would give a NaN loss; say which one instead */
+      return apex__fail(APEX_ERR_INVALID_ARG, "gpt2_cuda_forward: target %lld at %lld is outside [0, %lld)",
+                        (long long)targets[i], (long long)i, (long long)V);
+  memcpy(a->tokens, tokens, (size_t)BT * sizeof *tokens);
+  memcpy(a->targets, targets, (size_t)BT * sizeof *targets);
+  a->forward_done = 0;
+  CHECK(apex_tensor_copy(a->d_targets, a->h_targets), "uploading the targets");
+  CHECK(apex_cuda_embedding_forward(p->wte, a->tokens, BT, a->enc), "token embedding");
+  CHECK(apex_cuda_embedding_forward(p->wpe, a->positions, BT, a->tmp), "position embedding");
+  CHECK(apex_cuda_add(a->enc, a->tmp, a->enc), "embedding sum");
+  apex_tensor *res = a->enc;
+  for (int l = 0; l < m->cfg.n_layer; l++) {
+    const gpt2_layer *w = &p->layer[l];
+    gpt2_layer_acts *y = &a->layer[l];
+    CHECK(apex_cuda_layer_norm_forward(res, w->ln1_w, w->ln1_b, LN_EPS, 0, y->ln1, y->ln1_mean, y->ln1_rstd), "h.%d ln_1", l);
+    CHECK(apex_cuda_matmul(y->ln1, 0, w->qkv_w, 1, y->qkv, 1.0f, 0.0f, w->qkv_b, 0), "h.%d c_attn", l);
+    CHECK(apex_cuda_attention_forward(y->qkv3, m->cfg.n_head, y->atty3, y->lse), "h.%d attention", l);
+    CHECK(apex_cuda_matmul(y->atty, 0, w->proj_w, 1, a->tmp, 1.0f, 0.0f, w->proj_b, 0), "h.%d attn c_proj", l);
+    CHECK(apex_cuda_add(res, a->tmp, y->res_mid), "h.%d attention residual", l);
+    CHECK(apex_cuda_layer_norm_forward(y->res_mid, w->ln2_w, w->ln2_b, LN_EPS, 0, y->ln2, y->ln2_mean, y->ln2_rstd),
+          "h.%d ln_2", l);
+    CHECK(apex_cuda_matmul(y->ln2, 0, w->fc_w, 1, y->fch, 1.0f, 0.0f, w->fc_b, 0), "h.%d c_fc", l);
+    CHECK(apex_cuda_gelu_forward(y->fch, y->fch_gelu), "h.%d gelu", l);
+    CHECK(apex_cuda_matmul(y->fch_gelu, 0, w->fcproj_w, 1, a->tmp, 1.0f, 0.0f, w->fcproj_b, 0), "h.%d mlp c_proj", l);
+    CHECK(apex_cuda_add(y->res_mid, a->tmp, y->res_out), "h.%d mlp residual", l);
+    res = y->res_out;
+  }
+  CHECK(apex_cuda_layer_norm_forward(res, p->lnf_w, p->lnf_b, LN_EPS, 0, a->lnf, a->lnf_mean, a->lnf_rstd), "ln_f");
+  CHECK(apex_cuda_matmul(a->lnf, 0, p->wte, 1, a->logits, 1.0f, 0.0f, NULL, 0), "lm_head");
+  CHECK(apex_cuda_cross_entropy_forward(a->logits, apex_tensor_data(a->d_targets), NO_IGNORE, 0.0f, a->losses, a->lse),
+        "cross-entropy");
+  CHECK(apex_cuda_sum_all(a->losses, 1, a->loss), "mean loss");
+  a->forward_done = 1;
+  return APEX_OK;
+}
+
+apex_status gpt2_cuda_loss(gpt2_cuda *m, float *loss) {
+  if (!m || !loss) return apex__fail(APEX_ERR_INVALID_ARG, "gpt2_cuda_loss: NULL argument");
+  int64_t one = 1;
+  apex_tensor *h = apex_tensor_wrap(loss, APEX_F32, 1, &one);
+  if (!h) return apex_last_status();
+  apex_status st = apex_tensor_copy(h, m->acts->loss); /* waits for the GPU */
+  apex_tensor_destroy(h);
+  return st == APEX_OK ? APEX_OK : fail_at(st, "reading the loss");
+}
+
+const apex_tensor *gpt2_cuda_loss_tensor(const gpt2_cuda *m) { return m ? m->acts->loss : NULL; }
+
+apex_status gpt2_cuda_backward(gpt2_cuda *m) {
+  if (!m) return apex__fail(APEX_ERR_INVALID_ARG, "gpt2_cuda_backward: NULL model");
+  struct gpt2_acts *a = m->acts;
+  if (!a->forward_done)
+    return apex__fail(APEX_ERR_STATE, "gpt2_cuda_backward: no forward to go back through (each forward allows one backward)");
+  a->forward_done = 0; /* the logits become their gradient below */
+  const gpt2_params *p = &m->params, *g = &m->grads;
+  const int64_t BT = (int64_t)m->B * m->T;
+  const int L = m->cfg.n_layer;
+  const int64_t *d_targets = apex_tensor_data(a->d_targets);
+  CHECK(apex_cuda_cross_entropy_backward(a->dloss, a->logits, d_targets, a->lse, NO_IGNORE, 0.0f, a->logits),
+        "cross-entropy backward"); /* in place: each element is read, then written, by one thread */
+  CHECK(apex_cuda_matmul(a->logits, 0, p->wte, 0, a->dln, 1.0f, 0.0f, NULL, 0), "lm_head backward (input)");
+  CHECK(apex_cuda_layer_norm_backward(a->dln, a->layer[L - 1].res_out, p->lnf_w, a->lnf_mean, a->lnf_rstd, 0, a->dres,
+                                      g->lnf_w, g->lnf_b),
+        "ln_f backward");
+  for (int l = L - 1; l >= 0; l--) {
+    const gpt2_layer *w = &p->layer[l], *gw = &g->layer[l];
+    gpt2_layer_acts *y = &a->layer[l];
+    apex_tensor *res_in = l ? a->layer[l - 1].res_out : a->enc;
+    /* the MLP: dres is the gradient of res_out = res_mid + mlp(ln_2(res_mid)) */
+    CHECK(apex_cuda_matmul(a->dres, 1, y->fch_gelu, 0, gw->fcproj_w, 1.0f, 0.0f, NULL, 0), "h.%d mlp c_proj dW", l);
+    CHECK(apex_cuda_sum_rows(a->dres, gw->fcproj_b, 0), "h.%d mlp c_proj db", l);
+    CHECK(apex_cuda_matmul(a->dres, 0, w->fcproj_w, 0, a->dfc, 1.0f, 0.0f, NULL, 0), "h.%d mlp c_proj dx", l);
+    CHECK(apex_cuda_gelu_backward(a->dfc, y->fch, a->dfc), "h.%d gelu backward", l);
+    CHECK(apex_cuda_matmul(a->dfc, 1, y->ln2, 0, gw->fc_w, 1.0f, 0.0f, NULL, 0), "h.%d c_fc dW", l);
+    CHECK(apex_cuda_sum_rows(a->dfc, gw->fc_b, 0), "h.%d c_fc db", l);
+    CHECK(apex_cuda_matmul(a->dfc, 0, w->fc_w, 0, a->dln, 1.0f, 0.0f, NULL, 0), "h.%d c_fc dx", l);
+    CHECK(apex_cuda_layer_norm_backward(a->dln, y->res_mid, w->ln2_w, y->ln2_mean, y->ln2_rstd, 0, a->dx, gw->ln2_w, gw->ln2_b),
+          "h.%d ln_2 backward", l);
+    CHECK(apex_cuda_add(a->dres, a->dx, a->dres), "h.%d mlp residual backward", l);
+    /* the attention: dres is now the gradient of res_mid = res_in + attn(ln_1(res_in)) */
+    CHECK(apex_cuda_matmul(a->dres, 1, y->atty, 0, gw->proj_w, 1.0f, 0.0f, NULL, 0), "h.%d attn c_proj dW", l);
+    CHECK(apex_cuda_sum_rows(a->dres, gw->proj_b, 0), "h.%d attn c_proj db", l);
+    CHECK(apex_cuda_matmul(a->dres, 0, w->proj_w, 0, a->datty, 1.0f, 0.0f, NULL, 0), "h.%d attn c_proj dx", l);
+    CHECK(apex_cuda_attention_backward(a->datty3, y->qkv3, y->atty3, y->lse, m->cfg.n_head, a->dqkv3),
+          "h.%d attention backward", l);
+    CHECK(apex_cuda_matmul(a->dqkv, 1, y->ln1, 0, gw->qkv_w, 1.0f, 0.0f, NULL, 0), "h.%d c_attn dW", l);
+    CHECK(apex_cuda_sum_rows(a->dqkv, gw->qkv_b, 0), "h.%d c_attn db", l);
+    CHECK(apex_cuda_matmul(a->dqkv, 0, w->qkv_w, 0, a->dln, 1.0f, 0.0f, NULL, 0), "h.%d c_attn dx", l);
+    CHECK(apex_cuda_layer_norm_backward(a->dln, res_in, w->ln1_w, y->ln1_mean, y->ln1_rstd, 0, a->dx, gw->ln1_w, gw->ln1_b),
+          "h.%d ln_1 backward", l);
+    CHECK(apex_cuda_add(a->dres, a->dx, a->dres), "h.%d attention residual backward", l);
+  }
+  /* dres is the gradient of enc = wte[tokens] + wpe[positions] */
+  CHECK(apex_cuda_embedding_backward(a->dres, a->tokens, BT, g->wte), "token embedding backward");
+  CHECK(apex_cuda_embedding_backward(a->dres, a->positions, BT, g->wpe), "position embedding backward");
+  CHECK(apex_cuda_matmul(a->logits, 1, a->lnf, 0, g->wte, 1.0f, 1.0f, NULL, 0), "lm_head backward (tied weight)");
+  return APEX_OK;
+}
+
+apex_status gpt2_cuda_zero_grad(gpt2_cuda *m) {
+  if (!m) return apex__fail(APEX_ERR_INVALID_ARG, "gpt2_cuda_zero_grad: NULL model");
+  for (int i = 0; i < m->n_tensors; i++) CHECK(apex_tensor_fill(m->grad_list[i], 0.0f), "zeroing gradient %d", i);
+  return APEX_OK;
+}
+
+/* ---- training --------------------------------------------------------------------------------------------- */
+
+apex_optimizer *gpt2_cuda_optimizer_create(gpt2_cuda *m, float lr, float weight_decay) {
+  if (!m) return apex__fail_null(APEX_ERR_INVALID_ARG, "gpt2_cuda_optimizer_create: NULL model");
+  const apex_optim_options decay = {.lr = lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = weight_decay};
+  apex_optim_options no_decay = decay;
+  no_decay.weight_decay = 0.0f; /* AdamW's default: none */
+  apex_optimizer *opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &decay);
+  apex_tensor **p = calloc((size_t)m->n_tensors, sizeof *p), **g = calloc((size_t)m->n_tensors, sizeof *g);
+  if (!opt || !p || !g) {
+    apex_optimizer_destroy(opt);
+    free(p);
+    free(g);
+    return opt ? apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "gpt2_cuda_optimizer_create: out of memory") : NULL;
+  }
+  /* nanoGPT's groups: every tensor of 2 or more dimensions decays, biases and layer-norm weights do not. */
+  int nd = 0, k = 0;
+  for (int i = 0; i < m->n_tensors; i++)
+    if (apex_tensor_ndim(m->param_list[i]) >= 2) p[nd] = m->param_list[i], g[nd++] = m->grad_list[i];
+  k = nd;
+  for (int i = 0; i < m->n_tensors; i++)
+    if (apex_tensor_ndim(m->param_list[i]) < 2) p[k] = m->param_list[i], g[k++] = m->grad_list[i];
+  apex_status st = apex_optimizer_add_group(opt, p, nd, g, nd, &decay, NULL);
+  if (st == APEX_OK) st = apex_optimizer_add_group(opt, p + nd, k - nd, g + nd, k - nd, &no_decay, NULL);
+  free(p);
+  free(g);
+  if (st != APEX_OK) {
+    fail_at(st, "building AdamW");
+    apex_optimizer_destroy(opt);
+    return NULL;
+  }
+  return opt;
+}
+
+apex_status gpt2_cuda_train_step(gpt2_cuda *m, apex_optimizer *opt, const int64_t *tokens, const int64_t *targets) {
+  apex_status st = gpt2_cuda_forward(m, tokens, targets);
+  if (st == APEX_OK) st = gpt2_cuda_backward(m);
+  /* bf16 gradients carry no loss scale (1) and cannot overflow to a skipped step for want of range. */
+  if (st == APEX_OK && (st = apex_optimizer_step(opt, 1.0f, 0)) != APEX_OK) st = fail_at(st, "AdamW step");
+  return st;
+}
