@@ -878,6 +878,23 @@ static void test_matmul(void **state) {
           ref[i * n + j] = s;
         }
       check_close(c, ref, (size_t)(m * n), 1e-2, 1.0, gelu ? "matmul + bias + gelu" : "matmul + bias");
+      /* The second call takes the algorithm cuBLASLt chose for the first from apex's cache: same bits. */
+      apex_tensor *c2 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 2, sc);
+      TU_OK(apex_cuda_matmul(a, ta, b, 0, c2, 1.0f, 0.0f, bias, gelu));
+      apex_tensor *hc = host_copy(c);
+      assert_same_bits(c2, hc, "matmul repeated (cached algorithm)");
+      apex_tensor_destroy(hc);
+      /* The same a one element into a bigger buffer: 2-byte aligned, so another cache entry (the
+       * heuristic told the real alignment), and still the same product. */
+      int64_t big = m * k + 1;
+      apex_tensor *abuf = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 1, &big);
+      apex_tensor *av = apex_tensor_slice_view(abuf, 1, 2, sa);
+      TU_OK(apex_tensor_copy(av, ha));
+      TU_OK(apex_cuda_matmul(av, ta, b, 0, c2, 1.0f, 0.0f, bias, gelu));
+      check_close(c2, ref, (size_t)(m * n), 1e-2, 1.0, "matmul of a 2-byte aligned operand");
+      apex_tensor_destroy(av);
+      apex_tensor_destroy(abuf);
+      apex_tensor_destroy(c2);
       free(ref);
       TU_FAILS(apex_cuda_matmul(a, !ta, b, 0, c, 1.0f, 0.0f, NULL, 0), APEX_ERR_SHAPE, "does not give c");
       apex_tensor *all[] = {ha, hb, hbias, a, b, bias, c};

@@ -14,6 +14,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <pthread.h>
+#include <string.h>
 
 extern "C" {
 #include "core/internal.h"
@@ -57,6 +58,44 @@ static uint32_t alignment(const void *p, int64_t stride_bytes, int batch) {
   return (uint32_t)(bits & (~bits + 1)); /* the lowest set bit */
 }
 
+/* ---- the algorithm cache ------------------------------------------------------------------------------
+ * cuBLASLt's heuristic query costs tens of microseconds of host time, and a training step makes the same
+ * few dozen products every step (GPT-2 small: about 150 calls). So the algorithm it picks is kept per
+ * problem: everything the heuristic sees (sizes, leading dimensions, strides, batch, dtypes, transposes,
+ * epilogue, alignments, device) is the key. That also pins one algorithm per problem for the process's lifetime,
+ * which the bitwise run-to-run determinism of the GEMMs relies on. */
+typedef struct gemm_key {
+  int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c;
+  int32_t batch, trans_a, trans_b, in_type, c_type, epilogue;
+  uint32_t al_a, al_b, al_c;
+  int32_t device; /* the algorithm is chosen for one GPU */
+} gemm_key; /* 112 bytes, no implicit padding */
+
+#define ALGO_SLOTS 1024 /* a power of two; when full, further problems query the heuristic every time */
+static struct {
+  gemm_key key;
+  cublasLtMatmulAlgo_t algo;
+  int used;
+} g_algos[ALGO_SLOTS];
+static pthread_mutex_t g_algo_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t key_hash(const gemm_key *k) {
+  const unsigned char *p = (const unsigned char *)k;
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+/* The slot holding key, or the empty slot where it would go; -1 when the table is full. */
+static int algo_slot(const gemm_key *k) {
+  uint64_t h = key_hash(k);
+  for (int i = 0; i < ALGO_SLOTS; i++) {
+    int s = (int)((h + (uint64_t)i) & (ALGO_SLOTS - 1));
+    if (!g_algos[s].used || !memcmp(&g_algos[s].key, k, sizeof *k)) return s;
+  }
+  return -1;
+}
+
 /* One product, or `batch` of them (batch >= 1) at the given element strides; ld*: the row-major row
  * lengths of the stored operands (their leading dimensions); fn names the public call in messages. */
 static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -98,18 +137,51 @@ static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int
     LT(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch count C");
     LT(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sc, sizeof sc), "batch stride C");
   }
-  LT(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
   {
+    gemm_key key;
+    memset(&key, 0, sizeof key); /* no padding is left unset: keys are compared and hashed as bytes */
+    key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
+    if (batch > 1) key.stride_a = stride_a, key.stride_b = stride_b, key.stride_c = stride_c;
+    key.batch = batch, key.trans_a = trans_a, key.trans_b = trans_b;
+    key.in_type = (int32_t)in_type, key.c_type = (int32_t)c_type, key.epilogue = (int32_t)epi;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    key.device = dev;
     size_t ie = apex_dtype_size(in_type), ce = apex_dtype_size(c_type);
-    uint32_t al_a = alignment(b, stride_b * (int64_t)ie, batch), al_b = alignment(a, stride_a * (int64_t)ie, batch);
-    uint32_t al_c = alignment(c, stride_c * (int64_t)ce, batch);
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a), "alignment A");
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b), "alignment B");
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c), "alignment C");
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c), "alignment D");
+    key.al_a = alignment(b, stride_b * (int64_t)ie, batch);
+    key.al_b = alignment(a, stride_a * (int64_t)ie, batch);
+    key.al_c = alignment(c, stride_c * (int64_t)ce, batch);
+    pthread_mutex_lock(&g_algo_mu);
+    int slot = algo_slot(&key);
+    if (slot >= 0 && g_algos[slot].used) {
+      heur.algo = g_algos[slot].algo;
+      found = 1;
+    }
+    pthread_mutex_unlock(&g_algo_mu);
+    if (!found) {
+      LT(cublasLtMatmulPreferenceCreate(&pref), "preference");
+      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
+      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.al_a, sizeof key.al_a),
+         "alignment A");
+      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.al_b, sizeof key.al_b),
+         "alignment B");
+      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.al_c, sizeof key.al_c),
+         "alignment C");
+      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.al_c, sizeof key.al_c),
+         "alignment D");
+      LT(cublasLtMatmulAlgoGetHeuristic(g_lt, op, la, lb, lc, lc, pref, 1, &heur, &found), "heuristic");
+      if (found) {
+        pthread_mutex_lock(&g_algo_mu);
+        slot = algo_slot(&key); /* again: another thread may have filled slots meanwhile */
+        if (slot >= 0 && !g_algos[slot].used) {
+          g_algos[slot].key = key;
+          g_algos[slot].algo = heur.algo;
+          g_algos[slot].used = 1;
+        }
+        pthread_mutex_unlock(&g_algo_mu);
+      }
+    }
   }
-  LT(cublasLtMatmulAlgoGetHeuristic(g_lt, op, la, lb, lc, lc, pref, 1, &heur, &found), "heuristic");
   if (!found) {
     st = apex__fail(APEX_ERR_UNSUPPORTED, "%s: cuBLASLt has no algorithm for %s inputs with a %s output "
                     "and this epilogue", fn, apex_dtype_name(in_type), apex_dtype_name(c_type));
