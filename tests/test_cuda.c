@@ -345,6 +345,132 @@ static void test_optimizers_match_cpu(void **state) {
     for (int d = 0; d < 3; d++) run_optim_case(&cases[k], dts[d]);
 }
 
+/* The update kernel moves four elements per thread: as one vector per list where every pointer of a tensor
+ * is aligned to four elements (the last count % 4 elements one by one), else one by one throughout; its
+ * dtypes are compiled in for f32 parameters or masters with one gradient dtype and one model dtype, and read
+ * per tensor otherwise. Sizes around multiples of 4, parameters and gradients that are views at an odd
+ * element offset (so misaligned), and groups that mix parameter dtypes take each path; each must give the
+ * CPU's result as the plain cases above do. */
+typedef struct {
+  size_t size;
+  size_t offset; /* > 0: parameter and gradient are views starting at this element of a longer buffer */
+  apex_dtype pdt;
+} path_param;
+
+/* A device tensor of h's values: a plain one, or (offset > 0) a view at element `offset` of *buf, a buffer
+ * of 7s one element longer than offset + numel, so that writes outside the view show. */
+static apex_tensor *dev_copy_at(const apex_tensor *h, size_t offset, apex_tensor **buf) {
+  *buf = NULL;
+  if (!offset) return dev_copy(h);
+  int64_t whole = (int64_t)(apex_tensor_numel(h) + offset + 1), n = (int64_t)apex_tensor_numel(h);
+  *buf = apex_tensor_create_on(APEX_DEVICE_CUDA, apex_tensor_dtype(h), 1, &whole);
+  assert_non_null(*buf);
+  TU_OK(apex_tensor_fill(*buf, 7.0f));
+  apex_tensor *v = apex_tensor_slice_view(*buf, offset, 1, &n);
+  assert_non_null(v);
+  TU_OK(apex_tensor_copy(v, h));
+  return v;
+}
+
+/* Asserts the elements of buf outside [offset, offset + n) are still 7. */
+static void assert_outside_untouched(const apex_tensor *buf, size_t offset, size_t n) {
+  apex_tensor *h = host_copy(buf);
+  for (size_t i = 0; i < apex_tensor_numel(h); i++)
+    if ((i < offset || i >= offset + n) && apex_tensor_get(h, i) != 7.0f)
+      fail_msg("element %zu outside a view of [%zu, %zu) was written", i, offset, offset + n);
+  apex_tensor_destroy(h);
+}
+
+static void run_path_case(const optim_case *c, int n, const path_param *pp, int same_grad_dtype, int steps) {
+  apex_tensor **hp = calloc((size_t)n, sizeof *hp), **dp = calloc((size_t)n, sizeof *dp);
+  apex_tensor **hg = calloc((size_t)n, sizeof *hg), **dg = calloc((size_t)n, sizeof *dg);
+  apex_tensor **pbuf = calloc((size_t)n, sizeof *pbuf), **gbuf = calloc((size_t)n, sizeof *gbuf);
+  assert_true(hp && dp && hg && dg && pbuf && gbuf);
+  for (int i = 0; i < n; i++) {
+    apex_tensor *f = tu_random_tensor(APEX_F32, pp[i].size, 2000 + (uint64_t)i, 1.0f);
+    apex_dtype gdt = same_grad_dtype ? pp[i].pdt : APEX_F16;
+    hp[i] = apex_tensor_to(f, pp[i].pdt);
+    dp[i] = dev_copy_at(hp[i], pp[i].offset, &pbuf[i]);
+    hg[i] = apex_tensor_create(gdt, 1, (int64_t[]){(int64_t)pp[i].size});
+    apex_tensor *zero = apex_tensor_create(gdt, 1, (int64_t[]){(int64_t)pp[i].size});
+    TU_OK(apex_tensor_fill(zero, 0.0f));
+    dg[i] = dev_copy_at(zero, pp[i].offset, &gbuf[i]);
+    apex_tensor_destroy(zero);
+    apex_tensor_destroy(f);
+  }
+  apex_optimizer *ho = apex_optimizer_create(c->kind, &c->o), *dopt = apex_optimizer_create(c->kind, &c->o);
+  TU_OK(apex_optimizer_add_group(ho, hp, n, hg, n, NULL, NULL));
+  TU_OK(apex_optimizer_add_group(dopt, dp, n, dg, n, NULL, NULL));
+  for (int step = 0; step < steps; step++) {
+    for (int i = 0; i < n; i++) {
+      apex_tensor *r = tu_random_tensor(APEX_F32, pp[i].size, 3000 * (uint64_t)step + (uint64_t)i, 512.0f);
+      TU_OK(apex_tensor_copy(hg[i], r));
+      TU_OK(apex_tensor_copy(dg[i], hg[i]));
+      apex_tensor_destroy(r);
+    }
+    TU_OK(apex_optimizer_step(ho, 256.0f, 0));
+    TU_OK(apex_optimizer_step(dopt, 256.0f, 0));
+  }
+  for (int i = 0; i < n; i++) {
+    assert_int_equal(apex_optimizer_step_count(dopt, 0, i), steps);
+    uint32_t u = max_ulps(apex_optimizer_master(dopt, 0, i), apex_optimizer_master(ho, 0, i));
+    if (u > c->ulps)
+      fail_msg("%s: %s parameter %d of %zu at offset %zu (gradient %s) is %u ulps from the CPU (allowed %u)",
+               apex_optim_kind_name(c->kind), apex_dtype_name(pp[i].pdt), i, pp[i].size, pp[i].offset,
+               same_grad_dtype ? "same dtype" : "f16", u, c->ulps);
+    if (pp[i].pdt != APEX_F32 && c->ulps == 0) assert_same_bits(dp[i], hp[i], "model copy");
+    if (pp[i].offset) assert_outside_untouched(pbuf[i], pp[i].offset, pp[i].size);
+  }
+  apex_optimizer_destroy(ho);
+  apex_optimizer_destroy(dopt);
+  destroy_params(n, hp, dp, hg, dg);
+  for (int i = 0; i < n; i++) apex_tensor_destroy(pbuf[i]), apex_tensor_destroy(gbuf[i]);
+  free(hp), free(dp), free(hg), free(dg), free(pbuf), free(gbuf);
+}
+
+static void test_optimizer_vector_and_scalar_paths(void **state) {
+  (void)state;
+  const optim_case cases[] = {
+      {APEX_OPTIM_ADAMW, {.lr = 1e-2f, .weight_decay = 1e-1f}, 2},
+      {APEX_OPTIM_ADAM, {.lr = 1e-2f, .amsgrad = APEX_OPTIM_ON, .weight_decay = 1e-2f}, 2},
+      {APEX_OPTIM_SGD, {.lr = 0.1f, .momentum = 0.9f, .nesterov = APEX_OPTIM_ON, .weight_decay = 1e-2f}, 0},
+      {APEX_OPTIM_ADADELTA, {.weight_decay = 1e-2f}, 0},
+      {APEX_OPTIM_ADAGRAD, {.lr_decay = 1e-2f, .weight_decay = 1e-2f}, 0},
+      {APEX_OPTIM_RMSPROP, {.momentum = 0.9f, .centered = APEX_OPTIM_ON, .weight_decay = 1e-2f}, 0},
+      {APEX_OPTIM_RMSPROP_TF, {.centered = APEX_OPTIM_ON, .weight_decay = 1e-2f}, 0},
+  };
+  const apex_dtype dts[3] = {APEX_F32, APEX_F16, APEX_BF16};
+  const size_t sizes[] = {1, 3, 4, 4096, 4099, 70001, 16384 * 2 + 5};
+  enum { NS = sizeof sizes / sizeof sizes[0] };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    /* One dtype per group (the compiled instances), aligned and misaligned tensors side by side. */
+    for (int d = 0; d < 3; d++) {
+      path_param pp[NS + 2];
+      for (int i = 0; i < NS; i++) pp[i] = (path_param){sizes[i], 0, dts[d]};
+      pp[NS] = (path_param){4097, 1, dts[d]};
+      pp[NS + 1] = (path_param){70001, 3, dts[d]};
+      run_path_case(&cases[k], NS + 2, pp, 1, 4);
+      run_path_case(&cases[k], NS + 2, pp, 0, 2); /* f16 gradients: another compiled instance */
+    }
+    /* Mixed parameter dtypes in one group: the run-time-dtype instance. */
+    path_param mixed[NS + 1];
+    for (int i = 0; i < NS; i++) mixed[i] = (path_param){sizes[i], 0, dts[i % 3]};
+    mixed[NS] = (path_param){4099, 1, APEX_BF16};
+    run_path_case(&cases[k], NS + 1, mixed, 1, 3);
+  }
+  /* More tensors than one launch's table (64), and more chunks than the grid has blocks, so that blocks'
+   * runs of chunks cross tensors: AdamW, whose figures the benchmark reports. */
+  enum { MANY = 70 };
+  path_param many[MANY];
+  for (int i = 0; i < MANY; i++) many[i] = (path_param){(size_t)(i * 977 % 5003) + 1, (size_t)(i % 5 == 4), APEX_BF16};
+  many[10].size = 5000003;
+  many[20].size = 4 * 1048576;
+  many[30].size = 16384;
+  run_path_case(&cases[0], MANY, many, 1, 3);
+  for (int i = 0; i < MANY; i++) many[i].pdt = APEX_F32;
+  run_path_case(&cases[0], MANY, many, 1, 2);
+}
+
 /* AdamP's projection depends on each tensor's shape: parameters of 3, 2 and 1 dimensions, with gradients
  * that make the projection happen per row (each row of g orthogonal to that row of p), for the whole
  * tensor (g orthogonal to p as a whole, its rows not), or not at all (random g), over 10 steps. The GPU
@@ -1622,7 +1748,7 @@ int main(void) {
       cmocka_unit_test(test_elementwise_binary),      cmocka_unit_test(test_activations),
       cmocka_unit_test(test_sum_rows),                cmocka_unit_test(test_sum_all),
       cmocka_unit_test(test_elementwise_bad_inputs),  cmocka_unit_test(test_gpt2_matches_cpu),
-      cmocka_unit_test(test_gpt2_bf16_trains),
+      cmocka_unit_test(test_gpt2_bf16_trains),        cmocka_unit_test(test_optimizer_vector_and_scalar_paths),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,7 @@
 /* mt_apply.cuh: Apex's multi_tensor_applier for the GPU. One launch covers up to MT_TENSORS tensors
  * of up to MT_LISTS lists; the tensor table travels in the kernel's parameters (no copy,
- * no synchronisation). Each tensor is cut into MT_CHUNK-element chunks; a grid of at most a few
- * blocks per multiprocessor walks all chunks of the launch, so that 20 big tensors and 2,000 small
+ * no synchronisation). Each tensor is cut into MT_CHUNK-element chunks; a grid of as many blocks as the
+ * device holds at once walks all chunks of the launch, so that 20 big tensors and 2,000 small
  * ones both keep the GPU busy without a long tail. An Op supplies:
  *     bool begin(const MtTable &t, int k, int64_t start, float *coef)
  *         run by one thread per chunk [start, start + MT_CHUNK) of tensor k: false skips the chunk;
@@ -53,26 +53,26 @@ __global__ void __launch_bounds__(MT_THREADS) mt_kernel(const __grid_constant__ 
   }
 }
 
-/* Blocks in flight per launch: enough to fill every multiprocessor a few times. */
-static int mt_grid_cap(void) {
-  static int cap = 0;
-  if (!cap) {
-    int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-    cap = (sms > 0 ? sms : 80) * 4;
-  }
-  return cap;
+/* Blocks of `kernel` (MT_THREADS each) that the current device holds at once. The chunk walks launch
+ * exactly this many (or fewer, for fewer chunks): one block more than fits would wait for a whole block's
+ * share of the chunks, doubling the time of the tail. Callers cache it per kernel in a function-local static. */
+static int mt_resident(const void *kernel) {
+  int dev = 0, sms = 0, per = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, MT_THREADS, 0) != cudaSuccess)
+    cudaGetLastError(); /* ours, not the launch's: the launch reports its own */
+  return (sms > 0 ? sms : 80) * (per > 0 ? per : 1);
 }
 
-/* Runs op over lists[0..nlists) (each n tensors; element counts taken from list 0). Returns the number
- * of chunks in all (for sizing per-chunk outputs: call with op.count_only first, or use mt_chunks). */
-template <class Op>
-static cudaError_t mt_apply(int nlists, const apex__cuda_list *const *lists, Op op) {
+/* Cuts lists[0..nlists) (each n tensors; element counts taken from list 0, empty tensors left out) into
+ * tables of at most MT_TENSORS tensors, and calls launch(table, chunks) for each, in order. */
+template <class Launch>
+static cudaError_t mt_tables(int nlists, const apex__cuda_list *const *lists, Launch launch) {
   MtTable t;
   int n = lists[0]->n, chunk_id = 0;
   t.n = 0;
   t.cstart[0] = 0;
-  cudaStream_t stream = (cudaStream_t)apex__cuda_stream();
   for (int i = 0; i < n; i++) {
     int64_t numel = (int64_t)lists[0]->numel[i];
     if (numel == 0) continue;
@@ -88,9 +88,7 @@ static cudaError_t mt_apply(int nlists, const apex__cuda_list *const *lists, Op 
     if (t.n == MT_TENSORS || i == n - 1) {
       t.first_chunk_id = chunk_id;
       int chunks = t.cstart[t.n];
-      int grid = chunks < mt_grid_cap() ? chunks : mt_grid_cap();
-      mt_kernel<Op><<<grid, MT_THREADS, 0, stream>>>(t, op);
-      cudaError_t e = cudaGetLastError();
+      cudaError_t e = launch(t, chunks);
       if (e != cudaSuccess) return e;
       chunk_id += chunks;
       t.n = 0;
@@ -98,11 +96,28 @@ static cudaError_t mt_apply(int nlists, const apex__cuda_list *const *lists, Op 
   }
   if (t.n > 0) { /* the last tensors were empty ones after a non-empty partial table */
     t.first_chunk_id = chunk_id;
-    int chunks = t.cstart[t.n];
-    mt_kernel<Op><<<chunks < mt_grid_cap() ? chunks : mt_grid_cap(), MT_THREADS, 0, stream>>>(t, op);
-    return cudaGetLastError();
+    return launch(t, t.cstart[t.n]);
   }
   return cudaSuccess;
+}
+
+/* Launches kernel, a walk over one table (mt_kernel, mt_ilp_kernel), for each table of the lists, with as
+ * many blocks as there are chunks up to cap (the caller's cached mt_resident(kernel)). */
+template <class Op>
+static cudaError_t mt_launch(void (*kernel)(MtTable, Op), int cap, int nlists, const apex__cuda_list *const *lists,
+                             const Op &op) {
+  cudaStream_t stream = (cudaStream_t)apex__cuda_stream();
+  return mt_tables(nlists, lists, [&](const MtTable &t, int chunks) {
+    kernel<<<chunks < cap ? chunks : cap, MT_THREADS, 0, stream>>>(t, op);
+    return cudaGetLastError();
+  });
+}
+
+/* Runs op over lists[0..nlists) with mt_kernel (chunk ids for per-chunk outputs: mt_chunks). */
+template <class Op>
+static cudaError_t mt_apply(int nlists, const apex__cuda_list *const *lists, Op op) {
+  static const int cap = mt_resident((const void *)mt_kernel<Op>);
+  return mt_launch(mt_kernel<Op>, cap, nlists, lists, op);
 }
 
 /* Chunks a call over these element counts has, and each tensor's first chunk id (n + 1 entries). */

@@ -131,31 +131,14 @@ extern "C" apex_status apex__cuda_mt_l2norm(const apex__cuda_list *x, float inv_
   if (st == APEX_OK) st = apex__cuda_alloc(sizeof(int) * (size_t)(n + 1), 0, &d_first);
   if (st == APEX_OK) st = apex__cuda_memcpy(d_first, first, sizeof(int) * (size_t)(n + 1), APEX__H2D, 0);
   cudaStream_t stream = (cudaStream_t)apex__cuda_stream();
-  /* The table walk is mt_apply's, with the kernel swapped: build the tables the same way. */
-  MtTable t;
-  t.n = 0;
-  t.cstart[0] = 0;
-  int chunk_id = 0;
-  for (int i = 0; st == APEX_OK && i < n; i++) {
-    int64_t numel = (int64_t)x->numel[i];
-    if (numel > 0) {
-      int k = t.n++;
-      t.ptr[0][k] = x->ptr[i];
-      t.dtype[0][k] = x->dtype[i];
-      t.numel[k] = numel;
-      t.id[k] = i;
-      t.cstart[k + 1] = t.cstart[k] + (int)((numel + MT_CHUNK - 1) / MT_CHUNK);
-    }
-    if (t.n > 0 && (t.n == MT_TENSORS || i == n - 1)) {
-      t.first_chunk_id = chunk_id;
-      int c = t.cstart[t.n];
-      sumsq_kernel<<<c < mt_grid_cap() ? c : mt_grid_cap(), MT_THREADS, 0, stream>>>(t, inv_scale, (float *)d_partial,
-                                                                                    d_flag);
-      st = launched(cudaGetLastError(), "CUDA l2norm");
-      chunk_id += c;
-      t.n = 0;
-    }
-  }
+  /* mt_apply's table walk, with the kernel swapped. */
+  static const int cap = mt_resident((const void *)sumsq_kernel);
+  if (st == APEX_OK)
+    st = launched(mt_tables(1, &x, [&](const MtTable &t, int c) {
+                    sumsq_kernel<<<c < cap ? c : cap, MT_THREADS, 0, stream>>>(t, inv_scale, (float *)d_partial, d_flag);
+                    return cudaGetLastError();
+                  }),
+                  "CUDA l2norm");
   if (st == APEX_OK) {
     norm_finish_kernel<<<1, 1024, 0, stream>>>((const float *)d_partial, (const int *)d_first, n, d_global, d_per);
     st = launched(cudaGetLastError(), "CUDA l2norm");
