@@ -225,7 +225,9 @@ struct GradRows {
 };
 
 #define COLSUM_COLS 32
-#define COLSUM_LANES 16 /* threads down a column: lane l takes rows l, l + 16, ...; then added in lane order */
+#define COLSUM_LANES 32 /* threads down a column: lane l takes rows l, l + 32, ...; then added in lane order.
+                          * Many lanes and an unrolled loop keep many loads in flight: a few hundred partial
+                          * rows of a short row length make only cols / 32 blocks. */
 
 /* dw[c] (and db[c], when db is given) = the sum over rows r < n of src's terms, in a fixed order. */
 template <class W, class Src>
@@ -235,7 +237,7 @@ __global__ void __launch_bounds__(COLSUM_COLS *COLSUM_LANES) ln_colsum_kernel(Sr
   const int64_t c = (int64_t)blockIdx.x * COLSUM_COLS + threadIdx.x;
   float aw = 0.0f, ab = 0.0f;
   if (c < cols)
-#pragma unroll 4
+#pragma unroll 8
     for (int64_t r = threadIdx.y; r < n; r += COLSUM_LANES) src.add(r, c, aw, ab);
   sw[threadIdx.y][threadIdx.x] = aw;
   sb[threadIdx.y][threadIdx.x] = ab;
