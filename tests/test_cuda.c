@@ -50,6 +50,13 @@ static void assert_same_bits(const apex_tensor *dev, const apex_tensor *host, co
   apex_tensor_destroy(h);
 }
 
+/* Two device tensors hold the same bits. */
+static void same_run_bits(const apex_tensor *a, const apex_tensor *b, const char *what) {
+  apex_tensor *h = host_copy(b);
+  assert_same_bits(a, h, what);
+  apex_tensor_destroy(h);
+}
+
 /* Largest distance in f32 ulps between a device f32 tensor and a host one. */
 static uint32_t max_ulps(const apex_tensor *dev, const apex_tensor *host) {
   apex_tensor *h = host_copy(dev);
@@ -734,26 +741,59 @@ static void check_close(const apex_tensor *dev, const double *ref, size_t n, dou
   apex_tensor_destroy(h);
 }
 
-static void layer_norm_case(apex_dtype dt, int64_t rows, int64_t cols, int rms) {
-  int64_t shape[2] = {rows, cols};
+/* One layer norm configuration: x's and w's dtypes, shape, RMS or not, a bias or not (ignored with rms), and
+ * the element offset at which x, dy, y and dx start inside their buffers (an odd offset makes views whose
+ * rows are not 16-byte aligned: the kernels' element-wise path). */
+typedef struct {
+  apex_dtype dt, wt;
+  int64_t rows, cols;
+  int rms, bias;
+  size_t offset;
+} ln_case;
+
+/* A device [rows, cols] tensor of dtype dt starting `offset` elements into a fresh buffer (the view keeps
+ * the buffer alive), holding h's values when h is given. */
+static apex_tensor *ln_tensor(apex_dtype dt, int64_t rows, int64_t cols, size_t offset, const apex_tensor *h) {
+  int64_t shape[2] = {rows, cols}, whole = rows * cols + (int64_t)offset;
+  apex_tensor *buf = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 1, &whole);
+  assert_non_null(buf);
+  apex_tensor *v = apex_tensor_slice_view(buf, offset, 2, shape);
+  assert_non_null(v);
+  apex_tensor_destroy(buf);
+  if (h) TU_OK(apex_tensor_copy(v, h));
+  return v;
+}
+
+/* Runs forward and backward; the outputs go to y, mean, rstd, dx, dw, db. */
+static void ln_run(const ln_case *k, apex_tensor *x, apex_tensor *dy, apex_tensor *w, apex_tensor *b, apex_tensor *y,
+                   apex_tensor *mean, apex_tensor *rstd, apex_tensor *dx, apex_tensor *dw, apex_tensor *db) {
+  const int bias = k->bias && !k->rms;
+  TU_OK(apex_cuda_layer_norm_forward(x, w, bias ? b : NULL, 1e-5f, k->rms, y, k->rms ? NULL : mean, rstd));
+  TU_OK(apex_cuda_layer_norm_backward(dy, x, w, k->rms ? NULL : mean, rstd, k->rms, dx, dw, bias ? db : NULL));
+}
+
+/* The GPU against a double-precision reference of the same (rounded) inputs, then a second run that must
+ * give the same bits. */
+static void layer_norm_case(ln_case k) {
+  const int64_t rows = k.rows, cols = k.cols;
+  const int bias = k.bias && !k.rms;
   size_t n = (size_t)(rows * cols);
-  apex_tensor *hx = tu_random_tensor(dt, n, 7 + (uint64_t)cols, 3.0f), *hdy = tu_random_tensor(dt, n, 9, 1.0f);
-  apex_tensor *hw = tu_random_tensor(APEX_F32, (size_t)cols, 10, 1.0f), *hb = tu_random_tensor(APEX_F32, (size_t)cols, 12, 1.0f);
-  apex_tensor *x = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 2, shape), *dy = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 2, shape);
-  TU_OK(apex_tensor_copy(x, hx));
-  TU_OK(apex_tensor_copy(dy, hdy));
+  apex_tensor *hx = tu_random_tensor(k.dt, n, 7 + (uint64_t)cols, 3.0f), *hdy = tu_random_tensor(k.dt, n, 9, 1.0f);
+  apex_tensor *hw = tu_random_tensor(k.wt, (size_t)cols, 10, 1.0f), *hb = tu_random_tensor(k.wt, (size_t)cols, 12, 1.0f);
+  apex_tensor *x = ln_tensor(k.dt, rows, cols, k.offset, hx), *dy = ln_tensor(k.dt, rows, cols, k.offset, hdy);
   apex_tensor *w = dev_copy(hw), *b = dev_copy(hb);
-  apex_tensor *y = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 2, shape), *dx = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 2, shape);
+  apex_tensor *y = ln_tensor(k.dt, rows, cols, k.offset, NULL), *dx = ln_tensor(k.dt, rows, cols, k.offset, NULL);
   apex_tensor *mean = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &rows), *rstd = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &rows);
-  apex_tensor *dw = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &cols), *db = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &cols);
-  TU_OK(apex_cuda_layer_norm_forward(x, w, rms ? NULL : b, 1e-5f, rms, y, rms ? NULL : mean, rstd));
-  TU_OK(apex_cuda_layer_norm_backward(dy, x, w, rms ? NULL : mean, rstd, rms, dx, dw, rms ? NULL : db));
+  apex_tensor *dw = apex_tensor_create_on(APEX_DEVICE_CUDA, k.wt, 1, &cols), *db = apex_tensor_create_on(APEX_DEVICE_CUDA, k.wt, 1, &cols);
+  TU_OK(apex_tensor_fill(mean, 0.0f));
+  TU_OK(apex_tensor_fill(db, 0.0f));
+  ln_run(&k, x, dy, w, b, y, mean, rstd, dx, dw, db);
   double *ry = malloc(n * sizeof *ry), *rdx = malloc(n * sizeof *rdx), *rdw = calloc((size_t)cols, sizeof *rdw),
          *rdb = calloc((size_t)cols, sizeof *rdb);
   for (int64_t r = 0; r < rows; r++) {
     double mu = 0, var = 0, a = 0, bb = 0;
     for (int64_t c = 0; c < cols; c++) mu += apex_tensor_get(hx, (size_t)(r * cols + c));
-    mu = rms ? 0 : mu / (double)cols;
+    mu = k.rms ? 0 : mu / (double)cols;
     for (int64_t c = 0; c < cols; c++) {
       double d = apex_tensor_get(hx, (size_t)(r * cols + c)) - mu;
       var += d * d;
@@ -762,7 +802,7 @@ static void layer_norm_case(apex_dtype dt, int64_t rows, int64_t cols, int rms) 
     for (int64_t c = 0; c < cols; c++) {
       size_t i = (size_t)(r * cols + c);
       double xh = (apex_tensor_get(hx, i) - mu) * rs, g = apex_tensor_get(hdy, i), wc = apex_tensor_get(hw, (size_t)c);
-      ry[i] = xh * wc + (rms ? 0 : apex_tensor_get(hb, (size_t)c));
+      ry[i] = xh * wc + (bias ? apex_tensor_get(hb, (size_t)c) : 0);
       a += g * wc;
       bb += g * wc * xh;
       rdw[c] += g * xh;
@@ -771,28 +811,58 @@ static void layer_norm_case(apex_dtype dt, int64_t rows, int64_t cols, int rms) 
     for (int64_t c = 0; c < cols; c++) {
       size_t i = (size_t)(r * cols + c);
       double xh = (apex_tensor_get(hx, i) - mu) * rs, wdy = apex_tensor_get(hdy, i) * apex_tensor_get(hw, (size_t)c);
-      rdx[i] = rs * (wdy - (rms ? 0 : a / (double)cols) - xh * bb / (double)cols);
+      rdx[i] = rs * (wdy - (k.rms ? 0 : a / (double)cols) - xh * bb / (double)cols);
     }
   }
-  check_close(y, ry, n, tol_for(dt), 1.0, rms ? "rms norm y" : "layer norm y");
-  check_close(dx, rdx, n, tol_for(dt) * 2, 1.0, rms ? "rms norm dx" : "layer norm dx");
-  check_close(dw, rdw, (size_t)cols, 1e-4, sqrt((double)rows), "layer norm dw");
-  if (!rms) check_close(db, rdb, (size_t)cols, 1e-4, sqrt((double)rows), "layer norm db");
+  char what[96];
+  snprintf(what, sizeof what, "%s [%lld, %lld] offset %zu", k.rms ? "rms norm" : "layer norm", (long long)rows,
+           (long long)cols, k.offset);
+  const double wtol = k.wt == APEX_F32 ? 1e-4 : tol_for(k.wt);
+  check_close(y, ry, n, tol_for(k.dt), 1.0, what);
+  check_close(dx, rdx, n, tol_for(k.dt) * 2, 1.0, what);
+  check_close(dw, rdw, (size_t)cols, wtol, sqrt((double)rows), what);
+  if (bias) check_close(db, rdb, (size_t)cols, wtol, sqrt((double)rows), what);
+  /* run to run: the same bits */
+  apex_tensor *y2 = ln_tensor(k.dt, rows, cols, k.offset, NULL), *dx2 = ln_tensor(k.dt, rows, cols, k.offset, NULL);
+  apex_tensor *mean2 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &rows), *rstd2 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &rows);
+  apex_tensor *dw2 = apex_tensor_create_on(APEX_DEVICE_CUDA, k.wt, 1, &cols), *db2 = apex_tensor_create_on(APEX_DEVICE_CUDA, k.wt, 1, &cols);
+  TU_OK(apex_tensor_fill(mean2, 0.0f)); /* as mean and db: rms leaves mean untouched, no bias leaves db */
+  TU_OK(apex_tensor_fill(db2, 0.0f));
+  ln_run(&k, x, dy, w, b, y2, mean2, rstd2, dx2, dw2, db2);
+  same_run_bits(y, y2, "layer norm y, second run");
+  same_run_bits(rstd, rstd2, "layer norm rstd, second run");
+  same_run_bits(mean, mean2, "layer norm mean, second run");
+  same_run_bits(dx, dx2, "layer norm dx, second run");
+  same_run_bits(dw, dw2, "layer norm dw, second run");
+  same_run_bits(db, db2, "layer norm db, second run");
   /* Bad input: a CPU weight, a weight of the wrong length. */
-  TU_FAILS(apex_cuda_layer_norm_forward(x, hw, NULL, 1e-5f, rms, y, mean, rstd), APEX_ERR_DEVICE, "w is on the CPU");
-  TU_FAILS(apex_cuda_layer_norm_forward(x, mean, NULL, 1e-5f, rms, y, mean, rstd), APEX_ERR_SHAPE, "w has shape");
+  TU_FAILS(apex_cuda_layer_norm_forward(x, hw, NULL, 1e-5f, k.rms, y, mean, rstd), APEX_ERR_DEVICE, "w is on the CPU");
+  TU_FAILS(apex_cuda_layer_norm_forward(x, mean, NULL, 1e-5f, k.rms, y, mean, rstd), APEX_ERR_SHAPE, "w has shape");
   free(ry), free(rdx), free(rdw), free(rdb);
-  apex_tensor *all[] = {hx, hdy, hw, hb, x, dy, w, b, y, dx, mean, rstd, dw, db};
+  apex_tensor *all[] = {hx, hdy, hw, hb, x, dy, w, b, y, dx, mean, rstd, dw, db, y2, dx2, mean2, rstd2, dw2, db2};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
 }
 
+/* Row lengths on both sides of the kernels' shapes (a warp per row up to 512; 64..512 threads up to 8,192
+ * with dw/db summed in the same kernel; 512 threads and a separate dw/db pass up to 16,384), lengths that
+ * are not a multiple of the 16-byte width (the element-wise path) or are but leave a partial last vector
+ * team, odd offsets, weights in x's dtype, no bias, and enough rows that every block of the backward
+ * takes several. */
 static void test_layer_norm(void **state) {
   (void)state;
-  layer_norm_case(APEX_F32, 37, 1024, 0);
-  layer_norm_case(APEX_BF16, 300, 768, 0);
-  layer_norm_case(APEX_F16, 64, 4097, 0);
-  layer_norm_case(APEX_BF16, 33, 8192, 1);
-  layer_norm_case(APEX_F32, 5, 100, 1);
+  const ln_case cases[] = {
+      {APEX_F32, APEX_F32, 37, 1024, 0, 1, 0},     {APEX_BF16, APEX_F32, 300, 768, 0, 1, 0},
+      {APEX_F16, APEX_F32, 64, 4097, 0, 1, 0},     {APEX_BF16, APEX_F32, 33, 8192, 1, 0, 0},
+      {APEX_F32, APEX_F32, 5, 100, 1, 0, 0},       {APEX_BF16, APEX_F32, 64, 1023, 0, 1, 0},
+      {APEX_F16, APEX_F32, 50, 1000, 0, 1, 0},     {APEX_F32, APEX_F32, 201, 7, 0, 1, 0},
+      {APEX_BF16, APEX_BF16, 40, 2048, 0, 1, 0},   {APEX_F16, APEX_F16, 17, 16384, 0, 1, 0},
+      {APEX_F32, APEX_F32, 9, 16384, 1, 0, 0},     {APEX_BF16, APEX_F32, 12, 16383, 0, 1, 0},
+      {APEX_BF16, APEX_F32, 20, 8192, 0, 0, 0},    {APEX_BF16, APEX_F32, 30, 1024, 0, 1, 1},
+      {APEX_F32, APEX_F32, 6, 12000, 0, 1, 3},     {APEX_F16, APEX_F16, 25, 520, 1, 0, 5},
+      {APEX_BF16, APEX_BF16, 3000, 1024, 0, 1, 0}, {APEX_F16, APEX_F32, 20000, 64, 0, 1, 0},
+      {APEX_F32, APEX_F32, 2500, 256, 0, 0, 0},    {APEX_BF16, APEX_F32, 1, 8200, 0, 1, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) layer_norm_case(cases[i]);
 }
 
 static void test_cross_entropy(void **state) {
@@ -1374,13 +1444,6 @@ static size_t att_packed(int64_t T, int64_t W, int64_t H, int64_t D, int64_t b, 
 }
 static size_t att_head(int64_t T, int64_t H, int64_t D, int64_t b, int64_t t, int64_t h, int64_t d) {
   return (size_t)(((b * H + h) * T + t) * D + d);
-}
-
-/* Two device tensors hold the same bits. */
-static void same_run_bits(const apex_tensor *a, const apex_tensor *b, const char *what) {
-  apex_tensor *h = host_copy(b);
-  assert_same_bits(a, h, what);
-  apex_tensor_destroy(h);
 }
 
 /* The GPU's y [B, T, C] and dqkv [B, T, 3C] against apex_causal_attention and its backward on the CPU, run

@@ -117,7 +117,8 @@ APEX_API apex_status apex_cuda_layer_norm_forward(const apex_tensor *x, const ap
                                                   float eps, int rms, apex_tensor *y, apex_tensor *mean,
                                                   apex_tensor *rstd);
 /* The gradients dx (x's dtype), dw and db (w's dtype; db may be NULL; both overwritten, not
- * accumulated) from dy and the forward's x, w, mean and rstd. */
+ * accumulated) from dy and the forward's x, w, mean and rstd. dw and db are summed over rows in an order
+ * fixed by the shape and the GPU model (its multiprocessor count): the same bits on every run there. */
 APEX_API apex_status apex_cuda_layer_norm_backward(const apex_tensor *dy, const apex_tensor *x, const apex_tensor *w,
                                                    const apex_tensor *mean, const apex_tensor *rstd, int rms,
                                                    apex_tensor *dx, apex_tensor *dw, apex_tensor *db);
