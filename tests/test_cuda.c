@@ -838,6 +838,9 @@ static void layer_norm_case(ln_case k) {
   /* Bad input: a CPU weight, a weight of the wrong length. */
   TU_FAILS(apex_cuda_layer_norm_forward(x, hw, NULL, 1e-5f, k.rms, y, mean, rstd), APEX_ERR_DEVICE, "w is on the CPU");
   TU_FAILS(apex_cuda_layer_norm_forward(x, mean, NULL, 1e-5f, k.rms, y, mean, rstd), APEX_ERR_SHAPE, "w has shape");
+  /* In place is refused: the kernels may write a row before another row's input is read. */
+  TU_FAILS(apex_cuda_layer_norm_forward(x, w, NULL, 1e-5f, k.rms, x, mean, rstd), APEX_ERR_INVALID_ARG, "y overlaps x");
+  TU_FAILS(apex_cuda_layer_norm_backward(dy, x, w, mean, rstd, k.rms, dy, dw, NULL), APEX_ERR_INVALID_ARG, "dx overlaps dy");
   free(ry), free(rdx), free(rdw), free(rdb);
   apex_tensor *all[] = {hx, hdy, hw, hb, x, dy, w, b, y, dx, mean, rstd, dw, db, y2, dx2, mean2, rstd2, dw2, db2};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);

@@ -112,13 +112,15 @@ APEX_API apex_status apex_cuda_optimizer_step(apex_optimizer *opt, apex_cuda_sca
 
 /* Layer norm over the last dimension of x ([rows, cols], any leading shape): y = (x - mean) * rstd * w + b.
  * b may be NULL (no bias); mean and rstd are f32 [rows] outputs for the backward. With rms = 1 this is
- * RMSNorm: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), mean left untouched (may be NULL). */
+ * RMSNorm: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), mean left untouched (may be NULL). y may
+ * not overlap x (APEX_ERR_INVALID_ARG). */
 APEX_API apex_status apex_cuda_layer_norm_forward(const apex_tensor *x, const apex_tensor *w, const apex_tensor *b,
                                                   float eps, int rms, apex_tensor *y, apex_tensor *mean,
                                                   apex_tensor *rstd);
 /* The gradients dx (x's dtype), dw and db (w's dtype; db may be NULL; both overwritten, not
  * accumulated) from dy and the forward's x, w, mean and rstd. dw and db are summed over rows in an order
- * fixed by the shape and the GPU model (its multiprocessor count): the same bits on every run there. */
+ * fixed by the shape and the GPU model (its multiprocessor count): the same bits on every run there.
+ * dx may not overlap dy or x (APEX_ERR_INVALID_ARG). */
 APEX_API apex_status apex_cuda_layer_norm_backward(const apex_tensor *dy, const apex_tensor *x, const apex_tensor *w,
                                                    const apex_tensor *mean, const apex_tensor *rstd, int rms,
                                                    apex_tensor *dx, apex_tensor *dw, apex_tensor *db);

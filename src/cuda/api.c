@@ -67,6 +67,13 @@ static apex_status need(const char *fn, const char *what, const apex_tensor *t) 
   return APEX_OK;
 }
 
+/* 1 when the bytes of a and b overlap. */
+static int overlaps(const apex_tensor *a, const apex_tensor *b) {
+  uintptr_t pa = (uintptr_t)apex_tensor_data(a), pb = (uintptr_t)apex_tensor_data(b);
+  size_t na = apex_tensor_nbytes(a), nb = apex_tensor_nbytes(b);
+  return na && nb && pa < pb + nb && pb < pa + na;
+}
+
 static apex_status need_numel(const char *fn, const char *what, const apex_tensor *t, size_t numel) {
   apex_status st = need(fn, what, t);
   if (st == APEX_OK && apex_tensor_numel(t) != numel) {
@@ -229,6 +236,8 @@ apex_status apex_cuda_layer_norm_forward(const apex_tensor *x, const apex_tensor
       (st = need_numel(fn, "rstd", rstd, (size_t)rows)) || (st = need_dtype(fn, "rstd", rstd, APEX_F32, APEX_F32)))
     return st;
   if (!(eps >= 0.0f)) return apex__fail(APEX_ERR_INVALID_ARG, "%s: eps is %g; it must be >= 0", fn, (double)eps);
+  /* The kernels read a row into registers and may write y before other rows' x is read. */
+  if (overlaps(x, y)) return apex__fail(APEX_ERR_INVALID_ARG, "%s: y overlaps x; the norm needs an output of its own", fn);
   return apex__cuda_layer_norm_fwd(apex_tensor_data(x), xt, apex_tensor_data(w), b ? apex_tensor_data(b) : NULL,
                                    apex_tensor_dtype(w), rows, cols, eps, rms, apex_tensor_data(y),
                                    rms ? NULL : apex_tensor_data(mean), apex_tensor_data(rstd));
@@ -252,6 +261,10 @@ apex_status apex_cuda_layer_norm_backward(const apex_tensor *dy, const apex_tens
       (st = need_numel(fn, "dw", dw, (size_t)cols)) || (st = need_dtype(fn, "dw", dw, apex_tensor_dtype(w), apex_tensor_dtype(w))) ||
       (db && ((st = need_numel(fn, "db", db, (size_t)cols)) || (st = need_dtype(fn, "db", db, apex_tensor_dtype(w), apex_tensor_dtype(w))))))
     return st;
+  /* dw and db are summed from dy and x after (or while) dx is written. */
+  if (overlaps(dx, dy) || overlaps(dx, x))
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: dx overlaps %s; the gradient needs an output of its own", fn,
+                      overlaps(dx, dy) ? "dy" : "x");
   return apex__cuda_layer_norm_bwd(apex_tensor_data(dy), apex_tensor_data(x), xt, apex_tensor_data(w),
                                    apex_tensor_dtype(w), rms ? NULL : apex_tensor_data(mean), apex_tensor_data(rstd),
                                    rows, cols, rms, apex_tensor_data(dx), apex_tensor_data(dw),
@@ -531,13 +544,6 @@ apex_status apex_cuda_attention_backward(const apex_tensor *dy, const apex_tenso
 }
 
 /* ---- elementwise and reductions ------------------------------------------------------------------------- */
-
-/* 1 when the bytes of a and b overlap. */
-static int overlaps(const apex_tensor *a, const apex_tensor *b) {
-  uintptr_t pa = (uintptr_t)apex_tensor_data(a), pb = (uintptr_t)apex_tensor_data(b);
-  size_t na = apex_tensor_nbytes(a), nb = apex_tensor_nbytes(b);
-  return na && nb && pa < pb + nb && pb < pa + na;
-}
 
 /* The output y may be the input `in` itself in its dtype (an in-place update: each element is read,
  * then written, by one thread) but may not overlap it otherwise: through a shifted view, or with
