@@ -19,6 +19,7 @@ extern "C" {
 #include "core/internal.h"
 #include "cuda/cuda_internal.h"
 }
+#include "cuda/block_reduce.cuh"
 #include "cuda/dtype_dev.cuh"
 
 #define ROW_THREADS 256
@@ -42,15 +43,13 @@ static __device__ bool skipped(const AdampRule &r) { return r.d_skip && *r.d_ski
 static __device__ void block_sum4(double v[4], double (*scratch)[ROW_THREADS / 32]) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int j = 0; j < 4; j++) {
-    for (int o = 16; o > 0; o >>= 1) v[j] += __shfl_xor_sync(0xffffffffu, v[j], o);
+    v[j] = warp_sum(v[j]);
     if (lane == 0) scratch[j][warp] = v[j];
   }
   __syncthreads();
   if (warp == 0)
     for (int j = 0; j < 4; j++) {
-      double w = lane < ROW_THREADS / 32 ? scratch[j][lane] : 0.0;
-      for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
-      v[j] = w;
+      v[j] = warp_sum(lane < ROW_THREADS / 32 ? scratch[j][lane] : 0.0);
     }
 }
 

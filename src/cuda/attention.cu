@@ -94,7 +94,7 @@ __global__ void att_row_dot(const void *dy, const void *y, apex_dtype dt, float 
     const int64_t base = (bb * t + i) * (h * d) + hh * d;
     float acc = 0.0f;
     for (int64_t c = lane; c < d; c += 32) acc += apex_ld(dy, dt, base + c) * apex_ld(y, dt, base + c);
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    acc = warp_sum(acc);
     if (lane == 0) di[r] = acc;
   }
 }

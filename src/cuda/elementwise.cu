@@ -203,7 +203,7 @@ __global__ void sum_all_partial(const void *x, apex_dtype xt, int64_t n, float *
 __global__ void sum_all_final(const float *part, int nparts, int64_t n, int mean, float *y) {
   double s = 0.0;
   for (int i = threadIdx.x; i < nparts; i += 32) s += (double)part[i];
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  s = warp_sum(s);
   if (threadIdx.x == 0) *y = (float)(mean ? s / (double)n : s);
 }
 

@@ -7,6 +7,7 @@ extern "C" {
 #include "core/internal.h"
 #include "cuda/cuda_internal.h"
 }
+#include "cuda/block_reduce.cuh"
 #include "cuda/mt_apply.cuh"
 
 static apex_status launched(cudaError_t e, const char *what) {
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(MT_THREADS) sumsq_kernel(const __grid_constant
       acc += x * x;
     }
     if (bad && flag) *flag = 1;
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    acc = warp_sum(acc);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = acc;
     __syncthreads();
     if (threadIdx.x == 0) {
