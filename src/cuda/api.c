@@ -74,6 +74,14 @@ static int overlaps(const apex_tensor *a, const apex_tensor *b) {
   return na && nb && pa < pb + nb && pb < pa + na;
 }
 
+/* The output `out` must not share a byte with the input `in` (kernels that read an input after, or
+ * while, writing their output); APEX_ERR_INVALID_ARG naming both otherwise. */
+static apex_status need_apart(const char *fn, const char *oname, const apex_tensor *out, const char *iname,
+                              const apex_tensor *in) {
+  if (!overlaps(out, in)) return APEX_OK;
+  return apex__fail(APEX_ERR_INVALID_ARG, "%s: %s overlaps %s; it needs memory of its own", fn, oname, iname);
+}
+
 static apex_status need_numel(const char *fn, const char *what, const apex_tensor *t, size_t numel) {
   apex_status st = need(fn, what, t);
   if (st == APEX_OK && apex_tensor_numel(t) != numel) {
@@ -237,7 +245,7 @@ apex_status apex_cuda_layer_norm_forward(const apex_tensor *x, const apex_tensor
     return st;
   if (!(eps >= 0.0f)) return apex__fail(APEX_ERR_INVALID_ARG, "%s: eps is %g; it must be >= 0", fn, (double)eps);
   /* The kernels read a row into registers and may write y before other rows' x is read. */
-  if (overlaps(x, y)) return apex__fail(APEX_ERR_INVALID_ARG, "%s: y overlaps x; the norm needs an output of its own", fn);
+  if ((st = need_apart(fn, "y", y, "x", x))) return st;
   return apex__cuda_layer_norm_fwd(apex_tensor_data(x), xt, apex_tensor_data(w), b ? apex_tensor_data(b) : NULL,
                                    apex_tensor_dtype(w), rows, cols, eps, rms, apex_tensor_data(y),
                                    rms ? NULL : apex_tensor_data(mean), apex_tensor_data(rstd));
@@ -262,9 +270,7 @@ apex_status apex_cuda_layer_norm_backward(const apex_tensor *dy, const apex_tens
       (db && ((st = need_numel(fn, "db", db, (size_t)cols)) || (st = need_dtype(fn, "db", db, apex_tensor_dtype(w), apex_tensor_dtype(w))))))
     return st;
   /* dw and db are summed from dy and x after (or while) dx is written. */
-  if (overlaps(dx, dy) || overlaps(dx, x))
-    return apex__fail(APEX_ERR_INVALID_ARG, "%s: dx overlaps %s; the gradient needs an output of its own", fn,
-                      overlaps(dx, dy) ? "dy" : "x");
+  if ((st = need_apart(fn, "dx", dx, "dy", dy)) || (st = need_apart(fn, "dx", dx, "x", x))) return st;
   return apex__cuda_layer_norm_bwd(apex_tensor_data(dy), apex_tensor_data(x), xt, apex_tensor_data(w),
                                    apex_tensor_dtype(w), rms ? NULL : apex_tensor_data(mean), apex_tensor_data(rstd),
                                    rows, cols, rms, apex_tensor_data(dx), apex_tensor_data(dw),
@@ -615,7 +621,7 @@ apex_status apex_cuda_sum_rows(const apex_tensor *x, apex_tensor *y, int accumul
     return apex__fail(APEX_ERR_SHAPE, "%s: x %s (%zu elements) is not a whole number of rows of y's %zu columns (y %s)", fn,
                       apex_tensor_shape_str(x, xs, sizeof xs), n, cols, apex_tensor_shape_str(y, ys, sizeof ys));
   }
-  if (overlaps(x, y)) return apex__fail(APEX_ERR_INVALID_ARG, "%s: y overlaps x; the sums need an output of their own", fn);
+  if ((st = need_apart(fn, "y", y, "x", x))) return st;
   return apex__cuda_sum_rows(apex_tensor_data(x), apex_tensor_dtype(x), cols ? (int64_t)(n / cols) : 0, (int64_t)cols,
                              apex_tensor_data(y), apex_tensor_dtype(y), accumulate != 0);
 }
@@ -626,7 +632,7 @@ apex_status apex_cuda_sum_all(const apex_tensor *x, int mean, apex_tensor *y) {
   apex_status st;
   if ((st = need(fn, "x", x)) || (st = need_numel(fn, "y", y, 1)) || (st = need_dtype(fn, "y", y, APEX_F32, APEX_F32)))
     return st;
-  if (overlaps(x, y)) return apex__fail(APEX_ERR_INVALID_ARG, "%s: y overlaps x; the sum needs an output of its own", fn);
+  if ((st = need_apart(fn, "y", y, "x", x))) return st;
   return apex__cuda_sum_all(apex_tensor_data(x), apex_tensor_dtype(x), (int64_t)apex_tensor_numel(x), mean != 0,
                             apex_tensor_data(y));
 }
