@@ -213,8 +213,9 @@ gpt2_config gpt2_config_small(void) {
 static apex_status init_tensor(gpt2_cuda *m, int i, apex_rng *rng, float *host) {
   apex_tensor *t = m->param_list[i];
   size_t n = apex_tensor_numel(t);
-  int j = i >= 2 && i < m->n_tensors - 2 ? (i - 2) % GPT2_TENSORS_PER_LAYER : -1;
-  const char *name = j >= 0 ? LAYER_NAMES[j] : i == 0 ? "wte" : i == 1 ? "wpe" : i == m->n_tensors - 2 ? "lnf_w" : "lnf_b";
+  char full[64];
+  const char *name = gpt2_cuda_tensor_name(m, i, full, sizeof full), *dot = strrchr(name, '.');
+  if (dot) name = dot + 1; /* "h.3.proj_w" -> "proj_w" */
   size_t len = strlen(name);
   if (!strcmp(name + len - 2, "_b")) return apex_tensor_fill(t, 0.0f); /* biases */
   if (!strncmp(name, "ln", 2)) return apex_tensor_fill(t, 1.0f);       /* layer-norm weights */
