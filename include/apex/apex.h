@@ -21,5 +21,6 @@
 #include "apex/status.h"
 #include "apex/tensor.h"
 #include "apex/threads.h"
+#include "apex/version.h"
 
 #endif
