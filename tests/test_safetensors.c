@@ -157,6 +157,11 @@ static void test_refuses_corruption(void **state) {
   uint8_t bad[16] = {0xff, 0xff, 0xff, 0, 0, 0, 0, 0};
   assert_null(apex_safetensors_parse(bad, sizeof bad));
   tu_assert_message("does not fit");
+  /* A header of length 0 (eight zero bytes): no JSON at all. */
+  uint8_t zero[8] = {0};
+  assert_null(apex_safetensors_parse(zero, sizeof zero));
+  assert_int_equal(apex_last_status(), APEX_ERR_CORRUPT);
+  tu_assert_message("the header is empty");
   free(g);
   /* Data of the golden file is 80 + 0 + ... bytes: the first tensor is [0, 48). Each case breaks one rule. */
   const char *tail = ",\"layer.bias\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[48,56]},\"emb\":{\"dtype\":\"BF16\",\"shape\":[2,3,2],"
