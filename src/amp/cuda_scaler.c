@@ -19,7 +19,7 @@ struct apex_cuda_scaler {
 };
 
 apex_cuda_scaler *apex_cuda_scaler_create(const apex_loss_scaler_config *config) {
-  const apex_backend *b = apex__backend_need(APEX_DEVICE_CUDA, "apex_cuda_scaler_create");
+  const apex_backend *b = apex__backend_named("cuda", "apex_cuda_scaler_create");
   if (!b) return NULL;
   apex_loss_scaler *host = apex_loss_scaler_create(config);
   if (!host) return NULL;

@@ -44,6 +44,11 @@ const apex_backend *apex__backend_for(apex_device device);
 /* apex__backend_for, or NULL after APEX_ERR_UNSUPPORTED (APEX_ERR_INVALID_ARG for an unknown device)
  * with a message naming fn and why the device cannot be used. */
 const apex_backend *apex__backend_need(apex_device device, const char *fn);
+/* The backend called `name` ("cpu", "cuda"), for calls that name their backend (apex/cuda.h's), or NULL
+ * after APEX_ERR_UNSUPPORTED saying why it is not here or its device cannot be used. */
+const apex_backend *apex__backend_named(const char *name, const char *fn);
+/* A device's name for messages ("CPU", "CUDA"); "an unknown device" for one this build has no backend for. */
+const char *apex__device_name(apex_device device);
 /* APEX_ERR_UNSUPPORTED: "<fn>: <op> is not implemented on the <backend> backend". */
 apex_status apex__backend_slot_missing(const apex_backend *b, const char *fn, const char *op);
 

@@ -3,6 +3,8 @@
  * The CPU backend is always here; the CUDA backend only in a build with CUDA (APEX_HAVE_CUDA), where
  * backend/cuda/backend.c defines it. A build without it has no CUDA table at all: asking for the device
  * gives APEX_ERR_UNSUPPORTED saying how to build one. */
+#include <string.h>
+
 #include "backend/backend.h"
 #include "backend/cuda_ops.h"
 #include "core/internal.h"
@@ -32,6 +34,19 @@ const apex_backend *apex__backend_for(apex_device device) {
 const apex_backend *apex__backend_need(apex_device device, const char *fn) {
   /* apex__memory_for says what is missing (no such backend, or no usable device). */
   return apex__memory_for(device, fn) ? backends[device] : NULL;
+}
+
+const apex_backend *apex__backend_named(const char *name, const char *fn) {
+  for (int d = 0; d < APEX__DEVICE_COUNT; d++)
+    if (backends[d] && strcmp(backends[d]->name, name) == 0) return apex__backend_need((apex_device)d, fn);
+  /* Not in this build: the registry knows the device only by what is missing. */
+  if (strcmp(name, "cuda") == 0) return apex__backend_need(APEX_DEVICE_CUDA, fn);
+  return apex__fail_null(APEX_ERR_UNSUPPORTED, "%s: apex has no backend called \"%s\"", fn, name);
+}
+
+const char *apex__device_name(apex_device device) {
+  const apex_backend *b = apex__backend_for(device);
+  return b ? b->mem->name : "an unknown device";
 }
 
 apex_status apex__backend_slot_missing(const apex_backend *b, const char *fn, const char *op) {
