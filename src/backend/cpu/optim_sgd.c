@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 #include "core/internal.h"
-#include "optim/optim_internal.h"
+#include "backend/cpu/cpu_optim.h"
 
 typedef struct {
   float keep, take; /* buf = keep * buf + take * g */
@@ -47,9 +47,9 @@ APEX__INLINE void sgd_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinit
 }
 APEX__SIMD_KERNEL(sgd_tile);
 
-static apex_status sgd_step(apex__step_args *s) {
-  const apex_optim_options *o = &s->group->o;
-  const apex__active *a = s->a;
+apex_status apex__cpu_sgd_step(const apex__cpu_step *s) {
+  const apex_optim_options *o = s->o;
+  const apex__cpu_active *a = s->a;
   sgd_coef *coef = malloc((size_t)a->n * sizeof *coef);
   if (!coef) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "SGD step: out of memory");
   for (int i = 0; i < a->n; i++)
@@ -63,22 +63,3 @@ static apex_status sgd_step(apex__step_args *s) {
   free(coef);
   return st;
 }
-
-static apex_status sgd_validate(const apex_optim_options *o) {
-  if (apex__on(o->nesterov) && (o->momentum <= 0.0f || o->dampening != 0.0f))
-    return apex__fail(APEX_ERR_INVALID_ARG, "SGD: nesterov needs momentum > 0 and dampening 0 (momentum %g, "
-                      "dampening %g)", (double)o->momentum, (double)o->dampening);
-  return APEX_OK;
-}
-
-static int sgd_nstates(const apex_optim_options *o) { return o->momentum != 0.0f; }
-
-const apex__optim_ops apex__sgd_ops = {
-    .name = "SGD",
-    .fields = APEX__FIELD(LR) | APEX__FIELD(MOMENTUM) | APEX__FIELD(DAMPENING) | APEX__FIELD(WEIGHT_DECAY) |
-              APEX__FIELD(NESTEROV) | APEX__FIELD(WD_AFTER_MOMENTUM),
-    .defaults = {.lr = 1e-3f, .nesterov = APEX_OPTIM_OFF, .wd_after_momentum = APEX_OPTIM_OFF},
-    .validate = sgd_validate,
-    .nstates = sgd_nstates,
-    .step = sgd_step,
-};

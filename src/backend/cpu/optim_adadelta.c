@@ -5,7 +5,7 @@
  *     acc = rho * acc + (1 - rho) * delta * delta
  *     p -= lr * delta */
 #include "core/internal.h"
-#include "optim/optim_internal.h"
+#include "backend/cpu/cpu_optim.h"
 
 typedef struct {
   float inv_scale, lr, rho, eps, wd;
@@ -36,18 +36,8 @@ APEX__INLINE void adadelta_tile_body(void *vctx, const apex_mt_tile *t, int *non
 }
 APEX__SIMD_KERNEL(adadelta_tile);
 
-static apex_status adadelta_step(apex__step_args *s) {
-  const apex_optim_options *o = &s->group->o;
+apex_status apex__cpu_adadelta_step(const apex__cpu_step *s) {
+  const apex_optim_options *o = s->o;
   adadelta_ctx c = {s->inv_scale, o->lr, o->rho, o->eps, o->weight_decay};
   return apex__optim_run(s->a, 0, 4, 14u, &adadelta_tile, &c, "Adadelta step");
 }
-
-static int adadelta_nstates(const apex_optim_options *o) { (void)o; return 2; }
-
-const apex__optim_ops apex__adadelta_ops = {
-    .name = "Adadelta",
-    .fields = APEX__FIELD(LR) | APEX__FIELD(RHO) | APEX__FIELD(EPS) | APEX__FIELD(WEIGHT_DECAY),
-    .defaults = {.lr = 1.0f, .rho = 0.9f, .eps = 1e-6f},
-    .nstates = adadelta_nstates,
-    .step = adadelta_step,
-};
