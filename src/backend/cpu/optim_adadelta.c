@@ -6,6 +6,7 @@
  *     p -= lr * delta */
 #include "core/internal.h"
 #include "backend/cpu/cpu_optim.h"
+#include "backend/optim_rules.h"
 
 typedef struct {
   float inv_scale, lr, rho, eps, wd;
@@ -18,20 +19,13 @@ APEX__INLINE void adadelta_tile_body(void *vctx, const apex_mt_tile *t, int *non
   const float inv = c->inv_scale, rho = c->rho, nrho = 1.0f - c->rho, eps = c->eps, wd = c->wd, lr = c->lr;
   float gs[APEX_MT_TILE], std[APEX_MT_TILE], old[APEX_MT_TILE];
   for (size_t i = 0; i < t->n; i++) {
-    float gi = g[i] * inv + wd * p[i];
-    float s = rho * sq[i] + nrho * gi * gi;
-    sq[i] = s;
-    gs[i] = gi;
-    std[i] = s + eps;
+    gs[i] = apex__adadelta_accum(g[i], p[i], &sq[i], inv, wd, rho, nrho);
+    std[i] = sq[i] + eps;
     old[i] = acc[i] + eps;
   }
   apex__optim_sqrt(std, t->n);
   apex__optim_sqrt(old, t->n);
-  for (size_t i = 0; i < t->n; i++) {
-    float delta = old[i] / std[i] * gs[i];
-    acc[i] = rho * acc[i] + nrho * delta * delta;
-    p[i] = p[i] - lr * delta;
-  }
+  for (size_t i = 0; i < t->n; i++) p[i] = apex__adadelta_apply(p[i], gs[i], old[i], std[i], &acc[i], rho, nrho, lr);
   *nonfinite = 0;
 }
 APEX__SIMD_KERNEL(adadelta_tile);

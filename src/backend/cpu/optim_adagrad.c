@@ -8,6 +8,7 @@
 
 #include "core/internal.h"
 #include "backend/cpu/cpu_optim.h"
+#include "backend/optim_rules.h"
 
 typedef struct {
   float inv_scale, eps, l2, wd_w;
@@ -21,14 +22,11 @@ APEX__INLINE void adagrad_tile_body(void *vctx, const apex_mt_tile *t, int *nonf
   const float inv = c->inv_scale, l2 = c->l2, eps = c->eps, ww = c->wd_w, clr = c->clr[t->tensor];
   float gs[APEX_MT_TILE], d[APEX_MT_TILE];
   for (size_t i = 0; i < t->n; i++) {
-    float gi = g[i] * inv + l2 * p[i];
-    float hi = h[i] + gi * gi;
-    h[i] = hi;
-    gs[i] = gi;
-    d[i] = hi;
+    gs[i] = apex__adagrad_accum(g[i], p[i], &h[i], inv, l2);
+    d[i] = h[i];
   }
   apex__optim_sqrt(d, t->n);
-  for (size_t i = 0; i < t->n; i++) p[i] = p[i] - clr * (gs[i] / (d[i] + eps) + ww * p[i]);
+  for (size_t i = 0; i < t->n; i++) p[i] = apex__adagrad_apply(p[i], gs[i], d[i], clr, eps, ww);
   *nonfinite = 0;
 }
 APEX__SIMD_KERNEL(adagrad_tile);

@@ -11,6 +11,7 @@
 
 #include "core/internal.h"
 #include "backend/cpu/cpu_optim.h"
+#include "backend/optim_rules.h"
 
 typedef struct {
   float step_size;    /* lr / bc1 */
@@ -30,26 +31,15 @@ APEX__INLINE void adam_tile_body(void *vctx, const apex_mt_tile *t, int *nonfini
   const float inv = c->inv_scale, b1 = c->beta1, b2 = c->beta2, l2 = c->l2;
   const float nb1 = 1.0f - b1, nb2 = 1.0f - b2;
   float d[APEX_MT_TILE];
-  for (size_t i = 0; i < t->n; i++) {
-    float gi = g[i] * inv + l2 * p[i];
-    float mi = b1 * m[i] + nb1 * gi;
-    float vi = b2 * v[i] + nb2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    d[i] = vi;
-  }
+  for (size_t i = 0; i < t->n; i++) d[i] = apex__adam_moments(g[i], p[i], &m[i], &v[i], inv, l2, b1, nb1, b2, nb2);
   if (c->amsgrad) {
     float *vmax = t->p[4];
-    for (size_t i = 0; i < t->n; i++) {
-      float x = vmax[i] > d[i] ? vmax[i] : d[i];
-      vmax[i] = x;
-      d[i] = x;
-    }
+    for (size_t i = 0; i < t->n; i++) d[i] = apex__adam_amsgrad(&vmax[i], d[i]);
   }
   apex__optim_sqrt(d, t->n);
   const float ss = c->coef[t->tensor].step_size, ib = c->coef[t->tensor].inv_bc2_sqrt, eps = c->eps;
   const float decay = c->decay;
-  for (size_t i = 0; i < t->n; i++) p[i] = p[i] * decay - ss * (m[i] / (d[i] * ib + eps));
+  for (size_t i = 0; i < t->n; i++) p[i] = apex__adam_apply(p[i], m[i], d[i], decay, ss, ib, eps);
   *nonfinite = 0;
 }
 APEX__SIMD_KERNEL(adam_tile);

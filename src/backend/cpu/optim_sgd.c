@@ -11,6 +11,8 @@
 
 #include "core/internal.h"
 #include "backend/cpu/cpu_optim.h"
+#include "backend/optim_rules.h"
+#include "backend/optim_rules.h"
 
 typedef struct {
   float keep, take; /* buf = keep * buf + take * g */
@@ -27,21 +29,12 @@ APEX__INLINE void sgd_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinit
   float *p = t->p[1];
   const float inv = c->inv_scale, lr = c->lr, wb = c->wd_before, wa = c->wd_after;
   if (c->momentum == 0.0f) {
-    for (size_t i = 0; i < t->n; i++) {
-      float d = g[i] * inv + wb * p[i];
-      p[i] = p[i] - lr * (d + wa * p[i]);
-    }
+    for (size_t i = 0; i < t->n; i++) p[i] = apex__sgd_rule(g[i], p[i], NULL, 0, inv, wb, wa, 0.0f, 0.0f, 0.0f, 0.0f, lr);
   } else {
     float *buf = t->p[2];
     const float keep = c->coef[t->tensor].keep, take = c->coef[t->tensor].take;
     const float ng = c->nest_g, nb = c->nest_buf;
-    for (size_t i = 0; i < t->n; i++) {
-      float d = g[i] * inv + wb * p[i];
-      float b = keep * buf[i] + take * d;
-      buf[i] = b;
-      d = ng * d + nb * b;
-      p[i] = p[i] - lr * (d + wa * p[i]);
-    }
+    for (size_t i = 0; i < t->n; i++) p[i] = apex__sgd_rule(g[i], p[i], &buf[i], 1, inv, wb, wa, keep, take, ng, nb, lr);
   }
   *nonfinite = 0;
 }
