@@ -99,8 +99,34 @@ static const struct {
     {"mt_unscale_flat", MT_UNSCALE_FLAT, 0},
 };
 
-/* Two steps of each kind with weight decay 0.01 and gradients scaled by 4 (unscaled inside the
- * kernel). GPU bound as for mt_cases: transcendental and square-root rounding may differ there. */
+/* Two steps of every kind with its defaults, then the variants that take other branches of the
+ * update rules; each with weight decay 0.01 and gradients scaled by 4 (unscaled inside the kernel). */
+static const struct {
+  const char *name;
+  apex_optim_kind kind;
+  apex_optim_options opts;
+} optim_cases[] = {
+    {"sgd", APEX_OPTIM_SGD, {.weight_decay = 0.01f}},
+    {"adam", APEX_OPTIM_ADAM, {.weight_decay = 0.01f}},
+    {"adamw", APEX_OPTIM_ADAMW, {.weight_decay = 0.01f}},
+    {"adamp", APEX_OPTIM_ADAMP, {.weight_decay = 0.01f}},
+    {"lamb", APEX_OPTIM_LAMB, {.weight_decay = 0.01f}},
+    {"adadelta", APEX_OPTIM_ADADELTA, {.weight_decay = 0.01f}},
+    {"adagrad", APEX_OPTIM_ADAGRAD, {.weight_decay = 0.01f}},
+    {"rmsprop", APEX_OPTIM_RMSPROP, {.weight_decay = 0.01f}},
+    {"rmsprop_tf", APEX_OPTIM_RMSPROP_TF, {.weight_decay = 0.01f}},
+    {"novograd", APEX_OPTIM_NOVOGRAD, {.weight_decay = 0.01f}},
+    {"sgd_nesterov", APEX_OPTIM_SGD, {.momentum = 0.9f, .nesterov = APEX_OPTIM_ON, .weight_decay = 0.01f}},
+    {"adam_amsgrad", APEX_OPTIM_ADAM, {.amsgrad = APEX_OPTIM_ON, .weight_decay = 0.01f}},
+    {"adamp_nesterov", APEX_OPTIM_ADAMP, {.nesterov = APEX_OPTIM_ON, .weight_decay = 0.01f}},
+    {"lamb_nvlamb", APEX_OPTIM_LAMB, {.use_nvlamb = APEX_OPTIM_ON, .weight_decay = 0.01f}},
+    {"adagrad_w_mode", APEX_OPTIM_ADAGRAD, {.adagrad_w_mode = APEX_OPTIM_ON, .weight_decay = 0.01f}},
+    {"rmsprop_centered", APEX_OPTIM_RMSPROP, {.momentum = 0.9f, .centered = APEX_OPTIM_ON, .weight_decay = 0.01f}},
+    {"rmsprop_tf_decoupled", APEX_OPTIM_RMSPROP_TF, {.momentum = 0.9f, .decoupled_decay = APEX_OPTIM_ON, .weight_decay = 0.01f}},
+    {"novograd_inf", APEX_OPTIM_NOVOGRAD, {.norm_type = APEX_OPTIM_NORM_INF, .weight_decay = 0.01f}},
+};
+
+/* GPU bound as for mt_cases: transcendental and square-root rounding may differ there. */
 #define OPTIM_CUDA_REL 1e-5
 
 #endif

@@ -383,7 +383,7 @@ static void test_multi_tensor_cases(void **state) {
 
 /* ---- optimizer cases ------------------------------------------------------------------------------ */
 
-static apex_status run_optim(apex_optim_kind kind, apex_dtype dt, apex_device dev, apex_cpu_isa isa, result *r) {
+static apex_status run_optim(int oc, apex_dtype dt, apex_device dev, apex_cpu_isa isa, result *r) {
   apex_tensor *p[MT_N], *g[MT_N];
   mt_tensors(p, dt, dev, 11, 1.0f, 0);
   mt_tensors(g, dt, dev, 22, 4.0f, 0); /* gradients scaled by 4 */
@@ -395,7 +395,7 @@ static apex_status run_optim(apex_optim_kind kind, apex_dtype dt, apex_device de
       goto out;
     }
   use_isa(isa);
-  if (!(opt = apex_optimizer_create(kind, &(apex_optim_options){.weight_decay = 0.01f}))) {
+  if (!(opt = apex_optimizer_create(optim_cases[oc].kind, &optim_cases[oc].opts))) {
     st = apex_last_status();
     goto out;
   }
@@ -416,12 +416,16 @@ out:
 
 static void test_optimizer_cases(void **state) {
   (void)state;
+  int kinds[APEX_OPTIM_KIND_COUNT] = {0};
+  for (size_t k = 0; k < sizeof optim_cases / sizeof optim_cases[0]; k++) kinds[optim_cases[k].kind] = 1;
   for (int k = 0; k < APEX_OPTIM_KIND_COUNT; k++)
+    if (!kinds[k]) fail_msg("optimizer kind %s has no case in backend_ops_cases.h", apex_optim_kind_name((apex_optim_kind)k));
+  for (int k = 0; k < (int)(sizeof optim_cases / sizeof optim_cases[0]); k++)
     for (int d = 0; d < 3; d++) {
       apex_dtype dt = dtypes[d];
-      const char *name = apex_optim_kind_name((apex_optim_kind)k);
+      const char *name = optim_cases[k].name;
       result ref = {0};
-      if (run_optim((apex_optim_kind)k, dt, APEX_DEVICE_CPU, APEX_CPU_ISA_PORTABLE, &ref) != APEX_OK)
+      if (run_optim(k, dt, APEX_DEVICE_CPU, APEX_CPU_ISA_PORTABLE, &ref) != APEX_OK)
         fail_msg("%s %s on the reference path: %s", name, apex_dtype_name(dt), apex_last_error());
       for (int bi = 0; bi < n_backends; bi++) {
         if (!backends[bi].present) {
@@ -429,7 +433,7 @@ static void test_optimizer_cases(void **state) {
           continue;
         }
         result got = {0};
-        apex_status st = run_optim((apex_optim_kind)k, dt, backends[bi].device, backends[bi].isa, &got);
+        apex_status st = run_optim(k, dt, backends[bi].device, backends[bi].isa, &got);
         judge(bi, dt, "optim", name, st, &ref, &got, backends[bi].device == APEX_DEVICE_CUDA ? OPTIM_CUDA_REL : 0);
         result_free(&got);
       }
