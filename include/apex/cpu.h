@@ -18,8 +18,10 @@ extern "C" {
 #endif
 
 /* Levels in increasing order; each includes the ones below it. The zero value is NATIVE: no cap.
- *   PORTABLE     plain C everywhere. Matrix products use apex's reference product (plain C with a
- *                double accumulator per element: correct but far slower than a BLAS).
+ *   PORTABLE     plain C everywhere. As a cap, it also moves the matrix products from OpenBLAS to
+ *                apex's reference product (plain C with a double accumulator per element: correct
+ *                but far slower than a BLAS); a CPU that is portable by nature (no AVX2, or not
+ *                x86) keeps OpenBLAS.
  *   AVX2         AVX2 + F16C + FMA conversions and optimizer tiles; matrix products by OpenBLAS
  *                (whose own kernel choice OPENBLAS_CORETYPE governs).
  *   AVX512       AVX-512F: apex's own matrix product kernel.

@@ -65,16 +65,15 @@ int apex__gemm_set_own_kernel(int on) {
 }
 
 /* One single-threaded product, by the maximum ISA (apex/cpu.h): apex's AVX-512 kernel at AVX512 and
- * above (OpenBLAS is pinned to its AVX2 kernels on this project's machines; see sgemm_avx512.c),
- * OpenBLAS at AVX2, the plain-C reference product (sgemm_ref.c) at PORTABLE. */
+ * above (OpenBLAS is pinned to its AVX2 kernels on this project's machines; see sgemm_avx512.c), the
+ * plain-C reference product (sgemm_ref.c) when the cap asks for PORTABLE, else OpenBLAS. */
 static void sgemm1(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
                    float beta, float *c, int ldc) {
-  apex_cpu_isa isa = apex_cpu_max_isa();
-  if (isa < APEX_CPU_ISA_AVX2) {
+  if (apex__cpu_capped_portable()) {
     apex__sgemm_ref(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  if (own_kernel && isa >= APEX_CPU_ISA_AVX512 && apex__sgemm_avx512_ok()) {
+  if (own_kernel && apex_cpu_max_isa() >= APEX_CPU_ISA_AVX512 && apex__sgemm_avx512_ok()) {
     apex__sgemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }

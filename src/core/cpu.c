@@ -117,6 +117,11 @@ apex_cpu_isa apex_cpu_max_isa(void) {
   return cap == APEX_CPU_ISA_NATIVE || cap > (int)native ? native : (apex_cpu_isa)cap;
 }
 
+int apex__cpu_capped_portable(void) {
+  apex_cpu_max_isa(); /* reads the environment if nothing set the cap yet */
+  return cap == APEX_CPU_ISA_PORTABLE;
+}
+
 /* ---- apex_simd_set: the cap under its first name (dtype.h) ----------------------------------------- */
 
 apex_status apex_simd_set(apex_simd simd) {
