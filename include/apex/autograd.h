@@ -124,8 +124,8 @@ APEX_API size_t apex_graph_saved_bytes(const apex_graph *g);
 
 /* A leaf var that takes ownership of `value` (destroyed with the var). With requires_grad, the var
  * gets a zero grad tensor of value's dtype and shape. NULL for a NULL value or failed allocation,
- * and for a value on the GPU (APEX_ERR_DEVICE: autograd's ops run on the CPU for now; the same holds
- * for apex_graph_input and apex_var_swap_value). */
+ * and for a value on the GPU (APEX_ERR_DEVICE: autograd's ops run on the CPU; the same holds for
+ * apex_graph_input and apex_var_swap_value). */
 APEX_API apex_var *apex_var_create(apex_tensor *value, int requires_grad);
 /* Destroys a leaf var, its value and its grad (NULL is fine). Graph vars are owned by their graph:
  * passing one here does nothing. */
