@@ -15,16 +15,13 @@ static apex_status pg_stats(void *ctx, const apex_tensor *x, apex_tensor *mean, 
 
 static apex_status pg_reduce(void *ctx, apex_tensor *sums) { return apex_pg_allreduce((apex_pg *)ctx, sums, APEX_REDUCE_SUM); }
 
+static apex__bn_stats_hook pg_hook(apex_pg *pg) { return (apex__bn_stats_hook){pg_stats, pg_reduce, pg}; }
+
 apex_var *apex_sync_batch_norm(apex_graph *g, apex_pg *pg, apex_var *x, apex_var *weight, apex_var *bias, apex_tensor *running_mean,
                                apex_tensor *running_var, const apex_batch_norm_options *opts) {
   if (!pg) return apex__fail_null(APEX_ERR_INVALID_ARG, "sync_batch_norm: pg is NULL");
-  apex__bn_stats_hook hook = {pg_stats, pg_reduce, pg};
+  apex__bn_stats_hook hook = pg_hook(pg);
   return apex__batch_norm_hooked(g, &hook, x, weight, bias, running_mean, running_var, opts);
-}
-
-static apex_var *sbn_forward(void *ctx, apex_graph *g, apex_var *x, apex_var *w, apex_var *b, apex_tensor *rm, apex_tensor *rv,
-                             const apex_batch_norm_options *o) {
-  return apex_sync_batch_norm(g, (apex_pg *)ctx, x, w, b, rm, rv, o);
 }
 
 apex_status apex_convert_sync_batchnorm(apex_model *m, apex_pg *pg, int *count) {
@@ -33,8 +30,7 @@ apex_status apex_convert_sync_batchnorm(apex_model *m, apex_pg *pg, int *count) 
   for (size_t i = 0; i < m->n_modules; i++) {
     apex_module *mod = m->modules[i];
     if (mod->kind != NN_BATCH_NORM1D && mod->kind != NN_BATCH_NORM2D) continue;
-    mod->bn_forward = pg ? sbn_forward : NULL;
-    mod->bn_ctx = pg;
+    mod->bn_hook = pg ? pg_hook(pg) : (apex__bn_stats_hook){0};
     if (count) (*count)++;
   }
   return APEX_OK;
