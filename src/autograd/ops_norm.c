@@ -149,39 +149,42 @@ static apex_var *batch_norm(apex_graph *g, const apex__bn_stats_hook *hook, apex
   out->p.bn.plane = (int64_t)S;
   out->p.bn.count = count;
   if (hook) out->p.bn.hook = *hook;
+  if (hook) {
+    /* The hook's statistics as they are; its f32 values update the running ones. */
 #pragma omp parallel for schedule(static) if (X->numel > AG_PAR_MIN)
-  for (size_t c = 0; c < C; c++) {
-    float m, r;
-    if (hook) {
-      m = mf[c];
-      r = rf[c];
+    for (size_t c = 0; c < C; c++) {
       if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mf[c]);
       if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * vf[c]);
-    } else {
-      double mean, var;
-      if (training) {
-        double sa[AG_LANES] = {0}, qa[AG_LANES] = {0};
-        for (size_t n = 0; n < N; n++) {
-          ag_prefetch_plane(xf, N, C, S, n, c, 0);
-          apex__lanes_add(sa, xf + (n * C + c) * S, S);
-        }
-        mean = apex__lanes_total(sa) / (double)M;
-        for (size_t n = 0; n < N; n++) {
-          ag_prefetch_plane(xf, N, C, S, n, c, 0);
-          lanes_sq(qa, xf + (n * C + c) * S, S, (float)mean);
-        }
-        double q = apex__lanes_total(qa);
-        var = q / (double)M;
-        if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mean);
-        if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * q / (double)(M - 1));
-      } else {
-        mean = rm[c];
-        var = rv[c];
-      }
-      m = (float)mean;
-      r = (float)(1.0 / sqrt(var + eps));
+      st[c] = mf[c];
+      st[C + c] = rf[c];
+      apex__bn_normalize_channel(xf, o, N, C, S, c, mf[c], rf[c], wf ? wf[c] : 1.0f, bf ? bf[c] : 0.0f, 0);
     }
-    float w = wf ? wf[c] : 1.0f, b = bf ? bf[c] : 0.0f;
+    apex__store(out, o);
+    return out;
+  }
+#pragma omp parallel for schedule(static) if (X->numel > AG_PAR_MIN)
+  for (size_t c = 0; c < C; c++) {
+    double mean, var;
+    if (training) {
+      double sa[AG_LANES] = {0}, qa[AG_LANES] = {0};
+      for (size_t n = 0; n < N; n++) {
+        ag_prefetch_plane(xf, N, C, S, n, c, 0);
+        apex__lanes_add(sa, xf + (n * C + c) * S, S);
+      }
+      mean = apex__lanes_total(sa) / (double)M;
+      for (size_t n = 0; n < N; n++) {
+        ag_prefetch_plane(xf, N, C, S, n, c, 0);
+        lanes_sq(qa, xf + (n * C + c) * S, S, (float)mean);
+      }
+      double q = apex__lanes_total(qa);
+      var = q / (double)M;
+      if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mean);
+      if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * q / (double)(M - 1));
+    } else {
+      mean = rm[c];
+      var = rv[c];
+    }
+    float m = (float)mean, r = (float)(1.0 / sqrt(var + eps)), w = wf ? wf[c] : 1.0f, b = bf ? bf[c] : 0.0f;
     st[c] = m;
     st[C + c] = r;
     apex__bn_normalize_channel(xf, o, N, C, S, c, m, r, w, b, opts->relu);
