@@ -93,8 +93,10 @@ APEX_API apex_status apex_cuda_scaler_unscale(apex_cuda_scaler *s, apex_tensor *
                                               int n);
 /* Multiplies a device tensor (say the loss gradient that seeds backward) by the scale, in place. */
 APEX_API apex_status apex_cuda_scaler_scale_tensor(apex_cuda_scaler *s, apex_tensor *t);
-/* Applies one update from found_inf (as apex_loss_scaler_update) and clears the flag. Returns at once;
- * APEX_ERR_SCALE_AT_MIN cannot be reported without waiting: read the state to find out. */
+/* Applies one update from found_inf (as apex_loss_scaler_update) and clears the flag. Returns at once,
+ * so it cannot say whether the overflow came with the scale already at min_scale (what
+ * apex_loss_scaler_at_min reports on the CPU) without waiting: read the state to find out (the scale
+ * at min_scale and `skipped` grown). */
 APEX_API apex_status apex_cuda_scaler_update(apex_cuda_scaler *s);
 /* The state (waits for the GPU), and the reverse (validated as apex_loss_scaler_set_state); save and
  * load it with apex_loss_scaler_save/load through an apex_loss_scaler. */

@@ -46,8 +46,9 @@ APEX_API apex_status apex_fp16_optimizer_clip_master_grads(apex_fp16_optimizer *
 
 /* Checks every gradient for Inf/NaN in one read pass, updates the loss scale, and steps the
  * optimizer with the gradients unscaled in its kernel, or skips the step on overflow (*skipped, may
- * be NULL, says which). Returns APEX_ERR_SCALE_AT_MIN (step skipped) when the gradients overflow
- * with the dynamic scale already at its minimum; the optimizer's errors otherwise. */
+ * be NULL, says which). Returns APEX_OK for a step taken or skipped, the optimizer's errors
+ * otherwise. An overflow with the dynamic scale already at its minimum is a skipped step too:
+ * apex_loss_scaler_at_min(apex_fp16_optimizer_scaler(fo)) is then 1. */
 APEX_API apex_status apex_fp16_optimizer_step(apex_fp16_optimizer *fo, int *skipped);
 
 /* The wrapper's state: the scaler's state, then the optimizer's (apex_optimizer_save), so that a run

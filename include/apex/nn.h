@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "apex/autograd.h"
+#include "apex/optim.h"
 #include "apex/nn_ops.h"
 #include "apex/rng.h"
 
@@ -72,6 +73,16 @@ APEX_API apex_tensor *apex_model_find_buffer(const apex_model *m, const char *na
 APEX_API int apex_model_param_in_batch_norm(const apex_model *m, size_t i);
 /* Zeroes every parameter's grad. APEX_ERR_INVALID_ARG for NULL. */
 APEX_API apex_status apex_model_zero_grad(apex_model *m);
+
+/* Adds every parameter of m, in creation order, with its gradient to opt as one new group
+ * (apex_optimizer_add_group over apex_var_value / apex_var_grad of each apex_model_param): opts NULL
+ * means the optimizer's defaults, and the group's index goes to *group_out (may be NULL). Call it
+ * before apex_amp_initialize, as with add_group. Errors, each changing nothing: APEX_ERR_INVALID_ARG
+ * for NULL opt or m or a model without parameters; whatever apex_optimizer_add_group refuses (a
+ * parameter already in one of opt's groups, a bad option, ...), its message prefixed with this
+ * call's name. */
+APEX_API apex_status apex_optimizer_add_model(apex_optimizer *opt, const apex_model *m, const apex_optim_options *opts,
+                                              int *group_out);
 
 /* ---- modules --------------------------------------------------------------------------------- */
 

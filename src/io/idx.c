@@ -27,7 +27,6 @@ static int read_all(gzFile f, void *buf, size_t n) {
 
 apex_status apex_idx_load(const char *path, apex_idx **out) {
   if (!path || !out) return apex__fail(APEX_ERR_INVALID_ARG, "apex_idx_load: NULL %s", path ? "out" : "path");
-  *out = NULL;
   gzFile f = gzopen(path, "rb");
   if (!f) return apex__fail(APEX_ERR_IO, "apex_idx_load: cannot open %s", path);
   uint8_t head[4];
