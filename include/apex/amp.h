@@ -66,6 +66,7 @@ APEX_API apex_status apex_amp_initialize(apex_model *const *models, int n_models
                                          const apex_amp_config *config, apex_amp **out);
 /* Frees amp's state (scalers, master gradients); models and optimizers keep their current dtypes. */
 APEX_API void apex_amp_destroy(apex_amp *amp);
+/* The resolved properties (amp_config.h); NULL (with a message) for NULL. */
 APEX_API const apex_amp_properties *apex_amp_properties_of(const apex_amp *amp);
 
 /* Prepares a graph for this amp: autocast on in half_type under patch_functions (off otherwise) and
@@ -136,21 +137,23 @@ APEX_API apex_loss_scaler *apex_amp_loss_scaler(const apex_amp *amp, int loss_id
  * but the model or its data make Inf/NaN at any scale, so a training loop usually stops. 0
  * otherwise, when amp is disabled, and (with an APEX_ERR_INVALID_ARG message) for a bad loss_id. */
 APEX_API int apex_amp_scale_at_min(const apex_amp *amp, int loss_id);
-/* The current scale of a loss scaler (1 when disabled); NaN for a bad loss_id. */
+/* The current scale of a loss scaler (1 when disabled); NaN (with a message) for a bad loss_id or a
+ * NULL amp. */
 APEX_API float apex_amp_loss_scale(const apex_amp *amp, int loss_id);
 /* The f32 master of parameter i of an optimizer group (Apex's amp.master_params): what the
  * optimizer updates. NULL for a bad index. */
 APEX_API apex_tensor *apex_amp_master_param(const apex_amp *amp, apex_optimizer *opt, int group, int i);
 /* The f32 master that amp's optimizers keep of a model parameter (O2), or NULL when there is none:
  * the optimizer updates the parameter itself (O0, O1, O3, batch norm kept in f32), or the parameter
- * is in none of amp's optimizers. */
+ * is in none of amp's optimizers (or amp or param is NULL: then with a message). */
 APEX_API apex_tensor *apex_amp_master_of(const apex_amp *amp, const apex_var *param);
 /* Clips the global norm of an optimizer's (unscaled, master) gradients to max_norm, as
  * torch.nn.utils.clip_grad_norm_(amp.master_params(opt), max_norm); *total_norm (may be NULL)
  * receives the norm before clipping. Call after apex_amp_backward, before apex_amp_step. */
 APEX_API apex_status apex_amp_clip_grad_norm(apex_amp *amp, apex_optimizer *opt, float max_norm, float *total_norm);
 
-/* amp's state: every loss scaler, bitwise (Apex's amp.state_dict). */
+/* amp's state: every loss scaler, bitwise (Apex's amp.state_dict). The size is 0 (with a message)
+ * for a NULL amp. */
 APEX_API size_t apex_amp_state_size(const apex_amp *amp);
 APEX_API apex_status apex_amp_state_save(const apex_amp *amp, uint8_t *buf, size_t size);
 /* Refuses (APEX_ERR_CORRUPT / APEX_ERR_STATE, nothing changed) a buffer of another size, a different

@@ -101,7 +101,9 @@ APEX_API void apex_graph_destroy(apex_graph *g);
  * Grad mode, autocast and category overrides are kept. */
 APEX_API void apex_graph_reset(apex_graph *g);
 /* Turns recording on (1) or off (0, "no-grad" mode for evaluation); returns the previous setting.
- * With recording off, ops compute values only and their results do not require gradients. */
+ * With recording off, ops compute values only and their results do not require gradients. The graph
+ * functions that return a value (this one, the byte counts, apex_graph_autocast_enabled and
+ * apex_graph_config_tag) give 0 for a NULL graph, with an APEX_ERR_INVALID_ARG message. */
 APEX_API int apex_graph_set_grad_enabled(apex_graph *g, int enabled);
 /* Turns autocast on in `dtype` (APEX_F16 or APEX_BF16) or off (enabled = 0). APEX_ERR_DTYPE for
  * another dtype; APEX_ERR_INVALID_ARG for a NULL graph. */

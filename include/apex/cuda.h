@@ -83,7 +83,8 @@ typedef struct apex_cuda_scaler apex_cuda_scaler;
 /* A scaler from the configuration (NULL = the defaults), validated as apex_loss_scaler_create. */
 APEX_API apex_cuda_scaler *apex_cuda_scaler_create(const apex_loss_scaler_config *config);
 APEX_API void apex_cuda_scaler_destroy(apex_cuda_scaler *s);
-/* Device pointers: the current scale (f32) and the found_inf flag (int32, nonzero = overflow seen). */
+/* Device pointers: the current scale (f32) and the found_inf flag (int32, nonzero = overflow seen);
+ * NULL for a NULL scaler. */
 APEX_API const float *apex_cuda_scaler_scale_ptr(const apex_cuda_scaler *s);
 APEX_API int *apex_cuda_scaler_found_inf_ptr(apex_cuda_scaler *s);
 /* Raises found_inf if any element of the n device tensors is Inf or NaN; reads them only. */

@@ -34,7 +34,8 @@ typedef struct apex_fp16_optimizer apex_fp16_optimizer;
 APEX_API apex_fp16_optimizer *apex_fp16_optimizer_create(apex_optimizer *opt, const apex_loss_scaler_config *scaling);
 APEX_API void apex_fp16_optimizer_destroy(apex_fp16_optimizer *fo);
 
-/* The scale to multiply the loss by (or to seed the backward with). */
+/* The scale to multiply the loss by (or to seed the backward with). These three accessors answer a
+ * NULL fo with NaN or NULL and an APEX_ERR_INVALID_ARG message. */
 APEX_API float apex_fp16_optimizer_loss_scale(const apex_fp16_optimizer *fo);
 /* The wrapped optimizer, and its scaler (borrowed). */
 APEX_API apex_optimizer *apex_fp16_optimizer_optimizer(const apex_fp16_optimizer *fo);

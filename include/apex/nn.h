@@ -51,7 +51,10 @@ APEX_API apex_model *apex_model_create(const apex_model_options *opts);
 /* Frees the model, its modules, parameters and buffers (NULL is fine). */
 APEX_API void apex_model_destroy(apex_model *m);
 
-/* Training (1) or evaluation (0) mode: batch norm statistics and dropout follow it. */
+/* The model accessors below take a NULL model without crashing: is_training, num_params,
+ * param_elements and num_buffers give 0, the others NULL, each with an APEX_ERR_INVALID_ARG message.
+ *
+ * Training (1) or evaluation (0) mode: batch norm statistics and dropout follow it. */
 APEX_API void apex_model_train(apex_model *m, int training);
 APEX_API int apex_model_is_training(const apex_model *m);
 /* The generator dropout modules draw from (seeded with the model's seed at creation). */
@@ -88,9 +91,9 @@ APEX_API apex_status apex_optimizer_add_model(apex_optimizer *opt, const apex_mo
 
 /* Runs the module on x. Embedding modules take ids instead: apex_embedding_forward. */
 APEX_API apex_var *apex_module_forward(apex_module *mod, apex_graph *g, apex_var *x);
-/* The module's full name ("" for an unnamed one). */
+/* The module's full name ("" for an unnamed one, and with a message for NULL). */
 APEX_API const char *apex_module_name(const apex_module *mod);
-/* The module's parameter called `local` ("weight", "bias"), or NULL. */
+/* The module's parameter called `local` ("weight", "bias"), or NULL (with a message for a NULL mod). */
 APEX_API apex_var *apex_module_param(const apex_module *mod, const char *local);
 
 /* nn.Linear: y = x w^T + b; weight [out, in], bias [out] when `bias`. */

@@ -341,7 +341,10 @@ apex_status apex_amp_initialize(apex_model *const *models, int n_models, apex_op
   return APEX_OK;
 }
 
-const apex_amp_properties *apex_amp_properties_of(const apex_amp *amp) { return amp ? &amp->p : NULL; }
+const apex_amp_properties *apex_amp_properties_of(const apex_amp *amp) {
+  if (!amp) apex__fail_null_arg(__func__, "amp");
+  return amp ? &amp->p : NULL;
+}
 
 /* ---- graphs and forward ------------------------------------------------------------------------- */
 
@@ -632,7 +635,7 @@ apex_status apex_amp_zero_grad(apex_amp *amp) {
 
 apex_loss_scaler *apex_amp_loss_scaler(const apex_amp *amp, int loss_id) {
   if (!amp || loss_id < 0 || loss_id >= amp->p.num_losses)
-    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_amp_loss_scaler: no loss scaler %d", loss_id);
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_amp_loss_scaler: no loss scaler %d%s", loss_id, amp ? "" : " (NULL amp)");
   return amp->scalers[loss_id];
 }
 
@@ -645,7 +648,10 @@ int apex_amp_scale_at_min(const apex_amp *amp, int loss_id) {
 }
 
 float apex_amp_loss_scale(const apex_amp *amp, int loss_id) {
-  if (!amp || loss_id < 0 || loss_id >= amp->p.num_losses) return NAN;
+  if (!amp || loss_id < 0 || loss_id >= amp->p.num_losses) {
+    apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_loss_scale: no loss scaler %d%s", loss_id, amp ? "" : " (NULL amp)");
+    return NAN;
+  }
   return amp->p.enabled ? apex_loss_scaler_scale(amp->scalers[loss_id]) : 1.0f;
 }
 
@@ -655,6 +661,7 @@ apex_tensor *apex_amp_master_param(const apex_amp *amp, apex_optimizer *opt, int
 }
 
 apex_tensor *apex_amp_master_of(const apex_amp *amp, const apex_var *param) {
+  if (!amp || !param) apex__fail_null_arg(__func__, amp ? "param" : "amp");
   for (int o = 0; amp && param && o < amp->n_opts; o++)
     for (int k = 0; k < amp->opts[o].n; k++) {
       const amp_param *ap = &amp->opts[o].params[k];
@@ -674,6 +681,7 @@ apex_status apex_amp_clip_grad_norm(apex_amp *amp, apex_optimizer *opt, float ma
 
 /* Layout: u32 number of losses, then each scaler's APEX_LOSS_SCALER_STATE_BYTES. */
 size_t apex_amp_state_size(const apex_amp *amp) {
+  if (!amp) apex__fail_null_arg(__func__, "amp");
   return amp ? 4 + (size_t)amp->p.num_losses * APEX_LOSS_SCALER_STATE_BYTES : 0;
 }
 

@@ -33,9 +33,18 @@ void apex_fp16_optimizer_destroy(apex_fp16_optimizer *fo) {
   free(fo);
 }
 
-float apex_fp16_optimizer_loss_scale(const apex_fp16_optimizer *fo) { return fo ? apex_loss_scaler_scale(fo->scaler) : NAN; }
-apex_optimizer *apex_fp16_optimizer_optimizer(const apex_fp16_optimizer *fo) { return fo ? fo->opt : NULL; }
-apex_loss_scaler *apex_fp16_optimizer_scaler(const apex_fp16_optimizer *fo) { return fo ? fo->scaler : NULL; }
+/* The accessors answer NULL with the value fp16_optimizer.h gives and a message. */
+static int null_fo(const apex_fp16_optimizer *fo, const char *fn) {
+  if (fo) return 0;
+  apex__fail_null_arg(fn, "FP16_Optimizer");
+  return 1;
+}
+
+float apex_fp16_optimizer_loss_scale(const apex_fp16_optimizer *fo) {
+  return null_fo(fo, __func__) ? NAN : apex_loss_scaler_scale(fo->scaler);
+}
+apex_optimizer *apex_fp16_optimizer_optimizer(const apex_fp16_optimizer *fo) { return null_fo(fo, __func__) ? NULL : fo->opt; }
+apex_loss_scaler *apex_fp16_optimizer_scaler(const apex_fp16_optimizer *fo) { return null_fo(fo, __func__) ? NULL : fo->scaler; }
 
 apex_status apex_fp16_optimizer_clip_master_grads(apex_fp16_optimizer *fo, float max_norm, float *total_norm) {
   if (!fo) return apex__fail(APEX_ERR_INVALID_ARG, "apex_fp16_optimizer_clip_master_grads: NULL wrapper");

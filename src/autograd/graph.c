@@ -95,12 +95,14 @@ apex_tensor *apex__pool_tensor(apex_graph *g, apex_dtype dtype, int ndim, const 
 }
 
 size_t apex_graph_pool_bytes(const apex_graph *g) {
+  if (!g) apex__fail_null_arg(__func__, "graph");
   size_t s = 0;
   for (size_t i = 0; g && i < g->n_blocks; i++) s += g->blocks[i].bytes;
   return s;
 }
 
 size_t apex_graph_live_bytes(const apex_graph *g) {
+  if (!g) apex__fail_null_arg(__func__, "graph");
   size_t s = 0;
   for (size_t i = 0; g && i < g->n_blocks; i++)
     if (g->blocks[i].used && !g->blocks[i].temp) s += g->blocks[i].bytes;
@@ -159,7 +161,10 @@ void apex_graph_destroy(apex_graph *g) {
 }
 
 int apex_graph_set_grad_enabled(apex_graph *g, int enabled) {
-  if (!g) return 0;
+  if (!g) {
+    apex__fail_null_arg(__func__, "graph");
+    return 0;
+  }
   int old = g->grad_enabled;
   g->grad_enabled = enabled != 0;
   return old;

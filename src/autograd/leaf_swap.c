@@ -23,9 +23,15 @@ apex_tensor *apex_var_swap_value(apex_var *v, apex_tensor *value) {
   return old;
 }
 
-int apex_graph_autocast_enabled(const apex_graph *g) { return g ? g->autocast : 0; }
+int apex_graph_autocast_enabled(const apex_graph *g) {
+  if (!g) apex__fail_null_arg(__func__, "graph");
+  return g ? g->autocast : 0;
+}
 
-uint64_t apex_graph_config_tag(const apex_graph *g) { return g ? g->config_tag : 0; }
+uint64_t apex_graph_config_tag(const apex_graph *g) {
+  if (!g) apex__fail_null_arg(__func__, "graph");
+  return g ? g->config_tag : 0;
+}
 
 apex_status apex_graph_set_config_tag(apex_graph *g, uint64_t tag) {
   if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "apex_graph_set_config_tag: NULL graph");
