@@ -662,6 +662,35 @@ static void test_optimizer_add_model(void **state) {
   apex_model_destroy(m);
 }
 
+/* The model and module accessors take NULL without crashing: the values nn.h gives, and a message. */
+static void test_null_accessors(void **state) {
+  (void)state;
+  apex_clear_error();
+  assert_int_equal(apex_model_num_params(NULL), 0);
+  tu_assert_message("apex_model_num_params: NULL model");
+  assert_null(apex_model_param(NULL, 0, NULL));
+  tu_assert_message("apex_model_param: NULL model");
+  assert_null(apex_model_find_param(NULL, "w"));
+  assert_int_equal(apex_model_param_elements(NULL), 0);
+  assert_int_equal(apex_model_num_buffers(NULL), 0);
+  assert_null(apex_model_buffer(NULL, 0, NULL));
+  assert_null(apex_model_find_buffer(NULL, "b"));
+  assert_int_equal(apex_model_is_training(NULL), 0);
+  assert_null(apex_model_rng(NULL));
+  tu_assert_message("apex_model_rng: NULL model");
+  assert_string_equal(apex_module_name(NULL), "");
+  tu_assert_message("apex_module_name: NULL module");
+  assert_null(apex_module_param(NULL, "weight"));
+  tu_assert_message("apex_module_param: NULL module");
+  assert_int_equal(apex_optimizer_num_groups(NULL), 0);
+  tu_assert_message("apex_optimizer_num_groups: NULL optimizer");
+  assert_int_equal(apex_optimizer_kind(NULL), APEX_OPTIM_KIND_COUNT);
+  /* A chain: a module made with a NULL model fails, and so does every accessor after it. */
+  assert_null(apex_var_value(apex_module_param(apex_linear_create(NULL, "fc", 2, 2, 1), "weight")));
+  tu_assert_message("apex_var_value: NULL var");
+  tu_assert_message("NULL model");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dropout_forward),          cmocka_unit_test(test_dropout_module_modes),
@@ -669,7 +698,7 @@ int main(void) {
       cmocka_unit_test(test_attention_module_forward), cmocka_unit_test(test_transformer_block_forward),
       cmocka_unit_test(test_default_init),             cmocka_unit_test(test_mean_all_and_view),
       cmocka_unit_test(test_bad_inputs),                cmocka_unit_test(test_bce_edges),
-      cmocka_unit_test(test_optimizer_add_model),
+      cmocka_unit_test(test_optimizer_add_model),      cmocka_unit_test(test_null_accessors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
