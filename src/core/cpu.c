@@ -7,7 +7,6 @@
 
 #include "apex/cpu.h"
 #include "core/internal.h"
-#include "core/simd_kernel.h"
 
 #if APEX_HAVE_X86
 #include <cpuid.h>
@@ -137,7 +136,3 @@ apex_status apex_simd_set(apex_simd simd) {
 }
 
 apex_simd apex_simd_active(void) { return apex_cpu_max_isa() >= APEX_CPU_ISA_AVX2 ? APEX_SIMD_AVX2 : APEX_SIMD_PORTABLE; }
-
-apex_mt_kernel apex__simd_pick(const apex__simd_kernel *k) {
-  return apex_simd_active() == APEX_SIMD_AVX2 ? k->avx2 : k->portable;
-}
