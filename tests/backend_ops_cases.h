@@ -79,7 +79,9 @@ static const struct {
 #define MT_CHUNK 4096
 static const int64_t mt_sizes[MT_N] = {1, 1000, 9000, 4097};
 
-typedef enum mt_kind { MT_SCALE, MT_SCALE_TO_F32, MT_SCALE_INF, MT_AXPBY, MT_L2NORM, MT_UNSCALE_L2NORM, MT_UNSCALE_FLAT } mt_kind;
+typedef enum mt_kind {
+  MT_SCALE, MT_SCALE_TO_F32, MT_SCALE_INF, MT_AXPBY, MT_L2NORM, MT_UNSCALE_L2NORM, MT_UNSCALE_FLAT, MT_CHECK_FINITE, MT_CHECK_INF
+} mt_kind;
 
 /* cuda_rel: the bound a GPU result is held to against the portable CPU path (the CPU fast paths are
  * bitwise). A GPU kernel may contract a * x + b * y into one FMA, and sums its norms in another
@@ -97,6 +99,8 @@ static const struct {
     {"mt_l2norm", MT_L2NORM, 1e-5},
     {"mt_unscale_l2norm", MT_UNSCALE_L2NORM, 1e-5},
     {"mt_unscale_flat", MT_UNSCALE_FLAT, 0},
+    {"mt_check_finite", MT_CHECK_FINITE, 0},
+    {"mt_check_finite_inf", MT_CHECK_INF, 0},
 };
 
 /* Two steps of every kind with its defaults, then the variants that take other branches of the

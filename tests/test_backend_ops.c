@@ -311,7 +311,7 @@ static void mt_free(apex_tensor **t) {
 
 static apex_status run_mt(mt_kind kind, apex_dtype dt, apex_device dev, apex_cpu_isa isa, result *r) {
   apex_tensor *x[MT_N], *y[MT_N] = {0}, *out[MT_N] = {0};
-  mt_tensors(x, dt, dev, 77, 3.0f, kind == MT_SCALE_INF);
+  mt_tensors(x, dt, dev, 77, 3.0f, kind == MT_SCALE_INF || kind == MT_CHECK_INF);
   apex_status st = APEX_OK;
   for (int i = 0; i < MT_N; i++)
     if (!x[i]) {
@@ -320,6 +320,7 @@ static apex_status run_mt(mt_kind kind, apex_dtype dt, apex_device dev, apex_cpu
     }
   int overflow = 0;
   float norm = 0, per[MT_N] = {0};
+  apex_tensor *flat = NULL;
   apex_dtype odt = kind == MT_SCALE_TO_F32 ? APEX_F32 : dt;
   if (kind == MT_SCALE || kind == MT_SCALE_TO_F32 || kind == MT_SCALE_INF || kind == MT_AXPBY) {
     use_isa(APEX_CPU_ISA_PORTABLE);
@@ -338,20 +339,20 @@ static apex_status run_mt(mt_kind kind, apex_dtype dt, apex_device dev, apex_cpu
   case MT_AXPBY: st = apex_mt_axpby(MT_CHUNK, &overflow, x, y, out, MT_N, 0.5f, -1.25f, -1); break;
   case MT_L2NORM: st = apex_mt_l2norm(MT_CHUNK, &overflow, x, MT_N, &norm, per); break;
   case MT_UNSCALE_L2NORM: st = apex_mt_unscale_l2norm(MT_CHUNK, &overflow, x, MT_N, 1.0f / 512, &norm, per); break;
-  case MT_UNSCALE_FLAT: {
-    apex_tensor *flat = NULL;
-    if ((st = apex_tensor_flatten(x, MT_N, &flat)) == APEX_OK && (st = apex_mt_unscale_flat(flat, 1.0f / 512, &overflow)) == APEX_OK)
-      capture(r, "flat", flat);
-    apex_tensor_destroy(flat);
+  case MT_CHECK_FINITE:
+  case MT_CHECK_INF: st = apex_mt_check_finite(x, MT_N, &overflow); break;
+  case MT_UNSCALE_FLAT:
+    if ((st = apex_tensor_flatten(x, MT_N, &flat)) == APEX_OK) st = apex_mt_unscale_flat(flat, 1.0f / 512, &overflow);
     break;
-  }
   }
   if (st == APEX_OK) {
     float of = (float)overflow;
-    capture_scalars(r, "overflow", &of, 1);
+    capture_scalars(r, "overflow", &of, 1); /* first: the caller reads it as v[0][0] */
+    if (flat) capture(r, "flat", flat);
     if (kind == MT_L2NORM || kind == MT_UNSCALE_L2NORM) capture_scalars(r, "norm", &norm, 1), capture_scalars(r, "per_tensor", per, MT_N);
     for (int i = 0; i < MT_N && out[0]; i++) capture(r, "out", out[i]);
   }
+  apex_tensor_destroy(flat);
 out:
   use_isa(APEX_CPU_ISA_NATIVE);
   mt_free(x), mt_free(y), mt_free(out);
@@ -366,7 +367,9 @@ static void test_multi_tensor_cases(void **state) {
       result ref = {0};
       if (run_mt(mt_cases[c].kind, dt, APEX_DEVICE_CPU, APEX_CPU_ISA_PORTABLE, &ref) != APEX_OK)
         fail_msg("%s %s on the reference path: %s", mt_cases[c].name, apex_dtype_name(dt), apex_last_error());
-      if (mt_cases[c].kind == MT_SCALE_INF && ref.v[0][0] != 1.0f) fail_msg("mt_scale_overflow: the reference missed the Inf");
+      mt_kind kind = mt_cases[c].kind;
+      if ((kind == MT_SCALE_INF || kind == MT_CHECK_INF) != (ref.v[0][0] == 1.0f))
+        fail_msg("%s: the reference's overflow flag is %g", mt_cases[c].name, ref.v[0][0]);
       for (int bi = 0; bi < n_backends; bi++) {
         if (!backends[bi].present) {
           report(bi, dt, "mt", mt_cases[c].name, SKIPPED, "backend absent");
