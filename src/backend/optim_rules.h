@@ -16,7 +16,7 @@
 #if defined(__CUDACC__)
 #define APEX_RULE static APEX_HD __forceinline__
 #else
-/* always_inline: each SIMD copy of a tile kernel (core/simd_kernel.h) inlines the rule for its target. */
+/* always_inline: each SIMD copy of a tile kernel (backend/cpu/simd_kernel.h) inlines the rule for its target. */
 #define APEX_RULE static inline __attribute__((always_inline))
 #endif
 

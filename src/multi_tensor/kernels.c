@@ -1,6 +1,6 @@
-/* kernels.c: the multi-tensor calls of multi_tensor.h (scale, axpby, l2norm, unscale_l2norm) as fronts
- * over the backend's slots (backend/args_mt.h). The lists' first tensor picks the backend, once; the
- * backend checks that every tensor is on its device (APEX_ERR_DEVICE naming the first that is not). */
+/* kernels.c: the multi-tensor calls of multi_tensor.h (scale, axpby, check_finite, l2norm, unscale_l2norm)
+ * as fronts over the backend's slots (backend/args_mt.h). The lists' first tensor picks the backend, once;
+ * the backend checks that every tensor is on its device (APEX_ERR_DEVICE naming the first that is not). */
 #include "apex/multi_tensor.h"
 #include "backend/backend.h"
 #include "core/internal.h"
@@ -42,6 +42,19 @@ apex_status apex_mt_axpby(size_t chunk_size, int *overflow, apex_tensor *const *
   if (!be->mt_axpby) return apex__backend_slot_missing(be, fn, "the multi-tensor axpby");
   return be->mt_axpby(&(apex_mt_axpby_args){.fn = fn, .chunk_size = chunk_size, .n = n, .x = x, .y = y, .out = out,
                                             .a = a, .b = b, .arg_to_check = arg_to_check, .overflow = overflow});
+}
+
+apex_status apex_mt_check_finite(apex_tensor *const *tensors, int n, int *found_inf) {
+  const char *fn = "apex_mt_check_finite";
+  if (!found_inf) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL found_inf (pass the int to set)", fn);
+  const apex_backend *b = backend_of(fn, tensors, n);
+  if (!b) return apex_last_status();
+  if (!b->mt_scale) return apex__backend_slot_missing(b, fn, "the multi-tensor scale");
+  int flag = 0; /* the caller's int changes only on success */
+  apex_status st = b->mt_scale(&(apex_mt_scale_args){.fn = fn, .n = n, .in = tensors, .out = NULL, .scale = 1.0f,
+                                                     .overflow = &flag});
+  if (st == APEX_OK) *found_inf = flag;
+  return st;
 }
 
 static apex_status norm_impl(const char *fn, size_t chunk_size, int *overflow, apex_tensor *const *x, int n,

@@ -5,7 +5,7 @@
 const apex_backend apex__cpu_backend = {
     .name = "cpu",
     .device = APEX_DEVICE_CPU,
-    .mem = &apex__cpu_memory,
+    .mem = &apex__host_memory,
     .mt_scale = apex__cpu_mt_scale,
     .mt_axpby = apex__cpu_mt_axpby,
     .mt_l2norm = apex__cpu_mt_l2norm,

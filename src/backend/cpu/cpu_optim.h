@@ -11,12 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "apex/multi_tensor.h"
+#include "apex/mt_apply.h"
 #include "apex/optim.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/internal.h"
-#include "core/simd_kernel.h"
+#include "backend/cpu/simd_kernel.h"
 
 #define APEX__OPTIM_MAX_STATES APEX_OPTIM_MAX_STATES
 

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "apex/multi_tensor.h"
+#include "apex/mt_apply.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/internal.h"
-#include "core/simd_kernel.h"
+#include "backend/cpu/simd_kernel.h"
 
 /* 1 when v is Inf or NaN (all exponent bits set). */
 APEX__INLINE unsigned nonfinite_bits(float v) {
