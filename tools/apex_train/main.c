@@ -219,6 +219,22 @@ static int save(run *r, dist *ds, long step) {
   return failed;
 }
 
+/* Collective: a --save-every save after `step`, with one line saying so; withheld when the step's loss
+ * is not finite, so that a diverging run never replaces the last good checkpoint (said once per
+ * streak: *withheld). Non-zero when the save failed. */
+static int save_every(run *r, dist *ds, long step, int *withheld) {
+  if (divergence_loss_bad(&r->dv)) {
+    if (r->rep && !*withheld)
+      report_message(r->rep, "apex-train: step %ld not saved: its loss is not finite; saves go on at the next step whose loss is", step);
+    *withheld = 1;
+    return 0;
+  }
+  if (save(r, ds, step) != 0) return 1;
+  if (r->rep) report_message(r->rep, "apex-train: checkpoint %s/step-%ld", r->a.checkpoint, step);
+  *withheld = 0;
+  return 0;
+}
+
 /* Collective: whether any rank was asked to stop by a signal (SIGTERM over SIGINT) or failed to
  * write the log, so that all ranks stop at the same step. */
 static int agree_stop(dist *ds, int *sig, int *log_failed) {
@@ -254,6 +270,7 @@ static int train(run *r, dist *ds, long *end) {
   r->dv.max_bad = a->max_bad_steps;
   if (signals_install() != 0) fprintf(stderr, "apex-train: warning: cannot handle Ctrl-C (sigaction failed); it will stop without saving\n");
   long first = r->at.step, s = r->at.step;
+  int withheld = 0; /* a --save-every save was skipped for a non-finite loss */
   int failed = !labels || (r->kind == MODEL_GPT ? !ids : !x);
   if (failed) fprintf(stderr, "apex-train: out of memory for the batch\n");
   for (; !failed && s < stop; s++) {
@@ -324,16 +341,10 @@ static int train(run *r, dist *ds, long *end) {
       s++;
       break;
     }
-    if (a->checkpoint && a->save_every > 0 && (s + 1) % a->save_every == 0 && s + 1 < stop) {
-      if (divergence_loss_bad(&r->dv)) {
-        if (r->rep) report_message(r->rep, "apex-train: step %ld not saved: its loss is %g", s + 1, rp.loss);
-      } else if (save(r, ds, s + 1) != 0) {
-        failed = 1;
-        s++;
-        break;
-      } else if (r->rep) {
-        report_message(r->rep, "apex-train: checkpoint %s/step-%ld", a->checkpoint, s + 1);
-      }
+    if (a->checkpoint && a->save_every > 0 && (s + 1) % a->save_every == 0 && s + 1 < stop && save_every(r, ds, s + 1, &withheld) != 0) {
+      failed = 1;
+      s++;
+      break;
     }
   }
   int log_failed = r->rep && report_finish(r->rep) != 0;
@@ -399,8 +410,14 @@ static int stop_diverged(run *r, dist *ds) {
   if (r->a.checkpoint && r->saved_step >= 0)
     snprintf(kept, sizeof kept, "no checkpoint written: %s/step-%ld stays the latest", r->a.checkpoint, r->saved_step);
   fflush(stdout);
-  fprintf(stderr, "apex-train: stopped at step %ld: the run diverged: %s; lower --lr (it is %g); %s\n", r->dv.last_step, why,
-          (double)r->lr, kept);
+  /* Overflows alone under a static scale are the scale's fault; a non-finite loss is the weights'. */
+  char advice[96];
+  const char *ls = r->a.loss_scale;
+  if (r->dv.nonfinite == 0 && ls && strcmp(ls, "dynamic") != 0)
+    snprintf(advice, sizeof advice, "use a smaller --loss-scale than %s, or --loss-scale dynamic", ls);
+  else
+    snprintf(advice, sizeof advice, "lower --lr (it is %g)", (double)r->lr);
+  fprintf(stderr, "apex-train: stopped at step %ld: the run diverged: %s; %s; %s\n", r->dv.last_step, why, advice, kept);
   return 3;
 }
 

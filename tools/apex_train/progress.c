@@ -41,6 +41,7 @@ size_t progress_format(char *buf, size_t cap, const progress_point *p, int width
   long avail = width > 1 ? width - 1 : 0, used = 0;
   for (size_t i = 0; i < sizeof priority / sizeof priority[0]; i++) {
     long len = (long)strlen(f[priority[i]]), need = len + (used ? 1 : 0);
+    if (i == 0 && need > avail) break; /* no line without the step: it is cut below */
     if (used + need <= avail) {
       keep[priority[i]] = 1;
       used += need;

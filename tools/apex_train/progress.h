@@ -22,9 +22,9 @@ typedef struct progress_point {
 } progress_point;
 
 /* Writes into buf (size cap) a progress line of at most width - 1 characters (the last column stays
- * empty: writing it makes some terminals wrap). Fields are dropped, least useful first (the bar,
- * skipped, scale, ms/step, rate, epoch, ETA), until the line fits; "step S/N" is kept down to any
- * width (cut at width - 1 when even it does not fit). The bar ([###...], 10 to 30 wide) comes only
+ * empty: writing it makes some terminals wrap). The fields are taken most useful first (step S/N,
+ * loss, ETA, epoch, rate, ms/step, scale, skipped), each one that still fits, and shown in a fixed
+ * order; "step S/N" is cut at width - 1 when even it does not fit. The bar ([###...], 10 to 30 wide) comes only
  * with with_bar and only in the room the fields leave. Returns the line's length. */
 size_t progress_format(char *buf, size_t cap, const progress_point *p, int width, int with_bar);
 
