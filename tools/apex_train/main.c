@@ -268,7 +268,7 @@ static int train(run *r, dist *ds, long *end) {
   progress_rate rate = {0};
   progress_rate_push(&rate, t0);
   r->dv.max_bad = a->max_bad_steps;
-  if (signals_install() != 0) fprintf(stderr, "apex-train: warning: cannot handle Ctrl-C (sigaction failed); it will stop without saving\n");
+  if (signals_install(ds->rank != 0) != 0) fprintf(stderr, "apex-train: warning: cannot handle Ctrl-C (sigaction failed); it will stop without saving\n");
   long first = r->at.step, s = r->at.step;
   int withheld = 0; /* a --save-every save was skipped for a non-finite loss */
   int failed = !labels || (r->kind == MODEL_GPT ? !ids : !x);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 static volatile sig_atomic_t pending;
+static int quiet_;
 static const int handled[] = {SIGINT, SIGTERM};
 #define NHANDLED (sizeof handled / sizeof handled[0])
 
@@ -14,11 +15,13 @@ static void on_signal(int sig) {
   /* Only async-signal-safe calls here: the flag and write(2). */
   static const char msg[] = "\napex-train: stopping after this step (send the signal again to stop at once)\n";
   if (!pending) pending = sig;
+  if (quiet_) return;
   ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
   (void)w;
 }
 
-int signals_install(void) {
+int signals_install(int quiet) {
+  quiet_ = quiet;
   for (size_t i = 0; i < NHANDLED; i++) {
     struct sigaction old;
     if (sigaction(handled[i], NULL, &old) != 0) return 1;

@@ -5,8 +5,9 @@
 #ifndef APEX_TRAIN_SIGNALS_H
 #define APEX_TRAIN_SIGNALS_H
 
-/* Installs the handlers. Non-zero when sigaction fails. */
-int signals_install(void);
+/* Installs the handlers; the first signal prints one line on stderr unless quiet (ranks other than
+ * 0, which mpirun signals too). Non-zero when sigaction fails. */
+int signals_install(int quiet);
 /* The signal that asked to stop (SIGINT or SIGTERM), or 0. */
 int signals_pending(void);
 /* Puts back the default actions (after training: a signal then ends the process as usual). */
