@@ -22,7 +22,9 @@ int divergence_loss_bad(const divergence *d) { return d->last_step > 0 && !isfin
 
 void divergence_describe(const divergence *d, double scale, char *buf, size_t cap) {
   long from = d->last_step - d->streak + 1;
-  if (d->nonfinite == d->streak)
+  if (d->streak == 1 && d->nonfinite == 1)
+    snprintf(buf, cap, "the loss at step %ld, the last, was not finite (%g)", d->last_step, isnan(d->last_loss) ? NAN : d->last_loss);
+  else if (d->nonfinite == d->streak)
     snprintf(buf, cap, "the loss was not finite (%g) at each of the %ld steps %ld-%ld", isnan(d->last_loss) ? NAN : d->last_loss, d->streak,
              from, d->last_step);
   else if (d->nonfinite == 0)

@@ -380,7 +380,6 @@ static int finish(run *r, dist *ds, long s) {
   if (!failed && r->a.checkpoint) {
     failed = save(r, ds, s);
     if (!failed && ds->rank == 0) printf("apex-train: checkpoint %s/step-%ld\n", r->a.checkpoint, s);
-    fflush(stdout);
   }
   if (failed) return 1;
   if (r->kind == MODEL_GPT) {
@@ -433,10 +432,10 @@ static int stop_interrupted(run *r, dist *ds, long s) {
   else if (r->saved_step == s)
     printf("apex-train: interrupted at step %ld; checkpoint %s/step-%ld; add --resume to continue\n", s, dir, s);
   else if (r->saved_step >= 0)
-    printf("apex-train: interrupted at step %ld; not saved (its loss is %g); checkpoint %s/step-%ld; add --resume to continue from it\n", s,
-           r->dv.last_loss, dir, r->saved_step);
+    printf("apex-train: interrupted at step %ld; not saved (its loss is not finite); checkpoint %s/step-%ld; add --resume to continue from it\n",
+           s, dir, r->saved_step);
   else
-    printf("apex-train: interrupted at step %ld; not saved (its loss is %g); no checkpoint\n", s, r->dv.last_loss);
+    printf("apex-train: interrupted at step %ld; not saved (its loss is not finite); no checkpoint\n", s);
   fflush(stdout);
   return code;
 }
