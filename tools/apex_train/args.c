@@ -49,7 +49,8 @@ static const flag flags[] = {
     {"checkpoint", T_STR, F(checkpoint), "", NULL, 0, "directory for checkpoints"},
     {"save-every", T_LONG, F(save_every), "0", NULL, 0, "save a checkpoint every N steps (0: at the end only)"},
     {"resume", T_SWITCH, F(resume), "off", NULL, 0, "continue from the checkpoint in --checkpoint"},
-    {"log", T_STR, F(log), "", NULL, 0, "write JSON lines (step, loss, loss scale, skipped, samples/s, elapsed) to FILE"},
+    {"log", T_STR, F(log), "", NULL, 0, "write JSON lines (step, epoch, loss, loss_scale, skipped, samples_per_s, gpt: tokens_per_s, ms_per_step, elapsed_s; "
+     "Inf and NaN as null) to FILE"},
     {"device", T_STR, F(device), "cpu", "cpu cuda", 0, "where to train"},
     {"distributed", T_SWITCH, F(distributed), "off", NULL, 0,
      "data-parallel training on the ranks of `mpirun -np N`: each rank trains on its shard of every step, --batch-size "
