@@ -1,6 +1,5 @@
 /* cpu.c: run-time choice of the SIMD path (portable C or AVX2/F16C). */
 #include "core/internal.h"
-#include "core/simd_kernel.h"
 
 #if APEX_HAVE_X86
 #include <cpuid.h>
@@ -46,8 +45,4 @@ apex_status apex_simd_set(apex_simd simd) {
 apex_simd apex_simd_active(void) {
   if (apex_simd_current < 0) apex_simd_set(APEX_SIMD_AUTO);
   return (apex_simd)apex_simd_current;
-}
-
-apex_mt_kernel apex__simd_pick(const apex__simd_kernel *k) {
-  return apex_simd_active() == APEX_SIMD_AVX2 ? k->avx2 : k->portable;
 }

@@ -57,7 +57,8 @@ static const flag flags[] = {
      "is per rank (the global batch is N times it)"},
     {"sync-bn", T_SWITCH, F(sync_bn), "off", NULL, 0, "--distributed: batch norm statistics over every rank's batch (SyncBatchNorm)"},
     {"max-bad-steps", T_LONG, F(max_bad_steps), STR(DIVERGENCE_DEFAULT_MAX_BAD), NULL, 0,
-     "stop (exit 3) when this many steps in a row had a non-finite loss or were skipped for an overflow (0: never)"},
+     "stop (exit 3) when this many steps in a row had a non-finite loss or were skipped for an overflow, or at once when "
+     "one overflows at the minimum loss scale (0: never)"},
     {"seq-len", T_LONG, F(seq_len), "64", NULL, 2, "gpt: tokens per sequence"},
     {"sample-bytes", T_LONG, F(sample_bytes), "200", NULL, 0, "gpt: bytes of text to generate at the end"},
     {"help", T_SWITCH, F(help), "off", NULL, 0, "print this list and exit (also -h)"},

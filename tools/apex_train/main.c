@@ -299,8 +299,8 @@ static int train(run *r, dist *ds, long *end) {
     double lv = apex_var_item(loss);
     apex_status st = apex_amp_backward(r->amp, loss, 0, bo);
     /* A non-finite loss, or an overflow at the smallest scale, skips the step; whether that is a
-     * divergence is the bad-step rule's to say (divergence.h), whatever status amp gives. */
-    if (st != APEX_OK && st != APEX_ERR_NONFINITE && st != APEX_ERR_SCALE_AT_MIN) {
+     * divergence is the bad-step rule's to say (divergence.h), with amp's at-minimum query. */
+    if (st != APEX_OK && st != APEX_ERR_NONFINITE) {
       fprintf(stderr, "apex-train: backward failed at step %ld: %s\n", s + 1, one_line(apex_last_error()));
       failed = 1;
       break;
@@ -331,7 +331,7 @@ static int train(run *r, dist *ds, long *end) {
       s++;
       break;
     }
-    if (divergence_step(&r->dv, s + 1, rp.loss, skipped)) {
+    if (divergence_step(&r->dv, s + 1, rp.loss, skipped, apex_amp_scale_at_min(r->amp, 0))) {
       r->diverged = 1;
       s++;
       break;
