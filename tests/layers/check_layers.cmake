@@ -28,7 +28,7 @@ endif()
 
 # Public header -> layer. apex.h includes every header, so it stands with the last layer.
 set(_public_layers
-  status.h=core dtype.h=core tensor.h=core rng.h=core threads.h=core version.h=core
+  status.h=core dtype.h=core tensor.h=core rng.h=core threads.h=core cpu.h=core version.h=core
   cuda.h=backend
   multi_tensor.h=multi_tensor
   optim.h=optim
