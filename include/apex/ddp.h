@@ -29,8 +29,8 @@
  *
  * Every rank must run the same sequence of synced backwards and finishes (as with any collective).
  *
- * The pg must work on the model's device. apex models (autograd) live on the CPU for now, so a DDP
- * runs over the MPI or local group; the NCCL group (CUDA tensors only) refuses them. For gradients
+ * The pg must work on the model's device. apex models (autograd) live on the CPU, so a DDP runs over
+ * the MPI or local group; the NCCL group (CUDA tensors only) refuses them. For gradients
  * on the GPU, use the Reducer (parallel.h) over the NCCL group directly. */
 #ifndef APEX_DDP_H
 #define APEX_DDP_H
@@ -88,7 +88,7 @@ APEX_API apex_status apex_ddp_allreduce_overflow(apex_ddp *ddp, int *flag);
 /* The callbacks for apex_amp_backward_options (ctx is the apex_ddp). */
 APEX_API apex_status apex_ddp_amp_before_unscale(void *ddp);
 APEX_API apex_status apex_ddp_amp_reduce_overflow(void *ddp, int *flag);
-/* The DDP's Reducer (borrowed), e.g. for its bucket count. */
+/* The DDP's Reducer (borrowed), e.g. for its bucket count; NULL (with a message) for NULL. */
 APEX_API apex_reducer *apex_ddp_reducer(const apex_ddp *ddp);
 
 /* ---- SyncBatchNorm --------------------------------------------------------------------------------- */

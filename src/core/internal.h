@@ -23,6 +23,10 @@
 apex_status apex__fail(apex_status status, const char *fmt, ...) APEX_PRINTF(2, 3);
 /* As apex__fail for constructors: records the message and returns NULL. */
 void *apex__fail_null(apex_status status, const char *fmt, ...) APEX_PRINTF(2, 3);
+/* Records APEX_ERR_INVALID_ARG for an accessor handed NULL ("fn: NULL what"). Such a NULL is most
+ * often the result of a failed call earlier in a chain (apex_tensor_dtype(apex_var_value(op(...)))),
+ * so the message already recorded on this thread, the likely cause, is kept after it. */
+void apex__fail_null_arg(const char *fn, const char *what);
 
 /* Converts n elements on the calling thread only, with the active SIMD path. Same contract as
  * apex_convert, without argument checks. */
@@ -34,6 +38,10 @@ void apex__convert_portable(void *dst, apex_dtype dst_type, const void *src, ape
 void apex__convert_avx2(void *dst, apex_dtype dst_type, const void *src, apex_dtype src_type, size_t n);
 /* 1 when the CPU has AVX2, F16C and FMA. */
 int apex__cpu_has_avx2(void);
+/* 1 when the maximum-ISA cap (apex/cpu.h) was set to APEX_CPU_ISA_PORTABLE, by the call or by
+ * APEX_CPU_ISA: the matrix products then leave OpenBLAS for apex's reference product. A CPU that is
+ * portable by nature (no AVX2, or not x86) keeps OpenBLAS. */
+int apex__cpu_capped_portable(void);
 
 /* Validates a dtype argument; on error the message names `what`. */
 apex_status apex__check_dtype(apex_dtype dtype, const char *what);

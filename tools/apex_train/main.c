@@ -249,8 +249,8 @@ static int train(run *r, dist *ds, long *end) {
     }
     double lv = apex_var_item(loss);
     apex_status st = apex_amp_backward(r->amp, loss, 0, bo);
-    if (st == APEX_ERR_SCALE_AT_MIN) {
-      fprintf(stderr, "apex-train: step %ld: %s\n", s + 1, one_line(apex_last_error()));
+    if (apex_amp_scale_at_min(r->amp, 0)) {
+      fprintf(stderr, "apex-train: step %ld: gradients overflow even at the minimum loss scale; check the data and the learning rate\n", s + 1);
       failed = 1;
       break;
     }
