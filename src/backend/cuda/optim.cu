@@ -241,8 +241,9 @@ extern "C" apex_status apex__cuda_optim_step(const apex__cuda_step *s) {
     case APEX_OPTIM_ADAGRAD: case APEX_OPTIM_RMSPROP: case APEX_OPTIM_RMSPROP_TF:
       break;
     default:
-      return apex__fail(APEX_ERR_UNSUPPORTED, "apex_optimizer_step: %s has no CUDA kernel yet; keep its parameters on "
-                        "the CPU", apex_optim_kind_name(s->kind));
+      /* LAMB, NovoGrad and AdamP returned above: only a kind outside the enum gets here. */
+      return apex__fail(APEX_ERR_UNSUPPORTED, "apex_optimizer_step: optimizer kind %d has no CUDA kernel; keep its "
+                        "parameters on the CPU", (int)s->kind);
   }
   /* Lists 3..5 are the states that exist; list 6 the step counts as pointers into d_step. */
   apex__cuda_list none = s->p, steps;
