@@ -33,7 +33,20 @@ static const flag flags[] = {
     {"master-weights", T_STR, F(master_weights), "", "true false", 0, "override (default: the opt level's)"},
     {"optimizer", T_STR, F(optimizer), "adamw", "sgd adam adamw adamp lamb adadelta adagrad rmsprop rmsprop_tf novograd", 0,
      "fused optimizer"},
-    {"lr", T_DOUBLE, F(lr), "0", NULL, 0, "peak learning rate, decayed linearly over the epochs to 5% (0: 1e-3 for the Adam family, LAMB, NovoGrad and RMSprop; 3e-3 for gpt; SGD 0.05 with momentum 0.9; Adagrad 1e-2; Adadelta 1.0)"},
+    {"lr", T_DOUBLE, F(lr), "0", NULL, 0, "peak learning rate, shaped by --warmup and --lr-schedule (0: 1e-3 for the Adam family, LAMB, NovoGrad and RMSprop; 3e-3 for gpt; SGD 0.05 with momentum 0.9; Adagrad 1e-2; Adadelta 1.0)"},
+    {"lr-schedule", T_STR, F(lr_schedule), "linear", "linear cosine constant", 0,
+     "after the warmup: linear or cosine decay to 5% of --lr at the last step, or constant"},
+    {"warmup", T_LONG, F(warmup), "0", NULL, 0, "steps of linear warmup from --lr / N to --lr"},
+    {"clip-grad-norm", T_DOUBLE, F(clip_grad_norm), "0", NULL, 0,
+     "clip the global norm of the unscaled f32 master gradients to X before each step (0: no clipping)"},
+    {"grad-accum", T_LONG, F(grad_accum), "1", NULL, 1,
+     "micro-batches of --batch-size per optimizer step (amp's delay_unscale: the gradients stay scaled until the last)"},
+    {"init-from", T_STR, F(init_from), "", NULL, 0,
+     "start from the weights in FILE.safetensors (state-dict names; every name and shape must match the model)"},
+    {"eval-every", T_LONG, F(eval_every), "0", NULL, 0,
+     "evaluate every N steps: test loss and accuracy (mlp, cnn), validation loss and perplexity (gpt); 0: at the end only"},
+    {"eval-only", T_SWITCH, F(eval_only), "off", NULL, 0, "evaluate the checkpoint in --checkpoint and exit, no training"},
+    {"sample", T_SWITCH, F(sample), "off", NULL, 0, "gpt: generate --sample-bytes from the checkpoint in --checkpoint and exit"},
     {"weight-decay", T_DOUBLE, F(weight_decay), "0", NULL, 0, "weight decay"},
     {"batch-size", T_LONG, F(batch_size), "", NULL, 1, "samples (gpt: sequences) per step (default: 64; gpt: 16)"},
     {"epochs", T_LONG, F(epochs), "", NULL, 1, "passes over the training data (default: 2; gpt: 30)"},
@@ -49,8 +62,12 @@ static const flag flags[] = {
      "data-parallel training on the ranks of `mpirun -np N`: each rank trains on its shard of every step, --batch-size "
      "is per rank (the global batch is N times it)"},
     {"sync-bn", T_SWITCH, F(sync_bn), "off", NULL, 0, "--distributed: batch norm statistics over every rank's batch (SyncBatchNorm)"},
-    {"seq-len", T_LONG, F(seq_len), "64", NULL, 2, "gpt: tokens per sequence"},
-    {"sample-bytes", T_LONG, F(sample_bytes), "200", NULL, 0, "gpt: bytes of text to generate at the end"},
+    {"seq-len", T_LONG, F(seq_len), "", NULL, 2, "gpt: tokens per sequence (default: 64)"},
+    {"n-layer", T_LONG, F(n_layer), "", NULL, 1, "gpt: transformer blocks (default: 2)"},
+    {"n-embd", T_LONG, F(n_embd), "", NULL, 1, "gpt: embedding width, a multiple of --n-head (default: 64)"},
+    {"n-head", T_LONG, F(n_head), "", NULL, 1, "gpt: attention heads (default: 4)"},
+    {"hidden", T_LONG, F(hidden), "", NULL, 2, "mlp: width of the first hidden layer; the second has half (default: 512)"},
+    {"sample-bytes", T_LONG, F(sample_bytes), "200", NULL, 0, "gpt: tokens of text to generate at the end (bytes for text data)"},
     {"help", T_SWITCH, F(help), "off", NULL, 0, "print this list and exit"},
 };
 #define NFLAGS (sizeof flags / sizeof flags[0])
@@ -127,6 +144,32 @@ static int check_values(const train_args *a) {
   }
   if (a->sync_bn && !a->distributed) {
     fprintf(stderr, "apex-train: --sync-bn needs --distributed\n");
+    return 2;
+  }
+  if ((a->eval_only || a->sample) && !a->checkpoint) {
+    fprintf(stderr, "apex-train: --%s needs --checkpoint DIR (the run to load)\n", a->eval_only ? "eval-only" : "sample");
+    return 2;
+  }
+  if (a->eval_only && a->sample) {
+    fprintf(stderr, "apex-train: --eval-only and --sample are two runs; give one\n");
+    return 2;
+  }
+  if (a->resume && a->init_from) {
+    fprintf(stderr, "apex-train: --init-from starts a new run; --resume continues one: give one\n");
+    return 2;
+  }
+  int gpt = strcmp(a->model, "gpt") == 0;
+  const char *gpt_only = a->seq_len ? "seq-len" : a->n_layer ? "n-layer" : a->n_embd ? "n-embd" : a->n_head ? "n-head" : a->sample ? "sample" : NULL;
+  if (!gpt && gpt_only) {
+    fprintf(stderr, "apex-train: --%s applies to --model gpt only, not %s\n", gpt_only, a->model);
+    return 2;
+  }
+  if (a->hidden && strcmp(a->model, "mlp") != 0) {
+    fprintf(stderr, "apex-train: --hidden applies to --model mlp only, not %s\n", a->model);
+    return 2;
+  }
+  if (a->clip_grad_norm > 0 && !(a->clip_grad_norm < 3.4e38)) {
+    fprintf(stderr, "apex-train: --clip-grad-norm: %g is not a finite float\n", a->clip_grad_norm);
     return 2;
   }
   if (a->resume && !a->checkpoint) {

@@ -27,7 +27,7 @@
 #include "apex/apex.h"
 #include "models.h"
 
-#define CKPT_NCONFIG 16
+#define CKPT_NCONFIG 32
 
 /* The run's identity: each must match on resume. */
 typedef struct ckpt_config {

@@ -23,7 +23,10 @@
 #include "dist.h"
 #include "evaluate.h"
 #include "models.h"
+#include "plot.h"
 #include "report.h"
+#include "schedule.h"
+#include "step.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -59,6 +62,7 @@ typedef struct run {
   apex_graph *g;
   ckpt_config cc;
   ckpt_position at;
+  schedule sched;
   report *rep;         /* rank 0 only */
   int created;         /* rank 0 made the checkpoint directory */
 } run;
@@ -93,6 +97,24 @@ static int check_flags(run *r) {
   if (a->epochs == 0) a->epochs = r->kind == MODEL_GPT ? 30 : 2;
   if (a->batch_size == 0) a->batch_size = r->kind == MODEL_GPT ? 16 : 64;
   r->data = a->data ? a->data : r->kind == MODEL_GPT ? DEFAULT_TEXT_FILE : DEFAULT_FMNIST_DIR;
+  if (r->kind == MODEL_GPT) {
+    if (a->seq_len == 0) a->seq_len = 64;
+    if (a->seq_len > 1024) {
+      fprintf(stderr, "apex-train: --seq-len %ld: at most 1024\n", a->seq_len);
+      return 2;
+    }
+    long embd = a->n_embd ? a->n_embd : 64, head = a->n_head ? a->n_head : 4;
+    if (embd % head) {
+      fprintf(stderr, "apex-train: --n-embd %ld is not a multiple of --n-head %ld\n", embd, head);
+      return 2;
+    }
+  }
+  if (a->grad_accum > 1 && a->distributed) {
+    fprintf(stderr, "apex-train: --grad-accum with --distributed is not supported: use a larger --batch-size or more ranks\n");
+    return 2;
+  }
+  if (a->eval_every > 0 && a->steps > 0 && a->eval_every > a->steps)
+    fprintf(stderr, "apex-train: note: --eval-every %ld is past --steps %ld; the run evaluates at its end only\n", a->eval_every, a->steps);
   return 0;
 }
 
@@ -127,7 +149,18 @@ static int setup(run *r, dist *ds) {
                            : dataset_load_images(&r->d, r->data, a->batch_size, ds->rank, ds->world))
     return 1;
   r->have_data = 1;
-  if (model_build(&r->tm, r->kind, (uint64_t)a->seed, a->seq_len) != 0) {
+  /* An optimizer step takes --grad-accum micro-batches; an epoch is whole steps. */
+  if (a->grad_accum > 1) {
+    if (r->d.steps_per_epoch < (size_t)a->grad_accum) {
+      fprintf(stderr, "apex-train: --grad-accum %ld x --batch-size %ld is more than an epoch of %s (%zu batches)\n", a->grad_accum,
+              a->batch_size, r->data, r->d.steps_per_epoch);
+      return 1;
+    }
+    r->d.steps_per_epoch /= (size_t)a->grad_accum;
+  }
+  model_dims dims = {.in_h = r->d.in_h, .in_w = r->d.in_w, .classes = r->d.classes, .hidden = a->hidden, .vocab = r->d.vocab,
+                     .n_layer = a->n_layer, .n_embd = a->n_embd, .n_head = a->n_head, .seq_len = a->seq_len};
+  if (model_build(&r->tm, r->kind, (uint64_t)a->seed, &dims) != 0) {
     fprintf(stderr, "apex-train: cannot build the %s: %s\n", a->model, one_line(apex_last_error()));
     return 1;
   }
@@ -145,6 +178,12 @@ static int setup(run *r, dist *ds) {
   free(gv);
   if (!made) {
     fprintf(stderr, "apex-train: %s\n", one_line(apex_last_error()));
+    return 1;
+  }
+  /* After amp: the f32 masters (O2) get the file's values too. Every name and shape is checked
+   * before anything is written. */
+  if (a->init_from && apex_model_load_f32(r->tm.m, r->amp, a->init_from) != APEX_OK) {
+    fprintf(stderr, "apex-train: --init-from %s: %s\n", a->init_from, one_line(apex_last_error()));
     return 1;
   }
   if (a->sync_bn && dist_sync_bn(ds, &r->tm, a->model) != 0) return 2;
@@ -171,8 +210,18 @@ static int setup(run *r, dist *ds) {
   /* The world size fixes the data each step sees (the global batch and the shards). */
   ckpt_config_add(cc, "world_size", "%d", ds->world);
   ckpt_config_add(cc, "sync_bn", "%s", a->sync_bn ? "on" : "off");
+  /* The training knobs, and the model size that the parameter shapes do not show. */
+  ckpt_config_add(cc, "lr_schedule", "%s", a->lr_schedule);
+  ckpt_config_add(cc, "warmup", "%ld", a->warmup);
+  ckpt_config_add(cc, "clip_grad_norm", "%.9g", (double)(float)a->clip_grad_norm);
+  ckpt_config_add(cc, "grad_accum", "%ld", a->grad_accum);
+  ckpt_config_add(cc, "n_head", "%ld", r->kind == MODEL_GPT ? (long)r->tm.n_head : 0L);
+  schedule_parse(a->lr_schedule, &r->sched.kind); /* the flag table admits only valid names */
+  r->sched.peak = r->lr;
+  r->sched.warmup = a->warmup;
+  r->sched.total = a->epochs * (long)r->d.steps_per_epoch;
   if (a->checkpoint) {
-    if (a->resume) return ckpt_load(a->checkpoint, &r->tm, r->amp, r->opt, cc, &r->at);
+    if (a->resume || a->eval_only || a->sample) return ckpt_load(a->checkpoint, &r->tm, r->amp, r->opt, cc, &r->at);
     if (ckpt_exists(a->checkpoint)) {
       fprintf(stderr, "apex-train: --checkpoint %s already holds a checkpoint; add --resume to continue it, or choose another directory\n",
               a->checkpoint);
@@ -202,27 +251,36 @@ static int save(run *r, dist *ds, long step) {
   return failed;
 }
 
+/* Collective: the evaluation after `step` steps, printed and logged by rank 0. */
+static int eval_point(run *r, dist *ds, long step) {
+  eval_result e;
+  if (dist_sync_buffers(ds, &r->tm) != 0) return 1;
+  if (evaluate(&r->tm, r->amp, r->g, &r->d, ds, &e) != 0) {
+    fprintf(stderr, "apex-train: evaluation failed: %s\n", one_line(apex_last_error()));
+    return 1;
+  }
+  if (ds->rank != 0) return 0;
+  if (r->kind == MODEL_GPT) printf("apex-train: step %ld: validation loss %.4f perplexity %.2f\n", step, e.loss, e.perplexity);
+  else printf("apex-train: step %ld: test loss %.4f accuracy %.4f\n", step, e.loss, e.accuracy);
+  fflush(stdout);
+  if (r->rep) report_eval(r->rep, step, r->kind == MODEL_GPT, &e);
+  return 0;
+}
+
 /* Trains from r->at to the end (or --steps); returns the steps reached via *end. Non-zero on failure. */
 static int train(run *r, dist *ds, long *end) {
   train_args *a = &r->a;
-  apex_graph *g = r->g;
   long spe = (long)r->d.steps_per_epoch, sched_total = a->epochs * spe;
   long stop = a->steps > 0 ? a->steps : sched_total;
-  int64_t B = a->batch_size, T = a->seq_len;
-  apex_tensor *x = NULL;
-  int64_t *labels = NULL, *ids = NULL;
-  if (r->kind == MODEL_GPT) {
-    ids = malloc((size_t)(B * T) * sizeof *ids);
-    labels = malloc((size_t)(B * T) * sizeof *labels);
-  } else {
-    labels = malloc((size_t)B * sizeof *labels);
-    x = r->kind == MODEL_MLP ? apex_tensor_create(APEX_F32, 2, (int64_t[]){B, 784}) : apex_tensor_create(APEX_F32, 4, (int64_t[]){B, 1, 28, 28});
-  }
+  int64_t B = a->batch_size;
+  step_ctx sc = {.tm = &r->tm, .amp = r->amp, .opt = r->opt, .g = r->g, .d = &r->d, .bo = dist_backward_options(ds),
+                 .B = B, .T = a->seq_len, .accum = a->grad_accum, .clip = (float)a->clip_grad_norm};
   apex_loss_scaler *scaler = apex_amp_loss_scaler(r->amp, 0);
-  const apex_amp_backward_options *bo = dist_backward_options(ds);
   double t0 = now_s();
   long first = r->at.step, s = r->at.step;
-  int failed = !labels || (r->kind == MODEL_GPT ? !ids : !x);
+  /* What one step consumes over all ranks: images, or tokens for the GPT. */
+  double per_step = (double)(B * ds->world * a->grad_accum) * (r->kind == MODEL_GPT ? (double)a->seq_len : 1.0);
+  int failed = step_ctx_alloc(&sc) != 0;
   if (failed) fprintf(stderr, "apex-train: out of memory for the batch\n");
   for (; !failed && s < stop; s++) {
     long epoch = s / spe, pos = s % spe;
@@ -231,52 +289,31 @@ static int train(run *r, dist *ds, long *end) {
       failed = 1;
       break;
     }
-    double frac = (double)s / (double)sched_total;
-    apex_optimizer_set_lr(r->opt, 0, r->lr * (float)(frac < 0.95 ? 1.0 - frac : 0.05));
-    apex_var *logits;
-    if (r->kind == MODEL_GPT) {
-      dataset_text_batch(&r->d, (size_t)pos, B, ids, labels);
-      logits = model_forward_text(&r->tm, g, ids, B, T);
-    } else {
-      dataset_image_batch(&r->d, (size_t)pos, B, apex_tensor_data(x), labels);
-      logits = model_forward_images(&r->tm, r->amp, g, apex_graph_input(g, x, 0));
-    }
-    apex_var *loss = apex_cross_entropy(g, logits, labels, NULL);
-    if (!loss) {
-      fprintf(stderr, "apex-train: forward failed at step %ld: %s\n", s + 1, one_line(apex_last_error()));
+    float lr = schedule_lr(&r->sched, s);
+    apex_optimizer_set_lr(r->opt, 0, lr);
+    step_result res;
+    if (train_step(&sc, pos, s + 1, &res) != 0) {
       failed = 1;
       break;
     }
-    double lv = apex_var_item(loss);
-    apex_status st = apex_amp_backward(r->amp, loss, 0, bo);
-    if (st == APEX_ERR_SCALE_AT_MIN) {
-      fprintf(stderr, "apex-train: step %ld: %s\n", s + 1, one_line(apex_last_error()));
-      failed = 1;
-      break;
-    }
-    if (st != APEX_OK && st != APEX_ERR_NONFINITE) {
-      fprintf(stderr, "apex-train: backward failed at step %ld: %s\n", s + 1, one_line(apex_last_error()));
-      failed = 1;
-      break;
-    }
-    if (apex_amp_step(r->amp, r->opt, NULL) != APEX_OK) {
-      fprintf(stderr, "apex-train: optimizer step %ld failed: %s\n", s + 1, one_line(apex_last_error()));
-      failed = 1;
-      break;
-    }
-    apex_amp_zero_grad(r->amp);
-    apex_graph_reset(g);
+    double lv = res.loss;
     /* The loss reported is the global batch's: the mean of the ranks' losses. */
     if (ds->on && dist_sum(ds, &lv, 1) != 0) {
       failed = 1;
       break;
     }
-    double el = now_s() - t0;
+    double el = now_s() - t0, rate = el > 0 ? (double)(s + 1 - first) * per_step / el : 0;
     report_point rp = {.epoch = epoch + 1, .epochs = a->epochs, .step = s + 1, .total_steps = stop, .first_step = first,
                        .loss = lv / ds->world, .loss_scale = apex_amp_loss_scale(r->amp, 0),
-                       .skipped = (long)apex_loss_scaler_get_state(scaler).skipped,
-                       .samples_per_s = el > 0 ? (double)(s + 1 - first) * (double)(B * ds->world) / el : 0, .elapsed_s = el};
+                       .skipped = (long)apex_loss_scaler_get_state(scaler).skipped, .step_skipped = res.skipped, .lr = lr,
+                       .grad_norm = res.grad_norm, .samples_per_s = r->kind == MODEL_GPT ? rate / (double)a->seq_len : rate,
+                       .tokens_per_s = r->kind == MODEL_GPT ? rate : 0, .elapsed_s = el};
     if (r->rep) report_step(r->rep, &rp);
+    if (a->eval_every > 0 && (s + 1) % a->eval_every == 0 && s + 1 < stop && eval_point(r, ds, s + 1) != 0) {
+      failed = 1;
+      s++;
+      break;
+    }
     if (a->checkpoint && a->save_every > 0 && (s + 1) % a->save_every == 0 && s + 1 < stop && save(r, ds, s + 1) != 0) {
       failed = 1;
       s++;
@@ -286,17 +323,24 @@ static int train(run *r, dist *ds, long *end) {
   if (r->rep) report_finish(r->rep);
   double train_s = now_s() - t0;
   *end = s;
-  if (!failed && ds->rank == 0)
-    printf("apex-train: %ld steps in %.1f s (%.0f samples/s), %ld skipped\n", s - first, train_s,
-           train_s > 0 ? (double)(s - first) * (double)(B * ds->world) / train_s : 0.0, (long)apex_loss_scaler_get_state(scaler).skipped);
-  apex_tensor_destroy(x);
-  free(labels);
-  free(ids);
+  if (!failed && ds->rank == 0) {
+    double n = (double)(s - first) * per_step;
+    if (r->kind == MODEL_GPT)
+      printf("apex-train: %ld steps in %.1f s (%.0f tokens/s), %ld skipped\n", s - first, train_s, train_s > 0 ? n / train_s : 0.0,
+             (long)apex_loss_scaler_get_state(scaler).skipped);
+    else
+      printf("apex-train: %ld steps in %.1f s (%.0f samples/s), %ld skipped\n", s - first, train_s, train_s > 0 ? n / train_s : 0.0,
+             (long)apex_loss_scaler_get_state(scaler).skipped);
+  }
+  step_ctx_free(&sc);
   return failed;
 }
 
-/* After training: the ranks' states compared, the final checkpoint, then test accuracy or a sample. */
+/* After training (or loading, for --eval-only and --sample): the ranks' states compared, the final
+ * checkpoint, the test or validation metrics, a sample (gpt), and the loss curve next to the log. */
 static int finish(run *r, dist *ds, long s) {
+  train_args *a = &r->a;
+  int load_only = a->eval_only || a->sample;
   int failed = dist_sync_buffers(ds, &r->tm);
   if (!failed && ds->on) {
     uint64_t h;
@@ -304,26 +348,41 @@ static int finish(run *r, dist *ds, long s) {
     if (!failed && ds->rank == 0)
       printf("apex-train: training state identical on all %d ranks (fnv1a64 %016llx)\n", ds->world, (unsigned long long)h);
   }
-  if (!failed && r->a.checkpoint) {
+  if (!failed && a->checkpoint && !load_only) {
     failed = save(r, ds, s);
-    if (!failed && ds->rank == 0) printf("apex-train: checkpoint %s/step-%ld\n", r->a.checkpoint, s);
+    if (!failed && ds->rank == 0) printf("apex-train: checkpoint %s/step-%ld\n", a->checkpoint, s);
   }
   if (failed) return 1;
-  if (r->kind == MODEL_GPT) {
-    if (ds->rank != 0) return 0;
+  if (!a->sample) {
+    eval_result e;
+    if (evaluate(&r->tm, r->amp, r->g, &r->d, ds, &e) != 0) {
+      fprintf(stderr, "apex-train: evaluation failed: %s\n", one_line(apex_last_error()));
+      return 1;
+    }
+    if (ds->rank == 0) {
+      if (r->kind == MODEL_GPT) {
+        printf("apex-train: validation loss %.4f perplexity %.2f (%zu held-out tokens)\n", e.loss, e.perplexity, r->d.val_len);
+      } else {
+        printf("apex-train: test loss %.4f\n", e.loss);
+        printf("apex-train: test accuracy %.4f\n", e.accuracy);
+      }
+      if (r->rep) report_eval(r->rep, s, r->kind == MODEL_GPT, &e);
+    }
+  }
+  if (ds->rank == 0 && r->rep && a->log) {
+    report_destroy(r->rep); /* closes the log: the plot reads it whole */
+    r->rep = NULL;
+    char svg[4200];
+    if (plot_path_for(a->log, svg, sizeof svg) != 0 || plot_logs(&a->log, 1, svg) != 0) return 1;
+    printf("apex-train: loss curve %s\n", svg);
+  }
+  if (r->kind == MODEL_GPT && (a->sample || !a->eval_only) && ds->rank == 0) {
     printf("apex-train: sample:\n");
-    if (generate(&r->tm, r->g, (uint64_t)r->a.seed, r->a.sample_bytes, stdout) != 0) {
+    if (generate(&r->tm, r->g, (uint64_t)a->seed, a->sample_bytes, r->d.bytes, stdout) != 0) {
       fprintf(stderr, "apex-train: generation failed: %s\n", one_line(apex_last_error()));
       return 1;
     }
-    return 0;
   }
-  double acc = evaluate(&r->tm, r->amp, r->g, &r->d, ds);
-  if (acc < 0) {
-    fprintf(stderr, "apex-train: evaluation failed: %s\n", one_line(apex_last_error()));
-    return 1;
-  }
-  if (ds->rank == 0) printf("apex-train: test accuracy %.4f\n", acc);
   return 0;
 }
 
@@ -340,6 +399,12 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
   rc = setup(r, ds);
   if (dist_agree(ds, rc, 0)) return rc ? rc : 1;
   rc = dist_wrap(ds, &r->tm, r->g);
+  if (a->eval_only || a->sample) {
+    /* A loaded checkpoint, evaluated or sampled: nothing is trained or written. */
+    if (dist_agree(ds, rc, 1)) return rc ? rc : 1;
+    if (ds->rank == 0) printf("apex-train: loaded %s/step-%ld\n", a->checkpoint, r->at.step);
+    return finish(r, ds, r->at.step);
+  }
   if (rc == 0 && ds->rank == 0) rc = open_outputs(r);
   if (dist_agree(ds, rc, 1)) {
     if (r->created) remove(a->checkpoint);
@@ -347,7 +412,7 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
   }
 
   if (ds->rank == 0) {
-    const char *what = r->kind == MODEL_GPT ? "bytes of text" : "training images";
+    const char *what = r->kind != MODEL_GPT ? "training images" : r->d.bytes ? "bytes of text for training" : "tokens for training";
     char ranks[64] = "";
     if (ds->on) snprintf(ranks, sizeof ranks, " per rank x %d ranks", ds->world);
     printf("apex-train: %s on %s (%zu %s), %s %s, %s lr %g, batch %ld%s, %ld epochs of %ld steps%s%s\n", a->model, r->data,
@@ -363,6 +428,7 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "plot") == 0) return plot_main(argc - 1, argv + 1);
   dist ds;
   dist_begin(&ds);
   run r;

@@ -2,7 +2,10 @@
 #define _POSIX_C_SOURCE 200809L
 #include "report.h"
 
+#include <math.h>
 #include <stdlib.h>
+
+#include "evaluate.h"
 #include <unistd.h>
 
 struct report {
@@ -44,10 +47,23 @@ static void draw_bar(report *r, const report_point *p) {
   r->drawn = 1;
 }
 
+/* A JSON number, or null for Inf and NaN (which JSON lacks). */
+static void json_num(FILE *f, const char *key, double v) {
+  if (isfinite(v)) fprintf(f, ",\"%s\":%.9g", key, v);
+  else fprintf(f, ",\"%s\":null", key);
+}
+
 void report_step(report *r, const report_point *p) {
   if (r->log) {
-    fprintf(r->log, "{\"step\":%ld,\"epoch\":%ld,\"loss\":%.9g,\"loss_scale\":%.9g,\"skipped\":%ld,\"samples_per_s\":%.3f,\"elapsed_s\":%.3f}\n",
-            p->step, p->epoch, p->loss, p->loss_scale, p->skipped, p->samples_per_s, p->elapsed_s);
+    fprintf(r->log, "{\"step\":%ld,\"epoch\":%ld", p->step, p->epoch);
+    json_num(r->log, "loss", p->loss);
+    json_num(r->log, "loss_scale", p->loss_scale);
+    fprintf(r->log, ",\"skipped\":%ld,\"step_skipped\":%s", p->skipped, p->step_skipped ? "true" : "false");
+    json_num(r->log, "lr", p->lr);
+    json_num(r->log, "grad_norm", p->grad_norm);
+    fprintf(r->log, ",\"samples_per_s\":%.3f", p->samples_per_s);
+    if (p->tokens_per_s > 0) fprintf(r->log, ",\"tokens_per_s\":%.3f", p->tokens_per_s);
+    fprintf(r->log, ",\"elapsed_s\":%.3f}\n", p->elapsed_s);
     fflush(r->log);
   }
   if (r->tty) {
@@ -60,6 +76,15 @@ void report_step(report *r, const report_point *p) {
             p->epochs, p->step, p->total_steps, p->loss, p->loss_scale, p->skipped, p->samples_per_s, p->elapsed_s);
     fflush(r->out);
   }
+}
+
+void report_eval(report *r, long step, int text, const eval_result *e) {
+  if (!r->log) return;
+  fprintf(r->log, "{\"step\":%ld", step);
+  json_num(r->log, "eval_loss", e->loss);
+  json_num(r->log, text ? "eval_perplexity" : "eval_accuracy", text ? e->perplexity : e->accuracy);
+  fputs("}\n", r->log);
+  fflush(r->log);
 }
 
 void report_finish(report *r) {

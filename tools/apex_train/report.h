@@ -14,7 +14,11 @@ typedef struct report_point {
   double loss;
   double loss_scale;
   long skipped;              /* skipped steps so far */
+  int step_skipped;          /* this step was skipped (an overflow) */
+  double lr;                 /* the learning rate of this step */
+  double grad_norm;          /* global norm of the unscaled f32 gradients, before clipping */
   double samples_per_s;
+  double tokens_per_s;       /* gpt; 0 otherwise */
   double elapsed_s;
 } report_point;
 
@@ -24,6 +28,10 @@ typedef struct report_point {
 report *report_create(FILE *out, const char *log_path, int append);
 /* Records one step; the bar is redrawn at most ten times a second, plain lines every `every` steps. */
 void report_step(report *r, const report_point *p);
+/* Logs an evaluation after `step` steps as its own JSON line: {"step", "eval_loss", "eval_accuracy"}
+ * for images, {"step", "eval_loss", "eval_perplexity"} for the GPT (text: true). */
+struct eval_result;
+void report_eval(report *r, long step, int text, const struct eval_result *e);
 /* Ends the bar's line. */
 void report_finish(report *r);
 void report_destroy(report *r);
