@@ -168,6 +168,11 @@ static int check_values(const train_args *a) {
     fprintf(stderr, "apex-train: --hidden applies to --model mlp only, not %s\n", a->model);
     return 2;
   }
+  /* DDP would reduce the gradients after every micro-batch: refused rather than trusted untested. */
+  if (a->grad_accum > 1 && a->distributed) {
+    fprintf(stderr, "apex-train: --grad-accum with --distributed is not supported; use a larger --batch-size or more ranks\n");
+    return 2;
+  }
   if (a->clip_grad_norm > 0 && !(a->clip_grad_norm < 3.4e38)) {
     fprintf(stderr, "apex-train: --clip-grad-norm: %g is not a finite float\n", a->clip_grad_norm);
     return 2;

@@ -1,6 +1,8 @@
-/* main.c: apex-train, the main job. Trains the CNN (or the MLP) on Fashion-MNIST, or a byte-level
- * GPT on a text file, with amp at any opt level and any fused optimizer; checkpoints atomically and
- * resumes bitwise; reports test accuracy (images) or a generated sample (text).
+/* main.c: apex-train, the main job. Trains the CNN (or the MLP) on Fashion-MNIST or another IDX set,
+ * or a GPT on a text file or llm.c tokens, with amp at any opt level and any fused optimizer;
+ * checkpoints atomically and resumes bitwise; evaluates during and after training (test loss and
+ * accuracy, or validation loss and perplexity), generates a sample (text), and draws the loss curve
+ * next to the log. `apex-train plot LOG...` (plot.h) draws logs without training.
  *
  * Everything a run does is a function of its flags: the data order comes from (seed, epoch), the
  * learning rate from the step, so --steps N stops a run where a straight run of N steps stops, and a
@@ -109,12 +111,6 @@ static int check_flags(run *r) {
       return 2;
     }
   }
-  if (a->grad_accum > 1 && a->distributed) {
-    fprintf(stderr, "apex-train: --grad-accum with --distributed is not supported: use a larger --batch-size or more ranks\n");
-    return 2;
-  }
-  if (a->eval_every > 0 && a->steps > 0 && a->eval_every > a->steps)
-    fprintf(stderr, "apex-train: note: --eval-every %ld is past --steps %ld; the run evaluates at its end only\n", a->eval_every, a->steps);
   return 0;
 }
 
@@ -366,7 +362,8 @@ static int finish(run *r, dist *ds, long s) {
         printf("apex-train: test loss %.4f\n", e.loss);
         printf("apex-train: test accuracy %.4f\n", e.accuracy);
       }
-      if (r->rep) report_eval(r->rep, s, r->kind == MODEL_GPT, &e);
+      /* With --eval-every the curve gets its last point; otherwise the log holds the steps only. */
+      if (r->rep && a->eval_every > 0) report_eval(r->rep, s, r->kind == MODEL_GPT, &e);
     }
   }
   if (ds->rank == 0 && r->rep && a->log) {
@@ -415,8 +412,11 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
     const char *what = r->kind != MODEL_GPT ? "training images" : r->d.bytes ? "bytes of text for training" : "tokens for training";
     char ranks[64] = "";
     if (ds->on) snprintf(ranks, sizeof ranks, " per rank x %d ranks", ds->world);
-    printf("apex-train: %s on %s (%zu %s), %s %s, %s lr %g, batch %ld%s, %ld epochs of %ld steps%s%s\n", a->model, r->data,
-           r->kind == MODEL_GPT ? r->d.len : r->d.n_items, what, a->opt_level, a->cast_type, a->optimizer, (double)r->lr,
+    char extra[96] = "";
+    if (r->kind == MODEL_GPT && !r->d.bytes) snprintf(extra, sizeof extra, ", vocabulary %lld", (long long)r->d.vocab);
+    if (r->kind != MODEL_GPT) snprintf(extra, sizeof extra, " of %lldx%lld, %lld classes", (long long)r->d.in_h, (long long)r->d.in_w, (long long)r->d.classes);
+    printf("apex-train: %s on %s (%zu %s%s), %s %s, %s lr %g, batch %ld%s, %ld epochs of %ld steps%s%s\n", a->model, r->data,
+           r->kind == MODEL_GPT ? r->d.len : r->d.n_items, what, extra, a->opt_level, a->cast_type, a->optimizer, (double)r->lr,
            a->batch_size, ranks, a->epochs, (long)r->d.steps_per_epoch, a->sync_bn ? ", SyncBatchNorm" : "",
            a->steps > 0 ? ", stopping early (--steps)" : "");
     if (a->resume) printf("apex-train: resumed from %s/step-%ld\n", a->checkpoint, r->at.step);

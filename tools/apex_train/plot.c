@@ -162,7 +162,7 @@ static void draw(FILE *o, series *ss, int n) {
     fprintf(o, "<line x1=\"%d\" y1=\"%.2f\" x2=\"%d\" y2=\"%.2f\" stroke=\"#ddd\"/><text x=\"%d\" y=\"%.2f\" text-anchor=\"end\">%.3g</text>\n",
             LEFT, PY(t), WIDTH - RIGHT, PY(t), LEFT - 6, PY(t) + 4, t);
   for (double t = ceil(s0 / ds) * ds; t <= s1 + 1e-9; t += ds)
-    fprintf(o, "<text x=\"%d\" y=\"%.2f\" fill=\"#666\">2^%g</text>\n", WIDTH - RIGHT + 6, PS(t) + 4, t);
+    fprintf(o, "<text x=\"%d\" y=\"%.2f\" fill=\"#666\">2^%g</text>\n", WIDTH - RIGHT + 6, PS(t) + 4, t == 0 ? 0.0 : t);
   fprintf(o, "<text x=\"%.0f\" y=\"%d\" text-anchor=\"middle\">step</text>\n", LEFT + pw / 2, HEIGHT - 18);
   fprintf(o, "<text transform=\"translate(20 %.0f) rotate(-90)\" text-anchor=\"middle\">loss (solid: train, dashed: eval)</text>\n", TOP + ph / 2);
   fprintf(o, "<text transform=\"translate(%d %.0f) rotate(90)\" text-anchor=\"middle\" fill=\"#666\">loss scale (dotted)</text>\n", WIDTH - 20,
@@ -172,7 +172,9 @@ static void draw(FILE *o, series *ss, int n) {
     const char *c = colours[k % 8];
     fprintf(o, "<polyline class=\"train-loss\" data-log=\"");
     xml_name(o, s->name);
-    fprintf(o, "\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", c);
+    /* Earlier logs are drawn wider, so that runs whose curves coincide (opt levels often do) still
+     * show every colour. */
+    fprintf(o, "\" fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\" points=\"", c, 1.5 + 1.5 * (n - 1 - k));
     for (size_t i = 0; i < s->n; i++)
       if (isfinite(s->loss[i])) fprintf(o, "%s%.2f,%.2f", i ? " " : "", PX(s->step[i]), PY(s->loss[i]));
     fprintf(o, "\"/>\n<polyline class=\"loss-scale\" data-log=\"");
