@@ -217,6 +217,11 @@ static int setup(run *r, dist *ds) {
   r->sched.warmup = a->warmup;
   r->sched.total = a->epochs * (long)r->d.steps_per_epoch;
   if (a->checkpoint) {
+    if ((a->eval_only || a->sample) && !ckpt_exists(a->checkpoint)) {
+      fprintf(stderr, "apex-train: --%s: no checkpoint in %s (no latest file); train with --checkpoint %s first\n",
+              a->eval_only ? "eval-only" : "sample", a->checkpoint, a->checkpoint);
+      return 1;
+    }
     if (a->resume || a->eval_only || a->sample) return ckpt_load(a->checkpoint, &r->tm, r->amp, r->opt, cc, &r->at);
     if (ckpt_exists(a->checkpoint)) {
       fprintf(stderr, "apex-train: --checkpoint %s already holds a checkpoint; add --resume to continue it, or choose another directory\n",
