@@ -3,7 +3,11 @@
  * Oracle: tests/data/golden.safetensors, written from the format's specification by
  * tests/gen_safetensors_golden.py (not by apex). apex must read it, and writing the same tensors and
  * metadata must reproduce it byte for byte. Corrupted variants of it must be refused with a message,
- * and a failed save must leave the previous file and no temporary file behind. */
+ * and a failed save must leave the previous file and no temporary file behind.
+ * Strictness: tests/fuzz/corpus/bad_* (made by tests/fuzz/make_corpus.py; each breaks one rule that
+ * Python's json or the format's reference implementation enforces) must each be refused, naming the
+ * problem; seed_* files there (whitespace, escapes, UTF-8) must be read. An 80,000-tensor checkpoint
+ * must open and read back by name (tensor i holds the value i). */
 #define _XOPEN_SOURCE 700 /* mkdtemp, fork, setrlimit */
 #include <dirent.h>
 #include <math.h>
@@ -153,6 +157,11 @@ static void test_refuses_corruption(void **state) {
   uint8_t bad[16] = {0xff, 0xff, 0xff, 0, 0, 0, 0, 0};
   assert_null(apex_safetensors_parse(bad, sizeof bad));
   tu_assert_message("does not fit");
+  /* A header of length 0 (eight zero bytes): no JSON at all. */
+  uint8_t zero[8] = {0};
+  assert_null(apex_safetensors_parse(zero, sizeof zero));
+  assert_int_equal(apex_last_status(), APEX_ERR_CORRUPT);
+  tu_assert_message("the header is empty");
   free(g);
   /* Data of the golden file is 80 + 0 + ... bytes: the first tensor is [0, 48). Each case breaks one rule. */
   const char *tail = ",\"layer.bias\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[48,56]},\"emb\":{\"dtype\":\"BF16\",\"shape\":[2,3,2],"
@@ -178,7 +187,7 @@ static void test_refuses_corruption(void **state) {
   snprintf(json, sizeof json, "{\"layer.weight\":{\"dtype\":\"F32\",\"shape\":[3,4],\"data_offsets\":[0,48]}%s", tail);
   json[strlen(json) - 1] = ' '; /* drop the closing brace */
   expect_corrupt_header(json, "not valid JSON");
-  expect_corrupt_header("[1,2,3]", "not a JSON object");
+  expect_corrupt_header("[1,2,3]", "does not start with '{'");
   expect_corrupt_header("{\"__metadata__\":{\"a\":1}}", "metadata 'a' is not a string");
   expect_corrupt_header("{\"layer.weight\":{\"dtype\":\"F32\",\"shape\":[3,4],\"data_offsets\":[0,48]}}", "cover 48 bytes of data but the file holds");
   snprintf(json, sizeof json, "{\"emb\":{\"dtype\":\"F32\",\"shape\":[3,4],\"data_offsets\":[0,48]}%s", tail);
@@ -254,11 +263,160 @@ static void test_bad_save_arguments(void **state) {
   for (int i = 0; i < 5; i++) apex_tensor_destroy(t[i]);
 }
 
+/* ---- strictness ------------------------------------------------------------------------------ */
+
+/* Path of a file in tests/fuzz/corpus (beside tests/data). */
+static void corpus_path(char *buf, size_t size, const char *name) {
+  const char *dir = getenv("APEX_TEST_DATA");
+  snprintf(buf, size, "%s/../fuzz/corpus/%s", dir ? dir : "tests/data", name);
+}
+
+typedef struct {
+  const char *file, *needle;
+} bad_case;
+
+/* Each file breaks one rule; the message must name it and where it is (byte offsets in the header, as
+ * Python's json.loads and bytes.decode report them for the same files). */
+static const bad_case bad_cases[] = {
+    {"bad_start_space", "does not start with '{' (its first byte is 0x20)"},
+    {"bad_start_array", "does not start with '{' (its first byte is 0x5b)"},
+    {"bad_trailing_text", "continues after the JSON value with something other than whitespace (byte 54"},
+    {"bad_trailing_nul", "continues after the JSON value with something other than whitespace (byte 54"},
+    {"bad_nul_between_tokens", "control byte between JSON tokens (JSON allows only space, tab, CR and LF there) (byte 5"},
+    {"bad_control_in_name", "unescaped control byte inside a string (byte 3"},
+    {"bad_nul_escape_in_name", "\\u0000 (NUL) inside a string"},
+    {"bad_leading_zero", "malformed number"},
+    {"bad_duplicate_metadata_key", "__metadata__ has the key 'k' twice"},
+    {"bad_duplicate_metadata", "two __metadata__ entries"},
+    {"bad_duplicate_entry_key", "tensor 'a' has the key 'dtype' twice"},
+    {"bad_duplicate_tensor", "tensor 'a' appears twice"},
+    {"bad_utf8_name", "not valid UTF-8 (byte 3"},
+    {"bad_utf8_overlong_metadata", "not valid UTF-8 (byte 22"},
+    {"bad_utf8_surrogate_metadata", "not valid UTF-8 (byte 19"},
+};
+enum { N_BAD = sizeof bad_cases / sizeof bad_cases[0] };
+
+/* Opening the file fails with APEX_ERR_CORRUPT, a message naming the file and the problem, and no leak
+ * (the ASan build runs this too); parsing the same bytes from memory says the same. */
+static void test_refuses_bad_file(void **state) {
+  const bad_case *c = *state;
+  char path[1024];
+  corpus_path(path, sizeof path, c->file);
+  apex_safetensors *st = apex_safetensors_open(path);
+  if (st) fail_msg("%s was accepted", c->file);
+  assert_int_equal(apex_last_status(), APEX_ERR_CORRUPT);
+  tu_assert_message(c->file);
+  tu_assert_message(c->needle);
+  size_t len;
+  uint8_t *buf = slurp(path, &len);
+  st = apex_safetensors_parse(buf, len);
+  if (st) fail_msg("%s was accepted from memory", c->file);
+  assert_int_equal(apex_last_status(), APEX_ERR_CORRUPT);
+  tu_assert_message(c->needle);
+  free(buf);
+}
+
+static apex_safetensors *open_corpus(const char *name) {
+  char path[1024];
+  corpus_path(path, sizeof path, name);
+  apex_safetensors *st = apex_safetensors_open(path);
+  if (!st) fail_msg("%s refused: %s", name, apex_last_error());
+  return st;
+}
+
+/* What strict JSON allows is still read: every JSON whitespace between tokens and as padding, escapes
+ * in names, multi-byte UTF-8 in metadata. */
+static void test_reads_valid_variants(void **state) {
+  (void)state;
+  apex_safetensors *st = open_corpus("seed_whitespace");
+  apex_tensor *t = apex_safetensors_get(st, "a");
+  assert_non_null(t);
+  assert_true(apex_tensor_get(t, 0) == 1.5f);
+  apex_tensor_destroy(t);
+  apex_safetensors_close(st);
+  st = open_corpus("seed_escapes");
+  assert_int_equal(apex_safetensors_count(st), 1);
+  assert_string_equal(apex_safetensors_name(st, 0), "\xc3\xa9/x"); /* "\u00e9\/x" decoded */
+  assert_string_equal(apex_safetensors_metadata(st, "note"), "caf\xc3\xa9 \xf0\x9f\x98\x80");
+  apex_safetensors_close(st);
+  st = open_corpus("seed_many");
+  assert_int_equal(apex_safetensors_count(st), 40);
+  assert_true(apex_safetensors_has(st, "t39"));
+  assert_false(apex_safetensors_has(st, "t40"));
+  apex_safetensors_close(st);
+}
+
+/* A checkpoint of 80,000 tensors (the size whose open was quadratic) opens and reads back by name:
+ * tensor i, named "p.<i>", holds i (exact in f32). A 80,001st name repeating an early one is refused. */
+static void test_many_tensors(void **state) {
+  (void)state;
+  enum { N = 80000 };
+  char **names = malloc(N * sizeof *names);
+  apex_tensor **ts = malloc(N * sizeof *ts);
+  int64_t one = 1;
+  for (int i = 0; i < N; i++) {
+    names[i] = malloc(16);
+    snprintf(names[i], 16, "p.%d", i);
+    ts[i] = apex_tensor_create(APEX_F32, 1, &one);
+    apex_tensor_set(ts[i], 0, (float)i);
+  }
+  char path[512];
+  path_in_tmp(path, sizeof path, "many.safetensors");
+  TU_OK(apex_safetensors_save(path, (const char *const *)names, ts, N, NULL, NULL, 0));
+  apex_safetensors *st = apex_safetensors_open(path);
+  if (!st) fail_msg("%s", apex_last_error());
+  assert_int_equal(apex_safetensors_count(st), N);
+  char name[16];
+  /* Look up in an order unrelated to the file's (i * 7919 mod N visits each once). */
+  for (int k = 0; k < N; k++) {
+    int i = (int)((long long)k * 7919 % N);
+    assert_string_equal(apex_safetensors_name(st, i), names[i]);
+    snprintf(name, sizeof name, "p.%d", i);
+    apex_tensor *t = apex_safetensors_get(st, name);
+    if (!t || apex_tensor_get(t, 0) != (float)i) fail_msg("tensor %s did not read back as %d", name, i);
+    apex_tensor_destroy(t);
+  }
+  assert_false(apex_safetensors_has(st, "p.80000"));
+  assert_false(apex_safetensors_has(st, "p."));
+  apex_safetensors_close(st);
+  /* The writer refuses the repeated name (and so never writes a file the reader refuses). */
+  snprintf(names[N - 1], 16, "p.17");
+  TU_FAILS(apex_safetensors_save(path, (const char *const *)names, ts, N, NULL, NULL, 0), APEX_ERR_INVALID_ARG, "two tensors named 'p.17'");
+  for (int i = 0; i < N; i++) {
+    free(names[i]);
+    apex_tensor_destroy(ts[i]);
+  }
+  free(names);
+  free(ts);
+}
+
+/* The writer refuses what the reader would refuse: repeated metadata keys, names that are not UTF-8. */
+static void test_save_refuses_what_reader_refuses(void **state) {
+  (void)state;
+  apex_tensor *t[5];
+  make_golden(t);
+  char path[512];
+  path_in_tmp(path, sizeof path, "strict.safetensors");
+  const char *keys[2] = {"k", "k"}, *values[2] = {"1", "2"}, *bad_name[1] = {"w\xff"}, *bad_value[1] = {"\xed\xa0\x80"};
+  TU_FAILS(apex_safetensors_save(path, golden_names, t, 1, keys, values, 2), APEX_ERR_INVALID_ARG, "two metadata entries with the key 'k'");
+  TU_FAILS(apex_safetensors_save(path, bad_name, t, 1, NULL, NULL, 0), APEX_ERR_INVALID_ARG, "tensor name 0 is not valid UTF-8");
+  TU_FAILS(apex_safetensors_save(path, golden_names, t, 1, keys, bad_value, 1), APEX_ERR_INVALID_ARG, "metadata entry 0 is not valid UTF-8");
+  assert_int_equal(access(path, F_OK), -1);
+  for (int i = 0; i < 5; i++) apex_tensor_destroy(t[i]);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {
+  struct CMUnitTest tests[16 + N_BAD] = {
       cmocka_unit_test(test_reads_golden),        cmocka_unit_test(test_writes_golden_bytes),
       cmocka_unit_test(test_refuses_corruption),  cmocka_unit_test(test_failed_save_keeps_previous),
-      cmocka_unit_test(test_bad_save_arguments),
+      cmocka_unit_test(test_bad_save_arguments),  cmocka_unit_test(test_reads_valid_variants),
+      cmocka_unit_test(test_many_tensors),        cmocka_unit_test(test_save_refuses_what_reader_refuses),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  size_t n = 8;
+  /* One test per bad file, named after it. */
+  for (size_t i = 0; i < N_BAD; i++) {
+    struct CMUnitTest c = {bad_cases[i].file, test_refuses_bad_file, NULL, NULL, (void *)&bad_cases[i]};
+    tests[n++] = c;
+  }
+  return _cmocka_run_group_tests("test_safetensors", tests, n, setup, teardown);
 }

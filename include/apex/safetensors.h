@@ -25,10 +25,10 @@ extern "C" {
 #define APEX_SAFETENSORS_MAX_HEADER ((uint64_t)100 << 20)
 
 /* Writes n named tensors (CPU, f32/f16/bf16) and optional metadata (n_meta key/value string pairs,
- * may be 0 with NULL arrays) to path, atomically. Errors: NULL or empty names, a duplicate name, a
- * name starting with "__", a non-CPU tensor (APEX_ERR_INVALID_ARG / APEX_ERR_DEVICE, naming the
- * tensor); the directory not writable or the disk full (APEX_ERR_IO, with the OS's reason). On any
- * error the previous file at path is untouched and no temporary file is left behind. */
+ * may be 0 with NULL arrays) to path, atomically. Errors: NULL or empty names, a duplicate name or
+ * metadata key, a name, key or value that is not valid UTF-8, a name starting with "__", a non-CPU
+ * tensor (APEX_ERR_INVALID_ARG / APEX_ERR_DEVICE, naming the tensor); the directory not writable or
+ * the disk full (APEX_ERR_IO, with the OS's reason). On any error the previous file at path is untouched and no temporary file is left behind. */
 APEX_API apex_status apex_safetensors_save(const char *path, const char *const *names, apex_tensor *const *tensors, int n,
                                            const char *const *meta_keys, const char *const *meta_values, int n_meta);
 
@@ -36,9 +36,14 @@ typedef struct apex_safetensors apex_safetensors;
 
 /* Reads and validates a whole file. Returns NULL with a message (APEX_ERR_IO for an unreadable file,
  * APEX_ERR_CORRUPT for anything malformed: a header length past the end of the file or over
- * APEX_SAFETENSORS_MAX_HEADER, invalid JSON, a missing or wrong-typed field, an unknown dtype, a
+ * APEX_SAFETENSORS_MAX_HEADER, a header that does not start with '{', is not valid UTF-8 or not strict
+ * JSON (RFC 8259: no control bytes between tokens or unescaped in strings, no "01"-style numbers),
+ * has anything but JSON whitespace (space, tab, CR, LF) after the JSON, or holds "\u0000"; a key that
+ * appears twice (a tensor name, __metadata__, a metadata key, or a field of one tensor: readers
+ * disagree on which copy wins, so none is chosen); a missing or wrong-typed field, an unknown dtype, a
  * negative or overflowing shape, offsets that do not match the shape, overlap, leave holes or run past
- * the end of the data). */
+ * the end of the data). The message names the problem and, for the header's text, its byte offset.
+ * Time is O(n log n) in the tensor count n; lookups by name are O(log n). */
 APEX_API apex_safetensors *apex_safetensors_open(const char *path);
 /* The same from a buffer in memory (copied; the caller keeps buf). */
 APEX_API apex_safetensors *apex_safetensors_parse(const uint8_t *buf, size_t len);

@@ -1,5 +1,9 @@
 /* safetensors.c: the safetensors reader (validating every field, since checkpoints come from disk and
  * may be truncated or corrupted) and the atomic writer. Format and guarantees: safetensors.h.
+ * The reader is strict where the format is (json_strict.h says what cJSON alone would let through)
+ * and n log n in the tensor count: names are checked for duplicates and looked up through a sorted
+ * index, and offsets are checked in sorted order, where comparing names pairwise cost seconds at
+ * 80,000 tensors.
  * Multi-byte values are little-endian in the file; apex assumes a little-endian host (x86-64,
  * AArch64), as its raw tensor data is written as it lies in memory. */
 #include <cJSON.h>
@@ -14,6 +18,7 @@
 
 #include "apex/safetensors.h"
 #include "core/internal.h"
+#include "io/json_strict.h"
 
 typedef struct {
   char *name;
@@ -24,7 +29,8 @@ typedef struct {
 } st_entry;
 
 struct apex_safetensors {
-  st_entry *entries;
+  st_entry *entries; /* in file order */
+  st_entry **by_name; /* the same, sorted by name (strcmp), for lookups */
   int count;
   char **meta_keys, **meta_values;
   int n_meta;
@@ -50,13 +56,41 @@ void apex_safetensors_close(apex_safetensors *st) {
     free(st->meta_values[i]);
   }
   free(st->entries);
+  free(st->by_name);
   free(st->meta_keys);
   free(st->meta_values);
   free(st->data);
   free(st);
 }
 
+static int cmp_names(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* Sorts names[0, n) and returns a name that occurs twice in it, or NULL. */
+static const char *find_duplicate(const char **names, size_t n) {
+  qsort(names, n, sizeof *names, cmp_names);
+  for (size_t i = 1; i < n; i++)
+    if (strcmp(names[i - 1], names[i]) == 0) return names[i];
+  return NULL;
+}
+
 /* ---- reading ---------------------------------------------------------------------------------- */
+
+/* Sets *dup to a key that occurs twice in the JSON object, else NULL. cJSON keeps every copy of a
+ * repeated key and its lookups return the first, where Python's json and serde_json keep the last or
+ * refuse: a file with one is read differently by different readers, so apex refuses it. */
+static apex_status duplicate_key(const cJSON *obj, const char **dup) {
+  *dup = NULL;
+  size_t n = 0;
+  const cJSON *kv;
+  cJSON_ArrayForEach(kv, obj) n++;
+  const char **keys = malloc((n + 1) * sizeof *keys);
+  if (!keys) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "safetensors: out of memory");
+  n = 0;
+  cJSON_ArrayForEach(kv, obj) keys[n++] = kv->string ? kv->string : "";
+  *dup = find_duplicate(keys, n);
+  free(keys);
+  return APEX_OK;
+}
 
 /* A JSON number that is a whole number in [0, 2^53] (exactly representable, as offsets and sizes
  * must be). */
@@ -69,11 +103,14 @@ static int json_uint(const cJSON *v, uint64_t *out) {
 }
 
 static apex_status parse_entry(const cJSON *item, st_entry *e) {
-  const char *name = item->string;
+  const char *name = item->string, *dup;
+  if (!cJSON_IsObject(item)) return apex__fail(APEX_ERR_CORRUPT, "safetensors: entry '%s' is not an object", name);
+  apex_status status = duplicate_key(item, &dup);
+  if (status != APEX_OK) return status;
+  if (dup) return apex__fail(APEX_ERR_CORRUPT, "safetensors: tensor '%s' has the key '%s' twice", name, dup);
   const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(item, "dtype");
   const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
   const cJSON *offs = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
-  if (!cJSON_IsObject(item)) return apex__fail(APEX_ERR_CORRUPT, "safetensors: entry '%s' is not an object", name);
   if (!cJSON_IsString(dtype)) return apex__fail(APEX_ERR_CORRUPT, "safetensors: tensor '%s' has no dtype string", name);
   if (!parse_dtype_tag(dtype->valuestring, &e->dtype))
     return apex__fail(APEX_ERR_CORRUPT, "safetensors: tensor '%s' has dtype %s; apex reads F32, F16 and BF16", name, dtype->valuestring);
@@ -104,6 +141,10 @@ static apex_status parse_entry(const cJSON *item, st_entry *e) {
 
 static apex_status parse_metadata(const cJSON *meta, apex_safetensors *st) {
   if (!cJSON_IsObject(meta)) return apex__fail(APEX_ERR_CORRUPT, "safetensors: __metadata__ is not an object");
+  const char *dup;
+  apex_status status = duplicate_key(meta, &dup);
+  if (status != APEX_OK) return status;
+  if (dup) return apex__fail(APEX_ERR_CORRUPT, "safetensors: __metadata__ has the key '%s' twice", dup);
   int n = cJSON_GetArraySize(meta);
   st->meta_keys = calloc((size_t)n + 1, sizeof(char *));
   st->meta_values = calloc((size_t)n + 1, sizeof(char *));
@@ -125,35 +166,59 @@ static int by_offset(const void *a, const void *b) {
   return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
+static int by_name(const void *a, const void *b) {
+  return strcmp((*(st_entry *const *)a)->name, (*(st_entry *const *)b)->name);
+}
+
+/* The header text as the format's reference implementation reads it: starting with '{', strict JSON
+ * (json_strict.h), then cJSON for the structure. Returns the parsed object or NULL with a message. */
+static cJSON *parse_header_json(const char *json, size_t len) {
+  if (len == 0) return apex__fail_null(APEX_ERR_CORRUPT, "safetensors: the header is empty; the file is not safetensors");
+  if (json[0] != '{')
+    return apex__fail_null(APEX_ERR_CORRUPT, "safetensors: the header does not start with '{' (its first byte is 0x%02x); the file is not safetensors or is corrupted",
+                           (unsigned)(unsigned char)json[0]);
+  size_t end;
+  apex__json_flaw flaw = apex__json_strict_check(json, len, &end);
+  if (flaw.what)
+    return apex__fail_null(APEX_ERR_CORRUPT, "safetensors: the header %s (byte %zu of %zu); the file is corrupted or not written to the format",
+                           flaw.what, flaw.at, len);
+  const char *stop = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts(json, end, &stop, 0);
+  if (!root)
+    return apex__fail_null(APEX_ERR_CORRUPT, "safetensors: the header is not valid JSON (error near byte %zu of %zu)",
+                           stop && stop >= json ? (size_t)(stop - json) : (size_t)0, len);
+  return root;
+}
+
 static apex_status parse_header(const char *json, size_t len, size_t data_len, apex_safetensors *st) {
-  cJSON *root = cJSON_ParseWithLength(json, len);
-  if (!root) return apex__fail(APEX_ERR_CORRUPT, "safetensors: the header is not valid JSON");
+  cJSON *root = parse_header_json(json, len);
+  if (!root) return apex_last_status();
   apex_status status = APEX_OK;
-  if (!cJSON_IsObject(root)) {
-    status = apex__fail(APEX_ERR_CORRUPT, "safetensors: the header is not a JSON object");
+  const char *dup; /* root is an object: the text starts with '{' and cJSON parsed exactly one value */
+  if ((status = duplicate_key(root, &dup)) != APEX_OK) goto done;
+  if (dup) {
+    status = strcmp(dup, "__metadata__") == 0 ? apex__fail(APEX_ERR_CORRUPT, "safetensors: two __metadata__ entries")
+                                              : apex__fail(APEX_ERR_CORRUPT, "safetensors: tensor '%s' appears twice", dup);
     goto done;
   }
   int n = cJSON_GetArraySize(root);
   st->entries = calloc((size_t)n + 1, sizeof *st->entries);
-  if (!st->entries) {
+  st->by_name = malloc(((size_t)n + 1) * sizeof *st->by_name);
+  if (!st->entries || !st->by_name) {
     status = apex__fail(APEX_ERR_OUT_OF_MEMORY, "safetensors: out of memory");
     goto done;
   }
   const cJSON *item;
   cJSON_ArrayForEach(item, root) {
-    if (!item->string) continue;
-    if (strcmp(item->string, "__metadata__") == 0) {
-      if (st->meta_keys) status = apex__fail(APEX_ERR_CORRUPT, "safetensors: two __metadata__ entries");
-      else status = parse_metadata(item, st);
-    } else {
-      for (int i = 0; i < st->count && status == APEX_OK; i++)
-        if (strcmp(st->entries[i].name, item->string) == 0)
-          status = apex__fail(APEX_ERR_CORRUPT, "safetensors: tensor '%s' appears twice", item->string);
-      if (status == APEX_OK) status = parse_entry(item, &st->entries[st->count]);
+    if (strcmp(item->string, "__metadata__") == 0) status = parse_metadata(item, st);
+    else {
+      status = parse_entry(item, &st->entries[st->count]);
       if (status == APEX_OK) st->count++;
     }
     if (status != APEX_OK) goto done;
   }
+  for (int i = 0; i < st->count; i++) st->by_name[i] = &st->entries[i];
+  qsort(st->by_name, (size_t)st->count, sizeof *st->by_name, by_name);
   /* The data must be covered exactly: sorted by offset, each tensor starts where the last ended. */
   st_entry *sorted = malloc(((size_t)st->count + 1) * sizeof *sorted);
   if (!sorted) {
@@ -234,7 +299,7 @@ apex_safetensors *apex_safetensors_open(const char *path) {
   if (!st) {
     char why[768];
     snprintf(why, sizeof why, "%s", apex_last_error());
-    return apex__fail_null(APEX_ERR_CORRUPT, "%s: %s", path, why);
+    return apex__fail_null(apex_last_status(), "%s: %s", path, why);
   }
   return st;
 }
@@ -245,10 +310,12 @@ const char *apex_safetensors_name(const apex_safetensors *st, int i) {
   return st && i >= 0 && i < st->count ? st->entries[i].name : NULL;
 }
 
+static int name_vs_entry(const void *key, const void *elem) { return strcmp(key, (*(st_entry *const *)elem)->name); }
+
 static const st_entry *find(const apex_safetensors *st, const char *name) {
-  for (int i = 0; st && name && i < st->count; i++)
-    if (strcmp(st->entries[i].name, name) == 0) return &st->entries[i];
-  return NULL;
+  if (!st || !name) return NULL;
+  st_entry *const *hit = bsearch(name, st->by_name, (size_t)st->count, sizeof *st->by_name, name_vs_entry);
+  return hit ? *hit : NULL;
 }
 
 int apex_safetensors_has(const apex_safetensors *st, const char *name) { return find(st, name) != NULL; }
@@ -292,6 +359,11 @@ apex_status apex_safetensors_read_into(const apex_safetensors *st, const char *n
 
 /* ---- writing ---------------------------------------------------------------------------------- */
 
+static int valid_utf8(const char *s) {
+  size_t n = strlen(s);
+  return apex__utf8_invalid_at(s, n) == n;
+}
+
 static apex_status check_save_args(const char *const *names, apex_tensor *const *tensors, int n, const char *const *mk,
                                    const char *const *mv, int n_meta) {
   if (n < 0 || n_meta < 0) return apex__fail(APEX_ERR_INVALID_ARG, "apex_safetensors_save: negative count");
@@ -304,11 +376,30 @@ static apex_status check_save_args(const char *const *names, apex_tensor *const 
     if (!tensors[i]) return apex__fail(APEX_ERR_INVALID_ARG, "apex_safetensors_save: tensor '%s' is NULL", names[i]);
     if (apex_tensor_device(tensors[i]) != APEX_DEVICE_CPU)
       return apex__fail(APEX_ERR_DEVICE, "apex_safetensors_save: tensor '%s' is not on the CPU; copy it to the host first", names[i]);
-    for (int j = 0; j < i; j++)
-      if (strcmp(names[i], names[j]) == 0) return apex__fail(APEX_ERR_INVALID_ARG, "apex_safetensors_save: two tensors named '%s'", names[i]);
+    if (!valid_utf8(names[i])) return apex__fail(APEX_ERR_INVALID_ARG, "apex_safetensors_save: tensor name %d is not valid UTF-8", i);
   }
-  for (int i = 0; i < n_meta; i++)
+  for (int i = 0; i < n_meta; i++) {
     if (!mk[i] || !mv[i]) return apex__fail(APEX_ERR_INVALID_ARG, "apex_safetensors_save: metadata entry %d is NULL", i);
+    if (!valid_utf8(mk[i]) || !valid_utf8(mv[i]))
+      return apex__fail(APEX_ERR_INVALID_ARG, "apex_safetensors_save: metadata entry %d is not valid UTF-8", i);
+  }
+  /* The reader refuses repeated names and keys, so the writer never writes them. */
+  int most = n > n_meta ? n : n_meta;
+  const char **sorted = malloc(((size_t)most + 1) * sizeof *sorted), *dup;
+  if (!sorted) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_safetensors_save: out of memory");
+  if (n) memcpy(sorted, names, (size_t)n * sizeof *sorted);
+  if ((dup = find_duplicate(sorted, (size_t)n)) != NULL) {
+    apex_status st = apex__fail(APEX_ERR_INVALID_ARG, "apex_safetensors_save: two tensors named '%s'", dup);
+    free(sorted);
+    return st;
+  }
+  if (n_meta) memcpy(sorted, mk, (size_t)n_meta * sizeof *sorted);
+  if ((dup = find_duplicate(sorted, (size_t)n_meta)) != NULL) {
+    apex_status st = apex__fail(APEX_ERR_INVALID_ARG, "apex_safetensors_save: two metadata entries with the key '%s'", dup);
+    free(sorted);
+    return st;
+  }
+  free(sorted);
   return APEX_OK;
 }
 
