@@ -23,14 +23,11 @@
 enum { B = 64, NZ = 32 };
 
 static apex_optimizer *adam_for(apex_model *m) {
-  size_t np = apex_model_num_params(m);
-  apex_tensor *p[8], *g[8];
-  for (size_t i = 0; i < np; i++) {
-    p[i] = apex_var_value(apex_model_param(m, i, NULL));
-    g[i] = apex_var_grad(apex_model_param(m, i, NULL));
-  }
   apex_optimizer *opt = apex_optimizer_create(APEX_OPTIM_ADAM, &(apex_optim_options){.lr = 2e-4f, .beta1 = 0.5f});
-  if (opt && apex_optimizer_add_group(opt, p, (int)np, g, (int)np, NULL, NULL) != APEX_OK) return NULL;
+  if (opt && apex_optimizer_add_model(opt, m, NULL, NULL) != APEX_OK) {
+    apex_optimizer_destroy(opt);
+    return NULL;
+  }
   return opt;
 }
 
@@ -72,7 +69,6 @@ int main(int argc, char **argv) {
   apex_amp_backward_options toD = {.optimizers = &optD, .n_optimizers = 1}, toG = {.optimizers = &optG, .n_optimizers = 1};
 
   apex_graph *g = apex_graph_create();
-  CHECK(apex_amp_prepare_graph(amp, g));
   apex_tensor *z = apex_tensor_create(APEX_F32, 2, (int64_t[]){B, NZ});
   apex_tensor *ones = apex_tensor_create(APEX_F32, 2, (int64_t[]){B, 1}), *zeros = apex_tensor_create(APEX_F32, 2, (int64_t[]){B, 1});
   apex_tensor_fill(ones, 1.0f);

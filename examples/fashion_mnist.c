@@ -56,14 +56,8 @@ int main(int argc, char **argv) {
   CHECK(apex_sequential_add(net, apex_activation_create(m, APEX_OP_RELU)));
   CHECK(apex_sequential_add(net, apex_linear_create(m, "11", 128, 10, 1)));
 
-  size_t np = apex_model_num_params(m);
-  apex_tensor *params[16], *grads[16];
-  for (size_t i = 0; i < np; i++) {
-    params[i] = apex_var_value(apex_model_param(m, i, NULL));
-    grads[i] = apex_var_grad(apex_model_param(m, i, NULL));
-  }
   apex_optimizer *opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 1e-3f});
-  CHECK(apex_optimizer_add_group(opt, params, (int)np, grads, (int)np, NULL, NULL));
+  CHECK(apex_optimizer_add_model(opt, m, NULL, NULL));
   apex_amp *amp;
   CHECK(apex_amp_initialize(&m, 1, &opt, 1,
                             &(apex_amp_config){.opt_level = level, .half_type = bf16 ? APEX_AMP_CAST_BF16 : APEX_AMP_CAST_F16}, &amp));
@@ -71,7 +65,6 @@ int main(int argc, char **argv) {
   printf("%s", apex_amp_properties_format(apex_amp_properties_of(amp), props, sizeof props));
 
   apex_graph *g = apex_graph_create();
-  CHECK(apex_amp_prepare_graph(amp, g));
   size_t n_train = (size_t)apex_idx_dim(idx[0], 0), per_epoch = n_train / B;
   int64_t shape[3] = {1, 28, 28}, labels[B];
   for (long s = 0; s < steps; s++) {

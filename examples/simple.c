@@ -28,20 +28,14 @@ int main(int argc, char **argv) {
   CHECK(apex_sequential_add(net, apex_linear_create(m, "0", 2, 16, 1)));
   CHECK(apex_sequential_add(net, apex_activation_create(m, APEX_OP_TANH)));
   CHECK(apex_sequential_add(net, apex_linear_create(m, "2", 16, 1, 1)));
-  apex_tensor *params[4], *grads[4];
-  for (int i = 0; i < 4; i++) {
-    params[i] = apex_var_value(apex_model_param(m, (size_t)i, NULL));
-    grads[i] = apex_var_grad(apex_model_param(m, (size_t)i, NULL));
-  }
   apex_optimizer *opt = apex_optimizer_create(APEX_OPTIM_ADAM, &(apex_optim_options){.lr = 1e-2f});
-  CHECK(apex_optimizer_add_group(opt, params, 4, grads, 4, NULL, NULL));
+  CHECK(apex_optimizer_add_model(opt, m, NULL, NULL));
 
   /* 1. amp.initialize */
   apex_amp *amp;
   CHECK(apex_amp_initialize(&m, 1, &opt, 1, &(apex_amp_config){.opt_level = "O1"}, &amp));
 
   apex_graph *g = apex_graph_create();
-  CHECK(apex_amp_prepare_graph(amp, g));
   apex_tensor *x = apex_tensor_create(APEX_F32, 2, (int64_t[]){B, 2}), *y = apex_tensor_create(APEX_F32, 2, (int64_t[]){B, 1});
   apex_rng rng = apex_rng_init(42);
   float first = 0, last = 0;

@@ -457,6 +457,172 @@ static void test_loss_scale_decrease(void **state) {
   apex_model_destroy(m);
 }
 
+/* With the dynamic scale already at its minimum, an overflowing gradient is a skipped step like any
+ * other: backward and step return APEX_OK, *skipped is 1, the weights keep their bits, and
+ * apex_amp_scale_at_min says the minimum was hit. A non-finite loss at the minimum is reported the
+ * same way (backward says APEX_ERR_NONFINITE, as above the minimum). A clean step clears the query.
+ * The gradient of sum(w * x) is scale * x: with x = 4 and scale 2^16 it is 2^18, past f16's range. */
+static void test_overflow_at_min_scale_is_a_skip(void **state) {
+  (void)state;
+  apex_model *m = apex_model_create(&(apex_model_options){.seed = 9});
+  apex_module *lin = apex_linear_create(m, "w", 4, 1, 0);
+  apex_optimizer *opt = apex_optimizer_create(APEX_OPTIM_SGD, &(apex_optim_options){.lr = 0.1f});
+  TU_OK(apex_optimizer_add_model(opt, m, NULL, NULL));
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&m, 1, &opt, 1,
+                            &(apex_amp_config){.opt_level = "O2", .min_loss_scale = 65536.0f, .max_loss_scale = 65536.0f}, &amp));
+  apex_graph *g = apex_graph_create();
+  int64_t shape[2] = {1, 4};
+  apex_tensor *xt = apex_tensor_create(APEX_F32, 2, shape);
+  uint8_t *before, *after;
+  size_t len;
+  /* it 0, 1: gradient overflow at the minimum; 2: a NaN loss at the minimum; 3: a clean step. */
+  const float xs[4] = {4.0f, 4.0f, NAN, 0.125f}; /* 2^16 * 0.125 fits; the step moves w by 0.0125 */
+  for (int it = 0; it < 4; it++) {
+    apex_tensor_fill(xt, xs[it]);
+    snapshot(m, &before, &len);
+    apex_var *y = apex_amp_forward(amp, 0, lin, g, apex_graph_input(g, xt, 0));
+    apex_status want = it == 2 ? APEX_ERR_NONFINITE : APEX_OK;
+    assert_int_equal(apex_amp_backward(amp, apex_sum_all(g, y), 0, NULL), want);
+    int skipped = -1;
+    TU_OK(apex_amp_step(amp, opt, &skipped));
+    snapshot(m, &after, &len);
+    assert_true(apex_amp_loss_scale(amp, 0) == 65536.0f);
+    apex_loss_scaler_state st = apex_loss_scaler_get_state(apex_amp_loss_scaler(amp, 0));
+    if (it < 3) {
+      assert_int_equal(skipped, 1);
+      assert_int_equal(apex_amp_scale_at_min(amp, 0), 1);
+      assert_int_equal(st.skipped, it + 1);
+      assert_memory_equal(before, after, len);
+    } else {
+      assert_int_equal(skipped, 0);
+      assert_int_equal(apex_amp_scale_at_min(amp, 0), 0);
+      assert_int_equal(st.skipped, 3);
+      assert_true(memcmp(before, after, len) != 0);
+    }
+    free(before);
+    free(after);
+    TU_OK(apex_amp_zero_grad(amp));
+    apex_graph_reset(g);
+  }
+  assert_int_equal(apex_amp_scale_at_min(amp, 1), 0);
+  tu_assert_message("no loss scaler 1");
+  assert_int_equal(apex_amp_scale_at_min(NULL, 0), 0);
+  apex_tensor_destroy(xt);
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  apex_optimizer_destroy(opt);
+  apex_model_destroy(m);
+}
+
+/* ---- graphs are prepared by the amp that sees them --------------------------------------------------- */
+
+/* Forgetting apex_amp_prepare_graph used to train O1 in f32. Now apex_amp_forward prepares the graph
+ * the first time it sees it (the same bits as an explicit prepare), once only (a region with casts
+ * turned off stays off), again after apex_amp_register_op; and a loss from a graph that no
+ * forward or prepare of this amp touched is refused before anything runs. */
+static void test_forward_prepares_graph(void **state) {
+  (void)state;
+  net_t n = make_net(81, 0, 0.1f);
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1, &(apex_amp_config){.opt_level = "O1"}, &amp));
+  apex_tensor *xt = batch_x(0);
+  int64_t y[BATCH];
+  batch_y(0, y);
+  apex_graph *g = apex_graph_create(), *ref = apex_graph_create();
+  assert_int_equal(apex_graph_autocast_enabled(g), 0);
+  TU_OK(apex_amp_prepare_graph(amp, ref));
+  apex_var *out = apex_amp_forward(amp, 0, n.net, g, apex_graph_input(g, xt, 0));
+  apex_var *out_ref = apex_amp_forward(amp, 0, n.net, ref, apex_graph_input(ref, xt, 0));
+  assert_int_equal(apex_graph_autocast_enabled(g), 1);
+  assert_int_equal(apex_tensor_dtype(apex_var_value(out)), APEX_F16); /* fc2 ran in half: autocast was on */
+  assert_memory_equal(apex_tensor_data(apex_var_value(out)), apex_tensor_data(apex_var_value(out_ref)),
+                      apex_tensor_nbytes(apex_var_value(out_ref)));
+  apex_graph_reset(g);
+  /* Casts off in a region: the next forward leaves them off (f32 out). */
+  assert_int_equal(apex_amp_casts_enabled(amp, g, 0), 1);
+  out = apex_amp_forward(amp, 0, n.net, g, apex_graph_input(g, xt, 0));
+  assert_int_equal(apex_tensor_dtype(apex_var_value(out)), APEX_F32);
+  assert_int_equal(apex_amp_casts_enabled(amp, g, 1), 0);
+  apex_graph_reset(g);
+  /* A registration reaches a graph prepared before it at that graph's next forward: relu as float
+   * makes the net's last layer see an f32 input, and linear stays half. */
+  TU_OK(apex_amp_register_op(amp, APEX_OP_LINEAR, APEX_CAST_FLOAT));
+  out = apex_amp_forward(amp, 0, n.net, g, apex_graph_input(g, xt, 0));
+  assert_int_equal(apex_tensor_dtype(apex_var_value(out)), APEX_F32);
+  apex_graph_reset(g);
+  apex_graph_reset(ref);
+  /* A graph amp never saw: its forward ran in f32; amp refuses the loss, changing nothing. */
+  apex_graph *raw = apex_graph_create();
+  apex_var *loss = apex_cross_entropy(raw, apex_module_forward(n.net, raw, apex_graph_input(raw, xt, 0)), y, NULL);
+  assert_non_null(loss);
+  apex_loss_scaler_state st0 = apex_loss_scaler_get_state(apex_amp_loss_scaler(amp, 0));
+  TU_FAILS(apex_amp_backward(amp, loss, 0, NULL), APEX_ERR_STATE, "apex_amp_prepare_graph");
+  apex_loss_scaler_state st1 = apex_loss_scaler_get_state(apex_amp_loss_scaler(amp, 0));
+  tu_assert_scaler_state_equal(&st0, &st1);
+  for (size_t i = 0; i < apex_model_num_params(n.m); i++) { /* backward did not run */
+    apex_tensor *gr = apex_var_grad(apex_model_param(n.m, i, NULL));
+    for (size_t k = 0; k < apex_tensor_numel(gr); k++) assert_true(apex_tensor_get(gr, k) == 0.0f);
+  }
+  apex_graph_reset(raw);
+  /* Prepared explicitly, the same graph is accepted. */
+  TU_OK(apex_amp_prepare_graph(amp, raw));
+  loss = apex_cross_entropy(raw, apex_module_forward(n.net, raw, apex_graph_input(raw, xt, 0)), y, NULL);
+  TU_OK(apex_amp_backward(amp, loss, 0, NULL));
+  TU_OK(apex_amp_step(amp, n.opt, NULL));
+  apex_graph_destroy(raw);
+  apex_graph_destroy(g);
+  apex_graph_destroy(ref);
+  apex_tensor_destroy(xt);
+  apex_amp_destroy(amp);
+  free_net(n);
+}
+
+/* The README's chain fails instead of crashing: a bad model index makes apex_amp_forward return NULL,
+ * and the accessors after it answer NULL with an invalid value, keeping the first failure's message. */
+static void test_null_chain(void **state) {
+  (void)state;
+  net_t n = make_net(82, 0, 0.1f);
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1, &(apex_amp_config){.opt_level = "O1"}, &amp));
+  apex_graph *g = apex_graph_create();
+  apex_tensor *xt = batch_x(0);
+  assert_int_equal(apex_tensor_dtype(apex_var_value(apex_amp_forward(amp, 7, n.net, g, apex_graph_input(g, xt, 0)))),
+                   APEX_DTYPE_COUNT);
+  tu_assert_message("apex_tensor_dtype: NULL tensor");
+  tu_assert_message("apex_var_value: NULL var");
+  tu_assert_message("apex_amp_forward: model 7");
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  assert_int_equal(apex_tensor_ndim(apex_var_grad(NULL)), -1);
+  assert_int_equal(apex_var_requires_grad(NULL), 0);
+  assert_int_equal(apex_var_op(NULL), APEX_OP_COUNT);
+  assert_null(apex_var_graph(NULL));
+  assert_true(isnan(apex_var_item(NULL)));
+  tu_assert_message("apex_var_item: NULL var");
+  apex_tensor_destroy(xt);
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  free_net(n);
+}
+
+/* A failed initialize leaves the caller's handle as it was (it used to write NULL over it). */
+static void test_failed_initialize_keeps_out(void **state) {
+  (void)state;
+  net_t a = make_net(83, 0, 0.1f), b = make_net(84, 0, 0.1f);
+  apex_amp *first;
+  TU_OK(apex_amp_initialize(&a.m, 1, &a.opt, 1, NULL, &first));
+  apex_amp *out = first;
+  TU_FAILS(apex_amp_initialize(&b.m, 1, &a.opt, 1, NULL, &out), APEX_ERR_INVALID_ARG, "belongs to none");
+  assert_ptr_equal(out, first);
+  TU_FAILS(apex_amp_initialize(&b.m, 1, &b.opt, 1, &(apex_amp_config){.opt_level = "O7"}, &out), APEX_ERR_INVALID_ARG, "O7");
+  assert_ptr_equal(out, first);
+  TU_FAILS(apex_amp_initialize(&a.m, 1, &a.opt, 1, NULL, &out), APEX_ERR_INVALID_ARG, "already initialised");
+  assert_ptr_equal(out, first);
+  apex_amp_destroy(first);
+  free_net(a);
+  free_net(b);
+}
+
 /* Two models, two optimizers, two losses with scales 4 and 16 (set on the scalers as Apex's test
  * does), SGD with momentum; model 1 gets gradients from both losses, so the second loss's unscale adds
  * to what the first left. An Inf injected into one iteration's input makes both losses non-finite:
@@ -1112,6 +1278,8 @@ int main(void) {
       cmocka_unit_test(test_cast_model_outputs),         cmocka_unit_test(test_clip_master_grads),
       cmocka_unit_test(test_combine_grad),               cmocka_unit_test(test_step_refused_after_failed_backward),
       cmocka_unit_test(test_model_state_is_f32),
+      cmocka_unit_test(test_overflow_at_min_scale_is_a_skip), cmocka_unit_test(test_forward_prepares_graph),
+      cmocka_unit_test(test_null_chain),                 cmocka_unit_test(test_failed_initialize_keeps_out),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -188,6 +188,25 @@ static void test_multi_tensor_parity(void **state) {
   /* CPU and GPU tensors in one list: refused, naming the tensor. */
   apex_tensor *mixed[2] = {d[0], h[1]}, *mo[2] = {dout[0], dout[1]};
   TU_FAILS(apex_mt_scale(0, &ovd, mixed, mo, 2, 1.0f), APEX_ERR_DEVICE, "list 0 tensor 1");
+  /* apex_mt_check_finite on device lists: the CPU's answers (the Inf above, then NaN in an f32 and
+   * in an f16 tensor), the int overwritten each time, a mixed list refused with the int untouched. */
+  int fd = 0, fh = 1;
+  TU_OK(apex_mt_check_finite(d, N, &fd));
+  assert_int_equal(fd, 1);
+  TU_OK(apex_mt_check_finite(h, N, &fh));
+  assert_int_equal(fh, 0);
+  apex_tensor_set(d[N - 1], sizes[N - 1] - 1, 1.0f);
+  TU_OK(apex_mt_check_finite(d, N, &fd));
+  assert_int_equal(fd, 0);
+  for (int k = 0; k < 2; k++) { /* d[2] is f32, d[3] is f16 */
+    apex_tensor_set(d[2 + k], 16383, NAN);
+    TU_OK(apex_mt_check_finite(d, N, &fd));
+    assert_int_equal(fd, 1);
+    apex_tensor_set(d[2 + k], 16383, 0.5f);
+  }
+  fd = 7;
+  TU_FAILS(apex_mt_check_finite(mixed, 2, &fd), APEX_ERR_DEVICE, "tensor 1");
+  assert_int_equal(fd, 7);
   for (int i = 0; i < N; i++) {
     apex_tensor_destroy(h[i]);
     apex_tensor_destroy(d[i]);

@@ -88,6 +88,36 @@ static void test_follows_f32_reference_and_skips(void **state) {
   byo_free(&b);
 }
 
+/* An overflow with the scale already at its minimum: the step is skipped and reported as for any
+ * overflow (APEX_OK, *skipped = 1, masters unchanged), and the scaler's query says the minimum was
+ * hit, so a generic "stop unless APEX_OK" loop keeps going while one that cares can stop. */
+static void test_overflow_at_min_scale(void **state) {
+  (void)state;
+  byo b;
+  byo_init(&b, &(apex_loss_scaler_config){.init_scale = 4096, .min_scale = 4096});
+  apex_loss_scaler *sc = apex_fp16_optimizer_scaler(b.fo);
+  float before[N];
+  for (int round = 0; round < 2; round++) {
+    memcpy(before, apex_tensor_data(apex_optimizer_master(b.opt, 0, 0)), sizeof before);
+    backward(&b, apex_fp16_optimizer_loss_scale(b.fo));
+    b.g[5] = 0x7E00; /* NaN from the program */
+    int skipped = 0;
+    TU_OK(apex_fp16_optimizer_step(b.fo, &skipped));
+    assert_int_equal(skipped, 1);
+    assert_int_equal(apex_loss_scaler_at_min(sc), 1);
+    assert_true(apex_fp16_optimizer_loss_scale(b.fo) == 4096.0f);
+    assert_memory_equal(before, apex_tensor_data(apex_optimizer_master(b.opt, 0, 0)), sizeof before);
+  }
+  /* |w - t| * 4096 <= 10.5 * 4096 fits f16: a real step, and the query is clear. */
+  backward(&b, apex_fp16_optimizer_loss_scale(b.fo));
+  int skipped = 1;
+  TU_OK(apex_fp16_optimizer_step(b.fo, &skipped));
+  assert_int_equal(skipped, 0);
+  assert_int_equal(apex_loss_scaler_at_min(sc), 0);
+  assert_true(memcmp(before, apex_tensor_data(apex_optimizer_master(b.opt, 0, 0)), sizeof before) != 0);
+  byo_free(&b);
+}
+
 static void test_clip_master_grads(void **state) {
   (void)state;
   byo b;
@@ -172,6 +202,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_follows_f32_reference_and_skips),
       cmocka_unit_test(test_clip_master_grads),
+      cmocka_unit_test(test_overflow_at_min_scale),
       cmocka_unit_test(test_save_load_bitwise),
       cmocka_unit_test(test_bad_input),
   };

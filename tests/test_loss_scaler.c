@@ -73,18 +73,56 @@ static void test_min_clamp_and_status(void **state) {
   (void)state;
   apex_loss_scaler *s = make((apex_loss_scaler_config){.init_scale = 0x1p16f, .min_scale = 0x1p14f});
   int skip;
+  assert_int_equal(apex_loss_scaler_at_min(s), 0); /* no update yet */
   TU_OK(apex_loss_scaler_update(s, 1, &skip));
+  assert_int_equal(apex_loss_scaler_at_min(s), 0); /* 2^16 -> 2^15: above the minimum when it overflowed */
   TU_OK(apex_loss_scaler_update(s, 1, &skip));
+  assert_int_equal(apex_loss_scaler_at_min(s), 0); /* 2^15 -> 2^14: reaching the minimum is not being at it */
   assert_true(apex_loss_scaler_scale(s) == 0x1p14f);
-  /* Already at the minimum: still skipped, and the caller is told. */
+  /* Already at the minimum: still skipped, the call succeeds (a generic "abort unless OK" loop goes
+   * on), and the query tells the caller. */
   skip = 0;
-  TU_FAILS(apex_loss_scaler_update(s, 1, &skip), APEX_ERR_SCALE_AT_MIN, "minimum");
+  TU_OK(apex_loss_scaler_update(s, 1, &skip));
   assert_int_equal(skip, 1);
+  assert_int_equal(apex_loss_scaler_at_min(s), 1);
   assert_true(apex_loss_scaler_scale(s) == 0x1p14f);
-  /* A clean step afterwards is fine. */
+  apex_loss_scaler_state st = apex_loss_scaler_get_state(s);
+  assert_int_equal(st.skipped, 3);
+  assert_int_equal(st.steps, 3);
+  /* A clean step afterwards is fine and clears the query. */
   TU_OK(apex_loss_scaler_update(s, 0, &skip));
   assert_int_equal(skip, 0);
+  assert_int_equal(apex_loss_scaler_at_min(s), 0);
+  /* Another overflow at the minimum sets it again; restoring a state clears it (no last update). */
+  TU_OK(apex_loss_scaler_update(s, 1, &skip));
+  assert_int_equal(apex_loss_scaler_at_min(s), 1);
+  TU_OK(apex_loss_scaler_set_state(s, &st));
+  assert_int_equal(apex_loss_scaler_at_min(s), 0);
   apex_loss_scaler_destroy(s);
+  /* A static scaler never backs off, so it is never "at the minimum", even with its scale there. */
+  s = make((apex_loss_scaler_config){.mode = APEX_SCALE_STATIC, .init_scale = 0x1p-24f});
+  TU_OK(apex_loss_scaler_update(s, 1, &skip));
+  assert_int_equal(skip, 1);
+  assert_int_equal(apex_loss_scaler_at_min(s), 0);
+  apex_loss_scaler_destroy(s);
+}
+
+/* Every accessor takes NULL without crashing: a value no scaler has, and a message. */
+static void test_null_accessors(void **state) {
+  (void)state;
+  apex_clear_error();
+  assert_true(isnan(apex_loss_scaler_scale(NULL)));
+  tu_assert_message("apex_loss_scaler_scale: NULL loss scaler");
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  assert_true(isnan(apex_loss_scaler_inv_scale(NULL)));
+  tu_assert_message("apex_loss_scaler_inv_scale: NULL");
+  apex_loss_scaler_config c = apex_loss_scaler_get_config(NULL);
+  assert_true(c.init_scale == 0 && c.growth_interval == 0 && c.min_scale == 0);
+  tu_assert_message("apex_loss_scaler_get_config: NULL");
+  apex_loss_scaler_state st = apex_loss_scaler_get_state(NULL);
+  assert_true(st.scale == 0 && st.steps == 0 && st.skipped == 0);
+  tu_assert_message("apex_loss_scaler_get_state: NULL");
+  assert_int_equal(apex_loss_scaler_at_min(NULL), 0);
 }
 
 /* Hysteresis 2: the first overflow after a reset is tolerated (skipped, no backoff), later ones back
@@ -195,6 +233,7 @@ int main(void) {
       cmocka_unit_test(test_growth_and_max_clamp), cmocka_unit_test(test_min_clamp_and_status),
       cmocka_unit_test(test_hysteresis),         cmocka_unit_test(test_static),
       cmocka_unit_test(test_save_load_bitwise),  cmocka_unit_test(test_invalid_settings),
+      cmocka_unit_test(test_null_accessors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

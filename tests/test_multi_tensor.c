@@ -186,6 +186,67 @@ static void test_l2norm(void **state) {
       }
 }
 
+/* The reference: any element that is not finite, read one by one through apex_tensor_get. */
+static int ref_has_nonfinite(apex_tensor *const *t, int n) {
+  for (int k = 0; k < n; k++)
+    for (size_t i = 0; i < apex_tensor_numel(t[k]); i++)
+      if (!isfinite(apex_tensor_get(t[k], i))) return 1;
+  return 0;
+}
+
+/* apex_mt_check_finite over a list mixing f32, f16 and bf16 tensors that span several chunks: 0 for
+ * finite values (the largest finite of each dtype included), 1 for Inf, -Inf or NaN wherever it sits;
+ * the answer overwrites the int (no accumulation), nothing is written, and both SIMD paths agree. */
+static void test_check_finite(void **state) {
+  (void)state;
+  const size_t sizes[5] = {70001, 555, 131072, 1, 4099};
+  apex_tensor *t[5];
+  for (int k = 0; k < 5; k++) t[k] = tu_random_tensor(all_dtypes[k % 3], sizes[k], 90 + (uint64_t)k, 10.0f);
+  apex_tensor_set(t[0], 7, 3.4028235e38f);   /* FLT_MAX */
+  apex_tensor_set(t[1], 8, 65504.0f);        /* f16's largest finite */
+  apex_tensor_set(t[2], 9, 3.3895314e38f);   /* bf16's largest finite */
+  const int simd_paths = tu_have_avx2() ? 2 : 1;
+  const apex_simd paths[2] = {APEX_SIMD_PORTABLE, APEX_SIMD_AVX2};
+  const float bad[3] = {INFINITY, -INFINITY, NAN};
+  for (int p = 0; p < simd_paths; p++) {
+    TU_OK(apex_simd_set(paths[p]));
+    int found = 7;
+    TU_OK(apex_mt_check_finite(t, 5, &found));
+    assert_int_equal(found, 0);
+    assert_int_equal(ref_has_nonfinite(t, 5), 0);
+    for (int k = 0; k < 5; k++)
+      for (int where = 0; where < 3; where++) {
+        size_t at = where == 0 ? 0 : where == 1 ? sizes[k] / 2 : sizes[k] - 1;
+        float old = apex_tensor_get(t[k], at);
+        apex_tensor_set(t[k], at, bad[(k + where) % 3]);
+        uint8_t *copy = malloc(apex_tensor_nbytes(t[k]));
+        memcpy(copy, apex_tensor_data(t[k]), apex_tensor_nbytes(t[k]));
+        found = 0;
+        TU_OK(apex_mt_check_finite(t, 5, &found));
+        assert_int_equal(found, ref_has_nonfinite(t, 5));
+        assert_int_equal(found, 1);
+        assert_memory_equal(copy, apex_tensor_data(t[k]), apex_tensor_nbytes(t[k])); /* read only */
+        free(copy);
+        apex_tensor_set(t[k], at, old);
+        TU_OK(apex_mt_check_finite(t, 5, &found)); /* clean again: the answer is 0, not the old 1 */
+        assert_int_equal(found, 0);
+      }
+  }
+  TU_OK(apex_simd_set(APEX_SIMD_AUTO));
+  int found = 5;
+  TU_OK(apex_mt_check_finite(NULL, 0, &found)); /* nothing to check: finite */
+  assert_int_equal(found, 0);
+  /* Bad input: a message, and the caller's int untouched. */
+  found = 5;
+  TU_FAILS(apex_mt_check_finite(t, 5, NULL), APEX_ERR_INVALID_ARG, "NULL found_inf");
+  TU_FAILS(apex_mt_check_finite(t, -1, &found), APEX_ERR_INVALID_ARG, "negative");
+  apex_tensor *holey[2] = {t[0], NULL};
+  TU_FAILS(apex_mt_check_finite(holey, 2, &found), APEX_ERR_INVALID_ARG, "tensor 1 is NULL");
+  TU_FAILS(apex_mt_check_finite(NULL, 2, &found), APEX_ERR_INVALID_ARG, "NULL");
+  assert_int_equal(found, 5);
+  for (int k = 0; k < 5; k++) apex_tensor_destroy(t[k]);
+}
+
 static void test_flatten_unflatten(void **state) {
   (void)state;
   int64_t s0[2] = {2, 3}, s1[1] = {5}, s2[3] = {1, 2, 2};
@@ -299,7 +360,7 @@ int main(void) {
       cmocka_unit_test(test_scale_all_cases), cmocka_unit_test(test_scale_in_place_and_threads),
       cmocka_unit_test(test_axpby),           cmocka_unit_test(test_l2norm),
       cmocka_unit_test(test_flatten_unflatten), cmocka_unit_test(test_bad_input),
-      cmocka_unit_test(test_simd_paths_agree),
+      cmocka_unit_test(test_simd_paths_agree), cmocka_unit_test(test_check_finite),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -612,6 +612,85 @@ static void test_bad_inputs(void **state) {
   apex_graph_destroy(g);
 }
 
+/* apex_optimizer_add_model: one group holding every parameter in creation order with its own
+ * gradient, the group's options and index as asked; refusals name the call and change nothing. */
+static void test_optimizer_add_model(void **state) {
+  (void)state;
+  apex_model *m = apex_model_create(&(apex_model_options){.seed = 3});
+  apex_module *net = apex_sequential_create(m, NULL);
+  TU_OK(apex_sequential_add(net, apex_linear_create(m, "fc1", 3, 4, 1)));
+  TU_OK(apex_sequential_add(net, apex_batch_norm1d_create(m, "bn", 4, NULL)));
+  TU_OK(apex_sequential_add(net, apex_linear_create(m, "fc2", 4, 2, 0)));
+  apex_optimizer *opt = apex_optimizer_create(APEX_OPTIM_ADAMW, NULL);
+  int group = -1;
+  TU_OK(apex_optimizer_add_model(opt, m, &(apex_optim_options){.lr = 0.25f}, &group));
+  assert_int_equal(group, 0);
+  assert_int_equal(apex_optimizer_num_groups(opt), 1);
+  assert_int_equal(apex_model_num_params(m), 5); /* fc1 weight and bias, bn weight and bias, fc2 weight */
+  assert_int_equal(apex_optimizer_group_size(opt, 0), 5);
+  for (int i = 0; i < 5; i++) {
+    apex_var *p = apex_model_param(m, (size_t)i, NULL);
+    assert_ptr_equal(apex_optimizer_param(opt, 0, i), apex_var_value(p));
+    assert_ptr_equal(apex_optimizer_grad(opt, 0, i), apex_var_grad(p));
+    assert_non_null(apex_var_grad(p));
+  }
+  assert_true(apex_optimizer_get_lr(opt, 0) == 0.25f);
+  /* The same model again: its parameters are in a group already. */
+  group = -1;
+  TU_FAILS(apex_optimizer_add_model(opt, m, NULL, &group), APEX_ERR_INVALID_ARG, "apex_optimizer_add_model: ");
+  tu_assert_message("already in group 0");
+  assert_int_equal(group, -1);
+  assert_int_equal(apex_optimizer_num_groups(opt), 1);
+  /* A second model with the optimizer's defaults goes into group 1. */
+  apex_model *m2 = apex_model_create(&(apex_model_options){.seed = 4});
+  assert_non_null(apex_linear_create(m2, "fc", 2, 2, 1));
+  TU_OK(apex_optimizer_add_model(opt, m2, NULL, &group));
+  assert_int_equal(group, 1);
+  assert_int_equal(apex_optimizer_group_size(opt, 1), 2);
+  assert_true(apex_optimizer_get_lr(opt, 1) == 1e-3f); /* AdamW's default */
+  /* Bad input. */
+  apex_model *empty = apex_model_create(NULL);
+  TU_FAILS(apex_optimizer_add_model(opt, empty, NULL, NULL), APEX_ERR_INVALID_ARG, "no parameters");
+  TU_FAILS(apex_optimizer_add_model(NULL, m, NULL, NULL), APEX_ERR_INVALID_ARG, "NULL optimizer");
+  TU_FAILS(apex_optimizer_add_model(opt, NULL, NULL, NULL), APEX_ERR_INVALID_ARG, "NULL model");
+  TU_FAILS(apex_optimizer_add_model(opt, m2, &(apex_optim_options){.lr = -1.0f}, NULL), APEX_ERR_INVALID_ARG,
+           "apex_optimizer_add_model: ");
+  assert_int_equal(apex_optimizer_num_groups(opt), 2);
+  apex_optimizer_destroy(opt);
+  apex_model_destroy(empty);
+  apex_model_destroy(m2);
+  apex_model_destroy(m);
+}
+
+/* The model and module accessors take NULL without crashing: the values nn.h gives, and a message. */
+static void test_null_accessors(void **state) {
+  (void)state;
+  apex_clear_error();
+  assert_int_equal(apex_model_num_params(NULL), 0);
+  tu_assert_message("apex_model_num_params: NULL model");
+  assert_null(apex_model_param(NULL, 0, NULL));
+  tu_assert_message("apex_model_param: NULL model");
+  assert_null(apex_model_find_param(NULL, "w"));
+  assert_int_equal(apex_model_param_elements(NULL), 0);
+  assert_int_equal(apex_model_num_buffers(NULL), 0);
+  assert_null(apex_model_buffer(NULL, 0, NULL));
+  assert_null(apex_model_find_buffer(NULL, "b"));
+  assert_int_equal(apex_model_is_training(NULL), 0);
+  assert_null(apex_model_rng(NULL));
+  tu_assert_message("apex_model_rng: NULL model");
+  assert_string_equal(apex_module_name(NULL), "");
+  tu_assert_message("apex_module_name: NULL module");
+  assert_null(apex_module_param(NULL, "weight"));
+  tu_assert_message("apex_module_param: NULL module");
+  assert_int_equal(apex_optimizer_num_groups(NULL), 0);
+  tu_assert_message("apex_optimizer_num_groups: NULL optimizer");
+  assert_int_equal(apex_optimizer_kind(NULL), APEX_OPTIM_KIND_COUNT);
+  /* A chain: a module made with a NULL model fails, and so does every accessor after it. */
+  assert_null(apex_var_value(apex_module_param(apex_linear_create(NULL, "fc", 2, 2, 1), "weight")));
+  tu_assert_message("apex_var_value: NULL var");
+  tu_assert_message("NULL model");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dropout_forward),          cmocka_unit_test(test_dropout_module_modes),
@@ -619,6 +698,7 @@ int main(void) {
       cmocka_unit_test(test_attention_module_forward), cmocka_unit_test(test_transformer_block_forward),
       cmocka_unit_test(test_default_init),             cmocka_unit_test(test_mean_all_and_view),
       cmocka_unit_test(test_bad_inputs),                cmocka_unit_test(test_bce_edges),
+      cmocka_unit_test(test_optimizer_add_model),      cmocka_unit_test(test_null_accessors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

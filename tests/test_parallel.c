@@ -533,6 +533,12 @@ static void test_bad_input(void **state) {
   assert_int_equal(apex_pg_rank(pg), 0);
   assert_int_equal(apex_pg_world_size(pg), 1);
   assert_int_equal(apex_pg_rank(NULL), -1);
+  tu_assert_message("apex_pg_rank: NULL process group");
+  assert_int_equal(apex_pg_world_size(NULL), -1);
+  assert_string_equal(apex_pg_backend(NULL), "");
+  assert_int_equal(apex_pg_device(pg), APEX_DEVICE_CPU);
+  assert_int_equal(apex_pg_device(NULL), APEX_DEVICE_NONE); /* not the CPU: there is no group */
+  tu_assert_message("apex_pg_device: NULL process group");
   apex_tensor *t = tensor_1d(APEX_F32, 4), *h = tensor_1d(APEX_F16, 4), *o = tensor_1d(APEX_F32, 5);
   apex_pg_work *w = (apex_pg_work *)&w;
   TU_FAILS(apex_pg_allreduce(NULL, t, APEX_REDUCE_SUM), APEX_ERR_INVALID_ARG, "pg is NULL");

@@ -1,4 +1,5 @@
 /* test_tensor.c: tensor creation, views, fill, copy and conversion, and every bad input. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "apex/cuda.h"
@@ -166,11 +167,58 @@ static void test_bad_input(void **state) {
   apex_tensor_destroy(b);
 }
 
+/* Every accessor takes NULL (a failed call earlier in a chain) without crashing: it returns the
+ * value tensor.h gives, which no tensor has, and leaves a message that keeps the earlier failure. */
+static void test_null_accessors(void **state) {
+  (void)state;
+  apex_clear_error();
+  assert_int_equal(apex_tensor_dtype(NULL), APEX_DTYPE_COUNT);
+  tu_assert_message("apex_tensor_dtype: NULL tensor");
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  assert_int_equal(apex_tensor_device(NULL), APEX_DEVICE_NONE);
+  tu_assert_message("apex_tensor_device: NULL tensor");
+  assert_int_equal(apex_tensor_ndim(NULL), -1);
+  tu_assert_message("apex_tensor_ndim: NULL tensor");
+  assert_int_equal(apex_tensor_dim(NULL, 0), -1);
+  tu_assert_message("apex_tensor_dim: NULL tensor");
+  assert_null(apex_tensor_shape(NULL));
+  tu_assert_message("apex_tensor_shape: NULL tensor");
+  assert_int_equal(apex_tensor_numel(NULL), 0);
+  tu_assert_message("apex_tensor_numel: NULL tensor");
+  assert_int_equal(apex_tensor_nbytes(NULL), 0);
+  tu_assert_message("apex_tensor_nbytes: NULL tensor");
+  assert_null(apex_tensor_data(NULL));
+  tu_assert_message("apex_tensor_data: NULL tensor");
+  assert_true(isnan(apex_tensor_get(NULL, 0)));
+  tu_assert_message("apex_tensor_get: NULL tensor");
+  apex_tensor_set(NULL, 0, 1.0f);
+  tu_assert_message("apex_tensor_set: NULL tensor");
+  int64_t three = 3;
+  apex_tensor *t = apex_tensor_create(APEX_F16, 1, &three);
+  assert_int_equal(apex_tensor_same_shape(t, NULL), 0);
+  assert_int_equal(apex_tensor_same_shape(NULL, t), 0);
+  assert_int_equal(apex_tensor_same_shape(NULL, NULL), 0);
+  /* An index past the end: NaN, nothing written, a message naming both numbers. */
+  apex_tensor_set(t, 1, 2.5f);
+  assert_true(isnan(apex_tensor_get(t, 3)));
+  tu_assert_message("element 3 of a tensor of 3 elements");
+  apex_tensor_set(t, 3, 7.0f);
+  tu_assert_message("element 3 of a tensor of 3 elements");
+  assert_true(apex_tensor_get(t, 0) == 0.0f && apex_tensor_get(t, 1) == 2.5f && apex_tensor_get(t, 2) == 0.0f);
+  /* The failure that made the NULL stays in the message: here a failed create, then an accessor. */
+  int64_t neg = -1;
+  assert_null(apex_tensor_create(APEX_F32, 1, &neg));
+  assert_int_equal(apex_tensor_dtype(apex_tensor_create(APEX_F32, 1, &neg)), APEX_DTYPE_COUNT);
+  tu_assert_message("apex_tensor_dtype: NULL tensor");
+  tu_assert_message("dimension 0 is -1");
+  apex_tensor_destroy(t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_create_and_query), cmocka_unit_test(test_fill_copy_convert), cmocka_unit_test(test_fill_large),
       cmocka_unit_test(test_views),            cmocka_unit_test(test_wrap),
-      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_null_accessors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -101,7 +101,9 @@ APEX_API void apex_graph_destroy(apex_graph *g);
  * Grad mode, autocast and category overrides are kept. */
 APEX_API void apex_graph_reset(apex_graph *g);
 /* Turns recording on (1) or off (0, "no-grad" mode for evaluation); returns the previous setting.
- * With recording off, ops compute values only and their results do not require gradients. */
+ * With recording off, ops compute values only and their results do not require gradients. The graph
+ * functions that return a value (this one, the byte counts, apex_graph_autocast_enabled and
+ * apex_graph_config_tag) give 0 for a NULL graph, with an APEX_ERR_INVALID_ARG message. */
 APEX_API int apex_graph_set_grad_enabled(apex_graph *g, int enabled);
 /* Turns autocast on in `dtype` (APEX_F16 or APEX_BF16) or off (enabled = 0). APEX_ERR_DTYPE for
  * another dtype; APEX_ERR_INVALID_ARG for a NULL graph. */
@@ -141,16 +143,23 @@ APEX_API void apex_var_release(apex_var *v);
  * With requires_grad the var gets a grad tensor from the pool, valid until reset. */
 APEX_API apex_var *apex_graph_input(apex_graph *g, apex_tensor *t, int requires_grad);
 
-/* The value (never NULL for a valid var). */
+/* The var accessors take NULL (the result of a failed op earlier in a chain) without crashing: they
+ * return the value given with each and leave an APEX_ERR_INVALID_ARG message that keeps the earlier
+ * failure's message after its own. */
+
+/* The value (never NULL for a valid var); NULL for NULL. */
 APEX_API apex_tensor *apex_var_value(const apex_var *v);
 /* The grad tensor of a var that requires gradients and is a leaf or graph input; NULL otherwise. */
 APEX_API apex_tensor *apex_var_grad(const apex_var *v);
+/* 0 for NULL. */
 APEX_API int apex_var_requires_grad(const apex_var *v);
-/* The op that made v (APEX_OP_LEAF for leaves and inputs). */
+/* The op that made v (APEX_OP_LEAF for leaves and inputs); APEX_OP_COUNT (no op) for NULL. */
 APEX_API apex_op apex_var_op(const apex_var *v);
+/* The graph that owns a graph var; NULL for a leaf and for NULL. */
+APEX_API apex_graph *apex_var_graph(const apex_var *v);
 /* Sets the grad tensor of a leaf to zero. APEX_ERR_INVALID_ARG for NULL or a var without grad. */
 APEX_API apex_status apex_var_zero_grad(apex_var *v);
-/* The value of a one-element var as a float (NaN for NULL or more than one element). */
+/* The value of a one-element var as a float (NaN with a message for NULL or another element count). */
 APEX_API float apex_var_item(const apex_var *v);
 
 /* Replaces a leaf's value by `value` (same shape, any dtype; the var takes ownership) and its grad by
@@ -165,6 +174,11 @@ APEX_API int apex_graph_autocast_enabled(const apex_graph *g);
  * (banned = 1), or allows it again (0): amp bans plain binary cross-entropy under O1 as Apex does.
  * APEX_ERR_INVALID_ARG for a NULL graph or an op outside the enum. */
 APEX_API apex_status apex_graph_set_op_banned(apex_graph *g, apex_op op, int banned);
+/* A number the graph keeps for whoever configures its autocast: 0 at creation (and for NULL), kept
+ * across resets. amp stores there the id of the apex_amp that prepared the graph, so that it
+ * prepares each graph it is handed exactly once. APEX_ERR_INVALID_ARG for a NULL graph. */
+APEX_API uint64_t apex_graph_config_tag(const apex_graph *g);
+APEX_API apex_status apex_graph_set_config_tag(apex_graph *g, uint64_t tag);
 
 /* ---- backward ------------------------------------------------------------------------------------ */
 

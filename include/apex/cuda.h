@@ -83,7 +83,8 @@ typedef struct apex_cuda_scaler apex_cuda_scaler;
 /* A scaler from the configuration (NULL = the defaults), validated as apex_loss_scaler_create. */
 APEX_API apex_cuda_scaler *apex_cuda_scaler_create(const apex_loss_scaler_config *config);
 APEX_API void apex_cuda_scaler_destroy(apex_cuda_scaler *s);
-/* Device pointers: the current scale (f32) and the found_inf flag (int32, nonzero = overflow seen). */
+/* Device pointers: the current scale (f32) and the found_inf flag (int32, nonzero = overflow seen);
+ * NULL for a NULL scaler. */
 APEX_API const float *apex_cuda_scaler_scale_ptr(const apex_cuda_scaler *s);
 APEX_API int *apex_cuda_scaler_found_inf_ptr(apex_cuda_scaler *s);
 /* Raises found_inf if any element of the n device tensors is Inf or NaN; reads them only. */
@@ -93,8 +94,10 @@ APEX_API apex_status apex_cuda_scaler_unscale(apex_cuda_scaler *s, apex_tensor *
                                               int n);
 /* Multiplies a device tensor (say the loss gradient that seeds backward) by the scale, in place. */
 APEX_API apex_status apex_cuda_scaler_scale_tensor(apex_cuda_scaler *s, apex_tensor *t);
-/* Applies one update from found_inf (as apex_loss_scaler_update) and clears the flag. Returns at once;
- * APEX_ERR_SCALE_AT_MIN cannot be reported without waiting: read the state to find out. */
+/* Applies one update from found_inf (as apex_loss_scaler_update) and clears the flag. Returns at once,
+ * so it cannot say whether the overflow came with the scale already at min_scale (what
+ * apex_loss_scaler_at_min reports on the CPU) without waiting: read the state to find out (the scale
+ * at min_scale and `skipped` grown). */
 APEX_API apex_status apex_cuda_scaler_update(apex_cuda_scaler *s);
 /* The state (waits for the GPU), and the reverse (validated as apex_loss_scaler_set_state); save and
  * load it with apex_loss_scaler_save/load through an apex_loss_scaler. */

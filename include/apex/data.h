@@ -22,10 +22,12 @@ typedef struct apex_idx apex_idx;
 /* Reads the IDX file at path into *out. Errors: APEX_ERR_INVALID_ARG (NULL argument), APEX_ERR_IO
  * (cannot open or read; the message names the path), APEX_ERR_CORRUPT (bad magic, a type other than
  * unsigned byte, 0 or more than APEX_MAX_DIMS dimensions, or fewer elements than the header says),
- * APEX_ERR_OUT_OF_MEMORY. */
+ * APEX_ERR_OUT_OF_MEMORY; *out is left as it was on error. */
 APEX_API apex_status apex_idx_load(const char *path, apex_idx **out);
 APEX_API void apex_idx_destroy(apex_idx *idx);
 
+/* The accessors take NULL without crashing: ndim 0, dim -1, numel 0, data NULL, each with an
+ * APEX_ERR_INVALID_ARG message. */
 APEX_API int apex_idx_ndim(const apex_idx *idx);
 /* Size of dimension dim (-1 when out of range). */
 APEX_API int64_t apex_idx_dim(const apex_idx *idx, int dim);

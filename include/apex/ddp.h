@@ -88,7 +88,7 @@ APEX_API apex_status apex_ddp_allreduce_overflow(apex_ddp *ddp, int *flag);
 /* The callbacks for apex_amp_backward_options (ctx is the apex_ddp). */
 APEX_API apex_status apex_ddp_amp_before_unscale(void *ddp);
 APEX_API apex_status apex_ddp_amp_reduce_overflow(void *ddp, int *flag);
-/* The DDP's Reducer (borrowed), e.g. for its bucket count. */
+/* The DDP's Reducer (borrowed), e.g. for its bucket count; NULL (with a message) for NULL. */
 APEX_API apex_reducer *apex_ddp_reducer(const apex_ddp *ddp);
 
 /* ---- SyncBatchNorm --------------------------------------------------------------------------------- */

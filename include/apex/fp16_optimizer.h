@@ -34,7 +34,8 @@ typedef struct apex_fp16_optimizer apex_fp16_optimizer;
 APEX_API apex_fp16_optimizer *apex_fp16_optimizer_create(apex_optimizer *opt, const apex_loss_scaler_config *scaling);
 APEX_API void apex_fp16_optimizer_destroy(apex_fp16_optimizer *fo);
 
-/* The scale to multiply the loss by (or to seed the backward with). */
+/* The scale to multiply the loss by (or to seed the backward with). These three accessors answer a
+ * NULL fo with NaN or NULL and an APEX_ERR_INVALID_ARG message. */
 APEX_API float apex_fp16_optimizer_loss_scale(const apex_fp16_optimizer *fo);
 /* The wrapped optimizer, and its scaler (borrowed). */
 APEX_API apex_optimizer *apex_fp16_optimizer_optimizer(const apex_fp16_optimizer *fo);
@@ -46,8 +47,9 @@ APEX_API apex_status apex_fp16_optimizer_clip_master_grads(apex_fp16_optimizer *
 
 /* Checks every gradient for Inf/NaN in one read pass, updates the loss scale, and steps the
  * optimizer with the gradients unscaled in its kernel, or skips the step on overflow (*skipped, may
- * be NULL, says which). Returns APEX_ERR_SCALE_AT_MIN (step skipped) when the gradients overflow
- * with the dynamic scale already at its minimum; the optimizer's errors otherwise. */
+ * be NULL, says which). Returns APEX_OK for a step taken or skipped, the optimizer's errors
+ * otherwise. An overflow with the dynamic scale already at its minimum is a skipped step too:
+ * apex_loss_scaler_at_min(apex_fp16_optimizer_scaler(fo)) is then 1. */
 APEX_API apex_status apex_fp16_optimizer_step(apex_fp16_optimizer *fo, int *skipped);
 
 /* The wrapper's state: the scaler's state, then the optimizer's (apex_optimizer_save), so that a run

@@ -65,19 +65,26 @@ typedef struct apex_loss_scaler apex_loss_scaler;
 APEX_API apex_loss_scaler *apex_loss_scaler_create(const apex_loss_scaler_config *config);
 APEX_API void apex_loss_scaler_destroy(apex_loss_scaler *s);
 
-/* The configuration with every default filled in. */
+/* The configuration with every default filled in; all zero (with an APEX_ERR_INVALID_ARG message)
+ * for a NULL scaler. */
 APEX_API apex_loss_scaler_config apex_loss_scaler_get_config(const apex_loss_scaler *s);
-/* The factor to multiply the loss by. */
+/* The factor to multiply the loss by; NaN (with a message) for a NULL scaler. */
 APEX_API float apex_loss_scaler_scale(const apex_loss_scaler *s);
-/* 1 / scale, the factor to multiply gradients by. */
+/* 1 / scale, the factor to multiply gradients by; NaN (with a message) for a NULL scaler. */
 APEX_API float apex_loss_scaler_inv_scale(const apex_loss_scaler *s);
 
 /* Records one step's overflow check. *skip (may be NULL) is set to 1 when the optimizer step must be
- * skipped (found_inf != 0), else 0. Returns APEX_OK, or APEX_ERR_SCALE_AT_MIN when found_inf and the
- * scale was already at min_scale: gradients overflow even at the smallest scale allowed, so the
- * model or its data produce Inf/NaN by themselves; the state is still updated and *skip set. */
+ * skipped (found_inf != 0), else 0. Returns APEX_OK (APEX_ERR_INVALID_ARG only for a NULL scaler):
+ * an overflow at the minimum scale is not a failure of the call, and apex_loss_scaler_at_min says
+ * when it happened. */
 APEX_API apex_status apex_loss_scaler_update(apex_loss_scaler *s, int found_inf, int *skip);
+/* 1 when the last apex_loss_scaler_update found an overflow with the dynamic scale already at
+ * min_scale (the step was skipped as for any overflow): gradients overflow even at the smallest
+ * scale allowed, so the model or its data produce Inf/NaN by themselves (check the inputs and the
+ * learning rate). 0 otherwise, for a static scaler, after a set_state or load, and for NULL. */
+APEX_API int apex_loss_scaler_at_min(const apex_loss_scaler *s);
 
+/* All zero (with a message) for a NULL scaler. */
 APEX_API apex_loss_scaler_state apex_loss_scaler_get_state(const apex_loss_scaler *s);
 /* Restores a state. Refuses (APEX_ERR_INVALID_ARG, nothing changed) a non-finite or non-positive
  * scale, a scale outside [min_scale, max_scale] of a dynamic scaler, or negative counters. */

@@ -40,6 +40,15 @@ APEX_API apex_status apex_mt_scale(size_t chunk_size, int *overflow, apex_tensor
 APEX_API apex_status apex_mt_axpby(size_t chunk_size, int *overflow, apex_tensor *const *x, apex_tensor *const *y,
                                    apex_tensor *const *out, int n, float a, float b, int arg_to_check);
 
+/* Are there Inf/NaN in these tensors? One read pass over tensors[0..n) (any dtype, each may be f32,
+ * f16 or bf16; all on the CPU, or all on the GPU where the CUDA multi-tensor kernel does the pass),
+ * writing nothing: *found_inf is set to 1 if any element is Inf or NaN, else 0 (unlike the other
+ * calls' flags, it is an answer, not an accumulator). For bring-your-own-model programs whose
+ * optimizer unscales in its kernel (apex_optimizer_step's grad_scale): check, then
+ * apex_loss_scaler_update(found_inf). APEX_ERR_INVALID_ARG (found_inf untouched) for a NULL found_inf,
+ * a NULL list or tensor or a negative n; APEX_ERR_DEVICE for a list that mixes devices. */
+APEX_API apex_status apex_mt_check_finite(apex_tensor *const *tensors, int n, int *found_inf);
+
 /* The L2 norm of all elements of all tensors (global_norm, may be NULL) and of each tensor
  * (per_tensor: NULL or n floats). Squares are summed in f32 within a tile and in f64 across tiles,
  * in a fixed order. Non-finite elements set *overflow (and make the norm non-finite). */
@@ -62,7 +71,7 @@ APEX_API apex_status apex_tensor_flatten(apex_tensor *const *tensors, int n, ape
 
 /* New tensors out[0..n) viewing consecutive segments of flat shaped like like[0..n) (the inverse
  * of flatten). The element counts must add up to flat's (else APEX_ERR_SHAPE). On error no tensor is
- * created. */
+ * created and out[] is left as it was. */
 APEX_API apex_status apex_tensor_unflatten(apex_tensor *flat, apex_tensor *const *like, int n, apex_tensor **out);
 
 /* "Combine grad for unscale": multiplies every element of one flat gradient buffer by inv_scale in

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "apex/autograd.h"
+#include "apex/optim.h"
 #include "apex/nn_ops.h"
 #include "apex/rng.h"
 
@@ -50,7 +51,10 @@ APEX_API apex_model *apex_model_create(const apex_model_options *opts);
 /* Frees the model, its modules, parameters and buffers (NULL is fine). */
 APEX_API void apex_model_destroy(apex_model *m);
 
-/* Training (1) or evaluation (0) mode: batch norm statistics and dropout follow it. */
+/* The model accessors below take a NULL model without crashing: is_training, num_params,
+ * param_elements and num_buffers give 0, the others NULL, each with an APEX_ERR_INVALID_ARG message.
+ *
+ * Training (1) or evaluation (0) mode: batch norm statistics and dropout follow it. */
 APEX_API void apex_model_train(apex_model *m, int training);
 APEX_API int apex_model_is_training(const apex_model *m);
 /* The generator dropout modules draw from (seeded with the model's seed at creation). */
@@ -73,13 +77,23 @@ APEX_API int apex_model_param_in_batch_norm(const apex_model *m, size_t i);
 /* Zeroes every parameter's grad. APEX_ERR_INVALID_ARG for NULL. */
 APEX_API apex_status apex_model_zero_grad(apex_model *m);
 
+/* Adds every parameter of m, in creation order, with its gradient to opt as one new group
+ * (apex_optimizer_add_group over apex_var_value / apex_var_grad of each apex_model_param): opts NULL
+ * means the optimizer's defaults, and the group's index goes to *group_out (may be NULL). Call it
+ * before apex_amp_initialize, as with add_group. Errors, each changing nothing: APEX_ERR_INVALID_ARG
+ * for NULL opt or m or a model without parameters; whatever apex_optimizer_add_group refuses (a
+ * parameter already in one of opt's groups, a bad option, ...), its message prefixed with this
+ * call's name. */
+APEX_API apex_status apex_optimizer_add_model(apex_optimizer *opt, const apex_model *m, const apex_optim_options *opts,
+                                              int *group_out);
+
 /* ---- modules --------------------------------------------------------------------------------- */
 
 /* Runs the module on x. Embedding modules take ids instead: apex_embedding_forward. */
 APEX_API apex_var *apex_module_forward(apex_module *mod, apex_graph *g, apex_var *x);
-/* The module's full name ("" for an unnamed one). */
+/* The module's full name ("" for an unnamed one, and with a message for NULL). */
 APEX_API const char *apex_module_name(const apex_module *mod);
-/* The module's parameter called `local` ("weight", "bias"), or NULL. */
+/* The module's parameter called `local` ("weight", "bias"), or NULL (with a message for a NULL mod). */
 APEX_API apex_var *apex_module_param(const apex_module *mod, const char *local);
 
 /* nn.Linear: y = x w^T + b; weight [out, in], bias [out] when `bias`. */

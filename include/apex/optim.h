@@ -161,6 +161,7 @@ APEX_API float apex_optimizer_get_lr(const apex_optimizer *opt, int group);
 /* A group's options with every default filled in. APEX_ERR_INVALID_ARG for a bad group or NULL out. */
 APEX_API apex_status apex_optimizer_group_options(const apex_optimizer *opt, int group, apex_optim_options *out);
 
+/* APEX_OPTIM_KIND_COUNT and 0 (with an APEX_ERR_INVALID_ARG message) for a NULL opt. */
 APEX_API apex_optim_kind apex_optimizer_kind(const apex_optimizer *opt);
 APEX_API int apex_optimizer_num_groups(const apex_optimizer *opt);
 /* Parameters in a group; -1 for a bad group. */

@@ -113,13 +113,14 @@ APEX_API void apex_pg_destroy(apex_pg *pg);
 
 /* 1 when this library was built with MPI. */
 APEX_API int apex_pg_mpi_available(void);
-/* This process's rank and the number of ranks; -1 for a NULL pg. */
+/* This process's rank and the number of ranks; -1 for a NULL pg. The pg and reducer accessors leave
+ * an APEX_ERR_INVALID_ARG message when handed NULL. */
 APEX_API int apex_pg_rank(const apex_pg *pg);
 APEX_API int apex_pg_world_size(const apex_pg *pg);
 /* "mpi", "local" or "nccl"; "" for NULL. */
 APEX_API const char *apex_pg_backend(const apex_pg *pg);
-/* Where the group's tensors must live: APEX_DEVICE_CPU for mpi and local (and NULL),
- * APEX_DEVICE_CUDA for nccl. */
+/* Where the group's tensors must live: APEX_DEVICE_CPU for mpi and local, APEX_DEVICE_CUDA for nccl,
+ * APEX_DEVICE_NONE for NULL. */
 APEX_API apex_device apex_pg_device(const apex_pg *pg);
 
 /* Reduces t over all ranks in place (see the top of this file for the order and rounding).
@@ -219,7 +220,7 @@ APEX_API apex_status apex_reducer_mark_ready(apex_reducer *r, int i);
 APEX_API apex_status apex_reducer_finish(apex_reducer *r);
 /* Marks every gradient ready in index order and finishes: reduce everything now. */
 APEX_API apex_status apex_reducer_reduce(apex_reducer *r);
-/* The number of buckets, and the bucket holding gradient i (-1 for a bad argument). */
+/* The number of buckets, and the bucket holding gradient i (-1 for a bad argument or NULL). */
 APEX_API int apex_reducer_bucket_count(const apex_reducer *r);
 APEX_API int apex_reducer_bucket_of(const apex_reducer *r, int i);
 /* The number of buckets whose all-reduce has been started in the current step (buckets start in

@@ -23,7 +23,8 @@ typedef struct apex_rng {
 
 /* A generator at offset 0. */
 APEX_API apex_rng apex_rng_init(uint64_t seed);
-/* The raw Philox4x32-10 block for (key = seed, counter = (ctr, 0)): four 32-bit words. */
+/* The raw Philox4x32-10 block for (key = seed, counter = (ctr, 0)): four 32-bit words (nothing but
+ * an APEX_ERR_INVALID_ARG message for a NULL out). */
 APEX_API void apex_philox4x32(uint64_t seed, uint64_t ctr, uint32_t out[4]);
 /* n uniform floats in [0, 1) (24 random bits each). */
 APEX_API apex_status apex_rng_uniform(apex_rng *rng, float *out, size_t n);

@@ -49,7 +49,8 @@ APEX_API apex_safetensors *apex_safetensors_open(const char *path);
 APEX_API apex_safetensors *apex_safetensors_parse(const uint8_t *buf, size_t len);
 APEX_API void apex_safetensors_close(apex_safetensors *st);
 
-/* Number of tensors, and the name of tensor i in file order (NULL if i is out of range). */
+/* Number of tensors, and the name of tensor i in file order (NULL if i is out of range). For a NULL
+ * st: 0 tensors, no name, no tensor and no metadata (count, name and metadata leave a message). */
 APEX_API int apex_safetensors_count(const apex_safetensors *st);
 APEX_API const char *apex_safetensors_name(const apex_safetensors *st, int i);
 /* 1 if a tensor of that name exists. */

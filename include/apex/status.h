@@ -29,7 +29,8 @@ typedef enum apex_status {
   APEX_ERR_STATE,         /* the call is not valid in the object's current state */
   APEX_ERR_UNSUPPORTED,   /* valid, but not built into this library (e.g. CUDA without a GPU) */
   APEX_ERR_NONFINITE,     /* a value that must be finite is not */
-  APEX_ERR_SCALE_AT_MIN   /* overflow with the dynamic loss scale already at its minimum */
+  APEX_ERR_SCALE_AT_MIN   /* kept for ABI; no longer returned: an overflow at the minimum loss scale is a
+                             skipped step, reported by apex_loss_scaler_at_min / apex_amp_scale_at_min */
 } apex_status;
 
 /* The message left by the last failing apex call on this thread ("" if none yet). The pointer

@@ -22,7 +22,8 @@ extern "C" {
 
 typedef enum apex_device {
   APEX_DEVICE_CPU = 0,
-  APEX_DEVICE_CUDA = 1 /* the CUDA backend (apex/cuda.h); refused in a build without it */
+  APEX_DEVICE_CUDA = 1, /* the CUDA backend (apex/cuda.h); refused in a build without it */
+  APEX_DEVICE_NONE = -1 /* no device: what apex_tensor_device says of a NULL tensor */
 } apex_device;
 
 typedef struct apex_tensor apex_tensor;
@@ -47,18 +48,27 @@ APEX_API apex_tensor *apex_tensor_clone(const apex_tensor *t);
 /* Releases t (NULL is fine). */
 APEX_API void apex_tensor_destroy(apex_tensor *t);
 
+/* The accessors take NULL (the result of a failed call earlier in a chain such as
+ * apex_tensor_dtype(apex_var_value(apex_amp_forward(...)))) without crashing: they return the value
+ * given with each below, which no tensor has, and leave an APEX_ERR_INVALID_ARG message. */
+
+/* APEX_DTYPE_COUNT (not a dtype) for NULL. */
 APEX_API apex_dtype apex_tensor_dtype(const apex_tensor *t);
+/* APEX_DEVICE_NONE for NULL. */
 APEX_API apex_device apex_tensor_device(const apex_tensor *t);
+/* -1 for NULL. */
 APEX_API int apex_tensor_ndim(const apex_tensor *t);
-/* Size of dimension dim; negative dim counts from the end. Returns -1 for a dim out of range. */
+/* Size of dimension dim; negative dim counts from the end. Returns -1 for a dim out of range or NULL. */
 APEX_API int64_t apex_tensor_dim(const apex_tensor *t, int dim);
-/* Pointer to the shape array (ndim entries). */
+/* Pointer to the shape array (ndim entries); NULL for NULL. */
 APEX_API const int64_t *apex_tensor_shape(const apex_tensor *t);
+/* 0 for NULL (a valid tensor may also have 0 elements: check apex_tensor_ndim for -1). */
 APEX_API size_t apex_tensor_numel(const apex_tensor *t);
 APEX_API size_t apex_tensor_nbytes(const apex_tensor *t);
-/* Pointer to the first element (host memory for CPU tensors, device memory for CUDA ones). */
+/* Pointer to the first element (host memory for CPU tensors, device memory for CUDA ones); NULL for
+ * NULL. */
 APEX_API void *apex_tensor_data(const apex_tensor *t);
-/* 1 when a and b have the same ndim and sizes. */
+/* 1 when a and b have the same ndim and sizes; 0 when either is NULL. */
 APEX_API int apex_tensor_same_shape(const apex_tensor *a, const apex_tensor *b);
 /* Writes "[2, 3, 4]" into buf (always NUL-terminated); returns buf. For error messages. */
 APEX_API char *apex_tensor_shape_str(const apex_tensor *t, char *buf, size_t size);
@@ -72,7 +82,8 @@ APEX_API apex_status apex_tensor_copy(apex_tensor *dst, const apex_tensor *src);
 /* A new tensor of the given dtype with src's shape and values converted. */
 APEX_API apex_tensor *apex_tensor_to(const apex_tensor *src, apex_dtype dtype);
 /* Element i (flat index) as a float, and the reverse; for tests and small code, not hot loops (on a
- * CUDA tensor each is a copy that waits for the GPU). */
+ * CUDA tensor each is a copy that waits for the GPU). A NULL tensor or an index past the end gives
+ * NaN (get) or changes nothing (set), with an APEX_ERR_INVALID_ARG message. */
 APEX_API float apex_tensor_get(const apex_tensor *t, size_t i);
 APEX_API void apex_tensor_set(apex_tensor *t, size_t i, float value);
 

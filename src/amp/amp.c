@@ -43,6 +43,7 @@ typedef struct {
 } amp_reg;
 
 struct apex_amp {
+  uint64_t id; /* unique in the process, never 0: the tag of the graphs this configuration prepared */
   apex_amp_properties p;
   apex_model **models;
   int n_models;
@@ -58,6 +59,14 @@ struct apex_amp {
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static const apex_model **registry;
 static int registry_n, registry_cap;
+static uint64_t last_id; /* ids are never reused, so a destroyed amp's tag on a graph matches no other */
+
+static uint64_t fresh_id(void) {
+  pthread_mutex_lock(&registry_lock);
+  uint64_t id = ++last_id;
+  pthread_mutex_unlock(&registry_lock);
+  return id;
+}
 
 static int registry_has(const apex_model *m) {
   for (int i = 0; i < registry_n; i++)
@@ -286,7 +295,6 @@ static apex_status check_models(apex_model *const *models, int n_models, apex_op
 apex_status apex_amp_initialize(apex_model *const *models, int n_models, apex_optimizer *const *opts, int n_opts,
                                 const apex_amp_config *config, apex_amp **out) {
   if (!out) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_initialize: NULL output");
-  *out = NULL;
   apex_amp_properties props;
   apex_status st = apex_amp_resolve(config, &props);
   if (st != APEX_OK) return st;
@@ -294,6 +302,7 @@ apex_status apex_amp_initialize(apex_model *const *models, int n_models, apex_op
   apex_amp *amp = calloc(1, sizeof *amp);
   if (!amp) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_initialize: out of memory");
   amp->p = props;
+  amp->id = fresh_id();
   amp->models = malloc((size_t)n_models * sizeof *amp->models);
   amp->opts = calloc((size_t)n_opts + 1, sizeof *amp->opts);
   amp->scalers = calloc((size_t)props.num_losses, sizeof *amp->scalers);
@@ -332,7 +341,10 @@ apex_status apex_amp_initialize(apex_model *const *models, int n_models, apex_op
   return APEX_OK;
 }
 
-const apex_amp_properties *apex_amp_properties_of(const apex_amp *amp) { return amp ? &amp->p : NULL; }
+const apex_amp_properties *apex_amp_properties_of(const apex_amp *amp) {
+  if (!amp) apex__fail_null_arg(__func__, "amp");
+  return amp ? &amp->p : NULL;
+}
 
 /* ---- graphs and forward ------------------------------------------------------------------------- */
 
@@ -348,6 +360,7 @@ apex_status apex_amp_register_op(apex_amp *amp, apex_op op, apex_cast_category c
     amp->cap_regs = cap;
   }
   amp->regs[amp->n_regs++] = (amp_reg){op, category};
+  amp->id = fresh_id(); /* the graphs prepared so far lack this op: the next forward on each re-prepares it */
   return APEX_OK;
 }
 
@@ -357,11 +370,19 @@ apex_status apex_amp_prepare_graph(apex_amp *amp, apex_graph *g) {
   apex_status st = apex_graph_set_autocast(g, on, amp->p.half_type);
   for (int i = 0; i < amp->n_regs && st == APEX_OK; i++) st = apex_graph_set_op_cast(g, amp->regs[i].op, amp->regs[i].category);
   if (st == APEX_OK) st = apex_graph_set_op_banned(g, APEX_OP_BCE, on && !amp->p.allow_banned);
+  if (st == APEX_OK) st = apex_graph_set_config_tag(g, amp->id);
   return st;
+}
+
+/* Prepares g unless this configuration already did: once per graph, so that a region where the
+ * caller turned casts off (apex_amp_casts_enabled) is left as it is. */
+static apex_status ensure_prepared(apex_amp *amp, apex_graph *g) {
+  return apex_graph_config_tag(g) == amp->id ? APEX_OK : apex_amp_prepare_graph(amp, g);
 }
 
 int apex_amp_casts_enabled(apex_amp *amp, apex_graph *g, int enabled) {
   if (!amp || !g || !amp->p.enabled || !amp->p.patch_functions) return 0;
+  if (ensure_prepared(amp, g) != APEX_OK) return 0;
   int was = apex_graph_autocast_enabled(g);
   apex_graph_set_autocast(g, enabled, amp->p.half_type);
   return was;
@@ -373,6 +394,7 @@ apex_var *apex_amp_forward(apex_amp *amp, int model, apex_module *net, apex_grap
   if (!amp || !net || !g || !x) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_amp_forward: NULL argument");
   if (model < 0 || model >= amp->n_models)
     return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_amp_forward: model %d; amp manages %d", model, amp->n_models);
+  if (ensure_prepared(amp, g) != APEX_OK) return NULL;
   if (!amp->p.enabled || !amp->p.cast_model) return apex_module_forward(net, g, x);
   apex_dtype in = apex_tensor_dtype(apex_var_value(x));
   apex_var *xc = x;
@@ -501,6 +523,11 @@ apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const 
   if (loss_id < 0 || loss_id >= amp->p.num_losses)
     return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_backward: loss_id %d; amp was initialised with num_losses = %d", loss_id,
                       amp->p.num_losses);
+  apex_graph *lg = apex_var_graph(loss);
+  if (lg && amp->p.enabled && amp->p.patch_functions && apex_graph_config_tag(lg) != amp->id)
+    return apex__fail(APEX_ERR_STATE, "apex_amp_backward: the loss's graph was not prepared by this amp (or not since "
+                                      "apex_amp_register_op), so its forward ran without O1's autocast policy; run the model "
+                                      "through apex_amp_forward, or call apex_amp_prepare_graph(amp, g) before the forward");
   apex_backward_options bo = {.retain_graph = opts ? opts->retain_graph : 0};
   apex_status (*before_unscale)(void *) = opts ? opts->before_unscale : NULL;
   apex_status (*reduce_overflow)(void *, int *) = opts ? opts->reduce_overflow : NULL;
@@ -608,12 +635,23 @@ apex_status apex_amp_zero_grad(apex_amp *amp) {
 
 apex_loss_scaler *apex_amp_loss_scaler(const apex_amp *amp, int loss_id) {
   if (!amp || loss_id < 0 || loss_id >= amp->p.num_losses)
-    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_amp_loss_scaler: no loss scaler %d", loss_id);
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_amp_loss_scaler: no loss scaler %d%s", loss_id, amp ? "" : " (NULL amp)");
   return amp->scalers[loss_id];
 }
 
+int apex_amp_scale_at_min(const apex_amp *amp, int loss_id) {
+  if (!amp || loss_id < 0 || loss_id >= amp->p.num_losses) {
+    apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_scale_at_min: no loss scaler %d", loss_id);
+    return 0;
+  }
+  return amp->p.enabled && apex_loss_scaler_at_min(amp->scalers[loss_id]);
+}
+
 float apex_amp_loss_scale(const apex_amp *amp, int loss_id) {
-  if (!amp || loss_id < 0 || loss_id >= amp->p.num_losses) return NAN;
+  if (!amp || loss_id < 0 || loss_id >= amp->p.num_losses) {
+    apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_loss_scale: no loss scaler %d%s", loss_id, amp ? "" : " (NULL amp)");
+    return NAN;
+  }
   return amp->p.enabled ? apex_loss_scaler_scale(amp->scalers[loss_id]) : 1.0f;
 }
 
@@ -623,6 +661,7 @@ apex_tensor *apex_amp_master_param(const apex_amp *amp, apex_optimizer *opt, int
 }
 
 apex_tensor *apex_amp_master_of(const apex_amp *amp, const apex_var *param) {
+  if (!amp || !param) apex__fail_null_arg(__func__, amp ? "param" : "amp");
   for (int o = 0; amp && param && o < amp->n_opts; o++)
     for (int k = 0; k < amp->opts[o].n; k++) {
       const amp_param *ap = &amp->opts[o].params[k];
@@ -642,6 +681,7 @@ apex_status apex_amp_clip_grad_norm(apex_amp *amp, apex_optimizer *opt, float ma
 
 /* Layout: u32 number of losses, then each scaler's APEX_LOSS_SCALER_STATE_BYTES. */
 size_t apex_amp_state_size(const apex_amp *amp) {
+  if (!amp) apex__fail_null_arg(__func__, "amp");
   return amp ? 4 + (size_t)amp->p.num_losses * APEX_LOSS_SCALER_STATE_BYTES : 0;
 }
 

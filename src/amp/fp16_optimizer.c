@@ -33,9 +33,18 @@ void apex_fp16_optimizer_destroy(apex_fp16_optimizer *fo) {
   free(fo);
 }
 
-float apex_fp16_optimizer_loss_scale(const apex_fp16_optimizer *fo) { return fo ? apex_loss_scaler_scale(fo->scaler) : NAN; }
-apex_optimizer *apex_fp16_optimizer_optimizer(const apex_fp16_optimizer *fo) { return fo ? fo->opt : NULL; }
-apex_loss_scaler *apex_fp16_optimizer_scaler(const apex_fp16_optimizer *fo) { return fo ? fo->scaler : NULL; }
+/* The accessors answer NULL with the value fp16_optimizer.h gives and a message. */
+static int null_fo(const apex_fp16_optimizer *fo, const char *fn) {
+  if (fo) return 0;
+  apex__fail_null_arg(fn, "FP16_Optimizer");
+  return 1;
+}
+
+float apex_fp16_optimizer_loss_scale(const apex_fp16_optimizer *fo) {
+  return null_fo(fo, __func__) ? NAN : apex_loss_scaler_scale(fo->scaler);
+}
+apex_optimizer *apex_fp16_optimizer_optimizer(const apex_fp16_optimizer *fo) { return null_fo(fo, __func__) ? NULL : fo->opt; }
+apex_loss_scaler *apex_fp16_optimizer_scaler(const apex_fp16_optimizer *fo) { return null_fo(fo, __func__) ? NULL : fo->scaler; }
 
 apex_status apex_fp16_optimizer_clip_master_grads(apex_fp16_optimizer *fo, float max_norm, float *total_norm) {
   if (!fo) return apex__fail(APEX_ERR_INVALID_ARG, "apex_fp16_optimizer_clip_master_grads: NULL wrapper");
@@ -58,7 +67,7 @@ static apex_status check_overflow(apex_optimizer *opt, int *overflow) {
       apex_tensor *grad = apex_optimizer_grad(opt, g, i);
       if (grad) grads[n++] = grad;
     }
-  apex_status st = apex_mt_l2norm(0, overflow, grads, n, NULL, NULL);
+  apex_status st = apex_mt_check_finite(grads, n, overflow);
   free(grads);
   return st;
 }
@@ -72,13 +81,10 @@ apex_status apex_fp16_optimizer_step(apex_fp16_optimizer *fo, int *skipped) {
   if (st != APEX_OK) return st;
   float scale = apex_loss_scaler_scale(fo->scaler); /* the scale these gradients carry */
   int skip = 0;
-  apex_status scaler_st = apex_loss_scaler_update(fo->scaler, overflow, &skip);
-  if (skipped) *skipped = skip;
-  char why[512] = "";
-  if (scaler_st != APEX_OK) snprintf(why, sizeof why, "%s", apex_last_error());
-  st = apex_optimizer_step(fo->opt, scale, skip);
+  st = apex_loss_scaler_update(fo->scaler, overflow, &skip);
   if (st != APEX_OK) return st;
-  return scaler_st == APEX_OK ? APEX_OK : apex__fail(scaler_st, "%s", why);
+  if (skipped) *skipped = skip;
+  return apex_optimizer_step(fo->opt, scale, skip);
 }
 
 apex_status apex_fp16_optimizer_state_size(const apex_fp16_optimizer *fo, size_t *bytes) {

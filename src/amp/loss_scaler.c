@@ -11,6 +11,7 @@
 struct apex_loss_scaler {
   apex_loss_scaler_config cfg;
   apex_loss_scaler_state st;
+  int at_min; /* the last update overflowed with the scale already at min_scale */
 };
 
 static apex_status fill_defaults(apex_loss_scaler_config *c) {
@@ -60,22 +61,31 @@ apex_loss_scaler *apex_loss_scaler_create(const apex_loss_scaler_config *config)
 
 void apex_loss_scaler_destroy(apex_loss_scaler *s) { free(s); }
 
-apex_loss_scaler_config apex_loss_scaler_get_config(const apex_loss_scaler *s) { return s->cfg; }
-float apex_loss_scaler_scale(const apex_loss_scaler *s) { return s->st.scale; }
-float apex_loss_scaler_inv_scale(const apex_loss_scaler *s) { return 1.0f / s->st.scale; }
+/* The accessors answer NULL with a value no scaler has and a message, instead of crashing. */
+static int null_scaler(const apex_loss_scaler *s, const char *fn) {
+  if (s) return 0;
+  apex__fail_null_arg(fn, "loss scaler");
+  return 1;
+}
+
+apex_loss_scaler_config apex_loss_scaler_get_config(const apex_loss_scaler *s) {
+  return null_scaler(s, __func__) ? (apex_loss_scaler_config){0} : s->cfg;
+}
+float apex_loss_scaler_scale(const apex_loss_scaler *s) { return null_scaler(s, __func__) ? NAN : s->st.scale; }
+float apex_loss_scaler_inv_scale(const apex_loss_scaler *s) { return null_scaler(s, __func__) ? NAN : 1.0f / s->st.scale; }
 
 apex_status apex_loss_scaler_update(apex_loss_scaler *s, int found_inf, int *skip) {
   if (!s) return apex__fail(APEX_ERR_INVALID_ARG, "apex_loss_scaler_update: NULL scaler");
   if (skip) *skip = found_inf != 0;
-  if (apex__scale_rule(&s->st, &s->cfg, found_inf))
-    return apex__fail(APEX_ERR_SCALE_AT_MIN,
-                      "loss scaler: gradients overflowed with the loss scale already at its minimum %g (%lld of %lld steps "
-                      "skipped); the loss or gradients are Inf/NaN at any scale: check the inputs and the learning rate",
-                      s->cfg.min_scale, (long long)s->st.skipped, (long long)s->st.steps);
+  s->at_min = apex__scale_rule(&s->st, &s->cfg, found_inf);
   return APEX_OK;
 }
 
-apex_loss_scaler_state apex_loss_scaler_get_state(const apex_loss_scaler *s) { return s->st; }
+int apex_loss_scaler_at_min(const apex_loss_scaler *s) { return s ? s->at_min : 0; }
+
+apex_loss_scaler_state apex_loss_scaler_get_state(const apex_loss_scaler *s) {
+  return null_scaler(s, __func__) ? (apex_loss_scaler_state){0} : s->st;
+}
 
 apex_status apex_loss_scaler_set_state(apex_loss_scaler *s, const apex_loss_scaler_state *state) {
   if (!s || !state) return apex__fail(APEX_ERR_INVALID_ARG, "apex_loss_scaler_set_state: NULL argument");
@@ -88,6 +98,7 @@ apex_status apex_loss_scaler_set_state(apex_loss_scaler *s, const apex_loss_scal
       state->skipped > state->steps)
     return apex__fail(APEX_ERR_INVALID_ARG, "apex_loss_scaler_set_state: negative or inconsistent counters");
   s->st = *state;
+  s->at_min = 0; /* a restored state carries no last update */
   return APEX_OK;
 }
 

@@ -11,7 +11,7 @@
 #include "core/convert_scalar.h" /* APEX_HD */
 
 /* Updates st for one step; returns 1 when an overflow came with the dynamic scale already at its
- * minimum (APEX_ERR_SCALE_AT_MIN for the caller to report), else 0. */
+ * minimum (for apex_loss_scaler_at_min), else 0. */
 APEX_HD static inline int apex__scale_rule(apex_loss_scaler_state *st, const apex_loss_scaler_config *c, int found_inf) {
   st->steps++;
   if (!found_inf) {

@@ -82,6 +82,7 @@ struct apex_graph {
   apex_dtype autocast_dtype;
   signed char cast_override[APEX_OP_COUNT]; /* -1: the table's category */
   unsigned char banned[APEX_OP_COUNT];      /* refused while autocast is on (amp's banned list) */
+  uint64_t config_tag;                      /* apex_graph_set_config_tag */
 };
 
 /* Grows *arr (of *cap elements of elem bytes) to hold need; 0 on allocation failure. */

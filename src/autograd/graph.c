@@ -95,12 +95,14 @@ apex_tensor *apex__pool_tensor(apex_graph *g, apex_dtype dtype, int ndim, const 
 }
 
 size_t apex_graph_pool_bytes(const apex_graph *g) {
+  if (!g) apex__fail_null_arg(__func__, "graph");
   size_t s = 0;
   for (size_t i = 0; g && i < g->n_blocks; i++) s += g->blocks[i].bytes;
   return s;
 }
 
 size_t apex_graph_live_bytes(const apex_graph *g) {
+  if (!g) apex__fail_null_arg(__func__, "graph");
   size_t s = 0;
   for (size_t i = 0; g && i < g->n_blocks; i++)
     if (g->blocks[i].used && !g->blocks[i].temp) s += g->blocks[i].bytes;
@@ -159,7 +161,10 @@ void apex_graph_destroy(apex_graph *g) {
 }
 
 int apex_graph_set_grad_enabled(apex_graph *g, int enabled) {
-  if (!g) return 0;
+  if (!g) {
+    apex__fail_null_arg(__func__, "graph");
+    return 0;
+  }
   int old = g->grad_enabled;
   g->grad_enabled = enabled != 0;
   return old;
@@ -243,10 +248,19 @@ apex_var *apex_graph_input(apex_graph *g, apex_tensor *t, int requires_grad) {
   return v;
 }
 
-apex_tensor *apex_var_value(const apex_var *v) { return v ? v->value : NULL; }
-apex_tensor *apex_var_grad(const apex_var *v) { return v ? v->grad : NULL; }
-int apex_var_requires_grad(const apex_var *v) { return v ? v->requires_grad : 0; }
-apex_op apex_var_op(const apex_var *v) { return v ? v->op : APEX_OP_LEAF; }
+/* The accessors answer NULL (a failed op earlier in a chain) with the value their header gives and
+ * a message that keeps the earlier one. */
+static int null_var(const apex_var *v, const char *fn) {
+  if (v) return 0;
+  apex__fail_null_arg(fn, "var");
+  return 1;
+}
+
+apex_tensor *apex_var_value(const apex_var *v) { return null_var(v, __func__) ? NULL : v->value; }
+apex_tensor *apex_var_grad(const apex_var *v) { return null_var(v, __func__) ? NULL : v->grad; }
+int apex_var_requires_grad(const apex_var *v) { return null_var(v, __func__) ? 0 : v->requires_grad; }
+apex_op apex_var_op(const apex_var *v) { return null_var(v, __func__) ? APEX_OP_COUNT : v->op; }
+apex_graph *apex_var_graph(const apex_var *v) { return null_var(v, __func__) ? NULL : v->graph; }
 
 apex_status apex_var_zero_grad(apex_var *v) {
   if (!v || !v->grad) return apex__fail(APEX_ERR_INVALID_ARG, "apex_var_zero_grad: %s", v ? "the var has no grad tensor (it does not require gradients or is not a leaf)" : "NULL var");
@@ -255,7 +269,11 @@ apex_status apex_var_zero_grad(apex_var *v) {
 }
 
 float apex_var_item(const apex_var *v) {
-  if (!v || v->value->numel != 1) return (float)NAN;
+  if (null_var(v, __func__)) return (float)NAN;
+  if (v->value->numel != 1) {
+    apex__fail(APEX_ERR_SHAPE, "apex_var_item: the var has %zu elements; item reads a one-element var", v->value->numel);
+    return (float)NAN;
+  }
   return apex_tensor_get(v->value, 0);
 }
 

@@ -1,6 +1,7 @@
 /* leaf_swap.c: what amp needs from the engine beyond running ops: replacing a parameter's value by
  * a cast copy (O2/O3 cast the model after it was built), reading the autocast switch (regions that
- * disable casts restore it) and refusing ops that autocast cannot run safely. */
+ * disable casts restore it), refusing ops that autocast cannot run safely, and the tag by which amp
+ * knows the graphs it has prepared. */
 #include "autograd/ag.h"
 
 apex_tensor *apex_var_swap_value(apex_var *v, apex_tensor *value) {
@@ -22,7 +23,21 @@ apex_tensor *apex_var_swap_value(apex_var *v, apex_tensor *value) {
   return old;
 }
 
-int apex_graph_autocast_enabled(const apex_graph *g) { return g ? g->autocast : 0; }
+int apex_graph_autocast_enabled(const apex_graph *g) {
+  if (!g) apex__fail_null_arg(__func__, "graph");
+  return g ? g->autocast : 0;
+}
+
+uint64_t apex_graph_config_tag(const apex_graph *g) {
+  if (!g) apex__fail_null_arg(__func__, "graph");
+  return g ? g->config_tag : 0;
+}
+
+apex_status apex_graph_set_config_tag(apex_graph *g, uint64_t tag) {
+  if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "apex_graph_set_config_tag: NULL graph");
+  g->config_tag = tag;
+  return APEX_OK;
+}
 
 apex_status apex_graph_set_op_banned(apex_graph *g, apex_op op, int banned) {
   if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "apex_graph_set_op_banned: NULL graph");

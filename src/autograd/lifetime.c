@@ -114,4 +114,10 @@ void apex__gbuf_put(apex_graph *g, apex_var *v) {
   v->gbuf = NULL;
 }
 
-size_t apex_graph_saved_bytes(const apex_graph *g) { return g ? apex_graph_live_bytes(g) + g->ext_saved_bytes : 0; }
+size_t apex_graph_saved_bytes(const apex_graph *g) {
+  if (!g) {
+    apex__fail_null_arg(__func__, "graph");
+    return 0;
+  }
+  return apex_graph_live_bytes(g) + g->ext_saved_bytes;
+}

@@ -23,6 +23,10 @@
 apex_status apex__fail(apex_status status, const char *fmt, ...) APEX_PRINTF(2, 3);
 /* As apex__fail for constructors: records the message and returns NULL. */
 void *apex__fail_null(apex_status status, const char *fmt, ...) APEX_PRINTF(2, 3);
+/* Records APEX_ERR_INVALID_ARG for an accessor handed NULL ("fn: NULL what"). Such a NULL is most
+ * often the result of a failed call earlier in a chain (apex_tensor_dtype(apex_var_value(op(...)))),
+ * so the message already recorded on this thread, the likely cause, is kept after it. */
+void apex__fail_null_arg(const char *fn, const char *what);
 
 /* Converts n elements on the calling thread only, with the active SIMD path. Same contract as
  * apex_convert, without argument checks. */

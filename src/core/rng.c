@@ -35,6 +35,10 @@ void apex__philox4x32_10(const uint32_t ctr_in[4], const uint32_t key_in[2], uin
 }
 
 void apex_philox4x32(uint64_t seed, uint64_t ctr, uint32_t out[4]) {
+  if (!out) {
+    apex__fail_null_arg(__func__, "out");
+    return;
+  }
   const uint32_t c[4] = {(uint32_t)ctr, (uint32_t)(ctr >> 32), 0, 0};
   const uint32_t k[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
   apex__philox4x32_10(c, k, out);

@@ -29,6 +29,13 @@ void *apex__fail_null(apex_status status, const char *fmt, ...) {
   return NULL;
 }
 
+void apex__fail_null_arg(const char *fn, const char *what) {
+  char before[APEX_ERROR_CAPACITY]; /* copied: the message is rewritten from it */
+  snprintf(before, sizeof before, "%s", apex_error_message);
+  if (before[0]) apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL %s (the last error before it: %s)", fn, what, before);
+  else apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL %s", fn, what);
+}
+
 const char *apex_last_error(void) { return apex_error_message; }
 
 apex_status apex_last_status(void) { return apex_error_status; }

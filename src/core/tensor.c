@@ -4,6 +4,7 @@
  * Wrapped storage belongs to the caller and is never freed here. CUDA storage comes from the CUDA
  * backend's caching allocator (src/cuda/runtime.cu); the few tensor calls that touch data branch on
  * the device here, so that every layer above sees one tensor type. */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,21 +217,35 @@ apex_tensor *apex_tensor_slice_view(apex_tensor *t, size_t offset, int ndim, con
 
 int apex_tensor_shares_storage(const apex_tensor *a, const apex_tensor *b) { return a && b && a->storage == b->storage; }
 
-apex_dtype apex_tensor_dtype(const apex_tensor *t) { return t->dtype; }
-apex_device apex_tensor_device(const apex_tensor *t) { return t->device; }
-int apex_tensor_ndim(const apex_tensor *t) { return t->ndim; }
-const int64_t *apex_tensor_shape(const apex_tensor *t) { return t->shape; }
-size_t apex_tensor_numel(const apex_tensor *t) { return t->numel; }
-size_t apex_tensor_nbytes(const apex_tensor *t) { return t->numel * apex_dtype_size(t->dtype); }
-void *apex_tensor_data(const apex_tensor *t) { return (char *)t->storage->data + t->offset; }
+/* The accessors answer a NULL tensor (a failed call earlier in a chain) with a value no tensor has,
+ * and leave a message, so that the chain fails where it is checked instead of crashing here. */
+static int null_tensor(const apex_tensor *t, const char *fn) {
+  if (t) return 0;
+  apex__fail_null_arg(fn, "tensor");
+  return 1;
+}
+
+apex_dtype apex_tensor_dtype(const apex_tensor *t) { return null_tensor(t, __func__) ? APEX_DTYPE_COUNT : t->dtype; }
+apex_device apex_tensor_device(const apex_tensor *t) { return null_tensor(t, __func__) ? APEX_DEVICE_NONE : t->device; }
+int apex_tensor_ndim(const apex_tensor *t) { return null_tensor(t, __func__) ? -1 : t->ndim; }
+const int64_t *apex_tensor_shape(const apex_tensor *t) { return null_tensor(t, __func__) ? NULL : t->shape; }
+size_t apex_tensor_numel(const apex_tensor *t) { return null_tensor(t, __func__) ? 0 : t->numel; }
+size_t apex_tensor_nbytes(const apex_tensor *t) {
+  return null_tensor(t, __func__) ? 0 : t->numel * apex_dtype_size(t->dtype);
+}
+void *apex_tensor_data(const apex_tensor *t) {
+  return null_tensor(t, __func__) ? NULL : (char *)t->storage->data + t->offset;
+}
 
 int64_t apex_tensor_dim(const apex_tensor *t, int dim) {
+  if (null_tensor(t, __func__)) return -1;
   if (dim < 0) dim += t->ndim;
   if (dim < 0 || dim >= t->ndim) return -1;
   return t->shape[dim];
 }
 
 int apex_tensor_same_shape(const apex_tensor *a, const apex_tensor *b) {
+  if (!a || !b) return 0;
   if (a->ndim != b->ndim) return 0;
   for (int i = 0; i < a->ndim; i++)
     if (a->shape[i] != b->shape[i]) return 0;
@@ -353,7 +368,16 @@ static void element_bytes(const apex_tensor *t, size_t i, void *out) {
   memcpy(out, p, es);
 }
 
+/* Refuses what apex_tensor_get/set cannot read or write: a NULL tensor or an index past the end. */
+static int bad_element(const apex_tensor *t, size_t i, const char *fn) {
+  if (null_tensor(t, fn)) return 1;
+  if (i < t->numel) return 0;
+  apex__fail(APEX_ERR_INVALID_ARG, "%s: element %zu of a tensor of %zu elements", fn, i, t->numel);
+  return 1;
+}
+
 float apex_tensor_get(const apex_tensor *t, size_t i) {
+  if (bad_element(t, i, __func__)) return NAN;
   unsigned char raw[4];
   float v;
   element_bytes(t, i, raw);
@@ -362,6 +386,7 @@ float apex_tensor_get(const apex_tensor *t, size_t i) {
 }
 
 void apex_tensor_set(apex_tensor *t, size_t i, float value) {
+  if (bad_element(t, i, __func__)) return;
   size_t es = apex_dtype_size(t->dtype);
   unsigned char raw[4];
   apex__convert_portable(raw, t->dtype, &value, APEX_F32, 1);

@@ -27,7 +27,6 @@ static int read_all(gzFile f, void *buf, size_t n) {
 
 apex_status apex_idx_load(const char *path, apex_idx **out) {
   if (!path || !out) return apex__fail(APEX_ERR_INVALID_ARG, "apex_idx_load: NULL %s", path ? "out" : "path");
-  *out = NULL;
   gzFile f = gzopen(path, "rb");
   if (!f) return apex__fail(APEX_ERR_IO, "apex_idx_load: cannot open %s", path);
   uint8_t head[4];
@@ -72,10 +71,20 @@ void apex_idx_destroy(apex_idx *idx) {
   free(idx);
 }
 
-int apex_idx_ndim(const apex_idx *idx) { return idx ? idx->ndim : 0; }
-int64_t apex_idx_dim(const apex_idx *idx, int dim) { return idx && dim >= 0 && dim < idx->ndim ? idx->shape[dim] : -1; }
-size_t apex_idx_numel(const apex_idx *idx) { return idx ? idx->numel : 0; }
-const uint8_t *apex_idx_data(const apex_idx *idx) { return idx ? idx->data : NULL; }
+/* The accessors answer NULL (a load that failed) with a value no file has, and a message. */
+static int null_idx(const apex_idx *idx, const char *fn) {
+  if (idx) return 0;
+  apex__fail_null_arg(fn, "idx");
+  return 1;
+}
+
+int apex_idx_ndim(const apex_idx *idx) { return null_idx(idx, __func__) ? 0 : idx->ndim; }
+int64_t apex_idx_dim(const apex_idx *idx, int dim) {
+  if (null_idx(idx, __func__)) return -1;
+  return dim >= 0 && dim < idx->ndim ? idx->shape[dim] : -1;
+}
+size_t apex_idx_numel(const apex_idx *idx) { return null_idx(idx, __func__) ? 0 : idx->numel; }
+const uint8_t *apex_idx_data(const apex_idx *idx) { return null_idx(idx, __func__) ? NULL : idx->data; }
 
 apex_tensor *apex_idx_to_f32(const apex_idx *idx, size_t first, size_t count, int ndim, const int64_t *shape, float mean, float std) {
   if (!idx) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_idx_to_f32: NULL idx");

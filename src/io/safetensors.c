@@ -304,9 +304,13 @@ apex_safetensors *apex_safetensors_open(const char *path) {
   return st;
 }
 
-int apex_safetensors_count(const apex_safetensors *st) { return st ? st->count : 0; }
+int apex_safetensors_count(const apex_safetensors *st) {
+  if (!st) apex__fail_null_arg(__func__, "safetensors");
+  return st ? st->count : 0;
+}
 
 const char *apex_safetensors_name(const apex_safetensors *st, int i) {
+  if (!st) apex__fail_null_arg(__func__, "safetensors");
   return st && i >= 0 && i < st->count ? st->entries[i].name : NULL;
 }
 
@@ -321,6 +325,7 @@ static const st_entry *find(const apex_safetensors *st, const char *name) {
 int apex_safetensors_has(const apex_safetensors *st, const char *name) { return find(st, name) != NULL; }
 
 const char *apex_safetensors_metadata(const apex_safetensors *st, const char *key) {
+  if (!st) apex__fail_null_arg(__func__, "safetensors");
   for (int i = 0; st && key && i < st->n_meta; i++)
     if (strcmp(st->meta_keys[i], key) == 0) return st->meta_values[i];
   return NULL;

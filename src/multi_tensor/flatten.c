@@ -51,17 +51,20 @@ apex_status apex_tensor_unflatten(apex_tensor *flat, apex_tensor *const *like, i
   }
   if (total != flat->numel)
     return apex__fail(APEX_ERR_SHAPE, "apex_tensor_unflatten: the templates hold %zu elements but the flat tensor has %zu", total, flat->numel);
+  /* Made aside and copied out at the end, so that a failure leaves the caller's out[] as it was. */
+  apex_tensor **views = calloc((size_t)n + 1, sizeof *views);
+  if (!views) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_tensor_unflatten: out of memory");
   size_t esz = apex_dtype_size(flat->dtype), at = 0;
   for (int i = 0; i < n; i++) {
-    out[i] = apex__tensor_view_of(flat->storage, flat->offset + at * esz, flat->dtype, like[i]->ndim, like[i]->shape);
-    if (!out[i]) {
-      for (int j = 0; j < i; j++) {
-        apex_tensor_destroy(out[j]);
-        out[j] = NULL;
-      }
+    views[i] = apex__tensor_view_of(flat->storage, flat->offset + at * esz, flat->dtype, like[i]->ndim, like[i]->shape);
+    if (!views[i]) {
+      for (int j = 0; j < i; j++) apex_tensor_destroy(views[j]);
+      free(views);
       return APEX_ERR_OUT_OF_MEMORY;
     }
     at += like[i]->numel;
   }
+  memcpy(out, views, (size_t)n * sizeof *out);
+  free(views);
   return APEX_OK;
 }

@@ -1,4 +1,4 @@
-/* kernels.c: the multi-tensor kernels of Apex (scale, axpby, l2norm, unscale_l2norm) over the
+/* kernels.c: the multi-tensor kernels of Apex (scale, axpby, check_finite, l2norm, unscale_l2norm) over the
  * applier in apply.c. Each tile kernel is a plain loop over f32 that the compiler vectorises; the
  * non-finite test works on the exponent bits so that it vectorises too and is immune to
  * -ffinite-math-only. */
@@ -76,6 +76,31 @@ apex_status apex_mt_axpby(size_t chunk_size, int *overflow, apex_tensor *const *
   apex_mt_launch L = {.chunk_size = chunk_size, .nlists = 3, .ntensors = n, .lists = {x, y, out}, .written = 4u,
                       .kernel = apex__simd_pick(&axpby_tile), .ctx = &c, .name = "apex_mt_axpby"};
   return apex_multi_tensor_apply(&L, overflow);
+}
+
+/* ---- check_finite ---- */
+APEX__INLINE void finite_tile_body(void *ctx, const apex_mt_tile *t, int *nonfinite) {
+  (void)ctx;
+  const float *x = t->p[0];
+  unsigned bad = 0;
+  for (size_t i = 0; i < t->n; i++) bad |= nonfinite_bits(x[i]);
+  *nonfinite = bad != 0;
+}
+APEX__SIMD_KERNEL(finite_tile);
+
+apex_status apex_mt_check_finite(apex_tensor *const *tensors, int n, int *found_inf) {
+  if (!found_inf) return apex__fail(APEX_ERR_INVALID_ARG, "apex_mt_check_finite: NULL found_inf (pass the int to set)");
+  int flag = 0; /* the caller's int changes only on success */
+  apex_status st;
+  if (apex__mt_on_cuda(tensors, n)) {
+    st = apex__mt_cuda_check_finite(&flag, tensors, n);
+  } else {
+    apex_mt_launch L = {.chunk_size = 0, .nlists = 1, .ntensors = n, .lists = {tensors}, .written = 0u,
+                        .kernel = apex__simd_pick(&finite_tile), .ctx = NULL, .name = "apex_mt_check_finite"};
+    st = apex_multi_tensor_apply(&L, &flag);
+  }
+  if (st == APEX_OK) *found_inf = flag;
+  return st;
 }
 
 /* ---- l2norm ---- */

@@ -69,6 +69,20 @@ apex_status apex__mt_cuda_axpby(int *overflow, apex_tensor *const *x, apex_tenso
   return st;
 }
 
+/* The scale kernel without an output list only reads and checks: one pass, nothing written. */
+apex_status apex__mt_cuda_check_finite(int *found_inf, apex_tensor *const *x, int n) {
+  apex__cuda_list l;
+  apex_tensor *const *t[1] = {x};
+  apex_status st = make_lists("apex_mt_check_finite", t, 1, n, &l);
+  if (st != APEX_OK) return st;
+  int *d_flag = NULL;
+  st = apex__cuda_alloc(sizeof(int), 1, (void **)&d_flag);
+  if (st == APEX_OK) st = apex__cuda_mt_scale(&l, NULL, 1.0f, NULL, 0, d_flag);
+  st = flag_back(st, d_flag, found_inf);
+  apex__cuda_list_free(&l);
+  return st;
+}
+
 apex_status apex__mt_cuda_l2norm(const char *fn, int *overflow, apex_tensor *const *x, int n, float inv_scale,
                                  float *global_norm, float *per_tensor) {
   apex__cuda_list l;

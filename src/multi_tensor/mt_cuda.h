@@ -11,6 +11,7 @@ int apex__mt_on_cuda(apex_tensor *const *t, int n);
 apex_status apex__mt_cuda_scale(int *overflow, apex_tensor *const *in, apex_tensor *const *out, int n, float scale);
 apex_status apex__mt_cuda_axpby(int *overflow, apex_tensor *const *x, apex_tensor *const *y, apex_tensor *const *out,
                                 int n, float a, float b, int arg_to_check);
+apex_status apex__mt_cuda_check_finite(int *found_inf, apex_tensor *const *x, int n);
 apex_status apex__mt_cuda_l2norm(const char *fn, int *overflow, apex_tensor *const *x, int n, float inv_scale,
                                  float *global_norm, float *per_tensor);
 

@@ -44,33 +44,43 @@ void apex_model_destroy(apex_model *m) {
 void apex_model_train(apex_model *m, int training) {
   if (m) m->training = training != 0;
 }
-int apex_model_is_training(const apex_model *m) { return m ? m->training : 0; }
-apex_rng *apex_model_rng(apex_model *m) { return m ? &m->rng : NULL; }
+/* The accessors answer a NULL model with the value nn.h gives and a message (apex__fail_null_arg). */
+static int null_model(const apex_model *m, const char *fn) {
+  if (m) return 0;
+  apex__fail_null_arg(fn, "model");
+  return 1;
+}
 
-size_t apex_model_num_params(const apex_model *m) { return m ? m->n_params : 0; }
+int apex_model_is_training(const apex_model *m) { return null_model(m, __func__) ? 0 : m->training; }
+apex_rng *apex_model_rng(apex_model *m) { return null_model(m, __func__) ? NULL : &m->rng; }
+
+size_t apex_model_num_params(const apex_model *m) { return null_model(m, __func__) ? 0 : m->n_params; }
 apex_var *apex_model_param(const apex_model *m, size_t i, const char **name) {
-  if (!m || i >= m->n_params) return NULL;
+  if (null_model(m, __func__) || i >= m->n_params) return NULL;
   if (name) *name = m->params[i].name;
   return m->params[i].var;
 }
 apex_var *apex_model_find_param(const apex_model *m, const char *name) {
-  for (size_t i = 0; m && name && i < m->n_params; i++)
+  if (null_model(m, __func__)) return NULL;
+  for (size_t i = 0; name && i < m->n_params; i++)
     if (!strcmp(m->params[i].name, name)) return m->params[i].var;
   return NULL;
 }
 size_t apex_model_param_elements(const apex_model *m) {
   size_t n = 0;
-  for (size_t i = 0; m && i < m->n_params; i++) n += apex_tensor_numel(apex_var_value(m->params[i].var));
+  if (null_model(m, __func__)) return 0;
+  for (size_t i = 0; i < m->n_params; i++) n += apex_tensor_numel(apex_var_value(m->params[i].var));
   return n;
 }
-size_t apex_model_num_buffers(const apex_model *m) { return m ? m->n_buffers : 0; }
+size_t apex_model_num_buffers(const apex_model *m) { return null_model(m, __func__) ? 0 : m->n_buffers; }
 apex_tensor *apex_model_buffer(const apex_model *m, size_t i, const char **name) {
-  if (!m || i >= m->n_buffers) return NULL;
+  if (null_model(m, __func__) || i >= m->n_buffers) return NULL;
   if (name) *name = m->buffers[i].name;
   return m->buffers[i].t;
 }
 apex_tensor *apex_model_find_buffer(const apex_model *m, const char *name) {
-  for (size_t i = 0; m && name && i < m->n_buffers; i++)
+  if (null_model(m, __func__)) return NULL;
+  for (size_t i = 0; name && i < m->n_buffers; i++)
     if (!strcmp(m->buffers[i].name, name)) return m->buffers[i].t;
   return NULL;
 }

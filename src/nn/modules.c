@@ -170,9 +170,14 @@ apex_status apex_sequential_add(apex_module *seq, apex_module *child) {
   return apex__nn_add_child(seq, child) ? APEX_OK : apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_sequential_add: out of memory");
 }
 
-const char *apex_module_name(const apex_module *mod) { return mod ? mod->name : ""; }
+const char *apex_module_name(const apex_module *mod) {
+  if (mod) return mod->name;
+  apex__fail_null_arg(__func__, "module");
+  return "";
+}
 
 apex_var *apex_module_param(const apex_module *mod, const char *local) {
+  if (!mod) apex__fail_null_arg(__func__, "module");
   if (!mod || !local) return NULL;
   if (!strcmp(local, "weight")) return mod->p[0];
   if (!strcmp(local, "bias")) return mod->p[1];

@@ -370,8 +370,14 @@ apex_status apex_optimizer_group_options(const apex_optimizer *opt, int group, a
   return APEX_OK;
 }
 
-apex_optim_kind apex_optimizer_kind(const apex_optimizer *opt) { return opt ? opt->kind : APEX_OPTIM_KIND_COUNT; }
-int apex_optimizer_num_groups(const apex_optimizer *opt) { return opt ? opt->ngroups : 0; }
+apex_optim_kind apex_optimizer_kind(const apex_optimizer *opt) {
+  if (!opt) apex__fail_null_arg(__func__, "optimizer");
+  return opt ? opt->kind : APEX_OPTIM_KIND_COUNT;
+}
+int apex_optimizer_num_groups(const apex_optimizer *opt) {
+  if (!opt) apex__fail_null_arg(__func__, "optimizer");
+  return opt ? opt->ngroups : 0;
+}
 
 int apex_optimizer_group_size(const apex_optimizer *opt, int group) {
   apex__group *g = group_at(opt, group, "apex_optimizer_group_size");

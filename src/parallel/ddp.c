@@ -168,4 +168,7 @@ apex_status apex_ddp_allreduce_overflow(apex_ddp *ddp, int *flag) {
 apex_status apex_ddp_amp_before_unscale(void *ddp) { return apex_ddp_finish(ddp); }
 apex_status apex_ddp_amp_reduce_overflow(void *ddp, int *flag) { return apex_ddp_allreduce_overflow(ddp, flag); }
 
-apex_reducer *apex_ddp_reducer(const apex_ddp *ddp) { return ddp ? ddp->red : NULL; }
+apex_reducer *apex_ddp_reducer(const apex_ddp *ddp) {
+  if (!ddp) apex__fail_null_arg(__func__, "ddp");
+  return ddp ? ddp->red : NULL;
+}

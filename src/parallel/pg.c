@@ -62,10 +62,17 @@ void apex_pg_destroy(apex_pg *pg) {
   free(pg);
 }
 
-int apex_pg_rank(const apex_pg *pg) { return pg ? pg->rank : -1; }
-int apex_pg_world_size(const apex_pg *pg) { return pg ? pg->world : -1; }
-const char *apex_pg_backend(const apex_pg *pg) { return pg ? pg->backend->name : ""; }
-apex_device apex_pg_device(const apex_pg *pg) { return pg ? pg->backend->device : APEX_DEVICE_CPU; }
+/* The accessors answer NULL with the value parallel.h gives and a message. */
+static int null_pg(const apex_pg *pg, const char *fn) {
+  if (pg) return 0;
+  apex__fail_null_arg(fn, "process group");
+  return 1;
+}
+
+int apex_pg_rank(const apex_pg *pg) { return null_pg(pg, __func__) ? -1 : pg->rank; }
+int apex_pg_world_size(const apex_pg *pg) { return null_pg(pg, __func__) ? -1 : pg->world; }
+const char *apex_pg_backend(const apex_pg *pg) { return null_pg(pg, __func__) ? "" : pg->backend->name; }
+apex_device apex_pg_device(const apex_pg *pg) { return null_pg(pg, __func__) ? APEX_DEVICE_NONE : pg->backend->device; }
 
 /* ---- argument checks -------------------------------------------------------------------------- */
 

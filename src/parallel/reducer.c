@@ -254,8 +254,14 @@ apex_status apex_reducer_reduce(apex_reducer *r) {
   return st != APEX_OK ? st : fst;
 }
 
-int apex_reducer_bucket_count(const apex_reducer *r) { return r ? r->nbuckets : -1; }
+int apex_reducer_bucket_count(const apex_reducer *r) {
+  if (!r) apex__fail_null_arg(__func__, "reducer");
+  return r ? r->nbuckets : -1;
+}
 
 int apex_reducer_bucket_of(const apex_reducer *r, int i) { return r && i >= 0 && i < r->n ? r->bucket_of[i] : -1; }
 
-int apex_reducer_buckets_started(const apex_reducer *r) { return r ? r->next_post : -1; }
+int apex_reducer_buckets_started(const apex_reducer *r) {
+  if (!r) apex__fail_null_arg(__func__, "reducer");
+  return r ? r->next_post : -1;
+}
