@@ -371,6 +371,43 @@ static void test_grad_hook(void **state) {
   free_net(n);
 }
 
+/* apex_sync_batch_norm refuses bad input with batch norm's checks, naming itself, and a refused call
+ * leaves the running statistics as they were. */
+static void test_sync_batch_norm_bad_input(void **state) {
+  (void)state;
+  apex_pg *pg = apex_pg_create_local();
+  apex_graph *g = apex_graph_create();
+  int64_t xs[4] = {2, 3, 2, 2}, x1s[4] = {1, 3, 1, 1}, c3 = 3, c4 = 4;
+  apex_tensor *xt = apex_tensor_create(APEX_F32, 4, xs), *x1t = apex_tensor_create(APEX_F32, 4, x1s);
+  apex_tensor *w4 = apex_tensor_create(APEX_F32, 1, &c4), *rm = apex_tensor_create(APEX_F32, 1, &c3);
+  apex_tensor *rv16 = apex_tensor_create(APEX_F16, 1, &c3);
+  for (size_t i = 0; i < 3; i++) apex_tensor_set(rm, i, 0.5f + (float)i);
+  apex_var *x = apex_graph_input(g, xt, 1), *x1 = apex_graph_input(g, x1t, 1), *w = apex_graph_input(g, w4, 1);
+  const apex_batch_norm_options train = {.training = 1};
+  assert_null(apex_sync_batch_norm(g, NULL, x, NULL, NULL, NULL, NULL, &train));
+  tu_assert_message("sync_batch_norm: pg is NULL");
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  assert_null(apex_sync_batch_norm(g, pg, x, NULL, NULL, NULL, NULL, &(apex_batch_norm_options){.training = 1, .relu = 1}));
+  tu_assert_message("sync_batch_norm: relu is not fused here");
+  assert_int_equal(apex_last_status(), APEX_ERR_UNSUPPORTED);
+  assert_null(apex_sync_batch_norm(g, pg, x, w, NULL, NULL, NULL, &train));
+  tu_assert_message("sync_batch_norm: weight [4] does not match the 3 channels of input [2, 3, 2, 2]");
+  assert_int_equal(apex_last_status(), APEX_ERR_SHAPE);
+  assert_null(apex_sync_batch_norm(g, pg, x, NULL, NULL, rm, rv16, &train));
+  tu_assert_message("sync_batch_norm: running_var is f16; running statistics are f32");
+  assert_int_equal(apex_last_status(), APEX_ERR_DTYPE);
+  assert_null(apex_sync_batch_norm(g, pg, x, NULL, NULL, rm, NULL, &(apex_batch_norm_options){.training = 1, .momentum = 2.0f}));
+  tu_assert_message("sync_batch_norm: momentum is 2; it must be in [0, 1]");
+  /* One value per channel over the whole group: the statistics hook refuses it. */
+  assert_null(apex_sync_batch_norm(g, pg, x1, NULL, NULL, rm, NULL, &train));
+  tu_assert_message("needs more than 1");
+  for (size_t i = 0; i < 3; i++) assert_true(apex_tensor_get(rm, i) == 0.5f + (float)i);
+  apex_tensor *all[] = {xt, x1t, w4, rm, rv16};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
+  apex_graph_destroy(g);
+  apex_pg_destroy(pg);
+}
+
 static int setup(void **state) {
   (void)state;
   const char *why = getenv("APEX_TEST_MPI_SKIP");
@@ -397,7 +434,7 @@ static int teardown(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_grad_hook), CASES(LOCAL_ENTRY) CASES(MPI_ENTRY) cmocka_unit_test(test_mpi_mismatch),
+      cmocka_unit_test(test_grad_hook), cmocka_unit_test(test_sync_batch_norm_bad_input), CASES(LOCAL_ENTRY) CASES(MPI_ENTRY) cmocka_unit_test(test_mpi_mismatch),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

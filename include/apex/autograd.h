@@ -77,7 +77,7 @@ typedef enum apex_op {
   APEX_OP_SOFTMAX, APEX_OP_LOG_SOFTMAX, APEX_OP_CROSS_ENTROPY, APEX_OP_MSE, APEX_OP_BCE_WITH_LOGITS,
   APEX_OP_BCE, APEX_OP_SUM, APEX_OP_MEAN, APEX_OP_RESHAPE, APEX_OP_PERMUTE, APEX_OP_CONCAT,
   APEX_OP_ATTENTION,
-  APEX_OP_SYNC_BATCH_NORM, /* batch norm with statistics over every rank (parallel.h, src/parallel/) */
+  APEX_OP_SYNC_BATCH_NORM, /* batch norm with statistics over every rank (apex_sync_batch_norm, ddp.h) */
   APEX_OP_BATCH_NORM_RELU, /* relu(batch norm): apex_batch_norm_options.relu */
   /* Apex's FP32 list beyond the activations (appended, so the values above keep their numbers) */
   APEX_OP_EXP, APEX_OP_LOG, APEX_OP_POW, APEX_OP_POW_TENSOR, APEX_OP_NORM,
@@ -126,8 +126,8 @@ APEX_API size_t apex_graph_saved_bytes(const apex_graph *g);
 
 /* A leaf var that takes ownership of `value` (destroyed with the var). With requires_grad, the var
  * gets a zero grad tensor of value's dtype and shape. NULL for a NULL value or failed allocation,
- * and for a value on the GPU (APEX_ERR_DEVICE: autograd's ops run on the CPU for now; the same holds
- * for apex_graph_input and apex_var_swap_value). */
+ * and for a value on the GPU (APEX_ERR_DEVICE: autograd's ops run on the CPU; the same holds for
+ * apex_graph_input and apex_var_swap_value). */
 APEX_API apex_var *apex_var_create(apex_tensor *value, int requires_grad);
 /* Destroys a leaf var, its value and its grad (NULL is fine). Graph vars are owned by their graph:
  * passing one here does nothing. */

@@ -29,8 +29,8 @@
  *
  * Every rank must run the same sequence of synced backwards and finishes (as with any collective).
  *
- * The pg must work on the model's device. apex models (autograd) live on the CPU for now, so a DDP
- * runs over the MPI or local group; the NCCL group (CUDA tensors only) refuses them. For gradients
+ * The pg must work on the model's device. apex models (autograd) live on the CPU, so a DDP runs over
+ * the MPI or local group; the NCCL group (CUDA tensors only) refuses them. For gradients
  * on the GPU, use the Reducer (parallel.h) over the NCCL group directly. */
 #ifndef APEX_DDP_H
 #define APEX_DDP_H

@@ -18,6 +18,64 @@
 
 #define AG_MAX_IN 4
 
+/* Where batch norm's statistics come from when they are not this process's batch alone. parallel/
+ * installs one that reduces over the ranks of a process group (SyncBatchNorm), so the op and its
+ * backward live here and autograd never calls up into parallel/. Both calls are collective: every
+ * rank makes them, in the same order. */
+typedef struct apex__bn_stats_hook {
+  /* Forward: per-channel mean, 1 / sqrt(var + eps) and unbiased variance (f32 [C] each) of x
+   * [N, C, ...] over the whole batch, and the number of values per channel behind them. */
+  apex_status (*stats)(void *ctx, const apex_tensor *x, apex_tensor *mean, apex_tensor *invstd, apex_tensor *unbiased_var, float eps,
+                       int64_t *count);
+  /* Backward: sums (f32 [2C]) holds this process's per-channel sums of dy, then of dy * xhat; on
+   * return, their totals over the whole batch. */
+  apex_status (*reduce)(void *ctx, apex_tensor *sums);
+  void *ctx;
+} apex__bn_stats_hook;
+
+/* Convolution and pooling geometry: n images of c channels, h x w, into o channels (pooling: o = c)
+ * of ho x wo, with a kh x kw window at strides sh, sw and zero padding ph, pw. */
+typedef struct ag_conv_geom {
+  int n, c, h, w, o, kh, kw, sh, sw, ph, pw, ho, wo;
+} ag_conv_geom;
+
+/* What an op keeps for its backward besides its inputs and aux, one member per op family; the var's
+ * op says which member is set. */
+typedef union ag_op_params {
+  ag_conv_geom conv; /* conv2d, max_pool2d, avg_pool2d */
+  struct {
+    float s; /* scale: the factor; dropout: 1 / (1 - p); pow: the exponent */
+  } scale;
+  struct {
+    int dim; /* softmax, log_softmax: the normalised dimension (non-negative) */
+  } softmax;
+  struct {
+    apex_reduction reduction; /* every loss */
+    int64_t rows, classes;    /* cross entropy: the logits are [rows, classes] */
+    int64_t count;            /* cross entropy: rows with a target (not ignored), MEAN's divisor */
+    float smoothing;          /* cross entropy: label smoothing */
+  } loss;
+  struct {
+    int training;                /* batch norm: batch statistics (else the running ones) */
+    int64_t channels, plane;     /* x is [N, channels, plane] */
+    int64_t count;               /* hooked: values per channel over the whole batch */
+    apex__bn_stats_hook hook;    /* hooked: where the statistics came from */
+  } bn;
+  struct {
+    int64_t rows, cols; /* layer norm, RMS norm: x is [rows, cols] with cols normalised */
+  } row_norm;
+  struct {
+    int64_t outer, dim, inner; /* sum, mean, norm: x is [outer, dim, inner], reduced over dim */
+    float scale;               /* sum: 1, mean: 1 / dim (rounded to f32, as the backward uses it) */
+  } reduce;
+  struct {
+    int perm[APEX_MAX_DIMS]; /* permute: output dimension i is input dimension perm[i] */
+  } permute;
+  struct {
+    int dim; /* concat: the joined dimension (non-negative) */
+  } concat;
+} ag_op_params;
+
 struct apex_var {
   apex_tensor *value;
   apex_tensor *grad;   /* leaves and inputs that require gradients; NULL otherwise */
@@ -29,10 +87,8 @@ struct apex_var {
   int n_in;
   apex_var **in;               /* the n_in inputs: in_small, or the graph pool past AG_MAX_IN (concat) */
   apex_var *in_small[AG_MAX_IN];
-  apex_tensor *ext[2]; /* tensors the op reads in backward but does not own (batch norm's stats) */
   void *aux;           /* op-owned scratch from the graph pool (masks, indices, statistics) */
-  int64_t ia[8];       /* op parameters */
-  float fa[4];
+  ag_op_params p;      /* the op's parameters (ag_op_params) */
   int hook_seen;       /* queued for the grad-ready hook in the running backward */
   size_t blk;          /* 1 + index of the pool block holding value's data; 0 when it is not the pool's */
   int held;            /* graph vars: the maker's handle on value is live (until apex_var_release) */
@@ -231,6 +287,11 @@ static inline apex_status apex__bn_options(const apex_batch_norm_options *o, con
   return APEX_OK;
 }
 
+/* Batch norm whose statistics come from hook (APEX_OP_SYNC_BATCH_NORM): always the batch's
+ * statistics, updating the running ones when given; no fused relu. Errors name sync_batch_norm. */
+apex_var *apex__batch_norm_hooked(apex_graph *g, const apex__bn_stats_hook *hook, apex_var *x, apex_var *weight, apex_var *bias,
+                                  apex_tensor *running_mean, apex_tensor *running_var, const apex_batch_norm_options *opts);
+
 static inline float apex__bn_affine(float x, float mean, float rstd, float w, float b) { return (x - mean) * rstd * w + b; }
 static inline void apex__bn_normalize_channel(const float *xf, float *o, size_t N, size_t C, size_t S, size_t c, float mean,
                                               float rstd, float w, float b, int relu) {
@@ -301,6 +362,10 @@ void apex__sgemm_avx512(int trans_a, int trans_b, int m, int n, int k, float alp
 /* For tests and benchmarks: 0 makes gemm.c use OpenBLAS even where the own kernel can run; returns
  * the previous setting (1 by default). */
 int apex__gemm_set_own_kernel(int on);
+/* sgemm_ref.c: the portable reference product (same contract as apex__sgemm_avx512), which gemm.c
+ * runs under APEX_CPU_ISA_PORTABLE. */
+void apex__sgemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+                     const float *b, int ldb, float beta, float *c, int ldc);
 
 /* C [m, n] (dtype ct, ldc) = alpha * op(A) [m, k] op(B) [k, n] + beta * C, for operands of any float
  * dtype, accumulated in f32, in apex__sgemm's grid. With bias (f32 [n]), C = bias + alpha * op(A)

@@ -57,7 +57,8 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     [APEX_OP_PERMUTE] = {"permute", APEX_CAST_NONE, apex__bwd_permute, ALL_IN},
     [APEX_OP_CONCAT] = {"concat", APEX_CAST_PROMOTE, apex__bwd_concat, ALL_IN},
     [APEX_OP_ATTENTION] = {"causal_attention", APEX_CAST_HALF, apex__bwd_attention},
-    /* Same category as batch_norm; the op lives in src/parallel/sync_batch_norm.c (it communicates). */
+    /* Same category as batch_norm: batch norm with its statistics from a hook (ops_norm.c), which
+     * src/parallel/sync_batch_norm.c installs */
     [APEX_OP_SYNC_BATCH_NORM] = {"sync_batch_norm", APEX_CAST_NONE, apex__bwd_sync_batch_norm},
     /* its backward masks the gradient where the output is non-zero: a half output's bits, or for f32
      * the output recomputed from x, weight and bias (ops_norm.c), so it reads every input */

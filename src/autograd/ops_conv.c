@@ -20,9 +20,7 @@
 #include "apex/threads.h"
 #include "autograd/ag.h"
 
-typedef struct conv_geom {
-  int n, c, h, w, o, kh, kw, sh, sw, ph, pw, ho, wo;
-} conv_geom;
+typedef ag_conv_geom conv_geom;
 
 static size_t cg_k(const conv_geom *q) { return (size_t)q->c * q->kh * q->kw; }
 static size_t cg_p(const conv_geom *q) { return (size_t)q->ho * q->wo; }
@@ -126,13 +124,6 @@ static void col2im_add(const conv_geom *q, const float *restrict cols, float *re
     }
 }
 
-_Static_assert(sizeof(conv_geom) <= sizeof(((apex_var *)0)->ia), "conv_geom fits an op's parameters");
-static void geom_store(apex_var *out, const conv_geom *q) { memcpy(out->ia, q, sizeof *q); }
-static conv_geom geom_load(const apex_var *out) {
-  conv_geom q;
-  memcpy(&q, out->ia, sizeof q);
-  return q;
-}
 
 /* Images run on threads once the whole convolution is worth it. */
 static int conv_par(const conv_geom *q) { return (double)q->n * q->o * cg_p(q) * cg_k(q) > 4e6 && q->n > 1; }
@@ -163,7 +154,7 @@ apex_var *apex_conv2d(apex_graph *g, apex_var *x, apex_var *w, apex_var *b, cons
   int64_t shape[4] = {q.n, q.o, q.ho, q.wo};
   apex_var *out = apex__result(g, APEX_OP_CONV2D, dt, 4, shape, 3, u);
   if (!out) return NULL;
-  geom_store(out, &q);
+  out->p.conv = q;
   size_t K = cg_k(&q), P = cg_p(&q), CHW = (size_t)q.c * q.h * q.w, OP = (size_t)q.o * P;
   int par = conv_par(&q), nt = par ? apex_get_num_threads() : 1;
   const float *xf = apex__f32(g, X), *wf = apex__f32(g, W), *bf = b ? apex__f32(g, u[2]->value) : NULL;
@@ -203,7 +194,7 @@ static int weight_runs(const conv_geom *q) {
 }
 
 apex_status apex__bwd_conv2d(apex_graph *g, apex_var *out) {
-  conv_geom q = geom_load(out);
+  conv_geom q = out->p.conv;
   size_t K = cg_k(&q), P = cg_p(&q), CHW = (size_t)q.c * q.h * q.w, OP = (size_t)q.o * P, OK = (size_t)q.o * K;
   int fresh;
   float *gx = apex__gbuf_w(g, out->in[0], &fresh), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
@@ -333,7 +324,7 @@ static apex_var *pool(apex_graph *g, apex_op op, apex_var *x, const apex_pool2d_
   int64_t shape[4] = {q.n, q.c, q.ho, q.wo};
   apex_var *out = apex__result(g, op, dt, 4, shape, 1, &u);
   if (!out) return NULL;
-  geom_store(out, &q);
+  out->p.conv = q;
   const float *xf = apex__f32(g, X);
   float *o = apex__out_f32(g, out);
   size_t planes = (size_t)q.n * q.c, P = (size_t)q.ho * q.wo, HW = (size_t)q.h * q.w;
@@ -384,7 +375,7 @@ static apex_status pool_bwd(apex_graph *g, apex_var *out) {
   int fresh;
   float *gx = apex__gbuf_w(g, out->in[0], &fresh);
   if (!gx) return APEX_OK;
-  conv_geom q = geom_load(out);
+  conv_geom q = out->p.conv;
   size_t planes = (size_t)q.n * q.c, P = (size_t)q.ho * q.wo, HW = (size_t)q.h * q.w;
   const float *go = out->gbuf;
   const int32_t *arg = out->aux;

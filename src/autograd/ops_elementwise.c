@@ -162,7 +162,7 @@ apex_var *apex_scale(apex_graph *g, apex_var *x, float s) {
   if (apex__dispatch(g, APEX_OP_SCALE, 1, &x, 0, &u, &dt) != APEX_OK) return NULL;
   apex_var *out = apex__result(g, APEX_OP_SCALE, dt, u->value->ndim, u->value->shape, 1, &u);
   if (!out) return NULL;
-  out->fa[0] = s;
+  out->p.scale.s = s;
   const float *X = apex__f32(g, u->value);
   float *o = apex__out_f32(g, out);
   if (!X || !o) return NULL;
@@ -177,7 +177,7 @@ apex_status apex__bwd_scale(apex_graph *g, apex_var *out) {
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
   const float *go = out->gbuf;
-  float s = out->fa[0];
+  float s = out->p.scale.s;
   size_t n = ag_numel(out);
   AG_PFOR
   for (size_t i = 0; i < n; i++) gx[i] += go[i] * s;
@@ -189,14 +189,14 @@ apex_status apex__bwd_scale(apex_graph *g, apex_var *out) {
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_C 0.044715f
 
-/* p: pow's exponent (kept in fa[0] for the backward); unused by the other ops. */
+/* p: pow's exponent (kept in p.scale.s for the backward); unused by the other ops. */
 static apex_var *unary(apex_graph *g, apex_op op, apex_var *x, float p) {
   apex_var *u;
   apex_dtype dt;
   if (apex__dispatch(g, op, 1, &x, 0, &u, &dt) != APEX_OK) return NULL;
   apex_var *out = apex__result(g, op, dt, u->value->ndim, u->value->shape, 1, &u);
   if (!out) return NULL;
-  out->fa[0] = p;
+  out->p.scale.s = p;
   const float *X = apex__f32(g, u->value);
   float *o = apex__out_f32(g, out);
   if (!X || !o) return NULL;
@@ -339,7 +339,7 @@ apex_status apex__bwd_unary(apex_graph *g, apex_var *out) {
     for (size_t i = 0; i < n; i++) gx[i] += go[i] / X[i];
     break;
   case APEX_OP_POW: {
-    float p = out->fa[0];
+    float p = out->p.scale.s;
     if (p == 0.0f) break; /* x^0 is 1 everywhere: PyTorch gives 0, not 0 * 0^-1 = NaN at x = 0 */
     AG_PFOR
     for (size_t i = 0; i < n; i++) gx[i] += go[i] * (p * powf(X[i], p - 1.0f));
@@ -378,7 +378,7 @@ apex_var *apex_dropout(apex_graph *g, apex_var *x, float p, int training, apex_r
   if (apex_rng_bernoulli(rng, mask, n, 1.0f - p) != APEX_OK) return NULL;
   float s = 1.0f / (1.0f - p);
   out->aux = mask;
-  out->fa[0] = s;
+  out->p.scale.s = s;
   AG_PFOR
   for (size_t i = 0; i < n; i++) o[i] = mask[i] ? X[i] * s : 0.0f;
   apex__store(out, o);
@@ -390,7 +390,7 @@ apex_status apex__bwd_dropout(apex_graph *g, apex_var *out) {
   if (!gx) return APEX_OK;
   const uint8_t *mask = out->aux;
   const float *go = out->gbuf;
-  float s = out->fa[0];
+  float s = out->p.scale.s;
   size_t n = ag_numel(out);
   AG_PFOR
   for (size_t i = 0; i < n; i++) gx[i] += mask[i] ? go[i] * s : 0.0f;

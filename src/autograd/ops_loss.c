@@ -24,7 +24,7 @@ static apex_var *softmax_op(apex_graph *g, apex_op op, apex_var *x, int dim) {
   if (!X || !o) return NULL;
   size_t outer, D, inner;
   ag_lines(u->value, dd, &outer, &D, &inner);
-  out->ia[0] = dd;
+  out->p.softmax.dim = dd;
   out->aux = o;
   size_t nl = outer * inner, n = nl * D;
   int logsm = op == APEX_OP_LOG_SOFTMAX;
@@ -56,7 +56,7 @@ static apex_status softmax_bwd(apex_graph *g, apex_var *out) {
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
   size_t outer, D, inner;
-  ag_lines(out->value, (int)out->ia[0], &outer, &D, &inner);
+  ag_lines(out->value, out->p.softmax.dim, &outer, &D, &inner);
   const float *y = out->aux, *go = out->gbuf;
   size_t nl = outer * inner, n = nl * D;
   int logsm = out->op == APEX_OP_LOG_SOFTMAX;
@@ -88,13 +88,13 @@ static apex_var *loss_result(apex_graph *g, apex_op op, apex_dtype dt, apex_redu
   if ((int)red < 0 || red > APEX_REDUCTION_NONE)
     return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: reduction %d is not an apex_reduction", apex_op_name(op), (int)red);
   apex_var *out = red == APEX_REDUCTION_NONE ? apex__result(g, op, dt, ndim, shape, n, in) : apex__result(g, op, dt, 0, NULL, n, in);
-  if (out) out->ia[7] = red;
+  if (out) out->p.loss.reduction = red;
   return out;
 }
 
 /* Writes the reduced value of per-element terms l[0..n) (divided by `count` for MEAN) into out. */
 static void loss_store(apex_var *out, const float *l, size_t n, double count) {
-  if (out->ia[7] == APEX_REDUCTION_NONE) {
+  if (out->p.loss.reduction == APEX_REDUCTION_NONE) {
     if (out->value->dtype == APEX_F32) {
       if (ag_data(out->value) != l) memcpy(ag_data(out->value), l, n * sizeof(float));
     } else {
@@ -103,15 +103,15 @@ static void loss_store(apex_var *out, const float *l, size_t n, double count) {
     return;
   }
   double s = apex__sum_f32(l, n);
-  if (out->ia[7] == APEX_REDUCTION_MEAN) s /= count;
+  if (out->p.loss.reduction == APEX_REDUCTION_MEAN) s /= count;
   apex_tensor_set(out->value, 0, (float)s);
 }
 
 /* The gradient of term i: go[i] for NONE, go[0] for SUM, go[0] / count for MEAN. */
 static inline float loss_grad(const apex_var *out, size_t i, double count) {
   const float *go = out->gbuf;
-  if (out->ia[7] == APEX_REDUCTION_NONE) return go[i];
-  return out->ia[7] == APEX_REDUCTION_MEAN ? (float)(go[0] / count) : go[0];
+  if (out->p.loss.reduction == APEX_REDUCTION_NONE) return go[i];
+  return out->p.loss.reduction == APEX_REDUCTION_MEAN ? (float)(go[0] / count) : go[0];
 }
 
 /* ---- cross entropy ------------------------------------------------------------------------------ */
@@ -148,10 +148,10 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   float *l = (float *)(tg + N);
   for (size_t i = 0; i < N; i++) tg[i] = opts->use_ignore_index && targets[i] == opts->ignore_index ? -1 : targets[i];
   out->aux = p;
-  out->ia[0] = (int64_t)N;
-  out->ia[1] = (int64_t)C;
-  out->fa[0] = eps;
-  out->fa[1] = (float)count;
+  out->p.loss.rows = (int64_t)N;
+  out->p.loss.classes = (int64_t)C;
+  out->p.loss.smoothing = eps;
+  out->p.loss.count = (int64_t)count;
   size_t n = N * C;
 #pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
   for (size_t i = 0; i < N; i++) {
@@ -174,11 +174,11 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
 apex_status apex__bwd_cross_entropy(apex_graph *g, apex_var *out) {
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
-  size_t N = (size_t)out->ia[0], C = (size_t)out->ia[1], pad = (N * C + 1) & ~(size_t)1;
+  size_t N = (size_t)out->p.loss.rows, C = (size_t)out->p.loss.classes, pad = (N * C + 1) & ~(size_t)1;
   const float *p = out->aux;
   const int64_t *tg = (const int64_t *)(p + pad);
-  float eps = out->fa[0], smooth = eps / (float)C;
-  double count = out->fa[1];
+  float eps = out->p.loss.smoothing, smooth = eps / (float)C;
+  double count = (double)out->p.loss.count;
   size_t n = N * C;
 #pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
   for (size_t i = 0; i < N; i++) {

@@ -1,4 +1,5 @@
-/* ops_norm.c: batch norm (training and evaluation, running statistics), layer norm and RMS norm.
+/* ops_norm.c: batch norm (training and evaluation, running statistics; with a statistics hook, the
+ * SyncBatchNorm op), layer norm and RMS norm.
  *
  * Statistics are per channel (batch norm) or per row (layer/RMS norm: a row is the normalised last
  * dimensions, flattened), each summed by one thread in a fixed order: batch norm's in the f32-block,
@@ -81,54 +82,90 @@ static void lanes_bwd(double sg[AG_LANES], double sgx[AG_LANES], const float *re
   }
 }
 
-apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var *bias, apex_tensor *running_mean,
-                          apex_tensor *running_var, const apex_batch_norm_options *opts) {
+/* Both batch norms: the plain op (statistics of this batch, or the running ones in evaluation) and,
+ * with a hook, the op whose statistics the hook computes over a larger batch (SyncBatchNorm). They
+ * share the checks, the pool scratch of the statistics (aux: mean[C], rstd[C] as used) and the
+ * normalisation; the hooked one takes its running-statistic update from the hook's f32 values. */
+static apex_var *batch_norm(apex_graph *g, const apex__bn_stats_hook *hook, apex_var *x, apex_var *weight, apex_var *bias,
+                            apex_tensor *running_mean, apex_tensor *running_var, const apex_batch_norm_options *opts) {
   static const apex_batch_norm_options defaults = {0};
   if (!opts) opts = &defaults;
+  apex_op op = hook ? APEX_OP_SYNC_BATCH_NORM : APEX_OP_BATCH_NORM;
+  const char *name = apex_op_name(op);
+  if (hook && opts->relu) return apex__fail_null(APEX_ERR_UNSUPPORTED, "%s: relu is not fused here; apply apex_relu to the result", name);
   apex_var *in[3] = {x, weight, bias}, *u[3];
   apex_dtype dt;
   /* the fused op casts as batch norm does (and follows any override of batch norm's category) */
-  if (apex__dispatch(g, APEX_OP_BATCH_NORM, 3, in, 6u, u, &dt) != APEX_OK) return NULL;
+  if (apex__dispatch(g, op, 3, in, 6u, u, &dt) != APEX_OK) return NULL;
   const apex_tensor *X = u[0]->value;
   dt = X->dtype; /* the input's type, whatever the parameters' (f32 under keep_batchnorm_fp32) */
   if (X->ndim < 2 || X->ndim > 4)
-    return apex__fail_null(APEX_ERR_SHAPE, "batch_norm: input %s must be [N, C], [N, C, L] or [N, C, H, W]", apex__shape(x));
-  size_t N = (size_t)X->shape[0], C = (size_t)X->shape[1], S = X->numel / ag_nz(N * C), M = N * S;
+    return apex__fail_null(APEX_ERR_SHAPE, "%s: input %s must be [N, C], [N, C, L] or [N, C, H, W]", name, apex__shape(x));
+  int64_t Ci = X->shape[1];
+  size_t N = (size_t)X->shape[0], C = (size_t)Ci, S = X->numel / ag_nz(N * C), M = N * S;
   const apex_tensor *stats[2] = {running_mean, running_var};
   for (int i = 0; i < 3; i++)
     if (i && u[i] && (u[i]->value->ndim != 1 || (size_t)u[i]->value->shape[0] != C))
-      return apex__fail_null(APEX_ERR_SHAPE, "batch_norm: %s %s does not match the %zu channels of input %s", i == 1 ? "weight" : "bias",
+      return apex__fail_null(APEX_ERR_SHAPE, "%s: %s %s does not match the %zu channels of input %s", name, i == 1 ? "weight" : "bias",
                              apex__shape(in[i]), C, apex__shape(x));
   for (int i = 0; i < 2; i++) {
     if (!stats[i]) continue;
     char buf[64];
     if (stats[i]->dtype != APEX_F32)
-      return apex__fail_null(APEX_ERR_DTYPE, "batch_norm: %s is %s; running statistics are f32", i ? "running_var" : "running_mean",
+      return apex__fail_null(APEX_ERR_DTYPE, "%s: %s is %s; running statistics are f32", name, i ? "running_var" : "running_mean",
                              apex_dtype_name(stats[i]->dtype));
     if (stats[i]->numel != C)
-      return apex__fail_null(APEX_ERR_SHAPE, "batch_norm: %s %s does not match the %zu channels of input %s", i ? "running_var" : "running_mean",
+      return apex__fail_null(APEX_ERR_SHAPE, "%s: %s %s does not match the %zu channels of input %s", name, i ? "running_var" : "running_mean",
                              apex_tensor_shape_str(stats[i], buf, sizeof buf), C, apex__shape(x));
   }
-  if (!opts->training && (!running_mean || !running_var))
-    return apex__fail_null(APEX_ERR_INVALID_ARG, "batch_norm: evaluation of %s needs running_mean and running_var", apex__shape(x));
-  if (opts->training && M <= 1)
-    return apex__fail_null(APEX_ERR_SHAPE, "batch_norm: training needs more than one value per channel; input %s has %zu", apex__shape(x), M);
+  /* The hook always normalises with batch statistics (its count over the whole batch is checked there). */
+  int training = hook || opts->training;
+  if (!training && (!running_mean || !running_var))
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: evaluation of %s needs running_mean and running_var", name, apex__shape(x));
+  if (!hook && training && M <= 1)
+    return apex__fail_null(APEX_ERR_SHAPE, "%s: training needs more than one value per channel; input %s has %zu", name, apex__shape(x), M);
   float mom = 0.0f, eps = 0.0f;
-  if (apex__bn_options(opts, "batch_norm", &mom, &eps) != APEX_OK) return NULL;
-  apex_var *out = apex__result(g, opts->relu ? APEX_OP_BATCH_NORM_RELU : APEX_OP_BATCH_NORM, dt, X->ndim, X->shape, 3, u);
+  if (apex__bn_options(opts, name, &mom, &eps) != APEX_OK) return NULL;
+  const float *mf = NULL, *rf = NULL, *vf = NULL;
+  int64_t count = (int64_t)M;
+  if (hook) {
+    apex_tensor *mean = apex__pool_tensor(g, APEX_F32, 1, &Ci), *invstd = apex__pool_tensor(g, APEX_F32, 1, &Ci);
+    apex_tensor *uvar = apex__pool_tensor(g, APEX_F32, 1, &Ci);
+    if (!mean || !invstd || !uvar) return NULL;
+    if (hook->stats(hook->ctx, X, mean, invstd, uvar, eps, &count) != APEX_OK) return NULL;
+    mf = ag_data(mean);
+    rf = ag_data(invstd);
+    vf = ag_data(uvar);
+  }
+  apex_var *out = apex__result(g, hook ? op : opts->relu ? APEX_OP_BATCH_NORM_RELU : APEX_OP_BATCH_NORM, dt, X->ndim, X->shape, 3, u);
   if (!out) return NULL;
   const float *xf = apex__f32(g, X), *wf = u[1] ? apex__f32(g, u[1]->value) : NULL, *bf = u[2] ? apex__f32(g, u[2]->value) : NULL;
   float *o = apex__out_f32(g, out), *st = apex__scratch(g, 2 * C * sizeof(float));
   if (!xf || !o || !st || (u[1] && !wf) || (u[2] && !bf)) return NULL;
   float *rm = running_mean ? ag_data(running_mean) : NULL, *rv = running_var ? ag_data(running_var) : NULL;
-  out->aux = st; /* mean[C], rstd[C] as used */
-  out->ia[0] = opts->training;
-  out->ia[1] = (int64_t)C;
-  out->ia[2] = (int64_t)S;
+  out->aux = st;
+  out->p.bn.training = training;
+  out->p.bn.channels = (int64_t)C;
+  out->p.bn.plane = (int64_t)S;
+  out->p.bn.count = count;
+  if (hook) out->p.bn.hook = *hook;
+  if (hook) {
+    /* The hook's statistics as they are; its f32 values update the running ones. */
+#pragma omp parallel for schedule(static) if (X->numel > AG_PAR_MIN)
+    for (size_t c = 0; c < C; c++) {
+      if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mf[c]);
+      if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * vf[c]);
+      st[c] = mf[c];
+      st[C + c] = rf[c];
+      apex__bn_normalize_channel(xf, o, N, C, S, c, mf[c], rf[c], wf ? wf[c] : 1.0f, bf ? bf[c] : 0.0f, 0);
+    }
+    apex__store(out, o);
+    return out;
+  }
 #pragma omp parallel for schedule(static) if (X->numel > AG_PAR_MIN)
   for (size_t c = 0; c < C; c++) {
     double mean, var;
-    if (opts->training) {
+    if (training) {
       double sa[AG_LANES] = {0}, qa[AG_LANES] = {0};
       for (size_t n = 0; n < N; n++) {
         ag_prefetch_plane(xf, N, C, S, n, c, 0);
@@ -156,6 +193,18 @@ apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var
   return out;
 }
 
+apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var *bias, apex_tensor *running_mean,
+                          apex_tensor *running_var, const apex_batch_norm_options *opts) {
+  return batch_norm(g, NULL, x, weight, bias, running_mean, running_var, opts);
+}
+
+apex_var *apex__batch_norm_hooked(apex_graph *g, const apex__bn_stats_hook *hook, apex_var *x, apex_var *weight, apex_var *bias,
+                                  apex_tensor *running_mean, apex_tensor *running_var, const apex_batch_norm_options *opts) {
+  if (!hook || !hook->stats || !hook->reduce)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "sync_batch_norm: no statistics hook; the caller must give both of its functions");
+  return batch_norm(g, hook, x, weight, bias, running_mean, running_var, opts);
+}
+
 /* The fused op's gradient at its batch norm output, one plane: go where the output is non-zero
  * (it is +0 or the positive value itself, never -0 or NaN); 0 + go as relu's backward writes it into
  * fresh zeros, so the bits are those of the unfused ops. An f32 output is non-zero exactly where the
@@ -181,8 +230,8 @@ static void relu_mask_plane(float *restrict gm, const float *restrict go, const 
 apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
   int fresh;
   float *gx = apex__gbuf_w(g, out->in[0], &fresh), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
-  size_t C = (size_t)out->ia[1], S = (size_t)out->ia[2], N = ag_numel(out) / ag_nz(C * S), M = N * S;
-  int training = (int)out->ia[0], fused = out->op == APEX_OP_BATCH_NORM_RELU;
+  size_t C = (size_t)out->p.bn.channels, S = (size_t)out->p.bn.plane, N = ag_numel(out) / ag_nz(C * S), M = N * S;
+  int training = out->p.bn.training, fused = out->op == APEX_OP_BATCH_NORM_RELU;
   int par = ag_numel(out) > AG_PAR_MIN, nt = par ? apex_get_num_threads() : 1;
   const float *xf = apex__f32(g, out->in[0]->value), *wf = out->in[1] ? apex__f32(g, out->in[1]->value) : NULL;
   const float *bf = fused && out->in[2] ? apex__f32(g, out->in[2]->value) : NULL;
@@ -222,6 +271,50 @@ apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
       else
         for (size_t i = 0; i < S; i++) gxp[i] += a * (gop[i] - mg - (xp[i] - m) * r * mgx);
     }
+  }
+  return APEX_OK;
+}
+
+/* The hooked op's backward: per-channel sums of dy and dy * xhat over this process's batch (f64, in
+ * order), added to the weight and bias gradients as this process's share (data parallelism sums or
+ * averages the shares), then reduced by the hook to the whole batch's sums, from which the input's
+ * gradient follows as for one big batch of p.bn.count values per channel. */
+apex_status apex__bwd_sync_batch_norm(apex_graph *g, apex_var *out) {
+  float *gx = apex__gbuf(g, out->in[0]), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
+  size_t C = (size_t)out->p.bn.channels, S = (size_t)out->p.bn.plane, N = ag_numel(out) / ag_nz(C * S);
+  const apex__bn_stats_hook *hook = &out->p.bn.hook;
+  const float *xf = apex__f32(g, out->in[0]->value), *wf = out->in[1] ? apex__f32(g, out->in[1]->value) : NULL;
+  const float *mf = out->aux, *rf = mf + C, *go = out->gbuf;
+  int64_t two_c = (int64_t)(2 * C);
+  apex_tensor *sums = apex__pool_tensor(g, APEX_F32, 1, &two_c);
+  if (!xf || (out->in[1] && !wf) || !sums) return APEX_ERR_OUT_OF_MEMORY;
+  float *sd = ag_data(sums);
+#pragma omp parallel for schedule(static) if (ag_numel(out) > AG_PAR_MIN)
+  for (size_t c = 0; c < C; c++) {
+    double sg = 0, sgx = 0;
+    for (size_t n = 0; n < N; n++)
+      for (size_t i = 0; i < S; i++) {
+        size_t j = (n * C + c) * S + i;
+        sg += go[j];
+        sgx += go[j] * (xf[j] - mf[c]) * rf[c];
+      }
+    sd[c] = (float)sg;
+    sd[C + c] = (float)sgx;
+    if (gb) gb[c] += (float)sg;
+    if (gw) gw[c] += (float)sgx;
+  }
+  if (!gx) return APEX_OK; /* the input needs no gradient in any process (the same graph everywhere) */
+  apex_status st = hook->reduce(hook->ctx, sums);
+  if (st != APEX_OK) return st;
+  float inv_total = 1.0f / (float)out->p.bn.count;
+#pragma omp parallel for schedule(static) if (ag_numel(out) > AG_PAR_MIN)
+  for (size_t c = 0; c < C; c++) {
+    float m = mf[c], r = rf[c], a = (wf ? wf[c] : 1.0f) * r, mg = sd[c] * inv_total, mgx = sd[C + c] * inv_total;
+    for (size_t n = 0; n < N; n++)
+      for (size_t i = 0; i < S; i++) {
+        size_t j = (n * C + c) * S + i;
+        gx[j] += a * (go[j] - mg - (xf[j] - m) * r * mgx);
+      }
   }
   return APEX_OK;
 }
@@ -269,8 +362,8 @@ static apex_var *row_norm(apex_graph *g, apex_op op, apex_var *x, int nn, const 
   if (!xf || !o || !st || (u[1] && !wf) || (u[2] && !bf)) return NULL;
   int centre = op == APEX_OP_LAYER_NORM;
   out->aux = st;
-  out->ia[0] = (int64_t)R;
-  out->ia[1] = (int64_t)D;
+  out->p.row_norm.rows = (int64_t)R;
+  out->p.row_norm.cols = (int64_t)D;
 #pragma omp parallel for schedule(static) if (X->numel > AG_PAR_MIN)
   for (size_t r = 0; r < R; r++) {
     const float *xr = xf + r * D;
@@ -305,7 +398,7 @@ apex_var *apex_rms_norm_nd(apex_graph *g, apex_var *x, int norm_ndim, const int6
 }
 
 static apex_status row_norm_bwd(apex_graph *g, apex_var *out) {
-  size_t R = (size_t)out->ia[0], D = (size_t)out->ia[1];
+  size_t R = (size_t)out->p.row_norm.rows, D = (size_t)out->p.row_norm.cols;
   int centre = out->op == APEX_OP_LAYER_NORM;
   float *gx = apex__gbuf(g, out->in[0]), *gw = apex__gbuf(g, out->in[1]), *gb = centre ? apex__gbuf(g, out->in[2]) : NULL;
   const float *xf = apex__f32(g, out->in[0]->value), *wf = out->in[1] ? apex__f32(g, out->in[1]->value) : NULL;

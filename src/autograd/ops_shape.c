@@ -36,10 +36,10 @@ static apex_var *reduce(apex_graph *g, apex_op op, apex_var *x, int all, int dim
   float *o = apex__out_f32(g, out);
   if (!xf || !o) return NULL;
   double scale = op == APEX_OP_MEAN ? 1.0 / (double)D : 1.0;
-  out->ia[0] = (int64_t)outer;
-  out->ia[1] = (int64_t)D;
-  out->ia[2] = (int64_t)inner;
-  out->fa[0] = (float)scale;
+  out->p.reduce.outer = (int64_t)outer;
+  out->p.reduce.dim = (int64_t)D;
+  out->p.reduce.inner = (int64_t)inner;
+  out->p.reduce.scale = (float)scale;
   if (op == APEX_OP_NORM) {
     /* The backward divides by the norms: kept in f32 (aux), not read back from a half result. */
     size_t nl = outer * inner, n = nl * D;
@@ -84,9 +84,9 @@ apex_var *apex_norm(apex_graph *g, apex_var *x, int dim, int keepdim) { return r
 apex_status apex__bwd_sum(apex_graph *g, apex_var *out) {
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
-  size_t D = (size_t)out->ia[1], inner = (size_t)out->ia[2], n = ag_numel(out->in[0]);
+  size_t D = (size_t)out->p.reduce.dim, inner = (size_t)out->p.reduce.inner, n = ag_numel(out->in[0]);
   const float *go = out->gbuf;
-  float s = out->fa[0];
+  float s = out->p.reduce.scale;
   AG_PFOR
   for (size_t i = 0; i < n; i++) gx[i] += go[(i / (D * inner)) * inner + i % inner] * s;
   return APEX_OK;
@@ -99,7 +99,7 @@ apex_status apex__bwd_norm(apex_graph *g, apex_var *out) {
   if (!gx) return APEX_OK;
   const float *X = apex__f32(g, out->in[0]->value), *nrm = out->aux, *go = out->gbuf;
   if (!X) return APEX_ERR_OUT_OF_MEMORY;
-  size_t D = (size_t)out->ia[1], inner = (size_t)out->ia[2], n = ag_numel(out->in[0]);
+  size_t D = (size_t)out->p.reduce.dim, inner = (size_t)out->p.reduce.inner, n = ag_numel(out->in[0]);
   AG_PFOR
   for (size_t i = 0; i < n; i++) {
     size_t l = (i / (D * inner)) * inner + i % inner;
@@ -181,7 +181,7 @@ apex_var *apex_permute(apex_graph *g, apex_var *x, const int *perm) {
   for (int i = 0; i < nd; i++) shape[i] = u->value->shape[perm[i]];
   apex_var *out = apex__result(g, APEX_OP_PERMUTE, dt, nd, shape, 1, &u);
   if (!out) return NULL;
-  for (int i = 0; i < nd; i++) out->ia[i] = perm[i];
+  memcpy(out->p.permute.perm, perm, (size_t)nd * sizeof *perm);
   permute_strides(u->value, perm, st);
   const float *X = apex__f32(g, u->value);
   float *o = apex__out_f32(g, out);
@@ -205,11 +205,10 @@ apex_var *apex_transpose(apex_graph *g, apex_var *x, int dim0, int dim1) {
 apex_status apex__bwd_permute(apex_graph *g, apex_var *out) {
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
-  int nd = out->value->ndim, perm[APEX_MAX_DIMS];
+  int nd = out->value->ndim;
   int64_t st[APEX_MAX_DIMS];
   const int64_t *shape = out->value->shape;
-  for (int i = 0; i < nd; i++) perm[i] = (int)out->ia[i];
-  permute_strides(out->in[0]->value, perm, st);
+  permute_strides(out->in[0]->value, out->p.permute.perm, st);
   const float *go = out->gbuf;
   size_t n = ag_numel(out);
   PERMUTE_WALK(shape, nd, st, n, gx[ii] += go[oi]);
@@ -244,7 +243,7 @@ apex_var *apex_concat(apex_graph *g, int n, apex_var *const *xs, int dim) {
   }
   apex_var *out = apex__result(g, APEX_OP_CONCAT, dt, nd, shape, n, u);
   if (!out) return NULL;
-  out->ia[0] = d;
+  out->p.concat.dim = d;
   size_t outer, D, inner, es = apex_dtype_size(dt);
   ag_lines(out->value, d, &outer, &D, &inner);
   size_t row = D * inner, at = 0;
@@ -260,7 +259,7 @@ apex_var *apex_concat(apex_graph *g, int n, apex_var *const *xs, int dim) {
 }
 
 apex_status apex__bwd_concat(apex_graph *g, apex_var *out) {
-  int d = (int)out->ia[0];
+  int d = out->p.concat.dim;
   size_t outer, D, inner;
   ag_lines(out->value, d, &outer, &D, &inner);
   size_t row = D * inner, at = 0;

@@ -8,7 +8,7 @@
 
 #include "apex/multi_tensor.h"
 #include "core/internal.h"
-#include "core/simd_kernel.h"
+#include "multi_tensor/simd_kernel.h"
 #include "multi_tensor/mt_cuda.h"
 
 /* 1 when v is Inf or NaN (all exponent bits set). */

@@ -5,6 +5,7 @@
 #include <stddef.h>
 
 #include "apex/nn.h"
+#include "autograd/ag.h" /* apex__bn_stats_hook */
 
 typedef enum nn_kind {
   NN_LINEAR, NN_CONV2D, NN_BATCH_NORM1D, NN_BATCH_NORM2D, NN_LAYER_NORM, NN_RMS_NORM, NN_EMBEDDING, NN_ATTENTION,
@@ -28,11 +29,9 @@ struct apex_module {
   apex_conv2d_options conv;
   apex_pool2d_options pool;
   apex_batch_norm_options bn;
-  /* Batch norm modules: a replacement for apex_batch_norm in training mode (SyncBatchNorm, set by
-   * apex_convert_sync_batchnorm in the parallel layer, which nn may not call itself). */
-  apex_var *(*bn_forward)(void *ctx, apex_graph *g, apex_var *x, apex_var *w, apex_var *b, apex_tensor *rm, apex_tensor *rv,
-                          const apex_batch_norm_options *o);
-  void *bn_ctx;
+  /* Batch norm modules: where the statistics come from in training mode when stats is set
+   * (SyncBatchNorm: installed by apex_convert_sync_batchnorm in the parallel layer). */
+  apex__bn_stats_hook bn_hook;
 };
 
 typedef struct nn_named_param {

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "core/internal.h"
-#include "core/simd_kernel.h"
+#include "multi_tensor/simd_kernel.h"
 
 #include "apex/multi_tensor.h"
 #include "apex/optim.h"

@@ -10,8 +10,8 @@
  * on 1 thread and 7.8 -> 6.1 ms on 2; LAMB 28.5 -> 23.3 and 15.3 -> 12.4; SGD with momentum, which is
  * bound by memory, unchanged (3.6-3.7 ms on 2 threads): the square roots and divisions of the Adam
  * family are what the wider vectors speed up. */
-#ifndef APEX_CORE_SIMD_KERNEL_H
-#define APEX_CORE_SIMD_KERNEL_H
+#ifndef APEX_MULTI_TENSOR_SIMD_KERNEL_H
+#define APEX_MULTI_TENSOR_SIMD_KERNEL_H
 
 #include "apex/multi_tensor.h"
 #include "core/internal.h"
