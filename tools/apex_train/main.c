@@ -7,13 +7,16 @@
  * Everything a run does is a function of its flags: the data order comes from (seed, epoch), the
  * learning rate from the step, so --steps N stops a run where a straight run of N steps stops, and a
  * resumed run continues with the same bits. Bad input is one line on stderr and a non-zero exit,
- * before any file is written.
+ * before any file is written. A run stops early, with one line and its own exit status, when it
+ * diverges (divergence.h) or when Ctrl-C or SIGTERM asks it to (signals.h: after the step, saving a
+ * checkpoint to resume from).
  *
  * With --distributed (under mpirun) every rank runs this same program on its shard of the data; the
  * collectives are in dist.c. Setup is checked on every rank, the ranks agree that it worked
  * (dist_agree) before rank 0 writes anything, and every save is agreed the same way, so that all
  * ranks stop together. */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,11 +26,15 @@
 #include "checkpoint.h"
 #include "dataset.h"
 #include "dist.h"
+#include "divergence.h"
 #include "evaluate.h"
 #include "models.h"
+#include "plan.h"
 #include "plot.h"
+#include "progress.h"
 #include "report.h"
 #include "schedule.h"
+#include "signals.h"
 #include "step.h"
 
 static double now_s(void) {
@@ -66,7 +73,12 @@ typedef struct run {
   ckpt_position at;
   schedule sched;
   report *rep;         /* rank 0 only */
-  int created;         /* rank 0 made the checkpoint directory */
+  int created;         /* directories rank 0 made for the checkpoint (ckpt_prepare_dir) */
+  double t0;           /* when this process began training */
+  long saved_step;     /* the checkpoint latest names, or -1 */
+  divergence dv;
+  int diverged;        /* stopped by the bad-step rule */
+  int stop_signal;     /* stopped by SIGINT or SIGTERM */
 } run;
 
 static void run_free(run *r) {
@@ -100,7 +112,6 @@ static int check_flags(run *r) {
   if (a->batch_size == 0) a->batch_size = r->kind == MODEL_GPT ? 16 : 64;
   r->data = a->data ? a->data : r->kind == MODEL_GPT ? DEFAULT_TEXT_FILE : DEFAULT_FMNIST_DIR;
   if (r->kind == MODEL_GPT) {
-    if (a->seq_len == 0) a->seq_len = 64;
     if (a->seq_len > 1024) {
       fprintf(stderr, "apex-train: --seq-len %ld: at most 1024\n", a->seq_len);
       return 2;
@@ -197,8 +208,8 @@ static int setup(run *r, dist *ds) {
   ckpt_config_add(cc, "keep_batchnorm_fp32", "%s", a->keep_batchnorm_fp32 ? a->keep_batchnorm_fp32 : "default");
   ckpt_config_add(cc, "master_weights", "%s", a->master_weights ? a->master_weights : "default");
   ckpt_config_add(cc, "optimizer", "%s", a->optimizer);
-  ckpt_config_add(cc, "lr", "%.9g", (double)r->lr);
-  ckpt_config_add(cc, "weight_decay", "%.9g", (double)(float)a->weight_decay);
+  ckpt_config_add_float(cc, "lr", r->lr);
+  ckpt_config_add_float(cc, "weight_decay", (float)a->weight_decay);
   ckpt_config_add(cc, "batch_size", "%ld", a->batch_size);
   ckpt_config_add(cc, "epochs", "%ld", a->epochs);
   ckpt_config_add(cc, "seed", "%ld", a->seed);
@@ -209,7 +220,7 @@ static int setup(run *r, dist *ds) {
   /* The training knobs, and the model size that the parameter shapes do not show. */
   ckpt_config_add(cc, "lr_schedule", "%s", a->lr_schedule);
   ckpt_config_add(cc, "warmup", "%ld", a->warmup);
-  ckpt_config_add(cc, "clip_grad_norm", "%.9g", (double)(float)a->clip_grad_norm);
+  ckpt_config_add_float(cc, "clip_grad_norm", (float)a->clip_grad_norm);
   ckpt_config_add(cc, "grad_accum", "%ld", a->grad_accum);
   ckpt_config_add(cc, "n_head", "%ld", r->kind == MODEL_GPT ? (long)r->tm.n_head : 0L);
   schedule_parse(a->lr_schedule, &r->sched.kind); /* the flag table admits only valid names */
@@ -222,7 +233,12 @@ static int setup(run *r, dist *ds) {
               a->eval_only ? "eval-only" : "sample", a->checkpoint, a->checkpoint);
       return 1;
     }
-    if (a->resume || a->eval_only || a->sample) return ckpt_load(a->checkpoint, &r->tm, r->amp, r->opt, cc, &r->at);
+    if (a->eval_only || a->sample) return ckpt_load(a->checkpoint, &r->tm, r->amp, r->opt, cc, &r->at);
+    if (a->resume) {
+      if (ckpt_load(a->checkpoint, &r->tm, r->amp, r->opt, cc, &r->at) != 0) return 1;
+      r->saved_step = r->at.step;
+      return plan_check_resume(a, (long)r->d.steps_per_epoch, r->at.step);
+    }
     if (ckpt_exists(a->checkpoint)) {
       fprintf(stderr, "apex-train: --checkpoint %s already holds a checkpoint; add --resume to continue it, or choose another directory\n",
               a->checkpoint);
@@ -245,10 +261,11 @@ static int save(run *r, dist *ds, long step) {
   long spe = (long)r->d.steps_per_epoch;
   int failed = dist_sync_buffers(ds, &r->tm);
   if (!failed && ds->rank == 0) {
-    ckpt_position p = {step, step / spe, step % spe};
+    ckpt_position p = {step, step / spe, step % spe, r->at.elapsed_s + (now_s() - r->t0)};
     failed = ckpt_save(r->a.checkpoint, &r->tm, r->amp, r->opt, &r->cc, &p) != 0;
   }
   if (apex_pg_allreduce_flag(ds->pg, &failed) != APEX_OK) failed = 1;
+  if (!failed) r->saved_step = step;
   return failed;
 }
 
@@ -260,27 +277,65 @@ static int eval_point(run *r, dist *ds, long step) {
     fprintf(stderr, "apex-train: evaluation failed: %s\n", one_line(apex_last_error()));
     return 1;
   }
-  if (ds->rank != 0) return 0;
-  if (r->kind == MODEL_GPT) printf("apex-train: step %ld: validation loss %.4f perplexity %.2f\n", step, e.loss, e.perplexity);
-  else printf("apex-train: step %ld: test loss %.4f accuracy %.4f\n", step, e.loss, e.accuracy);
-  fflush(stdout);
-  if (r->rep) report_eval(r->rep, step, r->kind == MODEL_GPT, &e);
+  int failed = 0;
+  if (ds->rank == 0) {
+    char line[160];
+    if (r->kind == MODEL_GPT) snprintf(line, sizeof line, "apex-train: step %ld: validation loss %.4f perplexity %.2f", step, e.loss, e.perplexity);
+    else snprintf(line, sizeof line, "apex-train: step %ld: test loss %.4f accuracy %.4f", step, e.loss, e.accuracy);
+    if (r->rep) {
+      report_message(r->rep, "%s", line);
+      failed = report_eval(r->rep, step, r->kind == MODEL_GPT, &e) != 0;
+    }
+  }
+  /* A log that cannot be written stops every rank at the same step. */
+  if (apex_pg_allreduce_flag(ds->pg, &failed) != APEX_OK) failed = 1;
+  return failed;
+}
+
+/* Collective: a --save-every save after `step`, with one line saying so; withheld when the step's loss
+ * is not finite, so that a diverging run never replaces the last good checkpoint (said once per
+ * streak: *withheld). Non-zero when the save failed. */
+static int save_every(run *r, dist *ds, long step, int *withheld) {
+  if (divergence_loss_bad(&r->dv)) {
+    if (r->rep && !*withheld)
+      report_message(r->rep, "apex-train: step %ld not saved: its loss is not finite; saves go on at the next step whose loss is", step);
+    *withheld = 1;
+    return 0;
+  }
+  if (save(r, ds, step) != 0) return 1;
+  if (r->rep) report_message(r->rep, "apex-train: checkpoint %s/step-%ld", r->a.checkpoint, step);
+  *withheld = 0;
+  return 0;
+}
+
+/* Collective: whether any rank was asked to stop by a signal (SIGTERM over SIGINT) or failed to
+ * write the log, so that all ranks stop at the same step. */
+static int agree_stop(dist *ds, int *sig, int *log_failed) {
+  if (!ds->on) return 0;
+  double v[3] = {*sig == SIGINT, *sig == SIGTERM, *log_failed};
+  if (dist_sum(ds, v, 3) != 0) return 1;
+  *sig = v[1] > 0 ? SIGTERM : v[0] > 0 ? SIGINT : 0;
+  *log_failed = v[2] > 0;
   return 0;
 }
 
 /* Trains from r->at to the end (or --steps); returns the steps reached via *end. Non-zero on failure. */
 static int train(run *r, dist *ds, long *end) {
   train_args *a = &r->a;
-  long spe = (long)r->d.steps_per_epoch, sched_total = a->epochs * spe;
-  long stop = a->steps > 0 ? a->steps : sched_total;
-  int64_t B = a->batch_size;
+  long spe = (long)r->d.steps_per_epoch;
+  long stop = plan_last_step(a, spe);
+  int64_t B = a->batch_size, T = a->seq_len;
   step_ctx sc = {.tm = &r->tm, .amp = r->amp, .opt = r->opt, .g = r->g, .d = &r->d, .bo = dist_backward_options(ds),
-                 .B = B, .T = a->seq_len, .accum = a->grad_accum, .clip = (float)a->clip_grad_norm};
+                 .B = B, .T = T, .accum = a->grad_accum, .clip = (float)a->clip_grad_norm};
   apex_loss_scaler *scaler = apex_amp_loss_scaler(r->amp, 0);
-  double t0 = now_s();
+  double t0 = r->t0 = now_s();
+  progress_rate rate = {0};
+  progress_rate_push(&rate, t0);
+  r->dv.max_bad = a->max_bad_steps;
+  if (signals_install(ds->rank != 0) != 0) fprintf(stderr, "apex-train: warning: cannot handle Ctrl-C (sigaction failed); it will stop without saving\n");
   long first = r->at.step, s = r->at.step;
-  /* What one step consumes over all ranks: images, or tokens for the GPT. */
-  double per_step = (double)(B * ds->world * a->grad_accum) * (r->kind == MODEL_GPT ? (double)a->seq_len : 1.0);
+  int withheld = 0; /* a --save-every save was skipped for a non-finite loss */
+  long K = a->grad_accum; /* micro-batches per step */
   int failed = step_ctx_alloc(&sc) != 0;
   if (failed) fprintf(stderr, "apex-train: out of memory for the batch\n");
   for (; !failed && s < stop; s++) {
@@ -303,35 +358,55 @@ static int train(run *r, dist *ds, long *end) {
       failed = 1;
       break;
     }
-    double el = now_s() - t0, rate = el > 0 ? (double)(s + 1 - first) * per_step / el : 0;
-    report_point rp = {.epoch = epoch + 1, .epochs = a->epochs, .step = s + 1, .total_steps = stop, .first_step = first,
+    double tnow = now_s();
+    progress_rate_push(&rate, tnow);
+    report_point rp = {.epoch = epoch + 1, .epochs = a->epochs, .step = s + 1, .total_steps = stop,
                        .loss = lv / ds->world, .loss_scale = apex_amp_loss_scale(r->amp, 0),
                        .skipped = (long)apex_loss_scaler_get_state(scaler).skipped, .step_skipped = res.skipped, .lr = lr,
-                       .grad_norm = res.grad_norm, .samples_per_s = r->kind == MODEL_GPT ? rate / (double)a->seq_len : rate,
-                       .tokens_per_s = r->kind == MODEL_GPT ? rate : 0, .elapsed_s = el};
-    if (r->rep) report_step(r->rep, &rp);
+                       .grad_norm = res.grad_norm, .step_s = progress_rate_step_s(&rate), .samples_per_step = (long)B * ds->world * K,
+                       .tokens_per_step = r->kind == MODEL_GPT ? (long)(B * T) * ds->world * K : 0,
+                       .elapsed_s = r->at.elapsed_s + (tnow - t0)};
+    int log_failed = r->rep && report_step(r->rep, &rp) != 0, sig = signals_pending();
+    if (agree_stop(ds, &sig, &log_failed) != 0 || log_failed) {
+      failed = 1;
+      s++;
+      break;
+    }
+    if (divergence_step(&r->dv, s + 1, rp.loss, res.skipped, apex_amp_scale_at_min(r->amp, 0))) {
+      r->diverged = 1;
+      s++;
+      break;
+    }
+    if (sig) {
+      r->stop_signal = sig;
+      s++;
+      break;
+    }
     if (a->eval_every > 0 && (s + 1) % a->eval_every == 0 && s + 1 < stop && eval_point(r, ds, s + 1) != 0) {
       failed = 1;
       s++;
       break;
     }
-    if (a->checkpoint && a->save_every > 0 && (s + 1) % a->save_every == 0 && s + 1 < stop && save(r, ds, s + 1) != 0) {
+    if (a->checkpoint && a->save_every > 0 && (s + 1) % a->save_every == 0 && s + 1 < stop && save_every(r, ds, s + 1, &withheld) != 0) {
       failed = 1;
       s++;
       break;
     }
   }
-  if (r->rep) report_finish(r->rep);
+  int log_failed = r->rep && report_finish(r->rep) != 0;
+  if (ds->on && apex_pg_allreduce_flag(ds->pg, &log_failed) != APEX_OK) log_failed = 1;
+  failed = failed || log_failed;
   double train_s = now_s() - t0;
   *end = s;
-  if (!failed && ds->rank == 0) {
-    double n = (double)(s - first) * per_step;
+  if (!failed && !r->diverged && ds->rank == 0) {
+    double per_s = train_s > 0 ? (double)(s - first) / train_s : 0.0;
+    char rates[96];
     if (r->kind == MODEL_GPT)
-      printf("apex-train: %ld steps in %.1f s (%.0f tokens/s), %ld skipped\n", s - first, train_s, train_s > 0 ? n / train_s : 0.0,
-             (long)apex_loss_scaler_get_state(scaler).skipped);
+      snprintf(rates, sizeof rates, "%.0f tokens/s, %.1f ms/step", per_s * (double)(B * T * ds->world * K), per_s > 0 ? 1e3 / per_s : 0.0);
     else
-      printf("apex-train: %ld steps in %.1f s (%.0f samples/s), %ld skipped\n", s - first, train_s, train_s > 0 ? n / train_s : 0.0,
-             (long)apex_loss_scaler_get_state(scaler).skipped);
+      snprintf(rates, sizeof rates, "%.0f samples/s", per_s * (double)(B * ds->world * K));
+    printf("apex-train: %ld steps in %.1f s (%s), %ld skipped\n", s - first, train_s, rates,
+           (long)apex_loss_scaler_get_state(scaler).skipped);
   }
   step_ctx_free(&sc);
   return failed;
@@ -368,7 +443,7 @@ static int finish(run *r, dist *ds, long s) {
         printf("apex-train: test accuracy %.4f\n", e.accuracy);
       }
       /* With --eval-every the curve gets its last point; otherwise the log holds the steps only. */
-      if (r->rep && a->eval_every > 0) report_eval(r->rep, s, r->kind == MODEL_GPT, &e);
+      if (r->rep && a->eval_every > 0 && report_eval(r->rep, s, r->kind == MODEL_GPT, &e) != 0) return 1;
     }
   }
   if (ds->rank == 0 && r->rep && a->log) {
@@ -388,6 +463,46 @@ static int finish(run *r, dist *ds, long s) {
   return 0;
 }
 
+/* A diverged run (divergence.h; also a last step whose loss is not finite): one line, no checkpoint
+ * over the last good one, exit 3. */
+static int stop_diverged(run *r, dist *ds) {
+  if (ds->rank != 0) return 3;
+  char why[320], kept[4300] = "no checkpoint written";
+  divergence_describe(&r->dv, apex_amp_loss_scale(r->amp, 0), why, sizeof why);
+  if (r->a.checkpoint && r->saved_step >= 0)
+    snprintf(kept, sizeof kept, "no checkpoint written: %s/step-%ld stays the latest", r->a.checkpoint, r->saved_step);
+  fflush(stdout);
+  /* Overflows alone under a static scale are the scale's fault; a non-finite loss is the weights'. */
+  char advice[96];
+  const char *ls = r->a.loss_scale;
+  if (r->dv.nonfinite == 0 && ls && strcmp(ls, "dynamic") != 0)
+    snprintf(advice, sizeof advice, "use a smaller --loss-scale than %s, or --loss-scale dynamic", ls);
+  else
+    snprintf(advice, sizeof advice, "lower --lr (it is %g)", (double)r->lr);
+  fprintf(stderr, "apex-train: stopped at step %ld: the run diverged: %s; %s; %s\n", r->dv.last_step, why, advice, kept);
+  return 3;
+}
+
+/* Stopped by a signal after a whole step: saves (collective) where --checkpoint is given and the step
+ * is sound, says how to go on, and exits as the signal would (130, 143). */
+static int stop_interrupted(run *r, dist *ds, long s) {
+  const char *dir = r->a.checkpoint;
+  int code = signals_exit_status(r->stop_signal);
+  if (dir && !divergence_loss_bad(&r->dv) && save(r, ds, s) != 0) return 1;
+  if (ds->rank != 0) return code;
+  if (!dir)
+    printf("apex-train: interrupted at step %ld; nothing saved (no --checkpoint)\n", s);
+  else if (r->saved_step == s)
+    printf("apex-train: interrupted at step %ld; checkpoint %s/step-%ld; add --resume to continue\n", s, dir, s);
+  else if (r->saved_step >= 0)
+    printf("apex-train: interrupted at step %ld; not saved (its loss is not finite); checkpoint %s/step-%ld; add --resume to continue from it\n",
+           s, dir, r->saved_step);
+  else
+    printf("apex-train: interrupted at step %ld; not saved (its loss is not finite); no checkpoint\n", s);
+  fflush(stdout);
+  return code;
+}
+
 static int run_main(run *r, dist *ds, int argc, char **argv) {
   int rc = args_parse(argc, argv, &r->a);
   if (rc) return rc;
@@ -396,6 +511,11 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
     if (!dist_quiet(ds)) args_usage(stdout);
     return 0;
   }
+  if (a->version) {
+    if (!dist_quiet(ds)) printf("apex-train %s (apex library %s)\n", APEX_VERSION_STRING, apex_version());
+    return 0;
+  }
+  r->saved_step = -1;
   if ((rc = dist_init(ds, a)) != 0 || (rc = check_flags(r)) != 0) return rc;
   /* From here every rank takes part in each agreement, also after its own failure. */
   rc = setup(r, ds);
@@ -409,7 +529,7 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
   }
   if (rc == 0 && ds->rank == 0) rc = open_outputs(r);
   if (dist_agree(ds, rc, 1)) {
-    if (r->created) remove(a->checkpoint);
+    if (r->created) ckpt_unprepare_dir(a->checkpoint, r->created);
     return rc ? rc : 1;
   }
 
@@ -419,16 +539,22 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
     if (ds->on) snprintf(ranks, sizeof ranks, " per rank x %d ranks", ds->world);
     char extra[96] = "";
     if (r->kind == MODEL_GPT && !r->d.bytes) snprintf(extra, sizeof extra, ", vocabulary %lld", (long long)r->d.vocab);
-    if (r->kind != MODEL_GPT) snprintf(extra, sizeof extra, " of %lldx%lld, %lld classes", (long long)r->d.in_h, (long long)r->d.in_w, (long long)r->d.classes);
-    printf("apex-train: %s on %s (%zu %s%s), %s %s, %s lr %g, batch %ld%s, %ld epochs of %ld steps%s%s\n", a->model, r->data,
-           r->kind == MODEL_GPT ? r->d.len : r->d.n_items, what, extra, a->opt_level, a->cast_type, a->optimizer, (double)r->lr,
-           a->batch_size, ranks, a->epochs, (long)r->d.steps_per_epoch, a->sync_bn ? ", SyncBatchNorm" : "",
-           a->steps > 0 ? ", stopping early (--steps)" : "");
+    if (r->kind != MODEL_GPT)
+      snprintf(extra, sizeof extra, " of %lldx%lld, %lld classes", (long long)r->d.in_h, (long long)r->d.in_w, (long long)r->d.classes);
+    long spe = (long)r->d.steps_per_epoch, last = plan_last_step(a, spe);
+    /* O0 trains in f32 whatever --cast-type says. */
+    printf("apex-train: %s on %s (%zu %s%s), %s %s, %s lr %g, batch %ld%s, %ld epochs of %ld steps, ending at step %ld (%s)%s\n",
+           a->model, r->data, r->kind == MODEL_GPT ? r->d.len : r->d.n_items, what, extra, a->opt_level,
+           strcmp(a->opt_level, "O0") == 0 ? "f32" : a->cast_type, a->optimizer, (double)r->lr, a->batch_size, ranks, a->epochs, spe,
+           last, last < a->epochs * spe ? "--steps" : "end of the epochs", a->sync_bn ? ", SyncBatchNorm" : "");
     if (a->resume) printf("apex-train: resumed from %s/step-%ld\n", a->checkpoint, r->at.step);
     fflush(stdout);
   }
   long end;
   if (train(r, ds, &end) != 0) return 1;
+  signals_restore();
+  if (r->diverged || divergence_loss_bad(&r->dv)) return stop_diverged(r, ds);
+  if (r->stop_signal) return stop_interrupted(r, ds, end);
   return finish(r, ds, end);
 }
 

@@ -56,11 +56,8 @@ int train_step(step_ctx *c, long pos, long step, step_result *out) {
     bo.delay_unscale = k + 1 < c->accum;
     apex_status st = apex_amp_backward(c->amp, loss, 0, &bo);
     apex_graph_reset(g);
-    /* Only the last backward of a step unscales and checks for an overflow. */
-    if (k + 1 == c->accum && apex_amp_scale_at_min(c->amp, 0)) {
-      fprintf(stderr, "apex-train: step %ld: gradients overflow even at the minimum loss scale; check the data and the learning rate\n", step);
-      return 1;
-    }
+    /* A non-finite loss or an overflow (at the minimum scale too) skips the step; whether the run
+     * diverged is the bad-step rule's to say (divergence.h). */
     if (st != APEX_OK && st != APEX_ERR_NONFINITE) {
       fprintf(stderr, "apex-train: backward failed at step %ld: %s\n", step, one_line(apex_last_error()));
       return 1;

@@ -2,7 +2,8 @@
  * backward (all but the last with delay_unscale, so the gradients stay scaled until the last
  * backward unscales and checks them once, as Apex's scale_loss(delay_unscale=True) does), the
  * global gradient norm of the unscaled f32 master gradients (clipped to --clip-grad-norm when
- * given), and amp's step, skipped on an overflow. */
+ * given), and amp's step, skipped on an overflow or a non-finite loss (the caller's bad-step rule
+ * judges those: divergence.h). */
 #ifndef APEX_TRAIN_STEP_H
 #define APEX_TRAIN_STEP_H
 
