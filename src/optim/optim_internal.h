@@ -10,13 +10,14 @@
 #include <stdint.h>
 
 #include "core/internal.h"
-#include "multi_tensor/simd_kernel.h"
+#include "backend/cpu/simd_kernel.h"
 
 #include "apex/multi_tensor.h"
 #include "apex/optim.h"
+#include "backend/backend.h"
 
 /* Elementwise f32 state tensors per parameter, at most (Adam with amsgrad: m, v, max v). */
-#define APEX__OPTIM_MAX_STATES 3
+#define APEX__OPTIM_MAX_STATES APEX_OPTIM_MAX_STATES
 
 /* The option fields, for tables: bit i of apex__optim_ops.fields says field i applies. */
 enum {
@@ -40,8 +41,12 @@ typedef struct apex__group {
   int nscalars;
   int64_t *step;          /* per parameter (CPU groups) */
   apex_device device;     /* where every tensor of the group lives */
-  int64_t *d_step;        /* CUDA groups: the step counts on the device, n of them (see cuda/optim.cu) */
-  float *d_scalars;       /* CUDA groups with scalars: n * nscalars on the device, where the kernels keep them */
+  const apex_backend *backend; /* that device's */
+  /* Groups whose backend has an optim_step slot (backend/args_optim.h): the step counts and the scalars
+   * where the tensors are, n and n * nscalars of them, which the slot reads and advances. NULL for groups
+   * stepped by this layer's kernels, which keep them in step and scalars. */
+  int64_t *d_step;
+  float *d_scalars;
 } apex__group;
 
 /* The parameters of one group that have a gradient in this step, as applier lists. */
