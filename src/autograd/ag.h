@@ -13,6 +13,8 @@
 
 #include "apex/autograd.h"
 #include "apex/nn_ops.h"
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "core/internal.h"
 #include "core/tensor_internal.h"
 
@@ -227,6 +229,16 @@ float *apex__gbuf(apex_graph *g, apex_var *v);
  * one that reads the zeros back: on the benchmark CNN, 60 MB of the backward's traffic. */
 float *apex__gbuf_w(apex_graph *g, apex_var *v, int *fresh);
 
+/* ---- backends (backend_of.c) -------------------------------------------------------------------- */
+
+/* The backend that runs op's kernels on v's value: the one of its device. NULL after a message naming
+ * op when this build has none for the device. */
+const apex_backend *apex__ag_backend(const apex_var *v, apex_op op);
+/* APEX_ERR_UNSUPPORTED: op has no kernel (a NULL slot) on backend b, naming op and b's device. */
+apex_status apex__ag_slot_missing(const apex_backend *b, apex_op op);
+/* 1 when b's slot is set; else 0 after apex__ag_slot_missing. */
+#define AG_HAS(b, slot, op) ((b)->slot != NULL || (apex__ag_slot_missing((b), (op)), 0))
+
 /* ---- f32 views --------------------------------------------------------------------------------- */
 
 /* t's elements as f32: its own data if f32, else a converted copy in transient scratch, which goes
@@ -329,10 +341,10 @@ static inline void ag_lines(const apex_tensor *t, int dim, size_t *outer, size_t
 const char *apex__shape(const apex_var *v);
 const char *apex__shape_of(int ndim, const int64_t *shape);
 
-/* Runs elementwise loops on threads when they are big enough to pay. Each element's result does not
- * depend on the thread count. */
-#define AG_PAR_MIN 16384
-#define AG_PFOR _Pragma("omp parallel for schedule(static) if (n > AG_PAR_MIN)")
+/* The CPU backend's threading of elementwise loops (backend/cpu/cpu_kernels.h), for the op files whose loops
+ * have not moved there. */
+#define AG_PAR_MIN APEX__CPU_PAR_MIN
+#define AG_PFOR APEX__CPU_PFOR
 
 /* C = alpha * op(A) op(B) + beta * C, row-major, through OpenBLAS on apex's threads, in a tile grid
  * fixed by m, n, k so that the bits do not depend on the thread count (see gemm.c). */

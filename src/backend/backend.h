@@ -17,6 +17,7 @@
 
 #include "apex/tensor.h"
 #include "backend/args_mt.h"
+#include "backend/args_nn.h"
 #include "backend/args_optim.h"
 #include "core/memory.h"
 
@@ -36,6 +37,16 @@ typedef struct apex_backend {
   /* ---- optimizer and loss scaler (args_optim.h) ---- */
   apex_status (*optim_step)(const apex_optim_step_args *a);
   apex_status (*scaler_update)(const apex_scaler_update_args *a);
+
+  /* ---- nn kernels, autograd's ops forward and backward (args_nn.h) ---- */
+  apex_status (*nn_binary)(const apex_nn_binary_args *a);
+  apex_status (*nn_binary_bwd)(const apex_nn_binary_bwd_args *a);
+  apex_status (*nn_unary)(const apex_nn_unary_args *a);
+  apex_status (*nn_unary_bwd)(const apex_nn_unary_bwd_args *a);
+  apex_status (*nn_scale)(const apex_nn_scale_args *a);
+  apex_status (*nn_scale_bwd)(const apex_nn_scale_bwd_args *a);
+  apex_status (*nn_dropout)(const apex_nn_dropout_args *a);
+  apex_status (*nn_dropout_bwd)(const apex_nn_dropout_bwd_args *a);
 } apex_backend;
 
 /* The backend of `device`: the CPU's always; another only when this build has it. NULL (without a

@@ -10,4 +10,12 @@ const apex_backend apex__cpu_backend = {
     .mt_scale = apex__cpu_mt_scale,
     .mt_axpby = apex__cpu_mt_axpby,
     .mt_l2norm = apex__cpu_mt_l2norm,
+    .nn_binary = apex__cpu_nn_binary,
+    .nn_binary_bwd = apex__cpu_nn_binary_bwd,
+    .nn_unary = apex__cpu_nn_unary,
+    .nn_unary_bwd = apex__cpu_nn_unary_bwd,
+    .nn_scale = apex__cpu_nn_scale,
+    .nn_scale_bwd = apex__cpu_nn_scale_bwd,
+    .nn_dropout = apex__cpu_nn_dropout,
+    .nn_dropout_bwd = apex__cpu_nn_dropout_bwd,
 };

@@ -9,4 +9,14 @@ apex_status apex__cpu_mt_scale(const apex_mt_scale_args *a);
 apex_status apex__cpu_mt_axpby(const apex_mt_axpby_args *a);
 apex_status apex__cpu_mt_l2norm(const apex_mt_l2norm_args *a);
 
+/* elementwise.c */
+apex_status apex__cpu_nn_binary(const apex_nn_binary_args *a);
+apex_status apex__cpu_nn_binary_bwd(const apex_nn_binary_bwd_args *a);
+apex_status apex__cpu_nn_unary(const apex_nn_unary_args *a);
+apex_status apex__cpu_nn_unary_bwd(const apex_nn_unary_bwd_args *a);
+apex_status apex__cpu_nn_scale(const apex_nn_scale_args *a);
+apex_status apex__cpu_nn_scale_bwd(const apex_nn_scale_bwd_args *a);
+apex_status apex__cpu_nn_dropout(const apex_nn_dropout_args *a);
+apex_status apex__cpu_nn_dropout_bwd(const apex_nn_dropout_bwd_args *a);
+
 #endif

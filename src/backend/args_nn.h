@@ -1,0 +1,118 @@
+/* args_nn.h: the argument structs of the nn slots (backend.h): the kernels behind autograd's ops,
+ * forward and backward.
+ *
+ * autograd's fronts check shapes and dtypes, apply autocast and record the graph; a slot receives
+ * only valid buffers on its backend's device. Buffers named as float are f32 (the front widens a
+ * low-precision value to f32 before the call and narrows a result after it); a buffer whose dtype the
+ * kernel reads itself comes with its apex_dtype. Shapes are element counts and extents.
+ *
+ * Gradient outputs: g<name> is NULL when that input needs no gradient. accumulate_<name> 1 adds the
+ * kernel's term into the buffer; 0 means the buffer holds nothing yet and the kernel stores 0.0f +
+ * term (the bits of adding into zeros, -0 included), which saves the pass that zeroes it. */
+#ifndef APEX_BACKEND_ARGS_NN_H
+#define APEX_BACKEND_ARGS_NN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apex/tensor.h"
+
+/* ---- elementwise (cpu/elementwise.c, cuda/elementwise.cu) ------------------------------------- */
+
+typedef enum apex_nn_binary_kind {
+  APEX_NN_ADD, APEX_NN_SUB, APEX_NN_MUL, APEX_NN_DIV, APEX_NN_POW, APEX_NN_GT, APEX_NN_LT, APEX_NN_EQ
+} apex_nn_binary_kind;
+
+/* A broadcast of two operands walked as rows of the output's last dimension: each row has one base
+ * offset per operand, and within a row an operand either moves with the output (stride 1) or repeats
+ * one element (stride 0). */
+typedef struct apex_nn_bcast {
+  int nd;
+  int64_t shape[APEX_MAX_DIMS];  /* the output's */
+  int64_t st[2][APEX_MAX_DIMS];  /* element strides of a and b in the output's index space */
+  size_t rows, len;              /* rows x len = the output's element count */
+} apex_nn_bcast;
+
+/* out = a (kind) b over the broadcast; comparisons give 1.0f or 0.0f. */
+typedef struct apex_nn_binary_args {
+  apex_nn_binary_kind kind;
+  const apex_nn_bcast *plan;
+  const float *a, *b;
+  float *out;
+} apex_nn_binary_args;
+
+/* ga, gb += gout * d(out)/d(a), d(out)/d(b), summed over broadcast positions in row order. a and b are
+ * read only by MUL, DIV and POW (NULL otherwise). Not for comparisons, which have no gradient. */
+typedef struct apex_nn_binary_bwd_args {
+  apex_nn_binary_kind kind;
+  const apex_nn_bcast *plan;
+  const float *a, *b;
+  size_t numel_a, numel_b;       /* the operands' element counts */
+  const float *gout;             /* plan's rows x len */
+  float *ga, *gb;
+  int accumulate_a, accumulate_b;
+} apex_nn_binary_bwd_args;
+
+typedef enum apex_nn_unary_kind {
+  APEX_NN_RELU, APEX_NN_GELU, APEX_NN_GELU_TANH, APEX_NN_TANH, APEX_NN_SIGMOID, APEX_NN_EXP, APEX_NN_LOG,
+  APEX_NN_POW_SCALAR
+} apex_nn_unary_kind;
+
+/* out = kind(x) over n elements; POW_SCALAR raises to p (2 and 0.5 exactly rounded, as PyTorch). */
+typedef struct apex_nn_unary_args {
+  apex_nn_unary_kind kind;
+  size_t n;
+  const float *x;
+  float *out;
+  float p;
+} apex_nn_unary_args;
+
+/* gx += gout * kind'(x). RELU reads its output y (y_dtype, raw: non-zero exactly where x > 0) instead
+ * of x; every other kind reads x (f32). */
+typedef struct apex_nn_unary_bwd_args {
+  apex_nn_unary_kind kind;
+  size_t n;
+  const float *x;
+  const void *y;
+  apex_dtype y_dtype;
+  float p;
+  const float *gout;
+  float *gx;
+  int accumulate_x;
+} apex_nn_unary_bwd_args;
+
+/* out = x * s; backward gx += gout * s. */
+typedef struct apex_nn_scale_args {
+  size_t n;
+  const float *x;
+  float *out;
+  float s;
+} apex_nn_scale_args;
+
+typedef struct apex_nn_scale_bwd_args {
+  size_t n;
+  const float *gout;
+  float *gx;
+  float s;
+  int accumulate_x;
+} apex_nn_scale_bwd_args;
+
+/* out = mask ? x * s : 0 (mask: one byte per element, drawn by the front); backward likewise on gout. */
+typedef struct apex_nn_dropout_args {
+  size_t n;
+  const uint8_t *mask;
+  const float *x;
+  float *out;
+  float s;
+} apex_nn_dropout_args;
+
+typedef struct apex_nn_dropout_bwd_args {
+  size_t n;
+  const uint8_t *mask;
+  const float *gout;
+  float *gx;
+  float s;
+  int accumulate_x;
+} apex_nn_dropout_bwd_args;
+
+#endif
