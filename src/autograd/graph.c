@@ -425,23 +425,3 @@ void apex__store(apex_var *v, const float *buf) {
   if (v->value->dtype != APEX_F32) apex_convert(apex_tensor_data(v->value), v->value->dtype, buf, APEX_F32, ag_numel(v));
 }
 
-enum { SUM_BLOCK = 4096 };
-
-double apex__blocked_sum(const float *x, size_t n, double (*serial)(const float *x, size_t n)) {
-  size_t nb = (n + SUM_BLOCK - 1) / SUM_BLOCK;
-  double *part = nb > 1 ? malloc(nb * sizeof *part) : NULL, s = 0;
-  if (!part) { /* one block, or no memory: the same blocks in the same order on this thread */
-    for (size_t b = 0, lo = 0; b < nb; b++, lo += SUM_BLOCK) s += serial(x + lo, n - lo < SUM_BLOCK ? n - lo : SUM_BLOCK);
-    return s;
-  }
-#pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
-  for (size_t b = 0; b < nb; b++) {
-    size_t lo = b * SUM_BLOCK;
-    part[b] = serial(x + lo, n - lo < SUM_BLOCK ? n - lo : SUM_BLOCK);
-  }
-  for (size_t b = 0; b < nb; b++) s += part[b];
-  free(part);
-  return s;
-}
-
-double apex__sum_f32(const float *x, size_t n) { return apex__blocked_sum(x, n, apex__sum_serial); }

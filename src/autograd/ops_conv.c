@@ -205,9 +205,9 @@ apex_status apex__bwd_conv2d(apex_graph *g, apex_var *out) {
   size_t per = 2 * K * P + cg_padded(&q);
   float *cols = apex__scratch_temp(g, (size_t)nt * per * sizeof(float));
   float *part = gw ? apex__scratch_temp(g, ag_nz((size_t)runs * OK) * sizeof(float)) : NULL;
-  double *bpart = gb ? apex__scratch_temp(g, (size_t)runs * q.o * AG_LANES * sizeof(double)) : NULL;
+  double *bpart = gb ? apex__scratch_temp(g, (size_t)runs * q.o * APEX__LANES * sizeof(double)) : NULL;
   if ((gw && (!xf || !part)) || (gx && !wf) || (gb && !bpart) || !cols) return APEX_ERR_OUT_OF_MEMORY;
-  if (gb) memset(bpart, 0, (size_t)runs * q.o * AG_LANES * sizeof(double));
+  if (gb) memset(bpart, 0, (size_t)runs * q.o * APEX__LANES * sizeof(double));
   apex__blas_serial();
 #pragma omp parallel if (par)
   {
@@ -218,7 +218,7 @@ apex_status apex__bwd_conv2d(apex_graph *g, apex_var *out) {
       for (int n = n0; n < n1; n++) {
         const float *gon = go + (size_t)n * OP;
         if (gb) /* the bias gradient in the same lanes per run, summed over runs like the weight's */
-          for (int oc = 0; oc < q.o; oc++) apex__lanes_add(bpart + ((size_t)r * q.o + oc) * AG_LANES, gon + (size_t)oc * P, P);
+          for (int oc = 0; oc < q.o; oc++) apex__lanes_add(bpart + ((size_t)r * q.o + oc) * APEX__LANES, gon + (size_t)oc * P, P);
         if (gw) {
           im2col(&q, xf + (size_t)n * CHW, cb, pad);
           apex__sgemm_call(0, 1, q.o, (int)K, (int)P, 1.0f, gon, (int)P, cb, (int)P, n > n0 ? 1.0f : 0.0f, part + (size_t)r * OK, (int)K);
@@ -239,10 +239,10 @@ apex_status apex__bwd_conv2d(apex_graph *g, apex_var *out) {
     }
   }
   for (int oc = 0; gb && oc < q.o; oc++) {
-    double acc[AG_LANES];
-    for (int l = 0; l < AG_LANES; l++) {
+    double acc[APEX__LANES];
+    for (int l = 0; l < APEX__LANES; l++) {
       acc[l] = 0;
-      for (int r = 0; r < runs; r++) acc[l] += bpart[((size_t)r * q.o + oc) * AG_LANES + l];
+      for (int r = 0; r < runs; r++) acc[l] += bpart[((size_t)r * q.o + oc) * APEX__LANES + l];
     }
     gb[oc] += (float)apex__lanes_total(acc);
   }

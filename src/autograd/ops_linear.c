@@ -11,19 +11,6 @@ static ag_mat mat(const apex_tensor *t, size_t off, int ld, int trans) {
 }
 static ag_mat mat_f32(const float *p, int ld, int trans) { return (ag_mat){p, APEX_F32, ld, trans}; }
 
-void apex__colsum_add(const float *m, size_t rows, size_t cols, float *dst) {
-  enum { CB = 64 };
-  size_t nb = (cols + CB - 1) / CB;
-#pragma omp parallel for schedule(static) if (rows * cols > AG_PAR_MIN)
-  for (size_t b = 0; b < nb; b++) {
-    float acc[CB] = {0};
-    size_t c0 = b * CB, w = cols - c0 < CB ? cols - c0 : CB;
-    for (size_t r = 0; r < rows; r++)
-      for (size_t c = 0; c < w; c++) acc[c] += m[r * cols + c0 + c];
-    for (size_t c = 0; c < w; c++) dst[c0 + c] += acc[c];
-  }
-}
-
 /* ---- matmul -------------------------------------------------------------------------------------- */
 
 typedef struct mm_dims {

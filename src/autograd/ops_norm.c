@@ -18,55 +18,55 @@
 /* A channel's sums run over its N planes of S in the lanes of ag.h (vectorised, f32 blocks into f64,
  * the same bits on any thread). Every pass over a channel prefetches its next plane
  * (ag_prefetch_plane). */
-static void lanes_sq(double acc[AG_LANES], const float *restrict x, size_t n, float mean) {
-  for (size_t b0 = 0; b0 < n; b0 += AG_LANE_BLOCK) {
-    size_t e = n - b0 < AG_LANE_BLOCK ? n : b0 + AG_LANE_BLOCK, i = b0;
-    float f[AG_LANES] = {0};
-#if AG_VEC
-    ag_v4 a = {0}, b = {0}, c = {0}, d = {0};
-    for (; i + AG_LANES <= e; i += AG_LANES) {
-      ag_v4 d0 = ag_ld4(x + i) - mean, d1 = ag_ld4(x + i + 4) - mean, d2 = ag_ld4(x + i + 8) - mean, d3 = ag_ld4(x + i + 12) - mean;
+static void lanes_sq(double acc[APEX__LANES], const float *restrict x, size_t n, float mean) {
+  for (size_t b0 = 0; b0 < n; b0 += APEX__LANE_BLOCK) {
+    size_t e = n - b0 < APEX__LANE_BLOCK ? n : b0 + APEX__LANE_BLOCK, i = b0;
+    float f[APEX__LANES] = {0};
+#if APEX__LANE_VEC
+    apex__v4 a = {0}, b = {0}, c = {0}, d = {0};
+    for (; i + APEX__LANES <= e; i += APEX__LANES) {
+      apex__v4 d0 = apex__ld4(x + i) - mean, d1 = apex__ld4(x + i + 4) - mean, d2 = apex__ld4(x + i + 8) - mean, d3 = apex__ld4(x + i + 12) - mean;
       a += d0 * d0;
       b += d1 * d1;
       c += d2 * d2;
       d += d3 * d3;
     }
-    ag_st16(f, a, b, c, d);
+    apex__st16(f, a, b, c, d);
 #else
-    for (; i + AG_LANES <= e; i += AG_LANES)
-      for (int l = 0; l < AG_LANES; l++) {
+    for (; i + APEX__LANES <= e; i += APEX__LANES)
+      for (int l = 0; l < APEX__LANES; l++) {
         float d = x[i + l] - mean;
         f[l] += d * d;
       }
 #endif
     for (size_t l = 0; i + l < e; l++) f[l] += (x[i + l] - mean) * (x[i + l] - mean);
-    for (int l = 0; l < AG_LANES; l++) acc[l] += f[l];
+    for (int l = 0; l < APEX__LANES; l++) acc[l] += f[l];
   }
 }
 
 /* sum of go and of go * (x - m) * r over one plane. */
-static void lanes_bwd(double sg[AG_LANES], double sgx[AG_LANES], const float *restrict go, const float *restrict x, size_t n, float m, float r) {
-  for (size_t b0 = 0; b0 < n; b0 += AG_LANE_BLOCK) {
-    size_t e = n - b0 < AG_LANE_BLOCK ? n : b0 + AG_LANE_BLOCK, i = b0;
-    float f[AG_LANES] = {0}, h[AG_LANES] = {0};
-#if AG_VEC
-    ag_v4 f0 = {0}, f1 = {0}, f2 = {0}, f3 = {0}, h0 = {0}, h1 = {0}, h2 = {0}, h3 = {0};
-    for (; i + AG_LANES <= e; i += AG_LANES) {
-      ag_v4 g0 = ag_ld4(go + i), g1 = ag_ld4(go + i + 4), g2 = ag_ld4(go + i + 8), g3 = ag_ld4(go + i + 12);
+static void lanes_bwd(double sg[APEX__LANES], double sgx[APEX__LANES], const float *restrict go, const float *restrict x, size_t n, float m, float r) {
+  for (size_t b0 = 0; b0 < n; b0 += APEX__LANE_BLOCK) {
+    size_t e = n - b0 < APEX__LANE_BLOCK ? n : b0 + APEX__LANE_BLOCK, i = b0;
+    float f[APEX__LANES] = {0}, h[APEX__LANES] = {0};
+#if APEX__LANE_VEC
+    apex__v4 f0 = {0}, f1 = {0}, f2 = {0}, f3 = {0}, h0 = {0}, h1 = {0}, h2 = {0}, h3 = {0};
+    for (; i + APEX__LANES <= e; i += APEX__LANES) {
+      apex__v4 g0 = apex__ld4(go + i), g1 = apex__ld4(go + i + 4), g2 = apex__ld4(go + i + 8), g3 = apex__ld4(go + i + 12);
       f0 += g0;
       f1 += g1;
       f2 += g2;
       f3 += g3;
-      h0 += g0 * (ag_ld4(x + i) - m) * r;
-      h1 += g1 * (ag_ld4(x + i + 4) - m) * r;
-      h2 += g2 * (ag_ld4(x + i + 8) - m) * r;
-      h3 += g3 * (ag_ld4(x + i + 12) - m) * r;
+      h0 += g0 * (apex__ld4(x + i) - m) * r;
+      h1 += g1 * (apex__ld4(x + i + 4) - m) * r;
+      h2 += g2 * (apex__ld4(x + i + 8) - m) * r;
+      h3 += g3 * (apex__ld4(x + i + 12) - m) * r;
     }
-    ag_st16(f, f0, f1, f2, f3);
-    ag_st16(h, h0, h1, h2, h3);
+    apex__st16(f, f0, f1, f2, f3);
+    apex__st16(h, h0, h1, h2, h3);
 #else
-    for (; i + AG_LANES <= e; i += AG_LANES)
-      for (int l = 0; l < AG_LANES; l++) {
+    for (; i + APEX__LANES <= e; i += APEX__LANES)
+      for (int l = 0; l < APEX__LANES; l++) {
         f[l] += go[i + l];
         h[l] += go[i + l] * (x[i + l] - m) * r;
       }
@@ -75,7 +75,7 @@ static void lanes_bwd(double sg[AG_LANES], double sgx[AG_LANES], const float *re
       f[l] += go[i + l];
       h[l] += go[i + l] * (x[i + l] - m) * r;
     }
-    for (int l = 0; l < AG_LANES; l++) {
+    for (int l = 0; l < APEX__LANES; l++) {
       sg[l] += f[l];
       sgx[l] += h[l];
     }
@@ -166,7 +166,7 @@ static apex_var *batch_norm(apex_graph *g, const apex__bn_stats_hook *hook, apex
   for (size_t c = 0; c < C; c++) {
     double mean, var;
     if (training) {
-      double sa[AG_LANES] = {0}, qa[AG_LANES] = {0};
+      double sa[APEX__LANES] = {0}, qa[APEX__LANES] = {0};
       for (size_t n = 0; n < N; n++) {
         ag_prefetch_plane(xf, N, C, S, n, c, 0);
         apex__lanes_add(sa, xf + (n * C + c) * S, S);
@@ -243,7 +243,7 @@ apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
 #pragma omp parallel for schedule(static) if (par)
   for (size_t c = 0; c < C; c++) {
     float m = st[c], r = st[C + c], w = wf ? wf[c] : 1.0f, bias = bf ? bf[c] : 0.0f, *gm = fused ? gms + (size_t)omp_get_thread_num() * M : NULL;
-    double sga[AG_LANES] = {0}, sgxa[AG_LANES] = {0};
+    double sga[APEX__LANES] = {0}, sgxa[APEX__LANES] = {0};
     for (size_t n = 0; n < N; n++) {
       size_t off = (n * C + c) * S;
       ag_prefetch_plane(go, N, C, S, n, c, 0);

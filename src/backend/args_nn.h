@@ -115,4 +115,76 @@ typedef struct apex_nn_dropout_bwd_args {
   int accumulate_x;
 } apex_nn_dropout_bwd_args;
 
+/* ---- softmax and the losses (cpu/loss.c, cuda/xent.cu) ------------------------------------------ */
+
+/* x seen as [outer, dim, inner]: each of the outer * inner lines of dim elements is one softmax (log
+ * softmax with log set). */
+typedef struct apex_nn_softmax_args {
+  int log;
+  size_t outer, dim, inner;
+  const float *x;
+  float *out;
+} apex_nn_softmax_args;
+
+/* gx += the gradient through the softmax, from its f32 result y. */
+typedef struct apex_nn_softmax_bwd_args {
+  int log;
+  size_t outer, dim, inner;
+  const float *y;
+  const float *gout;
+  float *gx;
+  int accumulate_x;
+} apex_nn_softmax_bwd_args;
+
+/* How a loss's per-element terms became its result, for the gradient of term i: gout[i] for NONE,
+ * gout[0] for SUM, gout[0] / count for MEAN. */
+typedef enum apex_nn_reduction { APEX_NN_MEAN, APEX_NN_SUM, APEX_NN_NONE } apex_nn_reduction;
+
+/* Cross entropy of logits x [rows, classes] against target (one class per row; -1: ignored, its term
+ * 0) with label smoothing: prob receives the row softmax (kept for the backward), loss the per-row
+ * terms, and *sum (when not NULL) their sum in double in fixed blocks. */
+typedef struct apex_nn_cross_entropy_args {
+  size_t rows, classes;
+  const float *x;
+  const int64_t *target;
+  float smoothing;
+  float *prob;
+  float *loss;
+  double *sum;
+} apex_nn_cross_entropy_args;
+
+typedef struct apex_nn_cross_entropy_bwd_args {
+  size_t rows, classes;
+  const float *prob;
+  const int64_t *target;
+  float smoothing;
+  apex_nn_reduction reduction;
+  double count; /* MEAN's divisor: the rows with a target */
+  const float *gout;
+  float *gx;
+  int accumulate_x;
+} apex_nn_cross_entropy_bwd_args;
+
+typedef enum apex_nn_pointwise_loss_kind { APEX_NN_MSE, APEX_NN_BCE_WITH_LOGITS, APEX_NN_BCE } apex_nn_pointwise_loss_kind;
+
+/* Per-element terms loss[i] of input x against target y (n each); *sum as for cross entropy. */
+typedef struct apex_nn_pointwise_loss_args {
+  apex_nn_pointwise_loss_kind kind;
+  size_t n;
+  const float *x, *y;
+  float *loss;
+  double *sum;
+} apex_nn_pointwise_loss_args;
+
+typedef struct apex_nn_pointwise_loss_bwd_args {
+  apex_nn_pointwise_loss_kind kind;
+  size_t n;
+  const float *x, *y;
+  apex_nn_reduction reduction;
+  double count; /* MEAN's divisor */
+  const float *gout;
+  float *gx, *gy;
+  int accumulate_x, accumulate_y;
+} apex_nn_pointwise_loss_bwd_args;
+
 #endif

@@ -47,6 +47,12 @@ typedef struct apex_backend {
   apex_status (*nn_scale_bwd)(const apex_nn_scale_bwd_args *a);
   apex_status (*nn_dropout)(const apex_nn_dropout_args *a);
   apex_status (*nn_dropout_bwd)(const apex_nn_dropout_bwd_args *a);
+  apex_status (*nn_softmax)(const apex_nn_softmax_args *a);
+  apex_status (*nn_softmax_bwd)(const apex_nn_softmax_bwd_args *a);
+  apex_status (*nn_cross_entropy)(const apex_nn_cross_entropy_args *a);
+  apex_status (*nn_cross_entropy_bwd)(const apex_nn_cross_entropy_bwd_args *a);
+  apex_status (*nn_pointwise_loss)(const apex_nn_pointwise_loss_args *a);
+  apex_status (*nn_pointwise_loss_bwd)(const apex_nn_pointwise_loss_bwd_args *a);
 } apex_backend;
 
 /* The backend of `device`: the CPU's always; another only when this build has it. NULL (without a

@@ -18,4 +18,10 @@ const apex_backend apex__cpu_backend = {
     .nn_scale_bwd = apex__cpu_nn_scale_bwd,
     .nn_dropout = apex__cpu_nn_dropout,
     .nn_dropout_bwd = apex__cpu_nn_dropout_bwd,
+    .nn_softmax = apex__cpu_nn_softmax,
+    .nn_softmax_bwd = apex__cpu_nn_softmax_bwd,
+    .nn_cross_entropy = apex__cpu_nn_cross_entropy,
+    .nn_cross_entropy_bwd = apex__cpu_nn_cross_entropy_bwd,
+    .nn_pointwise_loss = apex__cpu_nn_pointwise_loss,
+    .nn_pointwise_loss_bwd = apex__cpu_nn_pointwise_loss_bwd,
 };

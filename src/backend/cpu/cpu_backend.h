@@ -19,4 +19,12 @@ apex_status apex__cpu_nn_scale_bwd(const apex_nn_scale_bwd_args *a);
 apex_status apex__cpu_nn_dropout(const apex_nn_dropout_args *a);
 apex_status apex__cpu_nn_dropout_bwd(const apex_nn_dropout_bwd_args *a);
 
+/* loss.c */
+apex_status apex__cpu_nn_softmax(const apex_nn_softmax_args *a);
+apex_status apex__cpu_nn_softmax_bwd(const apex_nn_softmax_bwd_args *a);
+apex_status apex__cpu_nn_cross_entropy(const apex_nn_cross_entropy_args *a);
+apex_status apex__cpu_nn_cross_entropy_bwd(const apex_nn_cross_entropy_bwd_args *a);
+apex_status apex__cpu_nn_pointwise_loss(const apex_nn_pointwise_loss_args *a);
+apex_status apex__cpu_nn_pointwise_loss_bwd(const apex_nn_pointwise_loss_bwd_args *a);
+
 #endif
