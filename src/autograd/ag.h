@@ -257,27 +257,6 @@ apex_dtype apex__promote(apex_dtype a, apex_dtype b);
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
 
-/* Asks for plane n + 1 (when there is one) of channel c of t [N, C, S]: a channel's planes lie C * S
- * floats apart, and the hardware prefetcher does not follow a pass from one to the next, so each
- * plane began with misses all the way to memory. `write` for a plane about to be overwritten.
- * Measured on the benchmark CNN (2 threads, batch norm over [128, 32, 28, 28]): forward 1.11 ->
- * 0.73 ms, backward 1.70 -> 1.23 ms. */
-static inline void ag_prefetch_plane_of(const void *t, size_t esize, size_t N, size_t C, size_t S, size_t n, size_t c, int write) {
-  if (n + 1 >= N) return;
-  const char *p = (const char *)t + ((n + 1) * C + c) * S * esize;
-  for (size_t i = 0; i < S * esize; i += 64)
-    if (write)
-      __builtin_prefetch(p + i, 1);
-    else
-      __builtin_prefetch(p + i);
-}
-static inline void ag_prefetch_plane(const float *t, size_t N, size_t C, size_t S, size_t n, size_t c, int write) {
-  ag_prefetch_plane_of(t, sizeof(float), N, C, S, n, c, write);
-}
-
-/* Batch norm's output for channel c of x [N, C, S] (f32): (x - mean) * rstd * w + b, through relu's
- * max(v, 0) when `relu` (the same bits as apex_relu on the unfused output). Shared by batch norm and
- * SyncBatchNorm, which differ only in where mean and rstd come from. */
 /* Autograd's ops run on the CPU: a value on another device would be read through a device pointer.
  * The entry points (apex_var_create, apex_graph_input, apex_var_swap_value) refuse one here, naming
  * fn, so no op ever sees it. */
@@ -304,23 +283,6 @@ static inline apex_status apex__bn_options(const apex_batch_norm_options *o, con
  * statistics, updating the running ones when given; no fused relu. Errors name sync_batch_norm. */
 apex_var *apex__batch_norm_hooked(apex_graph *g, const apex__bn_stats_hook *hook, apex_var *x, apex_var *weight, apex_var *bias,
                                   apex_tensor *running_mean, apex_tensor *running_var, const apex_batch_norm_options *opts);
-
-static inline float apex__bn_affine(float x, float mean, float rstd, float w, float b) { return (x - mean) * rstd * w + b; }
-static inline void apex__bn_normalize_channel(const float *xf, float *o, size_t N, size_t C, size_t S, size_t c, float mean,
-                                              float rstd, float w, float b, int relu) {
-  for (size_t n = 0; n < N; n++) {
-    const float *xs = xf + (n * C + c) * S;
-    float *os = o + (n * C + c) * S;
-    ag_prefetch_plane(o, N, C, S, n, c, 1);
-    if (relu)
-      for (size_t i = 0; i < S; i++) {
-        float v = apex__bn_affine(xs[i], mean, rstd, w, b);
-        os[i] = v > 0.0f ? v : 0.0f;
-      }
-    else
-      for (size_t i = 0; i < S; i++) os[i] = apex__bn_affine(xs[i], mean, rstd, w, b);
-  }
-}
 
 static inline float *ag_data(const apex_tensor *t) { return (float *)apex_tensor_data(t); }
 static inline size_t ag_numel(const apex_var *v) { return v->value->numel; }

@@ -187,4 +187,91 @@ typedef struct apex_nn_pointwise_loss_bwd_args {
   int accumulate_x, accumulate_y;
 } apex_nn_pointwise_loss_bwd_args;
 
+/* ---- normalisation (cpu/norm.c, cuda/norm.cu, cuda/bn_stats.cu) ------------------------------------ */
+
+/* Batch norm of x [N, C, S] (S: the flattened spatial extent) into out, per channel c:
+ * (x - mean) * rstd * w + b (w, b NULL: 1, 0), through max(v, 0) with relu. The statistics used are
+ * written to stats (mean[C], then rstd[C]) for the backward. Where they come from:
+ *   - given_mean set: given_mean, given_rstd and given_var (the unbiased variance) computed elsewhere
+ *     (a statistics hook over a larger batch); the running statistics (when set) move toward them;
+ *   - else training: this batch's, with rstd = 1 / sqrt(var + eps) and the running statistics (when
+ *     set) moved toward the mean and the unbiased variance by momentum;
+ *   - else running_mean and running_var themselves. */
+typedef struct apex_nn_batch_norm_args {
+  size_t N, C, S;
+  const float *x, *w, *b;
+  float *out;
+  float *stats;
+  int training, relu;
+  float eps, momentum;
+  float *running_mean, *running_var;
+  const float *given_mean, *given_rstd, *given_var;
+} apex_nn_batch_norm_args;
+
+/* The backward of batch norm from its statistics (stats as the forward wrote them). With relu (the
+ * fused op) the gradient first passes the output's mask: y is the output (y_dtype; read only when it is
+ * not f32, where the mask is recomputed from x), and workspace holds a per-thread copy of a channel's
+ * masked gradient: N * S floats times apex_get_num_threads() when N * C * S > APEX__CPU_PAR_MIN, else
+ * times 1. gw, gb receive the per-channel sums of gout * xhat and gout. */
+typedef struct apex_nn_batch_norm_bwd_args {
+  size_t N, C, S;
+  const float *x, *w, *b;
+  const void *y;
+  apex_dtype y_dtype;
+  const float *stats;
+  int training, relu;
+  const float *gout;
+  float *gx, *gw, *gb;
+  int accumulate_x, accumulate_w, accumulate_b;
+  float *workspace;
+  size_t workspace_bytes;
+} apex_nn_batch_norm_bwd_args;
+
+/* The first half of a batch norm backward whose statistics came from elsewhere: per-channel sums of
+ * gout and of gout * xhat (f64 in order) into sums (f32 [2C]), also added to gb and gw. */
+typedef struct apex_nn_batch_norm_sums_args {
+  size_t N, C, S;
+  const float *x, *mean, *rstd;
+  const float *gout;
+  float *sums;
+  float *gw, *gb;
+  int accumulate_w, accumulate_b;
+} apex_nn_batch_norm_sums_args;
+
+/* Its second half: gx from the sums over the whole batch of `count` values per channel. */
+typedef struct apex_nn_batch_norm_dx_args {
+  size_t N, C, S;
+  const float *x, *w, *mean, *rstd;
+  const float *gout;
+  const float *sums;
+  int64_t count;
+  float *gx;
+  int accumulate_x;
+} apex_nn_batch_norm_dx_args;
+
+/* Layer norm (centre: subtract the row mean, add b) or RMS norm of each of R rows of D: out =
+ * (x - mean) * rstd * w + b, with rstd = 1 / sqrt(mean of squares + eps); stats receives mean[R] then
+ * rstd[R]. */
+typedef struct apex_nn_row_norm_args {
+  int centre;
+  size_t rows, cols;
+  const float *x, *w, *b;
+  float *out;
+  float *stats;
+  float eps;
+} apex_nn_row_norm_args;
+
+/* Its backward; gw (when set) needs workspace of rows * cols floats for gout * xhat. */
+typedef struct apex_nn_row_norm_bwd_args {
+  int centre;
+  size_t rows, cols;
+  const float *x, *w;
+  const float *stats;
+  const float *gout;
+  float *gx, *gw, *gb;
+  int accumulate_x, accumulate_w, accumulate_b;
+  float *workspace;
+  size_t workspace_bytes;
+} apex_nn_row_norm_bwd_args;
+
 #endif

@@ -53,6 +53,12 @@ typedef struct apex_backend {
   apex_status (*nn_cross_entropy_bwd)(const apex_nn_cross_entropy_bwd_args *a);
   apex_status (*nn_pointwise_loss)(const apex_nn_pointwise_loss_args *a);
   apex_status (*nn_pointwise_loss_bwd)(const apex_nn_pointwise_loss_bwd_args *a);
+  apex_status (*nn_batch_norm)(const apex_nn_batch_norm_args *a);
+  apex_status (*nn_batch_norm_bwd)(const apex_nn_batch_norm_bwd_args *a);
+  apex_status (*nn_batch_norm_sums)(const apex_nn_batch_norm_sums_args *a);
+  apex_status (*nn_batch_norm_dx)(const apex_nn_batch_norm_dx_args *a);
+  apex_status (*nn_row_norm)(const apex_nn_row_norm_args *a);
+  apex_status (*nn_row_norm_bwd)(const apex_nn_row_norm_bwd_args *a);
 } apex_backend;
 
 /* The backend of `device`: the CPU's always; another only when this build has it. NULL (without a

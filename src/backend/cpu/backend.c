@@ -24,4 +24,10 @@ const apex_backend apex__cpu_backend = {
     .nn_cross_entropy_bwd = apex__cpu_nn_cross_entropy_bwd,
     .nn_pointwise_loss = apex__cpu_nn_pointwise_loss,
     .nn_pointwise_loss_bwd = apex__cpu_nn_pointwise_loss_bwd,
+    .nn_batch_norm = apex__cpu_nn_batch_norm,
+    .nn_batch_norm_bwd = apex__cpu_nn_batch_norm_bwd,
+    .nn_batch_norm_sums = apex__cpu_nn_batch_norm_sums,
+    .nn_batch_norm_dx = apex__cpu_nn_batch_norm_dx,
+    .nn_row_norm = apex__cpu_nn_row_norm,
+    .nn_row_norm_bwd = apex__cpu_nn_row_norm_bwd,
 };

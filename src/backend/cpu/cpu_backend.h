@@ -27,4 +27,12 @@ apex_status apex__cpu_nn_cross_entropy_bwd(const apex_nn_cross_entropy_bwd_args 
 apex_status apex__cpu_nn_pointwise_loss(const apex_nn_pointwise_loss_args *a);
 apex_status apex__cpu_nn_pointwise_loss_bwd(const apex_nn_pointwise_loss_bwd_args *a);
 
+/* norm.c */
+apex_status apex__cpu_nn_batch_norm(const apex_nn_batch_norm_args *a);
+apex_status apex__cpu_nn_batch_norm_bwd(const apex_nn_batch_norm_bwd_args *a);
+apex_status apex__cpu_nn_batch_norm_sums(const apex_nn_batch_norm_sums_args *a);
+apex_status apex__cpu_nn_batch_norm_dx(const apex_nn_batch_norm_dx_args *a);
+apex_status apex__cpu_nn_row_norm(const apex_nn_row_norm_args *a);
+apex_status apex__cpu_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a);
+
 #endif
