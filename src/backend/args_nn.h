@@ -274,4 +274,95 @@ typedef struct apex_nn_row_norm_bwd_args {
   size_t workspace_bytes;
 } apex_nn_row_norm_bwd_args;
 
+/* ---- reductions, layout and lookups (cpu/shape.c, cuda/embedding.cu) --------------------------------- */
+
+/* x seen as [outer, dim, inner]: out[l] for each of the outer * inner lines of dim elements is its sum
+ * times scale (SUM; mean is scale 1 / dim) or its L2 norm (NORM, scale unused; norms receives the
+ * same f32 values, kept for the backward). Sums run in double in order; a single line over the whole
+ * tensor in fixed blocks of 4096, so no bits depend on the thread count. */
+typedef enum apex_nn_reduce_kind { APEX_NN_REDUCE_SUM, APEX_NN_REDUCE_NORM } apex_nn_reduce_kind;
+
+typedef struct apex_nn_reduce_args {
+  apex_nn_reduce_kind kind;
+  size_t outer, dim, inner;
+  double scale;
+  const float *x;
+  float *out;
+  float *norms;
+} apex_nn_reduce_args;
+
+/* gx (outer * dim * inner) += gout of its line times scale (SUM) or times x / norm, 0 where the norm is
+ * 0 (NORM: x and norms read). */
+typedef struct apex_nn_reduce_bwd_args {
+  apex_nn_reduce_kind kind;
+  size_t outer, dim, inner;
+  float scale;
+  const float *x, *norms;
+  const float *gout;
+  float *gx;
+  int accumulate_x;
+} apex_nn_reduce_bwd_args;
+
+/* out (shape [ndim], n elements) = x permuted: output element at index i reads x at sum_d i_d *
+ * strides[d] (the input's element strides in the output's dimension order). */
+typedef struct apex_nn_permute_args {
+  int ndim;
+  int64_t shape[APEX_MAX_DIMS];
+  int64_t strides[APEX_MAX_DIMS];
+  size_t n;
+  const float *x;
+  float *out;
+} apex_nn_permute_args;
+
+/* gx += gout permuted back (the forward's shape and strides). */
+typedef struct apex_nn_permute_bwd_args {
+  int ndim;
+  int64_t shape[APEX_MAX_DIMS];
+  int64_t strides[APEX_MAX_DIMS];
+  size_t n;
+  const float *gout;
+  float *gx;
+  int accumulate_x;
+} apex_nn_permute_bwd_args;
+
+/* out [outer, row] of out_dtype = the n inputs side by side: input k gives width[k] elements of each
+ * of the outer rows (x[k] of x_dtype[k], converted as apex_convert does). */
+typedef struct apex_nn_concat_args {
+  int n;
+  size_t outer, row;
+  const void *const *x;
+  const apex_dtype *x_dtype;
+  const size_t *width;
+  void *out;
+  apex_dtype out_dtype;
+} apex_nn_concat_args;
+
+/* gx[k] (NULL: not wanted) += its columns of gout. */
+typedef struct apex_nn_concat_bwd_args {
+  int n;
+  size_t outer, row;
+  const size_t *width;
+  const float *gout;
+  float *const *gx;
+  const int *accumulate;
+} apex_nn_concat_bwd_args;
+
+/* out [n, dim] = rows ids[i] of w [V, dim] (the same dtype, copied as bytes). */
+typedef struct apex_nn_embedding_args {
+  size_t n, dim;
+  const int64_t *ids;
+  const void *w;
+  apex_dtype dtype;
+  void *out;
+} apex_nn_embedding_args;
+
+/* gw row ids[i] += gout row i, in order of i (so a repeated id's terms add in a fixed order). */
+typedef struct apex_nn_embedding_bwd_args {
+  size_t n, dim, rows;
+  const int64_t *ids;
+  const float *gout;
+  float *gw;
+  int accumulate_w;
+} apex_nn_embedding_bwd_args;
+
 #endif

@@ -59,6 +59,14 @@ typedef struct apex_backend {
   apex_status (*nn_batch_norm_dx)(const apex_nn_batch_norm_dx_args *a);
   apex_status (*nn_row_norm)(const apex_nn_row_norm_args *a);
   apex_status (*nn_row_norm_bwd)(const apex_nn_row_norm_bwd_args *a);
+  apex_status (*nn_reduce)(const apex_nn_reduce_args *a);
+  apex_status (*nn_reduce_bwd)(const apex_nn_reduce_bwd_args *a);
+  apex_status (*nn_permute)(const apex_nn_permute_args *a);
+  apex_status (*nn_permute_bwd)(const apex_nn_permute_bwd_args *a);
+  apex_status (*nn_concat)(const apex_nn_concat_args *a);
+  apex_status (*nn_concat_bwd)(const apex_nn_concat_bwd_args *a);
+  apex_status (*nn_embedding)(const apex_nn_embedding_args *a);
+  apex_status (*nn_embedding_bwd)(const apex_nn_embedding_bwd_args *a);
 } apex_backend;
 
 /* The backend of `device`: the CPU's always; another only when this build has it. NULL (without a

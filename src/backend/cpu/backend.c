@@ -30,4 +30,12 @@ const apex_backend apex__cpu_backend = {
     .nn_batch_norm_dx = apex__cpu_nn_batch_norm_dx,
     .nn_row_norm = apex__cpu_nn_row_norm,
     .nn_row_norm_bwd = apex__cpu_nn_row_norm_bwd,
+    .nn_reduce = apex__cpu_nn_reduce,
+    .nn_reduce_bwd = apex__cpu_nn_reduce_bwd,
+    .nn_permute = apex__cpu_nn_permute,
+    .nn_permute_bwd = apex__cpu_nn_permute_bwd,
+    .nn_concat = apex__cpu_nn_concat,
+    .nn_concat_bwd = apex__cpu_nn_concat_bwd,
+    .nn_embedding = apex__cpu_nn_embedding,
+    .nn_embedding_bwd = apex__cpu_nn_embedding_bwd,
 };

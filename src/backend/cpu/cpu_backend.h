@@ -35,4 +35,14 @@ apex_status apex__cpu_nn_batch_norm_dx(const apex_nn_batch_norm_dx_args *a);
 apex_status apex__cpu_nn_row_norm(const apex_nn_row_norm_args *a);
 apex_status apex__cpu_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a);
 
+/* shape.c */
+apex_status apex__cpu_nn_reduce(const apex_nn_reduce_args *a);
+apex_status apex__cpu_nn_reduce_bwd(const apex_nn_reduce_bwd_args *a);
+apex_status apex__cpu_nn_permute(const apex_nn_permute_args *a);
+apex_status apex__cpu_nn_permute_bwd(const apex_nn_permute_bwd_args *a);
+apex_status apex__cpu_nn_concat(const apex_nn_concat_args *a);
+apex_status apex__cpu_nn_concat_bwd(const apex_nn_concat_bwd_args *a);
+apex_status apex__cpu_nn_embedding(const apex_nn_embedding_args *a);
+apex_status apex__cpu_nn_embedding_bwd(const apex_nn_embedding_bwd_args *a);
+
 #endif
