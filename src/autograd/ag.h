@@ -15,6 +15,7 @@
 #include "apex/nn_ops.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/sums.h"
 #include "core/internal.h"
 #include "core/tensor_internal.h"
@@ -237,6 +238,8 @@ float *apex__gbuf_w(apex_graph *g, apex_var *v, int *fresh);
 const apex_backend *apex__ag_backend(const apex_var *v, apex_op op);
 /* APEX_ERR_UNSUPPORTED: op has no kernel (a NULL slot) on backend b, naming op and b's device. */
 apex_status apex__ag_slot_missing(const apex_backend *b, apex_op op);
+/* The workspace lent to a kernel (args_nn.h): g's transient scratch, valid until the next op starts. */
+apex_nn_workspace apex__ag_workspace(apex_graph *g);
 /* 1 when b's slot is set; else 0 after apex__ag_slot_missing. */
 #define AG_HAS(b, slot, op) ((b)->slot != NULL || (apex__ag_slot_missing((b), (op)), 0))
 
@@ -308,45 +311,5 @@ const char *apex__shape_of(int ndim, const int64_t *shape);
  * have not moved there. */
 #define AG_PAR_MIN APEX__CPU_PAR_MIN
 #define AG_PFOR APEX__CPU_PFOR
-
-/* C = alpha * op(A) op(B) + beta * C, row-major, through OpenBLAS on apex's threads, in a tile grid
- * fixed by m, n, k so that the bits do not depend on the thread count (see gemm.c). */
-void apex__sgemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
-                 const float *b, int ldb, float beta, float *c, int ldc);
-
-/* For ops that run their own threads over independent products (conv2d's images): one sgemm call
- * on the calling thread, its bits fixed by its shape. apex__blas_serial() must have been called
- * first, outside the parallel region, so that OpenBLAS does not start threads of its own. */
-void apex__blas_serial(void);
-void apex__sgemm_call(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                      float beta, float *c, int ldc);
-
-/* An operand of apex__gemm as stored: row-major, ld elements between rows, any float dtype; trans
- * as for sgemm (1: the stored matrix is the transpose of the operand). */
-typedef struct ag_mat {
-  const void *data;
-  apex_dtype dtype;
-  int ld, trans;
-} ag_mat;
-
-/* sgemm_avx512.c: apex's own single-threaded f32 product C = alpha op(A) op(B) + beta C (row-major,
- * beta 0 never reads C), and whether this CPU can run it. gemm.c uses it instead of OpenBLAS when it can. */
-int apex__sgemm_avx512_ok(void);
-void apex__sgemm_avx512(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
-                        const float *b, int ldb, float beta, float *c, int ldc);
-/* For tests and benchmarks: 0 makes gemm.c use OpenBLAS even where the own kernel can run; returns
- * the previous setting (1 by default). */
-int apex__gemm_set_own_kernel(int on);
-
-/* C [m, n] (dtype ct, ldc) = alpha * op(A) [m, k] op(B) [k, n] + beta * C, for operands of any float
- * dtype, accumulated in f32, in apex__sgemm's grid. With bias (f32 [n]), C = bias + alpha * op(A)
- * op(B) instead. C that is not f32 is written, never read: beta must then be 0. Low-precision
- * operands are widened a tile's panel at a time into transient scratch, never whole, with the bits of
- * widening whole. APEX_ERR_OUT_OF_MEMORY when the scratch cannot be had. */
-apex_status apex__gemm(apex_graph *g, int m, int n, int k, float alpha, ag_mat a, ag_mat b, float beta, void *c, apex_dtype ct, int ldc,
-                       const float *bias);
-/* 1: apex__gemm widens whole tensors first (the reference way, for tests and benchmarks); 0: per
- * tile (the default). Returns the previous setting. Not thread-safe. */
-int apex__gemm_set_whole_widening(int on);
 
 #endif

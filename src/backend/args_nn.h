@@ -17,6 +17,14 @@
 
 #include "apex/tensor.h"
 
+/* Transient memory a kernel asks for while it runs, where its size depends on the plan the kernel
+ * makes (a product's tile grid, its thread count): get returns `bytes` valid until the kernel
+ * returns, or NULL after a message, and the kernel then returns APEX_ERR_OUT_OF_MEMORY. */
+typedef struct apex_nn_workspace {
+  void *(*get)(void *ctx, size_t bytes);
+  void *ctx;
+} apex_nn_workspace;
+
 /* ---- elementwise (cpu/elementwise.c, cuda/elementwise.cu) ------------------------------------- */
 
 typedef enum apex_nn_binary_kind {
@@ -364,5 +372,84 @@ typedef struct apex_nn_embedding_bwd_args {
   float *gw;
   int accumulate_w;
 } apex_nn_embedding_bwd_args;
+
+/* ---- products (cpu/linear.c on cpu/gemm.c, cuda/gemm.cu) -------------------------------------------- */
+
+/* An operand or result of a product as stored: row-major, any float dtype. */
+typedef struct apex_nn_buf {
+  const void *data;
+  apex_dtype dtype;
+} apex_nn_buf;
+
+/* out [batch][m, n] (out_dtype) = a [batch][m, k] b [k, n] (b_batched: [batch][k, n]), accumulated in
+ * f32. */
+typedef struct apex_nn_matmul_args {
+  size_t batch;
+  int m, n, k;
+  apex_nn_buf a, b;
+  int b_batched;
+  void *out;
+  apex_dtype out_dtype;
+  apex_nn_workspace ws;
+} apex_nn_matmul_args;
+
+/* ga += gout b^T, gb += a^T gout, per batch entry (gout, ga, gb f32). accumulate 0 writes the product
+ * alone (beta 0). */
+typedef struct apex_nn_matmul_bwd_args {
+  size_t batch;
+  int m, n, k;
+  apex_nn_buf a, b;
+  int b_batched;
+  const float *gout;
+  float *ga, *gb;
+  int accumulate_a, accumulate_b;
+  apex_nn_workspace ws;
+} apex_nn_matmul_bwd_args;
+
+/* out [m, n] (out_dtype) = x [m, k] w^T (w [n, k]) + bias (f32 [n], may be NULL). */
+typedef struct apex_nn_linear_args {
+  int m, n, k;
+  apex_nn_buf x, w;
+  const float *bias;
+  void *out;
+  apex_dtype out_dtype;
+  apex_nn_workspace ws;
+} apex_nn_linear_args;
+
+/* gx += gout w, gw += gout^T x, gb += the column sums of gout (in row order). */
+typedef struct apex_nn_linear_bwd_args {
+  int m, n, k;
+  apex_nn_buf x, w;
+  const float *gout;
+  float *gx, *gw, *gb;
+  int accumulate_x, accumulate_w, accumulate_b;
+  apex_nn_workspace ws;
+} apex_nn_linear_bwd_args;
+
+/* ---- attention (cpu/attention.c, cuda/attention.cu) --------------------------------------------------- */
+
+/* Causal scaled-dot-product attention over `heads` independent [t, d] heads of q, k, v (f32): per head
+ * S = q k^T / sqrt(d) masked above the diagonal, P = softmax(S) row by row (into p, [heads, t, t],
+ * kept for the backward), out = P v. */
+typedef struct apex_nn_attention_args {
+  size_t heads;
+  int t, d;
+  const float *q, *k, *v;
+  float *p;
+  float *out;
+} apex_nn_attention_args;
+
+/* dV = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(dP * P)) / sqrt(d), dQ = dS k, dK = dS^T q; workspace
+ * holds one head's dS (t * t floats) when gq or gk is set. */
+typedef struct apex_nn_attention_bwd_args {
+  size_t heads;
+  int t, d;
+  const float *q, *k, *v, *p;
+  const float *gout;
+  float *gq, *gk, *gv;
+  int accumulate_q, accumulate_k, accumulate_v;
+  float *workspace;
+  size_t workspace_bytes;
+} apex_nn_attention_bwd_args;
 
 #endif

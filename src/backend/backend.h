@@ -67,6 +67,12 @@ typedef struct apex_backend {
   apex_status (*nn_concat_bwd)(const apex_nn_concat_bwd_args *a);
   apex_status (*nn_embedding)(const apex_nn_embedding_args *a);
   apex_status (*nn_embedding_bwd)(const apex_nn_embedding_bwd_args *a);
+  apex_status (*nn_matmul)(const apex_nn_matmul_args *a);
+  apex_status (*nn_matmul_bwd)(const apex_nn_matmul_bwd_args *a);
+  apex_status (*nn_linear)(const apex_nn_linear_args *a);
+  apex_status (*nn_linear_bwd)(const apex_nn_linear_bwd_args *a);
+  apex_status (*nn_attention)(const apex_nn_attention_args *a);
+  apex_status (*nn_attention_bwd)(const apex_nn_attention_bwd_args *a);
 } apex_backend;
 
 /* The backend of `device`: the CPU's always; another only when this build has it. NULL (without a

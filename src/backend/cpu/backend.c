@@ -38,4 +38,10 @@ const apex_backend apex__cpu_backend = {
     .nn_concat_bwd = apex__cpu_nn_concat_bwd,
     .nn_embedding = apex__cpu_nn_embedding,
     .nn_embedding_bwd = apex__cpu_nn_embedding_bwd,
+    .nn_matmul = apex__cpu_nn_matmul,
+    .nn_matmul_bwd = apex__cpu_nn_matmul_bwd,
+    .nn_linear = apex__cpu_nn_linear,
+    .nn_linear_bwd = apex__cpu_nn_linear_bwd,
+    .nn_attention = apex__cpu_nn_attention,
+    .nn_attention_bwd = apex__cpu_nn_attention_bwd,
 };

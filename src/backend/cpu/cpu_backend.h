@@ -45,4 +45,14 @@ apex_status apex__cpu_nn_concat_bwd(const apex_nn_concat_bwd_args *a);
 apex_status apex__cpu_nn_embedding(const apex_nn_embedding_args *a);
 apex_status apex__cpu_nn_embedding_bwd(const apex_nn_embedding_bwd_args *a);
 
+/* linear.c */
+apex_status apex__cpu_nn_matmul(const apex_nn_matmul_args *a);
+apex_status apex__cpu_nn_matmul_bwd(const apex_nn_matmul_bwd_args *a);
+apex_status apex__cpu_nn_linear(const apex_nn_linear_args *a);
+apex_status apex__cpu_nn_linear_bwd(const apex_nn_linear_bwd_args *a);
+
+/* attention.c */
+apex_status apex__cpu_nn_attention(const apex_nn_attention_args *a);
+apex_status apex__cpu_nn_attention_bwd(const apex_nn_attention_bwd_args *a);
+
 #endif
