@@ -37,11 +37,8 @@ typedef struct apex__bn_stats_hook {
   void *ctx;
 } apex__bn_stats_hook;
 
-/* Convolution and pooling geometry: n images of c channels, h x w, into o channels (pooling: o = c)
- * of ho x wo, with a kh x kw window at strides sh, sw and zero padding ph, pw. */
-typedef struct ag_conv_geom {
-  int n, c, h, w, o, kh, kw, sh, sw, ph, pw, ho, wo;
-} ag_conv_geom;
+/* Convolution and pooling geometry (backend/args_nn.h). */
+typedef apex_nn_conv_geom ag_conv_geom;
 
 /* What an op keeps for its backward besides its inputs and aux, one member per op family; the var's
  * op says which member is set. */

@@ -452,4 +452,49 @@ typedef struct apex_nn_attention_bwd_args {
   size_t workspace_bytes;
 } apex_nn_attention_bwd_args;
 
+/* ---- convolution and pooling (cpu/conv.c, cuda/conv.cu) ------------------------------------------- */
+
+/* Convolution and pooling geometry: n images of c channels, h x w, into o channels (pooling: o = c)
+ * of ho x wo, with a kh x kw window at strides sh, sw and zero padding ph, pw. */
+typedef struct apex_nn_conv_geom {
+  int n, c, h, w, o, kh, kw, sh, sw, ph, pw, ho, wo;
+} apex_nn_conv_geom;
+
+/* out [n, o, ho, wo] = the convolution of x [n, c, h, w] with w [o, c, kh, kw], plus bias [o] (may be
+ * NULL); all f32. */
+typedef struct apex_nn_conv2d_args {
+  apex_nn_conv_geom geom;
+  const float *x, *w, *bias;
+  float *out;
+  apex_nn_workspace ws;
+} apex_nn_conv2d_args;
+
+/* gx, gw, gb of the convolution; x is read when gw is set, w when gx is. */
+typedef struct apex_nn_conv2d_bwd_args {
+  apex_nn_conv_geom geom;
+  const float *x, *w;
+  const float *gout;
+  float *gx, *gw, *gb;
+  int accumulate_x, accumulate_w, accumulate_b;
+  apex_nn_workspace ws;
+} apex_nn_conv2d_bwd_args;
+
+/* Max pooling (argmax set: it receives each output's flat index in its input plane, for the backward;
+ * NaN propagates) or average pooling (argmax NULL; the divisor is the whole window, padding
+ * included) of x [n, c, h, w] into out [n, c, ho, wo]. */
+typedef struct apex_nn_pool2d_args {
+  apex_nn_conv_geom geom;
+  const float *x;
+  float *out;
+  int32_t *argmax;
+} apex_nn_pool2d_args;
+
+typedef struct apex_nn_pool2d_bwd_args {
+  apex_nn_conv_geom geom;
+  const int32_t *argmax;
+  const float *gout;
+  float *gx;
+  int accumulate_x;
+} apex_nn_pool2d_bwd_args;
+
 #endif

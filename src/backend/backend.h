@@ -73,6 +73,10 @@ typedef struct apex_backend {
   apex_status (*nn_linear_bwd)(const apex_nn_linear_bwd_args *a);
   apex_status (*nn_attention)(const apex_nn_attention_args *a);
   apex_status (*nn_attention_bwd)(const apex_nn_attention_bwd_args *a);
+  apex_status (*nn_conv2d)(const apex_nn_conv2d_args *a);
+  apex_status (*nn_conv2d_bwd)(const apex_nn_conv2d_bwd_args *a);
+  apex_status (*nn_pool2d)(const apex_nn_pool2d_args *a);
+  apex_status (*nn_pool2d_bwd)(const apex_nn_pool2d_bwd_args *a);
 } apex_backend;
 
 /* The backend of `device`: the CPU's always; another only when this build has it. NULL (without a

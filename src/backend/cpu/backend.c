@@ -44,4 +44,8 @@ const apex_backend apex__cpu_backend = {
     .nn_linear_bwd = apex__cpu_nn_linear_bwd,
     .nn_attention = apex__cpu_nn_attention,
     .nn_attention_bwd = apex__cpu_nn_attention_bwd,
+    .nn_conv2d = apex__cpu_nn_conv2d,
+    .nn_conv2d_bwd = apex__cpu_nn_conv2d_bwd,
+    .nn_pool2d = apex__cpu_nn_pool2d,
+    .nn_pool2d_bwd = apex__cpu_nn_pool2d_bwd,
 };

@@ -55,4 +55,10 @@ apex_status apex__cpu_nn_linear_bwd(const apex_nn_linear_bwd_args *a);
 apex_status apex__cpu_nn_attention(const apex_nn_attention_args *a);
 apex_status apex__cpu_nn_attention_bwd(const apex_nn_attention_bwd_args *a);
 
+/* conv.c */
+apex_status apex__cpu_nn_conv2d(const apex_nn_conv2d_args *a);
+apex_status apex__cpu_nn_conv2d_bwd(const apex_nn_conv2d_bwd_args *a);
+apex_status apex__cpu_nn_pool2d(const apex_nn_pool2d_args *a);
+apex_status apex__cpu_nn_pool2d_bwd(const apex_nn_pool2d_bwd_args *a);
+
 #endif
