@@ -12,6 +12,7 @@
 #include "testutil.h"
 #include "apex/nn.h"
 #include "autograd/ag.h"
+#include "backend/cpu/gemm.h"
 
 /* ---- concat --------------------------------------------------------------------------------------- */
 

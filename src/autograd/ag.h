@@ -14,9 +14,6 @@
 #include "apex/autograd.h"
 #include "apex/nn_ops.h"
 #include "backend/backend.h"
-#include "backend/cpu/cpu_kernels.h"
-#include "backend/cpu/gemm.h"
-#include "backend/cpu/sums.h"
 #include "core/internal.h"
 #include "core/tensor_internal.h"
 
@@ -304,9 +301,5 @@ static inline void ag_lines(const apex_tensor *t, int dim, size_t *outer, size_t
 const char *apex__shape(const apex_var *v);
 const char *apex__shape_of(int ndim, const int64_t *shape);
 
-/* The CPU backend's threading of elementwise loops (backend/cpu/cpu_kernels.h), for the op files whose loops
- * have not moved there. */
-#define AG_PAR_MIN APEX__CPU_PAR_MIN
-#define AG_PFOR APEX__CPU_PFOR
 
 #endif

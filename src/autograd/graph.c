@@ -396,15 +396,14 @@ apex_var *apex_cast(apex_graph *g, apex_var *x, apex_dtype dtype) {
   return cast_kernel(g, u, dtype);
 }
 
-/* The backward of ops that pass the gradient through unchanged (cast, reshape). */
+/* The backward of ops that pass the gradient through unchanged (cast, reshape): the backend's scale
+ * backward by 1, exact, so gx += go. */
 apex_status apex__bwd_identity(apex_graph *g, apex_var *out) {
+  const apex_backend *be = apex__ag_backend(out, out->op);
+  if (!be || !AG_HAS(be, nn_scale_bwd, out->op)) return apex_last_status();
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
-  const float *go = out->gbuf;
-  size_t n = ag_numel(out);
-  AG_PFOR
-  for (size_t i = 0; i < n; i++) gx[i] += go[i];
-  return APEX_OK;
+  return be->nn_scale_bwd(&(apex_nn_scale_bwd_args){.n = ag_numel(out), .gout = out->gbuf, .gx = gx, .s = 1.0f, .accumulate_x = 1});
 }
 
 /* ---- f32 views ---------------------------------------------------------------------------------- */

@@ -1,8 +1,6 @@
 /* ops_norm.c: the fronts of batch norm (training and evaluation, running statistics; with a
  * statistics hook, the SyncBatchNorm op), layer norm and RMS norm: autocast, shape and option checks,
  * recording; the kernels are the backend's (backend/args_nn.h; the CPU's in backend/cpu/norm.c). */
-#include "apex/threads.h"
-
 #include "autograd/ag.h"
 
 /* ---- batch norm --------------------------------------------------------------------------------- */
@@ -103,18 +101,15 @@ apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
   if (!be || !AG_HAS(be, nn_batch_norm_bwd, out->op)) return apex_last_status();
   int fresh;
   float *gx = apex__gbuf_w(g, out->in[0], &fresh), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
-  size_t C = (size_t)out->p.bn.channels, S = (size_t)out->p.bn.plane, N = ag_numel(out) / ag_nz(C * S), M = N * S;
+  size_t C = (size_t)out->p.bn.channels, S = (size_t)out->p.bn.plane, N = ag_numel(out) / ag_nz(C * S);
   int fused = out->op == APEX_OP_BATCH_NORM_RELU;
-  int nt = ag_numel(out) > AG_PAR_MIN ? apex_get_num_threads() : 1;
   const float *xf = apex__f32(g, out->in[0]->value), *wf = out->in[1] ? apex__f32(g, out->in[1]->value) : NULL;
   const float *bf = fused && out->in[2] ? apex__f32(g, out->in[2]->value) : NULL;
-  size_t ws = fused ? (size_t)nt * ag_nz(M) * sizeof(float) : 0;
-  float *gms = fused ? apex__scratch_temp(g, ws) : NULL;
-  if (!xf || (out->in[1] && !wf) || (fused && (!gms || (out->in[2] && !bf)))) return APEX_ERR_OUT_OF_MEMORY;
+  if (!xf || (out->in[1] && !wf) || (fused && out->in[2] && !bf)) return APEX_ERR_OUT_OF_MEMORY;
   return be->nn_batch_norm_bwd(&(apex_nn_batch_norm_bwd_args){
       .N = N, .C = C, .S = S, .x = xf, .w = wf, .b = bf, .y = apex_tensor_data(out->value), .y_dtype = out->value->dtype,
       .stats = out->aux, .training = out->p.bn.training, .relu = fused, .gout = out->gbuf, .gx = gx, .gw = gw, .gb = gb,
-      .accumulate_x = !fresh, .accumulate_w = 1, .accumulate_b = 1, .workspace = gms, .workspace_bytes = ws});
+      .accumulate_x = !fresh, .accumulate_w = 1, .accumulate_b = 1, .ws = apex__ag_workspace(g)});
 }
 
 /* The hooked op's backward: per-channel sums of dy and dy * xhat over this process's batch (f64, in

@@ -218,9 +218,8 @@ typedef struct apex_nn_batch_norm_args {
 
 /* The backward of batch norm from its statistics (stats as the forward wrote them). With relu (the
  * fused op) the gradient first passes the output's mask: y is the output (y_dtype; read only when it is
- * not f32, where the mask is recomputed from x), and workspace holds a per-thread copy of a channel's
- * masked gradient: N * S floats times apex_get_num_threads() when N * C * S > APEX__CPU_PAR_MIN, else
- * times 1. gw, gb receive the per-channel sums of gout * xhat and gout. */
+ * not f32, where the mask is recomputed from x). gw, gb receive the per-channel sums of gout * xhat
+ * and gout. */
 typedef struct apex_nn_batch_norm_bwd_args {
   size_t N, C, S;
   const float *x, *w, *b;
@@ -231,8 +230,7 @@ typedef struct apex_nn_batch_norm_bwd_args {
   const float *gout;
   float *gx, *gw, *gb;
   int accumulate_x, accumulate_w, accumulate_b;
-  float *workspace;
-  size_t workspace_bytes;
+  apex_nn_workspace ws;
 } apex_nn_batch_norm_bwd_args;
 
 /* The first half of a batch norm backward whose statistics came from elsewhere: per-channel sums of

@@ -191,14 +191,18 @@ static void relu_mask_plane(float *restrict gm, const float *restrict go, const 
 
 /* The batch norm backward reads its gradient twice per channel: once for the sums, once for the
  * input's gradient. The fused op masks each plane once, in the first pass, into a per-thread copy of
- * the channel's gradient (the workspace; N * S floats, which stays in cache for the second pass), so
+ * the channel's gradient (from the workspace; N * S floats, which stays in cache for the second pass), so
  * its output is read once. */
 apex_status apex__cpu_nn_batch_norm_bwd(const apex_nn_batch_norm_bwd_args *a) {
   size_t N = a->N, C = a->C, S = a->S, M = N * S, numel = N * C * S;
   int training = a->training, fused = a->relu, fresh = !a->accumulate_x;
   int par = numel > APEX__CPU_PAR_MIN;
   const float *xf = a->x, *wf = a->w, *bf = fused ? a->b : NULL, *st = a->stats, *go = a->gout;
-  float *gx = a->gx, *gw = a->gw, *gb = a->gb, *gms = fused ? a->workspace : NULL;
+  float *gx = a->gx, *gw = a->gw, *gb = a->gb, *gms = NULL;
+  if (fused) {
+    size_t nt = par ? (size_t)apex_get_num_threads() : 1;
+    if (!(gms = a->ws.get(a->ws.ctx, nt * (M ? M : 1) * sizeof(float)))) return APEX_ERR_OUT_OF_MEMORY;
+  }
   apex__cpu_grad_begin(gw, C, a->accumulate_w);
   apex__cpu_grad_begin(gb, C, a->accumulate_b);
   size_t ysize = apex_dtype_size(a->y_dtype);
