@@ -9,8 +9,8 @@ const apex_backend *apex__ag_backend(const apex_var *v, apex_op op) {
 }
 
 apex_status apex__ag_slot_missing(const apex_backend *b, apex_op op) {
-  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: the op has no kernel on the %s backend (%s tensors); run it on the CPU", apex_op_name(op),
-                    b->name, apex__device_name(b->device));
+  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: the %s backend has no kernel for this op (tensors on %s); run it on the CPU",
+                    apex_op_name(op), b->name, apex__device_name(b->device));
 }
 
 /* A kernel's workspace is the graph's transient scratch: back to the pool when the next op starts. */
