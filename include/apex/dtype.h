@@ -39,7 +39,9 @@ APEX_API float apex_bf16_to_f32(uint16_t b);
 APEX_API uint16_t apex_f32_to_bf16(float f);
 
 /* Which code path bulk conversions and multi-tensor kernels use. AUTO picks the fastest the CPU
- * supports (checked at run time); PORTABLE forces plain C. Both give bit-identical results. */
+ * supports (checked at run time); PORTABLE forces plain C. Both give bit-identical results.
+ * apex_simd_set is apex_cpu_set_max_isa (cpu.h) under an older name: AUTO is APEX_CPU_ISA_NATIVE,
+ * PORTABLE and AVX2 are the ISA levels of the same names, so they cap the matrix products too. */
 typedef enum apex_simd {
   APEX_SIMD_AUTO = 0,
   APEX_SIMD_PORTABLE = 1,
@@ -49,7 +51,8 @@ typedef enum apex_simd {
 /* Sets the path for the whole process (meant for tests and benchmarks). Asking for AVX2 on a CPU
  * without it returns APEX_ERR_UNSUPPORTED and changes nothing. */
 APEX_API apex_status apex_simd_set(apex_simd simd);
-/* The path in use now (never AUTO: AUTO is resolved to what the CPU has). */
+/* The path in use now (never AUTO: AUTO is resolved to what the CPU has): AVX2 when
+ * apex_cpu_max_isa() is AVX2 or above. */
 APEX_API apex_simd apex_simd_active(void);
 
 /* Converts n elements from src (of src_type) to dst (of dst_type). The same dtype is a copy.

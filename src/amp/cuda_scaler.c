@@ -101,5 +101,5 @@ apex_status apex_cuda_scaler_set_state(apex_cuda_scaler *s, const apex_loss_scal
 
 apex_status apex_cuda_optimizer_step(apex_optimizer *opt, apex_cuda_scaler *s) {
   if (!opt || !s) return apex__fail(APEX_ERR_INVALID_ARG, "apex_cuda_optimizer_step: NULL argument");
-  return apex__optimizer_step_device(opt, &s->d->st.scale, (const int *)&s->d->found_inf);
+  return apex__optimizer_step_device(opt, s->b, &s->d->st.scale, (const int *)&s->d->found_inf);
 }

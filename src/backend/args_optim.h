@@ -14,6 +14,9 @@
 /* Elementwise f32 state tensors per parameter, at most (Adam with amsgrad: m, v, max v). */
 #define APEX_OPTIM_MAX_STATES 3
 
+/* 1 when a resolved option flag is on. */
+static inline int apex__on(apex_optim_flag f) { return f == APEX_OPTIM_ON; }
+
 /* One parameter group's step over the n parameters that have a gradient (the entries). */
 typedef struct apex_optim_step_args {
   const char *fn;              /* the public call, for messages */

@@ -21,6 +21,9 @@
 #include "backend/args_optim.h"
 #include "core/memory.h"
 
+/* Number of apex_device values with a backend slot in the registry (APEX_DEVICE_CPU, APEX_DEVICE_CUDA). */
+#define APEX__DEVICE_COUNT 2
+
 typedef struct apex_backend {
   const char *name; /* "cpu", "cuda" */
   apex_device device;
@@ -90,14 +93,19 @@ const apex_backend *apex__backend_need(apex_device device, const char *fn);
 const apex_backend *apex__backend_named(const char *name, const char *fn);
 /* A device's name for messages ("CPU", "CUDA"); "an unknown device" for one this build has no backend for. */
 const char *apex__device_name(apex_device device);
+/* The memory slots of `device`, or NULL after a message naming fn: an unknown device
+ * (APEX_ERR_INVALID_ARG), one this build has no backend for or that cannot be used now
+ * (APEX_ERR_UNSUPPORTED, with the reason). */
+const apex_memory *apex__memory_for(apex_device device, const char *fn);
+/* Why this build has no backend for `device` ("this apex was built without CUDA (...)"), or NULL. */
+const char *apex__device_missing(apex_device device);
 /* APEX_ERR_UNSUPPORTED: "<fn>: <op> is not implemented on the <backend> backend". */
 apex_status apex__backend_slot_missing(const apex_backend *b, const char *fn, const char *op);
 
-/* The backends this build has (backend/cpu/backend.c, backend/cuda/backend.c) and their memory slots
- * (backend/cpu/memory.c, backend/cuda/memory.c). */
+/* The backends this build has (backend/cpu/backend.c, backend/cuda/backend.c) and the CUDA one's memory
+ * slots (backend/cuda/memory.c; the CPU backend's are core's host memory, core/host_memory.c). */
 extern const apex_backend apex__cpu_backend;
 extern const apex_backend apex__cuda_backend;
-extern const apex_memory apex__cpu_memory;
 extern const apex_memory apex__cuda_memory;
 
 #endif

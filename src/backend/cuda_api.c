@@ -8,9 +8,10 @@
 #include "apex/cuda.h"
 #include "core/internal.h"
 #include "core/tensor_internal.h"
+#include "backend/backend.h"
 #include "backend/cuda_ops.h"
 
-#define NO_CUDA_BUILD (apex__device_missing[APEX_DEVICE_CUDA])
+#define NO_CUDA_BUILD (apex__device_missing(APEX_DEVICE_CUDA))
 
 /* The table once a GPU can be used; NULL after APEX_ERR_UNSUPPORTED saying why not. */
 static const apex_cuda_ops *cuda_need(const char *fn) {

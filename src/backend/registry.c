@@ -1,4 +1,4 @@
-/* registry.c: which backend serves which device, and the memory table core reads (core/memory.h).
+/* registry.c: which backend serves which device.
  *
  * The CPU backend is always here; the CUDA backend only in a build with CUDA (APEX_HAVE_CUDA), where
  * backend/cuda/backend.c defines it. A build without it has no CUDA table at all: asking for the device
@@ -9,14 +9,8 @@
 #include "backend/cuda_ops.h"
 #include "core/internal.h"
 
-const apex_memory *const apex__memory[APEX__DEVICE_COUNT] = {
-    [APEX_DEVICE_CPU] = &apex__cpu_memory,
-#if APEX_HAVE_CUDA
-    [APEX_DEVICE_CUDA] = &apex__cuda_memory,
-#endif
-};
-
-const char *const apex__device_missing[APEX__DEVICE_COUNT] = {
+/* Why this build has no backend for a device. */
+static const char *const device_missing[APEX__DEVICE_COUNT] = {
     [APEX_DEVICE_CUDA] = "this apex was built without CUDA (configure with nvcc on the PATH, or -DAPEX_CUDA=ON)",
 };
 
@@ -29,6 +23,22 @@ static const apex_backend *const backends[APEX__DEVICE_COUNT] = {
 
 const apex_backend *apex__backend_for(apex_device device) {
   return (int)device >= 0 && (int)device < APEX__DEVICE_COUNT ? backends[device] : NULL;
+}
+
+const apex_memory *apex__memory_for(apex_device device, const char *fn) {
+  if ((int)device < 0 || (int)device >= APEX__DEVICE_COUNT)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: unknown device %d", fn, (int)device);
+  if (!backends[device])
+    return apex__fail_null(APEX_ERR_UNSUPPORTED, "%s: %s", fn,
+                           device_missing[device] ? device_missing[device] : "no backend for this device");
+  const apex_memory *m = backends[device]->mem;
+  const char *why = NULL;
+  if (!m->ready(&why)) return apex__fail_null(APEX_ERR_UNSUPPORTED, "%s: %s", fn, why ? why : "the device cannot be used");
+  return m;
+}
+
+const char *apex__device_missing(apex_device device) {
+  return (int)device >= 0 && (int)device < APEX__DEVICE_COUNT ? device_missing[device] : NULL;
 }
 
 const apex_backend *apex__backend_need(apex_device device, const char *fn) {

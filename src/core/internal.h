@@ -38,6 +38,10 @@ void apex__convert_portable(void *dst, apex_dtype dst_type, const void *src, ape
 void apex__convert_avx2(void *dst, apex_dtype dst_type, const void *src, apex_dtype src_type, size_t n);
 /* 1 when the CPU has AVX2, F16C and FMA. */
 int apex__cpu_has_avx2(void);
+/* 1 when the maximum-ISA cap (apex/cpu.h) was set to APEX_CPU_ISA_PORTABLE, by the call or by
+ * APEX_CPU_ISA: the matrix products then leave OpenBLAS for apex's reference product. A CPU that is
+ * portable by nature (no AVX2, or not x86) keeps OpenBLAS. */
+int apex__cpu_capped_portable(void);
 
 /* Validates a dtype argument; on error the message names `what`. */
 apex_status apex__check_dtype(apex_dtype dtype, const char *what);

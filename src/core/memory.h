@@ -1,16 +1,17 @@
 /* memory.h: the memory slots of a device, as core sees them.
  *
  * A storage points to the apex_memory of the device it lives on, and frees, copies and fills through
- * it, so that core never names a device API. The backend layer owns the tables: each backend's
- * apex_backend (backend/backend.h) points to its apex_memory, and backend/registry.c defines
- * apex__memory below.
+ * it, so that core never names a device API. Core has the host's (host_memory.c), for apex_tensor_create
+ * and the CPU backend; a device backend has its own, and the backend layer makes device tensors with
+ * apex__tensor_create_with (apex_tensor_create_on lives there, in backend/tensor_on.c, beside the
+ * registry that knows the devices).
  *
- * Why a table defined by the backend layer and not a hook registered at run time: a registration
- * call would have to run before the first apex_tensor_create_on, which a constructor cannot promise
- * (a static link drops an object file nobody references, and constructors run in no set order), and
- * an explicit init call would be one more thing every program must remember. A const array of const
- * pointers is complete when the program is loaded: no order, no race, no init. Core only declares it
- * and includes nothing of the backend layer; what remains is a link-time reference to one symbol. */
+ * Why no hook for core to find a device's slots: a registration call would have to run before the first
+ * apex_tensor_create_on, which a constructor cannot promise (a static link drops an object file nobody
+ * references, and constructors run in no set order), and a table defined by the backend layer would be
+ * a symbol core uses from a layer above it. Putting the calls that take a device in the layer that knows
+ * the devices needs neither: core only ever meets a device through a storage that already points to its
+ * slots. */
 #ifndef APEX_CORE_MEMORY_H
 #define APEX_CORE_MEMORY_H
 
@@ -47,20 +48,14 @@ typedef struct apex_memory {
   apex_status (*sync)(const char *what);
 } apex_memory;
 
-/* Number of apex_device values. */
-#define APEX__DEVICE_COUNT 2
+/* Host memory's slots (host_memory.c). */
+extern const apex_memory apex__host_memory;
 
-/* The memory slots of each device, by apex_device value; NULL for a device this build has no
- * backend for. Defined by the backend layer (backend/registry.c). */
-extern const apex_memory *const apex__memory[APEX__DEVICE_COUNT];
-
-/* Why this build has no backend for a device (for the devices whose apex__memory entry is NULL), e.g.
- * "this apex was built without CUDA (...how to build it...)". Defined beside apex__memory. */
-extern const char *const apex__device_missing[APEX__DEVICE_COUNT];
-
-/* The memory slots of `device`, or NULL after a message naming fn: an unknown device
- * (APEX_ERR_INVALID_ARG), one this build has no backend for or that cannot be used now
- * (APEX_ERR_UNSUPPORTED, with the reason). */
-const apex_memory *apex__memory_for(apex_device device, const char *fn);
+/* A new zero-filled tensor in memory m (checks as apex_tensor_create; fn names the caller in messages). */
+apex_tensor *apex__tensor_create_with(const apex_memory *m, apex_dtype dtype, int ndim, const int64_t *shape,
+                                      const char *fn);
+/* A tensor over the caller's memory `data` in memory m, never freed by apex (checks as apex_tensor_wrap). */
+apex_tensor *apex__tensor_wrap_with(const apex_memory *m, void *data, apex_dtype dtype, int ndim,
+                                    const int64_t *shape);
 
 #endif

@@ -13,18 +13,6 @@
 #include "core/internal.h"
 #include "core/tensor_internal.h"
 
-const apex_memory *apex__memory_for(apex_device device, const char *fn) {
-  if ((int)device < 0 || (int)device >= APEX__DEVICE_COUNT)
-    return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: unknown device %d", fn, (int)device);
-  const apex_memory *m = apex__memory[device];
-  if (!m)
-    return apex__fail_null(APEX_ERR_UNSUPPORTED, "%s: %s", fn,
-                           apex__device_missing[device] ? apex__device_missing[device] : "no backend for this device");
-  const char *why = NULL;
-  if (!m->ready(&why)) return apex__fail_null(APEX_ERR_UNSUPPORTED, "%s: %s", fn, why ? why : "the device cannot be used");
-  return m;
-}
-
 /* A storage header over data (refs 1). */
 static apex_storage *storage_header(const apex_memory *m, void *data, size_t bytes, int owned) {
   apex_storage *s = calloc(1, sizeof *s);
@@ -38,10 +26,8 @@ static apex_storage *storage_header(const apex_memory *m, void *data, size_t byt
   return s;
 }
 
-/* Zero-filled storage on a device; NULL with a message (the device's own, or out of memory). */
-static apex_storage *storage_new_on(apex_device device, size_t bytes, const char *fn) {
-  const apex_memory *m = apex__memory_for(device, fn);
-  if (!m) return NULL;
+/* Zero-filled storage in memory m; NULL with a message (the device's own, or out of memory). */
+static apex_storage *storage_new_with(const apex_memory *m, size_t bytes, const char *fn) {
   void *data = NULL;
   if (m->alloc(bytes, 1, &data) != APEX_OK) return NULL;
   apex_storage *s = storage_header(m, data, bytes, 1);
@@ -62,7 +48,7 @@ void apex__storage_release(apex_storage *s) {
 
 void apex__storage_retain(apex_storage *s) { atomic_fetch_add(&s->refs, 1); }
 
-apex_storage *apex__storage_alloc(size_t bytes) { return storage_new_on(APEX_DEVICE_CPU, bytes, "apex_tensor_create"); }
+apex_storage *apex__storage_alloc(size_t bytes) { return storage_new_with(&apex__host_memory, bytes, "apex_tensor_create"); }
 
 /* Checks a shape and computes its element count; returns APEX_OK or an error naming `who`. */
 static apex_status shape_numel(const char *who, int ndim, const int64_t *shape, size_t *numel) {
@@ -96,12 +82,12 @@ static apex_tensor *tensor_new(apex_storage *s, size_t offset, apex_dtype dtype,
   return t;
 }
 
-apex_tensor *apex_tensor_create_on(apex_device device, apex_dtype dtype, int ndim, const int64_t *shape) {
+apex_tensor *apex__tensor_create_with(const apex_memory *m, apex_dtype dtype, int ndim, const int64_t *shape,
+                                      const char *fn) {
   size_t numel;
   if (apex__check_dtype(dtype, "apex_tensor_create") != APEX_OK) return NULL;
   if (shape_numel("apex_tensor_create", ndim, shape, &numel) != APEX_OK) return NULL;
-  apex_storage *s = storage_new_on(device, numel * apex_dtype_size(dtype),
-                                   device == APEX_DEVICE_CPU ? "apex_tensor_create" : "apex_tensor_create_on");
+  apex_storage *s = storage_new_with(m, numel * apex_dtype_size(dtype), fn);
   if (!s) return NULL;
   apex_tensor *t = tensor_new(s, 0, dtype, ndim, shape, numel);
   if (!t) {
@@ -112,17 +98,16 @@ apex_tensor *apex_tensor_create_on(apex_device device, apex_dtype dtype, int ndi
 }
 
 apex_tensor *apex_tensor_create(apex_dtype dtype, int ndim, const int64_t *shape) {
-  return apex_tensor_create_on(APEX_DEVICE_CPU, dtype, ndim, shape);
+  return apex__tensor_create_with(&apex__host_memory, dtype, ndim, shape, "apex_tensor_create");
 }
 
 apex_tensor *apex_tensor_wrap(void *data, apex_dtype dtype, int ndim, const int64_t *shape) {
-  return apex_tensor_wrap_on(APEX_DEVICE_CPU, data, dtype, ndim, shape);
+  return apex__tensor_wrap_with(&apex__host_memory, data, dtype, ndim, shape);
 }
 
-apex_tensor *apex_tensor_wrap_on(apex_device device, void *data, apex_dtype dtype, int ndim, const int64_t *shape) {
+apex_tensor *apex__tensor_wrap_with(const apex_memory *m, void *data, apex_dtype dtype, int ndim,
+                                    const int64_t *shape) {
   size_t numel;
-  const apex_memory *m = apex__memory_for(device, "apex_tensor_wrap_on");
-  if (!m) return NULL;
   if (apex__check_dtype(dtype, "apex_tensor_wrap") != APEX_OK) return NULL;
   if (shape_numel("apex_tensor_wrap", ndim, shape, &numel) != APEX_OK) return NULL;
   if (!data && numel > 0) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_wrap: NULL data for %zu elements", numel);
@@ -140,7 +125,7 @@ apex_tensor *apex_tensor_wrap_on(apex_device device, void *data, apex_dtype dtyp
 
 apex_tensor *apex_tensor_clone(const apex_tensor *t) {
   if (!t) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_clone: NULL tensor");
-  apex_tensor *c = apex_tensor_create_on(t->device, t->dtype, t->ndim, t->shape);
+  apex_tensor *c = apex__tensor_create_with(t->storage->mem, t->dtype, t->ndim, t->shape, "apex_tensor_clone");
   if (c && apex_tensor_copy(c, t) != APEX_OK) {
     apex_tensor_destroy(c);
     return NULL;
@@ -266,7 +251,7 @@ static apex_status copy_device(apex_tensor *dst, const apex_tensor *src, int wai
   if (dir == APEX_COPY_D2D) return m->convert(d, dst->dtype, s, src->dtype, src->numel);
   /* Stage through a device buffer of the other side's layout. */
   apex_dtype staged = up ? src->dtype : dst->dtype;
-  apex_tensor *tmp = apex_tensor_create_on(m->device, staged, src->ndim, src->shape);
+  apex_tensor *tmp = apex__tensor_create_with(m, staged, src->ndim, src->shape, "apex_tensor_copy");
   if (!tmp) return APEX_ERR_OUT_OF_MEMORY;
   apex_status st;
   if (up) {
@@ -303,7 +288,7 @@ apex_status apex_tensor_copy_async(apex_tensor *dst, const apex_tensor *src) {
 
 apex_tensor *apex_tensor_to(const apex_tensor *src, apex_dtype dtype) {
   if (!src) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_to: NULL tensor");
-  apex_tensor *t = apex_tensor_create_on(src->device, dtype, src->ndim, src->shape);
+  apex_tensor *t = apex__tensor_create_with(src->storage->mem, dtype, src->ndim, src->shape, "apex_tensor_to");
   if (!t) return NULL;
   if (apex_tensor_copy(t, src) != APEX_OK) {
     apex_tensor_destroy(t);

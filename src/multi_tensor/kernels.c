@@ -1,6 +1,6 @@
-/* kernels.c: the multi-tensor calls of multi_tensor.h (scale, axpby, check_finite, l2norm,
- * unscale_l2norm) as fronts over the backend's slots (backend/args_mt.h). The lists' first tensor picks the backend, once; the
- * backend checks that every tensor is on its device (APEX_ERR_DEVICE naming the first that is not). */
+/* kernels.c: the multi-tensor calls of multi_tensor.h (scale, axpby, check_finite, l2norm, unscale_l2norm)
+ * as fronts over the backend's slots (backend/args_mt.h). The lists' first tensor picks the backend, once;
+ * the backend checks that every tensor is on its device (APEX_ERR_DEVICE naming the first that is not). */
 #include "apex/multi_tensor.h"
 #include "backend/backend.h"
 #include "core/internal.h"
@@ -10,11 +10,11 @@ static const apex_backend *backend_of(const char *fn, apex_tensor *const *t, int
   return apex__backend_need(n > 0 && t && t[0] ? apex_tensor_device(t[0]) : APEX_DEVICE_CPU, fn);
 }
 
-/* out NULL only checks in (apex_mt_check_finite); a public scale refuses it before. */
 static apex_status scale_impl(const char *fn, size_t chunk_size, int *overflow, apex_tensor *const *in,
                               apex_tensor *const *out, int n, float scale) {
   const apex_backend *b = backend_of(fn, in, n);
   if (!b) return apex_last_status();
+  if (n > 0 && !out) return apex__fail(APEX_ERR_INVALID_ARG, "%s: the output tensor list 1 is NULL", fn);
   if (!b->mt_scale) return apex__backend_slot_missing(b, fn, "the multi-tensor scale");
   return b->mt_scale(&(apex_mt_scale_args){.fn = fn, .chunk_size = chunk_size, .n = n, .in = in, .out = out,
                                            .scale = scale, .overflow = overflow});
@@ -22,7 +22,6 @@ static apex_status scale_impl(const char *fn, size_t chunk_size, int *overflow, 
 
 apex_status apex_mt_scale(size_t chunk_size, int *overflow, apex_tensor *const *in, apex_tensor *const *out, int n,
                           float scale) {
-  if (n > 0 && !out) return apex__fail(APEX_ERR_INVALID_ARG, "apex_mt_scale: the output tensor list 1 is NULL");
   return scale_impl("apex_mt_scale", chunk_size, overflow, in, out, n, scale);
 }
 
@@ -45,12 +44,15 @@ apex_status apex_mt_axpby(size_t chunk_size, int *overflow, apex_tensor *const *
                                             .a = a, .b = b, .arg_to_check = arg_to_check, .overflow = overflow});
 }
 
-/* The check alone is the scale slot with no output list. */
 apex_status apex_mt_check_finite(apex_tensor *const *tensors, int n, int *found_inf) {
   const char *fn = "apex_mt_check_finite";
   if (!found_inf) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL found_inf (pass the int to set)", fn);
+  const apex_backend *b = backend_of(fn, tensors, n);
+  if (!b) return apex_last_status();
+  if (!b->mt_scale) return apex__backend_slot_missing(b, fn, "the multi-tensor scale");
   int flag = 0; /* the caller's int changes only on success */
-  apex_status st = scale_impl(fn, 0, &flag, tensors, NULL, n, 1.0f);
+  apex_status st = b->mt_scale(&(apex_mt_scale_args){.fn = fn, .n = n, .in = tensors, .out = NULL, .scale = 1.0f,
+                                                     .overflow = &flag});
   if (st == APEX_OK) *found_inf = flag;
   return st;
 }

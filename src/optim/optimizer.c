@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #include "core/internal.h"
+#include "apex/multi_tensor.h"
 #include "backend/backend.h"
 #include "optim/optim_internal.h"
 
@@ -279,11 +280,10 @@ static apex_status group_alloc(const apex__optim_ops *ops, apex__group *g, apex_
   g->device = apex_tensor_device(params[0]);
   g->backend = apex__backend_for(g->device); /* the tensors exist, so their backend does */
   if (!g->params || !g->grads || !g->master || !g->state || !g->scalars || !g->step) goto oom;
-  /* A backend with a step slot keeps the counts and scalars where the tensors are, for its kernels. */
+  /* The counts and scalars live where the tensors are, for the backend's step. */
   const apex_memory *mem = g->backend->mem;
-  if (g->backend->optim_step && mem->alloc((size_t)n * sizeof(int64_t), 1, (void **)&g->d_step) != APEX_OK) goto oom;
-  if (g->backend->optim_step && g->nscalars &&
-      mem->alloc((size_t)n * (size_t)g->nscalars * sizeof(float), 1, (void **)&g->d_scalars) != APEX_OK)
+  if (mem->alloc((size_t)n * sizeof(int64_t), 1, (void **)&g->d_step) != APEX_OK) goto oom;
+  if (g->nscalars && mem->alloc((size_t)n * (size_t)g->nscalars * sizeof(float), 1, (void **)&g->d_scalars) != APEX_OK)
     goto oom;
   for (int i = 0; i < n; i++) {
     apex_tensor *p = params[i];
@@ -459,7 +459,6 @@ static void active_free(apex__active *a) {
   free(a->p);
   free(a->model);
   for (int s = 0; s < APEX__OPTIM_MAX_STATES; s++) free(a->s[s]);
-  free(a->step);
 }
 
 /* The lists of a group's parameters that have a gradient. */
@@ -471,8 +470,7 @@ static apex_status active_build(const apex__group *g, apex__active *a) {
   a->g = malloc(n * sizeof *a->g);
   a->p = malloc(n * sizeof *a->p);
   a->model = malloc(n * sizeof *a->model);
-  a->step = malloc(n * sizeof *a->step);
-  int ok = a->idx && a->g && a->p && a->model && a->step;
+  int ok = a->idx && a->g && a->p && a->model;
   for (int s = 0; s < g->nstates; s++) ok = ok && (a->s[s] = malloc(n * sizeof *a->s[s]));
   if (!ok) {
     active_free(a);
@@ -486,7 +484,6 @@ static apex_status active_build(const apex__group *g, apex__active *a) {
     a->p[k] = g->master[i] ? g->master[i] : g->params[i];
     a->model[k] = g->master[i] ? g->params[i] : NULL;
     for (int s = 0; s < g->nstates; s++) a->s[s][k] = g->state[(size_t)i * g->nstates + s];
-    a->step[k] = g->step[i] + 1;
     k++;
   }
   return APEX_OK;
@@ -499,11 +496,10 @@ static apex_status check_scale(const char *fn, float grad_scale) {
   return APEX_OK;
 }
 
-/* LAMB with its step in a backend slot: the global norm of every group's gradients times inv_scale, for
- * max_grad_norm, into one float *d_norm where the tensors are (left NULL when no group clips), so that
- * the step never waits for it: the counterpart of lamb_prepare. */
-static apex_status slot_lamb_norm(const apex_optimizer *opt, const apex__active *act, float inv_scale,
-                                  const apex_backend *b, float **d_norm) {
+/* LAMB: the global norm of every group's gradients times inv_scale, for max_grad_norm, into one float
+ * *d_norm where the tensors are (left NULL when no group clips), so that a GPU step never waits for it. */
+static apex_status global_norm(const apex_optimizer *opt, const apex__active *act, float inv_scale,
+                               const apex_backend *b, float **d_norm) {
   int n = 0, clips = 0;
   for (int k = 0; k < opt->ngroups; k++) {
     const apex_optim_options *o = &opt->groups[k].o;
@@ -526,58 +522,42 @@ static apex_status slot_lamb_norm(const apex_optimizer *opt, const apex__active 
   return st;
 }
 
-/* The step, with the skip decided on the host (d_skip NULL, overflow) or on the device (d_skip). */
-static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *d_scale, const int *d_skip) {
+/* The step, with the skip decided on the host (the caller returned before, on overflow) or where the
+ * tensors are (d_skip, read by the backend's kernels). */
+static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *d_scale, const int *d_skip,
+                             const char *fn) {
   apex_status st = APEX_OK;
-  /* Groups whose backend has a step slot (kept where the tensors are: d_step) and groups stepped by the
-   * kernels of this layer (optim/<kind>.c, on the host). */
-  int slot = 0, host = 0;
-  const apex_backend *slot_backend = NULL;
-  for (int k = 0; k < opt->ngroups; k++) {
-    if (opt->groups[k].d_step) slot_backend = opt->groups[k].backend;
-    slot |= opt->groups[k].d_step != NULL;
-    host |= opt->groups[k].d_step == NULL;
-  }
-  if (slot && host && opt->ops->prepare) /* LAMB's global norm spans every group: one device for all */
-    return apex__fail(APEX_ERR_DEVICE, "apex_optimizer_step: %s has groups on the CPU and on the GPU; its global gradient "
-                      "norm needs them all on one device", opt->ops->name);
-  if (d_skip && !slot)
-    return apex__fail(APEX_ERR_DEVICE, "apex_cuda_optimizer_step: the optimizer's parameters are on the CPU; use "
-                      "apex_optimizer_step");
+  const apex_backend *b0 = opt->groups[0].backend;
+  for (int k = 1; k < opt->ngroups; k++)
+    if (opt->groups[k].backend != b0 && opt->ops->global_norm) /* one norm over every group: one device */
+      return apex__fail(APEX_ERR_DEVICE, "%s: %s has groups on the %s and on %s; its global gradient norm needs "
+                        "them all on one device", fn, opt->ops->name, apex__device_name(b0->device),
+                        apex__device_name(opt->groups[k].backend->device));
   apex__active *act = calloc((size_t)opt->ngroups, sizeof *act);
-  apex__step_args *args = calloc((size_t)opt->ngroups, sizeof *args);
-  if (!act || !args) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
+  if (!act) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   int built = 0;
-  for (; st == APEX_OK && built < opt->ngroups; built++) {
-    st = active_build(&opt->groups[built], &act[built]);
-    args[built] = (apex__step_args){.opt = opt, .group = &opt->groups[built], .a = &act[built], .inv_scale = inv_scale};
-  }
+  for (; st == APEX_OK && built < opt->ngroups; built++) st = active_build(&opt->groups[built], &act[built]);
   float *d_grad_norm = NULL;
-  if (st == APEX_OK && opt->ops->prepare)
-    st = slot ? slot_lamb_norm(opt, act, inv_scale, slot_backend, &d_grad_norm) : opt->ops->prepare(args, opt->ngroups);
+  if (st == APEX_OK && opt->ops->global_norm) st = global_norm(opt, act, inv_scale, b0, &d_grad_norm);
   for (int k = 0; st == APEX_OK && k < opt->ngroups; k++) {
     apex__group *g = &opt->groups[k];
-    if (act[k].n == 0) continue;
-    if (g->d_step) {
-      /* The step counts live where the tensors are: the kernel reads them and advances them unless it skips. */
-      const apex__active *a = &act[k];
-      apex_optim_step_args sa = {.fn = d_skip ? "apex_cuda_optimizer_step" : "apex_optimizer_step",
-                                 .kind = opt->kind, .o = &g->o, .n = a->n, .g = a->g, .p = a->p, .model = a->model,
-                                 .nstates = g->nstates, .idx = a->idx, .inv_scale = inv_scale, .dev_step = g->d_step,
-                                 .dev_scalars = g->d_scalars, .dev_scale = d_scale, .dev_skip = d_skip,
-                                 .dev_grad_norm = d_grad_norm};
-      for (int s = 0; s < g->nstates; s++) sa.s[s] = a->s[s];
-      st = g->backend->optim_step(&sa);
-      continue;
+    const apex__active *a = &act[k];
+    if (a->n == 0) continue;
+    if (!g->backend->optim_step) {
+      st = apex__backend_slot_missing(g->backend, fn, "the optimizer step");
+      break;
     }
-    st = opt->ops->step(&args[k]);
-    if (st == APEX_OK)
-      for (int j = 0; j < act[k].n; j++) g->step[act[k].idx[j]] = act[k].step[j];
+    /* The backend reads the step counts where they live and advances them unless the step is skipped. */
+    apex_optim_step_args sa = {.fn = fn, .kind = opt->kind, .o = &g->o, .n = a->n, .g = a->g, .p = a->p,
+                               .model = a->model, .nstates = g->nstates, .idx = a->idx, .inv_scale = inv_scale,
+                               .dev_step = g->d_step, .dev_scalars = g->d_scalars, .dev_scale = d_scale,
+                               .dev_skip = d_skip, .dev_grad_norm = d_grad_norm};
+    for (int s = 0; s < g->nstates; s++) sa.s[s] = a->s[s];
+    st = g->backend->optim_step(&sa);
   }
-  for (int k = 0; act && k < built; k++) active_free(&act[k]);
-  if (d_grad_norm) slot_backend->mem->free(d_grad_norm);
+  for (int k = 0; k < built; k++) active_free(&act[k]);
+  if (d_grad_norm) b0->mem->free(d_grad_norm);
   free(act);
-  free(args);
   return st;
 }
 
@@ -590,15 +570,21 @@ apex_status apex_optimizer_step(apex_optimizer *opt, float grad_scale, int overf
   float inv_scale = opt->clip_coef / grad_scale;
   opt->clip_coef = 1.0f;
   if (overflow) return APEX_OK;
-  return step_impl(opt, inv_scale, NULL, NULL);
+  return step_impl(opt, inv_scale, NULL, NULL, "apex_optimizer_step");
 }
 
-apex_status apex__optimizer_step_device(apex_optimizer *opt, const float *d_scale, const int *d_skip) {
+apex_status apex__optimizer_step_device(apex_optimizer *opt, const apex_backend *where, const float *d_scale,
+                                        const int *d_skip) {
   if (opt->ngroups == 0)
     return apex__fail(APEX_ERR_STATE, "apex_cuda_optimizer_step: the optimizer has no parameter groups; add one first");
+  for (int k = 0; k < opt->ngroups; k++)
+    if (opt->groups[k].backend != where) /* the kernels read the scale and the skip flag where they are */
+      return apex__fail(APEX_ERR_DEVICE, "apex_cuda_optimizer_step: the optimizer's parameters are on the %s but the "
+                        "scaler's state on %s; use apex_optimizer_step", apex__device_name(opt->groups[k].device),
+                        apex__device_name(where->device));
   float clip = opt->clip_coef;
   opt->clip_coef = 1.0f;
-  return step_impl(opt, clip, d_scale, d_skip);
+  return step_impl(opt, clip, d_scale, d_skip, "apex_cuda_optimizer_step");
 }
 
 /* ---- clipping ------------------------------------------------------------------------------------------ */

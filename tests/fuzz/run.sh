@@ -16,11 +16,10 @@ if ! echo 'int LLVMFuzzerTestOneInput(const char*d,long n){(void)d;(void)n;retur
      | "$clang" -x c -fsanitize=fuzzer - -o "$work/probe" 2>/dev/null; then
   echo "skipped: clang has no libFuzzer runtime (apt-get install libclang-rt-14-dev)"; exit 77
 fi
-# The reader and the core it uses; the AVX2 fast path is left out (APEX_HAVE_X86=0: portable path). Core's
-# storages take their memory slots from the backend registry, which without APEX_HAVE_CUDA has the CPU's only.
+# The reader and the core it uses (host memory only); the AVX2 fast path is left out (APEX_HAVE_X86=0:
+# portable path).
 sources=("$src/src/io/safetensors.c" "$src/src/io/json_strict.c" "$src/src/core/status.c" "$src/src/core/tensor.c" "$src/src/core/convert.c" "$src/src/core/cpu.c"
-         "$src/src/backend/registry.c" "$src/src/backend/cpu/memory.c" "$src/src/backend/cpu/backend.c"
-         "$src/src/backend/cpu/multi_tensor.c" "$src/src/backend/cpu/mt_apply.c")
+         "$src/src/core/host_memory.c")
 "$clang" "${flags[@]}" "${sources[@]}" "$src/tests/fuzz/fuzz_safetensors.c" -o "$work/fuzz" $(pkg-config --libs libcjson) -lm
 mkdir -p "$work/corpus"
 cp "$src/tests/data/golden.safetensors" "$src"/tests/fuzz/corpus/* "$work/corpus/"

@@ -9,6 +9,9 @@ apex_status apex__cpu_mt_scale(const apex_mt_scale_args *a);
 apex_status apex__cpu_mt_axpby(const apex_mt_axpby_args *a);
 apex_status apex__cpu_mt_l2norm(const apex_mt_l2norm_args *a);
 
+/* optim.c */
+apex_status apex__cpu_optim_step(const apex_optim_step_args *a);
+
 /* elementwise.c */
 apex_status apex__cpu_nn_binary(const apex_nn_binary_args *a);
 apex_status apex__cpu_nn_binary_bwd(const apex_nn_binary_bwd_args *a);

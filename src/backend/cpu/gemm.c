@@ -26,6 +26,7 @@
 
 #include <string.h>
 
+#include "apex/cpu.h"
 #include "apex/threads.h"
 #include "backend/cpu/gemm.h"
 #include "core/internal.h"
@@ -54,6 +55,7 @@ int apex__gemm_set_whole_widening(int on) {
  * program may set OpenBLAS's thread count for its own calls (bench_nn's sgemm peak does), and a
  * product run at 2 x 2 threads on 2 cores took 1.6x as long. */
 void apex__blas_serial(void) {
+  apex_cpu_max_isa(); /* every product's threads call this first: resolve the ISA cap before they read it */
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
@@ -65,11 +67,16 @@ int apex__gemm_set_own_kernel(int on) {
   return old;
 }
 
-/* One single-threaded product: apex's AVX-512 kernel where the CPU has it (OpenBLAS is pinned to its
- * AVX2 kernels on this project's machines; see sgemm_avx512.c), else OpenBLAS. */
+/* One single-threaded product, by the maximum ISA (apex/cpu.h): apex's AVX-512 kernel at AVX512 and
+ * above (OpenBLAS is pinned to its AVX2 kernels on this project's machines; see sgemm_avx512.c), the
+ * plain-C reference product (sgemm_ref.c) when the cap asks for PORTABLE, else OpenBLAS. */
 static void sgemm1(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
                    float beta, float *c, int ldc) {
-  if (own_kernel && apex__sgemm_avx512_ok()) {
+  if (apex__cpu_capped_portable()) {
+    apex__sgemm_ref(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  if (own_kernel && apex_cpu_max_isa() >= APEX_CPU_ISA_AVX512 && apex__sgemm_avx512_ok()) {
     apex__sgemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }

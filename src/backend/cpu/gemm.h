@@ -35,6 +35,10 @@ void apex__sgemm_avx512(int trans_a, int trans_b, int m, int n, int k, float alp
 /* For tests and benchmarks: 0 makes gemm.c use OpenBLAS even where the own kernel can run; returns
  * the previous setting (1 by default). */
 int apex__gemm_set_own_kernel(int on);
+/* sgemm_ref.c: the portable reference product (same contract as apex__sgemm_avx512), which gemm.c
+ * runs under APEX_CPU_ISA_PORTABLE. */
+void apex__sgemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+                     const float *b, int ldb, float beta, float *c, int ldc);
 
 /* C [m, n] (dtype ct, ldc) = alpha * op(A) [m, k] op(B) [k, n] + beta * C, for operands of any float
  * dtype, accumulated in f32, in apex__sgemm's grid. With bias (f32 [n]), C = bias + alpha * op(A)

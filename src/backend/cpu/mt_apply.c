@@ -2,7 +2,7 @@
  * chunks among threads, widens each tile to f32 for the kernel and narrows written tiles back. */
 #include <stdlib.h>
 
-#include "apex/multi_tensor.h"
+#include "apex/mt_apply.h"
 #include "core/internal.h"
 #include "core/tensor_internal.h"
 

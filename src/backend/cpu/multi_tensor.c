@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "apex/multi_tensor.h"
+#include "apex/mt_apply.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/internal.h"
 #include "backend/cpu/simd_kernel.h"

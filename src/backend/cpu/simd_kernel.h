@@ -13,7 +13,7 @@
 #ifndef APEX_BACKEND_CPU_SIMD_KERNEL_H
 #define APEX_BACKEND_CPU_SIMD_KERNEL_H
 
-#include "apex/multi_tensor.h"
+#include "apex/mt_apply.h"
 #include "core/internal.h"
 
 #if APEX_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))

@@ -1,5 +1,5 @@
 /* simd_pick.c: chooses a multi-tensor tile kernel's copy for the SIMD path core picked at run time
- * (see simd_kernel.h). It lives with the CPU backend, whose multi-tensor applier runs the kernels. */
+ * (see simd_kernel.h). It lives in the CPU backend, beside the kernels and the applier. */
 #include "backend/cpu/simd_kernel.h"
 
 apex_mt_kernel apex__simd_pick(const apex__simd_kernel *k) {

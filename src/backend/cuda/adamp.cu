@@ -1,4 +1,4 @@
-/* adamp.cu: AdamP on the GPU, the rule of src/optim/adamp.c (read its header), one parameter at a time
+/* adamp.cu: AdamP on the GPU, the rule of backend/cpu/optim_adamp.c (read its header), one parameter at a time
  * in three launches that queue without a host synchronisation:
  *   rows     one block per row of the channel view (the first dimension; the whole tensor for 0/1-D):
  *            m, v and perturb u (u into a scratch), and the row's sums <g,p>, <g,g>, <p,p>, <p,u> in

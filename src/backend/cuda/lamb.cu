@@ -1,4 +1,4 @@
-/* lamb.cu: LAMB on the GPU, the same two stages as src/optim/lamb.c (read its header for the rule):
+/* lamb.cu: LAMB on the GPU, the same two stages as backend/cpu/optim_lamb.c (read its header for the rule):
  *   stage 1  m, v and u = (m / bc1) / (sqrt(v / bc2) + eps) + wd_w * p, u into a device scratch;
  *   norms    ||p|| and ||u|| per tensor with the multi-tensor l2norm (f32 per block, f64 per tensor: the
  *            CPU sums in another order, so these differ from it in the last bits; the parity test allows

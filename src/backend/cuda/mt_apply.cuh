@@ -14,7 +14,7 @@
 
 #include <cuda_runtime.h>
 
-#include "apex/multi_tensor.h"
+#include "apex/mt_apply.h"
 #include "backend/cuda/dtype_dev.cuh"
 
 #define MT_LISTS 7

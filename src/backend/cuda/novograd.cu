@@ -1,4 +1,4 @@
-/* novograd.cu: NovoGrad on the GPU, the rule of src/optim/novograd.c (read its header), in three launches
+/* novograd.cu: NovoGrad on the GPU, the rule of backend/cpu/optim_novograd.c (read its header), in three launches
  * that queue without a host synchronisation:
  *   norms    per tensor, ||g * inv_scale||: the multi-tensor l2norm (its sums run in another order than
  *            the CPU's, so the last bits may differ), or the infinity norm max |g| * inv_scale (a max:

@@ -2,8 +2,9 @@
  * Adadelta, Adagrad, RMSprop, RMSpropTF); LAMB, NovoGrad and AdamP, which need per-tensor norms or
  * sums between passes, are in lamb.cu, novograd.cu and adamp.cu.
  *
- * Each element's update repeats, operation for operation, the CPU kernel in src/optim/<kind>.c, and
- * the CUDA files are compiled without contracting multiplies and adds into FMAs (-fmad=false), so
+ * Each element's update is the CPU kernel's: SGD, Adam/AdamW, Adadelta and Adagrad call the rules of
+ * backend/optim_rules.h that backend/cpu/optim_<kind>.c calls; RMSprop repeats its CPU kernel operation
+ * for operation. The CUDA files are compiled without contracting multiplies and adds into FMAs (-fmad=false), so
  * with the same inputs the GPU computes the CPU's bits: the parity test checks that. Per-tensor
  * coefficients (bias corrections, Adagrad's decayed lr, SGD's first-step momentum) are computed by
  * one thread per chunk from the step count, which lives on the device: a step skipped because the
@@ -23,6 +24,7 @@ extern "C" {
 }
 #include "backend/cuda/mt_ilp.cuh"
 #include "backend/cuda/optim_dev.cuh"
+#include "backend/optim_rules.h"
 
 struct OptParams {
   apex_optim_kind kind;
@@ -43,45 +45,25 @@ __device__ __forceinline__ float step_elem(const OptParams &o, const float (&coe
   switch (o.kind) {
     case APEX_OPTIM_SGD: {
       float wb = o.wd_after ? 0.0f : o.wd, wa = o.wd_after ? o.wd : 0.0f;
-      float d = g * inv + wb * p;
-      if (o.momentum != 0.0f) {
-        float b = coef[C_A] * s0 + coef[C_B] * d;
-        s0 = b;
-        d = (o.nesterov ? 1.0f : 0.0f) * d + (o.nesterov ? o.momentum : 1.0f) * b;
-      }
-      return p - o.lr * (d + wa * p);
+      return apex__sgd_rule(g, p, &s0, o.momentum != 0.0f, inv, wb, wa, coef[C_A], coef[C_B], o.nesterov ? 1.0f : 0.0f,
+                            o.nesterov ? o.momentum : 1.0f, o.lr);
     }
     case APEX_OPTIM_ADAM:
     case APEX_OPTIM_ADAMW: {
       float l2 = o.adam_w ? 0.0f : o.wd, decay = o.adam_w ? 1.0f - o.lr * o.wd : 1.0f;
-      float gi = g * inv + l2 * p;
-      float mi = o.beta1 * s0 + (1.0f - o.beta1) * gi;
-      float vi = o.beta2 * s1 + (1.0f - o.beta2) * gi * gi;
-      s0 = mi;
-      s1 = vi;
-      float d = vi;
-      if (o.amsgrad) {
-        d = s2 > vi ? s2 : vi;
-        s2 = d;
-      }
-      d = sqrtf(d);
-      return p * decay - coef[C_A] * (mi / (d * coef[C_B] + o.eps));
+      float d = apex__adam_moments(g, p, &s0, &s1, inv, l2, o.beta1, 1.0f - o.beta1, o.beta2, 1.0f - o.beta2);
+      if (o.amsgrad) d = apex__adam_amsgrad(&s2, d);
+      return apex__adam_apply(p, s0, sqrtf(d), decay, coef[C_A], coef[C_B], o.eps);
     }
     case APEX_OPTIM_ADADELTA: {
       float nrho = 1.0f - o.rho;
-      float gi = g * inv + o.wd * p;
-      float sq = o.rho * s0 + nrho * gi * gi;
-      s0 = sq;
-      float delta = sqrtf(s1 + o.eps) / sqrtf(sq + o.eps) * gi;
-      s1 = o.rho * s1 + nrho * delta * delta;
-      return p - o.lr * delta;
+      float gi = apex__adadelta_accum(g, p, &s0, inv, o.wd, o.rho, nrho);
+      return apex__adadelta_apply(p, gi, sqrtf(s1 + o.eps), sqrtf(s0 + o.eps), &s1, o.rho, nrho, o.lr);
     }
     case APEX_OPTIM_ADAGRAD: {
       float l2 = o.adagrad_w ? 0.0f : o.wd, ww = o.adagrad_w ? o.wd : 0.0f;
-      float gi = g * inv + l2 * p;
-      float h = s0 + gi * gi;
-      s0 = h;
-      return p - coef[C_A] * (gi / (sqrtf(h) + o.eps) + ww * p);
+      float gi = apex__adagrad_accum(g, p, &s0, inv, l2);
+      return apex__adagrad_apply(p, gi, sqrtf(s0), coef[C_A], o.eps, ww);
     }
     case APEX_OPTIM_RMSPROP:
     case APEX_OPTIM_RMSPROP_TF: {

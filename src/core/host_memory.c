@@ -1,11 +1,12 @@
-/* memory.c: the CPU backend's memory slots (core/memory.h). Host memory is 64-byte aligned (a cache
- * line; also what AVX-512 loads like) and padded to a whole number of lines, so that vector loops may
- * read a full line; copies, conversions and fills run on the calling thread's OpenMP team. */
+/* host_memory.c: the memory slots of host memory (core/memory.h), core's own because apex_tensor_create
+ * uses them; the CPU backend's table points at them. Host memory is 64-byte aligned (a cache line; also
+ * what AVX-512 loads like) and padded to a whole number of lines, so that vector loops may read a full
+ * line; copies, conversions and fills run on the calling thread's OpenMP team. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend.h"
 #include "core/internal.h"
+#include "core/memory.h"
 
 #define CPU_ALIGN 64
 
@@ -53,7 +54,7 @@ static apex_status cpu_sync(const char *what) {
   return APEX_OK;
 }
 
-const apex_memory apex__cpu_memory = {
+const apex_memory apex__host_memory = {
     .device = APEX_DEVICE_CPU, .name = "CPU", .ready = cpu_ready, .alloc = cpu_alloc, .free = cpu_free,
     .copy = cpu_copy, .convert = cpu_convert, .fill = cpu_fill, .sync = cpu_sync,
 };

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "optim/optim_internal.h"
+#include "backend/cpu/cpu_optim.h"
 
 typedef struct {
   float inv_bc1, inv_bc2, ratio;
@@ -83,26 +83,6 @@ APEX__INLINE void lamb_apply_body(void *vctx, const apex_mt_tile *t, int *nonfin
 }
 APEX__SIMD_KERNEL(lamb_apply);
 
-/* The global norm of every group's gradients, for max_grad_norm. */
-static apex_status lamb_prepare(apex__step_args *groups, int ngroups) {
-  int n = 0, clips = 0;
-  for (int k = 0; k < ngroups; k++) {
-    n += groups[k].a->n;
-    clips |= groups[k].group->o.max_grad_norm > 0.0f && isfinite(groups[k].group->o.max_grad_norm);
-  }
-  if (!clips) return APEX_OK; /* no group clips: spare the pass over the gradients */
-  apex_tensor **g = calloc(n ? (size_t)n : 1, sizeof *g);
-  if (!g) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "LAMB step: out of memory");
-  n = 0;
-  for (int k = 0; k < ngroups; k++)
-    for (int i = 0; i < groups[k].a->n; i++) g[n++] = groups[k].a->g[i];
-  float norm = 0.0f;
-  apex_status st = apex_mt_unscale_l2norm(0, NULL, g, n, groups[0].inv_scale, &norm, NULL);
-  free(g);
-  for (int k = 0; k < ngroups; k++) groups[k].global_grad_norm = norm;
-  return st;
-}
-
 /* A batch's size in parameters: its u scratch (8 MiB) and its p, m, v stay within the L2/L3 caches
  * between the stages. Settable for tests (apex__lamb_set_batch_params), to reach the recomputing
  * path with small tensors. */
@@ -116,9 +96,9 @@ size_t apex__lamb_set_batch_params(size_t n) {
 
 /* Both stages over the active tensors [first, first + n) of a; u_buf: batch_params floats, or NULL
  * for a batch (one tensor) larger than that. */
-static apex_status lamb_batch(const apex__active *a, int first, int n, const apex_optim_options *o, lamb_ctx *c,
+static apex_status lamb_batch(const apex__cpu_active *a, int first, int n, const apex_optim_options *o, lamb_ctx *c,
                               lamb_coef *coef, size_t *chunk_start, double *sums, float *u_buf, apex_tensor **u) {
-  apex__active b = *a;
+  apex__cpu_active b = *a;
   b.n = n;
   b.idx = a->idx + first;
   b.g = a->g + first;
@@ -165,9 +145,9 @@ static apex_status lamb_batch(const apex__active *a, int first, int n, const ape
   return st;
 }
 
-static apex_status lamb_step(apex__step_args *s) {
-  const apex_optim_options *o = &s->group->o;
-  const apex__active *a = s->a;
+apex_status apex__cpu_lamb_step(const apex__cpu_step *s) {
+  const apex_optim_options *o = s->o;
+  const apex__cpu_active *a = s->a;
   size_t *chunk_start = malloc(((size_t)a->n + 1) * sizeof *chunk_start);
   size_t nchunks = chunk_start ? apex_mt_chunk_count(0, a->p, a->n, chunk_start) : 0;
   double *sums = calloc(2 * nchunks + 1, sizeof *sums);
@@ -217,18 +197,3 @@ done:
   free(u_buf);
   return st;
 }
-
-static int lamb_nstates(const apex_optim_options *o) { (void)o; return 2; }
-
-const apex__optim_ops apex__lamb_ops = {
-    .name = "LAMB",
-    .fields = APEX__FIELD(LR) | APEX__FIELD(BETA1) | APEX__FIELD(BETA2) | APEX__FIELD(EPS) |
-              APEX__FIELD(WEIGHT_DECAY) | APEX__FIELD(BIAS_CORRECTION) | APEX__FIELD(GRAD_AVERAGING) |
-              APEX__FIELD(MAX_GRAD_NORM) | APEX__FIELD(USE_NVLAMB) | APEX__FIELD(ADAM_W_MODE),
-    .defaults = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-6f, .max_grad_norm = 1.0f,
-                 .bias_correction = APEX_OPTIM_ON, .grad_averaging = APEX_OPTIM_ON, .use_nvlamb = APEX_OPTIM_OFF,
-                 .adam_w_mode = APEX_OPTIM_ON},
-    .nstates = lamb_nstates,
-    .prepare = lamb_prepare,
-    .step = lamb_step,
-};

@@ -10,7 +10,8 @@
 #include <stdlib.h>
 
 #include "core/internal.h"
-#include "optim/optim_internal.h"
+#include "backend/cpu/cpu_optim.h"
+#include "backend/optim_rules.h"
 
 typedef struct {
   float step_size;    /* lr / bc1 */
@@ -30,33 +31,22 @@ APEX__INLINE void adam_tile_body(void *vctx, const apex_mt_tile *t, int *nonfini
   const float inv = c->inv_scale, b1 = c->beta1, b2 = c->beta2, l2 = c->l2;
   const float nb1 = 1.0f - b1, nb2 = 1.0f - b2;
   float d[APEX_MT_TILE];
-  for (size_t i = 0; i < t->n; i++) {
-    float gi = g[i] * inv + l2 * p[i];
-    float mi = b1 * m[i] + nb1 * gi;
-    float vi = b2 * v[i] + nb2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    d[i] = vi;
-  }
+  for (size_t i = 0; i < t->n; i++) d[i] = apex__adam_moments(g[i], p[i], &m[i], &v[i], inv, l2, b1, nb1, b2, nb2);
   if (c->amsgrad) {
     float *vmax = t->p[4];
-    for (size_t i = 0; i < t->n; i++) {
-      float x = vmax[i] > d[i] ? vmax[i] : d[i];
-      vmax[i] = x;
-      d[i] = x;
-    }
+    for (size_t i = 0; i < t->n; i++) d[i] = apex__adam_amsgrad(&vmax[i], d[i]);
   }
   apex__optim_sqrt(d, t->n);
   const float ss = c->coef[t->tensor].step_size, ib = c->coef[t->tensor].inv_bc2_sqrt, eps = c->eps;
   const float decay = c->decay;
-  for (size_t i = 0; i < t->n; i++) p[i] = p[i] * decay - ss * (m[i] / (d[i] * ib + eps));
+  for (size_t i = 0; i < t->n; i++) p[i] = apex__adam_apply(p[i], m[i], d[i], decay, ss, ib, eps);
   *nonfinite = 0;
 }
 APEX__SIMD_KERNEL(adam_tile);
 
-static apex_status adam_step(apex__step_args *s) {
-  const apex_optim_options *o = &s->group->o;
-  const apex__active *a = s->a;
+apex_status apex__cpu_adam_step(const apex__cpu_step *s) {
+  const apex_optim_options *o = s->o;
+  const apex__cpu_active *a = s->a;
   adam_coef *coef = malloc((size_t)a->n * sizeof *coef);
   if (!coef) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "Adam step: out of memory");
   int bc = apex__on(o->bias_correction);
@@ -74,22 +64,3 @@ static apex_status adam_step(apex__step_args *s) {
   free(coef);
   return st;
 }
-
-static int adam_nstates(const apex_optim_options *o) { return apex__on(o->amsgrad) ? 3 : 2; }
-
-#define ADAM_FIELDS                                                                                            \
-  (APEX__FIELD(LR) | APEX__FIELD(BETA1) | APEX__FIELD(BETA2) | APEX__FIELD(EPS) | APEX__FIELD(WEIGHT_DECAY) | \
-   APEX__FIELD(BIAS_CORRECTION) | APEX__FIELD(AMSGRAD) | APEX__FIELD(ADAM_W_MODE))
-#define ADAM_DEFAULTS(w_mode)                                                                                    \
-  {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .bias_correction = APEX_OPTIM_ON,                 \
-   .amsgrad = APEX_OPTIM_OFF, .adam_w_mode = (w_mode)}
-
-const apex__optim_ops apex__adam_ops = {
-    .name = "Adam", .fields = ADAM_FIELDS, .defaults = ADAM_DEFAULTS(APEX_OPTIM_OFF),
-    .nstates = adam_nstates, .step = adam_step,
-};
-
-const apex__optim_ops apex__adamw_ops = {
-    .name = "AdamW", .fields = ADAM_FIELDS, .defaults = ADAM_DEFAULTS(APEX_OPTIM_ON),
-    .nstates = adam_nstates, .step = adam_step,
-};

@@ -1,4 +1,4 @@
-/* launch.c: runs an optimizer's tile kernel over a group through the multi-tensor applier, and the
+/* optim_launch.c: runs an optimizer's tile kernel over a group through the multi-tensor applier, and the
  * small vector helpers the kernels share.
  *
  * The model copy of an f16/bf16 parameter is written from inside the launch, tile by tile, right
@@ -7,7 +7,7 @@
 #include <math.h>
 
 #include "core/internal.h"
-#include "optim/optim_internal.h"
+#include "backend/cpu/cpu_optim.h"
 
 
 typedef struct {
@@ -28,7 +28,7 @@ static void writeback_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   }
 }
 
-apex_status apex__optim_run(const apex__active *a, int first, int nlists, unsigned written, const apex__simd_kernel *k,
+apex_status apex__optim_run(const apex__cpu_active *a, int first, int nlists, unsigned written, const apex__simd_kernel *k,
                             void *ctx, const char *name) {
   apex_mt_kernel kernel = apex__simd_pick(k);
   apex_tensor *const *all[2 + APEX__OPTIM_MAX_STATES] = {a->g, a->p, a->s[0], a->s[1], a->s[2]};

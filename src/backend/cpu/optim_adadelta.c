@@ -5,7 +5,8 @@
  *     acc = rho * acc + (1 - rho) * delta * delta
  *     p -= lr * delta */
 #include "core/internal.h"
-#include "optim/optim_internal.h"
+#include "backend/cpu/cpu_optim.h"
+#include "backend/optim_rules.h"
 
 typedef struct {
   float inv_scale, lr, rho, eps, wd;
@@ -18,36 +19,19 @@ APEX__INLINE void adadelta_tile_body(void *vctx, const apex_mt_tile *t, int *non
   const float inv = c->inv_scale, rho = c->rho, nrho = 1.0f - c->rho, eps = c->eps, wd = c->wd, lr = c->lr;
   float gs[APEX_MT_TILE], std[APEX_MT_TILE], old[APEX_MT_TILE];
   for (size_t i = 0; i < t->n; i++) {
-    float gi = g[i] * inv + wd * p[i];
-    float s = rho * sq[i] + nrho * gi * gi;
-    sq[i] = s;
-    gs[i] = gi;
-    std[i] = s + eps;
+    gs[i] = apex__adadelta_accum(g[i], p[i], &sq[i], inv, wd, rho, nrho);
+    std[i] = sq[i] + eps;
     old[i] = acc[i] + eps;
   }
   apex__optim_sqrt(std, t->n);
   apex__optim_sqrt(old, t->n);
-  for (size_t i = 0; i < t->n; i++) {
-    float delta = old[i] / std[i] * gs[i];
-    acc[i] = rho * acc[i] + nrho * delta * delta;
-    p[i] = p[i] - lr * delta;
-  }
+  for (size_t i = 0; i < t->n; i++) p[i] = apex__adadelta_apply(p[i], gs[i], old[i], std[i], &acc[i], rho, nrho, lr);
   *nonfinite = 0;
 }
 APEX__SIMD_KERNEL(adadelta_tile);
 
-static apex_status adadelta_step(apex__step_args *s) {
-  const apex_optim_options *o = &s->group->o;
+apex_status apex__cpu_adadelta_step(const apex__cpu_step *s) {
+  const apex_optim_options *o = s->o;
   adadelta_ctx c = {s->inv_scale, o->lr, o->rho, o->eps, o->weight_decay};
   return apex__optim_run(s->a, 0, 4, 14u, &adadelta_tile, &c, "Adadelta step");
 }
-
-static int adadelta_nstates(const apex_optim_options *o) { (void)o; return 2; }
-
-const apex__optim_ops apex__adadelta_ops = {
-    .name = "Adadelta",
-    .fields = APEX__FIELD(LR) | APEX__FIELD(RHO) | APEX__FIELD(EPS) | APEX__FIELD(WEIGHT_DECAY),
-    .defaults = {.lr = 1.0f, .rho = 0.9f, .eps = 1e-6f},
-    .nstates = adadelta_nstates,
-    .step = adadelta_step,
-};

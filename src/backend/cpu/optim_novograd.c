@@ -11,7 +11,7 @@
 #include <stdlib.h>
 
 #include "core/internal.h"
-#include "optim/optim_internal.h"
+#include "backend/cpu/cpu_optim.h"
 
 /* ---- the per-tensor infinity norm (a max is exact, so any order gives the same bits) ---- */
 typedef struct {
@@ -32,7 +32,7 @@ static void maxabs_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   *nonfinite = 0;
 }
 
-static apex_status inf_norms(const apex__active *a, float inv_scale, float *out) {
+static apex_status inf_norms(const apex__cpu_active *a, float inv_scale, float *out) {
   size_t *chunk_start = malloc(((size_t)a->n + 1) * sizeof *chunk_start);
   size_t nchunks = chunk_start ? apex_mt_chunk_count(0, a->g, a->n, chunk_start) : 0;
   float *mx = calloc(nchunks + 1, sizeof *mx);
@@ -85,20 +85,20 @@ APEX__INLINE void novo_tile_body(void *vctx, const apex_mt_tile *t, int *nonfini
 }
 APEX__SIMD_KERNEL(novo_tile);
 
-static apex_status novo_step(apex__step_args *s) {
-  apex__group *grp = s->group;
-  const apex_optim_options *o = &grp->o;
-  const apex__active *a = s->a;
+apex_status apex__cpu_novograd_step(const apex__cpu_step *s) {
+  const apex_optim_options *o = s->o;
+  const apex__cpu_active *a = s->a;
   int l2 = o->norm_type != APEX_OPTIM_NORM_INF;
   float *norms = malloc((size_t)a->n * sizeof *norms);
   novo_coef *coef = malloc((size_t)a->n * sizeof *coef);
   apex_status st = APEX_OK;
   if (!norms || !coef) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "NovoGrad step: out of memory");
-  else if (l2) st = apex_mt_unscale_l2norm(0, NULL, a->g, a->n, s->inv_scale, NULL, norms);
+  else if (l2) st = apex__cpu_mt_l2norm(&(apex_mt_l2norm_args){.fn = "NovoGrad step", .n = a->n, .x = a->g,
+                                                  .inv_scale = s->inv_scale, .per_tensor = norms});
   else st = inf_norms(a, s->inv_scale, norms);
   int bc = apex__on(o->bias_correction);
   for (int i = 0; st == APEX_OK && i < a->n; i++) {
-    float *v = &grp->scalars[a->idx[i]];
+    float *v = &s->scalars[a->idx[i]];
     double n = norms[i], b2 = o->beta2;
     if (a->step[i] == 1) *v = apex__on(o->init_zero) ? 0.0f : (float)n;
     *v = l2 ? (float)sqrt(b2 * (double)*v * (double)*v + (1.0 - b2) * n * n) : (float)(b2 * (double)*v + (1.0 - b2) * n);
@@ -114,18 +114,3 @@ static apex_status novo_step(apex__step_args *s) {
   free(coef);
   return st;
 }
-
-static int novo_nstates(const apex_optim_options *o) { (void)o; return 1; }
-
-const apex__optim_ops apex__novograd_ops = {
-    .name = "NovoGrad",
-    .fields = APEX__FIELD(LR) | APEX__FIELD(BETA1) | APEX__FIELD(BETA2) | APEX__FIELD(EPS) |
-              APEX__FIELD(WEIGHT_DECAY) | APEX__FIELD(BIAS_CORRECTION) | APEX__FIELD(GRAD_AVERAGING) |
-              APEX__FIELD(NORM_TYPE) | APEX__FIELD(INIT_ZERO) | APEX__FIELD(REG_INSIDE_MOMENT),
-    .defaults = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .norm_type = 2,
-                 .bias_correction = APEX_OPTIM_ON, .grad_averaging = APEX_OPTIM_ON, .init_zero = APEX_OPTIM_OFF,
-                 .reg_inside_moment = APEX_OPTIM_OFF},
-    .nstates = novo_nstates,
-    .nscalars = 1,
-    .step = novo_step,
-};

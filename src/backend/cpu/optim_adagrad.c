@@ -7,7 +7,8 @@
 #include <stdlib.h>
 
 #include "core/internal.h"
-#include "optim/optim_internal.h"
+#include "backend/cpu/cpu_optim.h"
+#include "backend/optim_rules.h"
 
 typedef struct {
   float inv_scale, eps, l2, wd_w;
@@ -21,21 +22,18 @@ APEX__INLINE void adagrad_tile_body(void *vctx, const apex_mt_tile *t, int *nonf
   const float inv = c->inv_scale, l2 = c->l2, eps = c->eps, ww = c->wd_w, clr = c->clr[t->tensor];
   float gs[APEX_MT_TILE], d[APEX_MT_TILE];
   for (size_t i = 0; i < t->n; i++) {
-    float gi = g[i] * inv + l2 * p[i];
-    float hi = h[i] + gi * gi;
-    h[i] = hi;
-    gs[i] = gi;
-    d[i] = hi;
+    gs[i] = apex__adagrad_accum(g[i], p[i], &h[i], inv, l2);
+    d[i] = h[i];
   }
   apex__optim_sqrt(d, t->n);
-  for (size_t i = 0; i < t->n; i++) p[i] = p[i] - clr * (gs[i] / (d[i] + eps) + ww * p[i]);
+  for (size_t i = 0; i < t->n; i++) p[i] = apex__adagrad_apply(p[i], gs[i], d[i], clr, eps, ww);
   *nonfinite = 0;
 }
 APEX__SIMD_KERNEL(adagrad_tile);
 
-static apex_status adagrad_step(apex__step_args *s) {
-  const apex_optim_options *o = &s->group->o;
-  const apex__active *a = s->a;
+apex_status apex__cpu_adagrad_step(const apex__cpu_step *s) {
+  const apex_optim_options *o = s->o;
+  const apex__cpu_active *a = s->a;
   float *clr = malloc((size_t)a->n * sizeof *clr);
   if (!clr) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "Adagrad step: out of memory");
   for (int i = 0; i < a->n; i++) clr[i] = (float)(o->lr / (1.0 + (double)(a->step[i] - 1) * o->lr_decay));
@@ -46,16 +44,3 @@ static apex_status adagrad_step(apex__step_args *s) {
   free(clr);
   return st;
 }
-
-static int adagrad_nstates(const apex_optim_options *o) { (void)o; return 1; }
-static float adagrad_init(const apex_optim_options *o, int s) { (void)s; return o->initial_accumulator_value; }
-
-const apex__optim_ops apex__adagrad_ops = {
-    .name = "Adagrad",
-    .fields = APEX__FIELD(LR) | APEX__FIELD(EPS) | APEX__FIELD(WEIGHT_DECAY) | APEX__FIELD(INITIAL_ACC) |
-              APEX__FIELD(LR_DECAY) | APEX__FIELD(ADAGRAD_W_MODE),
-    .defaults = {.lr = 1e-2f, .eps = 1e-10f, .adagrad_w_mode = APEX_OPTIM_OFF},
-    .nstates = adagrad_nstates,
-    .state_init = adagrad_init,
-    .step = adagrad_step,
-};

@@ -9,7 +9,7 @@
  * Without momentum both do p -= lr * g / d. State slots: square average, then the momentum buffer
  * (momentum > 0), then the gradient average (centered). */
 #include "core/internal.h"
-#include "optim/optim_internal.h"
+#include "backend/cpu/cpu_optim.h"
 
 typedef struct {
   float inv_scale, lr, alpha, eps, l2, decay, momentum;
@@ -67,9 +67,9 @@ APEX__INLINE void rms_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinit
 }
 APEX__SIMD_KERNEL(rms_tile);
 
-static apex_status rms_step(apex__step_args *s) {
-  const apex_optim_options *o = &s->group->o;
-  int tf = s->opt->kind == APEX_OPTIM_RMSPROP_TF;
+apex_status apex__cpu_rmsprop_step(const apex__cpu_step *s) {
+  const apex_optim_options *o = s->o;
+  int tf = s->kind == APEX_OPTIM_RMSPROP_TF;
   int mom = o->momentum > 0.0f, centered = apex__on(o->centered);
   int decoupled = tf && apex__on(o->decoupled_decay), lr_in = tf && apex__on(o->lr_in_momentum);
   rms_ctx c = {.inv_scale = s->inv_scale, .lr = o->lr, .alpha = o->alpha, .eps = o->eps,
@@ -79,29 +79,3 @@ static apex_status rms_step(apex__step_args *s) {
   int nlists = 3 + mom + centered;
   return apex__optim_run(s->a, 0, nlists, (1u << nlists) - 2u, &rms_tile, &c, tf ? "RMSpropTF step" : "RMSprop step");
 }
-
-static int rms_nstates(const apex_optim_options *o) { return 1 + (o->momentum > 0.0f) + apex__on(o->centered); }
-/* TensorFlow starts the square average at one, PyTorch at zero. */
-static float rms_tf_init(const apex_optim_options *o, int s) { (void)o; return s == 0 ? 1.0f : 0.0f; }
-
-#define RMS_FIELDS \
-  (APEX__FIELD(LR) | APEX__FIELD(ALPHA) | APEX__FIELD(EPS) | APEX__FIELD(WEIGHT_DECAY) | APEX__FIELD(MOMENTUM) | \
-   APEX__FIELD(CENTERED))
-
-const apex__optim_ops apex__rmsprop_ops = {
-    .name = "RMSprop",
-    .fields = RMS_FIELDS,
-    .defaults = {.lr = 1e-2f, .alpha = 0.99f, .eps = 1e-8f, .centered = APEX_OPTIM_OFF},
-    .nstates = rms_nstates,
-    .step = rms_step,
-};
-
-const apex__optim_ops apex__rmsprop_tf_ops = {
-    .name = "RMSpropTF",
-    .fields = RMS_FIELDS | APEX__FIELD(DECOUPLED_DECAY) | APEX__FIELD(LR_IN_MOMENTUM),
-    .defaults = {.lr = 1e-2f, .alpha = 0.9f, .eps = 1e-10f, .centered = APEX_OPTIM_OFF,
-                 .decoupled_decay = APEX_OPTIM_OFF, .lr_in_momentum = APEX_OPTIM_ON},
-    .nstates = rms_nstates,
-    .state_init = rms_tf_init,
-    .step = rms_step,
-};

@@ -10,7 +10,9 @@
 #include <stdlib.h>
 
 #include "core/internal.h"
-#include "optim/optim_internal.h"
+#include "backend/cpu/cpu_optim.h"
+#include "backend/optim_rules.h"
+#include "backend/optim_rules.h"
 
 typedef struct {
   float keep, take; /* buf = keep * buf + take * g */
@@ -27,29 +29,20 @@ APEX__INLINE void sgd_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinit
   float *p = t->p[1];
   const float inv = c->inv_scale, lr = c->lr, wb = c->wd_before, wa = c->wd_after;
   if (c->momentum == 0.0f) {
-    for (size_t i = 0; i < t->n; i++) {
-      float d = g[i] * inv + wb * p[i];
-      p[i] = p[i] - lr * (d + wa * p[i]);
-    }
+    for (size_t i = 0; i < t->n; i++) p[i] = apex__sgd_rule(g[i], p[i], NULL, 0, inv, wb, wa, 0.0f, 0.0f, 0.0f, 0.0f, lr);
   } else {
     float *buf = t->p[2];
     const float keep = c->coef[t->tensor].keep, take = c->coef[t->tensor].take;
     const float ng = c->nest_g, nb = c->nest_buf;
-    for (size_t i = 0; i < t->n; i++) {
-      float d = g[i] * inv + wb * p[i];
-      float b = keep * buf[i] + take * d;
-      buf[i] = b;
-      d = ng * d + nb * b;
-      p[i] = p[i] - lr * (d + wa * p[i]);
-    }
+    for (size_t i = 0; i < t->n; i++) p[i] = apex__sgd_rule(g[i], p[i], &buf[i], 1, inv, wb, wa, keep, take, ng, nb, lr);
   }
   *nonfinite = 0;
 }
 APEX__SIMD_KERNEL(sgd_tile);
 
-static apex_status sgd_step(apex__step_args *s) {
-  const apex_optim_options *o = &s->group->o;
-  const apex__active *a = s->a;
+apex_status apex__cpu_sgd_step(const apex__cpu_step *s) {
+  const apex_optim_options *o = s->o;
+  const apex__cpu_active *a = s->a;
   sgd_coef *coef = malloc((size_t)a->n * sizeof *coef);
   if (!coef) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "SGD step: out of memory");
   for (int i = 0; i < a->n; i++)
@@ -63,22 +56,3 @@ static apex_status sgd_step(apex__step_args *s) {
   free(coef);
   return st;
 }
-
-static apex_status sgd_validate(const apex_optim_options *o) {
-  if (apex__on(o->nesterov) && (o->momentum <= 0.0f || o->dampening != 0.0f))
-    return apex__fail(APEX_ERR_INVALID_ARG, "SGD: nesterov needs momentum > 0 and dampening 0 (momentum %g, "
-                      "dampening %g)", (double)o->momentum, (double)o->dampening);
-  return APEX_OK;
-}
-
-static int sgd_nstates(const apex_optim_options *o) { return o->momentum != 0.0f; }
-
-const apex__optim_ops apex__sgd_ops = {
-    .name = "SGD",
-    .fields = APEX__FIELD(LR) | APEX__FIELD(MOMENTUM) | APEX__FIELD(DAMPENING) | APEX__FIELD(WEIGHT_DECAY) |
-              APEX__FIELD(NESTEROV) | APEX__FIELD(WD_AFTER_MOMENTUM),
-    .defaults = {.lr = 1e-3f, .nesterov = APEX_OPTIM_OFF, .wd_after_momentum = APEX_OPTIM_OFF},
-    .validate = sgd_validate,
-    .nstates = sgd_nstates,
-    .step = sgd_step,
-};

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 
 #include "core/internal.h"
-#include "optim/optim_internal.h"
+#include "backend/cpu/cpu_optim.h"
 
 typedef struct {
   float inv_scale, beta1, beta2, eps;
@@ -133,9 +133,9 @@ APEX__INLINE void adamp_tile_body(void *vctx, const apex_mt_tile *t, int *nonfin
 }
 APEX__SIMD_KERNEL(adamp_tile);
 
-static apex_status adamp_step(apex__step_args *s) {
-  const apex_optim_options *o = &s->group->o;
-  const apex__active *a = s->a;
+apex_status apex__cpu_adamp_step(const apex__cpu_step *s) {
+  const apex_optim_options *o = s->o;
+  const apex__cpu_active *a = s->a;
   adamp_coef *coef = calloc((size_t)a->n, sizeof *coef);
   float **coefs = calloc((size_t)a->n, sizeof *coefs);
   apex_status st = APEX_OK;
@@ -172,15 +172,3 @@ static apex_status adamp_step(apex__step_args *s) {
   free(coef);
   return st;
 }
-
-static int adamp_nstates(const apex_optim_options *o) { (void)o; return 2; }
-
-const apex__optim_ops apex__adamp_ops = {
-    .name = "AdamP",
-    .fields = APEX__FIELD(LR) | APEX__FIELD(BETA1) | APEX__FIELD(BETA2) | APEX__FIELD(EPS) |
-              APEX__FIELD(WEIGHT_DECAY) | APEX__FIELD(DELTA) | APEX__FIELD(WD_RATIO) | APEX__FIELD(NESTEROV),
-    .defaults = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .delta = 0.1f, .wd_ratio = 0.1f,
-                 .nesterov = APEX_OPTIM_OFF},
-    .nstates = adamp_nstates,
-    .step = adamp_step,
-};

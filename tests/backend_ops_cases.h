@@ -1,0 +1,136 @@
+/* backend_ops_cases.h: the cases of test_backend_ops.c and the bound each one is held to.
+ *
+ * Op cases: every case of nn_cases.h (the shapes test_nn_golden checks against PyTorch), plus the
+ * ops that have no case there and products big enough to run gemm.c's tile grid and more than one
+ * 256-deep slice of the AVX-512 kernel. Multi-tensor and optimizer cases: every apex_mt_* kernel and
+ * one two-step run of every optimizer kind.
+ *
+ * Bounds. A fast path compared with the portable reference (APEX_CPU_ISA_PORTABLE) gives the same
+ * bits wherever the contract says so: conversions and the optimizer and multi-tensor tiles
+ * (core/simd_kernel.h), and so every op without a matrix product. Cases with a matrix product state
+ * `rel`: the portable product sums in double and the fast kernels in f32 in their own blocked
+ * orders (and with FMA), so an element may differ by rel * max|reference| over its tensor, plus,
+ * for an f16 or bf16 result, one unit in the last place of that dtype at the element (its final
+ * rounding may go the other way). Measured on this project's machines (Zen 5; OpenBLAS on its
+ * Haswell kernels at avx2, apex's AVX-512 kernel above), every row printing its worst: f32 errors
+ * reach 0.14e-6 of max|reference| for the small cases and 0.72e-6 for the tiled ones, so rel is 1e-6
+ * and 3e-6 (4x and more); f16 and bf16 results differ by at most the one ulp. */
+#ifndef APEX_TESTS_BACKEND_OPS_CASES_H
+#define APEX_TESTS_BACKEND_OPS_CASES_H
+
+#include "apex/ddp.h"
+#include "apex/optim.h"
+#include "apex/parallel.h"
+#include "nn_cases.h"
+
+/* ---- op cases with no case in nn_cases.h ------------------------------------------------------------ */
+
+static apex_pg *sbn_pg; /* a local process group (world size 1) for sync_batch_norm; see bo_setup */
+
+/* to the other low-precision type, so each dtype's cast changes its values */
+static apex_var *f_cast(apex_graph *g, apex_var **x) {
+  return apex_cast(g, x[0], apex_tensor_dtype(apex_var_value(x[0])) == APEX_BF16 ? APEX_F16 : APEX_BF16);
+}
+static apex_var *f_bn_relu(apex_graph *g, apex_var **x) {
+  return apex_batch_norm(g, x[0], x[1], x[2], NULL, NULL, &(apex_batch_norm_options){.training = 1, .relu = 1});
+}
+static apex_var *f_sync_bn(apex_graph *g, apex_var **x) { return apex_sync_batch_norm(g, sbn_pg, x[0], x[1], x[2], NULL, NULL, NULL); }
+/* A comparison has no gradient: x * mask carries one back to x through the mask's values. */
+static apex_var *f_gt(apex_graph *g, apex_var **x) { return apex_mul(g, x[0], apex_gt(g, x[0], x[1])); }
+static apex_var *f_lt(apex_graph *g, apex_var **x) { return apex_mul(g, x[0], apex_lt(g, x[0], x[1])); }
+static apex_var *f_eq(apex_graph *g, apex_var **x) { return apex_mul(g, x[0], apex_eq(g, apex_relu(g, x[0]), x[0])); }
+
+static const gc_case extra_cases[] = {
+    {"cast", f_cast, 1, {2}, {{4, 5}}, 0, 0},
+    {"batch_norm_relu", f_bn_relu, 3, {4, 1, 1}, {{3, 2, 2, 3}, {2}, {2}}, 0, 0},
+    {"sync_batch_norm", f_sync_bn, 3, {4, 1, 1}, {{3, 2, 2, 3}, {2}, {2}}, 0, 0},
+    {"gt", f_gt, 2, {2, 1}, {{4, 5}, {5}}, 0, 0},
+    {"lt", f_lt, 2, {2, 1}, {{4, 5}, {5}}, 0, 0},
+    {"eq", f_eq, 1, {2}, {{4, 5}}, 0, 0},
+    /* 96 x 160 x 300 and 128 x 130 x 272 multiply-adds are past gemm.c's TILE_MIN_WORK (a tile grid
+     * on threads), and K > 256 takes two of the AVX-512 kernel's slices */
+    {"linear_tiled", f_linear, 3, {2, 2, 1}, {{96, 300}, {160, 300}, {160}}, 0, 0},
+    {"matmul_tiled", f_matmul, 2, {3, 2}, {{2, 64, 272}, {272, 130}}, 0, 0},
+    {"conv2d_wide", f_conv, 3, {4, 4, 1}, {{2, 8, 12, 10}, {16, 8, 3, 3}, {16}}, 0, 0},
+    {"causal_attention_long", f_attention, 3, {4, 4, 4}, {{2, 2, 24, 16}, {2, 2, 24, 16}, {2, 2, 24, 16}}, 0, 0},
+};
+
+/* The op a case stands for, where it is not the op of the case's result (apex_var_op). */
+static const struct {
+  const char *name;
+  apex_op op;
+} case_op[] = {{"reshape", APEX_OP_RESHAPE}, {"gt", APEX_OP_GT}, {"lt", APEX_OP_LT}, {"eq", APEX_OP_EQ}};
+
+/* rel bounds of the cases with a matrix product (see the top); every other op case is bitwise. */
+static const struct {
+  const char *name;
+  double rel;
+} case_rel[] = {
+    {"matmul", 1e-6},          {"matmul_batched", 1e-6},        {"linear", 1e-6},      {"conv2d", 1e-6},
+    {"causal_attention", 1e-6}, {"linear_tiled", 3e-6},          {"matmul_tiled", 3e-6}, {"conv2d_wide", 3e-6},
+    {"causal_attention_long", 3e-6},
+};
+
+/* ---- multi-tensor and optimizer cases --------------------------------------------------------------- */
+
+/* The tensors a multi-tensor or optimizer case works on: ragged sizes around the tile and chunk
+ * boundaries (MT_CHUNK elements a chunk), one of a single element. */
+#define MT_N 4
+#define MT_CHUNK 4096
+static const int64_t mt_sizes[MT_N] = {1, 1000, 9000, 4097};
+
+typedef enum mt_kind {
+  MT_SCALE, MT_SCALE_TO_F32, MT_SCALE_INF, MT_AXPBY, MT_L2NORM, MT_UNSCALE_L2NORM, MT_UNSCALE_FLAT, MT_CHECK_FINITE, MT_CHECK_INF
+} mt_kind;
+
+/* cuda_rel: the bound a GPU result is held to against the portable CPU path (the CPU fast paths are
+ * bitwise). A GPU kernel may contract a * x + b * y into one FMA, and sums its norms in another
+ * order, so its results are not promised bit for bit. These bounds have not yet been checked against
+ * a GPU run. */
+static const struct {
+  const char *name;
+  mt_kind kind;
+  double cuda_rel;
+} mt_cases[] = {
+    {"mt_scale", MT_SCALE, 0},
+    {"mt_scale_to_f32", MT_SCALE_TO_F32, 0},
+    {"mt_scale_overflow", MT_SCALE_INF, 0},
+    {"mt_axpby", MT_AXPBY, 1e-6},
+    {"mt_l2norm", MT_L2NORM, 1e-5},
+    {"mt_unscale_l2norm", MT_UNSCALE_L2NORM, 1e-5},
+    {"mt_unscale_flat", MT_UNSCALE_FLAT, 0},
+    {"mt_check_finite", MT_CHECK_FINITE, 0},
+    {"mt_check_finite_inf", MT_CHECK_INF, 0},
+};
+
+/* Two steps of every kind with its defaults, then the variants that take other branches of the
+ * update rules; each with weight decay 0.01 and gradients scaled by 4 (unscaled inside the kernel). */
+static const struct {
+  const char *name;
+  apex_optim_kind kind;
+  apex_optim_options opts;
+} optim_cases[] = {
+    {"sgd", APEX_OPTIM_SGD, {.weight_decay = 0.01f}},
+    {"adam", APEX_OPTIM_ADAM, {.weight_decay = 0.01f}},
+    {"adamw", APEX_OPTIM_ADAMW, {.weight_decay = 0.01f}},
+    {"adamp", APEX_OPTIM_ADAMP, {.weight_decay = 0.01f}},
+    {"lamb", APEX_OPTIM_LAMB, {.weight_decay = 0.01f}},
+    {"adadelta", APEX_OPTIM_ADADELTA, {.weight_decay = 0.01f}},
+    {"adagrad", APEX_OPTIM_ADAGRAD, {.weight_decay = 0.01f}},
+    {"rmsprop", APEX_OPTIM_RMSPROP, {.weight_decay = 0.01f}},
+    {"rmsprop_tf", APEX_OPTIM_RMSPROP_TF, {.weight_decay = 0.01f}},
+    {"novograd", APEX_OPTIM_NOVOGRAD, {.weight_decay = 0.01f}},
+    {"sgd_nesterov", APEX_OPTIM_SGD, {.momentum = 0.9f, .nesterov = APEX_OPTIM_ON, .weight_decay = 0.01f}},
+    {"adam_amsgrad", APEX_OPTIM_ADAM, {.amsgrad = APEX_OPTIM_ON, .weight_decay = 0.01f}},
+    {"adamp_nesterov", APEX_OPTIM_ADAMP, {.nesterov = APEX_OPTIM_ON, .weight_decay = 0.01f}},
+    {"lamb_nvlamb", APEX_OPTIM_LAMB, {.use_nvlamb = APEX_OPTIM_ON, .weight_decay = 0.01f}},
+    {"adagrad_w_mode", APEX_OPTIM_ADAGRAD, {.adagrad_w_mode = APEX_OPTIM_ON, .weight_decay = 0.01f}},
+    {"rmsprop_centered", APEX_OPTIM_RMSPROP, {.momentum = 0.9f, .centered = APEX_OPTIM_ON, .weight_decay = 0.01f}},
+    {"rmsprop_tf_decoupled", APEX_OPTIM_RMSPROP_TF, {.momentum = 0.9f, .decoupled_decay = APEX_OPTIM_ON, .weight_decay = 0.01f}},
+    {"novograd_inf", APEX_OPTIM_NOVOGRAD, {.norm_type = APEX_OPTIM_NORM_INF, .weight_decay = 0.01f}},
+};
+
+/* GPU bound as for mt_cases: transcendental and square-root rounding may differ there. */
+#define OPTIM_CUDA_REL 1e-5
+
+#endif
