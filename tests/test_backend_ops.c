@@ -19,6 +19,7 @@
 
 #include "apex/cpu.h"
 #include "apex/cuda.h"
+#include "backend/backend.h"
 #include "backend_ops_cases.h"
 #include "testutil.h"
 
@@ -444,6 +445,222 @@ static void test_optimizer_cases(void **state) {
     }
 }
 
+/* ---- nn slot cases -------------------------------------------------------------------------------- */
+
+/* The nn slots (backend/args_nn.h) called directly, with every buffer on the backend's device: the
+ * kernels a backend plugs into autograd's fronts, checked before any front sends them device tensors.
+ * Gradient outputs mix accumulate 1 (over preloaded values) and 0, so both halves of the rule are
+ * compared. The reference is the CPU backend's slot under the portable ISA. */
+
+#define SLOT_MAX 24
+typedef struct slot_run {
+  apex_device dev;
+  const apex_backend *be;
+  apex_tensor *t[SLOT_MAX];
+  int nt;
+  void *mem[8];
+  int nmem;
+  result *r;
+} slot_run;
+
+/* n f32 values on the run's device: seeded values in [-1, 1], or zeros for seed 0. */
+static float *sbuf(slot_run *s, size_t n, uint64_t seed) {
+  assert_true(s->nt < SLOT_MAX);
+  apex_tensor *h = seed ? tu_random_tensor(APEX_F32, n, seed, 1.0f) : apex_tensor_create(APEX_F32, 1, (int64_t[]){(int64_t)n});
+  apex_tensor *d = on_device(h, s->dev);
+  apex_tensor_destroy(h);
+  assert_non_null(d);
+  s->t[s->nt++] = d;
+  return (float *)apex_tensor_data(d);
+}
+
+/* Records the buffer sbuf gave as p (found among the run's tensors). */
+static void sgot(slot_run *s, const char *what, const float *p) {
+  for (int i = 0; i < s->nt; i++)
+    if (apex_tensor_data(s->t[i]) == p) {
+      capture(s->r, what, s->t[i]);
+      return;
+    }
+  fail_msg("slot buffer %s not found", what);
+}
+
+/* The CPU slots' workspace: host blocks kept until the run ends. */
+static void *slot_ws_get(void *ctx, size_t bytes) {
+  slot_run *s = ctx;
+  if (s->nmem == 8) return NULL;
+  return s->mem[s->nmem++] = malloc(bytes ? bytes : 1);
+}
+static apex_nn_workspace slot_ws(slot_run *s) { return (apex_nn_workspace){slot_ws_get, s}; }
+
+static apex_status slot_binary(slot_run *s, apex_nn_binary_kind kind) {
+  enum { N = 1000 };
+  apex_nn_bcast plan = {.nd = 1, .shape = {N}, .st = {{1}, {1}}, .rows = 1, .len = N};
+  float *a = sbuf(s, N, 11), *b = sbuf(s, N, 12), *out = sbuf(s, N, 0), *go = sbuf(s, N, 13), *ga = sbuf(s, N, 14), *gb = sbuf(s, N, 0);
+  apex_status st = s->be->nn_binary(&(apex_nn_binary_args){.kind = kind, .plan = &plan, .a = a, .b = b, .out = out});
+  if (st == APEX_OK)
+    st = s->be->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = kind, .plan = &plan, .a = a, .b = b, .numel_a = N, .numel_b = N,
+                                                          .gout = go, .ga = ga, .gb = gb, .accumulate_a = 1, .accumulate_b = 0});
+  sgot(s, "out", out), sgot(s, "ga", ga), sgot(s, "gb", gb);
+  return st;
+}
+static apex_status slot_add(slot_run *s) { return slot_binary(s, APEX_NN_ADD); }
+static apex_status slot_mul(slot_run *s) { return slot_binary(s, APEX_NN_MUL); }
+
+static apex_status slot_unary(slot_run *s, apex_nn_unary_kind kind) {
+  enum { N = 777 };
+  float *x = sbuf(s, N, 21), *out = sbuf(s, N, 0), *go = sbuf(s, N, 22), *gx = sbuf(s, N, 23);
+  apex_status st = s->be->nn_unary(&(apex_nn_unary_args){.kind = kind, .n = N, .x = x, .out = out});
+  if (st == APEX_OK)
+    st = s->be->nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = kind, .n = N, .x = x, .y = out, .y_dtype = APEX_F32, .gout = go,
+                                                        .gx = gx, .accumulate_x = 1});
+  sgot(s, "out", out), sgot(s, "gx", gx);
+  return st;
+}
+static apex_status slot_relu(slot_run *s) { return slot_unary(s, APEX_NN_RELU); }
+static apex_status slot_gelu_tanh(slot_run *s) { return slot_unary(s, APEX_NN_GELU_TANH); }
+
+static apex_status slot_scale(slot_run *s) {
+  enum { N = 513 };
+  float *x = sbuf(s, N, 31), *out = sbuf(s, N, 0), *go = sbuf(s, N, 32), *gx = sbuf(s, N, 0);
+  apex_status st = s->be->nn_scale(&(apex_nn_scale_args){.n = N, .x = x, .out = out, .s = 0.37f});
+  if (st == APEX_OK) st = s->be->nn_scale_bwd(&(apex_nn_scale_bwd_args){.n = N, .gout = go, .gx = gx, .s = 0.37f, .accumulate_x = 0});
+  sgot(s, "out", out), sgot(s, "gx", gx);
+  return st;
+}
+
+static apex_status slot_row_norm(slot_run *s, int centre) {
+  enum { R = 8, D = 96 };
+  float *x = sbuf(s, R * D, 41), *w = sbuf(s, D, 42), *b = centre ? sbuf(s, D, 43) : NULL, *out = sbuf(s, R * D, 0);
+  float *stats = sbuf(s, 2 * R, 0), *go = sbuf(s, R * D, 44), *gx = sbuf(s, R * D, 45), *gw = sbuf(s, D, 46);
+  float *gb = centre ? sbuf(s, D, 47) : NULL;
+  apex_status st = s->be->nn_row_norm(&(apex_nn_row_norm_args){.centre = centre, .rows = R, .cols = D, .x = x, .w = w, .b = b,
+                                                                .out = out, .stats = stats, .eps = 1e-5f});
+  float *work = s->dev == APEX_DEVICE_CPU ? slot_ws_get(s, R * D * sizeof(float)) : NULL;
+  if (st == APEX_OK)
+    st = s->be->nn_row_norm_bwd(&(apex_nn_row_norm_bwd_args){.centre = centre, .rows = R, .cols = D, .x = x, .w = w, .stats = stats,
+                                                              .gout = go, .gx = gx, .gw = gw, .gb = gb, .accumulate_x = 1,
+                                                              .accumulate_w = 1, .accumulate_b = 1, .workspace = work,
+                                                              .workspace_bytes = work ? R * D * sizeof(float) : 0});
+  sgot(s, "out", out), sgot(s, "rstd", stats), sgot(s, "gx", gx), sgot(s, "gw", gw);
+  if (centre) sgot(s, "gb", gb);
+  return st;
+}
+static apex_status slot_layer_norm(slot_run *s) { return slot_row_norm(s, 1); }
+static apex_status slot_rms_norm(slot_run *s) { return slot_row_norm(s, 0); }
+
+static apex_status slot_sum(slot_run *s) {
+  enum { DIM = 37, INNER = 19 };
+  float *x = sbuf(s, DIM * INNER, 51), *out = sbuf(s, INNER, 0);
+  apex_status st = s->be->nn_reduce(&(apex_nn_reduce_args){.kind = APEX_NN_REDUCE_SUM, .outer = 1, .dim = DIM, .inner = INNER,
+                                                            .scale = 1.0 / DIM, .x = x, .out = out});
+  sgot(s, "out", out);
+  return st;
+}
+
+static apex_status slot_embedding(slot_run *s) {
+  enum { V = 11, DIM = 16, N = 20 };
+  int64_t ids[N]; /* on the host for both backends (args_nn.h; cuda/embedding.cu reads them there) */
+  for (int i = 0; i < N; i++) ids[i] = (i * 7 + 3) % V == 5 ? 2 : (i * 7 + 3) % V; /* id 5 never occurs, id 2 often */
+  float *w = sbuf(s, V * DIM, 61), *out = sbuf(s, N * DIM, 0), *go = sbuf(s, N * DIM, 62), *gw = sbuf(s, V * DIM, 63);
+  float *gw0 = sbuf(s, V * DIM, 64);
+  apex_status st = s->be->nn_embedding(&(apex_nn_embedding_args){.n = N, .dim = DIM, .ids = ids, .w = w, .dtype = APEX_F32, .out = out});
+  for (int acc = 1; acc >= 0 && st == APEX_OK; acc--)
+    st = s->be->nn_embedding_bwd(&(apex_nn_embedding_bwd_args){.n = N, .dim = DIM, .rows = V, .ids = ids, .gout = go,
+                                                                .gw = acc ? gw : gw0, .accumulate_w = acc});
+  sgot(s, "out", out), sgot(s, "gw", gw), sgot(s, "gw fresh", gw0);
+  return st;
+}
+
+static apex_status slot_linear(slot_run *s) {
+  enum { M = 13, N = 17, K = 19 };
+  float *x = sbuf(s, M * K, 71), *w = sbuf(s, N * K, 72), *bias = sbuf(s, N, 73), *out = sbuf(s, M * N, 0);
+  float *go = sbuf(s, M * N, 74), *gx = sbuf(s, M * K, 0), *gw = sbuf(s, N * K, 75), *gb = sbuf(s, N, 76);
+  apex_status st = s->be->nn_linear(&(apex_nn_linear_args){.m = M, .n = N, .k = K, .x = {x, APEX_F32}, .w = {w, APEX_F32}, .bias = bias,
+                                                            .out = out, .out_dtype = APEX_F32, .ws = slot_ws(s)});
+  if (st == APEX_OK)
+    st = s->be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = M, .n = N, .k = K, .x = {x, APEX_F32}, .w = {w, APEX_F32}, .gout = go,
+                                                          .gx = gx, .gw = gw, .gb = gb, .accumulate_x = 0, .accumulate_w = 1,
+                                                          .accumulate_b = 1, .ws = slot_ws(s)});
+  sgot(s, "out", out), sgot(s, "gx", gx), sgot(s, "gw", gw), sgot(s, "gb", gb);
+  return st;
+}
+
+static apex_status slot_matmul(slot_run *s, int b_batched) {
+  enum { B = 3, M = 5, N = 7, K = 9 };
+  size_t nb = (size_t)(b_batched ? B : 1) * K * N;
+  float *a = sbuf(s, B * M * K, 81), *b = sbuf(s, nb, 82), *out = sbuf(s, B * M * N, 0), *go = sbuf(s, B * M * N, 83);
+  float *ga = sbuf(s, B * M * K, 0), *gb = sbuf(s, nb, 84);
+  apex_status st = s->be->nn_matmul(&(apex_nn_matmul_args){.batch = B, .m = M, .n = N, .k = K, .a = {a, APEX_F32}, .b = {b, APEX_F32},
+                                                            .b_batched = b_batched, .out = out, .out_dtype = APEX_F32, .ws = slot_ws(s)});
+  if (st == APEX_OK)
+    st = s->be->nn_matmul_bwd(&(apex_nn_matmul_bwd_args){.batch = B, .m = M, .n = N, .k = K, .a = {a, APEX_F32}, .b = {b, APEX_F32},
+                                                          .b_batched = b_batched, .gout = go, .ga = ga, .gb = gb, .accumulate_a = 0,
+                                                          .accumulate_b = 1, .ws = slot_ws(s)});
+  sgot(s, "out", out), sgot(s, "ga", ga), sgot(s, "gb", gb);
+  return st;
+}
+static apex_status slot_bmm(slot_run *s) { return slot_matmul(s, 1); }
+static apex_status slot_matmul_shared(slot_run *s) { return slot_matmul(s, 0); }
+
+static apex_status slot_conv2d(slot_run *s) {
+  apex_nn_conv_geom g = {.n = 2, .c = 3, .h = 8, .w = 7, .o = 4, .kh = 3, .kw = 3, .sh = 2, .sw = 1, .ph = 1, .pw = 1, .ho = 4, .wo = 7};
+  size_t nx = 2 * 3 * 8 * 7, nw = 4 * 3 * 3 * 3, no = 2 * 4 * 4 * 7;
+  float *x = sbuf(s, nx, 91), *w = sbuf(s, nw, 92), *bias = sbuf(s, 4, 93), *out = sbuf(s, no, 0), *go = sbuf(s, no, 94);
+  float *gx = sbuf(s, nx, 0), *gw = sbuf(s, nw, 95), *gb = sbuf(s, 4, 0);
+  apex_status st = s->be->nn_conv2d(&(apex_nn_conv2d_args){.geom = g, .x = x, .w = w, .bias = bias, .out = out, .ws = slot_ws(s)});
+  if (st == APEX_OK)
+    st = s->be->nn_conv2d_bwd(&(apex_nn_conv2d_bwd_args){.geom = g, .x = x, .w = w, .gout = go, .gx = gx, .gw = gw, .gb = gb,
+                                                          .accumulate_x = 0, .accumulate_w = 1, .accumulate_b = 0, .ws = slot_ws(s)});
+  sgot(s, "out", out), sgot(s, "gx", gx), sgot(s, "gw", gw), sgot(s, "gb", gb);
+  return st;
+}
+
+/* rel: the CUDA kernels' order of summation (and cuDNN's algorithm choice) differ from the CPU's. */
+static const struct {
+  const char *name;
+  apex_status (*run)(slot_run *s);
+  double rel;
+} slot_cases[] = {
+    {"nn_binary add", slot_add, 1e-6},       {"nn_binary mul", slot_mul, 1e-6},    {"nn_unary relu", slot_relu, 1e-6},
+    {"nn_unary gelu_tanh", slot_gelu_tanh, 1e-5}, {"nn_scale", slot_scale, 1e-6},  {"nn_row_norm layer", slot_layer_norm, 1e-4},
+    {"nn_row_norm rms", slot_rms_norm, 1e-4}, {"nn_reduce sum", slot_sum, 1e-5},   {"nn_embedding", slot_embedding, 1e-6},
+    {"nn_linear", slot_linear, 1e-4},         {"nn_matmul batched", slot_bmm, 1e-4}, {"nn_matmul shared b", slot_matmul_shared, 1e-4},
+    {"nn_conv2d", slot_conv2d, 2e-3},
+};
+
+/* One case on one backend: its status, with the results in *r. */
+static apex_status run_slot(int c, apex_device dev, const apex_backend *be, result *r) {
+  slot_run s = {.dev = dev, .be = be, .r = r};
+  apex_status st = slot_cases[c].run(&s);
+  for (int i = 0; i < s.nt; i++) apex_tensor_destroy(s.t[i]);
+  for (int i = 0; i < s.nmem; i++) free(s.mem[i]);
+  return st;
+}
+
+static void test_nn_slot_cases(void **state) {
+  (void)state;
+  for (int c = 0; c < (int)(sizeof slot_cases / sizeof slot_cases[0]); c++) {
+    result ref = {0};
+    use_isa(APEX_CPU_ISA_PORTABLE);
+    apex_status st = run_slot(c, APEX_DEVICE_CPU, &apex__cpu_backend, &ref);
+    use_isa(APEX_CPU_ISA_NATIVE);
+    if (st != APEX_OK) fail_msg("%s on the reference path: %s", slot_cases[c].name, apex_last_error());
+    for (int bi = 0; bi < n_backends; bi++) {
+      const backend *b = &backends[bi];
+      if (b->device != APEX_DEVICE_CUDA) continue; /* the CPU's other ISAs are the op cases' concern */
+      if (!b->present) {
+        report(bi, APEX_F32, "slot", slot_cases[c].name, SKIPPED, b->why);
+        continue;
+      }
+      result got = {0};
+      st = run_slot(c, b->device, apex__backend_for(b->device), &got);
+      judge(bi, APEX_F32, "slot", slot_cases[c].name, st, &ref, &got, slot_cases[c].rel);
+      result_free(&got);
+    }
+    result_free(&ref);
+  }
+}
+
 /* ---- summary -------------------------------------------------------------------------------------- */
 
 /* The table, the coverage line, and the verdict over every section. */
@@ -490,6 +707,7 @@ int main(void) {
       cmocka_unit_test(test_op_cases),
       cmocka_unit_test(test_multi_tensor_cases),
       cmocka_unit_test(test_optimizer_cases),
+      cmocka_unit_test(test_nn_slot_cases),
       cmocka_unit_test(test_summary),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -12,6 +12,23 @@ const apex_backend apex__cuda_backend = {
     .mt_l2norm = apex__cuda_slot_mt_l2norm,
     .optim_step = apex__cuda_slot_optim_step,
     .scaler_update = apex__cuda_slot_scaler_update,
+    .nn_binary = apex__cuda_slot_nn_binary,
+    .nn_binary_bwd = apex__cuda_slot_nn_binary_bwd,
+    .nn_unary = apex__cuda_slot_nn_unary,
+    .nn_unary_bwd = apex__cuda_slot_nn_unary_bwd,
+    .nn_scale = apex__cuda_slot_nn_scale,
+    .nn_scale_bwd = apex__cuda_slot_nn_scale_bwd,
+    .nn_row_norm = apex__cuda_slot_nn_row_norm,
+    .nn_row_norm_bwd = apex__cuda_slot_nn_row_norm_bwd,
+    .nn_reduce = apex__cuda_slot_nn_reduce,
+    .nn_embedding = apex__cuda_slot_nn_embedding,
+    .nn_embedding_bwd = apex__cuda_slot_nn_embedding_bwd,
+    .nn_matmul = apex__cuda_slot_nn_matmul,
+    .nn_matmul_bwd = apex__cuda_slot_nn_matmul_bwd,
+    .nn_linear = apex__cuda_slot_nn_linear,
+    .nn_linear_bwd = apex__cuda_slot_nn_linear_bwd,
+    .nn_conv2d = apex__cuda_slot_nn_conv2d,
+    .nn_conv2d_bwd = apex__cuda_slot_nn_conv2d_bwd,
 };
 
 const apex_cuda_ops apex__cuda_ops_table = {
