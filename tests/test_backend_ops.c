@@ -463,19 +463,20 @@ typedef struct slot_run {
   result *r;
 } slot_run;
 
-/* n f32 values on the run's device: seeded values in [-1, 1], or zeros for seed 0. */
-static float *sbuf(slot_run *s, size_t n, uint64_t seed) {
+/* n values of dt on the run's device: seeded values in [-1, 1], or zeros for seed 0. */
+static void *sbuf_as(slot_run *s, size_t n, uint64_t seed, apex_dtype dt) {
   assert_true(s->nt < SLOT_MAX);
-  apex_tensor *h = seed ? tu_random_tensor(APEX_F32, n, seed, 1.0f) : apex_tensor_create(APEX_F32, 1, (int64_t[]){(int64_t)n});
+  apex_tensor *h = seed ? tu_random_tensor(dt, n, seed, 1.0f) : apex_tensor_create(dt, 1, (int64_t[]){(int64_t)n});
   apex_tensor *d = on_device(h, s->dev);
   apex_tensor_destroy(h);
   assert_non_null(d);
   s->t[s->nt++] = d;
-  return (float *)apex_tensor_data(d);
+  return apex_tensor_data(d);
 }
+static float *sbuf(slot_run *s, size_t n, uint64_t seed) { return sbuf_as(s, n, seed, APEX_F32); }
 
 /* Records the buffer sbuf gave as p (found among the run's tensors). */
-static void sgot(slot_run *s, const char *what, const float *p) {
+static void sgot(slot_run *s, const char *what, const void *p) {
   for (int i = 0; i < s->nt; i++)
     if (apex_tensor_data(s->t[i]) == p) {
       capture(s->r, what, s->t[i]);
@@ -528,25 +529,30 @@ static apex_status slot_scale(slot_run *s) {
   return st;
 }
 
-static apex_status slot_row_norm(slot_run *s, int centre) {
+/* x, w, b and the result in dt (the slot widens them itself); statistics and gradients f32. */
+static apex_status slot_row_norm(slot_run *s, int centre, apex_dtype dt) {
   enum { R = 8, D = 96 };
-  float *x = sbuf(s, R * D, 41), *w = sbuf(s, D, 42), *b = centre ? sbuf(s, D, 43) : NULL, *out = sbuf(s, R * D, 0);
+  void *x = sbuf_as(s, R * D, 41, dt), *w = sbuf_as(s, D, 42, dt), *b = centre ? sbuf_as(s, D, 43, dt) : NULL;
+  void *out = sbuf_as(s, R * D, 0, dt);
   float *stats = sbuf(s, 2 * R, 0), *go = sbuf(s, R * D, 44), *gx = sbuf(s, R * D, 45), *gw = sbuf(s, D, 46);
   float *gb = centre ? sbuf(s, D, 47) : NULL;
-  apex_status st = s->be->nn_row_norm(&(apex_nn_row_norm_args){.centre = centre, .rows = R, .cols = D, .x = x, .w = w, .b = b,
-                                                                .out = out, .stats = stats, .eps = 1e-5f});
+  apex_status st = s->be->nn_row_norm(&(apex_nn_row_norm_args){.centre = centre, .rows = R, .cols = D, .x = {x, dt},
+                                                                .w = {w, dt}, .b = {b, dt}, .out = out,
+                                                                .out_dtype = dt, .stats = stats, .eps = 1e-5f, .ws = slot_ws(s)});
   float *work = s->dev == APEX_DEVICE_CPU ? slot_ws_get(s, R * D * sizeof(float)) : NULL;
   if (st == APEX_OK)
-    st = s->be->nn_row_norm_bwd(&(apex_nn_row_norm_bwd_args){.centre = centre, .rows = R, .cols = D, .x = x, .w = w, .stats = stats,
+    st = s->be->nn_row_norm_bwd(&(apex_nn_row_norm_bwd_args){.centre = centre, .rows = R, .cols = D, .x = {x, dt}, .w = {w, dt}, .stats = stats,
                                                               .gout = go, .gx = gx, .gw = gw, .gb = gb, .accumulate_x = 1,
                                                               .accumulate_w = 1, .accumulate_b = 1, .workspace = work,
-                                                              .workspace_bytes = work ? R * D * sizeof(float) : 0});
+                                                              .workspace_bytes = work ? R * D * sizeof(float) : 0, .ws = slot_ws(s)});
   sgot(s, "out", out), sgot(s, "rstd", stats), sgot(s, "gx", gx), sgot(s, "gw", gw);
   if (centre) sgot(s, "gb", gb);
   return st;
 }
-static apex_status slot_layer_norm(slot_run *s) { return slot_row_norm(s, 1); }
-static apex_status slot_rms_norm(slot_run *s) { return slot_row_norm(s, 0); }
+static apex_status slot_layer_norm(slot_run *s) { return slot_row_norm(s, 1, APEX_F32); }
+static apex_status slot_rms_norm(slot_run *s) { return slot_row_norm(s, 0, APEX_F32); }
+static apex_status slot_layer_norm_f16(slot_run *s) { return slot_row_norm(s, 1, APEX_F16); }
+static apex_status slot_rms_norm_bf16(slot_run *s) { return slot_row_norm(s, 0, APEX_BF16); }
 
 static apex_status slot_sum(slot_run *s) {
   enum { DIM = 37, INNER = 19 };
@@ -615,17 +621,29 @@ static apex_status slot_conv2d(slot_run *s) {
   return st;
 }
 
-/* rel: the CUDA kernels' order of summation (and cuDNN's algorithm choice) differ from the CPU's. */
+/* rel: the CUDA kernels' order of summation (and cuDNN's algorithm choice) differ from the CPU's; dt:
+ * the dtype of the case's native inputs, whose ulp the bound adds. */
 static const struct {
   const char *name;
   apex_status (*run)(slot_run *s);
   double rel;
+  apex_dtype dt;
 } slot_cases[] = {
-    {"nn_binary add", slot_add, 1e-6},       {"nn_binary mul", slot_mul, 1e-6},    {"nn_unary relu", slot_relu, 1e-6},
-    {"nn_unary gelu_tanh", slot_gelu_tanh, 1e-5}, {"nn_scale", slot_scale, 1e-6},  {"nn_row_norm layer", slot_layer_norm, 1e-4},
-    {"nn_row_norm rms", slot_rms_norm, 1e-4}, {"nn_reduce sum", slot_sum, 1e-5},   {"nn_embedding", slot_embedding, 1e-6},
-    {"nn_linear", slot_linear, 1e-4},         {"nn_matmul batched", slot_bmm, 1e-4}, {"nn_matmul shared b", slot_matmul_shared, 1e-4},
-    {"nn_conv2d", slot_conv2d, 2e-3},
+    {"nn_binary add", slot_add, 1e-6, APEX_F32},
+    {"nn_binary mul", slot_mul, 1e-6, APEX_F32},
+    {"nn_unary relu", slot_relu, 1e-6, APEX_F32},
+    {"nn_unary gelu_tanh", slot_gelu_tanh, 1e-5, APEX_F32},
+    {"nn_scale", slot_scale, 1e-6, APEX_F32},
+    {"nn_row_norm layer", slot_layer_norm, 1e-4, APEX_F32},
+    {"nn_row_norm rms", slot_rms_norm, 1e-4, APEX_F32},
+    {"nn_row_norm layer", slot_layer_norm_f16, 1e-4, APEX_F16},
+    {"nn_row_norm rms", slot_rms_norm_bf16, 1e-4, APEX_BF16},
+    {"nn_reduce sum", slot_sum, 1e-5, APEX_F32},
+    {"nn_embedding", slot_embedding, 1e-6, APEX_F32},
+    {"nn_linear", slot_linear, 1e-4, APEX_F32},
+    {"nn_matmul batched", slot_bmm, 1e-4, APEX_F32},
+    {"nn_matmul shared b", slot_matmul_shared, 1e-4, APEX_F32},
+    {"nn_conv2d", slot_conv2d, 2e-3, APEX_F32},
 };
 
 /* One case on one backend: its status, with the results in *r. */
@@ -649,12 +667,12 @@ static void test_nn_slot_cases(void **state) {
       const backend *b = &backends[bi];
       if (b->device != APEX_DEVICE_CUDA) continue; /* the CPU's other ISAs are the op cases' concern */
       if (!b->present) {
-        report(bi, APEX_F32, "slot", slot_cases[c].name, SKIPPED, b->why);
+        report(bi, slot_cases[c].dt, "slot", slot_cases[c].name, SKIPPED, b->why);
         continue;
       }
       result got = {0};
       st = run_slot(c, b->device, apex__backend_for(b->device), &got);
-      judge(bi, APEX_F32, "slot", slot_cases[c].name, st, &ref, &got, slot_cases[c].rel);
+      judge(bi, slot_cases[c].dt, "slot", slot_cases[c].name, st, &ref, &got, slot_cases[c].rel);
       result_free(&got);
     }
     result_free(&ref);

@@ -25,6 +25,13 @@ typedef struct apex_nn_workspace {
   void *ctx;
 } apex_nn_workspace;
 
+/* A tensor's elements as stored, in its own dtype (any float dtype; row-major): what a kernel that
+ * reads native dtypes takes, and what the CPU's kernels widen to f32 themselves. */
+typedef struct apex_nn_buf {
+  const void *data;
+  apex_dtype dtype;
+} apex_nn_buf;
+
 /* ---- elementwise (cpu/elementwise.c, cuda/elementwise.cu) ------------------------------------- */
 
 typedef enum apex_nn_binary_kind {
@@ -256,28 +263,33 @@ typedef struct apex_nn_batch_norm_dx_args {
 } apex_nn_batch_norm_dx_args;
 
 /* Layer norm (centre: subtract the row mean, add b) or RMS norm of each of R rows of D: out =
- * (x - mean) * rstd * w + b, with rstd = 1 / sqrt(mean of squares + eps); stats receives mean[R] then
- * rstd[R]. */
+ * (x - mean) * rstd * w + b, with rstd = 1 / sqrt(mean of squares + eps), computed in f32 from the
+ * native x, w, b (w, b data NULL: 1, 0) and rounded to out_dtype; stats (f32) receives mean[R] then
+ * rstd[R]. ws: the f32 copies of inputs and result that a kernel widens into. */
 typedef struct apex_nn_row_norm_args {
   int centre;
   size_t rows, cols;
-  const float *x, *w, *b;
-  float *out;
+  apex_nn_buf x, w, b;
+  void *out;
+  apex_dtype out_dtype;
   float *stats;
   float eps;
+  apex_nn_workspace ws;
 } apex_nn_row_norm_args;
 
-/* Its backward; gw (when set) needs workspace of rows * cols floats for gout * xhat. */
+/* Its backward from the native x and w (as the forward's); gw (when set) needs workspace of rows *
+ * cols floats for gout * xhat; ws as the forward's. */
 typedef struct apex_nn_row_norm_bwd_args {
   int centre;
   size_t rows, cols;
-  const float *x, *w;
+  apex_nn_buf x, w;
   const float *stats;
   const float *gout;
   float *gx, *gw, *gb;
   int accumulate_x, accumulate_w, accumulate_b;
   float *workspace;
   size_t workspace_bytes;
+  apex_nn_workspace ws;
 } apex_nn_row_norm_bwd_args;
 
 /* ---- reductions, layout and lookups (cpu/shape.c, cuda/embedding.cu) --------------------------------- */
@@ -372,12 +384,6 @@ typedef struct apex_nn_embedding_bwd_args {
 } apex_nn_embedding_bwd_args;
 
 /* ---- products (cpu/linear.c on cpu/gemm.c, cuda/gemm.cu) -------------------------------------------- */
-
-/* An operand or result of a product as stored: row-major, any float dtype. */
-typedef struct apex_nn_buf {
-  const void *data;
-  apex_dtype dtype;
-} apex_nn_buf;
 
 /* out [batch][m, n] (out_dtype) = a [batch][m, k] b [k, n] (b_batched: [batch][k, n]), accumulated in
  * f32. */

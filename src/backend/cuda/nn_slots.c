@@ -118,26 +118,48 @@ apex_status apex__cuda_slot_nn_scale_bwd(const apex_nn_scale_bwd_args *a) {
 
 /* ---- row norms ---------------------------------------------------------------------------------- */
 
+/* b's n elements as f32 on the device: its own data when f32, else a converted copy in scratch, which
+ * *owned then holds for the caller to free. NULL after a message (*st set). */
+static const float *dev_f32(apex_nn_buf b, size_t n, void **owned, apex_status *st) {
+  *owned = NULL;
+  *st = APEX_OK;
+  if (b.dtype == APEX_F32) return (const float *)b.data;
+  float *f = scratch(n, st);
+  if (f && n) *st = apex__cuda_convert(f, APEX_F32, b.data, b.dtype, n);
+  *owned = f;
+  return *st == APEX_OK ? f : NULL;
+}
+
 apex_status apex__cuda_slot_nn_row_norm(const apex_nn_row_norm_args *a) {
-  if (!a->w) return unsupported("nn_row_norm", "a norm without a weight (the fused kernel reads one)");
+  if (!a->w.data) return unsupported("nn_row_norm", "a norm without a weight (the fused kernel reads one)");
+  if (a->centre && a->b.data && a->b.dtype != a->w.dtype)
+    return unsupported("nn_row_norm", "a bias of another dtype than the weight (the kernel reads both in one)");
+  if (a->out_dtype != a->x.dtype)
+    return unsupported("nn_row_norm", "a result of another dtype than x (the kernel writes x's)");
   /* stats is mean[rows] then rstd[rows], the kernel's two outputs side by side */
-  return apex__cuda_layer_norm_fwd(a->x, APEX_F32, a->w, a->centre ? a->b : NULL, APEX_F32, (int64_t)a->rows,
+  return apex__cuda_layer_norm_fwd(a->x.data, a->x.dtype, a->w.data, a->centre ? a->b.data : NULL, a->w.dtype, (int64_t)a->rows,
                                    (int64_t)a->cols, a->eps, !a->centre, a->out, a->stats, a->stats + a->rows);
 }
 
 apex_status apex__cuda_slot_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) {
-  if (!a->w) return unsupported("nn_row_norm_bwd", "a norm without a weight (the fused kernel reads one)");
+  if (!a->w.data) return unsupported("nn_row_norm_bwd", "a norm without a weight (the fused kernel reads one)");
   size_t R = a->rows, D = a->cols;
   if (!R || !D || (!a->gx && !a->gw && !a->gb)) return APEX_OK;
-  /* The kernel writes dx and dw always (db when given), so each goes to scratch and lands by its flag. */
+  /* The kernel writes its gradients in the dtypes of x and w, and the slot's are f32: so it runs on
+   * f32 copies of low-precision inputs. It writes dx and dw always (db when given), so each goes to
+   * scratch and lands by its flag. */
+  void *ox = NULL, *ow = NULL;
   apex_status st;
-  float *dx = scratch(R * D, &st), *dw = dx ? scratch(D, &st) : NULL, *db = dw && a->centre ? scratch(D, &st) : NULL;
+  const float *x = dev_f32(a->x, R * D, &ox, &st), *w = x ? dev_f32(a->w, D, &ow, &st) : NULL;
+  float *dx = w ? scratch(R * D, &st) : NULL, *dw = dx ? scratch(D, &st) : NULL, *db = dw && a->centre ? scratch(D, &st) : NULL;
   if (st == APEX_OK)
-    st = apex__cuda_layer_norm_bwd(a->gout, a->x, APEX_F32, a->w, APEX_F32, a->stats, a->stats + R, (int64_t)R,
-                                   (int64_t)D, !a->centre, dx, dw, db);
+    st = apex__cuda_layer_norm_bwd(a->gout, x, APEX_F32, w, APEX_F32, a->stats, a->stats + R, (int64_t)R, (int64_t)D, !a->centre,
+                                   dx, dw, db);
   if (st == APEX_OK && a->gx) st = land(a->gx, dx, R * D, a->accumulate_x);
   if (st == APEX_OK && a->gw) st = land(a->gw, dw, D, a->accumulate_w);
   if (st == APEX_OK && a->gb && a->centre) st = land(a->gb, db, D, a->accumulate_b);
+  apex__cuda_free(ox);
+  apex__cuda_free(ow);
   apex__cuda_free(dx);
   apex__cuda_free(dw);
   apex__cuda_free(db);
