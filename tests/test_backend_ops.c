@@ -13,6 +13,7 @@
  * bf16; the output and every input gradient are compared, bitwise or within the case's bound
  * (backend_ops_cases.h). One line per case per backend x dtype, then a summary table and a coverage
  * line counting the ops of APEX_OP_COUNT that no case runs. Any failure fails the test. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -679,6 +680,65 @@ static void test_nn_slot_cases(void **state) {
   }
 }
 
+/* What the CUDA slots refuse, and that each refusal names it: checked in any build with CUDA, GPU or
+ * not, since every refusal comes before the first device call (the buffers are never read). */
+static void refused(apex_status st, const char *slot, const char *names) {
+  if (st != APEX_ERR_UNSUPPORTED) fail_msg("%s: status %s, expected unsupported", slot, apex_status_name(st));
+  const char *msg = apex_last_error();
+  if (!strstr(msg, slot) || !strstr(msg, names)) fail_msg("%s: message \"%s\" does not name \"%s\"", slot, msg, names);
+}
+
+static void test_cuda_slot_refusals(void **state) {
+  (void)state;
+  const apex_backend *cb = apex__backend_for(APEX_DEVICE_CUDA);
+  if (!cb) {
+    printf("# cuda slot refusals skipped: %s\n", apex__device_missing(APEX_DEVICE_CUDA));
+    skip();
+  }
+  float f[4] = {0};
+  apex_nn_bcast flat = {.nd = 1, .shape = {4}, .st = {{1}, {1}}, .rows = 1, .len = 4};
+  apex_nn_bcast bc = {.nd = 1, .shape = {4}, .st = {{1}, {0}}, .rows = 1, .len = 4};
+  refused(cb->nn_binary(&(apex_nn_binary_args){.kind = APEX_NN_DIV, .plan = &flat, .a = f, .b = f, .out = f}), "nn_binary", "add and mul");
+  refused(cb->nn_binary(&(apex_nn_binary_args){.kind = APEX_NN_ADD, .plan = &bc, .a = f, .b = f, .out = f}), "nn_binary", "broadcast");
+  refused(cb->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = APEX_NN_MUL, .plan = &bc, .a = f, .b = f, .gout = f, .ga = f}),
+          "nn_binary_bwd", "broadcast");
+  refused(cb->nn_unary(&(apex_nn_unary_args){.kind = APEX_NN_TANH, .n = 4, .x = f, .out = f}), "nn_unary", "relu and tanh gelu");
+  refused(cb->nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = APEX_NN_GELU, .n = 4, .x = f, .gout = f, .gx = f}), "nn_unary_bwd",
+          "relu and tanh gelu");
+  refused(cb->nn_row_norm(&(apex_nn_row_norm_args){.rows = 1, .cols = 4, .x = {f, APEX_F32}, .out = f, .out_dtype = APEX_F32, .stats = f}),
+          "nn_row_norm", "without a weight");
+  refused(cb->nn_row_norm(&(apex_nn_row_norm_args){.rows = 1, .cols = 4, .x = {f, APEX_F16}, .w = {f, APEX_F16}, .out = f,
+                                                   .out_dtype = APEX_F32, .stats = f}),
+          "nn_row_norm", "x's");
+  refused(cb->nn_row_norm(&(apex_nn_row_norm_args){.centre = 1, .rows = 1, .cols = 4, .x = {f, APEX_F32}, .w = {f, APEX_F32},
+                                                   .b = {f, APEX_BF16}, .out = f, .out_dtype = APEX_F32, .stats = f}),
+          "nn_row_norm", "bias of another dtype");
+  refused(cb->nn_row_norm_bwd(&(apex_nn_row_norm_bwd_args){.rows = 1, .cols = 4, .x = {f, APEX_F32}, .stats = f, .gout = f, .gx = f}),
+          "nn_row_norm_bwd", "without a weight");
+  refused(cb->nn_reduce(&(apex_nn_reduce_args){.kind = APEX_NN_REDUCE_NORM, .outer = 1, .dim = 4, .inner = 1, .x = f, .out = f, .norms = f}),
+          "nn_reduce", "L2 norm");
+  refused(cb->nn_reduce(&(apex_nn_reduce_args){.kind = APEX_NN_REDUCE_SUM, .outer = 2, .dim = 2, .inner = 1, .scale = 1, .x = f, .out = f}),
+          "nn_reduce", "inner dimension");
+  refused(cb->nn_linear(&(apex_nn_linear_args){.m = 1, .n = 2, .k = 2, .x = {f, APEX_F16}, .w = {f, APEX_F32}, .out = f, .out_dtype = APEX_F32}),
+          "nn_linear", "f16 and f32");
+  refused(cb->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = 1, .n = 2, .k = 2, .x = {f, APEX_F32}, .w = {f, APEX_BF16}, .gout = f, .gx = f}),
+          "nn_linear_bwd", "gradient and w");
+  refused(cb->nn_matmul(&(apex_nn_matmul_args){.batch = 1, .m = 1, .n = 2, .k = 2, .a = {f, APEX_BF16}, .b = {f, APEX_F16}, .out = f,
+                                               .out_dtype = APEX_F32}),
+          "nn_matmul", "bf16 and f16");
+  refused(cb->nn_matmul(&(apex_nn_matmul_args){.batch = (size_t)INT_MAX + 1, .m = 1, .n = 2, .k = 2, .a = {f, APEX_F32}, .b = {f, APEX_F32},
+                                               .out = f, .out_dtype = APEX_F32}),
+          "nn_matmul", "batch of");
+  refused(cb->nn_matmul_bwd(&(apex_nn_matmul_bwd_args){.batch = 1, .m = 1, .n = 2, .k = 2, .a = {f, APEX_F16}, .b = {f, APEX_F32},
+                                                       .gout = f, .gb = f}),
+          "nn_matmul_bwd", "gradient and a");
+  refused(cb->nn_attention(&(apex_nn_attention_args){.heads = 1, .t = 1, .d = 1, .q = f, .k = f, .v = f, .p = f, .out = f}), "nn_attention",
+          "packed qkv");
+  refused(cb->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = 1, .classes = 2, .x = f}), "nn_cross_entropy", "log-sum-exp");
+  refused(cb->nn_batch_norm(&(apex_nn_batch_norm_args){.N = 1, .C = 1, .S = 1, .x = f, .out = f, .stats = f}), "nn_batch_norm",
+          "batch statistics");
+}
+
 /* ---- summary -------------------------------------------------------------------------------------- */
 
 /* The table, the coverage line, and the verdict over every section. */
@@ -726,6 +786,7 @@ int main(void) {
       cmocka_unit_test(test_multi_tensor_cases),
       cmocka_unit_test(test_optimizer_cases),
       cmocka_unit_test(test_nn_slot_cases),
+      cmocka_unit_test(test_cuda_slot_refusals),
       cmocka_unit_test(test_summary),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -29,6 +29,9 @@ const apex_backend apex__cuda_backend = {
     .nn_linear_bwd = apex__cuda_slot_nn_linear_bwd,
     .nn_conv2d = apex__cuda_slot_nn_conv2d,
     .nn_conv2d_bwd = apex__cuda_slot_nn_conv2d_bwd,
+    .nn_attention = apex__cuda_slot_nn_attention,
+    .nn_cross_entropy = apex__cuda_slot_nn_cross_entropy,
+    .nn_batch_norm = apex__cuda_slot_nn_batch_norm,
 };
 
 const apex_cuda_ops apex__cuda_ops_table = {

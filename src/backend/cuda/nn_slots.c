@@ -4,7 +4,8 @@
  * arguments is device memory, except the embedding's ids, which its kernel reads on the host.
  *
  * A slot covers what its kernel covers and answers APEX_ERR_UNSUPPORTED naming the rest (a kind, a
- * broadcast, a dtype pairing), never an approximation of it. The kernels overwrite their gradient
+ * broadcast, a dtype pairing), never an approximation of it; attention, cross entropy and batch norm,
+ * whose kernels keep other state for their backward, answer it whole. The kernels overwrite their gradient
  * outputs; args_nn.h's accumulate rule (add into the buffer, or store 0.0f + term) is kept by computing
  * the term into device scratch and adding it (land), so the bits are those of one f32 addition. All
  * work is queued on apex's one stream; nothing here waits. */
@@ -322,4 +323,24 @@ apex_status apex__cuda_slot_nn_conv2d_bwd(const apex_nn_conv2d_bwd_args *a) {
   apex__cuda_free(dw);
   apex__cuda_free(db);
   return st;
+}
+
+/* ---- kernels whose layout the slots do not share ------------------------------------------------------ */
+
+/* These ops have CUDA kernels (apex/cuda.h's fused calls) that keep other state for their backward
+ * than the slot promises, so the slot says which rather than the table leaving it unnamed. */
+apex_status apex__cuda_slot_nn_attention(const apex_nn_attention_args *a) {
+  (void)a;
+  return unsupported("nn_attention", "separate q, k, v heads with the probabilities kept for the backward (the kernel, "
+                                     "attention.cu, takes GPT-2's packed qkv [b, t, 3 * h * d] and keeps a log-sum-exp)");
+}
+
+apex_status apex__cuda_slot_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
+  (void)a;
+  return unsupported("nn_cross_entropy", "the row softmax kept for the backward (the kernel, xent.cu, keeps a log-sum-exp)");
+}
+
+apex_status apex__cuda_slot_nn_batch_norm(const apex_nn_batch_norm_args *a) {
+  (void)a;
+  return unsupported("nn_batch_norm", "the normalisation (bn_stats.cu has only the batch statistics)");
 }
