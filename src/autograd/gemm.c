@@ -27,6 +27,7 @@
 #include "apex/cpu.h"
 #include "apex/threads.h"
 #include "autograd/ag.h"
+#include "autograd/gemm_onednn.h"
 
 /* Products of at least this many multiply-adds are tiled and run on threads; smaller ones are one
  * sgemm call, which keeps their bits what they have always been. */
@@ -205,6 +206,9 @@ apex_status apex__gemm(apex_graph *g, int m, int n, int k, float alpha, ag_mat a
   apex__blas_serial();
   job j = {m, n, k, alpha, beta, a, b, c, ct, ldc, bias};
   grid gr = plan(m, n, k);
+  /* bf16 operands on bf16 hardware: oneDNN (gemm_onednn.c), in the same grid */
+  apex_status od = apex__gemm_onednn(g, m, n, k, alpha, a, b, beta, c, ct, ldc, bias, gr.tm, gr.tn);
+  if (od != APEX_ERR_UNSUPPORTED) return od;
   if (a.dtype == APEX_F32 && b.dtype == APEX_F32 && ct == APEX_F32) {
     run_grid(&j, gr, NULL, 0, 0);
     return APEX_OK;
