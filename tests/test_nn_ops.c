@@ -12,6 +12,7 @@
 #include "testutil.h"
 #include "apex/nn.h"
 #include "autograd/ag.h"
+#include "autograd/gemm_onednn.h"
 
 /* ---- concat --------------------------------------------------------------------------------------- */
 
@@ -205,6 +206,7 @@ typedef struct gemm_run {
  * backward of sum(y * y), widening per tile or whole, on `threads` threads. */
 static gemm_run run_gemm(apex_var **in, int batched, int whole, int threads) {
   int old = apex__gemm_set_whole_widening(whole);
+  int old_onednn = apex__onednn_set_enabled(0); /* bf16 would take oneDNN (test_gemm_onednn checks that path) */
   TU_OK(apex_set_num_threads(threads));
   for (int k = 0; k < 4; k++) TU_OK(apex_tensor_fill(apex_var_grad(in[k]), 0.0f));
   apex_graph *g = apex_graph_create();
@@ -217,6 +219,7 @@ static gemm_run run_gemm(apex_var **in, int batched, int whole, int threads) {
   for (int k = 0; k < 4; k++) r.grads[k] = apex_tensor_to(apex_var_grad(in[k]), APEX_F32);
   apex_graph_destroy(g);
   apex__gemm_set_whole_widening(old);
+  apex__onednn_set_enabled(old_onednn);
   return r;
 }
 
