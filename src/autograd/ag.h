@@ -371,7 +371,8 @@ void apex__sgemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha,
  * dtype, accumulated in f32, in apex__sgemm's grid. With bias (f32 [n]), C = bias + alpha * op(A)
  * op(B) instead. C that is not f32 is written, never read: beta must then be 0. Low-precision
  * operands are widened a tile's panel at a time into transient scratch, never whole, with the bits of
- * widening whole. APEX_ERR_OUT_OF_MEMORY when the scratch cannot be had. */
+ * widening whole; bf16 operands on a CPU with AVX512_BF16 or AMX run through oneDNN instead, in the
+ * same grid (gemm_onednn.h). APEX_ERR_OUT_OF_MEMORY when the scratch cannot be had. */
 apex_status apex__gemm(apex_graph *g, int m, int n, int k, float alpha, ag_mat a, ag_mat b, float beta, void *c, apex_dtype ct, int ldc,
                        const float *bias);
 /* 1: apex__gemm widens whole tensors first (the reference way, for tests and benchmarks); 0: per

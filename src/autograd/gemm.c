@@ -1,4 +1,5 @@
-/* gemm.c: the matrix products under the ops, on OpenBLAS sgemm.
+/* gemm.c: the matrix products under the ops, on OpenBLAS sgemm (bf16 products on bf16 CPUs go to
+ * gemm_onednn.c first, in the same tile grid).
  *
  * A product big enough for threads is cut into a grid of output tiles fixed by its shape alone
  * (never by the thread count), and each tile is one single-threaded sgemm call over all of K. The

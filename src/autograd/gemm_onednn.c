@@ -8,7 +8,7 @@
  * shapes, so its bits could depend on OMP_NUM_THREADS. Here every call of a primitive is one tile of
  * gemm.c's grid (fixed by m, n, k alone), and the primitive is created and run with OpenMP's thread
  * count set to 1 on the calling thread: a tile's bits are a function of its shape and operands only.
- * test_nn_ops checks 1, 2 and 3 threads bitwise.
+ * test_gemm_onednn checks 1, 2 and 3 threads bitwise.
  *
  * Operands: bf16 in place, through memory descriptors with the operand's strides (a transpose is a
  * stride); an f32 operand beside a bf16 one (the f32 gradient of a backward product) is rounded to
@@ -300,8 +300,12 @@ apex_status apex__gemm_onednn(apex_graph *g, int m, int n, int k, float alpha, a
     if (s) dnnl_stream_destroy(s);
     omp_set_num_threads(old);
   }
-  /* A primitive that ran once does not fail later short of memory: report it as such. */
-  st = failed ? apex__fail(APEX_ERR_OUT_OF_MEMORY, "gemm (oneDNN): a matmul primitive failed to run a [%d, %d] x [%d, %d] product", m, k, k, n)
+  /* Every primitive here was created for this layout and gets its scratchpad from us, so a run fails
+   * only when oneDNN cannot allocate (its memory objects); C may then hold some tiles already. */
+  st = failed ? apex__fail(APEX_ERR_OUT_OF_MEMORY,
+                           "gemm (oneDNN): a matmul primitive failed to run a [%d, %d] x [%d, %d] product; free memory, or set "
+                           "APEX_CPU_ISA=avx512 to take the f32 path",
+                           m, k, k, n)
               : APEX_OK;
   if (st == APEX_OK) __atomic_fetch_add(&products, 1, __ATOMIC_RELAXED);
 done:
