@@ -2,7 +2,8 @@
  * f32 candidates against each other, all in one run on apex's threads.
  *
  * Shapes (m x k x n): the MLP's [128, 784] x [784, 1024] and [128, 1024] x [1024, 1024], the GPT's
- * [4096, 768] x [768, 768], and 2048^3. Per shape, in GFLOP/s (best of repeated runs, the
+ * [4096, 768] x [768, 768], 2048^3, and apex-train's MLP first layer at its batch of 64,
+ * [64, 784] x [784, 512] (small tiles, where a call's fixed cost shows). Per shape, in GFLOP/s (best of repeated runs, the
  * candidates interleaved over three rounds because the machine is shared):
  *   gemm_<shape>_bf16_onednn_<isa>    apex_matmul on bf16 operands (gemm_onednn.c: oneDNN per tile),
  *                                     peer apex-f32-<isa>: apex_matmul on f32 (apex's grid, AVX-512
@@ -197,7 +198,7 @@ static void bench_shape(int m, int k, int n) {
 }
 
 int main(int argc, char **argv) {
-  static const int shapes[][3] = {{128, 784, 1024}, {128, 1024, 1024}, {4096, 768, 768}, {2048, 2048, 2048}};
+  static const int shapes[][3] = {{128, 784, 1024}, {128, 1024, 1024}, {4096, 768, 768}, {2048, 2048, 2048}, {64, 784, 512}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     char name[64];
     snprintf(name, sizeof name, "gemm_%dx%dx%d", shapes[i][0], shapes[i][1], shapes[i][2]);

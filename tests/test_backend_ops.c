@@ -4,8 +4,9 @@
  * The reference is the CPU under APEX_CPU_ISA_PORTABLE (apex/cpu.h): plain C conversions and tiles
  * and the plain-C double-accumulating matrix product. The backends compared with it:
  *   cpu:<isa>  the CPU under each maximum ISA above portable that this CPU has: AVX2 (AVX2
- *              conversions and tiles, OpenBLAS products) and its own level (adds the AVX-512
- *              product kernel). These run on any x86 machine, GPU or not.
+ *              conversions and tiles, OpenBLAS products), AVX512 (adds the AVX-512 product kernel)
+ *              and its own level (at AVX512_BF16 or AMX, bf16 products run through oneDNN:
+ *              gemm_onednn.c). These run on any x86 machine, GPU or not.
  *   cuda       tensors on the GPU, where one is present (skipped with the reason otherwise). A call
  *              refused with APEX_ERR_UNSUPPORTED or APEX_ERR_DEVICE is a slot the backend lacks:
  *              listed as unsupported, never counted as passed.
@@ -25,7 +26,7 @@
 
 /* ---- backends and the tally ----------------------------------------------------------------------- */
 
-#define MAX_BACKENDS 4
+#define MAX_BACKENDS 5
 typedef struct backend {
   char name[32];
   apex_device device;
@@ -46,8 +47,9 @@ static int covered[APEX_OP_COUNT];
 static void setup_backends(void) {
   apex_cpu_isa native = apex_cpu_native_isa();
   for (apex_cpu_isa isa = APEX_CPU_ISA_AVX2; isa <= native; isa++) {
-    /* AVX2 and the CPU's own level: the levels between add no path of their own today */
-    if (isa != APEX_CPU_ISA_AVX2 && isa != native) continue;
+    /* AVX2, AVX512 where the CPU has more (above it bf16 products leave the AVX-512 kernel for
+     * oneDNN), and the CPU's own level; AMX's products differ from AVX512_BF16's only inside oneDNN */
+    if (isa != APEX_CPU_ISA_AVX2 && isa != native && !(isa == APEX_CPU_ISA_AVX512 && native > APEX_CPU_ISA_AVX512)) continue;
     backend *b = &backends[n_backends++];
     snprintf(b->name, sizeof b->name, "cpu:%s", apex_cpu_isa_name(isa));
     b->device = APEX_DEVICE_CPU, b->isa = isa, b->present = 1;
