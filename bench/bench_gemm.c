@@ -3,8 +3,9 @@
  *
  * Shapes (m x k x n): the MLP's [128, 784] x [784, 1024] and [128, 1024] x [1024, 1024], the GPT's
  * [4096, 768] x [768, 768], 2048^3, and apex-train's MLP first layer at its batch of 64,
- * [64, 784] x [784, 512] (small tiles, where a call's fixed cost shows). Per shape, in GFLOP/s (best of repeated runs, the
- * candidates interleaved over three rounds because the machine is shared):
+ * [64, 784] x [784, 512] (small tiles, where a call's fixed cost shows). Per shape, in GFLOP/s
+ * (best of repeated runs, the candidates interleaved over three rounds because the machine is
+ * shared); <isa> is the maximum ISA in effect (apex/cpu.h), which picks the path:
  *   gemm_<shape>_bf16_onednn_<isa>    apex_matmul on bf16 operands (gemm_onednn.c: oneDNN per tile),
  *                                     peer apex-f32-<isa>: apex_matmul on f32 (apex's grid, AVX-512
  *                                     sgemm); ..._vs_widened: the same against apex-bf16-widened
@@ -12,8 +13,9 @@
  *   gemm_<shape>_bf16_onednn_whole    one oneDNN bf16 primitive over the whole product on all threads
  *                                     (what the per-tile, thread-count-independent calls give up),
  *                                     peer apex-bf16-onednn-tiles
- *   gemm_<shape>_f32_apex_avx512      apex's f32 path, peer openblas-f32 (cblas_sgemm on all threads)
- *   gemm_<shape>_f32_onednn           one oneDNN f32 primitive on all threads, peer apex-f32-avx512
+ *   gemm_<shape>_f32_apex_<isa>       apex's f32 path (its AVX-512 kernel at avx512 and above), peer
+ *                                     openblas-f32 (cblas_sgemm on all threads)
+ *   gemm_<shape>_f32_onednn           one oneDNN f32 primitive on all threads, peer apex-f32-<isa>
  * Lines that need oneDNN or AVX512_BF16 print a skip line saying why. */
 #include <cblas.h>
 #include <stdint.h>
