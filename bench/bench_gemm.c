@@ -24,7 +24,7 @@
 
 #include "apex/apex.h"
 #include "apex/cpu.h"
-#include "autograd/gemm_onednn.h"
+#include "backend/cpu/gemm_onednn.h"
 #include "bench_util.h"
 
 #if APEX_BENCH_HAVE_DNNL

@@ -20,7 +20,7 @@
 
 #include "apex/cpu.h"
 #include "apex/cuda.h"
-#include "autograd/gemm_onednn.h"
+#include "backend/cpu/gemm_onednn.h"
 #include "backend_ops_cases.h"
 #include "testutil.h"
 

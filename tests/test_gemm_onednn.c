@@ -17,7 +17,7 @@
 #include <stdlib.h>
 
 #include "apex/cpu.h"
-#include "autograd/gemm_onednn.h"
+#include "backend/cpu/gemm_onednn.h"
 #include "testutil.h"
 
 /* Skips the calling test (returning 1) when the path cannot run at the CPU's own level. */

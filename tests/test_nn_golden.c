@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "autograd/gemm_onednn.h"
+#include "backend/cpu/gemm_onednn.h"
 #include "testutil.h"
 #include "nn_cases.h"
 

@@ -21,7 +21,10 @@
  *
  * Primitives are created once per tile shape and layout, kept in a process-wide cache (a model has
  * a handful of shapes), and run with a user scratchpad so threads can share one primitive. */
-#include "autograd/gemm_onednn.h"
+#include <string.h>
+
+#include "backend/cpu/gemm_onednn.h"
+#include "core/internal.h"
 
 static int enabled = 1;
 static unsigned long products;
@@ -167,7 +170,7 @@ typedef struct tile_plan {
 
 /* The strides of the tile's op(A) [mi, k] and op(B) [k, nj] as oneDNN reads them: in place, or in a
  * panel that keeps the stored orientation (as gemm.c's panels do). */
-static prim_key tile_key(dnnl_data_type_t dt, const tile_plan *p, const ag_mat *a, const ag_mat *b, int mi, int nj, int k) {
+static prim_key tile_key(dnnl_data_type_t dt, const tile_plan *p, const apex__mat *a, const apex__mat *b, int mi, int nj, int k) {
   prim_key q = {dt, mi, nj, k, {0, 0}, {0, 0}};
   strides(a->trans, p->narrow_a ? (a->trans ? mi : k) : a->ld, q.sa);
   strides(b->trans, p->narrow_b ? (b->trans ? k : nj) : b->ld, q.sb);
@@ -175,14 +178,14 @@ static prim_key tile_key(dnnl_data_type_t dt, const tile_plan *p, const ag_mat *
 }
 
 /* Rounds lines [lo, lo + w) of op(x) to bf16 in buf (the stored rows or columns they read). */
-static const void *narrow_panel(const ag_mat *x, int by_rows, int lo, int w, int k, uint16_t *buf) {
+static const void *narrow_panel(const apex__mat *x, int by_rows, int lo, int w, int k, uint16_t *buf) {
   const float *base = (const float *)x->data + (by_rows ? (size_t)lo * x->ld : (size_t)lo);
   int rows = by_rows ? w : k, cols = by_rows ? k : w;
   for (int r = 0; r < rows; r++) apex__convert_range(buf + (size_t)r * cols, APEX_BF16, base + (size_t)r * x->ld, APEX_F32, (size_t)cols);
   return buf;
 }
 
-static const void *in_place(const ag_mat *x, int by_rows, int lo) {
+static const void *in_place(const apex__mat *x, int by_rows, int lo) {
   return (const char *)x->data + (by_rows ? (size_t)lo * x->ld : (size_t)lo) * apex_dtype_size(x->dtype);
 }
 
@@ -230,8 +233,8 @@ static void epilogue(float *acc, int mi, int nj, int i0, int j0, float alpha, fl
   }
 }
 
-apex_status apex__gemm_onednn(apex_graph *g, int m, int n, int k, float alpha, ag_mat a, ag_mat b, float beta, void *c, apex_dtype ct,
-                              int ldc, const float *bias, int tm, int tn) {
+apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, float alpha, apex__mat a, apex__mat b, float beta, void *c,
+                              apex_dtype ct, int ldc, const float *bias, int tm, int tn) {
   if (!apex__onednn_active(NULL) || m <= 0 || n <= 0 || k <= 0 || tm <= 0 || tn <= 0) return APEX_ERR_UNSUPPORTED;
   if (ct != APEX_F32 && beta != 0.0f && !bias) return APEX_ERR_UNSUPPORTED;
   dnnl_data_type_t dt;
@@ -264,7 +267,7 @@ apex_status apex__gemm_onednn(apex_graph *g, int m, int n, int k, float alpha, a
   int threads = apex_get_num_threads();
   size_t fa = p.narrow_a ? up64((size_t)p.tm * k * 2) : 0, fb = p.narrow_b ? up64((size_t)k * p.tn * 2) : 0;
   size_t fc = up64((size_t)p.tm * p.tn * sizeof(float)), per = fa + fb + fc + up64(pad);
-  char *scratch = apex__scratch_temp(g, (size_t)threads * per + 64);
+  char *scratch = ws->get(ws->ctx, (size_t)threads * per + 64);
   if (!scratch) {
     st = APEX_ERR_OUT_OF_MEMORY;
     goto done;
@@ -322,9 +325,9 @@ int apex__onednn_active(const char **why) {
   return 0;
 }
 
-apex_status apex__gemm_onednn(apex_graph *g, int m, int n, int k, float alpha, ag_mat a, ag_mat b, float beta, void *c, apex_dtype ct,
-                              int ldc, const float *bias, int tm, int tn) {
-  (void)g, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)b, (void)beta, (void)c, (void)ct, (void)ldc, (void)bias, (void)tm, (void)tn;
+apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, float alpha, apex__mat a, apex__mat b, float beta, void *c,
+                              apex_dtype ct, int ldc, const float *bias, int tm, int tn) {
+  (void)ws, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)b, (void)beta, (void)c, (void)ct, (void)ldc, (void)bias, (void)tm, (void)tn;
   return APEX_ERR_UNSUPPORTED;
 }
 

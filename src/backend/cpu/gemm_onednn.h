@@ -1,9 +1,9 @@
 /* gemm_onednn.h: the bf16 (and, where oneDNN has it, f16) matrix products through oneDNN's matmul
- * primitive, as an optional fast path in front of gemm.c's f32 products. Internal to libapex. */
-#ifndef APEX_AUTOGRAD_GEMM_ONEDNN_H
-#define APEX_AUTOGRAD_GEMM_ONEDNN_H
+ * primitive, as an optional fast path in front of gemm.c's f32 products. Internal to the CPU backend. */
+#ifndef APEX_BACKEND_CPU_GEMM_ONEDNN_H
+#define APEX_BACKEND_CPU_GEMM_ONEDNN_H
 
-#include "autograd/ag.h"
+#include "backend/cpu/gemm.h"
 
 /* apex__gemm's contract (ag.h), run on oneDNN in gemm.c's tile grid (tiles of tm x tn, fixed by the
  * product's shape): each tile is one single-threaded oneDNN matmul over all of K on the thread
@@ -12,9 +12,9 @@
  * time) or both as f16; the products accumulate in f32. APEX_ERR_UNSUPPORTED, with nothing written
  * and no message, whenever this path does not run: oneDNN absent from the build, a maximum ISA
  * (apex/cpu.h) below AVX512_BF16, operands of other dtypes, or a shape oneDNN has no primitive for;
- * the caller then takes its own path. APEX_ERR_OUT_OF_MEMORY when scratch cannot be had. */
-apex_status apex__gemm_onednn(apex_graph *g, int m, int n, int k, float alpha, ag_mat a, ag_mat b, float beta, void *c, apex_dtype ct,
-                              int ldc, const float *bias, int tm, int tn);
+ * the caller then takes its own path. APEX_ERR_OUT_OF_MEMORY when ws has no scratch to give. */
+apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, float alpha, apex__mat a, apex__mat b, float beta, void *c,
+                              apex_dtype ct, int ldc, const float *bias, int tm, int tn);
 
 /* 1 when apex__gemm_onednn runs bf16 products now (built with oneDNN, and the maximum ISA in effect
  * is AVX512_BF16 or above); else 0, with *why (when why is not NULL) saying which is missing. */
