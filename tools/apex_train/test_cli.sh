@@ -176,6 +176,8 @@ want=$(sed -n 's/^#define APEX_VERSION_STRING "\(.*\)"$/\1/p' "$SRC/../../includ
 v=$("$BIN" --version)
 [ $? -eq 0 ] && [ -n "$want" ] && [ "$v" = "apex-train $want (apex library $want)" ] && ok "--version: $v" || ko "--version: '$v' (want $want)"
 grep -q "first limit reached" <<< "$help" && ok "--help states when training ends" || ko "--help lacks the --steps/--epochs rule"
+grep -q "IDX image/label files" <<< "$help" && grep -q "llm.c .bin of uint16 tokens" <<< "$help" && ok "--help names the data formats (IDX, bytes, llm.c .bin)" ||
+  ko "--help does not name the data formats: $(grep -- --data <<< "$help")"
 bad "gpt-only --seq-len for mlp" --model mlp --seq-len 32
 bad "gpt-only --sample-bytes for cnn" --model cnn --sample-bytes 10
 bad "negative --max-bad-steps" --max-bad-steps -1
