@@ -69,6 +69,12 @@ for f in model data opt-level cast-type loss-scale keep-batchnorm-fp32 master-we
   grep -qE -- "^  --$f( |$)" <<< "$help" || missing="$missing --$f"
 done
 [ -z "$missing" ] && ok "--help lists every flag" || ko "--help misses$missing"
+# The README's flags table names every flag --help lists (--help itself is named in its text).
+undocumented=""
+for f in $(grep -oE '^  --[a-z0-9-]+' <<< "$help" | tr -d ' '); do
+  [ "$f" = --help ] || grep -qF -- "\`$f" "$SRC/../../README.md" || undocumented="$undocumented $f"
+done
+[ -z "$undocumented" ] && ok "README.md documents every flag" || ko "README.md lacks$undocumented"
 for o in sgd adam adamw adamp lamb adadelta adagrad rmsprop rmsprop_tf novograd; do
   grep -q -- "$o" <<< "$help" || ko "--help does not name optimizer $o"
 done
