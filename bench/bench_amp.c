@@ -3,6 +3,9 @@
  *   amp_{mlp,cnn}_O{1,2}_step   training-step time ratio O-level / O0 (target <= 1.3: this CPU has no
  *                               native f16 arithmetic, so amp must not cost more than the casts);
  *                               the value is the level's samples/s.
+ *   amp_{mlp,cnn}_O{1,2}_bf16_step_<isa>  the same with half_type bf16, naming the maximum ISA in
+ *                               effect (at avx512_bf16 and above the products run through oneDNN;
+ *                               target on AVX512_BF16 without AMX: O2 <= 0.75).
  *   amp_mlp_activation_O{0..3}  bytes autograd keeps for backward after the forward at batch 4096
  *                               (apex_graph_saved_bytes: what the pool holds, plus the caller's f32
  *                               batch where the first layer saves it, as its f16 copy is counted
@@ -21,6 +24,7 @@
 #include <unistd.h>
 
 #include "apex/apex.h"
+#include "apex/cpu.h"
 #include "bench_models.h"
 #include "bench_util.h"
 
@@ -40,7 +44,7 @@ static void die(const char *what) {
   exit(1);
 }
 
-static void run_init(run_t *r, int cnn, int batch, const char *level) {
+static void run_init_half(run_t *r, int cnn, int batch, const char *level, apex_amp_cast half) {
   memset(r, 0, sizeof *r);
   r->batch = batch;
   r->m = apex_model_create(&(apex_model_options){.seed = 1});
@@ -53,7 +57,7 @@ static void run_init(run_t *r, int cnn, int batch, const char *level) {
   }
   r->opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 1e-3f});
   if (!r->opt || apex_optimizer_add_group(r->opt, ps, (int)np, gs, (int)np, NULL, NULL) != APEX_OK) die("optimizer");
-  if (apex_amp_initialize(&r->m, 1, &r->opt, 1, &(apex_amp_config){.opt_level = level}, &r->amp) != APEX_OK) die("amp");
+  if (apex_amp_initialize(&r->m, 1, &r->opt, 1, &(apex_amp_config){.opt_level = level, .half_type = half}, &r->amp) != APEX_OK) die("amp");
   r->g = apex_graph_create();
   if (apex_amp_prepare_graph(r->amp, r->g) != APEX_OK) die("graph");
   int64_t xs[4] = {batch, 1, 28, 28}, xm[2] = {batch, 784};
@@ -63,6 +67,8 @@ static void run_init(run_t *r, int cnn, int batch, const char *level) {
   r->labels = malloc((size_t)batch * sizeof *r->labels);
   for (int i = 0; i < batch; i++) r->labels[i] = (i * 7) % 10;
 }
+
+static void run_init(run_t *r, int cnn, int batch, const char *level) { run_init_half(r, cnn, batch, level, APEX_AMP_CAST_DEFAULT); }
 
 static void run_free(run_t *r) {
   apex_graph_destroy(r->g);
@@ -89,18 +95,30 @@ static void step(void *p) {
   apex_graph_reset(r->g);
 }
 
-/* Best step time of O0, O1 and O2 on one model, t[level]. The levels run in interleaved rounds,
- * best of each kept, so that all three see the same moments of a shared machine (one level after
- * the other let a busy second skew the ratio either way). */
-static void time_levels(int cnn, const char *const *levels, double t[3]) {
-  run_t r[3];
-  for (int l = 0; l < 3; l++) run_init(&r[l], cnn, 128, levels[l]), t[l] = 1e300;
+/* The configurations timed against each other: O0, then O1 and O2 in f16 (Apex's half type) and in
+ * bf16 (where AVX512_BF16 or AMX runs the products through oneDNN). */
+enum { N_CONF = 5 };
+static const struct {
+  const char *level, *dtype;
+  apex_amp_cast half;
+} confs[N_CONF] = {{"O0", "f32", APEX_AMP_CAST_DEFAULT},
+                   {"O1", "f16", APEX_AMP_CAST_F16},
+                   {"O2", "f16", APEX_AMP_CAST_F16},
+                   {"O1", "bf16", APEX_AMP_CAST_BF16},
+                   {"O2", "bf16", APEX_AMP_CAST_BF16}};
+
+/* Best step time of each configuration on one model, t[conf]. They run in interleaved rounds, best
+ * of each kept, so that all see the same moments of a shared machine (one level after the other let
+ * a busy second skew the ratio either way). */
+static void time_levels(int cnn, double t[N_CONF]) {
+  run_t r[N_CONF];
+  for (int l = 0; l < N_CONF; l++) run_init_half(&r[l], cnn, 128, confs[l].level, confs[l].half), t[l] = 1e300;
   for (int round = 0; round < 4; round++)
-    for (int l = 0; l < 3; l++) {
+    for (int l = 0; l < N_CONF; l++) {
       double s = bench_best(step, &r[l], round == 0 ? 2 : 0, 3, 0.5);
       t[l] = s < t[l] ? s : t[l];
     }
-  for (int l = 0; l < 3; l++) run_free(&r[l]);
+  for (int l = 0; l < N_CONF; l++) run_free(&r[l]);
 }
 
 /* Bytes the graph holds for backward after the forward: its live pool blocks (saved values and
@@ -170,10 +188,15 @@ int main(int argc, char **argv) {
     char name[64];
     snprintf(name, sizeof name, "amp_%s_O1_step", cnn ? "cnn" : "mlp");
     if (!bench_wanted(argc, argv, name)) continue;
-    double t[3];
-    time_levels(cnn, levels, t);
-    for (int l = 1; l <= 2; l++) {
-      snprintf(name, sizeof name, "amp_%s_%s_step", cnn ? "cnn" : "mlp", levels[l]);
+    double t[N_CONF];
+    time_levels(cnn, t);
+    for (int l = 1; l < N_CONF; l++) {
+      /* f16 keeps its old names; bf16 lines name the ISA level they ran at (apex/cpu.h) */
+      if (confs[l].half == APEX_AMP_CAST_F16)
+        snprintf(name, sizeof name, "amp_%s_%s_step", cnn ? "cnn" : "mlp", confs[l].level);
+      else
+        snprintf(name, sizeof name, "amp_%s_%s_%s_step_%s", cnn ? "cnn" : "mlp", confs[l].level, confs[l].dtype,
+                 apex_cpu_isa_name(apex_cpu_max_isa()));
       bench_report(name, 128.0 / t[l], "samples/s", t[l] / t[0], "apex-O0-time");
     }
   }
