@@ -522,23 +522,29 @@ static apex_status slot_binary(slot_run *s, apex_nn_binary_kind kind) {
 static apex_status slot_add(slot_run *s) { return slot_binary(s, APEX_NN_ADD); }
 static apex_status slot_mul(slot_run *s) { return slot_binary(s, APEX_NN_MUL); }
 
-static apex_status slot_unary(slot_run *s, apex_nn_unary_kind kind) {
+/* x and the result in dt (the slot widens and rounds them itself); gradients f32. */
+static apex_status slot_unary(slot_run *s, apex_nn_unary_kind kind, apex_dtype dt) {
   enum { N = 777 };
-  float *x = sbuf(s, N, 21), *out = sbuf(s, N, 0), *go = sbuf(s, N, 22), *gx = sbuf(s, N, 23);
-  apex_status st = s->be->nn_unary(&(apex_nn_unary_args){.kind = kind, .n = N, .x = x, .out = out});
+  void *x = sbuf_as(s, N, 21, dt), *out = sbuf_as(s, N, 0, dt);
+  float *go = sbuf(s, N, 22), *gx = sbuf(s, N, 23);
+  apex_status st = s->be->nn_unary(&(apex_nn_unary_args){.kind = kind, .n = N, .x = {x, dt}, .out = out, .out_dtype = dt,
+                                                            .ws = slot_ws(s)});
   if (st == APEX_OK)
-    st = s->be->nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = kind, .n = N, .x = x, .y = out, .y_dtype = APEX_F32, .gout = go,
-                                                        .gx = gx, .accumulate_x = 1});
+    st = s->be->nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = kind, .n = N, .x = {x, dt}, .y = out, .y_dtype = dt, .gout = go,
+                                                        .gx = gx, .accumulate_x = 1, .ws = slot_ws(s)});
   sgot(s, "out", out), sgot(s, "gx", gx);
   return st;
 }
-static apex_status slot_relu(slot_run *s) { return slot_unary(s, APEX_NN_RELU); }
-static apex_status slot_gelu_tanh(slot_run *s) { return slot_unary(s, APEX_NN_GELU_TANH); }
+static apex_status slot_relu(slot_run *s) { return slot_unary(s, APEX_NN_RELU, APEX_F32); }
+static apex_status slot_gelu_tanh(slot_run *s) { return slot_unary(s, APEX_NN_GELU_TANH, APEX_F32); }
+static apex_status slot_relu_f16(slot_run *s) { return slot_unary(s, APEX_NN_RELU, APEX_F16); }
+static apex_status slot_gelu_tanh_bf16(slot_run *s) { return slot_unary(s, APEX_NN_GELU_TANH, APEX_BF16); }
 
 static apex_status slot_scale(slot_run *s) {
   enum { N = 513 };
   float *x = sbuf(s, N, 31), *out = sbuf(s, N, 0), *go = sbuf(s, N, 32), *gx = sbuf(s, N, 0);
-  apex_status st = s->be->nn_scale(&(apex_nn_scale_args){.n = N, .x = x, .out = out, .s = 0.37f});
+  apex_status st = s->be->nn_scale(&(apex_nn_scale_args){.n = N, .x = {x, APEX_F32}, .out = out, .out_dtype = APEX_F32, .s = 0.37f,
+                                                            .ws = slot_ws(s)});
   if (st == APEX_OK) st = s->be->nn_scale_bwd(&(apex_nn_scale_bwd_args){.n = N, .gout = go, .gx = gx, .s = 0.37f, .accumulate_x = 0});
   sgot(s, "out", out), sgot(s, "gx", gx);
   return st;
@@ -648,6 +654,8 @@ static const struct {
     {"nn_binary mul", slot_mul, 1e-6, APEX_F32},
     {"nn_unary relu", slot_relu, 1e-6, APEX_F32},
     {"nn_unary gelu_tanh", slot_gelu_tanh, 1e-5, APEX_F32},
+    {"nn_unary relu", slot_relu_f16, 1e-6, APEX_F16},
+    {"nn_unary gelu_tanh", slot_gelu_tanh_bf16, 1e-5, APEX_BF16},
     {"nn_scale", slot_scale, 1e-6, APEX_F32},
     {"nn_row_norm layer", slot_layer_norm, 1e-4, APEX_F32},
     {"nn_row_norm rms", slot_rms_norm, 1e-4, APEX_F32},
@@ -716,8 +724,8 @@ static void test_cuda_slot_refusals(void **state) {
   refused(cb->nn_binary(&(apex_nn_binary_args){.kind = APEX_NN_ADD, .plan = &bc, .a = f, .b = f, .out = f}), "nn_binary", "broadcast");
   refused(cb->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = APEX_NN_MUL, .plan = &bc, .a = f, .b = f, .gout = f, .ga = f}),
           "nn_binary_bwd", "broadcast");
-  refused(cb->nn_unary(&(apex_nn_unary_args){.kind = APEX_NN_TANH, .n = 4, .x = f, .out = f}), "nn_unary", "relu and tanh gelu");
-  refused(cb->nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = APEX_NN_GELU, .n = 4, .x = f, .gout = f, .gx = f}), "nn_unary_bwd",
+  refused(cb->nn_unary(&(apex_nn_unary_args){.kind = APEX_NN_TANH, .n = 4, .x = {f, APEX_F32}, .out = f}), "nn_unary", "relu and tanh gelu");
+  refused(cb->nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = APEX_NN_GELU, .n = 4, .x = {f, APEX_F32}, .gout = f, .gx = f}), "nn_unary_bwd",
           "relu and tanh gelu");
   refused(cb->nn_row_norm(&(apex_nn_row_norm_args){.rows = 1, .cols = 4, .x = {f, APEX_F32}, .out = f, .out_dtype = APEX_F32, .stats = f}),
           "nn_row_norm", "without a weight");

@@ -111,11 +111,9 @@ apex_var *apex_scale(apex_graph *g, apex_var *x, float s) {
   apex_var *out = apex__result(g, APEX_OP_SCALE, dt, u->value->ndim, u->value->shape, 1, &u);
   if (!out) return NULL;
   out->p.scale.s = s;
-  const float *X = apex__f32(g, u->value);
-  float *o = apex__out_f32(g, out);
-  if (!X || !o) return NULL;
-  if (be->nn_scale(&(apex_nn_scale_args){.n = ag_numel(out), .x = X, .out = o, .s = s}) != APEX_OK) return NULL;
-  apex__store(out, o);
+  if (be->nn_scale(&(apex_nn_scale_args){.n = ag_numel(out), .x = ag_buf(u->value), .out = apex_tensor_data(out->value),
+                                         .out_dtype = out->value->dtype, .s = s, .ws = apex__ag_workspace(g)}) != APEX_OK)
+    return NULL;
   return out;
 }
 
@@ -153,12 +151,10 @@ static apex_var *unary(apex_graph *g, apex_op op, apex_var *x, float p) {
   apex_var *out = apex__result(g, op, dt, u->value->ndim, u->value->shape, 1, &u);
   if (!out) return NULL;
   out->p.scale.s = p;
-  const float *X = apex__f32(g, u->value);
-  float *o = apex__out_f32(g, out);
-  if (!X || !o) return NULL;
-  if (be->nn_unary(&(apex_nn_unary_args){.kind = unary_kind(op), .n = ag_numel(out), .x = X, .out = o, .p = p}) != APEX_OK)
+  if (be->nn_unary(&(apex_nn_unary_args){.kind = unary_kind(op), .n = ag_numel(out), .x = ag_buf(u->value),
+                                         .out = apex_tensor_data(out->value), .out_dtype = out->value->dtype, .p = p,
+                                         .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
-  apex__store(out, o);
   return out;
 }
 
@@ -178,7 +174,7 @@ apex_status apex__bwd_unary(apex_graph *g, apex_var *out) {
   const apex_backend *be = apex__ag_backend(out, out->op);
   if (!be || !AG_HAS(be, nn_unary_bwd, out->op)) return apex_last_status();
   apex_nn_unary_bwd_args a = {.kind = unary_kind(out->op), .n = ag_numel(out), .p = out->p.scale.s, .gout = out->gbuf,
-                              .accumulate_x = 1};
+                              .accumulate_x = 1, .ws = apex__ag_workspace(g)};
   if (out->op == APEX_OP_RELU) {
     int fresh;
     a.gx = apex__gbuf_w(g, out->in[0], &fresh);
@@ -190,8 +186,7 @@ apex_status apex__bwd_unary(apex_graph *g, apex_var *out) {
   }
   a.gx = apex__gbuf(g, out->in[0]);
   if (!a.gx) return APEX_OK;
-  a.x = apex__f32(g, out->in[0]->value);
-  if (!a.x) return APEX_ERR_OUT_OF_MEMORY;
+  a.x = ag_buf(out->in[0]->value);
   return be->nn_unary_bwd(&a);
 }
 

@@ -73,35 +73,41 @@ typedef enum apex_nn_unary_kind {
   APEX_NN_POW_SCALAR
 } apex_nn_unary_kind;
 
-/* out = kind(x) over n elements; POW_SCALAR raises to p (2 and 0.5 exactly rounded, as PyTorch). */
+/* out = kind(x) over n elements, computed in f32 from the native x and rounded to out_dtype; POW_SCALAR
+ * raises to p (2 and 0.5 exactly rounded, as PyTorch). ws: the f32 copies a kernel widens into. */
 typedef struct apex_nn_unary_args {
   apex_nn_unary_kind kind;
   size_t n;
-  const float *x;
-  float *out;
+  apex_nn_buf x;
+  void *out;
+  apex_dtype out_dtype;
   float p;
+  apex_nn_workspace ws;
 } apex_nn_unary_args;
 
 /* gx += gout * kind'(x). RELU reads its output y (y_dtype, raw: non-zero exactly where x > 0) instead
- * of x; every other kind reads x (f32). */
+ * of x; every other kind reads x (native, widened as the forward's). */
 typedef struct apex_nn_unary_bwd_args {
   apex_nn_unary_kind kind;
   size_t n;
-  const float *x;
+  apex_nn_buf x;
   const void *y;
   apex_dtype y_dtype;
   float p;
   const float *gout;
   float *gx;
   int accumulate_x;
+  apex_nn_workspace ws;
 } apex_nn_unary_bwd_args;
 
-/* out = x * s; backward gx += gout * s. */
+/* out = x * s (native x, f32 product rounded to out_dtype, as unary's); backward gx += gout * s. */
 typedef struct apex_nn_scale_args {
   size_t n;
-  const float *x;
-  float *out;
+  apex_nn_buf x;
+  void *out;
+  apex_dtype out_dtype;
   float s;
+  apex_nn_workspace ws;
 } apex_nn_scale_args;
 
 typedef struct apex_nn_scale_bwd_args {

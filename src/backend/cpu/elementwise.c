@@ -101,12 +101,14 @@ apex_status apex__cpu_nn_binary_bwd(const apex_nn_binary_bwd_args *a) {
 }
 
 apex_status apex__cpu_nn_scale(const apex_nn_scale_args *a) {
-  const float *X = a->x;
-  float *o = a->out;
-  float s = a->s;
   size_t n = a->n;
+  const float *X = apex__cpu_f32(a->x, n, &a->ws);
+  float *o = apex__cpu_out_f32(a->out, a->out_dtype, n, &a->ws);
+  if (!X || !o) return APEX_ERR_OUT_OF_MEMORY;
+  float s = a->s;
   APEX__CPU_PFOR
   for (size_t i = 0; i < n; i++) o[i] = X[i] * s;
+  apex__cpu_store(a->out, a->out_dtype, o, n);
   return APEX_OK;
 }
 
@@ -125,10 +127,11 @@ apex_status apex__cpu_nn_scale_bwd(const apex_nn_scale_bwd_args *a) {
 #define GELU_C 0.044715f
 
 apex_status apex__cpu_nn_unary(const apex_nn_unary_args *a) {
-  const float *X = a->x;
-  float *o = a->out;
-  float p = a->p;
   size_t n = a->n;
+  const float *X = apex__cpu_f32(a->x, n, &a->ws);
+  float *o = apex__cpu_out_f32(a->out, a->out_dtype, n, &a->ws);
+  if (!X || !o) return APEX_ERR_OUT_OF_MEMORY;
+  float p = a->p;
   switch (a->kind) {
   case APEX_NN_RELU:
     APEX__CPU_PFOR
@@ -172,6 +175,7 @@ apex_status apex__cpu_nn_unary(const apex_nn_unary_args *a) {
     for (size_t i = 0; i < n; i++) o[i] = 1.0f / (1.0f + expf(-X[i]));
     break;
   }
+  apex__cpu_store(a->out, a->out_dtype, o, n);
   return APEX_OK;
 }
 
@@ -218,8 +222,9 @@ apex_status apex__cpu_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
     relu_bwd(gx, !a->accumulate_x, a->y, a->y_dtype, a->gout, n);
     return APEX_OK;
   }
+  const float *X = apex__cpu_f32(a->x, n, &a->ws), *go = a->gout;
+  if (!X) return APEX_ERR_OUT_OF_MEMORY;
   apex__cpu_grad_begin(gx, n, a->accumulate_x);
-  const float *X = a->x, *go = a->gout;
   switch (a->kind) {
   case APEX_NN_GELU:
     APEX__CPU_PFOR

@@ -1,5 +1,6 @@
 /* nn_slots.c: the CUDA backend's nn slots (backend/args_nn.h) over the kernels that exist on the GPU:
- * elementwise.cu (add, mul, scale, ReLU, tanh GELU, column sums), norm.cu (layer and RMS norm),
+ * elementwise.cu (add, mul, scale, ReLU, tanh GELU, column sums; scale and the activations in their
+ * inputs' and results' own dtypes), norm.cu (layer and RMS norm),
  * embedding.cu, gemm.cu (linear, matmul) and conv.cu (cuDNN convolution). Every buffer of a slot's
  * arguments is device memory, except the embedding's ids, which its kernel reads on the host.
  *
@@ -96,7 +97,8 @@ apex_status apex__cuda_slot_nn_unary(const apex_nn_unary_args *a) {
   if (a->kind == APEX_NN_RELU) op = APEX__EW_RELU;
   else if (a->kind == APEX_NN_GELU_TANH) op = APEX__EW_GELU;
   else return unsupported("nn_unary", "only relu and tanh gelu of the unary ops have a kernel (elementwise.cu)");
-  return a->n ? apex__cuda_ew(op, a->x, APEX_F32, NULL, APEX_F32, 0.0f, a->out, APEX_F32, (int64_t)a->n) : APEX_OK;
+  /* the kernel reads x and writes out in their own dtypes, in f32 between */
+  return a->n ? apex__cuda_ew(op, a->x.data, a->x.dtype, NULL, APEX_F32, 0.0f, a->out, a->out_dtype, (int64_t)a->n) : APEX_OK;
 }
 
 apex_status apex__cuda_slot_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
@@ -105,12 +107,13 @@ apex_status apex__cuda_slot_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
   if (a->kind == APEX_NN_RELU)
     return ew_into(a->gx, a->accumulate_x, APEX__EW_RELU_BWD, a->gout, APEX_F32, a->y, a->y_dtype, 0.0f, a->n);
   if (a->kind == APEX_NN_GELU_TANH)
-    return ew_into(a->gx, a->accumulate_x, APEX__EW_GELU_BWD, a->gout, APEX_F32, a->x, APEX_F32, 0.0f, a->n);
+    return ew_into(a->gx, a->accumulate_x, APEX__EW_GELU_BWD, a->gout, APEX_F32, a->x.data, a->x.dtype, 0.0f, a->n);
   return unsupported("nn_unary_bwd", "only relu and tanh gelu of the unary ops have a kernel (elementwise.cu)");
 }
 
 apex_status apex__cuda_slot_nn_scale(const apex_nn_scale_args *a) {
-  return a->n ? apex__cuda_ew(APEX__EW_SCALE, a->x, APEX_F32, NULL, APEX_F32, a->s, a->out, APEX_F32, (int64_t)a->n) : APEX_OK;
+  return a->n ? apex__cuda_ew(APEX__EW_SCALE, a->x.data, a->x.dtype, NULL, APEX_F32, a->s, a->out, a->out_dtype, (int64_t)a->n)
+              : APEX_OK;
 }
 
 apex_status apex__cuda_slot_nn_scale_bwd(const apex_nn_scale_bwd_args *a) {
