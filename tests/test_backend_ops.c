@@ -512,10 +512,13 @@ static apex_status slot_binary(slot_run *s, apex_nn_binary_kind kind) {
   enum { N = 1000 };
   apex_nn_bcast plan = {.nd = 1, .shape = {N}, .st = {{1}, {1}}, .rows = 1, .len = N};
   float *a = sbuf(s, N, 11), *b = sbuf(s, N, 12), *out = sbuf(s, N, 0), *go = sbuf(s, N, 13), *ga = sbuf(s, N, 14), *gb = sbuf(s, N, 0);
-  apex_status st = s->be->nn_binary(&(apex_nn_binary_args){.kind = kind, .plan = &plan, .a = a, .b = b, .out = out});
+  apex_status st = s->be->nn_binary(&(apex_nn_binary_args){.kind = kind, .plan = &plan, .a = {a, APEX_F32}, .b = {b, APEX_F32},
+                                                            .numel_a = N, .numel_b = N, .out = out, .out_dtype = APEX_F32,
+                                                            .ws = slot_ws(s)});
   if (st == APEX_OK)
-    st = s->be->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = kind, .plan = &plan, .a = a, .b = b, .numel_a = N, .numel_b = N,
-                                                          .gout = go, .ga = ga, .gb = gb, .accumulate_a = 1, .accumulate_b = 0});
+    st = s->be->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = kind, .plan = &plan, .a = {a, APEX_F32}, .b = {b, APEX_F32},
+                                                          .numel_a = N, .numel_b = N, .gout = go, .ga = ga, .gb = gb,
+                                                          .accumulate_a = 1, .accumulate_b = 0, .ws = slot_ws(s)});
   sgot(s, "out", out), sgot(s, "ga", ga), sgot(s, "gb", gb);
   return st;
 }
@@ -720,9 +723,10 @@ static void test_cuda_slot_refusals(void **state) {
   float f[4] = {0};
   apex_nn_bcast flat = {.nd = 1, .shape = {4}, .st = {{1}, {1}}, .rows = 1, .len = 4};
   apex_nn_bcast bc = {.nd = 1, .shape = {4}, .st = {{1}, {0}}, .rows = 1, .len = 4};
-  refused(cb->nn_binary(&(apex_nn_binary_args){.kind = APEX_NN_DIV, .plan = &flat, .a = f, .b = f, .out = f}), "nn_binary", "add and mul");
-  refused(cb->nn_binary(&(apex_nn_binary_args){.kind = APEX_NN_ADD, .plan = &bc, .a = f, .b = f, .out = f}), "nn_binary", "broadcast");
-  refused(cb->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = APEX_NN_MUL, .plan = &bc, .a = f, .b = f, .gout = f, .ga = f}),
+  apex_nn_buf fb = {f, APEX_F32};
+  refused(cb->nn_binary(&(apex_nn_binary_args){.kind = APEX_NN_DIV, .plan = &flat, .a = fb, .b = fb, .out = f}), "nn_binary", "add and mul");
+  refused(cb->nn_binary(&(apex_nn_binary_args){.kind = APEX_NN_ADD, .plan = &bc, .a = fb, .b = fb, .out = f}), "nn_binary", "broadcast");
+  refused(cb->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = APEX_NN_MUL, .plan = &bc, .a = fb, .b = fb, .gout = f, .ga = f}),
           "nn_binary_bwd", "broadcast");
   refused(cb->nn_unary(&(apex_nn_unary_args){.kind = APEX_NN_TANH, .n = 4, .x = {f, APEX_F32}, .out = f}), "nn_unary", "relu and tanh gelu");
   refused(cb->nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = APEX_NN_GELU, .n = 4, .x = {f, APEX_F32}, .gout = f, .gx = f}), "nn_unary_bwd",

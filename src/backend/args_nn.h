@@ -48,24 +48,30 @@ typedef struct apex_nn_bcast {
   size_t rows, len;              /* rows x len = the output's element count */
 } apex_nn_bcast;
 
-/* out = a (kind) b over the broadcast; comparisons give 1.0f or 0.0f. */
+/* out = a (kind) b over the broadcast, computed in f32 from the native operands (numel_a, numel_b
+ * elements) and rounded to out_dtype; comparisons give 1.0f or 0.0f. ws as unary's. */
 typedef struct apex_nn_binary_args {
   apex_nn_binary_kind kind;
   const apex_nn_bcast *plan;
-  const float *a, *b;
-  float *out;
+  apex_nn_buf a, b;
+  size_t numel_a, numel_b;
+  void *out;
+  apex_dtype out_dtype;
+  apex_nn_workspace ws;
 } apex_nn_binary_args;
 
-/* ga, gb += gout * d(out)/d(a), d(out)/d(b), summed over broadcast positions in row order. a and b are
- * read only by MUL, DIV and POW (NULL otherwise). Not for comparisons, which have no gradient. */
+/* ga, gb += gout * d(out)/d(a), d(out)/d(b), summed over broadcast positions in row order. a and b
+ * (native, widened as the forward's) are read only by MUL, DIV and POW (no data otherwise). Not for
+ * comparisons, which have no gradient. */
 typedef struct apex_nn_binary_bwd_args {
   apex_nn_binary_kind kind;
   const apex_nn_bcast *plan;
-  const float *a, *b;
+  apex_nn_buf a, b;
   size_t numel_a, numel_b;       /* the operands' element counts */
   const float *gout;             /* plan's rows x len */
   float *ga, *gb;
   int accumulate_a, accumulate_b;
+  apex_nn_workspace ws;
 } apex_nn_binary_bwd_args;
 
 typedef enum apex_nn_unary_kind {

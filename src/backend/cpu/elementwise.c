@@ -24,10 +24,11 @@ static void row_offsets(const apex_nn_bcast *p, size_t r, size_t off[2]) {
 
 apex_status apex__cpu_nn_binary(const apex_nn_binary_args *a) {
   const apex_nn_bcast *p = a->plan;
-  const float *A = a->a, *B = a->b;
-  float *o = a->out;
   apex_nn_binary_kind op = a->kind;
   size_t rows = p->rows, len = p->len, n = rows * len;
+  const float *A = apex__cpu_f32(a->a, a->numel_a, &a->ws), *B = apex__cpu_f32(a->b, a->numel_b, &a->ws);
+  float *o = apex__cpu_out_f32(a->out, a->out_dtype, n, &a->ws);
+  if (!A || !B || !o) return APEX_ERR_OUT_OF_MEMORY;
   size_t sa = p->nd ? (size_t)p->st[0][p->nd - 1] : 0, sb = p->nd ? (size_t)p->st[1][p->nd - 1] : 0;
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t r = 0; r < rows; r++) {
@@ -46,6 +47,7 @@ apex_status apex__cpu_nn_binary(const apex_nn_binary_args *a) {
     default: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] / y[j * sb]; break;
     }
   }
+  apex__cpu_store(a->out, a->out_dtype, o, n);
   return APEX_OK;
 }
 
@@ -69,7 +71,8 @@ apex_status apex__cpu_nn_binary_bwd(const apex_nn_binary_bwd_args *a) {
   apex_nn_binary_kind op = a->kind;
   /* add and sub have constant partials and read no values */
   int reads = op == APEX_NN_MUL || op == APEX_NN_DIV || op == APEX_NN_POW;
-  const float *v[2] = {a->a, a->b};
+  const float *v[2] = {apex__cpu_f32(a->a, a->numel_a, &a->ws), apex__cpu_f32(a->b, a->numel_b, &a->ws)};
+  if ((a->a.data && !v[0]) || (a->b.data && !v[1])) return APEX_ERR_OUT_OF_MEMORY;
   const float *go = a->gout;
   float *gout[2] = {a->ga, a->gb};
   size_t numel[2] = {a->numel_a, a->numel_b};

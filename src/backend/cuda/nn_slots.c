@@ -1,6 +1,6 @@
 /* nn_slots.c: the CUDA backend's nn slots (backend/args_nn.h) over the kernels that exist on the GPU:
- * elementwise.cu (add, mul, scale, ReLU, tanh GELU, column sums; scale and the activations in their
- * inputs' and results' own dtypes), norm.cu (layer and RMS norm),
+ * elementwise.cu (add, mul, scale, ReLU, tanh GELU in their operands' and
+ * results' own dtypes; column sums), norm.cu (layer and RMS norm),
  * embedding.cu, gemm.cu (linear, matmul) and conv.cu (cuDNN convolution). Every buffer of a slot's
  * arguments is device memory, except the embedding's ids, which its kernel reads on the host.
  *
@@ -73,7 +73,7 @@ apex_status apex__cuda_slot_nn_binary(const apex_nn_binary_args *a) {
   if (st != APEX_OK) return st;
   if (!flat_plan(a->plan)) return unsupported("nn_binary", "broadcast operands (the kernel takes equal shapes)");
   size_t n = a->plan->rows * a->plan->len;
-  return n ? apex__cuda_ew(op, a->a, APEX_F32, a->b, APEX_F32, 0.0f, a->out, APEX_F32, (int64_t)n) : APEX_OK;
+  return n ? apex__cuda_ew(op, a->a.data, a->a.dtype, a->b.data, a->b.dtype, 0.0f, a->out, a->out_dtype, (int64_t)n) : APEX_OK;
 }
 
 apex_status apex__cuda_slot_nn_binary_bwd(const apex_nn_binary_bwd_args *a) {
@@ -87,8 +87,8 @@ apex_status apex__cuda_slot_nn_binary_bwd(const apex_nn_binary_bwd_args *a) {
     if (st == APEX_OK && a->gb && n) st = land(a->gb, a->gout, n, a->accumulate_b);
     return st;
   }
-  st = ew_into(a->ga, a->accumulate_a, APEX__EW_MUL, a->gout, APEX_F32, a->b, APEX_F32, 0.0f, n);
-  if (st == APEX_OK) st = ew_into(a->gb, a->accumulate_b, APEX__EW_MUL, a->gout, APEX_F32, a->a, APEX_F32, 0.0f, n);
+  st = ew_into(a->ga, a->accumulate_a, APEX__EW_MUL, a->gout, APEX_F32, a->b.data, a->b.dtype, 0.0f, n);
+  if (st == APEX_OK) st = ew_into(a->gb, a->accumulate_b, APEX__EW_MUL, a->gout, APEX_F32, a->a.data, a->a.dtype, 0.0f, n);
   return st;
 }
 
