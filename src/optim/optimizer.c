@@ -577,6 +577,7 @@ static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *
   if (d_skip && !cuda)
     return apex__fail(APEX_ERR_DEVICE, "apex_cuda_optimizer_step: the optimizer's parameters are on the CPU; use "
                       "apex_optimizer_step");
+  if (cpu) apex__threads_follow_load();
   apex__active *act = calloc((size_t)opt->ngroups, sizeof *act);
   apex__step_args *args = calloc((size_t)opt->ngroups, sizeof *args);
   if (!act || !args) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
