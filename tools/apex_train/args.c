@@ -2,6 +2,8 @@
  * line on stderr naming the flag and what it accepts. */
 #include "args.h"
 
+#include "divergence.h"
+
 #include <errno.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -20,6 +22,8 @@ typedef struct {
 } flag;
 
 #define F(field) offsetof(train_args, field)
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 static const flag flags[] = {
     {"model", T_STR, F(model), "cnn", "mlp cnn gpt", 0, "model to train"},
@@ -36,24 +40,40 @@ static const flag flags[] = {
     {"lr", T_DOUBLE, F(lr), "0", NULL, 0, "peak learning rate, decayed linearly over the epochs to 5% (0: 1e-3 for the Adam family, LAMB, NovoGrad and RMSprop; 3e-3 for gpt; SGD 0.05 with momentum 0.9; Adagrad 1e-2; Adadelta 1.0)"},
     {"weight-decay", T_DOUBLE, F(weight_decay), "0", NULL, 0, "weight decay"},
     {"batch-size", T_LONG, F(batch_size), "", NULL, 1, "samples (gpt: sequences) per step (default: 64; gpt: 16)"},
-    {"epochs", T_LONG, F(epochs), "", NULL, 1, "passes over the training data (default: 2; gpt: 30)"},
-    {"steps", T_LONG, F(steps), "0", NULL, 0, "stop after N steps counted from the start of training (0: run the epochs)"},
+    {"epochs", T_LONG, F(epochs), "", NULL, 1,
+     "passes over the training data (default: 2; gpt: 30); training ends at --epochs or --steps, whichever comes first"},
+    {"steps", T_LONG, F(steps), "0", NULL, 0,
+     "stop after N steps counted from the start of training, or at the end of --epochs if that comes first (0: run the epochs)"},
     {"seed", T_LONG, F(seed), "1", NULL, 0, "seed of initialisation, shuffling and dropout"},
     {"threads", T_LONG, F(threads), "0", NULL, 0, "CPU threads (0: OpenMP's default)"},
     {"checkpoint", T_STR, F(checkpoint), "", NULL, 0, "directory for checkpoints"},
     {"save-every", T_LONG, F(save_every), "0", NULL, 0, "save a checkpoint every N steps (0: at the end only)"},
     {"resume", T_SWITCH, F(resume), "off", NULL, 0, "continue from the checkpoint in --checkpoint"},
-    {"log", T_STR, F(log), "", NULL, 0, "write JSON lines (step, loss, loss scale, skipped, samples/s, elapsed) to FILE"},
+    {"log", T_STR, F(log), "", NULL, 0, "write JSON lines (step, epoch, loss, loss_scale, skipped, samples_per_s, gpt: tokens_per_s, ms_per_step, elapsed_s; "
+     "Inf and NaN as null) to FILE"},
     {"device", T_STR, F(device), "cpu", "cpu cuda", 0, "where to train"},
     {"distributed", T_SWITCH, F(distributed), "off", NULL, 0,
      "data-parallel training on the ranks of `mpirun -np N`: each rank trains on its shard of every step, --batch-size "
      "is per rank (the global batch is N times it)"},
     {"sync-bn", T_SWITCH, F(sync_bn), "off", NULL, 0, "--distributed: batch norm statistics over every rank's batch (SyncBatchNorm)"},
+    {"max-bad-steps", T_LONG, F(max_bad_steps), STR(DIVERGENCE_DEFAULT_MAX_BAD), NULL, 0,
+     "stop (exit 3) when this many steps in a row had a non-finite loss or were skipped for an overflow, or at once when "
+     "one overflows at the minimum loss scale (0: never)"},
     {"seq-len", T_LONG, F(seq_len), "64", NULL, 2, "gpt: tokens per sequence"},
     {"sample-bytes", T_LONG, F(sample_bytes), "200", NULL, 0, "gpt: bytes of text to generate at the end"},
-    {"help", T_SWITCH, F(help), "off", NULL, 0, "print this list and exit"},
+    {"help", T_SWITCH, F(help), "off", NULL, 0, "print this list and exit (also -h)"},
+    {"version", T_SWITCH, F(version), "off", NULL, 0, "print apex-train's and the apex library's versions and exit"},
 };
 #define NFLAGS (sizeof flags / sizeof flags[0])
+
+/* Flags that only the gpt reads: refused for mlp and cnn rather than silently ignored. */
+static const char *const gpt_only[] = {"seq-len", "sample-bytes"};
+
+static int is_gpt_only(const flag *f) {
+  for (size_t i = 0; i < sizeof gpt_only / sizeof gpt_only[0]; i++)
+    if (strcmp(f->name, gpt_only[i]) == 0) return 1;
+  return 0;
+}
 
 static int in_choices(const char *value, const char *choices) {
   size_t n = strlen(value);
@@ -71,6 +91,11 @@ static int set_value(train_args *a, const flag *f, const char *value) {
   char *end;
   switch (f->type) {
   case T_STR:
+    if (f->offset == F(opt_level) && (value[0] == 'o' || value[0] == 'O') && value[1] >= '0' && value[1] <= '3' && !value[2]) {
+      /* amp takes o1 as O1; one spelling goes into the checkpoint's identity. */
+      static const char *const levels[] = {"O0", "O1", "O2", "O3"};
+      value = levels[value[1] - '0'];
+    }
     if (f->choices && !in_choices(value, f->choices)) {
       fprintf(stderr, "apex-train: --%s: '%s' is not one of: %s\n", f->name, value, f->choices);
       return 2;
@@ -138,8 +163,10 @@ static int check_values(const train_args *a) {
 
 int args_parse(int argc, char **argv, train_args *a) {
   set_defaults(a);
+  const flag *gpt_flag = NULL; /* a gpt-only flag given */
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
+    if (strcmp(arg, "-h") == 0) arg = "--help";
     if (strncmp(arg, "--", 2) != 0) {
       fprintf(stderr, "apex-train: unexpected argument '%s' (flags start with --; see --help)\n", arg);
       return 2;
@@ -170,8 +197,13 @@ int args_parse(int argc, char **argv, train_args *a) {
     }
     int rc = set_value(a, f, value);
     if (rc) return rc;
+    if (is_gpt_only(f)) gpt_flag = f;
   }
-  return check_values(a);
+  if (gpt_flag && strcmp(a->model, "gpt") != 0 && !a->help && !a->version) {
+    fprintf(stderr, "apex-train: --%s is for --model gpt only; this run trains %s: drop the flag\n", gpt_flag->name, a->model);
+    return 2;
+  }
+  return a->help || a->version ? 0 : check_values(a);
 }
 
 void args_usage(FILE *out) {
@@ -186,4 +218,7 @@ void args_usage(FILE *out) {
     if (f->def[0]) fprintf(out, " (default: %s)", f->def);
     fputc('\n', out);
   }
+  fprintf(out, "\nTraining ends at the first limit reached: the end of --epochs, or --steps when given.\n"
+               "Exit status: 0 trained; 1 failed (a message says why); 2 bad flags; 3 diverged (--max-bad-steps);\n"
+               "130 stopped by Ctrl-C, 143 by SIGTERM (after the step in progress, with a checkpoint when --checkpoint is given).\n");
 }

@@ -11,7 +11,7 @@
 typedef struct train_args {
   const char *model;        /* mlp | cnn | gpt */
   const char *data;         /* directory (IDX files) or text file; NULL = the model's default */
-  const char *opt_level;    /* O0..O3 */
+  const char *opt_level;    /* O0..O3 (o0..o3 accepted, as amp does, and stored upper-case) */
   const char *cast_type;    /* f16 | bf16 */
   const char *loss_scale;   /* "dynamic", a number, or NULL = the opt level's */
   const char *keep_batchnorm_fp32; /* true | false | NULL */
@@ -21,7 +21,8 @@ typedef struct train_args {
   double weight_decay;
   long batch_size;
   long epochs;
-  long steps;               /* > 0: stop after this many steps from the start of training */
+  long steps;               /* > 0: stop after this many steps from the start of training, or at the
+                             * end of the epochs if that comes first (plan.h) */
   long seed;
   long threads;             /* 0 = OpenMP's default */
   const char *checkpoint;   /* directory or NULL */
@@ -31,16 +32,18 @@ typedef struct train_args {
   const char *device;       /* cpu | cuda */
   int distributed;          /* data-parallel over the ranks mpirun started (dist.h) */
   int sync_bn;              /* --distributed: batch norm statistics over every rank's batch */
+  long max_bad_steps;       /* stop after this many bad steps in a row (divergence.h); 0: never */
   int help;
+  int version;
   /* gpt only */
   long seq_len;
   long sample_bytes;
 } train_args;
 
-/* Fills defaults, then parses argv. On a bad flag or value prints one line to stderr and returns
- * non-zero (the exit code to use). */
+/* Fills defaults, then parses argv (-h is --help). On a bad flag or value, or a gpt-only flag given
+ * for another model, prints one line to stderr and returns non-zero (the exit code to use). */
 int args_parse(int argc, char **argv, train_args *a);
-/* Prints every flag with its default and meaning. */
+/* Prints every flag with its default and meaning, the rule that ends training and the exit statuses. */
 void args_usage(FILE *out);
 
 #endif

@@ -21,7 +21,36 @@ void ckpt_config_add(ckpt_config *c, const char *key, const char *fmt, ...) {
   c->key[c->n] = key;
   vsnprintf(c->value[c->n], sizeof c->value[c->n], fmt, ap);
   va_end(ap);
+  c->is_float[c->n] = 0;
   c->n++;
+}
+
+/* v in the fewest significant digits that read back as the same f32. */
+static void format_f32(char *out, size_t cap, float v) {
+  for (int digits = 1; digits <= 9; digits++) {
+    snprintf(out, cap, "%.*g", digits, (double)v);
+    if (strtof(out, NULL) == v) return;
+  }
+}
+
+void ckpt_config_add_float(ckpt_config *c, const char *key, float v) {
+  if (c->n >= CKPT_NCONFIG) return;
+  c->key[c->n] = key;
+  format_f32(c->value[c->n], sizeof c->value[c->n], v);
+  c->is_float[c->n] = 1;
+  c->n++;
+}
+
+/* The checkpoint's value `saved` of entry i, as this run's would be written (for the message), and
+ * whether it matches. */
+static int config_matches(const ckpt_config *c, int i, const char *saved, char *shown, size_t cap) {
+  snprintf(shown, cap, "%s", saved);
+  if (!c->is_float[i]) return strcmp(saved, c->value[i]) == 0;
+  char *end;
+  float v = strtof(saved, &end);
+  if (end == saved || *end) return 0;
+  format_f32(shown, cap, v);
+  return v == strtof(c->value[i], NULL);
 }
 
 
@@ -116,31 +145,63 @@ int ckpt_exists(const char *dir) {
 }
 
 int ckpt_prepare_dir(const char *dir, int *created) {
-  struct stat st;
+  char path[4200];
   *created = 0;
-  if (stat(dir, &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) {
-      fprintf(stderr, "apex-train: --checkpoint %s is not a directory\n", dir);
+  if (!dir[0] || strlen(dir) >= sizeof path) {
+    fprintf(stderr, "apex-train: --checkpoint '%s': not a usable directory name\n", dir);
+    return 1;
+  }
+  snprintf(path, sizeof path, "%s", dir);
+  /* Each prefix ending before a '/', then dir itself: made when absent. */
+  for (char *c = path + 1;; c++) {
+    if (*c != '/' && *c) continue;
+    char keep = *c;
+    *c = 0;
+    struct stat st;
+    const char *why = NULL;
+    if (stat(path, &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) why = "is not a directory";
+    } else if (errno != ENOENT || mkdir(path, 0755) != 0) {
+      why = strerror(errno);
+    } else {
+      (*created)++;
+    }
+    if (why) {
+      if (keep) fprintf(stderr, "apex-train: --checkpoint %s: %s %s%s\n", dir, path, why[0] == 'i' ? "" : "cannot be created: ", why);
+      else fprintf(stderr, "apex-train: --checkpoint %s %s%s\n", dir, why[0] == 'i' ? "" : "cannot be created: ", why);
+      ckpt_unprepare_dir(dir, *created);
+      *created = 0;
       return 1;
     }
-  } else if (mkdir(dir, 0755) != 0) {
-    fprintf(stderr, "apex-train: --checkpoint %s: cannot create the directory: %s\n", dir, strerror(errno));
-    return 1;
-  } else {
-    *created = 1;
+    *c = keep;
+    if (!keep) break;
   }
-  char probe[4200];
+  char probe[4300];
   snprintf(probe, sizeof probe, "%s/.apex-train-probe", dir);
   int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) {
     int e = errno;
-    if (*created) rmdir(dir);
+    ckpt_unprepare_dir(dir, *created);
+    *created = 0;
     fprintf(stderr, "apex-train: --checkpoint %s is not writable: %s\n", dir, strerror(e));
     return 1;
   }
   close(fd);
   unlink(probe);
   return 0;
+}
+
+void ckpt_unprepare_dir(const char *dir, int created) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s", dir);
+  for (int i = 0; i < created; i++) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') path[--n] = 0;
+    if (rmdir(path) != 0) return;
+    char *slash = strrchr(path, '/');
+    if (!slash) return;
+    *slash = 0;
+  }
 }
 
 /* ---- the state's metadata ------------------------------------------------------------------------ */
@@ -301,6 +362,12 @@ int ckpt_save(const char *dir, const train_model *tm, apex_amp *amp, apex_optimi
   snprintf(path, sizeof path, "%s/state.safetensors", partial);
   if (apex_safetensors_save(path, NULL, NULL, 0, m.key, (const char *const *)m.value, m.n) != APEX_OK) goto fail;
 
+  what = "write timing.json in";
+  char timing[64];
+  int tl = snprintf(timing, sizeof timing, "{\"elapsed_s\": %.3f}\n", p->elapsed_s);
+  snprintf(path, sizeof path, "%s/timing.json", partial);
+  if (write_atomic(path, timing, (size_t)tl) != 0) goto fail;
+
   what = "publish";
   if (fsync_path(partial) != 0) goto fail;
   remove_dir(final); /* a stale one from an abandoned run; never the latest (checked above) */
@@ -423,15 +490,16 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
     fprintf(stderr, "apex-train: --resume: %s/state.safetensors is corrupted (its checksum does not match)\n", where);
     goto done;
   }
+  char shown[64];
   for (int i = 0; i < cfg->n; i++)
-    if (strcmp(values[i], cfg->value[i]) != 0) {
+    if (!config_matches(cfg, i, values[i], shown, sizeof shown)) {
       /* The world size is not a flag: say how to get the checkpoint's. */
       char how[128] = "resume with the same flags";
       if (strcmp(cfg->key[i], "world_size") == 0)
         snprintf(how, sizeof how, strcmp(values[i], "1") == 0 ? "resume with a single process" : "resume with `mpirun -np %s ... --distributed`",
                  values[i]);
       fprintf(stderr, "apex-train: --resume: checkpoint %s was made with %s %s, this run has %s %s; %s or use another --checkpoint directory\n",
-              where, cfg->key[i], values[i], cfg->key[i], cfg->value[i], how);
+              where, cfg->key[i], shown, cfg->key[i], cfg->value[i], how);
       goto done;
     }
   shapes = shapes_string(tm);
@@ -494,6 +562,23 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
   }
   if (apex_amp_state_load(amp, amp_buf, alen) != APEX_OK) {
     fprintf(stderr, "apex-train: --resume: the amp state of %s does not fit: %s\n", where, one_line(apex_last_error()));
+    goto done;
+  }
+  /* Training time so far: absent in checkpoints older than timing.json. */
+  snprintf(path, sizeof path, "%s/timing.json", where);
+  p->elapsed_s = 0;
+  size_t tlen;
+  uint8_t *tb = read_all(path, &tlen);
+  if (tb) {
+    char text[128];
+    snprintf(text, sizeof text, "%.*s", (int)(tlen < 127 ? tlen : 127), (char *)tb);
+    free(tb);
+    if (sscanf(text, " {\"elapsed_s\": %lf }", &p->elapsed_s) != 1 || !(p->elapsed_s >= 0)) {
+      fprintf(stderr, "apex-train: --resume: %s is corrupted (it should hold {\"elapsed_s\": seconds}); delete it to resume with the time reset\n", path);
+      goto done;
+    }
+  } else if (errno != ENOENT) {
+    fprintf(stderr, "apex-train: --resume: cannot read %s: %s\n", path, strerror(errno));
     goto done;
   }
   apex_model_rng(tm->m)->seed = rseed;

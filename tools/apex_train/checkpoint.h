@@ -13,12 +13,16 @@
  *                                 function of seed and epoch), the data position (step, epoch,
  *                                 batch within the epoch), FNV-1a 64 hashes of the two other files
  *                                 and a checksum of the metadata itself.
+ *   DIR/step-<N>/timing.json      {"elapsed_s": S}: training time up to this step, resumed runs
+ *                                 included, so that a resumed log's elapsed_s goes on. Kept apart
+ *                                 from the state: it is not training state and differs between
+ *                                 runs; a checkpoint without it resumes with 0.
  *
  * A save writes DIR/step-<N>.partial/ in full (each file through a temporary, fsync, rename), renames
  * it to step-<N>, fsyncs DIR, replaces DIR/latest atomically, and only then removes step dirs other
  * than the new one and the one latest named before. A save killed at any point leaves the previous
- * checkpoint intact and named by latest. Nothing in the files depends on the time or the run: the
- * same training state gives the same bytes. */
+ * checkpoint intact and named by latest. Nothing in the three state files depends on the time or the
+ * run: the same training state gives the same bytes. */
 #ifndef APEX_TRAIN_CHECKPOINT_H
 #define APEX_TRAIN_CHECKPOINT_H
 
@@ -27,12 +31,13 @@
 #include "apex/apex.h"
 #include "models.h"
 
-#define CKPT_NCONFIG 16
+#define CKPT_NCONFIG 32
 
 /* The run's identity: each must match on resume. */
 typedef struct ckpt_config {
   const char *key[CKPT_NCONFIG];
   char value[CKPT_NCONFIG][64];
+  char is_float[CKPT_NCONFIG]; /* compared as f32 values (ckpt_config_add_float) */
   int n;
 } ckpt_config;
 
@@ -40,13 +45,22 @@ typedef struct ckpt_position {
   long step;   /* steps done from the start of training */
   long epoch;  /* epoch of the next step */
   long pos;    /* batch within that epoch of the next step */
+  double elapsed_s; /* training time up to step (timing.json) */
 } ckpt_position;
 
 void ckpt_config_add(ckpt_config *c, const char *key, const char *fmt, ...);
+/* An f32 entry, written in the fewest digits that read back to the same f32 ("0.001", not
+ * "0.00100000005"), and compared by value on resume, so checkpoints written with more digits still
+ * match and a refusal shows the values as the user typed them. */
+void ckpt_config_add_float(ckpt_config *c, const char *key, float v);
 
-/* Checks that dir can hold checkpoints (creating it if absent; *created says so). Prints one line
- * and returns non-zero otherwise. */
+/* Checks that dir can hold checkpoints, creating it and any missing parents (*created counts the
+ * directories made, dir's own included). Prints one line naming the path at fault and returns
+ * non-zero otherwise, having removed what it made. */
 int ckpt_prepare_dir(const char *dir, int *created);
+/* Removes the `created` directories ckpt_prepare_dir made for dir (empty ones only), after a
+ * failed setup, so that a refused run leaves nothing behind. */
+void ckpt_unprepare_dir(const char *dir, int created);
 /* 1 when dir has a `latest` file. */
 int ckpt_exists(const char *dir);
 /* Saves the state after p->step steps. Prints one line and returns non-zero on failure; the

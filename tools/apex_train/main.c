@@ -5,13 +5,16 @@
  * Everything a run does is a function of its flags: the data order comes from (seed, epoch), the
  * learning rate from the step, so --steps N stops a run where a straight run of N steps stops, and a
  * resumed run continues with the same bits. Bad input is one line on stderr and a non-zero exit,
- * before any file is written.
+ * before any file is written. A run stops early, with one line and its own exit status, when it
+ * diverges (divergence.h) or when Ctrl-C or SIGTERM asks it to (signals.h: after the step, saving a
+ * checkpoint to resume from).
  *
  * With --distributed (under mpirun) every rank runs this same program on its shard of the data; the
  * collectives are in dist.c. Setup is checked on every rank, the ranks agree that it worked
  * (dist_agree) before rank 0 writes anything, and every save is agreed the same way, so that all
  * ranks stop together. */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,9 +24,13 @@
 #include "checkpoint.h"
 #include "dataset.h"
 #include "dist.h"
+#include "divergence.h"
 #include "evaluate.h"
 #include "models.h"
+#include "plan.h"
+#include "progress.h"
 #include "report.h"
+#include "signals.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -60,7 +67,12 @@ typedef struct run {
   ckpt_config cc;
   ckpt_position at;
   report *rep;         /* rank 0 only */
-  int created;         /* rank 0 made the checkpoint directory */
+  int created;         /* directories rank 0 made for the checkpoint (ckpt_prepare_dir) */
+  double t0;           /* when this process began training */
+  long saved_step;     /* the checkpoint latest names, or -1 */
+  divergence dv;
+  int diverged;        /* stopped by the bad-step rule */
+  int stop_signal;     /* stopped by SIGINT or SIGTERM */
 } run;
 
 static void run_free(run *r) {
@@ -162,8 +174,8 @@ static int setup(run *r, dist *ds) {
   ckpt_config_add(cc, "keep_batchnorm_fp32", "%s", a->keep_batchnorm_fp32 ? a->keep_batchnorm_fp32 : "default");
   ckpt_config_add(cc, "master_weights", "%s", a->master_weights ? a->master_weights : "default");
   ckpt_config_add(cc, "optimizer", "%s", a->optimizer);
-  ckpt_config_add(cc, "lr", "%.9g", (double)r->lr);
-  ckpt_config_add(cc, "weight_decay", "%.9g", (double)(float)a->weight_decay);
+  ckpt_config_add_float(cc, "lr", r->lr);
+  ckpt_config_add_float(cc, "weight_decay", (float)a->weight_decay);
   ckpt_config_add(cc, "batch_size", "%ld", a->batch_size);
   ckpt_config_add(cc, "epochs", "%ld", a->epochs);
   ckpt_config_add(cc, "seed", "%ld", a->seed);
@@ -172,7 +184,11 @@ static int setup(run *r, dist *ds) {
   ckpt_config_add(cc, "world_size", "%d", ds->world);
   ckpt_config_add(cc, "sync_bn", "%s", a->sync_bn ? "on" : "off");
   if (a->checkpoint) {
-    if (a->resume) return ckpt_load(a->checkpoint, &r->tm, r->amp, r->opt, cc, &r->at);
+    if (a->resume) {
+      if (ckpt_load(a->checkpoint, &r->tm, r->amp, r->opt, cc, &r->at) != 0) return 1;
+      r->saved_step = r->at.step;
+      return plan_check_resume(a, (long)r->d.steps_per_epoch, r->at.step);
+    }
     if (ckpt_exists(a->checkpoint)) {
       fprintf(stderr, "apex-train: --checkpoint %s already holds a checkpoint; add --resume to continue it, or choose another directory\n",
               a->checkpoint);
@@ -195,11 +211,39 @@ static int save(run *r, dist *ds, long step) {
   long spe = (long)r->d.steps_per_epoch;
   int failed = dist_sync_buffers(ds, &r->tm);
   if (!failed && ds->rank == 0) {
-    ckpt_position p = {step, step / spe, step % spe};
+    ckpt_position p = {step, step / spe, step % spe, r->at.elapsed_s + (now_s() - r->t0)};
     failed = ckpt_save(r->a.checkpoint, &r->tm, r->amp, r->opt, &r->cc, &p) != 0;
   }
   if (apex_pg_allreduce_flag(ds->pg, &failed) != APEX_OK) failed = 1;
+  if (!failed) r->saved_step = step;
   return failed;
+}
+
+/* Collective: a --save-every save after `step`, with one line saying so; withheld when the step's loss
+ * is not finite, so that a diverging run never replaces the last good checkpoint (said once per
+ * streak: *withheld). Non-zero when the save failed. */
+static int save_every(run *r, dist *ds, long step, int *withheld) {
+  if (divergence_loss_bad(&r->dv)) {
+    if (r->rep && !*withheld)
+      report_message(r->rep, "apex-train: step %ld not saved: its loss is not finite; saves go on at the next step whose loss is", step);
+    *withheld = 1;
+    return 0;
+  }
+  if (save(r, ds, step) != 0) return 1;
+  if (r->rep) report_message(r->rep, "apex-train: checkpoint %s/step-%ld", r->a.checkpoint, step);
+  *withheld = 0;
+  return 0;
+}
+
+/* Collective: whether any rank was asked to stop by a signal (SIGTERM over SIGINT) or failed to
+ * write the log, so that all ranks stop at the same step. */
+static int agree_stop(dist *ds, int *sig, int *log_failed) {
+  if (!ds->on) return 0;
+  double v[3] = {*sig == SIGINT, *sig == SIGTERM, *log_failed};
+  if (dist_sum(ds, v, 3) != 0) return 1;
+  *sig = v[1] > 0 ? SIGTERM : v[0] > 0 ? SIGINT : 0;
+  *log_failed = v[2] > 0;
+  return 0;
 }
 
 /* Trains from r->at to the end (or --steps); returns the steps reached via *end. Non-zero on failure. */
@@ -207,7 +251,7 @@ static int train(run *r, dist *ds, long *end) {
   train_args *a = &r->a;
   apex_graph *g = r->g;
   long spe = (long)r->d.steps_per_epoch, sched_total = a->epochs * spe;
-  long stop = a->steps > 0 ? a->steps : sched_total;
+  long stop = plan_last_step(a, spe);
   int64_t B = a->batch_size, T = a->seq_len;
   apex_tensor *x = NULL;
   int64_t *labels = NULL, *ids = NULL;
@@ -220,8 +264,13 @@ static int train(run *r, dist *ds, long *end) {
   }
   apex_loss_scaler *scaler = apex_amp_loss_scaler(r->amp, 0);
   const apex_amp_backward_options *bo = dist_backward_options(ds);
-  double t0 = now_s();
+  double t0 = r->t0 = now_s();
+  progress_rate rate = {0};
+  progress_rate_push(&rate, t0);
+  r->dv.max_bad = a->max_bad_steps;
+  if (signals_install(ds->rank != 0) != 0) fprintf(stderr, "apex-train: warning: cannot handle Ctrl-C (sigaction failed); it will stop without saving\n");
   long first = r->at.step, s = r->at.step;
+  int withheld = 0; /* a --save-every save was skipped for a non-finite loss */
   int failed = !labels || (r->kind == MODEL_GPT ? !ids : !x);
   if (failed) fprintf(stderr, "apex-train: out of memory for the batch\n");
   for (; !failed && s < stop; s++) {
@@ -249,17 +298,15 @@ static int train(run *r, dist *ds, long *end) {
     }
     double lv = apex_var_item(loss);
     apex_status st = apex_amp_backward(r->amp, loss, 0, bo);
-    if (apex_amp_scale_at_min(r->amp, 0)) {
-      fprintf(stderr, "apex-train: step %ld: gradients overflow even at the minimum loss scale; check the data and the learning rate\n", s + 1);
-      failed = 1;
-      break;
-    }
+    /* A non-finite loss, or an overflow at the smallest scale, skips the step; whether that is a
+     * divergence is the bad-step rule's to say (divergence.h), with amp's at-minimum query. */
     if (st != APEX_OK && st != APEX_ERR_NONFINITE) {
       fprintf(stderr, "apex-train: backward failed at step %ld: %s\n", s + 1, one_line(apex_last_error()));
       failed = 1;
       break;
     }
-    if (apex_amp_step(r->amp, r->opt, NULL) != APEX_OK) {
+    int skipped = 0;
+    if (apex_amp_step(r->amp, r->opt, &skipped) != APEX_OK) {
       fprintf(stderr, "apex-train: optimizer step %ld failed: %s\n", s + 1, one_line(apex_last_error()));
       failed = 1;
       break;
@@ -271,24 +318,50 @@ static int train(run *r, dist *ds, long *end) {
       failed = 1;
       break;
     }
-    double el = now_s() - t0;
-    report_point rp = {.epoch = epoch + 1, .epochs = a->epochs, .step = s + 1, .total_steps = stop, .first_step = first,
+    double tnow = now_s();
+    progress_rate_push(&rate, tnow);
+    report_point rp = {.epoch = epoch + 1, .epochs = a->epochs, .step = s + 1, .total_steps = stop,
                        .loss = lv / ds->world, .loss_scale = apex_amp_loss_scale(r->amp, 0),
-                       .skipped = (long)apex_loss_scaler_get_state(scaler).skipped,
-                       .samples_per_s = el > 0 ? (double)(s + 1 - first) * (double)(B * ds->world) / el : 0, .elapsed_s = el};
-    if (r->rep) report_step(r->rep, &rp);
-    if (a->checkpoint && a->save_every > 0 && (s + 1) % a->save_every == 0 && s + 1 < stop && save(r, ds, s + 1) != 0) {
+                       .skipped = (long)apex_loss_scaler_get_state(scaler).skipped, .step_s = progress_rate_step_s(&rate),
+                       .samples_per_step = (long)B * ds->world, .tokens_per_step = r->kind == MODEL_GPT ? (long)(B * T) * ds->world : 0,
+                       .elapsed_s = r->at.elapsed_s + (tnow - t0)};
+    int log_failed = r->rep && report_step(r->rep, &rp) != 0, sig = signals_pending();
+    if (agree_stop(ds, &sig, &log_failed) != 0 || log_failed) {
+      failed = 1;
+      s++;
+      break;
+    }
+    if (divergence_step(&r->dv, s + 1, rp.loss, skipped, apex_amp_scale_at_min(r->amp, 0))) {
+      r->diverged = 1;
+      s++;
+      break;
+    }
+    if (sig) {
+      r->stop_signal = sig;
+      s++;
+      break;
+    }
+    if (a->checkpoint && a->save_every > 0 && (s + 1) % a->save_every == 0 && s + 1 < stop && save_every(r, ds, s + 1, &withheld) != 0) {
       failed = 1;
       s++;
       break;
     }
   }
-  if (r->rep) report_finish(r->rep);
+  int log_failed = r->rep && report_finish(r->rep) != 0;
+  if (ds->on && apex_pg_allreduce_flag(ds->pg, &log_failed) != APEX_OK) log_failed = 1;
+  failed = failed || log_failed;
   double train_s = now_s() - t0;
   *end = s;
-  if (!failed && ds->rank == 0)
-    printf("apex-train: %ld steps in %.1f s (%.0f samples/s), %ld skipped\n", s - first, train_s,
-           train_s > 0 ? (double)(s - first) * (double)(B * ds->world) / train_s : 0.0, (long)apex_loss_scaler_get_state(scaler).skipped);
+  if (!failed && !r->diverged && ds->rank == 0) {
+    double per_s = train_s > 0 ? (double)(s - first) / train_s : 0.0;
+    char rates[96];
+    if (r->kind == MODEL_GPT)
+      snprintf(rates, sizeof rates, "%.0f tokens/s, %.1f ms/step", per_s * (double)(B * T * ds->world), per_s > 0 ? 1e3 / per_s : 0.0);
+    else
+      snprintf(rates, sizeof rates, "%.0f samples/s", per_s * (double)(B * ds->world));
+    printf("apex-train: %ld steps in %.1f s (%s), %ld skipped\n", s - first, train_s, rates,
+           (long)apex_loss_scaler_get_state(scaler).skipped);
+  }
   apex_tensor_destroy(x);
   free(labels);
   free(ids);
@@ -327,6 +400,46 @@ static int finish(run *r, dist *ds, long s) {
   return 0;
 }
 
+/* A diverged run (divergence.h; also a last step whose loss is not finite): one line, no checkpoint
+ * over the last good one, exit 3. */
+static int stop_diverged(run *r, dist *ds) {
+  if (ds->rank != 0) return 3;
+  char why[320], kept[4300] = "no checkpoint written";
+  divergence_describe(&r->dv, apex_amp_loss_scale(r->amp, 0), why, sizeof why);
+  if (r->a.checkpoint && r->saved_step >= 0)
+    snprintf(kept, sizeof kept, "no checkpoint written: %s/step-%ld stays the latest", r->a.checkpoint, r->saved_step);
+  fflush(stdout);
+  /* Overflows alone under a static scale are the scale's fault; a non-finite loss is the weights'. */
+  char advice[96];
+  const char *ls = r->a.loss_scale;
+  if (r->dv.nonfinite == 0 && ls && strcmp(ls, "dynamic") != 0)
+    snprintf(advice, sizeof advice, "use a smaller --loss-scale than %s, or --loss-scale dynamic", ls);
+  else
+    snprintf(advice, sizeof advice, "lower --lr (it is %g)", (double)r->lr);
+  fprintf(stderr, "apex-train: stopped at step %ld: the run diverged: %s; %s; %s\n", r->dv.last_step, why, advice, kept);
+  return 3;
+}
+
+/* Stopped by a signal after a whole step: saves (collective) where --checkpoint is given and the step
+ * is sound, says how to go on, and exits as the signal would (130, 143). */
+static int stop_interrupted(run *r, dist *ds, long s) {
+  const char *dir = r->a.checkpoint;
+  int code = signals_exit_status(r->stop_signal);
+  if (dir && !divergence_loss_bad(&r->dv) && save(r, ds, s) != 0) return 1;
+  if (ds->rank != 0) return code;
+  if (!dir)
+    printf("apex-train: interrupted at step %ld; nothing saved (no --checkpoint)\n", s);
+  else if (r->saved_step == s)
+    printf("apex-train: interrupted at step %ld; checkpoint %s/step-%ld; add --resume to continue\n", s, dir, s);
+  else if (r->saved_step >= 0)
+    printf("apex-train: interrupted at step %ld; not saved (its loss is not finite); checkpoint %s/step-%ld; add --resume to continue from it\n",
+           s, dir, r->saved_step);
+  else
+    printf("apex-train: interrupted at step %ld; not saved (its loss is not finite); no checkpoint\n", s);
+  fflush(stdout);
+  return code;
+}
+
 static int run_main(run *r, dist *ds, int argc, char **argv) {
   int rc = args_parse(argc, argv, &r->a);
   if (rc) return rc;
@@ -335,6 +448,11 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
     if (!dist_quiet(ds)) args_usage(stdout);
     return 0;
   }
+  if (a->version) {
+    if (!dist_quiet(ds)) printf("apex-train %s (apex library %s)\n", APEX_VERSION_STRING, apex_version());
+    return 0;
+  }
+  r->saved_step = -1;
   if ((rc = dist_init(ds, a)) != 0 || (rc = check_flags(r)) != 0) return rc;
   /* From here every rank takes part in each agreement, also after its own failure. */
   rc = setup(r, ds);
@@ -342,7 +460,7 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
   rc = dist_wrap(ds, &r->tm, r->g);
   if (rc == 0 && ds->rank == 0) rc = open_outputs(r);
   if (dist_agree(ds, rc, 1)) {
-    if (r->created) remove(a->checkpoint);
+    if (r->created) ckpt_unprepare_dir(a->checkpoint, r->created);
     return rc ? rc : 1;
   }
 
@@ -350,15 +468,20 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
     const char *what = r->kind == MODEL_GPT ? "bytes of text" : "training images";
     char ranks[64] = "";
     if (ds->on) snprintf(ranks, sizeof ranks, " per rank x %d ranks", ds->world);
-    printf("apex-train: %s on %s (%zu %s), %s %s, %s lr %g, batch %ld%s, %ld epochs of %ld steps%s%s\n", a->model, r->data,
-           r->kind == MODEL_GPT ? r->d.len : r->d.n_items, what, a->opt_level, a->cast_type, a->optimizer, (double)r->lr,
-           a->batch_size, ranks, a->epochs, (long)r->d.steps_per_epoch, a->sync_bn ? ", SyncBatchNorm" : "",
-           a->steps > 0 ? ", stopping early (--steps)" : "");
+    long spe = (long)r->d.steps_per_epoch, last = plan_last_step(a, spe);
+    /* O0 trains in f32 whatever --cast-type says. */
+    printf("apex-train: %s on %s (%zu %s), %s %s, %s lr %g, batch %ld%s, %ld epochs of %ld steps, ending at step %ld (%s)%s\n",
+           a->model, r->data, r->kind == MODEL_GPT ? r->d.len : r->d.n_items, what, a->opt_level,
+           strcmp(a->opt_level, "O0") == 0 ? "f32" : a->cast_type, a->optimizer, (double)r->lr, a->batch_size, ranks, a->epochs, spe,
+           last, last < a->epochs * spe ? "--steps" : "end of the epochs", a->sync_bn ? ", SyncBatchNorm" : "");
     if (a->resume) printf("apex-train: resumed from %s/step-%ld\n", a->checkpoint, r->at.step);
     fflush(stdout);
   }
   long end;
   if (train(r, ds, &end) != 0) return 1;
+  signals_restore();
+  if (r->diverged || divergence_loss_bad(&r->dv)) return stop_diverged(r, ds);
+  if (r->stop_signal) return stop_interrupted(r, ds, end);
   return finish(r, ds, end);
 }
 

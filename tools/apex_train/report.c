@@ -2,12 +2,19 @@
 #define _POSIX_C_SOURCE 200809L
 #include "report.h"
 
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
+
+#include "progress.h"
 
 struct report {
   FILE *out;
   FILE *log;
+  const char *log_path;
   int tty;
   double last_draw;
   int drawn;
@@ -17,54 +24,113 @@ report *report_create(FILE *out, const char *log_path, int append) {
   report *r = calloc(1, sizeof *r);
   if (!r) return NULL;
   r->out = out;
-  r->tty = isatty(fileno(out));
+  r->tty = progress_interactive(fileno(out));
   r->last_draw = -1;
   if (log_path) {
     r->log = fopen(log_path, append ? "a" : "w");
     if (!r->log) {
-      fprintf(stderr, "apex-train: cannot write the log %s\n", log_path);
+      fprintf(stderr, "apex-train: --log %s: cannot open it for writing: %s\n", log_path, strerror(errno));
       free(r);
       return NULL;
     }
+    r->log_path = log_path;
   }
   return r;
 }
 
-static void draw_bar(report *r, const report_point *p) {
-  const int width = 24;
-  double frac = p->total_steps > 0 ? (double)p->step / (double)p->total_steps : 0;
-  int fill = (int)(frac * width + 0.5);
-  long done = p->step - p->first_step;
-  double eta = done > 0 && p->total_steps > p->step ? p->elapsed_s / (double)done * (double)(p->total_steps - p->step) : 0;
-  fprintf(r->out, "\r[");
-  for (int i = 0; i < width; i++) fputc(i < fill ? '#' : '.', r->out);
-  fprintf(r->out, "] epoch %ld/%ld step %ld/%ld loss %.4f scale %g skipped %ld %.0f samples/s ETA %.0fs   ", p->epoch, p->epochs,
-          p->step, p->total_steps, p->loss, p->loss_scale, p->skipped, p->samples_per_s, eta);
+/* What a line shows, with the rates derived from the recent step time. */
+static progress_point to_progress(const report_point *p) {
+  progress_point q = {.epoch = p->epoch, .epochs = p->epochs, .step = p->step, .total_steps = p->total_steps,
+                      .loss = p->loss, .loss_scale = p->loss_scale, .skipped = p->skipped, .eta_s = -1};
+  if (p->step_s > 0) {
+    q.samples_per_s = (double)p->samples_per_step / p->step_s;
+    q.tokens_per_s = (double)p->tokens_per_step / p->step_s;
+    q.ms_per_step = 1e3 * p->step_s;
+    q.eta_s = p->step_s * (double)(p->total_steps - p->step);
+  }
+  return q;
+}
+
+/* A JSON number, or null for Inf and NaN (which JSON cannot spell). */
+static void json_number(FILE *f, const char *key, const char *fmt, double v) {
+  fprintf(f, ",\"%s\":", key);
+  if (isfinite(v)) fprintf(f, fmt, v);
+  else fputs("null", f);
+}
+
+static int log_failed(report *r) {
+  fprintf(stderr, "apex-train: --log %s: cannot write: %s\n", r->log_path, strerror(errno ? errno : EIO));
+  fclose(r->log);
+  r->log = NULL;
+  return 1;
+}
+
+static int write_log(report *r, const report_point *p, const progress_point *q) {
+  FILE *f = r->log;
+  errno = 0;
+  fprintf(f, "{\"step\":%ld,\"epoch\":%ld", p->step, p->epoch);
+  json_number(f, "loss", "%.9g", p->loss);
+  json_number(f, "loss_scale", "%.9g", p->loss_scale);
+  fprintf(f, ",\"skipped\":%ld", p->skipped);
+  json_number(f, "samples_per_s", "%.3f", q->samples_per_s);
+  if (p->tokens_per_step > 0) json_number(f, "tokens_per_s", "%.3f", q->tokens_per_s);
+  json_number(f, "ms_per_step", "%.3f", q->ms_per_step);
+  json_number(f, "elapsed_s", "%.3f", p->elapsed_s);
+  fputs("}\n", f);
+  /* fprintf's own errors are sticky in ferror; the flush reports a full disk. */
+  if (fflush(f) != 0 || ferror(f)) return log_failed(r);
+  return 0;
+}
+
+static void draw_bar(report *r, const progress_point *q) {
+  char line[512];
+  progress_format(line, sizeof line, q, progress_terminal_width(fileno(r->out)), 1);
+  /* \033[K erases what a longer previous line (or a message) left to the right. */
+  fprintf(r->out, "\r%s\033[K", line);
   fflush(r->out);
   r->drawn = 1;
 }
 
-void report_step(report *r, const report_point *p) {
-  if (r->log) {
-    fprintf(r->log, "{\"step\":%ld,\"epoch\":%ld,\"loss\":%.9g,\"loss_scale\":%.9g,\"skipped\":%ld,\"samples_per_s\":%.3f,\"elapsed_s\":%.3f}\n",
-            p->step, p->epoch, p->loss, p->loss_scale, p->skipped, p->samples_per_s, p->elapsed_s);
-    fflush(r->log);
-  }
+int report_step(report *r, const report_point *p) {
+  progress_point q = to_progress(p);
+  if (r->log && write_log(r, p, &q) != 0) return 1;
   if (r->tty) {
-    if (p->elapsed_s - r->last_draw >= 0.1 || p->step == p->total_steps) {
-      draw_bar(r, p);
+    if (r->last_draw < 0 || p->elapsed_s - r->last_draw >= 0.1 || p->elapsed_s < r->last_draw || p->step == p->total_steps) {
+      draw_bar(r, &q);
       r->last_draw = p->elapsed_s;
     }
   } else if (p->step % 100 == 0 || p->step == p->total_steps) {
-    fprintf(r->out, "epoch %ld/%ld step %ld/%ld loss %.4f loss_scale %g skipped %ld samples/s %.0f elapsed %.1fs\n", p->epoch,
-            p->epochs, p->step, p->total_steps, p->loss, p->loss_scale, p->skipped, p->samples_per_s, p->elapsed_s);
+    char line[512];
+    progress_format(line, sizeof line, &q, (int)sizeof line, 0); /* every field: a file has no width */
+    fprintf(r->out, "%s\n", line);
     fflush(r->out);
   }
+  return 0;
 }
 
-void report_finish(report *r) {
+void report_message(report *r, const char *fmt, ...) {
+  if (r->drawn) fputs("\r\033[K", r->out);
+  r->drawn = 0;
+  r->last_draw = -1;
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(r->out, fmt, ap);
+  va_end(ap);
+  fputc('\n', r->out);
+  fflush(r->out);
+}
+
+int report_finish(report *r) {
   if (r->tty && r->drawn) fputc('\n', r->out);
   r->drawn = 0;
+  if (!r->log) return 0;
+  errno = 0;
+  int bad = ferror(r->log) || fflush(r->log) != 0;
+  int e = errno;
+  bad = fclose(r->log) != 0 || bad;
+  r->log = NULL;
+  if (bad) fprintf(stderr, "apex-train: --log %s: cannot write: %s\n", r->log_path, strerror(e ? e : errno ? errno : EIO));
+  return bad;
 }
 
 void report_destroy(report *r) {

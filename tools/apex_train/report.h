@@ -1,5 +1,6 @@
-/* report.h: what apex-train tells the user while it trains: a progress bar on a terminal, plain
- * lines otherwise, and optionally JSON lines to a log file. */
+/* report.h: what apex-train tells the user while it trains: a progress bar on an interactive
+ * terminal (progress.h), plain lines otherwise, and optionally JSON lines to a log file. Every write
+ * to the log is checked: a full disk stops the run rather than leaving a silent hole in the log. */
 #ifndef APEX_TRAIN_REPORT_H
 #define APEX_TRAIN_REPORT_H
 
@@ -10,22 +11,28 @@ typedef struct report report;
 typedef struct report_point {
   long epoch, epochs;
   long step, total_steps;    /* steps from the start of training */
-  long first_step;           /* where this process started (resumed runs), for the ETA */
-  double loss;
+  double loss;               /* may be Inf or NaN: written as null in the log */
   double loss_scale;
   long skipped;              /* skipped steps so far */
-  double samples_per_s;
-  double elapsed_s;
+  double step_s;             /* seconds per step over a recent window (progress_rate); 0: unknown */
+  long samples_per_step;     /* the global batch */
+  long tokens_per_step;      /* gpt: the global batch's tokens; 0 for image models */
+  double elapsed_s;          /* training time since the run began, resumed runs included */
 } report_point;
 
-/* A reporter writing to out (a bar when it is a terminal) and, when log_path is not NULL, JSON lines
- * to that file (appended to when resuming). NULL with a message on stderr when the log cannot be
- * opened. */
+/* A reporter writing to out (a bar when it is an interactive terminal) and, when log_path is not
+ * NULL, JSON lines to that file (appended to when resuming). NULL with a message on stderr when the
+ * log cannot be opened. */
 report *report_create(FILE *out, const char *log_path, int append);
-/* Records one step; the bar is redrawn at most ten times a second, plain lines every `every` steps. */
-void report_step(report *r, const report_point *p);
-/* Ends the bar's line. */
-void report_finish(report *r);
+/* Records one step; the bar is redrawn at most ten times a second, plain lines every 100 steps and
+ * at the last. Non-zero, with one line on stderr, when the log cannot be written. */
+int report_step(report *r, const report_point *p);
+/* Prints one line of news (a save, a stop) without breaking the bar: the bar's line is cleared
+ * first and redrawn at the next step. */
+void report_message(report *r, const char *fmt, ...);
+/* Ends the bar's line and closes the log. Non-zero, with one line on stderr, when the log's last
+ * writes failed. */
+int report_finish(report *r);
 void report_destroy(report *r);
 
 /* msg with its line breaks turned into spaces (a static buffer, overwritten by the next call), so

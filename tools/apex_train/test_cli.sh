@@ -7,7 +7,13 @@
 #  - bitwise resume at O0, O1 and O2: 20 steps straight = 10 steps, a new process resuming, 10 more
 #    (losses of steps 11..20 in the JSON logs, and every checkpoint file, compared with cmp);
 #  - the same training state gives the same checkpoint bytes; a save killed midway leaves the last
-#    good checkpoint resumable.
+#    good checkpoint resumable;
+#  - issue #19: a diverged run stops (exit 3, one line, the last good checkpoint kept); the log is
+#    JSON (python3's json reads every line, NaN as null); a full disk under --log fails; --epochs and
+#    --steps end at the first limit; the bar fits $COLUMNS and becomes plain lines under an MPI
+#    launcher's variables; one line per --save-every save; -h, --version, o1, gpt-only flags, O0 says
+#    f32; a refused lr shows the typed value; a resume past --steps says so; --checkpoint makes its
+#    parents; elapsed_s goes on after a resume; gpt prints tokens/s and ms/step.
 # Needs Fashion-MNIST (Debian's dataset-fashion-mnist) for the training parts; without it those are
 # skipped and the test reports SKIP (77) after the other checks pass.
 set -uo pipefail
@@ -36,6 +42,7 @@ bad() {
   "$BIN" "$@" > /dev/null 2> "$W/../err.$$"
   rc=$?
   lines=$(wc -l < "$W/../err.$$")
+  LAST_ERR=$(cat "$W/../err.$$")
   after=$(snapshot)
   if [ $rc -eq 0 ]; then
     ko "$name: exit 0 for: $*"
@@ -102,6 +109,8 @@ bad "text too short" --model gpt --data "$W/tiny.txt"
 bad "text is a directory" --model gpt --data "$W/junk"
 echo x > afile
 bad "checkpoint under a file" --model gpt --steps 1 --checkpoint "$W/afile/ck"
+grep -qF "$W/afile is not a directory" <<< "$LAST_ERR" && ok "the message names the file in the way" || ko "checkpoint under a file: $LAST_ERR"
+bad "parents made for a refused run are removed" --model gpt --steps 1 --checkpoint "$W/x/y/ck" --log "$W/no-dir/log.jsonl"
 bad "checkpoint is a file" --model gpt --steps 1 --checkpoint "$W/afile"
 bad "resume from an empty directory" --model gpt --steps 1 --checkpoint "$W/junk" --resume
 bad "log in a missing directory" --model gpt --steps 1 --log "$W/no-dir/log.jsonl"
@@ -109,7 +118,7 @@ bad "gpt with a bad seq-len" --model gpt --seq-len 1
 
 # ---- checkpoints (text model: always available) -------------------------------------------------------
 G=(--model gpt --threads 2 --batch-size 4 --seq-len 16 --sample-bytes 8)
-"$BIN" "${G[@]}" --steps 4 --checkpoint g1 --log g1.jsonl > /dev/null || ko "gpt run with a checkpoint"
+"$BIN" "${G[@]}" --steps 4 --checkpoint g1 --log g1.jsonl > g1.out || ko "gpt run with a checkpoint"
 "$BIN" "${G[@]}" --steps 4 --checkpoint g2 > /dev/null || ko "second gpt run"
 same=1
 for f in latest step-4/model.safetensors step-4/optimizer.bin step-4/state.safetensors; do cmp -s g1/$f g2/$f || same=0; done
@@ -155,8 +164,114 @@ mkdir g1/step-6.partial && echo half > g1/step-6.partial/model.safetensors
 "$BIN" "${G[@]}" --steps 6 --checkpoint g1 --resume --log g1.jsonl > /dev/null && [ "$(cat g1/latest)" = step-6 ] &&
   [ ! -e g1/step-6.partial ] && [ -d g1/step-4 ] && ok "a stale partial save is replaced; the previous checkpoint is kept" ||
   ko "resume past a stale partial save"
-"$BIN" "${G[@]}" --steps 12 --checkpoint g1 --resume --save-every 2 > /dev/null && [ "$(cat g1/latest)" = step-12 ] &&
+"$BIN" "${G[@]}" --steps 12 --checkpoint g1 --resume --save-every 2 > g1.out && [ "$(cat g1/latest)" = step-12 ] &&
   [ "$(ls -d g1/step-* | wc -l)" = 2 ] && ok "--save-every keeps the latest and the previous checkpoint" || ko "--save-every: $(ls g1)"
+[ "$(grep -c '^apex-train: checkpoint g1/step-' g1.out)" = 3 ] && grep -q "checkpoint g1/step-8$" g1.out &&
+  grep -q "checkpoint g1/step-10$" g1.out && ok "one line per save (steps 8 and 10 by --save-every, 12 at the end)" ||
+  ko "--save-every lines: $(grep checkpoint g1.out)"
+
+# ---- issue #19 ---------------------------------------------------------------------------------------
+[ "$("$BIN" -h)" = "$help" ] && ok "-h prints --help" || ko "-h differs from --help"
+want=$(sed -n 's/^#define APEX_VERSION_STRING "\(.*\)"$/\1/p' "$SRC/../../include/apex/version.h")
+v=$("$BIN" --version)
+[ $? -eq 0 ] && [ -n "$want" ] && [ "$v" = "apex-train $want (apex library $want)" ] && ok "--version: $v" || ko "--version: '$v' (want $want)"
+grep -q "first limit reached" <<< "$help" && ok "--help states when training ends" || ko "--help lacks the --steps/--epochs rule"
+bad "gpt-only --seq-len for mlp" --model mlp --seq-len 32
+bad "gpt-only --sample-bytes for cnn" --model cnn --sample-bytes 10
+bad "negative --max-bad-steps" --max-bad-steps -1
+out=$("$BIN" "${G[@]}" --opt-level o1 --steps 1) && grep -q ", O1 f16," <<< "$out" && ok "--opt-level o1 is O1, as amp takes it" ||
+  ko "--opt-level o1: $out"
+out=$("$BIN" "${G[@]}" --opt-level O0 --cast-type bf16 --steps 1) && grep -q ", O0 f32," <<< "$out" && ok "O0 says f32" || ko "O0 banner: $out"
+grep -q "tokens/s, [0-9.]* ms/step)" g1.out && grep -q '"tokens_per_s":' g1.jsonl && grep -q '"ms_per_step":' g1.jsonl &&
+  ok "gpt reports tokens/s and ms/step: $(grep ' steps in ' g1.out)" || ko "gpt rates: $(grep ' steps in ' g1.out)"
+
+# A refused lr shows the values typed (the gpt's default is 3e-3), not float round-trip noise.
+bad "resume with another lr" "${G[@]}" --lr 0.002 --steps 14 --checkpoint g1 --resume
+grep -q "lr 0.003, this run has lr 0.002;" <<< "$LAST_ERR" && ok "the lr as typed" || ko "lr message: $LAST_ERR"
+bad "resume at --steps" "${G[@]}" --steps 12 --checkpoint g1 --resume
+grep -q "at step 12, already at --steps 12" <<< "$LAST_ERR" || ko "resume at --steps: $LAST_ERR"
+bad "resume past --steps" "${G[@]}" --steps 10 --checkpoint g1 --resume
+grep -q "at step 12, already past --steps 10" <<< "$LAST_ERR" && ok "a resume past --steps says so" || ko "resume past --steps: $LAST_ERR"
+
+"$BIN" "${G[@]}" --steps 2 --checkpoint p/q/ck > /dev/null && [ "$(cat p/q/ck/latest)" = step-2 ] &&
+  ok "--checkpoint p/q/ck makes the missing parents" || ko "--checkpoint with missing parents: $(ls -R p 2>&1)"
+rm -rf p
+
+# --log to a full disk fails (the open works, the writes do not).
+bad "--log /dev/full" "${G[@]}" --steps 2 --log /dev/full
+grep -q "No space left" <<< "$LAST_ERR" || ko "--log /dev/full: $LAST_ERR"
+
+# --epochs 1 --steps 5000 on a text of 640 bytes (10 steps of 4 x 16 per epoch) ends at step 10.
+head -c 640 /usr/share/common-licenses/GPL-3 > small.txt
+out=$("$BIN" "${G[@]}" --data small.txt --epochs 1 --steps 5000 --log e.jsonl)
+rc=$?
+if [ $rc -eq 0 ] && grep -q "ending at step 10 (end of the epochs)" <<< "$out" && grep -q "^apex-train: 10 steps in" <<< "$out" &&
+  [ "$(wc -l < e.jsonl)" = 10 ] && ! grep -q '"epoch":2' e.jsonl; then
+  ok "--epochs 1 --steps 5000 ends at the end of the epoch (step 10)"
+else
+  ko "--epochs 1 --steps 5000: rc $rc: $out"
+fi
+
+# The bar: at most $COLUMNS - 1 wide on a terminal (script(1) gives a pty, of width 0, so $COLUMNS
+# rules); plain lines, no \r, when an MPI launcher's variables are set.
+if command -v script > /dev/null; then
+  COLUMNS=60 script -qec "$BIN --model gpt --threads 2 --batch-size 4 --seq-len 16 --sample-bytes 8 --steps 3" /dev/null > tty.out < /dev/null
+  widest=$(tr '\r' '\n' < tty.out | sed 's/\x1b\[K//g' | grep 'step [0-9]*/3' | awk '{ if (length($0) > m) m = length($0) } END { print m + 0 }')
+  if grep -q $'\r' tty.out && [ "$widest" -gt 0 ] && [ "$widest" -le 59 ]; then
+    ok "bar on a 60-column terminal: redrawn with \\r, widest line $widest"
+  else
+    ko "bar at COLUMNS=60: widest $widest: $(cat -v tty.out | head -5)"
+  fi
+  OMPI_COMM_WORLD_SIZE=1 script -qec "$BIN --model gpt --threads 2 --batch-size 4 --seq-len 16 --sample-bytes 8 --steps 3" /dev/null > mpi.out < /dev/null
+  if ! grep -q $'\r' <(sed 's/\r$//' mpi.out) && grep -q "step 3/3" mpi.out; then
+    ok "under an MPI launcher's environment, on a pty: plain lines"
+  else
+    ko "plain lines under mpirun: $(cat -v mpi.out | head -5)"
+  fi
+else
+  echo "script(1) not found (util-linux): the bar checks on a pty were skipped"
+fi
+
+# A diverged run: lr 1e6 makes the loss NaN; 10 bad steps in a row stop it with exit 3 and one line;
+# the last checkpoint is the last step whose loss was finite; every log line is JSON.
+"$BIN" "${G[@]}" --lr 1e6 --steps 300 --max-bad-steps 10 --checkpoint dv --save-every 1 --log dv.jsonl > dv.out 2> dv.err
+rc=$?
+if [ $rc -eq 3 ] && [ "$(wc -l < dv.err)" = 1 ] && grep -q "stopped at step [0-9]*: the run diverged" dv.err; then
+  ok "diverged run: exit 3: $(cat dv.err)"
+else
+  ko "diverged run: exit $rc: $(cat dv.err)"
+fi
+if command -v python3 > /dev/null; then
+  # Stop step and last good step worked out from the log alone, by the rule in divergence.h.
+  if python3 - dv.jsonl "$(cat dv/latest 2> /dev/null)" <<'PY'
+import json, math, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]  # raises on -nan and friends
+prev_skipped, streak, stop, last_good = 0, 0, None, None
+for r in rows:
+    bad = r["loss"] is None or r["skipped"] > prev_skipped
+    prev_skipped = r["skipped"]
+    streak = streak + 1 if bad else 0
+    if r["loss"] is not None and math.isfinite(r["loss"]):
+        last_good = r["step"]
+    if streak == 10:
+        stop = r["step"]
+        break
+assert any(r["loss"] is None for r in rows), "no null loss in the log"
+assert stop == rows[-1]["step"], (stop, rows[-1]["step"])
+assert sys.argv[2] == "step-%d" % last_good, (sys.argv[2], last_good)
+print("log: %d lines of JSON, stopped at step %d, checkpoint step-%d (last finite loss)" % (len(rows), stop, last_good))
+PY
+  then ok "the log is JSON; the run stopped after 10 bad steps; the checkpoint is the last good step"
+  else ko "diverged run's log or checkpoint"; fi
+else
+  echo "python3 not found: the JSON parse of the log was skipped"
+fi
+
+# elapsed_s goes on after a resume (g1: steps 1-4, then resumed at 5).
+e4=$(grep '^{"step":4,' g1.jsonl | sed 's/.*"elapsed_s":\([0-9.]*\).*/\1/')
+e5=$(grep '^{"step":5,' g1.jsonl | sed 's/.*"elapsed_s":\([0-9.]*\).*/\1/')
+[ -n "$e4" ] && [ -n "$e5" ] && awk -v a="$e4" -v b="$e5" 'BEGIN { exit !(b > a) }' && [ -f g1/step-12/timing.json ] &&
+  ok "elapsed_s goes on after a resume: step 4 at ${e4}s, step 5 at ${e5}s" || ko "elapsed_s after a resume: $e4 then $e5"
 
 if [ $have_data -eq 0 ]; then
   echo "Fashion-MNIST not found in $FM: the bitwise resume checks were skipped"
