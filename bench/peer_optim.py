@@ -111,6 +111,9 @@ def torch_adamw_bf16(torch):
 
 
 def deepspeed_adamw(torch):
+    import logging
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # it warns when it has to guess
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from deepspeed.ops.adam import DeepSpeedCPUAdam
     ps, gs = make(torch)
     for p, g in zip(ps, gs):
