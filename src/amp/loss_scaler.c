@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "apex/loss_scaler.h"
-#include "amp/scale_rule.h"
+#include "backend/scale_rule.h"
 #include "core/internal.h"
 
 struct apex_loss_scaler {

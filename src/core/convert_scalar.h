@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* The CUDA backend compiles these same functions for the device (src/cuda/convert.cu), so that a
+/* The CUDA backend compiles these same functions for the device (src/backend/cuda/convert.cu), so that a
  * conversion on the GPU gives the bits the CPU gives. */
 #if defined(__CUDACC__)
 #define APEX_HD __host__ __device__

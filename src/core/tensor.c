@@ -1,85 +1,54 @@
 /* tensor.c: tensors as views into reference-counted storage.
  *
- * Storage is allocated 64-byte aligned (a cache line; also what AVX-512 loads like), zero-filled.
- * Wrapped storage belongs to the caller and is never freed here. CUDA storage comes from the CUDA
- * backend's caching allocator (src/cuda/runtime.cu); the few tensor calls that touch data branch on
- * the device here, so that every layer above sees one tensor type. */
+ * A storage points to its device's memory slots (core/memory.h): allocation, freeing, copies and fills
+ * go through them, so that this file names no device API and every layer above sees one tensor type.
+ * Host storage is 64-byte aligned (a cache line; also what AVX-512 loads like) and zero-filled.
+ * Wrapped storage belongs to the caller and is never freed here. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "apex/cuda.h"
 #include "core/internal.h"
 #include "core/tensor_internal.h"
-#include "cuda/cuda_internal.h"
 
-#define APEX_ALIGN 64
-
-static apex_storage *storage_new(size_t bytes) {
+/* A storage header over data (refs 1). */
+static apex_storage *storage_header(const apex_memory *m, void *data, size_t bytes, int owned) {
   apex_storage *s = calloc(1, sizeof *s);
   if (!s) return NULL;
-  size_t padded = (bytes + APEX_ALIGN - 1) / APEX_ALIGN * APEX_ALIGN;
-  s->data = aligned_alloc(APEX_ALIGN, padded ? padded : APEX_ALIGN);
-  if (!s->data) {
-    free(s);
-    return NULL;
-  }
-  memset(s->data, 0, padded);
+  s->data = data;
   s->bytes = bytes;
-  s->owned = 1;
-  s->device = APEX_DEVICE_CPU;
+  s->owned = owned;
+  s->device = m->device;
+  s->mem = m;
   atomic_init(&s->refs, 1);
   return s;
 }
 
-/* Zero-filled storage on a device; NULL with a message (the device's own, or out of memory). */
-static apex_storage *storage_new_on(apex_device device, size_t bytes) {
-  if (device == APEX_DEVICE_CPU) {
-    apex_storage *s = storage_new(bytes);
-    if (!s) apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_tensor_create: cannot allocate %zu bytes", bytes);
-    return s;
+/* Zero-filled storage in memory m; NULL with a message (the device's own, or out of memory). */
+static apex_storage *storage_new_with(const apex_memory *m, size_t bytes, const char *fn) {
+  void *data = NULL;
+  if (m->alloc(bytes, 1, &data) != APEX_OK) return NULL;
+  apex_storage *s = storage_header(m, data, bytes, 1);
+  if (!s) {
+    m->free(data);
+    return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   }
-  /* The same path with and without CUDA: a build without it links stubs whose apex__cuda_ready says so. */
-  const char *why;
-  if (device != APEX_DEVICE_CUDA)
-    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_create_on: unknown device %d", (int)device);
-  if (!apex__cuda_ready(&why)) return apex__fail_null(APEX_ERR_UNSUPPORTED, "apex_tensor_create_on: %s", why);
-  apex_storage *s = calloc(1, sizeof *s);
-  if (!s) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_tensor_create: out of memory");
-  if (apex__cuda_alloc(bytes, 1, &s->data) != APEX_OK) {
-    free(s);
-    return NULL;
-  }
-  s->bytes = bytes;
-  s->owned = 1;
-  s->device = APEX_DEVICE_CUDA;
-  atomic_init(&s->refs, 1);
   return s;
-}
-
-static void storage_free_data(apex_storage *s) {
-#if APEX_HAVE_CUDA
-  if (s->device == APEX_DEVICE_CUDA) {
-    apex__cuda_free(s->data);
-    return;
-  }
-#endif
-  free(s->data);
 }
 
 void apex__storage_release(apex_storage *s) {
   if (!s) return;
   if (atomic_fetch_sub(&s->refs, 1) == 1) {
-    if (s->owned) storage_free_data(s);
+    if (s->owned) s->mem->free(s->data);
     free(s);
   }
 }
 
 void apex__storage_retain(apex_storage *s) { atomic_fetch_add(&s->refs, 1); }
 
-apex_storage *apex__storage_alloc(size_t bytes) { return storage_new(bytes); }
+apex_storage *apex__storage_alloc(size_t bytes) { return storage_new_with(&apex__host_memory, bytes, "apex_tensor_create"); }
 
 /* Checks a shape and computes its element count; returns APEX_OK or an error naming `who`. */
 static apex_status shape_numel(const char *who, int ndim, const int64_t *shape, size_t *numel) {
@@ -113,11 +82,12 @@ static apex_tensor *tensor_new(apex_storage *s, size_t offset, apex_dtype dtype,
   return t;
 }
 
-apex_tensor *apex_tensor_create_on(apex_device device, apex_dtype dtype, int ndim, const int64_t *shape) {
+apex_tensor *apex__tensor_create_with(const apex_memory *m, apex_dtype dtype, int ndim, const int64_t *shape,
+                                      const char *fn) {
   size_t numel;
   if (apex__check_dtype(dtype, "apex_tensor_create") != APEX_OK) return NULL;
   if (shape_numel("apex_tensor_create", ndim, shape, &numel) != APEX_OK) return NULL;
-  apex_storage *s = storage_new_on(device, numel * apex_dtype_size(dtype));
+  apex_storage *s = storage_new_with(m, numel * apex_dtype_size(dtype), fn);
   if (!s) return NULL;
   apex_tensor *t = tensor_new(s, 0, dtype, ndim, shape, numel);
   if (!t) {
@@ -128,33 +98,23 @@ apex_tensor *apex_tensor_create_on(apex_device device, apex_dtype dtype, int ndi
 }
 
 apex_tensor *apex_tensor_create(apex_dtype dtype, int ndim, const int64_t *shape) {
-  return apex_tensor_create_on(APEX_DEVICE_CPU, dtype, ndim, shape);
+  return apex__tensor_create_with(&apex__host_memory, dtype, ndim, shape, "apex_tensor_create");
 }
 
 apex_tensor *apex_tensor_wrap(void *data, apex_dtype dtype, int ndim, const int64_t *shape) {
-  return apex_tensor_wrap_on(APEX_DEVICE_CPU, data, dtype, ndim, shape);
+  return apex__tensor_wrap_with(&apex__host_memory, data, dtype, ndim, shape);
 }
 
-apex_tensor *apex_tensor_wrap_on(apex_device device, void *data, apex_dtype dtype, int ndim, const int64_t *shape) {
+apex_tensor *apex__tensor_wrap_with(const apex_memory *m, void *data, apex_dtype dtype, int ndim,
+                                    const int64_t *shape) {
   size_t numel;
-  if (device != APEX_DEVICE_CPU) {
-    const char *why;
-    if (device != APEX_DEVICE_CUDA)
-      return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_wrap_on: unknown device %d", (int)device);
-    if (!apex__cuda_ready(&why)) return apex__fail_null(APEX_ERR_UNSUPPORTED, "apex_tensor_wrap_on: %s", why);
-  }
   if (apex__check_dtype(dtype, "apex_tensor_wrap") != APEX_OK) return NULL;
   if (shape_numel("apex_tensor_wrap", ndim, shape, &numel) != APEX_OK) return NULL;
   if (!data && numel > 0) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_wrap: NULL data for %zu elements", numel);
   if ((uintptr_t)data % apex_dtype_size(dtype) != 0)
     return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_wrap: data %p is not aligned to its %zu-byte elements", data, apex_dtype_size(dtype));
-  apex_storage *s = calloc(1, sizeof *s);
+  apex_storage *s = storage_header(m, data, numel * apex_dtype_size(dtype), 0);
   if (!s) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_tensor_wrap: out of memory");
-  s->data = data;
-  s->bytes = numel * apex_dtype_size(dtype);
-  s->owned = 0;
-  s->device = device;
-  atomic_init(&s->refs, 1);
   apex_tensor *t = tensor_new(s, 0, dtype, ndim, shape, numel);
   if (!t) {
     apex__storage_release(s);
@@ -165,7 +125,7 @@ apex_tensor *apex_tensor_wrap_on(apex_device device, void *data, apex_dtype dtyp
 
 apex_tensor *apex_tensor_clone(const apex_tensor *t) {
   if (!t) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_clone: NULL tensor");
-  apex_tensor *c = apex_tensor_create_on(t->device, t->dtype, t->ndim, t->shape);
+  apex_tensor *c = apex__tensor_create_with(t->storage->mem, t->dtype, t->ndim, t->shape, "apex_tensor_clone");
   if (c && apex_tensor_copy(c, t) != APEX_OK) {
     apex_tensor_destroy(c);
     return NULL;
@@ -275,49 +235,35 @@ void apex__fill_bits(void *p, size_t size, uint32_t bits, size_t n) {
 
 apex_status apex_tensor_fill(apex_tensor *t, float value) {
   if (!t) return apex__fail(APEX_ERR_INVALID_ARG, "apex_tensor_fill: NULL tensor");
-  void *p = apex_tensor_data(t);
-#if APEX_HAVE_CUDA
-  if (t->device == APEX_DEVICE_CUDA) return apex__cuda_fill(p, t->dtype, value, t->numel);
-#endif
-  uint32_t bits;
-  if (t->dtype == APEX_F32) {
-    memcpy(&bits, &value, sizeof bits);
-  } else {
-    uint16_t v;
-    apex__convert_portable(&v, t->dtype, &value, APEX_F32, 1);
-    bits = v;
-  }
-  apex__fill_bits(p, apex_dtype_size(t->dtype), bits, t->numel);
-  return APEX_OK;
+  return t->storage->mem->fill(apex_tensor_data(t), t->dtype, value, t->numel);
 }
 
-#if APEX_HAVE_CUDA
-/* A copy with at least one side on the GPU. Conversions run on the GPU (the same rounding as the CPU's):
- * a host source of another dtype goes up first, a device source of another dtype is converted before it
- * comes down. */
-static apex_status copy_cuda(apex_tensor *dst, const apex_tensor *src, int wait) {
+/* A copy with at least one side off the host, through that side's memory slots. Conversions run on the
+ * device (with the host's rounding): a host source of another dtype goes up first, a device source of
+ * another dtype is converted before it comes down. */
+static apex_status copy_device(apex_tensor *dst, const apex_tensor *src, int wait) {
   void *d = apex_tensor_data(dst);
   const void *s = apex_tensor_data(src);
-  int dir = src->device == APEX_DEVICE_CPU ? APEX__H2D : dst->device == APEX_DEVICE_CPU ? APEX__D2H : APEX__D2D;
-  if (dst->dtype == src->dtype)
-    return apex__cuda_memcpy(d, s, apex_tensor_nbytes(src), dir, wait && dir == APEX__D2H);
-  if (dir == APEX__D2D) return apex__cuda_convert(d, dst->dtype, s, src->dtype, src->numel);
+  int up = src->device == APEX_DEVICE_CPU, down = dst->device == APEX_DEVICE_CPU;
+  const apex_memory *m = up ? dst->storage->mem : src->storage->mem;
+  apex_copy_kind dir = up ? APEX_COPY_H2D : down ? APEX_COPY_D2H : APEX_COPY_D2D;
+  if (dst->dtype == src->dtype) return m->copy(d, s, apex_tensor_nbytes(src), dir, wait && down);
+  if (dir == APEX_COPY_D2D) return m->convert(d, dst->dtype, s, src->dtype, src->numel);
   /* Stage through a device buffer of the other side's layout. */
-  apex_dtype staged = dir == APEX__H2D ? src->dtype : dst->dtype;
-  apex_tensor *tmp = apex_tensor_create_on(APEX_DEVICE_CUDA, staged, src->ndim, src->shape);
+  apex_dtype staged = up ? src->dtype : dst->dtype;
+  apex_tensor *tmp = apex__tensor_create_with(m, staged, src->ndim, src->shape, "apex_tensor_copy");
   if (!tmp) return APEX_ERR_OUT_OF_MEMORY;
   apex_status st;
-  if (dir == APEX__H2D) {
-    st = apex__cuda_memcpy(apex_tensor_data(tmp), s, apex_tensor_nbytes(src), APEX__H2D, 0);
-    if (st == APEX_OK) st = apex__cuda_convert(d, dst->dtype, apex_tensor_data(tmp), staged, src->numel);
+  if (up) {
+    st = m->copy(apex_tensor_data(tmp), s, apex_tensor_nbytes(src), APEX_COPY_H2D, 0);
+    if (st == APEX_OK) st = m->convert(d, dst->dtype, apex_tensor_data(tmp), staged, src->numel);
   } else {
-    st = apex__cuda_convert(apex_tensor_data(tmp), staged, s, src->dtype, src->numel);
-    if (st == APEX_OK) st = apex__cuda_memcpy(d, apex_tensor_data(tmp), apex_tensor_nbytes(dst), APEX__D2H, 1);
+    st = m->convert(apex_tensor_data(tmp), staged, s, src->dtype, src->numel);
+    if (st == APEX_OK) st = m->copy(d, apex_tensor_data(tmp), apex_tensor_nbytes(dst), APEX_COPY_D2H, 1);
   }
-  apex_tensor_destroy(tmp); /* the allocator reuses it only behind the queued work */
+  apex_tensor_destroy(tmp); /* a device allocator reuses it only behind the queued work */
   return st;
 }
-#endif
 
 static apex_status copy_impl(apex_tensor *dst, const apex_tensor *src, int wait, const char *fn) {
   if (!dst || !src) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL tensor", fn);
@@ -328,11 +274,7 @@ static apex_status copy_impl(apex_tensor *dst, const apex_tensor *src, int wait,
   }
   if (apex_tensor_data(dst) == apex_tensor_data(src) && dst->dtype == src->dtype && dst->device == src->device)
     return APEX_OK;
-#if APEX_HAVE_CUDA
-  if (dst->device != APEX_DEVICE_CPU || src->device != APEX_DEVICE_CPU) return copy_cuda(dst, src, wait);
-#else
-  (void)wait;
-#endif
+  if (dst->device != APEX_DEVICE_CPU || src->device != APEX_DEVICE_CPU) return copy_device(dst, src, wait);
   return apex_convert(apex_tensor_data(dst), dst->dtype, apex_tensor_data(src), src->dtype, src->numel);
 }
 
@@ -346,7 +288,7 @@ apex_status apex_tensor_copy_async(apex_tensor *dst, const apex_tensor *src) {
 
 apex_tensor *apex_tensor_to(const apex_tensor *src, apex_dtype dtype) {
   if (!src) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_tensor_to: NULL tensor");
-  apex_tensor *t = apex_tensor_create_on(src->device, dtype, src->ndim, src->shape);
+  apex_tensor *t = apex__tensor_create_with(src->storage->mem, dtype, src->ndim, src->shape, "apex_tensor_to");
   if (!t) return NULL;
   if (apex_tensor_copy(t, src) != APEX_OK) {
     apex_tensor_destroy(t);
@@ -359,13 +301,11 @@ apex_tensor *apex_tensor_to(const apex_tensor *src, apex_dtype dtype) {
 static void element_bytes(const apex_tensor *t, size_t i, void *out) {
   size_t es = apex_dtype_size(t->dtype);
   const char *p = (const char *)apex_tensor_data(t) + i * es;
-#if APEX_HAVE_CUDA
-  if (t->device == APEX_DEVICE_CUDA) {
-    if (apex__cuda_memcpy(out, p, es, APEX__D2H, 1) != APEX_OK) memset(out, 0xFF, es); /* NaN: no silent zero */
+  if (t->device == APEX_DEVICE_CPU) {
+    memcpy(out, p, es);
     return;
   }
-#endif
-  memcpy(out, p, es);
+  if (t->storage->mem->copy(out, p, es, APEX_COPY_D2H, 1) != APEX_OK) memset(out, 0xFF, es); /* NaN: no silent zero */
 }
 
 /* Refuses what apex_tensor_get/set cannot read or write: a NULL tensor or an index past the end. */
@@ -390,11 +330,7 @@ void apex_tensor_set(apex_tensor *t, size_t i, float value) {
   size_t es = apex_dtype_size(t->dtype);
   unsigned char raw[4];
   apex__convert_portable(raw, t->dtype, &value, APEX_F32, 1);
-#if APEX_HAVE_CUDA
-  if (t->device == APEX_DEVICE_CUDA) {
-    apex__cuda_memcpy((char *)apex_tensor_data(t) + i * es, raw, es, APEX__H2D, 1);
-    return;
-  }
-#endif
-  memcpy((char *)apex_tensor_data(t) + i * es, raw, es);
+  char *p = (char *)apex_tensor_data(t) + i * es;
+  if (t->device == APEX_DEVICE_CPU) memcpy(p, raw, es);
+  else t->storage->mem->copy(p, raw, es, APEX_COPY_H2D, 1);
 }

@@ -7,12 +7,14 @@
 #include <stddef.h>
 
 #include "apex/tensor.h"
+#include "core/memory.h"
 
 typedef struct apex_storage {
   void *data;
   size_t bytes;
   int owned; /* 0 for apex_tensor_wrap: the caller frees the memory */
   apex_device device;
+  const apex_memory *mem; /* the device's memory slots: what frees, copies and fills the data */
   atomic_int refs;
 } apex_storage;
 

@@ -8,7 +8,8 @@
 #include <strings.h>
 
 #include "core/internal.h"
-#include "cuda/cuda_internal.h"
+#include "apex/multi_tensor.h"
+#include "backend/backend.h"
 #include "optim/optim_internal.h"
 
 static const apex__optim_ops *const KINDS[APEX_OPTIM_KIND_COUNT] = {
@@ -198,8 +199,8 @@ static void group_free(apex__group *g) {
   free(g->state);
   free(g->scalars);
   free(g->step);
-  if (g->d_step) apex__cuda_free(g->d_step);
-  if (g->d_scalars) apex__cuda_free(g->d_scalars);
+  if (g->d_step) g->backend->mem->free(g->d_step);
+  if (g->d_scalars) g->backend->mem->free(g->d_scalars);
 }
 
 void apex_optimizer_destroy(apex_optimizer *opt) {
@@ -277,11 +278,12 @@ static apex_status group_alloc(const apex__optim_ops *ops, apex__group *g, apex_
   g->scalars = calloc((size_t)n * (size_t)(g->nscalars ? g->nscalars : 1), sizeof *g->scalars);
   g->step = calloc((size_t)n, sizeof *g->step);
   g->device = apex_tensor_device(params[0]);
+  g->backend = apex__backend_for(g->device); /* the tensors exist, so their backend does */
   if (!g->params || !g->grads || !g->master || !g->state || !g->scalars || !g->step) goto oom;
-  if (g->device == APEX_DEVICE_CUDA && apex__cuda_alloc((size_t)n * sizeof(int64_t), 1, (void **)&g->d_step) != APEX_OK)
-    goto oom;
-  if (g->device == APEX_DEVICE_CUDA && g->nscalars &&
-      apex__cuda_alloc((size_t)n * (size_t)g->nscalars * sizeof(float), 1, (void **)&g->d_scalars) != APEX_OK)
+  /* The counts and scalars live where the tensors are, for the backend's step. */
+  const apex_memory *mem = g->backend->mem;
+  if (mem->alloc((size_t)n * sizeof(int64_t), 1, (void **)&g->d_step) != APEX_OK) goto oom;
+  if (g->nscalars && mem->alloc((size_t)n * (size_t)g->nscalars * sizeof(float), 1, (void **)&g->d_scalars) != APEX_OK)
     goto oom;
   for (int i = 0; i < n; i++) {
     apex_tensor *p = params[i];
@@ -434,17 +436,19 @@ int64_t apex_optimizer_step_count(const apex_optimizer *opt, int group, int i) {
 }
 
 apex_status apex__optim_steps_to_host(apex__group *g) {
-  if (g->device != APEX_DEVICE_CUDA) return APEX_OK;
+  if (!g->d_step) return APEX_OK;
+  const apex_memory *m = g->backend->mem;
   size_t nsc = (size_t)g->n * (size_t)g->nscalars * sizeof *g->scalars;
-  apex_status st = nsc ? apex__cuda_memcpy(g->scalars, g->d_scalars, nsc, APEX__D2H, 0) : APEX_OK;
-  return st != APEX_OK ? st : apex__cuda_memcpy(g->step, g->d_step, (size_t)g->n * sizeof *g->step, APEX__D2H, 1);
+  apex_status st = nsc ? m->copy(g->scalars, g->d_scalars, nsc, APEX_COPY_D2H, 0) : APEX_OK;
+  return st != APEX_OK ? st : m->copy(g->step, g->d_step, (size_t)g->n * sizeof *g->step, APEX_COPY_D2H, 1);
 }
 
 apex_status apex__optim_steps_to_device(apex__group *g) {
-  if (g->device != APEX_DEVICE_CUDA) return APEX_OK;
+  if (!g->d_step) return APEX_OK;
+  const apex_memory *m = g->backend->mem;
   size_t nsc = (size_t)g->n * (size_t)g->nscalars * sizeof *g->scalars;
-  apex_status st = nsc ? apex__cuda_memcpy(g->d_scalars, g->scalars, nsc, APEX__H2D, 0) : APEX_OK;
-  return st != APEX_OK ? st : apex__cuda_memcpy(g->d_step, g->step, (size_t)g->n * sizeof *g->step, APEX__H2D, 1);
+  apex_status st = nsc ? m->copy(g->d_scalars, g->scalars, nsc, APEX_COPY_H2D, 0) : APEX_OK;
+  return st != APEX_OK ? st : m->copy(g->d_step, g->step, (size_t)g->n * sizeof *g->step, APEX_COPY_H2D, 1);
 }
 
 /* ---- the step ------------------------------------------------------------------------------------------- */
@@ -455,7 +459,6 @@ static void active_free(apex__active *a) {
   free(a->p);
   free(a->model);
   for (int s = 0; s < APEX__OPTIM_MAX_STATES; s++) free(a->s[s]);
-  free(a->step);
 }
 
 /* The lists of a group's parameters that have a gradient. */
@@ -467,8 +470,7 @@ static apex_status active_build(const apex__group *g, apex__active *a) {
   a->g = malloc(n * sizeof *a->g);
   a->p = malloc(n * sizeof *a->p);
   a->model = malloc(n * sizeof *a->model);
-  a->step = malloc(n * sizeof *a->step);
-  int ok = a->idx && a->g && a->p && a->model && a->step;
+  int ok = a->idx && a->g && a->p && a->model;
   for (int s = 0; s < g->nstates; s++) ok = ok && (a->s[s] = malloc(n * sizeof *a->s[s]));
   if (!ok) {
     active_free(a);
@@ -482,7 +484,6 @@ static apex_status active_build(const apex__group *g, apex__active *a) {
     a->p[k] = g->master[i] ? g->master[i] : g->params[i];
     a->model[k] = g->master[i] ? g->params[i] : NULL;
     for (int s = 0; s < g->nstates; s++) a->s[s][k] = g->state[(size_t)i * g->nstates + s];
-    a->step[k] = g->step[i] + 1;
     k++;
   }
   return APEX_OK;
@@ -495,50 +496,10 @@ static apex_status check_scale(const char *fn, float grad_scale) {
   return APEX_OK;
 }
 
-/* Lists of device tensors for one CUDA group's active parameters (freed with cuda_step_free). */
-static void cuda_step_free(apex__cuda_step *c) {
-  free(c->g.ptr);
-}
-
-static apex_status cuda_step_build(const apex_optimizer *opt, const apex__group *g, const apex__active *a,
-                                   apex__cuda_step *c) {
-  int n = a->n, lists = 3 + g->nstates;
-  size_t each = (size_t)(n ? n : 1);
-  /* One block: the lists' pointers, element counts and dtypes, then AdamP's rows per entry. */
-  size_t list_bytes = (size_t)lists * each * (sizeof(void *) + sizeof(apex_dtype) + sizeof(size_t));
-  list_bytes = (list_bytes + sizeof(int64_t) - 1) / sizeof(int64_t) * sizeof(int64_t);
-  char *mem = malloc(list_bytes + each * sizeof(int64_t));
-  if (!mem) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
-  int64_t *rows = (int64_t *)(mem + list_bytes);
-  apex__cuda_list *all[6] = {&c->g, &c->p, &c->model, &c->s[0], &c->s[1], &c->s[2]};
-  for (int l = 0; l < lists; l++) {
-    all[l]->n = n;
-    all[l]->ptr = (void **)(mem + (size_t)l * each * sizeof(void *));
-    all[l]->numel = (size_t *)(mem + (size_t)lists * each * sizeof(void *) + (size_t)l * each * sizeof(size_t));
-    all[l]->dtype = (apex_dtype *)(mem + (size_t)lists * each * (sizeof(void *) + sizeof(size_t)) +
-                                   (size_t)l * each * sizeof(apex_dtype));
-  }
-  for (int j = 0; j < n; j++) {
-    rows[j] = apex_tensor_ndim(a->p[j]) >= 2 ? apex_tensor_dim(a->p[j], 0) : 0;
-    apex_tensor *t[6] = {a->g[j], a->p[j], a->model[j], NULL, NULL, NULL};
-    for (int s = 0; s < g->nstates; s++) t[3 + s] = a->s[s][j];
-    for (int l = 0; l < lists; l++) {
-      all[l]->ptr[j] = t[l] ? apex_tensor_data(t[l]) : NULL;
-      all[l]->numel[j] = apex_tensor_numel(a->p[j]);
-      all[l]->dtype[j] = t[l] ? apex_tensor_dtype(t[l]) : APEX_F32;
-    }
-  }
-  c->rows = rows;
-  c->kind = opt->kind;
-  c->o = &g->o;
-  c->n = n;
-  c->nstates = g->nstates;
-  return APEX_OK;
-}
-
-/* LAMB on the GPU: the global norm of every group's gradients times inv_scale, for max_grad_norm, into
- * the device float *d_norm (left NULL when no group clips): the device counterpart of lamb_prepare. */
-static apex_status cuda_lamb_norm(const apex_optimizer *opt, const apex__active *act, float inv_scale, float **d_norm) {
+/* LAMB: the global norm of every group's gradients times inv_scale, for max_grad_norm, into one float
+ * *d_norm where the tensors are (left NULL when no group clips), so that a GPU step never waits for it. */
+static apex_status global_norm(const apex_optimizer *opt, const apex__active *act, float inv_scale,
+                               const apex_backend *b, float **d_norm) {
   int n = 0, clips = 0;
   for (int k = 0; k < opt->ngroups; k++) {
     const apex_optim_options *o = &opt->groups[k].o;
@@ -547,76 +508,57 @@ static apex_status cuda_lamb_norm(const apex_optimizer *opt, const apex__active 
   }
   *d_norm = NULL;
   if (!clips || n == 0) return APEX_OK;
+  if (!b->mt_l2norm) return apex__backend_slot_missing(b, "apex_optimizer_step", "the multi-tensor L2 norm");
   apex_tensor **g = malloc((size_t)n * sizeof *g);
   if (!g) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
   n = 0;
   for (int k = 0; k < opt->ngroups; k++)
     for (int j = 0; j < act[k].n; j++) g[n++] = act[k].g[j];
-  apex__cuda_list l;
-  apex_status st = apex__cuda_list_make("apex_optimizer_step", "gradient", g, n, &l);
+  apex_status st = b->mem->alloc(sizeof(float), 1, (void **)d_norm);
+  if (st == APEX_OK)
+    st = b->mt_l2norm(&(apex_mt_l2norm_args){.fn = "apex_optimizer_step", .n = n, .x = g, .inv_scale = inv_scale,
+                                             .dev_global_norm = *d_norm});
   free(g);
-  if (st == APEX_OK) {
-    st = apex__cuda_alloc(sizeof(float), 1, (void **)d_norm);
-    if (st == APEX_OK) st = apex__cuda_mt_l2norm(&l, inv_scale, *d_norm, NULL, NULL);
-    apex__cuda_list_free(&l);
-  }
   return st;
 }
 
-/* The step, with the skip decided on the host (d_skip NULL, overflow) or on the device (d_skip). */
-static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *d_scale, const int *d_skip) {
+/* The step, with the skip decided on the host (the caller returned before, on overflow) or where the
+ * tensors are (d_skip, read by the backend's kernels). */
+static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *d_scale, const int *d_skip,
+                             const char *fn) {
   apex_status st = APEX_OK;
-  int cuda = 0, cpu = 0;
-  for (int k = 0; k < opt->ngroups; k++) {
-    cuda |= opt->groups[k].device == APEX_DEVICE_CUDA;
-    cpu |= opt->groups[k].device != APEX_DEVICE_CUDA;
-  }
-  if (cuda && cpu && opt->ops->prepare) /* LAMB's global norm spans every group: one device for all */
-    return apex__fail(APEX_ERR_DEVICE, "apex_optimizer_step: %s has groups on the CPU and on the GPU; its global gradient "
-                      "norm needs them all on one device", opt->ops->name);
-  if (d_skip && !cuda)
-    return apex__fail(APEX_ERR_DEVICE, "apex_cuda_optimizer_step: the optimizer's parameters are on the CPU; use "
-                      "apex_optimizer_step");
-  if (cpu) apex__threads_follow_load();
+  const apex_backend *b0 = opt->groups[0].backend;
+  for (int k = 1; k < opt->ngroups; k++)
+    if (opt->groups[k].backend != b0 && opt->ops->global_norm) /* one norm over every group: one device */
+      return apex__fail(APEX_ERR_DEVICE, "%s: %s has groups on the %s and on %s; its global gradient norm needs "
+                        "them all on one device", fn, opt->ops->name, apex__device_name(b0->device),
+                        apex__device_name(opt->groups[k].backend->device));
+  apex__threads_follow_load(); /* once per step: the CPU's share for the next step (threads.c) */
   apex__active *act = calloc((size_t)opt->ngroups, sizeof *act);
-  apex__step_args *args = calloc((size_t)opt->ngroups, sizeof *args);
-  if (!act || !args) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
+  if (!act) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   int built = 0;
-  for (; st == APEX_OK && built < opt->ngroups; built++) {
-    st = active_build(&opt->groups[built], &act[built]);
-    args[built] = (apex__step_args){.opt = opt, .group = &opt->groups[built], .a = &act[built], .inv_scale = inv_scale};
-  }
+  for (; st == APEX_OK && built < opt->ngroups; built++) st = active_build(&opt->groups[built], &act[built]);
   float *d_grad_norm = NULL;
-  if (st == APEX_OK && opt->ops->prepare)
-    st = cuda ? cuda_lamb_norm(opt, act, inv_scale, &d_grad_norm) : opt->ops->prepare(args, opt->ngroups);
+  if (st == APEX_OK && opt->ops->global_norm) st = global_norm(opt, act, inv_scale, b0, &d_grad_norm);
   for (int k = 0; st == APEX_OK && k < opt->ngroups; k++) {
     apex__group *g = &opt->groups[k];
-    if (act[k].n == 0) continue;
-    if (g->device == APEX_DEVICE_CUDA) {
-      /* The step counts live on the device: the kernel reads them and advances them unless it skips. */
-      apex__cuda_step c = {0};
-      st = cuda_step_build(opt, g, &act[k], &c);
-      if (st == APEX_OK) {
-        c.inv_scale = inv_scale;
-        c.d_scale = d_scale;
-        c.d_skip = d_skip;
-        c.d_step = g->d_step;
-        c.idx = act[k].idx;
-        c.d_grad_norm = d_grad_norm;
-        c.d_scalars = g->d_scalars;
-        st = apex__cuda_optim_step(&c);
-      }
-      cuda_step_free(&c);
-      continue;
+    const apex__active *a = &act[k];
+    if (a->n == 0) continue;
+    if (!g->backend->optim_step) {
+      st = apex__backend_slot_missing(g->backend, fn, "the optimizer step");
+      break;
     }
-    st = opt->ops->step(&args[k]);
-    if (st == APEX_OK)
-      for (int j = 0; j < act[k].n; j++) g->step[act[k].idx[j]] = act[k].step[j];
+    /* The backend reads the step counts where they live and advances them unless the step is skipped. */
+    apex_optim_step_args sa = {.fn = fn, .kind = opt->kind, .o = &g->o, .n = a->n, .g = a->g, .p = a->p,
+                               .model = a->model, .nstates = g->nstates, .idx = a->idx, .inv_scale = inv_scale,
+                               .dev_step = g->d_step, .dev_scalars = g->d_scalars, .dev_scale = d_scale,
+                               .dev_skip = d_skip, .dev_grad_norm = d_grad_norm};
+    for (int s = 0; s < g->nstates; s++) sa.s[s] = a->s[s];
+    st = g->backend->optim_step(&sa);
   }
-  for (int k = 0; act && k < built; k++) active_free(&act[k]);
-  apex__cuda_free(d_grad_norm);
+  for (int k = 0; k < built; k++) active_free(&act[k]);
+  if (d_grad_norm) b0->mem->free(d_grad_norm);
   free(act);
-  free(args);
   return st;
 }
 
@@ -629,15 +571,21 @@ apex_status apex_optimizer_step(apex_optimizer *opt, float grad_scale, int overf
   float inv_scale = opt->clip_coef / grad_scale;
   opt->clip_coef = 1.0f;
   if (overflow) return APEX_OK;
-  return step_impl(opt, inv_scale, NULL, NULL);
+  return step_impl(opt, inv_scale, NULL, NULL, "apex_optimizer_step");
 }
 
-apex_status apex__optimizer_step_device(apex_optimizer *opt, const float *d_scale, const int *d_skip) {
+apex_status apex__optimizer_step_device(apex_optimizer *opt, const apex_backend *where, const float *d_scale,
+                                        const int *d_skip) {
   if (opt->ngroups == 0)
     return apex__fail(APEX_ERR_STATE, "apex_cuda_optimizer_step: the optimizer has no parameter groups; add one first");
+  for (int k = 0; k < opt->ngroups; k++)
+    if (opt->groups[k].backend != where) /* the kernels read the scale and the skip flag where they are */
+      return apex__fail(APEX_ERR_DEVICE, "apex_cuda_optimizer_step: the optimizer's parameters are on the %s but the "
+                        "scaler's state on %s; use apex_optimizer_step", apex__device_name(opt->groups[k].device),
+                        apex__device_name(where->device));
   float clip = opt->clip_coef;
   opt->clip_coef = 1.0f;
-  return step_impl(opt, clip, d_scale, d_skip);
+  return step_impl(opt, clip, d_scale, d_skip, "apex_cuda_optimizer_step");
 }
 
 /* ---- clipping ------------------------------------------------------------------------------------------ */

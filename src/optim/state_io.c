@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "cuda/cuda_internal.h"
+#include "backend/backend.h"
 #include "optim/optim_internal.h"
 
 #define MAGIC "APEXOPTM"
@@ -67,7 +67,8 @@ static void put_tensor(writer *w, const apex_tensor *t) {
     return;
   }
   if (w->buf && w->st == APEX_OK && host_is_le())
-    w->st = apex__cuda_memcpy(w->buf + w->pos, apex_tensor_data(t), n * 4, APEX__D2H, 1);
+    w->st = apex__backend_for(apex_tensor_device(t))->mem->copy(w->buf + w->pos, apex_tensor_data(t), n * 4,
+                                                                APEX_COPY_D2H, 1);
   w->pos += n * 4;
 }
 
@@ -190,7 +191,7 @@ static apex_status get_tensor(reader *r, apex_tensor *t, const char *what) {
   if (st != APEX_OK) return st;
   if (r->apply) {
     if (!host_is_le()) return apex__fail(APEX_ERR_UNSUPPORTED, "apex_optimizer_load: GPU state on a big-endian host");
-    st = apex__cuda_memcpy(apex_tensor_data(t), r->buf + r->pos, n * 4, APEX__H2D, 1);
+    st = apex__backend_for(apex_tensor_device(t))->mem->copy(apex_tensor_data(t), r->buf + r->pos, n * 4, APEX_COPY_H2D, 1);
     if (st != APEX_OK) return st;
   }
   r->pos += n * 4;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "apex/ddp.h"
+#include "backend/backend.h"
 #include "core/internal.h"
 
 typedef struct ddp_entry {
@@ -70,9 +71,9 @@ apex_ddp *apex_ddp_create(apex_pg *pg, apex_model *m, const apex_ddp_options *op
   for (int i = 0; st == APEX_OK && i < n; i++)
     if (apex_tensor_device(vals[i]) != dev)
       st = apex__fail(APEX_ERR_DEVICE, "parameter %d ('%s') is on %s but the %s group works on %s tensors%s", i, names[i],
-                      apex_tensor_device(vals[i]) == APEX_DEVICE_CUDA ? "the GPU" : "the CPU", apex_pg_backend(pg),
-                      dev == APEX_DEVICE_CUDA ? "CUDA" : "CPU",
-                      dev == APEX_DEVICE_CUDA ? " (apex models train on the CPU for now: use apex_pg_create_mpi)" : "");
+                      apex_tensor_device(vals[i]) == APEX_DEVICE_CPU ? "the CPU" : apex__device_name(apex_tensor_device(vals[i])),
+                      apex_pg_backend(pg), apex__device_name(dev),
+                      dev != APEX_DEVICE_CPU ? " (apex models train on the CPU: use apex_pg_create_mpi)" : "");
   /* Trigger parameters are checked before any exchange too, and become reducer indices. */
   int nt = o->num_allreduce_trigger_params, *triggers = NULL;
   if (st == APEX_OK && nt != 0) {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "core/internal.h"
 #include "parallel/pg_internal.h"
 
@@ -88,8 +89,8 @@ static apex_status check_tensor(const apex_pg *pg, const apex_tensor *t, const c
     return apex__fail(APEX_ERR_DTYPE, "%s: %s has an invalid dtype (%d); collectives take f32, f16 or bf16", fn, what, (int)dt);
   if (apex_tensor_device(t) != pg->backend->device)
     return apex__fail(APEX_ERR_DEVICE, "%s: %s is on %s but the %s backend works on %s memory", fn, what,
-                      apex_tensor_device(t) == APEX_DEVICE_CUDA ? "CUDA" : "the CPU", pg->backend->name,
-                      pg->backend->device == APEX_DEVICE_CUDA ? "CUDA" : "CPU");
+                      apex_tensor_device(t) == APEX_DEVICE_CPU ? "the CPU" : apex__device_name(apex_tensor_device(t)),
+                      pg->backend->name, apex__device_name(pg->backend->device));
   if (apex_tensor_numel(t) > pg->backend->max_count)
     return apex__fail(APEX_ERR_SHAPE, "%s: %s has %zu elements; the %s backend takes at most %zu per collective (split the tensor)",
                       fn, what, apex_tensor_numel(t), pg->backend->name, pg->backend->max_count);

@@ -30,7 +30,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "cuda/cuda_internal.h"
+#include "backend/cuda/cuda_internal.h"
 #include "parallel/pg_internal.h"
 
 #if defined(APEX_HAVE_NCCL) && APEX_HAVE_NCCL

@@ -16,10 +16,10 @@ if ! echo 'int LLVMFuzzerTestOneInput(const char*d,long n){(void)d;(void)n;retur
      | "$clang" -x c -fsanitize=fuzzer - -o "$work/probe" 2>/dev/null; then
   echo "skipped: clang has no libFuzzer runtime (apt-get install libclang-rt-14-dev)"; exit 77
 fi
-# The reader and the core it uses; the AVX2 fast path is left out (APEX_HAVE_X86=0: portable path), and the
-# CUDA entry points are the stubs of a CUDA-less build (tensor.c asks them whether a GPU is there).
+# The reader and the core it uses (host memory only); the AVX2 fast path is left out (APEX_HAVE_X86=0:
+# portable path).
 sources=("$src/src/io/safetensors.c" "$src/src/io/json_strict.c" "$src/src/core/status.c" "$src/src/core/tensor.c" "$src/src/core/convert.c" "$src/src/core/cpu.c"
-         "$src/src/cuda/stubs.c")
+         "$src/src/core/host_memory.c")
 "$clang" "${flags[@]}" "${sources[@]}" "$src/tests/fuzz/fuzz_safetensors.c" -o "$work/fuzz" $(pkg-config --libs libcjson) -lm
 mkdir -p "$work/corpus"
 cp "$src/tests/data/golden.safetensors" "$src"/tests/fuzz/corpus/* "$work/corpus/"

@@ -37,7 +37,20 @@ static const flag flags[] = {
     {"master-weights", T_STR, F(master_weights), "", "true false", 0, "override (default: the opt level's)"},
     {"optimizer", T_STR, F(optimizer), "adamw", "sgd adam adamw adamp lamb adadelta adagrad rmsprop rmsprop_tf novograd", 0,
      "fused optimizer"},
-    {"lr", T_DOUBLE, F(lr), "0", NULL, 0, "peak learning rate, decayed linearly over the epochs to 5% (0: 1e-3 for the Adam family, LAMB, NovoGrad and RMSprop; 3e-3 for gpt; SGD 0.05 with momentum 0.9; Adagrad 1e-2; Adadelta 1.0)"},
+    {"lr", T_DOUBLE, F(lr), "0", NULL, 0, "peak learning rate, shaped by --warmup and --lr-schedule (0: 1e-3 for the Adam family, LAMB, NovoGrad and RMSprop; 3e-3 for gpt; SGD 0.05 with momentum 0.9; Adagrad 1e-2; Adadelta 1.0)"},
+    {"lr-schedule", T_STR, F(lr_schedule), "linear", "linear cosine constant", 0,
+     "after the warmup: linear or cosine decay to 5% of --lr at the last step, or constant"},
+    {"warmup", T_LONG, F(warmup), "0", NULL, 0, "steps of linear warmup from --lr / N to --lr"},
+    {"clip-grad-norm", T_DOUBLE, F(clip_grad_norm), "0", NULL, 0,
+     "clip the global norm of the unscaled f32 master gradients to X before each step (0: no clipping)"},
+    {"grad-accum", T_LONG, F(grad_accum), "1", NULL, 1,
+     "micro-batches of --batch-size per optimizer step (amp's delay_unscale: the gradients stay scaled until the last)"},
+    {"init-from", T_STR, F(init_from), "", NULL, 0,
+     "start from the weights in FILE.safetensors (state-dict names; every name and shape must match the model)"},
+    {"eval-every", T_LONG, F(eval_every), "0", NULL, 0,
+     "evaluate every N steps: test loss and accuracy (mlp, cnn), validation loss and perplexity (gpt); 0: at the end only"},
+    {"eval-only", T_SWITCH, F(eval_only), "off", NULL, 0, "evaluate the checkpoint in --checkpoint and exit, no training"},
+    {"sample", T_SWITCH, F(sample), "off", NULL, 0, "gpt: generate --sample-bytes from the checkpoint in --checkpoint and exit"},
     {"weight-decay", T_DOUBLE, F(weight_decay), "0", NULL, 0, "weight decay"},
     {"batch-size", T_LONG, F(batch_size), "", NULL, 1, "samples (gpt: sequences) per step (default: 64; gpt: 16)"},
     {"epochs", T_LONG, F(epochs), "", NULL, 1,
@@ -49,8 +62,9 @@ static const flag flags[] = {
     {"checkpoint", T_STR, F(checkpoint), "", NULL, 0, "directory for checkpoints"},
     {"save-every", T_LONG, F(save_every), "0", NULL, 0, "save a checkpoint every N steps (0: at the end only)"},
     {"resume", T_SWITCH, F(resume), "off", NULL, 0, "continue from the checkpoint in --checkpoint"},
-    {"log", T_STR, F(log), "", NULL, 0, "write JSON lines (step, epoch, loss, loss_scale, skipped, samples_per_s, gpt: tokens_per_s, ms_per_step, elapsed_s; "
-     "Inf and NaN as null) to FILE"},
+    {"log", T_STR, F(log), "", NULL, 0, "write JSON lines (step, epoch, loss, loss_scale, skipped, step_skipped, lr, grad_norm, samples_per_s, "
+     "gpt: tokens_per_s, ms_per_step, elapsed_s; with --eval-every also step, eval_loss, eval_accuracy or gpt: eval_perplexity; "
+     "Inf and NaN as null) to FILE, and at the end its loss curve to FILE's name with .svg (see `apex-train plot -h`)"},
     {"device", T_STR, F(device), "cpu", "cpu cuda", 0, "where to train"},
     {"distributed", T_SWITCH, F(distributed), "off", NULL, 0,
      "data-parallel training on the ranks of `mpirun -np N`: each rank trains on its shard of every step, --batch-size "
@@ -59,20 +73,28 @@ static const flag flags[] = {
     {"max-bad-steps", T_LONG, F(max_bad_steps), STR(DIVERGENCE_DEFAULT_MAX_BAD), NULL, 0,
      "stop (exit 3) when this many steps in a row had a non-finite loss or were skipped for an overflow, or at once when "
      "one overflows at the minimum loss scale (0: never)"},
-    {"seq-len", T_LONG, F(seq_len), "64", NULL, 2, "gpt: tokens per sequence"},
-    {"sample-bytes", T_LONG, F(sample_bytes), "200", NULL, 0, "gpt: bytes of text to generate at the end"},
+    {"seq-len", T_LONG, F(seq_len), "64", NULL, 2, "gpt: tokens per sequence (at most 1024)"},
+    {"n-layer", T_LONG, F(n_layer), "", NULL, 1, "gpt: transformer blocks (default: 2)"},
+    {"n-embd", T_LONG, F(n_embd), "", NULL, 1, "gpt: embedding width, a multiple of --n-head (default: 64)"},
+    {"n-head", T_LONG, F(n_head), "", NULL, 1, "gpt: attention heads (default: 4)"},
+    {"hidden", T_LONG, F(hidden), "", NULL, 2, "mlp: width of the first hidden layer; the second has half (default: 512)"},
+    {"sample-bytes", T_LONG, F(sample_bytes), "200", NULL, 0, "gpt: tokens to generate at the end (bytes for text data)"},
     {"help", T_SWITCH, F(help), "off", NULL, 0, "print this list and exit (also -h)"},
     {"version", T_SWITCH, F(version), "off", NULL, 0, "print apex-train's and the apex library's versions and exit"},
 };
 #define NFLAGS (sizeof flags / sizeof flags[0])
 
-/* Flags that only the gpt reads: refused for mlp and cnn rather than silently ignored. */
-static const char *const gpt_only[] = {"seq-len", "sample-bytes"};
+/* Flags that only one model reads: refused for the others rather than silently ignored. */
+static const struct {
+  const char *flag, *model;
+} model_only[] = {{"seq-len", "gpt"}, {"sample-bytes", "gpt"}, {"n-layer", "gpt"}, {"n-embd", "gpt"},
+                  {"n-head", "gpt"},  {"sample", "gpt"},       {"hidden", "mlp"}};
 
-static int is_gpt_only(const flag *f) {
-  for (size_t i = 0; i < sizeof gpt_only / sizeof gpt_only[0]; i++)
-    if (strcmp(f->name, gpt_only[i]) == 0) return 1;
-  return 0;
+/* The model flag f is for, or NULL when any model reads it. */
+static const char *model_of(const flag *f) {
+  for (size_t i = 0; i < sizeof model_only / sizeof model_only[0]; i++)
+    if (strcmp(f->name, model_only[i].flag) == 0) return model_only[i].model;
+  return NULL;
 }
 
 static int in_choices(const char *value, const char *choices) {
@@ -154,6 +176,27 @@ static int check_values(const train_args *a) {
     fprintf(stderr, "apex-train: --sync-bn needs --distributed\n");
     return 2;
   }
+  if ((a->eval_only || a->sample) && !a->checkpoint) {
+    fprintf(stderr, "apex-train: --%s needs --checkpoint DIR (the run to load)\n", a->eval_only ? "eval-only" : "sample");
+    return 2;
+  }
+  if (a->eval_only && a->sample) {
+    fprintf(stderr, "apex-train: --eval-only and --sample are two runs; give one\n");
+    return 2;
+  }
+  if (a->resume && a->init_from) {
+    fprintf(stderr, "apex-train: --init-from starts a new run; --resume continues one: give one\n");
+    return 2;
+  }
+  /* DDP would reduce the gradients after every micro-batch: refused rather than trusted untested. */
+  if (a->grad_accum > 1 && a->distributed) {
+    fprintf(stderr, "apex-train: --grad-accum with --distributed is not supported; use a larger --batch-size or more ranks\n");
+    return 2;
+  }
+  if (a->clip_grad_norm > 0 && !(a->clip_grad_norm < 3.4e38)) {
+    fprintf(stderr, "apex-train: --clip-grad-norm: %g is not a finite float\n", a->clip_grad_norm);
+    return 2;
+  }
   if (a->resume && !a->checkpoint) {
     fprintf(stderr, "apex-train: --resume needs --checkpoint DIR\n");
     return 2;
@@ -163,7 +206,7 @@ static int check_values(const train_args *a) {
 
 int args_parse(int argc, char **argv, train_args *a) {
   set_defaults(a);
-  const flag *gpt_flag = NULL; /* a gpt-only flag given */
+  const flag *model_flag = NULL; /* a flag for one model only, given */
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (strcmp(arg, "-h") == 0) arg = "--help";
@@ -197,10 +240,11 @@ int args_parse(int argc, char **argv, train_args *a) {
     }
     int rc = set_value(a, f, value);
     if (rc) return rc;
-    if (is_gpt_only(f)) gpt_flag = f;
+    if (model_of(f)) model_flag = f;
   }
-  if (gpt_flag && strcmp(a->model, "gpt") != 0 && !a->help && !a->version) {
-    fprintf(stderr, "apex-train: --%s is for --model gpt only; this run trains %s: drop the flag\n", gpt_flag->name, a->model);
+  if (model_flag && strcmp(a->model, model_of(model_flag)) != 0 && !a->help && !a->version) {
+    fprintf(stderr, "apex-train: --%s is for --model %s only; this run trains %s: drop the flag\n", model_flag->name, model_of(model_flag),
+            a->model);
     return 2;
   }
   return a->help || a->version ? 0 : check_values(a);
@@ -208,6 +252,7 @@ int args_parse(int argc, char **argv, train_args *a) {
 
 void args_usage(FILE *out) {
   fprintf(out, "usage: apex-train [--flag value]...\n"
+               "       apex-train plot [-o OUT.svg] LOG.jsonl...   (loss curves of one or several --log files as SVG)\n"
                "Trains a model with apex's mixed precision; with no flags, the CNN on Fashion-MNIST at O1.\n\n");
   for (size_t i = 0; i < NFLAGS; i++) {
     const flag *f = &flags[i];

@@ -38,6 +38,19 @@ typedef struct train_args {
   /* gpt only */
   long seq_len;
   long sample_bytes;
+  long n_layer, n_embd, n_head; /* 0 = the small default (models.h) */
+  /* mlp only */
+  long hidden;              /* 0 = 512 (the second layer has half) */
+  /* training knobs (schedule.h) */
+  const char *lr_schedule;  /* linear | cosine | constant */
+  long warmup;              /* steps of linear warmup */
+  double clip_grad_norm;    /* 0 = no clipping */
+  long grad_accum;          /* micro-batches per optimizer step */
+  const char *init_from;    /* safetensors file of initial weights, or NULL */
+  /* evaluation (evaluate.h) */
+  long eval_every;          /* steps; 0 = at the end only */
+  int eval_only;            /* evaluate the checkpoint in --checkpoint, no training */
+  int sample;               /* gpt: generate from the checkpoint in --checkpoint, no training */
 } train_args;
 
 /* Fills defaults, then parses argv (-h is --help). On a bad flag or value, or a gpt-only flag given

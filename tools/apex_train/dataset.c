@@ -1,14 +1,13 @@
-/* dataset.c: Fashion-MNIST and text loading, and the per-epoch permutation. */
+/* dataset.c: image (IDX) and text loading, the held-out text split, and the per-epoch permutation. */
 #include "report.h"
 #include "dataset.h"
+#include "tokens.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *fmnist_files[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
-                                      "t10k-labels-idx1-ubyte"};
 
 /* " x N ranks" after a batch size in messages, when there are several ranks. */
 static const char *ranks_note(int world) {
@@ -25,44 +24,82 @@ static void init(dataset *d, int rank, int world) {
   d->world = world;
 }
 
+/* The IDX names: Fashion-MNIST's and MNIST's distribution names, and the dotted names of common
+ * re-packagings (train-images.idx3-ubyte). */
+static const char *idx_names[4][2] = {{"train-images-idx3-ubyte", "train-images.idx3-ubyte"},
+                                      {"train-labels-idx1-ubyte", "train-labels.idx1-ubyte"},
+                                      {"t10k-images-idx3-ubyte", "t10k-images.idx3-ubyte"},
+                                      {"t10k-labels-idx1-ubyte", "t10k-labels.idx1-ubyte"}};
+
+/* The first of NAME.gz and NAME (either spelling) in dir that exists, into path; 0 when none. */
+static int find_idx(const char *dir, int i, char *path, size_t size) {
+  for (int v = 0; v < 2; v++)
+    for (int gz = 1; gz >= 0; gz--) {
+      snprintf(path, size, "%s/%s%s", dir, idx_names[i][v], gz ? ".gz" : "");
+      FILE *f = fopen(path, "rb");
+      if (f) {
+        fclose(f);
+        return 1;
+      }
+    }
+  return 0;
+}
+
 int dataset_load_images(dataset *d, const char *dir, int64_t batch, int rank, int world) {
   init(d, rank, world);
   apex_idx **slot[4] = {&d->img[0], &d->lab[0], &d->img[1], &d->lab[1]};
   for (int i = 0; i < 4; i++) {
-    char gz[4096], plain[4096];
-    snprintf(gz, sizeof gz, "%s/%s.gz", dir, fmnist_files[i]);
-    snprintf(plain, sizeof plain, "%s/%s", dir, fmnist_files[i]);
-    FILE *f = fopen(gz, "rb");
-    const char *path = gz;
-    if (!f) {
-      f = fopen(plain, "rb");
-      path = plain;
-    }
-    if (!f) {
+    char path[4200];
+    if (!find_idx(dir, i, path, sizeof path)) {
       if (strcmp(dir, DEFAULT_FMNIST_DIR) == 0)
-        fprintf(stderr, "apex-train: Fashion-MNIST is not installed (no %s); install it with `sudo apt-get install dataset-fashion-mnist` or point --data at a directory with the four IDX files\n", gz);
+        fprintf(stderr, "apex-train: Fashion-MNIST is not installed (no %s/%s.gz); install it with `sudo apt-get install dataset-fashion-mnist` or point --data at a directory with the four IDX files\n", dir, idx_names[i][0]);
       else
-        fprintf(stderr, "apex-train: --data %s: no %s(.gz) there (Fashion-MNIST's four IDX files; Debian: `sudo apt-get install dataset-fashion-mnist` puts them in %s)\n", dir, fmnist_files[i], DEFAULT_FMNIST_DIR);
+        fprintf(stderr, "apex-train: --data %s: no %s(.gz) there (an IDX image/label set in the MNIST layout; Debian: `sudo apt-get install dataset-fashion-mnist` puts Fashion-MNIST in %s)\n", dir, idx_names[i][0], DEFAULT_FMNIST_DIR);
       dataset_free(d);
       return 1;
     }
-    fclose(f);
     if (apex_idx_load(path, slot[i]) != APEX_OK) {
       fprintf(stderr, "apex-train: cannot read %s: %s\n", path, one_line(apex_last_error()));
       dataset_free(d);
       return 1;
     }
   }
+  /* Images [N, H, W] of bytes with N labels each; the classes are 0 .. the largest training label. */
   for (int s = 0; s < 2; s++) {
-    int ok = apex_idx_ndim(d->img[s]) == 3 && apex_idx_dim(d->img[s], 1) == 28 && apex_idx_dim(d->img[s], 2) == 28 &&
-             apex_idx_ndim(d->lab[s]) == 1 && apex_idx_dim(d->lab[s], 0) == apex_idx_dim(d->img[s], 0);
+    const char *what = NULL;
+    char why[200];
+    if (apex_idx_ndim(d->img[s]) != 3 || apex_idx_ndim(d->lab[s]) != 1) {
+      what = "are not images [N, H, W] with labels [N]";
+    } else if (apex_idx_dim(d->img[s], 0) == 0) {
+      what = "are empty (no images)";
+    } else if (apex_idx_dim(d->lab[s], 0) != apex_idx_dim(d->img[s], 0)) {
+      snprintf(why, sizeof why, "have %lld images but %lld labels", (long long)apex_idx_dim(d->img[s], 0),
+               (long long)apex_idx_dim(d->lab[s], 0));
+      what = why;
+    } else if (s == 1 && (apex_idx_dim(d->img[1], 1) != d->in_h || apex_idx_dim(d->img[1], 2) != d->in_w)) {
+      snprintf(why, sizeof why, "have %lldx%lld images, the training files %lldx%lld", (long long)apex_idx_dim(d->img[1], 1),
+               (long long)apex_idx_dim(d->img[1], 2), (long long)d->in_h, (long long)d->in_w);
+      what = why;
+    } else if (apex_idx_dim(d->img[s], 1) < 4 || apex_idx_dim(d->img[s], 2) < 4) {
+      what = "have images smaller than 4x4 (the CNN pools twice)";
+    }
     const uint8_t *lab = apex_idx_data(d->lab[s]);
-    for (size_t i = 0; ok && i < apex_idx_numel(d->lab[s]); i++) ok = lab[i] < 10;
-    if (!ok) {
-      fprintf(stderr, "apex-train: --data %s: the %s files are not Fashion-MNIST (28x28 images with labels 0-9)\n", dir,
-              s ? "test" : "training");
+    for (size_t i = 0; !what && i < apex_idx_numel(d->lab[s]); i++) {
+      if (s == 0 && lab[i] >= d->classes) d->classes = lab[i] + 1;
+      if (s == 1 && lab[i] >= d->classes) {
+        snprintf(why, sizeof why, "have label %d, and the training labels stop at %lld", lab[i], (long long)d->classes - 1);
+        what = why;
+      }
+    }
+    if (!what && s == 0 && d->classes < 2) what = "have a single class (every label is 0)";
+    if (what) {
+      fprintf(stderr, "apex-train: --data %s: the %s files %s\n", dir, s ? "test" : "training", what);
       dataset_free(d);
       return 1;
+    }
+    if (s == 0) {
+      d->in_h = apex_idx_dim(d->img[0], 1);
+      d->in_w = apex_idx_dim(d->img[0], 2);
     }
   }
   d->n_items = (size_t)apex_idx_dim(d->img[0], 0);
@@ -81,43 +118,22 @@ int dataset_load_text(dataset *d, const char *path, int64_t batch, int64_t seq_l
   d->text = 1;
   batch *= world; /* the steps of an epoch count global batches */
   d->seq_len = seq_len;
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    fprintf(stderr, "apex-train: cannot read the text %s: %s%s\n", path, strerror(errno),
-            strcmp(path, DEFAULT_TEXT_FILE) == 0 ? " (Debian's base-files installs it; or pass --data FILE)" : "");
-    return 1;
-  }
-  size_t cap = 1 << 16;
-  d->bytes = malloc(cap);
-  for (;;) {
-    if (!d->bytes) break;
-    size_t n = fread(d->bytes + d->len, 1, cap - d->len, f);
-    d->len += n;
-    if (n == 0) break;
-    if (d->len == cap) {
-      if (cap >= ((size_t)1 << 31)) break;
-      uint8_t *nb = realloc(d->bytes, cap *= 2);
-      if (!nb) {
-        free(d->bytes);
-        d->bytes = NULL;
-        break;
-      }
-      d->bytes = nb;
-    }
-  }
-  int err = ferror(f) || !d->bytes;
-  fclose(f);
-  if (err) {
-    fprintf(stderr, "apex-train: cannot read the text %s (a directory, or out of memory)\n", path);
+  token_data td;
+  if (tokens_load(path, &td) != 0) return 1;
+  d->tok = td.tok;
+  d->vocab = td.vocab;
+  d->bytes = td.bytes;
+  /* The last tenth (at least one window of seq_len + 1) is held out for the validation loss. */
+  size_t need = 2 * (size_t)seq_len + 3;
+  if (td.len < need) {
+    fprintf(stderr, "apex-train: the data %s has %zu tokens; the GPT needs at least 2 x --seq-len + 3 = %zu (training and held-out windows)\n",
+            path, td.len, need);
     dataset_free(d);
     return 1;
   }
-  if (d->len < (size_t)seq_len + 2) {
-    fprintf(stderr, "apex-train: the text %s has %zu bytes; the GPT needs at least --seq-len + 2 = %lld\n", path, d->len,
-            (long long)seq_len + 2);
-    dataset_free(d);
-    return 1;
-  }
+  size_t val = td.len / 10 > (size_t)seq_len + 1 ? td.len / 10 : (size_t)seq_len + 1;
+  d->len = td.len - val;
+  d->val_len = val;
   d->n_items = d->len - (size_t)seq_len;
   d->steps_per_epoch = d->len / (size_t)(batch * seq_len);
   if (d->steps_per_epoch == 0) d->steps_per_epoch = 1;
@@ -136,7 +152,7 @@ void dataset_free(dataset *d) {
     apex_idx_destroy(d->img[i]);
     apex_idx_destroy(d->lab[i]);
   }
-  free(d->bytes);
+  free(d->tok);
   free(d->perm);
   memset(d, 0, sizeof *d);
 }
@@ -181,7 +197,8 @@ void dataset_image_batch(const dataset *d, size_t pos, int64_t B, float *x, int6
   const uint8_t *pix = apex_idx_data(d->img[0]), *lab = apex_idx_data(d->lab[0]);
   for (int64_t b = 0; b < B; b++) {
     size_t k = item(d, pos, B, b);
-    for (int p = 0; p < 784; p++) x[b * 784 + p] = (float)pix[k * 784 + (size_t)p] / 255.0f * 2.0f - 1.0f;
+    size_t hw = (size_t)(d->in_h * d->in_w);
+    for (size_t p = 0; p < hw; p++) x[(size_t)b * hw + p] = (float)pix[k * hw + p] / 255.0f * 2.0f - 1.0f;
     labels[b] = lab[k];
   }
 }
@@ -191,8 +208,8 @@ void dataset_text_batch(const dataset *d, size_t pos, int64_t B, int64_t *ids, i
   for (int64_t b = 0; b < B; b++) {
     size_t start = item(d, pos, B, b);
     for (int64_t t = 0; t < T; t++) {
-      ids[b * T + t] = d->bytes[start + (size_t)t];
-      targets[b * T + t] = d->bytes[start + (size_t)t + 1];
+      ids[b * T + t] = d->tok[start + (size_t)t];
+      targets[b * T + t] = d->tok[start + (size_t)t + 1];
     }
   }
 }

@@ -1,9 +1,12 @@
-/* dataset.h: apex-train's data: Fashion-MNIST (IDX files) or a text file of bytes, and the
- * deterministic order in which training visits them.
+/* dataset.h: apex-train's data: an IDX image/label set (Fashion-MNIST, MNIST, any [N, H, W] bytes
+ * with byte labels) or the GPT's tokens (tokens.h: byte-level text or an llm.c .bin file), and the
+ * deterministic order in which training visits them. The last tenth of the tokens (at least
+ * seq_len + 1) is held out for the validation loss and never trained on.
  *
  * Order: epoch e visits a permutation of the items drawn with apex_rng from (seed, e) alone, so a run
  * resumed at (epoch, position) sees exactly the batches the straight run saw. For text an item is a
- * start offset of a window of seq_len + 1 bytes, and an epoch is len / (batch * seq_len) steps.
+ * start offset of a window of seq_len + 1 tokens of the training part, and an epoch is
+ * len / (batch * seq_len) steps.
  *
  * Sharding (--distributed): with `world` ranks a step consumes world * batch consecutive items of the
  * permutation, rank r taking the r-th run of `batch` of them. Every rank computes the same
@@ -26,9 +29,12 @@ typedef struct dataset {
   int text;
   /* images */
   apex_idx *img[2], *lab[2]; /* train, test */
-  /* text */
-  uint8_t *bytes;
-  size_t len;
+  int64_t in_h, in_w, classes;
+  /* text: tok[0, len) trains, tok[len, len + val_len) is held out */
+  uint16_t *tok;
+  size_t len, val_len;
+  int64_t vocab;
+  int bytes;                 /* byte-level text (printable samples) */
   int64_t seq_len;
   /* order */
   size_t n_items;            /* items a permutation ranges over */
@@ -38,17 +44,18 @@ typedef struct dataset {
   long perm_epoch;           /* epoch perm belongs to, -1 none */
 } dataset;
 
-/* Loads Fashion-MNIST from dir, for `batch` images per step on each of `world` ranks, this one being
+/* Loads the IDX set (train-images-idx3-ubyte[.gz] and the three others) from dir, for `batch` images per step on each of `world` ranks, this one being
  * `rank`. On failure prints one line to stderr saying what is missing and how to install it, and
  * returns non-zero. */
 int dataset_load_images(dataset *d, const char *dir, int64_t batch, int rank, int world);
-/* Loads a text file (at least seq_len + 2 bytes). Same arguments and error convention. */
+/* Loads a token file (tokens.h; at least 2 seq_len + 3 tokens) and splits off the held-out part.
+ * Same arguments and error convention. */
 int dataset_load_text(dataset *d, const char *path, int64_t batch, int64_t seq_len, int rank, int world);
 void dataset_free(dataset *d);
 
 /* The permutation of epoch e for this seed (recomputed only when the epoch changes). */
 int dataset_order(dataset *d, uint64_t seed, long epoch);
-/* This rank's share of batch `pos` of the current epoch: images into x ([B, 784] or [B, 1, 28, 28] f32) and labels; text
+/* This rank's share of batch `pos` of the current epoch: images into x ([B, H * W] or [B, 1, H, W] f32) and labels; text
  * into ids [B, T] and targets [B, T]. */
 void dataset_image_batch(const dataset *d, size_t pos, int64_t B, float *x, int64_t *labels);
 void dataset_text_batch(const dataset *d, size_t pos, int64_t B, int64_t *ids, int64_t *targets);

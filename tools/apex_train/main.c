@@ -1,6 +1,8 @@
-/* main.c: apex-train, the main job. Trains the CNN (or the MLP) on Fashion-MNIST, or a byte-level
- * GPT on a text file, with amp at any opt level and any fused optimizer; checkpoints atomically and
- * resumes bitwise; reports test accuracy (images) or a generated sample (text).
+/* main.c: apex-train, the main job. Trains the CNN (or the MLP) on Fashion-MNIST or another IDX set,
+ * or a GPT on a text file or llm.c tokens, with amp at any opt level and any fused optimizer;
+ * checkpoints atomically and resumes bitwise; evaluates during and after training (test loss and
+ * accuracy, or validation loss and perplexity), generates a sample (text), and draws the loss curve
+ * next to the log. `apex-train plot LOG...` (plot.h) draws logs without training.
  *
  * Everything a run does is a function of its flags: the data order comes from (seed, epoch), the
  * learning rate from the step, so --steps N stops a run where a straight run of N steps stops, and a
@@ -28,9 +30,12 @@
 #include "evaluate.h"
 #include "models.h"
 #include "plan.h"
+#include "plot.h"
 #include "progress.h"
 #include "report.h"
+#include "schedule.h"
 #include "signals.h"
+#include "step.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -66,6 +71,7 @@ typedef struct run {
   apex_graph *g;
   ckpt_config cc;
   ckpt_position at;
+  schedule sched;
   report *rep;         /* rank 0 only */
   int created;         /* directories rank 0 made for the checkpoint (ckpt_prepare_dir) */
   double t0;           /* when this process began training */
@@ -105,6 +111,17 @@ static int check_flags(run *r) {
   if (a->epochs == 0) a->epochs = r->kind == MODEL_GPT ? 30 : 2;
   if (a->batch_size == 0) a->batch_size = r->kind == MODEL_GPT ? 16 : 64;
   r->data = a->data ? a->data : r->kind == MODEL_GPT ? DEFAULT_TEXT_FILE : DEFAULT_FMNIST_DIR;
+  if (r->kind == MODEL_GPT) {
+    if (a->seq_len > 1024) {
+      fprintf(stderr, "apex-train: --seq-len %ld: at most 1024\n", a->seq_len);
+      return 2;
+    }
+    long embd = a->n_embd ? a->n_embd : 64, head = a->n_head ? a->n_head : 4;
+    if (embd % head) {
+      fprintf(stderr, "apex-train: --n-embd %ld is not a multiple of --n-head %ld\n", embd, head);
+      return 2;
+    }
+  }
   return 0;
 }
 
@@ -139,7 +156,18 @@ static int setup(run *r, dist *ds) {
                            : dataset_load_images(&r->d, r->data, a->batch_size, ds->rank, ds->world))
     return 1;
   r->have_data = 1;
-  if (model_build(&r->tm, r->kind, (uint64_t)a->seed, a->seq_len) != 0) {
+  /* An optimizer step takes --grad-accum micro-batches; an epoch is whole steps. */
+  if (a->grad_accum > 1) {
+    if (r->d.steps_per_epoch < (size_t)a->grad_accum) {
+      fprintf(stderr, "apex-train: --grad-accum %ld x --batch-size %ld is more than an epoch of %s (%zu batches)\n", a->grad_accum,
+              a->batch_size, r->data, r->d.steps_per_epoch);
+      return 1;
+    }
+    r->d.steps_per_epoch /= (size_t)a->grad_accum;
+  }
+  model_dims dims = {.in_h = r->d.in_h, .in_w = r->d.in_w, .classes = r->d.classes, .hidden = a->hidden, .vocab = r->d.vocab,
+                     .n_layer = a->n_layer, .n_embd = a->n_embd, .n_head = a->n_head, .seq_len = a->seq_len};
+  if (model_build(&r->tm, r->kind, (uint64_t)a->seed, &dims) != 0) {
     fprintf(stderr, "apex-train: cannot build the %s: %s\n", a->model, one_line(apex_last_error()));
     return 1;
   }
@@ -157,6 +185,12 @@ static int setup(run *r, dist *ds) {
   free(gv);
   if (!made) {
     fprintf(stderr, "apex-train: %s\n", one_line(apex_last_error()));
+    return 1;
+  }
+  /* After amp: the f32 masters (O2) get the file's values too. Every name and shape is checked
+   * before anything is written. */
+  if (a->init_from && apex_model_load_f32(r->tm.m, r->amp, a->init_from) != APEX_OK) {
+    fprintf(stderr, "apex-train: --init-from %s: %s\n", a->init_from, one_line(apex_last_error()));
     return 1;
   }
   if (a->sync_bn && dist_sync_bn(ds, &r->tm, a->model) != 0) return 2;
@@ -183,7 +217,23 @@ static int setup(run *r, dist *ds) {
   /* The world size fixes the data each step sees (the global batch and the shards). */
   ckpt_config_add(cc, "world_size", "%d", ds->world);
   ckpt_config_add(cc, "sync_bn", "%s", a->sync_bn ? "on" : "off");
+  /* The training knobs, and the model size that the parameter shapes do not show. */
+  ckpt_config_add(cc, "lr_schedule", "%s", a->lr_schedule);
+  ckpt_config_add(cc, "warmup", "%ld", a->warmup);
+  ckpt_config_add_float(cc, "clip_grad_norm", (float)a->clip_grad_norm);
+  ckpt_config_add(cc, "grad_accum", "%ld", a->grad_accum);
+  ckpt_config_add(cc, "n_head", "%ld", r->kind == MODEL_GPT ? (long)r->tm.n_head : 0L);
+  schedule_parse(a->lr_schedule, &r->sched.kind); /* the flag table admits only valid names */
+  r->sched.peak = r->lr;
+  r->sched.warmup = a->warmup;
+  r->sched.total = a->epochs * (long)r->d.steps_per_epoch;
   if (a->checkpoint) {
+    if ((a->eval_only || a->sample) && !ckpt_exists(a->checkpoint)) {
+      fprintf(stderr, "apex-train: --%s: no checkpoint in %s (no latest file); train with --checkpoint %s first\n",
+              a->eval_only ? "eval-only" : "sample", a->checkpoint, a->checkpoint);
+      return 1;
+    }
+    if (a->eval_only || a->sample) return ckpt_load(a->checkpoint, &r->tm, r->amp, r->opt, cc, &r->at);
     if (a->resume) {
       if (ckpt_load(a->checkpoint, &r->tm, r->amp, r->opt, cc, &r->at) != 0) return 1;
       r->saved_step = r->at.step;
@@ -219,6 +269,29 @@ static int save(run *r, dist *ds, long step) {
   return failed;
 }
 
+/* Collective: the evaluation after `step` steps, printed and logged by rank 0. */
+static int eval_point(run *r, dist *ds, long step) {
+  eval_result e;
+  if (dist_sync_buffers(ds, &r->tm) != 0) return 1;
+  if (evaluate(&r->tm, r->amp, r->g, &r->d, ds, &e) != 0) {
+    fprintf(stderr, "apex-train: evaluation failed: %s\n", one_line(apex_last_error()));
+    return 1;
+  }
+  int failed = 0;
+  if (ds->rank == 0) {
+    char line[160];
+    if (r->kind == MODEL_GPT) snprintf(line, sizeof line, "apex-train: step %ld: validation loss %.4f perplexity %.2f", step, e.loss, e.perplexity);
+    else snprintf(line, sizeof line, "apex-train: step %ld: test loss %.4f accuracy %.4f", step, e.loss, e.accuracy);
+    if (r->rep) {
+      report_message(r->rep, "%s", line);
+      failed = report_eval(r->rep, step, r->kind == MODEL_GPT, &e) != 0;
+    }
+  }
+  /* A log that cannot be written stops every rank at the same step. */
+  if (apex_pg_allreduce_flag(ds->pg, &failed) != APEX_OK) failed = 1;
+  return failed;
+}
+
 /* Collective: a --save-every save after `step`, with one line saying so; withheld when the step's loss
  * is not finite, so that a diverging run never replaces the last good checkpoint (said once per
  * streak: *withheld). Non-zero when the save failed. */
@@ -249,21 +322,12 @@ static int agree_stop(dist *ds, int *sig, int *log_failed) {
 /* Trains from r->at to the end (or --steps); returns the steps reached via *end. Non-zero on failure. */
 static int train(run *r, dist *ds, long *end) {
   train_args *a = &r->a;
-  apex_graph *g = r->g;
-  long spe = (long)r->d.steps_per_epoch, sched_total = a->epochs * spe;
+  long spe = (long)r->d.steps_per_epoch;
   long stop = plan_last_step(a, spe);
   int64_t B = a->batch_size, T = a->seq_len;
-  apex_tensor *x = NULL;
-  int64_t *labels = NULL, *ids = NULL;
-  if (r->kind == MODEL_GPT) {
-    ids = malloc((size_t)(B * T) * sizeof *ids);
-    labels = malloc((size_t)(B * T) * sizeof *labels);
-  } else {
-    labels = malloc((size_t)B * sizeof *labels);
-    x = r->kind == MODEL_MLP ? apex_tensor_create(APEX_F32, 2, (int64_t[]){B, 784}) : apex_tensor_create(APEX_F32, 4, (int64_t[]){B, 1, 28, 28});
-  }
+  step_ctx sc = {.tm = &r->tm, .amp = r->amp, .opt = r->opt, .g = r->g, .d = &r->d, .bo = dist_backward_options(ds),
+                 .B = B, .T = T, .accum = a->grad_accum, .clip = (float)a->clip_grad_norm};
   apex_loss_scaler *scaler = apex_amp_loss_scaler(r->amp, 0);
-  const apex_amp_backward_options *bo = dist_backward_options(ds);
   double t0 = r->t0 = now_s();
   progress_rate rate = {0};
   progress_rate_push(&rate, t0);
@@ -271,7 +335,8 @@ static int train(run *r, dist *ds, long *end) {
   if (signals_install(ds->rank != 0) != 0) fprintf(stderr, "apex-train: warning: cannot handle Ctrl-C (sigaction failed); it will stop without saving\n");
   long first = r->at.step, s = r->at.step;
   int withheld = 0; /* a --save-every save was skipped for a non-finite loss */
-  int failed = !labels || (r->kind == MODEL_GPT ? !ids : !x);
+  long K = a->grad_accum; /* micro-batches per step */
+  int failed = step_ctx_alloc(&sc) != 0;
   if (failed) fprintf(stderr, "apex-train: out of memory for the batch\n");
   for (; !failed && s < stop; s++) {
     long epoch = s / spe, pos = s % spe;
@@ -280,39 +345,14 @@ static int train(run *r, dist *ds, long *end) {
       failed = 1;
       break;
     }
-    double frac = (double)s / (double)sched_total;
-    apex_optimizer_set_lr(r->opt, 0, r->lr * (float)(frac < 0.95 ? 1.0 - frac : 0.05));
-    apex_var *logits;
-    if (r->kind == MODEL_GPT) {
-      dataset_text_batch(&r->d, (size_t)pos, B, ids, labels);
-      logits = model_forward_text(&r->tm, g, ids, B, T);
-    } else {
-      dataset_image_batch(&r->d, (size_t)pos, B, apex_tensor_data(x), labels);
-      logits = model_forward_images(&r->tm, r->amp, g, apex_graph_input(g, x, 0));
-    }
-    apex_var *loss = apex_cross_entropy(g, logits, labels, NULL);
-    if (!loss) {
-      fprintf(stderr, "apex-train: forward failed at step %ld: %s\n", s + 1, one_line(apex_last_error()));
+    float lr = schedule_lr(&r->sched, s);
+    apex_optimizer_set_lr(r->opt, 0, lr);
+    step_result res;
+    if (train_step(&sc, pos, s + 1, &res) != 0) {
       failed = 1;
       break;
     }
-    double lv = apex_var_item(loss);
-    apex_status st = apex_amp_backward(r->amp, loss, 0, bo);
-    /* A non-finite loss, or an overflow at the smallest scale, skips the step; whether that is a
-     * divergence is the bad-step rule's to say (divergence.h), with amp's at-minimum query. */
-    if (st != APEX_OK && st != APEX_ERR_NONFINITE) {
-      fprintf(stderr, "apex-train: backward failed at step %ld: %s\n", s + 1, one_line(apex_last_error()));
-      failed = 1;
-      break;
-    }
-    int skipped = 0;
-    if (apex_amp_step(r->amp, r->opt, &skipped) != APEX_OK) {
-      fprintf(stderr, "apex-train: optimizer step %ld failed: %s\n", s + 1, one_line(apex_last_error()));
-      failed = 1;
-      break;
-    }
-    apex_amp_zero_grad(r->amp);
-    apex_graph_reset(g);
+    double lv = res.loss;
     /* The loss reported is the global batch's: the mean of the ranks' losses. */
     if (ds->on && dist_sum(ds, &lv, 1) != 0) {
       failed = 1;
@@ -322,8 +362,9 @@ static int train(run *r, dist *ds, long *end) {
     progress_rate_push(&rate, tnow);
     report_point rp = {.epoch = epoch + 1, .epochs = a->epochs, .step = s + 1, .total_steps = stop,
                        .loss = lv / ds->world, .loss_scale = apex_amp_loss_scale(r->amp, 0),
-                       .skipped = (long)apex_loss_scaler_get_state(scaler).skipped, .step_s = progress_rate_step_s(&rate),
-                       .samples_per_step = (long)B * ds->world, .tokens_per_step = r->kind == MODEL_GPT ? (long)(B * T) * ds->world : 0,
+                       .skipped = (long)apex_loss_scaler_get_state(scaler).skipped, .step_skipped = res.skipped, .lr = lr,
+                       .grad_norm = res.grad_norm, .step_s = progress_rate_step_s(&rate), .samples_per_step = (long)B * ds->world * K,
+                       .tokens_per_step = r->kind == MODEL_GPT ? (long)(B * T) * ds->world * K : 0,
                        .elapsed_s = r->at.elapsed_s + (tnow - t0)};
     int log_failed = r->rep && report_step(r->rep, &rp) != 0, sig = signals_pending();
     if (agree_stop(ds, &sig, &log_failed) != 0 || log_failed) {
@@ -331,13 +372,18 @@ static int train(run *r, dist *ds, long *end) {
       s++;
       break;
     }
-    if (divergence_step(&r->dv, s + 1, rp.loss, skipped, apex_amp_scale_at_min(r->amp, 0))) {
+    if (divergence_step(&r->dv, s + 1, rp.loss, res.skipped, apex_amp_scale_at_min(r->amp, 0))) {
       r->diverged = 1;
       s++;
       break;
     }
     if (sig) {
       r->stop_signal = sig;
+      s++;
+      break;
+    }
+    if (a->eval_every > 0 && (s + 1) % a->eval_every == 0 && s + 1 < stop && eval_point(r, ds, s + 1) != 0) {
+      failed = 1;
       s++;
       break;
     }
@@ -356,20 +402,21 @@ static int train(run *r, dist *ds, long *end) {
     double per_s = train_s > 0 ? (double)(s - first) / train_s : 0.0;
     char rates[96];
     if (r->kind == MODEL_GPT)
-      snprintf(rates, sizeof rates, "%.0f tokens/s, %.1f ms/step", per_s * (double)(B * T * ds->world), per_s > 0 ? 1e3 / per_s : 0.0);
+      snprintf(rates, sizeof rates, "%.0f tokens/s, %.1f ms/step", per_s * (double)(B * T * ds->world * K), per_s > 0 ? 1e3 / per_s : 0.0);
     else
-      snprintf(rates, sizeof rates, "%.0f samples/s", per_s * (double)(B * ds->world));
+      snprintf(rates, sizeof rates, "%.0f samples/s", per_s * (double)(B * ds->world * K));
     printf("apex-train: %ld steps in %.1f s (%s), %ld skipped\n", s - first, train_s, rates,
            (long)apex_loss_scaler_get_state(scaler).skipped);
   }
-  apex_tensor_destroy(x);
-  free(labels);
-  free(ids);
+  step_ctx_free(&sc);
   return failed;
 }
 
-/* After training: the ranks' states compared, the final checkpoint, then test accuracy or a sample. */
+/* After training (or loading, for --eval-only and --sample): the ranks' states compared, the final
+ * checkpoint, the test or validation metrics, a sample (gpt), and the loss curve next to the log. */
 static int finish(run *r, dist *ds, long s) {
+  train_args *a = &r->a;
+  int load_only = a->eval_only || a->sample;
   int failed = dist_sync_buffers(ds, &r->tm);
   if (!failed && ds->on) {
     uint64_t h;
@@ -377,26 +424,42 @@ static int finish(run *r, dist *ds, long s) {
     if (!failed && ds->rank == 0)
       printf("apex-train: training state identical on all %d ranks (fnv1a64 %016llx)\n", ds->world, (unsigned long long)h);
   }
-  if (!failed && r->a.checkpoint) {
+  if (!failed && a->checkpoint && !load_only) {
     failed = save(r, ds, s);
-    if (!failed && ds->rank == 0) printf("apex-train: checkpoint %s/step-%ld\n", r->a.checkpoint, s);
+    if (!failed && ds->rank == 0) printf("apex-train: checkpoint %s/step-%ld\n", a->checkpoint, s);
   }
   if (failed) return 1;
-  if (r->kind == MODEL_GPT) {
-    if (ds->rank != 0) return 0;
+  if (!a->sample) {
+    eval_result e;
+    if (evaluate(&r->tm, r->amp, r->g, &r->d, ds, &e) != 0) {
+      fprintf(stderr, "apex-train: evaluation failed: %s\n", one_line(apex_last_error()));
+      return 1;
+    }
+    if (ds->rank == 0) {
+      if (r->kind == MODEL_GPT) {
+        printf("apex-train: validation loss %.4f perplexity %.2f (%zu held-out tokens)\n", e.loss, e.perplexity, r->d.val_len);
+      } else {
+        printf("apex-train: test loss %.4f\n", e.loss);
+        printf("apex-train: test accuracy %.4f\n", e.accuracy);
+      }
+      /* With --eval-every the curve gets its last point; otherwise the log holds the steps only. */
+      if (r->rep && a->eval_every > 0 && report_eval(r->rep, s, r->kind == MODEL_GPT, &e) != 0) return 1;
+    }
+  }
+  if (ds->rank == 0 && r->rep && a->log) {
+    report_destroy(r->rep); /* closes the log: the plot reads it whole */
+    r->rep = NULL;
+    char svg[4200];
+    if (plot_path_for(a->log, svg, sizeof svg) != 0 || plot_logs(&a->log, 1, svg) != 0) return 1;
+    printf("apex-train: loss curve %s\n", svg);
+  }
+  if (r->kind == MODEL_GPT && (a->sample || !a->eval_only) && ds->rank == 0) {
     printf("apex-train: sample:\n");
-    if (generate(&r->tm, r->g, (uint64_t)r->a.seed, r->a.sample_bytes, stdout) != 0) {
+    if (generate(&r->tm, r->g, (uint64_t)a->seed, a->sample_bytes, r->d.bytes, stdout) != 0) {
       fprintf(stderr, "apex-train: generation failed: %s\n", one_line(apex_last_error()));
       return 1;
     }
-    return 0;
   }
-  double acc = evaluate(&r->tm, r->amp, r->g, &r->d, ds);
-  if (acc < 0) {
-    fprintf(stderr, "apex-train: evaluation failed: %s\n", one_line(apex_last_error()));
-    return 1;
-  }
-  if (ds->rank == 0) printf("apex-train: test accuracy %.4f\n", acc);
   return 0;
 }
 
@@ -458,6 +521,12 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
   rc = setup(r, ds);
   if (dist_agree(ds, rc, 0)) return rc ? rc : 1;
   rc = dist_wrap(ds, &r->tm, r->g);
+  if (a->eval_only || a->sample) {
+    /* A loaded checkpoint, evaluated or sampled: nothing is trained or written. */
+    if (dist_agree(ds, rc, 1)) return rc ? rc : 1;
+    if (ds->rank == 0) printf("apex-train: loaded %s/step-%ld\n", a->checkpoint, r->at.step);
+    return finish(r, ds, r->at.step);
+  }
   if (rc == 0 && ds->rank == 0) rc = open_outputs(r);
   if (dist_agree(ds, rc, 1)) {
     if (r->created) ckpt_unprepare_dir(a->checkpoint, r->created);
@@ -465,13 +534,17 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
   }
 
   if (ds->rank == 0) {
-    const char *what = r->kind == MODEL_GPT ? "bytes of text" : "training images";
+    const char *what = r->kind != MODEL_GPT ? "training images" : r->d.bytes ? "bytes of text for training" : "tokens for training";
     char ranks[64] = "";
     if (ds->on) snprintf(ranks, sizeof ranks, " per rank x %d ranks", ds->world);
+    char extra[96] = "";
+    if (r->kind == MODEL_GPT && !r->d.bytes) snprintf(extra, sizeof extra, ", vocabulary %lld", (long long)r->d.vocab);
+    if (r->kind != MODEL_GPT)
+      snprintf(extra, sizeof extra, " of %lldx%lld, %lld classes", (long long)r->d.in_h, (long long)r->d.in_w, (long long)r->d.classes);
     long spe = (long)r->d.steps_per_epoch, last = plan_last_step(a, spe);
     /* O0 trains in f32 whatever --cast-type says. */
-    printf("apex-train: %s on %s (%zu %s), %s %s, %s lr %g, batch %ld%s, %ld epochs of %ld steps, ending at step %ld (%s)%s\n",
-           a->model, r->data, r->kind == MODEL_GPT ? r->d.len : r->d.n_items, what, a->opt_level,
+    printf("apex-train: %s on %s (%zu %s%s), %s %s, %s lr %g, batch %ld%s, %ld epochs of %ld steps, ending at step %ld (%s)%s\n",
+           a->model, r->data, r->kind == MODEL_GPT ? r->d.len : r->d.n_items, what, extra, a->opt_level,
            strcmp(a->opt_level, "O0") == 0 ? "f32" : a->cast_type, a->optimizer, (double)r->lr, a->batch_size, ranks, a->epochs, spe,
            last, last < a->epochs * spe ? "--steps" : "end of the epochs", a->sync_bn ? ", SyncBatchNorm" : "");
     if (a->resume) printf("apex-train: resumed from %s/step-%ld\n", a->checkpoint, r->at.step);
@@ -486,6 +559,7 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "plot") == 0) return plot_main(argc - 1, argv + 1);
   dist ds;
   dist_begin(&ds);
   run r;

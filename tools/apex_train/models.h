@@ -9,6 +9,16 @@
 
 typedef enum { MODEL_MLP, MODEL_CNN, MODEL_GPT } model_kind;
 
+/* The sizes a model is built with; a zero field means the default in brackets. */
+typedef struct model_dims {
+  int64_t in_h, in_w;     /* mlp, cnn: image size [28 x 28] */
+  int64_t classes;        /* mlp, cnn: [10] */
+  int64_t hidden;         /* mlp: first hidden width, the second has half [512] */
+  int64_t vocab;          /* gpt: [256, bytes] */
+  int64_t n_layer, n_embd, n_head; /* gpt: [2, 64, 4] */
+  int64_t seq_len;        /* gpt: [64] */
+} model_dims;
+
 typedef struct train_model {
   model_kind kind;
   apex_model *m;
@@ -16,17 +26,18 @@ typedef struct train_model {
   /* gpt */
   apex_module *wte, *wpe, *ln_f, **blocks;
   int n_layer, n_head;
-  int64_t dim, seq_len;
+  int64_t dim, seq_len, vocab;
+  int64_t classes;        /* mlp, cnn */
 } train_model;
 
 /* Builds the model with parameters initialised from seed. 0 on success; otherwise prints nothing
  * and leaves apex_last_error. */
-int model_build(train_model *tm, model_kind kind, uint64_t seed, int64_t seq_len);
+int model_build(train_model *tm, model_kind kind, uint64_t seed, const model_dims *dims);
 void model_free(train_model *tm);
 
-/* mlp/cnn: logits [N, 10] (f32) of images x (a graph input, [N, 784] or [N, 1, 28, 28]). */
+/* mlp/cnn: logits [N, classes] (f32) of images x (a graph input, [N, 784] or [N, 1, 28, 28]). */
 apex_var *model_forward_images(train_model *tm, apex_amp *amp, apex_graph *g, apex_var *x);
-/* gpt: logits [B * T, 256] (f32) of ids [B, T]. */
+/* gpt: logits [B * T, vocab] (f32) of ids [B, T]. */
 apex_var *model_forward_text(train_model *tm, apex_graph *g, const int64_t *ids, int64_t B, int64_t T);
 
 /* mlp | cnn | gpt. */

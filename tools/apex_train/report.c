@@ -7,6 +7,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "evaluate.h"
 #include <unistd.h>
 
 #include "progress.h"
@@ -71,7 +73,9 @@ static int write_log(report *r, const report_point *p, const progress_point *q) 
   fprintf(f, "{\"step\":%ld,\"epoch\":%ld", p->step, p->epoch);
   json_number(f, "loss", "%.9g", p->loss);
   json_number(f, "loss_scale", "%.9g", p->loss_scale);
-  fprintf(f, ",\"skipped\":%ld", p->skipped);
+  fprintf(f, ",\"skipped\":%ld,\"step_skipped\":%s", p->skipped, p->step_skipped ? "true" : "false");
+  json_number(f, "lr", "%.9g", p->lr);
+  json_number(f, "grad_norm", "%.9g", p->grad_norm);
   json_number(f, "samples_per_s", "%.3f", q->samples_per_s);
   if (p->tokens_per_step > 0) json_number(f, "tokens_per_s", "%.3f", q->tokens_per_s);
   json_number(f, "ms_per_step", "%.3f", q->ms_per_step);
@@ -106,6 +110,25 @@ int report_step(report *r, const report_point *p) {
     fflush(r->out);
   }
   return 0;
+}
+
+int report_eval(report *r, long step, int text, const eval_result *e) {
+  if (!r->log_path) return 0;
+  FILE *f = r->log ? r->log : fopen(r->log_path, "a");
+  errno = 0;
+  int bad = !f;
+  if (f) {
+    fprintf(f, "{\"step\":%ld", step);
+    json_number(f, "eval_loss", "%.9g", e->loss);
+    json_number(f, text ? "eval_perplexity" : "eval_accuracy", "%.9g", text ? e->perplexity : e->accuracy);
+    fputs("}\n", f);
+    bad = fflush(f) != 0 || ferror(f);
+  }
+  if (r->log) return bad ? log_failed(r) : 0;
+  int e2 = errno;
+  if (f) bad = fclose(f) != 0 || bad;
+  if (bad) fprintf(stderr, "apex-train: --log %s: cannot write: %s\n", r->log_path, strerror(e2 ? e2 : errno ? errno : EIO));
+  return bad;
 }
 
 void report_message(report *r, const char *fmt, ...) {

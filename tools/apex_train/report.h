@@ -14,6 +14,9 @@ typedef struct report_point {
   double loss;               /* may be Inf or NaN: written as null in the log */
   double loss_scale;
   long skipped;              /* skipped steps so far */
+  int step_skipped;          /* this step was skipped (an overflow or a non-finite loss) */
+  double lr;                 /* the learning rate of this step */
+  double grad_norm;          /* global norm of the unscaled f32 gradients, before clipping */
   double step_s;             /* seconds per step over a recent window (progress_rate); 0: unknown */
   long samples_per_step;     /* the global batch */
   long tokens_per_step;      /* gpt: the global batch's tokens; 0 for image models */
@@ -27,6 +30,12 @@ report *report_create(FILE *out, const char *log_path, int append);
 /* Records one step; the bar is redrawn at most ten times a second, plain lines every 100 steps and
  * at the last. Non-zero, with one line on stderr, when the log cannot be written. */
 int report_step(report *r, const report_point *p);
+/* Logs an evaluation after `step` steps as its own JSON line: {"step", "eval_loss", "eval_accuracy"}
+ * for images, {"step", "eval_loss", "eval_perplexity"} for the GPT (text: true); after
+ * report_finish, appended to the closed log. Non-zero, with one line on stderr, when the log cannot
+ * be written. */
+struct eval_result;
+int report_eval(report *r, long step, int text, const struct eval_result *e);
 /* Prints one line of news (a save, a stop) without breaking the bar: the bar's line is cleared
  * first and redrawn at the next step. */
 void report_message(report *r, const char *fmt, ...);

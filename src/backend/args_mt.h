@@ -1,0 +1,52 @@
+/* args_mt.h: the argument structs of the multi-tensor slots (backend.h), Apex's multi_tensor_scale,
+ * multi_tensor_axpby and multi_tensor_l2norm.
+ *
+ * Lists are arrays of n tensors on the backend's device, list k's tensor i with as many elements as
+ * list 0's. Inputs may be f32, f16 or bf16; every kernel computes in f32. The non-finite check looks at
+ * the inputs. Results the caller waits for (host flag, host norms) are separate fields from results
+ * left where the tensors are (dev_*), which a GPU writes without waiting for the host. */
+#ifndef APEX_BACKEND_ARGS_MT_H
+#define APEX_BACKEND_ARGS_MT_H
+
+#include <stddef.h>
+
+#include "apex/tensor.h"
+
+typedef struct apex_mt_scale_args {
+  const char *fn;           /* the public call, for messages */
+  size_t chunk_size;        /* elements per chunk (0: the default); the CPU's unit of work */
+  int n;
+  apex_tensor *const *in;
+  apex_tensor *const *out;  /* out = in * scale; NULL: only check in */
+  float scale;
+  /* When set: a float where the tensors are; scale is multiplied by it (divided by it with
+   * dev_inverse), read by the kernel itself so that a GPU never waits for the host. */
+  const float *dev_scale;
+  int dev_inverse;
+  int *overflow;            /* host: set to 1 on a non-finite input (never cleared; may be NULL) */
+  int *dev_found_inf;       /* where the tensors are: raised on a non-finite input (may be NULL) */
+} apex_mt_scale_args;
+
+typedef struct apex_mt_axpby_args {
+  const char *fn;
+  size_t chunk_size;
+  int n;
+  apex_tensor *const *x, *const *y, *const *out; /* out = a x + b y */
+  float a, b;
+  int arg_to_check;         /* -1: x and y, 0: x, 1: y */
+  int *overflow;
+} apex_mt_axpby_args;
+
+typedef struct apex_mt_l2norm_args {
+  const char *fn;
+  size_t chunk_size;
+  int n;
+  apex_tensor *const *x;    /* norms of x * inv_scale */
+  float inv_scale;
+  float *global_norm;       /* host (may be NULL) */
+  float *per_tensor;        /* host, n floats (may be NULL) */
+  float *dev_global_norm;   /* one f32 where the tensors are (may be NULL) */
+  int *overflow;
+} apex_mt_l2norm_args;
+
+#endif

@@ -1,0 +1,7 @@
+/* simd_pick.c: chooses a multi-tensor tile kernel's copy for the SIMD path core picked at run time
+ * (see simd_kernel.h). It lives in the CPU backend, beside the kernels and the applier. */
+#include "backend/cpu/simd_kernel.h"
+
+apex_mt_kernel apex__simd_pick(const apex__simd_kernel *k) {
+  return apex_simd_active() == APEX_SIMD_AVX2 ? k->avx2 : k->portable;
+}

@@ -1,0 +1,266 @@
+/* conv.cu: 2-D convolution on the GPU through cuDNN (forward, backward data, backward filter), with
+ * apex's own kernels for the bias and its gradient.
+ *
+ * cuDNN is loaded with dlopen at the first call, from $APEX_CUDNN when set, else libcudnn.so.9 on the
+ * loader's path: libapex builds and links without it, and a machine without it gets
+ * APEX_ERR_UNSUPPORTED saying how to point apex at it (PyTorch's wheels ship it, under
+ * site-packages/nvidia/cudnn/lib). Calls go through function pointers typed from cudnn.h.
+ *
+ * Numerics: f32 compute for every dtype; f32 tensors on the FMA units (no TF32, like apex_cuda_matmul),
+ * f16/bf16 on the tensor cores. Algorithms come from cuDNN's heuristics, keeping the first that cuDNN
+ * marks deterministic and whose workspace fits: the same inputs give the same bits on every run. The
+ * bias gradient sums each channel in a fixed order (block_reduce.cuh). */
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+extern "C" {
+#include "core/internal.h"
+#include "backend/cuda/cuda_internal.h"
+}
+#include "backend/cuda/block_reduce.cuh"
+#include "backend/cuda/dtype_dev.cuh"
+
+#define CONV_MAX_WORKSPACE ((size_t)1 << 30)
+
+/* ---- loading cuDNN --------------------------------------------------------------------------------- */
+
+#define CUDNN_FUNCS(X)                                                                                      \
+  X(cudnnCreate) X(cudnnSetStream) X(cudnnGetErrorString) X(cudnnCreateTensorDescriptor)                    \
+  X(cudnnSetTensor4dDescriptor) X(cudnnDestroyTensorDescriptor) X(cudnnCreateFilterDescriptor)              \
+  X(cudnnSetFilter4dDescriptor) X(cudnnDestroyFilterDescriptor) X(cudnnCreateConvolutionDescriptor)         \
+  X(cudnnSetConvolution2dDescriptor) X(cudnnSetConvolutionMathType) X(cudnnDestroyConvolutionDescriptor)    \
+  X(cudnnGetConvolutionForwardAlgorithm_v7) X(cudnnGetConvolutionForwardWorkspaceSize)                      \
+  X(cudnnConvolutionForward) X(cudnnGetConvolutionBackwardDataAlgorithm_v7)                                 \
+  X(cudnnGetConvolutionBackwardDataWorkspaceSize) X(cudnnConvolutionBackwardData)                           \
+  X(cudnnGetConvolutionBackwardFilterAlgorithm_v7) X(cudnnGetConvolutionBackwardFilterWorkspaceSize)        \
+  X(cudnnConvolutionBackwardFilter)
+
+static struct {
+#define DECLARE(f) decltype(&::f) f;
+  CUDNN_FUNCS(DECLARE)
+#undef DECLARE
+  cudnnHandle_t handle;
+  char why[512]; /* empty when loaded */
+} dnn;
+static pthread_once_t dnn_once = PTHREAD_ONCE_INIT;
+
+static void dnn_load(void) {
+  const char *path = getenv("APEX_CUDNN");
+  void *lib = dlopen(path && *path ? path : "libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    snprintf(dnn.why, sizeof dnn.why, "cuDNN could not be loaded (%s); install cuDNN 9 or set APEX_CUDNN to the path of "
+             "libcudnn.so.9", dlerror());
+    return;
+  }
+#define LOAD(f)                                                                                   \
+  if (!(dnn.f = (decltype(dnn.f))dlsym(lib, #f))) {                                               \
+    snprintf(dnn.why, sizeof dnn.why, "the cuDNN at %s has no %s (cuDNN 9 is needed)", path ? path : "libcudnn.so.9", #f); \
+    return;                                                                                       \
+  }
+  CUDNN_FUNCS(LOAD)
+#undef LOAD
+  cudnnStatus_t s = dnn.cudnnCreate(&dnn.handle);
+  if (s != CUDNN_STATUS_SUCCESS) snprintf(dnn.why, sizeof dnn.why, "cudnnCreate failed: %s", dnn.cudnnGetErrorString(s));
+}
+
+/* cuDNN, ready on apex's stream, or APEX_ERR_UNSUPPORTED naming fn and why. */
+static apex_status dnn_ready(const char *fn) {
+  pthread_once(&dnn_once, dnn_load);
+  if (dnn.why[0]) return apex__fail(APEX_ERR_UNSUPPORTED, "%s: %s", fn, dnn.why);
+  cudnnStatus_t s = dnn.cudnnSetStream(dnn.handle, (cudaStream_t)apex__cuda_stream());
+  if (s != CUDNN_STATUS_SUCCESS) return apex__fail(APEX_ERR_DEVICE, "%s: cudnnSetStream: %s", fn, dnn.cudnnGetErrorString(s));
+  return APEX_OK;
+}
+
+#define DNN(call, what)                                                                                        \
+  do {                                                                                                         \
+    cudnnStatus_t s_ = (call);                                                                                 \
+    if (s_ != CUDNN_STATUS_SUCCESS) {                                                                          \
+      st = apex__fail(APEX_ERR_DEVICE, "%s: cuDNN %s failed: %s", c->fn, what, dnn.cudnnGetErrorString(s_)); \
+      goto done;                                                                                               \
+    }                                                                                                          \
+  } while (0)
+
+/* ---- descriptors ------------------------------------------------------------------------------------ */
+
+typedef struct {
+  const char *fn;
+  cudnnTensorDescriptor_t x, y;
+  cudnnFilterDescriptor_t w;
+  cudnnConvolutionDescriptor_t conv;
+} conv_desc;
+
+static cudnnDataType_t dnn_type(apex_dtype t) {
+  return t == APEX_F16 ? CUDNN_DATA_HALF : t == APEX_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+}
+
+static void desc_free(conv_desc *c) {
+  if (c->x) dnn.cudnnDestroyTensorDescriptor(c->x);
+  if (c->y) dnn.cudnnDestroyTensorDescriptor(c->y);
+  if (c->w) dnn.cudnnDestroyFilterDescriptor(c->w);
+  if (c->conv) dnn.cudnnDestroyConvolutionDescriptor(c->conv);
+}
+
+static apex_status desc_make(conv_desc *c, const apex__cuda_conv *g) {
+  apex_status st = APEX_OK;
+  cudnnDataType_t t = dnn_type(g->dtype);
+  DNN(dnn.cudnnCreateTensorDescriptor(&c->x), "tensor descriptor");
+  DNN(dnn.cudnnCreateTensorDescriptor(&c->y), "tensor descriptor");
+  DNN(dnn.cudnnCreateFilterDescriptor(&c->w), "filter descriptor");
+  DNN(dnn.cudnnCreateConvolutionDescriptor(&c->conv), "convolution descriptor");
+  DNN(dnn.cudnnSetTensor4dDescriptor(c->x, CUDNN_TENSOR_NCHW, t, g->n, g->c, g->h, g->w), "x descriptor");
+  DNN(dnn.cudnnSetTensor4dDescriptor(c->y, CUDNN_TENSOR_NCHW, t, g->n, g->k, g->p, g->q), "y descriptor");
+  DNN(dnn.cudnnSetFilter4dDescriptor(c->w, t, CUDNN_TENSOR_NCHW, g->k, g->c, g->r, g->s), "w descriptor");
+  DNN(dnn.cudnnSetConvolution2dDescriptor(c->conv, g->pad_h, g->pad_w, g->stride_h, g->stride_w, 1, 1,
+                                          CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+      "convolution descriptor");
+done:
+  return st;
+}
+
+/* The math type an algorithm runs with: f32 stays off the tensor cores (no TF32). */
+static cudnnMathType_t math_for(apex_dtype t, cudnnMathType_t suggested) {
+  return t == APEX_F32 ? CUDNN_FMA_MATH : suggested;
+}
+
+/* The first of cuDNN's ranked algorithms that succeeds, is deterministic and fits CONV_MAX_WORKSPACE. */
+template <class Perf>
+static int pick(const Perf *perf, int n, apex_dtype t, int *index) {
+  for (int i = 0; i < n; i++)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC &&
+        perf[i].memory <= CONV_MAX_WORKSPACE && (t != APEX_F32 || perf[i].mathType != CUDNN_TENSOR_OP_MATH)) {
+      *index = i;
+      return 1;
+    }
+  return 0;
+}
+
+/* ---- bias kernels ------------------------------------------------------------------------------------ */
+
+/* y[n, k, :] += b[k] over the N * K planes of pq elements. */
+__global__ void bias_add(void *y, apex_dtype yt, const void *b, apex_dtype bt, int64_t k, int64_t pq, int64_t total) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x)
+    apex_st(y, yt, i, apex_ld(y, yt, i) + apex_ld(b, bt, (i / pq) % k));
+}
+
+/* db[k] = sum over n and the plane of dy[n, k, :], one block a channel, in a fixed order. */
+__global__ void bias_grad(const void *dy, apex_dtype dt, void *db, apex_dtype bt, int64_t n, int64_t k, int64_t pq) {
+  __shared__ float scratch[33];
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < n * pq; i += blockDim.x) {
+    int64_t img = i / pq, at = i % pq;
+    s += apex_ld(dy, dt, (img * k + blockIdx.x) * pq + at);
+  }
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) apex_st(db, bt, blockIdx.x, s);
+}
+
+/* ---- forward and backward ---------------------------------------------------------------------------- */
+
+static apex_status launched(const char *fn) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return apex__fail(APEX_ERR_DEVICE, "%s: CUDA error %s (%s)", fn, cudaGetErrorName(e), cudaGetErrorString(e));
+  return APEX_OK;
+}
+
+extern "C" apex_status apex__cuda_conv2d_fwd(const apex__cuda_conv *g, const void *x, const void *w, const void *b,
+                                             apex_dtype bt, void *y) {
+  const char *fn = "apex_cuda_conv2d_forward";
+  apex_status st = dnn_ready(fn);
+  if (st != APEX_OK) return st;
+  conv_desc cd = {fn, 0, 0, 0, 0}, *c = &cd;
+  void *ws = NULL;
+  size_t ws_size = 0;
+  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  int found = 0, at = 0;
+  const float one = 1.0f, zero = 0.0f;
+  if ((st = desc_make(c, g)) != APEX_OK) goto done;
+  DNN(dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, CUDNN_TENSOR_OP_MATH)), "math type");
+  DNN(dnn.cudnnGetConvolutionForwardAlgorithm_v7(dnn.handle, c->x, c->w, c->conv, c->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                 &found, perf),
+      "forward heuristics");
+  if (!pick(perf, found, g->dtype, &at)) {
+    st = apex__fail(APEX_ERR_UNSUPPORTED, "%s: cuDNN offers no deterministic forward algorithm for this shape", fn);
+    goto done;
+  }
+  DNN(dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, perf[at].mathType)), "math type");
+  DNN(dnn.cudnnGetConvolutionForwardWorkspaceSize(dnn.handle, c->x, c->w, c->conv, c->y, perf[at].algo, &ws_size),
+      "forward workspace size");
+  if (ws_size && (st = apex__cuda_alloc(ws_size, 0, &ws)) != APEX_OK) goto done;
+  DNN(dnn.cudnnConvolutionForward(dnn.handle, &one, c->x, x, c->w, w, c->conv, perf[at].algo, ws, ws_size, &zero, c->y, y),
+      "forward");
+  if (b) {
+    int64_t total = g->n * g->k * g->p * g->q, blocks = (total + 255) / 256;
+    if (total > 0) {
+      bias_add<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, (cudaStream_t)apex__cuda_stream()>>>(
+          y, g->dtype, b, bt, g->k, g->p * g->q, total);
+      st = launched(fn);
+    }
+  }
+done:
+  apex__cuda_free(ws); /* stream-ordered: handed out again only to later work */
+  desc_free(c);
+  return st;
+}
+
+extern "C" apex_status apex__cuda_conv2d_bwd(const apex__cuda_conv *g, const void *dy, const void *x, const void *w,
+                                             void *dx, void *dw, void *db, apex_dtype bt) {
+  const char *fn = "apex_cuda_conv2d_backward";
+  apex_status st = dnn_ready(fn);
+  if (st != APEX_OK) return st;
+  conv_desc cd = {fn, 0, 0, 0, 0}, *c = &cd;
+  void *ws = NULL;
+  size_t ws_size = 0;
+  int found = 0, at = 0;
+  const float one = 1.0f, zero = 0.0f;
+  if ((st = desc_make(c, g)) != APEX_OK) goto done;
+  if (dx) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    DNN(dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, CUDNN_TENSOR_OP_MATH)), "math type");
+    DNN(dnn.cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn.handle, c->w, c->y, c->conv, c->x,
+                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf),
+        "backward-data heuristics");
+    if (!pick(perf, found, g->dtype, &at)) {
+      st = apex__fail(APEX_ERR_UNSUPPORTED, "%s: cuDNN offers no deterministic backward-data algorithm for this shape", fn);
+      goto done;
+    }
+    DNN(dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, perf[at].mathType)), "math type");
+    DNN(dnn.cudnnGetConvolutionBackwardDataWorkspaceSize(dnn.handle, c->w, c->y, c->conv, c->x, perf[at].algo, &ws_size),
+        "backward-data workspace size");
+    if (ws_size && (st = apex__cuda_alloc(ws_size, 0, &ws)) != APEX_OK) goto done;
+    DNN(dnn.cudnnConvolutionBackwardData(dnn.handle, &one, c->w, w, c->y, dy, c->conv, perf[at].algo, ws, ws_size, &zero,
+                                         c->x, dx),
+        "backward data");
+    apex__cuda_free(ws);
+    ws = NULL;
+  }
+  if (dw) {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    DNN(dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, CUDNN_TENSOR_OP_MATH)), "math type");
+    DNN(dnn.cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn.handle, c->x, c->y, c->conv, c->w,
+                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found, perf),
+        "backward-filter heuristics");
+    if (!pick(perf, found, g->dtype, &at)) {
+      st = apex__fail(APEX_ERR_UNSUPPORTED, "%s: cuDNN offers no deterministic backward-filter algorithm for this shape", fn);
+      goto done;
+    }
+    DNN(dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, perf[at].mathType)), "math type");
+    DNN(dnn.cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn.handle, c->x, c->y, c->conv, c->w, perf[at].algo, &ws_size),
+        "backward-filter workspace size");
+    if (ws_size && (st = apex__cuda_alloc(ws_size, 0, &ws)) != APEX_OK) goto done;
+    DNN(dnn.cudnnConvolutionBackwardFilter(dnn.handle, &one, c->x, x, c->y, dy, c->conv, perf[at].algo, ws, ws_size, &zero,
+                                           c->w, dw),
+        "backward filter");
+  }
+  if (db && g->k > 0) {
+    bias_grad<<<(unsigned)g->k, 256, 0, (cudaStream_t)apex__cuda_stream()>>>(dy, g->dtype, db, bt, g->n, g->k, g->p * g->q);
+    st = launched(fn);
+  }
+done:
+  apex__cuda_free(ws);
+  desc_free(c);
+  return st;
+}

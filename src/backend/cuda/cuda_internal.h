@@ -1,0 +1,218 @@
+/* cuda_internal.h: the entry points of the CUDA backend's kernels and runtime (the .cu files beside
+ * it, compiled by nvcc), for the C files that fill its table (backend.c, memory.c, mt_slots.c,
+ * optim_slots.c), the public fronts of apex/cuda.h (backend/cuda_api.c, through apex__cuda_ops) and the
+ * NCCL process group.
+ *
+ * Every function here exists only when the library is built with APEX_CUDA; code outside this folder
+ * reaches them through the backend's table, never by name, except the NCCL process group (built only
+ * with CUDA). Pointers named d_* are device memory. All work is queued on one
+ * stream (apex__cuda_stream), so kernels, copies and the caching allocator's reuse of freed blocks
+ * are ordered without host synchronisation; only copies to the host wait. Each function returns
+ * APEX_OK or fails with a message (apex__fail) naming the CUDA error. */
+#ifndef APEX_CUDA_INTERNAL_H
+#define APEX_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apex/cuda.h"
+#include "apex/dtype.h"
+#include "apex/loss_scaler.h"
+#include "apex/optim.h"
+#include "apex/status.h"
+#include "apex/tensor.h"
+#include "backend/args_optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- runtime.cu: devices, the stream, the caching allocator, copies ---------------------------- */
+
+/* 1 when a CUDA device can be used (checked once); 0 with a reason in *why (may be NULL). */
+int apex__cuda_ready(const char **why);
+/* apex's stream (a cudaStream_t). */
+void *apex__cuda_stream(void);
+/* Makes apex work on GPU `device` (0 by default): the current device of every thread that calls
+ * apex, and the stream. Possible until apex first allocates device memory: APEX_ERR_STATE after
+ * that, APEX_ERR_UNSUPPORTED without a GPU, APEX_ERR_INVALID_ARG for a device not visible. */
+apex_status apex__cuda_use_device(int device);
+/* Device memory of at least `bytes` from the caching allocator (never managed memory), zero-filled
+ * when zero is set. Blocks freed earlier are reused; the GPU is asked for more only when none fits,
+ * and after a failed request every cached block is given back and the request tried once more. */
+apex_status apex__cuda_alloc(size_t bytes, int zero, void **out);
+/* Returns a block to the cache (NULL is fine). */
+void apex__cuda_free(void *d_ptr);
+enum { APEX__H2D = 1, APEX__D2H = 2, APEX__D2D = 3 };
+/* Copies bytes, queued on the stream; with wait set, returns once it (and all earlier work) is done. */
+apex_status apex__cuda_memcpy(void *dst, const void *src, size_t bytes, int direction, int wait);
+apex_status apex__cuda_sync(const char *what);
+/* What apex/cuda.h publishes (backend/cuda_api.c; only called once apex__cuda_ready said yes). */
+apex_status apex__cuda_device_name(char *buf, size_t size);
+void apex__cuda_stats(apex_cuda_memory_stats *out, int reset_peak);
+void apex__cuda_empty_cache(void);
+void *apex__cuda_host_alloc(size_t bytes);
+void apex__cuda_host_free(void *p);
+apex_status apex__cuda_check_launch(const char *what);
+
+/* ---- convert.cu ---------------------------------------------------------------------------------- */
+
+/* n elements from src to dst (both device), with the CPU's exact rounding (core/convert_scalar.h). */
+apex_status apex__cuda_convert(void *d_dst, apex_dtype dst_type, const void *d_src, apex_dtype src_type, size_t n);
+/* Sets n elements to value rounded to dtype. */
+apex_status apex__cuda_fill(void *d_dst, apex_dtype dtype, float value, size_t n);
+
+/* ---- multi_tensor.cu: the multi-tensor kernels on device tensors ------------------------------------ */
+
+/* A list of device tensors as the kernels see them. */
+typedef struct apex__cuda_list {
+  int n;
+  void **ptr;        /* n device pointers */
+  apex_dtype *dtype; /* n dtypes */
+  size_t *numel;     /* n element counts */
+} apex__cuda_list;
+
+/* Device tensors t[0..n) as a list (APEX_ERR_DEVICE naming "<what> i" for a tensor not on the GPU);
+ * free it with apex__cuda_list_free (mt_slots.c). */
+apex_status apex__cuda_list_make(const char *fn, const char *what, apex_tensor *const *t, int n, apex__cuda_list *l);
+void apex__cuda_list_free(apex__cuda_list *l);
+
+/* out = in * scale (scale: the host value times *d_scale when d_scale is not NULL, else the host value;
+ * d_inverse = 1 divides by *d_scale instead). Raises *d_flag (device int, may be NULL) on a non-finite
+ * input. out NULL: only checks. */
+apex_status apex__cuda_mt_scale(const apex__cuda_list *in, const apex__cuda_list *out, float scale,
+                                const float *d_scale, int d_inverse, int *d_flag);
+/* out = a x + b y; arg_to_check as apex_mt_axpby. */
+apex_status apex__cuda_mt_axpby(const apex__cuda_list *x, const apex__cuda_list *y, const apex__cuda_list *out,
+                                float a, float b, int arg_to_check, int *d_flag);
+/* Global and per-tensor L2 norms of x * inv_scale, into device f32 d_global[1] and d_per[n] (either may
+ * be NULL); sums of squares in f32 per block, combined in f64 in a fixed order (deterministic). */
+apex_status apex__cuda_mt_l2norm(const apex__cuda_list *x, float inv_scale, float *d_global, float *d_per,
+                                 int *d_flag);
+
+/* ---- optim.cu: the fused optimizer step ------------------------------------------------------------ */
+
+/* One group's step on the device, every list n long: g (any dtype), p (what is updated: an f32 master or
+ * the parameter itself), model (NULL entries, or the f16/bf16 copy written from p), state lists, and
+ * d_step: per-parameter int64 step counts on the device, incremented by the step unless it is
+ * skipped. inv_scale is multiplied into the gradients, and divided by *d_scale when d_scale is set; a
+ * nonzero *d_skip (when set) makes the step change nothing. */
+typedef struct apex__cuda_step {
+  apex_optim_kind kind;
+  const apex_optim_options *o; /* resolved */
+  int n;
+  apex__cuda_list g, p, model, s[3];
+  int nstates;
+  int64_t *d_step; /* the group's counts: parameter idx[j] of the group is list entry j */
+  const int *idx;
+  float inv_scale;
+  const float *d_scale;
+  const int *d_skip;
+  const float *d_grad_norm; /* LAMB: the global norm of every group's g * inv_scale (NULL: no clipping) */
+  float *d_scalars;         /* NovoGrad: the group's per-tensor second moments on the device, by parameter */
+  const int64_t *rows;      /* AdamP: each entry's channel-view rows (its first dimension), 0 for 0/1-D tensors */
+} apex__cuda_step;
+apex_status apex__cuda_optim_step(const apex__cuda_step *s);
+/* LAMB's, NovoGrad's and AdamP's steps (lamb.cu, novograd.cu, adamp.cu), reached through
+ * apex__cuda_optim_step. */
+apex_status apex__cuda_lamb_step(const apex__cuda_step *s);
+apex_status apex__cuda_adamp_step(const apex__cuda_step *s);
+apex_status apex__cuda_novograd_step(const apex__cuda_step *s);
+
+/* ---- loss_scaler.cu --------------------------------------------------------------------------------- */
+
+/* The device half of apex_cuda_scaler (backend/args_optim.h). */
+typedef apex_scaler_dev apex__cuda_scaler_dev;
+/* One update (backend/scale_rule.h) from found_inf, which it then clears; queued, never waits. */
+apex_status apex__cuda_scaler_update(apex__cuda_scaler_dev *d, const apex_loss_scaler_config *c);
+
+/* ---- norm.cu, xent.cu, bn_stats.cu, gemm.cu: the fused kernels (see apex/cuda.h) ---------------------------- */
+
+apex_status apex__cuda_layer_norm_fwd(const void *x, apex_dtype xt, const void *w, const void *b, apex_dtype wt,
+                                      int64_t rows, int64_t cols, float eps, int rms, void *y, float *mean,
+                                      float *rstd);
+apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, apex_dtype xt, const void *w, apex_dtype wt,
+                                      const float *mean, const float *rstd, int64_t rows, int64_t cols, int rms,
+                                      void *dx, void *dw, void *db);
+apex_status apex__cuda_xent_fwd(const void *logits, apex_dtype lt, const int64_t *target, int64_t rows, int64_t cols,
+                                int64_t ignore_index, float smoothing, float *loss, float *lse);
+apex_status apex__cuda_xent_bwd(const float *dloss, const void *logits, apex_dtype lt, const int64_t *target,
+                                const float *lse, int64_t rows, int64_t cols, int64_t ignore_index, float smoothing,
+                                void *dlogits);
+apex_status apex__cuda_bn_stats(const void *x, apex_dtype xt, int64_t n, int64_t c, int64_t hw, float *mean,
+                                float *var, float *m2);
+apex_status apex__cuda_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
+                            const void *b, apex_dtype in_type, float beta, void *c, apex_dtype c_type,
+                            const void *bias, int gelu);
+/* `batch` products C_i = alpha op(A_i) op(B_i) + beta C_i, matrix i of each operand at its base pointer plus
+ * i * stride elements; each stored row-major with the row length ld* (>= its stored row's element count:
+ * lda >= (trans_a ? m : k), ldb >= (trans_b ? k : n), ldc >= n). Same dtypes and f32 accumulation as
+ * apex__cuda_gemm, no epilogue; fn names the public call in messages. batch, m or n 0: nothing to do. */
+apex_status apex__cuda_gemm_batched(const char *fn, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                                    const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
+                                    int64_t stride_b, apex_dtype in_type, float beta, void *c, int64_t ldc,
+                                    int64_t stride_c, apex_dtype c_type, int batch);
+
+/* ---- conv.cu: 2-D convolution through cuDNN ------------------------------------------------------------- */
+
+/* A convolution's geometry: x [n, c, h, w], w [k, c, r, s], y [n, k, p, q]; x, w, y all of dtype. */
+typedef struct apex__cuda_conv {
+  int n, c, h, w, k, r, s, p, q;
+  int pad_h, pad_w, stride_h, stride_w;
+  apex_dtype dtype;
+} apex__cuda_conv;
+/* y = conv(x, w) (+ b per output channel, b of dtype bt, when b is not NULL). */
+apex_status apex__cuda_conv2d_fwd(const apex__cuda_conv *g, const void *x, const void *w, const void *b, apex_dtype bt,
+                                  void *y);
+/* dx, dw (x's and w's shapes and dtype) and db (bt) from dy, each skipped when NULL; overwritten. */
+apex_status apex__cuda_conv2d_bwd(const apex__cuda_conv *g, const void *dy, const void *x, const void *w, void *dx,
+                                  void *dw, void *db, apex_dtype bt);
+
+/* ---- embedding.cu: lookup and its deterministic gradient, ids on the host -------------------------------- */
+
+/* y [n, d] (yt) = rows ids[0..n) of table [v, d] (tt); ids checked by the caller. */
+apex_status apex__cuda_embedding_fwd(const void *table, apex_dtype tt, int64_t v, int64_t d, const int64_t *ids, int64_t n,
+                                     void *y, apex_dtype yt);
+/* dtable [v, d] (gt) = per row the sum of dy [n, d] (dt) over the positions with that id, overwritten. */
+apex_status apex__cuda_embedding_bwd(const void *dy, apex_dtype dt, const int64_t *ids, int64_t n, int64_t v, int64_t d,
+                                     void *dtable, apex_dtype gt);
+
+/* ---- attention.cu: GPT-2's causal self-attention on the packed qkv (see apex/cuda.h) ---------------------- */
+
+/* The shapes, checked by backend/cuda_api.c: qkv [b, t, 3 * h * d], y and dy [b, t, h * d], lse f32 [b, h, t], all but lse
+ * of dtype; b, t, h, d >= 1 and b * h within int range. */
+typedef struct apex__cuda_attn {
+  int64_t b, t, h, d;
+  apex_dtype dtype;
+} apex__cuda_attn;
+/* y and lse from qkv. */
+apex_status apex__cuda_attention_fwd(const apex__cuda_attn *a, const void *qkv, void *y, float *lse);
+/* dqkv (overwritten) from dy and the forward's qkv, y and lse. */
+apex_status apex__cuda_attention_bwd(const apex__cuda_attn *a, const void *dy, const void *qkv, const void *y,
+                                     const float *lse, void *dqkv);
+
+/* ---- elementwise.cu: elementwise ops and deterministic sums (see apex/cuda.h) ----------------------------- */
+
+typedef enum apex__cuda_ew_op {
+  APEX__EW_ADD,      /* y = a + b */
+  APEX__EW_MUL,      /* y = a * b */
+  APEX__EW_SCALE,    /* y = a * alpha */
+  APEX__EW_RELU,     /* y = max(a, 0) */
+  APEX__EW_RELU_BWD, /* y = a (dy) where b (x) > 0, else 0 */
+  APEX__EW_GELU,     /* y = gelu_tanh(a) */
+  APEX__EW_GELU_BWD  /* y = a (dy) * gelu_tanh'(b (x)) */
+} apex__cuda_ew_op;
+/* y[i] = op(a[i], b[i]) for i < n, in f32 from each operand's dtype, rounded to yt; b is unused (may be
+ * NULL) by the unary ops, alpha by all but SCALE. y may be a or b with its dtype. */
+apex_status apex__cuda_ew(apex__cuda_ew_op op, const void *a, apex_dtype at, const void *b, apex_dtype bt, float alpha,
+                          void *y, apex_dtype yt, int64_t n);
+/* y[j] (yt, cols elements) = the column sums of x [rows, cols] (xt) in f32, plus y[j] when accumulate. */
+apex_status apex__cuda_sum_rows(const void *x, apex_dtype xt, int64_t rows, int64_t cols, void *y, apex_dtype yt,
+                                int accumulate);
+/* *y (f32) = the sum of x's n elements, or their mean when mean is set. */
+apex_status apex__cuda_sum_all(const void *x, apex_dtype xt, int64_t n, int mean, float *y);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

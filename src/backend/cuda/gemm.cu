@@ -1,0 +1,217 @@
+/* gemm.cu: matrix products through cuBLASLt (Apex's fused_dense): f16/bf16 inputs on the tensor cores
+ * with f32 accumulation, and the bias and GELU epilogues that save a pass over the output.
+ *
+ * apex's tensors are row-major and cuBLASLt's column-major. A row-major [m, n] matrix is the
+ * column-major [n, m] one, so C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T: B goes in as
+ * cuBLASLt's A and A as its B, with the sizes swapped. A bias per column of C is then a bias per row
+ * of C^T, which is what the epilogue adds.
+ *
+ * The strided-batched form (attention's per-head products) runs `batch` such products, matrix i of
+ * each operand at base + i * stride elements. cuBLASLt assumes 256-byte aligned operands unless told
+ * otherwise, and a batch stride such as T * T half-precision elements rarely is, so every call states
+ * the alignment its pointers and strides really have, and the heuristic only offers algorithms that
+ * work with it. */
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <string.h>
+
+extern "C" {
+#include "core/internal.h"
+#include "backend/cuda/cuda_internal.h"
+}
+
+#define GEMM_WORKSPACE ((size_t)32 << 20)
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static cublasLtHandle_t g_lt;
+static void *g_ws;
+static cublasStatus_t g_init_status = CUBLAS_STATUS_NOT_INITIALIZED;
+
+static void init_lt(void) {
+  g_init_status = cublasLtCreate(&g_lt);
+  if (g_init_status == CUBLAS_STATUS_SUCCESS && apex__cuda_alloc(GEMM_WORKSPACE, 0, &g_ws) != APEX_OK) g_ws = NULL;
+}
+
+static cudaDataType_t cuda_type(apex_dtype t) {
+  return t == APEX_F16 ? CUDA_R_16F : t == APEX_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+static apex_status lt_fail(const char *fn, cublasStatus_t s, const char *step) {
+  return apex__fail(APEX_ERR_DEVICE, "%s: cuBLASLt %s failed (status %d)", fn, step, (int)s);
+}
+
+#define LT(call, step)                                  \
+  do {                                                  \
+    cublasStatus_t s_ = (call);                         \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                  \
+      st = lt_fail(fn, s_, step);                       \
+      goto done;                                        \
+    }                                                   \
+  } while (0)
+
+/* The alignment (a power of two, at most the 256 bytes cuBLASLt asks for by default) that every
+ * matrix of an operand has: its base pointer's, and its batch stride's when there are several. */
+static uint32_t alignment(const void *p, int64_t stride_bytes, int batch) {
+  uint64_t bits = (uint64_t)(uintptr_t)p | 256u;
+  if (batch > 1) bits |= (uint64_t)stride_bytes;
+  return (uint32_t)(bits & (~bits + 1)); /* the lowest set bit */
+}
+
+/* ---- the algorithm cache ------------------------------------------------------------------------------
+ * cuBLASLt's heuristic query costs tens of microseconds of host time, and a training step makes the same
+ * few dozen products every step (GPT-2 small: about 150 calls). So the algorithm it picks is kept per
+ * problem: everything the heuristic sees (sizes, leading dimensions, strides, batch, dtypes, transposes,
+ * epilogue, alignments, device) is the key. That also pins one algorithm per problem for the process's lifetime,
+ * which the bitwise run-to-run determinism of the GEMMs relies on. */
+typedef struct gemm_key {
+  int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c;
+  int32_t batch, trans_a, trans_b, in_type, c_type, epilogue;
+  uint32_t al_a, al_b, al_c;
+  int32_t device; /* the algorithm is chosen for one GPU */
+} gemm_key; /* 112 bytes, no implicit padding */
+
+#define ALGO_SLOTS 1024 /* a power of two; when full, further problems query the heuristic every time */
+static struct {
+  gemm_key key;
+  cublasLtMatmulAlgo_t algo;
+  int used;
+} g_algos[ALGO_SLOTS];
+static pthread_mutex_t g_algo_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t key_hash(const gemm_key *k) {
+  const unsigned char *p = (const unsigned char *)k;
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+/* The slot holding key, or the empty slot where it would go; -1 when the table is full. */
+static int algo_slot(const gemm_key *k) {
+  uint64_t h = key_hash(k);
+  for (int i = 0; i < ALGO_SLOTS; i++) {
+    int s = (int)((h + (uint64_t)i) & (ALGO_SLOTS - 1));
+    if (!g_algos[s].used || !memcmp(&g_algos[s].key, k, sizeof *k)) return s;
+  }
+  return -1;
+}
+
+/* One product, or `batch` of them (batch >= 1) at the given element strides; ld*: the row-major row
+ * lengths of the stored operands (their leading dimensions); fn names the public call in messages. */
+static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                        const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
+                        apex_dtype in_type, float beta, void *c, int64_t ldc, int64_t stride_c, apex_dtype c_type,
+                        int batch, const void *bias, int gelu) {
+  pthread_once(&g_once, init_lt);
+  if (g_init_status != CUBLAS_STATUS_SUCCESS) return lt_fail(fn, g_init_status, "handle creation");
+  apex_status st = APEX_OK;
+  cublasLtMatmulDesc_t op = NULL;
+  cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+  cublasLtMatmulPreference_t pref = NULL;
+  cublasLtMatmulHeuristicResult_t heur;
+  int found = 0;
+  cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasLtEpilogue_t epi = bias ? (gelu ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                                : (gelu ? CUBLASLT_EPILOGUE_GELU : CUBLASLT_EPILOGUE_DEFAULT);
+  cudaDataType_t it = cuda_type(in_type), ct = cuda_type(c_type);
+  size_t ws = g_ws ? GEMM_WORKSPACE : 0;
+  LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
+  LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
+  LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
+  LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "epilogue");
+  if (bias) {
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "bias");
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ct, sizeof ct), "bias type");
+  }
+  /* cuBLASLt's A is our B: stored [k, n] row-major = [n, k] column-major (or [k, n] when transposed). */
+  LT(cublasLtMatrixLayoutCreate(&la, it, trans_b ? k : n, trans_b ? n : k, ldb), "layout B");
+  LT(cublasLtMatrixLayoutCreate(&lb, it, trans_a ? m : k, trans_a ? k : m, lda), "layout A");
+  LT(cublasLtMatrixLayoutCreate(&lc, ct, n, m, ldc), "layout C");
+  if (batch > 1) {
+    int32_t count = batch;
+    int64_t sa = stride_b, sb = stride_a, sc = stride_c; /* cuBLASLt's A is our B (above) */
+    LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch count B");
+    LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sa, sizeof sa), "batch stride B");
+    LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch count A");
+    LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sb, sizeof sb), "batch stride A");
+    LT(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch count C");
+    LT(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sc, sizeof sc), "batch stride C");
+  }
+  {
+    gemm_key key;
+    memset(&key, 0, sizeof key); /* no padding is left unset: keys are compared and hashed as bytes */
+    key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
+    if (batch > 1) key.stride_a = stride_a, key.stride_b = stride_b, key.stride_c = stride_c;
+    key.batch = batch, key.trans_a = trans_a, key.trans_b = trans_b;
+    key.in_type = (int32_t)in_type, key.c_type = (int32_t)c_type, key.epilogue = (int32_t)epi;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    key.device = dev;
+    size_t ie = apex_dtype_size(in_type), ce = apex_dtype_size(c_type);
+    key.al_a = alignment(b, stride_b * (int64_t)ie, batch);
+    key.al_b = alignment(a, stride_a * (int64_t)ie, batch);
+    key.al_c = alignment(c, stride_c * (int64_t)ce, batch);
+    pthread_mutex_lock(&g_algo_mu);
+    int slot = algo_slot(&key);
+    if (slot >= 0 && g_algos[slot].used) {
+      heur.algo = g_algos[slot].algo;
+      found = 1;
+    }
+    pthread_mutex_unlock(&g_algo_mu);
+    if (!found) {
+      LT(cublasLtMatmulPreferenceCreate(&pref), "preference");
+      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
+      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.al_a, sizeof key.al_a),
+         "alignment A");
+      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.al_b, sizeof key.al_b),
+         "alignment B");
+      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.al_c, sizeof key.al_c),
+         "alignment C");
+      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.al_c, sizeof key.al_c),
+         "alignment D");
+      LT(cublasLtMatmulAlgoGetHeuristic(g_lt, op, la, lb, lc, lc, pref, 1, &heur, &found), "heuristic");
+      if (found) {
+        pthread_mutex_lock(&g_algo_mu);
+        slot = algo_slot(&key); /* again: another thread may have filled slots meanwhile */
+        if (slot >= 0 && !g_algos[slot].used) {
+          g_algos[slot].key = key;
+          g_algos[slot].algo = heur.algo;
+          g_algos[slot].used = 1;
+        }
+        pthread_mutex_unlock(&g_algo_mu);
+      }
+    }
+  }
+  if (!found) {
+    st = apex__fail(APEX_ERR_UNSUPPORTED, "%s: cuBLASLt has no algorithm for %s inputs with a %s output "
+                    "and this epilogue", fn, apex_dtype_name(in_type), apex_dtype_name(c_type));
+    goto done;
+  }
+  LT(cublasLtMatmul(g_lt, op, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &heur.algo, g_ws, ws,
+                    (cudaStream_t)apex__cuda_stream()),
+     "matmul");
+done:
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (lc) cublasLtMatrixLayoutDestroy(lc);
+  if (lb) cublasLtMatrixLayoutDestroy(lb);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (op) cublasLtMatmulDescDestroy(op);
+  return st;
+}
+
+extern "C" apex_status apex__cuda_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                                       const void *a, const void *b, apex_dtype in_type, float beta, void *c,
+                                       apex_dtype c_type, const void *bias, int gelu) {
+  return gemm("apex_cuda_matmul", trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, 0, b, trans_b ? k : n, 0,
+              in_type, beta, c, n, 0, c_type, 1, bias, gelu);
+}
+
+extern "C" apex_status apex__cuda_gemm_batched(const char *fn, int trans_a, int trans_b, int64_t m, int64_t n,
+                                               int64_t k, float alpha, const void *a, int64_t lda, int64_t stride_a,
+                                               const void *b, int64_t ldb, int64_t stride_b, apex_dtype in_type,
+                                               float beta, void *c, int64_t ldc, int64_t stride_c, apex_dtype c_type,
+                                               int batch) {
+  if (batch < 1 || m < 1 || n < 1) return APEX_OK; /* an empty result: nothing to compute */
+  return gemm(fn, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, in_type, beta, c, ldc, stride_c,
+              c_type, batch, NULL, 0);
+}

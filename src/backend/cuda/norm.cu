@@ -1,0 +1,397 @@
+/* norm.cu: fused layer norm and RMS norm, forward and backward (Apex's FusedLayerNorm / FusedRMSNorm).
+ *
+ * The kernels are memory-bound, so they are shaped around the bytes:
+ * - templated on x's and w's dtypes (dispatched once on the host), and on VEC: with the row length a
+ *   multiple of 16 bytes' worth of elements and every pointer 16-byte aligned, each access moves 16 bytes
+ *   (8 halfs or 4 floats); otherwise VEC = 1 and the same code moves one element (views at odd offsets);
+ * - a row is held in registers, PER values per thread, by a "row team" of TPR threads: one warp for rows
+ *   up to 512 (four rows per block, no __syncthreads at all), 64..512 threads for longer rows (warp
+ *   shuffles, then one shared-memory step per reduction);
+ * - forward: two passes over the registers (mean, then the squared deviations), one read of x, one write
+ *   of y; backward: dx's two row sums (sum w*dy and sum w*dy*xhat) reduced together, and dw/db summed
+ *   in the same kernel: a thread owns the same columns in every row it visits, so it keeps their dw/db
+ *   in registers across its block's rows (no second read of x and dy). Each block writes one partial row,
+ *   and a column-sum kernel adds the blocks' partials in order. Rows longer than 8,192 keep too many
+ *   values per thread for that; there dw/db come from a column-sum kernel over dy and x themselves.
+ * Deterministic: every sum has a fixed order (butterfly shuffles give every lane the same bits; partials
+ * are added by block index), no atomics. The number of blocks of the backward follows the GPU's size
+ * (one wave of resident blocks), so the grouping of dw/db's sums is fixed per GPU model and shape. */
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+extern "C" {
+#include "core/internal.h"
+#include "backend/cuda/cuda_internal.h"
+}
+#include "backend/cuda/dtype_dev.cuh"
+
+#define NORM_MAX_COLS (512 * 32)
+#define NORM_FUSED_COLS 8192 /* longest row whose dw/db stay in registers (PER 16 at 512 threads) */
+#define NORM_MAX_WARPS 16    /* 512 threads */
+#define NORM_ROW_THREADS 128 /* a block holds 128 / TPR rows when a row takes less */
+
+/* Sums N values over the TPR threads of a row team (TPR a power of two >= 32; the block holds
+ * blockDim.x / TPR teams); every thread of the team gets the same bits: the butterfly gives each lane the
+ * same sum (a + b == b + a), and the warps' sums are added in warp order. With TPR > 32 it synchronises
+ * the block, so every thread of the block must call it (the callers keep their trip counts uniform and
+ * never return early); scratch holds NORM_MAX_WARPS * N floats and must not be the one the previous call
+ * used (the callers alternate two). */
+template <int N>
+__device__ __forceinline__ void row_sum(float (&v)[N], int tpr, float *scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int n = 0; n < N; n++) v[n] += __shfl_xor_sync(0xffffffffu, v[n], o);
+  if (tpr > 32) {
+    const int nw = tpr >> 5, warp = (threadIdx.x % tpr) >> 5;
+    float *mine = scratch + (threadIdx.x / tpr) * nw * N; /* this team's warps */
+    if ((threadIdx.x & 31) == 0)
+#pragma unroll
+      for (int n = 0; n < N; n++) mine[warp * N + n] = v[n];
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+      float s = 0.0f;
+      for (int i = 0; i < nw; i++) s += mine[i * N + n];
+      v[n] = s;
+    }
+  }
+}
+
+/* Calls f(j, c) for each vector of the row this thread holds: j, the index of its first value in the
+ * thread's PER registers; c, its first column (thread t of the team holds vectors t, t + TPR, ...). */
+template <int PER, int VEC, class F>
+__device__ __forceinline__ void each_vec(int tpr, int t, int64_t cols, F &&f) {
+#pragma unroll
+  for (int k = 0; k < PER / VEC; k++) {
+    const int c = (k * tpr + t) * VEC; /* cols <= NORM_MAX_COLS: int */
+    if (c < cols) f(k * VEC, c);
+  }
+}
+
+/* One row per team: y = (x - mean) * rstd * w + b (rms: x * rstd * w). Grid: ceil(rows / teams). */
+template <class T, class W, int VEC, int PER>
+__global__ void __launch_bounds__(512, 1) ln_fwd_kernel(const typename T::S *__restrict__ x, const typename W::S *__restrict__ w,
+                                                     const typename W::S *__restrict__ b, int64_t rows, int64_t cols,
+                                                     int tpr, float eps, int rms, typename T::S *__restrict__ y,
+                                                     float *__restrict__ mean_out, float *__restrict__ rstd_out) {
+  __shared__ float scratch[2][NORM_MAX_WARPS];
+  const int teams = blockDim.x / tpr, t = threadIdx.x % tpr;
+  const int64_t row = (int64_t)blockIdx.x * teams + threadIdx.x / tpr;
+  const bool live = row < rows; /* a team past the last row still takes part in row_sum's __syncthreads */
+  const typename T::S *xr = x + row * cols;
+  float v[PER] = {}, s[1] = {0.0f};
+  if (live) each_vec<PER, VEC>(tpr, t, cols, [&](int j, int c) { dev_ld_vec<T, VEC>(xr + c, v + j); });
+#pragma unroll
+  for (int j = 0; j < PER; j++) s[0] += rms ? v[j] * v[j] : v[j]; /* zeros past the row's end */
+  row_sum(s, tpr, scratch[0]);
+  float mean = 0.0f, var;
+  if (rms) {
+    var = s[0] / (float)cols;
+  } else {
+    mean = s[0] / (float)cols;
+    float q[1] = {0.0f};
+    each_vec<PER, VEC>(tpr, t, cols, [&](int j, int) {
+#pragma unroll
+      for (int e = 0; e < VEC; e++) q[0] += (v[j + e] - mean) * (v[j + e] - mean);
+    });
+    row_sum(q, tpr, scratch[1]);
+    var = q[0] / (float)cols;
+  }
+  float rstd = 1.0f / sqrtf(var + eps);
+  if (!live) return; /* after the last row_sum */
+  if (t == 0) {
+    if (mean_out) mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+  typename T::S *yr = y + row * cols;
+  each_vec<PER, VEC>(tpr, t, cols, [&](int j, int c) {
+    float wv[VEC], bv[VEC], o[VEC];
+    dev_ld_vec<W, VEC>(w + c, wv);
+    if (b) dev_ld_vec<W, VEC>(b + c, bv);
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+      o[e] = (v[j + e] - mean) * rstd * wv[e];
+      if (b) o[e] += bv[e];
+    }
+    dev_st_vec<T, VEC>(yr + c, o);
+  });
+}
+
+/* dx for the rows of each team, team after team down the grid (block g takes row groups g, g + grid, ...,
+ * the same count for every team of a block, so the reductions stay uniform). With FUSE, each thread also
+ * sums dy * xhat and dy over its columns of every row it visits, the block's teams are added in team
+ * order through dynamic shared memory ((teams - 1) * 2 * cols floats), and the block writes
+ * part[block][0][c] (dw) and part[block][1][c] (db). */
+template <class T, class W, int VEC, int PER, bool FUSE>
+__global__ void __launch_bounds__(512, 1) ln_bwd_kernel(const typename T::S *__restrict__ dy, const typename T::S *__restrict__ x,
+                                                     const typename W::S *__restrict__ w, const float *__restrict__ mean,
+                                                     const float *__restrict__ rstd, int64_t rows, int64_t cols, int tpr,
+                                                     int rms, typename T::S *__restrict__ dx, float *__restrict__ part) {
+  __shared__ float scratch[2][2 * NORM_MAX_WARPS];
+  extern __shared__ float team_acc[];
+  const int teams = blockDim.x / tpr, team = threadIdx.x / tpr, t = threadIdx.x % tpr;
+  constexpr int NA = FUSE ? PER : 1;
+  float aw[NA], ab[NA];
+#pragma unroll
+  for (int j = 0; j < NA; j++) aw[j] = ab[j] = 0.0f;
+  int it = 0;
+  for (int64_t base = (int64_t)blockIdx.x * teams; base < rows; base += (int64_t)gridDim.x * teams, it ^= 1) {
+    const int64_t row = base + team;
+    const bool live = row < rows;
+    const float mu = live && !rms ? mean[row] : 0.0f, rs = live ? rstd[row] : 0.0f;
+    const typename T::S *xr = x + row * cols, *gr = dy + row * cols;
+    float xh[PER] = {}, wg[PER] = {}; /* xhat, and w * dy (zeros past the row's end) */
+    float red[2] = {0.0f, 0.0f};
+    if (live)
+      each_vec<PER, VEC>(tpr, t, cols, [&](int j, int c) {
+        float g[VEC], wv[VEC];
+        dev_ld_vec<T, VEC>(xr + c, xh + j);
+        dev_ld_vec<T, VEC>(gr + c, g);
+        dev_ld_vec<W, VEC>(w + c, wv);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+          xh[j + e] = (xh[j + e] - mu) * rs;
+          wg[j + e] = g[e] * wv[e];
+          red[0] += wg[j + e];
+          red[1] += wg[j + e] * xh[j + e];
+          if (FUSE) {
+            aw[j + e] += g[e] * xh[j + e];
+            ab[j + e] += g[e];
+          }
+        }
+      });
+    row_sum(red, tpr, scratch[it]);
+    const float ma = rms ? 0.0f : red[0] / (float)cols, mb = red[1] / (float)cols;
+    typename T::S *dr = dx + row * cols;
+    if (live)
+      each_vec<PER, VEC>(tpr, t, cols, [&](int j, int c) {
+        float o[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; e++) o[e] = rs * (wg[j + e] - ma - xh[j + e] * mb);
+        dev_st_vec<T, VEC>(dr + c, o);
+      });
+  }
+  if (!FUSE) return;
+  /* teams 1.. hand their sums to team 0, which adds them in team order */
+  float *acc = team_acc + (int64_t)(team - 1) * 2 * cols; /* team m's dw at acc, its db at acc + cols */
+  if (teams > 1) {
+    __syncthreads();
+    if (team > 0)
+      each_vec<PER, VEC>(tpr, t, cols, [&](int j, int c) {
+#pragma unroll
+        for (int e = 0; e < VEC; e++) acc[c + e] = aw[j + e], acc[cols + c + e] = ab[j + e];
+      });
+    __syncthreads();
+    if (team > 0) return;
+  }
+  float *pw = part + (int64_t)blockIdx.x * 2 * cols, *pb = pw + cols;
+  each_vec<PER, VEC>(tpr, t, cols, [&](int j, int c) {
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+      float sw = aw[j + e], sb = ab[j + e];
+      for (int m = 1; m < teams; m++) {
+        sw += team_acc[(int64_t)(m - 1) * 2 * cols + c + e];
+        sb += team_acc[(int64_t)(m - 1) * 2 * cols + cols + c + e];
+      }
+      pw[c + e] = sw;
+      pb[c + e] = sb;
+    }
+  });
+}
+
+/* Column sums for dw/db, the two sources a column-sum kernel reads: the blocks' partial rows (fused), or dy
+ * and x themselves (rows too long to fuse). add() adds row r's terms for column c. */
+struct PartialRows {
+  const float *p;
+  int64_t cols;
+  __device__ void add(int64_t r, int64_t c, float &sw, float &sb) const {
+    sw += p[r * 2 * cols + c];
+    sb += p[r * 2 * cols + cols + c];
+  }
+};
+template <class T>
+struct GradRows {
+  const typename T::S *dy, *x;
+  const float *mean, *rstd;
+  int64_t cols;
+  int rms;
+  __device__ void add(int64_t r, int64_t c, float &sw, float &sb) const {
+    float g = T::ld(dy[r * cols + c]), mu = rms ? 0.0f : mean[r];
+    sw += g * ((T::ld(x[r * cols + c]) - mu) * rstd[r]);
+    sb += g;
+  }
+};
+
+#define COLSUM_COLS 32
+#define COLSUM_LANES 32 /* threads down a column: lane l takes rows l, l + 32, ...; then added in lane order.
+                          * Many lanes and an unrolled loop keep many loads in flight: a few hundred partial
+                          * rows of a short row length make only cols / 32 blocks. */
+
+/* dw[c] (and db[c], when db is given) = the sum over rows r < n of src's terms, in a fixed order. */
+template <class W, class Src>
+__global__ void __launch_bounds__(COLSUM_COLS *COLSUM_LANES) ln_colsum_kernel(Src src, int64_t n, int64_t cols,
+                                                                              typename W::S *dw, typename W::S *db) {
+  __shared__ float sw[COLSUM_LANES][COLSUM_COLS + 1], sb[COLSUM_LANES][COLSUM_COLS + 1];
+  const int64_t c = (int64_t)blockIdx.x * COLSUM_COLS + threadIdx.x;
+  float aw = 0.0f, ab = 0.0f;
+  if (c < cols)
+#pragma unroll 8
+    for (int64_t r = threadIdx.y; r < n; r += COLSUM_LANES) src.add(r, c, aw, ab);
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float tw = 0.0f, tb = 0.0f;
+    for (int l = 0; l < COLSUM_LANES; l++) {
+      tw += sw[l][threadIdx.x];
+      tb += sb[l][threadIdx.x];
+    }
+    dw[c] = W::st(tw);
+    if (db) db[c] = W::st(tb);
+  }
+}
+
+/* ---- host: shapes and dispatch ---------------------------------------------------------------------------- */
+
+/* Values per thread and threads per row for a row length; PER 32 only past NORM_FUSED_COLS. */
+typedef struct {
+  int per, tpr, teams;
+} norm_shape;
+
+static norm_shape norm_shape_for(int64_t cols) {
+  norm_shape s;
+  s.per = cols <= 256 ? 8 : cols <= NORM_FUSED_COLS ? 16 : 32;
+  s.tpr = 32;
+  while ((int64_t)s.tpr * s.per < cols) s.tpr *= 2;
+  s.teams = s.tpr < NORM_ROW_THREADS ? NORM_ROW_THREADS / s.tpr : 1;
+  return s;
+}
+
+static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+template <int V>
+using Int = std::integral_constant<int, V>;
+
+/* Calls f(T, W, Int<VEC>) with x's and w's dtype tags, VEC the wide width when `wide`, else 1. */
+template <class T, class W, class F>
+static apex_status with_vec(bool wide, F &&f) {
+  constexpr int V = (int)(16 / sizeof(typename T::S));
+  return wide ? f(T{}, W{}, Int<V>{}) : f(T{}, W{}, Int<1>{});
+}
+template <class F>
+static apex_status norm_dispatch(apex_dtype xt, apex_dtype wt, int64_t cols, bool aligned, F &&f) {
+  const bool wide = aligned && cols % (xt == APEX_F32 ? 4 : 8) == 0;
+  const bool wf32 = wt == APEX_F32;
+  switch (xt) {
+  case APEX_F32: return with_vec<DevF32, DevF32>(wide, f);
+  case APEX_F16: return wf32 ? with_vec<DevF16, DevF32>(wide, f) : with_vec<DevF16, DevF16>(wide, f);
+  case APEX_BF16: return wf32 ? with_vec<DevBF16, DevF32>(wide, f) : with_vec<DevBF16, DevBF16>(wide, f);
+  default: return apex__fail(APEX_ERR_DTYPE, "layer norm: x's dtype %d is not f32, f16 or bf16", (int)xt);
+  }
+}
+
+/* Calls f(Int<PER>) for the shape's per. */
+template <class F>
+static void with_per(int per, F &&f) {
+  if (per == 8) f(Int<8>{});
+  else if (per == 16) f(Int<16>{});
+  else f(Int<32>{});
+}
+
+static int norm_fits(int64_t cols) { return cols <= NORM_MAX_COLS; }
+
+extern "C" apex_status apex__cuda_layer_norm_fwd(const void *x, apex_dtype xt, const void *w, const void *b,
+                                                 apex_dtype wt, int64_t rows, int64_t cols, float eps, int rms, void *y,
+                                                 float *mean, float *rstd) {
+  if (!norm_fits(cols))
+    return apex__fail(APEX_ERR_UNSUPPORTED, "apex_cuda_layer_norm_forward: rows of %lld; the fused kernel takes up to %d",
+                      (long long)cols, NORM_MAX_COLS);
+  if (rows == 0 || cols == 0) return APEX_OK;
+  if (rms) b = NULL;
+  const norm_shape sh = norm_shape_for(cols);
+  const bool aligned = aligned16(x) && aligned16(w) && (!b || aligned16(b)) && aligned16(y);
+  cudaStream_t st = (cudaStream_t)apex__cuda_stream();
+  const unsigned grid = (unsigned)((rows + sh.teams - 1) / sh.teams);
+  return norm_dispatch(xt, wt, cols, aligned, [&](auto tx, auto tw, auto vec) {
+    typedef decltype(tx) T;
+    typedef decltype(tw) W;
+    typedef typename T::S TS;
+    typedef typename W::S WS;
+    with_per(sh.per, [&](auto per) {
+      ln_fwd_kernel<T, W, decltype(vec)::value, decltype(per)::value><<<grid, sh.tpr * sh.teams, 0, st>>>(
+          (const TS *)x, (const WS *)w, (const WS *)b, rows, cols, sh.tpr, eps, rms, (TS *)y, mean, rstd);
+    });
+    return apex__cuda_check_launch("apex_cuda_layer_norm_forward");
+  });
+}
+
+/* Blocks for the fused backward: one wave of resident blocks (at most one team per row). */
+template <class K>
+static unsigned bwd_blocks(K kernel, int threads, size_t smem, int64_t rows, int teams) {
+  int dev = 0, sms = 1, per_sm = 1;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
+    sms = per_sm = 1;
+    cudaGetLastError(); /* the failed query is not the launch's error; one block per SM still runs */
+  }
+  if (sms < 1) sms = 1;
+  if (per_sm < 1) per_sm = 1;
+  int64_t want = (rows + teams - 1) / teams, wave = (int64_t)sms * per_sm;
+  return (unsigned)(want < wave ? want : wave);
+}
+
+extern "C" apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, apex_dtype xt, const void *w,
+                                                 apex_dtype wt, const float *mean, const float *rstd, int64_t rows,
+                                                 int64_t cols, int rms, void *dx, void *dw, void *db) {
+  if (!norm_fits(cols))
+    return apex__fail(APEX_ERR_UNSUPPORTED, "apex_cuda_layer_norm_backward: rows of %lld; the fused kernel takes up to %d",
+                      (long long)cols, NORM_MAX_COLS);
+  if (cols == 0) return APEX_OK;
+  const norm_shape sh = norm_shape_for(cols);
+  const bool fuse = cols <= NORM_FUSED_COLS;
+  const bool aligned = aligned16(dy) && aligned16(x) && aligned16(w) && aligned16(dx);
+  cudaStream_t st = (cudaStream_t)apex__cuda_stream();
+  const int threads = sh.tpr * sh.teams;
+  const size_t smem = fuse ? sizeof(float) * 2 * (size_t)(sh.teams - 1) * (size_t)cols : 0;
+  return norm_dispatch(xt, wt, cols, aligned, [&](auto tx, auto tw, auto vec) {
+    typedef decltype(tx) T;
+    typedef decltype(tw) W;
+    typedef typename T::S TS;
+    typedef typename W::S WS;
+    constexpr int VEC = decltype(vec)::value;
+    const unsigned cgrid = (unsigned)((cols + COLSUM_COLS - 1) / COLSUM_COLS);
+    const dim3 cblock(COLSUM_COLS, COLSUM_LANES);
+    if (!fuse) {
+      if (rows > 0) {
+        int64_t g = (rows + sh.teams - 1) / sh.teams;
+        ln_bwd_kernel<T, W, VEC, 32, false><<<(unsigned)(g < 65535 * 64 ? g : 65535 * 64), threads, 0, st>>>(
+            (const TS *)dy, (const TS *)x, (const WS *)w, mean, rstd, rows, cols, sh.tpr, rms, (TS *)dx, NULL);
+      }
+      GradRows<T> src = {(const TS *)dy, (const TS *)x, mean, rstd, cols, rms};
+      ln_colsum_kernel<W><<<cgrid, cblock, 0, st>>>(src, rows, cols, (WS *)dw, (WS *)db);
+      return apex__cuda_check_launch("apex_cuda_layer_norm_backward");
+    }
+    unsigned grid = 0;
+    void *part = NULL;
+    apex_status s = APEX_OK;
+    if (rows > 0)
+      with_per(sh.per, [&](auto per) {
+        /* fused rows take PER 8 or 16; mapping 32 to 16 keeps a fused PER-32 kernel from being built */
+        auto k = ln_bwd_kernel<T, W, VEC, decltype(per)::value < 32 ? decltype(per)::value : 16, true>;
+        grid = bwd_blocks(k, threads, smem, rows, sh.teams);
+        s = apex__cuda_alloc(sizeof(float) * 2 * (size_t)grid * (size_t)cols, 0, &part);
+        if (s == APEX_OK)
+          k<<<grid, threads, smem, st>>>((const TS *)dy, (const TS *)x, (const WS *)w, mean, rstd, rows, cols, sh.tpr,
+                                         rms, (TS *)dx, (float *)part);
+      });
+    if (s == APEX_OK) {
+      PartialRows src = {(const float *)part, cols};
+      ln_colsum_kernel<W><<<cgrid, cblock, 0, st>>>(src, (int64_t)grid, cols, (WS *)dw, (WS *)db);
+      s = apex__cuda_check_launch("apex_cuda_layer_norm_backward");
+    }
+    apex__cuda_free(part);
+    return s;
+  });
+}

@@ -1,0 +1,167 @@
+/* novograd.cu: NovoGrad on the GPU, the rule of backend/cpu/optim_novograd.c (read its header), in three launches
+ * that queue without a host synchronisation:
+ *   norms    per tensor, ||g * inv_scale||: the multi-tensor l2norm (its sums run in another order than
+ *            the CPU's, so the last bits may differ), or the infinity norm max |g| * inv_scale (a max:
+ *            the same bits as the CPU in any order);
+ *   moments  one thread per tensor (its first chunk) blends the second moment v, kept on the device with
+ *            the step counts, and writes the tensor's 1 / bc1 and 1 / (v / bc2 + eps);
+ *   update   per element, the CPU's expressions operation for operation (-fmad=false), then the counts.
+ * The skip flag and the loss scale are read on the device. */
+#include <cuda_runtime.h>
+#include <math.h>
+
+extern "C" {
+#include "core/internal.h"
+#include "backend/cuda/cuda_internal.h"
+}
+#include "backend/cuda/optim_dev.cuh"
+
+/* Lists: 0 g, 1 p (f32 master or parameter), 2 model copy, 3 m, 5 v (one float per tensor), 6 step counts. */
+enum { L_G, L_P, L_MODEL, L_M, L_V = 5, L_STEP };
+
+/* max |g| per tensor into d_max (zeroed before; non-negative floats order as their bit patterns, so an
+ * integer atomicMax is exact): a warp's maximum first, one atomic per warp. */
+struct MaxAbsOp {
+  unsigned *d_max;
+  __device__ bool begin(const MtTable &, int, int64_t, float *) const { return true; }
+  __device__ void elem(const MtTable &t, int k, int64_t i, bool &, const float *) const {
+    unsigned a = __float_as_uint(fabsf(apex_ld(t.ptr[L_G][k], t.dtype[L_G][k], i)));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 /* warp reductions exist from sm_80, our oldest target */
+    unsigned mask = __activemask();
+    unsigned m = __reduce_max_sync(mask, a);
+    if ((int)(threadIdx.x & 31) == __ffs(mask) - 1) atomicMax(&d_max[t.id[k]], m);
+#else
+    atomicMax(&d_max[t.id[k]], a);
+#endif
+  }
+  __device__ void end_chunk(const MtTable &, int, int, bool) const {}
+};
+
+struct NovoMoments {
+  float inv_scale, beta1, beta2, eps;
+  int l2, inf_raw, bias_correction, init_zero;
+  const float *d_norm; /* per tensor: the L2 norm of g * inv_scale, or max |g| (inf_raw) */
+  float *d_coef;       /* per tensor: 1 / bc1, 1 / (v / bc2 + eps) */
+  const float *d_scale;
+  const int *d_skip;
+
+  __device__ bool begin(const MtTable &t, int k, int64_t start, float *) const {
+    if (start != 0 || (d_skip && *d_skip)) return false;
+    int i = t.id[k];
+    float nf = inf_raw ? d_norm[i] * inv_scale : d_norm[i];
+    if (d_scale) nf = nf / *d_scale;
+    float *v = (float *)t.ptr[L_V][k];
+    int64_t step = *(const int64_t *)t.ptr[L_STEP][k] + 1;
+    double n = nf, b2 = beta2;
+    if (step == 1) *v = init_zero ? 0.0f : (float)n;
+    *v = l2 ? (float)sqrt(b2 * (double)*v * (double)*v + (1.0 - b2) * n * n) : (float)(b2 * (double)*v + (1.0 - b2) * n);
+    double bc1 = bias_correction ? 1.0 - pow((double)beta1, (double)step) : 1.0;
+    double bc2 = bias_correction ? sqrt(1.0 - pow(b2, (double)step)) : 1.0;
+    d_coef[2 * i] = (float)(1.0 / bc1);
+    d_coef[2 * i + 1] = (float)(1.0 / ((double)*v / bc2 + (double)eps));
+    return false;
+  }
+  __device__ void elem(const MtTable &, int, int64_t, bool &, const float *) const {}
+  __device__ void end_chunk(const MtTable &, int, int, bool) const {}
+};
+
+struct NovoUpdate {
+  float inv_scale, lr, beta1, beta3, wd;
+  int reg_inside;
+  const float *d_coef, *d_scale;
+  const int *d_skip;
+
+  __device__ bool begin(const MtTable &t, int k, int64_t, float *coef) const {
+    if (d_skip && *d_skip) return false;
+    coef[0] = d_coef[2 * t.id[k]];
+    coef[1] = d_coef[2 * t.id[k] + 1];
+    coef[2] = d_scale ? inv_scale / *d_scale : inv_scale;
+    return true;
+  }
+  __device__ void elem(const MtTable &t, int k, int64_t i, bool &, const float *coef) const {
+    const float ib1 = coef[0], id = coef[1], inv = coef[2];
+    float *m = (float *)t.ptr[L_M][k];
+    float g = apex_ld(t.ptr[L_G][k], t.dtype[L_G][k], i), p = apex_ld(t.ptr[L_P][k], t.dtype[L_P][k], i);
+    if (reg_inside) {
+      float mi = beta1 * m[i] + beta3 * (g * inv * id + wd * p);
+      m[i] = mi;
+      p = p - lr * (mi * ib1);
+    } else {
+      float mi = beta1 * m[i] + beta3 * (g * inv);
+      m[i] = mi;
+      p = p - lr * (mi * ib1 * id + wd * p);
+    }
+    apex_st(t.ptr[L_P][k], t.dtype[L_P][k], i, p);
+    if (t.ptr[L_MODEL][k]) apex_st(t.ptr[L_MODEL][k], t.dtype[L_MODEL][k], i, p);
+  }
+  __device__ void end_chunk(const MtTable &, int, int, bool) const {}
+};
+
+static int on(apex_optim_flag f) { return f == APEX_OPTIM_ON; }
+
+static apex_status cuda_failed(cudaError_t e) {
+  if (e == cudaSuccess) return APEX_OK;
+  return apex__fail(APEX_ERR_DEVICE, "NovoGrad step: CUDA error %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+extern "C" apex_status apex__cuda_novograd_step(const apex__cuda_step *s) {
+  const apex_optim_options *o = s->o;
+  int l2 = o->norm_type != APEX_OPTIM_NORM_INF;
+  /* One zeroed device block: a norm per tensor, then two coefficients per tensor. */
+  void *d_mem = NULL;
+  apex_status st = apex__cuda_alloc(sizeof(float) * (3 * (size_t)s->n + 1), 1, &d_mem);
+  if (st != APEX_OK) return st;
+  float *d_norm = (float *)d_mem, *d_coef = d_norm + s->n;
+  apex__cuda_list steps, v;
+  int have_steps = step_count_list(s, &steps), have_v = per_param_list(s, s->d_scalars, sizeof(float), &v);
+  if (!have_steps || !have_v) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
+  apex__cuda_list none = s->p;
+  const apex__cuda_list *lists[MT_LISTS] = {&s->g, &s->p, &s->model, &s->s[0], &none, &v, &steps};
+  if (st == APEX_OK) {
+    if (l2) {
+      st = apex__cuda_mt_l2norm(&s->g, s->inv_scale, NULL, d_norm, NULL);
+    } else {
+      MaxAbsOp mx;
+      mx.d_max = (unsigned *)d_norm;
+      st = cuda_failed(mt_apply(1, lists, mx));
+    }
+  }
+  if (st == APEX_OK) {
+    NovoMoments a;
+    a.inv_scale = s->inv_scale;
+    a.beta1 = o->beta1;
+    a.beta2 = o->beta2;
+    a.eps = o->eps;
+    a.l2 = l2;
+    a.inf_raw = !l2;
+    a.bias_correction = on(o->bias_correction);
+    a.init_zero = on(o->init_zero);
+    a.d_norm = d_norm;
+    a.d_coef = d_coef;
+    a.d_scale = s->d_scale;
+    a.d_skip = s->d_skip;
+    st = cuda_failed(mt_apply(MT_LISTS, lists, a));
+  }
+  if (st == APEX_OK) {
+    NovoUpdate b;
+    b.inv_scale = s->inv_scale;
+    b.lr = o->lr;
+    b.beta1 = o->beta1;
+    b.beta3 = on(o->grad_averaging) ? 1.0f - o->beta1 : 1.0f;
+    b.wd = o->weight_decay;
+    b.reg_inside = on(o->reg_inside_moment);
+    b.d_coef = d_coef;
+    b.d_scale = s->d_scale;
+    b.d_skip = s->d_skip;
+    st = cuda_failed(mt_apply(MT_LISTS, lists, b));
+  }
+  if (st == APEX_OK) {
+    CountOp c;
+    c.d_skip = s->d_skip;
+    st = cuda_failed(mt_apply(MT_LISTS, lists, c));
+  }
+  if (have_steps) free(steps.ptr);
+  if (have_v) free(v.ptr);
+  apex__cuda_free(d_mem); /* stream-ordered: the cache hands it out again only to later work */
+  return st;
+}

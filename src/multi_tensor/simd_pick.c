@@ -1,7 +1,0 @@
-/* simd_pick.c: chooses a multi-tensor tile kernel's copy for the SIMD path core picked at run time
- * (see simd_kernel.h). It lives here, not in core, because the kernel type is multi-tensor's. */
-#include "multi_tensor/simd_kernel.h"
-
-apex_mt_kernel apex__simd_pick(const apex__simd_kernel *k) {
-  return apex_simd_active() == APEX_SIMD_AVX2 ? k->avx2 : k->portable;
-}

@@ -1,0 +1,44 @@
+/* step.h: one optimizer step of apex-train: --grad-accum micro-batches, each a forward and an amp
+ * backward (all but the last with delay_unscale, so the gradients stay scaled until the last
+ * backward unscales and checks them once, as Apex's scale_loss(delay_unscale=True) does), the
+ * global gradient norm of the unscaled f32 master gradients (clipped to --clip-grad-norm when
+ * given), and amp's step, skipped on an overflow or a non-finite loss (the caller's bad-step rule
+ * judges those: divergence.h). */
+#ifndef APEX_TRAIN_STEP_H
+#define APEX_TRAIN_STEP_H
+
+#include <stdint.h>
+
+#include "apex/apex.h"
+#include "dataset.h"
+#include "models.h"
+
+typedef struct step_ctx {
+  train_model *tm;
+  apex_amp *amp;
+  apex_optimizer *opt;
+  apex_graph *g;
+  const dataset *d;
+  const apex_amp_backward_options *bo; /* the data-parallel hooks, or NULL */
+  int64_t B, T;                         /* micro-batch size; gpt sequence length */
+  long accum;                           /* micro-batches per step (>= 1) */
+  float clip;                           /* > 0: clip the gradient norm to this */
+  /* batch buffers (step_ctx_alloc) */
+  apex_tensor *x;
+  int64_t *labels, *ids;
+} step_ctx;
+
+typedef struct step_result {
+  double loss;      /* mean of the micro-batches' losses (this rank's) */
+  float grad_norm;  /* before clipping; Inf or NaN on an overflow */
+  int skipped;      /* amp skipped the optimizer step */
+} step_result;
+
+/* Allocates the batch buffers of c (B, T, tm and d set). Non-zero when out of memory. */
+int step_ctx_alloc(step_ctx *c);
+void step_ctx_free(step_ctx *c);
+/* Runs optimizer step `step` (1-based, for messages) on micro-batches pos * accum .. pos * accum +
+ * accum - 1 of the current epoch. Prints one line and returns non-zero on failure. */
+int train_step(step_ctx *c, long pos, long step, step_result *out);
+
+#endif

@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# test_features.sh APEX_TRAIN: apex-train's training features (ctest apex_train_features).
+#  - evaluation: --eval-every lines in the log; training bits unchanged by evaluating; the GPT's
+#    held-out validation loss (ln 256 for an untrained model); --eval-only and --sample from a
+#    checkpoint give the training run's figures and write nothing;
+#  - knobs: --lr-schedule/--warmup against the closed form; --clip-grad-norm and the logged gradient
+#    norm against the weights' own update (SGD from one --init-from start); --grad-accum K x B equal
+#    to one batch of K B; each knob recorded and checked on resume; bitwise resume with them all on;
+#  - data: an IDX set of another size and class count (MNIST's file names) learned by the MLP and
+#    the CNN; llm.c .bin tokens (vocabulary rule); bad IDX and .bin files refused;
+#  - --init-from: names and shapes checked; --n-layer/--n-embd/--n-head/--seq-len/--hidden shape the
+#    model and are refused for the other models;
+#  - the SVG loss curve: next to the log, and `apex-train plot` of one and several logs, every point
+#    checked against the logs; its bad inputs.
+# The expected values come from test_features_util.py (closed forms and numpy), not from apex-train.
+set -uo pipefail
+BIN=$(realpath "$1")
+SRC=$(cd "$(dirname "$0")" && pwd)
+U() { /usr/bin/python3 "$SRC/test_features_util.py" "$@"; }
+if ! /usr/bin/python3 -c "import numpy" 2> /dev/null; then
+  echo "SKIP: /usr/bin/python3 with numpy is needed for the independent checks (Debian: python3-numpy)"
+  exit 77
+fi
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+fails=0
+ok() { echo "ok   $*"; }
+ko() { echo "FAIL $*"; fails=$((fails + 1)); }
+check() { # NAME COMMAND...: ok when the command succeeds
+  local name=$1
+  shift
+  local out
+  if out=$("$@" 2>&1); then ok "$name: $(tail -1 <<< "$out")"; else ko "$name: $out"; fi
+}
+snapshot() { find . -type f -print0 | sort -z | xargs -0 -r sha256sum; find . | sort; }
+bad() { # NAME ARGS...: refused with one line on stderr, nothing written or changed
+  local name=$1
+  shift
+  local before after rc lines
+  before=$(snapshot)
+  "$BIN" "$@" > /dev/null 2> "$W/../err.$$"
+  rc=$?
+  lines=$(wc -l < "$W/../err.$$")
+  after=$(snapshot)
+  if [ $rc -eq 0 ]; then
+    ko "$name: exit 0 for: $*"
+  elif [ "$lines" -ne 1 ]; then
+    ko "$name: $lines lines on stderr:"; cat "$W/../err.$$"
+  elif [ "$before" != "$after" ]; then
+    ko "$name: files changed:"; diff <(echo "$before") <(echo "$after") | head
+  else
+    ok "$name (exit $rc): $(cat "$W/../err.$$")"
+  fi
+  rm -f "$W/../err.$$"
+}
+strip() { sed 's/,"samples_per_s.*//' "$1"; } # the log without its timings
+
+head -c 2000 /usr/share/common-licenses/GPL-3 > small.txt
+G=(--model gpt --threads 2 --batch-size 4 --seq-len 16 --sample-bytes 16 --data small.txt)
+
+# ---- refusals ------------------------------------------------------------------------------------------
+bad "--n-layer for the mlp" --model mlp --n-layer 2
+bad "--n-embd for the cnn" --model cnn --n-embd 32
+bad "--seq-len for the cnn" --seq-len 32
+bad "--hidden for the gpt" --model gpt --hidden 64
+bad "--sample for the cnn" --sample --checkpoint ck
+bad "--eval-only without a checkpoint" --model gpt --eval-only
+bad "--eval-only and --sample" --model gpt --eval-only --sample --checkpoint ck
+bad "--init-from with --resume" --model gpt --init-from x.safetensors --resume --checkpoint ck
+bad "bad --lr-schedule" --lr-schedule step
+bad "--grad-accum 0" --grad-accum 0
+bad "--clip-grad-norm not a number" --clip-grad-norm big
+bad "--warmup negative" --warmup -1
+bad "--n-embd not a multiple of --n-head" "${G[@]}" --n-embd 30 --n-head 4
+bad "--seq-len past 1024" --model gpt --seq-len 2000
+bad "--n-layer 0" --model gpt --n-layer 0
+bad "--grad-accum with --distributed" --model gpt --grad-accum 2 --distributed
+bad "--grad-accum past an epoch" "${G[@]}" --grad-accum 1000
+bad "--eval-only from an empty directory" "${G[@]}" --eval-only --checkpoint "$W"
+
+# ---- llm.c token files ---------------------------------------------------------------------------------
+U bin good.bin good && U bin big.bin big
+for k in magic version count zero odd header; do U bin "$k.bin" "$k"; done
+: > empty.bin && : > empty.txt
+bad ".bin: bad magic" "${G[@]}" --data magic.bin
+bad ".bin: bad version" "${G[@]}" --data version.bin
+bad ".bin: count larger than the tokens" "${G[@]}" --data count.bin
+bad ".bin: zero tokens" "${G[@]}" --data zero.bin
+bad ".bin: odd byte after the tokens" "${G[@]}" --data odd.bin
+bad ".bin: truncated header" "${G[@]}" --data header.bin
+bad ".bin: empty file" "${G[@]}" --data empty.bin
+bad "text: empty file" "${G[@]}" --data empty.txt
+out=$("$BIN" "${G[@]}" --data good.bin --steps 2 --n-embd 16 --n-head 2 --checkpoint tb 2>&1)
+grep -q "vocabulary 50257" <<< "$out" && U shape tb/step-2/model.safetensors wte.weight 50257 16 > /dev/null &&
+  ok ".bin of GPT-2 tokens: vocabulary 50257 (wte [50257, 16])" || ko ".bin vocabulary: $out"
+grep -q "validation loss" <<< "$out" && grep -qE "^0( [0-9]+){16}$" <<< "$out" && ok ".bin: validation loss and a sample of 16 token ids" ||
+  ko ".bin validation and sample: $out"
+out=$("$BIN" "${G[@]}" --data big.bin --steps 1 --n-embd 16 --n-head 2 --checkpoint tb2 2>&1)
+grep -q "vocabulary 60001" <<< "$out" && U shape tb2/step-1/model.safetensors wte.weight 60001 16 > /dev/null &&
+  ok ".bin with token 60000: vocabulary 60001" || ko ".bin big vocabulary: $out"
+rm -rf tb tb2
+
+# ---- IDX image sets ---------------------------------------------------------------------------------------
+mkdir idx && U idx idx 2000 400 12 16 3
+out=$("$BIN" --model mlp --data idx --threads 2 --batch-size 32 --epochs 2 --hidden 64 --eval-every 40 --log m.jsonl --checkpoint mk 2>&1)
+acc=$(sed -n 's/^apex-train: test accuracy //p' <<< "$out")
+grep -q "of 12x16, 3 classes" <<< "$out" && awk "BEGIN{exit !($acc > 0.95)}" && U shape mk/step-124/model.safetensors 0.weight 64 192 > /dev/null &&
+  U shape mk/step-124/model.safetensors 4.weight 3 32 > /dev/null && ok "MLP on a 12x16, 3-class IDX set (MNIST names, --hidden 64): accuracy $acc" ||
+  ko "MLP on the IDX set: $out"
+[ "$(grep -c eval_accuracy m.jsonl)" = 4 ] && ok "--eval-every 40 of 124 steps: evaluations at 40, 80, 120 and the end" || ko "eval lines: $(grep eval m.jsonl)"
+out=$("$BIN" --model cnn --data idx --threads 2 --batch-size 32 --steps 30 2>&1)
+acc=$(sed -n 's/^apex-train: test accuracy //p' <<< "$out")
+awk "BEGIN{exit !($acc > 0.9)}" && ok "CNN on the 12x16 set: accuracy $acc" || ko "CNN on the IDX set: $out"
+cp -r idx bi
+bad_idx() { # NAME FILE PYTHON-TRANSFORM
+  rm -rf bi && cp -r idx bi && /usr/bin/python3 -c "import sys; p='bi/$2'; b=open(p,'rb').read(); open(p,'wb').write($3)"
+  bad "IDX: $1" --model mlp --data bi --threads 2
+}
+bad_idx "truncated images" train-images.idx3-ubyte "b[:len(b)//2]"
+bad_idx "bad magic" train-images.idx3-ubyte "b'\\x00\\x00\\x07\\x03' + b[4:]"
+bad_idx "label count mismatch" train-labels.idx1-ubyte "b[:4] + (1999).to_bytes(4, 'big') + b[8:-1]"
+bad_idx "empty file" t10k-images.idx3-ubyte "b''"
+bad_idx "zero images" train-images.idx3-ubyte "b[:4] + (0).to_bytes(4, 'big') + b[8:16]"
+bad_idx "test label past the classes" t10k-labels.idx1-ubyte "b[:8] + bytes([7]) + b[9:]"
+bad_idx "test images of another size" t10k-images.idx3-ubyte "b[:8] + (16).to_bytes(4, 'big') + (12).to_bytes(4, 'big') + b[16:]"
+rm -rf bi && mkdir bi && cp idx/train-* bi/
+bad "IDX: test files missing" --model mlp --data bi
+
+# ---- metrics and schedules ----------------------------------------------------------------------------
+"$BIN" "${G[@]}" --epochs 1 --log lin.jsonl > lin.out 2>&1 || ko "linear run: $(cat lin.out)"
+spe=$(sed -n 's/.* epochs of \([0-9]*\) steps.*/\1/p' lin.out)
+U log-keys lin.jsonl loss lr grad_norm loss_scale skipped step_skipped samples_per_s tokens_per_s && ok "the log has lr, grad_norm, loss_scale, skipped, tokens/s" ||
+  ko "log keys"
+check "default schedule: linear to 5%, no warmup" U schedule lin.jsonl linear 0.003 0 "$spe"
+"$BIN" "${G[@]}" --epochs 1 --warmup 5 --lr-schedule cosine --lr 0.01 --log cos.jsonl > /dev/null 2>&1
+check "cosine with warmup 5" U schedule cos.jsonl cosine 0.01 5 "$spe"
+"$BIN" "${G[@]}" --steps 12 --warmup 4 --lr-schedule constant --log con.jsonl > /dev/null 2>&1
+check "constant with warmup 4" U schedule con.jsonl constant 0.003 4 "$spe"
+"$BIN" "${G[@]}" --epochs 2 --warmup 3 --log lin2.jsonl > /dev/null 2>&1
+check "linear with warmup 3 over 2 epochs" U schedule lin2.jsonl linear 0.003 3 $((2 * spe))
+
+# ---- evaluation --------------------------------------------------------------------------------------
+"$BIN" "${G[@]}" --steps 1 --lr 1e-12 --lr-schedule constant > ln.out 2>&1
+vl=$(sed -n 's/^apex-train: validation loss \([0-9.]*\).*/\1/p' ln.out)
+awk "BEGIN{exit !($vl > 5.545 - 0.03 && $vl < 5.545 + 0.03)}" && ok "untrained GPT: validation loss $vl = ln 256 within 0.03" || ko "untrained validation loss: $(cat ln.out)"
+"$BIN" "${G[@]}" --steps 12 --eval-every 4 --checkpoint ev --log ev.jsonl > ev.out 2>&1 || ko "eval run: $(cat ev.out)"
+"$BIN" "${G[@]}" --steps 12 --log noev.jsonl > /dev/null 2>&1
+[ "$(grep -v eval ev.jsonl | sed 's/,"samples_per_s.*//')" = "$(strip noev.jsonl)" ] && ok "evaluating every 4 steps leaves the training bits unchanged" ||
+  ko "--eval-every changed training"
+[ "$(grep -c eval_perplexity ev.jsonl)" = 3 ] && ok "gpt: validation loss and perplexity logged at 4, 8 and 12" || ko "gpt eval lines: $(grep eval ev.jsonl)"
+last=$(sed -n 's/^apex-train: validation loss //p' ev.out)
+before=$(snapshot)
+eo=$("$BIN" "${G[@]}" --steps 12 --eval-only --checkpoint ev 2>&1)
+sa=$("$BIN" "${G[@]}" --steps 12 --sample --checkpoint ev 2>&1)
+[ "$(sed -n 's/^apex-train: validation loss //p' <<< "$eo")" = "$last" ] && ok "--eval-only: the run's validation loss $last" || ko "--eval-only: $eo"
+[ "$(sed -n '/^apex-train: sample:/,$p' <<< "$sa")" = "$(sed -n '/^apex-train: sample:/,$p' ev.out)" ] && ok "--sample: the run's sample" || ko "--sample: $sa"
+[ "$before" = "$(snapshot)" ] && ok "--eval-only and --sample write nothing" || ko "--eval-only/--sample changed files"
+
+# ---- --init-from, --clip-grad-norm and the gradient norm -------------------------------------------------
+S=("${G[@]}" --opt-level O0 --optimizer sgd --lr 0.1 --lr-schedule constant --steps 1)
+"$BIN" "${G[@]}" --steps 3 --checkpoint w0 > /dev/null 2>&1
+"$BIN" "${S[@]}" --init-from w0/step-3/model.safetensors --checkpoint cn --log cn.jsonl > /dev/null 2>&1 || ko "--init-from run"
+"$BIN" "${S[@]}" --init-from w0/step-3/model.safetensors --checkpoint cc --log cc.jsonl --clip-grad-norm 0.25 > /dev/null 2>&1 || ko "clipped run"
+check "--init-from, gradient norm and --clip-grad-norm" U clip w0/step-3/model.safetensors cn/step-1/model.safetensors cc/step-1/model.safetensors \
+  cn.jsonl cc.jsonl 0.1 0.25
+bad "--init-from a missing file" "${G[@]}" --init-from nothing.safetensors
+bad "--init-from another model's weights" --model mlp --data idx --init-from w0/step-3/model.safetensors
+bad "--init-from another shape" "${G[@]}" --n-embd 32 --init-from w0/step-3/model.safetensors
+bad "--init-from not safetensors" "${G[@]}" --init-from small.txt
+
+# ---- --grad-accum: K micro-batches of B = one batch of K B -----------------------------------------------
+A=("${G[@]}" --lr-schedule constant --steps 6)
+"$BIN" "${A[@]}" --opt-level O0 --batch-size 8 --log b8.jsonl > /dev/null 2>&1
+"$BIN" "${A[@]}" --opt-level O0 --batch-size 4 --grad-accum 2 --log a2.jsonl > /dev/null 2>&1
+check "O0: --grad-accum 2 x 4 = batch 8" U same-losses b8.jsonl a2.jsonl 1e-4
+"$BIN" "${A[@]}" --batch-size 8 --log b8o1.jsonl > /dev/null 2>&1
+"$BIN" "${A[@]}" --batch-size 4 --grad-accum 2 --log a2o1.jsonl > /dev/null 2>&1
+check "O1 f16 (scaled gradients kept scaled between micro-batches): --grad-accum 2 x 4 = batch 8" U same-losses b8o1.jsonl a2o1.jsonl 2e-3
+
+# ---- model sizes ----------------------------------------------------------------------------------------------
+"$BIN" "${G[@]}" --steps 1 --n-layer 1 --n-embd 32 --n-head 2 --seq-len 8 --checkpoint sz > /dev/null 2>&1
+U shape sz/step-1/model.safetensors wte.weight 256 32 > /dev/null && U shape sz/step-1/model.safetensors wpe.weight 8 32 > /dev/null &&
+  U absent sz/step-1/model.safetensors h1.ln_1.weight > /dev/null && ok "--n-layer 1 --n-embd 32 --seq-len 8: wte [256, 32], wpe [8, 32], no h1" ||
+  ko "gpt sizes: $(U shape sz/step-1/model.safetensors wte.weight 256 32)"
+bad "resume with another --n-head" "${G[@]}" --steps 2 --n-layer 1 --n-embd 32 --n-head 4 --seq-len 8 --checkpoint sz --resume
+
+# ---- resume: knobs recorded, checked, and bitwise ------------------------------------------------------
+K=("${G[@]}" --warmup 3 --lr-schedule cosine --clip-grad-norm 0.5 --grad-accum 2 --eval-every 2)
+"$BIN" "${K[@]}" --steps 8 --checkpoint ks --log ks.jsonl > /dev/null 2>&1 || ko "knobs: straight run"
+"$BIN" "${K[@]}" --steps 4 --checkpoint kr --log kr.jsonl > /dev/null 2>&1 || ko "knobs: first half"
+"$BIN" "${K[@]}" --steps 8 --checkpoint kr --log kr.jsonl --resume > /dev/null 2>&1 || ko "knobs: resumed half"
+same=1
+for f in model.safetensors optimizer.bin state.safetensors; do cmp -s ks/step-8/$f kr/step-8/$f || same=0; done
+[ "$(strip ks.jsonl)" = "$(strip kr.jsonl)" ] && [ $same -eq 1 ] &&
+  ok "warmup, cosine, clipping, accumulation, evaluation: 8 steps = 4 + resume + 4, bit for bit" || {
+  ko "resume with the knobs differs"
+  diff <(strip ks.jsonl) <(strip kr.jsonl) | head -5
+}
+bad "resume with another --warmup" "${K[@]}" --warmup 4 --steps 10 --checkpoint kr --resume
+bad "resume with another --lr-schedule" "${K[@]}" --lr-schedule linear --steps 10 --checkpoint kr --resume
+bad "resume with another --clip-grad-norm" "${K[@]}" --clip-grad-norm 1 --steps 10 --checkpoint kr --resume
+bad "resume with another --grad-accum" "${K[@]}" --grad-accum 1 --steps 10 --checkpoint kr --resume
+
+# ---- loss curves --------------------------------------------------------------------------------------------
+[ -f ks.svg ] && check "the SVG next to a run's log (train and eval loss, loss scale)" U svg ks.svg ks.jsonl || ko "no ks.svg next to ks.jsonl"
+U fake-log fake.jsonl
+"$BIN" plot fake.jsonl > /dev/null && check "plot of a log with skips, a null loss and scale changes" U svg fake.svg fake.jsonl ||
+  ko "apex-train plot fake.jsonl"
+for lvl in O0 O1 O2; do "$BIN" "${G[@]}" --steps 10 --opt-level $lvl --eval-every 5 --log $lvl.jsonl > /dev/null 2>&1; done
+"$BIN" plot -o levels.svg O0.jsonl O1.jsonl O2.jsonl > /dev/null && check "plot of three logs (O0, O1, O2)" U svg levels.svg O0.jsonl O1.jsonl O2.jsonl ||
+  ko "apex-train plot of three logs"
+[ -n "${APEX_TRAIN_KEEP_PLOTS:-}" ] && cp levels.svg fake.svg ks.svg "$APEX_TRAIN_KEEP_PLOTS"/
+echo '{"step":1,"loss":2}' > one.jsonl && echo 'not json' >> one.jsonl
+bad "plot: a line that is not JSON" plot one.jsonl
+bad "plot: a missing log" plot nothing.jsonl
+echo '{"step":3,"eval_loss":1}' > evonly.jsonl
+bad "plot: a log without training steps" plot evonly.jsonl
+bad "plot: no log" plot
+bad "plot: unknown option" plot -x fake.jsonl
+bad "plot: output in a missing directory" plot -o no/dir.svg fake.jsonl
+
+echo "$fails failures"
+[ $fails -eq 0 ]

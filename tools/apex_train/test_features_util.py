@@ -1,0 +1,254 @@
+#!/usr/bin/python3
+"""test_features_util.py: the independent side of test_features.sh. Writes test data (IDX sets,
+llm.c token files, logs), reads safetensors files, and checks apex-train's outputs against values
+computed here (closed forms and numpy), never by running apex-train's code.
+
+Usage: test_features_util.py COMMAND ARGS...; exits non-zero with a message on a failed check."""
+import json
+import math
+import struct
+import sys
+import xml.etree.ElementTree as ET
+
+import numpy as np
+
+
+def fail(msg):
+    print("CHECK FAILED: " + msg)
+    sys.exit(1)
+
+
+def write_idx(path, arr, magic=None):
+    arr = np.asarray(arr, dtype=np.uint8)
+    hdr = struct.pack(">I", magic if magic is not None else 0x0800 | arr.ndim) + b"".join(struct.pack(">I", d) for d in arr.shape)
+    with open(path, "wb") as f:
+        f.write(hdr + arr.tobytes())
+
+
+def idx_set(d, n_train, n_test, h, w, classes, seed=0):
+    """A learnable set: class c lights a band of rows; MNIST's dotted names, uncompressed."""
+    rng = np.random.default_rng(seed)
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        lab = rng.integers(0, classes, n)
+        img = rng.integers(0, 60, (n, h, w))
+        band = h // classes
+        for i, c in enumerate(lab):
+            img[i, c * band:(c + 1) * band, :] += 150
+        write_idx(f"{d}/{split}-images.idx3-ubyte", img)
+        write_idx(f"{d}/{split}-labels.idx1-ubyte", lab)
+
+
+def write_bin(path, tokens, magic=20240520, version=1, count=None, extra=b""):
+    hdr = np.zeros(256, dtype="<i4")
+    hdr[0], hdr[1], hdr[2] = magic, version, len(tokens) if count is None else count
+    with open(path, "wb") as f:
+        f.write(hdr.tobytes() + np.asarray(tokens, dtype="<u2").tobytes() + extra)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        hdr = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in hdr.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        assert v["dtype"] == "F32"
+        out[k] = np.frombuffer(data[a:b], dtype="<f4").reshape(v["shape"])
+    return out, hdr.get("__metadata__", {})
+
+
+def log_lines(path):
+    return [json.loads(l) for l in open(path) if l.strip()]
+
+
+def cmd_idx(d, n_train, n_test, h, w, classes):
+    idx_set(d, int(n_train), int(n_test), int(h), int(w), int(classes))
+
+
+def cmd_bin(path, kind):
+    rng = np.random.default_rng(1)
+    toks = rng.integers(0, 300, 2000)
+    if kind == "good":
+        write_bin(path, toks)
+    elif kind == "big":  # a token past GPT-2's vocabulary: vocab = max + 1
+        toks[17] = 60000
+        write_bin(path, toks)
+    elif kind == "magic":
+        write_bin(path, toks, magic=20240521)
+    elif kind == "version":
+        write_bin(path, toks, version=2)
+    elif kind == "count":
+        write_bin(path, toks, count=2500)
+    elif kind == "zero":
+        write_bin(path, [], count=0)
+    elif kind == "odd":
+        write_bin(path, toks, extra=b"\x01")
+    elif kind == "header":
+        with open(path, "wb") as f:
+            f.write(struct.pack("<iii", 20240520, 1, 10))
+    else:
+        fail("unknown bin kind " + kind)
+
+
+def cmd_shape(path, name, *dims):
+    t, _ = read_safetensors(path)
+    if name not in t:
+        fail(f"{path} has no {name}")
+    want = [int(x) for x in dims]
+    if list(t[name].shape) != want:
+        fail(f"{name} is {list(t[name].shape)}, expected {want}")
+
+
+def cmd_absent(path, name):
+    t, _ = read_safetensors(path)
+    if name in t:
+        fail(f"{path} has {name}")
+
+
+def cmd_schedule(log, kind, peak, warmup, total):
+    """The lr of every step against the closed form (float32 like apex-train's rates)."""
+    peak, warmup, total = float(peak), int(warmup), int(total)
+    steps = [l for l in log_lines(log) if "lr" in l]
+    if not steps:
+        fail("no lr in the log")
+    for l in steps:
+        s = l["step"] - 1
+        if s < warmup:
+            want = peak * (s + 1) / warmup
+        elif kind == "constant":
+            want = peak
+        else:
+            frac = (s - warmup) / (total - warmup)
+            if kind == "linear":
+                want = peak * (1 - frac if frac < 0.95 else 0.05)
+            else:
+                want = peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        if abs(l["lr"] - want) > 1e-6 * peak:
+            fail(f"step {l['step']}: lr {l['lr']}, the {kind} schedule gives {want}")
+    print(f"{len(steps)} learning rates follow {kind} with warmup {warmup}")
+
+
+def cmd_clip(init, noclip, clip, log_noclip, log_clip, lr, max_norm):
+    """SGD without momentum from the same weights w0: w1 = w0 - lr * g * coef. The gradient g, and
+    its norm, come from the unclipped run's weights; clipping must scale the update by
+    max_norm / (norm + 1e-6)."""
+    lr, max_norm = float(lr), float(max_norm)
+    w0, _ = read_safetensors(init)
+    wn, _ = read_safetensors(noclip)
+    wc, _ = read_safetensors(clip)
+    g = {k: (w0[k].astype(np.float64) - wn[k]) / lr for k in w0}
+    norm = math.sqrt(sum(float((v * v).sum()) for v in g.values()))
+    logged = [l for l in log_lines(log_noclip) if "grad_norm" in l][-1]["grad_norm"]
+    logged_c = [l for l in log_lines(log_clip) if "grad_norm" in l][-1]["grad_norm"]
+    if abs(logged - norm) > 1e-3 * norm:
+        fail(f"logged gradient norm {logged}, the weights' update says {norm}")
+    if abs(logged_c - logged) > 1e-6 * norm:
+        fail(f"the clipped run logged norm {logged_c} before clipping, the unclipped {logged}")
+    coef = max_norm / (norm + 1e-6)
+    if coef >= 1:
+        fail(f"norm {norm} is below --clip-grad-norm {max_norm}: the test clips nothing")
+    num = sum(float(((w0[k].astype(np.float64) - wc[k]) * g[k]).sum()) for k in w0)
+    den = sum(float((g[k] * g[k]).sum()) for k in w0) * lr
+    ratio = num / den
+    if abs(ratio - coef) > 1e-3 * coef:
+        fail(f"the clipped update is {ratio} of the unclipped one; max_norm / norm = {coef}")
+    print(f"gradient norm {norm:.6g} (logged {logged:.6g}); clipped update scaled by {ratio:.6g} = {coef:.6g}")
+
+
+def cmd_same_losses(a, b, tol):
+    """The training losses of two logs, step by step, within a relative tol."""
+    la = [l for l in log_lines(a) if "loss" in l]
+    lb = [l for l in log_lines(b) if "loss" in l]
+    if len(la) != len(lb) or not la:
+        fail(f"{len(la)} and {len(lb)} steps")
+    worst = 0.0
+    for x, y in zip(la, lb):
+        d = abs(x["loss"] - y["loss"]) / abs(x["loss"])
+        worst = max(worst, d)
+        if d > float(tol):
+            fail(f"step {x['step']}: loss {x['loss']} vs {y['loss']}")
+    print(f"{len(la)} losses agree (worst relative difference {worst:.2e})")
+
+
+def cmd_log_keys(log, *keys):
+    for l in log_lines(log):
+        if "loss" in l:
+            for k in keys:
+                if k not in l:
+                    fail(f"step line without {k}: {l}")
+
+
+def cmd_fake_log(path):
+    """A log with known content: 40 steps, skips at 3, 4 and 21, a null loss at 21, scale halving at
+    each skip and doubling at 30, evaluations every 10 steps."""
+    scale = 65536.0
+    with open(path, "w") as f:
+        for s in range(1, 41):
+            skipped = s in (3, 4, 21)
+            if skipped:
+                scale /= 2
+            if s == 30:
+                scale *= 2
+            loss = None if s == 21 else 5.0 * math.exp(-s / 15) + 0.5
+            f.write(json.dumps({"step": s, "epoch": 1, "loss": loss, "loss_scale": scale, "skipped": 0,
+                                "step_skipped": skipped, "lr": 1e-3, "grad_norm": 1.0, "samples_per_s": 1.0,
+                                "elapsed_s": s}) + "\n")
+            if s % 10 == 0:
+                f.write(json.dumps({"step": s, "eval_loss": 5.0 * math.exp(-s / 15) + 0.7, "eval_accuracy": 0.5}) + "\n")
+
+
+def points(el):
+    return [tuple(float(v) for v in p.split(",")) for p in el.get("points").split()]
+
+
+def cmd_svg(svg, *logs):
+    """Every log's curves in the SVG, each point where the axes' ranges put it."""
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    root = ET.parse(svg).getroot()
+    area = root.find(".//s:rect[@class='plot-area']", ns)
+    if area is None:
+        fail("no plot area")
+    X, Y, W, H = (float(area.get(k)) for k in ("x", "y", "width", "height"))
+    x0, x1, y0, y1, s0, s1 = (float(area.get("data-" + k)) for k in ("x-min", "x-max", "y-min", "y-max", "s-min", "s-max"))
+    px = lambda x: X + (x - x0) / (x1 - x0) * W
+    py = lambda y: Y + (y1 - y) / (y1 - y0) * H
+    ps = lambda s: Y + (s1 - s) / (s1 - s0) * H
+    for log in logs:
+        name = log.split("/")[-1]
+        lines = log_lines(log)
+        steps = [l for l in lines if "loss" in l]
+        evals = [l for l in lines if "eval_loss" in l]
+
+        def curve(cls, want):
+            el = root.find(f".//s:polyline[@class='{cls}'][@data-log='{name}']", ns)
+            if el is None:
+                fail(f"no {cls} curve for {name}")
+            got = points(el)
+            if len(got) != len(want):
+                fail(f"{cls} of {name}: {len(got)} points, the log has {len(want)}")
+            for (gx, gy), (wx, wy) in zip(got, want):
+                if abs(gx - wx) > 0.011 or abs(gy - wy) > 0.011:
+                    fail(f"{cls} of {name}: point ({gx}, {gy}), expected ({wx:.2f}, {wy:.2f})")
+            for gx, gy in got:
+                if not (X - 0.01 <= gx <= X + W + 0.01 and Y - 0.01 <= gy <= Y + H + 0.01):
+                    fail(f"{cls} of {name}: point ({gx}, {gy}) outside the plot area")
+
+        curve("train-loss", [(px(l["step"]), py(l["loss"])) for l in steps if l["loss"] is not None])
+        curve("loss-scale", [(px(l["step"]), ps(math.log2(l["loss_scale"]))) for l in steps])
+        if evals:
+            curve("eval-loss", [(px(l["step"]), py(l["eval_loss"])) for l in evals])
+        marks = sorted(int(p.get("data-step")) for p in root.findall(".//s:path[@class='skipped']", ns))
+        want = sorted(l["step"] for l in steps if l.get("step_skipped"))
+        if len(logs) == 1 and marks != want:
+            fail(f"skipped marks at {marks}, the log skipped {want}")
+        # Axis ranges cover the data.
+        if not (x0 <= min(l["step"] for l in steps) and max(l["step"] for l in steps) <= x1):
+            fail("the step axis does not cover the log")
+    print(f"{svg}: {len(logs)} log(s), every point in place")
+
+
+if __name__ == "__main__":
+    globals()["cmd_" + sys.argv[1].replace("-", "_")](*sys.argv[2:])
