@@ -637,9 +637,10 @@ static apex_status slot_conv2d(slot_run *s) {
   size_t nx = 2 * 3 * 8 * 7, nw = 4 * 3 * 3 * 3, no = 2 * 4 * 4 * 7;
   float *x = sbuf(s, nx, 91), *w = sbuf(s, nw, 92), *bias = sbuf(s, 4, 93), *out = sbuf(s, no, 0), *go = sbuf(s, no, 94);
   float *gx = sbuf(s, nx, 0), *gw = sbuf(s, nw, 95), *gb = sbuf(s, 4, 0);
-  apex_status st = s->be->nn_conv2d(&(apex_nn_conv2d_args){.geom = g, .x = x, .w = w, .bias = bias, .out = out, .ws = slot_ws(s)});
+  apex_status st = s->be->nn_conv2d(&(apex_nn_conv2d_args){.geom = g, .x = {x, APEX_F32}, .w = {w, APEX_F32}, .bias = {bias, APEX_F32},
+                                                            .out = out, .out_dtype = APEX_F32, .ws = slot_ws(s)});
   if (st == APEX_OK)
-    st = s->be->nn_conv2d_bwd(&(apex_nn_conv2d_bwd_args){.geom = g, .x = x, .w = w, .gout = go, .gx = gx, .gw = gw, .gb = gb,
+    st = s->be->nn_conv2d_bwd(&(apex_nn_conv2d_bwd_args){.geom = g, .x = {x, APEX_F32}, .w = {w, APEX_F32}, .gout = go, .gx = gx, .gw = gw, .gb = gb,
                                                           .accumulate_x = 0, .accumulate_w = 1, .accumulate_b = 0, .ws = slot_ws(s)});
   sgot(s, "out", out), sgot(s, "gx", gx), sgot(s, "gw", gw), sgot(s, "gb", gb);
   return st;

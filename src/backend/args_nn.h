@@ -476,19 +476,20 @@ typedef struct apex_nn_conv_geom {
   int n, c, h, w, o, kh, kw, sh, sw, ph, pw, ho, wo;
 } apex_nn_conv_geom;
 
-/* out [n, o, ho, wo] = the convolution of x [n, c, h, w] with w [o, c, kh, kw], plus bias [o] (may be
- * NULL); all f32. */
+/* out [n, o, ho, wo] (out_dtype) = the convolution of x [n, c, h, w] with w [o, c, kh, kw], plus bias
+ * [o] (data NULL: none), in f32 from the native inputs. */
 typedef struct apex_nn_conv2d_args {
   apex_nn_conv_geom geom;
-  const float *x, *w, *bias;
-  float *out;
+  apex_nn_buf x, w, bias;
+  void *out;
+  apex_dtype out_dtype;
   apex_nn_workspace ws;
 } apex_nn_conv2d_args;
 
-/* gx, gw, gb of the convolution; x is read when gw is set, w when gx is. */
+/* gx, gw, gb of the convolution; x (native) is read when gw is set, w (native) when gx is. */
 typedef struct apex_nn_conv2d_bwd_args {
   apex_nn_conv_geom geom;
-  const float *x, *w;
+  apex_nn_buf x, w;
   const float *gout;
   float *gx, *gw, *gb;
   int accumulate_x, accumulate_w, accumulate_b;

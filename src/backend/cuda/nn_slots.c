@@ -298,30 +298,38 @@ apex_status apex__cuda_slot_nn_matmul_bwd(const apex_nn_matmul_bwd_args *a) {
 
 /* ---- convolution ------------------------------------------------------------------------------------- */
 
-static apex__cuda_conv conv_of(const apex_nn_conv_geom *g) {
+static apex__cuda_conv conv_of(const apex_nn_conv_geom *g, apex_dtype dt) {
   return (apex__cuda_conv){.n = g->n, .c = g->c, .h = g->h, .w = g->w, .k = g->o, .r = g->kh, .s = g->kw, .p = g->ho,
                            .q = g->wo, .pad_h = g->ph, .pad_w = g->pw, .stride_h = g->sh, .stride_w = g->sw,
-                           .dtype = APEX_F32};
+                           .dtype = dt};
 }
 
 apex_status apex__cuda_slot_nn_conv2d(const apex_nn_conv2d_args *a) {
-  apex__cuda_conv g = conv_of(&a->geom);
-  return apex__cuda_conv2d_fwd(&g, a->x, a->w, a->bias, APEX_F32, a->out);
+  if (a->w.dtype != a->x.dtype || a->out_dtype != a->x.dtype)
+    return unsupported("nn_conv2d", "input, weight and result of different dtypes (cuDNN takes one)");
+  apex__cuda_conv g = conv_of(&a->geom, a->x.dtype);
+  return apex__cuda_conv2d_fwd(&g, a->x.data, a->w.data, a->bias.data, a->bias.dtype, a->out);
 }
 
 apex_status apex__cuda_slot_nn_conv2d_bwd(const apex_nn_conv2d_bwd_args *a) {
   const apex_nn_conv_geom *G = &a->geom;
-  apex__cuda_conv g = conv_of(G);
+  apex__cuda_conv g = conv_of(G, APEX_F32);
   size_t nx = (size_t)G->n * G->c * G->h * G->w, nw = (size_t)G->o * G->c * G->kh * G->kw, nb = (size_t)G->o;
+  /* cuDNN writes the gradients in the inputs' dtype and the slot's are f32, so it runs on f32 copies of
+   * low-precision inputs; it overwrites its outputs, so each goes to scratch and lands by its flag */
+  void *ox = NULL, *ow = NULL;
   apex_status st = APEX_OK;
-  /* cuDNN overwrites its outputs: each gradient goes to scratch and lands by its flag */
-  float *dx = a->gx ? scratch(nx, &st) : NULL;
+  const float *x = a->gw ? dev_f32(a->x, nx, &ox, &st) : NULL;
+  const float *w = st == APEX_OK && a->gx ? dev_f32(a->w, nw, &ow, &st) : NULL;
+  float *dx = st == APEX_OK && a->gx ? scratch(nx, &st) : NULL;
   float *dw = st == APEX_OK && a->gw ? scratch(nw, &st) : NULL;
   float *db = st == APEX_OK && a->gb ? scratch(nb, &st) : NULL;
-  if (st == APEX_OK) st = apex__cuda_conv2d_bwd(&g, a->gout, a->x, a->w, dx, dw, db, APEX_F32);
+  if (st == APEX_OK) st = apex__cuda_conv2d_bwd(&g, a->gout, x, w, dx, dw, db, APEX_F32);
   if (st == APEX_OK && dx) st = land(a->gx, dx, nx, a->accumulate_x);
   if (st == APEX_OK && dw) st = land(a->gw, dw, nw, a->accumulate_w);
   if (st == APEX_OK && db) st = land(a->gb, db, nb, a->accumulate_b);
+  apex__cuda_free(ox);
+  apex__cuda_free(ow);
   apex__cuda_free(dx);
   apex__cuda_free(dw);
   apex__cuda_free(db);
