@@ -759,6 +759,9 @@ static void test_cuda_slot_refusals(void **state) {
   refused(cb->nn_matmul_bwd(&(apex_nn_matmul_bwd_args){.batch = 1, .m = 1, .n = 2, .k = 2, .a = {f, APEX_F16}, .b = {f, APEX_F32},
                                                        .gout = f, .gb = f}),
           "nn_matmul_bwd", "gradient and a");
+  refused(cb->nn_conv2d(&(apex_nn_conv2d_args){.geom = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1}, .x = {f, APEX_F16}, .w = {f, APEX_F32},
+                                               .out = f, .out_dtype = APEX_F16}),
+          "nn_conv2d", "different dtypes");
   refused(cb->nn_attention(&(apex_nn_attention_args){.heads = 1, .t = 1, .d = 1, .q = f, .k = f, .v = f, .p = f, .out = f}), "nn_attention",
           "packed qkv");
   refused(cb->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = 1, .classes = 2, .x = f}), "nn_cross_entropy", "log-sum-exp");
