@@ -240,6 +240,18 @@ static void test_device_scaler_matches_cpu(void **state) {
   apex_loss_scaler_state a = apex_loss_scaler_get_state(cpu), b;
   b = apex_loss_scaler_get_state(gpu);
   tu_assert_scaler_state_equal(&b, &a);
+  assert_int_equal(apex_loss_scaler_device(gpu), APEX_DEVICE_CUDA);
+  assert_true(apex_loss_scaler_scale(gpu) == a.scale); /* read back from the device */
+  /* a found_inf from the host joins the device flag; a skip answer would wait, so it is refused */
+  TU_OK(apex_loss_scaler_update(gpu, 1, NULL));
+  apex_loss_scaler_update(cpu, 1, NULL);
+  a = apex_loss_scaler_get_state(cpu);
+  b = apex_loss_scaler_get_state(gpu);
+  tu_assert_scaler_state_equal(&b, &a);
+  int skip = 0;
+  TU_FAILS(apex_loss_scaler_update(gpu, 0, &skip), APEX_ERR_INVALID_ARG, "pass skip = NULL");
+  b = apex_loss_scaler_get_state(gpu);
+  tu_assert_scaler_state_equal(&b, &a);
   /* unscale divides by the scale; set_state validates as the CPU scaler does */
   TU_OK(apex_tensor_fill(g, 3.0f));
   TU_OK(apex_loss_scaler_unscale(gpu, gl, gl, 1));

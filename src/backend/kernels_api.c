@@ -1,8 +1,9 @@
 /* kernels_api.c: the fronts of the raw kernels (apex/kernels.h). Each checks its arguments in plain C and
- * runs the kernel of the backend its first tensor is on; a backend without the kernel gets
+ * runs the kernel of the backend its tensors are on; a backend without the kernel gets
  * APEX_ERR_UNSUPPORTED naming it (backend.h's NULL-slot rule). The CUDA backend's kernels are reached
  * through its table (cuda_ops.h), only after a tensor proved to be a CUDA tensor, which exists only in a
- * build that has it; the other tensors of the call must then be CUDA tensors too. */
+ * build that has it; the other tensors of the call must then be CUDA tensors too (APEX_ERR_DEVICE naming
+ * the one that is not). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,32 +18,39 @@
 
 #define KERNEL_PREFIX "apex_kernel_"
 
-/* APEX_OK when the backend of t's device has fn's kernel and can run it now; otherwise a message naming
- * fn, the kernel and the device. A NULL t passes: need() then names it. */
-static apex_status on_device(const char *fn, const apex_tensor *t) {
-  if (!t) return APEX_OK;
-  apex_device d = apex_tensor_device(t);
-  if (d == APEX_DEVICE_CUDA) return apex__cuda_need(fn) ? APEX_OK : apex_last_status();
-  const apex_backend *b = apex__backend_need(d, fn);
+/* APEX_OK when the backend of the call's device has fn's kernel and can run it now; otherwise a message
+ * naming fn, the kernel and the device. The device is CUDA when any of the call's n tensors is there (a
+ * CPU one among them is then named by need()), else that of its first tensor; NULL tensors are skipped
+ * (need() names them). */
+static apex_status on_device(const char *fn, const apex_tensor *const *ts, int n) {
+  const apex_tensor *first = NULL;
+  for (int i = 0; i < n; i++) {
+    if (!ts[i]) continue;
+    if (apex_tensor_device(ts[i]) == APEX_DEVICE_CUDA) return apex__cuda_need(fn) ? APEX_OK : apex_last_status();
+    if (!first) first = ts[i];
+  }
+  if (!first) return APEX_OK;
+  const apex_backend *b = apex__backend_need(apex_tensor_device(first), fn);
   if (!b) return apex_last_status();
   /* The kernels live only in the CUDA backend's table: every other backend lacks them. */
   size_t np = strlen(KERNEL_PREFIX);
   return apex__backend_slot_missing(b, fn, strncmp(fn, KERNEL_PREFIX, np) == 0 ? fn + np : fn);
 }
 
-#define ON_DEVICE(fn, t)                                 \
-  do {                                                   \
-    apex_status on_ = on_device(fn, t);                  \
-    if (on_ != APEX_OK) return on_;                      \
+#define ON_DEVICE(fn, ...)                                                                          \
+  do {                                                                                              \
+    const apex_tensor *const on_ts_[] = {__VA_ARGS__};                                              \
+    apex_status on_ = on_device(fn, on_ts_, (int)(sizeof on_ts_ / sizeof on_ts_[0]));               \
+    if (on_ != APEX_OK) return on_;                                                                 \
   } while (0)
 
 /* ---- argument checks shared by the kernels below ------------------------------------------------------- */
 
 static apex_status need(const char *fn, const char *what, const apex_tensor *t) {
   if (!t) return apex__fail(APEX_ERR_INVALID_ARG, "%s: %s is NULL", fn, what);
-  if (apex_tensor_device(t) != APEX_DEVICE_CUDA) /* the call's first tensor took it to CUDA (on_device) */
-    return apex__fail(APEX_ERR_DEVICE, "%s: %s is on the %s but the call's first tensor on CUDA; every tensor of one "
-                      "call must be on the same device", fn, what, apex__device_name(apex_tensor_device(t)));
+  if (apex_tensor_device(t) != APEX_DEVICE_CUDA) /* another tensor of the call took it to CUDA (on_device) */
+    return apex__fail(APEX_ERR_DEVICE, "%s: %s is on the %s while the call runs on CUDA; every tensor of one call "
+                      "must be on the same device", fn, what, apex__device_name(apex_tensor_device(t)));
   return APEX_OK;
 }
 
@@ -86,7 +94,7 @@ static int64_t rows_of(const apex_tensor *x, int64_t cols) { return cols ? (int6
 apex_status apex_kernel_layer_norm_forward(const apex_tensor *x, const apex_tensor *w, const apex_tensor *b, float eps,
                                            int rms, apex_tensor *y, apex_tensor *mean, apex_tensor *rstd) {
   const char *fn = "apex_kernel_layer_norm_forward";
-  ON_DEVICE(fn, x);
+  ON_DEVICE(fn, x, w, b, y, mean, rstd);
   apex_status st = need(fn, "x", x);
   if (st != APEX_OK) return st;
   if (apex_tensor_ndim(x) < 1) return apex__fail(APEX_ERR_SHAPE, "%s: x is a scalar; it needs a last dimension", fn);
@@ -110,7 +118,7 @@ apex_status apex_kernel_layer_norm_backward(const apex_tensor *dy, const apex_te
                                             const apex_tensor *mean, const apex_tensor *rstd, int rms, apex_tensor *dx,
                                             apex_tensor *dw, apex_tensor *db) {
   const char *fn = "apex_kernel_layer_norm_backward";
-  ON_DEVICE(fn, x);
+  ON_DEVICE(fn, dy, x, w, mean, rstd, dx, dw, db);
   apex_status st = need(fn, "x", x);
   if (st != APEX_OK) return st;
   if (apex_tensor_ndim(x) < 1) return apex__fail(APEX_ERR_SHAPE, "%s: x is a scalar; it needs a last dimension", fn);
@@ -152,7 +160,7 @@ static apex_status xent_args(const char *fn, const apex_tensor *logits, const in
 apex_status apex_kernel_cross_entropy_forward(const apex_tensor *logits, const int64_t *target, int64_t ignore_index,
                                               float label_smoothing, apex_tensor *loss, apex_tensor *lse) {
   const char *fn = "apex_kernel_cross_entropy_forward";
-  ON_DEVICE(fn, logits);
+  ON_DEVICE(fn, logits, loss, lse);
   int64_t rows = 0, cols = 0;
   apex_status st = xent_args(fn, logits, target, label_smoothing, &rows, &cols);
   if (st || (st = need_numel(fn, "loss", loss, (size_t)rows)) || (st = need_dtype(fn, "loss", loss, APEX_F32, APEX_F32)) ||
@@ -166,7 +174,7 @@ apex_status apex_kernel_cross_entropy_backward(const apex_tensor *dloss, const a
                                                const int64_t *target, const apex_tensor *lse, int64_t ignore_index,
                                                float label_smoothing, apex_tensor *dlogits) {
   const char *fn = "apex_kernel_cross_entropy_backward";
-  ON_DEVICE(fn, logits);
+  ON_DEVICE(fn, dloss, logits, lse, dlogits);
   int64_t rows = 0, cols = 0;
   apex_status st = xent_args(fn, logits, target, label_smoothing, &rows, &cols);
   if (st || (st = need_numel(fn, "dloss", dloss, (size_t)rows)) || (st = need_dtype(fn, "dloss", dloss, APEX_F32, APEX_F32)) ||
@@ -181,7 +189,7 @@ apex_status apex_kernel_cross_entropy_backward(const apex_tensor *dloss, const a
 
 apex_status apex_kernel_batch_norm_stats(const apex_tensor *x, apex_tensor *mean, apex_tensor *var, apex_tensor *m2) {
   const char *fn = "apex_kernel_batch_norm_stats";
-  ON_DEVICE(fn, x);
+  ON_DEVICE(fn, x, mean, var, m2);
   apex_status st = need(fn, "x", x);
   if (st != APEX_OK) return st;
   if (apex_tensor_ndim(x) < 2) return apex__fail(APEX_ERR_SHAPE, "%s: x needs at least [N, C]", fn);
@@ -198,7 +206,7 @@ apex_status apex_kernel_batch_norm_stats(const apex_tensor *x, apex_tensor *mean
 apex_status apex_kernel_matmul(const apex_tensor *a, int trans_a, const apex_tensor *b, int trans_b, apex_tensor *c,
                                float alpha, float beta, const apex_tensor *bias, int gelu) {
   const char *fn = "apex_kernel_matmul";
-  ON_DEVICE(fn, a);
+  ON_DEVICE(fn, a, b, c, bias);
   apex_status st;
   if ((st = need(fn, "a", a)) || (st = need(fn, "b", b)) || (st = need(fn, "c", c))) return st;
   if (apex_tensor_ndim(a) != 2 || apex_tensor_ndim(b) != 2 || apex_tensor_ndim(c) != 2)
@@ -272,7 +280,7 @@ static apex_status need_shape4(const char *fn, const char *what, const apex_tens
 apex_status apex_kernel_conv2d_forward(const apex_tensor *x, const apex_tensor *w, const apex_tensor *b,
                                        const apex_conv2d_options *opts, apex_tensor *y) {
   const char *fn = "apex_kernel_conv2d_forward";
-  ON_DEVICE(fn, x);
+  ON_DEVICE(fn, x, w, b, y);
   apex__cuda_conv g;
   apex_status st = conv_geometry(fn, x, w, opts, &g);
   if (st || (st = need_shape4(fn, "y", y, g.n, g.k, g.p, g.q)) || (st = need_dtype(fn, "y", y, g.dtype, g.dtype)) ||
@@ -285,7 +293,7 @@ apex_status apex_kernel_conv2d_forward(const apex_tensor *x, const apex_tensor *
 apex_status apex_kernel_conv2d_backward(const apex_tensor *dy, const apex_tensor *x, const apex_tensor *w,
                                         const apex_conv2d_options *opts, apex_tensor *dx, apex_tensor *dw, apex_tensor *db) {
   const char *fn = "apex_kernel_conv2d_backward";
-  ON_DEVICE(fn, x);
+  ON_DEVICE(fn, dy, x, w, dx, dw, db);
   apex__cuda_conv g;
   apex_status st = conv_geometry(fn, x, w, opts, &g);
   if (st || (st = need_shape4(fn, "dy", dy, g.n, g.k, g.p, g.q)) || (st = need_dtype(fn, "dy", dy, g.dtype, g.dtype)) ||
@@ -319,7 +327,7 @@ static apex_status embedding_args(const char *fn, const char *what, const apex_t
 
 apex_status apex_kernel_embedding_forward(const apex_tensor *table, const int64_t *ids, int64_t n, apex_tensor *y) {
   const char *fn = "apex_kernel_embedding_forward";
-  ON_DEVICE(fn, table);
+  ON_DEVICE(fn, table, y);
   apex_status st = embedding_args(fn, "table", table, ids, n);
   if (st != APEX_OK) return st;
   int64_t v = apex_tensor_dim(table, 0), d = apex_tensor_dim(table, 1);
@@ -330,7 +338,7 @@ apex_status apex_kernel_embedding_forward(const apex_tensor *table, const int64_
 
 apex_status apex_kernel_embedding_backward(const apex_tensor *dy, const int64_t *ids, int64_t n, apex_tensor *dtable) {
   const char *fn = "apex_kernel_embedding_backward";
-  ON_DEVICE(fn, dtable);
+  ON_DEVICE(fn, dy, dtable);
   apex_status st = embedding_args(fn, "dtable", dtable, ids, n);
   if (st != APEX_OK) return st;
   int64_t v = apex_tensor_dim(dtable, 0), d = apex_tensor_dim(dtable, 1);
@@ -381,7 +389,7 @@ static apex_status attention_args(const char *fn, const apex_tensor *qkv, int n_
 
 apex_status apex_kernel_attention_forward(const apex_tensor *qkv, int n_heads, apex_tensor *y, apex_tensor *lse) {
   const char *fn = "apex_kernel_attention_forward";
-  ON_DEVICE(fn, qkv);
+  ON_DEVICE(fn, qkv, y, lse);
   apex__cuda_attn a;
   apex_status st = attention_args(fn, qkv, n_heads, lse, &a);
   if (st || (st = need_btc(fn, "y", y, a.b, a.t, a.h * a.d, a.dtype))) return st;
@@ -392,7 +400,7 @@ apex_status apex_kernel_attention_forward(const apex_tensor *qkv, int n_heads, a
 apex_status apex_kernel_attention_backward(const apex_tensor *dy, const apex_tensor *qkv, const apex_tensor *y,
                                            const apex_tensor *lse, int n_heads, apex_tensor *dqkv) {
   const char *fn = "apex_kernel_attention_backward";
-  ON_DEVICE(fn, qkv);
+  ON_DEVICE(fn, dy, qkv, y, lse, dqkv);
   apex__cuda_attn a;
   apex_status st = attention_args(fn, qkv, n_heads, lse, &a);
   if (st || (st = need_btc(fn, "dy", dy, a.b, a.t, a.h * a.d, a.dtype)) ||
@@ -424,7 +432,7 @@ static apex_status need_in_place_or_apart(const char *fn, const char *yname, con
  * apart from it. */
 static apex_status elementwise(const char *fn, apex__cuda_ew_op op, const char *aname, const apex_tensor *a,
                                const char *bname, const apex_tensor *b, float alpha, const char *yname, apex_tensor *y) {
-  ON_DEVICE(fn, a);
+  ON_DEVICE(fn, a, b, y);
   apex_status st = need(fn, aname, a);
   if (st != APEX_OK) return st;
   size_t n = apex_tensor_numel(a);
@@ -467,7 +475,7 @@ apex_status apex_kernel_gelu_backward(const apex_tensor *dy, const apex_tensor *
 
 apex_status apex_kernel_sum_rows(const apex_tensor *x, apex_tensor *y, int accumulate) {
   const char *fn = "apex_kernel_sum_rows";
-  ON_DEVICE(fn, x);
+  ON_DEVICE(fn, x, y);
   apex_status st;
   if ((st = need(fn, "x", x)) || (st = need(fn, "y", y))) return st;
   size_t n = apex_tensor_numel(x), cols = apex_tensor_numel(y);
@@ -483,7 +491,7 @@ apex_status apex_kernel_sum_rows(const apex_tensor *x, apex_tensor *y, int accum
 
 apex_status apex_kernel_sum_all(const apex_tensor *x, int mean, apex_tensor *y) {
   const char *fn = "apex_kernel_sum_all";
-  ON_DEVICE(fn, x);
+  ON_DEVICE(fn, x, y);
   apex_status st;
   if ((st = need(fn, "x", x)) || (st = need_numel(fn, "y", y, 1)) || (st = need_dtype(fn, "y", y, APEX_F32, APEX_F32)))
     return st;
