@@ -31,6 +31,7 @@
 
 #include "apex/apex.h"
 #include "autograd/ag.h"
+#include "backend/cpu/gemm.h"
 #include "bench_models.h"
 #include "bench_util.h"
 

@@ -4,6 +4,7 @@
  * must give the bits of the whole-tensor path for matmul and linear, forward and backward, at 1
  * and 2 threads, in less pool memory. (PyTorch's values for the new cases are in test_nn_golden.) */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "testutil.h"
 #include "apex/nn.h"
 #include "autograd/ag.h"
+#include "backend/cpu/gemm.h"
 
 /* ---- concat --------------------------------------------------------------------------------------- */
 
@@ -193,6 +195,31 @@ static void test_norm_nd_errors(void **state) {
   apex_graph_destroy(g);
 }
 
+/* ---- backend slots -------------------------------------------------------------------------------- */
+
+/* A front whose backend lacks the op's slot refuses with APEX_ERR_UNSUPPORTED naming the op, the
+ * backend and the device; the CPU table fills every nn slot (the block from nn_binary to
+ * nn_pool2d_bwd in backend.h). */
+static void test_backend_slots(void **state) {
+  (void)state;
+  apex_backend b = apex__cpu_backend;
+  b.name = "test";
+  b.nn_unary = NULL;
+  assert_int_equal(AG_HAS(&b, nn_unary, APEX_OP_RELU), 0);
+  assert_int_equal(apex_last_status(), APEX_ERR_UNSUPPORTED);
+  tu_assert_message("relu: the test backend has no kernel for this op (tensors on CPU)");
+  assert_int_equal(AG_HAS(&apex__cpu_backend, nn_unary, APEX_OP_RELU), 1);
+  typedef apex_status (*slot_fn)(const void *);
+  const char *t = (const char *)&apex__cpu_backend;
+  int n = 0;
+  for (size_t off = offsetof(apex_backend, nn_binary); off <= offsetof(apex_backend, nn_pool2d_bwd); off += sizeof(slot_fn), n++) {
+    slot_fn f;
+    memcpy(&f, t + off, sizeof f);
+    if (!f) fail_msg("the CPU backend's nn slot %d (byte %zu of apex_backend) is NULL", n, off);
+  }
+  assert_true(n >= 38); /* the block as backend.h declares it, not an empty range */
+}
+
 /* ---- tiled GEMM ----------------------------------------------------------------------------------- */
 
 typedef struct gemm_run {
@@ -351,6 +378,7 @@ int main(void) {
       cmocka_unit_test(test_concat_many),    cmocka_unit_test(test_concat_mixed_and_single), cmocka_unit_test(test_concat_errors),
       cmocka_unit_test(test_norm_nd_module), cmocka_unit_test(test_norm_nd_errors),          cmocka_unit_test(test_gemm_tiles_bitwise),
       cmocka_unit_test(test_gemm_tiles_accuracy), cmocka_unit_test(test_own_sgemm),
+      cmocka_unit_test(test_backend_slots),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,7 @@
 
 #include "apex/autograd.h"
 #include "apex/nn_ops.h"
+#include "backend/backend.h"
 #include "core/internal.h"
 #include "core/tensor_internal.h"
 
@@ -33,11 +34,8 @@ typedef struct apex__bn_stats_hook {
   void *ctx;
 } apex__bn_stats_hook;
 
-/* Convolution and pooling geometry: n images of c channels, h x w, into o channels (pooling: o = c)
- * of ho x wo, with a kh x kw window at strides sh, sw and zero padding ph, pw. */
-typedef struct ag_conv_geom {
-  int n, c, h, w, o, kh, kw, sh, sw, ph, pw, ho, wo;
-} ag_conv_geom;
+/* Convolution and pooling geometry (backend/args_nn.h). */
+typedef apex_nn_conv_geom ag_conv_geom;
 
 /* What an op keeps for its backward besides its inputs and aux, one member per op family; the var's
  * op says which member is set. */
@@ -227,6 +225,18 @@ float *apex__gbuf(apex_graph *g, apex_var *v);
  * one that reads the zeros back: on the benchmark CNN, 60 MB of the backward's traffic. */
 float *apex__gbuf_w(apex_graph *g, apex_var *v, int *fresh);
 
+/* ---- backends (backend_of.c) -------------------------------------------------------------------- */
+
+/* The backend that runs op's kernels on v's value: the one of its device. NULL after a message naming
+ * op when this build has none for the device. */
+const apex_backend *apex__ag_backend(const apex_var *v, apex_op op);
+/* APEX_ERR_UNSUPPORTED: op has no kernel (a NULL slot) on backend b, naming op and b's device. */
+apex_status apex__ag_slot_missing(const apex_backend *b, apex_op op);
+/* The workspace lent to a kernel (args_nn.h): g's transient scratch, valid until the next op starts. */
+apex_nn_workspace apex__ag_workspace(apex_graph *g);
+/* 1 when b's slot is set; else 0 after apex__ag_slot_missing. */
+#define AG_HAS(b, slot, op) ((b)->slot != NULL || (apex__ag_slot_missing((b), (op)), 0))
+
 /* ---- f32 views --------------------------------------------------------------------------------- */
 
 /* t's elements as f32: its own data if f32, else a converted copy in transient scratch, which goes
@@ -244,27 +254,6 @@ apex_dtype apex__promote(apex_dtype a, apex_dtype b);
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
 
-/* Asks for plane n + 1 (when there is one) of channel c of t [N, C, S]: a channel's planes lie C * S
- * floats apart, and the hardware prefetcher does not follow a pass from one to the next, so each
- * plane began with misses all the way to memory. `write` for a plane about to be overwritten.
- * Measured on the benchmark CNN (2 threads, batch norm over [128, 32, 28, 28]): forward 1.11 ->
- * 0.73 ms, backward 1.70 -> 1.23 ms. */
-static inline void ag_prefetch_plane_of(const void *t, size_t esize, size_t N, size_t C, size_t S, size_t n, size_t c, int write) {
-  if (n + 1 >= N) return;
-  const char *p = (const char *)t + ((n + 1) * C + c) * S * esize;
-  for (size_t i = 0; i < S * esize; i += 64)
-    if (write)
-      __builtin_prefetch(p + i, 1);
-    else
-      __builtin_prefetch(p + i);
-}
-static inline void ag_prefetch_plane(const float *t, size_t N, size_t C, size_t S, size_t n, size_t c, int write) {
-  ag_prefetch_plane_of(t, sizeof(float), N, C, S, n, c, write);
-}
-
-/* Batch norm's output for channel c of x [N, C, S] (f32): (x - mean) * rstd * w + b, through relu's
- * max(v, 0) when `relu` (the same bits as apex_relu on the unfused output). Shared by batch norm and
- * SyncBatchNorm, which differ only in where mean and rstd come from. */
 /* Autograd's ops run on the CPU: a value on another device would be read through a device pointer.
  * The entry points (apex_var_create, apex_graph_input, apex_var_swap_value) refuse one here, naming
  * fn, so no op ever sees it. */
@@ -292,23 +281,6 @@ static inline apex_status apex__bn_options(const apex_batch_norm_options *o, con
 apex_var *apex__batch_norm_hooked(apex_graph *g, const apex__bn_stats_hook *hook, apex_var *x, apex_var *weight, apex_var *bias,
                                   apex_tensor *running_mean, apex_tensor *running_var, const apex_batch_norm_options *opts);
 
-static inline float apex__bn_affine(float x, float mean, float rstd, float w, float b) { return (x - mean) * rstd * w + b; }
-static inline void apex__bn_normalize_channel(const float *xf, float *o, size_t N, size_t C, size_t S, size_t c, float mean,
-                                              float rstd, float w, float b, int relu) {
-  for (size_t n = 0; n < N; n++) {
-    const float *xs = xf + (n * C + c) * S;
-    float *os = o + (n * C + c) * S;
-    ag_prefetch_plane(o, N, C, S, n, c, 1);
-    if (relu)
-      for (size_t i = 0; i < S; i++) {
-        float v = apex__bn_affine(xs[i], mean, rstd, w, b);
-        os[i] = v > 0.0f ? v : 0.0f;
-      }
-    else
-      for (size_t i = 0; i < S; i++) os[i] = apex__bn_affine(xs[i], mean, rstd, w, b);
-  }
-}
-
 static inline float *ag_data(const apex_tensor *t) { return (float *)apex_tensor_data(t); }
 static inline size_t ag_numel(const apex_var *v) { return v->value->numel; }
 static inline size_t ag_nz(size_t n) { return n ? n : 1; }
@@ -329,131 +301,5 @@ static inline void ag_lines(const apex_tensor *t, int dim, size_t *outer, size_t
 const char *apex__shape(const apex_var *v);
 const char *apex__shape_of(int ndim, const int64_t *shape);
 
-/* Runs elementwise loops on threads when they are big enough to pay. Each element's result does not
- * depend on the thread count. */
-#define AG_PAR_MIN 16384
-#define AG_PFOR _Pragma("omp parallel for schedule(static) if (n > AG_PAR_MIN)")
-
-/* C = alpha * op(A) op(B) + beta * C, row-major, through OpenBLAS on apex's threads, in a tile grid
- * fixed by m, n, k so that the bits do not depend on the thread count (see gemm.c). */
-void apex__sgemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
-                 const float *b, int ldb, float beta, float *c, int ldc);
-
-/* For ops that run their own threads over independent products (conv2d's images): one sgemm call
- * on the calling thread, its bits fixed by its shape. apex__blas_serial() must have been called
- * first, outside the parallel region, so that OpenBLAS does not start threads of its own. */
-void apex__blas_serial(void);
-void apex__sgemm_call(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                      float beta, float *c, int ldc);
-
-/* An operand of apex__gemm as stored: row-major, ld elements between rows, any float dtype; trans
- * as for sgemm (1: the stored matrix is the transpose of the operand). */
-typedef struct ag_mat {
-  const void *data;
-  apex_dtype dtype;
-  int ld, trans;
-} ag_mat;
-
-/* sgemm_avx512.c: apex's own single-threaded f32 product C = alpha op(A) op(B) + beta C (row-major,
- * beta 0 never reads C), and whether this CPU can run it. gemm.c uses it instead of OpenBLAS when it can. */
-int apex__sgemm_avx512_ok(void);
-void apex__sgemm_avx512(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
-                        const float *b, int ldb, float beta, float *c, int ldc);
-/* For tests and benchmarks: 0 makes gemm.c use OpenBLAS even where the own kernel can run; returns
- * the previous setting (1 by default). */
-int apex__gemm_set_own_kernel(int on);
-/* sgemm_ref.c: the portable reference product (same contract as apex__sgemm_avx512), which gemm.c
- * runs under APEX_CPU_ISA_PORTABLE. */
-void apex__sgemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
-                     const float *b, int ldb, float beta, float *c, int ldc);
-
-/* C [m, n] (dtype ct, ldc) = alpha * op(A) [m, k] op(B) [k, n] + beta * C, for operands of any float
- * dtype, accumulated in f32, in apex__sgemm's grid. With bias (f32 [n]), C = bias + alpha * op(A)
- * op(B) instead. C that is not f32 is written, never read: beta must then be 0. Low-precision
- * operands are widened a tile's panel at a time into transient scratch, never whole, with the bits of
- * widening whole. APEX_ERR_OUT_OF_MEMORY when the scratch cannot be had. */
-apex_status apex__gemm(apex_graph *g, int m, int n, int k, float alpha, ag_mat a, ag_mat b, float beta, void *c, apex_dtype ct, int ldc,
-                       const float *bias);
-/* 1: apex__gemm widens whole tensors first (the reference way, for tests and benchmarks); 0: per
- * tile (the default). Returns the previous setting. Not thread-safe. */
-int apex__gemm_set_whole_widening(int on);
-
-/* dst[c] += sum over rows of m[r, c] (m is rows x cols), each column summed in row order. */
-void apex__colsum_add(const float *m, size_t rows, size_t cols, float *dst);
-
-/* Sum of n floats in double on the calling thread, in order. */
-static inline double apex__sum_serial(const float *x, size_t n) {
-  double s = 0;
-  for (size_t i = 0; i < n; i++) s += x[i];
-  return s;
-}
-
-/* Sums that vectorise: element i of a run goes to lane i % AG_LANES, each lane sums a block of up
- * to AG_LANE_BLOCK elements in f32 (at most 64 terms a lane) and adds that to its f64 total, and the
- * totals are combined in a fixed order; so the value depends on the data alone (not the thread that
- * runs it), and long runs lose no more than f64 sums of short f32 ones. One chain of dependent adds
- * costs its 4-cycle latency an element; sixteen f32 lanes run at the speed of loading the floats.
- * Measured on batch norm's statistics over [128, 32, 28, 28] from memory, one thread: 2.6 ms with
- * eight f64 lanes, 1.7 ms with f32 blocks. Runs can be added one after another into the same lanes. */
-#define AG_LANES 16
-#define AG_LANE_BLOCK 1024
-/* The lanes live in four 4-float vectors (GCC/Clang vector extensions, lowered to whatever the target
- * has): as arrays gcc kept them on the stack and ran at 0.5-0.7 ns an element, as vectors 0.13 (the
- * batch norm backward's sums, one thread, in cache). Lane l sums the same elements in the same
- * order either way, so the portable loop below gives the same bits. */
-#if defined(__GNUC__)
-typedef float ag_v4 __attribute__((vector_size(16)));
-#define AG_VEC 1
-static inline ag_v4 ag_ld4(const float *p) {
-  ag_v4 v;
-  memcpy(&v, p, sizeof v);
-  return v;
-}
-static inline void ag_st16(float *f, ag_v4 a, ag_v4 b, ag_v4 c, ag_v4 d) {
-  memcpy(f, &a, sizeof a);
-  memcpy(f + 4, &b, sizeof b);
-  memcpy(f + 8, &c, sizeof c);
-  memcpy(f + 12, &d, sizeof d);
-}
-#else
-#define AG_VEC 0
-#endif
-/* One block [i, e) of x into f32 lanes f (zeroed by the caller); returns where the whole groups end. */
-static inline size_t ag_lanes_block(float f[AG_LANES], const float *restrict x, size_t i, size_t e) {
-#if AG_VEC
-  ag_v4 a = {0}, b = {0}, c = {0}, d = {0};
-  for (; i + AG_LANES <= e; i += AG_LANES) {
-    a += ag_ld4(x + i);
-    b += ag_ld4(x + i + 4);
-    c += ag_ld4(x + i + 8);
-    d += ag_ld4(x + i + 12);
-  }
-  ag_st16(f, a, b, c, d);
-#else
-  for (; i + AG_LANES <= e; i += AG_LANES)
-    for (int l = 0; l < AG_LANES; l++) f[l] += x[i + l];
-#endif
-  return i;
-}
-static inline void apex__lanes_add(double acc[AG_LANES], const float *restrict x, size_t n) {
-  for (size_t b0 = 0; b0 < n; b0 += AG_LANE_BLOCK) {
-    size_t e = n - b0 < AG_LANE_BLOCK ? n : b0 + AG_LANE_BLOCK;
-    float f[AG_LANES] = {0};
-    size_t i = ag_lanes_block(f, x, b0, e);
-    for (size_t l = 0; i + l < e; l++) f[l] += x[i + l];
-    for (int l = 0; l < AG_LANES; l++) acc[l] += f[l];
-  }
-}
-static inline double apex__lanes_total(const double acc[AG_LANES]) {
-  double s[AG_LANES / 2];
-  for (int l = 0; l < AG_LANES / 2; l++) s[l] = acc[2 * l] + acc[2 * l + 1];
-  return (((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
-}
-
-/* serial(block) over the fixed blocks of 4096 floats of x (run on several threads), the block results
- * added in order in double: the value does not depend on the thread count. */
-double apex__blocked_sum(const float *x, size_t n, double (*serial)(const float *x, size_t n));
-/* Sum of n floats in double, in apex__blocked_sum's blocks, each summed by apex__sum_serial. */
-double apex__sum_f32(const float *x, size_t n);
 
 #endif

@@ -396,15 +396,14 @@ apex_var *apex_cast(apex_graph *g, apex_var *x, apex_dtype dtype) {
   return cast_kernel(g, u, dtype);
 }
 
-/* The backward of ops that pass the gradient through unchanged (cast, reshape). */
+/* The backward of ops that pass the gradient through unchanged (cast, reshape): the backend's scale
+ * backward by 1, exact, so gx += go. */
 apex_status apex__bwd_identity(apex_graph *g, apex_var *out) {
+  const apex_backend *be = apex__ag_backend(out, out->op);
+  if (!be || !AG_HAS(be, nn_scale_bwd, out->op)) return apex_last_status();
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
-  const float *go = out->gbuf;
-  size_t n = ag_numel(out);
-  AG_PFOR
-  for (size_t i = 0; i < n; i++) gx[i] += go[i];
-  return APEX_OK;
+  return be->nn_scale_bwd(&(apex_nn_scale_bwd_args){.n = ag_numel(out), .gout = out->gbuf, .gx = gx, .s = 1.0f, .accumulate_x = 1});
 }
 
 /* ---- f32 views ---------------------------------------------------------------------------------- */
@@ -425,23 +424,3 @@ void apex__store(apex_var *v, const float *buf) {
   if (v->value->dtype != APEX_F32) apex_convert(apex_tensor_data(v->value), v->value->dtype, buf, APEX_F32, ag_numel(v));
 }
 
-enum { SUM_BLOCK = 4096 };
-
-double apex__blocked_sum(const float *x, size_t n, double (*serial)(const float *x, size_t n)) {
-  size_t nb = (n + SUM_BLOCK - 1) / SUM_BLOCK;
-  double *part = nb > 1 ? malloc(nb * sizeof *part) : NULL, s = 0;
-  if (!part) { /* one block, or no memory: the same blocks in the same order on this thread */
-    for (size_t b = 0, lo = 0; b < nb; b++, lo += SUM_BLOCK) s += serial(x + lo, n - lo < SUM_BLOCK ? n - lo : SUM_BLOCK);
-    return s;
-  }
-#pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
-  for (size_t b = 0; b < nb; b++) {
-    size_t lo = b * SUM_BLOCK;
-    part[b] = serial(x + lo, n - lo < SUM_BLOCK ? n - lo : SUM_BLOCK);
-  }
-  for (size_t b = 0; b < nb; b++) s += part[b];
-  free(part);
-  return s;
-}
-
-double apex__sum_f32(const float *x, size_t n) { return apex__blocked_sum(x, n, apex__sum_serial); }

@@ -1,28 +1,9 @@
-/* ops_linear.c: matmul and linear on apex__gemm (gemm.c).
- *
- * Operands and results stay in their own dtypes: apex__gemm widens low-precision operands to f32
- * (per tile once a product is big) and every product accumulates in f32 inside sgemm, split over the
- * threads never along K, so a product's bits do not depend on the thread count. */
+/* ops_linear.c: the fronts of matmul and linear: autocast, shape checks, recording; the products are
+ * the backend's (backend/args_nn.h; the CPU's in backend/cpu/linear.c on backend/cpu/gemm.c).
+ * Operands and results stay in their own dtypes. */
 #include "autograd/ag.h"
 
-/* t's data from element off, as a gemm operand with rows of ld elements. */
-static ag_mat mat(const apex_tensor *t, size_t off, int ld, int trans) {
-  return (ag_mat){(const char *)apex_tensor_data(t) + off * apex_dtype_size(t->dtype), t->dtype, ld, trans};
-}
-static ag_mat mat_f32(const float *p, int ld, int trans) { return (ag_mat){p, APEX_F32, ld, trans}; }
-
-void apex__colsum_add(const float *m, size_t rows, size_t cols, float *dst) {
-  enum { CB = 64 };
-  size_t nb = (cols + CB - 1) / CB;
-#pragma omp parallel for schedule(static) if (rows * cols > AG_PAR_MIN)
-  for (size_t b = 0; b < nb; b++) {
-    float acc[CB] = {0};
-    size_t c0 = b * CB, w = cols - c0 < CB ? cols - c0 : CB;
-    for (size_t r = 0; r < rows; r++)
-      for (size_t c = 0; c < w; c++) acc[c] += m[r * cols + c0 + c];
-    for (size_t c = 0; c < w; c++) dst[c0 + c] += acc[c];
-  }
-}
+static apex_nn_buf buf(const apex_tensor *t) { return (apex_nn_buf){apex_tensor_data(t), t->dtype}; }
 
 /* ---- matmul -------------------------------------------------------------------------------------- */
 
@@ -64,34 +45,26 @@ apex_var *apex_matmul(apex_graph *g, apex_var *a, apex_var *b) {
   int nd = u[0]->value->ndim;
   for (int i = 0; i < nd - 1; i++) shape[i] = u[0]->value->shape[i];
   shape[nd - 1] = d.n;
+  const apex_backend *be = apex__ag_backend(u[0], APEX_OP_MATMUL);
+  if (!be || !AG_HAS(be, nn_matmul, APEX_OP_MATMUL)) return NULL;
   apex_var *out = apex__result(g, APEX_OP_MATMUL, dt, nd, shape, 2, u);
   if (!out) return NULL;
-  const apex_tensor *A = u[0]->value, *B = u[1]->value;
-  size_t sa = (size_t)d.m * d.k, sb = d.batch > 1 ? (size_t)d.k * d.n : 0, so = (size_t)d.m * d.n;
-  char *o = apex_tensor_data(out->value);
-  for (size_t i = 0; i < d.batch; i++)
-    if (apex__gemm(g, d.m, d.n, d.k, 1.0f, mat(A, i * sa, d.k, 0), mat(B, i * sb, d.n, 0), 0.0f, o + i * so * apex_dtype_size(dt), dt, d.n,
-                   NULL) != APEX_OK)
-      return NULL;
+  if (be->nn_matmul(&(apex_nn_matmul_args){.batch = d.batch, .m = d.m, .n = d.n, .k = d.k, .a = buf(u[0]->value), .b = buf(u[1]->value),
+                                           .b_batched = d.batch > 1, .out = apex_tensor_data(out->value), .out_dtype = dt,
+                                           .ws = apex__ag_workspace(g)}) != APEX_OK)
+    return NULL;
   return out;
 }
 
 apex_status apex__bwd_matmul(apex_graph *g, apex_var *out) {
+  const apex_backend *be = apex__ag_backend(out, APEX_OP_MATMUL);
+  if (!be || !AG_HAS(be, nn_matmul_bwd, APEX_OP_MATMUL)) return apex_last_status();
   mm_dims d;
   mm_plan(out->in[0]->value, out->in[1]->value, &d);
   float *ga = apex__gbuf(g, out->in[0]), *gb = apex__gbuf(g, out->in[1]);
-  const apex_tensor *A = out->in[0]->value, *B = out->in[1]->value;
-  const float *go = out->gbuf;
-  size_t sa = (size_t)d.m * d.k, sb = d.batch > 1 ? (size_t)d.k * d.n : 0, so = (size_t)d.m * d.n;
-  for (size_t i = 0; i < d.batch; i++) {
-    if (ga && apex__gemm(g, d.m, d.k, d.n, 1.0f, mat_f32(go + i * so, d.n, 0), mat(B, i * sb, d.n, 1), 1.0f, ga + i * sa, APEX_F32, d.k,
-                         NULL) != APEX_OK)
-      return APEX_ERR_OUT_OF_MEMORY;
-    if (gb && apex__gemm(g, d.k, d.n, d.m, 1.0f, mat(A, i * sa, d.k, 1), mat_f32(go + i * so, d.n, 0), 1.0f, gb + i * sb, APEX_F32, d.n,
-                         NULL) != APEX_OK)
-      return APEX_ERR_OUT_OF_MEMORY;
-  }
-  return APEX_OK;
+  return be->nn_matmul_bwd(&(apex_nn_matmul_bwd_args){.batch = d.batch, .m = d.m, .n = d.n, .k = d.k, .a = buf(out->in[0]->value),
+                                                      .b = buf(out->in[1]->value), .b_batched = d.batch > 1, .gout = out->gbuf, .ga = ga,
+                                                      .gb = gb, .accumulate_a = 1, .accumulate_b = 1, .ws = apex__ag_workspace(g)});
 }
 
 /* ---- linear -------------------------------------------------------------------------------------- */
@@ -110,30 +83,29 @@ apex_var *apex_linear(apex_graph *g, apex_var *x, apex_var *w, apex_var *b) {
   int64_t shape[APEX_MAX_DIMS];
   for (int i = 0; i < X->ndim - 1; i++) shape[i] = X->shape[i];
   shape[X->ndim - 1] = n;
+  const apex_backend *be = apex__ag_backend(u[0], APEX_OP_LINEAR);
+  if (!be || !AG_HAS(be, nn_linear, APEX_OP_LINEAR)) return NULL;
   apex_var *out = apex__result(g, APEX_OP_LINEAR, dt, X->ndim, shape, 3, u);
   if (!out) return NULL;
   const float *bf = b ? apex__f32(g, u[2]->value) : NULL;
   if (b && !bf) return NULL;
-  if (apex__gemm(g, m, n, k, 1.0f, mat(X, 0, k, 0), mat(W, 0, k, 1), 0.0f, apex_tensor_data(out->value), dt, n, bf) != APEX_OK) return NULL;
+  if (be->nn_linear(&(apex_nn_linear_args){.m = m, .n = n, .k = k, .x = buf(X), .w = buf(W), .bias = bf, .out = apex_tensor_data(out->value),
+                                           .out_dtype = dt, .ws = apex__ag_workspace(g)}) != APEX_OK)
+    return NULL;
   return out;
 }
 
+/* The weight's and input's first gradients need not be zeroed (apex__gbuf_w): the products write them. */
 apex_status apex__bwd_linear(apex_graph *g, apex_var *out) {
+  const apex_backend *be = apex__ag_backend(out, APEX_OP_LINEAR);
+  if (!be || !AG_HAS(be, nn_linear_bwd, APEX_OP_LINEAR)) return apex_last_status();
   const apex_tensor *X = out->in[0]->value, *W = out->in[1]->value;
   int k = (int)W->shape[1], n = (int)W->shape[0];
   int m = (int)(X->numel / (size_t)ag_nz(k));
-  const float *go = out->gbuf;
-  /* A first gradient is written with beta 0 into an unzeroed buffer (see apex__gbuf_w); the product
-   * then starts from +0 as it would have in a zeroed one. */
   int fresh_x, fresh_w;
   float *gx = apex__gbuf_w(g, out->in[0], &fresh_x), *gw = apex__gbuf_w(g, out->in[1], &fresh_w);
   float *gb = apex__gbuf(g, out->in[2]);
-  if (gx && apex__gemm(g, m, k, n, 1.0f, mat_f32(go, n, 0), mat(W, 0, k, 0), fresh_x ? 0.0f : 1.0f, gx, APEX_F32, k,
-                       NULL) != APEX_OK)
-    return APEX_ERR_OUT_OF_MEMORY;
-  if (gw && apex__gemm(g, n, k, m, 1.0f, mat_f32(go, n, 1), mat(X, 0, k, 0), fresh_w ? 0.0f : 1.0f, gw, APEX_F32, k,
-                       NULL) != APEX_OK)
-    return APEX_ERR_OUT_OF_MEMORY;
-  if (gb) apex__colsum_add(go, (size_t)m, (size_t)n, gb);
-  return APEX_OK;
+  return be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = m, .n = n, .k = k, .x = buf(X), .w = buf(W), .gout = out->gbuf, .gx = gx,
+                                                      .gw = gw, .gb = gb, .accumulate_x = !fresh_x, .accumulate_w = !fresh_w,
+                                                      .accumulate_b = 1, .ws = apex__ag_workspace(g)});
 }

@@ -1,9 +1,10 @@
-/* ops_loss.c: softmax, log-softmax and the losses (cross entropy, MSE, BCE with logits, BCE).
+/* ops_loss.c: the fronts of softmax, log-softmax and the losses (cross entropy, MSE, BCE with
+ * logits, BCE): autocast, shape and target checks, recording; the kernels are the backend's
+ * (backend/args_nn.h; the CPU's in backend/cpu/loss.c).
  *
- * Softmax along any dim sees x as [outer, D, inner]: each of the outer * inner lines of D elements
- * is one independent softmax, so lines run on threads. The forward keeps its f32 result in the
- * op's scratch for the backward. Reduced losses sum their per-element terms with apex__sum_f32, in
- * double and in a fixed order. */
+ * Softmax along any dim sees x as [outer, D, inner]. Its forward keeps its f32 result in the op's
+ * scratch for the backward. A reduced loss's kernel sums its per-element terms in double in a fixed
+ * order; MEAN's division happens here. */
 #include <math.h>
 
 #include "autograd/ag.h"
@@ -16,6 +17,8 @@ static apex_var *softmax_op(apex_graph *g, apex_op op, apex_var *x, int dim) {
   if (apex__dispatch(g, op, 1, &x, 0, &u, &dt) != APEX_OK) return NULL;
   int dd = ag_dim(dim, u->value->ndim);
   if (dd < 0) return apex__fail_null(APEX_ERR_SHAPE, "%s: dim %d is out of range for %s", apex_op_name(op), dim, apex__shape(x));
+  const apex_backend *be = apex__ag_backend(u, op);
+  if (!be || !AG_HAS(be, nn_softmax, op)) return NULL;
   apex_var *out = apex__result(g, op, dt, u->value->ndim, u->value->shape, 1, &u);
   if (!out) return NULL;
   const float *X = apex__f32(g, u->value);
@@ -26,25 +29,9 @@ static apex_var *softmax_op(apex_graph *g, apex_op op, apex_var *x, int dim) {
   ag_lines(u->value, dd, &outer, &D, &inner);
   out->p.softmax.dim = dd;
   out->aux = o;
-  size_t nl = outer * inner, n = nl * D;
-  int logsm = op == APEX_OP_LOG_SOFTMAX;
-#pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
-  for (size_t l = 0; l < nl; l++) {
-    size_t base = (l / inner) * D * inner + l % inner;
-    const float *xl = X + base;
-    float *ol = o + base;
-    float mx = -INFINITY;
-    for (size_t j = 0; j < D; j++) mx = fmaxf(mx, xl[j * inner]);
-    float s = 0.0f;
-    for (size_t j = 0; j < D; j++) s += expf(xl[j * inner] - mx);
-    if (logsm) {
-      float lse = mx + logf(s);
-      for (size_t j = 0; j < D; j++) ol[j * inner] = xl[j * inner] - lse;
-    } else {
-      float r = 1.0f / s;
-      for (size_t j = 0; j < D; j++) ol[j * inner] = expf(xl[j * inner] - mx) * r;
-    }
-  }
+  if (be->nn_softmax(&(apex_nn_softmax_args){.log = op == APEX_OP_LOG_SOFTMAX, .outer = outer, .dim = D, .inner = inner, .x = X,
+                                              .out = o}) != APEX_OK)
+    return NULL;
   apex__store(out, o);
   return out;
 }
@@ -53,28 +40,15 @@ apex_var *apex_softmax(apex_graph *g, apex_var *x, int dim) { return softmax_op(
 apex_var *apex_log_softmax(apex_graph *g, apex_var *x, int dim) { return softmax_op(g, APEX_OP_LOG_SOFTMAX, x, dim); }
 
 static apex_status softmax_bwd(apex_graph *g, apex_var *out) {
+  const apex_backend *be = apex__ag_backend(out, out->op);
+  if (!be || !AG_HAS(be, nn_softmax_bwd, out->op)) return apex_last_status();
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
   size_t outer, D, inner;
   ag_lines(out->value, out->p.softmax.dim, &outer, &D, &inner);
-  const float *y = out->aux, *go = out->gbuf;
-  size_t nl = outer * inner, n = nl * D;
-  int logsm = out->op == APEX_OP_LOG_SOFTMAX;
-#pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
-  for (size_t l = 0; l < nl; l++) {
-    size_t base = (l / inner) * D * inner + l % inner;
-    const float *yl = y + base, *gl = go + base;
-    float *xl = gx + base;
-    float s = 0.0f;
-    if (logsm) {
-      for (size_t j = 0; j < D; j++) s += gl[j * inner];
-      for (size_t j = 0; j < D; j++) xl[j * inner] += gl[j * inner] - expf(yl[j * inner]) * s;
-    } else {
-      for (size_t j = 0; j < D; j++) s += gl[j * inner] * yl[j * inner];
-      for (size_t j = 0; j < D; j++) xl[j * inner] += yl[j * inner] * (gl[j * inner] - s);
-    }
-  }
-  return APEX_OK;
+  return be->nn_softmax_bwd(&(apex_nn_softmax_bwd_args){.log = out->op == APEX_OP_LOG_SOFTMAX, .outer = outer, .dim = D,
+                                                        .inner = inner, .y = out->aux, .gout = out->gbuf, .gx = gx,
+                                                        .accumulate_x = 1});
 }
 
 apex_status apex__bwd_softmax(apex_graph *g, apex_var *out) { return softmax_bwd(g, out); }
@@ -92,8 +66,9 @@ static apex_var *loss_result(apex_graph *g, apex_op op, apex_dtype dt, apex_redu
   return out;
 }
 
-/* Writes the reduced value of per-element terms l[0..n) (divided by `count` for MEAN) into out. */
-static void loss_store(apex_var *out, const float *l, size_t n, double count) {
+/* Writes a loss's result into out: the per-element terms l[0..n) for NONE, else their sum (divided
+ * by `count` for MEAN). */
+static void loss_store(apex_var *out, const float *l, size_t n, double sum, double count) {
   if (out->p.loss.reduction == APEX_REDUCTION_NONE) {
     if (out->value->dtype == APEX_F32) {
       if (ag_data(out->value) != l) memcpy(ag_data(out->value), l, n * sizeof(float));
@@ -102,16 +77,12 @@ static void loss_store(apex_var *out, const float *l, size_t n, double count) {
     }
     return;
   }
-  double s = apex__sum_f32(l, n);
-  if (out->p.loss.reduction == APEX_REDUCTION_MEAN) s /= count;
-  apex_tensor_set(out->value, 0, (float)s);
+  if (out->p.loss.reduction == APEX_REDUCTION_MEAN) sum /= count;
+  apex_tensor_set(out->value, 0, (float)sum);
 }
 
-/* The gradient of term i: go[i] for NONE, go[0] for SUM, go[0] / count for MEAN. */
-static inline float loss_grad(const apex_var *out, size_t i, double count) {
-  const float *go = out->gbuf;
-  if (out->p.loss.reduction == APEX_REDUCTION_NONE) return go[i];
-  return out->p.loss.reduction == APEX_REDUCTION_MEAN ? (float)(go[0] / count) : go[0];
+static apex_nn_reduction nn_reduction(apex_reduction r) {
+  return r == APEX_REDUCTION_NONE ? APEX_NN_NONE : r == APEX_REDUCTION_SUM ? APEX_NN_SUM : APEX_NN_MEAN;
 }
 
 /* ---- cross entropy ------------------------------------------------------------------------------ */
@@ -137,6 +108,8 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
                              (long long)targets[i], i, C, apex__shape(logits));
     count++;
   }
+  const apex_backend *be = apex__ag_backend(u, APEX_OP_CROSS_ENTROPY);
+  if (!be || !AG_HAS(be, nn_cross_entropy, APEX_OP_CROSS_ENTROPY)) return NULL;
   int64_t nshape = (int64_t)N;
   apex_var *out = loss_result(g, APEX_OP_CROSS_ENTROPY, dt, opts->reduction, 1, &nshape, 1, &u);
   if (!out) return NULL;
@@ -152,49 +125,31 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   out->p.loss.classes = (int64_t)C;
   out->p.loss.smoothing = eps;
   out->p.loss.count = (int64_t)count;
-  size_t n = N * C;
-#pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
-  for (size_t i = 0; i < N; i++) {
-    const float *xi = x + i * C;
-    float *pi = p + i * C;
-    float mx = -INFINITY, s = 0.0f, sum_logp = 0.0f;
-    for (size_t c = 0; c < C; c++) mx = fmaxf(mx, xi[c]);
-    for (size_t c = 0; c < C; c++) s += (pi[c] = expf(xi[c] - mx));
-    float lse = mx + logf(s), r = 1.0f / s;
-    for (size_t c = 0; c < C; c++) {
-      pi[c] *= r;
-      sum_logp += xi[c] - lse;
-    }
-    l[i] = tg[i] < 0 ? 0.0f : -(1.0f - eps) * (xi[tg[i]] - lse) - eps / (float)C * sum_logp;
-  }
-  loss_store(out, l, N, (double)count);
+  double sum = 0;
+  if (be->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = N, .classes = C, .x = x, .target = tg, .smoothing = eps, .prob = p,
+                                                         .loss = l, .sum = opts->reduction == APEX_REDUCTION_NONE ? NULL : &sum}) != APEX_OK)
+    return NULL;
+  loss_store(out, l, N, sum, (double)count);
   return out;
 }
 
 apex_status apex__bwd_cross_entropy(apex_graph *g, apex_var *out) {
+  const apex_backend *be = apex__ag_backend(out, APEX_OP_CROSS_ENTROPY);
+  if (!be || !AG_HAS(be, nn_cross_entropy_bwd, APEX_OP_CROSS_ENTROPY)) return apex_last_status();
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
   size_t N = (size_t)out->p.loss.rows, C = (size_t)out->p.loss.classes, pad = (N * C + 1) & ~(size_t)1;
   const float *p = out->aux;
-  const int64_t *tg = (const int64_t *)(p + pad);
-  float eps = out->p.loss.smoothing, smooth = eps / (float)C;
-  double count = (double)out->p.loss.count;
-  size_t n = N * C;
-#pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
-  for (size_t i = 0; i < N; i++) {
-    if (tg[i] < 0) continue;
-    float w = loss_grad(out, i, count);
-    for (size_t c = 0; c < C; c++) gx[i * C + c] += w * (p[i * C + c] - smooth - ((int64_t)c == tg[i] ? 1.0f - eps : 0.0f));
-  }
-  return APEX_OK;
+  return be->nn_cross_entropy_bwd(&(apex_nn_cross_entropy_bwd_args){
+      .rows = N, .classes = C, .prob = p, .target = (const int64_t *)(p + pad), .smoothing = out->p.loss.smoothing,
+      .reduction = nn_reduction(out->p.loss.reduction), .count = (double)out->p.loss.count, .gout = out->gbuf, .gx = gx,
+      .accumulate_x = 1});
 }
 
 /* ---- pointwise losses --------------------------------------------------------------------------- */
 
-/* log clamped at -100 (PyTorch's); a NaN stays NaN (fmaxf would turn it into -100 and hide it). */
-static inline float clamp_log(float v) {
-  float l = logf(v);
-  return l < -100.0f ? -100.0f : l;
+static apex_nn_pointwise_loss_kind pointwise_kind(apex_op op) {
+  return op == APEX_OP_MSE ? APEX_NN_MSE : op == APEX_OP_BCE_WITH_LOGITS ? APEX_NN_BCE_WITH_LOGITS : APEX_NN_BCE;
 }
 
 static apex_var *pointwise_loss(apex_graph *g, apex_op op, apex_var *x, apex_var *y, apex_reduction red) {
@@ -203,6 +158,8 @@ static apex_var *pointwise_loss(apex_graph *g, apex_op op, apex_var *x, apex_var
   if (apex__dispatch(g, op, 2, in, 0, u, &dt) != APEX_OK) return NULL;
   if (!apex_tensor_same_shape(u[0]->value, u[1]->value))
     return apex__fail_null(APEX_ERR_SHAPE, "%s: input %s and target %s must have the same shape", apex_op_name(op), apex__shape(x), apex__shape(y));
+  const apex_backend *be = apex__ag_backend(u[0], op);
+  if (!be || !AG_HAS(be, nn_pointwise_loss, op)) return NULL;
   size_t n = ag_numel(u[0]);
   const float *X = apex__f32(g, u[0]->value), *Y = apex__f32(g, u[1]->value);
   if (!X || !Y) return NULL;
@@ -218,21 +175,11 @@ static apex_var *pointwise_loss(apex_graph *g, apex_op op, apex_var *x, apex_var
   if (!out) return NULL;
   float *l = apex__scratch(g, ag_nz(n) * sizeof(float));
   if (!l) return NULL;
-  switch (op) {
-  case APEX_OP_MSE:
-    AG_PFOR
-    for (size_t i = 0; i < n; i++) l[i] = (X[i] - Y[i]) * (X[i] - Y[i]);
-    break;
-  case APEX_OP_BCE_WITH_LOGITS:
-    AG_PFOR
-    for (size_t i = 0; i < n; i++) l[i] = fmaxf(X[i], 0.0f) - X[i] * Y[i] + log1pf(expf(-fabsf(X[i])));
-    break;
-  default:
-    AG_PFOR
-    for (size_t i = 0; i < n; i++) l[i] = -(Y[i] * clamp_log(X[i]) + (1.0f - Y[i]) * clamp_log(1.0f - X[i]));
-    break;
-  }
-  loss_store(out, l, n, (double)n);
+  double sum = 0;
+  if (be->nn_pointwise_loss(&(apex_nn_pointwise_loss_args){.kind = pointwise_kind(op), .n = n, .x = X, .y = Y, .loss = l,
+                                                           .sum = red == APEX_REDUCTION_NONE ? NULL : &sum}) != APEX_OK)
+    return NULL;
+  loss_store(out, l, n, sum, (double)n);
   return out;
 }
 
@@ -243,27 +190,13 @@ apex_var *apex_bce_with_logits(apex_graph *g, apex_var *x, apex_var *y, apex_red
 apex_var *apex_bce(apex_graph *g, apex_var *p, apex_var *y, apex_reduction r) { return pointwise_loss(g, APEX_OP_BCE, p, y, r); }
 
 apex_status apex__bwd_pointwise_loss(apex_graph *g, apex_var *out) {
+  const apex_backend *be = apex__ag_backend(out, out->op);
+  if (!be || !AG_HAS(be, nn_pointwise_loss_bwd, out->op)) return apex_last_status();
   float *gx = apex__gbuf(g, out->in[0]), *gy = apex__gbuf(g, out->in[1]);
   const float *X = apex__f32(g, out->in[0]->value), *Y = apex__f32(g, out->in[1]->value);
   if (!X || !Y) return APEX_ERR_OUT_OF_MEMORY;
   size_t n = ag_numel(out->in[0]);
-  double count = (double)n;
-  apex_op op = out->op;
-  AG_PFOR
-  for (size_t i = 0; i < n; i++) {
-    float w = loss_grad(out, i, count), x = X[i], y = Y[i], dx, dy;
-    if (op == APEX_OP_MSE) {
-      dx = 2.0f * (x - y);
-      dy = -dx;
-    } else if (op == APEX_OP_BCE_WITH_LOGITS) {
-      dx = 1.0f / (1.0f + expf(-x)) - y;
-      dy = -x;
-    } else {
-      dx = (x - y) / fmaxf((1.0f - x) * x, 1e-12f);
-      dy = clamp_log(1.0f - x) - clamp_log(x);
-    }
-    if (gx) gx[i] += w * dx;
-    if (gy) gy[i] += w * dy;
-  }
-  return APEX_OK;
+  return be->nn_pointwise_loss_bwd(&(apex_nn_pointwise_loss_bwd_args){
+      .kind = pointwise_kind(out->op), .n = n, .x = X, .y = Y, .reduction = nn_reduction(out->p.loss.reduction),
+      .count = (double)n, .gout = out->gbuf, .gx = gx, .gy = gy, .accumulate_x = 1, .accumulate_y = 1});
 }

@@ -1,19 +1,9 @@
-/* ops_shape.c: sum, mean and the L2 norm, reshape, permute/transpose, concat, and embedding lookups.
- *
- * A reduction along a dim sees x as [outer, D, inner] and sums each line of D in order (the whole
- * tensor for sum_all, in apex__sum_f32's fixed blocks; norm_all in the same fixed blocks), so its
- * bits do not depend on threads. */
+/* ops_shape.c: the fronts of sum, mean and the L2 norm, reshape, permute/transpose, concat, and
+ * embedding lookups: autocast, shape and id checks, recording; the kernels are the backend's
+ * (backend/args_nn.h; the CPU's in backend/cpu/shape.c). Reshape is a view and needs none. */
 #include "autograd/ag.h"
 
 /* ---- sum / mean / norm -------------------------------------------------------------------------- */
-
-/* Sum of squares of n floats in double on the calling thread, in order: the block function of a norm's
- * apex__blocked_sum, so its bits do not depend on the thread count either. */
-static double sumsq_serial(const float *x, size_t n) {
-  double s = 0;
-  for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-  return s;
-}
 
 static apex_var *reduce(apex_graph *g, apex_op op, apex_var *x, int all, int dim, int keepdim) {
   apex_var *u;
@@ -30,6 +20,8 @@ static apex_var *reduce(apex_graph *g, apex_op op, apex_var *x, int all, int dim
     for (int i = 0; i < X->ndim; i++)
       if (i != d || keepdim) shape[nd++] = i == d ? 1 : X->shape[i];
   }
+  const apex_backend *be = apex__ag_backend(u, op);
+  if (!be || !AG_HAS(be, nn_reduce, op)) return NULL;
   apex_var *out = apex__result(g, op, dt, nd, shape, 1, &u);
   if (!out) return NULL;
   const float *xf = apex__f32(g, X);
@@ -40,36 +32,15 @@ static apex_var *reduce(apex_graph *g, apex_op op, apex_var *x, int all, int dim
   out->p.reduce.dim = (int64_t)D;
   out->p.reduce.inner = (int64_t)inner;
   out->p.reduce.scale = (float)scale;
+  float *nrm = NULL;
   if (op == APEX_OP_NORM) {
     /* The backward divides by the norms: kept in f32 (aux), not read back from a half result. */
-    size_t nl = outer * inner, n = nl * D;
-    float *nrm = apex__scratch(g, ag_nz(nl) * sizeof(float));
-    if (!nrm) return NULL;
+    if (!(nrm = apex__scratch(g, ag_nz(outer * inner) * sizeof(float)))) return NULL;
     out->aux = nrm;
-    if (nl == 1) {
-      nrm[0] = (float)sqrt(apex__blocked_sum(xf, D, sumsq_serial));
-    } else {
-#pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
-      for (size_t l = 0; l < nl; l++) {
-        const float *xl = xf + (l / inner) * D * inner + l % inner;
-        double s = 0;
-        for (size_t j = 0; j < D; j++) s += (double)xl[j * inner] * xl[j * inner];
-        nrm[l] = (float)sqrt(s);
-      }
-    }
-    memcpy(o, nrm, nl * sizeof(float));
-  } else if (outer * inner == 1) {
-    o[0] = (float)(apex__sum_f32(xf, D) * scale);
-  } else {
-    size_t nl = outer * inner, n = nl * D;
-#pragma omp parallel for schedule(static) if (n > AG_PAR_MIN)
-    for (size_t l = 0; l < nl; l++) {
-      const float *xl = xf + (l / inner) * D * inner + l % inner;
-      double s = 0;
-      for (size_t j = 0; j < D; j++) s += xl[j * inner];
-      o[l] = (float)(s * scale);
-    }
   }
+  if (be->nn_reduce(&(apex_nn_reduce_args){.kind = op == APEX_OP_NORM ? APEX_NN_REDUCE_NORM : APEX_NN_REDUCE_SUM, .outer = outer,
+                                           .dim = D, .inner = inner, .scale = scale, .x = xf, .out = o, .norms = nrm}) != APEX_OK)
+    return NULL;
   apex__store(out, o);
   return out;
 }
@@ -81,32 +52,21 @@ apex_var *apex_mean(apex_graph *g, apex_var *x, int dim, int keepdim) { return r
 apex_var *apex_norm_all(apex_graph *g, apex_var *x) { return reduce(g, APEX_OP_NORM, x, 1, 0, 0); }
 apex_var *apex_norm(apex_graph *g, apex_var *x, int dim, int keepdim) { return reduce(g, APEX_OP_NORM, x, 0, dim, keepdim); }
 
-apex_status apex__bwd_sum(apex_graph *g, apex_var *out) {
+/* sum, mean and norm share one backward kernel; norm's reads x and the f32 norms (aux). */
+static apex_status reduce_bwd(apex_graph *g, apex_var *out, apex_nn_reduce_kind kind) {
+  const apex_backend *be = apex__ag_backend(out, out->op);
+  if (!be || !AG_HAS(be, nn_reduce_bwd, out->op)) return apex_last_status();
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
-  size_t D = (size_t)out->p.reduce.dim, inner = (size_t)out->p.reduce.inner, n = ag_numel(out->in[0]);
-  const float *go = out->gbuf;
-  float s = out->p.reduce.scale;
-  AG_PFOR
-  for (size_t i = 0; i < n; i++) gx[i] += go[(i / (D * inner)) * inner + i % inner] * s;
-  return APEX_OK;
+  const float *X = NULL;
+  if (kind == APEX_NN_REDUCE_NORM && !(X = apex__f32(g, out->in[0]->value))) return APEX_ERR_OUT_OF_MEMORY;
+  return be->nn_reduce_bwd(&(apex_nn_reduce_bwd_args){.kind = kind, .outer = (size_t)out->p.reduce.outer, .dim = (size_t)out->p.reduce.dim,
+                                                      .inner = (size_t)out->p.reduce.inner, .scale = out->p.reduce.scale, .x = X,
+                                                      .norms = out->aux, .gout = out->gbuf, .gx = gx, .accumulate_x = 1});
 }
 
-/* d norm / dx = x / norm, and 0 where the norm is 0 (PyTorch's norm_backward: the subgradient 0 at
- * the origin rather than 0/0). */
-apex_status apex__bwd_norm(apex_graph *g, apex_var *out) {
-  float *gx = apex__gbuf(g, out->in[0]);
-  if (!gx) return APEX_OK;
-  const float *X = apex__f32(g, out->in[0]->value), *nrm = out->aux, *go = out->gbuf;
-  if (!X) return APEX_ERR_OUT_OF_MEMORY;
-  size_t D = (size_t)out->p.reduce.dim, inner = (size_t)out->p.reduce.inner, n = ag_numel(out->in[0]);
-  AG_PFOR
-  for (size_t i = 0; i < n; i++) {
-    size_t l = (i / (D * inner)) * inner + i % inner;
-    if (nrm[l] != 0.0f) gx[i] += go[l] * (X[i] / nrm[l]);
-  }
-  return APEX_OK;
-}
+apex_status apex__bwd_sum(apex_graph *g, apex_var *out) { return reduce_bwd(g, out, APEX_NN_REDUCE_SUM); }
+apex_status apex__bwd_norm(apex_graph *g, apex_var *out) { return reduce_bwd(g, out, APEX_NN_REDUCE_NORM); }
 
 /* ---- reshape ------------------------------------------------------------------------------------ */
 
@@ -148,24 +108,6 @@ static void permute_strides(const apex_tensor *x, const int *perm, int64_t *st) 
   for (int d = 0; d < x->ndim; d++) st[d] = in_st[perm[d]];
 }
 
-/* Calls body(out_index, in_offset) for every element, rows of the last dim on threads. */
-#define PERMUTE_WALK(out_shape, nd, st, n, BODY)                                                                        \
-  do {                                                                                                                  \
-    size_t len_ = nd ? (size_t)out_shape[nd - 1] : 1, rows_ = len_ ? n / len_ : 0;                                      \
-    _Pragma("omp parallel for schedule(static) if (n > AG_PAR_MIN)") for (size_t r_ = 0; r_ < rows_; r_++) {           \
-      size_t rem_ = r_, base_ = 0;                                                                                      \
-      for (int d_ = nd - 2; d_ >= 0; d_--) {                                                                            \
-        base_ += (rem_ % (size_t)out_shape[d_]) * (size_t)st[d_];                                                       \
-        rem_ /= (size_t)out_shape[d_];                                                                                  \
-      }                                                                                                                 \
-      size_t ls_ = nd ? (size_t)st[nd - 1] : 0;                                                                         \
-      for (size_t j_ = 0; j_ < len_; j_++) {                                                                            \
-        size_t oi = r_ * len_ + j_, ii = base_ + j_ * ls_;                                                              \
-        BODY;                                                                                                           \
-      }                                                                                                                 \
-    }                                                                                                                   \
-  } while (0)
-
 apex_var *apex_permute(apex_graph *g, apex_var *x, const int *perm) {
   apex_var *u;
   apex_dtype dt;
@@ -177,18 +119,19 @@ apex_var *apex_permute(apex_graph *g, apex_var *x, const int *perm) {
       return apex__fail_null(APEX_ERR_SHAPE, "permute: entry %d (%d) of the permutation is out of range or repeated for %s", i, perm[i], apex__shape(x));
     seen |= 1 << perm[i];
   }
-  int64_t shape[APEX_MAX_DIMS], st[APEX_MAX_DIMS];
-  for (int i = 0; i < nd; i++) shape[i] = u->value->shape[perm[i]];
-  apex_var *out = apex__result(g, APEX_OP_PERMUTE, dt, nd, shape, 1, &u);
+  const apex_backend *be = apex__ag_backend(u, APEX_OP_PERMUTE);
+  if (!be || !AG_HAS(be, nn_permute, APEX_OP_PERMUTE)) return NULL;
+  apex_nn_permute_args a = {.ndim = nd};
+  for (int i = 0; i < nd; i++) a.shape[i] = u->value->shape[perm[i]];
+  apex_var *out = apex__result(g, APEX_OP_PERMUTE, dt, nd, a.shape, 1, &u);
   if (!out) return NULL;
   memcpy(out->p.permute.perm, perm, (size_t)nd * sizeof *perm);
-  permute_strides(u->value, perm, st);
-  const float *X = apex__f32(g, u->value);
-  float *o = apex__out_f32(g, out);
-  if (!X || !o) return NULL;
-  size_t n = ag_numel(out);
-  PERMUTE_WALK(shape, nd, st, n, o[oi] = X[ii]);
-  apex__store(out, o);
+  permute_strides(u->value, perm, a.strides);
+  a.n = ag_numel(out);
+  a.x = apex__f32(g, u->value);
+  a.out = apex__out_f32(g, out);
+  if (!a.x || !a.out || be->nn_permute(&a) != APEX_OK) return NULL;
+  apex__store(out, a.out);
   return out;
 }
 
@@ -203,16 +146,14 @@ apex_var *apex_transpose(apex_graph *g, apex_var *x, int dim0, int dim1) {
 }
 
 apex_status apex__bwd_permute(apex_graph *g, apex_var *out) {
+  const apex_backend *be = apex__ag_backend(out, APEX_OP_PERMUTE);
+  if (!be || !AG_HAS(be, nn_permute_bwd, APEX_OP_PERMUTE)) return apex_last_status();
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
-  int nd = out->value->ndim;
-  int64_t st[APEX_MAX_DIMS];
-  const int64_t *shape = out->value->shape;
-  permute_strides(out->in[0]->value, out->p.permute.perm, st);
-  const float *go = out->gbuf;
-  size_t n = ag_numel(out);
-  PERMUTE_WALK(shape, nd, st, n, gx[ii] += go[oi]);
-  return APEX_OK;
+  apex_nn_permute_bwd_args a = {.ndim = out->value->ndim, .n = ag_numel(out), .gout = out->gbuf, .gx = gx, .accumulate_x = 1};
+  memcpy(a.shape, out->value->shape, (size_t)a.ndim * sizeof *a.shape);
+  permute_strides(out->in[0]->value, out->p.permute.perm, a.strides);
+  return be->nn_permute_bwd(&a);
 }
 
 /* ---- concat ------------------------------------------------------------------------------------- */
@@ -241,37 +182,45 @@ apex_var *apex_concat(apex_graph *g, int n, apex_var *const *xs, int dim) {
                              apex__shape(xs[0]), d);
     shape[d] += t->shape[d];
   }
+  const apex_backend *be = apex__ag_backend(u[0], APEX_OP_CONCAT);
+  if (!be || !AG_HAS(be, nn_concat, APEX_OP_CONCAT)) return NULL;
   apex_var *out = apex__result(g, APEX_OP_CONCAT, dt, nd, shape, n, u);
   if (!out) return NULL;
   out->p.concat.dim = d;
-  size_t outer, D, inner, es = apex_dtype_size(dt);
+  size_t outer, D, inner;
   ag_lines(out->value, d, &outer, &D, &inner);
-  size_t row = D * inner, at = 0;
-  char *o = apex_tensor_data(out->value);
+  const void **x = apex__scratch_temp(g, (size_t)n * (sizeof *x + sizeof(apex_dtype) + sizeof(size_t)));
+  if (!x) return NULL;
+  size_t *width = (size_t *)(x + n);
+  apex_dtype *xdt = (apex_dtype *)(width + n);
   for (int k = 0; k < n; k++) {
-    const apex_tensor *t = u[k]->value;
-    const char *X = apex_tensor_data(t);
-    size_t w = (size_t)t->shape[d] * inner, tes = apex_dtype_size(t->dtype);
-    for (size_t r = 0; r < outer; r++) apex_convert(o + (r * row + at) * es, dt, X + r * w * tes, t->dtype, w);
-    at += w;
+    x[k] = apex_tensor_data(u[k]->value);
+    xdt[k] = u[k]->value->dtype;
+    width[k] = (size_t)u[k]->value->shape[d] * inner;
   }
+  if (be->nn_concat(&(apex_nn_concat_args){.n = n, .outer = outer, .row = D * inner, .x = x, .x_dtype = xdt, .width = width,
+                                           .out = apex_tensor_data(out->value), .out_dtype = dt}) != APEX_OK)
+    return NULL;
   return out;
 }
 
 apex_status apex__bwd_concat(apex_graph *g, apex_var *out) {
-  int d = out->p.concat.dim;
+  const apex_backend *be = apex__ag_backend(out, APEX_OP_CONCAT);
+  if (!be || !AG_HAS(be, nn_concat_bwd, APEX_OP_CONCAT)) return apex_last_status();
+  int d = out->p.concat.dim, n = out->n_in;
   size_t outer, D, inner;
   ag_lines(out->value, d, &outer, &D, &inner);
-  size_t row = D * inner, at = 0;
-  for (int k = 0; k < out->n_in; k++) {
-    size_t w = (size_t)out->in[k]->value->shape[d] * inner;
-    float *gx = apex__gbuf(g, out->in[k]);
-    if (gx)
-      for (size_t r = 0; r < outer; r++)
-        for (size_t j = 0; j < w; j++) gx[r * w + j] += out->gbuf[r * row + at + j];
-    at += w;
+  float **gx = apex__scratch_temp(g, (size_t)n * (sizeof *gx + sizeof(size_t) + sizeof(int)));
+  if (!gx) return APEX_ERR_OUT_OF_MEMORY;
+  size_t *width = (size_t *)(gx + n);
+  int *acc = (int *)(width + n);
+  for (int k = 0; k < n; k++) {
+    width[k] = (size_t)out->in[k]->value->shape[d] * inner;
+    gx[k] = apex__gbuf(g, out->in[k]);
+    acc[k] = 1;
   }
-  return APEX_OK;
+  return be->nn_concat_bwd(&(apex_nn_concat_bwd_args){.n = n, .outer = outer, .row = D * inner, .width = width, .gout = out->gbuf,
+                                                      .gx = gx, .accumulate = acc});
 }
 
 /* ---- embedding ---------------------------------------------------------------------------------- */
@@ -296,25 +245,27 @@ apex_var *apex_embedding(apex_graph *g, apex_var *weight, const int64_t *ids, in
     if (ids[i] < 0 || (size_t)ids[i] >= V)
       return apex__fail_null(APEX_ERR_INVALID_ARG, "embedding: id %lld at %zu is outside [0, %zu) for weight %s", (long long)ids[i], i, V,
                              apex__shape(weight));
+  const apex_backend *be = apex__ag_backend(u, APEX_OP_EMBEDDING);
+  if (!be || !AG_HAS(be, nn_embedding, APEX_OP_EMBEDDING)) return NULL;
   apex_var *out = apex__result(g, APEX_OP_EMBEDDING, dt, ndim + 1, oshape, 1, &u);
   if (!out) return NULL;
   int64_t *keep = apex__scratch(g, ag_nz(n) * sizeof(int64_t));
   if (!keep) return NULL;
   memcpy(keep, ids, n * sizeof(int64_t));
   out->aux = keep;
-  size_t es = apex_dtype_size(dt);
-  const char *src = apex_tensor_data(W);
-  char *dst = apex_tensor_data(out->value);
-  for (size_t i = 0; i < n; i++) memcpy(dst + i * D * es, src + (size_t)ids[i] * D * es, D * es);
+  if (be->nn_embedding(&(apex_nn_embedding_args){.n = n, .dim = D, .ids = keep, .w = apex_tensor_data(W), .dtype = dt,
+                                                 .out = apex_tensor_data(out->value)}) != APEX_OK)
+    return NULL;
   return out;
 }
 
 apex_status apex__bwd_embedding(apex_graph *g, apex_var *out) {
+  const apex_backend *be = apex__ag_backend(out, APEX_OP_EMBEDDING);
+  if (!be || !AG_HAS(be, nn_embedding_bwd, APEX_OP_EMBEDDING)) return apex_last_status();
   float *gw = apex__gbuf(g, out->in[0]);
   if (!gw) return APEX_OK;
-  size_t D = (size_t)out->in[0]->value->shape[1], n = ag_numel(out) / ag_nz(D);
-  const int64_t *ids = out->aux;
-  for (size_t i = 0; i < n; i++)
-    for (size_t j = 0; j < D; j++) gw[(size_t)ids[i] * D + j] += out->gbuf[i * D + j];
-  return APEX_OK;
+  size_t D = (size_t)out->in[0]->value->shape[1];
+  return be->nn_embedding_bwd(&(apex_nn_embedding_bwd_args){.n = ag_numel(out) / ag_nz(D), .dim = D,
+                                                            .rows = (size_t)out->in[0]->value->shape[0], .ids = out->aux,
+                                                            .gout = out->gbuf, .gw = gw, .accumulate_w = 1});
 }

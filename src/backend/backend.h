@@ -17,6 +17,7 @@
 
 #include "apex/tensor.h"
 #include "backend/args_mt.h"
+#include "backend/args_nn.h"
 #include "backend/args_optim.h"
 #include "core/memory.h"
 
@@ -39,6 +40,46 @@ typedef struct apex_backend {
   /* ---- optimizer and loss scaler (args_optim.h) ---- */
   apex_status (*optim_step)(const apex_optim_step_args *a);
   apex_status (*scaler_update)(const apex_scaler_update_args *a);
+
+  /* ---- nn kernels, autograd's ops forward and backward (args_nn.h) ---- */
+  apex_status (*nn_binary)(const apex_nn_binary_args *a);
+  apex_status (*nn_binary_bwd)(const apex_nn_binary_bwd_args *a);
+  apex_status (*nn_unary)(const apex_nn_unary_args *a);
+  apex_status (*nn_unary_bwd)(const apex_nn_unary_bwd_args *a);
+  apex_status (*nn_scale)(const apex_nn_scale_args *a);
+  apex_status (*nn_scale_bwd)(const apex_nn_scale_bwd_args *a);
+  apex_status (*nn_dropout)(const apex_nn_dropout_args *a);
+  apex_status (*nn_dropout_bwd)(const apex_nn_dropout_bwd_args *a);
+  apex_status (*nn_softmax)(const apex_nn_softmax_args *a);
+  apex_status (*nn_softmax_bwd)(const apex_nn_softmax_bwd_args *a);
+  apex_status (*nn_cross_entropy)(const apex_nn_cross_entropy_args *a);
+  apex_status (*nn_cross_entropy_bwd)(const apex_nn_cross_entropy_bwd_args *a);
+  apex_status (*nn_pointwise_loss)(const apex_nn_pointwise_loss_args *a);
+  apex_status (*nn_pointwise_loss_bwd)(const apex_nn_pointwise_loss_bwd_args *a);
+  apex_status (*nn_batch_norm)(const apex_nn_batch_norm_args *a);
+  apex_status (*nn_batch_norm_bwd)(const apex_nn_batch_norm_bwd_args *a);
+  apex_status (*nn_batch_norm_sums)(const apex_nn_batch_norm_sums_args *a);
+  apex_status (*nn_batch_norm_dx)(const apex_nn_batch_norm_dx_args *a);
+  apex_status (*nn_row_norm)(const apex_nn_row_norm_args *a);
+  apex_status (*nn_row_norm_bwd)(const apex_nn_row_norm_bwd_args *a);
+  apex_status (*nn_reduce)(const apex_nn_reduce_args *a);
+  apex_status (*nn_reduce_bwd)(const apex_nn_reduce_bwd_args *a);
+  apex_status (*nn_permute)(const apex_nn_permute_args *a);
+  apex_status (*nn_permute_bwd)(const apex_nn_permute_bwd_args *a);
+  apex_status (*nn_concat)(const apex_nn_concat_args *a);
+  apex_status (*nn_concat_bwd)(const apex_nn_concat_bwd_args *a);
+  apex_status (*nn_embedding)(const apex_nn_embedding_args *a);
+  apex_status (*nn_embedding_bwd)(const apex_nn_embedding_bwd_args *a);
+  apex_status (*nn_matmul)(const apex_nn_matmul_args *a);
+  apex_status (*nn_matmul_bwd)(const apex_nn_matmul_bwd_args *a);
+  apex_status (*nn_linear)(const apex_nn_linear_args *a);
+  apex_status (*nn_linear_bwd)(const apex_nn_linear_bwd_args *a);
+  apex_status (*nn_attention)(const apex_nn_attention_args *a);
+  apex_status (*nn_attention_bwd)(const apex_nn_attention_bwd_args *a);
+  apex_status (*nn_conv2d)(const apex_nn_conv2d_args *a);
+  apex_status (*nn_conv2d_bwd)(const apex_nn_conv2d_bwd_args *a);
+  apex_status (*nn_pool2d)(const apex_nn_pool2d_args *a);
+  apex_status (*nn_pool2d_bwd)(const apex_nn_pool2d_bwd_args *a);
 } apex_backend;
 
 /* The backend of `device`: the CPU's always; another only when this build has it. NULL (without a

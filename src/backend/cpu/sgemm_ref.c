@@ -9,7 +9,7 @@
  * it exists to be obviously right. */
 #include <stddef.h>
 
-#include "autograd/ag.h"
+#include "backend/cpu/gemm.h"
 
 /* Columns of C summed together: a row of op(B) is read once per block of this many accumulators. */
 enum { JB = 64 };

@@ -24,9 +24,12 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <string.h>
+
 #include "apex/cpu.h"
 #include "apex/threads.h"
-#include "autograd/ag.h"
+#include "backend/cpu/gemm.h"
+#include "core/internal.h"
 
 /* Products of at least this many multiply-adds are tiled and run on threads; smaller ones are one
  * sgemm call, which keeps their bits what they have always been. */
@@ -118,7 +121,7 @@ static grid plan(int m, int n, int k) {
 /* The part of x's storage that lines [lo, lo + w) of op(x) read, as f32: stored rows lo.. when
  * by_rows (w rows of k), else stored columns lo.. (k rows of w). f32 data is used in place; other
  * dtypes are widened into buf. */
-static const float *panel(const ag_mat *x, int by_rows, int lo, int w, int k, float *buf, int *ld) {
+static const float *panel(const apex__mat *x, int by_rows, int lo, int w, int k, float *buf, int *ld) {
   size_t es = apex_dtype_size(x->dtype);
   const char *base = (const char *)x->data + (by_rows ? (size_t)lo * x->ld : (size_t)lo) * es;
   if (x->dtype == APEX_F32) {
@@ -136,7 +139,7 @@ static size_t lowp(apex_dtype dt, size_t n) { return dt == APEX_F32 ? 0 : n; }
 typedef struct job {
   int m, n, k;
   float alpha, beta;
-  ag_mat a, b;
+  apex__mat a, b;
   void *c;
   apex_dtype ct;
   int ldc;
@@ -183,16 +186,16 @@ void apex__sgemm(int trans_a, int trans_b, int m, int n, int k, float alpha, con
 
 /* The reference way: every low-precision operand (and the result) widened whole first, then the
  * same grid on f32. */
-static apex_status gemm_whole(apex_graph *g, const job *j, grid gr) {
+static apex_status gemm_whole(const apex_nn_workspace *ws, const job *j, grid gr) {
   size_t na = (size_t)(j->a.trans ? j->k : j->m) * j->a.ld, nb = (size_t)(j->b.trans ? j->n : j->k) * j->b.ld, nc = (size_t)j->m * j->ldc;
   size_t fa = lowp(j->a.dtype, na), fb = lowp(j->b.dtype, nb), fc = lowp(j->ct, nc);
-  float *buf = apex__scratch_temp(g, (fa + fb + fc) * sizeof(float));
+  float *buf = ws->get(ws->ctx, (fa + fb + fc) * sizeof(float));
   if (!buf) return APEX_ERR_OUT_OF_MEMORY;
   job w = *j;
   if (fa) apex_convert(buf, APEX_F32, j->a.data, j->a.dtype, na);
   if (fb) apex_convert(buf + fa, APEX_F32, j->b.data, j->b.dtype, nb);
-  w.a = (ag_mat){fa ? buf : j->a.data, APEX_F32, j->a.ld, j->a.trans};
-  w.b = (ag_mat){fb ? buf + fa : j->b.data, APEX_F32, j->b.ld, j->b.trans};
+  w.a = (apex__mat){fa ? buf : j->a.data, APEX_F32, j->a.ld, j->a.trans};
+  w.b = (apex__mat){fb ? buf + fa : j->b.data, APEX_F32, j->b.ld, j->b.trans};
   w.c = fc ? buf + fa + fb : j->c;
   w.ct = APEX_F32;
   run_grid(&w, gr, NULL, 0, 0);
@@ -200,7 +203,7 @@ static apex_status gemm_whole(apex_graph *g, const job *j, grid gr) {
   return APEX_OK;
 }
 
-apex_status apex__gemm(apex_graph *g, int m, int n, int k, float alpha, ag_mat a, ag_mat b, float beta, void *c, apex_dtype ct, int ldc,
+apex_status apex__gemm(const apex_nn_workspace *ws, int m, int n, int k, float alpha, apex__mat a, apex__mat b, float beta, void *c, apex_dtype ct, int ldc,
                        const float *bias) {
   apex__blas_serial();
   job j = {m, n, k, alpha, beta, a, b, c, ct, ldc, bias};
@@ -209,9 +212,10 @@ apex_status apex__gemm(apex_graph *g, int m, int n, int k, float alpha, ag_mat a
     run_grid(&j, gr, NULL, 0, 0);
     return APEX_OK;
   }
-  if (whole_widening) return gemm_whole(g, &j, gr);
+  if (whole_widening) return gemm_whole(ws, &j, gr);
   size_t fa = lowp(a.dtype, (size_t)gr.tm * k), fb = lowp(b.dtype, (size_t)k * gr.tn), fc = lowp(ct, (size_t)gr.tm * gr.tn);
-  float *scratch = apex__scratch_temp(g, ag_nz((size_t)apex_get_num_threads() * (fa + fb + fc)) * sizeof(float));
+  size_t per = (size_t)apex_get_num_threads() * (fa + fb + fc);
+  float *scratch = ws->get(ws->ctx, (per ? per : 1) * sizeof(float));
   if (!scratch) return APEX_ERR_OUT_OF_MEMORY;
   run_grid(&j, gr, scratch, fa, fb);
   return APEX_OK;

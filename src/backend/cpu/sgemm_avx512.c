@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "autograd/ag.h"
+#include "backend/cpu/gemm.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>

@@ -1,0 +1,498 @@
+/* args_nn.h: the argument structs of the nn slots (backend.h): the kernels behind autograd's ops,
+ * forward and backward.
+ *
+ * autograd's fronts check shapes and dtypes, apply autocast and record the graph; a slot receives
+ * only valid buffers on its backend's device. Buffers named as float are f32 (the front widens a
+ * low-precision value to f32 before the call and narrows a result after it); a buffer whose dtype the
+ * kernel reads itself comes with its apex_dtype. Shapes are element counts and extents.
+ *
+ * Gradient outputs: g<name> is NULL when that input needs no gradient. accumulate_<name> 1 adds the
+ * kernel's term into the buffer; 0 means the buffer holds nothing yet and the kernel stores 0.0f +
+ * term (the bits of adding into zeros, -0 included), which saves the pass that zeroes it. */
+#ifndef APEX_BACKEND_ARGS_NN_H
+#define APEX_BACKEND_ARGS_NN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apex/tensor.h"
+
+/* Transient memory a kernel asks for while it runs, where its size depends on the plan the kernel
+ * makes (a product's tile grid, its thread count): get returns `bytes` valid until the kernel
+ * returns, or NULL after a message, and the kernel then returns APEX_ERR_OUT_OF_MEMORY. */
+typedef struct apex_nn_workspace {
+  void *(*get)(void *ctx, size_t bytes);
+  void *ctx;
+} apex_nn_workspace;
+
+/* ---- elementwise (cpu/elementwise.c, cuda/elementwise.cu) ------------------------------------- */
+
+typedef enum apex_nn_binary_kind {
+  APEX_NN_ADD, APEX_NN_SUB, APEX_NN_MUL, APEX_NN_DIV, APEX_NN_POW, APEX_NN_GT, APEX_NN_LT, APEX_NN_EQ
+} apex_nn_binary_kind;
+
+/* A broadcast of two operands walked as rows of the output's last dimension: each row has one base
+ * offset per operand, and within a row an operand either moves with the output (stride 1) or repeats
+ * one element (stride 0). */
+typedef struct apex_nn_bcast {
+  int nd;
+  int64_t shape[APEX_MAX_DIMS];  /* the output's */
+  int64_t st[2][APEX_MAX_DIMS];  /* element strides of a and b in the output's index space */
+  size_t rows, len;              /* rows x len = the output's element count */
+} apex_nn_bcast;
+
+/* out = a (kind) b over the broadcast; comparisons give 1.0f or 0.0f. */
+typedef struct apex_nn_binary_args {
+  apex_nn_binary_kind kind;
+  const apex_nn_bcast *plan;
+  const float *a, *b;
+  float *out;
+} apex_nn_binary_args;
+
+/* ga, gb += gout * d(out)/d(a), d(out)/d(b), summed over broadcast positions in row order. a and b are
+ * read only by MUL, DIV and POW (NULL otherwise). Not for comparisons, which have no gradient. */
+typedef struct apex_nn_binary_bwd_args {
+  apex_nn_binary_kind kind;
+  const apex_nn_bcast *plan;
+  const float *a, *b;
+  size_t numel_a, numel_b;       /* the operands' element counts */
+  const float *gout;             /* plan's rows x len */
+  float *ga, *gb;
+  int accumulate_a, accumulate_b;
+} apex_nn_binary_bwd_args;
+
+typedef enum apex_nn_unary_kind {
+  APEX_NN_RELU, APEX_NN_GELU, APEX_NN_GELU_TANH, APEX_NN_TANH, APEX_NN_SIGMOID, APEX_NN_EXP, APEX_NN_LOG,
+  APEX_NN_POW_SCALAR
+} apex_nn_unary_kind;
+
+/* out = kind(x) over n elements; POW_SCALAR raises to p (2 and 0.5 exactly rounded, as PyTorch). */
+typedef struct apex_nn_unary_args {
+  apex_nn_unary_kind kind;
+  size_t n;
+  const float *x;
+  float *out;
+  float p;
+} apex_nn_unary_args;
+
+/* gx += gout * kind'(x). RELU reads its output y (y_dtype, raw: non-zero exactly where x > 0) instead
+ * of x; every other kind reads x (f32). */
+typedef struct apex_nn_unary_bwd_args {
+  apex_nn_unary_kind kind;
+  size_t n;
+  const float *x;
+  const void *y;
+  apex_dtype y_dtype;
+  float p;
+  const float *gout;
+  float *gx;
+  int accumulate_x;
+} apex_nn_unary_bwd_args;
+
+/* out = x * s; backward gx += gout * s. */
+typedef struct apex_nn_scale_args {
+  size_t n;
+  const float *x;
+  float *out;
+  float s;
+} apex_nn_scale_args;
+
+typedef struct apex_nn_scale_bwd_args {
+  size_t n;
+  const float *gout;
+  float *gx;
+  float s;
+  int accumulate_x;
+} apex_nn_scale_bwd_args;
+
+/* out = mask ? x * s : 0 (mask: one byte per element, drawn by the front); backward likewise on gout. */
+typedef struct apex_nn_dropout_args {
+  size_t n;
+  const uint8_t *mask;
+  const float *x;
+  float *out;
+  float s;
+} apex_nn_dropout_args;
+
+typedef struct apex_nn_dropout_bwd_args {
+  size_t n;
+  const uint8_t *mask;
+  const float *gout;
+  float *gx;
+  float s;
+  int accumulate_x;
+} apex_nn_dropout_bwd_args;
+
+/* ---- softmax and the losses (cpu/loss.c, cuda/xent.cu) ------------------------------------------ */
+
+/* x seen as [outer, dim, inner]: each of the outer * inner lines of dim elements is one softmax (log
+ * softmax with log set). */
+typedef struct apex_nn_softmax_args {
+  int log;
+  size_t outer, dim, inner;
+  const float *x;
+  float *out;
+} apex_nn_softmax_args;
+
+/* gx += the gradient through the softmax, from its f32 result y. */
+typedef struct apex_nn_softmax_bwd_args {
+  int log;
+  size_t outer, dim, inner;
+  const float *y;
+  const float *gout;
+  float *gx;
+  int accumulate_x;
+} apex_nn_softmax_bwd_args;
+
+/* How a loss's per-element terms became its result, for the gradient of term i: gout[i] for NONE,
+ * gout[0] for SUM, gout[0] / count for MEAN. */
+typedef enum apex_nn_reduction { APEX_NN_MEAN, APEX_NN_SUM, APEX_NN_NONE } apex_nn_reduction;
+
+/* Cross entropy of logits x [rows, classes] against target (one class per row; -1: ignored, its term
+ * 0) with label smoothing: prob receives the row softmax (kept for the backward), loss the per-row
+ * terms, and *sum (when not NULL) their sum in double in fixed blocks. */
+typedef struct apex_nn_cross_entropy_args {
+  size_t rows, classes;
+  const float *x;
+  const int64_t *target;
+  float smoothing;
+  float *prob;
+  float *loss;
+  double *sum;
+} apex_nn_cross_entropy_args;
+
+typedef struct apex_nn_cross_entropy_bwd_args {
+  size_t rows, classes;
+  const float *prob;
+  const int64_t *target;
+  float smoothing;
+  apex_nn_reduction reduction;
+  double count; /* MEAN's divisor: the rows with a target */
+  const float *gout;
+  float *gx;
+  int accumulate_x;
+} apex_nn_cross_entropy_bwd_args;
+
+typedef enum apex_nn_pointwise_loss_kind { APEX_NN_MSE, APEX_NN_BCE_WITH_LOGITS, APEX_NN_BCE } apex_nn_pointwise_loss_kind;
+
+/* Per-element terms loss[i] of input x against target y (n each); *sum as for cross entropy. */
+typedef struct apex_nn_pointwise_loss_args {
+  apex_nn_pointwise_loss_kind kind;
+  size_t n;
+  const float *x, *y;
+  float *loss;
+  double *sum;
+} apex_nn_pointwise_loss_args;
+
+typedef struct apex_nn_pointwise_loss_bwd_args {
+  apex_nn_pointwise_loss_kind kind;
+  size_t n;
+  const float *x, *y;
+  apex_nn_reduction reduction;
+  double count; /* MEAN's divisor */
+  const float *gout;
+  float *gx, *gy;
+  int accumulate_x, accumulate_y;
+} apex_nn_pointwise_loss_bwd_args;
+
+/* ---- normalisation (cpu/norm.c, cuda/norm.cu, cuda/bn_stats.cu) ------------------------------------ */
+
+/* Batch norm of x [N, C, S] (S: the flattened spatial extent) into out, per channel c:
+ * (x - mean) * rstd * w + b (w, b NULL: 1, 0), through max(v, 0) with relu. The statistics used are
+ * written to stats (mean[C], then rstd[C]) for the backward. Where they come from:
+ *   - given_mean set: given_mean, given_rstd and given_var (the unbiased variance) computed elsewhere
+ *     (a statistics hook over a larger batch); the running statistics (when set) move toward them;
+ *   - else training: this batch's, with rstd = 1 / sqrt(var + eps) and the running statistics (when
+ *     set) moved toward the mean and the unbiased variance by momentum;
+ *   - else running_mean and running_var themselves. */
+typedef struct apex_nn_batch_norm_args {
+  size_t N, C, S;
+  const float *x, *w, *b;
+  float *out;
+  float *stats;
+  int training, relu;
+  float eps, momentum;
+  float *running_mean, *running_var;
+  const float *given_mean, *given_rstd, *given_var;
+} apex_nn_batch_norm_args;
+
+/* The backward of batch norm from its statistics (stats as the forward wrote them). With relu (the
+ * fused op) the gradient first passes the output's mask: y is the output (y_dtype; read only when it is
+ * not f32, where the mask is recomputed from x). gw, gb receive the per-channel sums of gout * xhat
+ * and gout. */
+typedef struct apex_nn_batch_norm_bwd_args {
+  size_t N, C, S;
+  const float *x, *w, *b;
+  const void *y;
+  apex_dtype y_dtype;
+  const float *stats;
+  int training, relu;
+  const float *gout;
+  float *gx, *gw, *gb;
+  int accumulate_x, accumulate_w, accumulate_b;
+  apex_nn_workspace ws;
+} apex_nn_batch_norm_bwd_args;
+
+/* The first half of a batch norm backward whose statistics came from elsewhere: per-channel sums of
+ * gout and of gout * xhat (f64 in order) into sums (f32 [2C]), also added to gb and gw. */
+typedef struct apex_nn_batch_norm_sums_args {
+  size_t N, C, S;
+  const float *x, *mean, *rstd;
+  const float *gout;
+  float *sums;
+  float *gw, *gb;
+  int accumulate_w, accumulate_b;
+} apex_nn_batch_norm_sums_args;
+
+/* Its second half: gx from the sums over the whole batch of `count` values per channel. */
+typedef struct apex_nn_batch_norm_dx_args {
+  size_t N, C, S;
+  const float *x, *w, *mean, *rstd;
+  const float *gout;
+  const float *sums;
+  int64_t count;
+  float *gx;
+  int accumulate_x;
+} apex_nn_batch_norm_dx_args;
+
+/* Layer norm (centre: subtract the row mean, add b) or RMS norm of each of R rows of D: out =
+ * (x - mean) * rstd * w + b, with rstd = 1 / sqrt(mean of squares + eps); stats receives mean[R] then
+ * rstd[R]. */
+typedef struct apex_nn_row_norm_args {
+  int centre;
+  size_t rows, cols;
+  const float *x, *w, *b;
+  float *out;
+  float *stats;
+  float eps;
+} apex_nn_row_norm_args;
+
+/* Its backward; gw (when set) needs workspace of rows * cols floats for gout * xhat. */
+typedef struct apex_nn_row_norm_bwd_args {
+  int centre;
+  size_t rows, cols;
+  const float *x, *w;
+  const float *stats;
+  const float *gout;
+  float *gx, *gw, *gb;
+  int accumulate_x, accumulate_w, accumulate_b;
+  float *workspace;
+  size_t workspace_bytes;
+} apex_nn_row_norm_bwd_args;
+
+/* ---- reductions, layout and lookups (cpu/shape.c, cuda/embedding.cu) --------------------------------- */
+
+/* x seen as [outer, dim, inner]: out[l] for each of the outer * inner lines of dim elements is its sum
+ * times scale (SUM; mean is scale 1 / dim) or its L2 norm (NORM, scale unused; norms receives the
+ * same f32 values, kept for the backward). Sums run in double in order; a single line over the whole
+ * tensor in fixed blocks of 4096, so no bits depend on the thread count. */
+typedef enum apex_nn_reduce_kind { APEX_NN_REDUCE_SUM, APEX_NN_REDUCE_NORM } apex_nn_reduce_kind;
+
+typedef struct apex_nn_reduce_args {
+  apex_nn_reduce_kind kind;
+  size_t outer, dim, inner;
+  double scale;
+  const float *x;
+  float *out;
+  float *norms;
+} apex_nn_reduce_args;
+
+/* gx (outer * dim * inner) += gout of its line times scale (SUM) or times x / norm, 0 where the norm is
+ * 0 (NORM: x and norms read). */
+typedef struct apex_nn_reduce_bwd_args {
+  apex_nn_reduce_kind kind;
+  size_t outer, dim, inner;
+  float scale;
+  const float *x, *norms;
+  const float *gout;
+  float *gx;
+  int accumulate_x;
+} apex_nn_reduce_bwd_args;
+
+/* out (shape [ndim], n elements) = x permuted: output element at index i reads x at sum_d i_d *
+ * strides[d] (the input's element strides in the output's dimension order). */
+typedef struct apex_nn_permute_args {
+  int ndim;
+  int64_t shape[APEX_MAX_DIMS];
+  int64_t strides[APEX_MAX_DIMS];
+  size_t n;
+  const float *x;
+  float *out;
+} apex_nn_permute_args;
+
+/* gx += gout permuted back (the forward's shape and strides). */
+typedef struct apex_nn_permute_bwd_args {
+  int ndim;
+  int64_t shape[APEX_MAX_DIMS];
+  int64_t strides[APEX_MAX_DIMS];
+  size_t n;
+  const float *gout;
+  float *gx;
+  int accumulate_x;
+} apex_nn_permute_bwd_args;
+
+/* out [outer, row] of out_dtype = the n inputs side by side: input k gives width[k] elements of each
+ * of the outer rows (x[k] of x_dtype[k], converted as apex_convert does). */
+typedef struct apex_nn_concat_args {
+  int n;
+  size_t outer, row;
+  const void *const *x;
+  const apex_dtype *x_dtype;
+  const size_t *width;
+  void *out;
+  apex_dtype out_dtype;
+} apex_nn_concat_args;
+
+/* gx[k] (NULL: not wanted) += its columns of gout. */
+typedef struct apex_nn_concat_bwd_args {
+  int n;
+  size_t outer, row;
+  const size_t *width;
+  const float *gout;
+  float *const *gx;
+  const int *accumulate;
+} apex_nn_concat_bwd_args;
+
+/* out [n, dim] = rows ids[i] of w [V, dim] (the same dtype, copied as bytes). */
+typedef struct apex_nn_embedding_args {
+  size_t n, dim;
+  const int64_t *ids;
+  const void *w;
+  apex_dtype dtype;
+  void *out;
+} apex_nn_embedding_args;
+
+/* gw row ids[i] += gout row i, in order of i (so a repeated id's terms add in a fixed order). */
+typedef struct apex_nn_embedding_bwd_args {
+  size_t n, dim, rows;
+  const int64_t *ids;
+  const float *gout;
+  float *gw;
+  int accumulate_w;
+} apex_nn_embedding_bwd_args;
+
+/* ---- products (cpu/linear.c on cpu/gemm.c, cuda/gemm.cu) -------------------------------------------- */
+
+/* An operand or result of a product as stored: row-major, any float dtype. */
+typedef struct apex_nn_buf {
+  const void *data;
+  apex_dtype dtype;
+} apex_nn_buf;
+
+/* out [batch][m, n] (out_dtype) = a [batch][m, k] b [k, n] (b_batched: [batch][k, n]), accumulated in
+ * f32. */
+typedef struct apex_nn_matmul_args {
+  size_t batch;
+  int m, n, k;
+  apex_nn_buf a, b;
+  int b_batched;
+  void *out;
+  apex_dtype out_dtype;
+  apex_nn_workspace ws;
+} apex_nn_matmul_args;
+
+/* ga += gout b^T, gb += a^T gout, per batch entry (gout, ga, gb f32). accumulate 0 writes the product
+ * alone (beta 0). */
+typedef struct apex_nn_matmul_bwd_args {
+  size_t batch;
+  int m, n, k;
+  apex_nn_buf a, b;
+  int b_batched;
+  const float *gout;
+  float *ga, *gb;
+  int accumulate_a, accumulate_b;
+  apex_nn_workspace ws;
+} apex_nn_matmul_bwd_args;
+
+/* out [m, n] (out_dtype) = x [m, k] w^T (w [n, k]) + bias (f32 [n], may be NULL). */
+typedef struct apex_nn_linear_args {
+  int m, n, k;
+  apex_nn_buf x, w;
+  const float *bias;
+  void *out;
+  apex_dtype out_dtype;
+  apex_nn_workspace ws;
+} apex_nn_linear_args;
+
+/* gx += gout w, gw += gout^T x, gb += the column sums of gout (in row order). */
+typedef struct apex_nn_linear_bwd_args {
+  int m, n, k;
+  apex_nn_buf x, w;
+  const float *gout;
+  float *gx, *gw, *gb;
+  int accumulate_x, accumulate_w, accumulate_b;
+  apex_nn_workspace ws;
+} apex_nn_linear_bwd_args;
+
+/* ---- attention (cpu/attention.c, cuda/attention.cu) --------------------------------------------------- */
+
+/* Causal scaled-dot-product attention over `heads` independent [t, d] heads of q, k, v (f32): per head
+ * S = q k^T / sqrt(d) masked above the diagonal, P = softmax(S) row by row (into p, [heads, t, t],
+ * kept for the backward), out = P v. */
+typedef struct apex_nn_attention_args {
+  size_t heads;
+  int t, d;
+  const float *q, *k, *v;
+  float *p;
+  float *out;
+} apex_nn_attention_args;
+
+/* dV = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(dP * P)) / sqrt(d), dQ = dS k, dK = dS^T q; workspace
+ * holds one head's dS (t * t floats) when gq or gk is set. */
+typedef struct apex_nn_attention_bwd_args {
+  size_t heads;
+  int t, d;
+  const float *q, *k, *v, *p;
+  const float *gout;
+  float *gq, *gk, *gv;
+  int accumulate_q, accumulate_k, accumulate_v;
+  float *workspace;
+  size_t workspace_bytes;
+} apex_nn_attention_bwd_args;
+
+/* ---- convolution and pooling (cpu/conv.c, cuda/conv.cu) ------------------------------------------- */
+
+/* Convolution and pooling geometry: n images of c channels, h x w, into o channels (pooling: o = c)
+ * of ho x wo, with a kh x kw window at strides sh, sw and zero padding ph, pw. */
+typedef struct apex_nn_conv_geom {
+  int n, c, h, w, o, kh, kw, sh, sw, ph, pw, ho, wo;
+} apex_nn_conv_geom;
+
+/* out [n, o, ho, wo] = the convolution of x [n, c, h, w] with w [o, c, kh, kw], plus bias [o] (may be
+ * NULL); all f32. */
+typedef struct apex_nn_conv2d_args {
+  apex_nn_conv_geom geom;
+  const float *x, *w, *bias;
+  float *out;
+  apex_nn_workspace ws;
+} apex_nn_conv2d_args;
+
+/* gx, gw, gb of the convolution; x is read when gw is set, w when gx is. */
+typedef struct apex_nn_conv2d_bwd_args {
+  apex_nn_conv_geom geom;
+  const float *x, *w;
+  const float *gout;
+  float *gx, *gw, *gb;
+  int accumulate_x, accumulate_w, accumulate_b;
+  apex_nn_workspace ws;
+} apex_nn_conv2d_bwd_args;
+
+/* Max pooling (argmax set: it receives each output's flat index in its input plane, for the backward;
+ * NaN propagates) or average pooling (argmax NULL; the divisor is the whole window, padding
+ * included) of x [n, c, h, w] into out [n, c, ho, wo]. */
+typedef struct apex_nn_pool2d_args {
+  apex_nn_conv_geom geom;
+  const float *x;
+  float *out;
+  int32_t *argmax;
+} apex_nn_pool2d_args;
+
+typedef struct apex_nn_pool2d_bwd_args {
+  apex_nn_conv_geom geom;
+  const int32_t *argmax;
+  const float *gout;
+  float *gx;
+  int accumulate_x;
+} apex_nn_pool2d_bwd_args;
+
+#endif

@@ -1,0 +1,355 @@
+/* conv.c: the CPU backend's conv2d (im2col + sgemm, one image at a time), max and average pooling
+ * kernels (args_nn.h), forward and backward.
+ *
+ * conv2d runs image by image: the image's patches are laid out as cols [C*KH*KW, HO*WO] in a
+ * per-thread buffer and one sgemm W [O, C*KH*KW] @ cols writes the image's output [O, HO*WO], which
+ * is already NCHW. The threads take whole images, so each image's bits come from one sgemm call of a
+ * fixed shape whatever the thread count, and its cols stay in cache between im2col and the product.
+ * The backward recomputes each image's cols rather than keeping them: they are C*KH*KW / C times the
+ * input (9x for 3x3 kernels, 29 MB for the benchmark CNN's second conv), and writing them out and
+ * reading them back cost more than a second im2col into cache.
+ *
+ * Measured on this 2-core VM against the old layout (the whole batch's cols [K, N*HO*WO] in one
+ * tiled product, the output transposed to NCHW after): the single-threaded sgemm runs the per-image
+ * shapes of the benchmark CNN at the speed of large ones (64x196x288 at 105 GFLOP/s, 288x196x64 at
+ * 110, 64x288x196 at 102, against 106 for 1024^3), while the old weight-gradient product
+ * [64, 25088] x [25088, 288] was cut into 32 x 32 tiles that ran at 69 GFLOP/s and re-read their
+ * panels from memory. */
+#include <float.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "apex/threads.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/sums.h"
+
+typedef apex_nn_conv_geom conv_geom;
+
+static size_t cg_k(const conv_geom *q) { return (size_t)q->c * q->kh * q->kw; }
+static size_t cg_p(const conv_geom *q) { return (size_t)q->ho * q->wo; }
+
+/* im2col and col2im work on a zero-padded copy of the image, so that every patch row is a plain
+ * strided copy with no bounds to test. Measured for one image of the benchmark CNN's second conv
+ * ([32, 14, 14], 3x3, padding 1): 19 to 28 us with a bounds test per output row (a memcpy or a loop
+ * per row alike), 8.8 us through the padded copy; im2col had been 12% of the step. */
+static size_t cg_padded(const conv_geom *q) { return (size_t)q->c * (q->h + 2 * q->ph) * (q->w + 2 * q->pw); }
+
+/* GCC turns the row copies below into memmove calls, which cost more than rows of 14 floats (the
+ * call made im2col 1.9x slower in the benchmark CNN's profile). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_MEMCPY_CALLS __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define NO_MEMCPY_CALLS
+#endif
+
+/* A row of n floats; rows of 8 to 16 (14 in the benchmark CNN's second conv) as four 4-float
+ * pieces, the last two ending at the row's end and overlapping the first two: the loop ran one
+ * 8-float vector and then a scalar tail per row. */
+#if defined(__GNUC__)
+typedef float row4 __attribute__((vector_size(16))); /* wider vectors spill to the stack without AVX */
+static inline row4 ld4(const float *p) {
+  row4 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline void st4(float *p, row4 v) { memcpy(p, &v, sizeof v); }
+#endif
+NO_MEMCPY_CALLS static inline void row_copy(float *restrict d, const float *restrict s, int n) {
+#if defined(__GNUC__)
+  if (n >= 8 && n <= 16) {
+    row4 a0 = ld4(s), a1 = ld4(s + 4), b0 = ld4(s + n - 8), b1 = ld4(s + n - 4);
+    st4(d, a0);
+    st4(d + 4, a1);
+    st4(d + n - 8, b0);
+    st4(d + n - 4, b1);
+    return;
+  }
+#endif
+  for (int i = 0; i < n; i++) d[i] = s[i];
+}
+
+/* One image x [C, H, W] to cols [K, P], through xp (cg_padded floats). Each padded input row is
+ * read once for its KW shifted copies. The geometry is copied into locals: the row copies' stores
+ * may alias it as far as the compiler knows. Measured for one image, one thread: the second conv's
+ * im2col 8.7 -> 6.9 us, the first's ([1, 28, 28]) 0.78 -> 0.60 us. */
+NO_MEMCPY_CALLS static void im2col(const conv_geom *q, const float *restrict x, float *restrict cols, float *restrict xp) {
+  int hp = q->h + 2 * q->ph, wp = q->w + 2 * q->pw;
+  for (int c = 0; c < q->c; c++) {
+    float *pc = xp + (size_t)c * hp * wp;
+    memset(pc, 0, (size_t)q->ph * wp * sizeof(float));
+    memset(pc + (size_t)(hp - q->ph) * wp, 0, (size_t)q->ph * wp * sizeof(float));
+    for (int i = 0; i < q->h; i++) {
+      float *r = pc + (size_t)(i + q->ph) * wp;
+      const float *src = x + ((size_t)c * q->h + i) * q->w;
+      for (int j = 0; j < q->pw; j++) r[j] = r[wp - 1 - j] = 0.0f;
+      for (int j = 0; j < q->w; j++) r[q->pw + j] = src[j];
+    }
+  }
+  const int C = q->c, KH = q->kh, KW = q->kw, HO = q->ho, WO = q->wo, SH = q->sh, SW = q->sw;
+  const size_t P = (size_t)HO * WO;
+  for (int c = 0; c < C; c++)
+    for (int ki = 0; ki < KH; ki++)
+      for (int oh = 0; oh < HO; oh++) {
+        const float *src = xp + ((size_t)c * hp + ki + (size_t)oh * SH) * wp;
+        float *d = cols + (size_t)(c * KH + ki) * KW * P + (size_t)oh * WO;
+        for (int kj = 0; kj < KW; kj++, d += P)
+          if (SW == 1)
+            row_copy(d, src + kj, WO);
+          else
+            for (int ow = 0; ow < WO; ow++) d[ow] = src[kj + (size_t)ow * SW];
+      }
+}
+
+/* The adjoint of im2col for one image: gx [C, H, W] += cols (= 0 + cols when fresh), summed first
+ * into the padded gp. Each input element gathers its terms in (ki, kj) order. */
+static void col2im_add(const conv_geom *q, const float *restrict cols, float *restrict gx, int fresh, float *restrict gp) {
+  int hp = q->h + 2 * q->ph, wp = q->w + 2 * q->pw;
+  memset(gp, 0, cg_padded(q) * sizeof(float));
+  const float *s = cols;
+  for (int c = 0; c < q->c; c++)
+    for (int ki = 0; ki < q->kh; ki++)
+      for (int kj = 0; kj < q->kw; kj++) {
+        float *dst = gp + ((size_t)c * hp + ki) * wp + kj;
+        for (int oh = 0; oh < q->ho; oh++, s += q->wo, dst += (size_t)wp * q->sh)
+          if (q->sw == 1)
+            for (int ow = 0; ow < q->wo; ow++) dst[ow] += s[ow];
+          else
+            for (int ow = 0; ow < q->wo; ow++) dst[(size_t)ow * q->sw] += s[ow];
+      }
+  for (int c = 0; c < q->c; c++)
+    for (int i = 0; i < q->h; i++) {
+      const float *r = gp + ((size_t)c * hp + i + q->ph) * wp + q->pw;
+      float *o = gx + ((size_t)c * q->h + i) * q->w;
+      if (fresh)
+        for (int j = 0; j < q->w; j++) o[j] = 0.0f + r[j];
+      else
+        for (int j = 0; j < q->w; j++) o[j] += r[j];
+    }
+}
+
+/* Images run on threads once the whole convolution is worth it. */
+static int conv_par(const conv_geom *q) { return (double)q->n * q->o * cg_p(q) * cg_k(q) > 4e6 && q->n > 1; }
+
+apex_status apex__cpu_nn_conv2d(const apex_nn_conv2d_args *a) {
+  conv_geom q = a->geom;
+  size_t K = cg_k(&q), P = cg_p(&q), CHW = (size_t)q.c * q.h * q.w, OP = (size_t)q.o * P;
+  int par = conv_par(&q), nt = par ? apex_get_num_threads() : 1;
+  const float *xf = a->x, *wf = a->w, *bf = a->bias;
+  size_t per = K * P + cg_padded(&q);
+  float *cols = a->ws.get(a->ws.ctx, (size_t)nt * per * sizeof(float)), *o = a->out;
+  if (!cols) return APEX_ERR_OUT_OF_MEMORY;
+  apex__blas_serial();
+#pragma omp parallel if (par)
+  {
+    float *cb = cols + (size_t)omp_get_thread_num() * per;
+#pragma omp for schedule(static)
+    for (int n = 0; n < q.n; n++) {
+      float *on = o + (size_t)n * OP;
+      im2col(&q, xf + (size_t)n * CHW, cb, cb + K * P);
+      if (bf)
+        for (int oc = 0; oc < q.o; oc++)
+          for (size_t p = 0; p < P; p++) on[(size_t)oc * P + p] = bf[oc];
+      apex__sgemm_call(0, 0, q.o, (int)P, (int)K, 1.0f, wf, (int)K, cb, (int)P, bf ? 1.0f : 0.0f, on, (int)P);
+    }
+  }
+  return APEX_OK;
+}
+
+/* The weight gradient sums over images: the images are cut into a fixed number of runs (a function
+ * of the shape alone), each run's sum is one partial [O, K] added image by image in order, and the
+ * partials are added into the gradient in run order; so the bits do not depend on which thread ran
+ * which run. Partials take at most PART_BYTES; 16 runs keep up to 16 threads busy. */
+#define PART_BYTES ((size_t)16 << 20)
+enum { MAX_RUNS = 16 };
+static int weight_runs(const conv_geom *q) {
+  size_t fit = PART_BYTES / ((q->o && cg_k(q) ? (size_t)q->o * cg_k(q) : 1) * sizeof(float));
+  int r = fit < MAX_RUNS ? (int)fit : MAX_RUNS;
+  if (r > q->n) r = q->n;
+  return r < 1 ? 1 : r;
+}
+
+apex_status apex__cpu_nn_conv2d_bwd(const apex_nn_conv2d_bwd_args *a) {
+  conv_geom q = a->geom;
+  size_t K = cg_k(&q), P = cg_p(&q), CHW = (size_t)q.c * q.h * q.w, OP = (size_t)q.o * P, OK = (size_t)q.o * K;
+  int fresh = !a->accumulate_x;
+  float *gx = a->gx, *gw = a->gw, *gb = a->gb;
+  const float *go = a->gout;
+  int par = conv_par(&q), nt = par ? apex_get_num_threads() : 1, runs = weight_runs(&q);
+  if (!gw && !gx && !gb) return APEX_OK;
+  const float *xf = gw ? a->x : NULL, *wf = gx ? a->w : NULL;
+  apex__cpu_grad_begin(gw, OK, a->accumulate_w);
+  apex__cpu_grad_begin(gb, (size_t)q.o, a->accumulate_b);
+  size_t per = 2 * K * P + cg_padded(&q);
+  float *cols = a->ws.get(a->ws.ctx, (size_t)nt * per * sizeof(float));
+  float *part = gw ? a->ws.get(a->ws.ctx, (OK ? (size_t)runs * OK : 1) * sizeof(float)) : NULL;
+  double *bpart = gb ? a->ws.get(a->ws.ctx, (size_t)runs * q.o * APEX__LANES * sizeof(double)) : NULL;
+  if ((gw && !part) || (gb && !bpart) || !cols) return APEX_ERR_OUT_OF_MEMORY;
+  if (gb) memset(bpart, 0, (size_t)runs * q.o * APEX__LANES * sizeof(double));
+  apex__blas_serial();
+#pragma omp parallel if (par)
+  {
+    float *cb = cols + (size_t)omp_get_thread_num() * per, *gcb = cb + K * P, *pad = gcb + K * P;
+#pragma omp for schedule(static)
+    for (int r = 0; r < runs; r++) {
+      int n0 = (int)((long long)q.n * r / runs), n1 = (int)((long long)q.n * (r + 1) / runs);
+      for (int n = n0; n < n1; n++) {
+        const float *gon = go + (size_t)n * OP;
+        if (gb) /* the bias gradient in the same lanes per run, summed over runs like the weight's */
+          for (int oc = 0; oc < q.o; oc++) apex__lanes_add(bpart + ((size_t)r * q.o + oc) * APEX__LANES, gon + (size_t)oc * P, P);
+        if (gw) {
+          im2col(&q, xf + (size_t)n * CHW, cb, pad);
+          apex__sgemm_call(0, 1, q.o, (int)K, (int)P, 1.0f, gon, (int)P, cb, (int)P, n > n0 ? 1.0f : 0.0f, part + (size_t)r * OK, (int)K);
+        }
+        if (gx) {
+          apex__sgemm_call(1, 0, (int)K, (int)P, q.o, 1.0f, wf, (int)K, gon, (int)P, 0.0f, gcb, (int)P);
+          col2im_add(&q, gcb, gx + (size_t)n * CHW, fresh, pad);
+        }
+      }
+    }
+  }
+  if (gw) {
+#pragma omp parallel for schedule(static) if (par && OK > APEX__CPU_PAR_MIN)
+    for (size_t j = 0; j < OK; j++) {
+      float s = part[j];
+      for (int r = 1; r < runs; r++) s += part[(size_t)r * OK + j];
+      gw[j] += s;
+    }
+  }
+  for (int oc = 0; gb && oc < q.o; oc++) {
+    double acc[APEX__LANES];
+    for (int l = 0; l < APEX__LANES; l++) {
+      acc[l] = 0;
+      for (int r = 0; r < runs; r++) acc[l] += bpart[((size_t)r * q.o + oc) * APEX__LANES + l];
+    }
+    gb[oc] += (float)apex__lanes_total(acc);
+  }
+  return APEX_OK;
+}
+
+/* ---- pooling ------------------------------------------------------------------------------------ */
+
+/* A window's running maximum takes v (at index k) when v is greater or NaN (so NaN propagates, the
+ * last one winning), as the general loop does. The choice is made with bit masks: written as
+ * ternaries, gcc vectorised the 2x2 loop but compiled its scalar remainder (3 of the 7 outputs of a
+ * row of the benchmark CNN's second pool) into branches, which random data mispredicts; that pool
+ * took 1.12 ms on one thread, 0.63 with the masks (same bits). */
+static inline void take_max(float v, int32_t k, float *best, int32_t *at) {
+  uint32_t m = -(uint32_t)((v > *best) | (v != v)), vb, bb;
+  memcpy(&vb, &v, sizeof vb);
+  memcpy(&bb, best, sizeof bb);
+  bb = (vb & m) | (bb & ~m);
+  memcpy(best, &bb, sizeof bb);
+  *at = (int32_t)(((uint32_t)k & m) | ((uint32_t)*at & ~m));
+}
+
+/* Max pooling of one plane whose windows all lie inside it, without branches: each window keeps
+ * its first element, then takes each next one through take_max. The maxima of data are coin flips
+ * to the branch predictor: the branching loop took 16% of the benchmark CNN's step. */
+static void max_plane(const conv_geom *q, const float *restrict src, float *restrict o, int32_t *restrict arg) {
+  for (int oh = 0; oh < q->ho; oh++) {
+    float *orow = o + (size_t)oh * q->wo;
+    int32_t *arow = arg + (size_t)oh * q->wo;
+    if (q->kh == 2 && q->kw == 2 && q->sw == 2) { /* written out so that gcc vectorises it */
+      int32_t i0 = oh * q->sh * q->w, w = q->w;
+      const float *restrict r0 = src + i0, *restrict r1 = r0 + w;
+      for (int ow = 0; ow < q->wo; ow++) {
+        float best = r0[2 * ow];
+        int32_t at = i0 + 2 * ow;
+        take_max(r0[2 * ow + 1], i0 + 2 * ow + 1, &best, &at);
+        take_max(r1[2 * ow], i0 + w + 2 * ow, &best, &at);
+        take_max(r1[2 * ow + 1], i0 + w + 2 * ow + 1, &best, &at);
+        orow[ow] = best;
+        arow[ow] = at;
+      }
+      continue;
+    }
+    for (int ow = 0; ow < q->wo; ow++) {
+      int32_t at = oh * q->sh * q->w + ow * q->sw;
+      float best = src[at];
+      for (int i = 0; i < q->kh; i++)
+        for (int j = 0; j < q->kw; j++) {
+          int32_t k = (oh * q->sh + i) * q->w + ow * q->sw + j;
+          take_max(src[k], k, &best, &at);
+        }
+      orow[ow] = best;
+      arow[ow] = at;
+    }
+  }
+}
+
+apex_status apex__cpu_nn_pool2d(const apex_nn_pool2d_args *a) {
+  conv_geom q = a->geom;
+  const float *xf = a->x;
+  float *o = a->out;
+  int32_t *arg = a->argmax;
+  size_t planes = (size_t)q.n * q.c, P = (size_t)q.ho * q.wo, HW = (size_t)q.h * q.w;
+  float inv = 1.0f / (float)(q.kh * q.kw);
+  int inside = arg && q.ph == 0 && q.pw == 0; /* every window lies inside the image */
+#pragma omp parallel for schedule(static) if (planes * P > APEX__CPU_PAR_MIN)
+  for (size_t pl = 0; pl < planes; pl++) {
+    const float *src = xf + pl * HW;
+    if (inside) {
+      max_plane(&q, src, o + pl * P, arg + pl * P);
+      continue;
+    }
+    for (int oh = 0; oh < q.ho; oh++)
+      for (int ow = 0; ow < q.wo; ow++) {
+        float best = -FLT_MAX, s = 0.0f;
+        int32_t at = -1;
+        for (int i = 0; i < q.kh; i++) {
+          int ih = oh * q.sh - q.ph + i;
+          if (ih < 0 || ih >= q.h) continue;
+          for (int j = 0; j < q.kw; j++) {
+            int iw = ow * q.sw - q.pw + j;
+            if (iw < 0 || iw >= q.w) continue;
+            float v = src[ih * q.w + iw];
+            s += v;
+            if (v > best || at < 0 || v != v) best = v, at = ih * q.w + iw;
+          }
+        }
+        size_t oi = pl * P + (size_t)oh * q.wo + ow;
+        if (arg) {
+          o[oi] = best;
+          arg[oi] = at;
+        } else {
+          o[oi] = s * inv;
+        }
+      }
+  }
+  return APEX_OK;
+}
+
+apex_status apex__cpu_nn_pool2d_bwd(const apex_nn_pool2d_bwd_args *a) {
+  int fresh = !a->accumulate_x;
+  float *gx = a->gx;
+  conv_geom q = a->geom;
+  size_t planes = (size_t)q.n * q.c, P = (size_t)q.ho * q.wo, HW = (size_t)q.h * q.w;
+  const float *go = a->gout;
+  const int32_t *arg = a->argmax;
+  float inv = 1.0f / (float)(q.kh * q.kw);
+#pragma omp parallel for schedule(static) if (planes * P > APEX__CPU_PAR_MIN)
+  for (size_t pl = 0; pl < planes; pl++) {
+    float *dst = gx + pl * HW;
+    if (fresh) memset(dst, 0, HW * sizeof(float)); /* while the plane is about to be in cache anyway */
+    for (int oh = 0; oh < q.ho; oh++)
+      for (int ow = 0; ow < q.wo; ow++) {
+        size_t oi = pl * P + (size_t)oh * q.wo + ow;
+        if (arg) {
+          dst[arg[oi]] += go[oi];
+          continue;
+        }
+        for (int i = 0; i < q.kh; i++) {
+          int ih = oh * q.sh - q.ph + i;
+          if (ih < 0 || ih >= q.h) continue;
+          for (int j = 0; j < q.kw; j++) {
+            int iw = ow * q.sw - q.pw + j;
+            if (iw >= 0 && iw < q.w) dst[ih * q.w + iw] += go[oi] * inv;
+          }
+        }
+      }
+  }
+  return APEX_OK;
+}

@@ -1,0 +1,67 @@
+/* linear.c: the CPU backend's matmul and linear kernels (args_nn.h) on apex__gemm (gemm.c).
+ *
+ * Operands and results stay in their own dtypes: apex__gemm widens low-precision operands to f32
+ * (per tile once a product is big) and every product accumulates in f32 inside sgemm, split over the
+ * threads never along K, so a product's bits do not depend on the thread count. */
+#include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/sums.h"
+
+/* b's data from element off, as a gemm operand with rows of ld elements. */
+static apex__mat mat(apex_nn_buf b, size_t off, int ld, int trans) {
+  return (apex__mat){(const char *)b.data + off * apex_dtype_size(b.dtype), b.dtype, ld, trans};
+}
+static apex__mat mat_f32(const float *p, int ld, int trans) { return (apex__mat){p, APEX_F32, ld, trans}; }
+
+apex_status apex__cpu_nn_matmul(const apex_nn_matmul_args *a) {
+  int m = a->m, n = a->n, k = a->k;
+  size_t sa = (size_t)m * k, sb = a->b_batched ? (size_t)k * n : 0, so = (size_t)m * n;
+  char *o = a->out;
+  for (size_t i = 0; i < a->batch; i++) {
+    apex_status st = apex__gemm(&a->ws, m, n, k, 1.0f, mat(a->a, i * sa, k, 0), mat(a->b, i * sb, n, 0), 0.0f,
+                                o + i * so * apex_dtype_size(a->out_dtype), a->out_dtype, n, NULL);
+    if (st != APEX_OK) return st;
+  }
+  return APEX_OK;
+}
+
+apex_status apex__cpu_nn_matmul_bwd(const apex_nn_matmul_bwd_args *a) {
+  int m = a->m, n = a->n, k = a->k;
+  size_t sa = (size_t)m * k, sb = a->b_batched ? (size_t)k * n : 0, so = (size_t)m * n;
+  const float *go = a->gout;
+  float *ga = a->ga, *gb = a->gb, beta_a = a->accumulate_a ? 1.0f : 0.0f, beta_b = a->accumulate_b ? 1.0f : 0.0f;
+  for (size_t i = 0; i < a->batch; i++) {
+    if (ga && apex__gemm(&a->ws, m, k, n, 1.0f, mat_f32(go + i * so, n, 0), mat(a->b, i * sb, n, 1), beta_a, ga + i * sa, APEX_F32, k,
+                         NULL) != APEX_OK)
+      return APEX_ERR_OUT_OF_MEMORY;
+    if (gb && apex__gemm(&a->ws, k, n, m, 1.0f, mat(a->a, i * sa, k, 1), mat_f32(go + i * so, n, 0), beta_b, gb + i * sb, APEX_F32, n,
+                         NULL) != APEX_OK)
+      return APEX_ERR_OUT_OF_MEMORY;
+  }
+  return APEX_OK;
+}
+
+apex_status apex__cpu_nn_linear(const apex_nn_linear_args *a) {
+  int m = a->m, n = a->n, k = a->k;
+  return apex__gemm(&a->ws, m, n, k, 1.0f, mat(a->x, 0, k, 0), mat(a->w, 0, k, 1), 0.0f, a->out, a->out_dtype, n, a->bias);
+}
+
+/* A first gradient (accumulate 0) is written with beta 0 into a buffer that holds nothing yet; the
+ * product then starts from +0 as it would have in a zeroed one. */
+apex_status apex__cpu_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
+  int m = a->m, n = a->n, k = a->k;
+  const float *go = a->gout;
+  if (a->gx && apex__gemm(&a->ws, m, k, n, 1.0f, mat_f32(go, n, 0), mat(a->w, 0, k, 0), a->accumulate_x ? 1.0f : 0.0f, a->gx,
+                          APEX_F32, k, NULL) != APEX_OK)
+    return APEX_ERR_OUT_OF_MEMORY;
+  if (a->gw && apex__gemm(&a->ws, n, k, m, 1.0f, mat_f32(go, n, 1), mat(a->x, 0, k, 0), a->accumulate_w ? 1.0f : 0.0f, a->gw,
+                          APEX_F32, k, NULL) != APEX_OK)
+    return APEX_ERR_OUT_OF_MEMORY;
+  if (a->gb) {
+    if (!a->accumulate_b) memset(a->gb, 0, (size_t)n * sizeof *a->gb);
+    apex__colsum_add(go, (size_t)m, (size_t)n, a->gb);
+  }
+  return APEX_OK;
+}

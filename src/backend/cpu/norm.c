@@ -1,0 +1,336 @@
+/* norm.c: the CPU backend's normalisation kernels (args_nn.h): batch norm (its own statistics, the
+ * running ones, or given ones from a statistics hook), its fused relu, and layer and RMS norm, forward
+ * and backward.
+ *
+ * Statistics are per channel (batch norm) or per row (layer/RMS norm), each summed by one thread in a
+ * fixed order: batch norm's in the f32-block, f64-total lanes of sums.h, the row norms' in double.
+ * The weight and bias gradients of the row norms are column sums of an [rows, D] product, done by
+ * apex__colsum_add in row order. So no result depends on the thread count. */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "apex/threads.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/sums.h"
+
+/* Asks for plane n + 1 (when there is one) of channel c of t [N, C, S]: a channel's planes lie C * S
+ * floats apart, and the hardware prefetcher does not follow a pass from one to the next, so each
+ * plane began with misses all the way to memory. `write` for a plane about to be overwritten.
+ * Measured on the benchmark CNN (2 threads, batch norm over [128, 32, 28, 28]): forward 1.11 ->
+ * 0.73 ms, backward 1.70 -> 1.23 ms. */
+static inline void prefetch_plane_of(const void *t, size_t esize, size_t N, size_t C, size_t S, size_t n, size_t c, int write) {
+  if (n + 1 >= N) return;
+  const char *p = (const char *)t + ((n + 1) * C + c) * S * esize;
+  for (size_t i = 0; i < S * esize; i += 64)
+    if (write)
+      __builtin_prefetch(p + i, 1);
+    else
+      __builtin_prefetch(p + i);
+}
+static inline void prefetch_plane(const float *t, size_t N, size_t C, size_t S, size_t n, size_t c, int write) {
+  prefetch_plane_of(t, sizeof(float), N, C, S, n, c, write);
+}
+
+/* Batch norm's output for channel c of x [N, C, S] (f32): (x - mean) * rstd * w + b, through relu's
+ * max(v, 0) when `relu` (the same bits as relu on the unfused output). Shared by the op's own
+ * statistics and given ones, which differ only in where mean and rstd come from. */
+static inline float bn_affine(float x, float mean, float rstd, float w, float b) { return (x - mean) * rstd * w + b; }
+static inline void bn_normalize_channel(const float *xf, float *o, size_t N, size_t C, size_t S, size_t c, float mean,
+                                        float rstd, float w, float b, int relu) {
+  for (size_t n = 0; n < N; n++) {
+    const float *xs = xf + (n * C + c) * S;
+    float *os = o + (n * C + c) * S;
+    prefetch_plane(o, N, C, S, n, c, 1);
+    if (relu)
+      for (size_t i = 0; i < S; i++) {
+        float v = bn_affine(xs[i], mean, rstd, w, b);
+        os[i] = v > 0.0f ? v : 0.0f;
+      }
+    else
+      for (size_t i = 0; i < S; i++) os[i] = bn_affine(xs[i], mean, rstd, w, b);
+  }
+}
+
+/* A channel's sums run over its N planes of S in the lanes of sums.h (vectorised, f32 blocks into f64,
+ * the same bits on any thread). Every pass over a channel prefetches its next plane
+ * (prefetch_plane). */
+static void lanes_sq(double acc[APEX__LANES], const float *restrict x, size_t n, float mean) {
+  for (size_t b0 = 0; b0 < n; b0 += APEX__LANE_BLOCK) {
+    size_t e = n - b0 < APEX__LANE_BLOCK ? n : b0 + APEX__LANE_BLOCK, i = b0;
+    float f[APEX__LANES] = {0};
+#if APEX__LANE_VEC
+    apex__v4 a = {0}, b = {0}, c = {0}, d = {0};
+    for (; i + APEX__LANES <= e; i += APEX__LANES) {
+      apex__v4 d0 = apex__ld4(x + i) - mean, d1 = apex__ld4(x + i + 4) - mean, d2 = apex__ld4(x + i + 8) - mean, d3 = apex__ld4(x + i + 12) - mean;
+      a += d0 * d0;
+      b += d1 * d1;
+      c += d2 * d2;
+      d += d3 * d3;
+    }
+    apex__st16(f, a, b, c, d);
+#else
+    for (; i + APEX__LANES <= e; i += APEX__LANES)
+      for (int l = 0; l < APEX__LANES; l++) {
+        float d = x[i + l] - mean;
+        f[l] += d * d;
+      }
+#endif
+    for (size_t l = 0; i + l < e; l++) f[l] += (x[i + l] - mean) * (x[i + l] - mean);
+    for (int l = 0; l < APEX__LANES; l++) acc[l] += f[l];
+  }
+}
+
+/* sum of go and of go * (x - m) * r over one plane. */
+static void lanes_bwd(double sg[APEX__LANES], double sgx[APEX__LANES], const float *restrict go, const float *restrict x, size_t n, float m, float r) {
+  for (size_t b0 = 0; b0 < n; b0 += APEX__LANE_BLOCK) {
+    size_t e = n - b0 < APEX__LANE_BLOCK ? n : b0 + APEX__LANE_BLOCK, i = b0;
+    float f[APEX__LANES] = {0}, h[APEX__LANES] = {0};
+#if APEX__LANE_VEC
+    apex__v4 f0 = {0}, f1 = {0}, f2 = {0}, f3 = {0}, h0 = {0}, h1 = {0}, h2 = {0}, h3 = {0};
+    for (; i + APEX__LANES <= e; i += APEX__LANES) {
+      apex__v4 g0 = apex__ld4(go + i), g1 = apex__ld4(go + i + 4), g2 = apex__ld4(go + i + 8), g3 = apex__ld4(go + i + 12);
+      f0 += g0;
+      f1 += g1;
+      f2 += g2;
+      f3 += g3;
+      h0 += g0 * (apex__ld4(x + i) - m) * r;
+      h1 += g1 * (apex__ld4(x + i + 4) - m) * r;
+      h2 += g2 * (apex__ld4(x + i + 8) - m) * r;
+      h3 += g3 * (apex__ld4(x + i + 12) - m) * r;
+    }
+    apex__st16(f, f0, f1, f2, f3);
+    apex__st16(h, h0, h1, h2, h3);
+#else
+    for (; i + APEX__LANES <= e; i += APEX__LANES)
+      for (int l = 0; l < APEX__LANES; l++) {
+        f[l] += go[i + l];
+        h[l] += go[i + l] * (x[i + l] - m) * r;
+      }
+#endif
+    for (size_t l = 0; i + l < e; l++) {
+      f[l] += go[i + l];
+      h[l] += go[i + l] * (x[i + l] - m) * r;
+    }
+    for (int l = 0; l < APEX__LANES; l++) {
+      sg[l] += f[l];
+      sgx[l] += h[l];
+    }
+  }
+}
+
+/* Given statistics normalise in a loop of their own, so that the plain op's per-channel loop is the
+ * one measured (its forward was 5-8% slower on one thread with both in one loop). */
+apex_status apex__cpu_nn_batch_norm(const apex_nn_batch_norm_args *a) {
+  size_t N = a->N, C = a->C, S = a->S, M = N * S, numel = N * C * S;
+  const float *xf = a->x, *wf = a->w, *bf = a->b;
+  float *o = a->out, *st = a->stats, *rm = a->running_mean, *rv = a->running_var;
+  float mom = a->momentum, eps = a->eps;
+  int training = a->training;
+  if (a->given_mean) {
+    const float *mf = a->given_mean, *rf = a->given_rstd, *vf = a->given_var;
+#pragma omp parallel for schedule(static) if (numel > APEX__CPU_PAR_MIN)
+    for (size_t c = 0; c < C; c++) {
+      if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mf[c]);
+      if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * vf[c]);
+      st[c] = mf[c];
+      st[C + c] = rf[c];
+      bn_normalize_channel(xf, o, N, C, S, c, mf[c], rf[c], wf ? wf[c] : 1.0f, bf ? bf[c] : 0.0f, 0);
+    }
+    return APEX_OK;
+  }
+#pragma omp parallel for schedule(static) if (numel > APEX__CPU_PAR_MIN)
+  for (size_t c = 0; c < C; c++) {
+    double mean, var;
+    if (training) {
+      double sa[APEX__LANES] = {0}, qa[APEX__LANES] = {0};
+      for (size_t n = 0; n < N; n++) {
+        prefetch_plane(xf, N, C, S, n, c, 0);
+        apex__lanes_add(sa, xf + (n * C + c) * S, S);
+      }
+      mean = apex__lanes_total(sa) / (double)M;
+      for (size_t n = 0; n < N; n++) {
+        prefetch_plane(xf, N, C, S, n, c, 0);
+        lanes_sq(qa, xf + (n * C + c) * S, S, (float)mean);
+      }
+      double q = apex__lanes_total(qa);
+      var = q / (double)M;
+      if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mean);
+      if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * q / (double)(M - 1));
+    } else {
+      mean = rm[c];
+      var = rv[c];
+    }
+    float m = (float)mean, r = (float)(1.0 / sqrt(var + eps)), w = wf ? wf[c] : 1.0f, b = bf ? bf[c] : 0.0f;
+    st[c] = m;
+    st[C + c] = r;
+    bn_normalize_channel(xf, o, N, C, S, c, m, r, w, b, a->relu);
+  }
+  return APEX_OK;
+}
+
+/* The fused op's gradient at its batch norm output, one plane: go where the output is non-zero
+ * (it is +0 or the positive value itself, never -0 or NaN); 0 + go as relu's backward writes it into
+ * fresh zeros, so the bits are those of the unfused ops. An f32 output is non-zero exactly where the
+ * forward's apex__bn_affine of the input was > 0, and the input's plane is read here anyway, so the
+ * output is not read (12.8 MB less from memory for the benchmark CNN's first batch norm); a half
+ * output may have rounded to zero, so its raw bits are tested instead. */
+static void relu_mask_plane(float *restrict gm, const float *restrict go, const float *restrict x, const void *yv, size_t off, size_t S,
+                            float m, float r, float w, float bias) {
+  const uint16_t *restrict y = yv ? (const uint16_t *)yv + off : NULL;
+  for (size_t i = 0; i < S; i++) {
+    float v = go[off + i] + 0.0f;
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    b &= -(uint32_t)(y ? y[i] != 0 : bn_affine(x[off + i], m, r, w, bias) > 0.0f);
+    memcpy(gm + i, &b, sizeof b);
+  }
+}
+
+/* The batch norm backward reads its gradient twice per channel: once for the sums, once for the
+ * input's gradient. The fused op masks each plane once, in the first pass, into a per-thread copy of
+ * the channel's gradient (from the workspace; N * S floats, which stays in cache for the second pass), so
+ * its output is read once. */
+apex_status apex__cpu_nn_batch_norm_bwd(const apex_nn_batch_norm_bwd_args *a) {
+  size_t N = a->N, C = a->C, S = a->S, M = N * S, numel = N * C * S;
+  int training = a->training, fused = a->relu, fresh = !a->accumulate_x;
+  int par = numel > APEX__CPU_PAR_MIN;
+  const float *xf = a->x, *wf = a->w, *bf = fused ? a->b : NULL, *st = a->stats, *go = a->gout;
+  float *gx = a->gx, *gw = a->gw, *gb = a->gb, *gms = NULL;
+  if (fused) {
+    size_t nt = par ? (size_t)apex_get_num_threads() : 1;
+    if (!(gms = a->ws.get(a->ws.ctx, nt * (M ? M : 1) * sizeof(float)))) return APEX_ERR_OUT_OF_MEMORY;
+  }
+  apex__cpu_grad_begin(gw, C, a->accumulate_w);
+  apex__cpu_grad_begin(gb, C, a->accumulate_b);
+  size_t ysize = apex_dtype_size(a->y_dtype);
+  int read_y = a->y_dtype != APEX_F32;
+  const void *y = read_y ? a->y : NULL;
+#pragma omp parallel for schedule(static) if (par)
+  for (size_t c = 0; c < C; c++) {
+    float m = st[c], r = st[C + c], w = wf ? wf[c] : 1.0f, bias = bf ? bf[c] : 0.0f, *gm = fused ? gms + (size_t)omp_get_thread_num() * M : NULL;
+    double sga[APEX__LANES] = {0}, sgxa[APEX__LANES] = {0};
+    for (size_t n = 0; n < N; n++) {
+      size_t off = (n * C + c) * S;
+      prefetch_plane(go, N, C, S, n, c, 0);
+      prefetch_plane(xf, N, C, S, n, c, 0);
+      if (fused) {
+        if (read_y) prefetch_plane_of(y, ysize, N, C, S, n, c, 0);
+        relu_mask_plane(gm + n * S, go, xf, y, off, S, m, r, w, bias);
+      }
+      lanes_bwd(sga, sgxa, fused ? gm + n * S : go + off, xf + off, S, m, r);
+    }
+    double sg = apex__lanes_total(sga), sgx = apex__lanes_total(sgxa);
+    if (gw) gw[c] += (float)sgx;
+    if (gb) gb[c] += (float)sg;
+    if (!gx) continue;
+    float a = w * r, mg = training ? (float)(sg / (double)M) : 0.0f, mgx = training ? (float)(sgx / (double)M) : 0.0f;
+    for (size_t n = 0; n < N; n++) {
+      size_t off = (n * C + c) * S;
+      const float *restrict gop = fused ? gm + n * S : go + off, *restrict xp = xf + off;
+      float *restrict gxp = gx + off;
+      if (!fused) prefetch_plane(go, N, C, S, n, c, 0);
+      prefetch_plane(xf, N, C, S, n, c, 0);
+      prefetch_plane(gx, N, C, S, n, c, 1);
+      if (fresh)
+        for (size_t i = 0; i < S; i++) gxp[i] = 0.0f + a * (gop[i] - mg - (xp[i] - m) * r * mgx);
+      else
+        for (size_t i = 0; i < S; i++) gxp[i] += a * (gop[i] - mg - (xp[i] - m) * r * mgx);
+    }
+  }
+  return APEX_OK;
+}
+
+apex_status apex__cpu_nn_batch_norm_sums(const apex_nn_batch_norm_sums_args *a) {
+  size_t N = a->N, C = a->C, S = a->S;
+  const float *xf = a->x, *mf = a->mean, *rf = a->rstd, *go = a->gout;
+  float *sd = a->sums, *gw = a->gw, *gb = a->gb;
+  apex__cpu_grad_begin(gw, C, a->accumulate_w);
+  apex__cpu_grad_begin(gb, C, a->accumulate_b);
+#pragma omp parallel for schedule(static) if (N * C * S > APEX__CPU_PAR_MIN)
+  for (size_t c = 0; c < C; c++) {
+    double sg = 0, sgx = 0;
+    for (size_t n = 0; n < N; n++)
+      for (size_t i = 0; i < S; i++) {
+        size_t j = (n * C + c) * S + i;
+        sg += go[j];
+        sgx += go[j] * (xf[j] - mf[c]) * rf[c];
+      }
+    sd[c] = (float)sg;
+    sd[C + c] = (float)sgx;
+    if (gb) gb[c] += (float)sg;
+    if (gw) gw[c] += (float)sgx;
+  }
+  return APEX_OK;
+}
+
+apex_status apex__cpu_nn_batch_norm_dx(const apex_nn_batch_norm_dx_args *a) {
+  size_t N = a->N, C = a->C, S = a->S;
+  const float *xf = a->x, *wf = a->w, *mf = a->mean, *rf = a->rstd, *go = a->gout, *sd = a->sums;
+  float *gx = a->gx;
+  apex__cpu_grad_begin(gx, N * C * S, a->accumulate_x);
+  float inv_total = 1.0f / (float)a->count;
+#pragma omp parallel for schedule(static) if (N * C * S > APEX__CPU_PAR_MIN)
+  for (size_t c = 0; c < C; c++) {
+    float m = mf[c], r = rf[c], a = (wf ? wf[c] : 1.0f) * r, mg = sd[c] * inv_total, mgx = sd[C + c] * inv_total;
+    for (size_t n = 0; n < N; n++)
+      for (size_t i = 0; i < S; i++) {
+        size_t j = (n * C + c) * S + i;
+        gx[j] += a * (go[j] - mg - (xf[j] - m) * r * mgx);
+      }
+  }
+  return APEX_OK;
+}
+
+apex_status apex__cpu_nn_row_norm(const apex_nn_row_norm_args *a) {
+  size_t R = a->rows, D = a->cols;
+  const float *xf = a->x, *wf = a->w, *bf = a->b;
+  float *o = a->out, *st = a->stats, eps = a->eps;
+  int centre = a->centre;
+#pragma omp parallel for schedule(static) if (R * D > APEX__CPU_PAR_MIN)
+  for (size_t r = 0; r < R; r++) {
+    const float *xr = xf + r * D;
+    double mean = centre ? apex__sum_serial(xr, D) / (double)D : 0.0, q = 0;
+    for (size_t j = 0; j < D; j++) q += (xr[j] - mean) * (xr[j] - mean);
+    float m = (float)mean, rs = (float)(1.0 / sqrt(q / (double)D + eps));
+    st[r] = m;
+    st[R + r] = rs;
+    float *orow = o + r * D;
+    for (size_t j = 0; j < D; j++) orow[j] = (xr[j] - m) * rs * (wf ? wf[j] : 1.0f) + (bf ? bf[j] : 0.0f);
+  }
+  return APEX_OK;
+}
+
+apex_status apex__cpu_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) {
+  size_t R = a->rows, D = a->cols;
+  int centre = a->centre;
+  const float *xf = a->x, *wf = a->w, *st = a->stats, *go = a->gout;
+  float *gx = a->gx, *gw = a->gw, *gb = a->gb, *gxhat = gw ? a->workspace : NULL;
+  apex__cpu_grad_begin(gx, R * D, a->accumulate_x);
+  apex__cpu_grad_begin(gw, D, a->accumulate_w);
+  apex__cpu_grad_begin(gb, D, a->accumulate_b);
+#pragma omp parallel for schedule(static) if (R * D > APEX__CPU_PAR_MIN)
+  for (size_t r = 0; r < R; r++) {
+    const float *xr = xf + r * D, *gr = go + r * D;
+    float m = st[r], rs = st[R + r];
+    double s1 = 0, s2 = 0;
+    for (size_t j = 0; j < D; j++) {
+      float xh = (xr[j] - m) * rs, gh = gr[j] * (wf ? wf[j] : 1.0f);
+      if (gxhat) gxhat[r * D + j] = gr[j] * xh;
+      s1 += gh;
+      s2 += gh * xh;
+    }
+    if (!gx) continue;
+    float a = centre ? (float)(s1 / (double)D) : 0.0f, b = (float)(s2 / (double)D);
+    float *gxr = gx + r * D;
+    for (size_t j = 0; j < D; j++) {
+      float xh = (xr[j] - m) * rs, gh = gr[j] * (wf ? wf[j] : 1.0f);
+      gxr[j] += rs * (gh - a - xh * b);
+    }
+  }
+  if (gw) apex__colsum_add(gxhat, R, D, gw);
+  if (gb) apex__colsum_add(go, R, D, gb);
+  return APEX_OK;
+}

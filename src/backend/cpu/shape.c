@@ -1,0 +1,159 @@
+/* shape.c: the CPU backend's reductions (sum, mean, L2 norm), permute, concat and embedding kernels
+ * (args_nn.h), forward and backward.
+ *
+ * A reduction sums each line in order (one line over the whole tensor in apex__sum_f32's fixed
+ * blocks), so its bits do not depend on the thread count. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/sums.h"
+
+/* Sum of squares of n floats in double on the calling thread, in order: the block function of a norm's
+ * apex__blocked_sum, so its bits do not depend on the thread count either. */
+static double sumsq_serial(const float *x, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+  return s;
+}
+
+apex_status apex__cpu_nn_reduce(const apex_nn_reduce_args *a) {
+  size_t outer = a->outer, D = a->dim, inner = a->inner, nl = outer * inner, n = nl * D;
+  const float *xf = a->x;
+  float *o = a->out;
+  double scale = a->scale;
+  if (a->kind == APEX_NN_REDUCE_NORM) {
+    float *nrm = a->norms;
+    if (nl == 1) {
+      nrm[0] = (float)sqrt(apex__blocked_sum(xf, D, sumsq_serial));
+    } else {
+#pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
+      for (size_t l = 0; l < nl; l++) {
+        const float *xl = xf + (l / inner) * D * inner + l % inner;
+        double s = 0;
+        for (size_t j = 0; j < D; j++) s += (double)xl[j * inner] * xl[j * inner];
+        nrm[l] = (float)sqrt(s);
+      }
+    }
+    memcpy(o, nrm, nl * sizeof(float));
+  } else if (nl == 1) {
+    o[0] = (float)(apex__sum_f32(xf, D) * scale);
+  } else {
+#pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
+    for (size_t l = 0; l < nl; l++) {
+      const float *xl = xf + (l / inner) * D * inner + l % inner;
+      double s = 0;
+      for (size_t j = 0; j < D; j++) s += xl[j * inner];
+      o[l] = (float)(s * scale);
+    }
+  }
+  return APEX_OK;
+}
+
+/* d norm / dx = x / norm, and 0 where the norm is 0 (PyTorch's norm_backward: the subgradient 0 at
+ * the origin rather than 0/0). */
+apex_status apex__cpu_nn_reduce_bwd(const apex_nn_reduce_bwd_args *a) {
+  size_t D = a->dim, inner = a->inner, n = a->outer * D * inner;
+  const float *go = a->gout;
+  float *gx = a->gx;
+  apex__cpu_grad_begin(gx, n, a->accumulate_x);
+  if (a->kind == APEX_NN_REDUCE_NORM) {
+    const float *X = a->x, *nrm = a->norms;
+    APEX__CPU_PFOR
+    for (size_t i = 0; i < n; i++) {
+      size_t l = (i / (D * inner)) * inner + i % inner;
+      if (nrm[l] != 0.0f) gx[i] += go[l] * (X[i] / nrm[l]);
+    }
+    return APEX_OK;
+  }
+  float s = a->scale;
+  APEX__CPU_PFOR
+  for (size_t i = 0; i < n; i++) gx[i] += go[(i / (D * inner)) * inner + i % inner] * s;
+  return APEX_OK;
+}
+
+/* Calls BODY with oi (output index) and ii (input offset) for every element, rows of the last dim on
+ * threads. */
+#define PERMUTE_WALK(out_shape, nd, st, n, BODY)                                                                        \
+  do {                                                                                                                  \
+    size_t len_ = nd ? (size_t)out_shape[nd - 1] : 1, rows_ = len_ ? n / len_ : 0;                                      \
+    _Pragma("omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)") for (size_t r_ = 0; r_ < rows_; r_++) {    \
+      size_t rem_ = r_, base_ = 0;                                                                                      \
+      for (int d_ = nd - 2; d_ >= 0; d_--) {                                                                            \
+        base_ += (rem_ % (size_t)out_shape[d_]) * (size_t)st[d_];                                                       \
+        rem_ /= (size_t)out_shape[d_];                                                                                  \
+      }                                                                                                                 \
+      size_t ls_ = nd ? (size_t)st[nd - 1] : 0;                                                                         \
+      for (size_t j_ = 0; j_ < len_; j_++) {                                                                            \
+        size_t oi = r_ * len_ + j_, ii = base_ + j_ * ls_;                                                              \
+        BODY;                                                                                                           \
+      }                                                                                                                 \
+    }                                                                                                                   \
+  } while (0)
+
+apex_status apex__cpu_nn_permute(const apex_nn_permute_args *a) {
+  const int64_t *shape = a->shape, *st = a->strides;
+  int nd = a->ndim;
+  size_t n = a->n;
+  const float *X = a->x;
+  float *o = a->out;
+  PERMUTE_WALK(shape, nd, st, n, o[oi] = X[ii]);
+  return APEX_OK;
+}
+
+apex_status apex__cpu_nn_permute_bwd(const apex_nn_permute_bwd_args *a) {
+  const int64_t *shape = a->shape, *st = a->strides;
+  int nd = a->ndim;
+  size_t n = a->n;
+  const float *go = a->gout;
+  float *gx = a->gx;
+  apex__cpu_grad_begin(gx, n, a->accumulate_x);
+  PERMUTE_WALK(shape, nd, st, n, gx[ii] += go[oi]);
+  return APEX_OK;
+}
+
+apex_status apex__cpu_nn_concat(const apex_nn_concat_args *a) {
+  size_t es = apex_dtype_size(a->out_dtype), row = a->row, at = 0;
+  char *o = a->out;
+  for (int k = 0; k < a->n; k++) {
+    const char *X = a->x[k];
+    size_t w = a->width[k], tes = apex_dtype_size(a->x_dtype[k]);
+    for (size_t r = 0; r < a->outer; r++) apex_convert(o + (r * row + at) * es, a->out_dtype, X + r * w * tes, a->x_dtype[k], w);
+    at += w;
+  }
+  return APEX_OK;
+}
+
+apex_status apex__cpu_nn_concat_bwd(const apex_nn_concat_bwd_args *a) {
+  size_t row = a->row, at = 0;
+  for (int k = 0; k < a->n; k++) {
+    size_t w = a->width[k];
+    float *gx = a->gx[k];
+    if (gx) {
+      apex__cpu_grad_begin(gx, a->outer * w, a->accumulate[k]);
+      for (size_t r = 0; r < a->outer; r++)
+        for (size_t j = 0; j < w; j++) gx[r * w + j] += a->gout[r * row + at + j];
+    }
+    at += w;
+  }
+  return APEX_OK;
+}
+
+apex_status apex__cpu_nn_embedding(const apex_nn_embedding_args *a) {
+  size_t es = apex_dtype_size(a->dtype), D = a->dim;
+  const char *src = a->w;
+  char *dst = a->out;
+  for (size_t i = 0; i < a->n; i++) memcpy(dst + i * D * es, src + (size_t)a->ids[i] * D * es, D * es);
+  return APEX_OK;
+}
+
+apex_status apex__cpu_nn_embedding_bwd(const apex_nn_embedding_bwd_args *a) {
+  size_t D = a->dim;
+  const int64_t *ids = a->ids;
+  float *gw = a->gw;
+  apex__cpu_grad_begin(gw, a->rows * D, a->accumulate_w);
+  for (size_t i = 0; i < a->n; i++)
+    for (size_t j = 0; j < D; j++) gw[(size_t)ids[i] * D + j] += a->gout[i * D + j];
+  return APEX_OK;
+}
