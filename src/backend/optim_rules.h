@@ -83,4 +83,34 @@ APEX_RULE float apex__adadelta_apply(float p, float gi, float root_acc, float ro
   return p - lr * delta;
 }
 
+/* RMSprop (tf = 0) and RMSpropTF (tf = 1, a compile-time constant at every call) before the root: gi =
+ * g * inv + l2 * p into *gi and the square average updated in place (na = 1 - alpha); returns it. */
+APEX_RULE float apex__rmsprop_square(float g, float p, float *sq, float *gi, float inv, float l2, float a, float na,
+                                     int tf) {
+  float x = g * inv + l2 * p;
+  float s = tf ? *sq + na * (x * x - *sq) : a * *sq + na * x * x;
+  *sq = s;
+  *gi = x;
+  return s;
+}
+/* centered: the gradient average ga updated in place; returns d - ga^2, d the square average. */
+APEX_RULE float apex__rmsprop_center(float d, float gi, float *ga, float a, float na, int tf) {
+  float x = tf ? *ga + na * (gi - *ga) : a * *ga + na * gi;
+  *ga = x;
+  return d - x * x;
+}
+/* After the root (root = sqrt(d + eps_in); eps_in, eps_out: eps, 0 for RMSpropTF, else 0, eps); decay = 1 -
+ * lr * wd for decoupled decay, else 1. Without momentum: the new p. */
+APEX_RULE float apex__rmsprop_apply(float p, float gi, float root, float eps_out, float decay, float lr) {
+  return p * decay - lr * (gi / (root + eps_out));
+}
+/* With momentum: buf = m * buf + bl * gi / (root + eps_out) in place, the new p = p * decay - pl * buf (bl, pl:
+ * lr, 1 with lr_in_momentum, else 1, lr). */
+APEX_RULE float apex__rmsprop_apply_buf(float p, float gi, float root, float *buf, float eps_out, float decay, float m,
+                                        float bl, float pl) {
+  float b = m * *buf + bl * (gi / (root + eps_out));
+  *buf = b;
+  return p * decay - pl * b;
+}
+
 #endif
