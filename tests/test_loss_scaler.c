@@ -294,6 +294,9 @@ static void test_check_raises_flag_like_host_found_inf(void **state) {
   assert_null(apex_loss_scaler_scale_ptr(NULL));
   tu_assert_message("apex_loss_scaler_scale_ptr: NULL");
   assert_null(apex_loss_scaler_found_inf_ptr(NULL));
+  apex_clear_error();
+  assert_int_equal(apex_loss_scaler_device(NULL), APEX_DEVICE_CPU);
+  tu_assert_message("apex_loss_scaler_device: NULL");
   apex_tensor_destroy(l);
   apex_tensor_destroy(g);
   apex_loss_scaler_destroy(s);

@@ -190,7 +190,9 @@ apex_status apex_loss_scaler_update(apex_loss_scaler *s, int found_inf, int *ski
                       "the host waiting; pass skip = NULL and step with apex_optimizer_step_scaled, which reads it there",
                       fn, apex__device_name(s->b->device));
   if (!s->b->scaler_update) return apex__backend_slot_missing(s->b, fn, "the loss-scaler update");
-  if (found_inf) { /* the host's own finding joins the device's flag before the rule reads it */
+  /* The host's own finding joins the device's flag before the rule reads it. The copy does not wait for
+   * the device: a copy from pageable memory is staged before it returns, so `one` may then go. */
+  if (found_inf) {
     int32_t one = 1;
     apex_status st = s->b->mem->copy(&s->d->found_inf, &one, sizeof one, APEX_COPY_H2D, 0);
     if (st != APEX_OK) return st;
