@@ -113,4 +113,11 @@ APEX_RULE float apex__rmsprop_apply_buf(float p, float gi, float root, float *bu
   return p * decay - pl * b;
 }
 
+/* LAMB's moments are Adam's (apex__adam_moments with nb1 = beta3: 1 - beta1 with grad_averaging, else 1).
+ * After the root (root = sqrt(v * ib2)): the update direction u = (m * ib1) / (root + eps) + ww * p, ib1,
+ * ib2 = 1 / bc1, 1 / bc2, ww: the decoupled weight decay (adam_w_mode) or 0. */
+APEX_RULE float apex__lamb_update(float m, float root, float p, float ib1, float eps, float ww) {
+  return (m * ib1) / (root + eps) + ww * p;
+}
+
 #endif
