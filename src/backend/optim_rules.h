@@ -120,4 +120,19 @@ APEX_RULE float apex__lamb_update(float m, float root, float p, float ib1, float
   return (m * ib1) / (root + eps) + ww * p;
 }
 
+/* NovoGrad's element update, after the per-tensor coefficients: ib1 = 1 / bc1, id = 1 / (v / bc2 + eps) from
+ * the tensor's gradient-norm moment v. m updated in place, the new p returned; reg_inside (a compile-time
+ * constant at each CPU call): the weight decay goes into the moment, else into the step. */
+APEX_RULE float apex__novograd_rule(float g, float p, float *m, float inv, float id, float ib1, float lr, float b1,
+                                    float b3, float wd, int reg_inside) {
+  if (reg_inside) {
+    float mi = b1 * *m + b3 * (g * inv * id + wd * p);
+    *m = mi;
+    return p - lr * (mi * ib1);
+  }
+  float mi = b1 * *m + b3 * (g * inv);
+  *m = mi;
+  return p - lr * (mi * ib1 * id + wd * p);
+}
+
 #endif
