@@ -1,8 +1,10 @@
 /* bench_amp.c: what amp costs and saves on this CPU, each opt level against our own O0 in the same
  * run.
- *   amp_{mlp,cnn}_O{1,2}_step   training-step time ratio O-level / O0 (target <= 1.3: this CPU has no
- *                               native f16 arithmetic, so amp must not cost more than the casts);
- *                               the value is the level's samples/s.
+ *   amp_<model>_O{1,2}_bf16_step  training-step time ratio O-level (half_type bf16) / O0, for the
+ *                               models of bench_models.h (mlp, cnn, gpt_c256, gpt_c768); the value is
+ *                               the level's samples/s (tokens/s for the GPTs). Targets (issue 17):
+ *                               O2 <= 0.75 on AVX512_BF16, <= 0.4-0.6 with AMX; no slower than O0
+ *                               without bf16 hardware. amp_<model>_O0_f32_step gives O0's own rate.
  *   amp_mlp_activation_O{0..3}  bytes autograd keeps for backward after the forward at batch 4096
  *                               (apex_graph_saved_bytes: what the pool holds, plus the caller's f32
  *                               batch where the first layer saves it, as its f16 copy is counted
@@ -11,7 +13,7 @@
  *                               4096 at that level (each level in a fresh process), ratio to O0;
  *   amp_mlp_train_mem_O{0..3}   the same less what the process held before building the model (the
  *                               loaded libraries: OpenBLAS, OpenMP, MPI), which no level changes.
- * MLP 784-1024-1024-10 and the CNN of bench_nn.c, AdamW, batch 128 for the speed figures. */
+ * Models and step: bench_models.h. The memory figures are the MLP at batch 4096, half_type bf16. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,83 +26,20 @@
 #include "bench_models.h"
 #include "bench_util.h"
 
-typedef struct {
-  apex_model *m;
-  apex_module *net;
-  apex_optimizer *opt;
-  apex_amp *amp;
-  apex_graph *g;
-  apex_tensor *x;
-  int64_t *labels;
-  int batch;
-} run_t;
-
-static void die(const char *what) {
-  fprintf(stderr, "bench_amp: %s: %s\n", what, apex_last_error());
-  exit(1);
-}
-
-static void run_init(run_t *r, int cnn, int batch, const char *level) {
-  memset(r, 0, sizeof *r);
-  r->batch = batch;
-  r->m = apex_model_create(&(apex_model_options){.seed = 1});
-  r->net = cnn ? bench_cnn(r->m) : bench_mlp(r->m);
-  size_t np = apex_model_num_params(r->m);
-  apex_tensor *ps[16], *gs[16];
-  for (size_t i = 0; i < np; i++) {
-    ps[i] = apex_var_value(apex_model_param(r->m, i, NULL));
-    gs[i] = apex_var_grad(apex_model_param(r->m, i, NULL));
-  }
-  r->opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 1e-3f});
-  if (!r->opt || apex_optimizer_add_group(r->opt, ps, (int)np, gs, (int)np, NULL, NULL) != APEX_OK) die("optimizer");
-  if (apex_amp_initialize(&r->m, 1, &r->opt, 1, &(apex_amp_config){.opt_level = level}, &r->amp) != APEX_OK) die("amp");
-  r->g = apex_graph_create();
-  if (apex_amp_prepare_graph(r->amp, r->g) != APEX_OK) die("graph");
-  int64_t xs[4] = {batch, 1, 28, 28}, xm[2] = {batch, 784};
-  r->x = cnn ? apex_tensor_create(APEX_F32, 4, xs) : apex_tensor_create(APEX_F32, 2, xm);
-  apex_rng rng = apex_rng_init(3);
-  apex_rng_normal(&rng, apex_tensor_data(r->x), apex_tensor_numel(r->x), 0.0f, 1.0f);
-  r->labels = malloc((size_t)batch * sizeof *r->labels);
-  for (int i = 0; i < batch; i++) r->labels[i] = (i * 7) % 10;
-}
-
-static void run_free(run_t *r) {
-  apex_graph_destroy(r->g);
-  apex_amp_destroy(r->amp);
-  apex_optimizer_destroy(r->opt);
-  apex_model_destroy(r->m);
-  apex_tensor_destroy(r->x);
-  free(r->labels);
-}
-
-static apex_var *forward(run_t *r) {
-  apex_var *out = apex_amp_forward(r->amp, 0, r->net, r->g, apex_graph_input(r->g, r->x, 0));
-  apex_var *loss = apex_cross_entropy(r->g, out, r->labels, NULL);
-  if (!loss) die("forward");
-  return loss;
-}
-
-static void step(void *p) {
-  run_t *r = p;
-  apex_var *loss = forward(r);
-  if (apex_amp_backward(r->amp, loss, 0, NULL) != APEX_OK) die("backward");
-  if (apex_amp_step(r->amp, r->opt, NULL) != APEX_OK) die("step");
-  apex_amp_zero_grad(r->amp);
-  apex_graph_reset(r->g);
-}
-
-/* Best step time of O0, O1 and O2 on one model, t[level]. The levels run in interleaved rounds,
- * best of each kept, so that all three see the same moments of a shared machine (one level after
- * the other let a busy second skew the ratio either way). */
-static void time_levels(int cnn, const char *const *levels, double t[3]) {
-  run_t r[3];
-  for (int l = 0; l < 3; l++) run_init(&r[l], cnn, 128, levels[l]), t[l] = 1e300;
-  for (int round = 0; round < 4; round++)
+/* Best step time of O0, O1 and O2 (bf16) on one model, t[level]. The levels run in interleaved
+ * rounds, best of each kept, so that all three see the same moments of a shared machine (one level
+ * after the other let a busy second skew the ratio either way); gpt_c256 gets two rounds and
+ * gpt_c768 one, as a C768 step took 4-12 s on this shared 2-core machine. */
+static void time_levels(bench_model model, const char *const *levels, double t[3]) {
+  bench_train r[3];
+  int rounds = model == BENCH_GPT_C768 ? 1 : model == BENCH_GPT_C256 ? 2 : 4;
+  for (int l = 0; l < 3; l++) bench_train_init(&r[l], model, 0, levels[l]), t[l] = 1e300;
+  for (int round = 0; round < rounds; round++)
     for (int l = 0; l < 3; l++) {
-      double s = bench_best(step, &r[l], round == 0 ? 2 : 0, 3, 0.5);
+      double s = bench_train_time(&r[l], round == 0);
       t[l] = s < t[l] ? s : t[l];
     }
-  for (int l = 0; l < 3; l++) run_free(&r[l]);
+  for (int l = 0; l < 3; l++) bench_train_free(&r[l]);
 }
 
 /* Bytes the graph holds for backward after the forward: its live pool blocks (saved values and
@@ -108,15 +47,15 @@ static void time_levels(int cnn, const char *const *levels, double t[3]) {
  * caller's batch when backward reads it (O0: the first linear saves its f32 input; amp levels save
  * their f16 copy, which is the pool's). */
 static double activation_bytes(const char *level) {
-  run_t r;
-  run_init(&r, 0, 4096, level);
-  step(&r); /* warm the pool to its working size, then measure a clean forward */
+  bench_train r;
+  bench_train_init(&r, BENCH_MLP, 4096, level);
+  bench_train_step(&r); /* warm the pool to its working size, then measure a clean forward */
   apex_graph_destroy(r.g);
   r.g = apex_graph_create();
   apex_amp_prepare_graph(r.amp, r.g);
-  forward(&r);
+  bench_train_loss(&r);
   double bytes = (double)apex_graph_saved_bytes(r.g);
-  run_free(&r);
+  bench_train_free(&r);
   return bytes;
 }
 
@@ -130,11 +69,11 @@ static long max_rss_kib(void) {
  * in KiB. */
 static int peak_child(const char *level) {
   long base = max_rss_kib();
-  run_t r;
-  run_init(&r, 0, 4096, level);
-  for (int i = 0; i < 3; i++) step(&r);
+  bench_train r;
+  bench_train_init(&r, BENCH_MLP, 4096, level);
+  for (int i = 0; i < 3; i++) bench_train_step(&r);
   printf("%ld %ld\n", base, max_rss_kib());
-  run_free(&r);
+  bench_train_free(&r);
   return 0;
 }
 
@@ -166,15 +105,18 @@ static double peak_rss(const char *level, double *base) {
 int main(int argc, char **argv) {
   if (argc == 3 && !strcmp(argv[1], "--peak-child")) return peak_child(argv[2]);
   const char *levels[4] = {"O0", "O1", "O2", "O3"};
-  for (int cnn = 0; cnn < 2; cnn++) {
-    char name[64];
-    snprintf(name, sizeof name, "amp_%s_O1_step", cnn ? "cnn" : "mlp");
-    if (!bench_wanted(argc, argv, name)) continue;
+  for (bench_model model = 0; model < BENCH_MODEL_COUNT; model++) {
+    char name[64], o1[64], o2[64];
+    snprintf(o1, sizeof o1, "amp_%s_O1_bf16_step", bench_model_name(model));
+    snprintf(o2, sizeof o2, "amp_%s_O2_bf16_step", bench_model_name(model));
+    snprintf(name, sizeof name, "amp_%s_O0_f32_step", bench_model_name(model));
+    if (!bench_wanted(argc, argv, o1) && !bench_wanted(argc, argv, o2) && !bench_wanted(argc, argv, name)) continue;
     double t[3];
-    time_levels(cnn, levels, t);
+    time_levels(model, levels, t);
+    bench_report(name, bench_model_samples(model) / t[0], "samples/s", 1.0, "apex-O0");
     for (int l = 1; l <= 2; l++) {
-      snprintf(name, sizeof name, "amp_%s_%s_step", cnn ? "cnn" : "mlp", levels[l]);
-      bench_report(name, 128.0 / t[l], "samples/s", t[l] / t[0], "apex-O0-time");
+      snprintf(name, sizeof name, "amp_%s_%s_bf16_step", bench_model_name(model), levels[l]);
+      bench_report(name, bench_model_samples(model) / t[l], "samples/s", t[l] / t[0], "apex-O0");
     }
   }
   if (bench_wanted(argc, argv, "amp_mlp_activation")) {

@@ -1,11 +1,20 @@
-/* bench_nn.c: training-step throughput of an MLP and a small CNN against PyTorch on this machine.
+/* bench_nn.c: training-step throughput of apex against today's PyTorch (from PyPI) on this machine.
  *
- * Each figure is a full f32 training step (forward, cross-entropy, backward, fused AdamW) at batch
- * 128 on OMP_NUM_THREADS threads (bench/run sets 2), in samples/s. The PyTorch peer is
- * bench/peer_nn.py --measure, run from here so that both are measured in the same invocation; the
- * ratio is apex / PyTorch. A second line per model gives the GFLOP/s the step achieves (GEMM and
- * convolution FLOPs of forward and backward), with ratio = that / the sgemm peak measured here (a
- * 1024^3 product on the same threads, the faster of OpenBLAS and apex's own AVX-512 kernel).
+ * For each model of bench_models.h (mlp, cnn, gpt_c256, gpt_c768) a full training step (forward,
+ * cross-entropy, backward, AdamW) on OMP_NUM_THREADS threads (bench/run sets 2), in samples/s
+ * (tokens/s for the GPTs):
+ *   nn_<model>_O0_f32       apex O0, peer=torch-f32 (eager) and peer=torch-compile (torch.compile
+ *                           of the same model, where it runs here);
+ *   nn_<model>_O1_bf16, nn_<model>_O2_bf16
+ *                           apex O1/O2 with half_type bf16, peer=torch-bf16-autocast
+ *                           (torch.autocast("cpu", dtype=torch.bfloat16)).
+ * ratio = apex throughput / peer throughput. The peers are bench/peer_nn.py --measure, run from
+ * here with the Python of .peers/ (bench/setup_peers.sh) so that both are measured in the same
+ * invocation, alternating with apex's own timing; without it the lines say "skipped: no PyPI torch".
+ * Targets (issue 17): O0 >= 1.5x torch-f32, O1/O2 bf16 >= 1.2x torch-bf16-autocast, >= 1.0x
+ * torch-compile. nn_<model>_O0_f32_gflops (mlp, cnn) is the GEMM and convolution FLOP rate of the
+ * O0 step, ratio against the sgemm peak measured here (a 1024^3 product on the same threads, the
+ * faster of OpenBLAS and apex's own AVX-512 kernel).
  *
  * nn_gemm_tiles_f16 is an f16 linear, [4096, 1024] x [1024, 1024]^T plus bias, forward and backward
  * (what O1 autocast runs): GFLOP/s with low-precision operands widened per tile (the default), ratio
@@ -13,16 +22,7 @@
  * for both. Measured on this shared 2-core VM (2 threads, best of three alternating rounds, three
  * runs): per tile 0.97x, 1.12x and 1.13x the whole-tensor speed, so no slower within the noise; pool
  * 74.5 MiB against 120.0 MiB: the products' f32 copies peak at 8 MiB (two threads' panels of the
- * K = 4096 weight-gradient product) instead of 36 MiB (x, w and the output widened whole).
- *
- * Measured on this shared 2-core VM (2 threads, five runs each, alternating with the build before
- * the change; the peer itself ranged 1.7K to 3.0K samples/s between runs): the CNN went from
- * 1.4-1.7K to 3.7-4.3K samples/s (ratio 1.3-2.4, median 2.15) once conv2d ran image by image and
- * the elementwise passes vectorised (ops_conv.c, ops_norm.c). The MLP (before 13.1-15.5K, ratio
- * 1.9-2.5; after 9.1-16.6K, ratio 1.2-2.7, median 2.5) is GEMM-bound: its 1.26 GFLOP a step took
- * >= 6 ms at OpenBLAS's 2-thread peak here (200-220 GFLOP/s, its AVX2 kernels). apex's own AVX-512
- * sgemm (src/autograd/sgemm_avx512.c, 300+ GFLOP/s on 2 threads) then took the MLP to 29.7-30.9K
- * samples/s, 3.4-3.5x PyTorch, and the CNN to 6.6-6.7K, 2.1-2.3x (README, "On this CPU"). */
+ * K = 4096 weight-gradient product) instead of 36 MiB (x, w and the output widened whole). */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
 #include <stdio.h>
@@ -34,55 +34,6 @@
 #include "backend/cpu/gemm.h"
 #include "bench_models.h"
 #include "bench_util.h"
-
-enum { B = 128 };
-
-typedef struct step_ctx {
-  apex_model *m;
-  apex_module *net;
-  apex_graph *g;
-  apex_optimizer *opt;
-  apex_tensor *x;
-  int64_t labels[B];
-} step_ctx;
-
-static void step(void *p) {
-  step_ctx *c = p;
-  apex_var *loss = apex_cross_entropy(c->g, apex_module_forward(c->net, c->g, apex_graph_input(c->g, c->x, 0)), c->labels, NULL);
-  apex_model_zero_grad(c->m);
-  if (!loss || apex_backward(loss, NULL) != APEX_OK || apex_optimizer_step(c->opt, 1.0f, 0) != APEX_OK) {
-    fprintf(stderr, "bench_nn: step failed: %s\n", apex_last_error());
-    exit(1);
-  }
-  apex_graph_reset(c->g);
-}
-
-static void ctx_init(step_ctx *c, apex_model *m, apex_module *net, int ndim, const int64_t *shape) {
-  c->m = m;
-  c->net = net;
-  c->g = apex_graph_create();
-  size_t np = apex_model_num_params(m);
-  apex_tensor **ps = malloc(np * sizeof *ps), **gs = malloc(np * sizeof *gs);
-  for (size_t i = 0; i < np; i++) {
-    ps[i] = apex_var_value(apex_model_param(m, i, NULL));
-    gs[i] = apex_var_grad(apex_model_param(m, i, NULL));
-  }
-  c->opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 1e-3f, .weight_decay = 1e-2f});
-  apex_optimizer_add_group(c->opt, ps, (int)np, gs, (int)np, NULL, NULL);
-  free(ps);
-  free(gs);
-  c->x = apex_tensor_create(APEX_F32, ndim, shape);
-  apex_rng r = apex_rng_init(3);
-  apex_rng_normal(&r, apex_tensor_data(c->x), apex_tensor_numel(c->x), 0.0f, 1.0f);
-  for (int i = 0; i < B; i++) c->labels[i] = (i * 7) % 10;
-}
-
-static void ctx_free(step_ctx *c) {
-  apex_tensor_destroy(c->x);
-  apex_optimizer_destroy(c->opt);
-  apex_graph_destroy(c->g);
-  apex_model_destroy(c->m);
-}
 
 typedef struct gemm_ctx {
   float *a, *b, *c;
@@ -108,45 +59,56 @@ static double sgemm_peak_gflops(void) {
   return 2.0 * 1024 * 1024 * 1024 / (t < t_apex ? t : t_apex) / 1e9;
 }
 
-/* samples/s of the PyTorch peer for `which` ("mlp" or "cnn"); 0 when it cannot run. */
-static double peer(const char *which) {
-  const char *root = getenv("APEX_ROOT");
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/bench/peer_nn.py --measure %s 2>/dev/null", root ? root : ".", which);
-  FILE *p = popen(cmd, "r");
-  if (!p) return 0;
-  double v = 0;
-  if (fscanf(p, "%lf", &v) != 1) v = 0;
-  pclose(p);
-  return v;
+static const char *const LEVELS[3] = {"O0", "O1", "O2"};
+/* each level's peers: the PyTorch mode of peer_nn.py and the peer's name on the bench line */
+static const struct {
+  const char *mode, *peer;
+} PEERS[3][2] = {{{"f32", "torch-f32"}, {"compile", "torch-compile"}},
+                 {{"autocast", "torch-bf16-autocast"}, {NULL, NULL}},
+                 {{"autocast", "torch-bf16-autocast"}, {NULL, NULL}}};
+
+/* apex's best step time at each level and each peer's best samples/s (0 when it cannot run), in
+ * alternating rounds (two for mlp and cnn, one for the GPTs, whose steps take seconds), so that both
+ * see the same moments of a shared machine. The autocast peer is measured once for O1 and O2. */
+static void measure(bench_model model, double t[3], double peer_sps[3][2]) {
+  char args[128];
+  int rounds = model >= BENCH_GPT_C256 ? 1 : 2, have_peer = bench_peer_python() != NULL;
+  memset(peer_sps, 0, 3 * 2 * sizeof(double));
+  for (int l = 0; l < 3; l++) t[l] = 1e300;
+  for (int round = 0; round < rounds; round++) {
+    for (int l = 0; l < 3; l++) {
+      bench_train r;
+      bench_train_init(&r, model, 0, LEVELS[l]);
+      double s = bench_train_time(&r, 1);
+      bench_train_free(&r);
+      t[l] = s < t[l] ? s : t[l];
+      for (int k = 0; have_peer && k < 2; k++) {
+        if (!PEERS[l][k].mode || (l == 2 && k == 0)) continue; /* O2 shares O1's autocast figure */
+        snprintf(args, sizeof args, "%s %s", bench_model_name(model), PEERS[l][k].mode);
+        double p = bench_peer_measure(args);
+        peer_sps[l][k] = p > peer_sps[l][k] ? p : peer_sps[l][k];
+      }
+    }
+  }
+  peer_sps[2][0] = peer_sps[1][0];
 }
 
-/* apex's best step time and the peer's best samples/s (*peer_sps, 0 when it cannot run), in three
- * alternating rounds, so that both see the same moments of a shared machine (measured one after the
- * other, the peer's figure swung between 2.4K and 3.9K samples/s on the CNN from run to run). */
-static double interleaved(step_ctx *c, const char *which, double *peer_sps) {
-  double t = 1e300;
-  *peer_sps = 0;
-  for (int round = 0; round < 3; round++) {
-    double a = bench_best(step, c, round == 0 ? 3 : 1, 5, 1.0), p = peer(which);
-    t = a < t ? a : t;
-    *peer_sps = p > *peer_sps ? p : *peer_sps;
-    if (p <= 0) break; /* no peer: one round is enough */
+static void report(bench_model model, const double t[3], double peer_sps[3][2]) {
+  for (int l = 0; l < 3; l++) {
+    char name[96], line[192];
+    snprintf(name, sizeof name, "nn_%s_%s_%s", bench_model_name(model), LEVELS[l], l ? "bf16" : "f32");
+    double sps = bench_model_samples(model) / t[l];
+    for (int k = 0; k < 2; k++) {
+      if (!PEERS[l][k].mode) continue;
+      if (peer_sps[l][k] > 0) {
+        bench_report(name, sps, "samples/s", sps / peer_sps[l][k], PEERS[l][k].peer);
+      } else {
+        snprintf(line, sizeof line, "%s (apex %.1f samples/s) peer=%s", name, sps, PEERS[l][k].peer);
+        bench_skip(line, bench_peer_python() ? "the peer did not run here (bench/peer_nn.py --measure failed)"
+                                             : "no PyPI torch (run bench/setup_peers.sh)");
+      }
+    }
   }
-  return t;
-}
-
-static void report(const char *name, double sps, double peer_sps, double flops_per_sample, double peak) {
-  char line[128];
-  if (peer_sps > 0) {
-    bench_report(name, sps, "samples/s", sps / peer_sps, "pytorch");
-  } else {
-    snprintf(line, sizeof line, "%s (apex %.1f samples/s)", name, sps);
-    bench_skip(line, "the PyTorch peer (bench/peer_nn.py, /usr/bin/python3 with torch) did not run");
-  }
-  snprintf(line, sizeof line, "%s_gflops", name);
-  double gf = sps * flops_per_sample / 1e9;
-  bench_report(line, gf, "GFLOP/s", gf / peak, "sgemm_peak");
 }
 
 typedef struct tiles_ctx {
@@ -208,31 +170,32 @@ static void bench_gemm_tiles(void) {
 }
 
 int main(int argc, char **argv) {
-  int want_mlp = bench_wanted(argc, argv, "nn_mlp_train"), want_cnn = bench_wanted(argc, argv, "nn_cnn_train");
   if (bench_wanted(argc, argv, "nn_gemm_tiles")) bench_gemm_tiles();
-  if (!want_mlp && !want_cnn) return 0;
-  double peak = sgemm_peak_gflops();
-  if (want_mlp) {
-    apex_model *m = apex_model_create(&(apex_model_options){.seed = 1});
-    apex_module *net = bench_mlp(m);
-    step_ctx c;
-    ctx_init(&c, m, net, 2, (int64_t[]){B, 784});
-    double peer_sps, t = interleaved(&c, "mlp", &peer_sps);
-    ctx_free(&c);
-    /* forward 2MK per layer; backward 2MK for dW and 2MK for dx except the first layer */
-    double f = 2.0 * (784 * 1024 + 1024 * 1024 + 1024 * 10) * 3 - 2.0 * 784 * 1024;
-    report("nn_mlp_train_f32", B / t, peer_sps, f, peak);
-  }
-  if (want_cnn) {
-    apex_model *m = apex_model_create(&(apex_model_options){.seed = 2});
-    apex_module *net = bench_cnn(m);
-    step_ctx c;
-    ctx_init(&c, m, net, 4, (int64_t[]){B, 1, 28, 28});
-    double peer_sps, t = interleaved(&c, "cnn", &peer_sps);
-    ctx_free(&c);
-    double conv1 = 2.0 * 32 * 9 * 784, conv2 = 2.0 * 64 * 288 * 196, fc = 2.0 * (3136 * 128 + 128 * 10);
-    double f = 3 * (conv1 + conv2 + fc) - conv1;
-    report("nn_cnn_train_f32", B / t, peer_sps, f, peak);
+  double peak = 0;
+  for (bench_model model = 0; model < BENCH_MODEL_COUNT; model++) {
+    char prefix[64];
+    int want = 0;
+    for (int l = 0; l < 3; l++) {
+      snprintf(prefix, sizeof prefix, "nn_%s_%s_%s_gflops", bench_model_name(model), LEVELS[l], l ? "bf16" : "f32");
+      want |= bench_wanted(argc, argv, prefix);
+    }
+    if (!want) continue;
+    double t[3], peer_sps[3][2];
+    measure(model, t, peer_sps);
+    report(model, t, peer_sps);
+    if (model > BENCH_CNN) continue;
+    double f;
+    if (model == BENCH_MLP) {
+      /* forward 2MK per layer; backward 2MK for dW and 2MK for dx except the first layer */
+      f = 2.0 * (784 * 1024 + 1024 * 1024 + 1024 * 10) * 3 - 2.0 * 784 * 1024;
+    } else {
+      double conv1 = 2.0 * 32 * 9 * 784, conv2 = 2.0 * 64 * 288 * 196, fc = 2.0 * (3136 * 128 + 128 * 10);
+      f = 3 * (conv1 + conv2 + fc) - conv1;
+    }
+    if (peak == 0) peak = sgemm_peak_gflops();
+    snprintf(prefix, sizeof prefix, "nn_%s_O0_f32_gflops", bench_model_name(model));
+    double gf = bench_model_samples(model) / t[0] * f / 1e9;
+    bench_report(prefix, gf, "GFLOP/s", gf / peak, "sgemm_peak");
   }
   return 0;
 }

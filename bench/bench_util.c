@@ -9,6 +9,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "apex/cpu.h"
+#include "apex/threads.h"
+
 double bench_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -28,8 +31,30 @@ double bench_best(void (*fn)(void *), void *ctx, int warmup, int min_reps, doubl
 }
 
 void bench_report(const char *name, double value, const char *unit, double ratio, const char *peer) {
-  printf("bench %s %.3f %s ratio=%.3f peer=%s\n", name, value, unit, ratio, peer);
+  printf("bench %s %.3f %s ratio=%.3f peer=%s isa=%s threads=%d\n", name, value, unit, ratio, peer,
+         apex_cpu_isa_name(apex_cpu_max_isa()), apex_get_num_threads());
   fflush(stdout);
+}
+
+const char *bench_peer_python(void) {
+  static char path[4096];
+  const char *env = getenv("APEX_PEERS_PYTHON"), *root = getenv("APEX_ROOT");
+  if (env && *env) return access(env, X_OK) == 0 ? env : NULL;
+  snprintf(path, sizeof path, "%s/.peers/bin/python", root ? root : ".");
+  return access(path, X_OK) == 0 ? path : NULL;
+}
+
+double bench_peer_measure(const char *args) {
+  const char *py = bench_peer_python(), *root = getenv("APEX_ROOT");
+  if (!py) return 0;
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "%s %s/bench/peer_nn.py --measure %s 2>/dev/null", py, root ? root : ".", args);
+  FILE *p = popen(cmd, "r");
+  if (!p) return 0;
+  double v = 0;
+  if (fscanf(p, "%lf", &v) != 1) v = 0;
+  pclose(p);
+  return v;
 }
 
 void bench_report_gbs(const char *name, double bytes, double apex_s, double peer_bytes, double peer_s, const char *peer) {

@@ -1,9 +1,10 @@
 /* bench_util.h: timing and reporting shared by the benchmarks.
  *
  * Every figure is printed as one line
- *     bench NAME VALUE UNIT ratio=R peer=PEER
+ *     bench NAME VALUE UNIT ratio=R peer=PEER isa=ISA threads=N
  * where R = apex's speed / the peer's speed, both measured in the same run, so that a noisy shared
- * machine moves both alike. */
+ * machine moves both alike, ISA is the CPU path apex ran (apex_cpu_isa_name of apex_cpu_max_isa)
+ * and N the threads apex's next loop uses (fewer than asked when other processes hold cores). */
 #ifndef APEX_BENCH_UTIL_H
 #define APEX_BENCH_UTIL_H
 
@@ -23,6 +24,15 @@ void bench_report_gbs(const char *name, double bytes, double apex_s, double peer
 
 /* Prints a bench line for a measured value and a ratio computed by the caller. */
 void bench_report(const char *name, double value, const char *unit, double ratio, const char *peer);
+
+/* The Python with today's PyTorch from PyPI (bench/setup_peers.sh): $APEX_PEERS_PYTHON, else
+ * $APEX_ROOT/.peers/bin/python; NULL when neither exists (the peer lines then say "skipped: no PyPI
+ * torch"). Debian's /usr/bin/python3 (torch 1.13) is the tests' oracle, never a peer. */
+const char *bench_peer_python(void);
+
+/* Runs `bench_peer_python() bench/peer_nn.py --measure ARGS` and returns the number it prints
+ * (samples/s), 0 when it cannot run or prints none. */
+double bench_peer_measure(const char *args);
 
 /* Prints a line saying a figure was skipped and why. */
 void bench_skip(const char *name, const char *why);

@@ -1,5 +1,6 @@
-#!/usr/bin/python3
-"""peer_optim.py BUILD_DIR [NAME...]: apex's fused optimizers against PyTorch on the same machine and
+#!/usr/bin/env python3
+"""peer_optim.py BUILD_DIR [NAME...]: apex's fused optimizers against PyTorch (today's, from PyPI: bench/run
+runs this script with the Python of .peers/, bench/setup_peers.sh) and DeepSpeed on the same machine and
 thread count, in the same bench/run invocation.
 
 For each figure this script times PyTorch's step (best of several), then runs BUILD_DIR/bench/bench_optim
@@ -11,6 +12,11 @@ Peers: torch.optim.AdamW(foreach=True); torch.optim.SGD(momentum=0.9, foreach=Tr
 torch._foreach_* ops (PyTorch has no LAMB; the same update as Apex's FusedLAMB); AdamW(foreach=True) on
 f32 master copies of bf16 parameters, with the bf16 gradients widened into the masters' .grad and the
 masters copied back into the bf16 parameters every step (what Apex's O2 does around the step).
+
+    bench optim_adamw_f32 GBS GB/s ratio=R peer=deepspeed-cpu-adam
+is AdamW on the same 10M f32 parameters against DeepSpeed's DeepSpeedCPUAdam (adamw_mode, its AVX-512
+C++ op, built by DeepSpeed on first use into ~/.cache/torch_extensions), the fastest CPU Adam in the
+field; R = DeepSpeed time / apex time (target >= 1.0).
 """
 import os
 import subprocess
@@ -104,6 +110,18 @@ def torch_adamw_bf16(torch):
     return step, "torch-AdamW-foreach-bf16-O2"
 
 
+def deepspeed_adamw(torch):
+    import logging
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # it warns when it has to guess
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    ps, gs = make(torch)
+    for p, g in zip(ps, gs):
+        p.grad = g
+    opt = DeepSpeedCPUAdam(ps, lr=1e-3, weight_decay=0.01, adamw_mode=True)
+    return lambda: opt.step(), "deepspeed-cpu-adam"
+
+
 PEERS = {"optim_adamw_f32": torch_adamw, "optim_sgd_momentum_f32": torch_sgd, "optim_lamb_f32": torch_lamb,
          "optim_adamw_bf16_master": torch_adamw_bf16}
 
@@ -118,25 +136,46 @@ def main():
         import torch
     except ImportError as e:
         for n in names:
-            skip(n, "python3-torch is not installed (%s)" % e)
+            skip(n, "no PyPI torch (run bench/setup_peers.sh): %s" % e)
         return
     threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
     torch.set_num_threads(threads)
     exe = os.path.join(build, "bench", "bench_optim")
+
+    def apex_time(name):
+        out = subprocess.run([exe, "--time", name], capture_output=True, text=True,
+                             env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+        if out.returncode != 0 or not out.stdout.startswith("time "):
+            return None, "bench_optim --time failed: %s" % (out.stderr.strip() or out.stdout.strip())
+        return float(out.stdout.split()[2]), None
+
     for name in names:
         with torch.no_grad():
             fn, peer = PEERS[name](torch)
             torch_s = best(fn)
         del fn
-        out = subprocess.run([exe, "--time", name], capture_output=True, text=True,
-                             env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
-        if out.returncode != 0 or not out.stdout.startswith("time "):
-            skip(name, "bench_optim --time failed: %s" % (out.stderr.strip() or out.stdout.strip()))
+        apex_s, why = apex_time(name)
+        if apex_s is None:
+            skip(name, why)
             continue
-        apex_s = float(out.stdout.split()[2])
         gbs = BYTES[name] * NPARAMS / apex_s / 1e9
         print("bench %s_vs_torch_%dthreads %.3f GB/s ratio=%.3f peer=%s" % (name, threads, gbs, torch_s / apex_s, peer),
               flush=True)
+    if "optim_adamw_f32" in names:
+        try:
+            with torch.no_grad():
+                fn, peer = deepspeed_adamw(torch)
+                ds_s = best(fn)
+            del fn
+        except Exception as e:  # not installed, or its C++ op does not build here
+            print("bench optim_adamw_f32 skipped: peer=deepspeed-cpu-adam did not run (%s)" % str(e).splitlines()[0][:200])
+            return
+        apex_s, why = apex_time("optim_adamw_f32")
+        if apex_s is None:
+            print("bench optim_adamw_f32 skipped: %s" % why)
+            return
+        print("bench optim_adamw_f32 %.3f GB/s ratio=%.3f peer=deepspeed-cpu-adam" % (BYTES["optim_adamw_f32"] * NPARAMS / apex_s / 1e9,
+                                                                                  ds_s / apex_s), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@
  * The reference is the CPU under APEX_CPU_ISA_PORTABLE (apex/cpu.h): plain C conversions and tiles
  * and the plain-C double-accumulating matrix product. The backends compared with it:
  *   cpu:<isa>  the CPU under each maximum ISA above portable that this CPU has: AVX2 (AVX2
- *              conversions and tiles, OpenBLAS products) and its own level (adds the AVX-512
- *              product kernel). These run on any x86 machine, GPU or not.
+ *              conversions and tiles, OpenBLAS products), AVX512 (adds the AVX-512 product kernel)
+ *              and its own level (at AVX512_BF16 or AMX, bf16 products run through oneDNN:
+ *              gemm_onednn.c). These run on any x86 machine, GPU or not.
  *   cuda       tensors on the GPU, where one is present (skipped with the reason otherwise). A call
  *              refused with APEX_ERR_UNSUPPORTED or APEX_ERR_DEVICE is a slot the backend lacks:
  *              listed as unsupported, never counted as passed.
@@ -19,12 +20,13 @@
 
 #include "apex/cpu.h"
 #include "apex/cuda.h"
+#include "backend/cpu/gemm_onednn.h"
 #include "backend_ops_cases.h"
 #include "testutil.h"
 
 /* ---- backends and the tally ----------------------------------------------------------------------- */
 
-#define MAX_BACKENDS 4
+#define MAX_BACKENDS 5
 typedef struct backend {
   char name[32];
   apex_device device;
@@ -45,8 +47,9 @@ static int covered[APEX_OP_COUNT];
 static void setup_backends(void) {
   apex_cpu_isa native = apex_cpu_native_isa();
   for (apex_cpu_isa isa = APEX_CPU_ISA_AVX2; isa <= native; isa++) {
-    /* AVX2 and the CPU's own level: the levels between add no path of their own today */
-    if (isa != APEX_CPU_ISA_AVX2 && isa != native) continue;
+    /* AVX2, AVX512 where the CPU has more (above it bf16 products leave the AVX-512 kernel for
+     * oneDNN), and the CPU's own level; AMX's products differ from AVX512_BF16's only inside oneDNN */
+    if (isa != APEX_CPU_ISA_AVX2 && isa != native && !(isa == APEX_CPU_ISA_AVX512 && native > APEX_CPU_ISA_AVX512)) continue;
     backend *b = &backends[n_backends++];
     snprintf(b->name, sizeof b->name, "cpu:%s", apex_cpu_isa_name(isa));
     b->device = APEX_DEVICE_CPU, b->isa = isa, b->present = 1;
@@ -192,9 +195,20 @@ static void judge(int bi, apex_dtype dt, const char *kind, const char *name, ape
 
 /* ---- op cases ------------------------------------------------------------------------------------- */
 
-static double op_rel(const char *name) {
+/* The case's bound on a backend: a matrix product of bf16 operands at AVX512_BF16 and above runs
+ * through oneDNN with the gradient rounded to bf16 (see BF16_ONEDNN_REL). */
+static double op_rel(const char *name, apex_dtype dt, const backend *b) {
   for (size_t i = 0; i < sizeof case_rel / sizeof case_rel[0]; i++)
-    if (!strcmp(case_rel[i].name, name)) return case_rel[i].rel;
+    if (!strcmp(case_rel[i].name, name)) {
+      int onednn = 0, product = 0;
+      for (size_t j = 0; j < sizeof bf16_onednn_cases / sizeof bf16_onednn_cases[0]; j++) product |= !strcmp(bf16_onednn_cases[j], name);
+      if (product && dt == APEX_BF16 && b->device == APEX_DEVICE_CPU && b->isa >= APEX_CPU_ISA_AVX512_BF16) {
+        TU_OK(apex_cpu_set_max_isa(b->isa));
+        onednn = apex__onednn_active(NULL);
+        TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
+      }
+      return onednn && case_rel[i].rel < BF16_ONEDNN_REL ? BF16_ONEDNN_REL : case_rel[i].rel;
+    }
   return 0;
 }
 
@@ -276,7 +290,7 @@ static void check_op_case(const gc_case *c, int ci) {
       result got = {0};
       apex_op op2;
       st = run_op(c, ci, dt, b->device, b->isa, &got, &op2);
-      judge(bi, dt, "op", c->name, st, &ref, &got, op_rel(c->name));
+      judge(bi, dt, "op", c->name, st, &ref, &got, op_rel(c->name, dt, b));
       result_free(&got);
     }
     result_free(&ref);

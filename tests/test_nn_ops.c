@@ -14,6 +14,7 @@
 #include "apex/nn.h"
 #include "autograd/ag.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemm_onednn.h"
 
 /* ---- concat --------------------------------------------------------------------------------------- */
 
@@ -232,6 +233,7 @@ typedef struct gemm_run {
  * backward of sum(y * y), widening per tile or whole, on `threads` threads. */
 static gemm_run run_gemm(apex_var **in, int batched, int whole, int threads) {
   int old = apex__gemm_set_whole_widening(whole);
+  int old_onednn = apex__onednn_set_enabled(0); /* bf16 would take oneDNN (test_gemm_onednn checks that path) */
   TU_OK(apex_set_num_threads(threads));
   for (int k = 0; k < 4; k++) TU_OK(apex_tensor_fill(apex_var_grad(in[k]), 0.0f));
   apex_graph *g = apex_graph_create();
@@ -244,6 +246,7 @@ static gemm_run run_gemm(apex_var **in, int batched, int whole, int threads) {
   for (int k = 0; k < 4; k++) r.grads[k] = apex_tensor_to(apex_var_grad(in[k]), APEX_F32);
   apex_graph_destroy(g);
   apex__gemm_set_whole_widening(old);
+  apex__onednn_set_enabled(old_onednn);
   return r;
 }
 

@@ -17,6 +17,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "apex/safetensors.h"
@@ -390,6 +391,60 @@ static void test_many_tensors(void **state) {
   free(ts);
 }
 
+/* Writes n one-element tensors named "p.<i>" to path. */
+static void write_many(const char *path, int n) {
+  char **names = malloc((size_t)n * sizeof *names);
+  apex_tensor **ts = malloc((size_t)n * sizeof *ts);
+  int64_t one = 1;
+  for (int i = 0; i < n; i++) {
+    names[i] = malloc(16);
+    snprintf(names[i], 16, "p.%d", i);
+    ts[i] = apex_tensor_create(APEX_F32, 1, &one);
+  }
+  TU_OK(apex_safetensors_save(path, (const char *const *)names, ts, n, NULL, NULL, 0));
+  for (int i = 0; i < n; i++) {
+    free(names[i]);
+    apex_tensor_destroy(ts[i]);
+  }
+  free(names);
+  free(ts);
+}
+
+/* The best of five opens of path, in seconds of this process's CPU time (time spent waiting for the
+ * shared machine's other work does not count). */
+static double open_seconds(const char *path) {
+  double best = 1e30;
+  for (int r = 0; r < 5; r++) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+    apex_safetensors *st = apex_safetensors_open(path);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+    if (!st) fail_msg("%s", apex_last_error());
+    apex_safetensors_close(st);
+    double t = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+    if (t < best) best = t;
+  }
+  return best;
+}
+
+/* Opening grows as n log n, not n^2: sixteen times the tensors (20,000 -> 320,000) take at most 64
+ * times as long to open. n log n gives about 20, a quadratic open 256 (the reader of before took
+ * 12.6 s for 80,000). The gap is wide because a shared machine's caches and load move single
+ * timings by 3-4x (a 4x step measured 2.8-17.6); the best of five opens of each narrows it. */
+static void test_open_scales(void **state) {
+  (void)state;
+  char small[512], large[512];
+  path_in_tmp(small, sizeof small, "scale20k.safetensors");
+  path_in_tmp(large, sizeof large, "scale320k.safetensors");
+  write_many(small, 20000);
+  write_many(large, 320000);
+  double t20 = open_seconds(small), t320 = open_seconds(large);
+  print_message("open (CPU time): 20,000 tensors %.4f s, 320,000 tensors %.4f s (ratio %.1f)\n", t20, t320, t320 / t20);
+  if (!(t320 <= 64 * t20)) fail_msg("opening 16x the tensors took %.1fx as long: worse than n log n", t320 / t20);
+  unlink(small);
+  unlink(large);
+}
+
 /* The writer refuses what the reader would refuse: repeated metadata keys, names that are not UTF-8. */
 static void test_save_refuses_what_reader_refuses(void **state) {
   (void)state;
@@ -410,7 +465,7 @@ int main(void) {
       cmocka_unit_test(test_reads_golden),        cmocka_unit_test(test_writes_golden_bytes),
       cmocka_unit_test(test_refuses_corruption),  cmocka_unit_test(test_failed_save_keeps_previous),
       cmocka_unit_test(test_bad_save_arguments),  cmocka_unit_test(test_reads_valid_variants),
-      cmocka_unit_test(test_many_tensors),        cmocka_unit_test(test_save_refuses_what_reader_refuses),
+      cmocka_unit_test(test_many_tensors),        cmocka_unit_test(test_open_scales),        cmocka_unit_test(test_save_refuses_what_reader_refuses),
   };
   size_t n = 8;
   /* One test per bad file, named after it. */

@@ -59,7 +59,8 @@ APEX_API apex_status apex_multi_tensor_apply(const apex_mt_launch *launch, int *
 
 /* The number of chunks a launch over these element counts has (for kernels that keep per-chunk
  * partials), and the index of the first chunk of each tensor in chunk_start[0..n] (n+1 entries,
- * may be NULL). */
+ * may be NULL). 0, chunk_start untouched, with an APEX_ERR_INVALID_ARG message, for a negative n, a
+ * NULL list or a NULL tensor in it. */
 APEX_API size_t apex_mt_chunk_count(size_t chunk_size, apex_tensor *const *tensors, int n, size_t *chunk_start);
 
 #ifdef __cplusplus

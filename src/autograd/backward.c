@@ -122,6 +122,7 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
   static const apex_backward_options defaults = {0};
   if (!opts) opts = &defaults;
   if (!out) return apex__fail(APEX_ERR_INVALID_ARG, "apex_backward: NULL output (did the forward fail?)");
+  apex__threads_follow_load();
   apex_graph *g = out->graph;
   const char *name = apex_op_name(out->op);
   if (!g || out->op == APEX_OP_LEAF)

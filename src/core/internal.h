@@ -46,6 +46,13 @@ int apex__cpu_capped_portable(void);
 /* Validates a dtype argument; on error the message names `what`. */
 apex_status apex__check_dtype(apex_dtype dtype, const char *what);
 
+/* Once per training step (apex_backward, apex_optimizer_step): lowers the calling thread's OpenMP
+ * thread count to the cores other processes leave free, or restores it (threads.c says why). Cheap
+ * when called more often than every 0.1 s. */
+void apex__threads_follow_load(void);
+/* The thread count for ncpu usable CPUs of which others use others_cores, at most cap, at least 1. */
+int apex__threads_fit(int ncpu, double others_cores, int cap);
+
 /* Block size for splitting elementwise loops over threads. Fixed, so results never depend on the
  * number of threads. */
 #define APEX_THREAD_BLOCK ((size_t)1 << 16)

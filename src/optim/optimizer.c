@@ -533,6 +533,7 @@ static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *
       return apex__fail(APEX_ERR_DEVICE, "%s: %s has groups on the %s and on %s; its global gradient norm needs "
                         "them all on one device", fn, opt->ops->name, apex__device_name(b0->device),
                         apex__device_name(opt->groups[k].backend->device));
+  apex__threads_follow_load(); /* once per step: the CPU's share for the next step (threads.c) */
   apex__active *act = calloc((size_t)opt->ngroups, sizeof *act);
   if (!act) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   int built = 0;

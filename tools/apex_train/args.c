@@ -28,7 +28,8 @@ typedef struct {
 static const flag flags[] = {
     {"model", T_STR, F(model), "cnn", "mlp cnn gpt", 0, "model to train"},
     {"data", T_STR, F(data), "", NULL, 0,
-     "data: Fashion-MNIST directory (default /usr/share/datasets/fashion-mnist) or, for gpt, a text file "
+     "data: a directory of IDX image/label files in the MNIST layout (default: Fashion-MNIST in "
+     "/usr/share/datasets/fashion-mnist) or, for gpt, any file read as bytes or an llm.c .bin of uint16 tokens "
      "(default /usr/share/common-licenses/GPL-3)"},
     {"opt-level", T_STR, F(opt_level), "O1", "O0 O1 O2 O3", 0, "amp optimization level"},
     {"cast-type", T_STR, F(cast_type), "f16", "f16 bf16", 0, "low-precision type of O1-O3"},

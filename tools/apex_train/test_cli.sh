@@ -69,6 +69,12 @@ for f in model data opt-level cast-type loss-scale keep-batchnorm-fp32 master-we
   grep -qE -- "^  --$f( |$)" <<< "$help" || missing="$missing --$f"
 done
 [ -z "$missing" ] && ok "--help lists every flag" || ko "--help misses$missing"
+# The README's flags table names every flag --help lists (--help itself is named in its text).
+undocumented=""
+for f in $(grep -oE '^  --[a-z0-9-]+' <<< "$help" | tr -d ' '); do
+  [ "$f" = --help ] || grep -qF -- "\`$f" "$SRC/../../README.md" || undocumented="$undocumented $f"
+done
+[ -z "$undocumented" ] && ok "README.md documents every flag" || ko "README.md lacks$undocumented"
 for o in sgd adam adamw adamp lamb adadelta adagrad rmsprop rmsprop_tf novograd; do
   grep -q -- "$o" <<< "$help" || ko "--help does not name optimizer $o"
 done
@@ -176,6 +182,8 @@ want=$(sed -n 's/^#define APEX_VERSION_STRING "\(.*\)"$/\1/p' "$SRC/../../includ
 v=$("$BIN" --version)
 [ $? -eq 0 ] && [ -n "$want" ] && [ "$v" = "apex-train $want (apex library $want)" ] && ok "--version: $v" || ko "--version: '$v' (want $want)"
 grep -q "first limit reached" <<< "$help" && ok "--help states when training ends" || ko "--help lacks the --steps/--epochs rule"
+grep -q "IDX image/label files" <<< "$help" && grep -q "llm.c .bin of uint16 tokens" <<< "$help" && ok "--help names the data formats (IDX, bytes, llm.c .bin)" ||
+  ko "--help does not name the data formats: $(grep -- --data <<< "$help")"
 bad "gpt-only --seq-len for mlp" --model mlp --seq-len 32
 bad "gpt-only --sample-bytes for cnn" --model cnn --sample-bytes 10
 bad "negative --max-bad-steps" --max-bad-steps -1

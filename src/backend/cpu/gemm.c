@@ -1,4 +1,5 @@
-/* gemm.c: the matrix products under the ops, on OpenBLAS sgemm.
+/* gemm.c: the matrix products under the ops, on OpenBLAS sgemm (bf16 products on bf16 CPUs go to
+ * gemm_onednn.c first, in the same tile grid).
  *
  * A product big enough for threads is cut into a grid of output tiles fixed by its shape alone
  * (never by the thread count), and each tile is one single-threaded sgemm call over all of K. The
@@ -29,6 +30,7 @@
 #include "apex/cpu.h"
 #include "apex/threads.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemm_onednn.h"
 #include "core/internal.h"
 
 /* Products of at least this many multiply-adds are tiled and run on threads; smaller ones are one
@@ -208,6 +210,9 @@ apex_status apex__gemm(const apex_nn_workspace *ws, int m, int n, int k, float a
   apex__blas_serial();
   job j = {m, n, k, alpha, beta, a, b, c, ct, ldc, bias};
   grid gr = plan(m, n, k);
+  /* bf16 operands on bf16 hardware: oneDNN (gemm_onednn.c), in the same grid */
+  apex_status od = apex__gemm_onednn(ws, m, n, k, alpha, a, b, beta, c, ct, ldc, bias, gr.tm, gr.tn);
+  if (od != APEX_ERR_UNSUPPORTED) return od;
   if (a.dtype == APEX_F32 && b.dtype == APEX_F32 && ct == APEX_F32) {
     run_grid(&j, gr, NULL, 0, 0);
     return APEX_OK;

@@ -44,7 +44,8 @@ void apex__sgemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha,
  * dtype, accumulated in f32, in apex__sgemm's grid. With bias (f32 [n]), C = bias + alpha * op(A)
  * op(B) instead. C that is not f32 is written, never read: beta must then be 0. Low-precision
  * operands are widened a tile's panel at a time into transient scratch, never whole, with the bits of
- * widening whole, in scratch from ws. APEX_ERR_OUT_OF_MEMORY when ws has none to give. */
+ * widening whole, in scratch from ws; bf16 operands on a CPU with AVX512_BF16 or AMX run through
+ * oneDNN instead, in the same grid (gemm_onednn.h). APEX_ERR_OUT_OF_MEMORY when ws has none to give. */
 apex_status apex__gemm(const apex_nn_workspace *ws, int m, int n, int k, float alpha, apex__mat a, apex__mat b, float beta, void *c, apex_dtype ct, int ldc,
                        const float *bias);
 /* 1: apex__gemm widens whole tensors first (the reference way, for tests and benchmarks); 0: per

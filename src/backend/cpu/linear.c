@@ -1,8 +1,9 @@
 /* linear.c: the CPU backend's matmul and linear kernels (args_nn.h) on apex__gemm (gemm.c).
  *
  * Operands and results stay in their own dtypes: apex__gemm widens low-precision operands to f32
- * (per tile once a product is big) and every product accumulates in f32 inside sgemm, split over the
- * threads never along K, so a product's bits do not depend on the thread count. */
+ * (per tile once a product is big), or runs bf16 ones through oneDNN on bf16 CPUs (gemm_onednn.c),
+ * and every product accumulates in f32, split over the threads never along K, so a product's bits do
+ * not depend on the thread count. */
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"

@@ -8,6 +8,15 @@
 
 size_t apex_mt_chunk_count(size_t chunk_size, apex_tensor *const *tensors, int n, size_t *chunk_start) {
   if (chunk_size == 0) chunk_size = APEX_MT_DEFAULT_CHUNK;
+  if (n < 0 || (n > 0 && !tensors)) {
+    apex__fail(APEX_ERR_INVALID_ARG, "apex_mt_chunk_count: %s; pass n >= 0 tensors", n < 0 ? "negative n" : "NULL tensor list");
+    return 0;
+  }
+  for (int i = 0; i < n; i++)
+    if (!tensors[i]) {
+      apex__fail(APEX_ERR_INVALID_ARG, "apex_mt_chunk_count: tensor %d is NULL", i);
+      return 0;
+    }
   size_t total = 0;
   for (int i = 0; i < n; i++) {
     if (chunk_start) chunk_start[i] = total;

@@ -1,0 +1,334 @@
+/* gemm_onednn.c: bf16 matrix products on oneDNN's matmul primitive (Debian's libdnnl-dev, C API).
+ *
+ * Why: apex__gemm widens bf16 operands to f32 and multiplies in f32, so low precision adds work and
+ * saves none. oneDNN's bf16 matmul uses the CPU's bf16 dot products (AVX512_BF16, AMX) and
+ * accumulates in f32.
+ *
+ * Determinism: oneDNN with OpenMP splits a product over the threads it sees, over K too for some
+ * shapes, so its bits could depend on OMP_NUM_THREADS. Here every call of a primitive is one tile of
+ * gemm.c's grid (fixed by m, n, k alone), and the primitive is created and run with OpenMP's thread
+ * count set to 1 on the calling thread: a tile's bits are a function of its shape and operands only.
+ * test_gemm_onednn checks 1, 2 and 3 threads bitwise.
+ *
+ * Operands: bf16 in place, through memory descriptors with the operand's strides (a transpose is a
+ * stride); an f32 operand beside a bf16 one (the f32 gradient of a backward product) is rounded to
+ * bf16 one panel at a time, as gemm.c widens one, so the product runs at bf16 speed as autocast's
+ * does. f16 runs only when both operands are f16 and oneDNN has an f16 matmul for this CPU (it
+ * reports unimplemented otherwise and apex__gemm takes its f32 path): an f32 gradient is never
+ * rounded to f16, whose range it could overflow. Each tile's f32 result lands in per-thread scratch;
+ * alpha, beta, the bias and the narrowing to C's dtype follow there, in the order gemm.c's
+ * sgemm calls use (alpha * AB + beta * C, bias as a C of beta 1).
+ *
+ * Primitives are created once per tile shape and layout, kept in a process-wide cache (a model has
+ * a handful of shapes), and run with a user scratchpad so threads can share one primitive. */
+#include <string.h>
+
+#include "backend/cpu/gemm_onednn.h"
+#include "core/internal.h"
+
+static int enabled = 1;
+static unsigned long products;
+
+int apex__onednn_set_enabled(int on) {
+  int old = enabled;
+  enabled = on != 0;
+  return old;
+}
+
+unsigned long apex__onednn_products(void) { return __atomic_load_n(&products, __ATOMIC_RELAXED); }
+
+#if APEX_HAVE_DNNL
+
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include <dnnl.h>
+
+#include "apex/cpu.h"
+#include "apex/threads.h"
+
+int apex__onednn_active(const char **why) {
+  const char *w = NULL;
+  if (!enabled)
+    w = "the oneDNN path is switched off (apex__onednn_set_enabled)";
+  else if (apex_cpu_max_isa() < APEX_CPU_ISA_AVX512_BF16)
+    w = apex_cpu_native_isa() < APEX_CPU_ISA_AVX512_BF16 ? "this CPU has neither AVX512_BF16 nor AMX"
+                                                         : "the maximum ISA (APEX_CPU_ISA / apex_cpu_set_max_isa) is below avx512_bf16";
+  if (why) *why = w;
+  return w == NULL;
+}
+
+/* ---- engine and primitive cache ------------------------------------------------------------------ */
+
+static dnnl_engine_t engine;
+static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* oneDNN's own ISA cap can be set once, before its first primitive: it follows apex's cap at that
+ * moment when that cap is AVX512_BF16 on an AMX CPU, so APEX_CPU_ISA=avx512_bf16 keeps AMX off. */
+static void engine_init(void) {
+  if (apex_cpu_max_isa() == APEX_CPU_ISA_AVX512_BF16 && apex_cpu_native_isa() > APEX_CPU_ISA_AVX512_BF16)
+    dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx512_core_bf16);
+  if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) engine = NULL;
+}
+
+/* A tile's primitive is fixed by its data type, shape and the strides of its operands. */
+typedef struct prim_key {
+  dnnl_data_type_t dt;
+  int m, n, k;
+  int64_t sa[2], sb[2];
+} prim_key;
+
+typedef struct prim_entry {
+  prim_key key;
+  dnnl_primitive_t prim; /* NULL: oneDNN has no primitive for this key */
+  size_t scratch;        /* bytes of user scratchpad it needs */
+} prim_entry;
+
+/* Enough for every shape of the models many times over; past it primitives are made per call. */
+enum { CACHE_MAX = 1024 };
+static prim_entry *cache;
+static int cache_n;
+
+static int key_eq(const prim_key *x, const prim_key *y) {
+  return x->dt == y->dt && x->m == y->m && x->n == y->n && x->k == y->k && x->sa[0] == y->sa[0] && x->sa[1] == y->sa[1] &&
+         x->sb[0] == y->sb[0] && x->sb[1] == y->sb[1];
+}
+
+/* Creates key's primitive with OpenMP's thread count at 1 on this thread (oneDNN plans its split
+ * over the threads it sees at creation). e->prim stays NULL when oneDNN has none. */
+static void create(prim_entry *e) {
+  const prim_key *q = &e->key;
+  dnnl_memory_desc_t a_md, b_md, c_md;
+  dnnl_dims_t ad = {q->m, q->k}, bd = {q->k, q->n}, cd = {q->m, q->n}, as = {q->sa[0], q->sa[1]}, bs = {q->sb[0], q->sb[1]},
+              cs = {q->n, 1};
+  dnnl_matmul_desc_t md;
+  dnnl_primitive_attr_t attr = NULL;
+  dnnl_primitive_desc_t pd = NULL;
+  e->prim = NULL;
+  e->scratch = 0;
+  int old = omp_get_max_threads();
+  omp_set_num_threads(1);
+  if (dnnl_memory_desc_init_by_strides(&a_md, 2, ad, q->dt, as) == dnnl_success &&
+      dnnl_memory_desc_init_by_strides(&b_md, 2, bd, q->dt, bs) == dnnl_success &&
+      dnnl_memory_desc_init_by_strides(&c_md, 2, cd, dnnl_f32, cs) == dnnl_success &&
+      dnnl_matmul_desc_init(&md, &a_md, &b_md, NULL, &c_md) == dnnl_success && dnnl_primitive_attr_create(&attr) == dnnl_success &&
+      dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success &&
+      dnnl_primitive_desc_create(&pd, &md, attr, engine, NULL) == dnnl_success) {
+    const char *impl = NULL;
+    /* oneDNN's reference matmul (plain loops) is far slower than gemm.c's f32 path: not worth it */
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl && strncmp(impl, "ref", 3) != 0 &&
+        dnnl_primitive_create(&e->prim, pd) == dnnl_success)
+      e->scratch = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
+    else
+      e->prim = NULL;
+  }
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  if (attr) dnnl_primitive_attr_destroy(attr);
+  omp_set_num_threads(old);
+}
+
+/* key's entry from the cache, made on first use. *owned is set when the cache is full and the caller
+ * must destroy the primitive after the product. */
+static prim_entry get(const prim_key *key, int *owned) {
+  prim_entry e = {*key, NULL, 0};
+  *owned = 0;
+  pthread_mutex_lock(&cache_lock);
+  for (int i = 0; i < cache_n; i++)
+    if (key_eq(&cache[i].key, key)) {
+      e = cache[i];
+      pthread_mutex_unlock(&cache_lock);
+      return e;
+    }
+  create(&e);
+  if (!cache) cache = malloc(CACHE_MAX * sizeof *cache);
+  if (cache && cache_n < CACHE_MAX)
+    cache[cache_n++] = e;
+  else
+    *owned = e.prim != NULL;
+  pthread_mutex_unlock(&cache_lock);
+  return e;
+}
+
+/* ---- the product --------------------------------------------------------------------------------- */
+
+static size_t up64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+
+/* Operand x's stored strides for op(x) tile reads: rows of op(x) step by rs, its columns by cs. */
+static void strides(int trans, int64_t ld, int64_t s[2]) {
+  s[0] = trans ? 1 : ld;
+  s[1] = trans ? ld : 1;
+}
+
+typedef struct tile_plan {
+  int tm, tn, ti, tj;
+  int narrow_a, narrow_b; /* the operand is f32 and is rounded to bf16 a panel at a time */
+  prim_entry e[2][2];     /* [last row of tiles][last column of tiles] */
+  int owned[2][2];
+} tile_plan;
+
+/* The strides of the tile's op(A) [mi, k] and op(B) [k, nj] as oneDNN reads them: in place, or in a
+ * panel that keeps the stored orientation (as gemm.c's panels do). */
+static prim_key tile_key(dnnl_data_type_t dt, const tile_plan *p, const apex__mat *a, const apex__mat *b, int mi, int nj, int k) {
+  prim_key q = {dt, mi, nj, k, {0, 0}, {0, 0}};
+  strides(a->trans, p->narrow_a ? (a->trans ? mi : k) : a->ld, q.sa);
+  strides(b->trans, p->narrow_b ? (b->trans ? k : nj) : b->ld, q.sb);
+  return q;
+}
+
+/* Rounds lines [lo, lo + w) of op(x) to bf16 in buf (the stored rows or columns they read). */
+static const void *narrow_panel(const apex__mat *x, int by_rows, int lo, int w, int k, uint16_t *buf) {
+  const float *base = (const float *)x->data + (by_rows ? (size_t)lo * x->ld : (size_t)lo);
+  int rows = by_rows ? w : k, cols = by_rows ? k : w;
+  for (int r = 0; r < rows; r++) apex__convert_range(buf + (size_t)r * cols, APEX_BF16, base + (size_t)r * x->ld, APEX_F32, (size_t)cols);
+  return buf;
+}
+
+static const void *in_place(const apex__mat *x, int by_rows, int lo) {
+  return (const char *)x->data + (by_rows ? (size_t)lo * x->ld : (size_t)lo) * apex_dtype_size(x->dtype);
+}
+
+static int run_tile(const prim_entry *e, dnnl_stream_t s, const void *ap, const void *bp, float *acc, void *pad) {
+  dnnl_memory_desc_t a_md, b_md, c_md, p_md;
+  dnnl_dims_t ad = {e->key.m, e->key.k}, bd = {e->key.k, e->key.n}, cd = {e->key.m, e->key.n}, pd = {(int64_t)e->scratch};
+  dnnl_dims_t as = {e->key.sa[0], e->key.sa[1]}, bs = {e->key.sb[0], e->key.sb[1]}, cs = {e->key.n, 1};
+  dnnl_memory_t mem[4] = {NULL, NULL, NULL, NULL};
+  int ok = dnnl_memory_desc_init_by_strides(&a_md, 2, ad, e->key.dt, as) == dnnl_success &&
+           dnnl_memory_desc_init_by_strides(&b_md, 2, bd, e->key.dt, bs) == dnnl_success &&
+           dnnl_memory_desc_init_by_strides(&c_md, 2, cd, dnnl_f32, cs) == dnnl_success &&
+           dnnl_memory_create(&mem[0], &a_md, engine, (void *)ap) == dnnl_success &&
+           dnnl_memory_create(&mem[1], &b_md, engine, (void *)bp) == dnnl_success &&
+           dnnl_memory_create(&mem[2], &c_md, engine, acc) == dnnl_success;
+  int nargs = 3;
+  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]}, {DNNL_ARG_SCRATCHPAD, NULL}};
+  if (ok && e->scratch) {
+    ok = dnnl_memory_desc_init_by_tag(&p_md, 1, pd, dnnl_u8, dnnl_a) == dnnl_success &&
+         dnnl_memory_create(&mem[3], &p_md, engine, pad) == dnnl_success;
+    args[3].memory = mem[3];
+    nargs = 4;
+  }
+  ok = ok && dnnl_primitive_execute(e->prim, s, nargs, args) == dnnl_success && dnnl_stream_wait(s) == dnnl_success;
+  for (int i = 0; i < 4; i++)
+    if (mem[i]) dnnl_memory_destroy(mem[i]);
+  return ok;
+}
+
+/* C's rows [i0, i0 + mi) x [j0, j0 + nj) from the tile's f32 products. */
+static void epilogue(float *acc, int mi, int nj, int i0, int j0, float alpha, float beta, void *c, apex_dtype ct, int ldc, const float *bias) {
+  size_t es = apex_dtype_size(ct);
+  for (int r = 0; r < mi; r++) {
+    float *v = acc + (size_t)r * nj;
+    char *cr = (char *)c + ((size_t)(i0 + r) * ldc + j0) * es;
+    if (alpha != 1.0f)
+      for (int x = 0; x < nj; x++) v[x] *= alpha;
+    if (bias)
+      for (int x = 0; x < nj; x++) v[x] += bias[j0 + x];
+    else if (beta != 0.0f && ct == APEX_F32)
+      for (int x = 0; x < nj; x++) v[x] += beta * ((const float *)cr)[x];
+    if (ct == APEX_F32)
+      memcpy(cr, v, (size_t)nj * sizeof(float));
+    else
+      apex__convert_range(cr, ct, v, APEX_F32, (size_t)nj);
+  }
+}
+
+apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, float alpha, apex__mat a, apex__mat b, float beta, void *c,
+                              apex_dtype ct, int ldc, const float *bias, int tm, int tn) {
+  if (!apex__onednn_active(NULL) || m <= 0 || n <= 0 || k <= 0 || tm <= 0 || tn <= 0) return APEX_ERR_UNSUPPORTED;
+  if (ct != APEX_F32 && beta != 0.0f && !bias) return APEX_ERR_UNSUPPORTED;
+  dnnl_data_type_t dt;
+  tile_plan p = {0};
+  if (a.dtype == APEX_F16 && b.dtype == APEX_F16)
+    dt = dnnl_f16;
+  else if ((a.dtype == APEX_BF16 && (b.dtype == APEX_BF16 || b.dtype == APEX_F32)) || (b.dtype == APEX_BF16 && a.dtype == APEX_F32))
+    dt = dnnl_bf16, p.narrow_a = a.dtype == APEX_F32, p.narrow_b = b.dtype == APEX_F32;
+  else
+    return APEX_ERR_UNSUPPORTED;
+  pthread_once(&engine_once, engine_init);
+  if (!engine) return APEX_ERR_UNSUPPORTED;
+
+  p.tm = tm < m ? tm : m, p.tn = tn < n ? tn : n;
+  p.ti = (m + p.tm - 1) / p.tm, p.tj = (n + p.tn - 1) / p.tn;
+  /* the (at most four) tile shapes: full, last row, last column, corner */
+  int usable = 1;
+  size_t pad = 0;
+  for (int li = 0; li < 2; li++)
+    for (int lj = 0; lj < 2; lj++) {
+      int mi = li ? m - (p.ti - 1) * p.tm : p.tm, nj = lj ? n - (p.tj - 1) * p.tn : p.tn;
+      prim_key q = tile_key(dt, &p, &a, &b, mi, nj, k);
+      p.e[li][lj] = get(&q, &p.owned[li][lj]);
+      if (!p.e[li][lj].prim) usable = 0;
+      if (p.e[li][lj].scratch > pad) pad = p.e[li][lj].scratch;
+    }
+  apex_status st = APEX_ERR_UNSUPPORTED;
+  if (!usable) goto done;
+
+  int threads = apex_get_num_threads();
+  size_t fa = p.narrow_a ? up64((size_t)p.tm * k * 2) : 0, fb = p.narrow_b ? up64((size_t)k * p.tn * 2) : 0;
+  size_t fc = up64((size_t)p.tm * p.tn * sizeof(float)), per = fa + fb + fc + up64(pad);
+  char *scratch = ws->get(ws->ctx, (size_t)threads * per + 64);
+  if (!scratch) {
+    st = APEX_ERR_OUT_OF_MEMORY;
+    goto done;
+  }
+  scratch = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+  int nt = p.ti * p.tj, failed = 0, down = !p.narrow_a && p.narrow_b;
+#pragma omp parallel num_threads(threads) if (nt > 1 && threads > 1) reduction(| : failed)
+  {
+    int old = omp_get_max_threads();
+    omp_set_num_threads(1);
+    char *mine = scratch + (size_t)omp_get_thread_num() * per;
+    uint16_t *abuf = (uint16_t *)mine, *bbuf = (uint16_t *)(mine + fa);
+    float *acc = (float *)(mine + fa + fb);
+    void *padp = mine + fa + fb + fc;
+    dnnl_stream_t s = NULL;
+    if (dnnl_stream_create(&s, engine, dnnl_stream_default_flags) != dnnl_success) failed = 1;
+    const void *ap = NULL, *bp = NULL;
+    int last_i = -1, last_j = -1;
+#pragma omp for schedule(static)
+    for (int t = 0; t < nt; t++) {
+      if (failed) continue;
+      int i = down ? t % p.ti : t / p.tj, jj = down ? t / p.ti : t % p.tj, i0 = i * p.tm, j0 = jj * p.tn;
+      int mi = m - i0 < p.tm ? m - i0 : p.tm, nj = n - j0 < p.tn ? n - j0 : p.tn;
+      if (i != last_i) ap = p.narrow_a ? narrow_panel(&a, !a.trans, i0, mi, k, abuf) : in_place(&a, !a.trans, i0);
+      if (jj != last_j) bp = p.narrow_b ? narrow_panel(&b, b.trans, j0, nj, k, bbuf) : in_place(&b, b.trans, j0);
+      last_i = i, last_j = jj;
+      if (!run_tile(&p.e[i == p.ti - 1][jj == p.tj - 1], s, ap, bp, acc, padp)) {
+        failed = 1;
+        continue;
+      }
+      epilogue(acc, mi, nj, i0, j0, alpha, beta, c, ct, ldc, bias);
+    }
+    if (s) dnnl_stream_destroy(s);
+    omp_set_num_threads(old);
+  }
+  /* Every primitive here was created for this layout and gets its scratchpad from us, so a run fails
+   * only when oneDNN cannot allocate (its memory objects); C may then hold some tiles already. */
+  st = failed ? apex__fail(APEX_ERR_OUT_OF_MEMORY,
+                           "gemm (oneDNN): a matmul primitive failed to run a [%d, %d] x [%d, %d] product; free memory, or set "
+                           "APEX_CPU_ISA=avx512 to take the f32 path",
+                           m, k, k, n)
+              : APEX_OK;
+  if (st == APEX_OK) __atomic_fetch_add(&products, 1, __ATOMIC_RELAXED);
+done:
+  for (int li = 0; li < 2; li++)
+    for (int lj = 0; lj < 2; lj++)
+      if (p.owned[li][lj]) dnnl_primitive_destroy(p.e[li][lj].prim);
+  return st;
+}
+
+#else /* built without oneDNN */
+
+int apex__onednn_active(const char **why) {
+  if (why) *why = "this build has no oneDNN (install libdnnl-dev and reconfigure)";
+  return 0;
+}
+
+apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, float alpha, apex__mat a, apex__mat b, float beta, void *c,
+                              apex_dtype ct, int ldc, const float *bias, int tm, int tn) {
+  (void)ws, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)b, (void)beta, (void)c, (void)ct, (void)ldc, (void)bias, (void)tm, (void)tn;
+  return APEX_ERR_UNSUPPORTED;
+}
+
+#endif

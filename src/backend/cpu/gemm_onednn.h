@@ -1,0 +1,31 @@
+/* gemm_onednn.h: the bf16 (and, where oneDNN has it, f16) matrix products through oneDNN's matmul
+ * primitive, as an optional fast path in front of gemm.c's f32 products. Internal to the CPU backend. */
+#ifndef APEX_BACKEND_CPU_GEMM_ONEDNN_H
+#define APEX_BACKEND_CPU_GEMM_ONEDNN_H
+
+#include "backend/cpu/gemm.h"
+
+/* apex__gemm's contract (ag.h), run on oneDNN in gemm.c's tile grid (tiles of tm x tn, fixed by the
+ * product's shape): each tile is one single-threaded oneDNN matmul over all of K on the thread
+ * OpenMP's static schedule gives it, so the bits do not depend on the thread count. The operands go
+ * in as bf16 (an f32 operand beside a bf16 one is rounded to bf16, to nearest even, a panel at a
+ * time) or both as f16; the products accumulate in f32. APEX_ERR_UNSUPPORTED, with nothing written
+ * and no message, whenever this path does not run: oneDNN absent from the build, a maximum ISA
+ * (apex/cpu.h) below AVX512_BF16, operands of other dtypes, or a shape oneDNN has no primitive for;
+ * the caller then takes its own path. APEX_ERR_OUT_OF_MEMORY when ws has no scratch to give. */
+apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, float alpha, apex__mat a, apex__mat b, float beta, void *c,
+                              apex_dtype ct, int ldc, const float *bias, int tm, int tn);
+
+/* 1 when apex__gemm_onednn runs bf16 products now (built with oneDNN, and the maximum ISA in effect
+ * is AVX512_BF16 or above); else 0, with *why (when why is not NULL) saying which is missing. */
+int apex__onednn_active(const char **why);
+
+/* For tests and benchmarks: 0 turns the oneDNN path off (gemm.c's f32 products run instead); returns
+ * the previous setting (1 by default). Not thread-safe. */
+int apex__onednn_set_enabled(int on);
+
+/* The number of products apex__gemm_onednn has run since the process started (tests use it to
+ * confirm which path ran). */
+unsigned long apex__onednn_products(void);
+
+#endif
