@@ -3,7 +3,8 @@
  * sums between passes, are in lamb.cu, novograd.cu and adamp.cu.
  *
  * Each element's update is the CPU kernel's: SGD, Adam/AdamW, Adadelta, Adagrad and RMSprop/RMSpropTF
- * call the rules of backend/optim_rules.h that backend/cpu/optim_<kind>.c calls. The CUDA files are compiled without contracting multiplies and adds into FMAs (-fmad=false), so
+ * call the rules of backend/optim_rules.h that backend/cpu/optim_<kind>.c calls. The CUDA files are
+ * compiled without contracting multiplies and adds into FMAs (-fmad=false), so
  * with the same inputs the GPU computes the CPU's bits: the parity test checks that. Per-tensor
  * coefficients (bias corrections, Adagrad's decayed lr, SGD's first-step momentum) are computed by
  * one thread per chunk from the step count, which lives on the device: a step skipped because the
