@@ -135,4 +135,21 @@ APEX_RULE float apex__novograd_rule(float g, float p, float *m, float inv, float
   return p - lr * (mi * ib1 * id + wd * p);
 }
 
+/* AdamP before the root: m and v updated in place from gi (the gradient already unscaled; nb1 = 1 - b1,
+ * nb2 = 1 - b2). */
+APEX_RULE void apex__adamp_moments(float gi, float *m, float *v, float b1, float nb1, float b2, float nb2) {
+  *m = b1 * *m + nb1 * gi;
+  *v = b2 * *v + nb2 * gi * gi;
+}
+/* After the root (root = sqrt(v)): the perturbation (nm * m + ng * gi) / (root * ib + eps), ib = 1 / sqrt(bc2);
+ * nm, ng: b1, 1 - b1 with Nesterov, else 1, 0. */
+APEX_RULE float apex__adamp_perturb(float m, float gi, float root, float ib, float eps, float nm, float ng) {
+  return (nm * m + ng * gi) / (root * ib + eps);
+}
+/* The new p from the perturbation u and its row's projection coefficient rc (0 when not projected); ss = lr /
+ * bc1, decay = 1 - lr * wd * (the weight decay ratio). */
+APEX_RULE float apex__adamp_apply(float p, float u, float rc, float decay, float ss) {
+  return p * decay - ss * (u - rc * p);
+}
+
 #endif
