@@ -1,7 +1,8 @@
 /* optim_rules.h: the element update rules of the optimizers, written once for both backends: the CPU
- * tile kernels (backend/cpu/optim_<kind>.c) and the CUDA step (backend/cuda/optim.cu) call the same
- * functions, so the two cannot drift apart and compute the same bits (the CUDA files are compiled with
- * -fmad=false, and ISO C does not contract, so neither side fuses a multiply and an add).
+ * tile kernels (backend/cpu/optim_<kind>.c) and the CUDA steps (backend/cuda/optim.cu for the elementwise
+ * kinds, lamb.cu, novograd.cu, adamp.cu) call the same functions, so the two cannot drift apart and
+ * compute the same bits (the CUDA files are compiled with -fmad=false, and ISO C does not contract, so
+ * neither side fuses a multiply and an add).
  *
  * A rule that takes a square root is split around it: the part before returns what goes under the root,
  * the part after takes its root. The CPU runs each part as its own loop over a tile with a vector sqrt in
