@@ -94,8 +94,8 @@ typedef struct {
 } ln_ctx;
 static void ln_step(void *v) {
   ln_ctx *c = v;
-  apex_cuda_layer_norm_forward(c->x, c->w, c->b, 1e-5f, 0, c->y, c->mean, c->rstd);
-  apex_cuda_layer_norm_backward(c->dy, c->x, c->w, c->mean, c->rstd, 0, c->dx, c->dw, c->db);
+  apex_kernel_layer_norm_forward(c->x, c->w, c->b, 1e-5f, 0, c->y, c->mean, c->rstd);
+  apex_kernel_layer_norm_backward(c->dy, c->x, c->w, c->mean, c->rstd, 0, c->dx, c->dw, c->db);
 }
 
 static double layer_norm_seconds(int64_t rows, int64_t cols, size_t *bytes) {
@@ -127,7 +127,7 @@ typedef struct {
 } mm_ctx;
 static void mm_step(void *v) {
   mm_ctx *c = v;
-  apex_cuda_matmul(c->a, 0, c->b, 0, c->c, 1.0f, 0.0f, NULL, 0);
+  apex_kernel_matmul(c->a, 0, c->b, 0, c->c, 1.0f, 0.0f, NULL, 0);
 }
 
 static double matmul_seconds(int64_t n) {

@@ -1,11 +1,11 @@
 /* gpt2_cuda.c: GPT-2's forward, backward and training step on the GPU over apex's CUDA kernels (see
  * gpt2_cuda.h). Memory is planned once in gpt2_cuda_create; a step allocates nothing of its own.
  *
- * Shapes (BT = B * T rows; every matrix row-major; apex_cuda_matmul(a, ta, b, tb, c) is c = op(a) op(b),
+ * Shapes (BT = B * T rows; every matrix row-major; apex_kernel_matmul(a, ta, b, tb, c) is c = op(a) op(b),
  * and a linear y = x W^T + b with W [out, in] is matmul(x, 0, W, 1, y, bias)):
  *
  *   forward                                     a (op)            b (op)              c
- *   enc     = wte[tokens] + wpe[positions]      embedding lookups and apex_cuda_add       [BT, C]
+ *   enc     = wte[tokens] + wpe[positions]      embedding lookups and apex_kernel_add       [BT, C]
  *   ln1     = layer_norm(res_in)                                                      [BT, C]
  *   qkv     = ln1 qkv_w^T + qkv_b               ln1 [BT, C]       qkv_w [3C, C]^T     [BT, 3C]
  *   atty    = attention(qkv)                    qkv viewed [B, T, 3C] -> [B, T, C], lse [B, H, T]
@@ -55,6 +55,7 @@
 #include <string.h>
 
 #include "apex/cuda.h"
+#include "apex/kernels.h"
 #include "core/internal.h" /* apex__fail: the model's errors read like the library's */
 
 #define LN_EPS 1e-5f
@@ -346,31 +347,31 @@ apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t
   memcpy(a->targets, targets, (size_t)BT * sizeof *targets);
   a->forward_done = 0;
   CHECK(apex_tensor_copy(a->d_targets, a->h_targets), "uploading the targets");
-  CHECK(apex_cuda_embedding_forward(p->wte, a->tokens, BT, a->enc), "token embedding");
-  CHECK(apex_cuda_embedding_forward(p->wpe, a->positions, BT, a->tmp), "position embedding");
-  CHECK(apex_cuda_add(a->enc, a->tmp, a->enc), "embedding sum");
+  CHECK(apex_kernel_embedding_forward(p->wte, a->tokens, BT, a->enc), "token embedding");
+  CHECK(apex_kernel_embedding_forward(p->wpe, a->positions, BT, a->tmp), "position embedding");
+  CHECK(apex_kernel_add(a->enc, a->tmp, a->enc), "embedding sum");
   apex_tensor *res = a->enc;
   for (int l = 0; l < m->cfg.n_layer; l++) {
     const gpt2_layer *w = &p->layer[l];
     gpt2_layer_acts *y = &a->layer[l];
-    CHECK(apex_cuda_layer_norm_forward(res, w->ln1_w, w->ln1_b, LN_EPS, 0, y->ln1, y->ln1_mean, y->ln1_rstd), "h.%d ln_1", l);
-    CHECK(apex_cuda_matmul(y->ln1, 0, w->qkv_w, 1, y->qkv, 1.0f, 0.0f, w->qkv_b, 0), "h.%d c_attn", l);
-    CHECK(apex_cuda_attention_forward(y->qkv3, m->cfg.n_head, y->atty3, y->lse), "h.%d attention", l);
-    CHECK(apex_cuda_matmul(y->atty, 0, w->proj_w, 1, a->tmp, 1.0f, 0.0f, w->proj_b, 0), "h.%d attn c_proj", l);
-    CHECK(apex_cuda_add(res, a->tmp, y->res_mid), "h.%d attention residual", l);
-    CHECK(apex_cuda_layer_norm_forward(y->res_mid, w->ln2_w, w->ln2_b, LN_EPS, 0, y->ln2, y->ln2_mean, y->ln2_rstd),
+    CHECK(apex_kernel_layer_norm_forward(res, w->ln1_w, w->ln1_b, LN_EPS, 0, y->ln1, y->ln1_mean, y->ln1_rstd), "h.%d ln_1", l);
+    CHECK(apex_kernel_matmul(y->ln1, 0, w->qkv_w, 1, y->qkv, 1.0f, 0.0f, w->qkv_b, 0), "h.%d c_attn", l);
+    CHECK(apex_kernel_attention_forward(y->qkv3, m->cfg.n_head, y->atty3, y->lse), "h.%d attention", l);
+    CHECK(apex_kernel_matmul(y->atty, 0, w->proj_w, 1, a->tmp, 1.0f, 0.0f, w->proj_b, 0), "h.%d attn c_proj", l);
+    CHECK(apex_kernel_add(res, a->tmp, y->res_mid), "h.%d attention residual", l);
+    CHECK(apex_kernel_layer_norm_forward(y->res_mid, w->ln2_w, w->ln2_b, LN_EPS, 0, y->ln2, y->ln2_mean, y->ln2_rstd),
           "h.%d ln_2", l);
-    CHECK(apex_cuda_matmul(y->ln2, 0, w->fc_w, 1, y->fch, 1.0f, 0.0f, w->fc_b, 0), "h.%d c_fc", l);
-    CHECK(apex_cuda_gelu_forward(y->fch, y->fch_gelu), "h.%d gelu", l);
-    CHECK(apex_cuda_matmul(y->fch_gelu, 0, w->fcproj_w, 1, a->tmp, 1.0f, 0.0f, w->fcproj_b, 0), "h.%d mlp c_proj", l);
-    CHECK(apex_cuda_add(y->res_mid, a->tmp, y->res_out), "h.%d mlp residual", l);
+    CHECK(apex_kernel_matmul(y->ln2, 0, w->fc_w, 1, y->fch, 1.0f, 0.0f, w->fc_b, 0), "h.%d c_fc", l);
+    CHECK(apex_kernel_gelu_forward(y->fch, y->fch_gelu), "h.%d gelu", l);
+    CHECK(apex_kernel_matmul(y->fch_gelu, 0, w->fcproj_w, 1, a->tmp, 1.0f, 0.0f, w->fcproj_b, 0), "h.%d mlp c_proj", l);
+    CHECK(apex_kernel_add(y->res_mid, a->tmp, y->res_out), "h.%d mlp residual", l);
     res = y->res_out;
   }
-  CHECK(apex_cuda_layer_norm_forward(res, p->lnf_w, p->lnf_b, LN_EPS, 0, a->lnf, a->lnf_mean, a->lnf_rstd), "ln_f");
-  CHECK(apex_cuda_matmul(a->lnf, 0, p->wte, 1, a->logits, 1.0f, 0.0f, NULL, 0), "lm_head");
-  CHECK(apex_cuda_cross_entropy_forward(a->logits, apex_tensor_data(a->d_targets), NO_IGNORE, 0.0f, a->losses, a->lse),
+  CHECK(apex_kernel_layer_norm_forward(res, p->lnf_w, p->lnf_b, LN_EPS, 0, a->lnf, a->lnf_mean, a->lnf_rstd), "ln_f");
+  CHECK(apex_kernel_matmul(a->lnf, 0, p->wte, 1, a->logits, 1.0f, 0.0f, NULL, 0), "lm_head");
+  CHECK(apex_kernel_cross_entropy_forward(a->logits, apex_tensor_data(a->d_targets), NO_IGNORE, 0.0f, a->losses, a->lse),
         "cross-entropy");
-  CHECK(apex_cuda_sum_all(a->losses, 1, a->loss), "mean loss");
+  CHECK(apex_kernel_sum_all(a->losses, 1, a->loss), "mean loss");
   a->forward_done = 1;
   return APEX_OK;
 }
@@ -397,10 +398,10 @@ apex_status gpt2_cuda_backward(gpt2_cuda *m) {
   const int64_t BT = (int64_t)m->B * m->T;
   const int L = m->cfg.n_layer;
   const int64_t *d_targets = apex_tensor_data(a->d_targets);
-  CHECK(apex_cuda_cross_entropy_backward(a->dloss, a->logits, d_targets, a->lse, NO_IGNORE, 0.0f, a->logits),
+  CHECK(apex_kernel_cross_entropy_backward(a->dloss, a->logits, d_targets, a->lse, NO_IGNORE, 0.0f, a->logits),
         "cross-entropy backward"); /* in place: each element is read, then written, by one thread */
-  CHECK(apex_cuda_matmul(a->logits, 0, p->wte, 0, a->dln, 1.0f, 0.0f, NULL, 0), "lm_head backward (input)");
-  CHECK(apex_cuda_layer_norm_backward(a->dln, a->layer[L - 1].res_out, p->lnf_w, a->lnf_mean, a->lnf_rstd, 0, a->dres,
+  CHECK(apex_kernel_matmul(a->logits, 0, p->wte, 0, a->dln, 1.0f, 0.0f, NULL, 0), "lm_head backward (input)");
+  CHECK(apex_kernel_layer_norm_backward(a->dln, a->layer[L - 1].res_out, p->lnf_w, a->lnf_mean, a->lnf_rstd, 0, a->dres,
                                       g->lnf_w, g->lnf_b),
         "ln_f backward");
   for (int l = L - 1; l >= 0; l--) {
@@ -408,33 +409,33 @@ apex_status gpt2_cuda_backward(gpt2_cuda *m) {
     gpt2_layer_acts *y = &a->layer[l];
     apex_tensor *res_in = l ? a->layer[l - 1].res_out : a->enc;
     /* the MLP: dres is the gradient of res_out = res_mid + mlp(ln_2(res_mid)) */
-    CHECK(apex_cuda_matmul(a->dres, 1, y->fch_gelu, 0, gw->fcproj_w, 1.0f, 0.0f, NULL, 0), "h.%d mlp c_proj dW", l);
-    CHECK(apex_cuda_sum_rows(a->dres, gw->fcproj_b, 0), "h.%d mlp c_proj db", l);
-    CHECK(apex_cuda_matmul(a->dres, 0, w->fcproj_w, 0, a->dfc, 1.0f, 0.0f, NULL, 0), "h.%d mlp c_proj dx", l);
-    CHECK(apex_cuda_gelu_backward(a->dfc, y->fch, a->dfc), "h.%d gelu backward", l);
-    CHECK(apex_cuda_matmul(a->dfc, 1, y->ln2, 0, gw->fc_w, 1.0f, 0.0f, NULL, 0), "h.%d c_fc dW", l);
-    CHECK(apex_cuda_sum_rows(a->dfc, gw->fc_b, 0), "h.%d c_fc db", l);
-    CHECK(apex_cuda_matmul(a->dfc, 0, w->fc_w, 0, a->dln, 1.0f, 0.0f, NULL, 0), "h.%d c_fc dx", l);
-    CHECK(apex_cuda_layer_norm_backward(a->dln, y->res_mid, w->ln2_w, y->ln2_mean, y->ln2_rstd, 0, a->dx, gw->ln2_w, gw->ln2_b),
+    CHECK(apex_kernel_matmul(a->dres, 1, y->fch_gelu, 0, gw->fcproj_w, 1.0f, 0.0f, NULL, 0), "h.%d mlp c_proj dW", l);
+    CHECK(apex_kernel_sum_rows(a->dres, gw->fcproj_b, 0), "h.%d mlp c_proj db", l);
+    CHECK(apex_kernel_matmul(a->dres, 0, w->fcproj_w, 0, a->dfc, 1.0f, 0.0f, NULL, 0), "h.%d mlp c_proj dx", l);
+    CHECK(apex_kernel_gelu_backward(a->dfc, y->fch, a->dfc), "h.%d gelu backward", l);
+    CHECK(apex_kernel_matmul(a->dfc, 1, y->ln2, 0, gw->fc_w, 1.0f, 0.0f, NULL, 0), "h.%d c_fc dW", l);
+    CHECK(apex_kernel_sum_rows(a->dfc, gw->fc_b, 0), "h.%d c_fc db", l);
+    CHECK(apex_kernel_matmul(a->dfc, 0, w->fc_w, 0, a->dln, 1.0f, 0.0f, NULL, 0), "h.%d c_fc dx", l);
+    CHECK(apex_kernel_layer_norm_backward(a->dln, y->res_mid, w->ln2_w, y->ln2_mean, y->ln2_rstd, 0, a->dx, gw->ln2_w, gw->ln2_b),
           "h.%d ln_2 backward", l);
-    CHECK(apex_cuda_add(a->dres, a->dx, a->dres), "h.%d mlp residual backward", l);
+    CHECK(apex_kernel_add(a->dres, a->dx, a->dres), "h.%d mlp residual backward", l);
     /* the attention: dres is now the gradient of res_mid = res_in + attn(ln_1(res_in)) */
-    CHECK(apex_cuda_matmul(a->dres, 1, y->atty, 0, gw->proj_w, 1.0f, 0.0f, NULL, 0), "h.%d attn c_proj dW", l);
-    CHECK(apex_cuda_sum_rows(a->dres, gw->proj_b, 0), "h.%d attn c_proj db", l);
-    CHECK(apex_cuda_matmul(a->dres, 0, w->proj_w, 0, a->datty, 1.0f, 0.0f, NULL, 0), "h.%d attn c_proj dx", l);
-    CHECK(apex_cuda_attention_backward(a->datty3, y->qkv3, y->atty3, y->lse, m->cfg.n_head, a->dqkv3),
+    CHECK(apex_kernel_matmul(a->dres, 1, y->atty, 0, gw->proj_w, 1.0f, 0.0f, NULL, 0), "h.%d attn c_proj dW", l);
+    CHECK(apex_kernel_sum_rows(a->dres, gw->proj_b, 0), "h.%d attn c_proj db", l);
+    CHECK(apex_kernel_matmul(a->dres, 0, w->proj_w, 0, a->datty, 1.0f, 0.0f, NULL, 0), "h.%d attn c_proj dx", l);
+    CHECK(apex_kernel_attention_backward(a->datty3, y->qkv3, y->atty3, y->lse, m->cfg.n_head, a->dqkv3),
           "h.%d attention backward", l);
-    CHECK(apex_cuda_matmul(a->dqkv, 1, y->ln1, 0, gw->qkv_w, 1.0f, 0.0f, NULL, 0), "h.%d c_attn dW", l);
-    CHECK(apex_cuda_sum_rows(a->dqkv, gw->qkv_b, 0), "h.%d c_attn db", l);
-    CHECK(apex_cuda_matmul(a->dqkv, 0, w->qkv_w, 0, a->dln, 1.0f, 0.0f, NULL, 0), "h.%d c_attn dx", l);
-    CHECK(apex_cuda_layer_norm_backward(a->dln, res_in, w->ln1_w, y->ln1_mean, y->ln1_rstd, 0, a->dx, gw->ln1_w, gw->ln1_b),
+    CHECK(apex_kernel_matmul(a->dqkv, 1, y->ln1, 0, gw->qkv_w, 1.0f, 0.0f, NULL, 0), "h.%d c_attn dW", l);
+    CHECK(apex_kernel_sum_rows(a->dqkv, gw->qkv_b, 0), "h.%d c_attn db", l);
+    CHECK(apex_kernel_matmul(a->dqkv, 0, w->qkv_w, 0, a->dln, 1.0f, 0.0f, NULL, 0), "h.%d c_attn dx", l);
+    CHECK(apex_kernel_layer_norm_backward(a->dln, res_in, w->ln1_w, y->ln1_mean, y->ln1_rstd, 0, a->dx, gw->ln1_w, gw->ln1_b),
           "h.%d ln_1 backward", l);
-    CHECK(apex_cuda_add(a->dres, a->dx, a->dres), "h.%d attention residual backward", l);
+    CHECK(apex_kernel_add(a->dres, a->dx, a->dres), "h.%d attention residual backward", l);
   }
   /* dres is the gradient of enc = wte[tokens] + wpe[positions] */
-  CHECK(apex_cuda_embedding_backward(a->dres, a->tokens, BT, g->wte), "token embedding backward");
-  CHECK(apex_cuda_embedding_backward(a->dres, a->positions, BT, g->wpe), "position embedding backward");
-  CHECK(apex_cuda_matmul(a->logits, 1, a->lnf, 0, g->wte, 1.0f, 1.0f, NULL, 0), "lm_head backward (tied weight)");
+  CHECK(apex_kernel_embedding_backward(a->dres, a->tokens, BT, g->wte), "token embedding backward");
+  CHECK(apex_kernel_embedding_backward(a->dres, a->positions, BT, g->wpe), "position embedding backward");
+  CHECK(apex_kernel_matmul(a->logits, 1, a->lnf, 0, g->wte, 1.0f, 1.0f, NULL, 0), "lm_head backward (tied weight)");
   return APEX_OK;
 }
 

@@ -21,6 +21,10 @@
 
 #include "apex/autograd.h"
 #include "apex/cuda.h"
+#include "apex/kernels.h"
+#include "apex/loss_scaler.h"
+#include "apex/nn_ops.h"
+#include "apex/optim.h"
 #include "gpt2_cuda.h"
 #include "testutil.h"
 
@@ -219,7 +223,7 @@ static void test_device_scaler_matches_cpu(void **state) {
   (void)state;
   apex_loss_scaler_config cfg = {.init_scale = 1024.0f, .growth_interval = 3, .hysteresis = 2, .min_scale = 1.0f};
   apex_loss_scaler *cpu = apex_loss_scaler_create(&cfg);
-  apex_cuda_scaler *gpu = apex_cuda_scaler_create(&cfg);
+  apex_loss_scaler *gpu = apex_loss_scaler_create_on(APEX_DEVICE_CUDA, &cfg);
   assert_non_null(gpu);
   int64_t n = 100;
   apex_tensor *g = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F16, 1, &n);
@@ -229,25 +233,37 @@ static void test_device_scaler_matches_cpu(void **state) {
     x = x * 1103515245u + 12345u;
     int inf = (x >> 16) % 4 == 0;
     TU_OK(apex_tensor_fill(g, inf ? INFINITY : 1.0f));
-    TU_OK(apex_cuda_scaler_check(gpu, gl, 1));
+    TU_OK(apex_loss_scaler_check(gpu, gl, 1));
     apex_loss_scaler_update(cpu, inf, NULL);
-    TU_OK(apex_cuda_scaler_update(gpu));
+    TU_OK(apex_loss_scaler_update(gpu, 0, NULL));
   }
   apex_loss_scaler_state a = apex_loss_scaler_get_state(cpu), b;
-  TU_OK(apex_cuda_scaler_get_state(gpu, &b));
+  b = apex_loss_scaler_get_state(gpu);
+  tu_assert_scaler_state_equal(&b, &a);
+  assert_int_equal(apex_loss_scaler_device(gpu), APEX_DEVICE_CUDA);
+  assert_true(apex_loss_scaler_scale(gpu) == a.scale); /* read back from the device */
+  /* a found_inf from the host joins the device flag; a skip answer would wait, so it is refused */
+  TU_OK(apex_loss_scaler_update(gpu, 1, NULL));
+  apex_loss_scaler_update(cpu, 1, NULL);
+  a = apex_loss_scaler_get_state(cpu);
+  b = apex_loss_scaler_get_state(gpu);
+  tu_assert_scaler_state_equal(&b, &a);
+  int skip = 0;
+  TU_FAILS(apex_loss_scaler_update(gpu, 0, &skip), APEX_ERR_INVALID_ARG, "pass skip = NULL");
+  b = apex_loss_scaler_get_state(gpu);
   tu_assert_scaler_state_equal(&b, &a);
   /* unscale divides by the scale; set_state validates as the CPU scaler does */
   TU_OK(apex_tensor_fill(g, 3.0f));
-  TU_OK(apex_cuda_scaler_unscale(gpu, gl, gl, 1));
+  TU_OK(apex_loss_scaler_unscale(gpu, gl, gl, 1));
   assert_true(apex_tensor_get(g, 5) == apex_f16_to_f32(apex_f32_to_f16(3.0f / a.scale)));
   apex_loss_scaler_state bad = a;
   bad.scale = -1.0f;
-  TU_FAILS(apex_cuda_scaler_set_state(gpu, &bad), APEX_ERR_INVALID_ARG, "scale");
+  TU_FAILS(apex_loss_scaler_set_state(gpu, &bad), APEX_ERR_INVALID_ARG, "scale");
   apex_tensor *hg = apex_tensor_create(APEX_F16, 1, &n), *hl[1] = {hg};
-  TU_FAILS(apex_cuda_scaler_check(gpu, hl, 1), APEX_ERR_DEVICE, "tensor 0 is on the CPU");
+  TU_FAILS(apex_loss_scaler_check(gpu, hl, 1), APEX_ERR_DEVICE, "tensor 0 is on the CPU");
   apex_tensor_destroy(hg);
   apex_tensor_destroy(g);
-  apex_cuda_scaler_destroy(gpu);
+  apex_loss_scaler_destroy(gpu);
   apex_loss_scaler_destroy(cpu);
 }
 
@@ -680,15 +696,15 @@ static void test_optimizer_state_on_gpu(void **state) {
 /* A fresh optimizer of `kind` over a bf16 copy of f, stepped with the scaler's found_inf set by g's
  * NaN: the parameter keeps its bits and its step count stays 0. */
 static void skip_leaves_kind(apex_optim_kind kind, const apex_optim_options *o, const apex_tensor *f, apex_tensor *g,
-                             apex_cuda_scaler *sc) {
+                             apex_loss_scaler *sc) {
   int64_t n = (int64_t)apex_tensor_numel(f);
   apex_optimizer *opt = apex_optimizer_create(kind, o);
   apex_tensor *p = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 1, &n);
   TU_OK(apex_tensor_copy(p, f));
   TU_OK(apex_optimizer_add_group(opt, &p, 1, &g, 1, NULL, NULL));
   apex_tensor *before = host_copy(p);
-  TU_OK(apex_cuda_scaler_check(sc, &g, 1));
-  TU_OK(apex_cuda_optimizer_step(opt, sc));
+  TU_OK(apex_loss_scaler_check(sc, &g, 1));
+  TU_OK(apex_optimizer_step_scaled(opt, sc));
   char what[64];
   snprintf(what, sizeof what, "%s model after a skipped step", apex_optim_kind_name(kind));
   assert_same_bits(p, before, what);
@@ -708,21 +724,21 @@ static void test_device_skip_changes_nothing(void **state) {
   apex_tensor *g = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 1, &n);
   apex_optimizer *opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 1e-2f});
   TU_OK(apex_optimizer_add_group(opt, &p, 1, &g, 1, NULL, NULL));
-  apex_cuda_scaler *sc = apex_cuda_scaler_create(NULL);
+  apex_loss_scaler *sc = apex_loss_scaler_create_on(APEX_DEVICE_CUDA, NULL);
   TU_OK(apex_tensor_copy(g, f));
-  TU_OK(apex_cuda_scaler_check(sc, &g, 1));
-  TU_OK(apex_cuda_optimizer_step(opt, sc)); /* a real step first, so the state is not all zeros */
-  TU_OK(apex_cuda_scaler_update(sc));
+  TU_OK(apex_loss_scaler_check(sc, &g, 1));
+  TU_OK(apex_optimizer_step_scaled(opt, sc)); /* a real step first, so the state is not all zeros */
+  TU_OK(apex_loss_scaler_update(sc, 0, NULL));
   apex_tensor *before_p = host_copy(p), *before_m = host_copy(apex_optimizer_master(opt, 0, 0));
   apex_tensor_set(g, 123, NAN);
-  TU_OK(apex_cuda_scaler_check(sc, &g, 1));
-  TU_OK(apex_cuda_optimizer_step(opt, sc));
-  TU_OK(apex_cuda_scaler_update(sc));
+  TU_OK(apex_loss_scaler_check(sc, &g, 1));
+  TU_OK(apex_optimizer_step_scaled(opt, sc));
+  TU_OK(apex_loss_scaler_update(sc, 0, NULL));
   assert_same_bits(p, before_p, "model after a skipped step");
   assert_same_bits(apex_optimizer_master(opt, 0, 0), before_m, "master after a skipped step");
   assert_int_equal(apex_optimizer_step_count(opt, 0, 0), 1);
   apex_loss_scaler_state s;
-  TU_OK(apex_cuda_scaler_get_state(sc, &s));
+  s = apex_loss_scaler_get_state(sc);
   assert_true(s.scale == 32768.0f && s.skipped == 1 && s.steps == 2);
   /* The kinds with passes of their own (LAMB's norms, AdamP's row sums) skip from the device flag too:
    * g still holds the NaN. */
@@ -738,7 +754,7 @@ static void test_device_skip_changes_nothing(void **state) {
   apex_tensor_destroy(hp);
   apex_tensor_destroy(before_p);
   apex_tensor_destroy(before_m);
-  apex_cuda_scaler_destroy(sc);
+  apex_loss_scaler_destroy(sc);
   apex_optimizer_destroy(opt);
   apex_tensor_destroy(g);
   apex_tensor_destroy(p);
@@ -787,8 +803,8 @@ static apex_tensor *ln_tensor(apex_dtype dt, int64_t rows, int64_t cols, size_t 
 static void ln_run(const ln_case *k, apex_tensor *x, apex_tensor *dy, apex_tensor *w, apex_tensor *b, apex_tensor *y,
                    apex_tensor *mean, apex_tensor *rstd, apex_tensor *dx, apex_tensor *dw, apex_tensor *db) {
   const int bias = k->bias && !k->rms;
-  TU_OK(apex_cuda_layer_norm_forward(x, w, bias ? b : NULL, 1e-5f, k->rms, y, k->rms ? NULL : mean, rstd));
-  TU_OK(apex_cuda_layer_norm_backward(dy, x, w, k->rms ? NULL : mean, rstd, k->rms, dx, dw, bias ? db : NULL));
+  TU_OK(apex_kernel_layer_norm_forward(x, w, bias ? b : NULL, 1e-5f, k->rms, y, k->rms ? NULL : mean, rstd));
+  TU_OK(apex_kernel_layer_norm_backward(dy, x, w, k->rms ? NULL : mean, rstd, k->rms, dx, dw, bias ? db : NULL));
 }
 
 /* The GPU against a double-precision reference of the same (rounded) inputs, then a second run that must
@@ -855,11 +871,11 @@ static void layer_norm_case(ln_case k) {
   same_run_bits(dw, dw2, "layer norm dw, second run");
   same_run_bits(db, db2, "layer norm db, second run");
   /* Bad input: a CPU weight, a weight of the wrong length. */
-  TU_FAILS(apex_cuda_layer_norm_forward(x, hw, NULL, 1e-5f, k.rms, y, mean, rstd), APEX_ERR_DEVICE, "w is on the CPU");
-  TU_FAILS(apex_cuda_layer_norm_forward(x, mean, NULL, 1e-5f, k.rms, y, mean, rstd), APEX_ERR_SHAPE, "w has shape");
+  TU_FAILS(apex_kernel_layer_norm_forward(x, hw, NULL, 1e-5f, k.rms, y, mean, rstd), APEX_ERR_DEVICE, "w is on the CPU");
+  TU_FAILS(apex_kernel_layer_norm_forward(x, mean, NULL, 1e-5f, k.rms, y, mean, rstd), APEX_ERR_SHAPE, "w has shape");
   /* In place is refused: the kernels may write a row before another row's input is read. */
-  TU_FAILS(apex_cuda_layer_norm_forward(x, w, NULL, 1e-5f, k.rms, x, mean, rstd), APEX_ERR_INVALID_ARG, "y overlaps x");
-  TU_FAILS(apex_cuda_layer_norm_backward(dy, x, w, mean, rstd, k.rms, dy, dw, NULL), APEX_ERR_INVALID_ARG, "dx overlaps dy");
+  TU_FAILS(apex_kernel_layer_norm_forward(x, w, NULL, 1e-5f, k.rms, x, mean, rstd), APEX_ERR_INVALID_ARG, "y overlaps x");
+  TU_FAILS(apex_kernel_layer_norm_backward(dy, x, w, mean, rstd, k.rms, dy, dw, NULL), APEX_ERR_INVALID_ARG, "dx overlaps dy");
   free(ry), free(rdx), free(rdw), free(rdb);
   apex_tensor *all[] = {hx, hdy, hw, hb, x, dy, w, b, y, dx, mean, rstd, dw, db, y2, dx2, mean2, rstd2, dw2, db2};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
@@ -905,8 +921,8 @@ static void test_cross_entropy(void **state) {
     apex_tensor *dloss = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &rows), *dl = apex_tensor_create_on(APEX_DEVICE_CUDA, (apex_dtype)dt, 2, shape);
     const float eps = 0.1f;
     TU_OK(apex_tensor_fill(dloss, 0.5f));
-    TU_OK(apex_cuda_cross_entropy_forward(l, d_target, -100, eps, loss, lse));
-    TU_OK(apex_cuda_cross_entropy_backward(dloss, l, d_target, lse, -100, eps, dl));
+    TU_OK(apex_kernel_cross_entropy_forward(l, d_target, -100, eps, loss, lse));
+    TU_OK(apex_kernel_cross_entropy_backward(dloss, l, d_target, lse, -100, eps, dl));
     double *rl = malloc((size_t)rows * sizeof *rl), *rg = malloc((size_t)(rows * cols) * sizeof *rg);
     for (int64_t r = 0; r < rows; r++) {
       double mx = -INFINITY, se = 0, sx = 0;
@@ -927,8 +943,8 @@ static void test_cross_entropy(void **state) {
     check_close(loss, rl, (size_t)rows, 1e-5, 1.0, "cross-entropy loss");
     check_close(dl, rg, (size_t)(rows * cols), tol_for((apex_dtype)dt), 1e-3, "cross-entropy grad");
     free(rl), free(rg);
-    TU_FAILS(apex_cuda_cross_entropy_forward(l, d_target, -100, 1.5f, loss, lse), APEX_ERR_INVALID_ARG, "label_smoothing");
-    TU_FAILS(apex_cuda_cross_entropy_forward(l, d_target, -100, 0, lse, dl), APEX_ERR_SHAPE, "lse has shape");
+    TU_FAILS(apex_kernel_cross_entropy_forward(l, d_target, -100, 1.5f, loss, lse), APEX_ERR_INVALID_ARG, "label_smoothing");
+    TU_FAILS(apex_kernel_cross_entropy_forward(l, d_target, -100, 0, lse, dl), APEX_ERR_SHAPE, "lse has shape");
     apex_tensor *all[] = {hl, l, ht, dt_, loss, lse, dloss, dl};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
   }
@@ -944,7 +960,7 @@ static void test_batch_norm_stats(void **state) {
   TU_OK(apex_tensor_copy(x, hx));
   int64_t c = 5;
   apex_tensor *mean = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &c), *var = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &c);
-  TU_OK(apex_cuda_batch_norm_stats(x, mean, var, NULL));
+  TU_OK(apex_kernel_batch_norm_stats(x, mean, var, NULL));
   double rm[5] = {0}, rv[5] = {0};
   size_t per = 6 * 13 * 17;
   for (size_t i = 0; i < n; i++) rm[(i / (13 * 17)) % 5] += apex_tensor_get(hx, i) / (double)per;
@@ -977,13 +993,13 @@ static int conv_case(apex_dtype dt, const int64_t xs[4], const int64_t ws[4], ap
   apex_tensor *dy = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, apex_tensor_ndim(hy), apex_tensor_shape(hy));
   apex_tensor *gx = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 4, xs), *gw = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 4, ws);
   apex_tensor *gb = bias ? apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &ws[0]) : NULL;
-  apex_status st = apex_cuda_conv2d_forward(dx_, dw_, db_, &o, dy);
+  apex_status st = apex_kernel_conv2d_forward(dx_, dw_, db_, &o, dy);
   int ran = !(st == APEX_ERR_UNSUPPORTED && strstr(apex_last_error(), "could not be loaded"));
   if (!ran) {
     printf("conv2d on the GPU skipped: %s\n", apex_last_error());
   } else {
     TU_OK(st);
-    TU_OK(apex_cuda_conv2d_backward(ddy, dx_, dw_, &o, gx, gw, gb));
+    TU_OK(apex_kernel_conv2d_backward(ddy, dx_, dw_, &o, gx, gw, gb));
     const apex_tensor *want[4] = {hy, apex_var_grad(x), apex_var_grad(w), bias ? apex_var_grad(b) : NULL};
     const apex_tensor *got[4] = {dy, gx, gw, gb};
     const char *what[4] = {"conv2d y", "conv2d dx", "conv2d dw", "conv2d db"};
@@ -1001,9 +1017,9 @@ static int conv_case(apex_dtype dt, const int64_t xs[4], const int64_t ws[4], ap
     /* Bad input: w with other input channels, a y of the wrong shape, a CPU tensor. */
     int64_t bad[4] = {ws[0], ws[1] + 1, ws[2], ws[3]};
     apex_tensor *wbad = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 4, bad);
-    TU_FAILS(apex_cuda_conv2d_forward(dx_, wbad, NULL, &o, dy), APEX_ERR_SHAPE, "input channels");
-    TU_FAILS(apex_cuda_conv2d_forward(dx_, dw_, NULL, &o, gx), APEX_ERR_SHAPE, "y has shape");
-    TU_FAILS(apex_cuda_conv2d_forward(apex_var_value(x), dw_, NULL, &o, dy), APEX_ERR_DEVICE, "x is on the CPU");
+    TU_FAILS(apex_kernel_conv2d_forward(dx_, wbad, NULL, &o, dy), APEX_ERR_SHAPE, "input channels");
+    TU_FAILS(apex_kernel_conv2d_forward(dx_, dw_, NULL, &o, gx), APEX_ERR_SHAPE, "y has shape");
+    TU_FAILS(apex_kernel_conv2d_forward(apex_var_value(x), dw_, NULL, &o, dy), APEX_ERR_DEVICE, "x is on the CPU");
     apex_tensor_destroy(wbad);
   }
   apex_tensor *all[] = {hdy, r, dx_, dw_, db_, ddy, dy, gx, gw, gb};
@@ -1049,8 +1065,8 @@ static void test_embedding(void **state) {
     apex_tensor *out = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 2, (int64_t[]){N, D});
     apex_tensor *dtable = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 2, (int64_t[]){V, D});
     TU_OK(apex_tensor_fill(dtable, 7.0f)); /* overwritten, absent rows included */
-    TU_OK(apex_cuda_embedding_forward(table, ids, n, out));
-    TU_OK(apex_cuda_embedding_backward(dy, ids, n, dtable));
+    TU_OK(apex_kernel_embedding_forward(table, ids, n, out));
+    TU_OK(apex_kernel_embedding_backward(dy, ids, n, dtable));
     assert_same_bits(out, apex_var_value(y), "embedding y");
     if (dt == APEX_F32) {
       assert_same_bits(dtable, apex_var_grad(w), "embedding dtable");
@@ -1064,8 +1080,8 @@ static void test_embedding(void **state) {
     for (size_t i = (size_t)40 * D; i < (size_t)V * D; i++) assert_true(apex_tensor_get(h, i) == 0.0f);
     apex_tensor_destroy(h);
     int64_t bad[2] = {3, V};
-    TU_FAILS(apex_cuda_embedding_forward(table, bad, 2, out), APEX_ERR_INVALID_ARG, "id 50 at 1 is outside [0, 50)");
-    TU_FAILS(apex_cuda_embedding_backward(dy, ids, n - 1, dtable), APEX_ERR_SHAPE, "dy has shape");
+    TU_FAILS(apex_kernel_embedding_forward(table, bad, 2, out), APEX_ERR_INVALID_ARG, "id 50 at 1 is outside [0, 50)");
+    TU_FAILS(apex_kernel_embedding_backward(dy, ids, n - 1, dtable), APEX_ERR_SHAPE, "dy has shape");
     apex_tensor *all[] = {hdy, r, table, dy, out, dtable};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
     apex_graph_destroy(g);
@@ -1085,7 +1101,7 @@ static void test_matmul(void **state) {
       TU_OK(apex_tensor_copy(a, ha));
       TU_OK(apex_tensor_copy(b, hb));
       apex_tensor *bias = dev_copy(hbias), *c = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 2, sc);
-      TU_OK(apex_cuda_matmul(a, ta, b, 0, c, 1.0f, 0.0f, bias, gelu));
+      TU_OK(apex_kernel_matmul(a, ta, b, 0, c, 1.0f, 0.0f, bias, gelu));
       double *ref = malloc((size_t)(m * n) * sizeof *ref);
       for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
@@ -1098,7 +1114,7 @@ static void test_matmul(void **state) {
       check_close(c, ref, (size_t)(m * n), 1e-2, 1.0, gelu ? "matmul + bias + gelu" : "matmul + bias");
       /* The second call takes the algorithm cuBLASLt chose for the first from apex's cache: same bits. */
       apex_tensor *c2 = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 2, sc);
-      TU_OK(apex_cuda_matmul(a, ta, b, 0, c2, 1.0f, 0.0f, bias, gelu));
+      TU_OK(apex_kernel_matmul(a, ta, b, 0, c2, 1.0f, 0.0f, bias, gelu));
       apex_tensor *hc = host_copy(c);
       assert_same_bits(c2, hc, "matmul repeated (cached algorithm)");
       apex_tensor_destroy(hc);
@@ -1108,13 +1124,13 @@ static void test_matmul(void **state) {
       apex_tensor *abuf = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 1, &big);
       apex_tensor *av = apex_tensor_slice_view(abuf, 1, 2, sa);
       TU_OK(apex_tensor_copy(av, ha));
-      TU_OK(apex_cuda_matmul(av, ta, b, 0, c2, 1.0f, 0.0f, bias, gelu));
+      TU_OK(apex_kernel_matmul(av, ta, b, 0, c2, 1.0f, 0.0f, bias, gelu));
       check_close(c2, ref, (size_t)(m * n), 1e-2, 1.0, "matmul of a 2-byte aligned operand");
       apex_tensor_destroy(av);
       apex_tensor_destroy(abuf);
       apex_tensor_destroy(c2);
       free(ref);
-      TU_FAILS(apex_cuda_matmul(a, !ta, b, 0, c, 1.0f, 0.0f, NULL, 0), APEX_ERR_SHAPE, "does not give c");
+      TU_FAILS(apex_kernel_matmul(a, !ta, b, 0, c, 1.0f, 0.0f, NULL, 0), APEX_ERR_SHAPE, "does not give c");
       apex_tensor *all[] = {ha, hb, hbias, a, b, bias, c};
       for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
     }
@@ -1193,10 +1209,10 @@ static void test_elementwise_binary(void **state) {
         apex_var *vy = op ? apex_mul(g, va, vb) : apex_add(g, va, vb);
         assert_non_null(vy);
         apex_tensor *want = apex_tensor_to(apex_var_value(vy), yt);
-        TU_OK(op ? apex_cuda_mul(a, b, y) : apex_cuda_add(a, b, y));
+        TU_OK(op ? apex_kernel_mul(a, b, y) : apex_kernel_add(a, b, y));
         compare_ew(y, want, NULL, what);
         if (at == yt) {
-          TU_OK(op ? apex_cuda_mul(a, b, a) : apex_cuda_add(a, b, a)); /* in place */
+          TU_OK(op ? apex_kernel_mul(a, b, a) : apex_kernel_add(a, b, a)); /* in place */
           compare_ew(a, want, NULL, what);
         }
         apex_tensor *all[] = {a, b, y, want};
@@ -1235,9 +1251,9 @@ static void act_case(act_kind k, apex_dtype xt, apex_dtype yt, apex_dtype dyt, s
   apex_tensor *want_y = apex_tensor_to(apex_var_value(vy), yt);
   TU_OK(apex_backward(vy, &(apex_backward_options){.grad_output = hdy}));
   const apex_tensor *want_dx = apex_var_grad(vx);
-  TU_OK(k == ACT_RELU ? apex_cuda_relu_forward(x, y) : k == ACT_GELU ? apex_cuda_gelu_forward(x, y) : apex_cuda_scale(x, alpha, y));
-  if (k == ACT_RELU) TU_OK(apex_cuda_relu_backward(dy, x, dx));
-  if (k == ACT_GELU) TU_OK(apex_cuda_gelu_backward(dy, x, dx));
+  TU_OK(k == ACT_RELU ? apex_kernel_relu_forward(x, y) : k == ACT_GELU ? apex_kernel_gelu_forward(x, y) : apex_kernel_scale(x, alpha, y));
+  if (k == ACT_RELU) TU_OK(apex_kernel_relu_backward(dy, x, dx));
+  if (k == ACT_GELU) TU_OK(apex_kernel_gelu_backward(dy, x, dx));
   double *by = NULL, *bdx = NULL;
   if (k == ACT_GELU) {
     by = malloc(n * sizeof *by), bdx = malloc(n * sizeof *bdx);
@@ -1257,13 +1273,13 @@ static void act_case(act_kind k, apex_dtype xt, apex_dtype yt, apex_dtype dyt, s
     printf("gelu %s -> %s, %zu elements: worst |GPU - CPU| is %.3f of the bound (y), %.3f (dx)\n", apex_dtype_name(xt),
            apex_dtype_name(yt), n, wy, wdx);
   if (yt == xt) { /* y = x in place (the backward above has read x already) */
-    TU_OK(k == ACT_RELU ? apex_cuda_relu_forward(x, x) : k == ACT_GELU ? apex_cuda_gelu_forward(x, x) : apex_cuda_scale(x, alpha, x));
+    TU_OK(k == ACT_RELU ? apex_kernel_relu_forward(x, x) : k == ACT_GELU ? apex_kernel_gelu_forward(x, x) : apex_kernel_scale(x, alpha, x));
     snprintf(what, sizeof what, "%s forward in place, %s, %zu elements", names[k], apex_dtype_name(xt), n);
     compare_ew(x, want_y, by, what);
   }
   if (k != ACT_SCALE && dyt == xt) { /* dx = dy in place, from a fresh x */
     apex_tensor *x2 = dev_copy(apex_var_value(vx));
-    TU_OK(k == ACT_RELU ? apex_cuda_relu_backward(dy, x2, dy) : apex_cuda_gelu_backward(dy, x2, dy));
+    TU_OK(k == ACT_RELU ? apex_kernel_relu_backward(dy, x2, dy) : apex_kernel_gelu_backward(dy, x2, dy));
     snprintf(what, sizeof what, "%s backward in place, %s, %zu elements", names[k], apex_dtype_name(xt), n);
     compare_ew(dy, want_dx, bdx, what);
     apex_tensor_destroy(x2);
@@ -1313,14 +1329,14 @@ static void sum_rows_case(apex_dtype xt, apex_dtype yt, int64_t rows, int64_t co
     apex_tensor_set(want, (size_t)j, (float)s);
   }
   apex_tensor *x = dev_copy(hx), *y = dev_copy(hy0), *y2 = dev_copy(hy0);
-  TU_OK(apex_cuda_sum_rows(x, y, accumulate));
+  TU_OK(apex_kernel_sum_rows(x, y, accumulate));
   compare_ew(y, want, NULL, what);
   /* random values, twice */
   apex_tensor *hr = tu_random_tensor(xt, n, 500 + (uint64_t)rows, 1.0f);
   TU_OK(apex_tensor_copy(x, hr));
   TU_OK(apex_tensor_copy(y, hy0));
-  TU_OK(apex_cuda_sum_rows(x, y, accumulate));
-  TU_OK(apex_cuda_sum_rows(x, y2, accumulate));
+  TU_OK(apex_kernel_sum_rows(x, y, accumulate));
+  TU_OK(apex_kernel_sum_rows(x, y2, accumulate));
   apex_tensor *h2 = host_copy(y2);
   compare_ew(y, h2, NULL, "sum_rows run to run");
   apex_tensor *h = host_copy(y);
@@ -1364,7 +1380,7 @@ static void sum_all_case(apex_dtype xt, size_t n) {
   apex_tensor *x = dev_copy(hx), *y = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &one);
   apex_tensor *hy = host_copy(y);
   for (int mean = 0; mean <= 1; mean++) {
-    TU_OK(apex_cuda_sum_all(x, mean, y));
+    TU_OK(apex_kernel_sum_all(x, mean, y));
     apex_tensor_set(hy, 0, (float)(mean ? exact / (double)n : exact));
     compare_ew(y, hy, NULL, what);
   }
@@ -1376,9 +1392,9 @@ static void sum_all_case(apex_dtype xt, size_t n) {
     s += v, a += fabs(v);
   }
   for (int mean = 0; mean <= 1; mean++) {
-    TU_OK(apex_cuda_sum_all(x, mean, y));
+    TU_OK(apex_kernel_sum_all(x, mean, y));
     TU_OK(apex_tensor_copy(hy, y));
-    TU_OK(apex_cuda_sum_all(x, mean, y));
+    TU_OK(apex_kernel_sum_all(x, mean, y));
     compare_ew(y, hy, NULL, "sum_all run to run");
     double div = mean ? (double)n : 1.0, want = s / div, got = apex_tensor_get(hy, 0);
     if (!(fabs(got - want) <= 1e-5 * a / div + ulp_in(APEX_F32, want)))
@@ -1399,9 +1415,9 @@ static void test_sum_all(void **state) {
   /* An empty x: the sum 0, the mean NaN (0 / 0, as PyTorch's mean). */
   int64_t zero = 0, one = 1;
   apex_tensor *x = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &zero), *y = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &one);
-  TU_OK(apex_cuda_sum_all(x, 0, y));
+  TU_OK(apex_kernel_sum_all(x, 0, y));
   assert_true(apex_tensor_get(y, 0) == 0.0f);
-  TU_OK(apex_cuda_sum_all(x, 1, y));
+  TU_OK(apex_kernel_sum_all(x, 1, y));
   assert_true(isnan(apex_tensor_get(y, 0)));
   apex_tensor_destroy(x);
   apex_tensor_destroy(y);
@@ -1425,33 +1441,33 @@ static void test_elementwise_bad_inputs(void **state) {
   assert_non_null(shifted);
   assert_non_null(a63);
   assert_non_null(a16);
-  TU_FAILS(apex_cuda_add(host, b, y), APEX_ERR_DEVICE, "apex_cuda_add: a is on the CPU");
-  TU_FAILS(apex_cuda_mul(a, host, y), APEX_ERR_DEVICE, "apex_cuda_mul: b is on the CPU");
-  TU_FAILS(apex_cuda_add(a, NULL, y), APEX_ERR_INVALID_ARG, "apex_cuda_add: b is NULL");
-  TU_FAILS(apex_cuda_add(a, short_, y), APEX_ERR_SHAPE, "b has shape [63] (63 elements); 64 expected");
-  TU_FAILS(apex_cuda_mul(a, b, short_), APEX_ERR_SHAPE, "y has shape [63]");
-  TU_FAILS(apex_cuda_scale(NULL, 2.0f, y), APEX_ERR_INVALID_ARG, "apex_cuda_scale: x is NULL");
-  TU_FAILS(apex_cuda_scale(a, 2.0f, host), APEX_ERR_DEVICE, "y is on the CPU");
-  TU_FAILS(apex_cuda_relu_forward(a, as_bf16), APEX_ERR_INVALID_ARG, "y (bf16) overlaps x (f32)");
-  TU_FAILS(apex_cuda_gelu_forward(a63, shifted), APEX_ERR_INVALID_ARG, "y (f32) overlaps x (f32)");
-  TU_FAILS(apex_cuda_add(a63, shifted, shifted), APEX_ERR_INVALID_ARG, "overlaps a");
-  TU_FAILS(apex_cuda_relu_backward(a, b, host), APEX_ERR_DEVICE, "apex_cuda_relu_backward: dx is on the CPU");
-  TU_FAILS(apex_cuda_gelu_backward(a, short_, y), APEX_ERR_SHAPE, "apex_cuda_gelu_backward: x has shape");
-  TU_FAILS(apex_cuda_gelu_backward(a, b, as_bf16), APEX_ERR_INVALID_ARG, "dx (bf16) overlaps dy (f32)");
-  TU_FAILS(apex_cuda_sum_rows(x2, col5, 0), APEX_ERR_SHAPE, "x [4, 16] (64 elements) is not a whole number of rows of y's 5 columns");
-  TU_FAILS(apex_cuda_sum_rows(host, s1, 0), APEX_ERR_DEVICE, "apex_cuda_sum_rows: x is on the CPU");
-  TU_FAILS(apex_cuda_sum_rows(a, a16, 0), APEX_ERR_INVALID_ARG, "apex_cuda_sum_rows: y overlaps x");
+  TU_FAILS(apex_kernel_add(host, b, y), APEX_ERR_DEVICE, "apex_kernel_add: a is on the CPU");
+  TU_FAILS(apex_kernel_mul(a, host, y), APEX_ERR_DEVICE, "apex_kernel_mul: b is on the CPU");
+  TU_FAILS(apex_kernel_add(a, NULL, y), APEX_ERR_INVALID_ARG, "apex_kernel_add: b is NULL");
+  TU_FAILS(apex_kernel_add(a, short_, y), APEX_ERR_SHAPE, "b has shape [63] (63 elements); 64 expected");
+  TU_FAILS(apex_kernel_mul(a, b, short_), APEX_ERR_SHAPE, "y has shape [63]");
+  TU_FAILS(apex_kernel_scale(NULL, 2.0f, y), APEX_ERR_INVALID_ARG, "apex_kernel_scale: x is NULL");
+  TU_FAILS(apex_kernel_scale(a, 2.0f, host), APEX_ERR_DEVICE, "y is on the CPU");
+  TU_FAILS(apex_kernel_relu_forward(a, as_bf16), APEX_ERR_INVALID_ARG, "y (bf16) overlaps x (f32)");
+  TU_FAILS(apex_kernel_gelu_forward(a63, shifted), APEX_ERR_INVALID_ARG, "y (f32) overlaps x (f32)");
+  TU_FAILS(apex_kernel_add(a63, shifted, shifted), APEX_ERR_INVALID_ARG, "overlaps a");
+  TU_FAILS(apex_kernel_relu_backward(a, b, host), APEX_ERR_DEVICE, "apex_kernel_relu_backward: dx is on the CPU");
+  TU_FAILS(apex_kernel_gelu_backward(a, short_, y), APEX_ERR_SHAPE, "apex_kernel_gelu_backward: x has shape");
+  TU_FAILS(apex_kernel_gelu_backward(a, b, as_bf16), APEX_ERR_INVALID_ARG, "dx (bf16) overlaps dy (f32)");
+  TU_FAILS(apex_kernel_sum_rows(x2, col5, 0), APEX_ERR_SHAPE, "x [4, 16] (64 elements) is not a whole number of rows of y's 5 columns");
+  TU_FAILS(apex_kernel_sum_rows(host, s1, 0), APEX_ERR_DEVICE, "apex_kernel_sum_rows: x is on the CPU");
+  TU_FAILS(apex_kernel_sum_rows(a, a16, 0), APEX_ERR_INVALID_ARG, "apex_kernel_sum_rows: y overlaps x");
   apex_tensor *a1 = apex_tensor_slice_view(a, 3, 1, &one);
-  TU_FAILS(apex_cuda_sum_all(a, 0, a1), APEX_ERR_INVALID_ARG, "apex_cuda_sum_all: y overlaps x");
+  TU_FAILS(apex_kernel_sum_all(a, 0, a1), APEX_ERR_INVALID_ARG, "apex_kernel_sum_all: y overlaps x");
   apex_tensor_destroy(a1);
-  TU_FAILS(apex_cuda_sum_all(a, 0, s16), APEX_ERR_DTYPE, "y is f16; use f32");
-  TU_FAILS(apex_cuda_sum_all(a, 0, s2), APEX_ERR_SHAPE, "y has shape [2] (2 elements); 1 expected");
-  TU_FAILS(apex_cuda_sum_all(a, 1, a63), APEX_ERR_SHAPE, "y has shape");
-  TU_FAILS(apex_cuda_sum_all(a, 1, NULL), APEX_ERR_INVALID_ARG, "y is NULL");
+  TU_FAILS(apex_kernel_sum_all(a, 0, s16), APEX_ERR_DTYPE, "y is f16; use f32");
+  TU_FAILS(apex_kernel_sum_all(a, 0, s2), APEX_ERR_SHAPE, "y has shape [2] (2 elements); 1 expected");
+  TU_FAILS(apex_kernel_sum_all(a, 1, a63), APEX_ERR_SHAPE, "y has shape");
+  TU_FAILS(apex_kernel_sum_all(a, 1, NULL), APEX_ERR_INVALID_ARG, "y is NULL");
   /* in place over the same memory and dtype is fine, through a view too */
   apex_tensor *view = apex_tensor_slice_view(a, 0, 1, &n);
   TU_OK(apex_tensor_fill(a, -2.0f));
-  TU_OK(apex_cuda_relu_forward(a, view));
+  TU_OK(apex_kernel_relu_forward(a, view));
   assert_true(apex_tensor_get(a, 5) == 0.0f);
   apex_tensor *all[] = {a, b, y, short_, host, x2, as_bf16, shifted, a63, s1, s2, s16, col5, view, a16};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
@@ -1511,8 +1527,8 @@ static void attention_case(apex_dtype dt, int64_t B, int64_t T, int64_t H, int64
     dqkv[run] = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 3, sq);
     TU_OK(apex_tensor_fill(y[run], 7.0f)); /* every element must be overwritten */
     TU_OK(apex_tensor_fill(dqkv[run], 7.0f));
-    TU_OK(apex_cuda_attention_forward(qkv, (int)H, y[run], lse[run]));
-    TU_OK(apex_cuda_attention_backward(dy, qkv, y[run], lse[run], (int)H, dqkv[run]));
+    TU_OK(apex_kernel_attention_forward(qkv, (int)H, y[run], lse[run]));
+    TU_OK(apex_kernel_attention_backward(dy, qkv, y[run], lse[run], (int)H, dqkv[run]));
   }
   char what[96];
   snprintf(what, sizeof what, "attention %s B=%lld T=%lld H=%lld D=%lld", apex_dtype_name(dt), (long long)B, (long long)T,
@@ -1596,30 +1612,30 @@ static void attention_bad_input(void) {
   apex_tensor *hl = apex_tensor_create(APEX_F32, 3, sl);
   TU_OK(apex_tensor_fill(qkv, 0.5f));
   TU_OK(apex_tensor_fill(dy, 0.25f));
-  TU_OK(apex_cuda_attention_forward(qkv, 2, y, lse)); /* the shapes below differ from these in one thing each */
-  TU_FAILS(apex_cuda_attention_forward(q2, 2, y, lse), APEX_ERR_SHAPE, "qkv has shape [4, 24]; it must be [B, T, 3 * C]");
-  TU_FAILS(apex_cuda_attention_forward(q25, 2, y, lse), APEX_ERR_SHAPE, "qkv has shape [1, 4, 25]");
-  TU_FAILS(apex_cuda_attention_forward(qkv, 3, y, lse), APEX_ERR_SHAPE, "C = 8 channels per third, not divisible by n_heads = 3");
-  TU_FAILS(apex_cuda_attention_forward(qkv, 0, y, lse), APEX_ERR_INVALID_ARG, "n_heads is 0");
-  TU_FAILS(apex_cuda_attention_forward(qkv, -1, y, lse), APEX_ERR_INVALID_ARG, "n_heads is -1");
-  TU_FAILS(apex_cuda_attention_forward(qkv, 2, y9, lse), APEX_ERR_SHAPE, "y has shape [1, 4, 9]; [1, 4, 8] expected");
-  TU_FAILS(apex_cuda_attention_forward(qkv, 2, y16, lse), APEX_ERR_DTYPE, "y is f16; use f32");
-  TU_FAILS(apex_cuda_attention_forward(qkv, 2, y, l16), APEX_ERR_DTYPE, "lse is f16; use f32");
-  TU_FAILS(apex_cuda_attention_forward(qkv, 2, y, l7), APEX_ERR_SHAPE, "lse has shape [7] (7 elements); 8 expected");
-  TU_FAILS(apex_cuda_attention_forward(qkv, 1, y, lse), APEX_ERR_SHAPE, "lse has shape"); /* one head: 4 rows, not 8 */
-  TU_FAILS(apex_cuda_attention_forward(hqkv, 2, y, lse), APEX_ERR_DEVICE, "qkv is on the CPU");
-  TU_FAILS(apex_cuda_attention_forward(qkv, 2, y, hl), APEX_ERR_DEVICE, "lse is on the CPU");
-  TU_FAILS(apex_cuda_attention_forward(NULL, 2, y, lse), APEX_ERR_INVALID_ARG, "qkv is NULL");
-  TU_FAILS(apex_cuda_attention_forward(qkv, 2, NULL, lse), APEX_ERR_INVALID_ARG, "y is NULL");
-  TU_OK(apex_cuda_attention_backward(dy, qkv, y, lse, 2, dqkv));
-  TU_FAILS(apex_cuda_attention_backward(dy, qkv, y, lse, 2, q25), APEX_ERR_SHAPE, "dqkv has shape [1, 4, 25]; [1, 4, 24] expected");
-  TU_FAILS(apex_cuda_attention_backward(dy, qkv, y, lse, 2, dq16), APEX_ERR_DTYPE, "dqkv is bf16; use f32");
-  TU_FAILS(apex_cuda_attention_backward(y16, qkv, y, lse, 2, dqkv), APEX_ERR_DTYPE, "dy is f16; use f32");
-  TU_FAILS(apex_cuda_attention_backward(dy, qkv, y9, lse, 2, dqkv), APEX_ERR_SHAPE, "y has shape [1, 4, 9]");
-  TU_FAILS(apex_cuda_attention_backward(dy, qkv, y, l16, 2, dqkv), APEX_ERR_DTYPE, "lse is f16");
-  TU_FAILS(apex_cuda_attention_backward(dy, qkv, y, lse, 3, dqkv), APEX_ERR_SHAPE, "not divisible by n_heads = 3");
-  TU_FAILS(apex_cuda_attention_backward(dy, hqkv, y, lse, 2, dqkv), APEX_ERR_DEVICE, "qkv is on the CPU");
-  TU_FAILS(apex_cuda_attention_backward(dy, qkv, y, lse, 2, NULL), APEX_ERR_INVALID_ARG, "dqkv is NULL");
+  TU_OK(apex_kernel_attention_forward(qkv, 2, y, lse)); /* the shapes below differ from these in one thing each */
+  TU_FAILS(apex_kernel_attention_forward(q2, 2, y, lse), APEX_ERR_SHAPE, "qkv has shape [4, 24]; it must be [B, T, 3 * C]");
+  TU_FAILS(apex_kernel_attention_forward(q25, 2, y, lse), APEX_ERR_SHAPE, "qkv has shape [1, 4, 25]");
+  TU_FAILS(apex_kernel_attention_forward(qkv, 3, y, lse), APEX_ERR_SHAPE, "C = 8 channels per third, not divisible by n_heads = 3");
+  TU_FAILS(apex_kernel_attention_forward(qkv, 0, y, lse), APEX_ERR_INVALID_ARG, "n_heads is 0");
+  TU_FAILS(apex_kernel_attention_forward(qkv, -1, y, lse), APEX_ERR_INVALID_ARG, "n_heads is -1");
+  TU_FAILS(apex_kernel_attention_forward(qkv, 2, y9, lse), APEX_ERR_SHAPE, "y has shape [1, 4, 9]; [1, 4, 8] expected");
+  TU_FAILS(apex_kernel_attention_forward(qkv, 2, y16, lse), APEX_ERR_DTYPE, "y is f16; use f32");
+  TU_FAILS(apex_kernel_attention_forward(qkv, 2, y, l16), APEX_ERR_DTYPE, "lse is f16; use f32");
+  TU_FAILS(apex_kernel_attention_forward(qkv, 2, y, l7), APEX_ERR_SHAPE, "lse has shape [7] (7 elements); 8 expected");
+  TU_FAILS(apex_kernel_attention_forward(qkv, 1, y, lse), APEX_ERR_SHAPE, "lse has shape"); /* one head: 4 rows, not 8 */
+  TU_FAILS(apex_kernel_attention_forward(hqkv, 2, y, lse), APEX_ERR_DEVICE, "qkv is on the CPU");
+  TU_FAILS(apex_kernel_attention_forward(qkv, 2, y, hl), APEX_ERR_DEVICE, "lse is on the CPU");
+  TU_FAILS(apex_kernel_attention_forward(NULL, 2, y, lse), APEX_ERR_INVALID_ARG, "qkv is NULL");
+  TU_FAILS(apex_kernel_attention_forward(qkv, 2, NULL, lse), APEX_ERR_INVALID_ARG, "y is NULL");
+  TU_OK(apex_kernel_attention_backward(dy, qkv, y, lse, 2, dqkv));
+  TU_FAILS(apex_kernel_attention_backward(dy, qkv, y, lse, 2, q25), APEX_ERR_SHAPE, "dqkv has shape [1, 4, 25]; [1, 4, 24] expected");
+  TU_FAILS(apex_kernel_attention_backward(dy, qkv, y, lse, 2, dq16), APEX_ERR_DTYPE, "dqkv is bf16; use f32");
+  TU_FAILS(apex_kernel_attention_backward(y16, qkv, y, lse, 2, dqkv), APEX_ERR_DTYPE, "dy is f16; use f32");
+  TU_FAILS(apex_kernel_attention_backward(dy, qkv, y9, lse, 2, dqkv), APEX_ERR_SHAPE, "y has shape [1, 4, 9]");
+  TU_FAILS(apex_kernel_attention_backward(dy, qkv, y, l16, 2, dqkv), APEX_ERR_DTYPE, "lse is f16");
+  TU_FAILS(apex_kernel_attention_backward(dy, qkv, y, lse, 3, dqkv), APEX_ERR_SHAPE, "not divisible by n_heads = 3");
+  TU_FAILS(apex_kernel_attention_backward(dy, hqkv, y, lse, 2, dqkv), APEX_ERR_DEVICE, "qkv is on the CPU");
+  TU_FAILS(apex_kernel_attention_backward(dy, qkv, y, lse, 2, NULL), APEX_ERR_INVALID_ARG, "dqkv is NULL");
   apex_tensor *all[] = {qkv, y, lse, dqkv, dy, q2, q25, y9, y16, l16, l7, dq16, hqkv, hl};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
 }

@@ -4,6 +4,8 @@
  * doubling after each full window, clamps, hysteresis), not by re-running the scaler's code. */
 #include <math.h>
 
+#include "apex/cuda.h"
+#include "apex/optim.h"
 #include "testutil.h"
 
 static apex_loss_scaler *make(apex_loss_scaler_config c) {
@@ -227,6 +229,166 @@ static void test_invalid_settings(void **state) {
   apex_loss_scaler_destroy(s);
 }
 
+/* The scaler's own found_inf flag (raised by apex_loss_scaler_check) drives the rule exactly as a
+ * found_inf handed to update does: a scaler fed the flags by hand is the reference. */
+static void test_check_raises_flag_like_host_found_inf(void **state) {
+  (void)state;
+  apex_loss_scaler_config c = {.init_scale = 1024.0f, .growth_interval = 3, .hysteresis = 2, .min_scale = 1.0f};
+  apex_loss_scaler *ref = make(c);
+  apex_loss_scaler *s = apex_loss_scaler_create_on(APEX_DEVICE_CPU, &c);
+  assert_non_null(s);
+  assert_int_equal(apex_loss_scaler_device(s), APEX_DEVICE_CPU);
+  int64_t n = 100;
+  apex_tensor *g = apex_tensor_create(APEX_F16, 1, &n), *gl[1] = {g};
+  uint32_t x = 12345;
+  for (int step = 0; step < 200; step++) {
+    x = x * 1103515245u + 12345u;
+    int inf = (x >> 16) % 4 == 0;
+    TU_OK(apex_tensor_fill(g, 1.0f));
+    if (inf) apex_tensor_set(g, (size_t)(x % 100), (x & 1) ? NAN : -INFINITY);
+    TU_OK(apex_loss_scaler_check(s, gl, 1));
+    assert_int_equal(*apex_loss_scaler_found_inf_ptr(s) != 0, inf);
+    int skip_ref = -1, skip = -1;
+    TU_OK(apex_loss_scaler_update(ref, inf, &skip_ref));
+    TU_OK(apex_loss_scaler_update(s, 0, &skip));
+    assert_int_equal(skip, inf);
+    assert_int_equal(skip, skip_ref);
+    assert_int_equal(*apex_loss_scaler_found_inf_ptr(s), 0); /* the update clears it */
+    assert_int_equal(apex_loss_scaler_at_min(s), apex_loss_scaler_at_min(ref));
+  }
+  apex_loss_scaler_state a = apex_loss_scaler_get_state(ref), b = apex_loss_scaler_get_state(s);
+  tu_assert_scaler_state_equal(&b, &a);
+  assert_true(a.skipped > 0 && a.skipped < a.steps);
+  assert_true(*apex_loss_scaler_scale_ptr(s) == a.scale);
+  /* unscale divides by the scale, scale_tensor multiplies: closed forms in f16 and f32 */
+  TU_OK(apex_tensor_fill(g, 3.0f));
+  TU_OK(apex_loss_scaler_unscale(s, gl, gl, 1));
+  assert_true(apex_tensor_get(g, 5) == apex_f16_to_f32(apex_f32_to_f16(3.0f / a.scale)));
+  assert_int_equal(*apex_loss_scaler_found_inf_ptr(s), 0);
+  apex_tensor *l = apex_tensor_create(APEX_F32, 1, &n);
+  TU_OK(apex_tensor_fill(l, 1.5f));
+  TU_OK(apex_loss_scaler_scale_tensor(s, l));
+  assert_true(apex_tensor_get(l, 99) == 1.5f * a.scale);
+  /* a found_inf from the host and one raised by a check are one overflow, not two */
+  apex_tensor_set(g, 0, INFINITY);
+  TU_OK(apex_loss_scaler_check(s, gl, 1));
+  int skip = 0;
+  TU_OK(apex_loss_scaler_update(s, 1, &skip));
+  TU_OK(apex_loss_scaler_update(ref, 1, NULL));
+  a = apex_loss_scaler_get_state(ref);
+  b = apex_loss_scaler_get_state(s);
+  tu_assert_scaler_state_equal(&b, &a);
+  /* set_state clears a raised flag */
+  TU_OK(apex_loss_scaler_check(s, gl, 1));
+  TU_OK(apex_loss_scaler_set_state(s, &a));
+  assert_int_equal(*apex_loss_scaler_found_inf_ptr(s), 0);
+  /* bad arguments: refused, nothing changed */
+  TU_FAILS(apex_loss_scaler_check(NULL, gl, 1), APEX_ERR_INVALID_ARG, "apex_loss_scaler_check: NULL scaler");
+  TU_FAILS(apex_loss_scaler_check(s, NULL, 1), APEX_ERR_INVALID_ARG, "bad tensor list");
+  TU_FAILS(apex_loss_scaler_check(s, gl, -1), APEX_ERR_INVALID_ARG, "bad tensor list (-1 tensors)");
+  TU_FAILS(apex_loss_scaler_unscale(s, gl, NULL, 1), APEX_ERR_INVALID_ARG, "NULL output list");
+  TU_FAILS(apex_loss_scaler_scale_tensor(s, NULL), APEX_ERR_INVALID_ARG, "apex_loss_scaler_scale_tensor");
+  b = apex_loss_scaler_get_state(s);
+  tu_assert_scaler_state_equal(&b, &a);
+  assert_int_equal(*apex_loss_scaler_found_inf_ptr(s), 0);
+  assert_null(apex_loss_scaler_scale_ptr(NULL));
+  tu_assert_message("apex_loss_scaler_scale_ptr: NULL");
+  assert_null(apex_loss_scaler_found_inf_ptr(NULL));
+  apex_clear_error();
+  assert_int_equal(apex_loss_scaler_device(NULL), APEX_DEVICE_CPU);
+  tu_assert_message("apex_loss_scaler_device: NULL");
+  apex_tensor_destroy(l);
+  apex_tensor_destroy(g);
+  apex_loss_scaler_destroy(s);
+  apex_loss_scaler_destroy(ref);
+}
+
+/* create_on refuses a device it cannot use, saying why. */
+static void test_create_on_bad_device(void **state) {
+  (void)state;
+  assert_null(apex_loss_scaler_create_on((apex_device)7, NULL));
+  tu_assert_message("apex_loss_scaler_create_on: unknown device 7");
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  const char *why = NULL;
+  apex_loss_scaler *g = apex_loss_scaler_create_on(APEX_DEVICE_CUDA, NULL);
+  if (g) { /* a GPU: the device scaler is tested in test_cuda */
+    assert_int_equal(apex_loss_scaler_device(g), APEX_DEVICE_CUDA);
+    apex_loss_scaler_destroy(g);
+    return;
+  }
+  assert_int_equal(apex_last_status(), APEX_ERR_UNSUPPORTED);
+  assert_false(apex_cuda_available(&why));
+  tu_assert_message(why);
+  /* the configuration is still checked first on a device that can be used */
+  assert_null(apex_loss_scaler_create_on(APEX_DEVICE_CPU, &(apex_loss_scaler_config){.growth_factor = 0.5f}));
+  tu_assert_message("growth_factor");
+}
+
+/* apex_optimizer_step_scaled reads the scale and the skip where the scaler keeps them: on the CPU it
+ * gives the bits apex_optimizer_step gives with the same scale, for every kind, and a raised flag
+ * changes nothing at all, step counts included. The scale is a power of two, so LAMB's global norm with
+ * the scale divided out after the sums (as the backends do) is exactly the norm of the unscaled gradients:
+ * LAMB failed here while the CPU backend forgot to divide it out. */
+static void test_step_scaled_matches_step(void **state) {
+  (void)state;
+  const int64_t n = 1000;
+  apex_tensor *f = tu_random_tensor(APEX_F32, (size_t)n, 11, 1.0f);
+  apex_tensor *gf = tu_random_tensor(APEX_F32, (size_t)n, 12, 1.0f);
+  const float scale = 4096.0f;
+  for (int kind = 0; kind < APEX_OPTIM_KIND_COUNT; kind++) {
+    apex_optim_options o = {.lr = 1e-2f, .weight_decay = 1e-2f};
+    apex_optimizer *a = apex_optimizer_create((apex_optim_kind)kind, &o), *b = apex_optimizer_create((apex_optim_kind)kind, &o);
+    apex_tensor *pa = apex_tensor_create(APEX_BF16, 1, &n), *pb = apex_tensor_create(APEX_BF16, 1, &n);
+    apex_tensor *g = apex_tensor_create(APEX_F16, 1, &n);
+    TU_OK(apex_tensor_copy(pa, f));
+    TU_OK(apex_tensor_copy(pb, f));
+    TU_OK(apex_tensor_copy(g, gf));
+    TU_OK(apex_optimizer_add_group(a, &pa, 1, &g, 1, NULL, NULL));
+    TU_OK(apex_optimizer_add_group(b, &pb, 1, &g, 1, NULL, NULL));
+    apex_loss_scaler *s = apex_loss_scaler_create(&(apex_loss_scaler_config){.init_scale = scale});
+    for (int step = 0; step < 3; step++) {
+      TU_OK(apex_optimizer_step(a, scale, 0));
+      TU_OK(apex_loss_scaler_check(s, &g, 1));
+      TU_OK(apex_optimizer_step_scaled(b, s));
+      int skip = 1;
+      TU_OK(apex_loss_scaler_update(s, 0, &skip));
+      assert_int_equal(skip, 0);
+    }
+    for (int64_t i = 0; i < n; i++)
+      if (tu_bits(apex_tensor_get(pa, (size_t)i)) != tu_bits(apex_tensor_get(pb, (size_t)i)))
+        fail_msg("%s: element %lld differs between apex_optimizer_step and apex_optimizer_step_scaled",
+                 apex_optim_kind_name((apex_optim_kind)kind), (long long)i);
+    assert_int_equal(apex_optimizer_step_count(b, 0, 0), 3);
+    /* an overflow: the flag raised by the check skips the step where the scaler keeps it */
+    apex_tensor_set(g, 7, NAN);
+    TU_OK(apex_loss_scaler_check(s, &g, 1));
+    TU_OK(apex_optimizer_step_scaled(b, s));
+    for (int64_t i = 0; i < n; i++)
+      if (tu_bits(apex_tensor_get(pa, (size_t)i)) != tu_bits(apex_tensor_get(pb, (size_t)i)))
+        fail_msg("%s: a skipped step changed element %lld", apex_optim_kind_name((apex_optim_kind)kind), (long long)i);
+    assert_int_equal(apex_optimizer_step_count(b, 0, 0), 3);
+    int skip = 0;
+    TU_OK(apex_loss_scaler_update(s, 0, &skip));
+    assert_int_equal(skip, 1);
+    assert_true(apex_loss_scaler_scale(s) == scale / 2);
+    apex_loss_scaler_destroy(s);
+    apex_optimizer_destroy(a);
+    apex_optimizer_destroy(b);
+    apex_tensor_destroy(pa);
+    apex_tensor_destroy(pb);
+    apex_tensor_destroy(g);
+  }
+  apex_loss_scaler *s = apex_loss_scaler_create(NULL);
+  apex_optimizer *empty = apex_optimizer_create(APEX_OPTIM_SGD, NULL);
+  TU_FAILS(apex_optimizer_step_scaled(NULL, s), APEX_ERR_INVALID_ARG, "apex_optimizer_step_scaled: NULL optimizer");
+  TU_FAILS(apex_optimizer_step_scaled(empty, NULL), APEX_ERR_INVALID_ARG, "apex_optimizer_step_scaled: NULL scaler");
+  TU_FAILS(apex_optimizer_step_scaled(empty, s), APEX_ERR_STATE, "no parameter groups");
+  apex_optimizer_destroy(empty);
+  apex_loss_scaler_destroy(s);
+  apex_tensor_destroy(gf);
+  apex_tensor_destroy(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults_are_apex),  cmocka_unit_test(test_halving_per_overflow),
@@ -234,6 +396,9 @@ int main(void) {
       cmocka_unit_test(test_hysteresis),         cmocka_unit_test(test_static),
       cmocka_unit_test(test_save_load_bitwise),  cmocka_unit_test(test_invalid_settings),
       cmocka_unit_test(test_null_accessors),
+      cmocka_unit_test(test_check_raises_flag_like_host_found_inf),
+      cmocka_unit_test(test_create_on_bad_device),
+      cmocka_unit_test(test_step_scaled_matches_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -51,9 +51,6 @@ static int call_var_item(void) { (void)apex_var_item(NULL); return 0; }
 static int call_var_swap_value(void) { return apex_var_swap_value(NULL, NULL) == NULL ? 0 : 1; }
 static int call_graph_autocast_enabled(void) { (void)apex_graph_autocast_enabled(NULL); return 0; }
 static int call_graph_config_tag(void) { (void)apex_graph_config_tag(NULL); return 0; }
-static int call_cuda_scaler_destroy(void) { apex_cuda_scaler_destroy(NULL); return 0; }
-static int call_cuda_scaler_scale_ptr(void) { return apex_cuda_scaler_scale_ptr(NULL) == NULL ? 0 : 1; }
-static int call_cuda_scaler_found_inf_ptr(void) { return apex_cuda_scaler_found_inf_ptr(NULL) == NULL ? 0 : 1; }
 static int call_idx_destroy(void) { apex_idx_destroy(NULL); return 0; }
 static int call_idx_ndim(void) { (void)apex_idx_ndim(NULL); return 0; }
 static int call_idx_dim(void) { (void)apex_idx_dim(NULL, 0); return 0; }
@@ -76,6 +73,9 @@ static int call_loss_scaler_scale(void) { (void)apex_loss_scaler_scale(NULL); re
 static int call_loss_scaler_inv_scale(void) { (void)apex_loss_scaler_inv_scale(NULL); return 0; }
 static int call_loss_scaler_at_min(void) { (void)apex_loss_scaler_at_min(NULL); return 0; }
 static int call_loss_scaler_get_state(void) { (void)apex_loss_scaler_get_state(NULL); return 0; }
+static int call_loss_scaler_device(void) { (void)apex_loss_scaler_device(NULL); return 0; }
+static int call_loss_scaler_scale_ptr(void) { return apex_loss_scaler_scale_ptr(NULL) == NULL ? 0 : 1; }
+static int call_loss_scaler_found_inf_ptr(void) { return apex_loss_scaler_found_inf_ptr(NULL) == NULL ? 0 : 1; }
 static int call_model_destroy(void) { apex_model_destroy(NULL); return 0; }
 static int call_model_train(void) { apex_model_train(NULL, 0); return 0; }
 static int call_model_is_training(void) { (void)apex_model_is_training(NULL); return 0; }
@@ -237,9 +237,6 @@ static const struct { const char *name; int (*call)(void); } calls[] = {
     {"apex_var_swap_value", call_var_swap_value},
     {"apex_graph_autocast_enabled", call_graph_autocast_enabled},
     {"apex_graph_config_tag", call_graph_config_tag},
-    {"apex_cuda_scaler_destroy", call_cuda_scaler_destroy},
-    {"apex_cuda_scaler_scale_ptr", call_cuda_scaler_scale_ptr},
-    {"apex_cuda_scaler_found_inf_ptr", call_cuda_scaler_found_inf_ptr},
     {"apex_idx_destroy", call_idx_destroy},
     {"apex_idx_ndim", call_idx_ndim},
     {"apex_idx_dim", call_idx_dim},
@@ -262,6 +259,9 @@ static const struct { const char *name; int (*call)(void); } calls[] = {
     {"apex_loss_scaler_inv_scale", call_loss_scaler_inv_scale},
     {"apex_loss_scaler_at_min", call_loss_scaler_at_min},
     {"apex_loss_scaler_get_state", call_loss_scaler_get_state},
+    {"apex_loss_scaler_device", call_loss_scaler_device},
+    {"apex_loss_scaler_scale_ptr", call_loss_scaler_scale_ptr},
+    {"apex_loss_scaler_found_inf_ptr", call_loss_scaler_found_inf_ptr},
     {"apex_model_destroy", call_model_destroy},
     {"apex_model_train", call_model_train},
     {"apex_model_is_training", call_model_is_training},
@@ -390,7 +390,7 @@ static const struct { const char *name; int (*call)(void); } calls[] = {
 /* The headers' functions that the list must hold: APEX_API declarations not returning apex_status
  * whose first parameter is a pointer to an apex_ type; the handle-less constructors that take only
  * an options pointer (NULL there means defaults) are the exceptions. */
-static const char *const not_handles[] = {"apex_model_create", "apex_loss_scaler_create", "apex_cuda_scaler_create",
+static const char *const not_handles[] = {"apex_model_create", "apex_loss_scaler_create",
                                           "apex_pg_create_mpi", "apex_pg_create_nccl", "apex_pg_create"};
 
 static int listed(const char *name) {

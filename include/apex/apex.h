@@ -8,6 +8,7 @@
 #include "apex/cpu.h"
 #include "apex/dtype.h"
 #include "apex/fp16_optimizer.h"
+#include "apex/kernels.h"
 #include "apex/loss_scaler.h"
 #include "apex/model_io.h"
 #include "apex/data.h"

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "apex/autograd.h"
+#include "apex/kernels.h" /* apex_conv2d_options */
 #include "apex/rng.h"
 
 #ifdef __cplusplus
@@ -77,10 +78,7 @@ APEX_API apex_var *apex_matmul(apex_graph *g, apex_var *a, apex_var *b);
 /* x [..., in] @ w^T + b, w [out, in] (PyTorch's layout), b [out] or NULL. */
 APEX_API apex_var *apex_linear(apex_graph *g, apex_var *x, apex_var *w, apex_var *b);
 
-typedef struct apex_conv2d_options {
-  int stride_h, stride_w; /* 0 means 1 */
-  int pad_h, pad_w;       /* zero padding on each side */
-} apex_conv2d_options;
+/* apex_conv2d_options: kernels.h. */
 /* x [N, C, H, W] conv w [O, C, KH, KW] (+ b [O] or NULL) -> [N, O, HO, WO]; opts may be NULL. */
 APEX_API apex_var *apex_conv2d(apex_graph *g, apex_var *x, apex_var *w, apex_var *b, const apex_conv2d_options *opts);
 

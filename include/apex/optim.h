@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "apex/loss_scaler.h"
 #include "apex/status.h"
 #include "apex/tensor.h"
 
@@ -196,6 +197,13 @@ APEX_API int64_t apex_optimizer_step_count(const apex_optimizer *opt, int group,
  * NULL opt or a grad_scale that is not finite and > 0; APEX_ERR_STATE for an optimizer without
  * groups. */
 APEX_API apex_status apex_optimizer_step(apex_optimizer *opt, float grad_scale, int overflow);
+/* apex_optimizer_step with the loss scale and the overflow flag read where the scaler keeps them
+ * (loss_scaler.h): the gradients are divided by the scaler's scale inside the kernel, and a step with
+ * its found_inf flag raised changes nothing, step counts included. On a GPU nothing waits for the
+ * host. Does not update the scaler (call apex_loss_scaler_update after, which clears the flag).
+ * APEX_ERR_DEVICE when a group's parameters are not on the scaler's device; otherwise as
+ * apex_optimizer_step. */
+APEX_API apex_status apex_optimizer_step_scaled(apex_optimizer *opt, apex_loss_scaler *scaler);
 
 /* Global gradient-norm clipping (torch.nn.utils.clip_grad_norm_): computes the L2 norm of all
  * gradients of all groups, unscaled by 1 / grad_scale (the norm of the f32 values the step will

@@ -1,5 +1,5 @@
 /* cuda_ops.h: what only the CUDA backend has beyond the slots of backend.h: its device, stream and
- * allocator services and the fused kernels that apex/cuda.h publishes, as one table of its runtime's and
+ * allocator services (apex/cuda.h) and the raw kernels (apex/kernels.h), as one table of its runtime's and
  * kernels' entry points (cuda/cuda_internal.h, same arguments). backend/cuda/backend.c fills it in a
  * build with CUDA; apex__cuda_ops() is NULL in one without, so that the public fronts (cuda_api.c) are
  * plain C in every build and say why there is no GPU instead of linking stubs. */
@@ -56,6 +56,9 @@ typedef struct apex_cuda_ops {
 
 /* The CUDA backend's table, or NULL in a build without CUDA (registry.c). */
 const apex_cuda_ops *apex__cuda_ops(void);
+/* The table once a GPU can be used; NULL after APEX_ERR_UNSUPPORTED naming fn and saying why not
+ * (cuda_api.c). */
+const apex_cuda_ops *apex__cuda_need(const char *fn);
 extern const apex_cuda_ops apex__cuda_ops_table;
 
 #endif

@@ -1,7 +1,8 @@
 /* optim_rules.h: the element update rules of the optimizers, written once for both backends: the CPU
- * tile kernels (backend/cpu/optim_<kind>.c) and the CUDA step (backend/cuda/optim.cu) call the same
- * functions, so the two cannot drift apart and compute the same bits (the CUDA files are compiled with
- * -fmad=false, and ISO C does not contract, so neither side fuses a multiply and an add).
+ * tile kernels (backend/cpu/optim_<kind>.c) and the CUDA steps (backend/cuda/optim.cu for the elementwise
+ * kinds, lamb.cu, novograd.cu, adamp.cu) call the same functions, so the two cannot drift apart and
+ * compute the same bits (the CUDA files are compiled with -fmad=false, and ISO C does not contract, so
+ * neither side fuses a multiply and an add).
  *
  * A rule that takes a square root is split around it: the part before returns what goes under the root,
  * the part after takes its root. The CPU runs each part as its own loop over a tile with a vector sqrt in
@@ -81,6 +82,75 @@ APEX_RULE float apex__adadelta_apply(float p, float gi, float root_acc, float ro
   float delta = root_acc / root_sq * gi;
   *acc = rho * *acc + nrho * delta * delta;
   return p - lr * delta;
+}
+
+/* RMSprop (tf = 0) and RMSpropTF (tf = 1, a compile-time constant at every call) before the root: gi =
+ * g * inv + l2 * p into *gi and the square average updated in place (na = 1 - alpha); returns it. */
+APEX_RULE float apex__rmsprop_square(float g, float p, float *sq, float *gi, float inv, float l2, float a, float na,
+                                     int tf) {
+  float x = g * inv + l2 * p;
+  float s = tf ? *sq + na * (x * x - *sq) : a * *sq + na * x * x;
+  *sq = s;
+  *gi = x;
+  return s;
+}
+/* centered: the gradient average ga updated in place; returns d - ga^2, d the square average. */
+APEX_RULE float apex__rmsprop_center(float d, float gi, float *ga, float a, float na, int tf) {
+  float x = tf ? *ga + na * (gi - *ga) : a * *ga + na * gi;
+  *ga = x;
+  return d - x * x;
+}
+/* After the root (root = sqrt(d + eps_in); eps_in, eps_out: eps, 0 for RMSpropTF, else 0, eps); decay = 1 -
+ * lr * wd for decoupled decay, else 1. Without momentum: the new p. */
+APEX_RULE float apex__rmsprop_apply(float p, float gi, float root, float eps_out, float decay, float lr) {
+  return p * decay - lr * (gi / (root + eps_out));
+}
+/* With momentum: buf = m * buf + bl * gi / (root + eps_out) in place, the new p = p * decay - pl * buf (bl, pl:
+ * lr, 1 with lr_in_momentum, else 1, lr). */
+APEX_RULE float apex__rmsprop_apply_buf(float p, float gi, float root, float *buf, float eps_out, float decay, float m,
+                                        float bl, float pl) {
+  float b = m * *buf + bl * (gi / (root + eps_out));
+  *buf = b;
+  return p * decay - pl * b;
+}
+
+/* LAMB's moments are Adam's (apex__adam_moments with nb1 = beta3: 1 - beta1 with grad_averaging, else 1).
+ * After the root (root = sqrt(v * ib2)): the update direction u = (m * ib1) / (root + eps) + ww * p, ib1,
+ * ib2 = 1 / bc1, 1 / bc2, ww: the decoupled weight decay (adam_w_mode) or 0. */
+APEX_RULE float apex__lamb_update(float m, float root, float p, float ib1, float eps, float ww) {
+  return (m * ib1) / (root + eps) + ww * p;
+}
+
+/* NovoGrad's element update, after the per-tensor coefficients: ib1 = 1 / bc1, id = 1 / (v / bc2 + eps) from
+ * the tensor's gradient-norm moment v. m updated in place, the new p returned; reg_inside (a compile-time
+ * constant at each CPU call): the weight decay goes into the moment, else into the step. */
+APEX_RULE float apex__novograd_rule(float g, float p, float *m, float inv, float id, float ib1, float lr, float b1,
+                                    float b3, float wd, int reg_inside) {
+  if (reg_inside) {
+    float mi = b1 * *m + b3 * (g * inv * id + wd * p);
+    *m = mi;
+    return p - lr * (mi * ib1);
+  }
+  float mi = b1 * *m + b3 * (g * inv);
+  *m = mi;
+  return p - lr * (mi * ib1 * id + wd * p);
+}
+
+/* AdamP before the root: m and v updated in place from gi (the gradient already unscaled; nb1 = 1 - b1,
+ * nb2 = 1 - b2). */
+APEX_RULE void apex__adamp_moments(float gi, float *m, float *v, float b1, float nb1, float b2, float nb2) {
+  *m = b1 * *m + nb1 * gi;
+  *v = b2 * *v + nb2 * gi * gi;
+}
+/* After the root (root = sqrt(v)): the perturbation (nm * m + ng * gi) / (root * ib + eps), ib = 1 / sqrt(bc2);
+ * nm, ng: b1, 1 - b1 with Nesterov, else 1, 0. */
+APEX_RULE float apex__adamp_perturb(float m, float gi, float root, float ib, float eps, float nm, float ng) {
+  return (nm * m + ng * gi) / (root * ib + eps);
+}
+/* The new p from the perturbation u and its row's projection coefficient rc (0 when not projected); ss = lr /
+ * bc1, decay = 1 - lr * wd * (the weight decay ratio). */
+APEX_RULE float apex__adamp_apply(float p, float u, float rc, float decay, float ss) {
+  return p * decay - ss * (u - rc * p);
 }
 
 #endif

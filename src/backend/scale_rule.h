@@ -1,4 +1,4 @@
-/* scale_rule.h: one update of the loss scale, shared by the CPU scaler (amp/loss_scaler.c) and the device
+/* scale_rule.h: one update of the loss scale, shared by the CPU scaler (optim/loss_scaler.c) and the device
  * scaler (backend/cuda/loss_scaler.cu), so that both follow the same rule bit for bit. The rule is the one
  * loss_scaler.h documents: growth after growth_interval clean steps, backoff (after `hysteresis`
  * overflows) on overflow, clamped to [min_scale, max_scale]; a static scaler only counts. */

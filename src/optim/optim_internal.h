@@ -89,10 +89,12 @@ struct apex_optimizer {
 /* Fills defaults into o and checks every range; the message starts with the kind's name. */
 apex_status apex__optim_resolve(const apex__optim_ops *ops, const apex_optim_options *in, apex_optim_options *out);
 
-/* The step with the loss scale and the skip flag in the memory of backend `where` (apex_cuda_optimizer_step):
- * APEX_ERR_DEVICE unless every group is there. */
-apex_status apex__optimizer_step_device(apex_optimizer *opt, const apex_backend *where, const float *d_scale,
-                                        const int *d_skip);
+/* ---- loss_scaler.c ------------------------------------------------------------------------------- */
+
+/* The backend a scaler's state lives on, and where in its memory the scale and found_inf flag are (for
+ * apex_optimizer_step_scaled's kernels). */
+const apex_backend *apex__loss_scaler_where(apex_loss_scaler *s, const float **scale, const int **found_inf);
+
 /* A group's step counts and per-tensor scalars on the host (copied from the device for a CUDA group). */
 apex_status apex__optim_steps_to_host(apex__group *g);
 /* The reverse, after a load. */

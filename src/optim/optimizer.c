@@ -574,18 +574,22 @@ apex_status apex_optimizer_step(apex_optimizer *opt, float grad_scale, int overf
   return step_impl(opt, inv_scale, NULL, NULL, "apex_optimizer_step");
 }
 
-apex_status apex__optimizer_step_device(apex_optimizer *opt, const apex_backend *where, const float *d_scale,
-                                        const int *d_skip) {
+apex_status apex_optimizer_step_scaled(apex_optimizer *opt, apex_loss_scaler *scaler) {
+  const char *fn = "apex_optimizer_step_scaled";
+  if (!opt || !scaler) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL %s", fn, opt ? "scaler" : "optimizer");
   if (opt->ngroups == 0)
-    return apex__fail(APEX_ERR_STATE, "apex_cuda_optimizer_step: the optimizer has no parameter groups; add one first");
+    return apex__fail(APEX_ERR_STATE, "%s: the optimizer has no parameter groups; add one first", fn);
+  const float *d_scale = NULL;
+  const int *d_skip = NULL;
+  const apex_backend *where = apex__loss_scaler_where(scaler, &d_scale, &d_skip);
   for (int k = 0; k < opt->ngroups; k++)
     if (opt->groups[k].backend != where) /* the kernels read the scale and the skip flag where they are */
-      return apex__fail(APEX_ERR_DEVICE, "apex_cuda_optimizer_step: the optimizer's parameters are on the %s but the "
-                        "scaler's state on %s; use apex_optimizer_step", apex__device_name(opt->groups[k].device),
-                        apex__device_name(where->device));
+      return apex__fail(APEX_ERR_DEVICE, "%s: the optimizer's parameters are on the %s but the scaler's state on the "
+                        "%s; create the scaler on the parameters' device (apex_loss_scaler_create_on)", fn,
+                        apex__device_name(opt->groups[k].device), apex__device_name(where->device));
   float clip = opt->clip_coef;
   opt->clip_coef = 1.0f;
-  return step_impl(opt, clip, d_scale, d_skip, "apex_cuda_optimizer_step");
+  return step_impl(opt, clip, d_scale, d_skip, fn);
 }
 
 /* ---- clipping ------------------------------------------------------------------------------------------ */

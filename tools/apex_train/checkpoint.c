@@ -1,6 +1,7 @@
 /* checkpoint.c: atomic, deterministic, verified checkpoints (layout in checkpoint.h). */
 #include "report.h"
 #include "checkpoint.h"
+#include "fileio.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -93,34 +94,6 @@ static int write_atomic(const char *path, const void *buf, size_t len) {
   unlink(tmp);
   errno = e;
   return -1;
-}
-
-static uint8_t *read_all(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  size_t cap = 1 << 16, n = 0;
-  uint8_t *buf = malloc(cap);
-  while (buf) {
-    size_t r = fread(buf + n, 1, cap - n, f);
-    n += r;
-    if (r == 0) break;
-    if (n == cap) {
-      uint8_t *nb = realloc(buf, cap *= 2);
-      if (!nb) {
-        free(buf);
-        buf = NULL;
-      } else {
-        buf = nb;
-      }
-    }
-  }
-  if (buf && ferror(f)) {
-    free(buf);
-    buf = NULL;
-  }
-  fclose(f);
-  *len = n;
-  return buf;
 }
 
 /* Removes a step directory (only plain files inside). */
@@ -311,7 +284,7 @@ int ckpt_save(const char *dir, const train_model *tm, apex_amp *amp, apex_optimi
   /* The directory latest names now survives this save. */
   snprintf(path, sizeof path, "%s/latest", dir);
   size_t llen;
-  uint8_t *lb = read_all(path, &llen);
+  uint8_t *lb = file_read_all(path, &llen, 0);
   if (lb) {
     snprintf(prev, sizeof prev, "%.*s", (int)(llen < 200 ? llen : 200), (char *)lb);
     prev[strcspn(prev, "\n")] = 0;
@@ -328,7 +301,7 @@ int ckpt_save(const char *dir, const train_model *tm, apex_amp *amp, apex_optimi
   snprintf(path, sizeof path, "%s/model.safetensors", partial);
   if (save_model(path, tm, opt) != 0) goto fail;
   size_t mlen;
-  mb = read_all(path, &mlen);
+  mb = file_read_all(path, &mlen, 0);
   if (!mb) goto fail;
   what = "write optimizer.bin in";
   size_t olen;
@@ -444,7 +417,7 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
   int rc = 1;
   snprintf(path, sizeof path, "%s/latest", dir);
   size_t len;
-  uint8_t *lb = read_all(path, &len);
+  uint8_t *lb = file_read_all(path, &len, 0);
   if (!lb) {
     fprintf(stderr, "apex-train: --resume: no checkpoint in %s (no %s); train without --resume first\n", dir, path);
     return 1;
@@ -512,14 +485,14 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
   /* The other two files, whole. */
   snprintf(path, sizeof path, "%s/model.safetensors", where);
   size_t mlen, olen;
-  mb = read_all(path, &mlen);
+  mb = file_read_all(path, &mlen, 0);
   snprintf(sum, sizeof sum, "%016llx", mb ? (unsigned long long)fnv1a(mb, mlen, FNV_INIT) : 0ull);
   if (!mb || strcmp(sum, values[cfg->n + 8]) != 0) {
     fprintf(stderr, "apex-train: --resume: %s is %s\n", path, mb ? "corrupted or truncated (its hash does not match the state's)" : "missing or unreadable");
     goto done;
   }
   snprintf(path, sizeof path, "%s/optimizer.bin", where);
-  ob = read_all(path, &olen);
+  ob = file_read_all(path, &olen, 0);
   snprintf(sum, sizeof sum, "%016llx", ob ? (unsigned long long)fnv1a(ob, olen, FNV_INIT) : 0ull);
   if (!ob || strcmp(sum, values[cfg->n + 9]) != 0) {
     fprintf(stderr, "apex-train: --resume: %s is %s\n", path, ob ? "corrupted or truncated (its hash does not match the state's)" : "missing or unreadable");
@@ -568,7 +541,7 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
   snprintf(path, sizeof path, "%s/timing.json", where);
   p->elapsed_s = 0;
   size_t tlen;
-  uint8_t *tb = read_all(path, &tlen);
+  uint8_t *tb = file_read_all(path, &tlen, 0);
   if (tb) {
     char text[128];
     snprintf(text, sizeof text, "%.*s", (int)(tlen < 127 ? tlen : 127), (char *)tb);

@@ -16,45 +16,11 @@
 #    parents; elapsed_s goes on after a resume; gpt prints tokens/s and ms/step.
 # Needs Fashion-MNIST (Debian's dataset-fashion-mnist) for the training parts; without it those are
 # skipped and the test reports SKIP (77) after the other checks pass.
-set -uo pipefail
-BIN=$(realpath "$1")
-SRC=$(cd "$(dirname "$0")" && pwd)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-cd "$W"
-fails=0
-ok() { echo "ok   $*"; }
-ko() { echo "FAIL $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/test_lib.sh" "$1"
 FM=${APEX_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 have_data=0
 [ -f "$FM/train-images-idx3-ubyte.gz" ] && have_data=1
 COMMON=(--threads 2 --data "$FM")
-
-# A listing (names, sizes, contents) of the work directory, to see that nothing changed.
-snapshot() { find . -path ./snap -prune -o -type f -print0 | sort -z | xargs -0 -r sha256sum; find . -path ./snap -prune -o -print | sort; }
-
-# bad NAME ARGS...: refused with one line on stderr, nothing written or changed under $W.
-bad() {
-  local name=$1
-  shift
-  local before after rc lines
-  before=$(snapshot)
-  "$BIN" "$@" > /dev/null 2> "$W/../err.$$"
-  rc=$?
-  lines=$(wc -l < "$W/../err.$$")
-  LAST_ERR=$(cat "$W/../err.$$")
-  after=$(snapshot)
-  if [ $rc -eq 0 ]; then
-    ko "$name: exit 0 for: $*"
-  elif [ "$lines" -ne 1 ]; then
-    ko "$name: $lines lines on stderr:"; cat "$W/../err.$$"
-  elif [ "$before" != "$after" ]; then
-    ko "$name: files changed:"; diff <(echo "$before") <(echo "$after") | head
-  else
-    ok "$name (exit $rc): $(cat "$W/../err.$$")"
-  fi
-  rm -f "$W/../err.$$"
-}
 
 # ---- --help ----------------------------------------------------------------------------------------
 help=$("$BIN" --help)
@@ -322,5 +288,4 @@ else
   ko "killed run: latest=$(cat k/latest) $(ls k)"
 fi
 
-echo "$fails failures"
-[ $fails -eq 0 ]
+finish

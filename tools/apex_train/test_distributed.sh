@@ -12,29 +12,16 @@
 #  - the CNN with --sync-bn at O2 runs and ends identical on both ranks.
 # Skips (77) with the reason when mpirun or Fashion-MNIST is absent or apex was built without MPI,
 # after the checks that need neither pass.
-set -uo pipefail
-BIN=$(realpath "$1")
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-cd "$W"
-fails=0
-ok() { echo "ok   $*"; }
-ko() { echo "FAIL $*"; fails=$((fails + 1)); }
-skip() {
-  echo "skipped: $*"
-  [ $fails -eq 0 ] && exit 77
-  exit 1
-}
+. "$(dirname "$0")/test_lib.sh" "$1"
 FM=${APEX_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 # Open MPI refuses root and more ranks than cores unless told; one thread per rank on a small machine.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
 # Open MPI's initialisation leaks by design: LeakSanitizer stays off under mpirun only.
 mpi() { ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" mpirun -np "$@"; }
 
-snapshot() { find . -type f -print0 | sort -z | xargs -0 -r sha256sum; find . -print | sort; }
-
 # bad NAME COMMAND...: refused with one apex-train line on stderr (mpirun adds its own lines about
-# the exit status), a non-zero exit, nothing written or changed under $W.
+# the exit status), a non-zero exit, nothing written or changed under $W. Not test_lib.sh's bad:
+# COMMAND is a whole command line (mpirun or apex-train), and only apex-train's lines count.
 bad() {
   local name=$1
   shift
@@ -95,5 +82,4 @@ mpi 2 "$BIN" --data "$FM" --model cnn --batch-size 8 --opt-level O2 --distribute
   grep -q "identical on all 2 ranks" c.out && grep -q "SyncBatchNorm" c.out && grep -q "test accuracy" c.out &&
   ok "cnn --sync-bn O2 on 2 ranks: identical states" || { ko "cnn --sync-bn"; cat c.out c.err; }
 
-echo "$fails failures"
-[ $fails -eq 0 ]
+finish

@@ -13,46 +13,17 @@
 #  - the SVG loss curve: next to the log, and `apex-train plot` of one and several logs, every point
 #    checked against the logs; its bad inputs.
 # The expected values come from test_features_util.py (closed forms and numpy), not from apex-train.
-set -uo pipefail
-BIN=$(realpath "$1")
-SRC=$(cd "$(dirname "$0")" && pwd)
+. "$(dirname "$0")/test_lib.sh" "$1"
 U() { /usr/bin/python3 "$SRC/test_features_util.py" "$@"; }
 if ! /usr/bin/python3 -c "import numpy" 2> /dev/null; then
   echo "SKIP: /usr/bin/python3 with numpy is needed for the independent checks (Debian: python3-numpy)"
   exit 77
 fi
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-cd "$W"
-fails=0
-ok() { echo "ok   $*"; }
-ko() { echo "FAIL $*"; fails=$((fails + 1)); }
 check() { # NAME COMMAND...: ok when the command succeeds
   local name=$1
   shift
   local out
   if out=$("$@" 2>&1); then ok "$name: $(tail -1 <<< "$out")"; else ko "$name: $out"; fi
-}
-snapshot() { find . -type f -print0 | sort -z | xargs -0 -r sha256sum; find . | sort; }
-bad() { # NAME ARGS...: refused with one line on stderr, nothing written or changed
-  local name=$1
-  shift
-  local before after rc lines
-  before=$(snapshot)
-  "$BIN" "$@" > /dev/null 2> "$W/../err.$$"
-  rc=$?
-  lines=$(wc -l < "$W/../err.$$")
-  after=$(snapshot)
-  if [ $rc -eq 0 ]; then
-    ko "$name: exit 0 for: $*"
-  elif [ "$lines" -ne 1 ]; then
-    ko "$name: $lines lines on stderr:"; cat "$W/../err.$$"
-  elif [ "$before" != "$after" ]; then
-    ko "$name: files changed:"; diff <(echo "$before") <(echo "$after") | head
-  else
-    ok "$name (exit $rc): $(cat "$W/../err.$$")"
-  fi
-  rm -f "$W/../err.$$"
 }
 strip() { sed 's/,"samples_per_s.*//' "$1"; } # the log without its timings
 
@@ -220,5 +191,4 @@ bad "plot: no log" plot
 bad "plot: unknown option" plot -x fake.jsonl
 bad "plot: output in a missing directory" plot -o no/dir.svg fake.jsonl
 
-echo "$fails failures"
-[ $fails -eq 0 ]
+finish

@@ -6,14 +6,7 @@
 #  - SIGTERM: the same with exit 143;
 #  - without --checkpoint: exit 130 and "nothing saved".
 # Uses the byte-level GPT on Debian's GPL-3 text (always present), so it never skips.
-set -uo pipefail
-BIN=$(realpath "$1")
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-cd "$W"
-fails=0
-ok() { echo "ok   $*"; }
-ko() { echo "FAIL $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/test_lib.sh" "$1"
 G=(--model gpt --threads 2 --batch-size 4 --seq-len 16 --sample-bytes 8)
 # Job control: a background job of a non-interactive shell starts with SIGINT ignored, which
 # apex-train (like any program) leaves ignored; with -m the job gets SIGINT as from a terminal.
@@ -60,5 +53,4 @@ interrupt INT nock
 [ $rc -eq 130 ] && grep -q "interrupted at step [0-9]*; nothing saved (no --checkpoint)" nock.out &&
   ok "SIGINT without --checkpoint: exit 130, $(grep interrupted nock.out)" || ko "SIGINT without --checkpoint: exit $rc, $(cat nock.out nock.err)"
 
-echo "$fails failures"
-[ $fails -eq 0 ]
+finish

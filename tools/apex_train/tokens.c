@@ -1,6 +1,8 @@
 /* tokens.c: reading byte-level text and llm.c token files (tokens.h). */
 #include "tokens.h"
 
+#include "fileio.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,36 +10,8 @@
 
 static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 
-/* The whole file in a new buffer; NULL with errno (EISDIR for a directory) on failure. */
-static uint8_t *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  size_t cap = 1 << 16, n = 0;
-  uint8_t *buf = malloc(cap);
-  while (buf) {
-    size_t r = fread(buf + n, 1, cap - n, f);
-    n += r;
-    if (r == 0) break;
-    if (n == cap) {
-      uint8_t *nb = cap >= ((size_t)1 << 33) ? NULL : realloc(buf, cap *= 2);
-      if (!nb) {
-        free(buf);
-        buf = NULL;
-        errno = ENOMEM;
-      } else {
-        buf = nb;
-      }
-    }
-  }
-  if (buf && ferror(f)) {
-    free(buf);
-    buf = NULL;
-    errno = EISDIR; /* fopen succeeds on a directory; reading it fails */
-  }
-  fclose(f);
-  *len = n;
-  return buf;
-}
+/* Token files beyond 8 GiB are refused rather than doubled into a 16 GiB buffer. */
+static const size_t TOKENS_MAX_BYTES = (size_t)1 << 33;
 
 static int ends_with(const char *s, const char *tail) {
   size_t n = strlen(s), m = strlen(tail);
@@ -47,7 +21,7 @@ static int ends_with(const char *s, const char *tail) {
 int tokens_load(const char *path, token_data *out) {
   memset(out, 0, sizeof *out);
   size_t n;
-  uint8_t *buf = slurp(path, &n);
+  uint8_t *buf = file_read_all(path, &n, TOKENS_MAX_BYTES);
   if (!buf) {
     fprintf(stderr, "apex-train: cannot read the data %s: %s\n", path, strerror(errno));
     return 1;

@@ -1,5 +1,5 @@
 /* backend.c: the CPU backend's table (backend/backend.h). Present in every build. The loss-scaler update
- * has no CPU slot: apex_loss_scaler keeps its state on the host and updates it there (amp/loss_scaler.c). */
+ * has no CPU slot: apex_loss_scaler keeps its state on the host and updates it there (optim/loss_scaler.c). */
 #include "backend/cpu/cpu_backend.h"
 
 const apex_backend apex__cpu_backend = {

@@ -35,8 +35,12 @@ apex_status apex__cpu_optim_step(const apex_optim_step_args *a) {
   for (int s = 0; s < a->nstates; s++) act.s[s] = a->s[s];
   float inv_scale = a->inv_scale;
   if (a->dev_scale) inv_scale /= *a->dev_scale;
-  apex__cpu_step s = {.kind = a->kind, .o = a->o, .a = &act, .inv_scale = inv_scale,
-                      .global_grad_norm = a->dev_grad_norm ? *a->dev_grad_norm : 0.0f, .scalars = a->dev_scalars};
+  /* The global norm was taken of g * a->inv_scale (args_optim.h): the scaler's scale is divided out
+   * here, as the CUDA LAMB kernel does. */
+  float gnorm = a->dev_grad_norm ? *a->dev_grad_norm : 0.0f;
+  if (a->dev_grad_norm && a->dev_scale) gnorm /= *a->dev_scale;
+  apex__cpu_step s = {.kind = a->kind, .o = a->o, .a = &act, .inv_scale = inv_scale, .global_grad_norm = gnorm,
+                      .scalars = a->dev_scalars};
   apex_status st = step(&s);
   if (st == APEX_OK)
     for (int j = 0; j < a->n; j++) a->dev_step[a->idx[j]] = counts[j];

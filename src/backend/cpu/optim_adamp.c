@@ -15,6 +15,7 @@
 
 #include "core/internal.h"
 #include "backend/cpu/cpu_optim.h"
+#include "backend/optim_rules.h"
 
 typedef struct {
   float inv_scale, beta1, beta2, eps;
@@ -32,14 +33,11 @@ APEX__INLINE void adamp_moments(const adamp_rule *r, const adamp_coef *k, const 
                           size_t n, int update) {
   const float b1 = r->beta1, b2 = r->beta2, nb1 = 1.0f - r->beta1, nb2 = 1.0f - r->beta2;
   if (update)
-    for (size_t i = 0; i < n; i++) {
-      m[i] = b1 * m[i] + nb1 * g[i];
-      v[i] = b2 * v[i] + nb2 * g[i] * g[i];
-    }
+    for (size_t i = 0; i < n; i++) apex__adamp_moments(g[i], &m[i], &v[i], b1, nb1, b2, nb2);
   for (size_t i = 0; i < n; i++) u[i] = v[i];
   apex__optim_sqrt(u, n);
   const float ib = k->inv_bc2_sqrt, eps = r->eps, ng = r->nesterov ? nb1 : 0.0f, nm = r->nesterov ? b1 : 1.0f;
-  for (size_t i = 0; i < n; i++) u[i] = (nm * m[i] + ng * g[i]) / (u[i] * ib + eps);
+  for (size_t i = 0; i < n; i++) u[i] = apex__adamp_perturb(m[i], g[i], u[i], ib, eps, nm, ng);
 }
 
 /* A tile of t as f32, times mul. */
@@ -127,7 +125,7 @@ APEX__INLINE void adamp_tile_body(void *vctx, const apex_mt_tile *t, int *nonfin
     size_t at = t->offset + i, row = at / k->row_len, end = (row + 1) * k->row_len - t->offset;
     if (end > t->n) end = t->n;
     const float rc = k->row_coef ? k->row_coef[row] : 0.0f;
-    for (; i < end; i++) p[i] = p[i] * decay - ss * (u[i] - rc * p[i]);
+    for (; i < end; i++) p[i] = apex__adamp_apply(p[i], u[i], rc, decay, ss);
   }
   *nonfinite = 0;
 }

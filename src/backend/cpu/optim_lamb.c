@@ -21,6 +21,7 @@
 
 #include "core/internal.h"
 #include "backend/cpu/cpu_optim.h"
+#include "backend/optim_rules.h"
 
 typedef struct {
   float inv_bc1, inv_bc2, ratio;
@@ -39,7 +40,7 @@ APEX__INLINE void lamb_update(const lamb_ctx *c, const lamb_coef *k, const float
   for (size_t i = 0; i < n; i++) u[i] = v[i] * k->inv_bc2;
   apex__optim_sqrt(u, n);
   const float eps = c->eps, ww = c->wd_w, ib1 = k->inv_bc1;
-  for (size_t i = 0; i < n; i++) u[i] = (m[i] * ib1) / (u[i] + eps) + ww * p[i];
+  for (size_t i = 0; i < n; i++) u[i] = apex__lamb_update(m[i], u[i], p[i], ib1, eps, ww);
 }
 
 APEX__INLINE void lamb_stage1_body(void *vctx, const apex_mt_tile *t, int *nonfinite) {
@@ -47,11 +48,7 @@ APEX__INLINE void lamb_stage1_body(void *vctx, const apex_mt_tile *t, int *nonfi
   const float *g = t->p[0], *p = t->p[1];
   float *m = t->p[2], *v = t->p[3];
   const float gm = c->grad_mul, l2 = c->l2, b1 = c->beta1, b2 = c->beta2, b3 = c->beta3, nb2 = 1.0f - c->beta2;
-  for (size_t i = 0; i < t->n; i++) {
-    float gi = g[i] * gm + l2 * p[i];
-    m[i] = b1 * m[i] + b3 * gi;
-    v[i] = b2 * v[i] + nb2 * gi * gi;
-  }
+  for (size_t i = 0; i < t->n; i++) apex__adam_moments(g[i], p[i], &m[i], &v[i], gm, l2, b1, b3, b2, nb2);
   float local[APEX_MT_TILE], *u = c->store_u ? t->p[4] : local;
   lamb_update(c, &c->coef[t->tensor], p, m, v, u, t->n);
   c->p_sq[t->chunk] += apex__optim_sumsq(p, t->n);

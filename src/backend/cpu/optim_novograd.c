@@ -12,6 +12,7 @@
 
 #include "core/internal.h"
 #include "backend/cpu/cpu_optim.h"
+#include "backend/optim_rules.h"
 
 /* ---- the per-tensor infinity norm (a max is exact, so any order gives the same bits) ---- */
 typedef struct {
@@ -68,19 +69,11 @@ APEX__INLINE void novo_tile_body(void *vctx, const apex_mt_tile *t, int *nonfini
   float *p = t->p[1], *m = t->p[2];
   const float inv = c->inv_scale, lr = c->lr, b1 = c->beta1, b3 = c->beta3, wd = c->wd;
   const float ib1 = c->coef[t->tensor].inv_bc1, id = c->coef[t->tensor].inv_denom;
-  if (c->reg_inside) {
-    for (size_t i = 0; i < t->n; i++) {
-      float mi = b1 * m[i] + b3 * (g[i] * inv * id + wd * p[i]);
-      m[i] = mi;
-      p[i] = p[i] - lr * (mi * ib1);
-    }
-  } else {
-    for (size_t i = 0; i < t->n; i++) {
-      float mi = b1 * m[i] + b3 * (g[i] * inv);
-      m[i] = mi;
-      p[i] = p[i] - lr * (mi * ib1 * id + wd * p[i]);
-    }
-  }
+  /* reg_inside is passed as a constant in each loop, so that each inlines its own branch of the rule. */
+  if (c->reg_inside)
+    for (size_t i = 0; i < t->n; i++) p[i] = apex__novograd_rule(g[i], p[i], &m[i], inv, id, ib1, lr, b1, b3, wd, 1);
+  else
+    for (size_t i = 0; i < t->n; i++) p[i] = apex__novograd_rule(g[i], p[i], &m[i], inv, id, ib1, lr, b1, b3, wd, 0);
   *nonfinite = 0;
 }
 APEX__SIMD_KERNEL(novo_tile);

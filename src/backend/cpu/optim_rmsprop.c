@@ -10,6 +10,7 @@
  * (momentum > 0), then the gradient average (centered). */
 #include "core/internal.h"
 #include "backend/cpu/cpu_optim.h"
+#include "backend/optim_rules.h"
 
 typedef struct {
   float inv_scale, lr, alpha, eps, l2, decay, momentum;
@@ -23,30 +24,17 @@ APEX__INLINE void rms_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinit
   float *p = t->p[1], *sq = t->p[2];
   const float inv = c->inv_scale, l2 = c->l2, a = c->alpha, na = 1.0f - c->alpha, eps = c->eps;
   float gs[APEX_MT_TILE], d[APEX_MT_TILE];
-  if (c->tf) {
-    for (size_t i = 0; i < t->n; i++) {
-      float gi = g[i] * inv + l2 * p[i];
-      float s = sq[i] + na * (gi * gi - sq[i]);
-      sq[i] = s;
-      gs[i] = gi;
-      d[i] = s;
-    }
-  } else {
-    for (size_t i = 0; i < t->n; i++) {
-      float gi = g[i] * inv + l2 * p[i];
-      float s = a * sq[i] + na * gi * gi;
-      sq[i] = s;
-      gs[i] = gi;
-      d[i] = s;
-    }
-  }
+  /* tf is passed as a constant in each loop, so that each inlines its own rule and vectorises. */
+  if (c->tf)
+    for (size_t i = 0; i < t->n; i++) d[i] = apex__rmsprop_square(g[i], p[i], &sq[i], &gs[i], inv, l2, a, na, 1);
+  else
+    for (size_t i = 0; i < t->n; i++) d[i] = apex__rmsprop_square(g[i], p[i], &sq[i], &gs[i], inv, l2, a, na, 0);
   if (c->centered) {
     float *ga = t->p[c->avg_list];
-    for (size_t i = 0; i < t->n; i++) {
-      float x = c->tf ? ga[i] + na * (gs[i] - ga[i]) : a * ga[i] + na * gs[i];
-      ga[i] = x;
-      d[i] = d[i] - x * x;
-    }
+    if (c->tf)
+      for (size_t i = 0; i < t->n; i++) d[i] = apex__rmsprop_center(d[i], gs[i], &ga[i], a, na, 1);
+    else
+      for (size_t i = 0; i < t->n; i++) d[i] = apex__rmsprop_center(d[i], gs[i], &ga[i], a, na, 0);
   }
   const float eps_in = c->tf ? eps : 0.0f, eps_out = c->tf ? 0.0f : eps;
   for (size_t i = 0; i < t->n; i++) d[i] = d[i] + eps_in;
@@ -55,13 +43,9 @@ APEX__INLINE void rms_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinit
   if (c->buf_list) {
     float *buf = t->p[c->buf_list];
     const float m = c->momentum, bl = c->buf_lr, pl = c->p_lr;
-    for (size_t i = 0; i < t->n; i++) {
-      float b = m * buf[i] + bl * (gs[i] / (d[i] + eps_out));
-      buf[i] = b;
-      p[i] = p[i] * decay - pl * b;
-    }
+    for (size_t i = 0; i < t->n; i++) p[i] = apex__rmsprop_apply_buf(p[i], gs[i], d[i], &buf[i], eps_out, decay, m, bl, pl);
   } else {
-    for (size_t i = 0; i < t->n; i++) p[i] = p[i] * decay - lr * (gs[i] / (d[i] + eps_out));
+    for (size_t i = 0; i < t->n; i++) p[i] = apex__rmsprop_apply(p[i], gs[i], d[i], eps_out, decay, lr);
   }
   *nonfinite = 0;
 }

@@ -9,7 +9,8 @@
  *            layer view (the rows' sums added in row order, as the CPU does), the per-row projection
  *            coefficients, the decay, lr / bc1; then the step count advances;
  *   apply    per element: p = p * decay - lr / bc1 * (u - coef[row] * p), the model copy written too.
- * Element expressions are the CPU's, operation for operation (compiled with -fmad=false like optim.cu).
+ * Element rules are the CPU's own (apex__adamp_moments, _perturb and _apply in backend/optim_rules.h; compiled
+ * with -fmad=false like optim.cu).
  * Every launch reads the skip flag and the loss scale on the device. AdamP is not among the benchmarks:
  * a launch per parameter keeps this simple. */
 #include <cuda_runtime.h>
@@ -18,6 +19,7 @@
 extern "C" {
 #include "core/internal.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/optim_rules.h"
 }
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/dtype_dev.cuh"
@@ -68,11 +70,11 @@ __global__ void __launch_bounds__(ROW_THREADS)
   for (int64_t j = threadIdx.x; j < len; j += ROW_THREADS) {
     int64_t i = base + j;
     float gi = apex_ld(g, gt, i) * inv, pi = apex_ld(p, pt, i);
-    float mi = b1 * m[i] + nb1 * gi;
-    float vi = b2 * v[i] + nb2 * gi * gi;
+    float mi = m[i], vi = v[i];
+    apex__adamp_moments(gi, &mi, &vi, b1, nb1, b2, nb2);
     m[i] = mi;
     v[i] = vi;
-    float ui = (nm * mi + ng * gi) / (sqrtf(vi) * ib + r.eps);
+    float ui = apex__adamp_perturb(mi, gi, sqrtf(vi), ib, r.eps, nm, ng);
     u[i] = ui;
     s[0] += (double)gi * (double)pi;
     s[1] += (double)gi * (double)gi;
@@ -145,7 +147,7 @@ __global__ void adamp_apply(AdampRule r, void *p, apex_dtype pt, void *model, ap
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < numel; i += (int64_t)gridDim.x * blockDim.x) {
     float rc = mode == 1 ? coef[i / len] : mode == 2 ? coef[0] : 0.0f;
     float pi = apex_ld(p, pt, i);
-    pi = pi * decay - ss * (u[i] - rc * pi);
+    pi = apex__adamp_apply(pi, u[i], rc, decay, ss);
     apex_st(p, pt, i, pi);
     if (model) apex_st(model, mt, i, pi);
   }

@@ -25,8 +25,8 @@ extern "C" {
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/dtype_dev.cuh"
 
-#define FWD "apex_cuda_attention_forward"
-#define BWD "apex_cuda_attention_backward"
+#define FWD "apex_kernel_attention_forward"
+#define BWD "apex_kernel_attention_backward"
 
 /* Between the packed layout [B, T, W * H * D] (W = 3 for qkv, 1 for y) and the per-head one
  * [W][B * H][T][D]: a bitwise copy of elements of type E, indexed over the packed layout so that its

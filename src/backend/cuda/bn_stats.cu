@@ -59,5 +59,5 @@ extern "C" apex_status apex__cuda_bn_stats(const void *x, apex_dtype xt, int64_t
                                            float *var, float *m2) {
   if (c == 0) return APEX_OK;
   bn_stats_kernel<<<(unsigned)c, BN_THREADS, 0, (cudaStream_t)apex__cuda_stream()>>>(x, xt, n, c, hw, mean, var, m2);
-  return apex__cuda_check_launch("apex_cuda_batch_norm_stats");
+  return apex__cuda_check_launch("apex_kernel_batch_norm_stats");
 }

@@ -6,7 +6,7 @@
  * APEX_ERR_UNSUPPORTED saying how to point apex at it (PyTorch's wheels ship it, under
  * site-packages/nvidia/cudnn/lib). Calls go through function pointers typed from cudnn.h.
  *
- * Numerics: f32 compute for every dtype; f32 tensors on the FMA units (no TF32, like apex_cuda_matmul),
+ * Numerics: f32 compute for every dtype; f32 tensors on the FMA units (no TF32, like apex_kernel_matmul),
  * f16/bf16 on the tensor cores. Algorithms come from cuDNN's heuristics, keeping the first that cuDNN
  * marks deterministic and whose workspace fits: the same inputs give the same bits on every run. The
  * bias gradient sums each channel in a fixed order (block_reduce.cuh). */
@@ -168,7 +168,7 @@ static apex_status launched(const char *fn) {
 
 extern "C" apex_status apex__cuda_conv2d_fwd(const apex__cuda_conv *g, const void *x, const void *w, const void *b,
                                              apex_dtype bt, void *y) {
-  const char *fn = "apex_cuda_conv2d_forward";
+  const char *fn = "apex_kernel_conv2d_forward";
   apex_status st = dnn_ready(fn);
   if (st != APEX_OK) return st;
   conv_desc cd = {fn, 0, 0, 0, 0}, *c = &cd;
@@ -208,7 +208,7 @@ done:
 
 extern "C" apex_status apex__cuda_conv2d_bwd(const apex__cuda_conv *g, const void *dy, const void *x, const void *w,
                                              void *dx, void *dw, void *db, apex_dtype bt) {
-  const char *fn = "apex_cuda_conv2d_backward";
+  const char *fn = "apex_kernel_conv2d_backward";
   apex_status st = dnn_ready(fn);
   if (st != APEX_OK) return st;
   conv_desc cd = {fn, 0, 0, 0, 0}, *c = &cd;

@@ -121,7 +121,7 @@ apex_status apex__cuda_novograd_step(const apex__cuda_step *s);
 
 /* ---- loss_scaler.cu --------------------------------------------------------------------------------- */
 
-/* The device half of apex_cuda_scaler (backend/args_optim.h). */
+/* The device half of a GPU apex_loss_scaler (backend/args_optim.h). */
 typedef apex_scaler_dev apex__cuda_scaler_dev;
 /* One update (backend/scale_rule.h) from found_inf, which it then clears; queued, never waits. */
 apex_status apex__cuda_scaler_update(apex__cuda_scaler_dev *d, const apex_loss_scaler_config *c);

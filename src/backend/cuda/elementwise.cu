@@ -104,13 +104,13 @@ struct GeluBwdOp {
 extern "C" apex_status apex__cuda_ew(apex__cuda_ew_op op, const void *a, apex_dtype at, const void *b, apex_dtype bt,
                                      float alpha, void *y, apex_dtype yt, int64_t n) {
   switch (op) {
-  case APEX__EW_ADD: return ew_launch(AddOp{}, a, at, b, bt, y, yt, n, "apex_cuda_add");
-  case APEX__EW_MUL: return ew_launch(MulOp{}, a, at, b, bt, y, yt, n, "apex_cuda_mul");
-  case APEX__EW_SCALE: return ew_launch(ScaleOp{alpha}, a, at, b, bt, y, yt, n, "apex_cuda_scale");
-  case APEX__EW_RELU: return ew_launch(ReluOp{}, a, at, b, bt, y, yt, n, "apex_cuda_relu_forward");
-  case APEX__EW_RELU_BWD: return ew_launch(ReluBwdOp{}, a, at, b, bt, y, yt, n, "apex_cuda_relu_backward");
-  case APEX__EW_GELU: return ew_launch(GeluOp{}, a, at, b, bt, y, yt, n, "apex_cuda_gelu_forward");
-  case APEX__EW_GELU_BWD: return ew_launch(GeluBwdOp{}, a, at, b, bt, y, yt, n, "apex_cuda_gelu_backward");
+  case APEX__EW_ADD: return ew_launch(AddOp{}, a, at, b, bt, y, yt, n, "apex_kernel_add");
+  case APEX__EW_MUL: return ew_launch(MulOp{}, a, at, b, bt, y, yt, n, "apex_kernel_mul");
+  case APEX__EW_SCALE: return ew_launch(ScaleOp{alpha}, a, at, b, bt, y, yt, n, "apex_kernel_scale");
+  case APEX__EW_RELU: return ew_launch(ReluOp{}, a, at, b, bt, y, yt, n, "apex_kernel_relu_forward");
+  case APEX__EW_RELU_BWD: return ew_launch(ReluBwdOp{}, a, at, b, bt, y, yt, n, "apex_kernel_relu_backward");
+  case APEX__EW_GELU: return ew_launch(GeluOp{}, a, at, b, bt, y, yt, n, "apex_kernel_gelu_forward");
+  case APEX__EW_GELU_BWD: return ew_launch(GeluBwdOp{}, a, at, b, bt, y, yt, n, "apex_kernel_gelu_backward");
   }
   return apex__fail(APEX_ERR_INVALID_ARG, "apex__cuda_ew: unknown op %d", (int)op);
 }
@@ -151,7 +151,7 @@ __global__ void sum_rows_kernel(const void *x, apex_dtype xt, int64_t rows, int6
 
 extern "C" apex_status apex__cuda_sum_rows(const void *x, apex_dtype xt, int64_t rows, int64_t cols, void *y,
                                            apex_dtype yt, int accumulate) {
-  const char *fn = "apex_cuda_sum_rows";
+  const char *fn = "apex_kernel_sum_rows";
   if (cols <= 0) return APEX_OK;
   const int64_t tiles = (cols + SR_TX - 1) / SR_TX;
   if (tiles > INT32_MAX) return apex__fail(APEX_ERR_SHAPE, "%s: %lld columns are more than one launch takes", fn, (long long)cols);
@@ -208,7 +208,7 @@ __global__ void sum_all_final(const float *part, int nparts, int64_t n, int mean
 }
 
 extern "C" apex_status apex__cuda_sum_all(const void *x, apex_dtype xt, int64_t n, int mean, float *y) {
-  const char *fn = "apex_cuda_sum_all";
+  const char *fn = "apex_kernel_sum_all";
   int64_t blocks = (n + (int64_t)SA_THREADS * SA_PER_THREAD - 1) / ((int64_t)SA_THREADS * SA_PER_THREAD);
   if (blocks > SA_MAX_BLOCKS) blocks = SA_MAX_BLOCKS;
   if (blocks < 1) blocks = 1; /* n = 0: one block of zeros, so the sum is 0 and the mean 0 / 0 = NaN */

@@ -54,7 +54,7 @@ static apex_status upload(const int64_t *h, size_t n, int64_t **d) {
 extern "C" apex_status apex__cuda_embedding_fwd(const void *table, apex_dtype tt, int64_t v, int64_t d, const int64_t *ids,
                                                 int64_t n, void *y, apex_dtype yt) {
   (void)v;
-  const char *fn = "apex_cuda_embedding_forward";
+  const char *fn = "apex_kernel_embedding_forward";
   int64_t *d_ids = NULL;
   apex_status st = upload(ids, (size_t)n, &d_ids);
   if (st == APEX_OK && n * d > 0) {
@@ -67,7 +67,7 @@ extern "C" apex_status apex__cuda_embedding_fwd(const void *table, apex_dtype tt
 
 extern "C" apex_status apex__cuda_embedding_bwd(const void *dy, apex_dtype dt, const int64_t *ids, int64_t n, int64_t v,
                                                 int64_t d, void *dtable, apex_dtype gt) {
-  const char *fn = "apex_cuda_embedding_backward";
+  const char *fn = "apex_kernel_embedding_backward";
   /* Stable counting sort of the positions by id: count, prefix sums over the ids that occur, place. */
   int64_t *count = (int64_t *)calloc((size_t)v + 1, sizeof *count);
   int64_t *pos = (int64_t *)malloc(((size_t)n + 1) * sizeof *pos);

@@ -202,7 +202,7 @@ done:
 extern "C" apex_status apex__cuda_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                                        const void *a, const void *b, apex_dtype in_type, float beta, void *c,
                                        apex_dtype c_type, const void *bias, int gelu) {
-  return gemm("apex_cuda_matmul", trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, 0, b, trans_b ? k : n, 0,
+  return gemm("apex_kernel_matmul", trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, 0, b, trans_b ? k : n, 0,
               in_type, beta, c, n, 0, c_type, 1, bias, gelu);
 }
 

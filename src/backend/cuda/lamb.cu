@@ -6,8 +6,9 @@
  *   stage 2  p -= ratio * u, ratio = lr * ||p|| / ||u|| (weight decay or use_nvlamb, both norms non-zero)
  *            else lr; the f16/bf16 model copy written from p; then the step counts advance.
  * Everything reads the skip flag, the loss scale and the global gradient norm from the device, so the
- * step queues without a host synchronisation. Element expressions are the CPU's, operation for
- * operation (the file is compiled with -fmad=false like optim.cu). */
+ * step queues without a host synchronisation. Stage 1's element rule is the CPU's own: both call
+ * apex__adam_moments and apex__lamb_update (backend/optim_rules.h), and the file is compiled with
+ * -fmad=false like optim.cu. */
 #include <cuda_runtime.h>
 #include <math.h>
 
@@ -16,6 +17,7 @@ extern "C" {
 #include "backend/cuda/cuda_internal.h"
 }
 #include "backend/cuda/optim_dev.cuh"
+#include "backend/optim_rules.h"
 
 /* Lists: 0 g, 1 p (f32 master or parameter), 2 model copy, 3 m, 4 v, 5 u (scratch), 6 step counts. */
 enum { L_G, L_P, L_MODEL, L_M, L_V, L_U, L_STEP };
@@ -47,13 +49,11 @@ struct LambStage1 {
   __device__ void elem(const MtTable &t, int k, int64_t i, bool &, const float *coef) const {
     float *m = (float *)t.ptr[L_M][k], *v = (float *)t.ptr[L_V][k], *u = (float *)t.ptr[L_U][k];
     float p = apex_ld(t.ptr[L_P][k], t.dtype[L_P][k], i);
-    float gi = apex_ld(t.ptr[L_G][k], t.dtype[L_G][k], i) * coef[K_GRAD_MUL] + l2 * p;
-    float mi = beta1 * m[i] + beta3 * gi;
-    float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+    float g = apex_ld(t.ptr[L_G][k], t.dtype[L_G][k], i), mi = m[i], vi = v[i];
+    apex__adam_moments(g, p, &mi, &vi, coef[K_GRAD_MUL], l2, beta1, beta3, beta2, 1.0f - beta2);
     m[i] = mi;
     v[i] = vi;
-    float d = sqrtf(vi * coef[K_INV_BC2]);
-    u[i] = (mi * coef[K_INV_BC1]) / (d + eps) + wd_w * p;
+    u[i] = apex__lamb_update(mi, sqrtf(vi * coef[K_INV_BC2]), p, coef[K_INV_BC1], eps, wd_w);
   }
 
   __device__ void end_chunk(const MtTable &, int, int, bool) const {}

@@ -15,5 +15,5 @@ __global__ void scaler_update_kernel(apex__cuda_scaler_dev *d, apex_loss_scaler_
 
 extern "C" apex_status apex__cuda_scaler_update(apex__cuda_scaler_dev *d, const apex_loss_scaler_config *c) {
   scaler_update_kernel<<<1, 1, 0, (cudaStream_t)apex__cuda_stream()>>>(d, *c);
-  return apex__cuda_check_launch("apex_cuda_scaler_update");
+  return apex__cuda_check_launch("apex_loss_scaler_update");
 }

@@ -306,7 +306,7 @@ extern "C" apex_status apex__cuda_layer_norm_fwd(const void *x, apex_dtype xt, c
                                                  apex_dtype wt, int64_t rows, int64_t cols, float eps, int rms, void *y,
                                                  float *mean, float *rstd) {
   if (!norm_fits(cols))
-    return apex__fail(APEX_ERR_UNSUPPORTED, "apex_cuda_layer_norm_forward: rows of %lld; the fused kernel takes up to %d",
+    return apex__fail(APEX_ERR_UNSUPPORTED, "apex_kernel_layer_norm_forward: rows of %lld; the fused kernel takes up to %d",
                       (long long)cols, NORM_MAX_COLS);
   if (rows == 0 || cols == 0) return APEX_OK;
   if (rms) b = NULL;
@@ -323,7 +323,7 @@ extern "C" apex_status apex__cuda_layer_norm_fwd(const void *x, apex_dtype xt, c
       ln_fwd_kernel<T, W, decltype(vec)::value, decltype(per)::value><<<grid, sh.tpr * sh.teams, 0, st>>>(
           (const TS *)x, (const WS *)w, (const WS *)b, rows, cols, sh.tpr, eps, rms, (TS *)y, mean, rstd);
     });
-    return apex__cuda_check_launch("apex_cuda_layer_norm_forward");
+    return apex__cuda_check_launch("apex_kernel_layer_norm_forward");
   });
 }
 
@@ -346,7 +346,7 @@ extern "C" apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, 
                                                  apex_dtype wt, const float *mean, const float *rstd, int64_t rows,
                                                  int64_t cols, int rms, void *dx, void *dw, void *db) {
   if (!norm_fits(cols))
-    return apex__fail(APEX_ERR_UNSUPPORTED, "apex_cuda_layer_norm_backward: rows of %lld; the fused kernel takes up to %d",
+    return apex__fail(APEX_ERR_UNSUPPORTED, "apex_kernel_layer_norm_backward: rows of %lld; the fused kernel takes up to %d",
                       (long long)cols, NORM_MAX_COLS);
   if (cols == 0) return APEX_OK;
   const norm_shape sh = norm_shape_for(cols);
@@ -371,7 +371,7 @@ extern "C" apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, 
       }
       GradRows<T> src = {(const TS *)dy, (const TS *)x, mean, rstd, cols, rms};
       ln_colsum_kernel<W><<<cgrid, cblock, 0, st>>>(src, rows, cols, (WS *)dw, (WS *)db);
-      return apex__cuda_check_launch("apex_cuda_layer_norm_backward");
+      return apex__cuda_check_launch("apex_kernel_layer_norm_backward");
     }
     unsigned grid = 0;
     void *part = NULL;
@@ -389,7 +389,7 @@ extern "C" apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, 
     if (s == APEX_OK) {
       PartialRows src = {(const float *)part, cols};
       ln_colsum_kernel<W><<<cgrid, cblock, 0, st>>>(src, (int64_t)grid, cols, (WS *)dw, (WS *)db);
-      s = apex__cuda_check_launch("apex_cuda_layer_norm_backward");
+      s = apex__cuda_check_launch("apex_kernel_layer_norm_backward");
     }
     apex__cuda_free(part);
     return s;

@@ -5,7 +5,8 @@
  *            the same bits as the CPU in any order);
  *   moments  one thread per tensor (its first chunk) blends the second moment v, kept on the device with
  *            the step counts, and writes the tensor's 1 / bc1 and 1 / (v / bc2 + eps);
- *   update   per element, the CPU's expressions operation for operation (-fmad=false), then the counts.
+ *   update   per element, the rule the CPU calls (apex__novograd_rule, backend/optim_rules.h; -fmad=false),
+ *            then the counts.
  * The skip flag and the loss scale are read on the device. */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -15,6 +16,7 @@ extern "C" {
 #include "backend/cuda/cuda_internal.h"
 }
 #include "backend/cuda/optim_dev.cuh"
+#include "backend/optim_rules.h"
 
 /* Lists: 0 g, 1 p (f32 master or parameter), 2 model copy, 3 m, 5 v (one float per tensor), 6 step counts. */
 enum { L_G, L_P, L_MODEL, L_M, L_V = 5, L_STEP };
@@ -82,15 +84,9 @@ struct NovoUpdate {
     const float ib1 = coef[0], id = coef[1], inv = coef[2];
     float *m = (float *)t.ptr[L_M][k];
     float g = apex_ld(t.ptr[L_G][k], t.dtype[L_G][k], i), p = apex_ld(t.ptr[L_P][k], t.dtype[L_P][k], i);
-    if (reg_inside) {
-      float mi = beta1 * m[i] + beta3 * (g * inv * id + wd * p);
-      m[i] = mi;
-      p = p - lr * (mi * ib1);
-    } else {
-      float mi = beta1 * m[i] + beta3 * (g * inv);
-      m[i] = mi;
-      p = p - lr * (mi * ib1 * id + wd * p);
-    }
+    float mi = m[i];
+    p = apex__novograd_rule(g, p, &mi, inv, id, ib1, lr, beta1, beta3, wd, reg_inside);
+    m[i] = mi;
     apex_st(t.ptr[L_P][k], t.dtype[L_P][k], i, p);
     if (t.ptr[L_MODEL][k]) apex_st(t.ptr[L_MODEL][k], t.dtype[L_MODEL][k], i, p);
   }

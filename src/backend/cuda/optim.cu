@@ -2,9 +2,9 @@
  * Adadelta, Adagrad, RMSprop, RMSpropTF); LAMB, NovoGrad and AdamP, which need per-tensor norms or
  * sums between passes, are in lamb.cu, novograd.cu and adamp.cu.
  *
- * Each element's update is the CPU kernel's: SGD, Adam/AdamW, Adadelta and Adagrad call the rules of
- * backend/optim_rules.h that backend/cpu/optim_<kind>.c calls; RMSprop repeats its CPU kernel operation
- * for operation. The CUDA files are compiled without contracting multiplies and adds into FMAs (-fmad=false), so
+ * Each element's update is the CPU kernel's: SGD, Adam/AdamW, Adadelta, Adagrad and RMSprop/RMSpropTF
+ * call the rules of backend/optim_rules.h that backend/cpu/optim_<kind>.c calls. The CUDA files are
+ * compiled without contracting multiplies and adds into FMAs (-fmad=false), so
  * with the same inputs the GPU computes the CPU's bits: the parity test checks that. Per-tensor
  * coefficients (bias corrections, Adagrad's decayed lr, SGD's first-step momentum) are computed by
  * one thread per chunk from the step count, which lives on the device: a step skipped because the
@@ -69,25 +69,14 @@ __device__ __forceinline__ float step_elem(const OptParams &o, const float (&coe
     case APEX_OPTIM_RMSPROP_TF: {
       float a = o.alpha, na = 1.0f - o.alpha;
       float l2 = o.decoupled ? 0.0f : o.wd, decay = o.decoupled ? 1.0f - o.lr * o.wd : 1.0f;
-      float gi = g * inv + l2 * p;
-      float sq = o.tf ? s0 + na * (gi * gi - s0) : a * s0 + na * gi * gi;
-      s0 = sq;
-      float d = sq;
-      if (o.centered) {
-        float ga = o.has_buf ? s2 : s1;
-        float x = o.tf ? ga + na * (gi - ga) : a * ga + na * gi;
-        if (o.has_buf) s2 = x;
-        else s1 = x;
-        d = d - x * x;
-      }
-      d = sqrtf(d + (o.tf ? o.eps : 0.0f));
-      float q = gi / (d + (o.tf ? 0.0f : o.eps));
-      if (o.has_buf) {
-        float b = o.momentum * s1 + (o.lr_in_momentum ? o.lr : 1.0f) * q;
-        s1 = b;
-        return p * decay - (o.lr_in_momentum ? 1.0f : o.lr) * b;
-      }
-      return p * decay - o.lr * q;
+      float gi;
+      float d = apex__rmsprop_square(g, p, &s0, &gi, inv, l2, a, na, o.tf);
+      if (o.centered) d = apex__rmsprop_center(d, gi, o.has_buf ? &s2 : &s1, a, na, o.tf);
+      float root = sqrtf(d + (o.tf ? o.eps : 0.0f)), eps_out = o.tf ? 0.0f : o.eps;
+      if (o.has_buf)
+        return apex__rmsprop_apply_buf(p, gi, root, &s1, eps_out, decay, o.momentum, o.lr_in_momentum ? o.lr : 1.0f,
+                                       o.lr_in_momentum ? 1.0f : o.lr);
+      return apex__rmsprop_apply(p, gi, root, eps_out, decay, o.lr);
     }
     default: /* refused on the host */
       return p;

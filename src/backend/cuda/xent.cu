@@ -56,7 +56,7 @@ extern "C" apex_status apex__cuda_xent_fwd(const void *logits, apex_dtype lt, co
   if (rows == 0) return APEX_OK;
   xent_fwd_kernel<<<(unsigned)rows, 256, 0, (cudaStream_t)apex__cuda_stream()>>>(logits, lt, target, cols,
                                                                                 ignore_index, smoothing, loss, lse);
-  return apex__cuda_check_launch("apex_cuda_cross_entropy_forward");
+  return apex__cuda_check_launch("apex_kernel_cross_entropy_forward");
 }
 
 extern "C" apex_status apex__cuda_xent_bwd(const float *dloss, const void *logits, apex_dtype lt,
@@ -65,5 +65,5 @@ extern "C" apex_status apex__cuda_xent_bwd(const float *dloss, const void *logit
   if (rows == 0) return APEX_OK;
   xent_bwd_kernel<<<(unsigned)rows, 256, 0, (cudaStream_t)apex__cuda_stream()>>>(dloss, logits, lt, target, lse, cols,
                                                                                 ignore_index, smoothing, dlogits);
-  return apex__cuda_check_launch("apex_cuda_cross_entropy_backward");
+  return apex__cuda_check_launch("apex_kernel_cross_entropy_backward");
 }

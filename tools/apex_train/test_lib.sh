@@ -1,0 +1,56 @@
+# test_lib.sh: sourced by apex-train's shell tests (test_cli.sh, test_features.sh, test_signals.sh,
+# test_distributed.sh) with the apex-train binary as its argument: `. "$(dirname "$0")/test_lib.sh" "$1"`.
+# Sets BIN (that binary, absolute), SRC (tools/apex_train) and W (a fresh work directory, removed on
+# exit, made the current directory), and the helpers the tests share: ok/ko count results in $fails,
+# snapshot/bad check refusals, finish ends the test with its status.
+set -uo pipefail
+BIN=$(realpath "$1")
+SRC=$(cd "$(dirname "$0")" && pwd)
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+fails=0
+ok() { echo "ok   $*"; }
+ko() { echo "FAIL $*"; fails=$((fails + 1)); }
+
+# A listing (names, sizes, contents) of the work directory, to see that nothing changed; ./snap is
+# where a test keeps copies of its own to compare against, so it is left out.
+snapshot() { find . -path ./snap -prune -o -type f -print0 | sort -z | xargs -0 -r sha256sum; find . -path ./snap -prune -o -print | sort; }
+
+# bad NAME ARGS...: apex-train ARGS is refused with one line on stderr (kept in LAST_ERR), nothing
+# written or changed under $W.
+bad() {
+  local name=$1
+  shift
+  local before after rc lines
+  before=$(snapshot)
+  "$BIN" "$@" > /dev/null 2> "$W/../err.$$"
+  rc=$?
+  lines=$(wc -l < "$W/../err.$$")
+  LAST_ERR=$(cat "$W/../err.$$")
+  after=$(snapshot)
+  if [ $rc -eq 0 ]; then
+    ko "$name: exit 0 for: $*"
+  elif [ "$lines" -ne 1 ]; then
+    ko "$name: $lines lines on stderr:"; cat "$W/../err.$$"
+  elif [ "$before" != "$after" ]; then
+    ko "$name: files changed:"; diff <(echo "$before") <(echo "$after") | head
+  else
+    ok "$name (exit $rc): $(cat "$W/../err.$$")"
+  fi
+  rm -f "$W/../err.$$"
+}
+
+# skip REASON: the parts that need something absent are skipped; exit 77 (ctest's SKIP) when every
+# check so far passed, 1 otherwise.
+skip() {
+  echo "skipped: $*"
+  [ $fails -eq 0 ] && exit 77
+  exit 1
+}
+
+# finish: the count of failures, and the test's exit status.
+finish() {
+  echo "$fails failures"
+  [ $fails -eq 0 ]
+}
