@@ -14,12 +14,14 @@
  * bf16; the output and every input gradient are compared, bitwise or within the case's bound
  * (backend_ops_cases.h). One line per case per backend x dtype, then a summary table and a coverage
  * line counting the ops of APEX_OP_COUNT that no case runs. Any failure fails the test. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "apex/cpu.h"
 #include "apex/cuda.h"
+#include "backend/backend.h"
 #include "backend/cpu/gemm_onednn.h"
 #include "backend_ops_cases.h"
 #include "testutil.h"
@@ -458,6 +460,315 @@ static void test_optimizer_cases(void **state) {
     }
 }
 
+/* ---- nn slot cases -------------------------------------------------------------------------------- */
+
+/* The nn slots (backend/args_nn.h) called directly, with every buffer on the backend's device: the
+ * kernels a backend plugs into autograd's fronts, checked before any front sends them device tensors.
+ * Gradient outputs mix accumulate 1 (over preloaded values) and 0, so both halves of the rule are
+ * compared. The reference is the CPU backend's slot under the portable ISA. */
+
+#define SLOT_MAX 24
+typedef struct slot_run {
+  apex_device dev;
+  const apex_backend *be;
+  apex_tensor *t[SLOT_MAX];
+  int nt;
+  void *mem[8];
+  int nmem;
+  result *r;
+} slot_run;
+
+/* n values of dt on the run's device: seeded values in [-1, 1], or zeros for seed 0. */
+static void *sbuf_as(slot_run *s, size_t n, uint64_t seed, apex_dtype dt) {
+  assert_true(s->nt < SLOT_MAX);
+  apex_tensor *h = seed ? tu_random_tensor(dt, n, seed, 1.0f) : apex_tensor_create(dt, 1, (int64_t[]){(int64_t)n});
+  apex_tensor *d = on_device(h, s->dev);
+  apex_tensor_destroy(h);
+  assert_non_null(d);
+  s->t[s->nt++] = d;
+  return apex_tensor_data(d);
+}
+static float *sbuf(slot_run *s, size_t n, uint64_t seed) { return sbuf_as(s, n, seed, APEX_F32); }
+
+/* Records the buffer sbuf gave as p (found among the run's tensors). */
+static void sgot(slot_run *s, const char *what, const void *p) {
+  for (int i = 0; i < s->nt; i++)
+    if (apex_tensor_data(s->t[i]) == p) {
+      capture(s->r, what, s->t[i]);
+      return;
+    }
+  fail_msg("slot buffer %s not found", what);
+}
+
+/* The CPU slots' workspace: host blocks kept until the run ends. */
+static void *slot_ws_get(void *ctx, size_t bytes) {
+  slot_run *s = ctx;
+  if (s->nmem == 8) return NULL;
+  return s->mem[s->nmem++] = malloc(bytes ? bytes : 1);
+}
+static apex_nn_workspace slot_ws(slot_run *s) { return (apex_nn_workspace){slot_ws_get, s}; }
+
+static apex_status slot_binary(slot_run *s, apex_nn_binary_kind kind) {
+  enum { N = 1000 };
+  apex_nn_bcast plan = {.nd = 1, .shape = {N}, .st = {{1}, {1}}, .rows = 1, .len = N};
+  float *a = sbuf(s, N, 11), *b = sbuf(s, N, 12), *out = sbuf(s, N, 0), *go = sbuf(s, N, 13), *ga = sbuf(s, N, 14), *gb = sbuf(s, N, 0);
+  apex_status st = s->be->nn_binary(&(apex_nn_binary_args){.kind = kind, .plan = &plan, .a = {a, APEX_F32}, .b = {b, APEX_F32},
+                                                            .numel_a = N, .numel_b = N, .out = out, .out_dtype = APEX_F32,
+                                                            .ws = slot_ws(s)});
+  if (st == APEX_OK)
+    st = s->be->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = kind, .plan = &plan, .a = {a, APEX_F32}, .b = {b, APEX_F32},
+                                                          .numel_a = N, .numel_b = N, .gout = go, .ga = ga, .gb = gb,
+                                                          .accumulate_a = 1, .accumulate_b = 0, .ws = slot_ws(s)});
+  sgot(s, "out", out), sgot(s, "ga", ga), sgot(s, "gb", gb);
+  return st;
+}
+static apex_status slot_add(slot_run *s) { return slot_binary(s, APEX_NN_ADD); }
+static apex_status slot_mul(slot_run *s) { return slot_binary(s, APEX_NN_MUL); }
+
+/* x and the result in dt (the slot widens and rounds them itself); gradients f32. */
+static apex_status slot_unary(slot_run *s, apex_nn_unary_kind kind, apex_dtype dt) {
+  enum { N = 777 };
+  void *x = sbuf_as(s, N, 21, dt), *out = sbuf_as(s, N, 0, dt);
+  float *go = sbuf(s, N, 22), *gx = sbuf(s, N, 23);
+  apex_status st = s->be->nn_unary(&(apex_nn_unary_args){.kind = kind, .n = N, .x = {x, dt}, .out = out, .out_dtype = dt,
+                                                            .ws = slot_ws(s)});
+  if (st == APEX_OK)
+    st = s->be->nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = kind, .n = N, .x = {x, dt}, .y = out, .y_dtype = dt, .gout = go,
+                                                        .gx = gx, .accumulate_x = 1, .ws = slot_ws(s)});
+  sgot(s, "out", out), sgot(s, "gx", gx);
+  return st;
+}
+static apex_status slot_relu(slot_run *s) { return slot_unary(s, APEX_NN_RELU, APEX_F32); }
+static apex_status slot_gelu_tanh(slot_run *s) { return slot_unary(s, APEX_NN_GELU_TANH, APEX_F32); }
+static apex_status slot_relu_f16(slot_run *s) { return slot_unary(s, APEX_NN_RELU, APEX_F16); }
+static apex_status slot_gelu_tanh_bf16(slot_run *s) { return slot_unary(s, APEX_NN_GELU_TANH, APEX_BF16); }
+
+static apex_status slot_scale(slot_run *s) {
+  enum { N = 513 };
+  float *x = sbuf(s, N, 31), *out = sbuf(s, N, 0), *go = sbuf(s, N, 32), *gx = sbuf(s, N, 0);
+  apex_status st = s->be->nn_scale(&(apex_nn_scale_args){.n = N, .x = {x, APEX_F32}, .out = out, .out_dtype = APEX_F32, .s = 0.37f,
+                                                            .ws = slot_ws(s)});
+  if (st == APEX_OK) st = s->be->nn_scale_bwd(&(apex_nn_scale_bwd_args){.n = N, .gout = go, .gx = gx, .s = 0.37f, .accumulate_x = 0});
+  sgot(s, "out", out), sgot(s, "gx", gx);
+  return st;
+}
+
+/* x, w, b and the result in dt (the slot widens them itself); statistics and gradients f32. */
+static apex_status slot_row_norm(slot_run *s, int centre, apex_dtype dt) {
+  enum { R = 8, D = 96 };
+  void *x = sbuf_as(s, R * D, 41, dt), *w = sbuf_as(s, D, 42, dt), *b = centre ? sbuf_as(s, D, 43, dt) : NULL;
+  void *out = sbuf_as(s, R * D, 0, dt);
+  float *stats = sbuf(s, 2 * R, 0), *go = sbuf(s, R * D, 44), *gx = sbuf(s, R * D, 45), *gw = sbuf(s, D, 46);
+  float *gb = centre ? sbuf(s, D, 47) : NULL;
+  apex_status st = s->be->nn_row_norm(&(apex_nn_row_norm_args){.centre = centre, .rows = R, .cols = D, .x = {x, dt},
+                                                                .w = {w, dt}, .b = {b, dt}, .out = out,
+                                                                .out_dtype = dt, .stats = stats, .eps = 1e-5f, .ws = slot_ws(s)});
+  float *work = s->dev == APEX_DEVICE_CPU ? slot_ws_get(s, R * D * sizeof(float)) : NULL;
+  if (st == APEX_OK)
+    st = s->be->nn_row_norm_bwd(&(apex_nn_row_norm_bwd_args){.centre = centre, .rows = R, .cols = D, .x = {x, dt}, .w = {w, dt}, .stats = stats,
+                                                              .gout = go, .gx = gx, .gw = gw, .gb = gb, .accumulate_x = 1,
+                                                              .accumulate_w = 1, .accumulate_b = 1, .workspace = work,
+                                                              .workspace_bytes = work ? R * D * sizeof(float) : 0, .ws = slot_ws(s)});
+  sgot(s, "out", out), sgot(s, "rstd", stats), sgot(s, "gx", gx), sgot(s, "gw", gw);
+  if (centre) sgot(s, "gb", gb);
+  return st;
+}
+static apex_status slot_layer_norm(slot_run *s) { return slot_row_norm(s, 1, APEX_F32); }
+static apex_status slot_rms_norm(slot_run *s) { return slot_row_norm(s, 0, APEX_F32); }
+static apex_status slot_layer_norm_f16(slot_run *s) { return slot_row_norm(s, 1, APEX_F16); }
+static apex_status slot_rms_norm_bf16(slot_run *s) { return slot_row_norm(s, 0, APEX_BF16); }
+
+static apex_status slot_sum(slot_run *s) {
+  enum { DIM = 37, INNER = 19 };
+  float *x = sbuf(s, DIM * INNER, 51), *out = sbuf(s, INNER, 0);
+  apex_status st = s->be->nn_reduce(&(apex_nn_reduce_args){.kind = APEX_NN_REDUCE_SUM, .outer = 1, .dim = DIM, .inner = INNER,
+                                                            .scale = 1.0 / DIM, .x = x, .out = out});
+  sgot(s, "out", out);
+  return st;
+}
+
+static apex_status slot_embedding(slot_run *s) {
+  enum { V = 11, DIM = 16, N = 20 };
+  int64_t ids[N]; /* on the host for both backends (args_nn.h; cuda/embedding.cu reads them there) */
+  for (int i = 0; i < N; i++) ids[i] = (i * 7 + 3) % V == 5 ? 2 : (i * 7 + 3) % V; /* id 5 never occurs, id 2 often */
+  float *w = sbuf(s, V * DIM, 61), *out = sbuf(s, N * DIM, 0), *go = sbuf(s, N * DIM, 62), *gw = sbuf(s, V * DIM, 63);
+  float *gw0 = sbuf(s, V * DIM, 64);
+  apex_status st = s->be->nn_embedding(&(apex_nn_embedding_args){.n = N, .dim = DIM, .ids = ids, .w = w, .dtype = APEX_F32, .out = out});
+  for (int acc = 1; acc >= 0 && st == APEX_OK; acc--)
+    st = s->be->nn_embedding_bwd(&(apex_nn_embedding_bwd_args){.n = N, .dim = DIM, .rows = V, .ids = ids, .gout = go,
+                                                                .gw = acc ? gw : gw0, .accumulate_w = acc});
+  sgot(s, "out", out), sgot(s, "gw", gw), sgot(s, "gw fresh", gw0);
+  return st;
+}
+
+static apex_status slot_linear(slot_run *s) {
+  enum { M = 13, N = 17, K = 19 };
+  float *x = sbuf(s, M * K, 71), *w = sbuf(s, N * K, 72), *bias = sbuf(s, N, 73), *out = sbuf(s, M * N, 0);
+  float *go = sbuf(s, M * N, 74), *gx = sbuf(s, M * K, 0), *gw = sbuf(s, N * K, 75), *gb = sbuf(s, N, 76);
+  apex_status st = s->be->nn_linear(&(apex_nn_linear_args){.m = M, .n = N, .k = K, .x = {x, APEX_F32}, .w = {w, APEX_F32}, .bias = bias,
+                                                            .out = out, .out_dtype = APEX_F32, .ws = slot_ws(s)});
+  if (st == APEX_OK)
+    st = s->be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = M, .n = N, .k = K, .x = {x, APEX_F32}, .w = {w, APEX_F32}, .gout = go,
+                                                          .gx = gx, .gw = gw, .gb = gb, .accumulate_x = 0, .accumulate_w = 1,
+                                                          .accumulate_b = 1, .ws = slot_ws(s)});
+  sgot(s, "out", out), sgot(s, "gx", gx), sgot(s, "gw", gw), sgot(s, "gb", gb);
+  return st;
+}
+
+static apex_status slot_matmul(slot_run *s, int b_batched) {
+  enum { B = 3, M = 5, N = 7, K = 9 };
+  size_t nb = (size_t)(b_batched ? B : 1) * K * N;
+  float *a = sbuf(s, B * M * K, 81), *b = sbuf(s, nb, 82), *out = sbuf(s, B * M * N, 0), *go = sbuf(s, B * M * N, 83);
+  float *ga = sbuf(s, B * M * K, 0), *gb = sbuf(s, nb, 84);
+  apex_status st = s->be->nn_matmul(&(apex_nn_matmul_args){.batch = B, .m = M, .n = N, .k = K, .a = {a, APEX_F32}, .b = {b, APEX_F32},
+                                                            .b_batched = b_batched, .out = out, .out_dtype = APEX_F32, .ws = slot_ws(s)});
+  if (st == APEX_OK)
+    st = s->be->nn_matmul_bwd(&(apex_nn_matmul_bwd_args){.batch = B, .m = M, .n = N, .k = K, .a = {a, APEX_F32}, .b = {b, APEX_F32},
+                                                          .b_batched = b_batched, .gout = go, .ga = ga, .gb = gb, .accumulate_a = 0,
+                                                          .accumulate_b = 1, .ws = slot_ws(s)});
+  sgot(s, "out", out), sgot(s, "ga", ga), sgot(s, "gb", gb);
+  return st;
+}
+static apex_status slot_bmm(slot_run *s) { return slot_matmul(s, 1); }
+static apex_status slot_matmul_shared(slot_run *s) { return slot_matmul(s, 0); }
+
+static apex_status slot_conv2d(slot_run *s) {
+  apex_nn_conv_geom g = {.n = 2, .c = 3, .h = 8, .w = 7, .o = 4, .kh = 3, .kw = 3, .sh = 2, .sw = 1, .ph = 1, .pw = 1, .ho = 4, .wo = 7};
+  size_t nx = 2 * 3 * 8 * 7, nw = 4 * 3 * 3 * 3, no = 2 * 4 * 4 * 7;
+  float *x = sbuf(s, nx, 91), *w = sbuf(s, nw, 92), *bias = sbuf(s, 4, 93), *out = sbuf(s, no, 0), *go = sbuf(s, no, 94);
+  float *gx = sbuf(s, nx, 0), *gw = sbuf(s, nw, 95), *gb = sbuf(s, 4, 0);
+  apex_status st = s->be->nn_conv2d(&(apex_nn_conv2d_args){.geom = g, .x = {x, APEX_F32}, .w = {w, APEX_F32}, .bias = {bias, APEX_F32},
+                                                            .out = out, .out_dtype = APEX_F32, .ws = slot_ws(s)});
+  if (st == APEX_OK)
+    st = s->be->nn_conv2d_bwd(&(apex_nn_conv2d_bwd_args){.geom = g, .x = {x, APEX_F32}, .w = {w, APEX_F32}, .gout = go, .gx = gx, .gw = gw, .gb = gb,
+                                                          .accumulate_x = 0, .accumulate_w = 1, .accumulate_b = 0, .ws = slot_ws(s)});
+  sgot(s, "out", out), sgot(s, "gx", gx), sgot(s, "gw", gw), sgot(s, "gb", gb);
+  return st;
+}
+
+/* rel: the CUDA kernels' order of summation (and cuDNN's algorithm choice) differ from the CPU's; dt:
+ * the dtype of the case's native inputs, whose ulp the bound adds. */
+static const struct {
+  const char *name;
+  apex_status (*run)(slot_run *s);
+  double rel;
+  apex_dtype dt;
+} slot_cases[] = {
+    {"nn_binary add", slot_add, 1e-6, APEX_F32},
+    {"nn_binary mul", slot_mul, 1e-6, APEX_F32},
+    {"nn_unary relu", slot_relu, 1e-6, APEX_F32},
+    {"nn_unary gelu_tanh", slot_gelu_tanh, 1e-5, APEX_F32},
+    {"nn_unary relu", slot_relu_f16, 1e-6, APEX_F16},
+    {"nn_unary gelu_tanh", slot_gelu_tanh_bf16, 1e-5, APEX_BF16},
+    {"nn_scale", slot_scale, 1e-6, APEX_F32},
+    {"nn_row_norm layer", slot_layer_norm, 1e-4, APEX_F32},
+    {"nn_row_norm rms", slot_rms_norm, 1e-4, APEX_F32},
+    {"nn_row_norm layer", slot_layer_norm_f16, 1e-4, APEX_F16},
+    {"nn_row_norm rms", slot_rms_norm_bf16, 1e-4, APEX_BF16},
+    {"nn_reduce sum", slot_sum, 1e-5, APEX_F32},
+    {"nn_embedding", slot_embedding, 1e-6, APEX_F32},
+    {"nn_linear", slot_linear, 1e-4, APEX_F32},
+    {"nn_matmul batched", slot_bmm, 1e-4, APEX_F32},
+    {"nn_matmul shared b", slot_matmul_shared, 1e-4, APEX_F32},
+    {"nn_conv2d", slot_conv2d, 2e-3, APEX_F32},
+};
+
+/* One case on one backend: its status, with the results in *r. */
+static apex_status run_slot(int c, apex_device dev, const apex_backend *be, result *r) {
+  slot_run s = {.dev = dev, .be = be, .r = r};
+  apex_status st = slot_cases[c].run(&s);
+  for (int i = 0; i < s.nt; i++) apex_tensor_destroy(s.t[i]);
+  for (int i = 0; i < s.nmem; i++) free(s.mem[i]);
+  return st;
+}
+
+static void test_nn_slot_cases(void **state) {
+  (void)state;
+  for (int c = 0; c < (int)(sizeof slot_cases / sizeof slot_cases[0]); c++) {
+    result ref = {0};
+    use_isa(APEX_CPU_ISA_PORTABLE);
+    apex_status st = run_slot(c, APEX_DEVICE_CPU, &apex__cpu_backend, &ref);
+    use_isa(APEX_CPU_ISA_NATIVE);
+    if (st != APEX_OK) fail_msg("%s on the reference path: %s", slot_cases[c].name, apex_last_error());
+    for (int bi = 0; bi < n_backends; bi++) {
+      const backend *b = &backends[bi];
+      if (b->device != APEX_DEVICE_CUDA) continue; /* the CPU's other ISAs are the op cases' concern */
+      if (!b->present) {
+        report(bi, slot_cases[c].dt, "slot", slot_cases[c].name, SKIPPED, b->why);
+        continue;
+      }
+      result got = {0};
+      st = run_slot(c, b->device, apex__backend_for(b->device), &got);
+      judge(bi, slot_cases[c].dt, "slot", slot_cases[c].name, st, &ref, &got, slot_cases[c].rel);
+      result_free(&got);
+    }
+    result_free(&ref);
+  }
+}
+
+/* What the CUDA slots refuse, and that each refusal names it: checked in any build with CUDA, GPU or
+ * not, since every refusal comes before the first device call (the buffers are never read). */
+static void refused(apex_status st, const char *slot, const char *names) {
+  if (st != APEX_ERR_UNSUPPORTED) fail_msg("%s: status %s, expected unsupported", slot, apex_status_name(st));
+  const char *msg = apex_last_error();
+  if (!strstr(msg, slot) || !strstr(msg, names)) fail_msg("%s: message \"%s\" does not name \"%s\"", slot, msg, names);
+}
+
+static void test_cuda_slot_refusals(void **state) {
+  (void)state;
+  const apex_backend *cb = apex__backend_for(APEX_DEVICE_CUDA);
+  if (!cb) {
+    printf("# cuda slot refusals skipped: %s\n", apex__device_missing(APEX_DEVICE_CUDA));
+    skip();
+  }
+  float f[4] = {0};
+  apex_nn_bcast flat = {.nd = 1, .shape = {4}, .st = {{1}, {1}}, .rows = 1, .len = 4};
+  apex_nn_bcast bc = {.nd = 1, .shape = {4}, .st = {{1}, {0}}, .rows = 1, .len = 4};
+  apex_nn_buf fb = {f, APEX_F32};
+  refused(cb->nn_binary(&(apex_nn_binary_args){.kind = APEX_NN_DIV, .plan = &flat, .a = fb, .b = fb, .out = f}), "nn_binary", "add and mul");
+  refused(cb->nn_binary(&(apex_nn_binary_args){.kind = APEX_NN_ADD, .plan = &bc, .a = fb, .b = fb, .out = f}), "nn_binary", "broadcast");
+  refused(cb->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = APEX_NN_MUL, .plan = &bc, .a = fb, .b = fb, .gout = f, .ga = f}),
+          "nn_binary_bwd", "broadcast");
+  refused(cb->nn_unary(&(apex_nn_unary_args){.kind = APEX_NN_TANH, .n = 4, .x = {f, APEX_F32}, .out = f}), "nn_unary", "relu and tanh gelu");
+  refused(cb->nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = APEX_NN_GELU, .n = 4, .x = {f, APEX_F32}, .gout = f, .gx = f}), "nn_unary_bwd",
+          "relu and tanh gelu");
+  refused(cb->nn_row_norm(&(apex_nn_row_norm_args){.rows = 1, .cols = 4, .x = {f, APEX_F32}, .out = f, .out_dtype = APEX_F32, .stats = f}),
+          "nn_row_norm", "without a weight");
+  refused(cb->nn_row_norm(&(apex_nn_row_norm_args){.rows = 1, .cols = 4, .x = {f, APEX_F16}, .w = {f, APEX_F16}, .out = f,
+                                                   .out_dtype = APEX_F32, .stats = f}),
+          "nn_row_norm", "x's");
+  refused(cb->nn_row_norm(&(apex_nn_row_norm_args){.centre = 1, .rows = 1, .cols = 4, .x = {f, APEX_F32}, .w = {f, APEX_F32},
+                                                   .b = {f, APEX_BF16}, .out = f, .out_dtype = APEX_F32, .stats = f}),
+          "nn_row_norm", "bias of another dtype");
+  refused(cb->nn_row_norm_bwd(&(apex_nn_row_norm_bwd_args){.rows = 1, .cols = 4, .x = {f, APEX_F32}, .stats = f, .gout = f, .gx = f}),
+          "nn_row_norm_bwd", "without a weight");
+  refused(cb->nn_reduce(&(apex_nn_reduce_args){.kind = APEX_NN_REDUCE_NORM, .outer = 1, .dim = 4, .inner = 1, .x = f, .out = f, .norms = f}),
+          "nn_reduce", "L2 norm");
+  refused(cb->nn_reduce(&(apex_nn_reduce_args){.kind = APEX_NN_REDUCE_SUM, .outer = 2, .dim = 2, .inner = 1, .scale = 1, .x = f, .out = f}),
+          "nn_reduce", "inner dimension");
+  refused(cb->nn_linear(&(apex_nn_linear_args){.m = 1, .n = 2, .k = 2, .x = {f, APEX_F16}, .w = {f, APEX_F32}, .out = f, .out_dtype = APEX_F32}),
+          "nn_linear", "f16 and f32");
+  refused(cb->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = 1, .n = 2, .k = 2, .x = {f, APEX_F32}, .w = {f, APEX_BF16}, .gout = f, .gx = f}),
+          "nn_linear_bwd", "gradient and w");
+  refused(cb->nn_matmul(&(apex_nn_matmul_args){.batch = 1, .m = 1, .n = 2, .k = 2, .a = {f, APEX_BF16}, .b = {f, APEX_F16}, .out = f,
+                                               .out_dtype = APEX_F32}),
+          "nn_matmul", "bf16 and f16");
+  refused(cb->nn_matmul(&(apex_nn_matmul_args){.batch = (size_t)INT_MAX + 1, .m = 1, .n = 2, .k = 2, .a = {f, APEX_F32}, .b = {f, APEX_F32},
+                                               .out = f, .out_dtype = APEX_F32}),
+          "nn_matmul", "batch of");
+  refused(cb->nn_matmul_bwd(&(apex_nn_matmul_bwd_args){.batch = 1, .m = 1, .n = 2, .k = 2, .a = {f, APEX_F16}, .b = {f, APEX_F32},
+                                                       .gout = f, .gb = f}),
+          "nn_matmul_bwd", "gradient and a");
+  refused(cb->nn_conv2d(&(apex_nn_conv2d_args){.geom = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1}, .x = {f, APEX_F16}, .w = {f, APEX_F32},
+                                               .out = f, .out_dtype = APEX_F16}),
+          "nn_conv2d", "different dtypes");
+  refused(cb->nn_attention(&(apex_nn_attention_args){.heads = 1, .t = 1, .d = 1, .q = f, .k = f, .v = f, .p = f, .out = f}), "nn_attention",
+          "packed qkv");
+  refused(cb->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = 1, .classes = 2, .x = f}), "nn_cross_entropy", "log-sum-exp");
+  refused(cb->nn_batch_norm(&(apex_nn_batch_norm_args){.N = 1, .C = 1, .S = 1, .x = f, .out = f, .stats = f}), "nn_batch_norm",
+          "batch statistics");
+}
+
 /* ---- summary -------------------------------------------------------------------------------------- */
 
 /* The table, the coverage line, and the verdict over every section. */
@@ -504,6 +815,8 @@ int main(void) {
       cmocka_unit_test(test_op_cases),
       cmocka_unit_test(test_multi_tensor_cases),
       cmocka_unit_test(test_optimizer_cases),
+      cmocka_unit_test(test_nn_slot_cases),
+      cmocka_unit_test(test_cuda_slot_refusals),
       cmocka_unit_test(test_summary),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

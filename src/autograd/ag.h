@@ -282,6 +282,10 @@ apex_var *apex__batch_norm_hooked(apex_graph *g, const apex__bn_stats_hook *hook
                                   apex_tensor *running_mean, apex_tensor *running_var, const apex_batch_norm_options *opts);
 
 static inline float *ag_data(const apex_tensor *t) { return (float *)apex_tensor_data(t); }
+/* t's elements as stored, for a slot that reads them in their own dtype (args_nn.h); a var's value,
+ * or no data when the var is absent (an optional input). */
+static inline apex_nn_buf ag_buf(const apex_tensor *t) { return (apex_nn_buf){apex_tensor_data(t), t->dtype}; }
+static inline apex_nn_buf ag_buf_of(const apex_var *v) { return v ? ag_buf(v->value) : (apex_nn_buf){NULL, APEX_F32}; }
 static inline size_t ag_numel(const apex_var *v) { return v->value->numel; }
 static inline size_t ag_nz(size_t n) { return n ? n : 1; }
 static inline int ag_needs(const apex_var *v) { return v && v->requires_grad; }

@@ -33,12 +33,10 @@ apex_var *apex_conv2d(apex_graph *g, apex_var *x, apex_var *w, apex_var *b, cons
   apex_var *out = apex__result(g, APEX_OP_CONV2D, dt, 4, shape, 3, u);
   if (!out) return NULL;
   out->p.conv = q;
-  const float *xf = apex__f32(g, X), *wf = apex__f32(g, W), *bf = b ? apex__f32(g, u[2]->value) : NULL;
-  float *o = apex__out_f32(g, out);
-  if (!xf || !wf || !o || (b && !bf)) return NULL;
-  if (be->nn_conv2d(&(apex_nn_conv2d_args){.geom = q, .x = xf, .w = wf, .bias = bf, .out = o, .ws = apex__ag_workspace(g)}) != APEX_OK)
+  if (be->nn_conv2d(&(apex_nn_conv2d_args){.geom = q, .x = ag_buf(X), .w = ag_buf(W), .bias = ag_buf_of(b ? u[2] : NULL),
+                                           .out = apex_tensor_data(out->value), .out_dtype = out->value->dtype,
+                                           .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
-  apex__store(out, o);
   return out;
 }
 
@@ -49,9 +47,8 @@ apex_status apex__bwd_conv2d(apex_graph *g, apex_var *out) {
   int fresh;
   float *gx = apex__gbuf_w(g, out->in[0], &fresh), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
   if (!gw && !gx && !gb) return APEX_OK;
-  const float *xf = gw ? apex__f32(g, out->in[0]->value) : NULL, *wf = gx ? apex__f32(g, out->in[1]->value) : NULL;
-  if ((gw && !xf) || (gx && !wf)) return APEX_ERR_OUT_OF_MEMORY;
-  return be->nn_conv2d_bwd(&(apex_nn_conv2d_bwd_args){.geom = out->p.conv, .x = xf, .w = wf, .gout = out->gbuf, .gx = gx, .gw = gw,
+  return be->nn_conv2d_bwd(&(apex_nn_conv2d_bwd_args){.geom = out->p.conv, .x = ag_buf(out->in[0]->value),
+                                                      .w = ag_buf(out->in[1]->value), .gout = out->gbuf, .gx = gx, .gw = gw,
                                                       .gb = gb, .accumulate_x = !fresh, .accumulate_w = 1, .accumulate_b = 1,
                                                       .ws = apex__ag_workspace(g)});
 }

@@ -65,11 +65,10 @@ static apex_var *binary(apex_graph *g, apex_op op, apex_var *a, apex_var *b) {
    * results do not require grad either). */
   apex_var *out = apex__result(g, op, dt, p.nd, p.shape, is_comparison(op) ? 0 : 2, u);
   if (!out) return NULL;
-  const float *A = apex__f32(g, u[0]->value), *B = apex__f32(g, u[1]->value);
-  float *o = apex__out_f32(g, out);
-  if (!A || !B || !o) return NULL;
-  if (be->nn_binary(&(apex_nn_binary_args){.kind = binary_kind(op), .plan = &p, .a = A, .b = B, .out = o}) != APEX_OK) return NULL;
-  apex__store(out, o);
+  if (be->nn_binary(&(apex_nn_binary_args){.kind = binary_kind(op), .plan = &p, .a = ag_buf(u[0]->value), .b = ag_buf(u[1]->value),
+                                           .numel_a = ag_numel(u[0]), .numel_b = ag_numel(u[1]), .out = apex_tensor_data(out->value),
+                                           .out_dtype = out->value->dtype, .ws = apex__ag_workspace(g)}) != APEX_OK)
+    return NULL;
   return out;
 }
 
@@ -90,14 +89,15 @@ apex_status apex__bwd_binary(apex_graph *g, apex_var *out) {
   if (!be || !AG_HAS(be, nn_binary_bwd, op)) return apex_last_status();
   /* add and sub have constant partials and read no values (op_table.c lets them go) */
   int reads = op == APEX_OP_MUL || op == APEX_OP_DIV || op == APEX_OP_POW_TENSOR;
-  const float *v[2] = {NULL, NULL};
-  if (reads && (!(v[0] = apex__f32(g, out->in[0]->value)) || !(v[1] = apex__f32(g, out->in[1]->value)))) return APEX_ERR_OUT_OF_MEMORY;
+  apex_nn_buf v[2] = {{NULL, APEX_F32}, {NULL, APEX_F32}};
+  if (reads) v[0] = ag_buf(out->in[0]->value), v[1] = ag_buf(out->in[1]->value);
   /* a and b may be one var: the kernel adds a's terms, then b's, into the one buffer */
   float *ga = apex__gbuf(g, out->in[0]), *gb = apex__gbuf(g, out->in[1]);
   if (!ga && !gb) return APEX_OK;
   return be->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = binary_kind(op), .plan = &p, .a = v[0], .b = v[1],
                                                       .numel_a = ag_numel(out->in[0]), .numel_b = ag_numel(out->in[1]),
-                                                      .gout = out->gbuf, .ga = ga, .gb = gb, .accumulate_a = 1, .accumulate_b = 1});
+                                                      .gout = out->gbuf, .ga = ga, .gb = gb, .accumulate_a = 1, .accumulate_b = 1,
+                                                      .ws = apex__ag_workspace(g)});
 }
 
 /* ---- scale --------------------------------------------------------------------------------------- */
@@ -111,11 +111,9 @@ apex_var *apex_scale(apex_graph *g, apex_var *x, float s) {
   apex_var *out = apex__result(g, APEX_OP_SCALE, dt, u->value->ndim, u->value->shape, 1, &u);
   if (!out) return NULL;
   out->p.scale.s = s;
-  const float *X = apex__f32(g, u->value);
-  float *o = apex__out_f32(g, out);
-  if (!X || !o) return NULL;
-  if (be->nn_scale(&(apex_nn_scale_args){.n = ag_numel(out), .x = X, .out = o, .s = s}) != APEX_OK) return NULL;
-  apex__store(out, o);
+  if (be->nn_scale(&(apex_nn_scale_args){.n = ag_numel(out), .x = ag_buf(u->value), .out = apex_tensor_data(out->value),
+                                         .out_dtype = out->value->dtype, .s = s, .ws = apex__ag_workspace(g)}) != APEX_OK)
+    return NULL;
   return out;
 }
 
@@ -153,12 +151,10 @@ static apex_var *unary(apex_graph *g, apex_op op, apex_var *x, float p) {
   apex_var *out = apex__result(g, op, dt, u->value->ndim, u->value->shape, 1, &u);
   if (!out) return NULL;
   out->p.scale.s = p;
-  const float *X = apex__f32(g, u->value);
-  float *o = apex__out_f32(g, out);
-  if (!X || !o) return NULL;
-  if (be->nn_unary(&(apex_nn_unary_args){.kind = unary_kind(op), .n = ag_numel(out), .x = X, .out = o, .p = p}) != APEX_OK)
+  if (be->nn_unary(&(apex_nn_unary_args){.kind = unary_kind(op), .n = ag_numel(out), .x = ag_buf(u->value),
+                                         .out = apex_tensor_data(out->value), .out_dtype = out->value->dtype, .p = p,
+                                         .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
-  apex__store(out, o);
   return out;
 }
 
@@ -178,7 +174,7 @@ apex_status apex__bwd_unary(apex_graph *g, apex_var *out) {
   const apex_backend *be = apex__ag_backend(out, out->op);
   if (!be || !AG_HAS(be, nn_unary_bwd, out->op)) return apex_last_status();
   apex_nn_unary_bwd_args a = {.kind = unary_kind(out->op), .n = ag_numel(out), .p = out->p.scale.s, .gout = out->gbuf,
-                              .accumulate_x = 1};
+                              .accumulate_x = 1, .ws = apex__ag_workspace(g)};
   if (out->op == APEX_OP_RELU) {
     int fresh;
     a.gx = apex__gbuf_w(g, out->in[0], &fresh);
@@ -190,8 +186,7 @@ apex_status apex__bwd_unary(apex_graph *g, apex_var *out) {
   }
   a.gx = apex__gbuf(g, out->in[0]);
   if (!a.gx) return APEX_OK;
-  a.x = apex__f32(g, out->in[0]->value);
-  if (!a.x) return APEX_ERR_OUT_OF_MEMORY;
+  a.x = ag_buf(out->in[0]->value);
   return be->nn_unary_bwd(&a);
 }
 

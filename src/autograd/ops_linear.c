@@ -3,8 +3,6 @@
  * Operands and results stay in their own dtypes. */
 #include "autograd/ag.h"
 
-static apex_nn_buf buf(const apex_tensor *t) { return (apex_nn_buf){apex_tensor_data(t), t->dtype}; }
-
 /* ---- matmul -------------------------------------------------------------------------------------- */
 
 typedef struct mm_dims {
@@ -49,7 +47,7 @@ apex_var *apex_matmul(apex_graph *g, apex_var *a, apex_var *b) {
   if (!be || !AG_HAS(be, nn_matmul, APEX_OP_MATMUL)) return NULL;
   apex_var *out = apex__result(g, APEX_OP_MATMUL, dt, nd, shape, 2, u);
   if (!out) return NULL;
-  if (be->nn_matmul(&(apex_nn_matmul_args){.batch = d.batch, .m = d.m, .n = d.n, .k = d.k, .a = buf(u[0]->value), .b = buf(u[1]->value),
+  if (be->nn_matmul(&(apex_nn_matmul_args){.batch = d.batch, .m = d.m, .n = d.n, .k = d.k, .a = ag_buf(u[0]->value), .b = ag_buf(u[1]->value),
                                            .b_batched = d.batch > 1, .out = apex_tensor_data(out->value), .out_dtype = dt,
                                            .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
@@ -62,8 +60,8 @@ apex_status apex__bwd_matmul(apex_graph *g, apex_var *out) {
   mm_dims d;
   mm_plan(out->in[0]->value, out->in[1]->value, &d);
   float *ga = apex__gbuf(g, out->in[0]), *gb = apex__gbuf(g, out->in[1]);
-  return be->nn_matmul_bwd(&(apex_nn_matmul_bwd_args){.batch = d.batch, .m = d.m, .n = d.n, .k = d.k, .a = buf(out->in[0]->value),
-                                                      .b = buf(out->in[1]->value), .b_batched = d.batch > 1, .gout = out->gbuf, .ga = ga,
+  return be->nn_matmul_bwd(&(apex_nn_matmul_bwd_args){.batch = d.batch, .m = d.m, .n = d.n, .k = d.k, .a = ag_buf(out->in[0]->value),
+                                                      .b = ag_buf(out->in[1]->value), .b_batched = d.batch > 1, .gout = out->gbuf, .ga = ga,
                                                       .gb = gb, .accumulate_a = 1, .accumulate_b = 1, .ws = apex__ag_workspace(g)});
 }
 
@@ -89,7 +87,7 @@ apex_var *apex_linear(apex_graph *g, apex_var *x, apex_var *w, apex_var *b) {
   if (!out) return NULL;
   const float *bf = b ? apex__f32(g, u[2]->value) : NULL;
   if (b && !bf) return NULL;
-  if (be->nn_linear(&(apex_nn_linear_args){.m = m, .n = n, .k = k, .x = buf(X), .w = buf(W), .bias = bf, .out = apex_tensor_data(out->value),
+  if (be->nn_linear(&(apex_nn_linear_args){.m = m, .n = n, .k = k, .x = ag_buf(X), .w = ag_buf(W), .bias = bf, .out = apex_tensor_data(out->value),
                                            .out_dtype = dt, .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
   return out;
@@ -105,7 +103,7 @@ apex_status apex__bwd_linear(apex_graph *g, apex_var *out) {
   int fresh_x, fresh_w;
   float *gx = apex__gbuf_w(g, out->in[0], &fresh_x), *gw = apex__gbuf_w(g, out->in[1], &fresh_w);
   float *gb = apex__gbuf(g, out->in[2]);
-  return be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = m, .n = n, .k = k, .x = buf(X), .w = buf(W), .gout = out->gbuf, .gx = gx,
+  return be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = m, .n = n, .k = k, .x = ag_buf(X), .w = ag_buf(W), .gout = out->gbuf, .gx = gx,
                                                       .gw = gw, .gb = gb, .accumulate_x = !fresh_x, .accumulate_w = !fresh_w,
                                                       .accumulate_b = 1, .ws = apex__ag_workspace(g)});
 }

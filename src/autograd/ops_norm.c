@@ -177,16 +177,16 @@ static apex_var *row_norm(apex_graph *g, apex_op op, apex_var *x, int nn, const 
   if (!be || !AG_HAS(be, nn_row_norm, op)) return NULL;
   apex_var *out = apex__result(g, op, dt, X->ndim, X->shape, n_in, u);
   if (!out) return NULL;
-  const float *xf = apex__f32(g, X), *wf = u[1] ? apex__f32(g, u[1]->value) : NULL, *bf = u[2] ? apex__f32(g, u[2]->value) : NULL;
-  float *o = apex__out_f32(g, out), *st = apex__scratch(g, ag_nz(2 * R) * sizeof(float));
-  if (!xf || !o || !st || (u[1] && !wf) || (u[2] && !bf)) return NULL;
+  float *st = apex__scratch(g, ag_nz(2 * R) * sizeof(float));
+  if (!st) return NULL;
   out->aux = st;
   out->p.row_norm.rows = (int64_t)R;
   out->p.row_norm.cols = (int64_t)D;
-  if (be->nn_row_norm(&(apex_nn_row_norm_args){.centre = op == APEX_OP_LAYER_NORM, .rows = R, .cols = D, .x = xf, .w = wf, .b = bf,
-                                               .out = o, .stats = st, .eps = eps}) != APEX_OK)
+  if (be->nn_row_norm(&(apex_nn_row_norm_args){.centre = op == APEX_OP_LAYER_NORM, .rows = R, .cols = D, .x = ag_buf(X),
+                                               .w = ag_buf_of(u[1]), .b = ag_buf_of(u[2]), .out = apex_tensor_data(out->value),
+                                               .out_dtype = out->value->dtype, .stats = st, .eps = eps,
+                                               .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
-  apex__store(out, o);
   return out;
 }
 
@@ -214,14 +214,13 @@ static apex_status row_norm_bwd(apex_graph *g, apex_var *out) {
   size_t R = (size_t)out->p.row_norm.rows, D = (size_t)out->p.row_norm.cols;
   int centre = out->op == APEX_OP_LAYER_NORM;
   float *gx = apex__gbuf(g, out->in[0]), *gw = apex__gbuf(g, out->in[1]), *gb = centre ? apex__gbuf(g, out->in[2]) : NULL;
-  const float *xf = apex__f32(g, out->in[0]->value), *wf = out->in[1] ? apex__f32(g, out->in[1]->value) : NULL;
   size_t ws = gw ? ag_nz(R * D) * sizeof(float) : 0;
   float *gxhat = gw ? apex__scratch(g, ws) : NULL;
-  if (!xf || (out->in[1] && !wf) || (gw && !gxhat)) return APEX_ERR_OUT_OF_MEMORY;
-  return be->nn_row_norm_bwd(&(apex_nn_row_norm_bwd_args){.centre = centre, .rows = R, .cols = D, .x = xf, .w = wf, .stats = out->aux,
-                                                          .gout = out->gbuf, .gx = gx, .gw = gw, .gb = gb, .accumulate_x = 1,
-                                                          .accumulate_w = 1, .accumulate_b = 1, .workspace = gxhat,
-                                                          .workspace_bytes = ws});
+  if (gw && !gxhat) return APEX_ERR_OUT_OF_MEMORY;
+  return be->nn_row_norm_bwd(&(apex_nn_row_norm_bwd_args){.centre = centre, .rows = R, .cols = D, .x = ag_buf(out->in[0]->value),
+                                                          .w = ag_buf_of(out->in[1]), .stats = out->aux, .gout = out->gbuf, .gx = gx,
+                                                          .gw = gw, .gb = gb, .accumulate_x = 1, .accumulate_w = 1, .accumulate_b = 1,
+                                                          .workspace = gxhat, .workspace_bytes = ws, .ws = apex__ag_workspace(g)});
 }
 
 apex_status apex__bwd_layer_norm(apex_graph *g, apex_var *out) { return row_norm_bwd(g, out); }

@@ -25,6 +25,13 @@ typedef struct apex_nn_workspace {
   void *ctx;
 } apex_nn_workspace;
 
+/* A tensor's elements as stored, in its own dtype (any float dtype; row-major): what a kernel that
+ * reads native dtypes takes, and what the CPU's kernels widen to f32 themselves. */
+typedef struct apex_nn_buf {
+  const void *data;
+  apex_dtype dtype;
+} apex_nn_buf;
+
 /* ---- elementwise (cpu/elementwise.c, cuda/elementwise.cu) ------------------------------------- */
 
 typedef enum apex_nn_binary_kind {
@@ -41,24 +48,30 @@ typedef struct apex_nn_bcast {
   size_t rows, len;              /* rows x len = the output's element count */
 } apex_nn_bcast;
 
-/* out = a (kind) b over the broadcast; comparisons give 1.0f or 0.0f. */
+/* out = a (kind) b over the broadcast, computed in f32 from the native operands (numel_a, numel_b
+ * elements) and rounded to out_dtype; comparisons give 1.0f or 0.0f. ws as unary's. */
 typedef struct apex_nn_binary_args {
   apex_nn_binary_kind kind;
   const apex_nn_bcast *plan;
-  const float *a, *b;
-  float *out;
+  apex_nn_buf a, b;
+  size_t numel_a, numel_b;
+  void *out;
+  apex_dtype out_dtype;
+  apex_nn_workspace ws;
 } apex_nn_binary_args;
 
-/* ga, gb += gout * d(out)/d(a), d(out)/d(b), summed over broadcast positions in row order. a and b are
- * read only by MUL, DIV and POW (NULL otherwise). Not for comparisons, which have no gradient. */
+/* ga, gb += gout * d(out)/d(a), d(out)/d(b), summed over broadcast positions in row order. a and b
+ * (native, widened as the forward's) are read only by MUL, DIV and POW (no data otherwise). Not for
+ * comparisons, which have no gradient. */
 typedef struct apex_nn_binary_bwd_args {
   apex_nn_binary_kind kind;
   const apex_nn_bcast *plan;
-  const float *a, *b;
+  apex_nn_buf a, b;
   size_t numel_a, numel_b;       /* the operands' element counts */
   const float *gout;             /* plan's rows x len */
   float *ga, *gb;
   int accumulate_a, accumulate_b;
+  apex_nn_workspace ws;
 } apex_nn_binary_bwd_args;
 
 typedef enum apex_nn_unary_kind {
@@ -66,35 +79,41 @@ typedef enum apex_nn_unary_kind {
   APEX_NN_POW_SCALAR
 } apex_nn_unary_kind;
 
-/* out = kind(x) over n elements; POW_SCALAR raises to p (2 and 0.5 exactly rounded, as PyTorch). */
+/* out = kind(x) over n elements, computed in f32 from the native x and rounded to out_dtype; POW_SCALAR
+ * raises to p (2 and 0.5 exactly rounded, as PyTorch). ws: the f32 copies a kernel widens into. */
 typedef struct apex_nn_unary_args {
   apex_nn_unary_kind kind;
   size_t n;
-  const float *x;
-  float *out;
+  apex_nn_buf x;
+  void *out;
+  apex_dtype out_dtype;
   float p;
+  apex_nn_workspace ws;
 } apex_nn_unary_args;
 
 /* gx += gout * kind'(x). RELU reads its output y (y_dtype, raw: non-zero exactly where x > 0) instead
- * of x; every other kind reads x (f32). */
+ * of x; every other kind reads x (native, widened as the forward's). */
 typedef struct apex_nn_unary_bwd_args {
   apex_nn_unary_kind kind;
   size_t n;
-  const float *x;
+  apex_nn_buf x;
   const void *y;
   apex_dtype y_dtype;
   float p;
   const float *gout;
   float *gx;
   int accumulate_x;
+  apex_nn_workspace ws;
 } apex_nn_unary_bwd_args;
 
-/* out = x * s; backward gx += gout * s. */
+/* out = x * s (native x, f32 product rounded to out_dtype, as unary's); backward gx += gout * s. */
 typedef struct apex_nn_scale_args {
   size_t n;
-  const float *x;
-  float *out;
+  apex_nn_buf x;
+  void *out;
+  apex_dtype out_dtype;
   float s;
+  apex_nn_workspace ws;
 } apex_nn_scale_args;
 
 typedef struct apex_nn_scale_bwd_args {
@@ -256,28 +275,33 @@ typedef struct apex_nn_batch_norm_dx_args {
 } apex_nn_batch_norm_dx_args;
 
 /* Layer norm (centre: subtract the row mean, add b) or RMS norm of each of R rows of D: out =
- * (x - mean) * rstd * w + b, with rstd = 1 / sqrt(mean of squares + eps); stats receives mean[R] then
- * rstd[R]. */
+ * (x - mean) * rstd * w + b, with rstd = 1 / sqrt(mean of squares + eps), computed in f32 from the
+ * native x, w, b (w, b data NULL: 1, 0) and rounded to out_dtype; stats (f32) receives mean[R] then
+ * rstd[R]. ws: the f32 copies of inputs and result that a kernel widens into. */
 typedef struct apex_nn_row_norm_args {
   int centre;
   size_t rows, cols;
-  const float *x, *w, *b;
-  float *out;
+  apex_nn_buf x, w, b;
+  void *out;
+  apex_dtype out_dtype;
   float *stats;
   float eps;
+  apex_nn_workspace ws;
 } apex_nn_row_norm_args;
 
-/* Its backward; gw (when set) needs workspace of rows * cols floats for gout * xhat. */
+/* Its backward from the native x and w (as the forward's); gw (when set) needs workspace of rows *
+ * cols floats for gout * xhat; ws as the forward's. */
 typedef struct apex_nn_row_norm_bwd_args {
   int centre;
   size_t rows, cols;
-  const float *x, *w;
+  apex_nn_buf x, w;
   const float *stats;
   const float *gout;
   float *gx, *gw, *gb;
   int accumulate_x, accumulate_w, accumulate_b;
   float *workspace;
   size_t workspace_bytes;
+  apex_nn_workspace ws;
 } apex_nn_row_norm_bwd_args;
 
 /* ---- reductions, layout and lookups (cpu/shape.c, cuda/embedding.cu) --------------------------------- */
@@ -373,12 +397,6 @@ typedef struct apex_nn_embedding_bwd_args {
 
 /* ---- products (cpu/linear.c on cpu/gemm.c, cuda/gemm.cu) -------------------------------------------- */
 
-/* An operand or result of a product as stored: row-major, any float dtype. */
-typedef struct apex_nn_buf {
-  const void *data;
-  apex_dtype dtype;
-} apex_nn_buf;
-
 /* out [batch][m, n] (out_dtype) = a [batch][m, k] b [k, n] (b_batched: [batch][k, n]), accumulated in
  * f32. */
 typedef struct apex_nn_matmul_args {
@@ -458,19 +476,20 @@ typedef struct apex_nn_conv_geom {
   int n, c, h, w, o, kh, kw, sh, sw, ph, pw, ho, wo;
 } apex_nn_conv_geom;
 
-/* out [n, o, ho, wo] = the convolution of x [n, c, h, w] with w [o, c, kh, kw], plus bias [o] (may be
- * NULL); all f32. */
+/* out [n, o, ho, wo] (out_dtype) = the convolution of x [n, c, h, w] with w [o, c, kh, kw], plus bias
+ * [o] (data NULL: none), in f32 from the native inputs. */
 typedef struct apex_nn_conv2d_args {
   apex_nn_conv_geom geom;
-  const float *x, *w, *bias;
-  float *out;
+  apex_nn_buf x, w, bias;
+  void *out;
+  apex_dtype out_dtype;
   apex_nn_workspace ws;
 } apex_nn_conv2d_args;
 
-/* gx, gw, gb of the convolution; x is read when gw is set, w when gx is. */
+/* gx, gw, gb of the convolution; x (native) is read when gw is set, w (native) when gx is. */
 typedef struct apex_nn_conv2d_bwd_args {
   apex_nn_conv_geom geom;
-  const float *x, *w;
+  apex_nn_buf x, w;
   const float *gout;
   float *gx, *gw, *gb;
   int accumulate_x, accumulate_w, accumulate_b;

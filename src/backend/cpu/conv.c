@@ -137,9 +137,12 @@ apex_status apex__cpu_nn_conv2d(const apex_nn_conv2d_args *a) {
   conv_geom q = a->geom;
   size_t K = cg_k(&q), P = cg_p(&q), CHW = (size_t)q.c * q.h * q.w, OP = (size_t)q.o * P;
   int par = conv_par(&q), nt = par ? apex_get_num_threads() : 1;
-  const float *xf = a->x, *wf = a->w, *bf = a->bias;
+  const float *xf = apex__cpu_f32(a->x, (size_t)q.n * CHW, &a->ws), *wf = apex__cpu_f32(a->w, (size_t)q.o * K, &a->ws);
+  const float *bf = apex__cpu_f32(a->bias, (size_t)q.o, &a->ws);
+  float *o = apex__cpu_out_f32(a->out, a->out_dtype, (size_t)q.n * OP, &a->ws);
+  if (!xf || !wf || !o || (a->bias.data && !bf)) return APEX_ERR_OUT_OF_MEMORY;
   size_t per = K * P + cg_padded(&q);
-  float *cols = a->ws.get(a->ws.ctx, (size_t)nt * per * sizeof(float)), *o = a->out;
+  float *cols = a->ws.get(a->ws.ctx, (size_t)nt * per * sizeof(float));
   if (!cols) return APEX_ERR_OUT_OF_MEMORY;
   apex__blas_serial();
 #pragma omp parallel if (par)
@@ -155,6 +158,7 @@ apex_status apex__cpu_nn_conv2d(const apex_nn_conv2d_args *a) {
       apex__sgemm_call(0, 0, q.o, (int)P, (int)K, 1.0f, wf, (int)K, cb, (int)P, bf ? 1.0f : 0.0f, on, (int)P);
     }
   }
+  apex__cpu_store(a->out, a->out_dtype, o, (size_t)q.n * OP);
   return APEX_OK;
 }
 
@@ -179,7 +183,9 @@ apex_status apex__cpu_nn_conv2d_bwd(const apex_nn_conv2d_bwd_args *a) {
   const float *go = a->gout;
   int par = conv_par(&q), nt = par ? apex_get_num_threads() : 1, runs = weight_runs(&q);
   if (!gw && !gx && !gb) return APEX_OK;
-  const float *xf = gw ? a->x : NULL, *wf = gx ? a->w : NULL;
+  const float *xf = gw ? apex__cpu_f32(a->x, (size_t)q.n * CHW, &a->ws) : NULL;
+  const float *wf = gx ? apex__cpu_f32(a->w, (size_t)q.o * K, &a->ws) : NULL;
+  if ((gw && !xf) || (gx && !wf)) return APEX_ERR_OUT_OF_MEMORY;
   apex__cpu_grad_begin(gw, OK, a->accumulate_w);
   apex__cpu_grad_begin(gb, (size_t)q.o, a->accumulate_b);
   size_t per = 2 * K * P + cg_padded(&q);

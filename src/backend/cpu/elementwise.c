@@ -24,10 +24,11 @@ static void row_offsets(const apex_nn_bcast *p, size_t r, size_t off[2]) {
 
 apex_status apex__cpu_nn_binary(const apex_nn_binary_args *a) {
   const apex_nn_bcast *p = a->plan;
-  const float *A = a->a, *B = a->b;
-  float *o = a->out;
   apex_nn_binary_kind op = a->kind;
   size_t rows = p->rows, len = p->len, n = rows * len;
+  const float *A = apex__cpu_f32(a->a, a->numel_a, &a->ws), *B = apex__cpu_f32(a->b, a->numel_b, &a->ws);
+  float *o = apex__cpu_out_f32(a->out, a->out_dtype, n, &a->ws);
+  if (!A || !B || !o) return APEX_ERR_OUT_OF_MEMORY;
   size_t sa = p->nd ? (size_t)p->st[0][p->nd - 1] : 0, sb = p->nd ? (size_t)p->st[1][p->nd - 1] : 0;
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t r = 0; r < rows; r++) {
@@ -46,6 +47,7 @@ apex_status apex__cpu_nn_binary(const apex_nn_binary_args *a) {
     default: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] / y[j * sb]; break;
     }
   }
+  apex__cpu_store(a->out, a->out_dtype, o, n);
   return APEX_OK;
 }
 
@@ -69,7 +71,8 @@ apex_status apex__cpu_nn_binary_bwd(const apex_nn_binary_bwd_args *a) {
   apex_nn_binary_kind op = a->kind;
   /* add and sub have constant partials and read no values */
   int reads = op == APEX_NN_MUL || op == APEX_NN_DIV || op == APEX_NN_POW;
-  const float *v[2] = {a->a, a->b};
+  const float *v[2] = {apex__cpu_f32(a->a, a->numel_a, &a->ws), apex__cpu_f32(a->b, a->numel_b, &a->ws)};
+  if ((a->a.data && !v[0]) || (a->b.data && !v[1])) return APEX_ERR_OUT_OF_MEMORY;
   const float *go = a->gout;
   float *gout[2] = {a->ga, a->gb};
   size_t numel[2] = {a->numel_a, a->numel_b};
@@ -101,12 +104,14 @@ apex_status apex__cpu_nn_binary_bwd(const apex_nn_binary_bwd_args *a) {
 }
 
 apex_status apex__cpu_nn_scale(const apex_nn_scale_args *a) {
-  const float *X = a->x;
-  float *o = a->out;
-  float s = a->s;
   size_t n = a->n;
+  const float *X = apex__cpu_f32(a->x, n, &a->ws);
+  float *o = apex__cpu_out_f32(a->out, a->out_dtype, n, &a->ws);
+  if (!X || !o) return APEX_ERR_OUT_OF_MEMORY;
+  float s = a->s;
   APEX__CPU_PFOR
   for (size_t i = 0; i < n; i++) o[i] = X[i] * s;
+  apex__cpu_store(a->out, a->out_dtype, o, n);
   return APEX_OK;
 }
 
@@ -125,10 +130,11 @@ apex_status apex__cpu_nn_scale_bwd(const apex_nn_scale_bwd_args *a) {
 #define GELU_C 0.044715f
 
 apex_status apex__cpu_nn_unary(const apex_nn_unary_args *a) {
-  const float *X = a->x;
-  float *o = a->out;
-  float p = a->p;
   size_t n = a->n;
+  const float *X = apex__cpu_f32(a->x, n, &a->ws);
+  float *o = apex__cpu_out_f32(a->out, a->out_dtype, n, &a->ws);
+  if (!X || !o) return APEX_ERR_OUT_OF_MEMORY;
+  float p = a->p;
   switch (a->kind) {
   case APEX_NN_RELU:
     APEX__CPU_PFOR
@@ -172,6 +178,7 @@ apex_status apex__cpu_nn_unary(const apex_nn_unary_args *a) {
     for (size_t i = 0; i < n; i++) o[i] = 1.0f / (1.0f + expf(-X[i]));
     break;
   }
+  apex__cpu_store(a->out, a->out_dtype, o, n);
   return APEX_OK;
 }
 
@@ -218,8 +225,9 @@ apex_status apex__cpu_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
     relu_bwd(gx, !a->accumulate_x, a->y, a->y_dtype, a->gout, n);
     return APEX_OK;
   }
+  const float *X = apex__cpu_f32(a->x, n, &a->ws), *go = a->gout;
+  if (!X) return APEX_ERR_OUT_OF_MEMORY;
   apex__cpu_grad_begin(gx, n, a->accumulate_x);
-  const float *X = a->x, *go = a->gout;
   switch (a->kind) {
   case APEX_NN_GELU:
     APEX__CPU_PFOR

@@ -286,8 +286,9 @@ apex_status apex__cpu_nn_batch_norm_dx(const apex_nn_batch_norm_dx_args *a) {
 
 apex_status apex__cpu_nn_row_norm(const apex_nn_row_norm_args *a) {
   size_t R = a->rows, D = a->cols;
-  const float *xf = a->x, *wf = a->w, *bf = a->b;
-  float *o = a->out, *st = a->stats, eps = a->eps;
+  const float *xf = apex__cpu_f32(a->x, R * D, &a->ws), *wf = apex__cpu_f32(a->w, D, &a->ws), *bf = apex__cpu_f32(a->b, D, &a->ws);
+  float *o = apex__cpu_out_f32(a->out, a->out_dtype, R * D, &a->ws), *st = a->stats, eps = a->eps;
+  if (!xf || !o || (a->w.data && !wf) || (a->b.data && !bf)) return APEX_ERR_OUT_OF_MEMORY;
   int centre = a->centre;
 #pragma omp parallel for schedule(static) if (R * D > APEX__CPU_PAR_MIN)
   for (size_t r = 0; r < R; r++) {
@@ -300,13 +301,15 @@ apex_status apex__cpu_nn_row_norm(const apex_nn_row_norm_args *a) {
     float *orow = o + r * D;
     for (size_t j = 0; j < D; j++) orow[j] = (xr[j] - m) * rs * (wf ? wf[j] : 1.0f) + (bf ? bf[j] : 0.0f);
   }
+  apex__cpu_store(a->out, a->out_dtype, o, R * D);
   return APEX_OK;
 }
 
 apex_status apex__cpu_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) {
   size_t R = a->rows, D = a->cols;
   int centre = a->centre;
-  const float *xf = a->x, *wf = a->w, *st = a->stats, *go = a->gout;
+  const float *xf = apex__cpu_f32(a->x, R * D, &a->ws), *wf = apex__cpu_f32(a->w, D, &a->ws), *st = a->stats, *go = a->gout;
+  if (!xf || (a->w.data && !wf)) return APEX_ERR_OUT_OF_MEMORY;
   float *gx = a->gx, *gw = a->gw, *gb = a->gb, *gxhat = gw ? a->workspace : NULL;
   apex__cpu_grad_begin(gx, R * D, a->accumulate_x);
   apex__cpu_grad_begin(gw, D, a->accumulate_w);

@@ -1,0 +1,357 @@
+/* nn_slots.c: the CUDA backend's nn slots (backend/args_nn.h) over the kernels that exist on the GPU:
+ * elementwise.cu (add, mul, scale, ReLU, tanh GELU in their operands' and
+ * results' own dtypes; column sums), norm.cu (layer and RMS norm),
+ * embedding.cu, gemm.cu (linear, matmul) and conv.cu (cuDNN convolution). Every buffer of a slot's
+ * arguments is device memory, except the embedding's ids, which its kernel reads on the host.
+ *
+ * A slot covers what its kernel covers and answers APEX_ERR_UNSUPPORTED naming the rest (a kind, a
+ * broadcast, a dtype pairing), never an approximation of it; attention, cross entropy and batch norm,
+ * whose kernels keep other state for their backward, answer it whole. The kernels overwrite their gradient
+ * outputs; args_nn.h's accumulate rule (add into the buffer, or store 0.0f + term) is kept by computing
+ * the term into device scratch and adding it (land), so the bits are those of one f32 addition. All
+ * work is queued on apex's one stream; nothing here waits. */
+#include <limits.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/internal.h"
+
+static apex_status unsupported(const char *slot, const char *what) {
+  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: %s on the cuda backend; run this op on the CPU", slot, what);
+}
+
+/* n f32 of device scratch, or NULL after a message (*st set). */
+static float *scratch(size_t n, apex_status *st) {
+  void *p = NULL;
+  *st = apex__cuda_alloc((n ? n : 1) * sizeof(float), 0, &p);
+  return *st == APEX_OK ? (float *)p : NULL;
+}
+
+/* dst (f32, n) receives term by args_nn.h's accumulate rule: dst + term, or 0.0f + term when dst holds
+ * nothing yet (zeroed first, so -0 terms land as +0 exactly as on the CPU). */
+static apex_status land(float *dst, const float *term, size_t n, int accumulate) {
+  if (!n) return APEX_OK;
+  apex_status st = accumulate ? APEX_OK : apex__cuda_fill(dst, APEX_F32, 0.0f, n);
+  if (st == APEX_OK) st = apex__cuda_ew(APEX__EW_ADD, dst, APEX_F32, term, APEX_F32, 0.0f, dst, APEX_F32, (int64_t)n);
+  return st;
+}
+
+/* dst (when set) receives the f32 elementwise term op(a, b) over n elements, by the accumulate rule. */
+static apex_status ew_into(float *dst, int accumulate, apex__cuda_ew_op op, const void *a, apex_dtype at, const void *b,
+                           apex_dtype bt, float alpha, size_t n) {
+  if (!dst || !n) return APEX_OK;
+  apex_status st;
+  float *t = scratch(n, &st);
+  if (t) st = apex__cuda_ew(op, a, at, b, bt, alpha, t, APEX_F32, (int64_t)n);
+  if (st == APEX_OK) st = land(dst, t, n, accumulate);
+  apex__cuda_free(t);
+  return st;
+}
+
+/* ---- elementwise ------------------------------------------------------------------------------- */
+
+/* 1 when neither operand broadcasts: both move with the output's contiguous index in every dimension
+ * of extent above 1, so the plan is one flat run of rows * len elements. */
+static int flat_plan(const apex_nn_bcast *p) {
+  int64_t s = 1;
+  for (int d = p->nd - 1; d >= 0; d--) {
+    if (p->shape[d] != 1 && (p->st[0][d] != s || p->st[1][d] != s)) return 0;
+    s *= p->shape[d];
+  }
+  return 1;
+}
+
+static apex_status binary_op(const char *slot, apex_nn_binary_kind kind, apex__cuda_ew_op *op) {
+  if (kind == APEX_NN_ADD) *op = APEX__EW_ADD;
+  else if (kind == APEX_NN_MUL) *op = APEX__EW_MUL;
+  else return unsupported(slot, "only add and mul of the binary ops have a kernel (elementwise.cu)");
+  return APEX_OK;
+}
+
+apex_status apex__cuda_slot_nn_binary(const apex_nn_binary_args *a) {
+  apex__cuda_ew_op op = APEX__EW_ADD;
+  apex_status st = binary_op("nn_binary", a->kind, &op);
+  if (st != APEX_OK) return st;
+  if (!flat_plan(a->plan)) return unsupported("nn_binary", "broadcast operands (the kernel takes equal shapes)");
+  size_t n = a->plan->rows * a->plan->len;
+  return n ? apex__cuda_ew(op, a->a.data, a->a.dtype, a->b.data, a->b.dtype, 0.0f, a->out, a->out_dtype, (int64_t)n) : APEX_OK;
+}
+
+apex_status apex__cuda_slot_nn_binary_bwd(const apex_nn_binary_bwd_args *a) {
+  apex__cuda_ew_op op = APEX__EW_ADD;
+  apex_status st = binary_op("nn_binary_bwd", a->kind, &op);
+  if (st != APEX_OK) return st;
+  if (!flat_plan(a->plan)) return unsupported("nn_binary_bwd", "broadcast operands (the kernel takes equal shapes)");
+  size_t n = a->plan->rows * a->plan->len;
+  if (op == APEX__EW_ADD) {
+    if (a->ga && n) st = land(a->ga, a->gout, n, a->accumulate_a);
+    if (st == APEX_OK && a->gb && n) st = land(a->gb, a->gout, n, a->accumulate_b);
+    return st;
+  }
+  st = ew_into(a->ga, a->accumulate_a, APEX__EW_MUL, a->gout, APEX_F32, a->b.data, a->b.dtype, 0.0f, n);
+  if (st == APEX_OK) st = ew_into(a->gb, a->accumulate_b, APEX__EW_MUL, a->gout, APEX_F32, a->a.data, a->a.dtype, 0.0f, n);
+  return st;
+}
+
+apex_status apex__cuda_slot_nn_unary(const apex_nn_unary_args *a) {
+  apex__cuda_ew_op op = APEX__EW_ADD;
+  if (a->kind == APEX_NN_RELU) op = APEX__EW_RELU;
+  else if (a->kind == APEX_NN_GELU_TANH) op = APEX__EW_GELU;
+  else return unsupported("nn_unary", "only relu and tanh gelu of the unary ops have a kernel (elementwise.cu)");
+  /* the kernel reads x and writes out in their own dtypes, in f32 between */
+  return a->n ? apex__cuda_ew(op, a->x.data, a->x.dtype, NULL, APEX_F32, 0.0f, a->out, a->out_dtype, (int64_t)a->n) : APEX_OK;
+}
+
+apex_status apex__cuda_slot_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
+  /* ReLU's mask comes from its output y (raw, y_dtype): non-zero exactly where x > 0, and the kernel
+   * passes gout where its second operand is > 0, which for y is the same set. */
+  if (a->kind == APEX_NN_RELU)
+    return ew_into(a->gx, a->accumulate_x, APEX__EW_RELU_BWD, a->gout, APEX_F32, a->y, a->y_dtype, 0.0f, a->n);
+  if (a->kind == APEX_NN_GELU_TANH)
+    return ew_into(a->gx, a->accumulate_x, APEX__EW_GELU_BWD, a->gout, APEX_F32, a->x.data, a->x.dtype, 0.0f, a->n);
+  return unsupported("nn_unary_bwd", "only relu and tanh gelu of the unary ops have a kernel (elementwise.cu)");
+}
+
+apex_status apex__cuda_slot_nn_scale(const apex_nn_scale_args *a) {
+  return a->n ? apex__cuda_ew(APEX__EW_SCALE, a->x.data, a->x.dtype, NULL, APEX_F32, a->s, a->out, a->out_dtype, (int64_t)a->n)
+              : APEX_OK;
+}
+
+apex_status apex__cuda_slot_nn_scale_bwd(const apex_nn_scale_bwd_args *a) {
+  return ew_into(a->gx, a->accumulate_x, APEX__EW_SCALE, a->gout, APEX_F32, NULL, APEX_F32, a->s, a->n);
+}
+
+/* ---- row norms ---------------------------------------------------------------------------------- */
+
+/* b's n elements as f32 on the device: its own data when f32, else a converted copy in scratch, which
+ * *owned then holds for the caller to free. NULL after a message (*st set). */
+static const float *dev_f32(apex_nn_buf b, size_t n, void **owned, apex_status *st) {
+  *owned = NULL;
+  *st = APEX_OK;
+  if (b.dtype == APEX_F32) return (const float *)b.data;
+  float *f = scratch(n, st);
+  if (f && n) *st = apex__cuda_convert(f, APEX_F32, b.data, b.dtype, n);
+  *owned = f;
+  return *st == APEX_OK ? f : NULL;
+}
+
+apex_status apex__cuda_slot_nn_row_norm(const apex_nn_row_norm_args *a) {
+  if (!a->w.data) return unsupported("nn_row_norm", "a norm without a weight (the fused kernel reads one)");
+  if (a->centre && a->b.data && a->b.dtype != a->w.dtype)
+    return unsupported("nn_row_norm", "a bias of another dtype than the weight (the kernel reads both in one)");
+  if (a->out_dtype != a->x.dtype)
+    return unsupported("nn_row_norm", "a result of another dtype than x (the kernel writes x's)");
+  /* stats is mean[rows] then rstd[rows], the kernel's two outputs side by side */
+  return apex__cuda_layer_norm_fwd(a->x.data, a->x.dtype, a->w.data, a->centre ? a->b.data : NULL, a->w.dtype, (int64_t)a->rows,
+                                   (int64_t)a->cols, a->eps, !a->centre, a->out, a->stats, a->stats + a->rows);
+}
+
+apex_status apex__cuda_slot_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) {
+  if (!a->w.data) return unsupported("nn_row_norm_bwd", "a norm without a weight (the fused kernel reads one)");
+  size_t R = a->rows, D = a->cols;
+  if (!R || !D || (!a->gx && !a->gw && !a->gb)) return APEX_OK;
+  /* The kernel writes its gradients in the dtypes of x and w, and the slot's are f32: so it runs on
+   * f32 copies of low-precision inputs. It writes dx and dw always (db when given), so each goes to
+   * scratch and lands by its flag. */
+  void *ox = NULL, *ow = NULL;
+  apex_status st;
+  const float *x = dev_f32(a->x, R * D, &ox, &st), *w = x ? dev_f32(a->w, D, &ow, &st) : NULL;
+  float *dx = w ? scratch(R * D, &st) : NULL, *dw = dx ? scratch(D, &st) : NULL, *db = dw && a->centre ? scratch(D, &st) : NULL;
+  if (st == APEX_OK)
+    st = apex__cuda_layer_norm_bwd(a->gout, x, APEX_F32, w, APEX_F32, a->stats, a->stats + R, (int64_t)R, (int64_t)D, !a->centre,
+                                   dx, dw, db);
+  if (st == APEX_OK && a->gx) st = land(a->gx, dx, R * D, a->accumulate_x);
+  if (st == APEX_OK && a->gw) st = land(a->gw, dw, D, a->accumulate_w);
+  if (st == APEX_OK && a->gb && a->centre) st = land(a->gb, db, D, a->accumulate_b);
+  apex__cuda_free(ox);
+  apex__cuda_free(ow);
+  apex__cuda_free(dx);
+  apex__cuda_free(dw);
+  apex__cuda_free(db);
+  return st;
+}
+
+/* ---- reductions and lookups ------------------------------------------------------------------------ */
+
+apex_status apex__cuda_slot_nn_reduce(const apex_nn_reduce_args *a) {
+  if (a->kind != APEX_NN_REDUCE_SUM) return unsupported("nn_reduce", "the L2 norm reduction has no kernel");
+  if (a->outer != 1) return unsupported("nn_reduce", "a sum over an inner dimension (the kernel sums the first)");
+  if (!a->inner) return APEX_OK;
+  /* x is [dim, inner]: its column sums are the lines' sums */
+  apex_status st = apex__cuda_sum_rows(a->x, APEX_F32, (int64_t)a->dim, (int64_t)a->inner, a->out, APEX_F32, 0);
+  if (st == APEX_OK && a->scale != 1.0)
+    st = apex__cuda_ew(APEX__EW_SCALE, a->out, APEX_F32, NULL, APEX_F32, (float)a->scale, a->out, APEX_F32,
+                       (int64_t)a->inner);
+  return st;
+}
+
+apex_status apex__cuda_slot_nn_embedding(const apex_nn_embedding_args *a) {
+  /* the lookup never reads the table's row count (the front checked the ids against it) */
+  return apex__cuda_embedding_fwd(a->w, a->dtype, 0, (int64_t)a->dim, a->ids, (int64_t)a->n, a->out, a->dtype);
+}
+
+apex_status apex__cuda_slot_nn_embedding_bwd(const apex_nn_embedding_bwd_args *a) {
+  size_t total = a->rows * a->dim;
+  /* The kernel writes the whole table (zeros where no id points), summing each row's terms in order of
+   * position from 0.0f: the fresh case's bits directly. */
+  if (!a->accumulate_w)
+    return apex__cuda_embedding_bwd(a->gout, APEX_F32, a->ids, (int64_t)a->n, (int64_t)a->rows, (int64_t)a->dim, a->gw,
+                                    APEX_F32);
+  if (!total) return APEX_OK;
+  apex_status st;
+  float *t = scratch(total, &st);
+  if (t)
+    st = apex__cuda_embedding_bwd(a->gout, APEX_F32, a->ids, (int64_t)a->n, (int64_t)a->rows, (int64_t)a->dim, t, APEX_F32);
+  if (st == APEX_OK) st = land(a->gw, t, total, 1);
+  apex__cuda_free(t);
+  return st;
+}
+
+/* ---- products ---------------------------------------------------------------------------------------- */
+
+/* The gemm kernel reads both operands in one dtype. */
+static apex_status same_dtype(const char *slot, const char *what, apex_dtype x, apex_dtype y) {
+  if (x == y) return APEX_OK;
+  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: %s of %s and %s on the cuda backend (cuBLASLt takes one input dtype); run this op on "
+                    "the CPU or cast one operand", slot, what, apex_dtype_name(x), apex_dtype_name(y));
+}
+
+apex_status apex__cuda_slot_nn_linear(const apex_nn_linear_args *a) {
+  apex_status st = same_dtype("nn_linear", "x and w", a->x.dtype, a->w.dtype);
+  if (st != APEX_OK || !a->m || !a->n) return st;
+  /* the bias epilogue reads the bias in the output's dtype */
+  void *bias = (void *)a->bias;
+  if (a->bias && a->out_dtype != APEX_F32) {
+    bias = NULL;
+    st = apex__cuda_alloc((size_t)a->n * apex_dtype_size(a->out_dtype), 0, &bias);
+    if (st == APEX_OK) st = apex__cuda_convert(bias, a->out_dtype, a->bias, APEX_F32, (size_t)a->n);
+  }
+  if (st == APEX_OK)
+    st = apex__cuda_gemm(0, 1, a->m, a->n, a->k, 1.0f, a->x.data, a->w.data, a->x.dtype, 0.0f, a->out, a->out_dtype, bias, 0);
+  if (bias != a->bias) apex__cuda_free(bias);
+  return st;
+}
+
+/* cuBLASLt's beta for a gradient output: 1 over what it holds, or over zeros put there first, so that
+ * the fresh case stores 0.0f + product as args_nn.h asks. */
+static apex_status zero_unless(float *dst, size_t n, int accumulate) {
+  return accumulate || !n ? APEX_OK : apex__cuda_fill(dst, APEX_F32, 0.0f, n);
+}
+
+apex_status apex__cuda_slot_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
+  apex_status st = APEX_OK;
+  size_t m = (size_t)a->m, n = (size_t)a->n, k = (size_t)a->k;
+  if (a->gx && a->w.dtype != APEX_F32) st = same_dtype("nn_linear_bwd", "gradient and w", APEX_F32, a->w.dtype);
+  if (st == APEX_OK && a->gw && a->x.dtype != APEX_F32) st = same_dtype("nn_linear_bwd", "gradient and x", APEX_F32, a->x.dtype);
+  /* gx [m, k] = gout [m, n] w [n, k] */
+  if (st == APEX_OK && a->gx && m && k) {
+    st = zero_unless(a->gx, m * k, a->accumulate_x);
+    if (st == APEX_OK) st = apex__cuda_gemm(0, 0, a->m, a->k, a->n, 1.0f, a->gout, a->w.data, APEX_F32, 1.0f, a->gx, APEX_F32, NULL, 0);
+  }
+  /* gw [n, k] = gout^T [n, m] x [m, k] */
+  if (st == APEX_OK && a->gw && n && k) {
+    st = zero_unless(a->gw, n * k, a->accumulate_w);
+    if (st == APEX_OK) st = apex__cuda_gemm(1, 0, a->n, a->k, a->m, 1.0f, a->gout, a->x.data, APEX_F32, 1.0f, a->gw, APEX_F32, NULL, 0);
+  }
+  if (st == APEX_OK && a->gb && n) {
+    st = zero_unless(a->gb, n, a->accumulate_b);
+    if (st == APEX_OK) st = apex__cuda_sum_rows(a->gout, APEX_F32, a->m, a->n, a->gb, APEX_F32, 1);
+  }
+  return st;
+}
+
+static apex_status batch_fits(const char *slot, size_t batch) {
+  if (batch <= (size_t)INT_MAX) return APEX_OK;
+  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: a batch of %zu products on the cuda backend (cuBLASLt takes up to %d)", slot,
+                    batch, INT_MAX);
+}
+
+apex_status apex__cuda_slot_nn_matmul(const apex_nn_matmul_args *a) {
+  apex_status st = same_dtype("nn_matmul", "a and b", a->a.dtype, a->b.dtype);
+  if (st == APEX_OK) st = batch_fits("nn_matmul", a->batch);
+  if (st != APEX_OK) return st;
+  int64_t m = a->m, n = a->n, k = a->k;
+  return apex__cuda_gemm_batched("nn_matmul", 0, 0, m, n, k, 1.0f, a->a.data, k, m * k, a->b.data, n, a->b_batched ? k * n : 0,
+                                 a->a.dtype, 0.0f, a->out, n, m * n, a->out_dtype, (int)a->batch);
+}
+
+apex_status apex__cuda_slot_nn_matmul_bwd(const apex_nn_matmul_bwd_args *a) {
+  apex_status st = batch_fits("nn_matmul_bwd", a->batch);
+  if (st == APEX_OK && a->ga && a->b.dtype != APEX_F32) st = same_dtype("nn_matmul_bwd", "gradient and b", APEX_F32, a->b.dtype);
+  if (st == APEX_OK && a->gb && a->a.dtype != APEX_F32) st = same_dtype("nn_matmul_bwd", "gradient and a", APEX_F32, a->a.dtype);
+  if (st != APEX_OK) return st;
+  int64_t m = a->m, n = a->n, k = a->k, sb = a->b_batched ? k * n : 0;
+  int batch = (int)a->batch;
+  /* ga_i [m, k] = gout_i [m, n] b_i^T (b_i stored [k, n]) */
+  if (a->ga)
+    st = apex__cuda_gemm_batched("nn_matmul_bwd", 0, 1, m, k, n, 1.0f, a->gout, n, m * n, a->b.data, n, sb, APEX_F32,
+                                 a->accumulate_a ? 1.0f : 0.0f, a->ga, k, m * k, APEX_F32, batch);
+  if (st != APEX_OK || !a->gb) return st;
+  float beta = a->accumulate_b ? 1.0f : 0.0f;
+  /* gb_i [k, n] = a_i^T gout_i; a shared b's gradient is the sum over the batch, which is one product
+   * of the stacked a [batch * m, k] with the stacked gout [batch * m, n] */
+  if (a->b_batched)
+    return apex__cuda_gemm_batched("nn_matmul_bwd", 1, 0, k, n, m, 1.0f, a->a.data, k, m * k, a->gout, n, m * n, APEX_F32, beta,
+                                   a->gb, n, k * n, APEX_F32, batch);
+  return apex__cuda_gemm_batched("nn_matmul_bwd", 1, 0, k, n, (int64_t)a->batch * m, 1.0f, a->a.data, k, 0, a->gout, n, 0,
+                                 APEX_F32, beta, a->gb, n, 0, APEX_F32, 1);
+}
+
+/* ---- convolution ------------------------------------------------------------------------------------- */
+
+static apex__cuda_conv conv_of(const apex_nn_conv_geom *g, apex_dtype dt) {
+  return (apex__cuda_conv){.n = g->n, .c = g->c, .h = g->h, .w = g->w, .k = g->o, .r = g->kh, .s = g->kw, .p = g->ho,
+                           .q = g->wo, .pad_h = g->ph, .pad_w = g->pw, .stride_h = g->sh, .stride_w = g->sw,
+                           .dtype = dt};
+}
+
+apex_status apex__cuda_slot_nn_conv2d(const apex_nn_conv2d_args *a) {
+  if (a->w.dtype != a->x.dtype || a->out_dtype != a->x.dtype)
+    return unsupported("nn_conv2d", "input, weight and result of different dtypes (cuDNN takes one)");
+  apex__cuda_conv g = conv_of(&a->geom, a->x.dtype);
+  return apex__cuda_conv2d_fwd(&g, a->x.data, a->w.data, a->bias.data, a->bias.dtype, a->out);
+}
+
+apex_status apex__cuda_slot_nn_conv2d_bwd(const apex_nn_conv2d_bwd_args *a) {
+  const apex_nn_conv_geom *G = &a->geom;
+  apex__cuda_conv g = conv_of(G, APEX_F32);
+  size_t nx = (size_t)G->n * G->c * G->h * G->w, nw = (size_t)G->o * G->c * G->kh * G->kw, nb = (size_t)G->o;
+  /* cuDNN writes the gradients in the inputs' dtype and the slot's are f32, so it runs on f32 copies of
+   * low-precision inputs; it overwrites its outputs, so each goes to scratch and lands by its flag */
+  void *ox = NULL, *ow = NULL;
+  apex_status st = APEX_OK;
+  const float *x = a->gw ? dev_f32(a->x, nx, &ox, &st) : NULL;
+  const float *w = st == APEX_OK && a->gx ? dev_f32(a->w, nw, &ow, &st) : NULL;
+  float *dx = st == APEX_OK && a->gx ? scratch(nx, &st) : NULL;
+  float *dw = st == APEX_OK && a->gw ? scratch(nw, &st) : NULL;
+  float *db = st == APEX_OK && a->gb ? scratch(nb, &st) : NULL;
+  if (st == APEX_OK) st = apex__cuda_conv2d_bwd(&g, a->gout, x, w, dx, dw, db, APEX_F32);
+  if (st == APEX_OK && dx) st = land(a->gx, dx, nx, a->accumulate_x);
+  if (st == APEX_OK && dw) st = land(a->gw, dw, nw, a->accumulate_w);
+  if (st == APEX_OK && db) st = land(a->gb, db, nb, a->accumulate_b);
+  apex__cuda_free(ox);
+  apex__cuda_free(ow);
+  apex__cuda_free(dx);
+  apex__cuda_free(dw);
+  apex__cuda_free(db);
+  return st;
+}
+
+/* ---- kernels whose layout the slots do not share ------------------------------------------------------ */
+
+/* These ops have CUDA kernels (apex/cuda.h's fused calls) that keep other state for their backward
+ * than the slot promises, so the slot says which rather than the table leaving it unnamed. */
+apex_status apex__cuda_slot_nn_attention(const apex_nn_attention_args *a) {
+  (void)a;
+  return unsupported("nn_attention", "separate q, k, v heads with the probabilities kept for the backward (the kernel, "
+                                     "attention.cu, takes GPT-2's packed qkv [b, t, 3 * h * d] and keeps a log-sum-exp)");
+}
+
+apex_status apex__cuda_slot_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
+  (void)a;
+  return unsupported("nn_cross_entropy", "the row softmax kept for the backward (the kernel, xent.cu, keeps a log-sum-exp)");
+}
+
+apex_status apex__cuda_slot_nn_batch_norm(const apex_nn_batch_norm_args *a) {
+  (void)a;
+  return unsupported("nn_batch_norm", "the normalisation (bn_stats.cu has only the batch statistics)");
+}
