@@ -46,7 +46,8 @@ bad() {
 bad "--distributed outside mpirun" "$BIN" --distributed --model mlp --steps 1
 bad "--sync-bn without --distributed" "$BIN" --sync-bn --model cnn --steps 1
 command -v mpirun > /dev/null 2>&1 || skip "mpirun is not on PATH (Debian: apt-get install openmpi-bin)"
-"$BIN" --distributed --steps 1 2>&1 | grep -q "has no MPI" && skip "this apex-train was built without MPI (APEX_MPI=OFF)"
+nompi=$("$BIN" --distributed --steps 1 2>&1 || true)   # whole, then grep: no SIGPIPE under pipefail
+grep -q "has no MPI" <<< "$nompi" && skip "this apex-train was built without MPI (APEX_MPI=OFF)"
 [ -f "$FM/train-images-idx3-ubyte.gz" ] || skip "Fashion-MNIST not found in $FM (Debian: apt-get install dataset-fashion-mnist)"
 
 A=(--data "$FM" --model mlp --batch-size 16)
