@@ -444,28 +444,31 @@ typedef struct apex_nn_linear_bwd_args {
 
 /* ---- attention (cpu/attention.c, cuda/attention.cu) --------------------------------------------------- */
 
-/* Causal scaled-dot-product attention over `heads` independent [t, d] heads of q, k, v (f32): per head
- * S = q k^T / sqrt(d) masked above the diagonal, P = softmax(S) row by row (into p, [heads, t, t],
- * kept for the backward), out = P v. */
+/* Causal scaled-dot-product attention over `heads` independent [t, d] heads of q, k, v (as stored, any
+ * float dtype), per head S = q k^T / sqrt(d) masked above the diagonal, P = softmax(S) row by
+ * row in f32 (into p, [heads, t, t], kept for the backward), out (out_dtype) = P v. */
 typedef struct apex_nn_attention_args {
   size_t heads;
   int t, d;
-  const float *q, *k, *v;
+  apex_nn_buf q, k, v;
   float *p;
-  float *out;
+  void *out;
+  apex_dtype out_dtype;
+  apex_nn_workspace ws;
 } apex_nn_attention_args;
 
-/* dV = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(dP * P)) / sqrt(d), dQ = dS k, dK = dS^T q; workspace
- * holds one head's dS (t * t floats) when gq or gk is set. */
+/* dV = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(dP * P)) / sqrt(d), dQ = dS k, dK = dS^T q, with q,
+ * k, v native as in the forward and the gradients f32; ws lends one head's dS (t * t floats) when gq
+ * or gk is set, and the products' scratch. */
 typedef struct apex_nn_attention_bwd_args {
   size_t heads;
   int t, d;
-  const float *q, *k, *v, *p;
+  apex_nn_buf q, k, v;
+  const float *p;
   const float *gout;
   float *gq, *gk, *gv;
   int accumulate_q, accumulate_k, accumulate_v;
-  float *workspace;
-  size_t workspace_bytes;
+  apex_nn_workspace ws;
 } apex_nn_attention_bwd_args;
 
 /* ---- convolution and pooling (cpu/conv.c, cuda/conv.cu) ------------------------------------------- */

@@ -1,21 +1,70 @@
 /* attention.c: the CPU backend's causal scaled-dot-product attention (args_nn.h), forward and
- * backward. Heads run one after another, each product on the library's threads in apex__sgemm's
- * fixed grid. */
+ * backward. Heads run one after another, each product through apex__gemm (gemm.c) in its grid fixed
+ * by the shape, so the bits do not depend on the thread count.
+ *
+ * q, k, v are read as stored: apex__gemm widens f16/bf16 operands a tile's panel at a time (the bits
+ * of widening the whole tensors, which is the reference), or, for bf16 on a CPU with AVX512_BF16 or
+ * AMX, runs the product on oneDNN, which rounds an f32 operand beside a bf16 one to bf16. There the
+ * scores S = q k^T come out in f32 from the bf16 q and k, the softmax runs on them in f32, P is
+ * rounded to bf16 for the product with v (as PyTorch's bf16 scaled_dot_product_attention on the CPU
+ * rounds its probabilities, unnormalised, before that product), and out is written in its own dtype
+ * from the f32 sums. The backward's products of the f32 gradients with bf16 q, k, v round those
+ * gradients to bf16 in the same way; P^T dO, both f32, stays f32. */
 #include <math.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gemm.h"
 
+/* A workspace lending one region to each product in turn: a product's scratch is dead once it
+ * returns, so the op holds one product's scratch rather than heads x products of it. A request past
+ * the region takes a new one twice the size (the old stays valid until the op ends). */
+typedef struct reuse_ws {
+  const apex_nn_workspace *up;
+  char *base;
+  size_t cap, used;
+} reuse_ws;
+
+static void *reuse_get(void *ctx, size_t bytes) {
+  reuse_ws *r = ctx;
+  bytes = (bytes + 63) & ~(size_t)63;
+  if (r->used + bytes > r->cap) {
+    size_t cap = 2 * (r->used + bytes);
+    char *p = r->up->get(r->up->ctx, cap);
+    if (!p) return NULL;
+    r->base = p;
+    r->cap = cap;
+    r->used = 0;
+  }
+  void *p = r->base + r->used;
+  r->used += bytes;
+  return p;
+}
+
+/* The product's workspace: the region from its start again. */
+static const apex_nn_workspace *fresh(reuse_ws *r, apex_nn_workspace *w) {
+  r->used = 0;
+  *w = (apex_nn_workspace){reuse_get, r};
+  return w;
+}
+
+/* Head h's [t, d] block of b as a gemm operand. */
+static apex__mat head(apex_nn_buf b, size_t h, size_t td, int d, int trans) {
+  return (apex__mat){(const char *)b.data + h * td * apex_dtype_size(b.dtype), b.dtype, d, trans};
+}
+static apex__mat f32m(const float *p, int ld, int trans) { return (apex__mat){p, APEX_F32, ld, trans}; }
+
 apex_status apex__cpu_nn_attention(const apex_nn_attention_args *a) {
   int t = a->t, d = a->d;
-  size_t tt = (size_t)t * t, td = (size_t)t * d;
-  const float *Q = a->q, *K = a->k, *V = a->v;
-  float *P = a->p, *o = a->out;
+  size_t tt = (size_t)t * t, td = (size_t)t * d, es = apex_dtype_size(a->out_dtype);
+  float *P = a->p;
   float scale = 1.0f / sqrtf((float)d);
+  reuse_ws r = {&a->ws, NULL, 0, 0};
+  apex_nn_workspace w;
   for (size_t h = 0; h < a->heads; h++) {
     float *ph = P + h * tt;
-    apex__sgemm(0, 1, t, t, d, scale, Q + h * td, d, K + h * td, d, 0.0f, ph, t);
+    apex_status st = apex__gemm(fresh(&r, &w), t, t, d, scale, head(a->q, h, td, d, 0), head(a->k, h, td, d, 1), 0.0f, ph, APEX_F32, t, NULL);
+    if (st != APEX_OK) return st;
     for (int i = 0; i < t; i++) {
       float *row = ph + (size_t)i * t, mx = -INFINITY, s = 0.0f;
       for (int j = 0; j <= i; j++) mx = fmaxf(mx, row[j]);
@@ -23,7 +72,9 @@ apex_status apex__cpu_nn_attention(const apex_nn_attention_args *a) {
       for (int j = 0; j <= i; j++) row[j] /= s;
       for (int j = i + 1; j < t; j++) row[j] = 0.0f;
     }
-    apex__sgemm(0, 0, t, d, t, 1.0f, ph, t, V + h * td, d, 0.0f, o + h * td, d);
+    st = apex__gemm(fresh(&r, &w), t, d, t, 1.0f, f32m(ph, t, 0), head(a->v, h, td, d, 0), 0.0f, (char *)a->out + h * td * es, a->out_dtype, d,
+                    NULL);
+    if (st != APEX_OK) return st;
   }
   return APEX_OK;
 }
@@ -31,18 +82,24 @@ apex_status apex__cpu_nn_attention(const apex_nn_attention_args *a) {
 apex_status apex__cpu_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
   int t = a->t, d = a->d;
   size_t tt = (size_t)t * t, td = (size_t)t * d, n = a->heads * td;
-  const float *Q = a->q, *K = a->k, *V = a->v, *P = a->p, *go = a->gout;
-  float *gq = a->gq, *gk = a->gk, *gv = a->gv, *dS = a->workspace;
+  const float *P = a->p, *go = a->gout;
+  float *gq = a->gq, *gk = a->gk, *gv = a->gv;
+  float *dS = gq || gk ? a->ws.get(a->ws.ctx, tt * sizeof(float)) : NULL;
+  if ((gq || gk) && !dS) return APEX_ERR_OUT_OF_MEMORY;
   /* the products add into their gradients (beta 1): one that holds nothing yet is zeroed first */
   if (gq && !a->accumulate_q) memset(gq, 0, n * sizeof *gq);
   if (gk && !a->accumulate_k) memset(gk, 0, n * sizeof *gk);
   if (gv && !a->accumulate_v) memset(gv, 0, n * sizeof *gv);
   float scale = 1.0f / sqrtf((float)d);
+  reuse_ws r = {&a->ws, NULL, 0, 0};
+  apex_nn_workspace w;
   for (size_t h = 0; h < a->heads; h++) {
     const float *ph = P + h * tt, *gh = go + h * td;
-    if (gv) apex__sgemm(1, 0, t, d, t, 1.0f, ph, t, gh, d, 1.0f, gv + h * td, d);
+    if (gv && apex__gemm(fresh(&r, &w), t, d, t, 1.0f, f32m(ph, t, 1), f32m(gh, d, 0), 1.0f, gv + h * td, APEX_F32, d, NULL) != APEX_OK)
+      return APEX_ERR_OUT_OF_MEMORY;
     if (!gq && !gk) continue;
-    apex__sgemm(0, 1, t, t, d, 1.0f, gh, d, V + h * td, d, 0.0f, dS, t);
+    if (apex__gemm(fresh(&r, &w), t, t, d, 1.0f, f32m(gh, d, 0), head(a->v, h, td, d, 1), 0.0f, dS, APEX_F32, t, NULL) != APEX_OK)
+      return APEX_ERR_OUT_OF_MEMORY;
     for (int i = 0; i < t; i++) {
       float *row = dS + (size_t)i * t;
       const float *pr = ph + (size_t)i * t;
@@ -50,8 +107,10 @@ apex_status apex__cpu_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
       for (int j = 0; j <= i; j++) s += row[j] * pr[j];
       for (int j = 0; j < t; j++) row[j] = j <= i ? pr[j] * (row[j] - s) * scale : 0.0f;
     }
-    if (gq) apex__sgemm(0, 0, t, d, t, 1.0f, dS, t, K + h * td, d, 1.0f, gq + h * td, d);
-    if (gk) apex__sgemm(1, 0, t, d, t, 1.0f, dS, t, Q + h * td, d, 1.0f, gk + h * td, d);
+    if (gq && apex__gemm(fresh(&r, &w), t, d, t, 1.0f, f32m(dS, t, 0), head(a->k, h, td, d, 0), 1.0f, gq + h * td, APEX_F32, d, NULL) != APEX_OK)
+      return APEX_ERR_OUT_OF_MEMORY;
+    if (gk && apex__gemm(fresh(&r, &w), t, d, t, 1.0f, f32m(dS, t, 1), head(a->q, h, td, d, 0), 1.0f, gk + h * td, APEX_F32, d, NULL) != APEX_OK)
+      return APEX_ERR_OUT_OF_MEMORY;
   }
   return APEX_OK;
 }
