@@ -80,7 +80,8 @@ typedef enum apex_nn_unary_kind {
 } apex_nn_unary_kind;
 
 /* out = kind(x) over n elements, computed in f32 from the native x and rounded to out_dtype; POW_SCALAR
- * raises to p (2 and 0.5 exactly rounded, as PyTorch). ws: the f32 copies a kernel widens into. */
+ * raises to p (2 and 0.5 exactly rounded, as PyTorch). ws: transient memory a backend may use (the
+ * CPU's widens on its stack and takes none). */
 typedef struct apex_nn_unary_args {
   apex_nn_unary_kind kind;
   size_t n;
@@ -124,12 +125,14 @@ typedef struct apex_nn_scale_bwd_args {
   int accumulate_x;
 } apex_nn_scale_bwd_args;
 
-/* out = mask ? x * s : 0 (mask: one byte per element, drawn by the front); backward likewise on gout. */
+/* out (out_dtype) = mask ? x * s : 0, in f32 from the native x (mask: one byte per element, drawn by
+ * the front); backward likewise on gout. */
 typedef struct apex_nn_dropout_args {
   size_t n;
   const uint8_t *mask;
-  const float *x;
-  float *out;
+  apex_nn_buf x;
+  void *out;
+  apex_dtype out_dtype;
   float s;
 } apex_nn_dropout_args;
 
@@ -334,14 +337,16 @@ typedef struct apex_nn_reduce_bwd_args {
 } apex_nn_reduce_bwd_args;
 
 /* out (shape [ndim], n elements) = x permuted: output element at index i reads x at sum_d i_d *
- * strides[d] (the input's element strides in the output's dimension order). */
+ * strides[d] (the input's element strides in the output's dimension order). x and out are of dtype
+ * and their elements are moved as they are, never converted. */
 typedef struct apex_nn_permute_args {
   int ndim;
   int64_t shape[APEX_MAX_DIMS];
   int64_t strides[APEX_MAX_DIMS];
   size_t n;
-  const float *x;
-  float *out;
+  const void *x;
+  void *out;
+  apex_dtype dtype;
 } apex_nn_permute_args;
 
 /* gx += gout permuted back (the forward's shape and strides). */
