@@ -605,7 +605,7 @@ static apex_status slot_linear(slot_run *s) {
   enum { M = 13, N = 17, K = 19 };
   float *x = sbuf(s, M * K, 71), *w = sbuf(s, N * K, 72), *bias = sbuf(s, N, 73), *out = sbuf(s, M * N, 0);
   float *go = sbuf(s, M * N, 74), *gx = sbuf(s, M * K, 0), *gw = sbuf(s, N * K, 75), *gb = sbuf(s, N, 76);
-  apex_status st = s->be->nn_linear(&(apex_nn_linear_args){.m = M, .n = N, .k = K, .x = {x, APEX_F32}, .w = {w, APEX_F32}, .bias = bias,
+  apex_status st = s->be->nn_linear(&(apex_nn_linear_args){.m = M, .n = N, .k = K, .x = {x, APEX_F32}, .w = {w, APEX_F32}, .bias = {bias, APEX_F32},
                                                             .out = out, .out_dtype = APEX_F32, .ws = slot_ws(s)});
   if (st == APEX_OK)
     st = s->be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = M, .n = N, .k = K, .x = {x, APEX_F32}, .w = {w, APEX_F32}, .gout = go,

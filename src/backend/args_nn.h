@@ -427,11 +427,11 @@ typedef struct apex_nn_matmul_bwd_args {
   apex_nn_workspace ws;
 } apex_nn_matmul_bwd_args;
 
-/* out [m, n] (out_dtype) = x [m, k] w^T (w [n, k]) + bias (f32 [n], may be NULL). */
+/* out [m, n] (out_dtype) = x [m, k] w^T (w [n, k]) + bias ([n], as stored, any float dtype; data NULL:
+ * none), summed in f32. */
 typedef struct apex_nn_linear_args {
   int m, n, k;
-  apex_nn_buf x, w;
-  const float *bias;
+  apex_nn_buf x, w, bias;
   void *out;
   apex_dtype out_dtype;
   apex_nn_workspace ws;
