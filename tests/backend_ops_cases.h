@@ -81,8 +81,8 @@ static const struct {
  * Attention runs its four products through apex__gemm too (backend/cpu/attention.c), and on oneDNN
  * its f32 probabilities P are rounded to bf16 for P v (as PyTorch's bf16 CPU attention rounds them):
  * each P differs by up to 2^-9 of itself, so an output element by up to 2^-9 of the P-weighted mean
- * of |v| along its row, which is at most max|v|, and the backward's dS and gradients are rounded the
- * same way. Measured here: the worst row reached 0.26 of 2^-6 * max|reference| + 1 ulp
+ * of |v| along its row, which is at most max|v|, and the backward's dS, P and output gradient are
+ * rounded the same way (dV = P^T dO too runs on bf16 there). Measured here: the worst row reached 0.26 of 2^-6 * max|reference| + 1 ulp
  * (causal_attention_long). conv2d does not run its products through apex__gemm and keeps its bound. */
 #define BF16_ONEDNN_REL 0x1p-6
 static const char *const bf16_onednn_cases[] = {"matmul",       "matmul_batched",   "linear",

@@ -102,14 +102,14 @@ static double *rounded_r_bound(const gc_case *c, int k, apex_var **in, const ape
 }
 
 /* Where bf16 attention runs on oneDNN (backend/cpu/attention.c), the f32 probabilities P are rounded
- * to bf16 for P v, the f32 output gradient R for dP = R v^T, and dS for dS k and dS^T q, each by up
- * to 2^-9 of itself; the golden values round none of them. The bound of each element grows by the
+ * to bf16 for P v and P^T R, the f32 output gradient R for R v^T and P^T R, and dS for dS k and dS^T q,
+ * each by up to 2^-9 of itself; the golden values round none of them. The bound of each element grows by the
  * first-order effect of those roundings, computed here in double from the inputs, per head:
  *   out: 2^-9 P |v|;  E_P = 2^-9 |R| |v|^T (dP's error);  E_S = scale P (E_P + rowsum(P E_P)) (dS's);
- *   F = E_S + 2^-9 |dS|;  grad q: F |k|;  grad k: F^T |q|;  grad v (P^T R, f32): none.
+ *   F = E_S + 2^-9 |dS|;  grad q: F |k|;  grad k: F^T |q|;  grad v: 2^-8 P^T |R| (P and R rounded).
  * k is the input whose gradient is compared, -1 for the output; NULL for every other case or path. */
 static double *attention_bound(const gc_case *c, int k, apex_var **in, const apex_tensor *R, apex_dtype dt) {
-  if (dt != APEX_BF16 || strncmp(c->name, "causal_attention", 16) || k == 2 || !apex__onednn_active(NULL)) return NULL;
+  if (dt != APEX_BF16 || strncmp(c->name, "causal_attention", 16) || !apex__onednn_active(NULL)) return NULL;
   const apex_tensor *Q = apex_var_value(in[0]), *K = apex_var_value(in[1]), *V = apex_var_value(in[2]);
   int nd = apex_tensor_ndim(Q);
   size_t T = (size_t)apex_tensor_dim(Q, nd - 2), D = (size_t)apex_tensor_dim(Q, nd - 1), heads = apex_tensor_numel(Q) / (T * D);
@@ -150,6 +150,7 @@ static double *attention_bound(const gc_case *c, int k, apex_var **in, const ape
           if (k < 0) out[(h * T + i) * D + e] += ldexp(P[i * T + j] * fabs(AT(V, h, j, e)), -9);
           if (k == 0) out[(h * T + i) * D + e] += F[i * T + j] * fabs(AT(K, h, j, e));
           if (k == 1) out[(h * T + j) * D + e] += F[i * T + j] * fabs(AT(Q, h, i, e));
+          if (k == 2) out[(h * T + j) * D + e] += ldexp(P[i * T + j] * fabs(AT(R, h, i, e)), -8);
         }
   }
 #undef AT

@@ -9,12 +9,15 @@
  * rounded to bf16 for the product with v (as PyTorch's bf16 scaled_dot_product_attention on the CPU
  * rounds its probabilities, unnormalised, before that product), and out is written in its own dtype
  * from the f32 sums. The backward's products of the f32 gradients with bf16 q, k, v round those
- * gradients to bf16 in the same way; P^T dO, both f32, stays f32. */
+ * gradients to bf16 in the same way, and P^T dO runs there on P and dO rounded to bf16. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemm_onednn.h"
+#include "core/internal.h"
 
 /* A workspace lending one region to each product in turn: a product's scratch is dead once it
  * returns, so the op holds one product's scratch rather than heads x products of it. A request past
@@ -67,7 +70,9 @@ apex_status apex__cpu_nn_attention(const apex_nn_attention_args *a) {
     if (st != APEX_OK) return st;
     for (int i = 0; i < t; i++) {
       float *row = ph + (size_t)i * t, mx = -INFINITY, s = 0.0f;
-      for (int j = 0; j <= i; j++) mx = fmaxf(mx, row[j]);
+      /* a compare, not fmaxf (a libm call per element, 5% of the op), with fmaxf's result: both
+       * skip a NaN score (NaN > mx is false), and a max of -0 for +0 changes no row[j] - mx */
+      for (int j = 0; j <= i; j++) mx = row[j] > mx ? row[j] : mx;
       for (int j = 0; j <= i; j++) s += (row[j] = expf(row[j] - mx));
       for (int j = 0; j <= i; j++) row[j] /= s;
       for (int j = i + 1; j < t; j++) row[j] = 0.0f;
@@ -86,6 +91,10 @@ apex_status apex__cpu_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
   float *gq = a->gq, *gk = a->gk, *gv = a->gv;
   float *dS = gq || gk ? a->ws.get(a->ws.ctx, tt * sizeof(float)) : NULL;
   if ((gq || gk) && !dS) return APEX_ERR_OUT_OF_MEMORY;
+  /* P^T dO has two f32 operands; where v's product runs on oneDNN, dO goes in as bf16 (rounded here,
+   * and P beside it by oneDNN) so that this product runs there too, as PyTorch's bf16 backward does */
+  uint16_t *go16 = gv && a->v.dtype == APEX_BF16 && apex__onednn_active(NULL) ? a->ws.get(a->ws.ctx, td * sizeof(uint16_t)) : NULL;
+  if (gv && a->v.dtype == APEX_BF16 && apex__onednn_active(NULL) && !go16) return APEX_ERR_OUT_OF_MEMORY;
   /* the products add into their gradients (beta 1): one that holds nothing yet is zeroed first */
   if (gq && !a->accumulate_q) memset(gq, 0, n * sizeof *gq);
   if (gk && !a->accumulate_k) memset(gk, 0, n * sizeof *gk);
@@ -95,7 +104,12 @@ apex_status apex__cpu_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
   apex_nn_workspace w;
   for (size_t h = 0; h < a->heads; h++) {
     const float *ph = P + h * tt, *gh = go + h * td;
-    if (gv && apex__gemm(fresh(&r, &w), t, d, t, 1.0f, f32m(ph, t, 1), f32m(gh, d, 0), 1.0f, gv + h * td, APEX_F32, d, NULL) != APEX_OK)
+    apex__mat gom = f32m(gh, d, 0);
+    if (go16) {
+      apex__convert_range(go16, APEX_BF16, gh, APEX_F32, td);
+      gom = (apex__mat){go16, APEX_BF16, d, 0};
+    }
+    if (gv && apex__gemm(fresh(&r, &w), t, d, t, 1.0f, f32m(ph, t, 1), gom, 1.0f, gv + h * td, APEX_F32, d, NULL) != APEX_OK)
       return APEX_ERR_OUT_OF_MEMORY;
     if (!gq && !gk) continue;
     if (apex__gemm(fresh(&r, &w), t, t, d, 1.0f, f32m(gh, d, 0), head(a->v, h, td, d, 1), 0.0f, dS, APEX_F32, t, NULL) != APEX_OK)
