@@ -17,8 +17,8 @@
 
 #include "apex/cuda.h"
 #include "apex/dtype.h"
-#include "apex/loss_scaler.h"
-#include "apex/optim.h"
+#include "apex/loss_scaler_config.h"
+#include "apex/optim_options.h"
 #include "apex/status.h"
 #include "apex/tensor.h"
 #include "backend/args_optim.h"
