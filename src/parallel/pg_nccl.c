@@ -48,14 +48,14 @@
 int apex_pg_nccl_available(void) { return 1; }
 
 typedef struct nccl_pg {
-  apex_pg_vtable vt;          /* nccl_backend with the device of the backend below */
-  const apex_backend *dev;    /* the CUDA backend: memory, streams and events */
-  const apex_streams *st;     /* dev->streams */
+  apex_pg_vtable vt;       /* nccl_backend with the device of the backend below */
+  const apex_backend *dev; /* the CUDA backend: memory, streams and events */
+  const apex_streams *st;  /* dev->streams */
   ncclComm_t comm;
-  void *stream;               /* where the collectives run (a side stream) */
-  void *ready;                /* an event recorded on apex's stream before each collective */
-  float *d_scratch;           /* the barrier's one-element all-reduce */
-  apex_pg *mpi;             /* the bootstrap group, kept for host-memory exchanges */
+  void *stream;            /* where the collectives run (a side stream) */
+  void *ready;             /* an event recorded on apex's stream before each collective */
+  float *d_scratch;        /* the barrier's one-element all-reduce */
+  apex_pg *mpi;            /* the bootstrap group, kept for host-memory exchanges */
   int device;
   int rank;
   int broken; /* the communicator was aborted after an asynchronous error */
