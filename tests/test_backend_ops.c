@@ -776,6 +776,40 @@ static void test_cuda_slot_refusals(void **state) {
           "batch statistics");
 }
 
+/* ---- stream and event slots (backend/streams.h) ----------------------------------------------------- */
+
+/* The registry hands out each backend by name without opening its device, the CPU backend has no stream
+ * slots, and a backend that has them has every one; its device count agrees with apex_cuda_available
+ * (0 with a reason on a machine without a GPU). Runs in every build, GPU or not. */
+static void test_stream_slots(void **state) {
+  (void)state;
+  assert_ptr_equal(apex__backend_by_name("cpu"), apex__backend_for(APEX_DEVICE_CPU));
+  assert_null(apex__backend_by_name("cpu")->streams);
+  assert_null(apex__backend_by_name("tpu"));
+  const apex_backend *cb = apex__backend_by_name("cuda");
+  assert_ptr_equal(cb, apex__backend_for(APEX_DEVICE_CUDA)); /* NULL in a build without CUDA */
+  if (!cb) {
+    printf("# stream slots: no cuda backend in this build (%s)\n", apex__device_missing(APEX_DEVICE_CUDA));
+    return;
+  }
+  const apex_streams *s = cb->streams;
+  assert_non_null(s);
+  assert_true(s->device_count && s->use_device && s->enter && s->stream_create && s->stream_destroy && s->event_create &&
+              s->event_destroy && s->event_record && s->stream_wait && s->event_query);
+  const char *why = NULL, *cuda_why = NULL;
+  int count = s->device_count(&why);
+  int avail = apex_cuda_available(&cuda_why);
+  printf("# stream slots: cuda sees %d device%s%s%s\n", count, count == 1 ? "" : "s", count ? "" : ": ", count ? "" : why);
+  if (!count) {
+    assert_non_null(why);
+    assert_true(*why != '\0');
+    assert_false(avail);
+    TU_FAILS(s->enter("test_stream_slots"), APEX_ERR_UNSUPPORTED, "test_stream_slots");
+  } else if (avail) {
+    TU_OK(s->enter("test_stream_slots"));
+  }
+}
+
 /* ---- parity cases (backend_parity_cases.h) ---------------------------------------------------------- */
 
 /* One parity case on every backend whose device is not the CPU. A failed assertion leaves through cmocka,
@@ -855,6 +889,7 @@ int main(void) {
       cmocka_unit_test(test_optimizer_cases),
       cmocka_unit_test(test_nn_slot_cases),
       cmocka_unit_test(test_cuda_slot_refusals),
+      cmocka_unit_test(test_stream_slots),
   };
   enum { N_SECTIONS = sizeof sections / sizeof sections[0] };
   /* the sections, a test per parity case named after it, and the summary last */
