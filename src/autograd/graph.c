@@ -129,11 +129,10 @@ apex_graph *apex_graph_create(void) { return apex_graph_create_on(APEX_DEVICE_CP
 
 apex_graph *apex_graph_create_on(apex_device device) {
   const char *fn = device == APEX_DEVICE_CPU ? "apex_graph_create" : "apex_graph_create_on";
-  const apex_backend *be = apex__backend_need(device, fn);
-  if (!be) return NULL;
   /* a device that is built in but cannot be used now (no GPU, no driver) is refused here, by name,
    * rather than at the first op's allocation */
-  if (!apex__memory_for(device, fn)) return NULL;
+  const apex_backend *be = apex__backend_need(device, fn);
+  if (!be) return NULL;
   apex_graph *g = calloc(1, sizeof *g);
   if (!g) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   g->be = be;
@@ -238,14 +237,14 @@ apex_device apex_graph_device(const apex_graph *g) {
 
 apex_status apex__on_graph_device(const apex_graph *g, const apex_tensor *t, const char *fn, const char *what) {
   if (t->device == g->be->device) return APEX_OK;
-  return apex__fail(APEX_ERR_DEVICE, "%s: %s is on the %s but the graph is on the %s; copy it there (apex_tensor_copy), or use a graph "
-                    "made with apex_graph_create_on(its device)", fn, what, apex__device_name(t->device), apex__device_name(g->be->device));
+  return apex__fail(APEX_ERR_DEVICE, "%s: %s is on device %s but the graph is on device %s; copy it there (apex_tensor_copy), or use a "
+                    "graph made with apex_graph_create_on(its device)", fn, what, apex__device_name(t->device), apex__device_name(g->be->device));
 }
 
 apex_status apex__host_front(const apex_graph *g, apex_op op) {
   if (g->be->device == APEX_DEVICE_CPU) return APEX_OK;
   return apex__fail(APEX_ERR_UNSUPPORTED, "%s: this op works on host memory in its front and runs on CPU graphs only; the graph is "
-                    "on the %s: run it on a CPU graph", apex_op_name(op), apex__device_name(g->be->device));
+                    "on device %s: run it on a CPU graph", apex_op_name(op), apex__device_name(g->be->device));
 }
 
 apex_status apex__pool_copy(apex_graph *g, float *dst, const float *src, size_t n) {
