@@ -1,7 +1,7 @@
 #!/bin/sh
 # run_all.sh [BUILD_DIR]: every GPU check of the CUDA issue, for a lent GPU machine (the device tool's
 # `run`): builds apex with CUDA (Release, for this GPU's architecture only), then runs the parity suite
-# test_cuda, the GPU benchmarks bench_cuda with the PyTorch peer (bench/peer_cuda.py, same GPU, same run),
+# test_cuda and autograd on a CUDA graph against the CPU graph (test_graph_cuda), the GPU benchmarks bench_cuda with the PyTorch peer (bench/peer_cuda.py, same GPU, same run),
 # GPT-2 small training (bench_gpt2_cuda against bench/peer_gpt2.py: PyTorch eager autocast and
 # torch.compile) and the NCCL test (run_nccl.sh).
 # STEPS="test bench gpt2 nccl" (the default; "build" alone only builds) picks the steps; a failing step
@@ -11,7 +11,7 @@
 # prints its seconds. Without OpenBLAS, cJSON or cmocka on the machine, carry .gpudeps
 # (tests/gpu/fetch_deps.sh fills it here): they are unpacked under /tmp/apex-deps and used instead.
 # Logs go to $OUT when it is set (the device tool brings that folder back), else to BUILD_DIR. Exit
-# status: test_cuda's (0 when it did not run), 1 when the build fails.
+# status: 1 when test_cuda or test_graph_cuda failed or the build fails, else 0 (also when they did not run).
 set -u
 steps=${STEPS:-test bench gpt2 nccl}
 want() { case " $(echo "$steps" | tr ',' ' ') " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -59,7 +59,7 @@ elif ! configure; then
 fi
 since "configured"
 [ "$steps" = configure ] && exit 0 # for checking the configure step alone
-cmake --build "$build" -j"${JOBS:-$(nproc)}" --target ${TARGETS:-test_cuda bench_cuda bench_gpt2_cuda} > "$logs/build.log" 2>&1 ||
+cmake --build "$build" -j"${JOBS:-$(nproc)}" --target ${TARGETS:-test_cuda test_graph_cuda bench_cuda bench_gpt2_cuda} > "$logs/build.log" 2>&1 ||
   { grep -E -A3 "error" "$logs/build.log" | head -40; exit 1; }
 since "built"
 
@@ -79,6 +79,11 @@ if want test; then
   rc=$(tail -1 "$logs/test_cuda.log" | grep -q "FAILED" && echo 1 || echo 0)
   grep -q "PASSED" "$logs/test_cuda.log" || rc=1
   since "test_cuda"
+  echo "== test_graph_cuda"
+  timeout 120 "$build/tests/test_graph_cuda" 2>&1 | tee "$logs/test_graph_cuda.log"
+  grep -q "FAILED" "$logs/test_graph_cuda.log" && rc=1
+  grep -q "PASSED" "$logs/test_graph_cuda.log" || rc=1
+  since "test_graph_cuda"
 fi
 
 if want bench; then
