@@ -78,6 +78,7 @@ struct apex_var {
   apex_tensor *value;
   apex_tensor *grad;   /* leaves and inputs that require gradients; NULL otherwise */
   float *gbuf;         /* f32 gradient during one backward, on the graph's device; NULL when not reached */
+  apex_tensor *gt;     /* the pool tensor holding gbuf; NULL when gbuf is an f32 leaf's own grad tensor */
   apex_graph *graph;   /* NULL for leaves */
   uint64_t step;       /* the graph step that made it */
   int requires_grad;

@@ -27,6 +27,7 @@ static float *gbuf_tensor(apex_graph *g, apex_var *v, int zero) {
     g->oom = 1;
     return NULL;
   }
+  v->gt = t;
   return ag_data(t);
 }
 
@@ -60,26 +61,21 @@ float *apex__gbuf_w(apex_graph *g, apex_var *v, int *fresh) {
   return v->gbuf;
 }
 
-/* Adds a low-precision leaf's collected f32 gradient into its grad tensor, once, through the backend's
- * slots: the grad widened into transient scratch, the f32 sum added by the scale backward at s = 1
- * (exact, so the bits are those of one f32 addition per element) and rounded back. The leaf keeps no
- * gbuf afterwards (finish() forgets both kinds). */
+/* Adds a low-precision leaf's collected f32 gradient into its grad tensor, once, with the backend's
+ * axpby at a = b = 1: grad = 1 * grad + 1 * sum in f32 (both products exact, so one f32 addition per
+ * element, as if the grad were widened, added to and rounded back), in place, in one pass. The leaf
+ * keeps no gbuf afterwards (finish() forgets both kinds). */
 static apex_status flush_leaf(apex_graph *g, apex_var *v) {
   apex_tensor *gr = v->grad;
-  size_t n = gr->numel;
   apex_status st = APEX_OK;
-  if (gr->dtype != APEX_F32 && v->gbuf && n) {
+  if (gr->dtype != APEX_F32 && v->gbuf && gr->numel) {
     const apex_backend *be = g->be;
-    float *sum = apex__scratch_temp(g, n * sizeof(float));
-    st = sum ? g->mem->convert(sum, APEX_F32, apex_tensor_data(gr), gr->dtype, n) : APEX_ERR_OUT_OF_MEMORY;
-    if (st == APEX_OK)
-      st = AG_HAS(be, nn_scale_bwd, APEX_OP_LEAF)
-               ? be->nn_scale_bwd(&(apex_nn_scale_bwd_args){.n = n, .gout = v->gbuf, .gx = sum, .s = 1.0f, .accumulate_x = 1})
-               : apex_last_status();
-    if (st == APEX_OK) st = g->mem->convert(apex_tensor_data(gr), gr->dtype, sum, APEX_F32, n);
-    apex__release_temps(g); /* the running op is done: its transient copies and this sum go back */
+    if (!be->mt_axpby) return apex__backend_slot_missing(be, "apex_backward", "multi_tensor_axpby");
+    st = be->mt_axpby(&(apex_mt_axpby_args){.fn = "apex_backward", .n = 1, .x = &gr, .y = &v->gt, .out = &gr, .a = 1.0f, .b = 1.0f,
+                                            .arg_to_check = 0});
   }
   v->gbuf = NULL;
+  v->gt = NULL;
   return st;
 }
 
@@ -92,7 +88,7 @@ static apex_status finish(apex_graph *g) {
     if (st == APEX_OK) st = s;
   }
   g->n_touched = 0;
-  for (size_t i = 0; i < g->n_vars; i++) g->vars[i]->gbuf = NULL;
+  for (size_t i = 0; i < g->n_vars; i++) g->vars[i]->gbuf = NULL, g->vars[i]->gt = NULL;
   for (size_t i = 0; i < g->n_finals; i++) g->finals[i].leaf->hook_seen = 0;
   g->n_finals = 0;
   return st;

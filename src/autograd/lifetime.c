@@ -113,6 +113,7 @@ void apex__gbuf_put(apex_graph *g, apex_var *v) {
       break;
     }
   v->gbuf = NULL;
+  v->gt = NULL;
 }
 
 size_t apex_graph_saved_bytes(const apex_graph *g) {
