@@ -884,24 +884,31 @@ static void pc_attention_matches_cpu(void) {
   attention_bad_input();
 }
 
-/* Autograd runs on the CPU for now: device tensors are refused where they would enter a graph. */
+/* A graph takes only tensors on its own device (test_graph_cuda runs ops on a CUDA graph): a device tensor
+ * into a CPU graph is refused naming both devices, as is a device leaf in a CPU graph's op; a leaf may
+ * live on the device (its grad does too), and its value is swapped only for one on the same device. */
 static void pc_autograd_refuses_device_tensors(void) {
   int64_t shape[2] = {4, 8};
   apex_tensor *d = apex_tensor_create_on(pc_dev, APEX_F32, 2, shape);
   apex_graph *g = apex_graph_create();
   apex_clear_error();
   assert_null(apex_graph_input(g, d, 1));
-  tu_assert_message("apex_graph_input: the tensor is on the GPU");
+  tu_assert_message("apex_graph_input: the tensor is on device CUDA but the graph is on device CPU");
   assert_int_equal(apex_last_status(), APEX_ERR_DEVICE);
-  assert_null(apex_var_create(d, 1));
-  tu_assert_message("apex_var_create: the tensor is on the GPU");
+  apex_tensor *d2 = apex_tensor_create_on(pc_dev, APEX_F32, 2, shape);
+  apex_var *dleaf = apex_var_create(d2, 1);
+  assert_non_null(dleaf);
+  assert_int_equal(apex_tensor_device(apex_var_grad(dleaf)), pc_dev);
+  assert_null(apex_relu(g, dleaf));
+  tu_assert_message("relu: input 0 is on device CUDA but the graph is on device CPU");
   apex_tensor *h = apex_tensor_create(APEX_F32, 2, shape);
   apex_var *leaf = apex_var_create(h, 1);
   assert_non_null(leaf);
   assert_null(apex_var_swap_value(leaf, d));
-  tu_assert_message("apex_var_swap_value: the tensor is on the GPU");
+  tu_assert_message("apex_var_swap_value: the new value is on device CUDA but the leaf's value is on device CPU");
   assert_ptr_equal(apex_var_value(leaf), h); /* unchanged */
   apex_var_destroy(leaf);
+  apex_var_destroy(dleaf);
   apex_graph_destroy(g);
   apex_tensor_destroy(d);
 }

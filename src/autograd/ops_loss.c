@@ -68,10 +68,10 @@ static apex_var *loss_result(apex_graph *g, apex_op op, apex_dtype dt, apex_redu
 
 /* Writes a loss's result into out: the per-element terms l[0..n) for NONE, else their sum (divided
  * by `count` for MEAN). */
-static void loss_store(apex_var *out, const float *l, size_t n, double sum, double count) {
+static void loss_store(apex_graph *g, apex_var *out, const float *l, size_t n, double sum, double count) {
   if (out->p.loss.reduction == APEX_REDUCTION_NONE) {
     if (out->value->dtype == APEX_F32) {
-      if (ag_data(out->value) != l) memcpy(ag_data(out->value), l, n * sizeof(float));
+      apex__pool_copy(g, ag_data(out->value), l, n);
     } else {
       apex__store(out, l);
     }
@@ -93,6 +93,8 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   apex_var *u;
   apex_dtype dt;
   if (apex__dispatch(g, APEX_OP_CROSS_ENTROPY, 1, &logits, 0, &u, &dt) != APEX_OK) return NULL;
+  /* the targets are written into the op's scratch from the host */
+  if (apex__host_front(g, APEX_OP_CROSS_ENTROPY) != APEX_OK) return NULL;
   const apex_tensor *X = u->value;
   if (X->ndim != 2) return apex__fail_null(APEX_ERR_SHAPE, "cross_entropy: logits %s must be [N, C]", apex__shape(logits));
   if (!targets && X->shape[0] > 0) return apex__fail_null(APEX_ERR_INVALID_ARG, "cross_entropy: NULL targets for logits %s", apex__shape(logits));
@@ -129,7 +131,7 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   if (be->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = N, .classes = C, .x = x, .target = tg, .smoothing = eps, .prob = p,
                                                          .loss = l, .sum = opts->reduction == APEX_REDUCTION_NONE ? NULL : &sum}) != APEX_OK)
     return NULL;
-  loss_store(out, l, N, sum, (double)count);
+  loss_store(g, out, l, N, sum, (double)count);
   return out;
 }
 
@@ -161,6 +163,8 @@ static apex_var *pointwise_loss(apex_graph *g, apex_op op, apex_var *x, apex_var
   const apex_backend *be = apex__ag_backend(u[0], op);
   if (!be || !AG_HAS(be, nn_pointwise_loss, op)) return NULL;
   size_t n = ag_numel(u[0]);
+  /* bce checks its probabilities on the host */
+  if (op == APEX_OP_BCE && apex__host_front(g, op) != APEX_OK) return NULL;
   const float *X = apex__f32(g, u[0]->value), *Y = apex__f32(g, u[1]->value);
   if (!X || !Y) return NULL;
   /* Probabilities outside [0, 1] would give a finite, meaningless loss (the clamp turns log of a
@@ -179,7 +183,7 @@ static apex_var *pointwise_loss(apex_graph *g, apex_op op, apex_var *x, apex_var
   if (be->nn_pointwise_loss(&(apex_nn_pointwise_loss_args){.kind = pointwise_kind(op), .n = n, .x = X, .y = Y, .loss = l,
                                                            .sum = red == APEX_REDUCTION_NONE ? NULL : &sum}) != APEX_OK)
     return NULL;
-  loss_store(out, l, n, sum, (double)n);
+  loss_store(g, out, l, n, sum, (double)n);
   return out;
 }
 

@@ -34,6 +34,7 @@ static apex_var *batch_norm(apex_graph *g, const apex__bn_stats_hook *hook, apex
   for (int i = 0; i < 2; i++) {
     if (!stats[i]) continue;
     char buf[64];
+    if (apex__on_graph_device(g, stats[i], name, i ? "running_var" : "running_mean") != APEX_OK) return NULL;
     if (stats[i]->dtype != APEX_F32)
       return apex__fail_null(APEX_ERR_DTYPE, "%s: %s is %s; running statistics are f32", name, i ? "running_var" : "running_mean",
                              apex_dtype_name(stats[i]->dtype));
@@ -53,6 +54,8 @@ static apex_var *batch_norm(apex_graph *g, const apex__bn_stats_hook *hook, apex
   if (!be || !AG_HAS(be, nn_batch_norm, op)) return NULL;
   const float *mf = NULL, *rf = NULL, *vf = NULL;
   int64_t count = (int64_t)M;
+  /* the hook's collectives (parallel/syncbn_stats.c) read and write their tensors on the host */
+  if (hook && apex__host_front(g, op) != APEX_OK) return NULL;
   if (hook) {
     apex_tensor *mean = apex__pool_tensor(g, APEX_F32, 1, &Ci), *invstd = apex__pool_tensor(g, APEX_F32, 1, &Ci);
     apex_tensor *uvar = apex__pool_tensor(g, APEX_F32, 1, &Ci);
