@@ -4,7 +4,8 @@
  * rounded once to the low-precision dtype, and its gradients those of the f32 op (rounded to the
  * leaves' dtype). Forward values and every input's gradient, at 1, 2 and 3 threads, on shapes past
  * the kernels' threading threshold; the f32 reference always runs on one thread, so the same bits
- * also show that no result depends on the thread count. */
+ * also show that no result depends on the thread count. Under autocast, the FLOAT-category ops among
+ * them take f16/bf16 inputs without the recorded f32 cast, with the cast's bits. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -188,6 +189,115 @@ static void test_cases(void **state) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i]);
 }
 
+/* ---- autocast ---------------------------------------------------------------------------------- */
+
+/* Runs case c under autocast in dt on leaves holding vals, each passed through scale(1) (so the op's
+ * input is a bf16/f16 graph var, as an activation is); with `cast` the op gets apex_cast(.., f32) of
+ * it, the recorded cast autocast made before the FLOAT ops read half inputs. Returns the result
+ * (widened) and the leaves' gradients; *live the graph's live bytes after the forward (what it holds
+ * for the backward). */
+static int run_autocast(const lp_case *c, apex_dtype dt, int cast, float *const *vals, float **out, size_t *n_out, float **grads,
+                        size_t *live) {
+  apex_graph *g = apex_graph_create();
+  TU_OK(apex_graph_set_autocast(g, 1, dt));
+  apex_var *x[MAX_IN], *h[MAX_IN];
+  for (int i = 0; i < c->n_in; i++) {
+    size_t n = numel_of(c->ndim[i], c->shape[i]);
+    apex_tensor *t = apex_tensor_create(dt, c->ndim[i], c->shape[i]);
+    TU_OK(apex_convert(apex_tensor_data(t), dt, vals[i], APEX_F32, n));
+    x[i] = apex_var_create(t, 1);
+    h[i] = apex_scale(g, x[i], 1.0f);
+    assert_int_equal(apex_tensor_dtype(apex_var_value(h[i])), dt);
+    if (cast) h[i] = apex_cast(g, h[i], APEX_F32);
+    assert_non_null(h[i]);
+  }
+  apex_var *y = c->f(g, h);
+  int ok = y && apex_op_cast_category(apex_var_op(y)) == APEX_CAST_FLOAT;
+  if (ok) {
+    const apex_tensor *Y = apex_var_value(y);
+    assert_int_equal(apex_tensor_dtype(Y), APEX_F32); /* the category's dtype, as with the cast */
+    *live = apex_graph_live_bytes(g);
+    size_t ny = apex_tensor_numel(Y);
+    *n_out = ny;
+    *out = malloc(ny * sizeof(float));
+    memcpy(*out, apex_tensor_data(Y), ny * sizeof(float));
+    apex_tensor *R = apex_tensor_create(APEX_F32, apex_tensor_ndim(Y), apex_tensor_shape(Y));
+    for (size_t i = 0; i < ny; i++) apex_tensor_set(R, i, 0.01f * (float)((i * 7919) % 97) - 0.4f);
+    TU_OK(apex_backward(y, &(apex_backward_options){.grad_output = R}));
+    apex_tensor_destroy(R);
+    for (int i = 0; i < c->n_in; i++) {
+      const apex_tensor *G = apex_var_grad(x[i]);
+      size_t n = apex_tensor_numel(G);
+      grads[i] = malloc(n * sizeof(float));
+      TU_OK(apex_convert(grads[i], APEX_F32, apex_tensor_data(G), apex_tensor_dtype(G), n));
+    }
+  }
+  apex_graph_destroy(g);
+  for (int i = 0; i < c->n_in; i++) apex_var_destroy(x[i]);
+  return ok;
+}
+
+/* Under autocast the FLOAT-category norms, softmax and losses take f16/bf16 inputs uncast
+ * (op_table.c's reads_half): their results and the gradients that reach the leaves are the bits of
+ * the recorded f32 cast they replace, at 1 to 3 threads, and the graph holds less memory after the
+ * forward (no f32 copy of the input). */
+static void test_autocast_float_ops_uncast(void **state) {
+  (void)state;
+  int checked = 0;
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const lp_case *c = &cases[ci];
+    for (int d = 0; d < 2; d++) {
+      apex_dtype dt = d ? APEX_BF16 : APEX_F16;
+      float *vals[MAX_IN];
+      for (int i = 0; i < c->n_in; i++) {
+        size_t n = numel_of(c->ndim[i], c->shape[i]);
+        apex_tensor *t = tu_random_tensor(dt, n, 200 + (uint64_t)i, 2.0f);
+        vals[i] = malloc(n * sizeof(float));
+        TU_OK(apex_convert(vals[i], APEX_F32, apex_tensor_data(t), dt, n));
+        apex_tensor_destroy(t);
+      }
+      TU_OK(apex_set_num_threads(1));
+      float *ref = NULL, *ref_g[MAX_IN] = {0};
+      size_t n_ref = 0, live_ref = 0, live = 0;
+      int ok = run_autocast(c, dt, 1, vals, &ref, &n_ref, ref_g, &live_ref);
+      for (int threads = 1; ok && threads <= 3; threads++) {
+        TU_OK(apex_set_num_threads(threads));
+        float *got = NULL, *got_g[MAX_IN] = {0};
+        size_t n_got = 0;
+        assert_true(run_autocast(c, dt, 0, vals, &got, &n_got, got_g, &live));
+        assert_int_equal(n_got, n_ref);
+        /* the f32 copy of the first input (4 bytes an element) is no longer held for the backward */
+        size_t n0 = numel_of(c->ndim[0], c->shape[0]);
+        if (live + 3 * n0 > live_ref)
+          fail_msg("%s %s: %zu live bytes uncast, %zu with the cast: the %zu-element input's f32 copy is still held", c->name,
+                   apex_dtype_name(dt), live, live_ref, n0);
+        for (size_t k = 0; k < n_ref; k++)
+          if (tu_bits(got[k]) != tu_bits(ref[k]))
+            fail_msg("%s %s autocast, %d threads: result %zu is %a, with the cast %a", c->name, apex_dtype_name(dt), threads, k,
+                     (double)got[k], (double)ref[k]);
+        for (int i = 0; i < c->n_in; i++) {
+          size_t n = numel_of(c->ndim[i], c->shape[i]);
+          for (size_t k = 0; k < n; k++)
+            if (tu_bits(got_g[i][k]) != tu_bits(ref_g[i][k]))
+              fail_msg("%s %s autocast, %d threads: gradient of input %d, element %zu is %a, with the cast %a", c->name,
+                       apex_dtype_name(dt), threads, i, k, (double)got_g[i][k], (double)ref_g[i][k]);
+          free(got_g[i]);
+        }
+        free(got);
+      }
+      if (ok) {
+        checked++;
+        for (int i = 0; i < c->n_in; i++) free(ref_g[i]);
+        free(ref);
+      }
+      for (int i = 0; i < c->n_in; i++) free(vals[i]);
+    }
+  }
+  /* layer/RMS norm, the four softmaxes, two cross entropies, two MSEs and BCE with logits, each dtype
+   * (BCE is refused under autocast; batch norm is not a FLOAT op) */
+  assert_int_equal(checked, 2 * 11);
+}
+
 /* Bad input still gets its message from the fronts that no longer widen: a bf16 probability out of
  * [0, 1] for BCE is named with its element. */
 static void test_bce_refuses_bf16_out_of_range(void **state) {
@@ -223,6 +333,7 @@ static int teardown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cases),
+      cmocka_unit_test(test_autocast_float_ops_uncast),
       cmocka_unit_test(test_bce_refuses_bf16_out_of_range),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
