@@ -54,13 +54,15 @@ apex_status apex__cpu_nn_softmax(const apex_nn_softmax_args *a) {
     float mx = -INFINITY;
     for (size_t j = 0; j < D; j++) mx = fmaxf(mx, xl[j * xs]);
     float s = 0.0f;
-    for (size_t j = 0; j < D; j++) s += expf(xl[j * xs] - mx);
     if (logsm) {
+      for (size_t j = 0; j < D; j++) s += expf(xl[j * xs] - mx);
       float lse = mx + logf(s);
       for (size_t j = 0; j < D; j++) ol[j * inner] = xl[j * xs] - lse;
     } else {
+      /* each exp once: kept in the output, then scaled (the same values and sum as computing it twice) */
+      for (size_t j = 0; j < D; j++) s += (ol[j * inner] = expf(xl[j * xs] - mx));
       float r = 1.0f / s;
-      for (size_t j = 0; j < D; j++) ol[j * inner] = expf(xl[j * xs] - mx) * r;
+      for (size_t j = 0; j < D; j++) ol[j * inner] *= r;
     }
     if (a->out_cast) line_store(a->out_cast, a->cast_dtype, base, ol, D, inner, tmp);
   }
