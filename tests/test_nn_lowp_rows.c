@@ -298,6 +298,46 @@ static void test_autocast_float_ops_uncast(void **state) {
   assert_int_equal(checked, 2 * 11);
 }
 
+/* ---- softmax lines with signed zeros, NaN and -inf ---------------------------------------------- */
+
+/* The kernels' running maximum is a compare-and-select, not fmaxf: on lines whose maximum is -0 or
+ * +0 (either order), that hold a NaN, or are all -inf, softmax, log-softmax and cross entropy give
+ * the bits of the formula with fmaxf, computed here in plain C (f32, in line order). */
+static void test_softmax_special_lines(void **state) {
+  (void)state;
+  enum { R = 6, D = 5 };
+  const float ni = -INFINITY;
+  const float lines[R][D] = {{-0.0f, -1.0f, 0.0f, -2.0f, -0.0f}, {0.0f, -0.0f, -3.0f, -0.0f, -1.0f}, {-0.0f, -0.0f, -0.0f, -0.0f, -0.0f},
+                             {1.0f, NAN, 2.0f, -1.0f, 0.5f},      {ni, ni, ni, ni, ni},               {ni, -0.0f, ni, 0.0f, ni}};
+  apex_graph *g = apex_graph_create();
+  apex_tensor *t = apex_tensor_create(APEX_F32, 2, (int64_t[]){R, D});
+  memcpy(apex_tensor_data(t), lines, sizeof lines);
+  apex_var *x = apex_var_create(t, 0);
+  int64_t tg[R] = {0, 1, 2, 3, 4, 1};
+  apex_var *sm = apex_softmax(g, x, -1), *lsm = apex_log_softmax(g, x, -1);
+  apex_var *ce = apex_cross_entropy(g, x, tg, &(apex_cross_entropy_options){.reduction = APEX_REDUCTION_NONE, .label_smoothing = 0.25f});
+  assert_non_null(sm);
+  assert_non_null(lsm);
+  assert_non_null(ce);
+  const float *ys = apex_tensor_data(apex_var_value(sm)), *yl = apex_tensor_data(apex_var_value(lsm)), *yc = apex_tensor_data(apex_var_value(ce));
+  for (int r = 0; r < R; r++) {
+    const float *l = lines[r];
+    float mx = -INFINITY, s = 0.0f, sum_logp = 0.0f;
+    for (int j = 0; j < D; j++) mx = fmaxf(mx, l[j]);
+    for (int j = 0; j < D; j++) s += expf(l[j] - mx);
+    float lse = mx + logf(s), rcp = 1.0f / s;
+    for (int j = 0; j < D; j++) {
+      assert_int_equal(tu_bits(ys[r * D + j]), tu_bits(expf(l[j] - mx) * rcp));
+      assert_int_equal(tu_bits(yl[r * D + j]), tu_bits(l[j] - lse));
+      sum_logp += l[j] - lse;
+    }
+    float ce_ref = -(1.0f - 0.25f) * (l[tg[r]] - lse) - 0.25f / (float)D * sum_logp;
+    assert_int_equal(tu_bits(yc[r]), tu_bits(ce_ref));
+  }
+  apex_var_destroy(x);
+  apex_graph_destroy(g);
+}
+
 /* Bad input still gets its message from the fronts that no longer widen: a bf16 probability out of
  * [0, 1] for BCE is named with its element. */
 static void test_bce_refuses_bf16_out_of_range(void **state) {
@@ -334,6 +374,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cases),
       cmocka_unit_test(test_autocast_float_ops_uncast),
+      cmocka_unit_test(test_softmax_special_lines),
       cmocka_unit_test(test_bce_refuses_bf16_out_of_range),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
