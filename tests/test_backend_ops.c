@@ -771,8 +771,8 @@ static void test_cuda_slot_refusals(void **state) {
           "nn_conv2d", "different dtypes");
   refused(cb->nn_attention(&(apex_nn_attention_args){.heads = 1, .t = 1, .d = 1, .q = f, .k = f, .v = f, .p = f, .out = f}), "nn_attention",
           "packed qkv");
-  refused(cb->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = 1, .classes = 2, .x = f}), "nn_cross_entropy", "log-sum-exp");
-  refused(cb->nn_batch_norm(&(apex_nn_batch_norm_args){.N = 1, .C = 1, .S = 1, .x = f, .out = f, .stats = f}), "nn_batch_norm",
+  refused(cb->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = 1, .classes = 2, .x = {f, APEX_F32}}), "nn_cross_entropy", "log-sum-exp");
+  refused(cb->nn_batch_norm(&(apex_nn_batch_norm_args){.N = 1, .C = 1, .S = 1, .x = {f, APEX_F32}, .out = f, .stats = f}), "nn_batch_norm",
           "batch statistics");
 }
 

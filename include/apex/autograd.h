@@ -33,7 +33,9 @@
  * every op call passes through one dispatcher. With autocast on (apex_graph_set_autocast), the
  * dispatcher casts the op's floating inputs per category: HALF ops run in the autocast dtype, FLOAT
  * ops in f32, PROMOTE ops in the widest input dtype, NONE ops in their input's dtype. Casts are
- * recorded ops, so gradients flow back to f32 parameters. A leaf's low-precision copy is made once
+ * recorded ops, so gradients flow back to f32 parameters. On the CPU the FLOAT norms, softmaxes and
+ * losses read f16/bf16 inputs without a cast (widening is exact) and give f32 results and gradients
+ * of the same bits as with one, without the f32 copy. A leaf's low-precision copy is made once
  * per graph step and reused by every op that needs it (the weight-cast cache, cleared by
  * apex_graph_reset and at the end of each apex_backward, as Apex clears it when scale_loss exits, so
  * that a forward after an optimizer step sees the new weights). apex_graph_set_op_cast overrides an op's category for one graph (Apex's

@@ -164,6 +164,12 @@ typedef struct apex__op_info {
   apex__backward_fn backward;
   uint32_t unread;
   unsigned char reads_out;
+  /* Under autocast's FLOAT category, on a backend with float_ops_read_half, the op takes f16/bf16
+   * inputs uncast: its kernels widen them exactly and compute in f32 as on the cast's f32 copy, so
+   * the result has the same bits; the backward adds the same f32 terms into the input's f32 gradient
+   * buffer that the cast's identity backward would have added (0 + t, then g + (0 + t), is g + t
+   * bitwise, a gradient buffer never holding -0), and the whole-tensor f32 copy is never made. */
+  unsigned char reads_half;
 } apex__op_info;
 
 const apex__op_info *apex__op(apex_op op);

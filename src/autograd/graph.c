@@ -346,6 +346,13 @@ apex_dtype apex__promote(apex_dtype a, apex_dtype b) { return a == b ? a : APEX_
 
 static apex_var *cast_to(apex_graph *g, apex_var *x, apex_dtype dtype);
 
+/* 1 when op, run in f32 by autocast, takes x uncast (op_table's reads_half on a backend that reads half
+ * inputs; x is f16 or bf16, the only dtypes besides f32). */
+static int reads_half(apex_op op, const apex_var *x) {
+  const apex_backend *b = apex__backend_for(apex_tensor_device(x->value));
+  return apex__op(op)->reads_half && b && b->float_ops_read_half;
+}
+
 apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in, unsigned optional, apex_var **use,
                            apex_dtype *dtype) {
   const char *name = apex_op_name(op);
@@ -382,7 +389,7 @@ apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in
   if (g->autocast && (cat == APEX_CAST_HALF || cat == APEX_CAST_FLOAT)) {
     dt = cat == APEX_CAST_HALF ? g->autocast_dtype : APEX_F32;
     for (int i = 0; i < n; i++) {
-      if (!in[i] || in[i]->value->dtype == dt) continue;
+      if (!in[i] || in[i]->value->dtype == dt || (cat == APEX_CAST_FLOAT && reads_half(op, in[i]))) continue;
       use[i] = cast_to(g, in[i], dt);
       if (!use[i]) return APEX_ERR_OUT_OF_MEMORY;
     }

@@ -28,6 +28,10 @@
 typedef struct apex_backend {
   const char *name; /* "cpu", "cuda" */
   apex_device device;
+  /* 1 when the nn kernels of the ops that autocast runs in f32 (op_table.c's reads_half) take f16/bf16
+   * inputs as they are, widen them exactly and compute in f32 into f32 results: autocast then gives
+   * such an op its low-precision inputs uncast (graph.c's apex__dispatch). */
+  unsigned char float_ops_read_half;
 
   /* ---- memory: alloc, free, copy (h2d/d2h/d2d), convert, fill, sync (core/memory.h). Core owns the
    * type because every storage points to it, to be freed by the device that made it. */
