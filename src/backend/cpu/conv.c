@@ -1,5 +1,8 @@
 /* conv.c: the CPU backend's conv2d (im2col + sgemm, one image at a time), max and average pooling
- * kernels (args_nn.h), forward and backward.
+ * kernels (args_nn.h), forward and backward. bf16 operands on a CPU with AVX512_BF16 or AMX take the
+ * same image loop with bf16 cols and one oneDNN matmul per image and product (conv_onednn.c, which
+ * says why that and not oneDNN's convolution primitive); any thread count gives the same bits there
+ * for the same reasons as below.
  *
  * conv2d runs image by image: the image's patches are laid out as cols [C*KH*KW, HO*WO] in a
  * per-thread buffer and one sgemm W [O, C*KH*KW] @ cols writes the image's output [O, HO*WO], which
