@@ -513,9 +513,11 @@ typedef struct apex_nn_conv2d_bwd_args {
  * included) of x [n, c, h, w] into out [n, c, ho, wo]. */
 typedef struct apex_nn_pool2d_args {
   apex_nn_conv_geom geom;
-  const float *x;
-  float *out;
+  apex_nn_buf x;       /* native: a low-precision x is widened a plane at a time, never whole */
+  void *out;           /* out_dtype */
+  apex_dtype out_dtype;
   int32_t *argmax;
+  apex_nn_workspace ws;
 } apex_nn_pool2d_args;
 
 typedef struct apex_nn_pool2d_bwd_args {
