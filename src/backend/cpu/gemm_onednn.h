@@ -24,6 +24,11 @@ int apex__onednn_active(const char **why);
  * the previous setting (1 by default). Not thread-safe. */
 int apex__onednn_set_enabled(int on);
 
+/* For bench_gemm's f32 comparison: 1 makes apex__gemm_onednn also take products whose operands are
+ * both f32 (oneDNN's f32 matmul, per tile as for bf16, so as deterministic); returns the previous
+ * setting (0 by default, as apex's own f32 kernel is faster on the models' shapes: see
+ * sgemm_avx512.c). Not thread-safe. */
+int apex__onednn_set_f32(int on);
 /* The number of products apex__gemm_onednn has run since the process started (tests use it to
  * confirm which path ran). */
 unsigned long apex__onednn_products(void);
