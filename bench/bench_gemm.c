@@ -26,7 +26,9 @@
  *                                                         peer openblas-tiles (cblas_sgemm per tile)
  *   gemm_f32_<model>_<product>_<m>x<k>x<n>_t<N>_vs_onednn  the same, peer onednn-f32-tiles (oneDNN's
  *                                                         f32 matmul per tile, as gemm_onednn.c's bf16)
- * A ratio above 1 is the benchmark line that keeps the hand-written kernel. */
+ * A ratio above 1 is the benchmark line that keeps the hand-written kernel: apex__gemm runs f32
+ * products on oneDNN where op(B) is transposed (x w^T: oneDNN faster on each) and on the kernel
+ * elsewhere (gemm_onednn.h, apex__onednn_set_f32). */
 #include <cblas.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -288,7 +290,8 @@ static void bench_f32_product(const model_product *q, int threads) {
   for (int round = 0; round < 3; round++)
     for (int v = 0; v < 3; v++) {
       if (v == 2 && !dnn) break;
-      int old_own = apex__gemm_set_own_kernel(v == 0), old_f32 = apex__onednn_set_f32(v == 2);
+      int old_own = apex__gemm_set_own_kernel(v == 0);
+      int old_f32 = apex__onednn_set_f32(v == 2 ? APEX__ONEDNN_F32_ALL : APEX__ONEDNN_F32_NONE);
       double t = bench_best(run_f32, &c, 1, 3, min_s);
       apex__gemm_set_own_kernel(old_own);
       apex__onednn_set_f32(old_f32);

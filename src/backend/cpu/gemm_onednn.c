@@ -13,7 +13,10 @@
  * Operands: bf16 in place, through memory descriptors with the operand's strides (a transpose is a
  * stride); an f32 operand beside a bf16 one (the f32 gradient of a backward product) is rounded to
  * bf16 one panel at a time, as gemm.c widens one, so the product runs at bf16 speed as autocast's
- * does. f16 runs only when both operands are f16 and oneDNN has an f16 matmul for this CPU (it
+ * does. f32 products whose op(B) is transposed (a linear's forward, x w^T) run on oneDNN's f32
+ * matmul the same way: bench_gemm's gemm_f32_* lines measured it 1.06x to 1.9x faster than apex's
+ * AVX-512 kernel on every such product of the four models (one thread), and slower than that kernel
+ * on most others (the dw products x^T dy; see sgemm_avx512.c). f16 runs only when both operands are f16 and oneDNN has an f16 matmul for this CPU (it
  * reports unimplemented otherwise and apex__gemm takes its f32 path): an f32 gradient is never
  * rounded to f16, whose range it could overflow. Each tile's f32 result lands in per-thread scratch;
  * alpha, beta, the bias and the narrowing to C's dtype follow there, in the order gemm.c's
@@ -27,12 +30,12 @@
 #include "backend/cpu/gemm_onednn.h"
 #include "core/internal.h"
 
-static int enabled = 1, f32_too;
+static int enabled = 1, f32_mode = APEX__ONEDNN_F32_TRANS_B;
 static unsigned long products;
 
-int apex__onednn_set_f32(int on) {
-  int old = f32_too;
-  f32_too = on != 0;
+int apex__onednn_set_f32(int mode) {
+  int old = f32_mode;
+  f32_mode = mode;
   return old;
 }
 
@@ -250,7 +253,8 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
   tile_plan p = {0};
   if (a.dtype == APEX_F16 && b.dtype == APEX_F16)
     dt = dnnl_f16;
-  else if (f32_too && a.dtype == APEX_F32 && b.dtype == APEX_F32)
+  else if (a.dtype == APEX_F32 && b.dtype == APEX_F32 &&
+           (f32_mode == APEX__ONEDNN_F32_ALL || (f32_mode == APEX__ONEDNN_F32_TRANS_B && b.trans)))
     dt = dnnl_f32;
   else if ((a.dtype == APEX_BF16 && (b.dtype == APEX_BF16 || b.dtype == APEX_F32)) || (b.dtype == APEX_BF16 && a.dtype == APEX_F32))
     dt = dnnl_bf16, p.narrow_a = a.dtype == APEX_F32, p.narrow_b = b.dtype == APEX_F32;
@@ -278,16 +282,21 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
   apex_status st = APEX_ERR_UNSUPPORTED;
   if (!usable) goto done;
 
-  int threads = apex_get_num_threads();
+  /* Scratch for as many threads as could ever run the tiles (the thread cap, at most one a tile), not
+   * for the threads running now, which follow the machine's load: the graph's pool must not grow
+   * between steps when the load changes (test_autograd's ten thousand steps). */
+  int nt = p.ti * p.tj, cap = apex_get_max_threads(), slots = nt < cap ? nt : cap, threads = apex_get_num_threads();
+  if (slots < 1) slots = 1;
+  if (threads > slots) threads = slots;
   size_t fa = p.narrow_a ? up64((size_t)p.tm * k * 2) : 0, fb = p.narrow_b ? up64((size_t)k * p.tn * 2) : 0;
   size_t fc = p.direct ? 0 : up64((size_t)p.tm * p.tn * sizeof(float)), per = fa + fb + fc + up64(pad);
-  char *scratch = ws->get(ws->ctx, (size_t)threads * per + 64);
+  char *scratch = ws->get(ws->ctx, (size_t)slots * per + 64);
   if (!scratch) {
     st = APEX_ERR_OUT_OF_MEMORY;
     goto done;
   }
   scratch = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-  int nt = p.ti * p.tj, failed = 0, down = !p.narrow_a && p.narrow_b;
+  int failed = 0, down = !p.narrow_a && p.narrow_b;
 #pragma omp parallel num_threads(threads) if (nt > 1 && threads > 1) reduction(| : failed)
   {
     int old = omp_get_max_threads();

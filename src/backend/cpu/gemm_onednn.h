@@ -24,11 +24,12 @@ int apex__onednn_active(const char **why);
  * the previous setting (1 by default). Not thread-safe. */
 int apex__onednn_set_enabled(int on);
 
-/* For bench_gemm's f32 comparison: 1 makes apex__gemm_onednn also take products whose operands are
- * both f32 (oneDNN's f32 matmul, per tile as for bf16, so as deterministic); returns the previous
- * setting (0 by default, as apex's own f32 kernel is faster on the models' shapes: see
- * sgemm_avx512.c). Not thread-safe. */
-int apex__onednn_set_f32(int on);
+/* Which products with both operands f32 apex__gemm_onednn takes (oneDNN's f32 matmul, per tile as
+ * for bf16, so as deterministic): none, all, or (the default) those whose op(B) is transposed, where
+ * oneDNN measured faster than apex's AVX-512 kernel (bench_gemm's gemm_f32_* lines). */
+enum { APEX__ONEDNN_F32_NONE, APEX__ONEDNN_F32_ALL, APEX__ONEDNN_F32_TRANS_B };
+/* For tests and benchmarks: sets that choice; returns the previous one. Not thread-safe. */
+int apex__onednn_set_f32(int mode);
 /* The number of products apex__gemm_onednn has run since the process started (tests use it to
  * confirm which path ran). */
 unsigned long apex__onednn_products(void);
