@@ -26,9 +26,10 @@
  *                                                         peer openblas-tiles (cblas_sgemm per tile)
  *   gemm_f32_<model>_<product>_<m>x<k>x<n>_t<N>_vs_onednn  the same, peer onednn-f32-tiles (oneDNN's
  *                                                         f32 matmul per tile, as gemm_onednn.c's bf16)
- * A ratio above 1 is the benchmark line that keeps the hand-written kernel: apex__gemm runs f32
- * products on oneDNN where op(B) is transposed (x w^T: oneDNN faster on each) and on the kernel
- * elsewhere (gemm_onednn.h, apex__onednn_set_f32). */
+ * A ratio above 1 is the benchmark line that keeps the hand-written kernel. From these lines,
+ * apex__gemm runs f32 products on oneDNN where oneDNN runs (gemm_onednn.h, apex__onednn_set_f32);
+ * the kernel keeps the per-image conv and per-head attention products (apex__sgemm_call,
+ * apex__sgemm) and CPUs without AVX512_BF16, and OpenBLAS the CPUs without AVX-512. */
 #include <cblas.h>
 #include <stdint.h>
 #include <stdio.h>

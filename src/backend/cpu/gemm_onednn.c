@@ -13,10 +13,11 @@
  * Operands: bf16 in place, through memory descriptors with the operand's strides (a transpose is a
  * stride); an f32 operand beside a bf16 one (the f32 gradient of a backward product) is rounded to
  * bf16 one panel at a time, as gemm.c widens one, so the product runs at bf16 speed as autocast's
- * does. f32 products whose op(B) is transposed (a linear's forward, x w^T) run on oneDNN's f32
- * matmul the same way: bench_gemm's gemm_f32_* lines measured it 1.06x to 1.9x faster than apex's
- * AVX-512 kernel on every such product of the four models (one thread), and slower than that kernel
- * on most others (the dw products x^T dy; see sgemm_avx512.c). f16 runs only when both operands are f16 and oneDNN has an f16 matmul for this CPU (it
+ * does. f32 products run on oneDNN's f32 matmul the same way: bench_gemm's gemm_f32_* lines (the
+ * four models' linear products, forward and both backward, per tile, one thread) measured oneDNN
+ * 1.04x to 1.9x faster than apex's AVX-512 kernel on 27 of 33, the kernel 1.05x to 1.4x faster on 5
+ * (within this shared machine's run-to-run spread but one, cnn_fc2_dx [128, 10] x [10, 128], a
+ * product of microseconds). f16 runs only when both operands are f16 and oneDNN has an f16 matmul for this CPU (it
  * reports unimplemented otherwise and apex__gemm takes its f32 path): an f32 gradient is never
  * rounded to f16, whose range it could overflow. Each tile's f32 result lands in per-thread scratch;
  * alpha, beta, the bias and the narrowing to C's dtype follow there, in the order gemm.c's
@@ -30,7 +31,7 @@
 #include "backend/cpu/gemm_onednn.h"
 #include "core/internal.h"
 
-static int enabled = 1, f32_mode = APEX__ONEDNN_F32_TRANS_B;
+static int enabled = 1, f32_mode = APEX__ONEDNN_F32_ALL;
 static unsigned long products;
 
 int apex__onednn_set_f32(int mode) {

@@ -25,8 +25,9 @@ int apex__onednn_active(const char **why);
 int apex__onednn_set_enabled(int on);
 
 /* Which products with both operands f32 apex__gemm_onednn takes (oneDNN's f32 matmul, per tile as
- * for bf16, so as deterministic): none, all, or (the default) those whose op(B) is transposed, where
- * oneDNN measured faster than apex's AVX-512 kernel (bench_gemm's gemm_f32_* lines). */
+ * for bf16, so as deterministic): none, all (the default: oneDNN measured faster than apex's AVX-512
+ * kernel on most of the models' products, bench_gemm's gemm_f32_* lines), or only those whose op(B)
+ * is transposed (x w^T, where it was faster on each). */
 enum { APEX__ONEDNN_F32_NONE, APEX__ONEDNN_F32_ALL, APEX__ONEDNN_F32_TRANS_B };
 /* For tests and benchmarks: sets that choice; returns the previous one. Not thread-safe. */
 int apex__onednn_set_f32(int mode);
