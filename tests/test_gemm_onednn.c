@@ -111,11 +111,10 @@ static void test_matches_portable(void **state) {
   (void)state;
   if (skip_without_path()) return;
   const apex_dtype dts[2] = {APEX_BF16, APEX_F32};
-  for (int d = 0; d < 2; d++)
-  for (int linear = 0; linear < 2; linear++)
+  for (int dl = 0; dl < 4; dl++) /* bf16, f32 x matmul, linear */
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-      int m = shapes[s].m, k = shapes[s].k, n = shapes[s].n;
-      apex_dtype dt = dts[d];
+      int linear = dl % 2, m = shapes[s].m, k = shapes[s].k, n = shapes[s].n;
+      apex_dtype dt = dts[dl / 2];
       apex_var *x = tu_random_leaf(dt, 2, (int64_t[]){m, k}, 11 + s, 1);
       apex_var *w = tu_random_leaf(dt, 2, linear ? (int64_t[]){n, k} : (int64_t[]){k, n}, 23 + s, 1);
       apex_var *b = linear ? tu_random_leaf(APEX_F32, 1, (int64_t[]){n}, 31 + s, 0) : NULL;
@@ -163,10 +162,11 @@ static void test_thread_count_bitwise(void **state) {
   (void)state;
   if (skip_without_path()) return;
   int saved = apex_get_num_threads();
-  for (int d = 0; d < 2; d++)
-  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+  const size_t nshapes = sizeof shapes / sizeof shapes[0];
+  for (size_t ds = 0; ds < 2 * nshapes; ds++) { /* every shape in bf16, then in f32 */
+    size_t s = ds % nshapes;
     int m = shapes[s].m, k = shapes[s].k, n = shapes[s].n;
-    apex_dtype dt = d ? APEX_F32 : APEX_BF16;
+    apex_dtype dt = ds < nshapes ? APEX_BF16 : APEX_F32;
     apex_var *x = tu_random_leaf(dt, 2, (int64_t[]){m, k}, 5 + s, 1);
     apex_var *w = tu_random_leaf(dt, 2, (int64_t[]){n, k}, 7 + s, 1);
     apex_var *b = tu_random_leaf(APEX_F32, 1, (int64_t[]){n}, 9 + s, 0);
