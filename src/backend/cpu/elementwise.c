@@ -180,12 +180,17 @@ apex_status apex__cpu_nn_scale_bwd(const apex_nn_scale_bwd_args *a) {
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_C 0.044715f
 
-/* t[i] = tanh(u[i]) for i < n (t may be u): vmath's vector tanh above the portable ISA, libm's tanhf
- * at it (the reference). Each GELU and tanh step below is otherwise the same f32 operations at every
- * ISA, so results differ from the reference only through tanh's last bit (vmath.h). */
+/* t[i] = tanh(u[i]) (erf_n: erf) for i < n (t may be u): vmath's vector function above the portable
+ * ISA, libm's tanhf (erff) at it (the reference). Each GELU and tanh step below is otherwise the same
+ * f32 operations at every ISA, so results differ from the reference only through tanh's or erf's
+ * last bit (vmath.h). */
 static void tanh_n(const float *u, float *t, size_t n) {
   if (apex__vtanh(u, t, n)) return;
   for (size_t i = 0; i < n; i++) t[i] = tanhf(u[i]);
+}
+static void erf_n(const float *u, float *t, size_t n) {
+  if (apex__verf(u, t, n)) return;
+  for (size_t i = 0; i < n; i++) t[i] = erff(u[i]);
 }
 
 /* kind(x) over n elements (ctx: the args, for the kind and p). */
@@ -198,7 +203,9 @@ static void unary_f32(const void *ctx, const float *restrict X, const float *res
     for (size_t i = 0; i < n; i++) o[i] = X[i] > 0.0f ? X[i] : 0.0f;
     break;
   case APEX_NN_GELU:
-    for (size_t i = 0; i < n; i++) o[i] = 0.5f * X[i] * (1.0f + erff(X[i] * 0.70710678118654752f));
+    for (size_t i = 0; i < n; i++) o[i] = X[i] * 0.70710678118654752f;
+    erf_n(o, o, n);
+    for (size_t i = 0; i < n; i++) o[i] = 0.5f * X[i] * (1.0f + o[i]);
     break;
   case APEX_NN_GELU_TANH:
     for (size_t i = 0; i < n; i++) o[i] = GELU_K * (X[i] + GELU_C * X[i] * X[i] * X[i]);
@@ -276,11 +283,6 @@ static void unary_bwd_f32(const void *ctx, const float *restrict X, const float 
   const apex_nn_unary_bwd_args *a = ctx;
   switch (a->kind) {
   case APEX_NN_GELU:
-    for (size_t i = 0; i < n; i++) {
-      float x = X[i], cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f)), pdf = 0.3989422804014327f * expf(-0.5f * x * x);
-      gx[i] += go[i] * (cdf + x * pdf);
-    }
-    break;
   case APEX_NN_GELU_TANH:
   case APEX_NN_TANH:
     for (size_t lo = 0; lo < n; lo += EW_BLOCK) {
@@ -288,6 +290,15 @@ static void unary_bwd_f32(const void *ctx, const float *restrict X, const float 
       size_t m = n - lo < EW_BLOCK ? n - lo : EW_BLOCK;
       const float *x = X + lo, *g = go + lo;
       float *d = gx + lo;
+      if (a->kind == APEX_NN_GELU) {
+        for (size_t i = 0; i < m; i++) tb[i] = x[i] * 0.70710678118654752f;
+        erf_n(tb, tb, m);
+        for (size_t i = 0; i < m; i++) {
+          float cdf = 0.5f * (1.0f + tb[i]), pdf = 0.3989422804014327f * expf(-0.5f * x[i] * x[i]);
+          d[i] += g[i] * (cdf + x[i] * pdf);
+        }
+        continue;
+      }
       if (a->kind == APEX_NN_TANH) {
         tanh_n(x, tb, m);
         for (size_t i = 0; i < m; i++) d[i] += g[i] * (1.0f - tb[i] * tb[i]);
