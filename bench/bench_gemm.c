@@ -16,14 +16,29 @@
  *   gemm_<shape>_f32_apex_<isa>       apex's f32 path (its AVX-512 kernel at avx512 and above), peer
  *                                     openblas-f32 (cblas_sgemm on all threads)
  *   gemm_<shape>_f32_onednn           one oneDNN f32 primitive on all threads, peer apex-f32-<isa>
- * Lines that need oneDNN or AVX512_BF16 print a skip line saying why. */
+ * Lines that need oneDNN or AVX512_BF16 print a skip line saying why.
+ *
+ * The f32 products of the four models (bench_models.h), forward and both backward products, with
+ * the transposes the step uses (linear.c, conv.c's per-image products, attention.c's per-head ones),
+ * each on 1 and 2 threads, the three deterministic candidates interleaved in the same run, all in
+ * apex__gemm's fixed tile grid (the grid is what keeps the bits independent of the thread count):
+ *   gemm_f32_<model>_<product>_<m>x<k>x<n>_t<N>            apex's AVX-512 kernel (sgemm_avx512.c),
+ *                                                         peer openblas-tiles (cblas_sgemm per tile)
+ *   gemm_f32_<model>_<product>_<m>x<k>x<n>_t<N>_vs_onednn  the same, peer onednn-f32-tiles (oneDNN's
+ *                                                         f32 matmul per tile, as gemm_onednn.c's bf16)
+ * A ratio above 1 is the benchmark line that keeps the hand-written kernel. From these lines,
+ * apex__gemm runs f32 products on oneDNN where oneDNN runs (gemm_onednn.h, apex__onednn_set_f32);
+ * the kernel keeps the per-image conv and per-head attention products (apex__sgemm_call,
+ * apex__sgemm) and CPUs without AVX512_BF16, and OpenBLAS the CPUs without AVX-512. */
 #include <cblas.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "apex/apex.h"
 #include "apex/cpu.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/gemm_onednn.h"
 #include "bench_util.h"
 
@@ -199,6 +214,105 @@ static void bench_shape(int m, int k, int n) {
   free(c.c);
 }
 
+/* ---- the models' f32 products ------------------------------------------------------------------ */
+
+typedef struct model_product {
+  const char *name; /* <model>_<product> */
+  int m, k, n, ta, tb;
+} model_product;
+
+/* From an instrumented run of each model's step (apex__gemm's and apex__sgemm's arguments).
+ * fwd: x w^T; dx: dy w; dw: dy^T x (linear.c); conv: per image, forward w x cols, backward data
+ * w^T dy, backward weights dy cols^T (conv.c); attn: per head, q k^T, p v, p^T dy (attention.c). */
+static const model_product products_f32[] = {
+    {"mlp_fc1_fwd", 128, 784, 1024, 0, 1},       {"mlp_fc1_dw", 1024, 128, 784, 1, 0},
+    {"mlp_fc2_fwd", 128, 1024, 1024, 0, 1},      {"mlp_fc2_dx", 128, 1024, 1024, 0, 0},
+    {"mlp_fc2_dw", 1024, 128, 1024, 1, 0},       {"mlp_fc3_fwd", 128, 1024, 10, 0, 1},
+    {"mlp_fc3_dx", 128, 10, 1024, 0, 0},         {"mlp_fc3_dw", 10, 128, 1024, 1, 0},
+    {"cnn_conv1_fwd", 32, 9, 784, 0, 0},         {"cnn_conv1_dw", 32, 784, 9, 0, 1},
+    {"cnn_conv2_fwd", 64, 288, 196, 0, 0},       {"cnn_conv2_dx", 288, 64, 196, 1, 0},
+    {"cnn_conv2_dw", 64, 196, 288, 0, 1},        {"cnn_fc1_fwd", 128, 3136, 128, 0, 1},
+    {"cnn_fc1_dx", 128, 128, 3136, 0, 0},        {"cnn_fc1_dw", 128, 128, 3136, 1, 0},
+    {"cnn_fc2_fwd", 128, 128, 10, 0, 1},         {"cnn_fc2_dx", 128, 10, 128, 0, 0},
+    {"cnn_fc2_dw", 10, 128, 128, 1, 0},          {"gpt_c256_attn_fwd", 1024, 256, 256, 0, 1},
+    {"gpt_c256_attn_dx", 1024, 256, 256, 0, 0},  {"gpt_c256_attn_dw", 256, 1024, 256, 1, 0},
+    {"gpt_c256_fc_fwd", 1024, 256, 1024, 0, 1},  {"gpt_c256_fc_dx", 1024, 1024, 256, 0, 0},
+    {"gpt_c256_fc_dw", 1024, 1024, 256, 1, 0},   {"gpt_c256_proj_fwd", 1024, 1024, 256, 0, 1},
+    {"gpt_c256_proj_dx", 1024, 256, 1024, 0, 0}, {"gpt_c256_proj_dw", 256, 1024, 1024, 1, 0},
+    {"gpt_head_qk", 256, 64, 256, 0, 1},         {"gpt_head_pv", 256, 256, 64, 0, 0},
+    {"gpt_head_dv", 256, 256, 64, 1, 0},         {"gpt_c768_attn_fwd", 1024, 768, 768, 0, 1},
+    {"gpt_c768_attn_dx", 1024, 768, 768, 0, 0},  {"gpt_c768_attn_dw", 768, 1024, 768, 1, 0},
+    {"gpt_c768_fc_fwd", 1024, 768, 3072, 0, 1},  {"gpt_c768_fc_dx", 1024, 3072, 768, 0, 0},
+    {"gpt_c768_fc_dw", 3072, 1024, 768, 1, 0},   {"gpt_c768_proj_fwd", 1024, 3072, 768, 0, 1},
+    {"gpt_c768_proj_dx", 1024, 768, 3072, 0, 0}, {"gpt_c768_proj_dw", 768, 1024, 3072, 1, 0},
+    {"gpt_c768_head_fwd", 1024, 768, 256, 0, 1}, {"gpt_c768_head_dx", 1024, 256, 768, 0, 0},
+    {"gpt_c768_head_dw", 256, 1024, 768, 1, 0},
+};
+
+typedef struct f32ctx {
+  const model_product *p;
+  float *a, *b, *c;
+  apex_nn_workspace ws;
+} f32ctx;
+
+static void *ws_get(void *ctx, size_t bytes) {
+  static void *buf;
+  static size_t have;
+  (void)ctx;
+  if (bytes > have) {
+    free(buf);
+    buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    have = buf ? bytes : 0;
+  }
+  return buf;
+}
+
+static void run_f32(void *p) {
+  f32ctx *c = p;
+  const model_product *q = c->p;
+  apex__mat a = {c->a, APEX_F32, q->ta ? q->m : q->k, q->ta}, b = {c->b, APEX_F32, q->tb ? q->k : q->n, q->tb};
+  if (apex__gemm(&c->ws, q->m, q->n, q->k, 1.0f, a, b, 0.0f, c->c, APEX_F32, q->n, NULL) != APEX_OK) {
+    fprintf(stderr, "bench_gemm: %s\n", apex_last_error());
+    exit(1);
+  }
+}
+
+static void bench_f32_product(const model_product *q, int threads) {
+  f32ctx c = {q, malloc((size_t)q->m * q->k * 4), malloc((size_t)q->k * q->n * 4), malloc((size_t)q->m * q->n * 4), {ws_get, NULL}};
+  uint32_t r = 777;
+  for (size_t i = 0; i < (size_t)q->m * q->k; i++) c.a[i] = (float)((r = r * 1664525u + 1013904223u) >> 8) / (1 << 23) - 1.0f;
+  for (size_t i = 0; i < (size_t)q->k * q->n; i++) c.b[i] = (float)((r = r * 1664525u + 1013904223u) >> 8) / (1 << 23) - 1.0f;
+  int old_threads = apex_get_num_threads();
+  apex_set_num_threads(threads);
+  const char *why = NULL;
+  int dnn = apex__onednn_active(&why);
+  double best[3] = {1e300, 1e300, 1e300}; /* apex kernel, OpenBLAS, oneDNN f32: each per tile */
+  double min_s = (double)q->m * q->n * q->k > 1e8 ? 0.3 : 0.1;
+  for (int round = 0; round < 3; round++)
+    for (int v = 0; v < 3; v++) {
+      if (v == 2 && !dnn) break;
+      int old_own = apex__gemm_set_own_kernel(v == 0);
+      int old_f32 = apex__onednn_set_f32(v == 2 ? APEX__ONEDNN_F32_ALL : APEX__ONEDNN_F32_NONE);
+      double t = bench_best(run_f32, &c, 1, 3, min_s);
+      apex__gemm_set_own_kernel(old_own);
+      apex__onednn_set_f32(old_f32);
+      best[v] = t < best[v] ? t : best[v];
+    }
+  apex_set_num_threads(old_threads);
+  char name[160];
+  double flop = 2.0 * q->m * q->k * q->n / 1e9;
+  snprintf(name, sizeof name, "gemm_f32_%s_%dx%dx%d_t%d", q->name, q->m, q->k, q->n, threads);
+  bench_report(name, flop / best[0], "GFLOP/s", best[1] / best[0], "openblas-tiles");
+  strncat(name, "_vs_onednn", sizeof name - strlen(name) - 1);
+  if (dnn)
+    bench_report(name, flop / best[0], "GFLOP/s", best[2] / best[0], "onednn-f32-tiles");
+  else
+    bench_skip(name, why);
+  free(c.a);
+  free(c.b);
+  free(c.c);
+}
+
 int main(int argc, char **argv) {
   static const int shapes[][3] = {{128, 784, 1024}, {128, 1024, 1024}, {4096, 768, 768}, {2048, 2048, 2048}, {64, 784, 512}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -206,5 +320,12 @@ int main(int argc, char **argv) {
     snprintf(name, sizeof name, "gemm_%dx%dx%d", shapes[i][0], shapes[i][1], shapes[i][2]);
     if (bench_wanted(argc, argv, name)) bench_shape(shapes[i][0], shapes[i][1], shapes[i][2]);
   }
+  for (size_t i = 0; i < sizeof products_f32 / sizeof products_f32[0]; i++)
+    for (int threads = 1; threads <= 2; threads++) {
+      char name[160];
+      const model_product *q = &products_f32[i];
+      snprintf(name, sizeof name, "gemm_f32_%s_%dx%dx%d_t%d", q->name, q->m, q->k, q->n, threads);
+      if (bench_wanted(argc, argv, name)) bench_f32_product(q, threads);
+    }
   return 0;
 }

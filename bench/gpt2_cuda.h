@@ -2,8 +2,8 @@
  * backward over include/apex/cuda.h (cuBLASLt GEMMs, layer norm, attention, GELU, cross-entropy,
  * embedding) and apex's fused AdamW with f32 masters for the step. apex's autograd runs on the CPU only,
  * so this is how a C program trains a transformer on a GPU with apex today; bench_gpt2_cuda times it
- * against PyTorch (bench/peer_gpt2.py) and test_cuda checks it against the same model on apex's CPU
- * autograd. Not part of the library: benchmarks and tests compile this file in.
+ * against PyTorch (bench/peer_gpt2.py) and test_backend_ops (tests/backend_parity_gpt2.h) checks it
+ * against the same model on apex's CPU autograd. Not part of the library: benchmarks and tests compile this file in.
  *
  * The model is nanoGPT's GPT-2: token + position embeddings, L pre-norm blocks (ln_1, causal
  * self-attention with a packed q|k|v projection, ln_2, MLP 4C with GELU in the tanh form, residual

@@ -300,7 +300,7 @@ REFS = {"sgd": SGDRef, "adam": AdamRef, "adagrad": AdagradRef, "adamp": AdamPRef
 
 # ---- cases -------------------------------------------------------------------------------------------
 
-# apex's float defaults (include/apex/optim.h): the references must use the same float32 values.
+# apex's float defaults (include/apex/optim_options.h): the references must use the same float32 values.
 DEFAULTS = {
     "adam": "beta1=0.9 beta2=0.999 eps=1e-8", "adamw": "beta1=0.9 beta2=0.999 eps=1e-8",
     "adamp": "beta1=0.9 beta2=0.999 eps=1e-8 delta=0.1 wd_ratio=0.1", "lamb": "beta1=0.9 beta2=0.999 eps=1e-6",

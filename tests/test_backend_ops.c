@@ -13,7 +13,12 @@
  * Each op case runs forward and backward (gradient of sum(out * R) for a fixed R) in f32, f16 and
  * bf16; the output and every input gradient are compared, bitwise or within the case's bound
  * (backend_ops_cases.h). One line per case per backend x dtype, then a summary table and a coverage
- * line counting the ops of APEX_OP_COUNT that no case runs. Any failure fails the test. */
+ * line counting the ops of APEX_OP_COUNT that no case runs. Any failure fails the test.
+ *
+ * Then the parity cases (backend_parity_cases.h, the checks test_cuda.c once held), one cmocka test
+ * each, run on every backend present whose device is not the CPU: each asserts its own bounds against
+ * the CPU and prints a row when it passed (a failure is cmocka's, naming the check); with no such
+ * backend each is skipped with the reason. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +29,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/gemm_onednn.h"
 #include "backend_ops_cases.h"
+#include "backend_parity_cases.h"
 #include "testutil.h"
 
 /* ---- backends and the tally ----------------------------------------------------------------------- */
@@ -44,6 +50,7 @@ enum { PASSED, FAILED, UNSUPPORTED, SKIPPED, N_OUTCOMES };
 static const char *const outcome_name[N_OUTCOMES] = {"passed", "failed", "unsupported", "skipped"};
 static const apex_dtype dtypes[3] = {APEX_F32, APEX_F16, APEX_BF16};
 static int tally[MAX_BACKENDS][3][N_OUTCOMES];
+static int parity_tally[MAX_BACKENDS][N_OUTCOMES]; /* the parity cases, which span dtypes */
 static int covered[APEX_OP_COUNT];
 
 static void setup_backends(void) {
@@ -766,9 +773,68 @@ static void test_cuda_slot_refusals(void **state) {
                                                      .out = f, .out_dtype = APEX_F32}),
           "nn_attention",
           "packed qkv");
-  refused(cb->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = 1, .classes = 2, .x = f}), "nn_cross_entropy", "log-sum-exp");
-  refused(cb->nn_batch_norm(&(apex_nn_batch_norm_args){.N = 1, .C = 1, .S = 1, .x = f, .out = f, .stats = f}), "nn_batch_norm",
+  refused(cb->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = 1, .classes = 2, .x = {f, APEX_F32}}), "nn_cross_entropy", "log-sum-exp");
+  refused(cb->nn_batch_norm(&(apex_nn_batch_norm_args){.N = 1, .C = 1, .S = 1, .x = {f, APEX_F32}, .out = f, .stats = f}), "nn_batch_norm",
           "batch statistics");
+}
+
+/* ---- stream and event slots (backend/streams.h) ----------------------------------------------------- */
+
+/* The registry hands out each backend by name without opening its device, the CPU backend has no stream
+ * slots, and a backend that has them has every one; its device count agrees with apex_cuda_available
+ * (0 with a reason on a machine without a GPU). Runs in every build, GPU or not. */
+static void test_stream_slots(void **state) {
+  (void)state;
+  assert_ptr_equal(apex__backend_by_name("cpu"), apex__backend_for(APEX_DEVICE_CPU));
+  assert_null(apex__backend_by_name("cpu")->streams);
+  assert_null(apex__backend_by_name("tpu"));
+  const apex_backend *cb = apex__backend_by_name("cuda");
+  assert_ptr_equal(cb, apex__backend_for(APEX_DEVICE_CUDA)); /* NULL in a build without CUDA */
+  if (!cb) {
+    printf("# stream slots: no cuda backend in this build (%s)\n", apex__device_missing(APEX_DEVICE_CUDA));
+    return;
+  }
+  const apex_streams *s = cb->streams;
+  assert_non_null(s);
+  assert_true(s->device_count && s->use_device && s->enter && s->stream_create && s->stream_destroy && s->event_create &&
+              s->event_destroy && s->event_record && s->stream_wait && s->event_query);
+  const char *why = NULL, *cuda_why = NULL;
+  int count = s->device_count(&why);
+  int avail = apex_cuda_available(&cuda_why);
+  printf("# stream slots: cuda sees %d device%s%s%s\n", count, count == 1 ? "" : "s", count ? "" : ": ", count ? "" : why);
+  if (!count) {
+    assert_non_null(why);
+    assert_true(*why != '\0');
+    assert_false(avail);
+    TU_FAILS(s->enter("test_stream_slots"), APEX_ERR_UNSUPPORTED, "test_stream_slots");
+  } else if (avail) {
+    TU_OK(s->enter("test_stream_slots"));
+  }
+}
+
+/* ---- parity cases (backend_parity_cases.h) ---------------------------------------------------------- */
+
+/* One parity case on every backend whose device is not the CPU. A failed assertion leaves through cmocka,
+ * which reports the test failed; so a row is printed only for a run that passed. */
+static void test_parity_case(void **state) {
+  const parity_case *pc = *state;
+  int ran = 0;
+  for (int bi = 0; bi < n_backends; bi++) {
+    const backend *b = &backends[bi];
+    if (b->device == APEX_DEVICE_CPU) continue; /* the CPU computes the references */
+    if (!b->present) {
+      parity_tally[bi][SKIPPED]++;
+      printf("%-16s %-4s %-5s %-24s %-11s %s\n", b->name, "-", "parity", pc->name, outcome_name[SKIPPED], b->why);
+      continue;
+    }
+    /* the references on the CPU's own paths, as the bounds were set */
+    use_isa(apex_cpu_native_isa());
+    pc_dev = b->device;
+    pc->run();
+    parity_tally[bi][PASSED]++, ran++;
+    printf("%-16s %-4s %-5s %-24s %-11s\n", b->name, "-", "parity", pc->name, outcome_name[PASSED]);
+  }
+  if (!ran) skip(); /* the rows above say why */
 }
 
 /* ---- summary -------------------------------------------------------------------------------------- */
@@ -784,6 +850,12 @@ static void test_summary(void **state) {
       printf("# %-16s %-4s %7d %7d %12d %8d\n", backends[bi].name, apex_dtype_name(dtypes[d]), t[PASSED], t[FAILED], t[UNSUPPORTED], t[SKIPPED]);
       failed += t[FAILED];
     }
+  for (int bi = 0; bi < n_backends; bi++) { /* the parity cases: type "-", they span dtypes */
+    if (backends[bi].device == APEX_DEVICE_CPU) continue;
+    int *t = parity_tally[bi];
+    printf("# %-16s %-4s %7d %7d %12d %8d  (parity cases)\n", backends[bi].name, "-", t[PASSED], t[FAILED], t[UNSUPPORTED],
+           t[SKIPPED]);
+  }
   /* LEAF marks a graph's inputs: there is nothing of its own to compute, so it is not counted. */
   int missing = 0;
   char list[512] = "";
@@ -813,13 +885,22 @@ static int group_teardown(void **state) {
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {
+  const struct CMUnitTest sections[] = {
       cmocka_unit_test(test_op_cases),
       cmocka_unit_test(test_multi_tensor_cases),
       cmocka_unit_test(test_optimizer_cases),
       cmocka_unit_test(test_nn_slot_cases),
       cmocka_unit_test(test_cuda_slot_refusals),
-      cmocka_unit_test(test_summary),
+      cmocka_unit_test(test_stream_slots),
   };
+  enum { N_SECTIONS = sizeof sections / sizeof sections[0] };
+  /* the sections, a test per parity case named after it, and the summary last */
+  struct CMUnitTest tests[N_SECTIONS + N_PARITY_CASES + 1];
+  int n = 0;
+  for (int i = 0; i < N_SECTIONS; i++) tests[n++] = sections[i];
+  for (int i = 0; i < N_PARITY_CASES; i++)
+    tests[n++] = (struct CMUnitTest){.name = parity_cases[i].name, .test_func = test_parity_case,
+                                     .initial_state = (void *)&parity_cases[i]};
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_summary);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

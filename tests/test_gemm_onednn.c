@@ -1,7 +1,7 @@
-/* test_gemm_onednn.c: the bf16 matrix products through oneDNN (src/autograd/gemm_onednn.c).
+/* test_gemm_onednn.c: the bf16 and f32 matrix products through oneDNN (src/backend/cpu/gemm_onednn.c).
  *
  * What is checked: that APEX_CPU_ISA=avx512 (and the cap below avx512_bf16) keeps the path off; that
- * matmul and linear, forward and both backward products, on bf16 operands run through it and agree
+ * matmul and linear, forward and both backward products, on bf16 and on f32 operands run through it and agree
  * with the portable reference path (APEX_CPU_ISA_PORTABLE: a double sum per element) within bounds
  * computed here element by element; and that its bits do not depend on the thread count (1, 2, 3).
  * Every test skips, saying why, on a CPU without AVX512_BF16 or a build without oneDNN.
@@ -11,7 +11,10 @@
  * element. Backward: the f32 gradient of the output is rounded to bf16 before the product (relative
  * error at most 2^-9 per element), so an element of R x W may move by 2^-9 * (|R| x |W|) at that
  * element, computed here in double, plus the f32 accumulation term 1e-5 * max|ref|, plus one bf16
- * ulp where the gradient is stored in bf16 (a bf16 leaf's gradient is). */
+ * ulp where the gradient is stored in bf16 (a bf16 leaf's gradient is). f32 operands: every product
+ * and sum rounds in f32, in whatever order oneDNN takes, so an element of a product over K terms
+ * moves by at most (K + 2) u (|P| x |Q|) at that element (u = 2^-24; the 2 covers the bias and the
+ * accumulation into C), plus 1e-5 * max|ref|. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdlib.h>
@@ -80,8 +83,8 @@ static void check(const char *what, const apex_tensor *got, const apex_tensor *r
   printf("# %s: worst error %.3f of its bound\n", what, worst);
 }
 
-/* 2^-9 * (|P| x |Q|) where P is [rows, inner] and Q [inner, cols], each read through (ld, trans). */
-static double *rounding_bound(const apex_tensor *p, int pt, const apex_tensor *q, int qt, int rows, int inner, int cols) {
+/* rel * (|P| x |Q|) where P is [rows, inner] and Q [inner, cols], each read through (ld, trans). */
+static double *rounding_bound(const apex_tensor *p, int pt, const apex_tensor *q, int qt, int rows, int inner, int cols, double rel) {
   double *out = calloc((size_t)rows * cols, sizeof *out);
   assert_non_null(out);
   for (int i = 0; i < rows; i++)
@@ -90,7 +93,7 @@ static double *rounding_bound(const apex_tensor *p, int pt, const apex_tensor *q
       for (int t = 0; t < inner; t++)
         s += fabs(apex_tensor_get(p, pt ? (size_t)t * rows + i : (size_t)i * inner + t)) *
              fabs(apex_tensor_get(q, qt ? (size_t)j * inner + t : (size_t)t * cols + j));
-      out[(size_t)i * cols + j] = ldexp(s, -9);
+      out[(size_t)i * cols + j] = rel * s;
     }
   return out;
 }
@@ -100,14 +103,20 @@ static const struct {
   int m, k, n;
 } shapes[] = {{30, 20, 10}, {300, 130, 270}, {260, 1500, 100}};
 
+/* The bound's factor on |P| x |Q| for a product over `inner` terms: bf16 operands, the f32 gradient's
+ * rounding to bf16; f32 operands, f32 rounding of every product and sum. */
+static double rel_bound(apex_dtype dt, int inner) { return dt == APEX_BF16 ? ldexp(1.0, -9) : (inner + 2) * ldexp(1.0, -24); }
+
 static void test_matches_portable(void **state) {
   (void)state;
   if (skip_without_path()) return;
-  for (int linear = 0; linear < 2; linear++)
+  const apex_dtype dts[2] = {APEX_BF16, APEX_F32};
+  for (int dl = 0; dl < 4; dl++) /* bf16, f32 x matmul, linear */
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-      int m = shapes[s].m, k = shapes[s].k, n = shapes[s].n;
-      apex_var *x = tu_random_leaf(APEX_BF16, 2, (int64_t[]){m, k}, 11 + s, 1);
-      apex_var *w = tu_random_leaf(APEX_BF16, 2, linear ? (int64_t[]){n, k} : (int64_t[]){k, n}, 23 + s, 1);
+      int linear = dl % 2, m = shapes[s].m, k = shapes[s].k, n = shapes[s].n;
+      apex_dtype dt = dts[dl / 2];
+      apex_var *x = tu_random_leaf(dt, 2, (int64_t[]){m, k}, 11 + s, 1);
+      apex_var *w = tu_random_leaf(dt, 2, linear ? (int64_t[]){n, k} : (int64_t[]){k, n}, 23 + s, 1);
       apex_var *b = linear ? tu_random_leaf(APEX_F32, 1, (int64_t[]){n}, 31 + s, 0) : NULL;
       apex_tensor *r = apex_tensor_create(APEX_F32, 2, (int64_t[]){m, n});
       apex_tensor *rr = tu_random_tensor(APEX_F32, (size_t)m * n, 41 + s, 1.0f);
@@ -123,15 +132,19 @@ static void test_matches_portable(void **state) {
       assert_true(apex__onednn_products() == before + 3); /* forward and both backward products */
 
       char what[96];
-      snprintf(what, sizeof what, "%s [%d, %d] x [%d, %d] output", linear ? "linear" : "matmul", m, k, k, n);
-      check(what, got.y, ref.y, NULL, 1);
-      /* gx = R W (linear: w [n, k] as stored; matmul: w [k, n] transposed), gw = R^T x or x^T R */
+      const char *op = linear ? "linear" : "matmul", *tn = apex_dtype_name(dt);
       const apex_tensor *W = apex_var_value(w), *X = apex_var_value(x);
-      double *bx = rounding_bound(r, 0, W, !linear, m, n, k);
-      double *bw = linear ? rounding_bound(r, 1, X, 0, n, m, k) : rounding_bound(X, 1, r, 0, k, m, n);
-      snprintf(what, sizeof what, "%s [%d, %d] x [%d, %d] grad x", linear ? "linear" : "matmul", m, k, k, n);
+      /* bf16 forward: exact products, one rounding of the output (the ulp); f32: the f32 bound */
+      double *by = dt == APEX_F32 ? rounding_bound(X, 0, W, linear, m, k, n, rel_bound(dt, k)) : NULL;
+      snprintf(what, sizeof what, "%s %s [%d, %d] x [%d, %d] output", tn, op, m, k, k, n);
+      check(what, got.y, ref.y, by, dt == APEX_BF16);
+      free(by);
+      /* gx = R W (linear: w [n, k] as stored; matmul: w [k, n] transposed), gw = R^T x or x^T R */
+      double *bx = rounding_bound(r, 0, W, !linear, m, n, k, rel_bound(dt, n));
+      double *bw = linear ? rounding_bound(r, 1, X, 0, n, m, k, rel_bound(dt, m)) : rounding_bound(X, 1, r, 0, k, m, n, rel_bound(dt, m));
+      snprintf(what, sizeof what, "%s %s [%d, %d] x [%d, %d] grad x", tn, op, m, k, k, n);
       check(what, got.gx, ref.gx, bx, apex_tensor_dtype(apex_var_grad(x)) != APEX_F32);
-      snprintf(what, sizeof what, "%s [%d, %d] x [%d, %d] grad w", linear ? "linear" : "matmul", m, k, k, n);
+      snprintf(what, sizeof what, "%s %s [%d, %d] x [%d, %d] grad w", tn, op, m, k, k, n);
       check(what, got.gw, ref.gw, bw, apex_tensor_dtype(apex_var_grad(w)) != APEX_F32);
       free(bx);
       free(bw);
@@ -144,15 +157,18 @@ static void test_matches_portable(void **state) {
     }
 }
 
-/* 1, 2 and 3 threads give the same bits, forward and backward, on every shape. */
+/* 1, 2 and 3 threads give the same bits, forward and backward, on every shape, bf16 and f32. */
 static void test_thread_count_bitwise(void **state) {
   (void)state;
   if (skip_without_path()) return;
   int saved = apex_get_num_threads();
-  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+  const size_t nshapes = sizeof shapes / sizeof shapes[0];
+  for (size_t ds = 0; ds < 2 * nshapes; ds++) { /* every shape in bf16, then in f32 */
+    size_t s = ds % nshapes;
     int m = shapes[s].m, k = shapes[s].k, n = shapes[s].n;
-    apex_var *x = tu_random_leaf(APEX_BF16, 2, (int64_t[]){m, k}, 5 + s, 1);
-    apex_var *w = tu_random_leaf(APEX_BF16, 2, (int64_t[]){n, k}, 7 + s, 1);
+    apex_dtype dt = ds < nshapes ? APEX_BF16 : APEX_F32;
+    apex_var *x = tu_random_leaf(dt, 2, (int64_t[]){m, k}, 5 + s, 1);
+    apex_var *w = tu_random_leaf(dt, 2, (int64_t[]){n, k}, 7 + s, 1);
     apex_var *b = tu_random_leaf(APEX_F32, 1, (int64_t[]){n}, 9 + s, 0);
     apex_tensor *r = tu_random_tensor(APEX_F32, (size_t)m * n, 13 + s, 1.0f);
     run first = {0};

@@ -7,8 +7,8 @@
  *   f16/bf16: |apex - torch| <= 2 ulp of the dtype at max(|torch|, 1e-2 * max|torch|)
  * (the floor keeps values that cancel to near zero from demanding more than f32 can give). Dropout is
  * not compared: PyTorch's generator is not apex's (its backward is checked in test_nn_gradcheck).
- * bf16 matmul and linear gradients on the oneDNN path get one more term: see rounded_r_bound; bf16
- * attention there gets one on its output and the gradients of q and k: see attention_bound. */
+ * bf16 matmul, linear and conv2d gradients on the oneDNN path get one more term: see rounded_r_bound;
+ * bf16 attention there gets one on its output and every input's gradient: see attention_bound. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +16,7 @@
 #include "backend/cpu/gemm_onednn.h"
 #include "testutil.h"
 #include "nn_cases.h"
+#include "conv_bound.h"
 
 typedef struct golden {
   char *buf;
@@ -73,12 +74,13 @@ static double compare(const char *what, const apex_tensor *a, const apex_tensor 
 
 /* Where the CPU runs bf16 matrix products through oneDNN (gemm_onednn.c), a backward product first
  * rounds the f32 output gradient R to bf16 (relative error up to 2^-9 per element), as PyTorch's own
- * bf16 backward carries R in bf16; the golden values keep R in f32. So the gradients of matmul and
- * linear's operands get 2^-9 * (|R| x |other operand|) at each element on top of the 2 ulp, computed
- * here from the operands; NULL (no widening) for every other case, dtype, input or path. */
+ * bf16 backward carries R in bf16; the golden values keep R in f32. So the gradients of matmul,
+ * linear and conv2d (conv_bound.h; conv_onednn.c) get 2^-9 * (|R| x |other operand|) at each element
+ * on top of the 2 ulp, computed here from the operands; NULL (no widening) for every other case, dtype, input or path. */
 static double *rounded_r_bound(const gc_case *c, int k, apex_var **in, const apex_tensor *R, apex_dtype dt) {
-  int lin = !strcmp(c->name, "linear"), mm = !strncmp(c->name, "matmul", 6);
-  if (dt != APEX_BF16 || !(lin || mm) || k > 1 || !apex__onednn_active(NULL)) return NULL;
+  int lin = !strcmp(c->name, "linear"), mm = !strncmp(c->name, "matmul", 6), conv = !strcmp(c->name, "conv2d");
+  if (dt != APEX_BF16 || !(lin || mm || conv) || k > 1 || !apex__onednn_active(NULL)) return NULL;
+  if (conv) return conv_rounding_bound(k, apex_var_value(in[0]), apex_var_value(in[1]), R, &conv_case_opts);
   const apex_tensor *A = apex_var_value(in[0]), *B = apex_var_value(in[1]);
   int nda = apex_tensor_ndim(A), ndb = apex_tensor_ndim(B);
   size_t K = (size_t)apex_tensor_dim(A, nda - 1), N = (size_t)(lin ? apex_tensor_dim(B, 0) : apex_tensor_dim(B, ndb - 1));

@@ -2,7 +2,8 @@
  * many inputs and of mixed dtypes (exact values), layer/RMS norm over several trailing dimensions
  * through the op and the modules, the bad inputs of both, and the tiled low-precision GEMM, which
  * must give the bits of the whole-tensor path for matmul and linear, forward and backward, at 1
- * and 2 threads, in less pool memory. (PyTorch's values for the new cases are in test_nn_golden.) */
+ * and 2 threads, in less pool memory; pooling of bf16 and f16 inputs, with the bits of pooling them
+ * widened. (PyTorch's values for the new cases are in test_nn_golden.) */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -376,12 +377,63 @@ static void test_own_sgemm(void **state) {
         }
 }
 
+/* ---- pooling of low-precision inputs ----------------------------------------------------------------- */
+
+/* The CPU pools bf16 and f16 inputs a plane at a time (conv.c): the result must be the bits of pooling
+ * the input widened whole to f32 and rounding the output, and the max's argmax (seen through the
+ * backward) the same; with and without padding (the padded windows take the general loop, the
+ * others the branchless one), on one thread and on several (64 planes of 28 x 28). */
+static void test_pool_low_precision(void **state) {
+  (void)state;
+  const apex_pool2d_options opts[3] = {{.kernel_h = 2, .kernel_w = 2}, {.kernel_h = 3, .kernel_w = 2, .stride_h = 2, .stride_w = 2, .pad_h = 1},
+                                       {.kernel_h = 2, .kernel_w = 3, .stride_h = 1, .stride_w = 2, .pad_w = 1}};
+  const int64_t shapes[2][4] = {{2, 3, 7, 6}, {2, 32, 28, 28}};
+  apex_dtype dts[2] = {APEX_BF16, APEX_F16};
+  for (int d = 0; d < 2; d++)
+    for (int sh = 0; sh < 2; sh++)
+      for (int k = 0; k < 6; k++) {
+        int max = k < 3;
+        apex_var *lo = tu_random_leaf(dts[d], 4, shapes[sh], 40 + k + 10 * sh, 1);
+        apex_var *wide = apex_var_create(apex_tensor_to(apex_var_value(lo), APEX_F32), 1);
+        apex_graph *g = apex_graph_create(), *gw = apex_graph_create();
+        apex_var *y = max ? apex_max_pool2d(g, lo, &opts[k % 3]) : apex_avg_pool2d(g, lo, &opts[k % 3]);
+        apex_var *yw = max ? apex_max_pool2d(gw, wide, &opts[k % 3]) : apex_avg_pool2d(gw, wide, &opts[k % 3]);
+        if (!y || !yw) fail_msg("%s", apex_last_error());
+        assert_int_equal(apex_tensor_dtype(apex_var_value(y)), dts[d]);
+        apex_tensor *want = apex_tensor_to(apex_var_value(yw), dts[d]);
+        size_t n = apex_tensor_numel(want);
+        for (size_t i = 0; i < n; i++)
+          if (tu_bits(apex_tensor_get(apex_var_value(y), i)) != tu_bits(apex_tensor_get(want, i)))
+            fail_msg("%s %s pool %d shape %d [%zu]: %.9g, widened whole %.9g", apex_dtype_name(dts[d]), max ? "max" : "avg", k % 3, sh, i,
+                     apex_tensor_get(apex_var_value(y), i), apex_tensor_get(want, i));
+        apex_tensor *r = tu_random_tensor(APEX_F32, n, 7, 1.0f);
+        TU_OK(apex_backward(y, &(apex_backward_options){.grad_output = r}));
+        TU_OK(apex_backward(yw, &(apex_backward_options){.grad_output = r}));
+        for (size_t i = 0; i < apex_tensor_numel(apex_var_value(lo)); i++) {
+          float a = apex_tensor_get(apex_var_grad(lo), i), b = apex_tensor_get(apex_var_grad(wide), i);
+          /* the low-precision leaf's gradient is stored in its dtype: compare after the same rounding */
+          apex_tensor *one = apex_tensor_create(APEX_F32, 1, (int64_t[]){1});
+          apex_tensor_set(one, 0, b);
+          apex_tensor *bl = apex_tensor_to(one, apex_tensor_dtype(apex_var_grad(lo)));
+          if (tu_bits(a) != tu_bits(apex_tensor_get(bl, 0))) fail_msg("%s grad [%zu]: %.9g vs %.9g", max ? "max" : "avg", i, a, b);
+          apex_tensor_destroy(one);
+          apex_tensor_destroy(bl);
+        }
+        apex_tensor_destroy(r);
+        apex_tensor_destroy(want);
+        apex_graph_destroy(g);
+        apex_graph_destroy(gw);
+        apex_var_destroy(lo);
+        apex_var_destroy(wide);
+      }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_concat_many),    cmocka_unit_test(test_concat_mixed_and_single), cmocka_unit_test(test_concat_errors),
       cmocka_unit_test(test_norm_nd_module), cmocka_unit_test(test_norm_nd_errors),          cmocka_unit_test(test_gemm_tiles_bitwise),
       cmocka_unit_test(test_gemm_tiles_accuracy), cmocka_unit_test(test_own_sgemm),
-      cmocka_unit_test(test_backend_slots),
+      cmocka_unit_test(test_backend_slots),  cmocka_unit_test(test_pool_low_precision),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,7 +33,9 @@
  * every op call passes through one dispatcher. With autocast on (apex_graph_set_autocast), the
  * dispatcher casts the op's floating inputs per category: HALF ops run in the autocast dtype, FLOAT
  * ops in f32, PROMOTE ops in the widest input dtype, NONE ops in their input's dtype. Casts are
- * recorded ops, so gradients flow back to f32 parameters. A leaf's low-precision copy is made once
+ * recorded ops, so gradients flow back to f32 parameters. On the CPU the FLOAT norms, softmaxes and
+ * losses read f16/bf16 inputs without a cast (widening is exact) and give f32 results and gradients
+ * of the same bits as with one, without the f32 copy. A leaf's low-precision copy is made once
  * per graph step and reused by every op that needs it (the weight-cast cache, cleared by
  * apex_graph_reset and at the end of each apex_backward, as Apex clears it when scale_loss exits, so
  * that a forward after an optimizer step sees the new weights). apex_graph_set_op_cast overrides an op's category for one graph (Apex's
@@ -92,8 +94,17 @@ APEX_API apex_cast_category apex_op_cast_category(apex_op op);
 
 /* ---- graphs -------------------------------------------------------------------------------------- */
 
-/* A new, empty graph with grad mode on and autocast off. NULL on allocation failure. */
+/* A new, empty graph on the CPU: apex_graph_create_on(APEX_DEVICE_CPU). */
 APEX_API apex_graph *apex_graph_create(void);
+/* A new, empty graph whose ops run on `device` (grad mode on, autocast off): its memory pool, op
+ * results and gradient buffers live there, allocated, filled, copied and converted through that
+ * device's backend. Every value an op reads (leaves, inputs, running statistics) must be on the same
+ * device; an op that has no kernel there fails with APEX_ERR_UNSUPPORTED naming the op and the device.
+ * NULL with a message for an unknown device (APEX_ERR_INVALID_ARG), a device this build has no backend
+ * for or that cannot be used now, e.g. no GPU (APEX_ERR_UNSUPPORTED), or failed allocation. */
+APEX_API apex_graph *apex_graph_create_on(apex_device device);
+/* The device a graph runs on (APEX_DEVICE_CPU for NULL, with an APEX_ERR_INVALID_ARG message). */
+APEX_API apex_device apex_graph_device(const apex_graph *g);
 /* Frees the graph, its vars and its memory pool (NULL is fine). Leaves are not touched. */
 APEX_API void apex_graph_destroy(apex_graph *g);
 /* Ends a step: every graph var made since the last reset becomes invalid, its memory goes back to
@@ -125,9 +136,9 @@ APEX_API size_t apex_graph_saved_bytes(const apex_graph *g);
 /* ---- vars ---------------------------------------------------------------------------------------- */
 
 /* A leaf var that takes ownership of `value` (destroyed with the var). With requires_grad, the var
- * gets a zero grad tensor of value's dtype and shape. NULL for a NULL value or failed allocation,
- * and for a value on the GPU (APEX_ERR_DEVICE: autograd's ops run on the CPU; the same holds for
- * apex_graph_input and apex_var_swap_value). */
+ * gets a zero grad tensor of value's dtype, shape and device. NULL for a NULL value or failed
+ * allocation. A leaf may be on any device; an op refuses (APEX_ERR_DEVICE, naming both devices) a
+ * leaf that is not on its graph's device. */
 APEX_API apex_var *apex_var_create(apex_tensor *value, int requires_grad);
 /* Destroys a leaf var, its value and its grad (NULL is fine). Graph vars are owned by their graph:
  * passing one here does nothing. */
@@ -140,7 +151,8 @@ APEX_API void apex_var_destroy(apex_var *v);
  * sanitizer build released memory is poisoned until reset, so a stray read is reported. */
 APEX_API void apex_var_release(apex_var *v);
 /* A graph var holding a view of t (no copy; t's storage must not change until the graph is reset).
- * With requires_grad the var gets a grad tensor from the pool, valid until reset. */
+ * With requires_grad the var gets a grad tensor from the pool, valid until reset. APEX_ERR_DEVICE
+ * (naming both devices) when t is not on the graph's device. */
 APEX_API apex_var *apex_graph_input(apex_graph *g, apex_tensor *t, int requires_grad);
 
 /* The var accessors take NULL (the result of a failed op earlier in a chain) without crashing: they
@@ -165,8 +177,9 @@ APEX_API float apex_var_item(const apex_var *v);
 /* Replaces a leaf's value by `value` (same shape, any dtype; the var takes ownership) and its grad by
  * a zero tensor of the new dtype, and returns the old value, which the caller now owns (the old grad
  * is freed). For amp, which casts a model's parameters after the model was built. NULL with a
- * message for a graph var (APEX_ERR_INVALID_ARG), another shape (APEX_ERR_SHAPE), or a failed
- * allocation (nothing changed). */
+ * message for a graph var (APEX_ERR_INVALID_ARG), another shape (APEX_ERR_SHAPE), a value on another
+ * device than the old one (APEX_ERR_DEVICE), or a failed allocation (nothing changed). The new grad
+ * is on the value's device. */
 APEX_API apex_tensor *apex_var_swap_value(apex_var *v, apex_tensor *value);
 /* 1 when the graph's autocast is on. */
 APEX_API int apex_graph_autocast_enabled(const apex_graph *g);

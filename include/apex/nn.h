@@ -44,9 +44,14 @@ typedef struct apex_module apex_module;
 typedef struct apex_model_options {
   uint64_t seed;    /* for initialisation, and dropout unless apex_model_rng is reseeded */
   apex_dtype dtype; /* dtype of the parameters (f32 when zero) */
+  /* where the parameters and buffers live (the CPU when zero); run the model on a graph of the same
+   * device (apex_graph_create_on). They are initialised on the host and copied there, so a seed gives
+   * the same initial bits on every device. */
+  apex_device device;
 } apex_model_options;
 
-/* A new empty model in training mode; opts may be NULL (seed 0, f32). */
+/* A new empty model in training mode; opts may be NULL (seed 0, f32, CPU). NULL with a message for a
+ * bad dtype, or a device this build has no backend for or that cannot be used now. */
 APEX_API apex_model *apex_model_create(const apex_model_options *opts);
 /* Frees the model, its modules, parameters and buffers (NULL is fine). */
 APEX_API void apex_model_destroy(apex_model *m);

@@ -63,7 +63,7 @@ APEX_API const char *apex_safetensors_metadata(const apex_safetensors *st, const
 APEX_API apex_tensor *apex_safetensors_get(const apex_safetensors *st, const char *name);
 /* Copies the named tensor into dst, which must have the same shape and dtype (else
  * APEX_ERR_SHAPE / APEX_ERR_DTYPE, naming the tensor, its shape and dtype in the file and in dst);
- * dst is unchanged on error. */
+ * dst is unchanged on error. dst may be on any device. */
 APEX_API apex_status apex_safetensors_read_into(const apex_safetensors *st, const char *name, apex_tensor *dst);
 
 #ifdef __cplusplus

@@ -210,7 +210,7 @@ static apex_status attach_grads(apex_amp *amp) {
       amp_param *ap = &amp->opts[o].params[k];
       apex_tensor *value = apex_var_value(ap->var), *grad = apex_var_grad(ap->var);
       if (apex_tensor_dtype(value) != APEX_F32 && amp->p.master_weights) {
-        ap->master_grad = apex_tensor_create(APEX_F32, apex_tensor_ndim(value), apex_tensor_shape(value));
+        ap->master_grad = apex_tensor_create_on(apex_tensor_device(value), APEX_F32, apex_tensor_ndim(value), apex_tensor_shape(value));
         if (!ap->master_grad) return APEX_ERR_OUT_OF_MEMORY;
         grad = ap->master_grad;
       }
@@ -442,7 +442,7 @@ static apex_status stash_grads(amp_opt *ao) {
     amp_param *ap = &ao->params[k];
     if (ap->master_grad) continue;
     apex_tensor *grad = apex_var_grad(ap->var);
-    if (!ap->stash && !(ap->stash = apex_tensor_create(APEX_F32, apex_tensor_ndim(grad), apex_tensor_shape(grad))))
+    if (!ap->stash && !(ap->stash = apex_tensor_create_on(apex_tensor_device(grad), APEX_F32, apex_tensor_ndim(grad), apex_tensor_shape(grad))))
       return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_backward: out of memory for the gradient stash");
     apex_status st = apex_tensor_copy(ap->stash, grad);
     if (st == APEX_OK) st = apex_tensor_fill(grad, 0.0f);
@@ -558,7 +558,7 @@ apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const 
   apex_tensor *seed = NULL;
   if (st == APEX_OK) {
     /* d(loss * scale) = scale * d(loss): seed backward with the scale instead of scaling the loss. */
-    seed = apex_tensor_create(APEX_F32, 0, NULL);
+    seed = apex_tensor_create_on(apex_graph_device(apex_var_graph(loss)), APEX_F32, 0, NULL); /* where the loss's gradient is */
     if (!seed) st = APEX_ERR_OUT_OF_MEMORY;
     else apex_tensor_fill(seed, scale);
     bo.grad_output = seed;

@@ -77,7 +77,8 @@ typedef union ag_op_params {
 struct apex_var {
   apex_tensor *value;
   apex_tensor *grad;   /* leaves and inputs that require gradients; NULL otherwise */
-  float *gbuf;         /* f32 gradient during one backward; NULL when not reached */
+  float *gbuf;         /* f32 gradient during one backward, on the graph's device; NULL when not reached */
+  apex_tensor *gt;     /* the pool tensor holding gbuf; NULL when gbuf is an f32 leaf's own grad tensor */
   apex_graph *graph;   /* NULL for leaves */
   uint64_t step;       /* the graph step that made it */
   int requires_grad;
@@ -110,6 +111,8 @@ typedef struct ag_cast_entry {
 } ag_cast_entry;
 
 struct apex_graph {
+  const apex_backend *be;  /* the backend of the graph's device: its pool and every op's kernels */
+  const apex_memory *mem;  /* be->mem: every engine access to pool memory goes through these slots */
   apex_var **vars; /* this step's vars in creation order; [n_vars, n_alloc) are spare structs */
   size_t n_vars, n_alloc, cap_vars;
   ag_block *blocks;
@@ -126,6 +129,8 @@ struct apex_graph {
   size_t n_finals, cap_finals;
   apex_var **pending; /* casts autocast made for the op now running: released when the next starts */
   size_t n_pending, cap_pending;
+  void **host_bufs; /* apex__host_scratch of a device graph: freed at reset */
+  size_t n_host_bufs, cap_host_bufs;
   const apex_storage **ext_saved; /* caller storages (graph inputs) that backward reads: apex_graph_saved_bytes */
   size_t n_ext_saved, cap_ext_saved, ext_saved_bytes;
   uint64_t step;
@@ -159,6 +164,12 @@ typedef struct apex__op_info {
   apex__backward_fn backward;
   uint32_t unread;
   unsigned char reads_out;
+  /* Under autocast's FLOAT category, on a backend with float_ops_read_half, the op takes f16/bf16
+   * inputs uncast: its kernels widen them exactly and compute in f32 as on the cast's f32 copy, so
+   * the result has the same bits; the backward adds the same f32 terms into the input's f32 gradient
+   * buffer that the cast's identity backward would have added (0 + t, then g + (0 + t), is g + t
+   * bitwise, a gradient buffer never holding -0), and the whole-tensor f32 copy is never made. */
+  unsigned char reads_half;
 } apex__op_info;
 
 const apex__op_info *apex__op(apex_op op);
@@ -170,6 +181,10 @@ void *apex__scratch(apex_graph *g, size_t bytes);
 /* `bytes` of transient scratch: valid until the next op (forward or backward) starts, then back to
  * the pool; NULL (with a message) on failure. */
 void *apex__scratch_temp(apex_graph *g, size_t bytes);
+/* `bytes` of host memory valid until reset, for what a slot reads on the host whatever the device
+ * (args_nn.h: the embedding's ids): the pool's own scratch on a CPU graph. NULL (with a message) on
+ * failure. */
+void *apex__host_scratch(apex_graph *g, size_t bytes);
 /* n zeroed floats of scratch. */
 float *apex__scratch_zero(apex_graph *g, size_t n);
 /* A tensor from the pool, valid until reset (contents unspecified). */
@@ -254,14 +269,15 @@ apex_dtype apex__promote(apex_dtype a, apex_dtype b);
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
 
-/* Autograd's ops run on the CPU: a value on another device would be read through a device pointer.
- * The entry points (apex_var_create, apex_graph_input, apex_var_swap_value) refuse one here, naming
- * fn, so no op ever sees it. */
-static inline apex_status apex__host_only(const apex_tensor *t, const char *fn) {
-  if (t->device == APEX_DEVICE_CPU) return APEX_OK;
-  return apex__fail(APEX_ERR_DEVICE, "%s: the tensor is on the GPU; autograd ops run on the CPU for now: copy it to a CPU "
-                    "tensor first (apex_tensor_copy), or use the GPU kernels of cuda.h", fn);
-}
+/* APEX_OK when t is on g's device; else APEX_ERR_DEVICE naming fn, what t is, and both devices. Every
+ * entry point that brings a caller's tensor into a graph checks this, so no op reads memory of another
+ * device. */
+apex_status apex__on_graph_device(const apex_graph *g, const apex_tensor *t, const char *fn, const char *what);
+/* APEX_ERR_UNSUPPORTED naming op and g's device when g is not on the CPU: for a front that works on
+ * host memory itself (beyond calling slots), so that it never reads device memory. */
+apex_status apex__host_front(const apex_graph *g, apex_op op);
+/* Copies n f32 from src to dst, both in g's pool memory. */
+apex_status apex__pool_copy(apex_graph *g, float *dst, const float *src, size_t n);
 
 /* Batch norm's momentum and eps from its options (defaults 0.1 and 1e-5 for zeros, unless
  * momentum_exact); APEX_ERR_INVALID_ARG naming fn for a momentum outside [0, 1] or a bad eps. Shared

@@ -1,7 +1,8 @@
 /* backward.c: running a graph backward.
  *
  * Vars are visited in reverse creation order; a var whose gradient buffer was never made is not on
- * a path from the output and is skipped. Gradients travel as f32 buffers from the graph pool. A
+ * a path from the output and is skipped. Gradients travel as f32 tensors from the graph pool, on the
+ * graph's device; the engine fills, seeds and adds them only through the backend's slots. A
  * leaf of dtype f32 accumulates straight into its grad tensor; a low-precision leaf collects its
  * gradient in f32 and adds it to its grad tensor once, at the end, so it is rounded once per
  * backward rather than once per use. */
@@ -15,6 +16,21 @@ static int touch(apex_graph *g, apex_var *v) {
   return 1;
 }
 
+/* A pool tensor for v's f32 gradient (v's shape; one element for an empty v, so that the buffer is
+ * never NULL), zero-filled when zero is set; its data, or NULL with g->oom set. */
+static float *gbuf_tensor(apex_graph *g, apex_var *v, int zero) {
+  size_t n = ag_numel(v);
+  int64_t one = 1;
+  apex_tensor *t = n ? apex__pool_tensor(g, APEX_F32, v->value->ndim, v->value->shape) : apex__pool_tensor(g, APEX_F32, 1, &one);
+  if (t && zero && g->mem->fill(apex_tensor_data(t), APEX_F32, 0.0f, ag_nz(n)) != APEX_OK) t = NULL;
+  if (!t) {
+    g->oom = 1;
+    return NULL;
+  }
+  v->gt = t;
+  return ag_data(t);
+}
+
 float *apex__gbuf(apex_graph *g, apex_var *v) {
   if (!v || !v->requires_grad) return NULL;
   if (v->gbuf) return v->gbuf;
@@ -25,7 +41,7 @@ float *apex__gbuf(apex_graph *g, apex_var *v) {
   if (v->grad && v->grad->dtype == APEX_F32)
     v->gbuf = ag_data(v->grad);
   else
-    v->gbuf = apex__scratch_zero(g, ag_numel(v));
+    v->gbuf = gbuf_tensor(g, v, 1);
   return v->gbuf;
 }
 
@@ -40,44 +56,42 @@ float *apex__gbuf_w(apex_graph *g, apex_var *v, int *fresh) {
     g->oom = 1;
     return NULL;
   }
-  v->gbuf = apex__scratch(g, ag_nz(ag_numel(v)) * sizeof(float));
+  v->gbuf = gbuf_tensor(g, v, 0);
   *fresh = v->gbuf != NULL;
   return v->gbuf;
 }
 
-/* Adds a low-precision leaf's collected f32 gradient into its grad tensor, once: each block is
- * widened into a tile on the stack, summed and rounded back, in parallel (an elementwise sum, so the
- * bits do not depend on the split). The leaf keeps no gbuf afterwards (finish() forgets both kinds). */
-#define FLUSH_TILE 2048
-static void flush_leaf(apex_graph *g, apex_var *v) {
-  (void)g;
+/* Adds a low-precision leaf's collected f32 gradient into its grad tensor, once, with the backend's
+ * axpby at a = b = 1: grad = 1 * grad + 1 * sum in f32 (both products exact, so one f32 addition per
+ * element, as if the grad were widened, added to and rounded back), in place, in one pass. The leaf
+ * keeps no gbuf afterwards (finish() forgets both kinds). */
+static apex_status flush_leaf(apex_graph *g, apex_var *v) {
   apex_tensor *gr = v->grad;
-  if (gr->dtype != APEX_F32 && v->gbuf) {
-    const float *add = v->gbuf;
-    uint16_t *d = apex_tensor_data(gr);
-    apex_dtype dt = gr->dtype;
-    size_t n = gr->numel;
-    long long ntiles = (long long)((n + FLUSH_TILE - 1) / FLUSH_TILE);
-    apex_simd_active(); /* resolve the path once, before the threads read it */
-#pragma omp parallel for schedule(static) if (n > APEX_THREAD_BLOCK)
-    for (long long k = 0; k < ntiles; k++) {
-      float tile[FLUSH_TILE];
-      size_t lo = (size_t)k * FLUSH_TILE, len = n - lo < FLUSH_TILE ? n - lo : FLUSH_TILE;
-      apex__convert_range(tile, APEX_F32, d + lo, dt, len);
-      for (size_t j = 0; j < len; j++) tile[j] += add[lo + j];
-      apex__convert_range(d + lo, dt, tile, APEX_F32, len);
-    }
+  apex_status st = APEX_OK;
+  if (gr->dtype != APEX_F32 && v->gbuf && gr->numel) {
+    const apex_backend *be = g->be;
+    if (!be->mt_axpby) return apex__backend_slot_missing(be, "apex_backward", "multi_tensor_axpby");
+    st = be->mt_axpby(&(apex_mt_axpby_args){.fn = "apex_backward", .n = 1, .x = &gr, .y = &v->gt, .out = &gr, .a = 1.0f, .b = 1.0f,
+                                            .arg_to_check = 0});
   }
   v->gbuf = NULL;
+  v->gt = NULL;
+  return st;
 }
 
-/* Adds the collected f32 gradients into low-precision grad tensors and forgets every buffer. */
-static void finish(apex_graph *g) {
-  for (size_t i = 0; i < g->n_touched; i++) flush_leaf(g, g->touched_leaves[i]);
+/* Adds the collected f32 gradients into low-precision grad tensors and forgets every buffer; the first
+ * failure of a flush (the others still run, so that no buffer outlives the backward). */
+static apex_status finish(apex_graph *g) {
+  apex_status st = APEX_OK;
+  for (size_t i = 0; i < g->n_touched; i++) {
+    apex_status s = flush_leaf(g, g->touched_leaves[i]);
+    if (st == APEX_OK) st = s;
+  }
   g->n_touched = 0;
-  for (size_t i = 0; i < g->n_vars; i++) g->vars[i]->gbuf = NULL;
+  for (size_t i = 0; i < g->n_vars; i++) g->vars[i]->gbuf = NULL, g->vars[i]->gt = NULL;
   for (size_t i = 0; i < g->n_finals; i++) g->finals[i].leaf->hook_seen = 0;
   g->n_finals = 0;
+  return st;
 }
 
 apex_status apex_graph_set_grad_hook(apex_graph *g, apex_grad_hook fn, void *ctx) {
@@ -110,9 +124,9 @@ static apex_status fire_finals(apex_graph *g, size_t *k, size_t i) {
   while (*k > 0 && g->finals[*k - 1].at >= i) {
     apex_var *l = g->finals[--*k].leaf;
     if (!l->gbuf) continue; /* not reached by this backward */
-    flush_leaf(g, l);
-    if (g->oom) return APEX_ERR_OUT_OF_MEMORY;
-    apex_status st = g->grad_hook(g->grad_hook_ctx, l);
+    apex_status st = flush_leaf(g, l);
+    if (st != APEX_OK) return st;
+    st = g->grad_hook(g->grad_hook_ctx, l);
     if (st != APEX_OK) return st;
   }
   return APEX_OK;
@@ -149,15 +163,15 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
     return apex__fail(APEX_ERR_SHAPE, "apex_backward: grad_output %s does not match the output of '%s' %s",
                       apex_tensor_shape_str(opts->grad_output, buf, sizeof buf), name, apex__shape(out));
   }
+  if (opts->grad_output && apex__on_graph_device(g, opts->grad_output, "apex_backward", "grad_output") != APEX_OK) return apex_last_status();
   g->oom = 0;
   float *go = apex__gbuf(g, out);
   if (!go) return APEX_ERR_OUT_OF_MEMORY;
-  if (opts->grad_output) {
-    apex_convert(go, APEX_F32, apex_tensor_data(opts->grad_output), opts->grad_output->dtype, n);
-  } else {
-    go[0] = 1.0f;
-  }
   apex_status st = APEX_OK;
+  if (n)
+    st = opts->grad_output ? g->mem->convert(go, APEX_F32, apex_tensor_data(opts->grad_output), opts->grad_output->dtype, n)
+                           : g->mem->fill(go, APEX_F32, 1.0f, 1);
+  if (st != APEX_OK) return st;
   int hook = g->grad_hook != NULL;
   if (hook && !plan_finals(g)) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_backward: out of memory for the grad hook's plan");
   size_t k = g->n_finals;
@@ -180,7 +194,8 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
     }
     if (hook) st = fire_finals(g, &k, i);
   }
-  finish(g);
+  apex_status fst = finish(g);
+  if (st == APEX_OK) st = fst;
   /* The weight-cast cache ends with the backward, as Apex clears its cache when scale_loss exits: an
    * optimizer step may follow and change the leaves, and the cached copies' values may have been
    * released above. A later forward on this step (an evaluation before the reset) casts afresh. */

@@ -3,7 +3,9 @@
  * The pool hands out whole storages and takes them all back at reset. A training loop asks for the
  * same sizes every step, so after the first step each request finds a free block of exactly its
  * size and nothing is allocated; blocks a step did not use are freed at its reset, so a loop whose
- * shapes change does not grow without bound. */
+ * shapes change does not grow without bound. The pool lives on the graph's device: its blocks come
+ * from that backend's memory slots, and everything the engine does to them (zeroing, widening copies,
+ * casts) goes through those slots too, so that a device graph never touches its memory from the host. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +35,7 @@ static ag_block *take_block(apex_graph *g, size_t bytes) {
   }
   if (!best) {
     if (!apex__grow((void **)&g->blocks, &g->cap_blocks, g->n_blocks + 1, sizeof *g->blocks)) return NULL;
-    apex_storage *s = apex__storage_alloc(bytes);
+    apex_storage *s = apex__storage_alloc_with(g->mem, bytes, "apex graph");
     if (!s) return NULL;
     best = &g->blocks[g->n_blocks++];
     *best = (ag_block){.storage = s, .bytes = bytes};
@@ -69,9 +71,21 @@ void apex__release_temps(apex_graph *g) {
     if (g->blocks[i].temp) g->blocks[i].used = g->blocks[i].temp = 0;
 }
 
+void *apex__host_scratch(apex_graph *g, size_t bytes) {
+  if (g->be->device == APEX_DEVICE_CPU) return apex__scratch(g, bytes);
+  void *p = NULL;
+  if (apex__grow((void **)&g->host_bufs, &g->cap_host_bufs, g->n_host_bufs + 1, sizeof *g->host_bufs) && (p = malloc(bytes ? bytes : 1)))
+    g->host_bufs[g->n_host_bufs++] = p;
+  if (!p) g->oom = 1;
+  return p ? p : apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex graph: cannot allocate %zu bytes of host scratch", bytes);
+}
+
 float *apex__scratch_zero(apex_graph *g, size_t n) {
   float *p = apex__scratch(g, n * sizeof(float));
-  if (p) apex__fill_bits(p, sizeof(float), 0, n);
+  if (p && n && g->mem->fill(p, APEX_F32, 0.0f, n) != APEX_OK) {
+    g->oom = 1;
+    return NULL;
+  }
   return p;
 }
 
@@ -111,9 +125,18 @@ size_t apex_graph_live_bytes(const apex_graph *g) {
 
 /* ---- graph lifecycle ---------------------------------------------------------------------------- */
 
-apex_graph *apex_graph_create(void) {
+apex_graph *apex_graph_create(void) { return apex_graph_create_on(APEX_DEVICE_CPU); }
+
+apex_graph *apex_graph_create_on(apex_device device) {
+  const char *fn = device == APEX_DEVICE_CPU ? "apex_graph_create" : "apex_graph_create_on";
+  /* a device that is built in but cannot be used now (no GPU, no driver) is refused here, by name,
+   * rather than at the first op's allocation */
+  const apex_backend *be = apex__backend_need(device, fn);
+  if (!be) return NULL;
   apex_graph *g = calloc(1, sizeof *g);
-  if (!g) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_graph_create: out of memory");
+  if (!g) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  g->be = be;
+  g->mem = be->mem;
   g->grad_enabled = 1;
   g->autocast_dtype = APEX_F16;
   memset(g->cast_override, -1, sizeof g->cast_override);
@@ -124,6 +147,8 @@ void apex_graph_reset(apex_graph *g) {
   if (!g) return;
   for (size_t i = 0; i < g->n_headers; i++) apex_tensor_destroy(g->headers[i]);
   g->n_headers = 0;
+  for (size_t i = 0; i < g->n_host_bufs; i++) free(g->host_bufs[i]);
+  g->n_host_bufs = 0;
   size_t kept = 0;
   for (size_t i = 0; i < g->n_blocks; i++) {
     ag_block b = g->blocks[i];
@@ -152,6 +177,7 @@ void apex_graph_destroy(apex_graph *g) {
   free(g->vars);
   free(g->blocks);
   free(g->headers);
+  free(g->host_bufs);
   free(g->touched_leaves);
   free(g->casts);
   free(g->finals);
@@ -204,16 +230,37 @@ static apex_var *new_graph_var(apex_graph *g) {
   return v;
 }
 
+apex_device apex_graph_device(const apex_graph *g) {
+  if (!g) apex__fail_null_arg(__func__, "graph");
+  return g ? g->be->device : APEX_DEVICE_CPU;
+}
+
+apex_status apex__on_graph_device(const apex_graph *g, const apex_tensor *t, const char *fn, const char *what) {
+  if (t->device == g->be->device) return APEX_OK;
+  return apex__fail(APEX_ERR_DEVICE, "%s: %s is on device %s but the graph is on device %s; copy it there (apex_tensor_copy), or use a "
+                    "graph made with apex_graph_create_on(its device)", fn, what, apex__device_name(t->device), apex__device_name(g->be->device));
+}
+
+apex_status apex__host_front(const apex_graph *g, apex_op op) {
+  if (g->be->device == APEX_DEVICE_CPU) return APEX_OK;
+  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: this op works on host memory in its front and runs on CPU graphs only; the graph is "
+                    "on device %s: run it on a CPU graph", apex_op_name(op), apex__device_name(g->be->device));
+}
+
+apex_status apex__pool_copy(apex_graph *g, float *dst, const float *src, size_t n) {
+  if (dst == src || !n) return APEX_OK;
+  return g->mem->copy(dst, src, n * sizeof(float), g->be->device == APEX_DEVICE_CPU ? APEX_COPY_H2D : APEX_COPY_D2D, 0);
+}
+
 apex_var *apex_var_create(apex_tensor *value, int requires_grad) {
   if (!value) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_var_create: NULL value");
-  if (apex__host_only(value, "apex_var_create") != APEX_OK) return NULL;
   apex_var *v = calloc(1, sizeof *v);
   if (!v) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_var_create: out of memory");
   v->value = value;
   v->op = APEX_OP_LEAF;
   if (requires_grad) {
     v->requires_grad = 1;
-    v->grad = apex_tensor_create(value->dtype, value->ndim, value->shape);
+    v->grad = apex_tensor_create_on(value->device, value->dtype, value->ndim, value->shape);
     if (!v->grad) {
       free(v);
       return NULL;
@@ -231,7 +278,7 @@ void apex_var_destroy(apex_var *v) {
 
 apex_var *apex_graph_input(apex_graph *g, apex_tensor *t, int requires_grad) {
   if (!g || !t) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_graph_input: NULL %s", g ? "tensor" : "graph");
-  if (apex__host_only(t, "apex_graph_input") != APEX_OK) return NULL;
+  if (apex__on_graph_device(g, t, "apex_graph_input", "the tensor") != APEX_OK) return NULL;
   apex_tensor *view = apex__tensor_view_of(t->storage, t->offset, t->dtype, t->ndim, t->shape);
   if (!view || !apex__adopt(g, view)) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_graph_input: out of memory");
   apex_var *v = new_graph_var(g);
@@ -243,7 +290,7 @@ apex_var *apex_graph_input(apex_graph *g, apex_tensor *t, int requires_grad) {
     v->requires_grad = 1;
     v->grad = apex__pool_tensor(g, t->dtype, t->ndim, t->shape);
     if (!v->grad) return NULL;
-    memset(apex_tensor_data(v->grad), 0, apex_tensor_nbytes(v->grad));
+    if (t->numel && g->mem->fill(apex_tensor_data(v->grad), t->dtype, 0.0f, t->numel) != APEX_OK) return NULL;
   }
   return v;
 }
@@ -264,8 +311,8 @@ apex_graph *apex_var_graph(const apex_var *v) { return null_var(v, __func__) ? N
 
 apex_status apex_var_zero_grad(apex_var *v) {
   if (!v || !v->grad) return apex__fail(APEX_ERR_INVALID_ARG, "apex_var_zero_grad: %s", v ? "the var has no grad tensor (it does not require gradients or is not a leaf)" : "NULL var");
-  memset(apex_tensor_data(v->grad), 0, apex_tensor_nbytes(v->grad));
-  return APEX_OK;
+  size_t n = v->grad->numel;
+  return n ? v->grad->storage->mem->fill(apex_tensor_data(v->grad), v->grad->dtype, 0.0f, n) : APEX_OK;
 }
 
 float apex_var_item(const apex_var *v) {
@@ -299,6 +346,13 @@ apex_dtype apex__promote(apex_dtype a, apex_dtype b) { return a == b ? a : APEX_
 
 static apex_var *cast_to(apex_graph *g, apex_var *x, apex_dtype dtype);
 
+/* 1 when op, run in f32 by autocast, takes x uncast (op_table's reads_half on a backend that reads half
+ * inputs; x is f16 or bf16, the only dtypes besides f32). */
+static int reads_half(apex_op op, const apex_var *x) {
+  const apex_backend *b = apex__backend_for(apex_tensor_device(x->value));
+  return apex__op(op)->reads_half && b && b->float_ops_read_half;
+}
+
 apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in, unsigned optional, apex_var **use,
                            apex_dtype *dtype) {
   const char *name = apex_op_name(op);
@@ -318,6 +372,11 @@ apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in
     if (in[i]->graph && !in[i]->held)
       return apex__fail(APEX_ERR_STATE, "%s: input %d %s was released (apex_var_release): its memory may hold another value now", name,
                         i, apex__shape(in[i]));
+    if (in[i]->value->device != g->be->device) {
+      char what[32];
+      snprintf(what, sizeof what, "input %d", i);
+      return apex__on_graph_device(g, in[i]->value, name, what);
+    }
     dt = have ? apex__promote(dt, in[i]->value->dtype) : in[i]->value->dtype;
     have = 1;
   }
@@ -330,7 +389,7 @@ apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in
   if (g->autocast && (cat == APEX_CAST_HALF || cat == APEX_CAST_FLOAT)) {
     dt = cat == APEX_CAST_HALF ? g->autocast_dtype : APEX_F32;
     for (int i = 0; i < n; i++) {
-      if (!in[i] || in[i]->value->dtype == dt) continue;
+      if (!in[i] || in[i]->value->dtype == dt || (cat == APEX_CAST_FLOAT && reads_half(op, in[i]))) continue;
       use[i] = cast_to(g, in[i], dt);
       if (!use[i]) return APEX_ERR_OUT_OF_MEMORY;
     }
@@ -367,7 +426,8 @@ apex_var *apex__result(apex_graph *g, apex_op op, apex_dtype dtype, int ndim, co
 
 static apex_var *cast_kernel(apex_graph *g, apex_var *x, apex_dtype dtype) {
   apex_var *out = apex__result(g, APEX_OP_CAST, dtype, x->value->ndim, x->value->shape, 1, &x);
-  if (out && apex_convert(apex_tensor_data(out->value), dtype, apex_tensor_data(x->value), x->value->dtype, ag_numel(x)) != APEX_OK)
+  if (out && ag_numel(x) &&
+      g->mem->convert(apex_tensor_data(out->value), dtype, apex_tensor_data(x->value), x->value->dtype, ag_numel(x)) != APEX_OK)
     return NULL;
   return out;
 }
@@ -411,7 +471,7 @@ apex_status apex__bwd_identity(apex_graph *g, apex_var *out) {
 const float *apex__f32(apex_graph *g, const apex_tensor *t) {
   if (t->dtype == APEX_F32) return ag_data(t);
   float *buf = apex__scratch_temp(g, t->numel * sizeof(float));
-  if (buf) apex_convert(buf, APEX_F32, apex_tensor_data(t), t->dtype, t->numel);
+  if (buf && t->numel && g->mem->convert(buf, APEX_F32, apex_tensor_data(t), t->dtype, t->numel) != APEX_OK) return NULL;
   return buf;
 }
 
@@ -421,6 +481,7 @@ float *apex__out_f32(apex_graph *g, apex_var *v) {
 }
 
 void apex__store(apex_var *v, const float *buf) {
-  if (v->value->dtype != APEX_F32) apex_convert(apex_tensor_data(v->value), v->value->dtype, buf, APEX_F32, ag_numel(v));
+  if (v->value->dtype != APEX_F32 && ag_numel(v))
+    v->value->storage->mem->convert(apex_tensor_data(v->value), v->value->dtype, buf, APEX_F32, ag_numel(v));
 }
 

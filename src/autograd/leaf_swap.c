@@ -7,14 +7,16 @@
 apex_tensor *apex_var_swap_value(apex_var *v, apex_tensor *value) {
   if (!v || !value) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_var_swap_value: NULL %s", v ? "value" : "var");
   if (v->graph) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_var_swap_value: only a leaf's value can be replaced");
-  if (apex__host_only(value, "apex_var_swap_value") != APEX_OK) return NULL;
+  if (value->device != v->value->device)
+    return apex__fail_null(APEX_ERR_DEVICE, "apex_var_swap_value: the new value is on device %s but the leaf's value is on device %s; "
+                           "copy it there first (apex_tensor_copy)", apex__device_name(value->device), apex__device_name(v->value->device));
   if (!apex_tensor_same_shape(value, v->value)) {
     char a[96], b[96];
     return apex__fail_null(APEX_ERR_SHAPE, "apex_var_swap_value: new value %s for a leaf of shape %s", apex_tensor_shape_str(value, a, sizeof a),
                            apex_tensor_shape_str(v->value, b, sizeof b));
   }
   apex_tensor *grad = NULL;
-  if (v->requires_grad && !(grad = apex_tensor_create(value->dtype, value->ndim, value->shape)))
+  if (v->requires_grad && !(grad = apex_tensor_create_on(value->device, value->dtype, value->ndim, value->shape)))
     return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_var_swap_value: out of memory for the gradient");
   apex_tensor *old = v->value;
   apex_tensor_destroy(v->grad);

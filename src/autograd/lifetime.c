@@ -31,12 +31,13 @@ void apex__block_put(apex_graph *g, size_t blk) {
   b->refs = 0;
   if (AG_PARK) {
     b->parked = 1;
-    ASAN_POISON_MEMORY_REGION(b->storage->data, b->bytes);
+    /* the sanitizer watches host addresses only; a device block is still kept out of use */
+    if (b->storage->device == APEX_DEVICE_CPU) ASAN_POISON_MEMORY_REGION(b->storage->data, b->bytes);
   }
 }
 
 void apex__block_unpark(ag_block *b) {
-  ASAN_UNPOISON_MEMORY_REGION(b->storage->data, b->bytes);
+  if (b->storage->device == APEX_DEVICE_CPU) ASAN_UNPOISON_MEMORY_REGION(b->storage->data, b->bytes);
   b->parked = 0;
 }
 
@@ -112,6 +113,7 @@ void apex__gbuf_put(apex_graph *g, apex_var *v) {
       break;
     }
   v->gbuf = NULL;
+  v->gt = NULL;
 }
 
 size_t apex_graph_saved_bytes(const apex_graph *g) {

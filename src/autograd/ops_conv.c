@@ -82,14 +82,13 @@ static apex_var *pool(apex_graph *g, apex_op op, apex_var *x, const apex_pool2d_
   apex_var *out = apex__result(g, op, dt, 4, shape, 1, &u);
   if (!out) return NULL;
   out->p.conv = q;
-  const float *xf = apex__f32(g, X);
-  float *o = apex__out_f32(g, out);
   size_t planes = (size_t)q.n * q.c, P = (size_t)q.ho * q.wo;
   int32_t *arg = op == APEX_OP_MAX_POOL2D ? apex__scratch(g, ag_nz(planes * P) * sizeof(int32_t)) : NULL;
-  if (!xf || !o || (op == APEX_OP_MAX_POOL2D && !arg)) return NULL;
+  if (op == APEX_OP_MAX_POOL2D && !arg) return NULL;
   out->aux = arg;
-  if (be->nn_pool2d(&(apex_nn_pool2d_args){.geom = q, .x = xf, .out = o, .argmax = arg}) != APEX_OK) return NULL;
-  apex__store(out, o);
+  if (be->nn_pool2d(&(apex_nn_pool2d_args){.geom = q, .x = ag_buf(X), .out = apex_tensor_data(out->value),
+                                           .out_dtype = out->value->dtype, .argmax = arg, .ws = apex__ag_workspace(g)}) != APEX_OK)
+    return NULL;
   return out;
 }
 

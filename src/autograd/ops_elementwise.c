@@ -202,6 +202,8 @@ apex_var *apex_dropout(apex_graph *g, apex_var *x, float p, int training, apex_r
     return u;
   }
   if (!rng) return apex__fail_null(APEX_ERR_INVALID_ARG, "dropout: NULL rng for p = %g on %s in training", p, apex__shape(x));
+  /* the mask is drawn on the host, into the op's scratch */
+  if (apex__host_front(g, APEX_OP_DROPOUT) != APEX_OK) return NULL;
   const apex_backend *be = apex__ag_backend(u, APEX_OP_DROPOUT);
   if (!be || !AG_HAS(be, nn_dropout, APEX_OP_DROPOUT)) return NULL;
   apex_var *out = apex__result(g, APEX_OP_DROPOUT, dt, u->value->ndim, u->value->shape, 1, &u);

@@ -21,18 +21,19 @@ static apex_var *softmax_op(apex_graph *g, apex_op op, apex_var *x, int dim) {
   if (!be || !AG_HAS(be, nn_softmax, op)) return NULL;
   apex_var *out = apex__result(g, op, dt, u->value->ndim, u->value->shape, 1, &u);
   if (!out) return NULL;
-  const float *X = apex__f32(g, u->value);
-  /* backward reads the f32 result (aux): persistent scratch when the value itself is not f32 */
-  float *o = out->value->dtype == APEX_F32 ? ag_data(out->value) : apex__scratch(g, ag_numel(out) * sizeof(float));
-  if (!X || !o) return NULL;
+  /* backward reads the f32 result (aux): persistent scratch when the value itself is not f32, which the
+   * kernel then rounds into the value line by line */
+  int f32 = out->value->dtype == APEX_F32;
+  float *o = f32 ? ag_data(out->value) : apex__scratch(g, ag_numel(out) * sizeof(float));
+  if (!o) return NULL;
   size_t outer, D, inner;
   ag_lines(u->value, dd, &outer, &D, &inner);
   out->p.softmax.dim = dd;
   out->aux = o;
-  if (be->nn_softmax(&(apex_nn_softmax_args){.log = op == APEX_OP_LOG_SOFTMAX, .outer = outer, .dim = D, .inner = inner, .x = X,
-                                              .out = o}) != APEX_OK)
+  if (be->nn_softmax(&(apex_nn_softmax_args){.log = op == APEX_OP_LOG_SOFTMAX, .outer = outer, .dim = D, .inner = inner,
+                                              .x = ag_buf(u->value), .out = o, .out_cast = f32 ? NULL : apex_tensor_data(out->value),
+                                              .cast_dtype = out->value->dtype, .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
-  apex__store(out, o);
   return out;
 }
 
@@ -68,10 +69,10 @@ static apex_var *loss_result(apex_graph *g, apex_op op, apex_dtype dt, apex_redu
 
 /* Writes a loss's result into out: the per-element terms l[0..n) for NONE, else their sum (divided
  * by `count` for MEAN). */
-static void loss_store(apex_var *out, const float *l, size_t n, double sum, double count) {
+static void loss_store(apex_graph *g, apex_var *out, const float *l, size_t n, double sum, double count) {
   if (out->p.loss.reduction == APEX_REDUCTION_NONE) {
     if (out->value->dtype == APEX_F32) {
-      if (ag_data(out->value) != l) memcpy(ag_data(out->value), l, n * sizeof(float));
+      apex__pool_copy(g, ag_data(out->value), l, n);
     } else {
       apex__store(out, l);
     }
@@ -93,6 +94,8 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   apex_var *u;
   apex_dtype dt;
   if (apex__dispatch(g, APEX_OP_CROSS_ENTROPY, 1, &logits, 0, &u, &dt) != APEX_OK) return NULL;
+  /* the targets are written into the op's scratch from the host */
+  if (apex__host_front(g, APEX_OP_CROSS_ENTROPY) != APEX_OK) return NULL;
   const apex_tensor *X = u->value;
   if (X->ndim != 2) return apex__fail_null(APEX_ERR_SHAPE, "cross_entropy: logits %s must be [N, C]", apex__shape(logits));
   if (!targets && X->shape[0] > 0) return apex__fail_null(APEX_ERR_INVALID_ARG, "cross_entropy: NULL targets for logits %s", apex__shape(logits));
@@ -115,8 +118,7 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   if (!out) return NULL;
   size_t pad = (N * C + 1) & ~(size_t)1;
   float *p = apex__scratch(g, pad * sizeof(float) + N * sizeof(int64_t) + N * sizeof(float));
-  const float *x = apex__f32(g, X);
-  if (!p || !x) return NULL;
+  if (!p) return NULL;
   int64_t *tg = (int64_t *)(p + pad);
   float *l = (float *)(tg + N);
   for (size_t i = 0; i < N; i++) tg[i] = opts->use_ignore_index && targets[i] == opts->ignore_index ? -1 : targets[i];
@@ -126,10 +128,11 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   out->p.loss.smoothing = eps;
   out->p.loss.count = (int64_t)count;
   double sum = 0;
-  if (be->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = N, .classes = C, .x = x, .target = tg, .smoothing = eps, .prob = p,
-                                                         .loss = l, .sum = opts->reduction == APEX_REDUCTION_NONE ? NULL : &sum}) != APEX_OK)
+  if (be->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = N, .classes = C, .x = ag_buf(X), .target = tg, .smoothing = eps,
+                                                         .prob = p, .loss = l, .sum = opts->reduction == APEX_REDUCTION_NONE ? NULL : &sum,
+                                                         .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
-  loss_store(out, l, N, sum, (double)count);
+  loss_store(g, out, l, N, sum, (double)count);
   return out;
 }
 
@@ -152,6 +155,24 @@ static apex_nn_pointwise_loss_kind pointwise_kind(apex_op op) {
   return op == APEX_OP_MSE ? APEX_NN_MSE : op == APEX_OP_BCE_WITH_LOGITS ? APEX_NN_BCE_WITH_LOGITS : APEX_NN_BCE;
 }
 
+/* Probabilities outside [0, 1] would give a finite, meaningless loss (the clamp turns log of a
+ * negative number into -100), so they are refused as PyTorch refuses them. NaN passes: a non-finite
+ * forward must reach the loss scaler, which skips the step. Read a block at a time in f32. */
+static apex_status bce_check(const apex_tensor *t, const apex_var *x) {
+  float blk[1024];
+  const char *d = apex_tensor_data(t);
+  size_t n = t->numel, es = apex_dtype_size(t->dtype);
+  for (size_t b = 0; b < n; b += 1024) {
+    size_t len = n - b < 1024 ? n - b : 1024;
+    apex_convert(blk, APEX_F32, d + b * es, t->dtype, len);
+    for (size_t i = 0; i < len; i++)
+      if (blk[i] < 0.0f || blk[i] > 1.0f)
+        return apex__fail(APEX_ERR_INVALID_ARG, "bce: input element %zu of %s is %g; probabilities must be in [0, 1] (for logits use "
+                          "apex_bce_with_logits)", b + i, apex__shape(x), (double)blk[i]);
+  }
+  return APEX_OK;
+}
+
 static apex_var *pointwise_loss(apex_graph *g, apex_op op, apex_var *x, apex_var *y, apex_reduction red) {
   apex_var *in[2] = {x, y}, *u[2];
   apex_dtype dt;
@@ -161,25 +182,19 @@ static apex_var *pointwise_loss(apex_graph *g, apex_op op, apex_var *x, apex_var
   const apex_backend *be = apex__ag_backend(u[0], op);
   if (!be || !AG_HAS(be, nn_pointwise_loss, op)) return NULL;
   size_t n = ag_numel(u[0]);
-  const float *X = apex__f32(g, u[0]->value), *Y = apex__f32(g, u[1]->value);
-  if (!X || !Y) return NULL;
-  /* Probabilities outside [0, 1] would give a finite, meaningless loss (the clamp turns log of a
-   * negative number into -100), so they are refused as PyTorch refuses them. NaN passes: a
-   * non-finite forward must reach the loss scaler, which skips the step. */
-  if (op == APEX_OP_BCE)
-    for (size_t i = 0; i < n; i++)
-      if (X[i] < 0.0f || X[i] > 1.0f)
-        return apex__fail_null(APEX_ERR_INVALID_ARG, "bce: input element %zu of %s is %g; probabilities must be in [0, 1] (for logits use "
-                               "apex_bce_with_logits)", i, apex__shape(x), (double)X[i]);
+  /* bce checks its probabilities on the host */
+  if (op == APEX_OP_BCE && apex__host_front(g, op) != APEX_OK) return NULL;
+  if (op == APEX_OP_BCE && bce_check(u[0]->value, x) != APEX_OK) return NULL;
   apex_var *out = loss_result(g, op, dt, red, u[0]->value->ndim, u[0]->value->shape, 2, u);
   if (!out) return NULL;
   float *l = apex__scratch(g, ag_nz(n) * sizeof(float));
   if (!l) return NULL;
   double sum = 0;
-  if (be->nn_pointwise_loss(&(apex_nn_pointwise_loss_args){.kind = pointwise_kind(op), .n = n, .x = X, .y = Y, .loss = l,
+  if (be->nn_pointwise_loss(&(apex_nn_pointwise_loss_args){.kind = pointwise_kind(op), .n = n, .x = ag_buf(u[0]->value),
+                                                           .y = ag_buf(u[1]->value), .loss = l,
                                                            .sum = red == APEX_REDUCTION_NONE ? NULL : &sum}) != APEX_OK)
     return NULL;
-  loss_store(out, l, n, sum, (double)n);
+  loss_store(g, out, l, n, sum, (double)n);
   return out;
 }
 
@@ -193,10 +208,8 @@ apex_status apex__bwd_pointwise_loss(apex_graph *g, apex_var *out) {
   const apex_backend *be = apex__ag_backend(out, out->op);
   if (!be || !AG_HAS(be, nn_pointwise_loss_bwd, out->op)) return apex_last_status();
   float *gx = apex__gbuf(g, out->in[0]), *gy = apex__gbuf(g, out->in[1]);
-  const float *X = apex__f32(g, out->in[0]->value), *Y = apex__f32(g, out->in[1]->value);
-  if (!X || !Y) return APEX_ERR_OUT_OF_MEMORY;
   size_t n = ag_numel(out->in[0]);
   return be->nn_pointwise_loss_bwd(&(apex_nn_pointwise_loss_bwd_args){
-      .kind = pointwise_kind(out->op), .n = n, .x = X, .y = Y, .reduction = nn_reduction(out->p.loss.reduction),
+      .kind = pointwise_kind(out->op), .n = n, .x = ag_buf(out->in[0]->value), .y = ag_buf(out->in[1]->value), .reduction = nn_reduction(out->p.loss.reduction),
       .count = (double)n, .gout = out->gbuf, .gx = gx, .gy = gy, .accumulate_x = 1, .accumulate_y = 1});
 }

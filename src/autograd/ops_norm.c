@@ -34,6 +34,7 @@ static apex_var *batch_norm(apex_graph *g, const apex__bn_stats_hook *hook, apex
   for (int i = 0; i < 2; i++) {
     if (!stats[i]) continue;
     char buf[64];
+    if (apex__on_graph_device(g, stats[i], name, i ? "running_var" : "running_mean") != APEX_OK) return NULL;
     if (stats[i]->dtype != APEX_F32)
       return apex__fail_null(APEX_ERR_DTYPE, "%s: %s is %s; running statistics are f32", name, i ? "running_var" : "running_mean",
                              apex_dtype_name(stats[i]->dtype));
@@ -53,6 +54,8 @@ static apex_var *batch_norm(apex_graph *g, const apex__bn_stats_hook *hook, apex
   if (!be || !AG_HAS(be, nn_batch_norm, op)) return NULL;
   const float *mf = NULL, *rf = NULL, *vf = NULL;
   int64_t count = (int64_t)M;
+  /* the hook's collectives (parallel/syncbn_stats.c) read and write their tensors on the host */
+  if (hook && apex__host_front(g, op) != APEX_OK) return NULL;
   if (hook) {
     apex_tensor *mean = apex__pool_tensor(g, APEX_F32, 1, &Ci), *invstd = apex__pool_tensor(g, APEX_F32, 1, &Ci);
     apex_tensor *uvar = apex__pool_tensor(g, APEX_F32, 1, &Ci);
@@ -64,9 +67,11 @@ static apex_var *batch_norm(apex_graph *g, const apex__bn_stats_hook *hook, apex
   }
   apex_var *out = apex__result(g, hook ? op : opts->relu ? APEX_OP_BATCH_NORM_RELU : APEX_OP_BATCH_NORM, dt, X->ndim, X->shape, 3, u);
   if (!out) return NULL;
-  const float *xf = apex__f32(g, X), *wf = u[1] ? apex__f32(g, u[1]->value) : NULL, *bf = u[2] ? apex__f32(g, u[2]->value) : NULL;
-  float *o = apex__out_f32(g, out), *st = apex__scratch(g, 2 * C * sizeof(float));
-  if (!xf || !o || !st || (u[1] && !wf) || (u[2] && !bf)) return NULL;
+  /* x and the result stay in their dtype (the kernel widens a channel at a time); the parameters are
+   * [C], so their f32 views cost nothing */
+  const float *wf = u[1] ? apex__f32(g, u[1]->value) : NULL, *bf = u[2] ? apex__f32(g, u[2]->value) : NULL;
+  float *st = apex__scratch(g, 2 * C * sizeof(float));
+  if (!st || (u[1] && !wf) || (u[2] && !bf)) return NULL;
   float *rm = running_mean ? ag_data(running_mean) : NULL, *rv = running_var ? ag_data(running_var) : NULL;
   out->aux = st;
   out->p.bn.training = training;
@@ -74,12 +79,12 @@ static apex_var *batch_norm(apex_graph *g, const apex__bn_stats_hook *hook, apex
   out->p.bn.plane = (int64_t)S;
   out->p.bn.count = count;
   if (hook) out->p.bn.hook = *hook;
-  if (be->nn_batch_norm(&(apex_nn_batch_norm_args){.N = N, .C = C, .S = S, .x = xf, .w = wf, .b = bf, .out = o, .stats = st,
+  if (be->nn_batch_norm(&(apex_nn_batch_norm_args){.N = N, .C = C, .S = S, .x = ag_buf(X), .w = wf, .b = bf,
+                                                   .out = apex_tensor_data(out->value), .out_dtype = out->value->dtype, .stats = st,
                                                    .training = training, .relu = opts->relu, .eps = eps, .momentum = mom,
                                                    .running_mean = rm, .running_var = rv, .given_mean = mf, .given_rstd = rf,
-                                                   .given_var = vf}) != APEX_OK)
+                                                   .given_var = vf, .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
-  apex__store(out, o);
   return out;
 }
 
@@ -103,11 +108,11 @@ apex_status apex__bwd_batch_norm(apex_graph *g, apex_var *out) {
   float *gx = apex__gbuf_w(g, out->in[0], &fresh), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
   size_t C = (size_t)out->p.bn.channels, S = (size_t)out->p.bn.plane, N = ag_numel(out) / ag_nz(C * S);
   int fused = out->op == APEX_OP_BATCH_NORM_RELU;
-  const float *xf = apex__f32(g, out->in[0]->value), *wf = out->in[1] ? apex__f32(g, out->in[1]->value) : NULL;
+  const float *wf = out->in[1] ? apex__f32(g, out->in[1]->value) : NULL;
   const float *bf = fused && out->in[2] ? apex__f32(g, out->in[2]->value) : NULL;
-  if (!xf || (out->in[1] && !wf) || (fused && out->in[2] && !bf)) return APEX_ERR_OUT_OF_MEMORY;
+  if ((out->in[1] && !wf) || (fused && out->in[2] && !bf)) return APEX_ERR_OUT_OF_MEMORY;
   return be->nn_batch_norm_bwd(&(apex_nn_batch_norm_bwd_args){
-      .N = N, .C = C, .S = S, .x = xf, .w = wf, .b = bf, .y = apex_tensor_data(out->value), .y_dtype = out->value->dtype,
+      .N = N, .C = C, .S = S, .x = ag_buf(out->in[0]->value), .w = wf, .b = bf, .y = apex_tensor_data(out->value), .y_dtype = out->value->dtype,
       .stats = out->aux, .training = out->p.bn.training, .relu = fused, .gout = out->gbuf, .gx = gx, .gw = gw, .gb = gb,
       .accumulate_x = !fresh, .accumulate_w = 1, .accumulate_b = 1, .ws = apex__ag_workspace(g)});
 }
@@ -122,19 +127,21 @@ apex_status apex__bwd_sync_batch_norm(apex_graph *g, apex_var *out) {
   float *gx = apex__gbuf(g, out->in[0]), *gw = apex__gbuf(g, out->in[1]), *gb = apex__gbuf(g, out->in[2]);
   size_t C = (size_t)out->p.bn.channels, S = (size_t)out->p.bn.plane, N = ag_numel(out) / ag_nz(C * S);
   const apex__bn_stats_hook *hook = &out->p.bn.hook;
-  const float *xf = apex__f32(g, out->in[0]->value), *wf = out->in[1] ? apex__f32(g, out->in[1]->value) : NULL;
+  const float *wf = out->in[1] ? apex__f32(g, out->in[1]->value) : NULL;
   const float *mf = out->aux, *rf = mf + C, *go = out->gbuf;
+  apex_nn_buf xb = ag_buf(out->in[0]->value);
   int64_t two_c = (int64_t)(2 * C);
   apex_tensor *sums = apex__pool_tensor(g, APEX_F32, 1, &two_c);
-  if (!xf || (out->in[1] && !wf) || !sums) return APEX_ERR_OUT_OF_MEMORY;
-  apex_status st = be->nn_batch_norm_sums(&(apex_nn_batch_norm_sums_args){.N = N, .C = C, .S = S, .x = xf, .mean = mf, .rstd = rf,
+  if ((out->in[1] && !wf) || !sums) return APEX_ERR_OUT_OF_MEMORY;
+  apex_status st = be->nn_batch_norm_sums(&(apex_nn_batch_norm_sums_args){.N = N, .C = C, .S = S, .x = xb, .mean = mf, .rstd = rf,
                                                                           .gout = go, .sums = ag_data(sums), .gw = gw, .gb = gb,
-                                                                          .accumulate_w = 1, .accumulate_b = 1});
+                                                                          .accumulate_w = 1, .accumulate_b = 1,
+                                                                          .ws = apex__ag_workspace(g)});
   if (st != APEX_OK || !gx) return st; /* no gx: the input needs no gradient in any process (the same graph everywhere) */
   if ((st = hook->reduce(hook->ctx, sums)) != APEX_OK) return st;
-  return be->nn_batch_norm_dx(&(apex_nn_batch_norm_dx_args){.N = N, .C = C, .S = S, .x = xf, .w = wf, .mean = mf, .rstd = rf,
+  return be->nn_batch_norm_dx(&(apex_nn_batch_norm_dx_args){.N = N, .C = C, .S = S, .x = xb, .w = wf, .mean = mf, .rstd = rf,
                                                             .gout = go, .sums = ag_data(sums), .count = out->p.bn.count, .gx = gx,
-                                                            .accumulate_x = 1});
+                                                            .accumulate_x = 1, .ws = apex__ag_workspace(g)});
 }
 
 /* ---- layer norm and RMS norm -------------------------------------------------------------------- */

@@ -249,7 +249,7 @@ apex_var *apex_embedding(apex_graph *g, apex_var *weight, const int64_t *ids, in
   if (!be || !AG_HAS(be, nn_embedding, APEX_OP_EMBEDDING)) return NULL;
   apex_var *out = apex__result(g, APEX_OP_EMBEDDING, dt, ndim + 1, oshape, 1, &u);
   if (!out) return NULL;
-  int64_t *keep = apex__scratch(g, ag_nz(n) * sizeof(int64_t));
+  int64_t *keep = apex__host_scratch(g, ag_nz(n) * sizeof(int64_t)); /* the slot reads ids on the host (args_nn.h) */
   if (!keep) return NULL;
   memcpy(keep, ids, n * sizeof(int64_t));
   out->aux = keep;

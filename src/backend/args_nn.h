@@ -147,13 +147,16 @@ typedef struct apex_nn_dropout_bwd_args {
 
 /* ---- softmax and the losses (cpu/loss.c, cuda/xent.cu) ------------------------------------------ */
 
-/* x seen as [outer, dim, inner]: each of the outer * inner lines of dim elements is one softmax (log
- * softmax with log set). */
+/* x (native dtype) seen as [outer, dim, inner]: each of the outer * inner lines of dim elements is one
+ * softmax (log softmax with log set), computed in f32 into out. */
 typedef struct apex_nn_softmax_args {
   int log;
   size_t outer, dim, inner;
-  const float *x;
+  apex_nn_buf x;
   float *out;
+  void *out_cast; /* when not NULL, out rounded to cast_dtype as well (the op's value when not f32) */
+  apex_dtype cast_dtype;
+  apex_nn_workspace ws;
 } apex_nn_softmax_args;
 
 /* gx += the gradient through the softmax, from its f32 result y. */
@@ -175,12 +178,13 @@ typedef enum apex_nn_reduction { APEX_NN_MEAN, APEX_NN_SUM, APEX_NN_NONE } apex_
  * terms, and *sum (when not NULL) their sum in double in fixed blocks. */
 typedef struct apex_nn_cross_entropy_args {
   size_t rows, classes;
-  const float *x;
+  apex_nn_buf x; /* native dtype, widened to f32 a row at a time */
   const int64_t *target;
   float smoothing;
   float *prob;
   float *loss;
   double *sum;
+  apex_nn_workspace ws;
 } apex_nn_cross_entropy_args;
 
 typedef struct apex_nn_cross_entropy_bwd_args {
@@ -201,7 +205,7 @@ typedef enum apex_nn_pointwise_loss_kind { APEX_NN_MSE, APEX_NN_BCE_WITH_LOGITS,
 typedef struct apex_nn_pointwise_loss_args {
   apex_nn_pointwise_loss_kind kind;
   size_t n;
-  const float *x, *y;
+  apex_nn_buf x, y; /* native dtypes, widened to f32 a block at a time */
   float *loss;
   double *sum;
 } apex_nn_pointwise_loss_args;
@@ -209,7 +213,7 @@ typedef struct apex_nn_pointwise_loss_args {
 typedef struct apex_nn_pointwise_loss_bwd_args {
   apex_nn_pointwise_loss_kind kind;
   size_t n;
-  const float *x, *y;
+  apex_nn_buf x, y;
   apex_nn_reduction reduction;
   double count; /* MEAN's divisor */
   const float *gout;
@@ -219,8 +223,8 @@ typedef struct apex_nn_pointwise_loss_bwd_args {
 
 /* ---- normalisation (cpu/norm.c, cuda/norm.cu, cuda/bn_stats.cu) ------------------------------------ */
 
-/* Batch norm of x [N, C, S] (S: the flattened spatial extent) into out, per channel c:
- * (x - mean) * rstd * w + b (w, b NULL: 1, 0), through max(v, 0) with relu. The statistics used are
+/* Batch norm of x [N, C, S] (S: the flattened spatial extent; native dtype) into out (out_dtype,
+ * computed in f32 and rounded once), per channel c: (x - mean) * rstd * w + b (w, b NULL: 1, 0), through max(v, 0) with relu. The statistics used are
  * written to stats (mean[C], then rstd[C]) for the backward. Where they come from:
  *   - given_mean set: given_mean, given_rstd and given_var (the unbiased variance) computed elsewhere
  *     (a statistics hook over a larger batch); the running statistics (when set) move toward them;
@@ -229,13 +233,16 @@ typedef struct apex_nn_pointwise_loss_bwd_args {
  *   - else running_mean and running_var themselves. */
 typedef struct apex_nn_batch_norm_args {
   size_t N, C, S;
-  const float *x, *w, *b;
-  float *out;
+  apex_nn_buf x;
+  const float *w, *b;
+  void *out;
+  apex_dtype out_dtype;
   float *stats;
   int training, relu;
   float eps, momentum;
   float *running_mean, *running_var;
   const float *given_mean, *given_rstd, *given_var;
+  apex_nn_workspace ws;
 } apex_nn_batch_norm_args;
 
 /* The backward of batch norm from its statistics (stats as the forward wrote them). With relu (the
@@ -244,7 +251,8 @@ typedef struct apex_nn_batch_norm_args {
  * and gout. */
 typedef struct apex_nn_batch_norm_bwd_args {
   size_t N, C, S;
-  const float *x, *w, *b;
+  apex_nn_buf x;
+  const float *w, *b;
   const void *y;
   apex_dtype y_dtype;
   const float *stats;
@@ -259,28 +267,32 @@ typedef struct apex_nn_batch_norm_bwd_args {
  * gout and of gout * xhat (f64 in order) into sums (f32 [2C]), also added to gb and gw. */
 typedef struct apex_nn_batch_norm_sums_args {
   size_t N, C, S;
-  const float *x, *mean, *rstd;
+  apex_nn_buf x;
+  const float *mean, *rstd;
   const float *gout;
   float *sums;
   float *gw, *gb;
   int accumulate_w, accumulate_b;
+  apex_nn_workspace ws;
 } apex_nn_batch_norm_sums_args;
 
 /* Its second half: gx from the sums over the whole batch of `count` values per channel. */
 typedef struct apex_nn_batch_norm_dx_args {
   size_t N, C, S;
-  const float *x, *w, *mean, *rstd;
+  apex_nn_buf x;
+  const float *w, *mean, *rstd;
   const float *gout;
   const float *sums;
   int64_t count;
   float *gx;
   int accumulate_x;
+  apex_nn_workspace ws;
 } apex_nn_batch_norm_dx_args;
 
 /* Layer norm (centre: subtract the row mean, add b) or RMS norm of each of R rows of D: out =
  * (x - mean) * rstd * w + b, with rstd = 1 / sqrt(mean of squares + eps), computed in f32 from the
  * native x, w, b (w, b data NULL: 1, 0) and rounded to out_dtype; stats (f32) receives mean[R] then
- * rstd[R]. ws: the f32 copies of inputs and result that a kernel widens into. */
+ * rstd[R]. ws: the f32 rows (and weights) that a kernel widens into. */
 typedef struct apex_nn_row_norm_args {
   int centre;
   size_t rows, cols;
@@ -509,9 +521,11 @@ typedef struct apex_nn_conv2d_bwd_args {
  * included) of x [n, c, h, w] into out [n, c, ho, wo]. */
 typedef struct apex_nn_pool2d_args {
   apex_nn_conv_geom geom;
-  const float *x;
-  float *out;
+  apex_nn_buf x;       /* native: a low-precision x is widened a plane at a time, never whole */
+  void *out;           /* out_dtype */
+  apex_dtype out_dtype;
   int32_t *argmax;
+  apex_nn_workspace ws;
 } apex_nn_pool2d_args;
 
 typedef struct apex_nn_pool2d_bwd_args {

@@ -7,8 +7,8 @@
 
 #include <stdint.h>
 
-#include "apex/loss_scaler.h"
-#include "apex/optim.h"
+#include "apex/loss_scaler_config.h"
+#include "apex/optim_options.h"
 #include "apex/tensor.h"
 
 /* Elementwise f32 state tensors per parameter, at most (Adam with amsgrad: m, v, max v). */

@@ -19,6 +19,7 @@
 #include "backend/args_mt.h"
 #include "backend/args_nn.h"
 #include "backend/args_optim.h"
+#include "backend/streams.h"
 #include "core/memory.h"
 
 /* Number of apex_device values with a backend slot in the registry (APEX_DEVICE_CPU, APEX_DEVICE_CUDA). */
@@ -27,10 +28,16 @@
 typedef struct apex_backend {
   const char *name; /* "cpu", "cuda" */
   apex_device device;
+  /* 1 when the nn kernels of the ops that autocast runs in f32 (op_table.c's reads_half) take f16/bf16
+   * inputs as they are, widen them exactly and compute in f32 into f32 results: autocast then gives
+   * such an op its low-precision inputs uncast (graph.c's apex__dispatch). */
+  unsigned char float_ops_read_half;
 
   /* ---- memory: alloc, free, copy (h2d/d2h/d2d), convert, fill, sync (core/memory.h). Core owns the
    * type because every storage points to it, to be freed by the device that made it. */
   const apex_memory *mem;
+  /* ---- streams and events (streams.h), on a device that runs work asynchronously; NULL otherwise ---- */
+  const apex_streams *streams;
 
   /* ---- multi-tensor kernels (args_mt.h) ---- */
   apex_status (*mt_scale)(const apex_mt_scale_args *a);
@@ -97,15 +104,20 @@ const char *apex__device_name(apex_device device);
  * (APEX_ERR_INVALID_ARG), one this build has no backend for or that cannot be used now
  * (APEX_ERR_UNSUPPORTED, with the reason). */
 const apex_memory *apex__memory_for(apex_device device, const char *fn);
+/* The backend called `name` ("cpu", "cuda") when this build has it, else NULL; no message, and the device
+ * is not opened (apex__backend_named opens it to say whether it can be used). */
+const apex_backend *apex__backend_by_name(const char *name);
 /* Why this build has no backend for `device` ("this apex was built without CUDA (...)"), or NULL. */
 const char *apex__device_missing(apex_device device);
 /* APEX_ERR_UNSUPPORTED: "<fn>: <op> is not implemented on the <backend> backend". */
 apex_status apex__backend_slot_missing(const apex_backend *b, const char *fn, const char *op);
 
-/* The backends this build has (backend/cpu/backend.c, backend/cuda/backend.c) and the CUDA one's memory
- * slots (backend/cuda/memory.c; the CPU backend's are core's host memory, core/host_memory.c). */
+/* The backends this build has (backend/cpu/backend.c, backend/cuda/backend.c), the CUDA one's memory
+ * slots (backend/cuda/memory.c; the CPU backend's are core's host memory, core/host_memory.c) and its
+ * stream and event slots (backend/cuda/backend.c, over streams.cu). */
 extern const apex_backend apex__cpu_backend;
 extern const apex_backend apex__cuda_backend;
 extern const apex_memory apex__cuda_memory;
+extern const apex_streams apex__cuda_streams;
 
 #endif

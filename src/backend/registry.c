@@ -46,6 +46,12 @@ const apex_backend *apex__backend_need(apex_device device, const char *fn) {
   return apex__memory_for(device, fn) ? backends[device] : NULL;
 }
 
+const apex_backend *apex__backend_by_name(const char *name) {
+  for (int d = 0; d < APEX__DEVICE_COUNT; d++)
+    if (backends[d] && strcmp(backends[d]->name, name) == 0) return backends[d];
+  return NULL;
+}
+
 const apex_backend *apex__backend_named(const char *name, const char *fn) {
   for (int d = 0; d < APEX__DEVICE_COUNT; d++)
     if (backends[d] && strcmp(backends[d]->name, name) == 0) return apex__backend_need((apex_device)d, fn);

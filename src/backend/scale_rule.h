@@ -7,7 +7,7 @@
 
 #include <math.h>
 
-#include "apex/loss_scaler.h"
+#include "apex/loss_scaler_config.h"
 #include "core/convert_scalar.h" /* APEX_HD */
 
 /* Updates st for one step; returns 1 when an overflow came with the dynamic scale already at its

@@ -50,6 +50,8 @@ void apex__storage_retain(apex_storage *s) { atomic_fetch_add(&s->refs, 1); }
 
 apex_storage *apex__storage_alloc(size_t bytes) { return storage_new_with(&apex__host_memory, bytes, "apex_tensor_create"); }
 
+apex_storage *apex__storage_alloc_with(const apex_memory *m, size_t bytes, const char *fn) { return storage_new_with(m, bytes, fn); }
+
 /* Checks a shape and computes its element count; returns APEX_OK or an error naming `who`. */
 static apex_status shape_numel(const char *who, int ndim, const int64_t *shape, size_t *numel) {
   if (ndim < 0 || ndim > APEX_MAX_DIMS)

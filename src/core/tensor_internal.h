@@ -29,6 +29,8 @@ struct apex_tensor {
 };
 
 apex_storage *apex__storage_alloc(size_t bytes);
+/* Zero-filled storage of `bytes` in memory m; NULL with a message naming fn on failure. */
+apex_storage *apex__storage_alloc_with(const apex_memory *m, size_t bytes, const char *fn);
 void apex__storage_retain(apex_storage *s);
 void apex__storage_release(apex_storage *s);
 /* A new tensor over storage s at byte_offset (takes its own reference to s). */

@@ -32,8 +32,12 @@ apex_status apex_model_save_f32(const apex_model *m, const apex_amp *amp, const 
     apex_tensor *t = entry(m, i, &names[i], &param);
     apex_tensor *master = param ? apex_amp_master_of(amp, param) : NULL;
     if (master) t = master;
-    if (apex_tensor_dtype(t) != APEX_F32 && !(t = owned[i] = apex_tensor_to(t, APEX_F32)))
-      st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_model_save_f32: out of memory widening %s", names[i]);
+    /* a host f32 copy of what is stored in another dtype or on a device (a model made on a GPU) */
+    if (apex_tensor_dtype(t) != APEX_F32 || apex_tensor_device(t) != APEX_DEVICE_CPU) {
+      owned[i] = apex_tensor_create(APEX_F32, apex_tensor_ndim(t), apex_tensor_shape(t));
+      st = owned[i] ? apex_tensor_copy(owned[i], t) : APEX_ERR_OUT_OF_MEMORY; /* the failing call's message stands */
+      t = owned[i];
+    }
     ts[i] = t;
   }
   if (st == APEX_OK) {

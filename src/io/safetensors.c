@@ -358,8 +358,17 @@ apex_status apex_safetensors_read_into(const apex_safetensors *st, const char *n
   int same = e->ndim == apex_tensor_ndim(dst);
   for (int i = 0; same && i < e->ndim; i++) same = e->shape[i] == apex_tensor_shape(dst)[i];
   if (!same) return apex__fail(APEX_ERR_SHAPE, "safetensors: tensor '%s' has shape %s in the file but %s here", name, fs, ds);
-  memcpy(apex_tensor_data(dst), st->data + e->begin, e->end - e->begin);
-  return APEX_OK;
+  if (apex_tensor_device(dst) == APEX_DEVICE_CPU) {
+    memcpy(apex_tensor_data(dst), st->data + e->begin, e->end - e->begin);
+    return APEX_OK;
+  }
+  /* a device tensor (a model made on a GPU) is filled through its device's copy, from a host staging copy */
+  apex_tensor *h = apex_tensor_create(e->dtype, apex_tensor_ndim(dst), apex_tensor_shape(dst));
+  if (!h) return apex_last_status();
+  memcpy(apex_tensor_data(h), st->data + e->begin, e->end - e->begin);
+  apex_status rc = apex_tensor_copy(dst, h);
+  apex_tensor_destroy(h);
+  return rc;
 }
 
 /* ---- writing ---------------------------------------------------------------------------------- */

@@ -15,12 +15,14 @@ apex_model *apex_model_create(const apex_model_options *opts) {
   static const apex_model_options defaults = {0};
   if (!opts) opts = &defaults;
   if (apex__check_dtype(opts->dtype, "apex_model_create") != APEX_OK) return NULL;
+  if (!apex__memory_for(opts->device, "apex_model_create")) return NULL;
   apex_model *m = calloc(1, sizeof *m);
   if (!m) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_model_create: out of memory");
   m->init_rng = apex_rng_init(opts->seed);
   /* dropout draws from a stream of its own, so adding dropout does not shift initial values */
   m->rng = apex_rng_init(opts->seed ^ 0x9e3779b97f4a7c15ull);
   m->dtype = opts->dtype;
+  m->device = opts->device;
   m->training = 1;
   return m;
 }
@@ -113,6 +115,18 @@ apex_module *apex__nn_module(apex_model *m, nn_kind kind, const char *name, cons
 
 static void full_name(char *dst, const apex_module *mod, const char *local) { apex__nn_join(dst, mod->name, local); }
 
+/* t (a host tensor, consumed) on the model's device: itself on the CPU, else a copy; NULL with a message. */
+static apex_tensor *to_device(const apex_model *m, apex_tensor *t) {
+  if (m->device == APEX_DEVICE_CPU) return t;
+  apex_tensor *d = apex_tensor_create_on(m->device, apex_tensor_dtype(t), apex_tensor_ndim(t), apex_tensor_shape(t));
+  if (d && apex_tensor_copy(d, t) != APEX_OK) {
+    apex_tensor_destroy(d);
+    d = NULL;
+  }
+  apex_tensor_destroy(t);
+  return d;
+}
+
 apex_var *apex__nn_param(apex_module *mod, const char *local, int ndim, const int64_t *shape, char init, float bound) {
   apex_model *m = mod->model;
   if (!apex__grow((void **)&m->params, &m->cap_params, m->n_params + 1, sizeof *m->params))
@@ -135,6 +149,7 @@ apex_var *apex__nn_param(apex_module *mod, const char *local, int ndim, const in
     apex_tensor_destroy(f);
     if (!t) return NULL;
   }
+  if (!(t = to_device(m, t))) return NULL;
   apex_var *v = apex_var_create(t, 1);
   if (!v) {
     apex_tensor_destroy(t);
@@ -149,9 +164,12 @@ apex_tensor *apex__nn_buffer(apex_module *mod, const char *local, int64_t n, flo
   apex_model *m = mod->model;
   if (!apex__grow((void **)&m->buffers, &m->cap_buffers, m->n_buffers + 1, sizeof *m->buffers))
     return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", mod->name);
-  apex_tensor *t = apex_tensor_create(APEX_F32, 1, &n);
+  apex_tensor *t = apex_tensor_create_on(m->device, APEX_F32, 1, &n);
   if (!t) return NULL;
-  apex_tensor_fill(t, value);
+  if (apex_tensor_fill(t, value) != APEX_OK) {
+    apex_tensor_destroy(t);
+    return NULL;
+  }
   full_name(m->buffers[m->n_buffers].name, mod, local);
   m->buffers[m->n_buffers++].t = t;
   return t;

@@ -47,6 +47,7 @@ typedef struct nn_named_buffer {
 struct apex_model {
   apex_rng init_rng, rng;
   apex_dtype dtype;
+  apex_device device; /* where parameters and buffers live */
   int training;
   nn_named_param *params;
   size_t n_params, cap_params;

@@ -12,12 +12,17 @@
  * round trip.
  *
  * Streams: apex's kernels run on apex's stream; the collectives on a stream of their own, which
- * first waits (a cudaEvent, no host synchronisation) for everything queued on apex's stream, so a
+ * first waits (an event, no host synchronisation) for everything queued on apex's stream, so a
  * collective sees the gradients the preceding kernels wrote, while apex kernels queued after it
  * (the rest of backward) can overlap it. A work's end is an event recorded after the collective;
- * apex_pg_test queries it and apex_pg_wait polls it. Polling rather than cudaEventSynchronize
+ * apex_pg_test queries it and apex_pg_wait polls it. Polling rather than waiting on the event
  * lets the wait notice ncclCommGetAsyncError (a peer that died, a network error): the
  * communicator is then aborted and the wait returns APEX_ERR_IO instead of hanging.
+ *
+ * The device is reached only through the CUDA backend's slots (backend/backend.h: its memory for the
+ * scratch buffer, backend/streams.h for the device, streams and events); this file makes NCCL's calls
+ * and no CUDA runtime call. NCCL takes the slots' native handles (a cudaStream_t is what the stream
+ * slot hands out).
  *
  * Sums are NCCL's (its ring or tree order, f16/bf16 added in their own precision per step), so
  * results may differ in the last bits from the MPI backend's rank-order f32 sums; they are the
@@ -30,11 +35,10 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "backend/cuda/cuda_internal.h"
+#include "backend/backend.h"
 #include "parallel/pg_internal.h"
 
 #if defined(APEX_HAVE_NCCL) && APEX_HAVE_NCCL
-#include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
@@ -44,12 +48,14 @@
 int apex_pg_nccl_available(void) { return 1; }
 
 typedef struct nccl_pg {
+  apex_pg_vtable vt;       /* nccl_backend with the device of the backend below */
+  const apex_backend *dev; /* the CUDA backend: memory, streams and events */
+  const apex_streams *st;  /* dev->streams */
   ncclComm_t comm;
-  cudaStream_t apex_stream; /* where apex's kernels run */
-  cudaStream_t stream;      /* where the collectives run */
-  cudaEvent_t ready;        /* recorded on apex's stream before each collective */
-  float *d_scratch;         /* the barrier's one-element all-reduce */
-  apex_pg *mpi;             /* the bootstrap group, kept for host-memory exchanges */
+  void *stream;            /* where the collectives run (a side stream) */
+  void *ready;             /* an event recorded on apex's stream before each collective */
+  float *d_scratch;        /* the barrier's one-element all-reduce */
+  apex_pg *mpi;            /* the bootstrap group, kept for host-memory exchanges */
   int device;
   int rank;
   int broken; /* the communicator was aborted after an asynchronous error */
@@ -57,12 +63,15 @@ typedef struct nccl_pg {
 } nccl_pg;
 
 typedef struct nccl_work {
-  cudaEvent_t done;
+  void *done; /* an event recorded after the collective */
 } nccl_work;
 
-static apex_status cuda_err(cudaError_t e, const char *what, int rank) {
-  return apex__fail(e == cudaErrorMemoryAllocation ? APEX_ERR_OUT_OF_MEMORY : APEX_ERR_DEVICE,
-                    "%s failed on rank %d: CUDA error %s (%s)", what, rank, cudaGetErrorName(e), cudaGetErrorString(e));
+/* A device slot's failure, its message prefixed with the rank (every rank reports its own). */
+static apex_status on_rank(apex_status st, int rank) {
+  if (st == APEX_OK) return st;
+  char msg[APEX_PG_MESSAGE];
+  snprintf(msg, sizeof msg, "%s", apex_last_error());
+  return apex__fail(st, "rank %d: %s", rank, msg);
 }
 
 static apex_status nccl_err(ncclComm_t comm, ncclResult_t r, const char *what, int rank) {
@@ -106,18 +115,15 @@ static apex_status begin(apex_pg *pg, apex_pg_work *w, size_t n, nccl_work **out
     return APEX_OK;
   }
   if (p->broken) return broken(p, w->what);
-  apex__cuda_ready(NULL); /* puts this thread on apex's device */
+  apex_status st = p->st->enter(w->what); /* puts this thread on apex's device */
+  if (st != APEX_OK) return on_rank(st, p->rank);
   nccl_work *nw = calloc(1, sizeof *nw);
   if (!nw) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_pg_%s: out of memory", w->what);
   w->impl = nw;
-  cudaError_t e = cudaEventCreateWithFlags(&nw->done, cudaEventDisableTiming);
-  if (e != cudaSuccess) {
-    nw->done = NULL;
-    return cuda_err(e, "cudaEventCreate", p->rank);
-  }
-  e = cudaEventRecord(p->ready, p->apex_stream);
-  if (e == cudaSuccess) e = cudaStreamWaitEvent(p->stream, p->ready, 0);
-  if (e != cudaSuccess) return cuda_err(e, "ordering the collective after apex's stream", p->rank);
+  st = p->st->event_create("creating the collective's end event", &nw->done);
+  if (st == APEX_OK) st = p->st->event_record("ordering the collective after apex's stream", p->ready, NULL);
+  if (st == APEX_OK) st = p->st->stream_wait("ordering the collective after apex's stream", p->stream, p->ready);
+  if (st != APEX_OK) return on_rank(st, p->rank);
   *out = nw;
   return APEX_OK;
 }
@@ -126,8 +132,7 @@ static apex_status begin(apex_pg *pg, apex_pg_work *w, size_t n, nccl_work **out
 static apex_status end(apex_pg *pg, nccl_work *nw, ncclResult_t r, const char *what) {
   nccl_pg *p = pg->impl;
   if (r != ncclSuccess) return nccl_err(p->comm, r, what, p->rank);
-  cudaError_t e = cudaEventRecord(nw->done, p->stream);
-  return e == cudaSuccess ? APEX_OK : cuda_err(e, "cudaEventRecord", p->rank);
+  return on_rank(p->st->event_record("marking the collective's end", nw->done, p->stream), p->rank);
 }
 
 static apex_status nccl_allreduce(apex_pg *pg, apex_pg_work *w, void *buf, size_t n, apex_dtype dtype, apex_reduce_op op) {
@@ -135,7 +140,8 @@ static apex_status nccl_allreduce(apex_pg *pg, apex_pg_work *w, void *buf, size_
   nccl_work *nw = NULL;
   apex_status st = begin(pg, w, n, &nw);
   if (st != APEX_OK || !nw) return st;
-  return end(pg, nw, ncclAllReduce(buf, buf, n, nccl_type(dtype), nccl_op(op), p->comm, p->stream), "ncclAllReduce");
+  return end(pg, nw, ncclAllReduce(buf, buf, n, nccl_type(dtype), nccl_op(op), p->comm, (cudaStream_t)p->stream),
+             "ncclAllReduce");
 }
 
 static apex_status nccl_broadcast(apex_pg *pg, apex_pg_work *w, void *buf, size_t n, apex_dtype dtype, int root) {
@@ -143,7 +149,7 @@ static apex_status nccl_broadcast(apex_pg *pg, apex_pg_work *w, void *buf, size_
   nccl_work *nw = NULL;
   apex_status st = begin(pg, w, n, &nw);
   if (st != APEX_OK || !nw) return st;
-  return end(pg, nw, ncclBroadcast(buf, buf, n, nccl_type(dtype), root, p->comm, p->stream), "ncclBroadcast");
+  return end(pg, nw, ncclBroadcast(buf, buf, n, nccl_type(dtype), root, p->comm, (cudaStream_t)p->stream), "ncclBroadcast");
 }
 
 static apex_status nccl_allgather(apex_pg *pg, apex_pg_work *w, const void *in, void *out, size_t n, apex_dtype dtype) {
@@ -151,7 +157,7 @@ static apex_status nccl_allgather(apex_pg *pg, apex_pg_work *w, const void *in, 
   nccl_work *nw = NULL;
   apex_status st = begin(pg, w, n, &nw);
   if (st != APEX_OK || !nw) return st;
-  return end(pg, nw, ncclAllGather(in, out, n, nccl_type(dtype), p->comm, p->stream), "ncclAllGather");
+  return end(pg, nw, ncclAllGather(in, out, n, nccl_type(dtype), p->comm, (cudaStream_t)p->stream), "ncclAllGather");
 }
 
 /* NCCL has no barrier: a one-element all-reduce finishes on no rank before every rank has joined. */
@@ -160,22 +166,24 @@ static apex_status nccl_barrier(apex_pg *pg, apex_pg_work *w) {
   nccl_work *nw = NULL;
   apex_status st = begin(pg, w, 1, &nw);
   if (st != APEX_OK) return st;
-  return end(pg, nw, ncclAllReduce(p->d_scratch, p->d_scratch, 1, ncclFloat32, ncclSum, p->comm, p->stream),
+  return end(pg, nw, ncclAllReduce(p->d_scratch, p->d_scratch, 1, ncclFloat32, ncclSum, p->comm, (cudaStream_t)p->stream),
              "ncclAllReduce (barrier)");
 }
 
 static apex_status nccl_progress(apex_pg_work *w, int block) {
   nccl_pg *p = w->pg->impl;
   nccl_work *nw = w->impl;
-  apex__cuda_ready(NULL);
+  apex_status st = p->st->enter(w->what);
+  if (st != APEX_OK) return on_rank(st, p->rank);
   for (;;) {
     if (p->broken) return broken(p, w->what);
-    cudaError_t e = cudaEventQuery(nw->done);
-    if (e == cudaSuccess) {
+    int done = 0;
+    st = p->st->event_query(w->what, nw->done, &done);
+    if (st != APEX_OK) return on_rank(st, p->rank);
+    if (done) {
       w->done = 1;
       return APEX_OK;
     }
-    if (e != cudaErrorNotReady) return cuda_err(e, w->what, p->rank);
     ncclResult_t async = ncclSuccess;
     ncclResult_t r = ncclCommGetAsyncError(p->comm, &async);
     if (r != ncclSuccess) return abort_comm(p, r, "ncclCommGetAsyncError");
@@ -190,8 +198,8 @@ static apex_status nccl_progress(apex_pg_work *w, int block) {
 static void nccl_work_free(apex_pg_work *w) {
   nccl_work *nw = w->impl;
   if (!nw) return;
-  /* Safe even while the event is pending: CUDA releases it once it completes. */
-  if (nw->done) cudaEventDestroy(nw->done);
+  nccl_pg *p = w->pg->impl;
+  p->st->event_destroy(nw->done); /* released once it completes, should it be pending */
   free(nw);
   w->impl = NULL;
 }
@@ -204,17 +212,18 @@ static void nccl_destroy(apex_pg *pg) {
     if (ncclCommFinalize(p->comm) == ncclSuccess) ncclCommDestroy(p->comm);
     else ncclCommAbort(p->comm);
   }
-  if (p->stream) cudaStreamSynchronize(p->stream);
-  apex__cuda_free(p->d_scratch);
-  if (p->ready) cudaEventDestroy(p->ready);
-  if (p->stream) cudaStreamDestroy(p->stream);
+  if (p->st) { /* NULL when creation failed before finding the backend */
+    p->st->stream_destroy(p->stream); /* after its queued work */
+    p->dev->mem->free(p->d_scratch);
+    p->st->event_destroy(p->ready);
+  }
   apex_pg_destroy(p->mpi);
   free(p);
 }
 
+/* Each group copies it into nccl_pg.vt with .device set to the CUDA backend's device. */
 static const apex_pg_vtable nccl_backend = {
     .name = "nccl",
-    .device = APEX_DEVICE_CUDA,
     .max_count = SIZE_MAX,
     .allreduce = nccl_allreduce,
     .broadcast = nccl_broadcast,
@@ -231,7 +240,7 @@ static const apex_pg_vtable nccl_backend = {
 
 typedef struct host_record { /* round 1: where each rank runs */
   uint64_t host;             /* hash of the host name */
-  int32_t gpus;              /* visible GPUs; 0 when CUDA cannot start */
+  int32_t gpus;              /* visible GPUs; 0 when the device runtime cannot start */
   int32_t pad;
 } host_record;
 
@@ -265,21 +274,13 @@ static apex_status choose_device(const host_record *all, int world, int rank, co
 
 /* This rank's GPU, streams, event and scratch buffer. */
 static apex_status setup_device(nccl_pg *p, int device) {
-  apex_status st = apex__cuda_use_device(device);
+  apex_status st = p->st->use_device(device);
   if (st != APEX_OK) return st;
   p->device = device;
-  p->apex_stream = (cudaStream_t)apex__cuda_stream();
-  cudaError_t e = cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking);
-  if (e != cudaSuccess) {
-    p->stream = NULL;
-    return cuda_err(e, "cudaStreamCreate", p->rank);
-  }
-  e = cudaEventCreateWithFlags(&p->ready, cudaEventDisableTiming);
-  if (e != cudaSuccess) {
-    p->ready = NULL;
-    return cuda_err(e, "cudaEventCreate", p->rank);
-  }
-  return apex__cuda_alloc(sizeof(float), 1, (void **)&p->d_scratch);
+  st = p->st->stream_create("creating the collectives' stream", &p->stream);
+  if (st == APEX_OK) st = p->st->event_create("creating the collectives' ordering event", &p->ready);
+  if (st == APEX_OK) st = p->dev->mem->alloc(sizeof(float), 1, (void **)&p->d_scratch);
+  return on_rank(st, p->rank);
 }
 
 static apex_pg *fail_create(nccl_pg *p, apex_status st) {
@@ -305,18 +306,22 @@ apex_pg *apex_pg_create_nccl(const apex_pg_options *options) {
   p->mpi = mpi;
   int rank = apex_pg_rank(mpi), world = apex_pg_world_size(mpi);
   p->rank = rank;
+  /* By name, without opening the device: that waits for this rank's choice below. */
+  p->dev = apex__backend_by_name("cuda");
+  if (!p->dev || !p->dev->streams)
+    return fail_create(p, apex__fail(APEX_ERR_UNSUPPORTED, FN ": this build has no CUDA backend with streams, "
+                                                           "which NCCL needs"));
+  p->st = p->dev->streams;
+  p->vt = nccl_backend;
+  p->vt.device = p->dev->device;
 
-  /* Round 1. cudaGetDeviceCount, not apex__cuda_ready: that would open device 0 before the choice. */
+  /* Round 1. The count alone: opening a device (any other slot) would open device 0 before the choice. */
   host_record mine = {0};
   char host[256] = "";
   if (gethostname(host, sizeof host - 1) != 0) strcpy(host, "?");
   mine.host = apex__fnv1a(APEX_FNV_OFFSET, host, strlen(host));
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  char why[160];
-  if (e == cudaSuccess) snprintf(why, sizeof why, "no CUDA GPU is visible (check CUDA_VISIBLE_DEVICES)");
-  else snprintf(why, sizeof why, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
-  mine.gpus = e == cudaSuccess ? count : 0;
+  const char *why = "";
+  mine.gpus = p->st->device_count(&why);
   host_record *hosts = malloc((size_t)world * sizeof *hosts);
   if (!hosts) return fail_create(p, apex__fail(APEX_ERR_OUT_OF_MEMORY, FN ": out of memory"));
   apex_status st = apex__pg_allgather_bytes(mpi, &mine, hosts, sizeof mine);
@@ -352,7 +357,7 @@ apex_pg *apex_pg_create_nccl(const apex_pg_options *options) {
     p->comm = NULL;
     return fail_create(p, nccl_err(NULL, r, "ncclCommInitRank", rank));
   }
-  apex_pg *pg = apex__pg_new(&nccl_backend, rank, world, p);
+  apex_pg *pg = apex__pg_new(&p->vt, rank, world, p);
   if (pg) pg->host = mpi;
   return pg;
 }
@@ -364,7 +369,7 @@ int apex_pg_nccl_available(void) { return 0; }
 apex_pg *apex_pg_create_nccl(const apex_pg_options *options) {
   (void)options;
   return apex__fail_null(APEX_ERR_UNSUPPORTED, "apex_pg_create_nccl: %s",
-                         !APEX_HAVE_CUDA ? "apex was built without CUDA (APEX_CUDA=OFF or nvcc not found); the NCCL group needs CUDA, NCCL "
+                         !apex__backend_by_name("cuda") ? "apex was built without CUDA (APEX_CUDA=OFF or nvcc not found); the NCCL group needs CUDA, NCCL "
                                            "and MPI: use apex_pg_create_mpi() for CPU tensors"
                          : !APEX_HAVE_MPI ? "apex was built without MPI (APEX_MPI=OFF or MPI not found); the NCCL group exchanges its id "
                                             "over MPI: install libopenmpi-dev and rebuild"

@@ -1,7 +1,9 @@
 #!/bin/sh
 # run_all.sh [BUILD_DIR]: every GPU check of the CUDA issue, for a lent GPU machine (the device tool's
-# `run`): builds apex with CUDA (Release, for this GPU's architecture only), then runs the parity suite
-# test_cuda, the GPU benchmarks bench_cuda with the PyTorch peer (bench/peer_cuda.py, same GPU, same run),
+# `run`): builds apex with CUDA (Release, for this GPU's architecture only), then runs test_cuda (the
+# device, allocator, streams and events), test_backend_ops (every case on every backend, the parity
+# cases of backend_parity_cases.h among them: each CUDA kernel against the CPU) and test_graph_cuda
+# (autograd on a CUDA graph against the CPU graph), the GPU benchmarks bench_cuda with the PyTorch peer (bench/peer_cuda.py, same GPU, same run),
 # GPT-2 small training (bench_gpt2_cuda against bench/peer_gpt2.py: PyTorch eager autocast and
 # torch.compile) and the NCCL test (run_nccl.sh).
 # STEPS="test bench gpt2 nccl" (the default; "build" alone only builds) picks the steps; a failing step
@@ -11,7 +13,7 @@
 # prints its seconds. Without OpenBLAS, cJSON or cmocka on the machine, carry .gpudeps
 # (tests/gpu/fetch_deps.sh fills it here): they are unpacked under /tmp/apex-deps and used instead.
 # Logs go to $OUT when it is set (the device tool brings that folder back), else to BUILD_DIR. Exit
-# status: test_cuda's (0 when it did not run), 1 when the build fails.
+# status: 1 when test_cuda, test_backend_ops or test_graph_cuda failed or the build failed, else 0.
 set -u
 steps=${STEPS:-test bench gpt2 nccl}
 want() { case " $(echo "$steps" | tr ',' ' ') " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -59,7 +61,7 @@ elif ! configure; then
 fi
 since "configured"
 [ "$steps" = configure ] && exit 0 # for checking the configure step alone
-cmake --build "$build" -j"${JOBS:-$(nproc)}" --target ${TARGETS:-test_cuda bench_cuda bench_gpt2_cuda} > "$logs/build.log" 2>&1 ||
+cmake --build "$build" -j"${JOBS:-$(nproc)}" --target ${TARGETS:-test_cuda test_backend_ops test_graph_cuda bench_cuda bench_gpt2_cuda} > "$logs/build.log" 2>&1 ||
   { grep -E -A3 "error" "$logs/build.log" | head -40; exit 1; }
 since "built"
 
@@ -74,11 +76,13 @@ fi
 
 rc=0
 if want test; then
-  echo "== test_cuda"
-  timeout 420 "$build/tests/test_cuda" 2>&1 | tee "$logs/test_cuda.log"
-  rc=$(tail -1 "$logs/test_cuda.log" | grep -q "FAILED" && echo 1 || echo 0)
-  grep -q "PASSED" "$logs/test_cuda.log" || rc=1
-  since "test_cuda"
+  for t in test_cuda test_backend_ops test_graph_cuda; do
+    echo "== $t"
+    timeout 420 "$build/tests/$t" 2>&1 | tee "$logs/$t.log"
+    tail -1 "$logs/$t.log" | grep -q "FAILED" && rc=1
+    grep -q "PASSED" "$logs/$t.log" || rc=1
+    since "$t"
+  done
 fi
 
 if want bench; then

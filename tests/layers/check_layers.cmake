@@ -3,7 +3,7 @@
 # Run as `cmake -DROOT=<source tree> [-DOBJECTS=<a|b|...> -DNM=<nm>] -P check_layers.cmake`. The
 # layer order is read from ROOT's CMakeLists.txt (`set(APEX_LAYERS ...)`), so that list stays the one
 # source of truth: a layer may use its own layer and the layers listed before it, never one after it.
-# -DREVERSE=ON -DPENDING= checks against the reversed order with no pending edges (the self-test).
+# -DREVERSE=ON checks against the reversed order (the self-test).
 #
 # Two kinds of edge are checked:
 #   - includes, in every .c/.h/.cu/.cuh under src/<layer>/ (any depth; the layer is the folder under
@@ -16,10 +16,6 @@
 # Anything the check cannot place (a folder under src/ missing from APEX_LAYERS, a public header
 # missing from the table, a table entry with no header) is an error too, so the check cannot pass by
 # overlooking a file.
-#
-# _pending lists "<file>|<layer>" edges against the order that the backend layer (issue 16) removes
-# as it moves the CUDA code under src/backend/: each is printed on every run, and an entry that no
-# longer occurs is an error, so the list can only shrink and is emptied by hand as the edges go.
 cmake_minimum_required(VERSION 3.16)
 
 if(NOT DEFINED ROOT)
@@ -31,6 +27,7 @@ set(_public_layers
   status.h=core dtype.h=core tensor.h=core rng.h=core threads.h=core cpu.h=core version.h=core
   cuda.h=backend kernels.h=backend mt_apply.h=backend
   multi_tensor.h=multi_tensor
+  optim_options.h=backend loss_scaler_config.h=backend
   optim.h=optim loss_scaler.h=optim
   autograd.h=autograd nn_ops.h=autograd
   nn.h=nn
@@ -38,18 +35,6 @@ set(_public_layers
   parallel.h=parallel ddp.h=parallel
   safetensors.h=io model_io.h=io data.h=io
   apex.h=io)
-
-# What remains after the backend layer's first steps: the backend's optimizer and scaler slots take the
-# public option, state and configuration types of optim.h and loss_scaler.h (both of the optim layer; to
-# move to headers of the backend layer that those two include).
-set(_pending
-  "src/backend/args_optim.h|optim"
-  "src/backend/cpu/cpu_optim.h|optim"
-  "src/backend/cuda/cuda_internal.h|optim"
-  "src/backend/scale_rule.h|optim")
-if(DEFINED PENDING) # the self-test passes its own list (empty: -DPENDING=)
-  set(_pending ${PENDING})
-endif()
 
 file(READ "${ROOT}/CMakeLists.txt" _cm)
 if(NOT _cm MATCHES "set\\(APEX_LAYERS ([^)]*)\\)")
@@ -70,7 +55,6 @@ endif()
 string(REPLACE ";" " " _layers_str "${_layers}")
 
 set(_errors "")
-set(_pending_seen "")
 
 # _layer_of(<folder under src/ or layer name> <out>): the layer it stands for.
 function(_layer_of name out)
@@ -103,12 +87,7 @@ macro(_edge rel from to what)
   _rank(${to} _their)
   _layer_of(${to} _to_l)
   if(_their GREATER _own)
-    if("${rel}|${_to_l}" IN_LIST _pending)
-      message("pending: ${rel} ${what} (layer ${_to_l}) from layer ${from}")
-      list(APPEND _pending_seen "${rel}|${_to_l}")
-    else()
-      list(APPEND _errors "${rel}: ${what} (layer ${_to_l}) from layer ${from}, and ${_to_l} stands above ${from} in APEX_LAYERS (${_layers_str})")
-    endif()
+    list(APPEND _errors "${rel}: ${what} (layer ${_to_l}) from layer ${from}, and ${_to_l} stands above ${from} in APEX_LAYERS (${_layers_str})")
   endif()
 endmacro()
 
@@ -202,13 +181,11 @@ if(DEFINED OBJECTS AND NOT OBJECTS STREQUAL "")
     message(FATAL_ERROR "check_layers: OBJECTS given without NM (the nm to read them with)")
   endif()
   string(REPLACE "|" ";" _objs "${OBJECTS}")
-  # Each object's source, from its path in the build tree (.../src/<layer>/<file>.o).
-  set(_built "")
+  # Each object must come from src/<layer>/ (its path in the build tree: .../src/<layer>/<file>.o).
   foreach(_o IN LISTS _objs)
     if(NOT _o MATCHES "/(src/[^/]+/.+)\\.(o|obj)$")
       list(APPEND _errors "${_o}: an object of the library that is not built from src/<layer>/, the check cannot place it")
     endif()
-    list(APPEND _built "${CMAKE_MATCH_1}")
     math(EXPR _nobj "${_nobj} + 1")
   endforeach()
   # Pass 1: who defines what. Pass 2: who needs what. nm -A prefixes each line with its object.
@@ -242,18 +219,6 @@ endif()
 
 # ---- verdict -----------------------------------------------------------------------------------
 
-# Stale entries are judged only by the full check (some pending edges are symbols, not includes),
-# and a source this build does not compile (the .cu files without CUDA) cannot show its edges.
-foreach(_p IN LISTS _pending)
-  string(REGEX REPLACE "\\|.*" "" _pf "${_p}")
-  if(_pf MATCHES "\\.(c|cu)$" AND NOT "${_pf}" IN_LIST _built)
-    continue()
-  endif()
-  if(_nobj GREATER 0 AND NOT "${_p}" IN_LIST _pending_seen)
-    list(APPEND _errors "check_layers.cmake: pending edge ${_p} no longer occurs, drop it from _pending")
-  endif()
-endforeach()
-
 list(LENGTH _errors _nerr)
 foreach(_e IN LISTS _errors)
   message("${_e}")
@@ -261,6 +226,4 @@ endforeach()
 if(_nerr GREATER 0)
   message(FATAL_ERROR "check_layers: ${_nerr} layering error(s) in ${_nfiles} files and ${_nobj} objects")
 endif()
-list(LENGTH _pending _npending)
-message("check_layers: ${_nfiles} files and ${_nobj} objects, every include and symbol within the order ${_layers_str}, "
-        "except the pending edges printed above (${_npending} listed in check_layers.cmake)")
+message("check_layers: ${_nfiles} files and ${_nobj} objects, every include and symbol within the order ${_layers_str}")

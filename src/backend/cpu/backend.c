@@ -5,6 +5,7 @@
 const apex_backend apex__cpu_backend = {
     .name = "cpu",
     .device = APEX_DEVICE_CPU,
+    .float_ops_read_half = 1,
     .mem = &apex__host_memory,
     .mt_scale = apex__cpu_mt_scale,
     .mt_axpby = apex__cpu_mt_axpby,

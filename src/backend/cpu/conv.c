@@ -1,5 +1,8 @@
 /* conv.c: the CPU backend's conv2d (im2col + sgemm, one image at a time), max and average pooling
- * kernels (args_nn.h), forward and backward.
+ * kernels (args_nn.h), forward and backward. bf16 operands on a CPU with AVX512_BF16 or AMX take the
+ * same image loop with bf16 cols and one oneDNN matmul per image and product (conv_onednn.c, which
+ * says why that and not oneDNN's convolution primitive); any thread count gives the same bits there
+ * for the same reasons as below.
  *
  * conv2d runs image by image: the image's patches are laid out as cols [C*KH*KW, HO*WO] in a
  * per-thread buffer and one sgemm W [O, C*KH*KW] @ cols writes the image's output [O, HO*WO], which
@@ -23,8 +26,10 @@
 #include "apex/threads.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/conv_onednn.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/sums.h"
+#include "core/internal.h"
 
 typedef apex_nn_conv_geom conv_geom;
 
@@ -71,37 +76,54 @@ NO_MEMCPY_CALLS static inline void row_copy(float *restrict d, const float *rest
   for (int i = 0; i < n; i++) d[i] = s[i];
 }
 
-/* One image x [C, H, W] to cols [K, P], through xp (cg_padded floats). Each padded input row is
+/* One image x [C, H, W] to cols [K, P], through xp (cg_padded elements). Each padded input row is
  * read once for its KW shifted copies. The geometry is copied into locals: the row copies' stores
  * may alias it as far as the compiler knows. Measured for one image, one thread: the second conv's
- * im2col 8.7 -> 6.9 us, the first's ([1, 28, 28]) 0.78 -> 0.60 us. */
-NO_MEMCPY_CALLS static void im2col(const conv_geom *q, const float *restrict x, float *restrict cols, float *restrict xp) {
-  int hp = q->h + 2 * q->ph, wp = q->w + 2 * q->pw;
-  for (int c = 0; c < q->c; c++) {
-    float *pc = xp + (size_t)c * hp * wp;
-    memset(pc, 0, (size_t)q->ph * wp * sizeof(float));
-    memset(pc + (size_t)(hp - q->ph) * wp, 0, (size_t)q->ph * wp * sizeof(float));
-    for (int i = 0; i < q->h; i++) {
-      float *r = pc + (size_t)(i + q->ph) * wp;
-      const float *src = x + ((size_t)c * q->h + i) * q->w;
-      for (int j = 0; j < q->pw; j++) r[j] = r[wp - 1 - j] = 0.0f;
-      for (int j = 0; j < q->w; j++) r[q->pw + j] = src[j];
-    }
+ * im2col 8.7 -> 6.9 us, the first's ([1, 28, 28]) 0.78 -> 0.60 us. Written once for f32 and once,
+ * through the same macro, for 16-bit elements (bf16 cols for conv_onednn.c, which copies bits). */
+/* The same for 16-bit elements: rows of 8 to 16 as two 8-element pieces, the second ending at the
+ * row's end; the element loop made bf16 im2col 1.2x slower than f32's in the benchmark CNN. */
+NO_MEMCPY_CALLS static inline void row_copy16(uint16_t *restrict d, const uint16_t *restrict s, int n) {
+#if defined(__GNUC__)
+  if (n >= 8 && n <= 16) {
+    row4 a = ld4((const float *)(const void *)s), b = ld4((const float *)(const void *)(s + n - 8));
+    st4((float *)(void *)d, a);
+    st4((float *)(void *)(d + n - 8), b);
+    return;
   }
-  const int C = q->c, KH = q->kh, KW = q->kw, HO = q->ho, WO = q->wo, SH = q->sh, SW = q->sw;
-  const size_t P = (size_t)HO * WO;
-  for (int c = 0; c < C; c++)
-    for (int ki = 0; ki < KH; ki++)
-      for (int oh = 0; oh < HO; oh++) {
-        const float *src = xp + ((size_t)c * hp + ki + (size_t)oh * SH) * wp;
-        float *d = cols + (size_t)(c * KH + ki) * KW * P + (size_t)oh * WO;
-        for (int kj = 0; kj < KW; kj++, d += P)
-          if (SW == 1)
-            row_copy(d, src + kj, WO);
-          else
-            for (int ow = 0; ow < WO; ow++) d[ow] = src[kj + (size_t)ow * SW];
-      }
+#endif
+  for (int i = 0; i < n; i++) d[i] = s[i];
 }
+#define DEFINE_IM2COL(NAME, T, ROW_COPY)                                                                                                 \
+  NO_MEMCPY_CALLS static void NAME(const conv_geom *q, const T *restrict x, T *restrict cols, T *restrict xp) {                        \
+    int hp = q->h + 2 * q->ph, wp = q->w + 2 * q->pw;                                                                                \
+    for (int c = 0; c < q->c; c++) {                                                                                                 \
+      T *pc = xp + (size_t)c * hp * wp;                                                                                              \
+      memset(pc, 0, (size_t)q->ph * wp * sizeof(T));                                                                                 \
+      memset(pc + (size_t)(hp - q->ph) * wp, 0, (size_t)q->ph * wp * sizeof(T));                                                     \
+      for (int i = 0; i < q->h; i++) {                                                                                               \
+        T *r = pc + (size_t)(i + q->ph) * wp;                                                                                        \
+        const T *src = x + ((size_t)c * q->h + i) * q->w;                                                                            \
+        for (int j = 0; j < q->pw; j++) r[j] = r[wp - 1 - j] = 0;                                                                    \
+        for (int j = 0; j < q->w; j++) r[q->pw + j] = src[j];                                                                        \
+      }                                                                                                                              \
+    }                                                                                                                                \
+    const int C = q->c, KH = q->kh, KW = q->kw, HO = q->ho, WO = q->wo, SH = q->sh, SW = q->sw;                                      \
+    const size_t P = (size_t)HO * WO;                                                                                                \
+    for (int c = 0; c < C; c++)                                                                                                      \
+      for (int ki = 0; ki < KH; ki++)                                                                                                \
+        for (int oh = 0; oh < HO; oh++) {                                                                                            \
+          const T *src = xp + ((size_t)c * hp + ki + (size_t)oh * SH) * wp;                                                          \
+          T *d = cols + (size_t)(c * KH + ki) * KW * P + (size_t)oh * WO;                                                            \
+          for (int kj = 0; kj < KW; kj++, d += P)                                                                                    \
+            if (SW == 1)                                                                                                             \
+              ROW_COPY(d, src + kj, WO);                                                                                             \
+            else                                                                                                                     \
+              for (int ow = 0; ow < WO; ow++) d[ow] = src[kj + (size_t)ow * SW];                                                     \
+        }                                                                                                                            \
+  }
+DEFINE_IM2COL(im2col, float, row_copy)
+DEFINE_IM2COL(im2col16, uint16_t, row_copy16)
 
 /* The adjoint of im2col for one image: gx [C, H, W] += cols (= 0 + cols when fresh), summed first
  * into the padded gp. Each input element gathers its terms in (ki, kj) order. */
@@ -133,32 +155,85 @@ static void col2im_add(const conv_geom *q, const float *restrict cols, float *re
 /* Images run on threads once the whole convolution is worth it. */
 static int conv_par(const conv_geom *q) { return (double)q->n * q->o * cg_p(q) * cg_k(q) > 4e6 && q->n > 1; }
 
+/* The first error any thread met, kept once. */
+static void keep_error(apex_status *err, apex_status st) {
+  if (st == APEX_OK) return;
+#pragma omp critical(apex_conv_error)
+  if (*err == APEX_OK) *err = st;
+}
+
+/* What one image's passes read and write. lp: the bf16 path (conv_onednn.h): x and w stay in their
+ * 16-bit dtype, cols are 16-bit and each product is one oneDNN matmul; else x and w are f32 (widened
+ * whole) and each product is one sgemm call. */
+typedef struct conv_job {
+  conv_geom q;
+  int lp;
+  apex_dtype dt; /* x's and w's dtype */
+  const void *x, *w;
+  const float *bias;
+  void *out; /* lp: the output in its dtype; else the f32 result */
+  apex_dtype out_dtype;
+} conv_job;
+
+static apex_status fwd_image(const conv_job *j, int n, float *cb, apex__conv_dnn_scratch *sc) {
+  const conv_geom *q = &j->q;
+  size_t K = cg_k(q), P = cg_p(q), CHW = (size_t)q->c * q->h * q->w, OP = (size_t)q->o * P;
+  if (j->lp) {
+    uint16_t *c16 = (uint16_t *)cb;
+    im2col16(q, (const uint16_t *)j->x + (size_t)n * CHW, c16, c16 + K * P);
+    return apex__conv_onednn_fwd(sc, q->o, (int)K, (int)P, j->w, j->dt, c16, j->bias,
+                                 (char *)j->out + (size_t)n * OP * apex_dtype_size(j->out_dtype), j->out_dtype);
+  }
+  float *on = (float *)j->out + (size_t)n * OP;
+  im2col(q, (const float *)j->x + (size_t)n * CHW, cb, cb + K * P);
+  if (j->bias)
+    for (int oc = 0; oc < q->o; oc++)
+      for (size_t p = 0; p < P; p++) on[(size_t)oc * P + p] = j->bias[oc];
+  apex__sgemm_call(0, 0, q->o, (int)P, (int)K, 1.0f, j->w, (int)K, cb, (int)P, j->bias ? 1.0f : 0.0f, on, (int)P);
+  return APEX_OK;
+}
+
+/* The images' passes on the threads, from image first on. */
+static apex_status fwd_images(const conv_job *j, int first, float *cols, size_t per, apex__conv_dnn_scratch *sc) {
+  apex_status err = APEX_OK;
+  apex__blas_serial();
+#pragma omp parallel if (conv_par(&j->q))
+  {
+    int t = omp_get_thread_num();
+#pragma omp for schedule(static)
+    for (int n = first; n < j->q.n; n++)
+      if (err == APEX_OK) keep_error(&err, fwd_image(j, n, cols + (size_t)t * per, sc ? sc + t : NULL));
+  }
+  return err;
+}
+
+/* bf16 (and f16, where oneDNN has it) operands try the oneDNN path first: the first image runs alone,
+ * and when oneDNN has no primitive for the shape it says so there, with nothing written, and the
+ * f32 path runs instead. */
 apex_status apex__cpu_nn_conv2d(const apex_nn_conv2d_args *a) {
   conv_geom q = a->geom;
   size_t K = cg_k(&q), P = cg_p(&q), CHW = (size_t)q.c * q.h * q.w, OP = (size_t)q.o * P;
-  int par = conv_par(&q), nt = par ? apex_get_num_threads() : 1;
-  const float *xf = apex__cpu_f32(a->x, (size_t)q.n * CHW, &a->ws), *wf = apex__cpu_f32(a->w, (size_t)q.o * K, &a->ws);
-  const float *bf = apex__cpu_f32(a->bias, (size_t)q.o, &a->ws);
-  float *o = apex__cpu_out_f32(a->out, a->out_dtype, (size_t)q.n * OP, &a->ws);
-  if (!xf || !wf || !o || (a->bias.data && !bf)) return APEX_ERR_OUT_OF_MEMORY;
+  int nt = conv_par(&q) ? apex_get_num_threads() : 1;
   size_t per = K * P + cg_padded(&q);
+  const float *bf = apex__cpu_f32(a->bias, (size_t)q.o, &a->ws);
   float *cols = a->ws.get(a->ws.ctx, (size_t)nt * per * sizeof(float));
-  if (!cols) return APEX_ERR_OUT_OF_MEMORY;
-  apex__blas_serial();
-#pragma omp parallel if (par)
-  {
-    float *cb = cols + (size_t)omp_get_thread_num() * per;
-#pragma omp for schedule(static)
-    for (int n = 0; n < q.n; n++) {
-      float *on = o + (size_t)n * OP;
-      im2col(&q, xf + (size_t)n * CHW, cb, cb + K * P);
-      if (bf)
-        for (int oc = 0; oc < q.o; oc++)
-          for (size_t p = 0; p < P; p++) on[(size_t)oc * P + p] = bf[oc];
-      apex__sgemm_call(0, 0, q.o, (int)P, (int)K, 1.0f, wf, (int)K, cb, (int)P, bf ? 1.0f : 0.0f, on, (int)P);
-    }
+  if (!cols || (a->bias.data && !bf)) return APEX_ERR_OUT_OF_MEMORY;
+  conv_job j = {q, 0, a->x.dtype, NULL, NULL, bf, NULL, a->out_dtype};
+  if (apex__conv_onednn_wanted(a->x.dtype, a->w.dtype)) {
+    apex__conv_dnn_scratch *sc = apex__conv_onednn_scratch(nt);
+    if (!sc) return APEX_ERR_OUT_OF_MEMORY;
+    j.lp = 1, j.x = a->x.data, j.w = a->w.data, j.out = a->out;
+    apex_status st = fwd_image(&j, 0, cols, sc);
+    if (st == APEX_OK) st = fwd_images(&j, 1, cols, per, sc);
+    apex__conv_onednn_release(sc, nt);
+    if (st != APEX_ERR_UNSUPPORTED) return st;
+    j.lp = 0;
   }
-  apex__cpu_store(a->out, a->out_dtype, o, (size_t)q.n * OP);
+  j.x = apex__cpu_f32(a->x, (size_t)q.n * CHW, &a->ws), j.w = apex__cpu_f32(a->w, (size_t)q.o * K, &a->ws);
+  j.out = apex__cpu_out_f32(a->out, a->out_dtype, (size_t)q.n * OP, &a->ws);
+  if (!j.x || !j.w || !j.out) return APEX_ERR_OUT_OF_MEMORY;
+  fwd_images(&j, 0, cols, per, NULL);
+  apex__cpu_store(a->out, a->out_dtype, j.out, (size_t)q.n * OP);
   return APEX_OK;
 }
 
@@ -175,49 +250,97 @@ static int weight_runs(const conv_geom *q) {
   return r < 1 ? 1 : r;
 }
 
-apex_status apex__cpu_nn_conv2d_bwd(const apex_nn_conv2d_bwd_args *a) {
-  conv_geom q = a->geom;
-  size_t K = cg_k(&q), P = cg_p(&q), CHW = (size_t)q.c * q.h * q.w, OP = (size_t)q.o * P, OK = (size_t)q.o * K;
-  int fresh = !a->accumulate_x;
-  float *gx = a->gx, *gw = a->gw, *gb = a->gb;
-  const float *go = a->gout;
-  int par = conv_par(&q), nt = par ? apex_get_num_threads() : 1, runs = weight_runs(&q);
-  if (!gw && !gx && !gb) return APEX_OK;
-  const float *xf = gw ? apex__cpu_f32(a->x, (size_t)q.n * CHW, &a->ws) : NULL;
-  const float *wf = gx ? apex__cpu_f32(a->w, (size_t)q.o * K, &a->ws) : NULL;
-  if ((gw && !xf) || (gx && !wf)) return APEX_ERR_OUT_OF_MEMORY;
-  apex__cpu_grad_begin(gw, OK, a->accumulate_w);
-  apex__cpu_grad_begin(gb, (size_t)q.o, a->accumulate_b);
-  size_t per = 2 * K * P + cg_padded(&q);
-  float *cols = a->ws.get(a->ws.ctx, (size_t)nt * per * sizeof(float));
-  float *part = gw ? a->ws.get(a->ws.ctx, (OK ? (size_t)runs * OK : 1) * sizeof(float)) : NULL;
-  double *bpart = gb ? a->ws.get(a->ws.ctx, (size_t)runs * q.o * APEX__LANES * sizeof(double)) : NULL;
-  if ((gw && !part) || (gb && !bpart) || !cols) return APEX_ERR_OUT_OF_MEMORY;
-  if (gb) memset(bpart, 0, (size_t)runs * q.o * APEX__LANES * sizeof(double));
+typedef struct bwd_job {
+  conv_job c;
+  const float *gout;
+  float *gx, *gw, *part;
+  double *bpart; /* the bias gradient's lanes per run */
+  int fresh, runs;
+} bwd_job;
+
+/* Image n (of run r, which starts at image n0) into the run's partials and gx. Per thread, cb holds
+ * the image's cols, then its cols' gradient, then the padded image. */
+static apex_status bwd_image(const bwd_job *b, int r, int n, int n0, float *cb, apex__conv_dnn_scratch *sc) {
+  const conv_geom *q = &b->c.q;
+  size_t K = cg_k(q), P = cg_p(q), CHW = (size_t)q->c * q->h * q->w, OP = (size_t)q->o * P, OK = (size_t)q->o * K;
+  float *gcb = cb + K * P, *pad = gcb + K * P;
+  const float *gon = b->gout + (size_t)n * OP;
+  apex_status st = APEX_OK;
+  if (b->bpart) /* the bias gradient in the same lanes per run, summed over runs like the weight's */
+    for (int oc = 0; oc < q->o; oc++) apex__lanes_add(b->bpart + ((size_t)r * q->o + oc) * APEX__LANES, gon + (size_t)oc * P, P);
+  if (b->gw && b->c.lp) {
+    uint16_t *c16 = (uint16_t *)cb;
+    im2col16(q, (const uint16_t *)b->c.x + (size_t)n * CHW, c16, (uint16_t *)pad);
+    st = apex__conv_onednn_wgrad(sc, q->o, (int)K, (int)P, gon, c16, b->c.dt, b->part + (size_t)r * OK, n > n0);
+  } else if (b->gw) {
+    im2col(q, (const float *)b->c.x + (size_t)n * CHW, cb, pad);
+    apex__sgemm_call(0, 1, q->o, (int)K, (int)P, 1.0f, gon, (int)P, cb, (int)P, n > n0 ? 1.0f : 0.0f, b->part + (size_t)r * OK, (int)K);
+  }
+  if (b->gx && st == APEX_OK) {
+    if (b->c.lp)
+      st = apex__conv_onednn_dgrad(sc, q->o, (int)K, (int)P, b->c.w, b->c.dt, gon, gcb);
+    else
+      apex__sgemm_call(1, 0, (int)K, (int)P, q->o, 1.0f, b->c.w, (int)K, gon, (int)P, 0.0f, gcb, (int)P);
+    if (st == APEX_OK) col2im_add(q, gcb, b->gx + (size_t)n * CHW, b->fresh, pad);
+  }
+  return st;
+}
+
+/* The runs' images on the threads; image 0 is left out when skip0 (it ran alone first). */
+static apex_status bwd_runs(const bwd_job *b, int skip0, float *cols, size_t per, apex__conv_dnn_scratch *sc) {
+  const conv_geom *q = &b->c.q;
+  apex_status err = APEX_OK;
   apex__blas_serial();
-#pragma omp parallel if (par)
+#pragma omp parallel if (conv_par(q))
   {
-    float *cb = cols + (size_t)omp_get_thread_num() * per, *gcb = cb + K * P, *pad = gcb + K * P;
+    int t = omp_get_thread_num();
 #pragma omp for schedule(static)
-    for (int r = 0; r < runs; r++) {
-      int n0 = (int)((long long)q.n * r / runs), n1 = (int)((long long)q.n * (r + 1) / runs);
-      for (int n = n0; n < n1; n++) {
-        const float *gon = go + (size_t)n * OP;
-        if (gb) /* the bias gradient in the same lanes per run, summed over runs like the weight's */
-          for (int oc = 0; oc < q.o; oc++) apex__lanes_add(bpart + ((size_t)r * q.o + oc) * APEX__LANES, gon + (size_t)oc * P, P);
-        if (gw) {
-          im2col(&q, xf + (size_t)n * CHW, cb, pad);
-          apex__sgemm_call(0, 1, q.o, (int)K, (int)P, 1.0f, gon, (int)P, cb, (int)P, n > n0 ? 1.0f : 0.0f, part + (size_t)r * OK, (int)K);
-        }
-        if (gx) {
-          apex__sgemm_call(1, 0, (int)K, (int)P, q.o, 1.0f, wf, (int)K, gon, (int)P, 0.0f, gcb, (int)P);
-          col2im_add(&q, gcb, gx + (size_t)n * CHW, fresh, pad);
-        }
-      }
+    for (int r = 0; r < b->runs; r++) {
+      int n0 = (int)((long long)q->n * r / b->runs), n1 = (int)((long long)q->n * (r + 1) / b->runs);
+      for (int n = n0 + (skip0 && r == 0); n < n1 && err == APEX_OK; n++)
+        keep_error(&err, bwd_image(b, r, n, n0, cols + (size_t)t * per, sc ? sc + t : NULL));
     }
   }
+  return err;
+}
+
+apex_status apex__cpu_nn_conv2d_bwd(const apex_nn_conv2d_bwd_args *a) {
+  conv_geom q = a->geom;
+  size_t K = cg_k(&q), P = cg_p(&q), CHW = (size_t)q.c * q.h * q.w, OK = (size_t)q.o * K;
+  float *gx = a->gx, *gw = a->gw, *gb = a->gb;
+  int nt = conv_par(&q) ? apex_get_num_threads() : 1, runs = weight_runs(&q);
+  if (!gw && !gx && !gb) return APEX_OK;
+  apex__cpu_grad_begin(gw, OK, a->accumulate_w);
+  apex__cpu_grad_begin(gb, (size_t)q.o, a->accumulate_b);
+  size_t per = 2 * K * P + cg_padded(&q), bbytes = (size_t)runs * q.o * APEX__LANES * sizeof(double);
+  float *cols = a->ws.get(a->ws.ctx, (size_t)nt * per * sizeof(float));
+  float *part = gw ? a->ws.get(a->ws.ctx, (OK ? (size_t)runs * OK : 1) * sizeof(float)) : NULL;
+  double *bpart = gb ? a->ws.get(a->ws.ctx, bbytes) : NULL;
+  if ((gw && !part) || (gb && !bpart) || !cols) return APEX_ERR_OUT_OF_MEMORY;
+  if (gb) memset(bpart, 0, bbytes);
+  bwd_job b = {{q, 0, a->x.dtype, NULL, NULL, NULL, NULL, APEX_F32}, a->gout, gx, gw, part, bpart, !a->accumulate_x, runs};
+  apex_status st = APEX_ERR_UNSUPPORTED;
+  if (apex__conv_onednn_wanted(a->x.dtype, a->w.dtype)) {
+    apex__conv_dnn_scratch *sc = apex__conv_onednn_scratch(nt);
+    if (!sc) return APEX_ERR_OUT_OF_MEMORY;
+    b.c.lp = 1, b.c.x = a->x.data, b.c.w = a->w.data;
+    /* image 0 alone first: an unsupported product there has written only the run's partials (the
+     * f32 path rewrites them from image 0) and never gx */
+    st = bwd_image(&b, 0, 0, 0, cols, sc);
+    if (st == APEX_OK) st = bwd_runs(&b, 1, cols, per, sc);
+    apex__conv_onednn_release(sc, nt);
+    if (st != APEX_OK && st != APEX_ERR_UNSUPPORTED) return st;
+  }
+  if (st == APEX_ERR_UNSUPPORTED) {
+    b.c.lp = 0;
+    if (gb) memset(bpart, 0, bbytes);
+    b.c.x = gw ? apex__cpu_f32(a->x, (size_t)q.n * CHW, &a->ws) : NULL;
+    b.c.w = gx ? apex__cpu_f32(a->w, OK, &a->ws) : NULL;
+    if ((gw && !b.c.x) || (gx && !b.c.w)) return APEX_ERR_OUT_OF_MEMORY;
+    bwd_runs(&b, 0, cols, per, NULL);
+  }
   if (gw) {
-#pragma omp parallel for schedule(static) if (par && OK > APEX__CPU_PAR_MIN)
+#pragma omp parallel for schedule(static) if (conv_par(&q) && OK > APEX__CPU_PAR_MIN)
     for (size_t j = 0; j < OK; j++) {
       float s = part[j];
       for (int r = 1; r < runs; r++) s += part[(size_t)r * OK + j];
@@ -286,44 +409,65 @@ static void max_plane(const conv_geom *q, const float *restrict src, float *rest
   }
 }
 
-apex_status apex__cpu_nn_pool2d(const apex_nn_pool2d_args *a) {
-  conv_geom q = a->geom;
-  const float *xf = a->x;
-  float *o = a->out;
-  int32_t *arg = a->argmax;
-  size_t planes = (size_t)q.n * q.c, P = (size_t)q.ho * q.wo, HW = (size_t)q.h * q.w;
-  float inv = 1.0f / (float)(q.kh * q.kw);
-  int inside = arg && q.ph == 0 && q.pw == 0; /* every window lies inside the image */
-#pragma omp parallel for schedule(static) if (planes * P > APEX__CPU_PAR_MIN)
-  for (size_t pl = 0; pl < planes; pl++) {
-    const float *src = xf + pl * HW;
-    if (inside) {
-      max_plane(&q, src, o + pl * P, arg + pl * P);
-      continue;
-    }
-    for (int oh = 0; oh < q.ho; oh++)
-      for (int ow = 0; ow < q.wo; ow++) {
-        float best = -FLT_MAX, s = 0.0f;
-        int32_t at = -1;
-        for (int i = 0; i < q.kh; i++) {
-          int ih = oh * q.sh - q.ph + i;
-          if (ih < 0 || ih >= q.h) continue;
-          for (int j = 0; j < q.kw; j++) {
-            int iw = ow * q.sw - q.pw + j;
-            if (iw < 0 || iw >= q.w) continue;
-            float v = src[ih * q.w + iw];
-            s += v;
-            if (v > best || at < 0 || v != v) best = v, at = ih * q.w + iw;
-          }
-        }
-        size_t oi = pl * P + (size_t)oh * q.wo + ow;
-        if (arg) {
-          o[oi] = best;
-          arg[oi] = at;
-        } else {
-          o[oi] = s * inv;
+/* One plane: src [h, w] into o [ho, wo] (and arg, for max pooling). */
+static void pool_plane(const conv_geom *q, const float *restrict src, float *restrict o, int32_t *restrict arg, float inv) {
+  if (arg && q->ph == 0 && q->pw == 0) { /* every window lies inside the image */
+    max_plane(q, src, o, arg);
+    return;
+  }
+  for (int oh = 0; oh < q->ho; oh++)
+    for (int ow = 0; ow < q->wo; ow++) {
+      float best = -FLT_MAX, s = 0.0f;
+      int32_t at = -1;
+      for (int i = 0; i < q->kh; i++) {
+        int ih = oh * q->sh - q->ph + i;
+        if (ih < 0 || ih >= q->h) continue;
+        for (int j = 0; j < q->kw; j++) {
+          int iw = ow * q->sw - q->pw + j;
+          if (iw < 0 || iw >= q->w) continue;
+          float v = src[ih * q->w + iw];
+          s += v;
+          if (v > best || at < 0 || v != v) best = v, at = ih * q->w + iw;
         }
       }
+      size_t oi = (size_t)oh * q->wo + ow;
+      if (arg) {
+        o[oi] = best;
+        arg[oi] = at;
+      } else {
+        o[oi] = s * inv;
+      }
+    }
+}
+
+/* Low-precision planes are widened one at a time into the thread's buffer, pooled there and the
+ * result rounded into out: the bits of widening the whole input first (the pooling is f32 math
+ * either way), without its copy (the benchmark CNN's first pool reads 12.8 MB as f32). */
+apex_status apex__cpu_nn_pool2d(const apex_nn_pool2d_args *a) {
+  conv_geom q = a->geom;
+  int32_t *arg = a->argmax;
+  size_t planes = (size_t)q.n * q.c, P = (size_t)q.ho * q.wo, HW = (size_t)q.h * q.w;
+  size_t xes = apex_dtype_size(a->x.dtype), oes = apex_dtype_size(a->out_dtype);
+  float inv = 1.0f / (float)(q.kh * q.kw);
+  int direct = a->x.dtype == APEX_F32 && a->out_dtype == APEX_F32, par = planes * P > APEX__CPU_PAR_MIN;
+  int nt = par ? apex_get_num_threads() : 1;
+  float *buf = direct ? NULL : a->ws.get(a->ws.ctx, (size_t)nt * (HW + P) * sizeof(float));
+  if (!direct && !buf) return APEX_ERR_OUT_OF_MEMORY;
+#pragma omp parallel num_threads(nt) if (par)
+  {
+    float *mine = direct ? NULL : buf + (size_t)omp_get_thread_num() * (HW + P);
+#pragma omp for schedule(static)
+    for (size_t pl = 0; pl < planes; pl++) {
+      const char *x = (const char *)a->x.data + pl * HW * xes;
+      char *o = (char *)a->out + pl * P * oes;
+      if (direct) {
+        pool_plane(&q, (const float *)x, (float *)o, arg ? arg + pl * P : NULL, inv);
+        continue;
+      }
+      apex__convert_range(mine, APEX_F32, x, a->x.dtype, HW);
+      pool_plane(&q, mine, mine + HW, arg ? arg + pl * P : NULL, inv);
+      apex__convert_range(o, a->out_dtype, mine + HW, APEX_F32, P);
+    }
   }
   return APEX_OK;
 }

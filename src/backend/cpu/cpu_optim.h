@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "apex/mt_apply.h"
-#include "apex/optim.h"
+#include "apex/optim_options.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/internal.h"

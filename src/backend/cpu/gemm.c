@@ -1,5 +1,6 @@
-/* gemm.c: the matrix products under the ops, on OpenBLAS sgemm (bf16 products on bf16 CPUs go to
- * gemm_onednn.c first, in the same tile grid).
+/* gemm.c: the matrix products under the ops, on apex's AVX-512 sgemm or OpenBLAS (on bf16 CPUs
+ * apex__gemm's products, bf16 and f32, go to gemm_onednn.c first, in the same tile grid; apex__sgemm
+ * and apex__sgemm_call, which have no workspace, stay here).
  *
  * A product big enough for threads is cut into a grid of output tiles fixed by its shape alone
  * (never by the thread count), and each tile is one single-threaded sgemm call over all of K. The
@@ -210,7 +211,7 @@ apex_status apex__gemm(const apex_nn_workspace *ws, int m, int n, int k, float a
   apex__blas_serial();
   job j = {m, n, k, alpha, beta, a, b, c, ct, ldc, bias};
   grid gr = plan(m, n, k);
-  /* bf16 operands on bf16 hardware: oneDNN (gemm_onednn.c), in the same grid */
+  /* on bf16 hardware: oneDNN (gemm_onednn.c), in the same grid */
   apex_status od = apex__gemm_onednn(ws, m, n, k, alpha, a, b, beta, c, ct, ldc, bias, gr.tm, gr.tn);
   if (od != APEX_ERR_UNSUPPORTED) return od;
   if (a.dtype == APEX_F32 && b.dtype == APEX_F32 && ct == APEX_F32) {

@@ -13,11 +13,16 @@
  * Operands: bf16 in place, through memory descriptors with the operand's strides (a transpose is a
  * stride); an f32 operand beside a bf16 one (the f32 gradient of a backward product) is rounded to
  * bf16 one panel at a time, as gemm.c widens one, so the product runs at bf16 speed as autocast's
- * does. f16 runs only when both operands are f16 and oneDNN has an f16 matmul for this CPU (it
+ * does. f32 products run on oneDNN's f32 matmul the same way: bench_gemm's gemm_f32_* lines (the
+ * four models' linear products, forward and both backward, per tile, one thread) measured oneDNN
+ * 1.04x to 1.9x faster than apex's AVX-512 kernel on 27 of 33, the kernel 1.05x to 1.4x faster on 5
+ * (within this shared machine's run-to-run spread but one, cnn_fc2_dx [128, 10] x [10, 128], a
+ * product of microseconds). f16 runs only when both operands are f16 and oneDNN has an f16 matmul for this CPU (it
  * reports unimplemented otherwise and apex__gemm takes its f32 path): an f32 gradient is never
  * rounded to f16, whose range it could overflow. Each tile's f32 result lands in per-thread scratch;
  * alpha, beta, the bias and the narrowing to C's dtype follow there, in the order gemm.c's
- * sgemm calls use (alpha * AB + beta * C, bias as a C of beta 1).
+ * sgemm calls use (alpha * AB + beta * C, bias as a C of beta 1). A product with nothing to
+ * follow (C f32, alpha 1, beta 0, no bias) is written by oneDNN into C's tile in place.
  *
  * Primitives are created once per tile shape and layout, kept in a process-wide cache (a model has
  * a handful of shapes), and run with a user scratchpad so threads can share one primitive. */
@@ -26,8 +31,14 @@
 #include "backend/cpu/gemm_onednn.h"
 #include "core/internal.h"
 
-static int enabled = 1;
+static int enabled = 1, f32_mode = APEX__ONEDNN_F32_ALL;
 static unsigned long products;
+
+int apex__onednn_set_f32(int mode) {
+  int old = f32_mode;
+  f32_mode = mode;
+  return old;
+}
 
 int apex__onednn_set_enabled(int on) {
   int old = enabled;
@@ -78,6 +89,7 @@ typedef struct prim_key {
   dnnl_data_type_t dt;
   int m, n, k;
   int64_t sa[2], sb[2];
+  int64_t ldd; /* the f32 result's row stride: the tile's width in scratch, or C's ldc in place */
 } prim_key;
 
 typedef struct prim_entry {
@@ -93,7 +105,7 @@ static int cache_n;
 
 static int key_eq(const prim_key *x, const prim_key *y) {
   return x->dt == y->dt && x->m == y->m && x->n == y->n && x->k == y->k && x->sa[0] == y->sa[0] && x->sa[1] == y->sa[1] &&
-         x->sb[0] == y->sb[0] && x->sb[1] == y->sb[1];
+         x->sb[0] == y->sb[0] && x->sb[1] == y->sb[1] && x->ldd == y->ldd;
 }
 
 /* Creates key's primitive with OpenMP's thread count at 1 on this thread (oneDNN plans its split
@@ -102,7 +114,7 @@ static void create(prim_entry *e) {
   const prim_key *q = &e->key;
   dnnl_memory_desc_t a_md, b_md, c_md;
   dnnl_dims_t ad = {q->m, q->k}, bd = {q->k, q->n}, cd = {q->m, q->n}, as = {q->sa[0], q->sa[1]}, bs = {q->sb[0], q->sb[1]},
-              cs = {q->n, 1};
+              cs = {q->ldd, 1};
   dnnl_matmul_desc_t md;
   dnnl_primitive_attr_t attr = NULL;
   dnnl_primitive_desc_t pd = NULL;
@@ -164,14 +176,15 @@ static void strides(int trans, int64_t ld, int64_t s[2]) {
 typedef struct tile_plan {
   int tm, tn, ti, tj;
   int narrow_a, narrow_b; /* the operand is f32 and is rounded to bf16 a panel at a time */
+  int direct;             /* C is f32 and takes the product as it is: tiles write into C in place */
   prim_entry e[2][2];     /* [last row of tiles][last column of tiles] */
   int owned[2][2];
 } tile_plan;
 
 /* The strides of the tile's op(A) [mi, k] and op(B) [k, nj] as oneDNN reads them: in place, or in a
  * panel that keeps the stored orientation (as gemm.c's panels do). */
-static prim_key tile_key(dnnl_data_type_t dt, const tile_plan *p, const apex__mat *a, const apex__mat *b, int mi, int nj, int k) {
-  prim_key q = {dt, mi, nj, k, {0, 0}, {0, 0}};
+static prim_key tile_key(dnnl_data_type_t dt, const tile_plan *p, const apex__mat *a, const apex__mat *b, int mi, int nj, int k, int ldc) {
+  prim_key q = {dt, mi, nj, k, {0, 0}, {0, 0}, p->direct ? ldc : nj};
   strides(a->trans, p->narrow_a ? (a->trans ? mi : k) : a->ld, q.sa);
   strides(b->trans, p->narrow_b ? (b->trans ? k : nj) : b->ld, q.sb);
   return q;
@@ -192,7 +205,7 @@ static const void *in_place(const apex__mat *x, int by_rows, int lo) {
 static int run_tile(const prim_entry *e, dnnl_stream_t s, const void *ap, const void *bp, float *acc, void *pad) {
   dnnl_memory_desc_t a_md, b_md, c_md, p_md;
   dnnl_dims_t ad = {e->key.m, e->key.k}, bd = {e->key.k, e->key.n}, cd = {e->key.m, e->key.n}, pd = {(int64_t)e->scratch};
-  dnnl_dims_t as = {e->key.sa[0], e->key.sa[1]}, bs = {e->key.sb[0], e->key.sb[1]}, cs = {e->key.n, 1};
+  dnnl_dims_t as = {e->key.sa[0], e->key.sa[1]}, bs = {e->key.sb[0], e->key.sb[1]}, cs = {e->key.ldd, 1};
   dnnl_memory_t mem[4] = {NULL, NULL, NULL, NULL};
   int ok = dnnl_memory_desc_init_by_strides(&a_md, 2, ad, e->key.dt, as) == dnnl_success &&
            dnnl_memory_desc_init_by_strides(&b_md, 2, bd, e->key.dt, bs) == dnnl_success &&
@@ -241,6 +254,9 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
   tile_plan p = {0};
   if (a.dtype == APEX_F16 && b.dtype == APEX_F16)
     dt = dnnl_f16;
+  else if (a.dtype == APEX_F32 && b.dtype == APEX_F32 &&
+           (f32_mode == APEX__ONEDNN_F32_ALL || (f32_mode == APEX__ONEDNN_F32_TRANS_B && b.trans)))
+    dt = dnnl_f32;
   else if ((a.dtype == APEX_BF16 && (b.dtype == APEX_BF16 || b.dtype == APEX_F32)) || (b.dtype == APEX_BF16 && a.dtype == APEX_F32))
     dt = dnnl_bf16, p.narrow_a = a.dtype == APEX_F32, p.narrow_b = b.dtype == APEX_F32;
   else
@@ -248,6 +264,9 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
   pthread_once(&engine_once, engine_init);
   if (!engine) return APEX_ERR_UNSUPPORTED;
 
+  /* The product as oneDNN leaves it is C's value: no scratch tile, no copy (the backward's f32
+   * gradient products; a copy of every tile cost 5% of the MLP's O2 step, perf, one thread). */
+  p.direct = ct == APEX_F32 && alpha == 1.0f && beta == 0.0f && !bias;
   p.tm = tm < m ? tm : m, p.tn = tn < n ? tn : n;
   p.ti = (m + p.tm - 1) / p.tm, p.tj = (n + p.tn - 1) / p.tn;
   /* the (at most four) tile shapes: full, last row, last column, corner */
@@ -256,7 +275,7 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
   for (int li = 0; li < 2; li++)
     for (int lj = 0; lj < 2; lj++) {
       int mi = li ? m - (p.ti - 1) * p.tm : p.tm, nj = lj ? n - (p.tj - 1) * p.tn : p.tn;
-      prim_key q = tile_key(dt, &p, &a, &b, mi, nj, k);
+      prim_key q = tile_key(dt, &p, &a, &b, mi, nj, k, ldc);
       p.e[li][lj] = get(&q, &p.owned[li][lj]);
       if (!p.e[li][lj].prim) usable = 0;
       if (p.e[li][lj].scratch > pad) pad = p.e[li][lj].scratch;
@@ -264,16 +283,21 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
   apex_status st = APEX_ERR_UNSUPPORTED;
   if (!usable) goto done;
 
-  int threads = apex_get_num_threads();
+  /* Scratch for as many threads as could ever run the tiles (the thread cap, at most one a tile), not
+   * for the threads running now, which follow the machine's load: the graph's pool must not grow
+   * between steps when the load changes (test_autograd's ten thousand steps). */
+  int nt = p.ti * p.tj, cap = apex_get_max_threads(), slots = nt < cap ? nt : cap, threads = apex_get_num_threads();
+  if (slots < 1) slots = 1;
+  if (threads > slots) threads = slots;
   size_t fa = p.narrow_a ? up64((size_t)p.tm * k * 2) : 0, fb = p.narrow_b ? up64((size_t)k * p.tn * 2) : 0;
-  size_t fc = up64((size_t)p.tm * p.tn * sizeof(float)), per = fa + fb + fc + up64(pad);
-  char *scratch = ws->get(ws->ctx, (size_t)threads * per + 64);
+  size_t fc = p.direct ? 0 : up64((size_t)p.tm * p.tn * sizeof(float)), per = fa + fb + fc + up64(pad);
+  char *scratch = ws->get(ws->ctx, (size_t)slots * per + 64);
   if (!scratch) {
     st = APEX_ERR_OUT_OF_MEMORY;
     goto done;
   }
   scratch = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-  int nt = p.ti * p.tj, failed = 0, down = !p.narrow_a && p.narrow_b;
+  int failed = 0, down = !p.narrow_a && p.narrow_b;
 #pragma omp parallel num_threads(threads) if (nt > 1 && threads > 1) reduction(| : failed)
   {
     int old = omp_get_max_threads();
@@ -294,11 +318,12 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
       if (i != last_i) ap = p.narrow_a ? narrow_panel(&a, !a.trans, i0, mi, k, abuf) : in_place(&a, !a.trans, i0);
       if (jj != last_j) bp = p.narrow_b ? narrow_panel(&b, b.trans, j0, nj, k, bbuf) : in_place(&b, b.trans, j0);
       last_i = i, last_j = jj;
-      if (!run_tile(&p.e[i == p.ti - 1][jj == p.tj - 1], s, ap, bp, acc, padp)) {
+      float *dst = p.direct ? (float *)c + (size_t)i0 * ldc + j0 : acc;
+      if (!run_tile(&p.e[i == p.ti - 1][jj == p.tj - 1], s, ap, bp, dst, padp)) {
         failed = 1;
         continue;
       }
-      epilogue(acc, mi, nj, i0, j0, alpha, beta, c, ct, ldc, bias);
+      if (!p.direct) epilogue(acc, mi, nj, i0, j0, alpha, beta, c, ct, ldc, bias);
     }
     if (s) dnnl_stream_destroy(s);
     omp_set_num_threads(old);

@@ -24,6 +24,13 @@ int apex__onednn_active(const char **why);
  * the previous setting (1 by default). Not thread-safe. */
 int apex__onednn_set_enabled(int on);
 
+/* Which products with both operands f32 apex__gemm_onednn takes (oneDNN's f32 matmul, per tile as
+ * for bf16, so as deterministic): none, all (the default: oneDNN measured faster than apex's AVX-512
+ * kernel on most of the models' products, bench_gemm's gemm_f32_* lines), or only those whose op(B)
+ * is transposed (x w^T, where it was faster on each). */
+enum { APEX__ONEDNN_F32_NONE, APEX__ONEDNN_F32_ALL, APEX__ONEDNN_F32_TRANS_B };
+/* For tests and benchmarks: sets that choice; returns the previous one. Not thread-safe. */
+int apex__onednn_set_f32(int mode);
 /* The number of products apex__gemm_onednn has run since the process started (tests use it to
  * confirm which path ran). */
 unsigned long apex__onednn_products(void);

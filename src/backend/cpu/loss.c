@@ -1,6 +1,8 @@
 /* loss.c: the CPU backend's softmax, log-softmax and loss kernels (args_nn.h): cross entropy, MSE,
  * BCE with logits, BCE.
  *
+ * Each kernel reads its inputs in their own dtype, widening a line, row or block at a time into f32
+ * (cpu_kernels.h), and computes in f32 as on an f32 copy, so the bits are the same without the copy.
  * Softmax's lines and cross entropy's rows are independent, so they run on threads. A reduced loss
  * sums its per-element terms with apex__sum_f32, in double and in fixed blocks, so no result depends
  * on the thread count. */
@@ -10,27 +12,65 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/sums.h"
 
+/* The running maximum of a softmax line: fmaxf's result where it matters, without its library call
+ * (a seventh of cross entropy's time). mx starts at -INFINITY, so a NaN x leaves it as fmaxf does;
+ * the two may differ only in the sign of a zero maximum, which x - mx and mx + logf(s) (s >= 1) do
+ * not carry into any result. */
+static inline float line_max(float mx, float x) { return x > mx ? x : mx; }
+
+/* Line `base` of D elements, `inner` apart, of x as f32 elements *st apart: x's own when f32, else
+ * widened into tmp (2 * D floats: the f32 line, and its raw elements gathered when inner > 1). */
+static const float *line_f32(apex_nn_buf x, size_t base, size_t D, size_t inner, float *tmp, size_t *st) {
+  if (x.dtype == APEX_F32) {
+    *st = inner;
+    return (const float *)x.data + base;
+  }
+  *st = 1;
+  if (inner == 1) return apex__cpu_row_f32(x, base, D, tmp);
+  uint16_t *h = (uint16_t *)(tmp + D);
+  for (size_t j = 0; j < D; j++) h[j] = ((const uint16_t *)x.data)[base + j * inner];
+  apex__convert_range(tmp, APEX_F32, h, x.dtype, D);
+  return tmp;
+}
+
+/* Rounds the f32 line ol (inner apart) into the same line of out (dtype dt) through tmp (as line_f32's). */
+static void line_store(void *out, apex_dtype dt, size_t base, const float *ol, size_t D, size_t inner, float *tmp) {
+  if (inner == 1) {
+    apex__cpu_row_store(out, dt, base, ol, D);
+    return;
+  }
+  uint16_t *h = (uint16_t *)(tmp + D);
+  for (size_t j = 0; j < D; j++) tmp[j] = ol[j * inner];
+  apex__convert_range(h, dt, tmp, APEX_F32, D);
+  for (size_t j = 0; j < D; j++) ((uint16_t *)out)[base + j * inner] = h[j];
+}
+
 apex_status apex__cpu_nn_softmax(const apex_nn_softmax_args *a) {
-  const float *X = a->x;
   float *o = a->out;
   size_t D = a->dim, inner = a->inner, nl = a->outer * inner, n = nl * D;
-  int logsm = a->log;
+  int logsm = a->log, fail;
+  float *lines = apex__cpu_thread_rows(&a->ws, a->x.dtype != APEX_F32 || a->out_cast, 1, 2 * D, &fail);
+  if (fail) return APEX_ERR_OUT_OF_MEMORY;
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t l = 0; l < nl; l++) {
-    size_t base = (l / inner) * D * inner + l % inner;
-    const float *xl = X + base;
+    size_t base = (l / inner) * D * inner + l % inner, xs;
+    float *tmp = apex__cpu_my_row(lines, 1, 2 * D, 0);
+    const float *xl = line_f32(a->x, base, D, inner, tmp, &xs);
     float *ol = o + base;
     float mx = -INFINITY;
-    for (size_t j = 0; j < D; j++) mx = fmaxf(mx, xl[j * inner]);
+    for (size_t j = 0; j < D; j++) mx = line_max(mx, xl[j * xs]);
     float s = 0.0f;
-    for (size_t j = 0; j < D; j++) s += expf(xl[j * inner] - mx);
     if (logsm) {
+      for (size_t j = 0; j < D; j++) s += expf(xl[j * xs] - mx);
       float lse = mx + logf(s);
-      for (size_t j = 0; j < D; j++) ol[j * inner] = xl[j * inner] - lse;
+      for (size_t j = 0; j < D; j++) ol[j * inner] = xl[j * xs] - lse;
     } else {
+      /* each exp once: kept in the output, then scaled (the same values and sum as computing it twice) */
+      for (size_t j = 0; j < D; j++) s += (ol[j * inner] = expf(xl[j * xs] - mx));
       float r = 1.0f / s;
-      for (size_t j = 0; j < D; j++) ol[j * inner] = expf(xl[j * inner] - mx) * r;
+      for (size_t j = 0; j < D; j++) ol[j * inner] *= r;
     }
+    if (a->out_cast) line_store(a->out_cast, a->cast_dtype, base, ol, D, inner, tmp);
   }
   return APEX_OK;
 }
@@ -66,15 +106,17 @@ static inline float loss_grad(apex_nn_reduction red, const float *go, size_t i, 
 
 apex_status apex__cpu_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
   size_t N = a->rows, C = a->classes, n = N * C;
-  const float *x = a->x;
   const int64_t *tg = a->target;
   float *p = a->prob, *l = a->loss, eps = a->smoothing;
+  int fail;
+  float *rows = apex__cpu_thread_rows(&a->ws, a->x.dtype != APEX_F32, 1, C, &fail);
+  if (fail) return APEX_ERR_OUT_OF_MEMORY;
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t i = 0; i < N; i++) {
-    const float *xi = x + i * C;
+    const float *xi = apex__cpu_row_f32(a->x, i * C, C, apex__cpu_my_row(rows, 1, C, 0));
     float *pi = p + i * C;
     float mx = -INFINITY, s = 0.0f, sum_logp = 0.0f;
-    for (size_t c = 0; c < C; c++) mx = fmaxf(mx, xi[c]);
+    for (size_t c = 0; c < C; c++) mx = line_max(mx, xi[c]);
     for (size_t c = 0; c < C; c++) s += (pi[c] = expf(xi[c] - mx));
     float lse = mx + logf(s), r = 1.0f / s;
     for (size_t c = 0; c < C; c++) {
@@ -111,52 +153,70 @@ static inline float clamp_log(float v) {
   return l < -100.0f ? -100.0f : l;
 }
 
-apex_status apex__cpu_nn_pointwise_loss(const apex_nn_pointwise_loss_args *a) {
-  const float *X = a->x, *Y = a->y;
-  float *l = a->loss;
-  size_t n = a->n;
-  switch (a->kind) {
+/* The pointwise losses run over blocks of LOSS_BLOCK elements, each widened (when not f32) into
+ * buffers on the stack: a term depends only on its own elements, so the bits are those of the whole
+ * tensor's f32 copy, and no such copy is made. */
+#define LOSS_BLOCK 1024
+
+static void pointwise_terms(apex_nn_pointwise_loss_kind kind, const float *X, const float *Y, float *l, size_t n) {
+  switch (kind) {
   case APEX_NN_MSE:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) l[i] = (X[i] - Y[i]) * (X[i] - Y[i]);
     break;
   case APEX_NN_BCE_WITH_LOGITS:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) l[i] = fmaxf(X[i], 0.0f) - X[i] * Y[i] + log1pf(expf(-fabsf(X[i])));
     break;
   default:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) l[i] = -(Y[i] * clamp_log(X[i]) + (1.0f - Y[i]) * clamp_log(1.0f - X[i]));
     break;
+  }
+}
+
+apex_status apex__cpu_nn_pointwise_loss(const apex_nn_pointwise_loss_args *a) {
+  float *l = a->loss;
+  size_t n = a->n, nb = (n + LOSS_BLOCK - 1) / LOSS_BLOCK;
+  apex_simd_active();
+#pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
+  for (size_t k = 0; k < nb; k++) {
+    float xt[LOSS_BLOCK], yt[LOSS_BLOCK];
+    size_t off = k * LOSS_BLOCK, len = n - off < LOSS_BLOCK ? n - off : LOSS_BLOCK;
+    pointwise_terms(a->kind, apex__cpu_row_f32(a->x, off, len, xt), apex__cpu_row_f32(a->y, off, len, yt), l + off, len);
   }
   if (a->sum) *a->sum = apex__sum_f32(l, n);
   return APEX_OK;
 }
 
 apex_status apex__cpu_nn_pointwise_loss_bwd(const apex_nn_pointwise_loss_bwd_args *a) {
-  const float *X = a->x, *Y = a->y, *go = a->gout;
+  const float *go = a->gout;
   float *gx = a->gx, *gy = a->gy;
-  size_t n = a->n;
+  size_t n = a->n, nb = (n + LOSS_BLOCK - 1) / LOSS_BLOCK;
   double count = a->count;
   apex_nn_reduction red = a->reduction;
   apex_nn_pointwise_loss_kind op = a->kind;
   apex__cpu_grad_begin(gx, n, a->accumulate_x);
   apex__cpu_grad_begin(gy, n, a->accumulate_y);
-  APEX__CPU_PFOR
-  for (size_t i = 0; i < n; i++) {
-    float w = loss_grad(red, go, i, count), x = X[i], y = Y[i], dx, dy;
-    if (op == APEX_NN_MSE) {
-      dx = 2.0f * (x - y);
-      dy = -dx;
-    } else if (op == APEX_NN_BCE_WITH_LOGITS) {
-      dx = 1.0f / (1.0f + expf(-x)) - y;
-      dy = -x;
-    } else {
-      dx = (x - y) / fmaxf((1.0f - x) * x, 1e-12f);
-      dy = clamp_log(1.0f - x) - clamp_log(x);
+  apex_simd_active();
+#pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
+  for (size_t k = 0; k < nb; k++) {
+    float xt[LOSS_BLOCK], yt[LOSS_BLOCK];
+    size_t off = k * LOSS_BLOCK, len = n - off < LOSS_BLOCK ? n - off : LOSS_BLOCK;
+    const float *X = apex__cpu_row_f32(a->x, off, len, xt), *Y = apex__cpu_row_f32(a->y, off, len, yt);
+    for (size_t k2 = 0; k2 < len; k2++) {
+      size_t i = off + k2;
+      float w = loss_grad(red, go, i, count), x = X[k2], y = Y[k2], dx, dy;
+      if (op == APEX_NN_MSE) {
+        dx = 2.0f * (x - y);
+        dy = -dx;
+      } else if (op == APEX_NN_BCE_WITH_LOGITS) {
+        dx = 1.0f / (1.0f + expf(-x)) - y;
+        dy = -x;
+      } else {
+        dx = (x - y) / fmaxf((1.0f - x) * x, 1e-12f);
+        dy = clamp_log(1.0f - x) - clamp_log(x);
+      }
+      if (gx) gx[i] += w * dx;
+      if (gy) gy[i] += w * dy;
     }
-    if (gx) gx[i] += w * dx;
-    if (gy) gy[i] += w * dy;
   }
   return APEX_OK;
 }

@@ -5,7 +5,11 @@
  * Statistics are per channel (batch norm) or per row (layer/RMS norm), each summed by one thread in a
  * fixed order: batch norm's in the f32-block, f64-total lanes of sums.h, the row norms' in double.
  * The weight and bias gradients of the row norms are column sums of an [rows, D] product, done by
- * apex__colsum_add in row order. So no result depends on the thread count. */
+ * apex__colsum_add in row order. So no result depends on the thread count.
+ *
+ * f16/bf16 inputs and results are read and written in their dtype: a row norm widens one row into a
+ * buffer of its thread, batch norm one channel's N planes, and each rounds its result a row (plane)
+ * at a time (cpu_kernels.h). The f32 math is the same as on a whole-tensor f32 copy, so the bits are. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -34,16 +38,34 @@ static inline void prefetch_plane(const float *t, size_t N, size_t C, size_t S, 
   prefetch_plane_of(t, sizeof(float), N, C, S, n, c, write);
 }
 
-/* Batch norm's output for channel c of x [N, C, S] (f32): (x - mean) * rstd * w + b, through relu's
- * max(v, 0) when `relu` (the same bits as relu on the unfused output). Shared by the op's own
- * statistics and given ones, which differ only in where mean and rstd come from. */
-static inline float bn_affine(float x, float mean, float rstd, float w, float b) { return (x - mean) * rstd * w + b; }
-static inline void bn_normalize_channel(const float *xf, float *o, size_t N, size_t C, size_t S, size_t c, float mean,
-                                        float rstd, float w, float b, int relu) {
+/* Channel c of x [N, C, S] as f32 planes, *ps floats apart: x's own (C * S apart) when f32, else its
+ * N planes widened into buf (N * S floats; S apart), each prefetching the next. */
+static const float *channel_f32(apex_nn_buf x, size_t N, size_t C, size_t S, size_t c, float *buf, size_t *ps) {
+  if (x.dtype == APEX_F32) {
+    *ps = C * S;
+    return (const float *)x.data + c * S;
+  }
   for (size_t n = 0; n < N; n++) {
-    const float *xs = xf + (n * C + c) * S;
-    float *os = o + (n * C + c) * S;
-    prefetch_plane(o, N, C, S, n, c, 1);
+    prefetch_plane_of(x.data, apex_dtype_size(x.dtype), N, C, S, n, c, 0);
+    apex__cpu_row_f32(x, (n * C + c) * S, S, buf + n * S);
+  }
+  *ps = S;
+  return buf;
+}
+
+/* Batch norm's output for channel c (its f32 planes xc, ps apart) of x [N, C, S] into out [N, C, S]
+ * (out_dtype; computed in f32, in tmp (S floats) when out is not f32, and rounded once):
+ * (x - mean) * rstd * w + b, through relu's max(v, 0) when `relu` (the same bits as relu on the
+ * unfused output). Shared by the op's own statistics and given ones, which differ only in where mean
+ * and rstd come from. */
+static inline float bn_affine(float x, float mean, float rstd, float w, float b) { return (x - mean) * rstd * w + b; }
+static inline void bn_normalize_channel(const float *xc, size_t ps, void *out, apex_dtype out_dtype, float *tmp, size_t N, size_t C,
+                                        size_t S, size_t c, float mean, float rstd, float w, float b, int relu) {
+  for (size_t n = 0; n < N; n++) {
+    const float *xs = xc + n * ps;
+    size_t off = (n * C + c) * S;
+    float *os = apex__cpu_row_out(out, out_dtype, off, tmp);
+    prefetch_plane_of(out, apex_dtype_size(out_dtype), N, C, S, n, c, 1);
     if (relu)
       for (size_t i = 0; i < S; i++) {
         float v = bn_affine(xs[i], mean, rstd, w, b);
@@ -51,6 +73,7 @@ static inline void bn_normalize_channel(const float *xf, float *o, size_t N, siz
       }
     else
       for (size_t i = 0; i < S; i++) os[i] = bn_affine(xs[i], mean, rstd, w, b);
+    apex__cpu_row_store(out, out_dtype, off, os, S);
   }
 }
 
@@ -125,8 +148,14 @@ static void lanes_bwd(double sg[APEX__LANES], double sgx[APEX__LANES], const flo
  * one measured (its forward was 5-8% slower on one thread with both in one loop). */
 apex_status apex__cpu_nn_batch_norm(const apex_nn_batch_norm_args *a) {
   size_t N = a->N, C = a->C, S = a->S, M = N * S, numel = N * C * S;
-  const float *xf = a->x, *wf = a->w, *bf = a->b;
-  float *o = a->out, *st = a->stats, *rm = a->running_mean, *rv = a->running_var;
+  const float *xf = a->x.dtype == APEX_F32 ? a->x.data : NULL, *wf = a->w, *bf = a->b;
+  float *st = a->stats, *rm = a->running_mean, *rv = a->running_var;
+  void *o = a->out;
+  apex_dtype odt = a->out_dtype;
+  int fail;
+  /* per thread: the channel's N planes widened (M floats), then one output plane (S) */
+  float *bufs = apex__cpu_thread_rows(&a->ws, !xf || odt != APEX_F32, 1, M + S, &fail);
+  if (fail) return APEX_ERR_OUT_OF_MEMORY;
   float mom = a->momentum, eps = a->eps;
   int training = a->training;
   if (a->given_mean) {
@@ -137,23 +166,29 @@ apex_status apex__cpu_nn_batch_norm(const apex_nn_batch_norm_args *a) {
       if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * vf[c]);
       st[c] = mf[c];
       st[C + c] = rf[c];
-      bn_normalize_channel(xf, o, N, C, S, c, mf[c], rf[c], wf ? wf[c] : 1.0f, bf ? bf[c] : 0.0f, 0);
+      float *buf = apex__cpu_my_row(bufs, 1, M + S, 0);
+      size_t ps;
+      const float *xc = channel_f32(a->x, N, C, S, c, buf, &ps);
+      bn_normalize_channel(xc, ps, o, odt, buf ? buf + M : NULL, N, C, S, c, mf[c], rf[c], wf ? wf[c] : 1.0f, bf ? bf[c] : 0.0f, 0);
     }
     return APEX_OK;
   }
 #pragma omp parallel for schedule(static) if (numel > APEX__CPU_PAR_MIN)
   for (size_t c = 0; c < C; c++) {
     double mean, var;
+    float *buf = apex__cpu_my_row(bufs, 1, M + S, 0);
+    size_t ps;
+    const float *xc = channel_f32(a->x, N, C, S, c, buf, &ps);
     if (training) {
       double sa[APEX__LANES] = {0}, qa[APEX__LANES] = {0};
       for (size_t n = 0; n < N; n++) {
-        prefetch_plane(xf, N, C, S, n, c, 0);
-        apex__lanes_add(sa, xf + (n * C + c) * S, S);
+        if (xf) prefetch_plane(xf, N, C, S, n, c, 0);
+        apex__lanes_add(sa, xc + n * ps, S);
       }
       mean = apex__lanes_total(sa) / (double)M;
       for (size_t n = 0; n < N; n++) {
-        prefetch_plane(xf, N, C, S, n, c, 0);
-        lanes_sq(qa, xf + (n * C + c) * S, S, (float)mean);
+        if (xf) prefetch_plane(xf, N, C, S, n, c, 0);
+        lanes_sq(qa, xc + n * ps, S, (float)mean);
       }
       double q = apex__lanes_total(qa);
       var = q / (double)M;
@@ -166,7 +201,7 @@ apex_status apex__cpu_nn_batch_norm(const apex_nn_batch_norm_args *a) {
     float m = (float)mean, r = (float)(1.0 / sqrt(var + eps)), w = wf ? wf[c] : 1.0f, b = bf ? bf[c] : 0.0f;
     st[c] = m;
     st[C + c] = r;
-    bn_normalize_channel(xf, o, N, C, S, c, m, r, w, b, a->relu);
+    bn_normalize_channel(xc, ps, o, odt, buf ? buf + M : NULL, N, C, S, c, m, r, w, b, a->relu);
   }
   return APEX_OK;
 }
@@ -177,14 +212,14 @@ apex_status apex__cpu_nn_batch_norm(const apex_nn_batch_norm_args *a) {
  * forward's apex__bn_affine of the input was > 0, and the input's plane is read here anyway, so the
  * output is not read (12.8 MB less from memory for the benchmark CNN's first batch norm); a half
  * output may have rounded to zero, so its raw bits are tested instead. */
-static void relu_mask_plane(float *restrict gm, const float *restrict go, const float *restrict x, const void *yv, size_t off, size_t S,
+static void relu_mask_plane(float *restrict gm, const float *restrict go, const float *restrict xs, const void *yv, size_t off, size_t S,
                             float m, float r, float w, float bias) {
   const uint16_t *restrict y = yv ? (const uint16_t *)yv + off : NULL;
   for (size_t i = 0; i < S; i++) {
     float v = go[off + i] + 0.0f;
     uint32_t b;
     memcpy(&b, &v, sizeof b);
-    b &= -(uint32_t)(y ? y[i] != 0 : bn_affine(x[off + i], m, r, w, bias) > 0.0f);
+    b &= -(uint32_t)(y ? y[i] != 0 : bn_affine(xs[i], m, r, w, bias) > 0.0f);
     memcpy(gm + i, &b, sizeof b);
   }
 }
@@ -197,12 +232,15 @@ apex_status apex__cpu_nn_batch_norm_bwd(const apex_nn_batch_norm_bwd_args *a) {
   size_t N = a->N, C = a->C, S = a->S, M = N * S, numel = N * C * S;
   int training = a->training, fused = a->relu, fresh = !a->accumulate_x;
   int par = numel > APEX__CPU_PAR_MIN;
-  const float *xf = a->x, *wf = a->w, *bf = fused ? a->b : NULL, *st = a->stats, *go = a->gout;
+  const float *xf = a->x.dtype == APEX_F32 ? a->x.data : NULL, *wf = a->w, *bf = fused ? a->b : NULL, *st = a->stats, *go = a->gout;
   float *gx = a->gx, *gw = a->gw, *gb = a->gb, *gms = NULL;
   if (fused) {
     size_t nt = par ? (size_t)apex_get_num_threads() : 1;
     if (!(gms = a->ws.get(a->ws.ctx, nt * (M ? M : 1) * sizeof(float)))) return APEX_ERR_OUT_OF_MEMORY;
   }
+  int fail;
+  float *xbufs = apex__cpu_thread_rows(&a->ws, !xf, 1, M, &fail); /* the channel's planes widened */
+  if (fail) return APEX_ERR_OUT_OF_MEMORY;
   apex__cpu_grad_begin(gw, C, a->accumulate_w);
   apex__cpu_grad_begin(gb, C, a->accumulate_b);
   size_t ysize = apex_dtype_size(a->y_dtype);
@@ -212,15 +250,17 @@ apex_status apex__cpu_nn_batch_norm_bwd(const apex_nn_batch_norm_bwd_args *a) {
   for (size_t c = 0; c < C; c++) {
     float m = st[c], r = st[C + c], w = wf ? wf[c] : 1.0f, bias = bf ? bf[c] : 0.0f, *gm = fused ? gms + (size_t)omp_get_thread_num() * M : NULL;
     double sga[APEX__LANES] = {0}, sgxa[APEX__LANES] = {0};
+    size_t ps;
+    const float *xc = channel_f32(a->x, N, C, S, c, apex__cpu_my_row(xbufs, 1, M, 0), &ps);
     for (size_t n = 0; n < N; n++) {
       size_t off = (n * C + c) * S;
       prefetch_plane(go, N, C, S, n, c, 0);
-      prefetch_plane(xf, N, C, S, n, c, 0);
+      if (xf) prefetch_plane(xf, N, C, S, n, c, 0);
       if (fused) {
         if (read_y) prefetch_plane_of(y, ysize, N, C, S, n, c, 0);
-        relu_mask_plane(gm + n * S, go, xf, y, off, S, m, r, w, bias);
+        relu_mask_plane(gm + n * S, go, xc + n * ps, y, off, S, m, r, w, bias);
       }
-      lanes_bwd(sga, sgxa, fused ? gm + n * S : go + off, xf + off, S, m, r);
+      lanes_bwd(sga, sgxa, fused ? gm + n * S : go + off, xc + n * ps, S, m, r);
     }
     double sg = apex__lanes_total(sga), sgx = apex__lanes_total(sgxa);
     if (gw) gw[c] += (float)sgx;
@@ -229,10 +269,10 @@ apex_status apex__cpu_nn_batch_norm_bwd(const apex_nn_batch_norm_bwd_args *a) {
     float a = w * r, mg = training ? (float)(sg / (double)M) : 0.0f, mgx = training ? (float)(sgx / (double)M) : 0.0f;
     for (size_t n = 0; n < N; n++) {
       size_t off = (n * C + c) * S;
-      const float *restrict gop = fused ? gm + n * S : go + off, *restrict xp = xf + off;
+      const float *restrict gop = fused ? gm + n * S : go + off, *restrict xp = xc + n * ps;
       float *restrict gxp = gx + off;
       if (!fused) prefetch_plane(go, N, C, S, n, c, 0);
-      prefetch_plane(xf, N, C, S, n, c, 0);
+      if (xf) prefetch_plane(xf, N, C, S, n, c, 0);
       prefetch_plane(gx, N, C, S, n, c, 1);
       if (fresh)
         for (size_t i = 0; i < S; i++) gxp[i] = 0.0f + a * (gop[i] - mg - (xp[i] - m) * r * mgx);
@@ -245,18 +285,23 @@ apex_status apex__cpu_nn_batch_norm_bwd(const apex_nn_batch_norm_bwd_args *a) {
 
 apex_status apex__cpu_nn_batch_norm_sums(const apex_nn_batch_norm_sums_args *a) {
   size_t N = a->N, C = a->C, S = a->S;
-  const float *xf = a->x, *mf = a->mean, *rf = a->rstd, *go = a->gout;
+  const float *mf = a->mean, *rf = a->rstd, *go = a->gout;
   float *sd = a->sums, *gw = a->gw, *gb = a->gb;
+  int fail;
+  float *xbufs = apex__cpu_thread_rows(&a->ws, a->x.dtype != APEX_F32, 1, N * S, &fail);
+  if (fail) return APEX_ERR_OUT_OF_MEMORY;
   apex__cpu_grad_begin(gw, C, a->accumulate_w);
   apex__cpu_grad_begin(gb, C, a->accumulate_b);
 #pragma omp parallel for schedule(static) if (N * C * S > APEX__CPU_PAR_MIN)
   for (size_t c = 0; c < C; c++) {
     double sg = 0, sgx = 0;
+    size_t ps;
+    const float *xc = channel_f32(a->x, N, C, S, c, apex__cpu_my_row(xbufs, 1, N * S, 0), &ps);
     for (size_t n = 0; n < N; n++)
       for (size_t i = 0; i < S; i++) {
         size_t j = (n * C + c) * S + i;
         sg += go[j];
-        sgx += go[j] * (xf[j] - mf[c]) * rf[c];
+        sgx += go[j] * (xc[n * ps + i] - mf[c]) * rf[c];
       }
     sd[c] = (float)sg;
     sd[C + c] = (float)sgx;
@@ -268,17 +313,23 @@ apex_status apex__cpu_nn_batch_norm_sums(const apex_nn_batch_norm_sums_args *a) 
 
 apex_status apex__cpu_nn_batch_norm_dx(const apex_nn_batch_norm_dx_args *a) {
   size_t N = a->N, C = a->C, S = a->S;
-  const float *xf = a->x, *wf = a->w, *mf = a->mean, *rf = a->rstd, *go = a->gout, *sd = a->sums;
+  const float *wf = a->w, *mf = a->mean, *rf = a->rstd, *go = a->gout, *sd = a->sums;
   float *gx = a->gx;
+  apex_nn_buf x = a->x;
+  int fail;
+  float *xbufs = apex__cpu_thread_rows(&a->ws, a->x.dtype != APEX_F32, 1, N * S, &fail);
+  if (fail) return APEX_ERR_OUT_OF_MEMORY;
   apex__cpu_grad_begin(gx, N * C * S, a->accumulate_x);
   float inv_total = 1.0f / (float)a->count;
 #pragma omp parallel for schedule(static) if (N * C * S > APEX__CPU_PAR_MIN)
   for (size_t c = 0; c < C; c++) {
     float m = mf[c], r = rf[c], a = (wf ? wf[c] : 1.0f) * r, mg = sd[c] * inv_total, mgx = sd[C + c] * inv_total;
+    size_t ps;
+    const float *xc = channel_f32(x, N, C, S, c, apex__cpu_my_row(xbufs, 1, N * S, 0), &ps);
     for (size_t n = 0; n < N; n++)
       for (size_t i = 0; i < S; i++) {
         size_t j = (n * C + c) * S + i;
-        gx[j] += a * (go[j] - mg - (xf[j] - m) * r * mgx);
+        gx[j] += a * (go[j] - mg - (xc[n * ps + i] - m) * r * mgx);
       }
   }
   return APEX_OK;
@@ -286,37 +337,40 @@ apex_status apex__cpu_nn_batch_norm_dx(const apex_nn_batch_norm_dx_args *a) {
 
 apex_status apex__cpu_nn_row_norm(const apex_nn_row_norm_args *a) {
   size_t R = a->rows, D = a->cols;
-  const float *xf = apex__cpu_f32(a->x, R * D, &a->ws), *wf = apex__cpu_f32(a->w, D, &a->ws), *bf = apex__cpu_f32(a->b, D, &a->ws);
-  float *o = apex__cpu_out_f32(a->out, a->out_dtype, R * D, &a->ws), *st = a->stats, eps = a->eps;
-  if (!xf || !o || (a->w.data && !wf) || (a->b.data && !bf)) return APEX_ERR_OUT_OF_MEMORY;
+  const float *wf = apex__cpu_f32(a->w, D, &a->ws), *bf = apex__cpu_f32(a->b, D, &a->ws);
+  int fail;
+  float *rows = apex__cpu_thread_rows(&a->ws, a->x.dtype != APEX_F32 || a->out_dtype != APEX_F32, 2, D, &fail), *st = a->stats, eps = a->eps;
+  if (fail || (a->w.data && !wf) || (a->b.data && !bf)) return APEX_ERR_OUT_OF_MEMORY;
   int centre = a->centre;
 #pragma omp parallel for schedule(static) if (R * D > APEX__CPU_PAR_MIN)
   for (size_t r = 0; r < R; r++) {
-    const float *xr = xf + r * D;
+    const float *xr = apex__cpu_row_f32(a->x, r * D, D, apex__cpu_my_row(rows, 2, D, 0));
     double mean = centre ? apex__sum_serial(xr, D) / (double)D : 0.0, q = 0;
     for (size_t j = 0; j < D; j++) q += (xr[j] - mean) * (xr[j] - mean);
     float m = (float)mean, rs = (float)(1.0 / sqrt(q / (double)D + eps));
     st[r] = m;
     st[R + r] = rs;
-    float *orow = o + r * D;
+    float *orow = apex__cpu_row_out(a->out, a->out_dtype, r * D, apex__cpu_my_row(rows, 2, D, 1));
     for (size_t j = 0; j < D; j++) orow[j] = (xr[j] - m) * rs * (wf ? wf[j] : 1.0f) + (bf ? bf[j] : 0.0f);
+    apex__cpu_row_store(a->out, a->out_dtype, r * D, orow, D);
   }
-  apex__cpu_store(a->out, a->out_dtype, o, R * D);
   return APEX_OK;
 }
 
 apex_status apex__cpu_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) {
   size_t R = a->rows, D = a->cols;
   int centre = a->centre;
-  const float *xf = apex__cpu_f32(a->x, R * D, &a->ws), *wf = apex__cpu_f32(a->w, D, &a->ws), *st = a->stats, *go = a->gout;
-  if (!xf || (a->w.data && !wf)) return APEX_ERR_OUT_OF_MEMORY;
+  const float *wf = apex__cpu_f32(a->w, D, &a->ws), *st = a->stats, *go = a->gout;
+  int fail;
+  float *rows = apex__cpu_thread_rows(&a->ws, a->x.dtype != APEX_F32, 1, D, &fail);
+  if (fail || (a->w.data && !wf)) return APEX_ERR_OUT_OF_MEMORY;
   float *gx = a->gx, *gw = a->gw, *gb = a->gb, *gxhat = gw ? a->workspace : NULL;
   apex__cpu_grad_begin(gx, R * D, a->accumulate_x);
   apex__cpu_grad_begin(gw, D, a->accumulate_w);
   apex__cpu_grad_begin(gb, D, a->accumulate_b);
 #pragma omp parallel for schedule(static) if (R * D > APEX__CPU_PAR_MIN)
   for (size_t r = 0; r < R; r++) {
-    const float *xr = xf + r * D, *gr = go + r * D;
+    const float *xr = apex__cpu_row_f32(a->x, r * D, D, apex__cpu_my_row(rows, 1, D, 0)), *gr = go + r * D;
     float m = st[r], rs = st[R + r];
     double s1 = 0, s2 = 0;
     for (size_t j = 0; j < D; j++) {

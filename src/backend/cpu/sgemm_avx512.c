@@ -4,7 +4,12 @@
  * Why: the OpenBLAS that Debian ships picks its kernels at run time, and this project's machines pin
  * it to the Haswell (AVX2) ones through OPENBLAS_CORETYPE, which apex respects. On their AVX-512 CPU
  * (Zen 5, full-width 512-bit FMA) that leaves half the multiply-add rate unused. This kernel is not
- * governed by that setting.
+ * governed by that setting. bench_gemm's gemm_f32_* lines (peer openblas-tiles) show why it stays:
+ * 1.2x to 1.9x OpenBLAS on every f32 product of the four models but the [., 10] and [., 9] ones
+ * (0.6x there, microseconds a call). oneDNN's f32 matmul beat it on most of the linear products
+ * (peer onednn-f32-tiles), so on AVX512_BF16 CPUs apex__gemm runs those on oneDNN (gemm_onednn.c);
+ * this kernel keeps the per-image conv and per-head attention products and AVX-512 CPUs without
+ * bf16.
  *
  * The usual blocked scheme: C is cut into NC-column blocks; K into KC-deep slices; for each slice
  * op(B) (KC x NC) is packed into NR-column strips and op(A) (MC x KC) into MR-row strips, zero-padded

@@ -1,5 +1,5 @@
-/* backend.c: the CUDA backend's tables, compiled only in a build with CUDA: its slots (backend/backend.h)
- * and what only it has (backend/cuda_ops.h). */
+/* backend.c: the CUDA backend's tables, compiled only in a build with CUDA: its slots (backend/backend.h),
+ * its stream and event slots (backend/streams.h) and what only it has (backend/cuda_ops.h). */
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda_ops.h"
 
@@ -7,6 +7,7 @@ const apex_backend apex__cuda_backend = {
     .name = "cuda",
     .device = APEX_DEVICE_CUDA,
     .mem = &apex__cuda_memory,
+    .streams = &apex__cuda_streams,
     .mt_scale = apex__cuda_slot_mt_scale,
     .mt_axpby = apex__cuda_slot_mt_axpby,
     .mt_l2norm = apex__cuda_slot_mt_l2norm,
@@ -32,6 +33,19 @@ const apex_backend apex__cuda_backend = {
     .nn_attention = apex__cuda_slot_nn_attention,
     .nn_cross_entropy = apex__cuda_slot_nn_cross_entropy,
     .nn_batch_norm = apex__cuda_slot_nn_batch_norm,
+};
+
+const apex_streams apex__cuda_streams = {
+    .device_count = apex__cuda_device_count,
+    .use_device = apex__cuda_use_device,
+    .enter = apex__cuda_enter,
+    .stream_create = apex__cuda_stream_create,
+    .stream_destroy = apex__cuda_stream_destroy,
+    .event_create = apex__cuda_event_create,
+    .event_destroy = apex__cuda_event_destroy,
+    .event_record = apex__cuda_event_record,
+    .stream_wait = apex__cuda_stream_wait,
+    .event_query = apex__cuda_event_query,
 };
 
 const apex_cuda_ops apex__cuda_ops_table = {

@@ -14,6 +14,7 @@
 #include <cudnn.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 extern "C" {

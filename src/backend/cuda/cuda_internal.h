@@ -1,14 +1,13 @@
 /* cuda_internal.h: the entry points of the CUDA backend's kernels and runtime (the .cu files beside
- * it, compiled by nvcc), for the C files that fill its table (backend.c, memory.c, mt_slots.c,
- * optim_slots.c), the public fronts of apex/cuda.h (backend/cuda_api.c, through apex__cuda_ops) and the
- * NCCL process group.
+ * it, compiled by nvcc), for the C files that fill its tables (backend.c, memory.c, mt_slots.c,
+ * optim_slots.c, nn_slots.c) and the public fronts of apex/cuda.h (backend/cuda_api.c, through
+ * apex__cuda_ops).
  *
  * Every function here exists only when the library is built with APEX_CUDA; code outside this folder
- * reaches them through the backend's table, never by name, except the NCCL process group (built only
- * with CUDA). Pointers named d_* are device memory. All work is queued on one
- * stream (apex__cuda_stream), so kernels, copies and the caching allocator's reuse of freed blocks
- * are ordered without host synchronisation; only copies to the host wait. Each function returns
- * APEX_OK or fails with a message (apex__fail) naming the CUDA error. */
+ * reaches them through the backend's tables, never by name. Pointers named d_* are device memory. All
+ * work is queued on one stream (apex__cuda_stream), so kernels, copies and the caching allocator's
+ * reuse of freed blocks are ordered without host synchronisation; only copies to the host wait. Each
+ * function returns APEX_OK or fails with a message (apex__fail) naming the CUDA error. */
 #ifndef APEX_CUDA_INTERNAL_H
 #define APEX_CUDA_INTERNAL_H
 
@@ -17,8 +16,8 @@
 
 #include "apex/cuda.h"
 #include "apex/dtype.h"
-#include "apex/loss_scaler.h"
-#include "apex/optim.h"
+#include "apex/loss_scaler_config.h"
+#include "apex/optim_options.h"
 #include "apex/status.h"
 #include "apex/tensor.h"
 #include "backend/args_optim.h"
@@ -54,6 +53,18 @@ void apex__cuda_empty_cache(void);
 void *apex__cuda_host_alloc(size_t bytes);
 void apex__cuda_host_free(void *p);
 apex_status apex__cuda_check_launch(const char *what);
+
+/* ---- streams.cu: the stream and event slots (backend/streams.h) ----------------------------------- */
+
+int apex__cuda_device_count(const char **why);
+apex_status apex__cuda_enter(const char *what);
+apex_status apex__cuda_stream_create(const char *what, void **stream);
+void apex__cuda_stream_destroy(void *stream);
+apex_status apex__cuda_event_create(const char *what, void **event);
+void apex__cuda_event_destroy(void *event);
+apex_status apex__cuda_event_record(const char *what, void *event, void *stream);
+apex_status apex__cuda_stream_wait(const char *what, void *stream, void *event);
+apex_status apex__cuda_event_query(const char *what, void *event, int *done);
 
 /* ---- convert.cu ---------------------------------------------------------------------------------- */
 

@@ -35,6 +35,26 @@ static apex_status land(float *dst, const float *term, size_t n, int accumulate)
   return st;
 }
 
+/* A backward kernel's gradient in scratch (src) and where it lands in the slot's output (dst, by the
+ * accumulate rule); src or dst NULL: nothing to land. */
+typedef struct landing {
+  float *dst, *src;
+  size_t n;
+  int accumulate;
+} landing;
+
+/* The end of a backward that ran its kernel on scratch outputs (status st so far): lands each of the
+ * three gradients while nothing has failed, then frees the scratch and the f32 input copies ox and ow
+ * (dev_f32) whatever happened. */
+static apex_status land_grads(apex_status st, const landing l[3], void *ox, void *ow) {
+  for (int i = 0; i < 3; i++)
+    if (st == APEX_OK && l[i].dst && l[i].src) st = land(l[i].dst, l[i].src, l[i].n, l[i].accumulate);
+  for (int i = 0; i < 3; i++) apex__cuda_free(l[i].src);
+  apex__cuda_free(ox);
+  apex__cuda_free(ow);
+  return st;
+}
+
 /* dst (when set) receives the f32 elementwise term op(a, b) over n elements, by the accumulate rule. */
 static apex_status ew_into(float *dst, int accumulate, apex__cuda_ew_op op, const void *a, apex_dtype at, const void *b,
                            apex_dtype bt, float alpha, size_t n) {
@@ -159,15 +179,9 @@ apex_status apex__cuda_slot_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) 
   if (st == APEX_OK)
     st = apex__cuda_layer_norm_bwd(a->gout, x, APEX_F32, w, APEX_F32, a->stats, a->stats + R, (int64_t)R, (int64_t)D, !a->centre,
                                    dx, dw, db);
-  if (st == APEX_OK && a->gx) st = land(a->gx, dx, R * D, a->accumulate_x);
-  if (st == APEX_OK && a->gw) st = land(a->gw, dw, D, a->accumulate_w);
-  if (st == APEX_OK && a->gb && a->centre) st = land(a->gb, db, D, a->accumulate_b);
-  apex__cuda_free(ox);
-  apex__cuda_free(ow);
-  apex__cuda_free(dx);
-  apex__cuda_free(dw);
-  apex__cuda_free(db);
-  return st;
+  /* db is NULL without centring, so no bias gradient lands then */
+  const landing l[3] = {{a->gx, dx, R * D, a->accumulate_x}, {a->gw, dw, D, a->accumulate_w}, {a->gb, db, D, a->accumulate_b}};
+  return land_grads(st, l, ox, ow);
 }
 
 /* ---- reductions and lookups ------------------------------------------------------------------------ */
@@ -325,15 +339,8 @@ apex_status apex__cuda_slot_nn_conv2d_bwd(const apex_nn_conv2d_bwd_args *a) {
   float *dw = st == APEX_OK && a->gw ? scratch(nw, &st) : NULL;
   float *db = st == APEX_OK && a->gb ? scratch(nb, &st) : NULL;
   if (st == APEX_OK) st = apex__cuda_conv2d_bwd(&g, a->gout, x, w, dx, dw, db, APEX_F32);
-  if (st == APEX_OK && dx) st = land(a->gx, dx, nx, a->accumulate_x);
-  if (st == APEX_OK && dw) st = land(a->gw, dw, nw, a->accumulate_w);
-  if (st == APEX_OK && db) st = land(a->gb, db, nb, a->accumulate_b);
-  apex__cuda_free(ox);
-  apex__cuda_free(ow);
-  apex__cuda_free(dx);
-  apex__cuda_free(dw);
-  apex__cuda_free(db);
-  return st;
+  const landing l[3] = {{a->gx, dx, nx, a->accumulate_x}, {a->gw, dw, nw, a->accumulate_w}, {a->gb, db, nb, a->accumulate_b}};
+  return land_grads(st, l, ox, ow);
 }
 
 /* ---- kernels whose layout the slots do not share ------------------------------------------------------ */

@@ -9,6 +9,7 @@
  * 2 MiB (large) so that slightly different sizes share blocks. */
 #include <cuda_runtime.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

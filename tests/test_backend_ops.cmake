@@ -1,0 +1,4 @@
+# The GPT-2 parity cases (backend_parity_gpt2.h) run the model of bench/gpt2_cuda.c (not part of the
+# library) against apex's CPU autograd.
+target_sources(test_backend_ops PRIVATE ${PROJECT_SOURCE_DIR}/bench/gpt2_cuda.c)
+target_include_directories(test_backend_ops PRIVATE ${PROJECT_SOURCE_DIR}/bench)
