@@ -94,8 +94,8 @@ static const struct {
  * there). Measured here: the worst row reached 0.26 of 2^-6 * max|reference| + 1 ulp
  * (causal_attention_long). */
 #define BF16_ONEDNN_REL 0x1p-6
-static const char *const bf16_onednn_cases[] = {"matmul", "matmul_batched", "linear",           "linear_tiled",         "matmul_tiled",
-                                                "conv2d", "conv2d_wide",    "causal_attention", "causal_attention_long"};
+static const char *const bf16_onednn_cases[] = {"matmul", "matmul_batched", "linear", "linear_tiled", "matmul_tiled", "conv2d",
+                                                "conv2d_wide", "causal_attention", "causal_attention_long"};
 
 /* ---- multi-tensor and optimizer cases --------------------------------------------------------------- */
 

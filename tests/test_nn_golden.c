@@ -8,7 +8,7 @@
  * (the floor keeps values that cancel to near zero from demanding more than f32 can give). Dropout is
  * not compared: PyTorch's generator is not apex's (its backward is checked in test_nn_gradcheck).
  * bf16 matmul, linear and conv2d gradients on the oneDNN path get one more term: see rounded_r_bound;
- * bf16 attention there gets one on its output and the gradients of q and k: see attention_bound. */
+ * bf16 attention there gets one on its output and every input's gradient: see attention_bound. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,7 @@
 /* attention.c: the CPU backend's causal scaled-dot-product attention (args_nn.h), forward and
- * backward. Heads run one after another, each product through apex__gemm (gemm.c) in its grid fixed
- * by the shape, so the bits do not depend on the thread count.
+ * backward. Heads run one after another, each product in gemm.c's grid fixed by the shape, so the
+ * bits do not depend on the thread count: apex__sgemm for f32 operands (f32 attention's bits as they
+ * have always been), apex__gemm for any other.
  *
  * q, k, v are read as stored: apex__gemm widens f16/bf16 operands a tile's panel at a time (the bits
  * of widening the whole tensors, which is the reference), or, for bf16 on a CPU with AVX512_BF16 or
@@ -57,16 +58,26 @@ static apex__mat head(apex_nn_buf b, size_t h, size_t td, int d, int trans) {
 }
 static apex__mat f32m(const float *p, int ld, int trans) { return (apex__mat){p, APEX_F32, ld, trans}; }
 
+/* C (ct) = alpha op(A) op(B) + beta C. An all-f32 product stays on apex__sgemm, so f32 attention keeps
+ * the bits it has always had; any other goes through apex__gemm (per-tile widening, or oneDNN). */
+static apex_status prod(reuse_ws *r, int m, int n, int k, float alpha, apex__mat a, apex__mat b, float beta, void *c, apex_dtype ct, int ldc) {
+  if (a.dtype == APEX_F32 && b.dtype == APEX_F32 && ct == APEX_F32) {
+    apex__sgemm(a.trans, b.trans, m, n, k, alpha, a.data, a.ld, b.data, b.ld, beta, c, ldc);
+    return APEX_OK;
+  }
+  apex_nn_workspace w;
+  return apex__gemm(fresh(r, &w), m, n, k, alpha, a, b, beta, c, ct, ldc, NULL);
+}
+
 apex_status apex__cpu_nn_attention(const apex_nn_attention_args *a) {
   int t = a->t, d = a->d;
   size_t tt = (size_t)t * t, td = (size_t)t * d, es = apex_dtype_size(a->out_dtype);
   float *P = a->p;
   float scale = 1.0f / sqrtf((float)d);
   reuse_ws r = {&a->ws, NULL, 0, 0};
-  apex_nn_workspace w;
   for (size_t h = 0; h < a->heads; h++) {
     float *ph = P + h * tt;
-    apex_status st = apex__gemm(fresh(&r, &w), t, t, d, scale, head(a->q, h, td, d, 0), head(a->k, h, td, d, 1), 0.0f, ph, APEX_F32, t, NULL);
+    apex_status st = prod(&r, t, t, d, scale, head(a->q, h, td, d, 0), head(a->k, h, td, d, 1), 0.0f, ph, APEX_F32, t);
     if (st != APEX_OK) return st;
     for (int i = 0; i < t; i++) {
       float *row = ph + (size_t)i * t, mx = -INFINITY, s = 0.0f;
@@ -77,8 +88,7 @@ apex_status apex__cpu_nn_attention(const apex_nn_attention_args *a) {
       for (int j = 0; j <= i; j++) row[j] /= s;
       for (int j = i + 1; j < t; j++) row[j] = 0.0f;
     }
-    st = apex__gemm(fresh(&r, &w), t, d, t, 1.0f, f32m(ph, t, 0), head(a->v, h, td, d, 0), 0.0f, (char *)a->out + h * td * es, a->out_dtype, d,
-                    NULL);
+    st = prod(&r, t, d, t, 1.0f, f32m(ph, t, 0), head(a->v, h, td, d, 0), 0.0f, (char *)a->out + h * td * es, a->out_dtype, d);
     if (st != APEX_OK) return st;
   }
   return APEX_OK;
@@ -101,7 +111,6 @@ apex_status apex__cpu_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
   if (gv && !a->accumulate_v) memset(gv, 0, n * sizeof *gv);
   float scale = 1.0f / sqrtf((float)d);
   reuse_ws r = {&a->ws, NULL, 0, 0};
-  apex_nn_workspace w;
   for (size_t h = 0; h < a->heads; h++) {
     const float *ph = P + h * tt, *gh = go + h * td;
     apex__mat gom = f32m(gh, d, 0);
@@ -109,10 +118,10 @@ apex_status apex__cpu_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
       apex__convert_range(go16, APEX_BF16, gh, APEX_F32, td);
       gom = (apex__mat){go16, APEX_BF16, d, 0};
     }
-    if (gv && apex__gemm(fresh(&r, &w), t, d, t, 1.0f, f32m(ph, t, 1), gom, 1.0f, gv + h * td, APEX_F32, d, NULL) != APEX_OK)
+    if (gv && prod(&r, t, d, t, 1.0f, f32m(ph, t, 1), gom, 1.0f, gv + h * td, APEX_F32, d) != APEX_OK)
       return APEX_ERR_OUT_OF_MEMORY;
     if (!gq && !gk) continue;
-    if (apex__gemm(fresh(&r, &w), t, t, d, 1.0f, f32m(gh, d, 0), head(a->v, h, td, d, 1), 0.0f, dS, APEX_F32, t, NULL) != APEX_OK)
+    if (prod(&r, t, t, d, 1.0f, f32m(gh, d, 0), head(a->v, h, td, d, 1), 0.0f, dS, APEX_F32, t) != APEX_OK)
       return APEX_ERR_OUT_OF_MEMORY;
     for (int i = 0; i < t; i++) {
       float *row = dS + (size_t)i * t;
@@ -121,9 +130,9 @@ apex_status apex__cpu_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
       for (int j = 0; j <= i; j++) s += row[j] * pr[j];
       for (int j = 0; j < t; j++) row[j] = j <= i ? pr[j] * (row[j] - s) * scale : 0.0f;
     }
-    if (gq && apex__gemm(fresh(&r, &w), t, d, t, 1.0f, f32m(dS, t, 0), head(a->k, h, td, d, 0), 1.0f, gq + h * td, APEX_F32, d, NULL) != APEX_OK)
+    if (gq && prod(&r, t, d, t, 1.0f, f32m(dS, t, 0), head(a->k, h, td, d, 0), 1.0f, gq + h * td, APEX_F32, d) != APEX_OK)
       return APEX_ERR_OUT_OF_MEMORY;
-    if (gk && apex__gemm(fresh(&r, &w), t, d, t, 1.0f, f32m(dS, t, 1), head(a->q, h, td, d, 0), 1.0f, gk + h * td, APEX_F32, d, NULL) != APEX_OK)
+    if (gk && prod(&r, t, d, t, 1.0f, f32m(dS, t, 1), head(a->q, h, td, d, 0), 1.0f, gk + h * td, APEX_F32, d) != APEX_OK)
       return APEX_ERR_OUT_OF_MEMORY;
   }
   return APEX_OK;

@@ -22,20 +22,11 @@
 /* Elements an f16/bf16 operand or result is widened or narrowed in at a time, on the thread's stack. */
 #define EW_BLOCK 1024
 
-/* Elements [lo, lo + m) of b (stride 1, or 0: one element repeated) as f32: b's own memory when f32,
- * else widened into buf; *st is the stride to read the result with. */
+/* Elements [lo, lo + m) of b (stride 1, or 0: one element repeated) as f32 (cpu_kernels.h's row
+ * widening, of the one element when repeated); *st is the stride to read the result with. */
 static const float *ew_in(apex_nn_buf b, size_t lo, size_t m, size_t stride, float *buf, size_t *st) {
   *st = stride;
-  if (b.dtype == APEX_F32) return (const float *)b.data + lo;
-  apex__convert_range(buf, APEX_F32, (const char *)b.data + lo * apex_dtype_size(b.dtype), b.dtype, stride ? m : 1);
-  return buf;
-}
-
-/* Where elements [lo, lo + m) of a result of dtype dt are computed: out itself when f32, else buf,
- * which ew_out then rounds into out. */
-static float *ew_dst(void *out, apex_dtype dt, size_t lo, float *buf) { return dt == APEX_F32 ? (float *)out + lo : buf; }
-static void ew_out(void *out, apex_dtype dt, size_t lo, const float *buf, size_t m) {
-  if (dt != APEX_F32) apex__convert_range((char *)out + lo * apex_dtype_size(dt), dt, buf, APEX_F32, m);
+  return apex__cpu_row_f32(b, lo, stride ? m : 1, buf);
 }
 
 /* f32 math over n elements: out[i] from x[i] (and go[i] in a backward, which adds into out). */
@@ -46,14 +37,15 @@ typedef void ew_fn(const void *ctx, const float *restrict x, const float *restri
  * widened copy would, whatever thread runs it. */
 static void ew_map(ew_fn *f, const void *ctx, apex_nn_buf x, const float *go, void *out, apex_dtype out_dtype, size_t n) {
   size_t nb = (n + EW_BLOCK - 1) / EW_BLOCK;
+  apex_simd_active(); /* resolve the conversions' path before the threads read it */
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t b = 0; b < nb; b++) {
     float xb[EW_BLOCK], ob[EW_BLOCK];
     size_t lo = b * EW_BLOCK, m = n - lo < EW_BLOCK ? n - lo : EW_BLOCK, st;
     const float *xp = ew_in(x, lo, m, 1, xb, &st);
-    float *op = ew_dst(out, out_dtype, lo, ob);
+    float *op = apex__cpu_row_out(out, out_dtype, lo, ob);
     f(ctx, xp, go ? go + lo : NULL, op, m);
-    ew_out(out, out_dtype, lo, ob, m);
+    apex__cpu_row_store(out, out_dtype, lo, ob, m);
   }
 }
 
@@ -73,6 +65,7 @@ apex_status apex__cpu_nn_binary(const apex_nn_binary_args *a) {
   apex_nn_binary_kind op = a->kind;
   size_t rows = p->rows, len = p->len, n = rows * len;
   size_t sa0 = p->nd ? (size_t)p->st[0][p->nd - 1] : 0, sb0 = p->nd ? (size_t)p->st[1][p->nd - 1] : 0;
+  apex_simd_active(); /* resolve the conversions' path before the threads read it */
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t r = 0; r < rows; r++) {
     size_t off[2];
@@ -81,7 +74,7 @@ apex_status apex__cpu_nn_binary(const apex_nn_binary_args *a) {
       float xb[EW_BLOCK], yb[EW_BLOCK], zb[EW_BLOCK];
       size_t m = len - j0 < EW_BLOCK ? len - j0 : EW_BLOCK, sa, sb;
       const float *x = ew_in(a->a, off[0] + j0 * sa0, m, sa0, xb, &sa), *y = ew_in(a->b, off[1] + j0 * sb0, m, sb0, yb, &sb);
-      float *z = ew_dst(a->out, a->out_dtype, r * len + j0, zb);
+      float *z = apex__cpu_row_out(a->out, a->out_dtype, r * len + j0, zb);
       switch (op) {
       case APEX_NN_ADD: for (size_t j = 0; j < m; j++) z[j] = x[j * sa] + y[j * sb]; break;
       case APEX_NN_SUB: for (size_t j = 0; j < m; j++) z[j] = x[j * sa] - y[j * sb]; break;
@@ -92,7 +85,7 @@ apex_status apex__cpu_nn_binary(const apex_nn_binary_args *a) {
       case APEX_NN_EQ: for (size_t j = 0; j < m; j++) z[j] = x[j * sa] == y[j * sb] ? 1.0f : 0.0f; break;
       default: for (size_t j = 0; j < m; j++) z[j] = x[j * sa] / y[j * sb]; break;
       }
-      ew_out(a->out, a->out_dtype, r * len + j0, zb, m);
+      apex__cpu_row_store(a->out, a->out_dtype, r * len + j0, zb, m);
     }
   }
   return APEX_OK;
@@ -126,6 +119,7 @@ apex_status apex__cpu_nn_binary_bwd(const apex_nn_binary_bwd_args *a) {
   int acc[2] = {a->accumulate_a, a->accumulate_b};
   size_t rows = p->rows, len = p->len, n = rows * len;
   size_t s0[2] = {p->nd ? (size_t)p->st[0][p->nd - 1] : 0, p->nd ? (size_t)p->st[1][p->nd - 1] : 0};
+  apex_simd_active(); /* resolve the conversions' path before the threads read it */
   for (int k = 0; k < 2; k++) {
     float *gk = gout[k];
     if (!gk) continue;
@@ -348,14 +342,15 @@ apex_status apex__cpu_nn_dropout(const apex_nn_dropout_args *a) {
   const uint8_t *mask = a->mask;
   float s = a->s;
   size_t n = a->n, nb = (n + EW_BLOCK - 1) / EW_BLOCK;
+  apex_simd_active(); /* resolve the conversions' path before the threads read it */
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t b = 0; b < nb; b++) {
     float xb[EW_BLOCK], ob[EW_BLOCK];
     size_t lo = b * EW_BLOCK, m = n - lo < EW_BLOCK ? n - lo : EW_BLOCK, st;
     const float *X = ew_in(a->x, lo, m, 1, xb, &st);
-    float *o = ew_dst(a->out, a->out_dtype, lo, ob);
+    float *o = apex__cpu_row_out(a->out, a->out_dtype, lo, ob);
     for (size_t i = 0; i < m; i++) o[i] = mask[lo + i] ? X[i] * s : 0.0f;
-    ew_out(a->out, a->out_dtype, lo, ob, m);
+    apex__cpu_row_store(a->out, a->out_dtype, lo, ob, m);
   }
   return APEX_OK;
 }
