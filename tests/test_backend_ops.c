@@ -612,7 +612,7 @@ static apex_status slot_linear(slot_run *s) {
   enum { M = 13, N = 17, K = 19 };
   float *x = sbuf(s, M * K, 71), *w = sbuf(s, N * K, 72), *bias = sbuf(s, N, 73), *out = sbuf(s, M * N, 0);
   float *go = sbuf(s, M * N, 74), *gx = sbuf(s, M * K, 0), *gw = sbuf(s, N * K, 75), *gb = sbuf(s, N, 76);
-  apex_status st = s->be->nn_linear(&(apex_nn_linear_args){.m = M, .n = N, .k = K, .x = {x, APEX_F32}, .w = {w, APEX_F32}, .bias = bias,
+  apex_status st = s->be->nn_linear(&(apex_nn_linear_args){.m = M, .n = N, .k = K, .x = {x, APEX_F32}, .w = {w, APEX_F32}, .bias = {bias, APEX_F32},
                                                             .out = out, .out_dtype = APEX_F32, .ws = slot_ws(s)});
   if (st == APEX_OK)
     st = s->be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = M, .n = N, .k = K, .x = {x, APEX_F32}, .w = {w, APEX_F32}, .gout = go,
@@ -769,7 +769,9 @@ static void test_cuda_slot_refusals(void **state) {
   refused(cb->nn_conv2d(&(apex_nn_conv2d_args){.geom = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1}, .x = {f, APEX_F16}, .w = {f, APEX_F32},
                                                .out = f, .out_dtype = APEX_F16}),
           "nn_conv2d", "different dtypes");
-  refused(cb->nn_attention(&(apex_nn_attention_args){.heads = 1, .t = 1, .d = 1, .q = f, .k = f, .v = f, .p = f, .out = f}), "nn_attention",
+  refused(cb->nn_attention(&(apex_nn_attention_args){.heads = 1, .t = 1, .d = 1, .q = {f, APEX_F32}, .k = {f, APEX_F32}, .v = {f, APEX_F32}, .p = f,
+                                                     .out = f, .out_dtype = APEX_F32}),
+          "nn_attention",
           "packed qkv");
   refused(cb->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = 1, .classes = 2, .x = {f, APEX_F32}}), "nn_cross_entropy", "log-sum-exp");
   refused(cb->nn_batch_norm(&(apex_nn_batch_norm_args){.N = 1, .C = 1, .S = 1, .x = {f, APEX_F32}, .out = f, .stats = f}), "nn_batch_norm",

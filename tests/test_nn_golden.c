@@ -7,7 +7,8 @@
  *   f16/bf16: |apex - torch| <= 2 ulp of the dtype at max(|torch|, 1e-2 * max|torch|)
  * (the floor keeps values that cancel to near zero from demanding more than f32 can give). Dropout is
  * not compared: PyTorch's generator is not apex's (its backward is checked in test_nn_gradcheck).
- * bf16 matmul, linear and conv2d gradients on the oneDNN path get one more term: see rounded_r_bound. */
+ * bf16 matmul, linear and conv2d gradients on the oneDNN path get one more term: see rounded_r_bound;
+ * bf16 attention there gets one on its output and every input's gradient: see attention_bound. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +103,65 @@ static double *rounded_r_bound(const gc_case *c, int k, apex_var **in, const ape
   return out;
 }
 
+/* Where bf16 attention runs on oneDNN (backend/cpu/attention.c), the f32 probabilities P are rounded
+ * to bf16 for P v and P^T R, the f32 output gradient R for R v^T and P^T R, and dS for dS k and dS^T q,
+ * each by up to 2^-9 of itself; the golden values round none of them. The bound of each element grows by the
+ * first-order effect of those roundings, computed here in double from the inputs, per head:
+ *   out: 2^-9 P |v|;  E_P = 2^-9 |R| |v|^T (dP's error);  E_S = scale P (E_P + rowsum(P E_P)) (dS's);
+ *   F = E_S + 2^-9 |dS|;  grad q: F |k|;  grad k: F^T |q|;  grad v: 2^-8 P^T |R| (P and R rounded).
+ * k is the input whose gradient is compared, -1 for the output; NULL for every other case or path. */
+static double *attention_bound(const gc_case *c, int k, apex_var **in, const apex_tensor *R, apex_dtype dt) {
+  if (dt != APEX_BF16 || strncmp(c->name, "causal_attention", 16) || !apex__onednn_active(NULL)) return NULL;
+  const apex_tensor *Q = apex_var_value(in[0]), *K = apex_var_value(in[1]), *V = apex_var_value(in[2]);
+  int nd = apex_tensor_ndim(Q);
+  size_t T = (size_t)apex_tensor_dim(Q, nd - 2), D = (size_t)apex_tensor_dim(Q, nd - 1), heads = apex_tensor_numel(Q) / (T * D);
+  double scale = 1.0 / sqrt((double)D), *out = calloc(apex_tensor_numel(Q), sizeof *out), *P = calloc(T * T, sizeof *P),
+         *EP = calloc(T * T, sizeof *EP), *F = calloc(T * T, sizeof *F);
+  assert_true(out && P && EP && F);
+#define AT(t, h, i, c) ((double)apex_tensor_get((t), ((h) * T + (i)) * D + (c)))
+  for (size_t h = 0; h < heads; h++) {
+    for (size_t i = 0; i < T; i++) {
+      double mx = -INFINITY, sum = 0, rs = 0, rp = 0;
+      for (size_t j = 0; j <= i; j++) {
+        double sij = 0;
+        for (size_t e = 0; e < D; e++) sij += AT(Q, h, i, e) * AT(K, h, j, e);
+        P[i * T + j] = sij * scale;
+        mx = fmax(mx, P[i * T + j]);
+      }
+      for (size_t j = 0; j <= i; j++) sum += (P[i * T + j] = exp(P[i * T + j] - mx));
+      for (size_t j = 0; j <= i; j++) {
+        P[i * T + j] /= sum;
+        double dp = 0, ep = 0;
+        for (size_t e = 0; e < D; e++) {
+          dp += AT(R, h, i, e) * AT(V, h, j, e);
+          ep += fabs(AT(R, h, i, e) * AT(V, h, j, e));
+        }
+        EP[i * T + j] = ldexp(ep, -9);
+        F[i * T + j] = dp; /* dP for now */
+        rs += P[i * T + j] * dp;
+        rp += P[i * T + j] * EP[i * T + j];
+      }
+      for (size_t j = 0; j <= i; j++) {
+        double ds = P[i * T + j] * (F[i * T + j] - rs) * scale;
+        F[i * T + j] = scale * P[i * T + j] * (EP[i * T + j] + rp) + ldexp(fabs(ds), -9);
+      }
+    }
+    for (size_t i = 0; i < T; i++)
+      for (size_t j = 0; j <= i; j++)
+        for (size_t e = 0; e < D; e++) {
+          if (k < 0) out[(h * T + i) * D + e] += ldexp(P[i * T + j] * fabs(AT(V, h, j, e)), -9);
+          if (k == 0) out[(h * T + i) * D + e] += F[i * T + j] * fabs(AT(K, h, j, e));
+          if (k == 1) out[(h * T + j) * D + e] += F[i * T + j] * fabs(AT(Q, h, i, e));
+          if (k == 2) out[(h * T + j) * D + e] += ldexp(P[i * T + j] * fabs(AT(R, h, i, e)), -8);
+        }
+  }
+#undef AT
+  free(P);
+  free(EP);
+  free(F);
+  return out;
+}
+
 static void check(const golden *gd, const gc_case *c, apex_dtype dt) {
   const char *dn = apex_dtype_name(dt);
   char name[128];
@@ -118,17 +178,20 @@ static void check(const golden *gd, const gc_case *c, apex_dtype dt) {
   assert_int_equal(apex_tensor_dtype(apex_var_value(y)), dt);
   snprintf(name, sizeof name, "%s.%s.out", c->name, dn);
   apex_tensor *want = find(gd, name);
-  double worst = compare(name, apex_var_value(y), want, dt, NULL);
-  apex_tensor_destroy(want);
   size_t ny = apex_tensor_numel(apex_var_value(y));
   apex_tensor *R = apex_tensor_create(APEX_F32, 1, (int64_t[]){(int64_t)ny});
   for (size_t i = 0; i < ny; i++) apex_tensor_set(R, i, (float)sin(0.7 * (double)i + 0.3));
+  double *extra = attention_bound(c, -1, in, R, dt);
+  double worst = compare(name, apex_var_value(y), want, dt, extra);
+  free(extra);
+  apex_tensor_destroy(want);
   TU_OK(apex_backward(y, &(apex_backward_options){.grad_output = R}));
   for (int k = 0; k < c->n_in; k++) {
     if (c->nograd >> k & 1) continue;
     snprintf(name, sizeof name, "%s.%s.grad%d", c->name, dn, k);
     want = find(gd, name);
-    double *extra = rounded_r_bound(c, k, in, R, dt);
+    extra = rounded_r_bound(c, k, in, R, dt);
+    if (!extra) extra = attention_bound(c, k, in, R, dt);
     worst = fmax(worst, compare(name, apex_var_grad(in[k]), want, dt, extra));
     free(extra);
     apex_tensor_destroy(want);

@@ -1,5 +1,6 @@
 /* ops_attention.c: the front of causal scaled-dot-product attention: autocast, shape checks,
  * recording; the kernel is the backend's (backend/args_nn.h; the CPU's in backend/cpu/attention.c).
+ * q, k, v go to the kernel as stored (no widened copies), and its result is written in the op's dtype.
  * The forward keeps P ([heads, T, T], f32) in the op's scratch for the backward. */
 #include "autograd/ag.h"
 
@@ -30,13 +31,13 @@ apex_var *apex_causal_attention(apex_graph *g, apex_var *q, apex_var *k, apex_va
   apex_var *out = apex__result(g, APEX_OP_ATTENTION, dt, u[0]->value->ndim, u[0]->value->shape, 3, u);
   if (!out) return NULL;
   size_t tt = (size_t)a.t * a.t;
-  const float *Q = apex__f32(g, u[0]->value), *K = apex__f32(g, u[1]->value), *V = apex__f32(g, u[2]->value);
-  float *P = apex__scratch(g, ag_nz(a.heads * tt) * sizeof(float)), *o = apex__out_f32(g, out);
-  if (!Q || !K || !V || !P || !o) return NULL;
+  float *P = apex__scratch(g, ag_nz(a.heads * tt) * sizeof(float));
+  if (!P) return NULL;
   out->aux = P;
-  if (be->nn_attention(&(apex_nn_attention_args){.heads = a.heads, .t = a.t, .d = a.d, .q = Q, .k = K, .v = V, .p = P, .out = o}) != APEX_OK)
+  if (be->nn_attention(&(apex_nn_attention_args){.heads = a.heads, .t = a.t, .d = a.d, .q = ag_buf(u[0]->value), .k = ag_buf(u[1]->value),
+                                                 .v = ag_buf(u[2]->value), .p = P, .out = apex_tensor_data(out->value),
+                                                 .out_dtype = out->value->dtype, .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
-  apex__store(out, o);
   return out;
 }
 
@@ -44,12 +45,9 @@ apex_status apex__bwd_attention(apex_graph *g, apex_var *out) {
   const apex_backend *be = apex__ag_backend(out, APEX_OP_ATTENTION);
   if (!be || !AG_HAS(be, nn_attention_bwd, APEX_OP_ATTENTION)) return apex_last_status();
   att_dims a = dims_of(out->value);
-  size_t ws = ag_nz((size_t)a.t * a.t) * sizeof(float);
   float *gq = apex__gbuf(g, out->in[0]), *gk = apex__gbuf(g, out->in[1]), *gv = apex__gbuf(g, out->in[2]);
-  const float *Q = apex__f32(g, out->in[0]->value), *K = apex__f32(g, out->in[1]->value), *V = apex__f32(g, out->in[2]->value);
-  float *dS = apex__scratch(g, ws);
-  if (!Q || !K || !V || !dS) return APEX_ERR_OUT_OF_MEMORY;
-  return be->nn_attention_bwd(&(apex_nn_attention_bwd_args){.heads = a.heads, .t = a.t, .d = a.d, .q = Q, .k = K, .v = V, .p = out->aux,
+  return be->nn_attention_bwd(&(apex_nn_attention_bwd_args){.heads = a.heads, .t = a.t, .d = a.d, .q = ag_buf(out->in[0]->value),
+                                                            .k = ag_buf(out->in[1]->value), .v = ag_buf(out->in[2]->value), .p = out->aux,
                                                             .gout = out->gbuf, .gq = gq, .gk = gk, .gv = gv, .accumulate_q = 1,
-                                                            .accumulate_k = 1, .accumulate_v = 1, .workspace = dS, .workspace_bytes = ws});
+                                                            .accumulate_k = 1, .accumulate_v = 1, .ws = apex__ag_workspace(g)});
 }

@@ -210,15 +210,14 @@ apex_var *apex_dropout(apex_graph *g, apex_var *x, float p, int training, apex_r
   if (!out) return NULL;
   size_t n = ag_numel(out);
   uint8_t *mask = apex__scratch(g, n ? n : 1);
-  const float *X = apex__f32(g, u->value);
-  float *o = apex__out_f32(g, out);
-  if (!mask || !X || !o) return NULL;
+  if (!mask) return NULL;
   if (apex_rng_bernoulli(rng, mask, n, 1.0f - p) != APEX_OK) return NULL;
   float s = 1.0f / (1.0f - p);
   out->aux = mask;
   out->p.scale.s = s;
-  if (be->nn_dropout(&(apex_nn_dropout_args){.n = n, .mask = mask, .x = X, .out = o, .s = s}) != APEX_OK) return NULL;
-  apex__store(out, o);
+  if (be->nn_dropout(&(apex_nn_dropout_args){.n = n, .mask = mask, .x = ag_buf(u->value), .out = apex_tensor_data(out->value),
+                                             .out_dtype = out->value->dtype, .s = s}) != APEX_OK)
+    return NULL;
   return out;
 }
 

@@ -85,9 +85,8 @@ apex_var *apex_linear(apex_graph *g, apex_var *x, apex_var *w, apex_var *b) {
   if (!be || !AG_HAS(be, nn_linear, APEX_OP_LINEAR)) return NULL;
   apex_var *out = apex__result(g, APEX_OP_LINEAR, dt, X->ndim, shape, 3, u);
   if (!out) return NULL;
-  const float *bf = b ? apex__f32(g, u[2]->value) : NULL;
-  if (b && !bf) return NULL;
-  if (be->nn_linear(&(apex_nn_linear_args){.m = m, .n = n, .k = k, .x = ag_buf(X), .w = ag_buf(W), .bias = bf, .out = apex_tensor_data(out->value),
+  if (be->nn_linear(&(apex_nn_linear_args){.m = m, .n = n, .k = k, .x = ag_buf(X), .w = ag_buf(W), .bias = ag_buf_of(b ? u[2] : NULL),
+                                           .out = apex_tensor_data(out->value),
                                            .out_dtype = dt, .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
   return out;

@@ -128,10 +128,10 @@ apex_var *apex_permute(apex_graph *g, apex_var *x, const int *perm) {
   memcpy(out->p.permute.perm, perm, (size_t)nd * sizeof *perm);
   permute_strides(u->value, perm, a.strides);
   a.n = ag_numel(out);
-  a.x = apex__f32(g, u->value);
-  a.out = apex__out_f32(g, out);
-  if (!a.x || !a.out || be->nn_permute(&a) != APEX_OK) return NULL;
-  apex__store(out, a.out);
+  a.x = apex_tensor_data(u->value);
+  a.out = apex_tensor_data(out->value);
+  a.dtype = out->value->dtype;
+  if (be->nn_permute(&a) != APEX_OK) return NULL;
   return out;
 }
 

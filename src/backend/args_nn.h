@@ -80,7 +80,8 @@ typedef enum apex_nn_unary_kind {
 } apex_nn_unary_kind;
 
 /* out = kind(x) over n elements, computed in f32 from the native x and rounded to out_dtype; POW_SCALAR
- * raises to p (2 and 0.5 exactly rounded, as PyTorch). ws: the f32 copies a kernel widens into. */
+ * raises to p (2 and 0.5 exactly rounded, as PyTorch). ws: transient memory a backend may use (the
+ * CPU's widens on its stack and takes none). */
 typedef struct apex_nn_unary_args {
   apex_nn_unary_kind kind;
   size_t n;
@@ -124,12 +125,14 @@ typedef struct apex_nn_scale_bwd_args {
   int accumulate_x;
 } apex_nn_scale_bwd_args;
 
-/* out = mask ? x * s : 0 (mask: one byte per element, drawn by the front); backward likewise on gout. */
+/* out (out_dtype) = mask ? x * s : 0, in f32 from the native x (mask: one byte per element, drawn by
+ * the front); backward likewise on gout. */
 typedef struct apex_nn_dropout_args {
   size_t n;
   const uint8_t *mask;
-  const float *x;
-  float *out;
+  apex_nn_buf x;
+  void *out;
+  apex_dtype out_dtype;
   float s;
 } apex_nn_dropout_args;
 
@@ -346,14 +349,16 @@ typedef struct apex_nn_reduce_bwd_args {
 } apex_nn_reduce_bwd_args;
 
 /* out (shape [ndim], n elements) = x permuted: output element at index i reads x at sum_d i_d *
- * strides[d] (the input's element strides in the output's dimension order). */
+ * strides[d] (the input's element strides in the output's dimension order). x and out are of dtype
+ * and their elements are moved as they are, never converted. */
 typedef struct apex_nn_permute_args {
   int ndim;
   int64_t shape[APEX_MAX_DIMS];
   int64_t strides[APEX_MAX_DIMS];
   size_t n;
-  const float *x;
-  float *out;
+  const void *x;
+  void *out;
+  apex_dtype dtype;
 } apex_nn_permute_args;
 
 /* gx += gout permuted back (the forward's shape and strides). */
@@ -434,11 +439,11 @@ typedef struct apex_nn_matmul_bwd_args {
   apex_nn_workspace ws;
 } apex_nn_matmul_bwd_args;
 
-/* out [m, n] (out_dtype) = x [m, k] w^T (w [n, k]) + bias (f32 [n], may be NULL). */
+/* out [m, n] (out_dtype) = x [m, k] w^T (w [n, k]) + bias ([n], as stored, any float dtype; data NULL:
+ * none), summed in f32. */
 typedef struct apex_nn_linear_args {
   int m, n, k;
-  apex_nn_buf x, w;
-  const float *bias;
+  apex_nn_buf x, w, bias;
   void *out;
   apex_dtype out_dtype;
   apex_nn_workspace ws;
@@ -456,28 +461,31 @@ typedef struct apex_nn_linear_bwd_args {
 
 /* ---- attention (cpu/attention.c, cuda/attention.cu) --------------------------------------------------- */
 
-/* Causal scaled-dot-product attention over `heads` independent [t, d] heads of q, k, v (f32): per head
- * S = q k^T / sqrt(d) masked above the diagonal, P = softmax(S) row by row (into p, [heads, t, t],
- * kept for the backward), out = P v. */
+/* Causal scaled-dot-product attention over `heads` independent [t, d] heads of q, k, v (as stored, any
+ * float dtype), per head S = q k^T / sqrt(d) masked above the diagonal, P = softmax(S) row by
+ * row in f32 (into p, [heads, t, t], kept for the backward), out (out_dtype) = P v. */
 typedef struct apex_nn_attention_args {
   size_t heads;
   int t, d;
-  const float *q, *k, *v;
+  apex_nn_buf q, k, v;
   float *p;
-  float *out;
+  void *out;
+  apex_dtype out_dtype;
+  apex_nn_workspace ws;
 } apex_nn_attention_args;
 
-/* dV = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(dP * P)) / sqrt(d), dQ = dS k, dK = dS^T q; workspace
- * holds one head's dS (t * t floats) when gq or gk is set. */
+/* dV = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(dP * P)) / sqrt(d), dQ = dS k, dK = dS^T q, with q,
+ * k, v native as in the forward and the gradients f32; ws lends one head's dS (t * t floats) when gq
+ * or gk is set, and the products' scratch. */
 typedef struct apex_nn_attention_bwd_args {
   size_t heads;
   int t, d;
-  const float *q, *k, *v, *p;
+  apex_nn_buf q, k, v;
+  const float *p;
   const float *gout;
   float *gq, *gk, *gv;
   int accumulate_q, accumulate_k, accumulate_v;
-  float *workspace;
-  size_t workspace_bytes;
+  apex_nn_workspace ws;
 } apex_nn_attention_bwd_args;
 
 /* ---- convolution and pooling (cpu/conv.c, cuda/conv.cu) ------------------------------------------- */

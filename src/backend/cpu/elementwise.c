@@ -3,13 +3,50 @@
  *
  * A broadcast's rows are independent, so the forward runs them on threads; a backward that must sum
  * over broadcast positions runs them in order on one thread, which keeps it bitwise independent of
- * the thread count. */
+ * the thread count.
+ *
+ * Operands and results are read and written in their own dtypes, EW_BLOCK elements at a time: an
+ * f16/bf16 block is widened into the thread's stack by apex__convert_range (apex_convert's bits, in
+ * vector registers where the ISA allows), the f32 math runs on it as it would on a whole widened
+ * copy, and a half result is narrowed from the stack. So the bits are those of widening whole
+ * tensors, and no op holds a whole-tensor f32 copy. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "core/internal.h"
+
+/* Elements an f16/bf16 operand or result is widened or narrowed in at a time, on the thread's stack. */
+#define EW_BLOCK 1024
+
+/* Elements [lo, lo + m) of b (stride 1, or 0: one element repeated) as f32 (cpu_kernels.h's row
+ * widening, of the one element when repeated); *st is the stride to read the result with. */
+static const float *ew_in(apex_nn_buf b, size_t lo, size_t m, size_t stride, float *buf, size_t *st) {
+  *st = stride;
+  return apex__cpu_row_f32(b, lo, stride ? m : 1, buf);
+}
+
+/* f32 math over n elements: out[i] from x[i] (and go[i] in a backward, which adds into out). */
+typedef void ew_fn(const void *ctx, const float *restrict x, const float *restrict go, float *restrict out, size_t n);
+
+/* Runs f over n elements of x (native), EW_BLOCK at a time on threads, into out (out_dtype), with
+ * go (f32, may be NULL) beside it. Each block's elements see the same f32 values and math as a whole
+ * widened copy would, whatever thread runs it. */
+static void ew_map(ew_fn *f, const void *ctx, apex_nn_buf x, const float *go, void *out, apex_dtype out_dtype, size_t n) {
+  size_t nb = (n + EW_BLOCK - 1) / EW_BLOCK;
+  apex_simd_active(); /* resolve the conversions' path before the threads read it */
+#pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
+  for (size_t b = 0; b < nb; b++) {
+    float xb[EW_BLOCK], ob[EW_BLOCK];
+    size_t lo = b * EW_BLOCK, m = n - lo < EW_BLOCK ? n - lo : EW_BLOCK, st;
+    const float *xp = ew_in(x, lo, m, 1, xb, &st);
+    float *op = apex__cpu_row_out(out, out_dtype, lo, ob);
+    f(ctx, xp, go ? go + lo : NULL, op, m);
+    apex__cpu_row_store(out, out_dtype, lo, ob, m);
+  }
+}
 
 /* Row r's base offsets into a and b. */
 static void row_offsets(const apex_nn_bcast *p, size_t r, size_t off[2]) {
@@ -26,28 +63,30 @@ apex_status apex__cpu_nn_binary(const apex_nn_binary_args *a) {
   const apex_nn_bcast *p = a->plan;
   apex_nn_binary_kind op = a->kind;
   size_t rows = p->rows, len = p->len, n = rows * len;
-  const float *A = apex__cpu_f32(a->a, a->numel_a, &a->ws), *B = apex__cpu_f32(a->b, a->numel_b, &a->ws);
-  float *o = apex__cpu_out_f32(a->out, a->out_dtype, n, &a->ws);
-  if (!A || !B || !o) return APEX_ERR_OUT_OF_MEMORY;
-  size_t sa = p->nd ? (size_t)p->st[0][p->nd - 1] : 0, sb = p->nd ? (size_t)p->st[1][p->nd - 1] : 0;
+  size_t sa0 = p->nd ? (size_t)p->st[0][p->nd - 1] : 0, sb0 = p->nd ? (size_t)p->st[1][p->nd - 1] : 0;
+  apex_simd_active(); /* resolve the conversions' path before the threads read it */
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t r = 0; r < rows; r++) {
     size_t off[2];
     row_offsets(p, r, off);
-    const float *x = A + off[0], *y = B + off[1];
-    float *z = o + r * len;
-    switch (op) {
-    case APEX_NN_ADD: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] + y[j * sb]; break;
-    case APEX_NN_SUB: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] - y[j * sb]; break;
-    case APEX_NN_MUL: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] * y[j * sb]; break;
-    case APEX_NN_POW: for (size_t j = 0; j < len; j++) z[j] = powf(x[j * sa], y[j * sb]); break;
-    case APEX_NN_GT: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] > y[j * sb] ? 1.0f : 0.0f; break;
-    case APEX_NN_LT: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] < y[j * sb] ? 1.0f : 0.0f; break;
-    case APEX_NN_EQ: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] == y[j * sb] ? 1.0f : 0.0f; break;
-    default: for (size_t j = 0; j < len; j++) z[j] = x[j * sa] / y[j * sb]; break;
+    for (size_t j0 = 0; j0 < len; j0 += EW_BLOCK) {
+      float xb[EW_BLOCK], yb[EW_BLOCK], zb[EW_BLOCK];
+      size_t m = len - j0 < EW_BLOCK ? len - j0 : EW_BLOCK, sa, sb;
+      const float *x = ew_in(a->a, off[0] + j0 * sa0, m, sa0, xb, &sa), *y = ew_in(a->b, off[1] + j0 * sb0, m, sb0, yb, &sb);
+      float *z = apex__cpu_row_out(a->out, a->out_dtype, r * len + j0, zb);
+      switch (op) {
+      case APEX_NN_ADD: for (size_t j = 0; j < m; j++) z[j] = x[j * sa] + y[j * sb]; break;
+      case APEX_NN_SUB: for (size_t j = 0; j < m; j++) z[j] = x[j * sa] - y[j * sb]; break;
+      case APEX_NN_MUL: for (size_t j = 0; j < m; j++) z[j] = x[j * sa] * y[j * sb]; break;
+      case APEX_NN_POW: for (size_t j = 0; j < m; j++) z[j] = powf(x[j * sa], y[j * sb]); break;
+      case APEX_NN_GT: for (size_t j = 0; j < m; j++) z[j] = x[j * sa] > y[j * sb] ? 1.0f : 0.0f; break;
+      case APEX_NN_LT: for (size_t j = 0; j < m; j++) z[j] = x[j * sa] < y[j * sb] ? 1.0f : 0.0f; break;
+      case APEX_NN_EQ: for (size_t j = 0; j < m; j++) z[j] = x[j * sa] == y[j * sb] ? 1.0f : 0.0f; break;
+      default: for (size_t j = 0; j < m; j++) z[j] = x[j * sa] / y[j * sb]; break;
+      }
+      apex__cpu_row_store(a->out, a->out_dtype, r * len + j0, zb, m);
     }
   }
-  apex__cpu_store(a->out, a->out_dtype, o, n);
   return APEX_OK;
 }
 
@@ -71,47 +110,52 @@ apex_status apex__cpu_nn_binary_bwd(const apex_nn_binary_bwd_args *a) {
   apex_nn_binary_kind op = a->kind;
   /* add and sub have constant partials and read no values */
   int reads = op == APEX_NN_MUL || op == APEX_NN_DIV || op == APEX_NN_POW;
-  const float *v[2] = {apex__cpu_f32(a->a, a->numel_a, &a->ws), apex__cpu_f32(a->b, a->numel_b, &a->ws)};
-  if ((a->a.data && !v[0]) || (a->b.data && !v[1])) return APEX_ERR_OUT_OF_MEMORY;
+  if (reads && (!a->a.data || !a->b.data))
+    return apex__fail(APEX_ERR_INVALID_ARG, "nn_binary_bwd: the operands' values are needed for this kind; pass a and b");
   const float *go = a->gout;
   float *gout[2] = {a->ga, a->gb};
   size_t numel[2] = {a->numel_a, a->numel_b};
   int acc[2] = {a->accumulate_a, a->accumulate_b};
   size_t rows = p->rows, len = p->len, n = rows * len;
+  size_t s0[2] = {p->nd ? (size_t)p->st[0][p->nd - 1] : 0, p->nd ? (size_t)p->st[1][p->nd - 1] : 0};
+  apex_simd_active(); /* resolve the conversions' path before the threads read it */
   for (int k = 0; k < 2; k++) {
     float *gk = gout[k];
     if (!gk) continue;
     apex__cpu_grad_begin(gk, numel[k], acc[k]);
-    size_t s[2] = {p->nd ? (size_t)p->st[0][p->nd - 1] : 0, p->nd ? (size_t)p->st[1][p->nd - 1] : 0};
     int full = numel[k] == n; /* no broadcast: each output position has its own element */
 #pragma omp parallel for schedule(static) if (full && n > APEX__CPU_PAR_MIN)
     for (size_t r = 0; r < rows; r++) {
       size_t off[2];
       row_offsets(p, r, off);
-      const float *gr = go + r * len;
-      float *gd = gk + off[k];
-      size_t sk = s[k];
-      if (!reads) {
-        float c = partial(op, k, 0.0f, 0.0f);
-        for (size_t j = 0; j < len; j++) gd[j * sk] += gr[j] * c;
-        continue;
+      size_t sk = s0[k];
+      for (size_t j0 = 0; j0 < len; j0 += EW_BLOCK) {
+        size_t m = len - j0 < EW_BLOCK ? len - j0 : EW_BLOCK;
+        const float *gr = go + r * len + j0;
+        float *gd = gk + off[k] + j0 * sk;
+        if (!reads) {
+          float c = partial(op, k, 0.0f, 0.0f);
+          for (size_t j = 0; j < m; j++) gd[j * sk] += gr[j] * c;
+          continue;
+        }
+        float xb[EW_BLOCK], yb[EW_BLOCK];
+        size_t sa, sb;
+        const float *x = ew_in(a->a, off[0] + j0 * s0[0], m, s0[0], xb, &sa), *y = ew_in(a->b, off[1] + j0 * s0[1], m, s0[1], yb, &sb);
+        for (size_t j = 0; j < m; j++) gd[j * sk] += gr[j] * partial(op, k, x[j * sa], y[j * sb]);
       }
-      const float *x = v[0] + off[0], *y = v[1] + off[1];
-      for (size_t j = 0; j < len; j++) gd[j * sk] += gr[j] * partial(op, k, x[j * s[0]], y[j * s[1]]);
     }
   }
   return APEX_OK;
 }
 
+static void scale_f32(const void *ctx, const float *restrict x, const float *restrict go, float *restrict o, size_t n) {
+  (void)go;
+  float s = *(const float *)ctx;
+  for (size_t i = 0; i < n; i++) o[i] = x[i] * s;
+}
+
 apex_status apex__cpu_nn_scale(const apex_nn_scale_args *a) {
-  size_t n = a->n;
-  const float *X = apex__cpu_f32(a->x, n, &a->ws);
-  float *o = apex__cpu_out_f32(a->out, a->out_dtype, n, &a->ws);
-  if (!X || !o) return APEX_ERR_OUT_OF_MEMORY;
-  float s = a->s;
-  APEX__CPU_PFOR
-  for (size_t i = 0; i < n; i++) o[i] = X[i] * s;
-  apex__cpu_store(a->out, a->out_dtype, o, n);
+  ew_map(scale_f32, &a->s, a->x, NULL, a->out, a->out_dtype, a->n);
   return APEX_OK;
 }
 
@@ -129,56 +173,48 @@ apex_status apex__cpu_nn_scale_bwd(const apex_nn_scale_bwd_args *a) {
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_C 0.044715f
 
-apex_status apex__cpu_nn_unary(const apex_nn_unary_args *a) {
-  size_t n = a->n;
-  const float *X = apex__cpu_f32(a->x, n, &a->ws);
-  float *o = apex__cpu_out_f32(a->out, a->out_dtype, n, &a->ws);
-  if (!X || !o) return APEX_ERR_OUT_OF_MEMORY;
+/* kind(x) over n elements (ctx: the args, for the kind and p). */
+static void unary_f32(const void *ctx, const float *restrict X, const float *restrict go, float *restrict o, size_t n) {
+  (void)go;
+  const apex_nn_unary_args *a = ctx;
   float p = a->p;
   switch (a->kind) {
   case APEX_NN_RELU:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) o[i] = X[i] > 0.0f ? X[i] : 0.0f;
     break;
   case APEX_NN_GELU:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) o[i] = 0.5f * X[i] * (1.0f + erff(X[i] * 0.70710678118654752f));
     break;
   case APEX_NN_GELU_TANH:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) o[i] = 0.5f * X[i] * (1.0f + tanhf(GELU_K * (X[i] + GELU_C * X[i] * X[i] * X[i])));
     break;
   case APEX_NN_TANH:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) o[i] = tanhf(X[i]);
     break;
   case APEX_NN_EXP:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) o[i] = expf(X[i]);
     break;
   case APEX_NN_LOG:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) o[i] = logf(X[i]);
     break;
   case APEX_NN_POW_SCALAR:
     /* squares and square roots exactly rounded, as PyTorch's pow special-cases them */
     if (p == 2.0f) {
-      APEX__CPU_PFOR
       for (size_t i = 0; i < n; i++) o[i] = X[i] * X[i];
     } else if (p == 0.5f) {
-      APEX__CPU_PFOR
       for (size_t i = 0; i < n; i++) o[i] = sqrtf(X[i]);
     } else {
-      APEX__CPU_PFOR
       for (size_t i = 0; i < n; i++) o[i] = powf(X[i], p);
     }
     break;
   default:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) o[i] = 1.0f / (1.0f + expf(-X[i]));
     break;
   }
-  apex__cpu_store(a->out, a->out_dtype, o, n);
+}
+
+apex_status apex__cpu_nn_unary(const apex_nn_unary_args *a) {
+  ew_map(unary_f32, a, a->x, NULL, a->out, a->out_dtype, a->n);
   return APEX_OK;
 }
 
@@ -218,33 +254,23 @@ static void relu_bwd(float *restrict gx, int fresh, const void *y, apex_dtype y_
     RELU_BWD(uint32_t);
 }
 
-apex_status apex__cpu_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
-  float *gx = a->gx;
-  size_t n = a->n;
-  if (a->kind == APEX_NN_RELU) {
-    relu_bwd(gx, !a->accumulate_x, a->y, a->y_dtype, a->gout, n);
-    return APEX_OK;
-  }
-  const float *X = apex__cpu_f32(a->x, n, &a->ws), *go = a->gout;
-  if (!X) return APEX_ERR_OUT_OF_MEMORY;
-  apex__cpu_grad_begin(gx, n, a->accumulate_x);
+/* gx += go * kind'(x) over n elements (ctx: the args). */
+static void unary_bwd_f32(const void *ctx, const float *restrict X, const float *restrict go, float *restrict gx, size_t n) {
+  const apex_nn_unary_bwd_args *a = ctx;
   switch (a->kind) {
   case APEX_NN_GELU:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) {
       float x = X[i], cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f)), pdf = 0.3989422804014327f * expf(-0.5f * x * x);
       gx[i] += go[i] * (cdf + x * pdf);
     }
     break;
   case APEX_NN_GELU_TANH:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) {
       float x = X[i], t = tanhf(GELU_K * (x + GELU_C * x * x * x));
       gx[i] += go[i] * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * x * x));
     }
     break;
   case APEX_NN_TANH:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) {
       float t = tanhf(X[i]);
       gx[i] += go[i] * (1.0f - t * t);
@@ -252,39 +278,50 @@ apex_status apex__cpu_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
     break;
   /* exp is recomputed from x rather than read from a half output, which would round it once more */
   case APEX_NN_EXP:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) gx[i] += go[i] * expf(X[i]);
     break;
   case APEX_NN_LOG:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) gx[i] += go[i] / X[i];
     break;
   case APEX_NN_POW_SCALAR: {
     float p = a->p;
     if (p == 0.0f) break; /* x^0 is 1 everywhere: PyTorch gives 0, not 0 * 0^-1 = NaN at x = 0 */
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) gx[i] += go[i] * (p * powf(X[i], p - 1.0f));
     break;
   }
   default:
-    APEX__CPU_PFOR
     for (size_t i = 0; i < n; i++) {
       float s = 1.0f / (1.0f + expf(-X[i]));
       gx[i] += go[i] * s * (1.0f - s);
     }
     break;
   }
+}
+
+apex_status apex__cpu_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
+  if (a->kind == APEX_NN_RELU) {
+    relu_bwd(a->gx, !a->accumulate_x, a->y, a->y_dtype, a->gout, a->n);
+    return APEX_OK;
+  }
+  apex__cpu_grad_begin(a->gx, a->n, a->accumulate_x);
+  ew_map(unary_bwd_f32, a, a->x, a->gout, a->gx, APEX_F32, a->n);
   return APEX_OK;
 }
 
 apex_status apex__cpu_nn_dropout(const apex_nn_dropout_args *a) {
   const uint8_t *mask = a->mask;
-  const float *X = a->x;
-  float *o = a->out;
   float s = a->s;
-  size_t n = a->n;
-  APEX__CPU_PFOR
-  for (size_t i = 0; i < n; i++) o[i] = mask[i] ? X[i] * s : 0.0f;
+  size_t n = a->n, nb = (n + EW_BLOCK - 1) / EW_BLOCK;
+  apex_simd_active(); /* resolve the conversions' path before the threads read it */
+#pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
+  for (size_t b = 0; b < nb; b++) {
+    float xb[EW_BLOCK], ob[EW_BLOCK];
+    size_t lo = b * EW_BLOCK, m = n - lo < EW_BLOCK ? n - lo : EW_BLOCK, st;
+    const float *X = ew_in(a->x, lo, m, 1, xb, &st);
+    float *o = apex__cpu_row_out(a->out, a->out_dtype, lo, ob);
+    for (size_t i = 0; i < m; i++) o[i] = mask[lo + i] ? X[i] * s : 0.0f;
+    apex__cpu_row_store(a->out, a->out_dtype, lo, ob, m);
+  }
   return APEX_OK;
 }
 

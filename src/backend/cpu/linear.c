@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/sums.h"
 
@@ -44,9 +45,13 @@ apex_status apex__cpu_nn_matmul_bwd(const apex_nn_matmul_bwd_args *a) {
   return APEX_OK;
 }
 
+/* apex__gemm adds an f32 bias: a half one is widened here, n elements into the workspace (against the
+ * product's m x n x k multiply-adds), with apex_convert's bits. */
 apex_status apex__cpu_nn_linear(const apex_nn_linear_args *a) {
   int m = a->m, n = a->n, k = a->k;
-  return apex__gemm(&a->ws, m, n, k, 1.0f, mat(a->x, 0, k, 0), mat(a->w, 0, k, 1), 0.0f, a->out, a->out_dtype, n, a->bias);
+  const float *bias = apex__cpu_f32(a->bias, (size_t)n, &a->ws);
+  if (a->bias.data && !bias) return APEX_ERR_OUT_OF_MEMORY;
+  return apex__gemm(&a->ws, m, n, k, 1.0f, mat(a->x, 0, k, 0), mat(a->w, 0, k, 1), 0.0f, a->out, a->out_dtype, n, bias);
 }
 
 /* A first gradient (accumulate 0) is written with beta 0 into a buffer that holds nothing yet; the

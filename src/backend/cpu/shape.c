@@ -4,6 +4,7 @@
  * A reduction sums each line in order (one line over the whole tensor in apex__sum_f32's fixed
  * blocks), so its bits do not depend on the thread count. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
@@ -92,13 +93,20 @@ apex_status apex__cpu_nn_reduce_bwd(const apex_nn_reduce_bwd_args *a) {
     }                                                                                                                   \
   } while (0)
 
+/* Elements move as 2- or 4-byte words: a half tensor is permuted in its own dtype. */
 apex_status apex__cpu_nn_permute(const apex_nn_permute_args *a) {
   const int64_t *shape = a->shape, *st = a->strides;
   int nd = a->ndim;
   size_t n = a->n;
-  const float *X = a->x;
-  float *o = a->out;
-  PERMUTE_WALK(shape, nd, st, n, o[oi] = X[ii]);
+  if (apex_dtype_size(a->dtype) == 2) {
+    const uint16_t *X = a->x;
+    uint16_t *o = a->out;
+    PERMUTE_WALK(shape, nd, st, n, o[oi] = X[ii]);
+  } else {
+    const uint32_t *X = a->x;
+    uint32_t *o = a->out;
+    PERMUTE_WALK(shape, nd, st, n, o[oi] = X[ii]);
+  }
   return APEX_OK;
 }
 

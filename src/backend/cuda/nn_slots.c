@@ -233,15 +233,15 @@ apex_status apex__cuda_slot_nn_linear(const apex_nn_linear_args *a) {
   apex_status st = same_dtype("nn_linear", "x and w", a->x.dtype, a->w.dtype);
   if (st != APEX_OK || !a->m || !a->n) return st;
   /* the bias epilogue reads the bias in the output's dtype */
-  void *bias = (void *)a->bias;
-  if (a->bias && a->out_dtype != APEX_F32) {
+  void *bias = (void *)a->bias.data;
+  if (a->bias.data && a->bias.dtype != a->out_dtype) {
     bias = NULL;
     st = apex__cuda_alloc((size_t)a->n * apex_dtype_size(a->out_dtype), 0, &bias);
-    if (st == APEX_OK) st = apex__cuda_convert(bias, a->out_dtype, a->bias, APEX_F32, (size_t)a->n);
+    if (st == APEX_OK) st = apex__cuda_convert(bias, a->out_dtype, a->bias.data, a->bias.dtype, (size_t)a->n);
   }
   if (st == APEX_OK)
     st = apex__cuda_gemm(0, 1, a->m, a->n, a->k, 1.0f, a->x.data, a->w.data, a->x.dtype, 0.0f, a->out, a->out_dtype, bias, 0);
-  if (bias != a->bias) apex__cuda_free(bias);
+  if (bias != a->bias.data) apex__cuda_free(bias);
   return st;
 }
 
