@@ -1,7 +1,8 @@
 /* gpt2_cuda.h: a GPT-2 trained on the GPU with apex's CUDA kernels, llm.c style: an explicit forward and
  * backward over include/apex/cuda.h (cuBLASLt GEMMs, layer norm, attention, GELU, cross-entropy,
- * embedding) and apex's fused AdamW with f32 masters for the step. apex's autograd runs on the CPU only,
- * so this is how a C program trains a transformer on a GPU with apex today; bench_gpt2_cuda times it
+ * embedding) and apex's fused AdamW with f32 masters for the step, with no autograd graph: the way
+ * llm.c trains, and the way to train a transformer on a GPU where a CUDA graph lacks an op (softmax, the
+ * losses, attention: see include/apex/kernels.h for the raw kernels); bench_gpt2_cuda times it
  * against PyTorch (bench/peer_gpt2.py) and test_backend_ops (tests/backend_parity_gpt2.h) checks it
  * against the same model on apex's CPU autograd. Not part of the library: benchmarks and tests compile this file in.
  *
