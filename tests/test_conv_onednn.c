@@ -22,15 +22,8 @@
 #include "backend/cpu/conv_onednn.h"
 #include "backend/cpu/gemm_onednn.h"
 #include "conv_bound.h"
+#include "onednn_check.h"
 #include "testutil.h"
-
-static int skip_without_path(void) {
-  const char *why = NULL;
-  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
-  if (apex__onednn_active(&why)) return 0;
-  printf("skipped: %s\n", why);
-  return 1;
-}
 
 /* x [n, c, h, w], w [o, c, kh, kw] bf16, bias [o] f32, with the geometry's stride and padding. */
 typedef struct shape {
@@ -93,27 +86,6 @@ static void drop(operands *p) {
   apex_var_destroy(p->w);
   apex_var_destroy(p->b);
   apex_tensor_destroy(p->r);
-}
-
-static double bf16_ulp(double v) {
-  int e;
-  frexp(v == 0 ? 1e-38 : v, &e);
-  return ldexp(1.0, e - 8);
-}
-
-/* got vs ref with |err| <= rel * max|ref| + extra[i] (+ one bf16 ulp when ulp). */
-static void check(const char *what, const apex_tensor *got, const apex_tensor *ref, double rel, const double *extra, int ulp) {
-  size_t n = apex_tensor_numel(ref);
-  double mx = 0, worst = 0;
-  assert_int_equal(n, apex_tensor_numel(got));
-  for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(apex_tensor_get(ref, i)));
-  for (size_t i = 0; i < n; i++) {
-    double a = apex_tensor_get(ref, i), b = apex_tensor_get(got, i);
-    double bound = rel * mx + (extra ? extra[i] : 0) + (ulp ? bf16_ulp(fabs(a)) : 0), err = fabs(a - b);
-    if (!(err <= bound)) fail_msg("%s[%zu]: %.9g vs reference %.9g (bound %.3g)", what, i, b, a, bound);
-    if (bound > 0) worst = fmax(worst, err / bound);
-  }
-  printf("# %s: worst error %.3f of its bound\n", what, worst);
 }
 
 static void test_matches_portable(void **state) {

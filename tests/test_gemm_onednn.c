@@ -21,16 +21,8 @@
 
 #include "apex/cpu.h"
 #include "backend/cpu/gemm_onednn.h"
+#include "onednn_check.h"
 #include "testutil.h"
-
-/* Skips the calling test (returning 1) when the path cannot run at the CPU's own level. */
-static int skip_without_path(void) {
-  const char *why = NULL;
-  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
-  if (apex__onednn_active(&why)) return 0;
-  printf("skipped: %s\n", why);
-  return 1;
-}
 
 /* linear(x [m, k], w [n, k], b [n]) or matmul(x [m, k], w [k, n]) on bf16 leaves; backward with
  * grad_output r (f32 [m, n]). Copies out the output and the gradients of x and w as f32. */
@@ -55,32 +47,6 @@ static void free_run(run *q) {
   apex_tensor_destroy(q->y);
   apex_tensor_destroy(q->gx);
   apex_tensor_destroy(q->gw);
-}
-
-static double bf16_ulp(double v) {
-  int e;
-  frexp(v == 0 ? 1e-38 : v, &e);
-  return ldexp(1.0, e - 8);
-}
-
-static double max_abs(const apex_tensor *t) {
-  double mx = 0;
-  for (size_t i = 0; i < apex_tensor_numel(t); i++) mx = fmax(mx, fabs(apex_tensor_get(t, i)));
-  return mx;
-}
-
-/* got vs ref with |err| <= 1e-5 * max|ref| + extra[i] (+ one bf16 ulp when ulp). */
-static void check(const char *what, const apex_tensor *got, const apex_tensor *ref, const double *extra, int ulp) {
-  size_t n = apex_tensor_numel(ref);
-  double mx = max_abs(ref), worst = 0;
-  assert_int_equal(n, apex_tensor_numel(got));
-  for (size_t i = 0; i < n; i++) {
-    double a = apex_tensor_get(ref, i), b = apex_tensor_get(got, i);
-    double bound = 1e-5 * mx + (extra ? extra[i] : 0) + (ulp ? bf16_ulp(fabs(a)) : 0), err = fabs(a - b);
-    if (!(err <= bound)) fail_msg("%s[%zu]: %.9g vs reference %.9g (bound %.3g)", what, i, b, a, bound);
-    worst = fmax(worst, err / bound);
-  }
-  printf("# %s: worst error %.3f of its bound\n", what, worst);
 }
 
 /* rel * (|P| x |Q|) where P is [rows, inner] and Q [inner, cols], each read through (ld, trans). */
@@ -137,15 +103,15 @@ static void test_matches_portable(void **state) {
       /* bf16 forward: exact products, one rounding of the output (the ulp); f32: the f32 bound */
       double *by = dt == APEX_F32 ? rounding_bound(X, 0, W, linear, m, k, n, rel_bound(dt, k)) : NULL;
       snprintf(what, sizeof what, "%s %s [%d, %d] x [%d, %d] output", tn, op, m, k, k, n);
-      check(what, got.y, ref.y, by, dt == APEX_BF16);
+      check(what, got.y, ref.y, 1e-5, by, dt == APEX_BF16);
       free(by);
       /* gx = R W (linear: w [n, k] as stored; matmul: w [k, n] transposed), gw = R^T x or x^T R */
       double *bx = rounding_bound(r, 0, W, !linear, m, n, k, rel_bound(dt, n));
       double *bw = linear ? rounding_bound(r, 1, X, 0, n, m, k, rel_bound(dt, m)) : rounding_bound(X, 1, r, 0, k, m, n, rel_bound(dt, m));
       snprintf(what, sizeof what, "%s %s [%d, %d] x [%d, %d] grad x", tn, op, m, k, k, n);
-      check(what, got.gx, ref.gx, bx, apex_tensor_dtype(apex_var_grad(x)) != APEX_F32);
+      check(what, got.gx, ref.gx, 1e-5, bx, apex_tensor_dtype(apex_var_grad(x)) != APEX_F32);
       snprintf(what, sizeof what, "%s %s [%d, %d] x [%d, %d] grad w", tn, op, m, k, k, n);
-      check(what, got.gw, ref.gw, bw, apex_tensor_dtype(apex_var_grad(w)) != APEX_F32);
+      check(what, got.gw, ref.gw, 1e-5, bw, apex_tensor_dtype(apex_var_grad(w)) != APEX_F32);
       free(bx);
       free(bw);
       free_run(&ref);
