@@ -16,6 +16,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/vmath.h"
 #include "core/internal.h"
 
 /* Elements an f16/bf16 operand or result is widened or narrowed in at a time, on the thread's stack. */
@@ -173,6 +174,19 @@ apex_status apex__cpu_nn_scale_bwd(const apex_nn_scale_bwd_args *a) {
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_C 0.044715f
 
+/* t[i] = tanh(u[i]) (erf_n: erf) for i < n (t may be u): vmath's vector function above the portable
+ * ISA, libm's tanhf (erff) at it (the reference). Each GELU and tanh step below is otherwise the same
+ * f32 operations at every ISA, so results differ from the reference only through tanh's or erf's
+ * last bit (vmath.h). */
+static void tanh_n(const float *u, float *t, size_t n) {
+  if (apex__vtanh(u, t, n)) return;
+  for (size_t i = 0; i < n; i++) t[i] = tanhf(u[i]);
+}
+static void erf_n(const float *u, float *t, size_t n) {
+  if (apex__verf(u, t, n)) return;
+  for (size_t i = 0; i < n; i++) t[i] = erff(u[i]);
+}
+
 /* kind(x) over n elements (ctx: the args, for the kind and p). */
 static void unary_f32(const void *ctx, const float *restrict X, const float *restrict go, float *restrict o, size_t n) {
   (void)go;
@@ -183,13 +197,17 @@ static void unary_f32(const void *ctx, const float *restrict X, const float *res
     for (size_t i = 0; i < n; i++) o[i] = X[i] > 0.0f ? X[i] : 0.0f;
     break;
   case APEX_NN_GELU:
-    for (size_t i = 0; i < n; i++) o[i] = 0.5f * X[i] * (1.0f + erff(X[i] * 0.70710678118654752f));
+    for (size_t i = 0; i < n; i++) o[i] = X[i] * 0.70710678118654752f;
+    erf_n(o, o, n);
+    for (size_t i = 0; i < n; i++) o[i] = 0.5f * X[i] * (1.0f + o[i]);
     break;
   case APEX_NN_GELU_TANH:
-    for (size_t i = 0; i < n; i++) o[i] = 0.5f * X[i] * (1.0f + tanhf(GELU_K * (X[i] + GELU_C * X[i] * X[i] * X[i])));
+    for (size_t i = 0; i < n; i++) o[i] = GELU_K * (X[i] + GELU_C * X[i] * X[i] * X[i]);
+    tanh_n(o, o, n);
+    for (size_t i = 0; i < n; i++) o[i] = 0.5f * X[i] * (1.0f + o[i]);
     break;
   case APEX_NN_TANH:
-    for (size_t i = 0; i < n; i++) o[i] = tanhf(X[i]);
+    tanh_n(X, o, n);
     break;
   case APEX_NN_EXP:
     for (size_t i = 0; i < n; i++) o[i] = expf(X[i]);
@@ -259,21 +277,33 @@ static void unary_bwd_f32(const void *ctx, const float *restrict X, const float 
   const apex_nn_unary_bwd_args *a = ctx;
   switch (a->kind) {
   case APEX_NN_GELU:
-    for (size_t i = 0; i < n; i++) {
-      float x = X[i], cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f)), pdf = 0.3989422804014327f * expf(-0.5f * x * x);
-      gx[i] += go[i] * (cdf + x * pdf);
-    }
-    break;
   case APEX_NN_GELU_TANH:
-    for (size_t i = 0; i < n; i++) {
-      float x = X[i], t = tanhf(GELU_K * (x + GELU_C * x * x * x));
-      gx[i] += go[i] * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * x * x));
-    }
-    break;
   case APEX_NN_TANH:
-    for (size_t i = 0; i < n; i++) {
-      float t = tanhf(X[i]);
-      gx[i] += go[i] * (1.0f - t * t);
+    for (size_t lo = 0; lo < n; lo += EW_BLOCK) {
+      float tb[EW_BLOCK];
+      size_t m = n - lo < EW_BLOCK ? n - lo : EW_BLOCK;
+      const float *x = X + lo, *g = go + lo;
+      float *d = gx + lo;
+      if (a->kind == APEX_NN_GELU) {
+        for (size_t i = 0; i < m; i++) tb[i] = x[i] * 0.70710678118654752f;
+        erf_n(tb, tb, m);
+        for (size_t i = 0; i < m; i++) {
+          float cdf = 0.5f * (1.0f + tb[i]), pdf = 0.3989422804014327f * expf(-0.5f * x[i] * x[i]);
+          d[i] += g[i] * (cdf + x[i] * pdf);
+        }
+        continue;
+      }
+      if (a->kind == APEX_NN_TANH) {
+        tanh_n(x, tb, m);
+        for (size_t i = 0; i < m; i++) d[i] += g[i] * (1.0f - tb[i] * tb[i]);
+        continue;
+      }
+      for (size_t i = 0; i < m; i++) tb[i] = GELU_K * (x[i] + GELU_C * x[i] * x[i] * x[i]);
+      tanh_n(tb, tb, m);
+      for (size_t i = 0; i < m; i++) {
+        float t = tb[i];
+        d[i] += g[i] * (0.5f * (1.0f + t) + 0.5f * x[i] * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * x[i] * x[i]));
+      }
     }
     break;
   /* exp is recomputed from x rather than read from a half output, which would round it once more */

@@ -1,0 +1,1 @@
+set_tests_properties(test_vmath_exhaustive PROPERTIES LABELS long TIMEOUT 1800)
