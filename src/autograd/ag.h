@@ -185,8 +185,6 @@ void *apex__scratch_temp(apex_graph *g, size_t bytes);
  * (args_nn.h: the embedding's ids): the pool's own scratch on a CPU graph. NULL (with a message) on
  * failure. */
 void *apex__host_scratch(apex_graph *g, size_t bytes);
-/* n zeroed floats of scratch. */
-float *apex__scratch_zero(apex_graph *g, size_t n);
 /* A tensor from the pool, valid until reset (contents unspecified). */
 apex_tensor *apex__pool_tensor(apex_graph *g, apex_dtype dtype, int ndim, const int64_t *shape);
 

@@ -80,15 +80,6 @@ void *apex__host_scratch(apex_graph *g, size_t bytes) {
   return p ? p : apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex graph: cannot allocate %zu bytes of host scratch", bytes);
 }
 
-float *apex__scratch_zero(apex_graph *g, size_t n) {
-  float *p = apex__scratch(g, n * sizeof(float));
-  if (p && n && g->mem->fill(p, APEX_F32, 0.0f, n) != APEX_OK) {
-    g->oom = 1;
-    return NULL;
-  }
-  return p;
-}
-
 int apex__adopt(apex_graph *g, apex_tensor *t) {
   if (!apex__grow((void **)&g->headers, &g->cap_headers, g->n_headers + 1, sizeof *g->headers)) {
     apex_tensor_destroy(t);
@@ -249,7 +240,7 @@ apex_status apex__host_front(const apex_graph *g, apex_op op) {
 
 apex_status apex__pool_copy(apex_graph *g, float *dst, const float *src, size_t n) {
   if (dst == src || !n) return APEX_OK;
-  return g->mem->copy(dst, src, n * sizeof(float), g->be->device == APEX_DEVICE_CPU ? APEX_COPY_H2D : APEX_COPY_D2D, 0);
+  return g->mem->copy(dst, src, n * sizeof(float), APEX_COPY_D2D, 0); /* both in the graph's pool */
 }
 
 apex_var *apex_var_create(apex_tensor *value, int requires_grad) {
