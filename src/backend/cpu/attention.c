@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemm_onednn.h"
 #include "core/internal.h"
@@ -81,9 +82,7 @@ apex_status apex__cpu_nn_attention(const apex_nn_attention_args *a) {
     if (st != APEX_OK) return st;
     for (int i = 0; i < t; i++) {
       float *row = ph + (size_t)i * t, mx = -INFINITY, s = 0.0f;
-      /* a compare, not fmaxf (a libm call per element, 5% of the op), with fmaxf's result: both
-       * skip a NaN score (NaN > mx is false), and a max of -0 for +0 changes no row[j] - mx */
-      for (int j = 0; j <= i; j++) mx = row[j] > mx ? row[j] : mx;
+      for (int j = 0; j <= i; j++) mx = apex__cpu_line_max(mx, row[j]);
       for (int j = 0; j <= i; j++) s += (row[j] = expf(row[j] - mx));
       for (int j = 0; j <= i; j++) row[j] /= s;
       for (int j = i + 1; j < t; j++) row[j] = 0.0f;

@@ -12,12 +12,6 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/sums.h"
 
-/* The running maximum of a softmax line: fmaxf's result where it matters, without its library call
- * (a seventh of cross entropy's time). mx starts at -INFINITY, so a NaN x leaves it as fmaxf does;
- * the two may differ only in the sign of a zero maximum, which x - mx and mx + logf(s) (s >= 1) do
- * not carry into any result. */
-static inline float line_max(float mx, float x) { return x > mx ? x : mx; }
-
 /* Line `base` of D elements, `inner` apart, of x as f32 elements *st apart: x's own when f32, else
  * widened into tmp (2 * D floats: the f32 line, and its raw elements gathered when inner > 1). */
 static const float *line_f32(apex_nn_buf x, size_t base, size_t D, size_t inner, float *tmp, size_t *st) {
@@ -58,7 +52,7 @@ apex_status apex__cpu_nn_softmax(const apex_nn_softmax_args *a) {
     const float *xl = line_f32(a->x, base, D, inner, tmp, &xs);
     float *ol = o + base;
     float mx = -INFINITY;
-    for (size_t j = 0; j < D; j++) mx = line_max(mx, xl[j * xs]);
+    for (size_t j = 0; j < D; j++) mx = apex__cpu_line_max(mx, xl[j * xs]);
     float s = 0.0f;
     if (logsm) {
       for (size_t j = 0; j < D; j++) s += expf(xl[j * xs] - mx);
@@ -116,7 +110,7 @@ apex_status apex__cpu_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
     const float *xi = apex__cpu_row_f32(a->x, i * C, C, apex__cpu_my_row(rows, 1, C, 0));
     float *pi = p + i * C;
     float mx = -INFINITY, s = 0.0f, sum_logp = 0.0f;
-    for (size_t c = 0; c < C; c++) mx = line_max(mx, xi[c]);
+    for (size_t c = 0; c < C; c++) mx = apex__cpu_line_max(mx, xi[c]);
     for (size_t c = 0; c < C; c++) s += (pi[c] = expf(xi[c] - mx));
     float lse = mx + logf(s), r = 1.0f / s;
     for (size_t c = 0; c < C; c++) {
