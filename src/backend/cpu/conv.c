@@ -447,7 +447,6 @@ apex_status apex__cpu_nn_pool2d(const apex_nn_pool2d_args *a) {
   conv_geom q = a->geom;
   int32_t *arg = a->argmax;
   size_t planes = (size_t)q.n * q.c, P = (size_t)q.ho * q.wo, HW = (size_t)q.h * q.w;
-  size_t xes = apex_dtype_size(a->x.dtype), oes = apex_dtype_size(a->out_dtype);
   float inv = 1.0f / (float)(q.kh * q.kw);
   int direct = a->x.dtype == APEX_F32 && a->out_dtype == APEX_F32, par = planes * P > APEX__CPU_PAR_MIN;
   int nt = par ? apex_get_num_threads() : 1;
@@ -458,15 +457,9 @@ apex_status apex__cpu_nn_pool2d(const apex_nn_pool2d_args *a) {
     float *mine = direct ? NULL : buf + (size_t)omp_get_thread_num() * (HW + P);
 #pragma omp for schedule(static)
     for (size_t pl = 0; pl < planes; pl++) {
-      const char *x = (const char *)a->x.data + pl * HW * xes;
-      char *o = (char *)a->out + pl * P * oes;
-      if (direct) {
-        pool_plane(&q, (const float *)x, (float *)o, arg ? arg + pl * P : NULL, inv);
-        continue;
-      }
-      apex__convert_range(mine, APEX_F32, x, a->x.dtype, HW);
-      pool_plane(&q, mine, mine + HW, arg ? arg + pl * P : NULL, inv);
-      apex__convert_range(o, a->out_dtype, mine + HW, APEX_F32, P);
+      float *o = apex__cpu_row_out(a->out, a->out_dtype, pl * P, mine ? mine + HW : NULL);
+      pool_plane(&q, apex__cpu_row_f32(a->x, pl * HW, HW, mine), o, arg ? arg + pl * P : NULL, inv);
+      apex__cpu_row_store(a->out, a->out_dtype, pl * P, o, P);
     }
   }
   return APEX_OK;
