@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "apex/cpu.h"
 #include "backend/cpu/gemm_onednn.h"
@@ -41,6 +42,29 @@ static void check(const char *what, const apex_tensor *got, const apex_tensor *r
     if (bound > 0) worst = fmax(worst, err / bound);
   }
   printf("# %s: worst error %.3f of its bound\n", what, worst);
+}
+
+/* Opens a test that APEX_CPU_ISA=avx512 keeps the path off (the including file defines
+ * _POSIX_C_SOURCE for setenv): sets the variable and checks that the path says it is inactive, and
+ * why. 0, with the variable cleared, where the CPU lacks AVX512_BF16 and the test is skipped. */
+static int env_avx512_begin(void) {
+  setenv("APEX_CPU_ISA", "avx512", 1);
+  if (apex_cpu_native_isa() < APEX_CPU_ISA_AVX512_BF16) {
+    printf("skipped: this CPU has neither AVX512_BF16 nor AMX\n");
+    unsetenv("APEX_CPU_ISA");
+    return 0;
+  }
+  const char *why = NULL;
+  assert_false(apex__onednn_active(&why));
+  assert_non_null(why);
+  printf("# with APEX_CPU_ISA=avx512: %s\n", why);
+  return 1;
+}
+
+/* Closes it: the cap back to the CPU's own level, the variable cleared. */
+static void env_avx512_end(void) {
+  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
+  unsetenv("APEX_CPU_ISA");
 }
 
 #endif

@@ -185,15 +185,8 @@ static void test_f16_takes_a_working_path(void **state) {
  * still runs (on the f32 path) with the bits of avx512's f32 path. */
 static void test_env_avx512_disables(void **state) {
   (void)state;
-  setenv("APEX_CPU_ISA", "avx512", 1);
-  if (apex_cpu_native_isa() < APEX_CPU_ISA_AVX512_BF16) {
-    printf("skipped: this CPU has neither AVX512_BF16 nor AMX\n");
-    unsetenv("APEX_CPU_ISA");
-    return;
-  }
+  if (!env_avx512_begin()) return;
   const char *why = NULL;
-  assert_false(apex__onednn_active(&why));
-  printf("# with APEX_CPU_ISA=avx512: %s\n", why);
   const shape *s = &shapes[1];
   operands p = make(s, 77);
   unsigned long before = apex__conv_onednn_products();
@@ -209,8 +202,7 @@ static void test_env_avx512_disables(void **state) {
   }
   free_run(&off);
   drop(&p);
-  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
-  unsetenv("APEX_CPU_ISA");
+  env_avx512_end();
 }
 
 int main(void) {

@@ -168,16 +168,8 @@ static void test_thread_count_bitwise(void **state) {
  * product still runs (on the f32 path). */
 static void test_env_avx512_disables(void **state) {
   (void)state;
-  setenv("APEX_CPU_ISA", "avx512", 1);
+  if (!env_avx512_begin()) return;
   const char *why = NULL;
-  if (apex_cpu_native_isa() < APEX_CPU_ISA_AVX512_BF16) {
-    printf("skipped: this CPU has neither AVX512_BF16 nor AMX\n");
-    unsetenv("APEX_CPU_ISA");
-    return;
-  }
-  assert_false(apex__onednn_active(&why));
-  assert_non_null(why);
-  printf("# with APEX_CPU_ISA=avx512: %s\n", why);
   apex_var *x = tu_random_leaf(APEX_BF16, 2, (int64_t[]){300, 130}, 1, 1);
   apex_var *w = tu_random_leaf(APEX_BF16, 2, (int64_t[]){270, 130}, 2, 1);
   apex_tensor *r = tu_random_tensor(APEX_F32, 300 * 270, 3, 1.0f);
@@ -197,8 +189,7 @@ static void test_env_avx512_disables(void **state) {
   apex_tensor_destroy(r);
   apex_var_destroy(x);
   apex_var_destroy(w);
-  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
-  unsetenv("APEX_CPU_ISA");
+  env_avx512_end();
 }
 
 int main(void) {
