@@ -165,6 +165,10 @@ static prim_entry get(const prim_key *key, int *owned) {
 
 /* ---- the product --------------------------------------------------------------------------------- */
 
+/* Half products' tiles span the product's width up to WIDE_MAX columns (see apex__gemm_onednn), with
+ * rows halved down to WIDE_MIN_ROWS until there are WIDE_MIN_TILES (work for 2 to 4 threads). */
+enum { WIDE_MAX = 4096, WIDE_MIN_TILES = 4, WIDE_MIN_ROWS = 32 };
+
 static size_t up64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
 /* Operand x's stored strides for op(x) tile reads: rows of op(x) step by rs, its columns by cs. */
@@ -175,9 +179,10 @@ static void strides(int trans, int64_t ld, int64_t s[2]) {
 
 typedef struct tile_plan {
   int tm, tn, ti, tj;
-  int narrow_a, narrow_b; /* the operand is f32 and is rounded to bf16 a panel at a time */
-  int direct;             /* C is f32 and takes the product as it is: tiles write into C in place */
-  prim_entry e[2][2];     /* [last row of tiles][last column of tiles] */
+  int pack_a;         /* op(A) is read from a per-thread panel, a row of tiles at a time */
+  int pack_b;         /* op(B) is read from panels made once for the product, shared by the threads */
+  int direct;         /* the tiles write their f32 products into C in place */
+  prim_entry e[2][2]; /* [last row of tiles][last column of tiles] */
   int owned[2][2];
 } tile_plan;
 
@@ -185,16 +190,24 @@ typedef struct tile_plan {
  * panel that keeps the stored orientation (as gemm.c's panels do). */
 static prim_key tile_key(dnnl_data_type_t dt, const tile_plan *p, const apex__mat *a, const apex__mat *b, int mi, int nj, int k, int ldc) {
   prim_key q = {dt, mi, nj, k, {0, 0}, {0, 0}, p->direct ? ldc : nj};
-  strides(a->trans, p->narrow_a ? (a->trans ? mi : k) : a->ld, q.sa);
-  strides(b->trans, p->narrow_b ? (b->trans ? k : nj) : b->ld, q.sb);
+  strides(a->trans, p->pack_a ? (a->trans ? mi : k) : a->ld, q.sa);
+  strides(b->trans, p->pack_b ? (b->trans ? k : nj) : b->ld, q.sb);
   return q;
 }
 
-/* Rounds lines [lo, lo + w) of op(x) to bf16 in buf (the stored rows or columns they read). */
-static const void *narrow_panel(const apex__mat *x, int by_rows, int lo, int w, int k, uint16_t *buf) {
-  const float *base = (const float *)x->data + (by_rows ? (size_t)lo * x->ld : (size_t)lo);
+/* Lines [lo, lo + w) of op(x) (the stored rows or columns they read) into buf, dense, as dtype dt:
+ * rounded to nearest even when x is f32, copied when it is dt already. */
+static const void *pack_panel(const apex__mat *x, apex_dtype dt, int by_rows, int lo, int w, int k, uint16_t *buf) {
+  size_t es = apex_dtype_size(x->dtype);
+  const char *base = (const char *)x->data + (by_rows ? (size_t)lo * x->ld : (size_t)lo) * es;
   int rows = by_rows ? w : k, cols = by_rows ? k : w;
-  for (int r = 0; r < rows; r++) apex__convert_range(buf + (size_t)r * cols, APEX_BF16, base + (size_t)r * x->ld, APEX_F32, (size_t)cols);
+  for (int r = 0; r < rows; r++) {
+    const char *src = base + (size_t)r * x->ld * es;
+    if (x->dtype == dt)
+      memcpy(buf + (size_t)r * cols, src, (size_t)cols * es);
+    else
+      apex__convert_range(buf + (size_t)r * cols, dt, src, x->dtype, (size_t)cols);
+  }
   return buf;
 }
 
@@ -251,24 +264,44 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
   if (!apex__onednn_active(NULL) || m <= 0 || n <= 0 || k <= 0 || tm <= 0 || tn <= 0) return APEX_ERR_UNSUPPORTED;
   if (ct != APEX_F32 && beta != 0.0f && !bias) return APEX_ERR_UNSUPPORTED;
   dnnl_data_type_t dt;
+  apex_dtype half;
   tile_plan p = {0};
   if (a.dtype == APEX_F16 && b.dtype == APEX_F16)
-    dt = dnnl_f16;
+    dt = dnnl_f16, half = APEX_F16;
   else if (a.dtype == APEX_F32 && b.dtype == APEX_F32 &&
            (f32_mode == APEX__ONEDNN_F32_ALL || (f32_mode == APEX__ONEDNN_F32_TRANS_B && b.trans)))
-    dt = dnnl_f32;
+    dt = dnnl_f32, half = APEX_F32;
   else if ((a.dtype == APEX_BF16 && (b.dtype == APEX_BF16 || b.dtype == APEX_F32)) || (b.dtype == APEX_BF16 && a.dtype == APEX_F32))
-    dt = dnnl_bf16, p.narrow_a = a.dtype == APEX_F32, p.narrow_b = b.dtype == APEX_F32;
+    dt = dnnl_bf16, half = APEX_BF16;
   else
     return APEX_ERR_UNSUPPORTED;
   pthread_once(&engine_once, engine_init);
   if (!engine) return APEX_ERR_UNSUPPORTED;
 
-  /* The product as oneDNN leaves it is C's value: no scratch tile, no copy (the backward's f32
-   * gradient products; a copy of every tile cost 5% of the MLP's O2 step, perf, one thread). */
-  p.direct = ct == APEX_F32 && alpha == 1.0f && beta == 0.0f && !bias;
+  int lowp = dt != dnnl_f32;
   p.tm = tm < m ? tm : m, p.tn = tn < n ? tn : n;
+  /* Half products run in tiles as wide as the product (up to WIDE_MAX columns) with as many rows
+   * as gemm.c's grid gives them, halved until there are MIN_TILES: oneDNN 2.6 takes its brgemm
+   * kernel (AVX512_BF16 dot products) only for dense operands and result, and a 256-column tile of
+   * a wider B or C is strided, which sent every backward product to its older gemm:jit kernel
+   * (bench_gemm gemm_4096x768x768, B as stored, 2 threads: 167-173 GFLOP/s in 256-column tiles,
+   * 0.58-0.62x one whole-product primitive in the same run; 303-365 GFLOP/s, 0.75-1.0x, in wide
+   * tiles). The grid is still a function of m, n and k alone. f32 products keep gemm.c's grid, and
+   * their bits. */
+  if (lowp && p.tn < n && n <= WIDE_MAX) {
+    p.tn = n;
+    while ((m + p.tm - 1) / p.tm < WIDE_MIN_TILES && p.tm >= 2 * WIDE_MIN_ROWS) p.tm = (p.tm + 1) / 2;
+  }
   p.ti = (m + p.tm - 1) / p.tm, p.tj = (n + p.tn - 1) / p.tn;
+  /* An operand is packed into a dense panel when it must be rounded to bf16 (an f32 operand beside
+   * a bf16 one) or, for half products, when its tiles are strided in place (see above). */
+  int dense_a = a.trans ? p.ti == 1 && a.ld == m : a.ld == k, dense_b = b.trans ? b.ld == k : p.tj == 1 && b.ld == n;
+  p.pack_a = a.dtype != half || (lowp && !dense_a);
+  p.pack_b = b.dtype != half || (lowp && !dense_b);
+  /* The product as oneDNN leaves it is C's value: no scratch tile, no copy (the backward's f32
+   * gradient products; a copy of every tile cost 5% of the MLP's O2 step, perf, one thread), where
+   * C's tile is dense or the product is f32 (whose primitives take strided results as they are). */
+  p.direct = ct == APEX_F32 && alpha == 1.0f && beta == 0.0f && !bias && (!lowp || (p.tj == 1 && ldc == n));
   /* the (at most four) tile shapes: full, last row, last column, corner */
   int usable = 1;
   size_t pad = 0;
@@ -285,39 +318,49 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
 
   /* Scratch for as many threads as could ever run the tiles (the thread cap, at most one a tile), not
    * for the threads running now, which follow the machine's load: the graph's pool must not grow
-   * between steps when the load changes (test_autograd's ten thousand steps). */
+   * between steps when the load changes (test_autograd's ten thousand steps). op(B)'s panels are
+   * made once for all threads (every tile of a column reads the same panel). */
   int nt = p.ti * p.tj, cap = apex_get_max_threads(), slots = nt < cap ? nt : cap, threads = apex_get_num_threads();
   if (slots < 1) slots = 1;
   if (threads > slots) threads = slots;
-  size_t fa = p.narrow_a ? up64((size_t)p.tm * k * 2) : 0, fb = p.narrow_b ? up64((size_t)k * p.tn * 2) : 0;
-  size_t fc = p.direct ? 0 : up64((size_t)p.tm * p.tn * sizeof(float)), per = fa + fb + fc + up64(pad);
-  char *scratch = ws->get(ws->ctx, (size_t)slots * per + 64);
+  size_t fb = p.pack_b ? up64((size_t)k * n * 2) : 0, fa = p.pack_a ? up64((size_t)p.tm * k * 2) : 0;
+  size_t fc = p.direct ? 0 : up64((size_t)p.tm * p.tn * sizeof(float)), per = fa + fc + up64(pad);
+  char *scratch = ws->get(ws->ctx, fb + (size_t)slots * per + 64);
   if (!scratch) {
     st = APEX_ERR_OUT_OF_MEMORY;
     goto done;
   }
   scratch = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-  int failed = 0, down = !p.narrow_a && p.narrow_b;
+  uint16_t *bpanels = (uint16_t *)scratch;
+  int failed = 0;
 #pragma omp parallel num_threads(threads) if (nt > 1 && threads > 1) reduction(| : failed)
   {
     int old = omp_get_max_threads();
     omp_set_num_threads(1);
-    char *mine = scratch + (size_t)omp_get_thread_num() * per;
-    uint16_t *abuf = (uint16_t *)mine, *bbuf = (uint16_t *)(mine + fa);
-    float *acc = (float *)(mine + fa + fb);
-    void *padp = mine + fa + fb + fc;
+    if (p.pack_b) {
+      /* panel jj holds op(B)'s columns [jj tn, jj tn + nj) dense, at jj tn k elements in */
+#pragma omp for schedule(static)
+      for (int jj = 0; jj < p.tj; jj++) {
+        int j0 = jj * p.tn, nj = n - j0 < p.tn ? n - j0 : p.tn;
+        pack_panel(&b, half, b.trans, j0, nj, k, bpanels + (size_t)j0 * k);
+      }
+    }
+    char *mine = scratch + fb + (size_t)omp_get_thread_num() * per;
+    uint16_t *abuf = (uint16_t *)mine;
+    float *acc = (float *)(mine + fa);
+    void *padp = mine + fa + fc;
     dnnl_stream_t s = NULL;
     if (dnnl_stream_create(&s, engine, dnnl_stream_default_flags) != dnnl_success) failed = 1;
-    const void *ap = NULL, *bp = NULL;
-    int last_i = -1, last_j = -1;
+    const void *ap = NULL;
+    int last_i = -1;
 #pragma omp for schedule(static)
     for (int t = 0; t < nt; t++) {
       if (failed) continue;
-      int i = down ? t % p.ti : t / p.tj, jj = down ? t / p.ti : t % p.tj, i0 = i * p.tm, j0 = jj * p.tn;
+      int i = t / p.tj, jj = t % p.tj, i0 = i * p.tm, j0 = jj * p.tn;
       int mi = m - i0 < p.tm ? m - i0 : p.tm, nj = n - j0 < p.tn ? n - j0 : p.tn;
-      if (i != last_i) ap = p.narrow_a ? narrow_panel(&a, !a.trans, i0, mi, k, abuf) : in_place(&a, !a.trans, i0);
-      if (jj != last_j) bp = p.narrow_b ? narrow_panel(&b, b.trans, j0, nj, k, bbuf) : in_place(&b, b.trans, j0);
-      last_i = i, last_j = jj;
+      if (i != last_i) ap = p.pack_a ? pack_panel(&a, half, !a.trans, i0, mi, k, abuf) : in_place(&a, !a.trans, i0);
+      last_i = i;
+      const void *bp = p.pack_b ? (const void *)(bpanels + (size_t)j0 * k) : in_place(&b, b.trans, j0);
       float *dst = p.direct ? (float *)c + (size_t)i0 * ldc + j0 : acc;
       if (!run_tile(&p.e[i == p.ti - 1][jj == p.tj - 1], s, ap, bp, dst, padp)) {
         failed = 1;
