@@ -761,11 +761,14 @@ static void train_range(apex_amp *amp, net_t *n, int first, int steps, int num_l
 static void test_bitwise_resume(void **state) {
   (void)state;
   const char *levels[4] = {"O0", "O1", "O2", "O3"};
-  /* f16, and bf16 (whose products run through oneDNN on AVX512_BF16/AMX CPUs: gemm_onednn.c) */
-  for (int l = 0; l < 8; l++)
+  /* f16; bf16 (whose products run through oneDNN on AVX512_BF16/AMX CPUs: gemm_onednn.c) with dynamic
+   * scaling asked for explicitly; and bf16 with its default, no loss scaling (l >= 8). */
+  for (int l = 0; l < 12; l++)
     for (int nl = 1; nl <= 2; nl++) {
-      if (l == 4) continue; /* O0 has no half type */
-      apex_amp_config cfg = {.opt_level = levels[l % 4], .num_losses = nl, .scale_window = l % 4 == 1 || l % 4 == 2 ? 3 : 0,
+      if (l == 4 || l == 8) continue; /* O0 has no half type */
+      int dyn = (l % 4 == 1 || l % 4 == 2) && l < 8;
+      apex_amp_config cfg = {.opt_level = levels[l % 4], .num_losses = nl, .scale_window = dyn ? 3 : 0,
+                             .loss_scale = dyn && l >= 4 ? APEX_AMP_DYNAMIC : 0.0f,
                              .half_type = l < 4 ? APEX_AMP_CAST_DEFAULT : APEX_AMP_CAST_BF16};
       float straight[10], resumed[10];
       net_t a = make_net(21, 1, 0.1f);
@@ -1081,6 +1084,8 @@ static uint8_t *train_combined(const char *level, apex_amp_cast half, int combin
   apex_amp *amp;
   TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1,
                             &(apex_amp_config){.opt_level = level, .half_type = half,
+                                                 /* bf16 scales only when asked: this test needs the overflow */
+                                                 .loss_scale = half == APEX_AMP_CAST_BF16 ? APEX_AMP_DYNAMIC : 0.0f,
                                                  .combine_grad = combine ? APEX_AMP_ON : APEX_AMP_OFF}, &amp));
   /* Gradients of fc1 (weight, then bias) next to each other in one buffer: the combination happened. */
   apex_tensor *gw = apex_var_grad(apex_model_param(n.m, 0, NULL)), *gb = apex_var_grad(apex_model_param(n.m, 1, NULL));
