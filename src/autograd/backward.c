@@ -80,9 +80,10 @@ static apex_status flush_leaf(apex_graph *g, apex_var *v) {
 }
 
 /* Adds the collected f32 gradients into low-precision grad tensors and forgets every buffer; the first
- * failure of a flush (the others still run, so that no buffer outlives the backward). */
-static apex_status finish(apex_graph *g) {
-  apex_status st = APEX_OK;
+ * failure of a flush (the others still run, so that no buffer outlives the backward). After a backward
+ * that succeeded, a leaf sink (leaf_sink.h; never with a grad hook) first takes the sums it consumes. */
+static apex_status finish(apex_graph *g, int ok) {
+  apex_status st = ok && g->leaf_sink && !g->grad_hook ? g->leaf_sink(g->leaf_sink_ctx, g) : APEX_OK;
   for (size_t i = 0; i < g->n_touched; i++) {
     apex_status s = flush_leaf(g, g->touched_leaves[i]);
     if (st == APEX_OK) st = s;
@@ -194,7 +195,7 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
     }
     if (hook) st = fire_finals(g, &k, i);
   }
-  apex_status fst = finish(g);
+  apex_status fst = finish(g, st == APEX_OK);
   if (st == APEX_OK) st = fst;
   /* The weight-cast cache ends with the backward, as Apex clears its cache when scale_loss exits: an
    * optimizer step may follow and change the leaves, and the cached copies' values may have been
