@@ -1168,6 +1168,50 @@ static void test_fused_flush_unscale(void **state) {
   free(b);
 }
 
+static apex_status inject_inf_hook(void *ctx) {
+  apex_tensor_set(apex_var_grad(ctx), 3, INFINITY);
+  return APEX_OK;
+}
+
+/* bf16's default (a static 1.0, no scaling) still checks the gradients: an Inf in one (put there by a
+ * before_unscale hook, after the backward) skips the step at O1, where the check runs alone over the
+ * in-place f32 gradients, and at O2; the scale stays 1 and a clean step steps. */
+static void test_bf16_static_overflow_skips(void **state) {
+  (void)state;
+  const char *levels[2] = {"O1", "O2"};
+  for (int l = 0; l < 2; l++)
+    for (int inject = 0; inject < 2; inject++) {
+      net_t n = make_net(91, 0, 0.1f);
+      apex_amp *amp;
+      TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1, &(apex_amp_config){.opt_level = levels[l], .half_type = APEX_AMP_CAST_BF16}, &amp));
+      assert_true(apex_amp_loss_scale(amp, 0) == 1.0f);
+      apex_graph *g = apex_graph_create();
+      TU_OK(apex_amp_prepare_graph(amp, g));
+      apex_tensor *x = batch_x(0);
+      int64_t y[BATCH];
+      batch_y(0, y);
+      apex_var *loss = apex_cross_entropy(g, apex_amp_forward(amp, 0, n.net, g, apex_graph_input(g, x, 0)), y, NULL);
+      apex_var *w = apex_model_find_param(n.m, "fc2.weight");
+      TU_OK(apex_amp_backward(amp, loss, 0,
+                              &(apex_amp_backward_options){.before_unscale = inject ? inject_inf_hook : no_op_hook, .hook_ctx = w}));
+      uint8_t *before, *after;
+      size_t len;
+      snapshot(n.m, &before, &len);
+      int skipped = -1;
+      TU_OK(apex_amp_step(amp, n.opt, &skipped));
+      snapshot(n.m, &after, &len);
+      assert_int_equal(skipped, inject);
+      assert_int_equal(memcmp(before, after, len) == 0, inject);
+      assert_true(apex_amp_loss_scale(amp, 0) == 1.0f);
+      free(before);
+      free(after);
+      apex_tensor_destroy(x);
+      apex_graph_destroy(g);
+      apex_amp_destroy(amp);
+      free_net(n);
+    }
+}
+
 /* ---- combine_grad -------------------------------------------------------------------------------- */
 
 /* Trains 6 steps at `level` with combine_grad off or on (below O0, batch 3 has an input that overflows
@@ -1381,6 +1425,7 @@ int main(void) {
       cmocka_unit_test(test_combine_grad),               cmocka_unit_test(test_step_refused_after_failed_backward),
       cmocka_unit_test(test_model_state_is_f32),
       cmocka_unit_test(test_fused_flush_unscale),
+      cmocka_unit_test(test_bf16_static_overflow_skips),
       cmocka_unit_test(test_overflow_at_min_scale_is_a_skip), cmocka_unit_test(test_forward_prepares_graph),
       cmocka_unit_test(test_null_chain),                 cmocka_unit_test(test_failed_initialize_keeps_out),
   };

@@ -517,12 +517,29 @@ static apex_status fuse_sink(void *ctx, apex_graph *g) {
   return st;
 }
 
+/* out = x * inv_scale with the Inf/NaN check, over n tensors. At scale 1 (bf16's default, a static 1.0)
+ * a gradient unscaled in place needs only the check: x * 1 is x, so the pass reads and writes
+ * nothing else (a widening into a master gradient still runs, as the plain conversion it is). */
+static apex_status scale_grads(apex_tensor *const *x, apex_tensor *const *out, int n, float inv_scale, int *overflow) {
+  if (inv_scale != 1.0f) return apex_mt_scale(0, overflow, x, out, n, inv_scale);
+  apex_status st = APEX_OK;
+  for (int i = 0; i < n && st == APEX_OK;) { /* runs of in-place and of widening tensors, in order */
+    int j = i, in_place = x[i] == out[i];
+    while (j < n && (x[j] == out[j]) == in_place) j++;
+    int found = 0;
+    st = in_place ? apex_mt_check_finite(x + i, j - i, &found) : apex_mt_scale(0, overflow, x + i, out + i, j - i, 1.0f);
+    if (found) *overflow = 1;
+    i = j;
+  }
+  return st;
+}
+
 /* grad * inv_scale (+ earlier values) into the optimizer's gradients, checking the new gradients for
  * Inf/NaN in the same pass; model gradients behind masters are zeroed once consumed. Parameters the
  * leaf sink has done (fused) are skipped. */
 static apex_status unscale(amp_opt *ao, float inv_scale, int *overflow) {
   if (ao->n_flat && !ao->dirty) { /* combine_grad: the same elementwise pass over a few flat buffers */
-    apex_status st = apex_mt_scale(0, overflow, ao->flat_x, ao->flat_out, ao->n_flat, inv_scale);
+    apex_status st = scale_grads(ao->flat_x, ao->flat_out, ao->n_flat, inv_scale, overflow);
     for (int f = 0; f < ao->n_flat && st == APEX_OK; f++)
       if (ao->flat_out[f] != ao->flat_x[f]) st = apex_tensor_fill(ao->flat_x[f], 0.0f);
     return st;
@@ -544,7 +561,7 @@ static apex_status unscale(amp_opt *ao, float inv_scale, int *overflow) {
       accum.out[accum.n++] = dst;
     }
   }
-  if (st == APEX_OK && fresh.n) st = apex_mt_scale(0, overflow, fresh.x, fresh.out, fresh.n, inv_scale);
+  if (st == APEX_OK && fresh.n) st = scale_grads(fresh.x, fresh.out, fresh.n, inv_scale, overflow);
   if (st == APEX_OK && accum.n) st = apex_mt_axpby(0, overflow, accum.x, accum.y, accum.out, accum.n, inv_scale, 1.0f, 0);
   for (int k = 0; k < ao->n && st == APEX_OK; k++)
     if (ao->params[k].master_grad && !ao->params[k].fused) st = apex_tensor_fill(apex_var_grad(ao->params[k].var), 0.0f);
