@@ -5,7 +5,8 @@
  * graph's device; the engine fills, seeds and adds them only through the backend's slots. A
  * leaf of dtype f32 accumulates straight into its grad tensor; a low-precision leaf collects its
  * gradient in f32 and adds it to its grad tensor once, at the end, so it is rounded once per
- * backward rather than once per use. */
+ * backward rather than once per use; amp's leaf sink (leaf_sink.h) may take that sum first, to fold the
+ * flush into its unscale. */
 #include <stdlib.h>
 
 #include "autograd/ag.h"
