@@ -1,7 +1,8 @@
 /* attention.c: the CPU backend's causal scaled-dot-product attention (args_nn.h), forward and
- * backward. Heads run one after another, each product in gemm.c's grid fixed by the shape, so the
- * bits do not depend on the thread count: apex__sgemm for f32 operands (f32 attention's bits as they
- * have always been), apex__gemm for any other.
+ * backward. Each product runs in a grid fixed by its shape, so the bits do not depend on the thread
+ * count: apex__sgemm for f32 operands (f32 attention's bits as they have always been), apex__gemm for
+ * any other. Heads run one after another with the threads on each product, except bf16 heads on
+ * oneDNN, which run whole on the threads (run_heads).
  *
  * q, k, v are read as stored: apex__gemm widens f16/bf16 operands a tile's panel at a time (the bits
  * of widening the whole tensors, which is the reference), or, for bf16 on a CPU with AVX512_BF16 or
