@@ -124,7 +124,9 @@ static apex_status run_heads(const apex_nn_workspace *ws, size_t heads, size_t e
       if (!failed && fn(args, h, &r, extra ? mine : NULL) != APEX_OK) failed = 1;
     omp_set_num_threads(old);
   }
-  return failed ? APEX_ERR_OUT_OF_MEMORY : APEX_OK;
+  /* a product fails only for want of scratch, and every head asks for head 0's */
+  return failed ? apex__fail(APEX_ERR_OUT_OF_MEMORY, "causal_attention: a head's product found no scratch on its thread; free memory")
+                : APEX_OK;
 }
 
 /* ---- forward ------------------------------------------------------------------------------------- */
