@@ -121,9 +121,16 @@ apex_status apex__cpu_nn_reduce_bwd(const apex_nn_reduce_bwd_args *a) {
         rem_ /= (size_t)out_shape[d_];                                                                                  \
       }                                                                                                                 \
       size_t ls_ = nd ? (size_t)st[nd - 1] : 0;                                                                         \
-      for (size_t j_ = 0; j_ < len_; j_++) {                                                                            \
-        size_t oi = r_ * len_ + j_, ii = base_ + j_ * ls_;                                                              \
-        BODY;                                                                                                           \
+      if (ls_ == 1) { /* the last dim stays in place (attention's head split): a run that vectorises */                 \
+        for (size_t j_ = 0; j_ < len_; j_++) {                                                                          \
+          size_t oi = r_ * len_ + j_, ii = base_ + j_;                                                                  \
+          BODY;                                                                                                         \
+        }                                                                                                               \
+      } else {                                                                                                          \
+        for (size_t j_ = 0; j_ < len_; j_++) {                                                                          \
+          size_t oi = r_ * len_ + j_, ii = base_ + j_ * ls_;                                                            \
+          BODY;                                                                                                         \
+        }                                                                                                               \
       }                                                                                                                 \
     }                                                                                                                   \
   } while (0)
