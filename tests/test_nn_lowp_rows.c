@@ -1,4 +1,4 @@
-/* test_nn_lowp_rows.c: the norms, softmax, losses and reductions on f16 and bf16 tensors, which their CPU kernels
+/* test_nn_lowp_rows.c: the norms, softmax, losses, GELUs and reductions on f16 and bf16 tensors, which their CPU kernels
  * read and write in the tensors' own dtype a row (line, plane, block) at a time, give the bits of the
  * reference they replace: the same op on f32 copies of the inputs (widening is exact), its result
  * rounded once to the low-precision dtype, and its gradients those of the f32 op (rounded to the
@@ -73,6 +73,8 @@ static apex_var *f_mse(apex_graph *g, apex_var **x) { return apex_mse_loss(g, x[
 static apex_var *f_mse_none(apex_graph *g, apex_var **x) { return apex_mse_loss(g, x[0], x[1], APEX_REDUCTION_NONE); }
 static apex_var *f_bce_logits(apex_graph *g, apex_var **x) { return apex_bce_with_logits(g, x[0], x[1], APEX_REDUCTION_SUM); }
 static apex_var *f_bce(apex_graph *g, apex_var **x) { return apex_bce(g, x[0], x[1], APEX_REDUCTION_MEAN); }
+static apex_var *f_gelu(apex_graph *g, apex_var **x) { return apex_gelu(g, x[0]); }
+static apex_var *f_gelu_tanh(apex_graph *g, apex_var **x) { return apex_gelu_tanh(g, x[0]); }
 static apex_var *f_sum_all(apex_graph *g, apex_var **x) { return apex_sum_all(g, x[0]); }
 static apex_var *f_mean_mid(apex_graph *g, apex_var **x) { return apex_mean(g, x[0], 1, 1); }
 static apex_var *f_sum_last(apex_graph *g, apex_var **x) { return apex_sum(g, x[0], -1, 0); }
@@ -98,6 +100,10 @@ static const lp_case cases[] = {
     {"mse_none", f_mse_none, 2, {1, 1}, {{17000}, {17000}}, 0, 0},
     {"bce_with_logits", f_bce_logits, 2, {2, 2}, {{90, 210}, {90, 210}}, 0, 0},
     {"bce", f_bce, 2, {2, 2}, {{90, 210}, {90, 210}}, 1, 0},
+    /* the GELUs read a half input's results and slopes from tables of its 65536 values
+     * (cpu/elementwise.c); under autocast they run in f32 (Apex's FP32_FUNCS) */
+    {"gelu", f_gelu, 1, {2}, {{70, 300}}, 0, 0},
+    {"gelu_tanh", f_gelu_tanh, 1, {2}, {{70, 300}}, 0, 0},
     /* the reductions read a half input a block at a time (cpu/shape.c): a whole-tensor line over
      * several of the 4096-element blocks, lines along a middle dim wider than the 64 columns a task
      * takes (and a partial one), and last-dim lines longer than the 512 elements widened at a time */
@@ -253,7 +259,7 @@ static int run_autocast(const lp_case *c, apex_dtype dt, int cast, float *const 
   return ok;
 }
 
-/* Under autocast the FLOAT-category norms, softmax, losses and reductions take f16/bf16 inputs uncast
+/* Under autocast the FLOAT-category norms, softmax, losses, GELUs and reductions take f16/bf16 inputs uncast
  * (op_table.c's reads_half): their results and the gradients that reach the leaves are the bits of
  * the recorded f32 cast they replace, at 1 to 3 threads, and the graph holds less memory after the
  * forward (no f32 copy of the input). */
@@ -310,9 +316,9 @@ static void test_autocast_float_ops_uncast(void **state) {
       for (int i = 0; i < c->n_in; i++) free(vals[i]);
     }
   }
-  /* layer/RMS norm, the four softmaxes, two cross entropies, two MSEs, BCE with logits and the six
-   * reductions, each dtype (BCE is refused under autocast; batch norm is not a FLOAT op) */
-  assert_int_equal(checked, 2 * 17);
+  /* layer/RMS norm, the four softmaxes, two cross entropies, two MSEs, BCE with logits, the two GELUs
+   * and the six reductions, each dtype (BCE is refused under autocast; batch norm is not a FLOAT op) */
+  assert_int_equal(checked, 2 * 19);
 }
 
 /* ---- softmax lines with signed zeros, NaN and -inf ---------------------------------------------- */

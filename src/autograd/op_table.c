@@ -27,8 +27,8 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     [APEX_OP_DIV] = {"div", APEX_CAST_PROMOTE, apex__bwd_binary},
     [APEX_OP_SCALE] = {"scale", APEX_CAST_NONE, apex__bwd_scale, ALL_IN},
     [APEX_OP_RELU] = {"relu", APEX_CAST_NONE, apex__bwd_unary, ALL_IN, 1},
-    [APEX_OP_GELU] = {"gelu", APEX_CAST_FLOAT, apex__bwd_unary},       /* Apex's FP32_FUNCS */
-    [APEX_OP_GELU_TANH] = {"gelu_tanh", APEX_CAST_FLOAT, apex__bwd_unary},
+    [APEX_OP_GELU] = {"gelu", APEX_CAST_FLOAT, apex__bwd_unary, .reads_half = 1}, /* Apex's FP32_FUNCS */
+    [APEX_OP_GELU_TANH] = {"gelu_tanh", APEX_CAST_FLOAT, apex__bwd_unary, .reads_half = 1},
     [APEX_OP_TANH] = {"tanh", APEX_CAST_NONE, apex__bwd_unary},
     [APEX_OP_SIGMOID] = {"sigmoid", APEX_CAST_NONE, apex__bwd_unary},
     [APEX_OP_DROPOUT] = {"dropout", APEX_CAST_NONE, apex__bwd_dropout, ALL_IN},
