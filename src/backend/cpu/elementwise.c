@@ -9,7 +9,8 @@
  * f16/bf16 block is widened into the thread's stack by apex__convert_range (apex_convert's bits, in
  * vector registers where the ISA allows), the f32 math runs on it as it would on a whole widened
  * copy, and a half result is narrowed from the stack. So the bits are those of widening whole
- * tensors, and no op holds a whole-tensor f32 copy. */
+ * tensors, and no op holds a whole-tensor f32 copy. GELU, GELU_TANH and tanh of a half input look
+ * their f32 results and slopes up in tables over its 65536 values, made by those same loops. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>

@@ -7,8 +7,8 @@
  * The weight and bias gradients of the row norms are column sums of an [rows, D] product, done by
  * apex__colsum_add in row order. So no result depends on the thread count.
  *
- * f16/bf16 inputs and results are read and written in their dtype: a row norm widens one row into a
- * buffer of its thread, batch norm one channel's N planes, and each rounds its result a row (plane)
+ * f16/bf16 inputs and results are read and written in their dtype: a row norm widens a group of rows
+ * into buffers of its thread, batch norm one channel's N planes, and each rounds its result a row (plane)
  * at a time (cpu_kernels.h). The f32 math is the same as on a whole-tensor f32 copy, so the bits are. */
 #include <math.h>
 #include <omp.h>
