@@ -128,14 +128,15 @@ static void test_threads(void **state) {
   apex_tensor_destroy(xf), apex_tensor_destroy(xb), apex_tensor_destroy(g);
 }
 
-/* GELU, GELU_TANH and tanh of an f16 or bf16 input come from a table of the f32 results over its
- * 65536 values (cpu/elementwise.c): every one of them, forward and backward, has the bits of the
- * same op on the widened f32 input (computed, no table), at the portable, AVX2 and AVX-512 caps
+/* GELU, GELU_TANH and tanh of an f16 or bf16 input come from tables over its 65536 values
+ * (cpu/elementwise.c): every one of them, forward (f32 result, and one in the input's dtype) and
+ * backward, has the bits of the same op on the widened f32 input (computed, no table), at the
+ * portable, AVX2 and AVX-512 caps
  * (libm's tanh/erf bits at the first, the vector code's above). */
 static void test_half_tables(void **state) {
   (void)state;
   enum { NV = 65536 };
-  uint16_t *h = malloc(NV * sizeof *h);
+  uint16_t *h = malloc(NV * sizeof *h), *oh = malloc(NV * sizeof *oh), *want = malloc(NV * sizeof *want);
   float *xf = malloc(NV * sizeof *xf), *go = malloc(NV * sizeof *go), *o[2], *gx[2];
   for (int k = 0; k < 2; k++) o[k] = malloc(NV * sizeof(float)), gx[k] = malloc(NV * sizeof(float));
   for (size_t i = 0; i < NV; i++) h[i] = (uint16_t)i, go[i] = 0.01f * (float)((i * 7919) % 97) - 0.4f;
@@ -152,6 +153,10 @@ static void test_half_tables(void **state) {
           TU_OK(apex__cpu_nn_unary(&(apex_nn_unary_args){.kind = kinds[ki], .n = NV, .x = x, .out = o[k], .out_dtype = APEX_F32}));
           TU_OK(apex__cpu_nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = kinds[ki], .n = NV, .x = x, .gout = go, .gx = gx[k]}));
         }
+        /* a result in the input's dtype: the f32 op's rounded once */
+        TU_OK(apex__cpu_nn_unary(&(apex_nn_unary_args){.kind = kinds[ki], .n = NV, .x = {h, dt}, .out = oh, .out_dtype = dt}));
+        TU_OK(apex_convert(want, dt, o[1], APEX_F32, NV));
+        assert_memory_equal(oh, want, NV * sizeof *oh);
         for (size_t i = 0; i < NV; i++)
           if (tu_bits(o[0][i]) != tu_bits(o[1][i]) || tu_bits(gx[0][i]) != tu_bits(gx[1][i]))
             fail_msg("kind %d, %s, isa %d: at %s bits 0x%04zx the half input gives %a (slope-term %a), the f32 one %a (%a)", (int)kinds[ki],
@@ -161,7 +166,7 @@ static void test_half_tables(void **state) {
     }
   TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
   for (int k = 0; k < 2; k++) free(o[k]), free(gx[k]);
-  free(h), free(xf), free(go);
+  free(h), free(oh), free(want), free(xf), free(go);
 }
 
 int main(void) {

@@ -261,34 +261,38 @@ static void act_slope(apex_nn_unary_kind kind, const float *restrict x, float *r
  * of its 16 bits: tables of the f32 results that the block loops above compute for each of them
  * (unary_f32, act_slope), made once per kind, dtype and set of tanh/erf bits (vector or libm, by the
  * ISA cap; vmath.h) on first use, give those bits with one load an element instead of a tanh in
- * double (the GELU took a fifth of a bf16 GPT step). 256 KiB a table, kept for the process; without
- * memory for one, the loops run as before. */
+ * double (the GELU took a fifth of a bf16 GPT step). Kept for the process; without memory for one,
+ * the loops run as before. */
 enum { ACT_VALUES = 65536, ACT_KINDS = 3 };
-static _Atomic(float *) act_tables[ACT_KINDS][2][2][2]; /* [kind][bf16][vector][slope] */
+/* What a table holds: the f32 results, the f32 slopes, or the results rounded to the input's dtype
+ * (for a result of that dtype, as apex__cpu_row_store rounds them: 128 KiB). */
+typedef enum { ACT_RESULT, ACT_SLOPE, ACT_ROUNDED, ACT_WHATS } act_what;
+static _Atomic(void *) act_tables[ACT_KINDS][2][2][ACT_WHATS]; /* [kind][bf16][vector][what] */
 
 static int act_kind(apex_nn_unary_kind kind) {
   return kind == APEX_NN_GELU ? 0 : kind == APEX_NN_GELU_TANH ? 1 : kind == APEX_NN_TANH ? 2 : -1;
 }
 
-/* The table of kind's results (slope 0) or slopes (1) over every value of dt, or NULL (another kind
- * or dtype, or no memory). Call outside parallel regions: a first call computes it. */
-static const float *act_table(apex_nn_unary_kind kind, apex_dtype dt, int slope) {
+/* The table `what` of kind over every value of dt, or NULL (another kind or dtype, or no memory).
+ * Call outside parallel regions: a first call computes it. */
+static const void *act_table(apex_nn_unary_kind kind, apex_dtype dt, act_what what) {
   int k = act_kind(kind);
   if (k < 0 || (dt != APEX_F16 && dt != APEX_BF16)) return NULL;
-  _Atomic(float *) *slot = &act_tables[k][dt == APEX_BF16][apex__vmath_vector()][slope];
-  float *t = atomic_load(slot), *none = NULL;
+  _Atomic(void *) *slot = &act_tables[k][dt == APEX_BF16][apex__vmath_vector()][what];
+  void *t = atomic_load(slot), *none = NULL;
   if (t) return t;
-  if (!(t = malloc(ACT_VALUES * sizeof *t))) return NULL;
+  if (!(t = malloc(ACT_VALUES * (what == ACT_ROUNDED ? sizeof(uint16_t) : sizeof(float))))) return NULL;
   apex_nn_unary_args a = {.kind = kind};
   for (size_t lo = 0; lo < ACT_VALUES; lo += EW_BLOCK) {
     uint16_t h[EW_BLOCK];
-    float x[EW_BLOCK];
+    float x[EW_BLOCK], r[EW_BLOCK], *f = what == ACT_ROUNDED ? r : (float *)t + lo;
     for (size_t i = 0; i < EW_BLOCK; i++) h[i] = (uint16_t)(lo + i);
     apex__convert_range(x, APEX_F32, h, dt, EW_BLOCK);
-    if (slope)
-      act_slope(kind, x, t + lo, EW_BLOCK);
+    if (what == ACT_SLOPE)
+      act_slope(kind, x, f, EW_BLOCK);
     else
-      unary_f32(&a, x, NULL, t + lo, EW_BLOCK);
+      unary_f32(&a, x, NULL, f, EW_BLOCK);
+    if (what == ACT_ROUNDED) apex__convert_range((uint16_t *)t + lo, dt, r, APEX_F32, EW_BLOCK);
   }
   if (!atomic_compare_exchange_strong(slot, &none, t)) { /* another thread made it first: the same values */
     free(t);
@@ -298,13 +302,20 @@ static const float *act_table(apex_nn_unary_kind kind, apex_dtype dt, int slope)
 }
 
 apex_status apex__cpu_nn_unary(const apex_nn_unary_args *a) {
-  const float *tab = act_table(a->kind, a->x.dtype, 0);
+  size_t n = a->n, nb = (n + EW_BLOCK - 1) / EW_BLOCK;
+  const uint16_t *xh = a->x.data;
+  const uint16_t *rounded = a->out_dtype == a->x.dtype ? act_table(a->kind, a->x.dtype, ACT_ROUNDED) : NULL;
+  if (rounded) {
+    uint16_t *o = a->out;
+    APEX__CPU_PFOR
+    for (size_t i = 0; i < n; i++) o[i] = rounded[xh[i]];
+    return APEX_OK;
+  }
+  const float *tab = act_table(a->kind, a->x.dtype, ACT_RESULT);
   if (!tab) {
     ew_map(unary_f32, a, a->x, NULL, a->out, a->out_dtype, a->n);
     return APEX_OK;
   }
-  size_t n = a->n, nb = (n + EW_BLOCK - 1) / EW_BLOCK;
-  const uint16_t *xh = a->x.data;
   apex_simd_active(); /* resolve the rounding's path before the threads read it */
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t b = 0; b < nb; b++) {
@@ -397,7 +408,7 @@ apex_status apex__cpu_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
     return APEX_OK;
   }
   apex__cpu_grad_begin(a->gx, a->n, a->accumulate_x);
-  const float *tab = act_table(a->kind, a->x.dtype, 1);
+  const float *tab = act_table(a->kind, a->x.dtype, ACT_SLOPE);
   if (!tab) {
     ew_map(unary_bwd_f32, a, a->x, a->gout, a->gx, APEX_F32, a->n);
     return APEX_OK;
