@@ -98,9 +98,10 @@ static inline float loss_grad(apex_nn_reduction red, const float *go, size_t i, 
   return red == APEX_NN_MEAN ? (float)(go[0] / count) : go[0];
 }
 
-/* Row i's softmax in f32 is expf(x - mx) * r, rounded exactly so in the forward's sum of exp and in
- * the backward, so the backward recomputes it from the logits with the forward's bits instead of
- * keeping an f32 [N, C] buffer: kept are mx and r a row. */
+/* Cross entropy keeps no f32 [N, C] softmax for its backward: it keeps each row's max mx and
+ * r = 1 / sum of expf(x - mx), and the backward recomputes each probability as expf(x - mx) * r, the
+ * forward's f32 operations on the same values, so the same bits. That costs one more expf an element
+ * and keeps the logits (bf16 under amp: half the bytes of the f32 softmax). */
 apex_status apex__cpu_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
   size_t N = a->rows, C = a->classes, n = N * C;
   const int64_t *tg = a->target;
