@@ -265,17 +265,29 @@ static void test_edge_closed_form_every_isa(void **state) {
   TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
 }
 
-/* Large conversions split over threads give the same bits at 1 and 2 threads. */
+/* Large conversions split over threads give the same bits at 1, 2 and 3 threads, on every ISA level
+ * this CPU has, as the portable path at 1 thread. */
 static void test_thread_count_independent(void **state) {
   (void)state;
   const size_t n = 3 * APEX_MT_DEFAULT_CHUNK * 4 + 11;
   apex_tensor *src = tu_random_tensor(APEX_F32, n, 7, 1000.0f);
   uint16_t *a = malloc(n * 2), *b = malloc(n * 2);
+  int before = apex_get_max_threads();
+  apex_set_threads_follow_load(0); /* the threads asked for, however busy the machine */
   TU_OK(apex_set_num_threads(1));
+  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_PORTABLE));
   TU_OK(apex_convert(a, APEX_BF16, apex_tensor_data(src), APEX_F32, n));
-  TU_OK(apex_set_num_threads(2));
-  TU_OK(apex_convert(b, APEX_BF16, apex_tensor_data(src), APEX_F32, n));
-  assert_memory_equal(a, b, n * 2);
+  for (int isa = APEX_CPU_ISA_PORTABLE; isa <= (int)apex_cpu_native_isa(); isa++)
+    for (int threads = 1; threads <= 3; threads++) {
+      TU_OK(apex_cpu_set_max_isa((apex_cpu_isa)isa));
+      TU_OK(apex_set_num_threads(threads));
+      memset(b, 0, n * 2);
+      TU_OK(apex_convert(b, APEX_BF16, apex_tensor_data(src), APEX_F32, n));
+      assert_memory_equal(a, b, n * 2);
+    }
+  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
+  TU_OK(apex_set_num_threads(before));
+  apex_set_threads_follow_load(1);
   free(a);
   free(b);
   apex_tensor_destroy(src);
