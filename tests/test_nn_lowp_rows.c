@@ -224,8 +224,8 @@ static void test_cases(void **state) {
  * on the widened input, fused relu or not. */
 static void test_batch_norm_bf16_special(void **state) {
   (void)state;
-  const lp_case bn[2] = {{"batch_norm 196", f_bn_train, 3, {4, 1, 1}, {{3, 4, 14, 14}, {4}, {4}}, 0},
-                         {"batch_norm_relu 196", f_bn_relu, 3, {4, 1, 1}, {{3, 4, 14, 14}, {4}, {4}}, 0}};
+  const lp_case bn[2] = {{"batch_norm 196", f_bn_train, 3, {4, 1, 1}, {{3, 4, 14, 14}, {4}, {4}}, 0, 0},
+                         {"batch_norm_relu 196", f_bn_relu, 3, {4, 1, 1}, {{3, 4, 14, 14}, {4}, {4}}, 0, 0}};
   for (int k = 0; k < 2; k++) {
     const lp_case *c = &bn[k];
     float *vals[MAX_IN];
