@@ -24,9 +24,9 @@
  * (old + product, the f32 add of the beta = 1 epilogue it replaces: the same bits), and the f32 output
  * gradient is rounded to bf16 once per image (apex__conv_onednn_round) for both backward products,
  * which had each rounded it (same values, same bits). The forward keeps its own f32 bias add and
- * rounding (epilogue below): oneDNN 2.6.3's matmul has no brgemm kernel for a per-row bias (its
- * bias [o, 1] and a binary-add post-op both ended on the reference kernel, refused here), and
- * computing out^T instead would need a transposed output. Measured on the benchmark CNN's O2 step
+ * rounding (epilogue below): tried here, oneDNN 2.6.3's matmul offered no primitive this file accepts
+ * for a per-row bias (its bias [o, 1], or a binary-add post-op of one), so conv2d fell back to its f32
+ * path; computing out^T instead would need a transposed output. Measured on the benchmark CNN's O2 step
  * (perf, 2 threads, 40 steps, shares of the samples): apex__gemm_onednn's own code, its OpenMP region
  * and its rounding of the gradient had been 0.6 + 0.8 + 1.5%, now gone; libdnnl's non-JIT code
  * 2.3 -> 1.6%; the forward's epilogue 3.2 -> 1.8% (its bias read once per row, not once per element).
