@@ -174,14 +174,16 @@ typedef struct apex_nn_softmax_bwd_args {
 typedef enum apex_nn_reduction { APEX_NN_MEAN, APEX_NN_SUM, APEX_NN_NONE } apex_nn_reduction;
 
 /* Cross entropy of logits x [rows, classes] against target (one class per row; -1: ignored, its term
- * 0) with label smoothing: prob receives the row softmax (kept for the backward), loss the per-row
- * terms, and *sum (when not NULL) their sum in double in fixed blocks. */
+ * 0) with label smoothing: stats receives each row's max and the reciprocal of its sum of exp(x - max)
+ * (rows x 2 floats, kept for the backward, which recomputes the row softmax from x and them with the
+ * forward's bits), loss the per-row terms, and *sum (when not NULL) their sum in double in fixed
+ * blocks. */
 typedef struct apex_nn_cross_entropy_args {
   size_t rows, classes;
   apex_nn_buf x; /* native dtype, widened to f32 a row at a time */
   const int64_t *target;
   float smoothing;
-  float *prob;
+  float *stats;
   float *loss;
   double *sum;
   apex_nn_workspace ws;
@@ -189,7 +191,8 @@ typedef struct apex_nn_cross_entropy_args {
 
 typedef struct apex_nn_cross_entropy_bwd_args {
   size_t rows, classes;
-  const float *prob;
+  apex_nn_buf x;      /* the forward's logits, native dtype */
+  const float *stats; /* the forward's */
   const int64_t *target;
   float smoothing;
   apex_nn_reduction reduction;
@@ -197,16 +200,20 @@ typedef struct apex_nn_cross_entropy_bwd_args {
   const float *gout;
   float *gx;
   int accumulate_x;
+  apex_nn_workspace ws;
 } apex_nn_cross_entropy_bwd_args;
 
 typedef enum apex_nn_pointwise_loss_kind { APEX_NN_MSE, APEX_NN_BCE_WITH_LOGITS, APEX_NN_BCE } apex_nn_pointwise_loss_kind;
 
-/* Per-element terms loss[i] of input x against target y (n each); *sum as for cross entropy. */
+/* Per-element terms of input x against target y (n each), computed in f32: into loss (when not
+ * NULL) as loss_dtype, rounded once, and/or their sum into *sum (when not NULL) as for cross entropy.
+ * No whole-tensor f32 buffer is needed for either. */
 typedef struct apex_nn_pointwise_loss_args {
   apex_nn_pointwise_loss_kind kind;
   size_t n;
   apex_nn_buf x, y; /* native dtypes, widened to f32 a block at a time */
-  float *loss;
+  void *loss;
+  apex_dtype loss_dtype;
   double *sum;
 } apex_nn_pointwise_loss_args;
 
@@ -323,7 +330,8 @@ typedef struct apex_nn_row_norm_bwd_args {
 
 /* x seen as [outer, dim, inner]: out[l] for each of the outer * inner lines of dim elements is its sum
  * times scale (SUM; mean is scale 1 / dim) or its L2 norm (NORM, scale unused; norms receives the
- * same f32 values, kept for the backward). Sums run in double in order; a single line over the whole
+ * same f32 values, kept for the backward). x is read in its own dtype (f16 and bf16 widen exactly, so
+ * the sums are those of its f32 values). Sums run in double in order; a single line over the whole
  * tensor in fixed blocks of 4096, so no bits depend on the thread count. */
 typedef enum apex_nn_reduce_kind { APEX_NN_REDUCE_SUM, APEX_NN_REDUCE_NORM } apex_nn_reduce_kind;
 
@@ -331,18 +339,19 @@ typedef struct apex_nn_reduce_args {
   apex_nn_reduce_kind kind;
   size_t outer, dim, inner;
   double scale;
-  const float *x;
+  apex_nn_buf x;
   float *out;
   float *norms;
 } apex_nn_reduce_args;
 
 /* gx (outer * dim * inner) += gout of its line times scale (SUM) or times x / norm, 0 where the norm is
- * 0 (NORM: x and norms read). */
+ * 0 (NORM: x, in its own dtype, and norms read). */
 typedef struct apex_nn_reduce_bwd_args {
   apex_nn_reduce_kind kind;
   size_t outer, dim, inner;
   float scale;
-  const float *x, *norms;
+  apex_nn_buf x;
+  const float *norms;
   const float *gout;
   float *gx;
   int accumulate_x;
