@@ -392,17 +392,18 @@ static void test_thread_count_independent(void **state) {
 
 /* ---- SIMD paths ---- */
 
-/* Every kind's tile kernel is compiled for the baseline and for AVX2 (optim_internal.h); both must
- * give the same bits, state included. Odd sizes put tails in every tile loop. */
+/* Every kind's tile kernel is compiled for the baseline, AVX2 and AVX-512 (simd_kernel.h); every copy
+ * this CPU runs must give the portable copy's bits, state included. Odd sizes put tails in every tile
+ * loop. */
 static void test_simd_paths_agree(void **state) {
   (void)state;
-  if (!tu_have_avx2()) return;
-  const apex_simd paths[2] = {APEX_SIMD_PORTABLE, APEX_SIMD_AVX2};
+  apex_cpu_isa levels[3];
+  int nl = tu_kernel_isa_levels(levels);
   for (int k = 0; k < APEX_OPTIM_KIND_COUNT; k++)
     for (int d = 0; d < 3; d++) {
-      model m[2];
-      for (int r = 0; r < 2; r++) {
-        TU_OK(apex_simd_set(paths[r]));
+      model m[3];
+      for (int r = 0; r < nl; r++) {
+        TU_OK(apex_cpu_set_max_isa(levels[r]));
         model_init(&m[r], (apex_optim_kind)k, DTYPES[d], DTYPES[d], 333, 11);
         for (int t = 0; t < 4; t++) {
           set_grads(&m[r], t);
@@ -411,14 +412,16 @@ static void test_simd_paths_agree(void **state) {
         }
       }
       snapshot s = snap(&m[0]);
-      char what[64];
-      snprintf(what, sizeof what, "%s/%s, portable vs AVX2", apex_optim_kind_name((apex_optim_kind)k), apex_dtype_name(DTYPES[d]));
-      assert_model_is(&m[1], &s, what);
+      for (int r = 1; r < nl; r++) {
+        char what[64];
+        snprintf(what, sizeof what, "%s/%s, portable vs %s", apex_optim_kind_name((apex_optim_kind)k),
+                 apex_dtype_name(DTYPES[d]), apex_cpu_isa_name(levels[r]));
+        assert_model_is(&m[r], &s, what);
+      }
       snap_free(&s);
-      model_free(&m[0]);
-      model_free(&m[1]);
+      for (int r = 0; r < nl; r++) model_free(&m[r]);
     }
-  TU_OK(apex_simd_set(APEX_SIMD_AUTO));
+  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
 }
 
 /* LAMB runs its two stages batch by batch, keeping u in a scratch buffer between them, and

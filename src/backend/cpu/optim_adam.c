@@ -4,8 +4,7 @@
  *     m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g * g;  vmax = max(vmax, v) (amsgrad)
  *     p -= lr / bc1 * m / (sqrt(v or vmax) / sqrt(bc2) + eps)
  * with bc = 1 - beta^step per parameter (1 without bias_correction). The bias corrections are
- * computed once per tensor and step; the loop over a tile is split around the vector sqrt so that
- * every part vectorises. */
+ * computed once per tensor and step. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -24,22 +23,34 @@ typedef struct {
   const adam_coef *coef;
 } adam_ctx;
 
-APEX__INLINE void adam_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinite) {
-  const adam_ctx *c = vctx;
-  const float *g = t->p[0];
-  float *p = t->p[1], *m = t->p[2], *v = t->p[3];
+/* One pass over the tile: each element's moments, root and new p in registers, so that the tile's
+ * four (five) streams are read and written once and nothing goes through a scratch buffer. The
+ * operations and their order are those of the rules above (apex__adam_moments, apex__adam_amsgrad,
+ * sqrtf, apex__adam_apply), so every copy and the CUDA kernel agree bit for bit. amsgrad is a
+ * compile-time constant at each call, so that both loops vectorise without a branch. */
+APEX__INLINE void adam_tile_pass(const adam_ctx *c, const apex_mt_tile *t, int amsgrad) {
+  const float *restrict g = t->p[0];
+  float *restrict p = t->p[1], *restrict m = t->p[2], *restrict v = t->p[3];
+  float *restrict vmax = amsgrad ? t->p[4] : NULL;
   const float inv = c->inv_scale, b1 = c->beta1, b2 = c->beta2, l2 = c->l2;
   const float nb1 = 1.0f - b1, nb2 = 1.0f - b2;
-  float d[APEX_MT_TILE];
-  for (size_t i = 0; i < t->n; i++) d[i] = apex__adam_moments(g[i], p[i], &m[i], &v[i], inv, l2, b1, nb1, b2, nb2);
-  if (c->amsgrad) {
-    float *vmax = t->p[4];
-    for (size_t i = 0; i < t->n; i++) d[i] = apex__adam_amsgrad(&vmax[i], d[i]);
-  }
-  apex__optim_sqrt(d, t->n);
   const float ss = c->coef[t->tensor].step_size, ib = c->coef[t->tensor].inv_bc2_sqrt, eps = c->eps;
   const float decay = c->decay;
-  for (size_t i = 0; i < t->n; i++) p[i] = apex__adam_apply(p[i], m[i], d[i], decay, ss, ib, eps);
+  const size_t n = t->n;
+  for (size_t i = 0; i < n; i++) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    float d = apex__adam_moments(g[i], pi, &mi, &vi, inv, l2, b1, nb1, b2, nb2);
+    if (amsgrad) d = apex__adam_amsgrad(&vmax[i], d);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = apex__adam_apply(pi, mi, sqrtf(d), decay, ss, ib, eps);
+  }
+}
+
+APEX__INLINE void adam_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinite) {
+  const adam_ctx *c = vctx;
+  if (c->amsgrad) adam_tile_pass(c, t, 1);
+  else adam_tile_pass(c, t, 0);
   *nonfinite = 0;
 }
 APEX__SIMD_KERNEL(adam_tile);
