@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "core/convert_scalar.h"
 #include "core/internal.h"
 #include "backend/cpu/cpu_optim.h"
 #include "backend/optim_rules.h"
@@ -21,14 +22,17 @@ typedef struct {
   float inv_scale, beta1, beta2, eps, l2, decay;
   int amsgrad;
   const adam_coef *coef;
+  apex_tensor *const *model; /* the model copies behind masters, NULL entries for none */
 } adam_ctx;
 
 /* One pass over the tile: each element's moments, root and new p in registers, so that the tile's
- * four (five) streams are read and written once and nothing goes through a scratch buffer. The
- * operations and their order are those of the rules above (apex__adam_moments, apex__adam_amsgrad,
- * sqrtf, apex__adam_apply), so every copy and the CUDA kernel agree bit for bit. amsgrad is a
- * compile-time constant at each call, so that both loops vectorise without a branch. */
-APEX__INLINE void adam_tile_pass(const adam_ctx *c, const apex_mt_tile *t, int amsgrad) {
+ * four (five) streams are read and written once and nothing goes through a scratch buffer; a bf16
+ * model copy (O2's master -> model) is rounded from the new p in the same pass, as Apex's fused Adam
+ * writes its half copy. The operations and their order are those of the rules (apex__adam_moments,
+ * apex__adam_amsgrad, sqrtf, apex__adam_apply) and the rounding is apex__f32_to_bf16's, so every copy
+ * gives the bits of update-then-convert and of the CUDA kernel. amsgrad and the bf16 output are
+ * compile-time constants at each call, so that every loop vectorises without a branch. */
+APEX__INLINE void adam_tile_pass(const adam_ctx *c, const apex_mt_tile *t, int amsgrad, uint16_t *restrict out) {
   const float *restrict g = t->p[0];
   float *restrict p = t->p[1], *restrict m = t->p[2], *restrict v = t->p[3];
   float *restrict vmax = amsgrad ? t->p[4] : NULL;
@@ -43,14 +47,23 @@ APEX__INLINE void adam_tile_pass(const adam_ctx *c, const apex_mt_tile *t, int a
     if (amsgrad) d = apex__adam_amsgrad(&vmax[i], d);
     m[i] = mi;
     v[i] = vi;
-    p[i] = apex__adam_apply(pi, mi, sqrtf(d), decay, ss, ib, eps);
+    float np = apex__adam_apply(pi, mi, sqrtf(d), decay, ss, ib, eps);
+    p[i] = np;
+    if (out) out[i] = apex__f32_to_bf16(np);
   }
 }
 
 APEX__INLINE void adam_tile_body(void *vctx, const apex_mt_tile *t, int *nonfinite) {
   const adam_ctx *c = vctx;
-  if (c->amsgrad) adam_tile_pass(c, t, 1);
-  else adam_tile_pass(c, t, 0);
+  const apex_tensor *mc = c->model[t->tensor];
+  uint16_t *out = mc && apex_tensor_dtype(mc) == APEX_BF16 ? (uint16_t *)apex_tensor_data(mc) + t->offset : NULL;
+  if (out) {
+    if (c->amsgrad) adam_tile_pass(c, t, 1, out);
+    else adam_tile_pass(c, t, 0, out);
+  } else {
+    if (c->amsgrad) adam_tile_pass(c, t, 1, NULL);
+    else adam_tile_pass(c, t, 0, NULL);
+  }
   *nonfinite = 0;
 }
 APEX__SIMD_KERNEL(adam_tile);
@@ -69,9 +82,9 @@ apex_status apex__cpu_adam_step(const apex__cpu_step *s) {
   int w = apex__on(o->adam_w_mode), ams = apex__on(o->amsgrad);
   adam_ctx c = {.inv_scale = s->inv_scale, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
                 .l2 = w ? 0.0f : o->weight_decay, .decay = w ? 1.0f - o->lr * o->weight_decay : 1.0f,
-                .amsgrad = ams, .coef = coef};
+                .amsgrad = ams, .coef = coef, .model = a->model};
   int nlists = ams ? 5 : 4;
-  apex_status st = apex__optim_run(a, 0, nlists, (1u << nlists) - 2u, &adam_tile, &c, "Adam step");
+  apex_status st = apex__optim_run_writing(a, 0, nlists, (1u << nlists) - 2u, &adam_tile, &c, "Adam step", APEX_BF16);
   free(coef);
   return st;
 }
