@@ -3,14 +3,13 @@
  * A kernel's body is an always-inline function; APEX__SIMD_KERNEL(name) compiles it for the build's
  * baseline (SSE2 on x86-64), for AVX2 and for AVX-512, and apex__simd_pick chooses by the ISA level
  * (apex_cpu_max_isa) at run time. The AVX2 and AVX-512 copies are the same C code with 8- and 16-wide
- * vectors. FMA is not enabled for AVX2, and apex builds ISO C, where GCC does not contract a * b + c
- * (-ffp-contract=off; the AVX-512 target implies FMA, so this is what keeps that copy uncontracted),
- * so every element gets the same IEEE operations in the same order: the three copies give the same
- * bits (test_optim_api and test_multi_tensor check every kernel on every level the CPU has). Measured over 10M f32 parameters in 20 tensors
- * (best of 15 steps, this shared 2-core VM, another build running): AdamW 14.7 -> 11.1 ms per step
- * on 1 thread and 7.8 -> 6.1 ms on 2; LAMB 28.5 -> 23.3 and 15.3 -> 12.4; SGD with momentum, which is
- * bound by memory, unchanged (3.6-3.7 ms on 2 threads): the square roots and divisions of the Adam
- * family are what the wider vectors speed up. */
+ * vectors. Nothing may contract a * b + c into an FMA: apex builds ISO C, where GCC does not
+ * contract, but clang does by default and its avx512f implies FMA, hence the pragma below. So every
+ * element gets the same IEEE operations in the same order, and the three copies give the same bits
+ * (test_optim_api and test_multi_tensor check every kernel on every level the CPU has).
+ *
+ * What the vectors buy is compute: the square roots and divisions of the Adam family. Once a kernel
+ * runs its element in one pass (optim_adam.c), it is bound by memory; see optim_adam.c for figures. */
 #ifndef APEX_BACKEND_CPU_SIMD_KERNEL_H
 #define APEX_BACKEND_CPU_SIMD_KERNEL_H
 
@@ -19,12 +18,21 @@
 
 #if APEX_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))
 #define APEX__TARGET_AVX2 __attribute__((target("avx2")))
-/* 512-bit vectors: GCC's default cost model would keep 256-bit ones for some tunings. */
+#if defined(__clang__)
+#define APEX__TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq")))
+#else
+/* 512-bit vectors: GCC's cost model would keep 256-bit ones for some tunings (clang has no such switch
+ * in the attribute, and uses 512 bits for it). */
 #define APEX__TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,prefer-vector-width=512")))
+#endif
 #else
 #define APEX__TARGET_AVX2
 #define APEX__TARGET_AVX512
 #endif
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+
 /* For kernel bodies and the helpers they call, so that each copy inlines them for its own target. */
 #define APEX__INLINE static inline __attribute__((always_inline))
 
