@@ -34,14 +34,19 @@ def skip(name, why):
     print("bench %s_vs_torch skipped: %s" % (name, why), flush=True)
 
 
-def best(fn, reps=5, warmup=2):
+def best(fn, reps=5, warmup=2, min_seconds=1.0):
+    """Best step time over at least `reps` steps and `min_seconds`: bench_best's rule in bench_optim
+    --time, so that the peer's minimum is taken over as many chances as apex's."""
     for _ in range(warmup):
         fn()
     t = float("inf")
-    for _ in range(reps):
+    start = time.perf_counter()
+    k = 0
+    while k < reps or time.perf_counter() - start < min_seconds:
         t0 = time.perf_counter()
         fn()
         t = min(t, time.perf_counter() - t0)
+        k += 1
     return t
 
 
