@@ -761,11 +761,14 @@ static void train_range(apex_amp *amp, net_t *n, int first, int steps, int num_l
 static void test_bitwise_resume(void **state) {
   (void)state;
   const char *levels[4] = {"O0", "O1", "O2", "O3"};
-  /* f16, and bf16 (whose products run through oneDNN on AVX512_BF16/AMX CPUs: gemm_onednn.c) */
-  for (int l = 0; l < 8; l++)
+  /* f16; bf16 (whose products run through oneDNN on AVX512_BF16/AMX CPUs: gemm_onednn.c) with dynamic
+   * scaling asked for explicitly; and bf16 with its default, no loss scaling (l >= 8). */
+  for (int l = 0; l < 12; l++)
     for (int nl = 1; nl <= 2; nl++) {
-      if (l == 4) continue; /* O0 has no half type */
-      apex_amp_config cfg = {.opt_level = levels[l % 4], .num_losses = nl, .scale_window = l % 4 == 1 || l % 4 == 2 ? 3 : 0,
+      if (l == 4 || l == 8) continue; /* O0 has no half type */
+      int dyn = (l % 4 == 1 || l % 4 == 2) && l < 8;
+      apex_amp_config cfg = {.opt_level = levels[l % 4], .num_losses = nl, .scale_window = dyn ? 3 : 0,
+                             .loss_scale = dyn && l >= 4 ? APEX_AMP_DYNAMIC : 0.0f,
                              .half_type = l < 4 ? APEX_AMP_CAST_DEFAULT : APEX_AMP_CAST_BF16};
       float straight[10], resumed[10];
       net_t a = make_net(21, 1, 0.1f);
@@ -1072,6 +1075,143 @@ static void test_bad_input(void **state) {
   free_net(b);
 }
 
+/* ---- the fused end of backward at O2 bf16 ------------------------------------------------------- */
+
+static apex_status no_op_hook(void *ctx) {
+  (void)ctx;
+  return APEX_OK;
+}
+
+/* Trains 6 steps at O2 bf16 (batch norm in f32 included) and returns, after every backward, the
+ * master gradients' bytes and, after every step, the parameters' bytes. unfused: a before_unscale
+ * hook (which must see the bf16 gradients) keeps the engine's flush, the unscale and the zeroing as
+ * separate passes; without it they are one pass. stale: a non-zero value is left in fc1's bf16
+ * gradient before each backward (as a plain apex_backward would leave one), which both paths must
+ * add in and then clear. Checks that every model gradient behind a master is zero after each
+ * backward. dynamic: loss_scale = APEX_AMP_DYNAMIC, and step 3 overflows and is skipped. */
+static uint8_t *train_fused(int unfused, int stale, int dynamic, size_t *len) {
+  net_t n = make_net(83, 1, 0.1f);
+  apex_amp *amp;
+  TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1,
+                            &(apex_amp_config){.opt_level = "O2", .half_type = APEX_AMP_CAST_BF16,
+                                               .loss_scale = dynamic ? APEX_AMP_DYNAMIC : 0.0f}, &amp));
+  apex_graph *g = apex_graph_create();
+  TU_OK(apex_amp_prepare_graph(amp, g));
+  size_t np = apex_model_num_params(n.m), one = 0;
+  for (size_t i = 0; i < np; i++) {
+    apex_tensor *mg = apex_optimizer_grad(n.opt, 0, (int)i);
+    one += apex_tensor_nbytes(mg);
+  }
+  uint8_t *snap;
+  size_t plen;
+  snapshot(n.m, &snap, &plen);
+  free(snap);
+  uint8_t *all = malloc(6 * (one + plen));
+  size_t at = 0;
+  for (int step = 0; step < 6; step++) {
+    apex_tensor *x = batch_x(step);
+    if (dynamic && step == 3) apex_tensor_set(x, 5, 1e38f); /* gradients past bf16's range at scale 65536 */
+    int64_t y[BATCH];
+    batch_y(step, y);
+    if (stale) TU_OK(apex_tensor_fill(apex_var_grad(apex_model_find_param(n.m, "fc1.weight")), 0.375f));
+    apex_var *loss = apex_cross_entropy(g, apex_amp_forward(amp, 0, n.net, g, apex_graph_input(g, x, 0)), y, NULL);
+    assert_non_null(loss);
+    TU_OK(apex_amp_backward(amp, loss, 0, &(apex_amp_backward_options){.before_unscale = unfused ? no_op_hook : NULL}));
+    for (size_t i = 0; i < np; i++) {
+      apex_var *v = apex_model_param(n.m, i, NULL);
+      apex_tensor *mg = apex_optimizer_grad(n.opt, 0, (int)i);
+      memcpy(all + at, apex_tensor_data(mg), apex_tensor_nbytes(mg));
+      at += apex_tensor_nbytes(mg);
+      if (apex_amp_master_of(amp, v)) { /* the bf16 gradient was consumed: zero, as after the unscale */
+        apex_tensor *gr = apex_var_grad(v);
+        for (size_t e = 0; e < apex_tensor_numel(gr); e++)
+          if (tu_bits(apex_tensor_get(gr, e)) != 0) fail_msg("param %zu: bf16 grad %zu not zeroed after the backward", i, e);
+      }
+    }
+    int skipped;
+    TU_OK(apex_amp_step(amp, n.opt, &skipped));
+    assert_int_equal(skipped, dynamic && step == 3);
+    TU_OK(apex_amp_zero_grad(amp));
+    snapshot(n.m, &snap, &plen);
+    memcpy(all + at, snap, plen);
+    at += plen;
+    free(snap);
+    apex_graph_reset(g);
+    apex_tensor_destroy(x);
+  }
+  *len = at;
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  free_net(n);
+  return all;
+}
+
+/* The fused flush + unscale gives the bits of the separate passes: master gradients after every
+ * backward and parameters after every step, with bf16's default (no scaling) and with dynamic
+ * scaling (overflow skip included), with and without a stale value in a bf16 gradient. */
+static void test_fused_flush_unscale(void **state) {
+  (void)state;
+  for (int dynamic = 0; dynamic < 2; dynamic++)
+    for (int stale = 0; stale < 2; stale++) {
+      size_t la, lb;
+      uint8_t *a = train_fused(0, stale, dynamic, &la), *b = train_fused(1, stale, dynamic, &lb);
+      assert_int_equal(la, lb);
+      if (memcmp(a, b, la)) fail_msg("dynamic %d, stale %d: the fused flush + unscale changed the bits", dynamic, stale);
+      free(a);
+      free(b);
+    }
+  /* The stale value is really added in: the runs with and without it differ. */
+  size_t la, lb;
+  uint8_t *a = train_fused(0, 0, 0, &la), *b = train_fused(0, 1, 0, &lb);
+  assert_true(la == lb && memcmp(a, b, la) != 0);
+  free(a);
+  free(b);
+}
+
+static apex_status inject_inf_hook(void *ctx) {
+  apex_tensor_set(apex_var_grad(ctx), 3, INFINITY);
+  return APEX_OK;
+}
+
+/* bf16's default (a static 1.0, no scaling) still checks the gradients: an Inf in one (put there by a
+ * before_unscale hook, after the backward) skips the step at O1, where the check runs alone over the
+ * in-place f32 gradients, and at O2; the scale stays 1 and a clean step steps. */
+static void test_bf16_static_overflow_skips(void **state) {
+  (void)state;
+  const char *levels[2] = {"O1", "O2"};
+  for (int l = 0; l < 2; l++)
+    for (int inject = 0; inject < 2; inject++) {
+      net_t n = make_net(91, 0, 0.1f);
+      apex_amp *amp;
+      TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1, &(apex_amp_config){.opt_level = levels[l], .half_type = APEX_AMP_CAST_BF16}, &amp));
+      assert_true(apex_amp_loss_scale(amp, 0) == 1.0f);
+      apex_graph *g = apex_graph_create();
+      TU_OK(apex_amp_prepare_graph(amp, g));
+      apex_tensor *x = batch_x(0);
+      int64_t y[BATCH];
+      batch_y(0, y);
+      apex_var *loss = apex_cross_entropy(g, apex_amp_forward(amp, 0, n.net, g, apex_graph_input(g, x, 0)), y, NULL);
+      apex_var *w = apex_model_find_param(n.m, "fc2.weight");
+      TU_OK(apex_amp_backward(amp, loss, 0,
+                              &(apex_amp_backward_options){.before_unscale = inject ? inject_inf_hook : no_op_hook, .hook_ctx = w}));
+      uint8_t *before, *after;
+      size_t len;
+      snapshot(n.m, &before, &len);
+      int skipped = -1;
+      TU_OK(apex_amp_step(amp, n.opt, &skipped));
+      snapshot(n.m, &after, &len);
+      assert_int_equal(skipped, inject);
+      assert_int_equal(memcmp(before, after, len) == 0, inject);
+      assert_true(apex_amp_loss_scale(amp, 0) == 1.0f);
+      free(before);
+      free(after);
+      apex_tensor_destroy(x);
+      apex_graph_destroy(g);
+      apex_amp_destroy(amp);
+      free_net(n);
+    }
+}
+
 /* ---- combine_grad -------------------------------------------------------------------------------- */
 
 /* Trains 6 steps at `level` with combine_grad off or on (below O0, batch 3 has an input that overflows
@@ -1081,6 +1221,8 @@ static uint8_t *train_combined(const char *level, apex_amp_cast half, int combin
   apex_amp *amp;
   TU_OK(apex_amp_initialize(&n.m, 1, &n.opt, 1,
                             &(apex_amp_config){.opt_level = level, .half_type = half,
+                                                 /* bf16 scales only when asked: this test needs the overflow */
+                                                 .loss_scale = half == APEX_AMP_CAST_BF16 ? APEX_AMP_DYNAMIC : 0.0f,
                                                  .combine_grad = combine ? APEX_AMP_ON : APEX_AMP_OFF}, &amp));
   /* Gradients of fc1 (weight, then bias) next to each other in one buffer: the combination happened. */
   apex_tensor *gw = apex_var_grad(apex_model_param(n.m, 0, NULL)), *gb = apex_var_grad(apex_model_param(n.m, 1, NULL));
@@ -1282,6 +1424,8 @@ int main(void) {
       cmocka_unit_test(test_cast_model_outputs),         cmocka_unit_test(test_clip_master_grads),
       cmocka_unit_test(test_combine_grad),               cmocka_unit_test(test_step_refused_after_failed_backward),
       cmocka_unit_test(test_model_state_is_f32),
+      cmocka_unit_test(test_fused_flush_unscale),
+      cmocka_unit_test(test_bf16_static_overflow_skips),
       cmocka_unit_test(test_overflow_at_min_scale_is_a_skip), cmocka_unit_test(test_forward_prepares_graph),
       cmocka_unit_test(test_null_chain),                 cmocka_unit_test(test_failed_initialize_keeps_out),
   };

@@ -86,6 +86,39 @@ static void test_overrides(void **state) {
   assert_non_null(strstr(buf, "loss_scale             : dynamic"));
 }
 
+/* bf16's loss-scaling default: no scaling (a static 1.0) at every level, where f16 scales
+ * dynamically at O1 and O2; an explicit APEX_AMP_DYNAMIC or static value still applies at bf16, and
+ * a model cast to f16 keeps the dynamic default whatever half_type says. */
+static void test_bf16_scale_default(void **state) {
+  (void)state;
+  const char *levels[4] = {"O0", "O1", "O2", "O3"};
+  for (int l = 0; l < 4; l++) {
+    apex_amp_properties bf = resolve((apex_amp_config){.opt_level = levels[l], .half_type = APEX_AMP_CAST_BF16});
+    assert_int_equal(bf.scaler.mode, APEX_SCALE_STATIC);
+    assert_true(bf.scaler.init_scale == 1.0f);
+    apex_amp_properties f16 = resolve((apex_amp_config){.opt_level = levels[l], .half_type = APEX_AMP_CAST_F16});
+    assert_int_equal(f16.scaler.mode, l == 1 || l == 2 ? APEX_SCALE_DYNAMIC : APEX_SCALE_STATIC);
+    apex_amp_properties dyn = resolve((apex_amp_config){.opt_level = levels[l], .half_type = APEX_AMP_CAST_BF16, .loss_scale = APEX_AMP_DYNAMIC});
+    assert_int_equal(dyn.scaler.mode, APEX_SCALE_DYNAMIC);
+    assert_true(dyn.scaler.init_scale == 65536.0f);
+    apex_amp_properties st = resolve((apex_amp_config){.opt_level = levels[l], .half_type = APEX_AMP_CAST_BF16, .loss_scale = 128.0f});
+    assert_int_equal(st.scaler.mode, APEX_SCALE_STATIC);
+    assert_true(st.scaler.init_scale == 128.0f);
+  }
+  apex_amp_properties mixed = resolve((apex_amp_config){.opt_level = "O2", .half_type = APEX_AMP_CAST_BF16, .cast_model_type = APEX_AMP_CAST_F16});
+  assert_int_equal(mixed.scaler.mode, APEX_SCALE_DYNAMIC);
+  char buf[1024];
+  apex_amp_properties p = resolve((apex_amp_config){.opt_level = "O2", .half_type = APEX_AMP_CAST_BF16});
+  apex_amp_properties_format(&p, buf, sizeof buf);
+  assert_non_null(strstr(buf, "loss_scale             : 1.0"));
+  /* Dynamic tunables with bf16's static default are refused, saying how to ask for dynamic scaling. */
+  apex_amp_config tun = {.opt_level = "O2", .half_type = APEX_AMP_CAST_BF16, .init_scale = 1024.0f};
+  TU_FAILS(apex_amp_resolve(&tun, &p), APEX_ERR_INVALID_ARG, "APEX_AMP_DYNAMIC");
+  tun.loss_scale = APEX_AMP_DYNAMIC;
+  TU_OK(apex_amp_resolve(&tun, &p));
+  assert_true(p.scaler.init_scale == 1024.0f);
+}
+
 static void test_refusals(void **state) {
   (void)state;
   struct {
@@ -123,6 +156,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_level_table),
       cmocka_unit_test(test_overrides),
+      cmocka_unit_test(test_bf16_scale_default),
       cmocka_unit_test(test_refusals),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

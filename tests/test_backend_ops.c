@@ -589,7 +589,7 @@ static apex_status slot_sum(slot_run *s) {
   enum { DIM = 37, INNER = 19 };
   float *x = sbuf(s, DIM * INNER, 51), *out = sbuf(s, INNER, 0);
   apex_status st = s->be->nn_reduce(&(apex_nn_reduce_args){.kind = APEX_NN_REDUCE_SUM, .outer = 1, .dim = DIM, .inner = INNER,
-                                                            .scale = 1.0 / DIM, .x = x, .out = out});
+                                                            .scale = 1.0 / DIM, .x = {x, APEX_F32}, .out = out});
   sgot(s, "out", out);
   return st;
 }
@@ -749,9 +749,9 @@ static void test_cuda_slot_refusals(void **state) {
           "nn_row_norm", "bias of another dtype");
   refused(cb->nn_row_norm_bwd(&(apex_nn_row_norm_bwd_args){.rows = 1, .cols = 4, .x = {f, APEX_F32}, .stats = f, .gout = f, .gx = f}),
           "nn_row_norm_bwd", "without a weight");
-  refused(cb->nn_reduce(&(apex_nn_reduce_args){.kind = APEX_NN_REDUCE_NORM, .outer = 1, .dim = 4, .inner = 1, .x = f, .out = f, .norms = f}),
+  refused(cb->nn_reduce(&(apex_nn_reduce_args){.kind = APEX_NN_REDUCE_NORM, .outer = 1, .dim = 4, .inner = 1, .x = {f, APEX_F32}, .out = f, .norms = f}),
           "nn_reduce", "L2 norm");
-  refused(cb->nn_reduce(&(apex_nn_reduce_args){.kind = APEX_NN_REDUCE_SUM, .outer = 2, .dim = 2, .inner = 1, .scale = 1, .x = f, .out = f}),
+  refused(cb->nn_reduce(&(apex_nn_reduce_args){.kind = APEX_NN_REDUCE_SUM, .outer = 2, .dim = 2, .inner = 1, .scale = 1, .x = {f, APEX_F32}, .out = f}),
           "nn_reduce", "inner dimension");
   refused(cb->nn_linear(&(apex_nn_linear_args){.m = 1, .n = 2, .k = 2, .x = {f, APEX_F16}, .w = {f, APEX_F32}, .out = f, .out_dtype = APEX_F32}),
           "nn_linear", "f16 and f32");

@@ -9,6 +9,9 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "apex/cpu.h"
+#include "apex/threads.h"
+#include "backend/backend.h"
 #include "testutil.h"
 
 static const apex_dtype all_dtypes[3] = {APEX_F32, APEX_F16, APEX_BF16};
@@ -322,6 +325,97 @@ static void test_simd_paths_agree(void **state) {
   TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
 }
 
+/* ---- the fused bf16 flush + unscale slot (backend/args_mt.h) ---- */
+
+/* bf16 round to nearest even, written out here as the closed form (quiet NaN kept a NaN). */
+static uint16_t ref_bf16(float f) {
+  uint32_t u = tu_bits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float f32_of(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* out = bf16(grad + sum) * scale, checked against the closed form at every ISA level and 1-3
+ * threads: ties, -0 + +0, values that round past bf16's largest to Inf, NaN, a zero grad (nonzero
+ * flag 0) beside stale ones (1), odd sizes for the vector tails, and a chunk size that splits a
+ * tensor across threads. */
+static void test_flush_unscale(void **state) {
+  (void)state;
+  const apex_backend *be = apex__backend_need(APEX_DEVICE_CPU, "test");
+  assert_non_null(be);
+  assert_non_null(be->mt_flush_unscale);
+  const int64_t sizes[3] = {4099, 17, 300};
+  apex_tensor *grad[3], *sum[3], *out[3];
+  for (int i = 0; i < 3; i++) {
+    grad[i] = apex_tensor_create(APEX_BF16, 1, &sizes[i]);
+    sum[i] = tu_random_tensor(APEX_F32, sizes[i], 50 + (uint64_t)i, 3.0f);
+    out[i] = apex_tensor_create(APEX_F32, 1, &sizes[i]);
+    uint16_t *g = apex_tensor_data(grad[i]);
+    for (int64_t e = 0; e < sizes[i]; e++) g[e] = i == 1 ? 0 : ref_bf16((float)((e * 7919) % 201 - 100) / 64.0f);
+  }
+  float *s0 = apex_tensor_data(sum[0]);
+  uint16_t *g0 = apex_tensor_data(grad[0]);
+  s0[0] = f32_of(0x3F808000u), g0[0] = 0;                 /* a tie: rounds to even (1.0) */
+  s0[1] = f32_of(0x3F818000u), g0[1] = 0;                 /* a tie: rounds up to even */
+  s0[2] = -0.0f, g0[2] = 0;                               /* +0 + -0 = +0 */
+  s0[3] = f32_of(0x7F7FFFFFu), g0[3] = 0;                 /* f32's largest: rounds to Inf in bf16 */
+  const apex_cpu_isa isas[3] = {APEX_CPU_ISA_PORTABLE, APEX_CPU_ISA_AVX2, APEX_CPU_ISA_AVX512};
+  const float scales[2] = {1.0f, 0x1p-16f};
+  int threads = apex_get_num_threads();
+  for (int bad = 0; bad < 2; bad++)
+    for (int sc = 0; sc < 2; sc++)
+      for (int isa = 0; isa < 3; isa++)
+        for (int th = 1; th <= 3; th++) {
+          float *s2 = apex_tensor_data(sum[2]);
+          s2[5] = bad ? NAN : 0.5f;
+          TU_OK(apex_cpu_set_max_isa(isas[isa]));
+          TU_OK(apex_set_num_threads(th));
+          int overflow = 0;
+          unsigned char nz[3] = {9, 9, 9};
+          TU_OK(be->mt_flush_unscale(&(apex_mt_flush_unscale_args){.fn = "test", .chunk_size = 1000, .n = 3, .grad = grad, .sum = sum,
+                                                                   .out = out, .scale = scales[sc], .overflow = &overflow,
+                                                                   .nonzero = nz}));
+          assert_int_equal(overflow, 1); /* s0[3] rounds to Inf */
+          assert_int_equal(nz[0], 1);
+          assert_int_equal(nz[1], 0);
+          assert_int_equal(nz[2], 1);
+          for (int i = 0; i < 3; i++) {
+            const uint16_t *g = apex_tensor_data(grad[i]);
+            const float *sm = apex_tensor_data(sum[i]), *o = apex_tensor_data(out[i]);
+            for (int64_t e = 0; e < sizes[i]; e++) {
+              float want = f32_of((uint32_t)ref_bf16(f32_of((uint32_t)g[e] << 16) + sm[e]) << 16) * scales[sc];
+              if (tu_bits(o[e]) != tu_bits(want))
+                fail_msg("isa %d, %d threads, scale %g: tensor %d element %lld is %a, want %a", isa, th, (double)scales[sc], i,
+                         (long long)e, (double)o[e], (double)want);
+            }
+          }
+          float *o0 = apex_tensor_data(out[0]);
+          assert_true(o0[0] == scales[sc] && tu_bits(o0[1]) == tu_bits(f32_of(0x3F820000u) * scales[sc]) && tu_bits(o0[2]) == 0);
+        }
+  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
+  TU_OK(apex_set_num_threads(threads));
+  /* Refusals: another dtype, NULL lists, a negative count; nothing written. */
+  int overflow = 0;
+  apex_tensor *f32g[1] = {sum[0]};
+  TU_FAILS(be->mt_flush_unscale(&(apex_mt_flush_unscale_args){.fn = "test", .n = 1, .grad = f32g, .sum = sum, .out = out, .scale = 1.0f,
+                                                              .overflow = &overflow}),
+           APEX_ERR_DTYPE, "bf16 grad");
+  TU_FAILS(be->mt_flush_unscale(&(apex_mt_flush_unscale_args){.fn = "test", .n = 1, .grad = grad, .scale = 1.0f}), APEX_ERR_INVALID_ARG,
+           "NULL tensor list");
+  TU_FAILS(be->mt_flush_unscale(&(apex_mt_flush_unscale_args){.fn = "test", .n = -1, .scale = 1.0f}), APEX_ERR_INVALID_ARG, "negative");
+  assert_int_equal(overflow, 0);
+  for (int i = 0; i < 3; i++) {
+    apex_tensor_destroy(grad[i]);
+    apex_tensor_destroy(sum[i]);
+    apex_tensor_destroy(out[i]);
+  }
+}
+
 static void test_bad_input(void **state) {
   (void)state;
   tlist a = make_list(APEX_F32, 3, 10, 1), b = make_list(APEX_F32, 3, 11, 1);
@@ -363,6 +457,7 @@ int main(void) {
       cmocka_unit_test(test_axpby),           cmocka_unit_test(test_l2norm),
       cmocka_unit_test(test_flatten_unflatten), cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_simd_paths_agree), cmocka_unit_test(test_check_finite),
+      cmocka_unit_test(test_flush_unscale),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,7 @@
  * through the op and the modules, the bad inputs of both, and the tiled low-precision GEMM, which
  * must give the bits of the whole-tensor path for matmul and linear, forward and backward, at 1
  * and 2 threads, in less pool memory; pooling of bf16 and f16 inputs, with the bits of pooling them
- * widened. (PyTorch's values for the new cases are in test_nn_golden.) */
+ * widened; layer/RMS norm against the one-row formulas bit for bit, and permute's runs and gathers. (PyTorch's values for the new cases are in test_nn_golden.) */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -153,6 +153,120 @@ static void test_norm_nd_module(void **state) {
   apex_var_destroy(x);
   apex_graph_destroy(g);
   apex_model_destroy(m);
+}
+
+/* Layer and RMS norm (f32) give the bits of the one-row-at-a-time formulas computed here: each row's
+ * mean and squared deviations summed in double in element order, the backward's two row sums too,
+ * and the weight's and bias's gradients summed over rows in row order in f32. The CPU kernels run
+ * rows in interleaved groups (cpu/norm.c); row counts around the group sizes (tails of 1 to 7 rows)
+ * at 1 and 3 threads check that every row, tail and gradient gets its formula's bits. (A double sum
+ * of a row's floats seldom changes its f32 rounding with the order of the additions, so the order
+ * itself is kept by construction, not caught here.) */
+static void check_row_norm(int centre, int64_t R, int64_t D, int threads) {
+  TU_OK(apex_set_num_threads(threads));
+  apex_set_threads_follow_load(0); /* the threads asked for, however busy the machine */
+  apex_graph *g = apex_graph_create();
+  apex_var *x = tu_random_leaf(APEX_F32, 2, (int64_t[]){R, D}, 31 + (uint64_t)R, 1);
+  apex_var *w = tu_random_leaf(APEX_F32, 1, &D, 5, 1), *b = centre ? tu_random_leaf(APEX_F32, 1, &D, 6, 1) : NULL;
+  apex_var *y = centre ? apex_layer_norm(g, x, w, b, 1e-5f) : apex_rms_norm(g, x, w, 1e-6f);
+  assert_non_null(y);
+  size_t n = (size_t)(R * D);
+  apex_tensor *go = apex_tensor_create(APEX_F32, 2, (int64_t[]){R, D});
+  for (size_t i = 0; i < n; i++) apex_tensor_set(go, i, 0.01f * (float)((i * 7919) % 97) - 0.4f);
+  TU_OK(apex_backward(y, &(apex_backward_options){.grad_output = go}));
+  const float *X = apex_tensor_data(apex_var_value(x)), *W = apex_tensor_data(apex_var_value(w)), *G = apex_tensor_data(go);
+  const float *B = b ? apex_tensor_data(apex_var_value(b)) : NULL, *Y = apex_tensor_data(apex_var_value(y));
+  const float *GX = apex_tensor_data(apex_var_grad(x)), *GW = apex_tensor_data(apex_var_grad(w));
+  float *gw = calloc((size_t)D, sizeof *gw), *gb = calloc((size_t)D, sizeof *gb);
+  float eps = centre ? 1e-5f : 1e-6f;
+  for (int64_t r = 0; r < R; r++) {
+    const float *xr = X + r * D, *gr = G + r * D;
+    double mean = 0, q = 0;
+    if (centre) {
+      for (int64_t j = 0; j < D; j++) mean += xr[j];
+      mean /= (double)D;
+    }
+    for (int64_t j = 0; j < D; j++) q += (xr[j] - mean) * (xr[j] - mean);
+    float m = (float)mean, rs = (float)(1.0 / sqrt(q / (double)D + eps));
+    double s1 = 0, s2 = 0;
+    for (int64_t j = 0; j < D; j++) {
+      float want = (xr[j] - m) * rs * W[j] + (B ? B[j] : 0.0f), xh = (xr[j] - m) * rs, gh = gr[j] * W[j];
+      if (tu_bits(Y[r * D + j]) != tu_bits(want))
+        fail_msg("%s [%lld, %lld], %d threads: y[%lld, %lld] is %a, the row formula's %a", centre ? "layer_norm" : "rms_norm", (long long)R,
+                 (long long)D, threads, (long long)r, (long long)j, (double)Y[r * D + j], (double)want);
+      s1 += gh;
+      s2 += gh * xh;
+      gw[j] += gr[j] * xh;
+      gb[j] += gr[j];
+    }
+    float ca = centre ? (float)(s1 / (double)D) : 0.0f, cb = (float)(s2 / (double)D);
+    for (int64_t j = 0; j < D; j++) {
+      float xh = (xr[j] - m) * rs, want = 0.0f + rs * (gr[j] * W[j] - ca - xh * cb);
+      if (tu_bits(GX[r * D + j]) != tu_bits(want))
+        fail_msg("%s [%lld, %lld], %d threads: gx[%lld, %lld] is %a, the row formula's %a", centre ? "layer_norm" : "rms_norm", (long long)R,
+                 (long long)D, threads, (long long)r, (long long)j, (double)GX[r * D + j], (double)want);
+    }
+  }
+  for (int64_t j = 0; j < D; j++) {
+    assert_int_equal(tu_bits(GW[j]), tu_bits(0.0f + gw[j]));
+    if (b) assert_int_equal(tu_bits(((const float *)apex_tensor_data(apex_var_grad(b)))[j]), tu_bits(0.0f + gb[j]));
+  }
+  free(gw);
+  free(gb);
+  apex_tensor_destroy(go);
+  apex_graph_destroy(g);
+  apex_var_destroy(x);
+  apex_var_destroy(w);
+  if (b) apex_var_destroy(b);
+}
+
+static void test_row_norm_row_formula(void **state) {
+  (void)state;
+  const int64_t rows[] = {1, 2, 3, 7, 8, 9, 15, 75, 130};
+  int had = apex_get_max_threads();
+  for (int centre = 0; centre <= 1; centre++)
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+      for (int t = 1; t <= 3; t += 2) {
+        check_row_norm(centre, rows[i], 37, t);
+        check_row_norm(centre, rows[i], 260, t);
+      }
+  TU_OK(apex_set_num_threads(had));
+  apex_set_threads_follow_load(1);
+}
+
+/* Permute moves elements (and their gradients) exactly, whether the last dim stays in place (the
+ * kernel copies runs) or moves (it gathers): checked against index arithmetic done here, f32 and bf16. */
+static void test_permute_runs(void **state) {
+  (void)state;
+  const int perms[2][4] = {{0, 2, 1, 3}, {3, 1, 0, 2}};
+  const int64_t shape[4] = {3, 5, 7, 9};
+  for (int d = 0; d < 2; d++)
+    for (int p = 0; p < 2; p++) {
+      apex_graph *g = apex_graph_create();
+      apex_var *x = tu_random_leaf(d ? APEX_BF16 : APEX_F32, 4, shape, 3, 1);
+      apex_var *y = apex_permute(g, x, perms[p]);
+      assert_non_null(y);
+      size_t n = 3 * 5 * 7 * 9;
+      apex_tensor *go = apex_tensor_create(APEX_F32, 4, apex_tensor_shape(apex_var_value(y)));
+      for (size_t i = 0; i < n; i++) apex_tensor_set(go, i, (float)i);
+      TU_OK(apex_backward(y, &(apex_backward_options){.grad_output = go}));
+      const apex_tensor *X = apex_var_value(x), *Y = apex_var_value(y), *GX = apex_var_grad(x);
+      int64_t ys[4], st[4] = {5 * 7 * 9, 7 * 9, 9, 1};
+      for (int k = 0; k < 4; k++) ys[k] = shape[perms[p][k]];
+      for (size_t i = 0; i < n; i++) {
+        size_t rem = i, src = 0;
+        for (int k = 3; k >= 0; k--) {
+          src += (rem % (size_t)ys[k]) * (size_t)st[perms[p][k]];
+          rem /= (size_t)ys[k];
+        }
+        assert_int_equal(tu_bits(apex_tensor_get(Y, i)), tu_bits(apex_tensor_get(X, src)));
+        assert_int_equal(tu_bits(apex_tensor_get(GX, src)), tu_bits(apex_bf16_to_f32(apex_f32_to_bf16((float)i))) * d +
+                                                               tu_bits((float)i) * !d);
+      }
+      apex_tensor_destroy(go);
+      apex_graph_destroy(g);
+      apex_var_destroy(x);
+    }
 }
 
 static void test_norm_nd_errors(void **state) {
@@ -431,7 +545,8 @@ static void test_pool_low_precision(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_concat_many),    cmocka_unit_test(test_concat_mixed_and_single), cmocka_unit_test(test_concat_errors),
-      cmocka_unit_test(test_norm_nd_module), cmocka_unit_test(test_norm_nd_errors),          cmocka_unit_test(test_gemm_tiles_bitwise),
+      cmocka_unit_test(test_norm_nd_module), cmocka_unit_test(test_norm_nd_errors),          cmocka_unit_test(test_row_norm_row_formula),
+      cmocka_unit_test(test_permute_runs),          cmocka_unit_test(test_gemm_tiles_bitwise),
       cmocka_unit_test(test_gemm_tiles_accuracy), cmocka_unit_test(test_own_sgemm),
       cmocka_unit_test(test_backend_slots),  cmocka_unit_test(test_pool_low_precision),
   };

@@ -6,7 +6,8 @@
  *    (test_vmath_exhaustive, label long, covers all 2^32);
  *  - the portable ISA writes nothing and says so (the caller's libm loop runs);
  *  - the CPU backend's GELU, GELU_TANH and tanh forward and backward give the same bits on 1, 2 and
- *    3 threads, f32 and bf16 inputs. */
+ *    3 threads, f32 and bf16 inputs, and on every f16 and bf16 value the bits of the f32 op (their
+ *    tables). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,8 +128,49 @@ static void test_threads(void **state) {
   apex_tensor_destroy(xf), apex_tensor_destroy(xb), apex_tensor_destroy(g);
 }
 
+/* GELU, GELU_TANH and tanh of an f16 or bf16 input come from tables over its 65536 values
+ * (cpu/elementwise.c): every one of them, forward (f32 result, and one in the input's dtype) and
+ * backward, has the bits of the same op on the widened f32 input (computed, no table), at the
+ * portable, AVX2 and AVX-512 caps
+ * (libm's tanh/erf bits at the first, the vector code's above). */
+static void test_half_tables(void **state) {
+  (void)state;
+  enum { NV = 65536 };
+  uint16_t *h = malloc(NV * sizeof *h), *oh = malloc(NV * sizeof *oh), *want = malloc(NV * sizeof *want);
+  float *xf = malloc(NV * sizeof *xf), *go = malloc(NV * sizeof *go), *o[2], *gx[2];
+  for (int k = 0; k < 2; k++) o[k] = malloc(NV * sizeof(float)), gx[k] = malloc(NV * sizeof(float));
+  for (size_t i = 0; i < NV; i++) h[i] = (uint16_t)i, go[i] = 0.01f * (float)((i * 7919) % 97) - 0.4f;
+  const apex_nn_unary_kind kinds[3] = {APEX_NN_GELU, APEX_NN_GELU_TANH, APEX_NN_TANH};
+  const apex_cpu_isa isas[3] = {APEX_CPU_ISA_PORTABLE, APEX_CPU_ISA_AVX2, APEX_CPU_ISA_AVX512};
+  for (int ii = 0; ii < 3; ii++)
+    for (int d = 0; d < 2; d++) {
+      apex_dtype dt = d ? APEX_BF16 : APEX_F16;
+      TU_OK(apex_cpu_set_max_isa(isas[ii]));
+      TU_OK(apex_convert(xf, APEX_F32, h, dt, NV));
+      for (int ki = 0; ki < 3; ki++) {
+        for (int k = 0; k < 2; k++) {
+          apex_nn_buf x = k ? (apex_nn_buf){xf, APEX_F32} : (apex_nn_buf){h, dt};
+          TU_OK(apex__cpu_nn_unary(&(apex_nn_unary_args){.kind = kinds[ki], .n = NV, .x = x, .out = o[k], .out_dtype = APEX_F32}));
+          TU_OK(apex__cpu_nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = kinds[ki], .n = NV, .x = x, .gout = go, .gx = gx[k]}));
+        }
+        /* a result in the input's dtype: the f32 op's rounded once */
+        TU_OK(apex__cpu_nn_unary(&(apex_nn_unary_args){.kind = kinds[ki], .n = NV, .x = {h, dt}, .out = oh, .out_dtype = dt}));
+        TU_OK(apex_convert(want, dt, o[1], APEX_F32, NV));
+        assert_memory_equal(oh, want, NV * sizeof *oh);
+        for (size_t i = 0; i < NV; i++)
+          if (tu_bits(o[0][i]) != tu_bits(o[1][i]) || tu_bits(gx[0][i]) != tu_bits(gx[1][i]))
+            fail_msg("kind %d, %s, isa %d: at %s bits 0x%04zx the half input gives %a (slope-term %a), the f32 one %a (%a)", (int)kinds[ki],
+                     apex_dtype_name(dt), (int)isas[ii], apex_dtype_name(dt), i, (double)o[0][i], (double)gx[0][i], (double)o[1][i],
+                     (double)gx[1][i]);
+      }
+    }
+  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
+  for (int k = 0; k < 2; k++) free(o[k]), free(gx[k]);
+  free(h), free(oh), free(want), free(xf), free(go);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_special), cmocka_unit_test(test_portable_declines), cmocka_unit_test(test_sampled),
-                                     cmocka_unit_test(test_threads)};
+                                     cmocka_unit_test(test_threads), cmocka_unit_test(test_half_tables)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

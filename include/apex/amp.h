@@ -20,7 +20,8 @@
  *    low-precision parameter itself (no master weights, O3).
  *  - patch_functions: the graph's autocast goes on in half_type when amp first sees the graph
  *    (apex_amp_forward, apex_amp_casts_enabled or apex_amp_prepare_graph).
- *  - one loss scaler per loss (num_losses), static or dynamic.
+ *  - one loss scaler per loss (num_losses), static or dynamic. With half_type bf16 the default is
+ *    no scaling (a static 1.0; amp_config.h): set loss_scale = APEX_AMP_DYNAMIC to scale anyway.
  *
  * What backward does (Apex's scale_loss context): the gradient of loss * scale flows back; unless
  * delay_unscale, the new gradients of the optimizers' parameters are then multiplied by 1/scale in
@@ -31,6 +32,15 @@
  *     Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0
  * With delay_unscale (gradient accumulation) the scaled gradients stay and the next backward without
  * it unscales them all.
+ *
+ * At scale 1 (bf16's default) the unscale multiplies nothing: in-place gradients are only checked
+ * for Inf/NaN and master gradients are plain widenings. A static scale still checks: an overflow
+ * skips the step (loss_scaler.h) and a non-finite loss fails the backward as with any scale. At O2 with
+ * bf16 parameters the end of the backward and the unscale are one pass over each gradient: the bf16
+ * gradient the backward would have left (one rounding of its f32 sum) goes straight to the f32
+ * master, with the same bits as the separate passes, and the bf16 gradient is left zero, as after
+ * any unscale into masters. A before_unscale hook or delay_unscale, which need the bf16 gradients
+ * themselves, keeps the passes separate.
  *
  * Disabled amp (config.disabled) makes every call an identity of the f32 program: no cast, no
  * autocast, scale 1, backward and step as plain calls. */

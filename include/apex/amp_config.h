@@ -7,12 +7,18 @@
  *
  *   level  cast_model_type  patch_functions  keep_batchnorm_fp32  master_weights  loss_scale
  *   O0     f32              off              (n/a)                off             1.0 static
- *   O1     (no cast)        on               (n/a)                (n/a)           dynamic
- *   O2     half             off              on                   on              dynamic
+ *   O1     (no cast)        on               (n/a)                (n/a)           dynamic (f16)
+ *   O2     half             off              on                   on              dynamic (f16)
  *   O3     half             off              off                  off             1.0 static
  *
  * "half" is the configuration's half_type: f16 by default, as in Apex, or bf16 (beyond Apex: the same
- * levels on bf16). Under O1 the autocast policy casts ops to half_type. */
+ * levels on bf16). Under O1 the autocast policy casts ops to half_type.
+ *
+ * Loss scaling at bf16: with half_type bf16 (and cast_model_type not f16) an unset loss_scale means
+ * a static 1.0 at every level, i.e. no scaling, as PyTorch's bf16 autocast runs without a
+ * GradScaler: bf16 has f32's exponent range, and loss scaling exists for f16's. The unscale is
+ * then a plain conversion of the gradients. loss_scale = APEX_AMP_DYNAMIC, or an explicit static
+ * value, still applies at bf16. */
 #ifndef APEX_AMP_CONFIG_H
 #define APEX_AMP_CONFIG_H
 
@@ -52,7 +58,7 @@ typedef struct apex_amp_config {
   apex_amp_flag patch_functions;  /* override: the O1 autocast policy on or off */
   apex_amp_flag keep_batchnorm_fp32;
   apex_amp_flag master_weights;
-  float loss_scale;               /* override: > 0 a static scale, APEX_AMP_DYNAMIC, 0 the level's */
+  float loss_scale;               /* override: > 0 a static scale, APEX_AMP_DYNAMIC, 0 the level's (none at bf16) */
   apex_amp_cast cast_model_outputs; /* O2/O3: the dtype model outputs are returned in [F32] */
   int num_losses;                 /* losses with their own scaler, >= 1 [1] */
   int verbosity;                  /* 0 [silent: a library never prints unless asked; Apex's default

@@ -50,6 +50,10 @@ typedef struct apex_mt_launch {
   apex_mt_kernel kernel;
   void *ctx;
   const char *name;                              /* for error messages */
+  unsigned raw;                                  /* bit l set: list l reaches the kernel as stored, not
+                                                    widened: tile.p[l] points at the tensor's own elements
+                                                    (cast to float *; the kernel knows their dtype), and
+                                                    what the kernel writes there stays as written */
 } apex_mt_launch;
 
 /* Checks the lists (counts, element counts, dtypes, devices) and runs the kernel over every tile.

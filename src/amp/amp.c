@@ -9,6 +9,8 @@
 
 #include "apex/amp.h"
 #include "apex/multi_tensor.h"
+#include "autograd/leaf_sink.h"
+#include "backend/backend.h"
 #include "core/internal.h"
 
 /* One optimizer parameter that amp manages. */
@@ -17,6 +19,7 @@ typedef struct {
   int group, index;        /* its place in the optimizer */
   apex_tensor *master_grad; /* f32, when the optimizer keeps an f32 master of a low-precision param */
   apex_tensor *stash;      /* f32 copy of an in-place gradient while another loss runs backward */
+  int fused;               /* this backward's leaf sink already unscaled it into master_grad */
 } amp_param;
 
 /* combine_grad: the gradients of one optimizer flattened into one buffer per (dtype, master or not),
@@ -451,11 +454,92 @@ static apex_status stash_grads(amp_opt *ao) {
   return APEX_OK;
 }
 
+/* ---- the fused end of backward (O2 at bf16) ---------------------------------------------------- */
+
+/* What the leaf sink needs from apex_amp_backward. */
+typedef struct {
+  amp_opt **sel;
+  int n_sel;
+  float inv_scale;
+  int overflow;
+} fuse_ctx;
+
+/* An optimizer whose master gradients this backward overwrites (the first backward since zero_grad,
+ * no scaled gradients waiting, no combine_grad buffers): the flush and the unscale may be one pass. */
+static int fusable(const amp_opt *ao) { return !ao->scaled && !ao->dirty && !ao->n_flat; }
+
+/* The leaf sink: for every bf16 model gradient behind an f32 master in a fusable optimizer, the
+ * backward's f32 sum goes straight to the master, master = bf16(grad + sum) * inv_scale, in one
+ * multi-tensor pass that also checks for Inf/NaN: the bits the engine's flush followed by the unscale
+ * give, without writing the bf16 grad in between. The grad, which a clean iteration holds at zero,
+ * is zeroed only where it was not, as the unscale would have. */
+static apex_status fuse_sink(void *ctx, apex_graph *g) {
+  (void)g;
+  fuse_ctx *f = ctx;
+  const char *fn = "apex_amp_backward";
+  int cap = 0;
+  for (int i = 0; i < f->n_sel; i++) cap += f->sel[i]->n;
+  const apex_backend *be = NULL;
+  for (int i = 0; i < f->n_sel && !be; i++)
+    for (int k = 0; k < f->sel[i]->n && !be; k++)
+      if (f->sel[i]->params[k].master_grad) be = apex__backend_need(apex_tensor_device(f->sel[i]->params[k].master_grad), fn);
+  if (!be || !be->mt_flush_unscale || cap == 0) return APEX_OK; /* the engine flushes, unscale() follows */
+  apex_tensor **grad = malloc((size_t)cap * sizeof *grad), **sum = malloc((size_t)cap * sizeof *sum),
+              **out = malloc((size_t)cap * sizeof *out);
+  unsigned char *nonzero = malloc((size_t)cap);
+  if (!grad || !sum || !out || !nonzero) {
+    free(grad), free(sum), free(out), free(nonzero);
+    return APEX_OK; /* nothing taken: the unfused path still works */
+  }
+  int n = 0;
+  for (int i = 0; i < f->n_sel; i++) {
+    amp_opt *ao = f->sel[i];
+    if (!fusable(ao)) continue;
+    for (int k = 0; k < ao->n; k++) {
+      amp_param *ap = &ao->params[k];
+      apex_tensor *gr = apex_var_grad(ap->var);
+      if (!ap->master_grad || apex_tensor_dtype(gr) != APEX_BF16) continue;
+      apex_tensor *s = apex__leaf_take_sum(ap->var);
+      if (!s) continue; /* not reached by this backward: unscale() writes its master */
+      grad[n] = gr;
+      sum[n] = s;
+      out[n++] = ap->master_grad;
+      ap->fused = 1;
+    }
+  }
+  apex_status st = n ? be->mt_flush_unscale(&(apex_mt_flush_unscale_args){.fn = fn, .n = n, .grad = grad, .sum = sum, .out = out,
+                                                                          .scale = f->inv_scale, .overflow = &f->overflow,
+                                                                          .nonzero = nonzero})
+                     : APEX_OK;
+  for (int i = 0; i < n && st == APEX_OK; i++)
+    if (nonzero[i]) st = apex_tensor_fill(grad[i], 0.0f);
+  free(grad), free(sum), free(out), free(nonzero);
+  return st;
+}
+
+/* out = x * inv_scale with the Inf/NaN check, over n tensors. At scale 1 (bf16's default, a static 1.0)
+ * a gradient unscaled in place needs only the check: x * 1 is x, so the pass reads and writes
+ * nothing else (a widening into a master gradient still runs, as the plain conversion it is). */
+static apex_status scale_grads(apex_tensor *const *x, apex_tensor *const *out, int n, float inv_scale, int *overflow) {
+  if (inv_scale != 1.0f) return apex_mt_scale(0, overflow, x, out, n, inv_scale);
+  apex_status st = APEX_OK;
+  for (int i = 0; i < n && st == APEX_OK;) { /* runs of in-place and of widening tensors, in order */
+    int j = i, in_place = x[i] == out[i];
+    while (j < n && (x[j] == out[j]) == in_place) j++;
+    int found = 0;
+    st = in_place ? apex_mt_check_finite(x + i, j - i, &found) : apex_mt_scale(0, overflow, x + i, out + i, j - i, 1.0f);
+    if (found) *overflow = 1;
+    i = j;
+  }
+  return st;
+}
+
 /* grad * inv_scale (+ earlier values) into the optimizer's gradients, checking the new gradients for
- * Inf/NaN in the same pass; model gradients behind masters are zeroed once consumed. */
+ * Inf/NaN in the same pass; model gradients behind masters are zeroed once consumed. Parameters the
+ * leaf sink has done (fused) are skipped. */
 static apex_status unscale(amp_opt *ao, float inv_scale, int *overflow) {
   if (ao->n_flat && !ao->dirty) { /* combine_grad: the same elementwise pass over a few flat buffers */
-    apex_status st = apex_mt_scale(0, overflow, ao->flat_x, ao->flat_out, ao->n_flat, inv_scale);
+    apex_status st = scale_grads(ao->flat_x, ao->flat_out, ao->n_flat, inv_scale, overflow);
     for (int f = 0; f < ao->n_flat && st == APEX_OK; f++)
       if (ao->flat_out[f] != ao->flat_x[f]) st = apex_tensor_fill(ao->flat_x[f], 0.0f);
     return st;
@@ -467,6 +551,7 @@ static apex_status unscale(amp_opt *ao, float inv_scale, int *overflow) {
     amp_param *ap = &ao->params[k];
     apex_tensor *grad = apex_var_grad(ap->var);
     apex_tensor *dst = ap->master_grad ? ap->master_grad : grad;
+    if (ap->fused) continue;
     if (!ao->dirty) {
       fresh.x[fresh.n] = grad;
       fresh.out[fresh.n++] = dst;
@@ -476,10 +561,10 @@ static apex_status unscale(amp_opt *ao, float inv_scale, int *overflow) {
       accum.out[accum.n++] = dst;
     }
   }
-  if (st == APEX_OK && fresh.n) st = apex_mt_scale(0, overflow, fresh.x, fresh.out, fresh.n, inv_scale);
+  if (st == APEX_OK && fresh.n) st = scale_grads(fresh.x, fresh.out, fresh.n, inv_scale, overflow);
   if (st == APEX_OK && accum.n) st = apex_mt_axpby(0, overflow, accum.x, accum.y, accum.out, accum.n, inv_scale, 1.0f, 0);
   for (int k = 0; k < ao->n && st == APEX_OK; k++)
-    if (ao->params[k].master_grad) st = apex_tensor_fill(apex_var_grad(ao->params[k].var), 0.0f);
+    if (ao->params[k].master_grad && !ao->params[k].fused) st = apex_tensor_fill(apex_var_grad(ao->params[k].var), 0.0f);
   lists_free(&fresh);
   lists_free(&accum);
   return st;
@@ -564,13 +649,19 @@ apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const 
     bo.grad_output = seed;
   }
   int ran = st == APEX_OK;
+  /* One pass instead of flush, unscale and zeroing, where nothing must see the bf16 gradients between
+   * the backward and the unscale: no before_unscale hook (DDP reduces them) and no delay_unscale. */
+  fuse_ctx fc = {selp, n_sel, 1.0f / scale, 0};
+  int fuse = st == APEX_OK && lg && !before_unscale && !(opts && opts->delay_unscale);
+  if (fuse) apex__graph_set_leaf_sink(lg, fuse_sink, &fc);
   if (st == APEX_OK) st = apex_backward(loss, &bo);
+  if (fuse) apex__graph_set_leaf_sink(lg, NULL, NULL);
   apex_tensor_destroy(seed);
   if (ran && before_unscale) {
     apex_status hs = before_unscale(hctx);
     if (st == APEX_OK) st = hs;
   }
-  int overflow = 0;
+  int overflow = fc.overflow;
   for (int i = 0; i < n_sel && st == APEX_OK; i++) {
     if (opts && opts->delay_unscale) {
       selp[i]->scaled = 1;
@@ -580,6 +671,8 @@ apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const 
     selp[i]->scaled = 0;
     selp[i]->dirty = 1;
   }
+  for (int i = 0; i < n_sel; i++)
+    for (int k = 0; k < selp[i]->n; k++) selp[i]->params[k].fused = 0;
   if (ran && reduce_overflow && !(opts && opts->delay_unscale)) {
     apex_status hs = reduce_overflow(hctx, &overflow);
     if (st == APEX_OK) st = hs;

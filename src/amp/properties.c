@@ -60,8 +60,17 @@ static apex_status check_o1(const apex_amp_config *c) {
   return APEX_OK;
 }
 
+/* The level's loss scaling when the user leaves loss_scale unset: dynamic at O1 and O2 when f16 is in
+ * use, as Apex; none (a static 1.0) when the low-precision type is bf16 and the model is not cast to
+ * f16. bf16 has f32's exponent range, so its gradients neither underflow nor overflow where f32's
+ * would not: PyTorch's bf16 autocast uses no GradScaler, and Apex's scaling exists for f16's range. */
+static int default_dynamic(const apex_amp_properties *p, int level) {
+  int f16 = p->half_type == APEX_F16 || (p->cast_model && p->cast_model_type == APEX_F16);
+  return (level == 1 || level == 2) && f16;
+}
+
 static apex_status resolve_scale(const apex_amp_config *c, apex_amp_properties *p, int level) {
-  int dynamic = level == 1 || level == 2;
+  int dynamic = default_dynamic(p, level);
   float value = 1.0f;
   if (c->loss_scale == APEX_AMP_DYNAMIC) {
     dynamic = 1;
@@ -75,7 +84,10 @@ static apex_status resolve_scale(const apex_amp_config *c, apex_amp_properties *
   if (!dynamic && (c->init_scale != 0 || c->growth_factor != 0 || c->backoff_factor != 0 || c->scale_window != 0 || c->hysteresis != 0))
     return apex__fail(APEX_ERR_INVALID_ARG,
                       "amp: init_scale, growth_factor, backoff_factor, scale_window and hysteresis apply to dynamic loss scaling, "
-                      "but the loss scale is static (%g)", value);
+                      "but the loss scale is static (%g)%s", value,
+                      c->loss_scale == 0 && (level == 1 || level == 2)
+                          ? "; with bf16 the default is no loss scaling: set loss_scale = APEX_AMP_DYNAMIC to scale dynamically"
+                          : "");
   apex_loss_scaler_config s = {0};
   s.mode = dynamic ? APEX_SCALE_DYNAMIC : APEX_SCALE_STATIC;
   s.init_scale = dynamic ? c->init_scale : value;

@@ -125,6 +125,8 @@ struct apex_graph {
   size_t n_casts, cap_casts;
   apex_grad_hook grad_hook; /* apex_graph_set_grad_hook */
   void *grad_hook_ctx;
+  apex_status (*leaf_sink)(void *ctx, apex_graph *g); /* leaf_sink.h */
+  void *leaf_sink_ctx;
   struct ag_final { size_t at; apex_var *leaf; } *finals; /* leaves and the var after which they are final */
   size_t n_finals, cap_finals;
   apex_var **pending; /* casts autocast made for the op now running: released when the next starts */

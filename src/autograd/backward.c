@@ -5,7 +5,8 @@
  * graph's device; the engine fills, seeds and adds them only through the backend's slots. A
  * leaf of dtype f32 accumulates straight into its grad tensor; a low-precision leaf collects its
  * gradient in f32 and adds it to its grad tensor once, at the end, so it is rounded once per
- * backward rather than once per use. */
+ * backward rather than once per use; amp's leaf sink (leaf_sink.h) may take that sum first, to fold the
+ * flush into its unscale. */
 #include <stdlib.h>
 
 #include "autograd/ag.h"
@@ -80,9 +81,10 @@ static apex_status flush_leaf(apex_graph *g, apex_var *v) {
 }
 
 /* Adds the collected f32 gradients into low-precision grad tensors and forgets every buffer; the first
- * failure of a flush (the others still run, so that no buffer outlives the backward). */
-static apex_status finish(apex_graph *g) {
-  apex_status st = APEX_OK;
+ * failure of a flush (the others still run, so that no buffer outlives the backward). After a backward
+ * that succeeded, a leaf sink (leaf_sink.h; never with a grad hook) first takes the sums it consumes. */
+static apex_status finish(apex_graph *g, int ok) {
+  apex_status st = ok && g->leaf_sink && !g->grad_hook ? g->leaf_sink(g->leaf_sink_ctx, g) : APEX_OK;
   for (size_t i = 0; i < g->n_touched; i++) {
     apex_status s = flush_leaf(g, g->touched_leaves[i]);
     if (st == APEX_OK) st = s;
@@ -194,7 +196,7 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
     }
     if (hook) st = fire_finals(g, &k, i);
   }
-  apex_status fst = finish(g);
+  apex_status fst = finish(g, st == APEX_OK);
   if (st == APEX_OK) st = fst;
   /* The weight-cast cache ends with the backward, as Apex clears its cache when scale_loss exits: an
    * optimizer step may follow and change the leaves, and the cached copies' values may have been

@@ -1,8 +1,10 @@
 /* leaf_swap.c: what amp needs from the engine beyond running ops: replacing a parameter's value by
  * a cast copy (O2/O3 cast the model after it was built), reading the autocast switch (regions that
- * disable casts restore it), refusing ops that autocast cannot run safely, and the tag by which amp
- * knows the graphs it has prepared. */
+ * disable casts restore it), refusing ops that autocast cannot run safely, the tag by which amp
+ * knows the graphs it has prepared, and the leaf sink through which it takes over the end of a
+ * backward for low-precision leaves (leaf_sink.h). */
 #include "autograd/ag.h"
+#include "autograd/leaf_sink.h"
 
 apex_tensor *apex_var_swap_value(apex_var *v, apex_tensor *value) {
   if (!v || !value) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_var_swap_value: NULL %s", v ? "value" : "var");
@@ -46,4 +48,17 @@ apex_status apex_graph_set_op_banned(apex_graph *g, apex_op op, int banned) {
   if ((int)op < 0 || op >= APEX_OP_COUNT) return apex__fail(APEX_ERR_INVALID_ARG, "apex_graph_set_op_banned: op %d is out of range", (int)op);
   g->banned[op] = banned != 0;
   return APEX_OK;
+}
+
+void apex__graph_set_leaf_sink(apex_graph *g, apex__leaf_sink fn, void *ctx) {
+  g->leaf_sink = fn;
+  g->leaf_sink_ctx = fn ? ctx : NULL;
+}
+
+apex_tensor *apex__leaf_take_sum(apex_var *v) {
+  if (!v || v->graph || !v->gbuf || !v->gt || !v->grad || v->grad->dtype == APEX_F32) return NULL;
+  apex_tensor *sum = v->gt;
+  v->gbuf = NULL; /* flush_leaf now has nothing to add */
+  v->gt = NULL;
+  return sum;
 }

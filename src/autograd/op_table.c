@@ -27,8 +27,8 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     [APEX_OP_DIV] = {"div", APEX_CAST_PROMOTE, apex__bwd_binary},
     [APEX_OP_SCALE] = {"scale", APEX_CAST_NONE, apex__bwd_scale, ALL_IN},
     [APEX_OP_RELU] = {"relu", APEX_CAST_NONE, apex__bwd_unary, ALL_IN, 1},
-    [APEX_OP_GELU] = {"gelu", APEX_CAST_FLOAT, apex__bwd_unary},       /* Apex's FP32_FUNCS */
-    [APEX_OP_GELU_TANH] = {"gelu_tanh", APEX_CAST_FLOAT, apex__bwd_unary},
+    [APEX_OP_GELU] = {"gelu", APEX_CAST_FLOAT, apex__bwd_unary, .reads_half = 1}, /* Apex's FP32_FUNCS */
+    [APEX_OP_GELU_TANH] = {"gelu_tanh", APEX_CAST_FLOAT, apex__bwd_unary, .reads_half = 1},
     [APEX_OP_TANH] = {"tanh", APEX_CAST_NONE, apex__bwd_unary},
     [APEX_OP_SIGMOID] = {"sigmoid", APEX_CAST_NONE, apex__bwd_unary},
     [APEX_OP_DROPOUT] = {"dropout", APEX_CAST_NONE, apex__bwd_dropout, ALL_IN},
@@ -51,8 +51,8 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     [APEX_OP_MSE] = {"mse_loss", APEX_CAST_FLOAT, apex__bwd_pointwise_loss, .reads_half = 1},
     [APEX_OP_BCE_WITH_LOGITS] = {"bce_with_logits", APEX_CAST_FLOAT, apex__bwd_pointwise_loss, .reads_half = 1},
     [APEX_OP_BCE] = {"bce", APEX_CAST_FLOAT, apex__bwd_pointwise_loss, .reads_half = 1},
-    [APEX_OP_SUM] = {"sum", APEX_CAST_FLOAT, apex__bwd_sum, ALL_IN},
-    [APEX_OP_MEAN] = {"mean", APEX_CAST_FLOAT, apex__bwd_sum, ALL_IN},
+    [APEX_OP_SUM] = {"sum", APEX_CAST_FLOAT, apex__bwd_sum, ALL_IN, .reads_half = 1},
+    [APEX_OP_MEAN] = {"mean", APEX_CAST_FLOAT, apex__bwd_sum, ALL_IN, .reads_half = 1},
     [APEX_OP_RESHAPE] = {"reshape", APEX_CAST_NONE, apex__bwd_identity, ALL_IN},
     [APEX_OP_PERMUTE] = {"permute", APEX_CAST_NONE, apex__bwd_permute, ALL_IN},
     [APEX_OP_CONCAT] = {"concat", APEX_CAST_PROMOTE, apex__bwd_concat, ALL_IN},
@@ -70,7 +70,7 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     [APEX_OP_POW] = {"pow", APEX_CAST_FLOAT, apex__bwd_unary},
     [APEX_OP_POW_TENSOR] = {"pow_tensor", APEX_CAST_FLOAT, apex__bwd_binary},
     /* its f32 norms are its aux; the backward reads x */
-    [APEX_OP_NORM] = {"norm", APEX_CAST_FLOAT, apex__bwd_norm},
+    [APEX_OP_NORM] = {"norm", APEX_CAST_FLOAT, apex__bwd_norm, .reads_half = 1},
     /* Apex's CASTS (promote). A mask records no inputs (ops_elementwise.c), so no backward ever runs
      * for one: it has none, and reads nothing. */
     [APEX_OP_GT] = {"gt", APEX_CAST_PROMOTE, NULL, ALL_IN},

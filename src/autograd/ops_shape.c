@@ -24,9 +24,8 @@ static apex_var *reduce(apex_graph *g, apex_op op, apex_var *x, int all, int dim
   if (!be || !AG_HAS(be, nn_reduce, op)) return NULL;
   apex_var *out = apex__result(g, op, dt, nd, shape, 1, &u);
   if (!out) return NULL;
-  const float *xf = apex__f32(g, X);
-  float *o = apex__out_f32(g, out);
-  if (!xf || !o) return NULL;
+  float *o = apex__out_f32(g, out); /* one value a line: the input is read in its own dtype */
+  if (!o) return NULL;
   double scale = op == APEX_OP_MEAN ? 1.0 / (double)D : 1.0;
   out->p.reduce.outer = (int64_t)outer;
   out->p.reduce.dim = (int64_t)D;
@@ -39,7 +38,8 @@ static apex_var *reduce(apex_graph *g, apex_op op, apex_var *x, int all, int dim
     out->aux = nrm;
   }
   if (be->nn_reduce(&(apex_nn_reduce_args){.kind = op == APEX_OP_NORM ? APEX_NN_REDUCE_NORM : APEX_NN_REDUCE_SUM, .outer = outer,
-                                           .dim = D, .inner = inner, .scale = scale, .x = xf, .out = o, .norms = nrm}) != APEX_OK)
+                                           .dim = D, .inner = inner, .scale = scale, .x = {apex_tensor_data(X), X->dtype}, .out = o,
+                                           .norms = nrm}) != APEX_OK)
     return NULL;
   apex__store(out, o);
   return out;
@@ -58,10 +58,10 @@ static apex_status reduce_bwd(apex_graph *g, apex_var *out, apex_nn_reduce_kind 
   if (!be || !AG_HAS(be, nn_reduce_bwd, out->op)) return apex_last_status();
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
-  const float *X = NULL;
-  if (kind == APEX_NN_REDUCE_NORM && !(X = apex__f32(g, out->in[0]->value))) return APEX_ERR_OUT_OF_MEMORY;
+  const apex_tensor *X = out->in[0]->value; /* read in its own dtype (norm only) */
   return be->nn_reduce_bwd(&(apex_nn_reduce_bwd_args){.kind = kind, .outer = (size_t)out->p.reduce.outer, .dim = (size_t)out->p.reduce.dim,
-                                                      .inner = (size_t)out->p.reduce.inner, .scale = out->p.reduce.scale, .x = X,
+                                                      .inner = (size_t)out->p.reduce.inner, .scale = out->p.reduce.scale,
+                                                      .x = {kind == APEX_NN_REDUCE_NORM ? apex_tensor_data(X) : NULL, X->dtype},
                                                       .norms = out->aux, .gout = out->gbuf, .gx = gx, .accumulate_x = 1});
 }
 

@@ -49,4 +49,21 @@ typedef struct apex_mt_l2norm_args {
   int *overflow;
 } apex_mt_l2norm_args;
 
+/* The end of a low-precision leaf's backward fused with amp's unscale into its f32 master gradient,
+ * in one pass over each tensor i (grad bf16, sum and out f32):
+ *   s = bf16(grad + sum)       what the backward's flush would leave in grad (one f32 addition, rounded
+ *                              to nearest even as apex_convert rounds)
+ *   out = s * scale            (no multiplication at scale 1: a plain widening)
+ * s is checked for Inf/NaN. grad is read, never written: nonzero[i] (host, may be NULL) is set to 1
+ * when grad i held any non-zero bits, for the caller to zero it as the unfused unscale would have. */
+typedef struct apex_mt_flush_unscale_args {
+  const char *fn;
+  size_t chunk_size;
+  int n;
+  apex_tensor *const *grad, *const *sum, *const *out;
+  float scale;
+  int *overflow;            /* host: set to 1 on a non-finite s (never cleared; may be NULL) */
+  unsigned char *nonzero;   /* host, n flags (may be NULL) */
+} apex_mt_flush_unscale_args;
+
 #endif

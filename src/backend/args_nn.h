@@ -323,7 +323,8 @@ typedef struct apex_nn_row_norm_bwd_args {
 
 /* x seen as [outer, dim, inner]: out[l] for each of the outer * inner lines of dim elements is its sum
  * times scale (SUM; mean is scale 1 / dim) or its L2 norm (NORM, scale unused; norms receives the
- * same f32 values, kept for the backward). Sums run in double in order; a single line over the whole
+ * same f32 values, kept for the backward). x is read in its own dtype (f16 and bf16 widen exactly, so
+ * the sums are those of its f32 values). Sums run in double in order; a single line over the whole
  * tensor in fixed blocks of 4096, so no bits depend on the thread count. */
 typedef enum apex_nn_reduce_kind { APEX_NN_REDUCE_SUM, APEX_NN_REDUCE_NORM } apex_nn_reduce_kind;
 
@@ -331,18 +332,19 @@ typedef struct apex_nn_reduce_args {
   apex_nn_reduce_kind kind;
   size_t outer, dim, inner;
   double scale;
-  const float *x;
+  apex_nn_buf x;
   float *out;
   float *norms;
 } apex_nn_reduce_args;
 
 /* gx (outer * dim * inner) += gout of its line times scale (SUM) or times x / norm, 0 where the norm is
- * 0 (NORM: x and norms read). */
+ * 0 (NORM: x, in its own dtype, and norms read). */
 typedef struct apex_nn_reduce_bwd_args {
   apex_nn_reduce_kind kind;
   size_t outer, dim, inner;
   float scale;
-  const float *x, *norms;
+  apex_nn_buf x;
+  const float *norms;
   const float *gout;
   float *gx;
   int accumulate_x;

@@ -43,6 +43,7 @@ typedef struct apex_backend {
   apex_status (*mt_scale)(const apex_mt_scale_args *a);
   apex_status (*mt_axpby)(const apex_mt_axpby_args *a);
   apex_status (*mt_l2norm)(const apex_mt_l2norm_args *a);
+  apex_status (*mt_flush_unscale)(const apex_mt_flush_unscale_args *a); /* may be NULL: amp then flushes and unscales */
 
   /* ---- optimizer and loss scaler (args_optim.h) ---- */
   apex_status (*optim_step)(const apex_optim_step_args *a);

@@ -33,7 +33,7 @@ static const flag flags[] = {
      "(default /usr/share/common-licenses/GPL-3)"},
     {"opt-level", T_STR, F(opt_level), "O1", "O0 O1 O2 O3", 0, "amp optimization level"},
     {"cast-type", T_STR, F(cast_type), "f16", "f16 bf16", 0, "low-precision type of O1-O3"},
-    {"loss-scale", T_STR, F(loss_scale), "", NULL, 0, "dynamic, or a static scale > 0 (default: the opt level's)"},
+    {"loss-scale", T_STR, F(loss_scale), "", NULL, 0, "dynamic, or a static scale > 0 (default: the opt level's; none with bf16)"},
     {"keep-batchnorm-fp32", T_STR, F(keep_batchnorm_fp32), "", "true false", 0, "override (default: the opt level's)"},
     {"master-weights", T_STR, F(master_weights), "", "true false", 0, "override (default: the opt level's)"},
     {"optimizer", T_STR, F(optimizer), "adamw", "sgd adam adamw adamp lamb adadelta adagrad rmsprop rmsprop_tf novograd", 0,

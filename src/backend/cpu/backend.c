@@ -10,6 +10,7 @@ const apex_backend apex__cpu_backend = {
     .mt_scale = apex__cpu_mt_scale,
     .mt_axpby = apex__cpu_mt_axpby,
     .mt_l2norm = apex__cpu_mt_l2norm,
+    .mt_flush_unscale = apex__cpu_mt_flush_unscale,
     .optim_step = apex__cpu_optim_step,
     .nn_binary = apex__cpu_nn_binary,
     .nn_binary_bwd = apex__cpu_nn_binary_bwd,

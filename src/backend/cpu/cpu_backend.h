@@ -7,6 +7,7 @@
 /* multi_tensor.c */
 apex_status apex__cpu_mt_scale(const apex_mt_scale_args *a);
 apex_status apex__cpu_mt_axpby(const apex_mt_axpby_args *a);
+apex_status apex__cpu_mt_flush_unscale(const apex_mt_flush_unscale_args *a);
 apex_status apex__cpu_mt_l2norm(const apex_mt_l2norm_args *a);
 
 /* optim.c */

@@ -9,9 +9,12 @@
  * f16/bf16 block is widened into the thread's stack by apex__convert_range (apex_convert's bits, in
  * vector registers where the ISA allows), the f32 math runs on it as it would on a whole widened
  * copy, and a half result is narrowed from the stack. So the bits are those of widening whole
- * tensors, and no op holds a whole-tensor f32 copy. */
+ * tensors, and no op holds a whole-tensor f32 copy. GELU, GELU_TANH and tanh of a half input look
+ * their f32 results and slopes up in tables over its 65536 values, made by those same loops. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
@@ -231,8 +234,97 @@ static void unary_f32(const void *ctx, const float *restrict X, const float *res
   }
 }
 
+/* f[i] = kind'(x[i]) for GELU, GELU_TANH and TANH, whose backward is gx += go * f (n <= EW_BLOCK). */
+static void act_slope(apex_nn_unary_kind kind, const float *restrict x, float *restrict f, size_t n) {
+  if (kind == APEX_NN_GELU) {
+    for (size_t i = 0; i < n; i++) f[i] = x[i] * 0.70710678118654752f;
+    erf_n(f, f, n);
+    for (size_t i = 0; i < n; i++) {
+      float cdf = 0.5f * (1.0f + f[i]), pdf = 0.3989422804014327f * expf(-0.5f * x[i] * x[i]);
+      f[i] = cdf + x[i] * pdf;
+    }
+  } else if (kind == APEX_NN_TANH) {
+    tanh_n(x, f, n);
+    for (size_t i = 0; i < n; i++) f[i] = 1.0f - f[i] * f[i];
+  } else {
+    for (size_t i = 0; i < n; i++) f[i] = GELU_K * (x[i] + GELU_C * x[i] * x[i] * x[i]);
+    tanh_n(f, f, n);
+    for (size_t i = 0; i < n; i++) {
+      float t = f[i];
+      f[i] = 0.5f * (1.0f + t) + 0.5f * x[i] * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * x[i] * x[i]);
+    }
+  }
+}
+
+/* ---- activations of f16/bf16 inputs by table ---------------------------------------------------
+ * A half input has 65536 values, so GELU, GELU_TANH and tanh of one, and their slopes, are functions
+ * of its 16 bits: tables of the f32 results that the block loops above compute for each of them
+ * (unary_f32, act_slope), made once per kind, dtype and set of tanh/erf bits (vector or libm, by the
+ * ISA cap; vmath.h) on first use, give those bits with one load an element instead of a tanh in
+ * double (the GELU took a fifth of a bf16 GPT step). Kept for the process; without memory for one,
+ * the loops run as before. */
+enum { ACT_VALUES = 65536, ACT_KINDS = 3 };
+/* What a table holds: the f32 results, the f32 slopes, or the results rounded to the input's dtype
+ * (for a result of that dtype, as apex__cpu_row_store rounds them: 128 KiB). */
+typedef enum { ACT_RESULT, ACT_SLOPE, ACT_ROUNDED, ACT_WHATS } act_what;
+static _Atomic(void *) act_tables[ACT_KINDS][2][2][ACT_WHATS]; /* [kind][bf16][vector][what] */
+
+static int act_kind(apex_nn_unary_kind kind) {
+  return kind == APEX_NN_GELU ? 0 : kind == APEX_NN_GELU_TANH ? 1 : kind == APEX_NN_TANH ? 2 : -1;
+}
+
+/* The table `what` of kind over every value of dt, or NULL (another kind or dtype, or no memory).
+ * Call outside parallel regions: a first call computes it. */
+static const void *act_table(apex_nn_unary_kind kind, apex_dtype dt, act_what what) {
+  int k = act_kind(kind);
+  if (k < 0 || (dt != APEX_F16 && dt != APEX_BF16)) return NULL;
+  _Atomic(void *) *slot = &act_tables[k][dt == APEX_BF16][apex__vmath_vector()][what];
+  void *t = atomic_load(slot), *none = NULL;
+  if (t) return t;
+  if (!(t = malloc(ACT_VALUES * (what == ACT_ROUNDED ? sizeof(uint16_t) : sizeof(float))))) return NULL;
+  apex_nn_unary_args a = {.kind = kind};
+  for (size_t lo = 0; lo < ACT_VALUES; lo += EW_BLOCK) {
+    uint16_t h[EW_BLOCK];
+    float x[EW_BLOCK], r[EW_BLOCK], *f = what == ACT_ROUNDED ? r : (float *)t + lo;
+    for (size_t i = 0; i < EW_BLOCK; i++) h[i] = (uint16_t)(lo + i);
+    apex__convert_range(x, APEX_F32, h, dt, EW_BLOCK);
+    if (what == ACT_SLOPE)
+      act_slope(kind, x, f, EW_BLOCK);
+    else
+      unary_f32(&a, x, NULL, f, EW_BLOCK);
+    if (what == ACT_ROUNDED) apex__convert_range((uint16_t *)t + lo, dt, r, APEX_F32, EW_BLOCK);
+  }
+  if (!atomic_compare_exchange_strong(slot, &none, t)) { /* another thread made it first: the same values */
+    free(t);
+    t = none;
+  }
+  return t;
+}
+
 apex_status apex__cpu_nn_unary(const apex_nn_unary_args *a) {
-  ew_map(unary_f32, a, a->x, NULL, a->out, a->out_dtype, a->n);
+  size_t n = a->n, nb = (n + EW_BLOCK - 1) / EW_BLOCK;
+  const uint16_t *xh = a->x.data;
+  const uint16_t *rounded = a->out_dtype == a->x.dtype ? act_table(a->kind, a->x.dtype, ACT_ROUNDED) : NULL;
+  if (rounded) {
+    uint16_t *o = a->out;
+    APEX__CPU_PFOR
+    for (size_t i = 0; i < n; i++) o[i] = rounded[xh[i]];
+    return APEX_OK;
+  }
+  const float *tab = act_table(a->kind, a->x.dtype, ACT_RESULT);
+  if (!tab) {
+    ew_map(unary_f32, a, a->x, NULL, a->out, a->out_dtype, a->n);
+    return APEX_OK;
+  }
+  apex_simd_active(); /* resolve the rounding's path before the threads read it */
+#pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
+  for (size_t b = 0; b < nb; b++) {
+    float ob[EW_BLOCK];
+    size_t lo = b * EW_BLOCK, m = n - lo < EW_BLOCK ? n - lo : EW_BLOCK;
+    float *op = apex__cpu_row_out(a->out, a->out_dtype, lo, ob);
+    for (size_t i = 0; i < m; i++) op[i] = tab[xh[lo + i]];
+    apex__cpu_row_store(a->out, a->out_dtype, lo, ob, m);
+  }
   return APEX_OK;
 }
 
@@ -280,30 +372,12 @@ static void unary_bwd_f32(const void *ctx, const float *restrict X, const float 
   case APEX_NN_GELU_TANH:
   case APEX_NN_TANH:
     for (size_t lo = 0; lo < n; lo += EW_BLOCK) {
-      float tb[EW_BLOCK];
+      float f[EW_BLOCK];
       size_t m = n - lo < EW_BLOCK ? n - lo : EW_BLOCK;
-      const float *x = X + lo, *g = go + lo;
+      const float *g = go + lo;
       float *d = gx + lo;
-      if (a->kind == APEX_NN_GELU) {
-        for (size_t i = 0; i < m; i++) tb[i] = x[i] * 0.70710678118654752f;
-        erf_n(tb, tb, m);
-        for (size_t i = 0; i < m; i++) {
-          float cdf = 0.5f * (1.0f + tb[i]), pdf = 0.3989422804014327f * expf(-0.5f * x[i] * x[i]);
-          d[i] += g[i] * (cdf + x[i] * pdf);
-        }
-        continue;
-      }
-      if (a->kind == APEX_NN_TANH) {
-        tanh_n(x, tb, m);
-        for (size_t i = 0; i < m; i++) d[i] += g[i] * (1.0f - tb[i] * tb[i]);
-        continue;
-      }
-      for (size_t i = 0; i < m; i++) tb[i] = GELU_K * (x[i] + GELU_C * x[i] * x[i] * x[i]);
-      tanh_n(tb, tb, m);
-      for (size_t i = 0; i < m; i++) {
-        float t = tb[i];
-        d[i] += g[i] * (0.5f * (1.0f + t) + 0.5f * x[i] * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * x[i] * x[i]));
-      }
+      act_slope(a->kind, X + lo, f, m);
+      for (size_t i = 0; i < m; i++) d[i] += g[i] * f[i];
     }
     break;
   /* exp is recomputed from x rather than read from a half output, which would round it once more */
@@ -334,7 +408,17 @@ apex_status apex__cpu_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
     return APEX_OK;
   }
   apex__cpu_grad_begin(a->gx, a->n, a->accumulate_x);
-  ew_map(unary_bwd_f32, a, a->x, a->gout, a->gx, APEX_F32, a->n);
+  const float *tab = act_table(a->kind, a->x.dtype, ACT_SLOPE);
+  if (!tab) {
+    ew_map(unary_bwd_f32, a, a->x, a->gout, a->gx, APEX_F32, a->n);
+    return APEX_OK;
+  }
+  size_t n = a->n;
+  const uint16_t *xh = a->x.data;
+  const float *go = a->gout;
+  float *gx = a->gx;
+  APEX__CPU_PFOR
+  for (size_t i = 0; i < n; i++) gx[i] += go[i] * tab[xh[i]];
   return APEX_OK;
 }
 

@@ -70,7 +70,7 @@ static int run_chunk(const apex_mt_launch *L, const size_t *chunk_start, size_t 
     for (int l = 0; l < L->nlists; l++) {
       const apex_tensor *x = L->lists[l][t];
       char *at = (char *)apex_tensor_data(x) + off * apex_dtype_size(x->dtype);
-      if (x->dtype == APEX_F32) {
+      if (x->dtype == APEX_F32 || (L->raw >> l & 1u)) {
         tile.p[l] = (float *)at;
       } else {
         apex__convert_range(buf[l], APEX_F32, at, x->dtype, tile.n);
@@ -82,7 +82,7 @@ static int run_chunk(const apex_mt_launch *L, const size_t *chunk_start, size_t 
     bad |= nonfinite;
     for (int l = 0; l < L->nlists; l++) {
       const apex_tensor *x = L->lists[l][t];
-      if ((L->written >> l & 1u) && x->dtype != APEX_F32)
+      if ((L->written >> l & 1u) && !(L->raw >> l & 1u) && x->dtype != APEX_F32)
         apex__convert_range((char *)apex_tensor_data(x) + off * apex_dtype_size(x->dtype), x->dtype, buf[l], APEX_F32, tile.n);
     }
   }

@@ -1,5 +1,5 @@
 /* multi_tensor.c: the CPU backend's multi-tensor slots (backend/args_mt.h): scale, axpby and the L2
- * norms of Apex, over the applier in mt_apply.c. Each tile kernel is a plain loop over f32 that the compiler vectorises; the
+ * norms of Apex, and the fused bf16 flush + unscale of amp's O2 chain, over the applier in mt_apply.c. Each tile kernel is a plain loop over f32 that the compiler vectorises; the
  * non-finite test works on the exponent bits so that it vectorises too and is immune to
  * -ffinite-math-only. */
 #include <math.h>
@@ -10,6 +10,8 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/internal.h"
 #include "backend/cpu/simd_kernel.h"
+#include "apex/cpu.h"
+#include "core/convert_scalar.h"
 
 /* 1 when v is Inf or NaN (all exponent bits set). */
 APEX__INLINE unsigned nonfinite_bits(float v) {
@@ -91,6 +93,92 @@ apex_status apex__cpu_mt_axpby(const apex_mt_axpby_args *a) {
   apex_mt_launch L = {.chunk_size = a->chunk_size, .nlists = 3, .ntensors = a->n, .lists = {a->x, a->y, a->out},
                       .written = 4u, .kernel = apex__simd_pick(&axpby_tile), .ctx = &c, .name = a->fn};
   return apex_multi_tensor_apply(&L, a->overflow);
+}
+
+/* ---- flush + unscale (args_mt.h) ---- */
+typedef struct {
+  float scale;
+  unsigned char *nonzero_chunk; /* one flag per chunk, so that no two threads write one byte */
+} flush_unscale_ctx;
+
+APEX__INLINE float f32_of_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* List 0 (the bf16 grad) arrives raw. The scale-1 loop has no multiplication: x * 1 == x bitwise
+ * anyway, so skipping it changes speed only. */
+APEX__INLINE void flush_unscale_tile_body(void *ctx, const apex_mt_tile *t, int *nonfinite) {
+  const flush_unscale_ctx *c = ctx;
+  const uint16_t *g = (const uint16_t *)(const void *)t->p[0];
+  const float *sum = t->p[1];
+  float *out = t->p[2];
+  const float s = c->scale;
+  unsigned bad = 0, nz = 0;
+  if (s == 1.0f)
+    for (size_t i = 0; i < t->n; i++) {
+      nz |= g[i];
+      uint32_t r = (uint32_t)apex__f32_to_bf16(f32_of_bits((uint32_t)g[i] << 16) + sum[i]) << 16;
+      bad |= (r & 0x7F800000u) == 0x7F800000u;
+      out[i] = f32_of_bits(r);
+    }
+  else
+    for (size_t i = 0; i < t->n; i++) {
+      nz |= g[i];
+      uint32_t r = (uint32_t)apex__f32_to_bf16(f32_of_bits((uint32_t)g[i] << 16) + sum[i]) << 16;
+      bad |= (r & 0x7F800000u) == 0x7F800000u;
+      out[i] = f32_of_bits(r) * s;
+    }
+  if (nz) c->nonzero_chunk[t->chunk] = 1;
+  *nonfinite = bad != 0;
+}
+APEX__SIMD_KERNEL(flush_unscale_tile);
+
+#if APEX_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))
+/* The same C compiled for AVX-512 (16 lanes; the widening and the rounding's integer steps vectorise
+ * with AVX-512F/BW): the same IEEE operations per element, so the same bits as the portable copy. */
+__attribute__((target("avx512f,avx512bw"))) static void flush_unscale_tile_avx512(void *ctx, const apex_mt_tile *t, int *nonfinite) {
+  flush_unscale_tile_body(ctx, t, nonfinite);
+}
+#endif
+
+static apex_mt_kernel flush_unscale_kernel(void) {
+#if APEX_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))
+  if (apex_cpu_max_isa() >= APEX_CPU_ISA_AVX512) return flush_unscale_tile_avx512;
+#endif
+  return apex__simd_pick(&flush_unscale_tile);
+}
+
+apex_status apex__cpu_mt_flush_unscale(const apex_mt_flush_unscale_args *a) {
+  const char *fn = a->fn;
+  if (a->n < 0 || (a->n > 0 && (!a->grad || !a->sum || !a->out)))
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: %s", fn, a->n < 0 ? "negative tensor count" : "NULL tensor list");
+  for (int i = 0; i < a->n; i++) {
+    if (!a->grad[i] || !a->sum[i] || !a->out[i]) return apex__fail(APEX_ERR_INVALID_ARG, "%s: tensor %d of a list is NULL", fn, i);
+    if (apex_tensor_dtype(a->grad[i]) != APEX_BF16 || apex_tensor_dtype(a->sum[i]) != APEX_F32 || apex_tensor_dtype(a->out[i]) != APEX_F32)
+      return apex__fail(APEX_ERR_DTYPE, "%s: tensor %d is %s + %s -> %s; the fused flush takes a bf16 grad, an f32 sum and an f32 out", fn,
+                        i, apex_dtype_name(apex_tensor_dtype(a->grad[i])), apex_dtype_name(apex_tensor_dtype(a->sum[i])), apex_dtype_name(apex_tensor_dtype(a->out[i])));
+  }
+  size_t *chunk_start = malloc(((size_t)a->n + 1) * sizeof *chunk_start);
+  size_t total = chunk_start ? apex_mt_chunk_count(a->chunk_size, a->grad, a->n, chunk_start) : 0;
+  unsigned char *nz = calloc(total ? total : 1, 1);
+  if (!chunk_start || !nz) {
+    free(chunk_start);
+    free(nz);
+    return apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  }
+  flush_unscale_ctx c = {a->scale, nz};
+  apex_mt_launch L = {.chunk_size = a->chunk_size, .nlists = 3, .ntensors = a->n, .lists = {a->grad, a->sum, a->out},
+                      .written = 4u, .raw = 1u, .kernel = flush_unscale_kernel(), .ctx = &c, .name = fn};
+  apex_status st = apex_multi_tensor_apply(&L, a->overflow);
+  for (int i = 0; st == APEX_OK && a->nonzero && i < a->n; i++) {
+    a->nonzero[i] = 0;
+    for (size_t k = chunk_start[i]; k < chunk_start[i + 1]; k++) a->nonzero[i] |= nz[k];
+  }
+  free(chunk_start);
+  free(nz);
+  return st;
 }
 
 /* ---- l2norm ---- */

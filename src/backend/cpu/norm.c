@@ -7,8 +7,8 @@
  * The weight and bias gradients of the row norms are column sums of an [rows, D] product, done by
  * apex__colsum_add in row order. So no result depends on the thread count.
  *
- * f16/bf16 inputs and results are read and written in their dtype: a row norm widens one row into a
- * buffer of its thread, batch norm one channel's N planes, and each rounds its result a row (plane)
+ * f16/bf16 inputs and results are read and written in their dtype: a row norm widens a group of rows
+ * into buffers of its thread, batch norm one channel's N planes, and each rounds its result a row (plane)
  * at a time (cpu_kernels.h). The f32 math is the same as on a whole-tensor f32 copy, so the bits are. */
 #include <math.h>
 #include <omp.h>
@@ -335,56 +335,98 @@ apex_status apex__cpu_nn_batch_norm_dx(const apex_nn_batch_norm_dx_args *a) {
   return APEX_OK;
 }
 
+/* Layer/RMS norm rows go RN_G at a time. Each row's sums run in double in element order, a chain of
+ * dependent adds (4 cycles an element); the rows of a group interleave their chains, so the adds of
+ * RN_G rows overlap and each row's sum is still the same additions in the same order: the same bits
+ * as one row at a time, and as the grouping does not depend on the thread count, neither do they. */
+enum { RN_G = 8, RN_GB = 2 /* the backward's: it keeps two sums a row and stores as it goes */ };
+
+/* The rows [r0, r0 + g) of x as f32 (widened into bufs, G rows of D, when half); the slots past g
+ * repeat row r0, so a group always runs G chains (their results unused). */
+static void rn_rows(apex_nn_buf x, size_t r0, size_t g, size_t G, size_t D, float *bufs, const float **xr) {
+  for (size_t k = 0; k < G; k++) xr[k] = apex__cpu_row_f32(x, (r0 + (k < g ? k : 0)) * D, k < g ? D : 0, bufs ? bufs + k * D : NULL);
+  for (size_t k = g; k < G; k++) xr[k] = xr[0];
+}
+
 apex_status apex__cpu_nn_row_norm(const apex_nn_row_norm_args *a) {
-  size_t R = a->rows, D = a->cols;
+  size_t R = a->rows, D = a->cols, ng = (R + RN_G - 1) / RN_G;
   const float *wf = apex__cpu_f32(a->w, D, &a->ws), *bf = apex__cpu_f32(a->b, D, &a->ws);
   int fail;
-  float *rows = apex__cpu_thread_rows(&a->ws, a->x.dtype != APEX_F32 || a->out_dtype != APEX_F32, 2, D, &fail), *st = a->stats, eps = a->eps;
+  float *rows = apex__cpu_thread_rows(&a->ws, a->x.dtype != APEX_F32 || a->out_dtype != APEX_F32, RN_G + 1, D, &fail), *st = a->stats,
+        eps = a->eps;
   if (fail || (a->w.data && !wf) || (a->b.data && !bf)) return APEX_ERR_OUT_OF_MEMORY;
   int centre = a->centre;
 #pragma omp parallel for schedule(static) if (R * D > APEX__CPU_PAR_MIN)
-  for (size_t r = 0; r < R; r++) {
-    const float *xr = apex__cpu_row_f32(a->x, r * D, D, apex__cpu_my_row(rows, 2, D, 0));
-    double mean = centre ? apex__sum_serial(xr, D) / (double)D : 0.0, q = 0;
-    for (size_t j = 0; j < D; j++) q += (xr[j] - mean) * (xr[j] - mean);
-    float m = (float)mean, rs = (float)(1.0 / sqrt(q / (double)D + eps));
-    st[r] = m;
-    st[R + r] = rs;
-    float *orow = apex__cpu_row_out(a->out, a->out_dtype, r * D, apex__cpu_my_row(rows, 2, D, 1));
-    for (size_t j = 0; j < D; j++) orow[j] = (xr[j] - m) * rs * (wf ? wf[j] : 1.0f) + (bf ? bf[j] : 0.0f);
-    apex__cpu_row_store(a->out, a->out_dtype, r * D, orow, D);
+  for (size_t gi = 0; gi < ng; gi++) {
+    size_t r0 = gi * RN_G, g = R - r0 < RN_G ? R - r0 : RN_G;
+    const float *xr[RN_G];
+    rn_rows(a->x, r0, g, RN_G, D, apex__cpu_my_row(rows, RN_G + 1, D, 0), xr);
+    double mean[RN_G] = {0}, q[RN_G] = {0};
+    if (centre) {
+      for (size_t j = 0; j < D; j++)
+        for (size_t k = 0; k < RN_G; k++) mean[k] += xr[k][j];
+      for (size_t k = 0; k < RN_G; k++) mean[k] /= (double)D;
+    }
+    for (size_t j = 0; j < D; j++)
+      for (size_t k = 0; k < RN_G; k++) q[k] += (xr[k][j] - mean[k]) * (xr[k][j] - mean[k]);
+    for (size_t k = 0; k < g; k++) {
+      size_t r = r0 + k;
+      float m = (float)mean[k], rs = (float)(1.0 / sqrt(q[k] / (double)D + eps));
+      st[r] = m;
+      st[R + r] = rs;
+      float *orow = apex__cpu_row_out(a->out, a->out_dtype, r * D, apex__cpu_my_row(rows, RN_G + 1, D, RN_G));
+      const float *x1 = xr[k];
+      for (size_t j = 0; j < D; j++) orow[j] = (x1[j] - m) * rs * (wf ? wf[j] : 1.0f) + (bf ? bf[j] : 0.0f);
+      apex__cpu_row_store(a->out, a->out_dtype, r * D, orow, D);
+    }
   }
   return APEX_OK;
 }
 
 apex_status apex__cpu_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) {
-  size_t R = a->rows, D = a->cols;
+  size_t R = a->rows, D = a->cols, ng = (R + RN_GB - 1) / RN_GB;
   int centre = a->centre;
   const float *wf = apex__cpu_f32(a->w, D, &a->ws), *st = a->stats, *go = a->gout;
   int fail;
-  float *rows = apex__cpu_thread_rows(&a->ws, a->x.dtype != APEX_F32, 1, D, &fail);
+  float *rows = apex__cpu_thread_rows(&a->ws, a->x.dtype != APEX_F32, RN_GB, D, &fail);
   if (fail || (a->w.data && !wf)) return APEX_ERR_OUT_OF_MEMORY;
   float *gx = a->gx, *gw = a->gw, *gb = a->gb, *gxhat = gw ? a->workspace : NULL;
   apex__cpu_grad_begin(gx, R * D, a->accumulate_x);
   apex__cpu_grad_begin(gw, D, a->accumulate_w);
   apex__cpu_grad_begin(gb, D, a->accumulate_b);
 #pragma omp parallel for schedule(static) if (R * D > APEX__CPU_PAR_MIN)
-  for (size_t r = 0; r < R; r++) {
-    const float *xr = apex__cpu_row_f32(a->x, r * D, D, apex__cpu_my_row(rows, 1, D, 0)), *gr = go + r * D;
-    float m = st[r], rs = st[R + r];
-    double s1 = 0, s2 = 0;
-    for (size_t j = 0; j < D; j++) {
-      float xh = (xr[j] - m) * rs, gh = gr[j] * (wf ? wf[j] : 1.0f);
-      if (gxhat) gxhat[r * D + j] = gr[j] * xh;
-      s1 += gh;
-      s2 += gh * xh;
+  for (size_t gi = 0; gi < ng; gi++) {
+    size_t r0 = gi * RN_GB, g = R - r0 < RN_GB ? R - r0 : RN_GB;
+    const float *xr[RN_GB], *gr[RN_GB];
+    float m[RN_GB], rs[RN_GB];
+    rn_rows(a->x, r0, g, RN_GB, D, apex__cpu_my_row(rows, RN_GB, D, 0), xr);
+    double s1[RN_GB] = {0}, s2[RN_GB] = {0};
+    for (size_t k = 0; k < RN_GB; k++) {
+      size_t r = r0 + (k < g ? k : 0);
+      gr[k] = go + r * D, m[k] = st[r], rs[k] = st[R + r];
     }
-    if (!gx) continue;
-    float a = centre ? (float)(s1 / (double)D) : 0.0f, b = (float)(s2 / (double)D);
-    float *gxr = gx + r * D;
+    /* the weight's gradient terms (go * x-hat) are stored in the same pass by a whole group */
+    float *gh_out = gxhat && g == RN_GB ? gxhat + r0 * D : NULL;
     for (size_t j = 0; j < D; j++) {
-      float xh = (xr[j] - m) * rs, gh = gr[j] * (wf ? wf[j] : 1.0f);
-      gxr[j] += rs * (gh - a - xh * b);
+      float w = wf ? wf[j] : 1.0f;
+      for (size_t k = 0; k < RN_GB; k++) {
+        float xh = (xr[k][j] - m[k]) * rs[k], gh = gr[k][j] * w;
+        if (gh_out) gh_out[k * D + j] = gr[k][j] * xh;
+        s1[k] += gh;
+        s2[k] += gh * xh;
+      }
+    }
+    for (size_t k = 0; gxhat && !gh_out && k < g; k++)
+      for (size_t j = 0; j < D; j++) gxhat[(r0 + k) * D + j] = gr[k][j] * ((xr[k][j] - m[k]) * rs[k]);
+    if (!gx) continue;
+    for (size_t k = 0; k < g; k++) {
+      const float *x1 = xr[k], *g1 = gr[k];
+      float mk = m[k], rk = rs[k], ca = centre ? (float)(s1[k] / (double)D) : 0.0f, cb = (float)(s2[k] / (double)D);
+      float *gxr = gx + (r0 + k) * D;
+      for (size_t j = 0; j < D; j++) {
+        float xh = (x1[j] - mk) * rk, gh = g1[j] * (wf ? wf[j] : 1.0f);
+        gxr[j] += rk * (gh - ca - xh * cb);
+      }
     }
   }
   if (gw) apex__colsum_add(gxhat, R, D, gw);

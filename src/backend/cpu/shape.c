@@ -1,8 +1,9 @@
 /* shape.c: the CPU backend's reductions (sum, mean, L2 norm), permute, concat and embedding kernels
  * (args_nn.h), forward and backward.
  *
- * A reduction sums each line in order (one line over the whole tensor in apex__sum_f32's fixed
- * blocks), so its bits do not depend on the thread count. */
+ * A reduction sums each line in order (one line over the whole tensor in apex__blocked_sum's fixed
+ * blocks), so its bits do not depend on the thread count; a half input is read in its own dtype, a
+ * block at a time. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -19,36 +20,63 @@ static double sumsq_serial(const float *x, size_t n) {
   return s;
 }
 
-apex_status apex__cpu_nn_reduce(const apex_nn_reduce_args *a) {
-  size_t outer = a->outer, D = a->dim, inner = a->inner, nl = outer * inner, n = nl * D;
-  const float *xf = a->x;
-  float *o = a->out;
-  double scale = a->scale;
-  if (a->kind == APEX_NN_REDUCE_NORM) {
-    float *nrm = a->norms;
-    if (nl == 1) {
-      nrm[0] = (float)sqrt(apex__blocked_sum(xf, D, sumsq_serial));
-    } else {
+/* A half x is read RED_CHUNK elements at a time, widened into a block on the stack (exact), and
+ * summed from there in the order an f32 x is: each line from its first element, in double. Lines with
+ * inner > 1 are strided; a task takes RED_COLS of them side by side, so each step along dim reads one
+ * contiguous run of RED_COLS elements. */
+enum { RED_CHUNK = 512, RED_COLS = 64 };
+
+static float red_finish(int sq, double s, double scale) { return sq ? (float)sqrt(s) : (float)(s * scale); }
+
+/* res[l] = the sum (times scale) or, sq, the root of the sum of squares of each line l of x. */
+static void reduce_lines(apex_nn_buf x, size_t outer, size_t D, size_t inner, int sq, double scale, float *res) {
+  size_t n = outer * D * inner;
+  if (inner == 1) {
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
-      for (size_t l = 0; l < nl; l++) {
-        const float *xl = xf + (l / inner) * D * inner + l % inner;
-        double s = 0;
-        for (size_t j = 0; j < D; j++) s += (double)xl[j * inner] * xl[j * inner];
-        nrm[l] = (float)sqrt(s);
-      }
-    }
-    memcpy(o, nrm, nl * sizeof(float));
-  } else if (nl == 1) {
-    o[0] = (float)(apex__sum_f32(xf, D) * scale);
-  } else {
-#pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
-    for (size_t l = 0; l < nl; l++) {
-      const float *xl = xf + (l / inner) * D * inner + l % inner;
+    for (size_t l = 0; l < outer; l++) {
+      float tmp[RED_CHUNK];
       double s = 0;
-      for (size_t j = 0; j < D; j++) s += xl[j * inner];
-      o[l] = (float)(s * scale);
+      for (size_t j0 = 0; j0 < D; j0 += RED_CHUNK) {
+        size_t w = D - j0 < RED_CHUNK ? D - j0 : RED_CHUNK;
+        const float *r = apex__cpu_row_f32(x, l * D + j0, w, tmp);
+        if (sq)
+          for (size_t c = 0; c < w; c++) s += (double)r[c] * r[c];
+        else
+          for (size_t c = 0; c < w; c++) s += r[c];
+      }
+      res[l] = red_finish(sq, s, scale);
     }
+    return;
   }
+  size_t nb = (inner + RED_COLS - 1) / RED_COLS, tasks = outer * nb;
+#pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
+  for (size_t t = 0; t < tasks; t++) {
+    float tmp[RED_COLS];
+    double acc[RED_COLS];
+    size_t o = t / nb, c0 = (t % nb) * RED_COLS, w = inner - c0 < RED_COLS ? inner - c0 : RED_COLS;
+    for (size_t c = 0; c < w; c++) acc[c] = 0;
+    for (size_t j = 0; j < D; j++) {
+      const float *r = apex__cpu_row_f32(x, (o * D + j) * inner + c0, w, tmp);
+      if (sq)
+        for (size_t c = 0; c < w; c++) acc[c] += (double)r[c] * r[c];
+      else
+        for (size_t c = 0; c < w; c++) acc[c] += r[c];
+    }
+    for (size_t c = 0; c < w; c++) res[o * inner + c0 + c] = red_finish(sq, acc[c], scale);
+  }
+}
+
+apex_status apex__cpu_nn_reduce(const apex_nn_reduce_args *a) {
+  size_t nl = a->outer * a->inner, D = a->dim;
+  int sq = a->kind == APEX_NN_REDUCE_NORM;
+  float *res = sq ? a->norms : a->out;
+  apex_simd_active(); /* the half path widens on threads */
+  if (nl == 1)
+    res[0] = sq ? (float)sqrt(apex__blocked_sum_buf(a->x.data, a->x.dtype, D, sumsq_serial))
+                : (float)(apex__blocked_sum_buf(a->x.data, a->x.dtype, D, apex__sum_serial) * a->scale);
+  else if (nl)
+    reduce_lines(a->x, a->outer, D, a->inner, sq, a->scale, res);
+  if (sq) memcpy(a->out, res, nl * sizeof(float));
   return APEX_OK;
 }
 
@@ -60,11 +88,18 @@ apex_status apex__cpu_nn_reduce_bwd(const apex_nn_reduce_bwd_args *a) {
   float *gx = a->gx;
   apex__cpu_grad_begin(gx, n, a->accumulate_x);
   if (a->kind == APEX_NN_REDUCE_NORM) {
-    const float *X = a->x, *nrm = a->norms;
-    APEX__CPU_PFOR
-    for (size_t i = 0; i < n; i++) {
-      size_t l = (i / (D * inner)) * inner + i % inner;
-      if (nrm[l] != 0.0f) gx[i] += go[l] * (X[i] / nrm[l]);
+    const float *nrm = a->norms;
+    size_t nb = (n + RED_CHUNK - 1) / RED_CHUNK;
+    apex_simd_active();
+#pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
+    for (size_t b = 0; b < nb; b++) {
+      float tmp[RED_CHUNK];
+      size_t lo = b * RED_CHUNK, w = n - lo < RED_CHUNK ? n - lo : RED_CHUNK;
+      const float *X = apex__cpu_row_f32(a->x, lo, w, tmp);
+      for (size_t k = 0; k < w; k++) {
+        size_t i = lo + k, l = (i / (D * inner)) * inner + i % inner;
+        if (nrm[l] != 0.0f) gx[i] += go[l] * (X[k] / nrm[l]);
+      }
     }
     return APEX_OK;
   }
@@ -86,9 +121,16 @@ apex_status apex__cpu_nn_reduce_bwd(const apex_nn_reduce_bwd_args *a) {
         rem_ /= (size_t)out_shape[d_];                                                                                  \
       }                                                                                                                 \
       size_t ls_ = nd ? (size_t)st[nd - 1] : 0;                                                                         \
-      for (size_t j_ = 0; j_ < len_; j_++) {                                                                            \
-        size_t oi = r_ * len_ + j_, ii = base_ + j_ * ls_;                                                              \
-        BODY;                                                                                                           \
+      if (ls_ == 1) { /* the last dim stays in place (attention's head split): a run that vectorises */                 \
+        for (size_t j_ = 0; j_ < len_; j_++) {                                                                          \
+          size_t oi = r_ * len_ + j_, ii = base_ + j_;                                                                  \
+          BODY;                                                                                                         \
+        }                                                                                                               \
+      } else {                                                                                                          \
+        for (size_t j_ = 0; j_ < len_; j_++) {                                                                          \
+          size_t oi = r_ * len_ + j_, ii = base_ + j_ * ls_;                                                            \
+          BODY;                                                                                                         \
+        }                                                                                                               \
       }                                                                                                                 \
     }                                                                                                                   \
   } while (0)

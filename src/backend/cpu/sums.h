@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "apex/dtype.h"
+
 /* dst[c] += sum over rows of m[r, c] (m is rows x cols), each column summed in row order. */
 void apex__colsum_add(const float *m, size_t rows, size_t cols, float *dst);
 
@@ -82,6 +84,10 @@ static inline double apex__lanes_total(const double acc[APEX__LANES]) {
 /* serial(block) over the fixed blocks of 4096 floats of x (run on several threads), the block results
  * added in order in double: the value does not depend on the thread count. */
 double apex__blocked_sum(const float *x, size_t n, double (*serial)(const float *x, size_t n));
+/* The same over n elements of dtype dt at x: a block of f16 or bf16 is widened (exactly) into a block on
+ * the stack before serial reads it, so the value is that of apex__blocked_sum over an f32 copy and no
+ * copy is made. Call apex_simd_active() first (the blocks widen on threads). */
+double apex__blocked_sum_buf(const void *x, apex_dtype dt, size_t n, double (*serial)(const float *x, size_t n));
 /* Sum of n floats in double, in apex__blocked_sum's blocks, each summed by apex__sum_serial. */
 double apex__sum_f32(const float *x, size_t n);
 

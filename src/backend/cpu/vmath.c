@@ -184,6 +184,14 @@ static int vm_run(vm_fn *avx512, vm_fn *avx2, const float *x, float *out, size_t
 }
 #endif
 
+int apex__vmath_vector(void) {
+#if VMATH_X86
+  return apex_cpu_max_isa() >= APEX_CPU_ISA_AVX2;
+#else
+  return 0;
+#endif
+}
+
 int apex__vtanh(const float *x, float *out, size_t n) {
 #if VMATH_X86
   return vm_run(vtanh_avx512, vtanh_avx2, x, out, n);

@@ -19,4 +19,8 @@ int apex__vtanh(const float *x, float *out, size_t n);
  * erf, up to 1 from glibc's erff; erf(+-inf) = +-1). */
 int apex__verf(const float *x, float *out, size_t n);
 
+/* 1 when apex__vtanh and apex__verf run their vector code under the current ISA cap, 0 when they
+ * decline (the caller's libm loop runs): which of the two sets of bits a tanh or erf result has. */
+int apex__vmath_vector(void);
+
 #endif
