@@ -490,6 +490,50 @@ static void test_master_copies(void **state) {
   apex_set_threads_follow_load(1);
 }
 
+/* Adam reads bf16 gradients as stored and widens them in registers (optim_adam.c). Widening is exact,
+ * so a step from bf16 gradients must give the bits of a step from f32 gradients holding the same
+ * values, for f32 parameters and for bf16 parameters behind f32 masters, at every ISA level. */
+static void test_adam_bf16_grads(void **state) {
+  (void)state;
+  const apex_optim_kind kinds[2] = {APEX_OPTIM_ADAM, APEX_OPTIM_ADAMW}; /* amsgrad off and on */
+  apex_cpu_isa levels[3];
+  int nl = tu_kernel_isa_levels(levels);
+  for (int r = 0; r < nl; r++)
+    for (int k = 0; k < 2; k++)
+      for (int masters = 0; masters < 2; masters++) {
+        TU_OK(apex_cpu_set_max_isa(levels[r]));
+        model mb, mf;
+        model_init(&mb, kinds[k], APEX_F32, APEX_BF16, 2001, 5);
+        model_init(&mf, kinds[k], APEX_F32, APEX_F32, 2001, 5);
+        if (masters)
+          for (int i = 0; i < NP; i++) {
+            model *both[2] = {&mb, &mf};
+            for (int w = 0; w < 2; w++) {
+              model *m = both[w];
+              apex_tensor *cast = apex_tensor_to(m->p[i], APEX_BF16);
+              TU_OK(apex_optimizer_replace_param(m->opt, 0, i, cast, m->g[i], 1));
+              apex_tensor_destroy(m->p[i]);
+              m->p[i] = cast;
+            }
+          }
+        for (int t = 0; t < 3; t++) {
+          set_grads(&mb, t);
+          for (int i = 0; i < NP; i++) TU_OK(apex_tensor_copy(mf.g[i], mb.g[i])); /* the same values, exactly */
+          TU_OK(apex_optimizer_step(mb.opt, 2.0f, 0));
+          TU_OK(apex_optimizer_step(mf.opt, 2.0f, 0));
+        }
+        snapshot s = snap(&mf);
+        char what[96];
+        snprintf(what, sizeof what, "%s, bf16 vs f32 gradients%s at %s", apex_optim_kind_name(kinds[k]),
+                 masters ? " behind masters" : "", apex_cpu_isa_name(levels[r]));
+        assert_model_is(&mb, &s, what);
+        snap_free(&s);
+        model_free(&mb);
+        model_free(&mf);
+      }
+  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
+}
+
 /* LAMB runs its two stages batch by batch, keeping u in a scratch buffer between them, and
  * recomputes u for a tensor larger than a batch (lamb.c). Any batch size gives the same bits: every
  * tensor batched (the default here), some alone and recomputed, all recomputed. */
@@ -809,6 +853,7 @@ int main(void) {
       cmocka_unit_test(test_groups_and_lr),
       cmocka_unit_test(test_replace_param),
       cmocka_unit_test(test_master_copies),
+      cmocka_unit_test(test_adam_bf16_grads),
       cmocka_unit_test(test_clip_grad_norm),
       cmocka_unit_test(test_options_and_defaults),
       cmocka_unit_test(test_bad_input),

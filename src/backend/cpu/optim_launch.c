@@ -33,15 +33,15 @@ static void writeback_tile(void *vctx, const apex_mt_tile *t, int *nonfinite) {
 
 apex_status apex__optim_run(const apex__cpu_active *a, int first, int nlists, unsigned written, const apex__simd_kernel *k,
                             void *ctx, const char *name) {
-  return apex__optim_run_writing(a, first, nlists, written, k, ctx, name, APEX_F32);
+  return apex__optim_run_writing(a, first, nlists, written, k, ctx, name, APEX_F32, 0u);
 }
 
 apex_status apex__optim_run_writing(const apex__cpu_active *a, int first, int nlists, unsigned written,
-                                    const apex__simd_kernel *k, void *ctx, const char *name, apex_dtype own) {
+                                    const apex__simd_kernel *k, void *ctx, const char *name, apex_dtype own, unsigned raw) {
   apex_mt_kernel kernel = apex__simd_pick(k);
   apex_tensor *const *all[2 + APEX__OPTIM_MAX_STATES] = {a->g, a->p, a->s[0], a->s[1], a->s[2]};
   apex_mt_launch L = {.nlists = nlists, .ntensors = a->n, .written = written, .kernel = kernel, .ctx = ctx,
-                      .name = name};
+                      .name = name, .raw = raw};
   for (int l = 0; l < nlists; l++) L.lists[l] = all[first + l];
   int p_list = 1 - first;
   int any_model = 0;
