@@ -35,6 +35,9 @@ static const shape shapes[] = {
     {2, 3, 9, 7, 5, 3, 3, {.stride_h = 2, .stride_w = 1, .pad_h = 1, .pad_w = 1}}, /* one thread, odd sizes, strided */
     {8, 32, 14, 14, 64, 3, 3, {.pad_h = 1, .pad_w = 1}},                            /* the benchmark CNN's second conv */
     {6, 1, 28, 28, 32, 3, 3, {.pad_h = 1, .pad_w = 1}},                             /* its first */
+    /* more images than conv.c's 16 weight-gradient runs: runs of 2 and 3 images, whose later images
+     * add into the run's partial (the sum post-op), on threads */
+    {40, 8, 12, 12, 16, 3, 3, {.pad_h = 1, .pad_w = 1}},
 };
 
 typedef struct run {

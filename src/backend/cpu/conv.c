@@ -268,17 +268,20 @@ static apex_status bwd_image(const bwd_job *b, int r, int n, int n0, float *cb, 
   apex_status st = APEX_OK;
   if (b->bpart) /* the bias gradient in the same lanes per run, summed over runs like the weight's */
     for (int oc = 0; oc < q->o; oc++) apex__lanes_add(b->bpart + ((size_t)r * q->o + oc) * APEX__LANES, gon + (size_t)oc * P, P);
+  const uint16_t *g16 = NULL; /* the lp path's gradient, rounded to bf16 once for both products */
+  if (b->c.lp && (b->gw || b->gx) && !(g16 = apex__conv_onednn_round(sc, q->o, (int)P, gon, b->c.dt)))
+    return b->c.dt == APEX_BF16 ? APEX_ERR_OUT_OF_MEMORY : APEX_ERR_UNSUPPORTED;
   if (b->gw && b->c.lp) {
     uint16_t *c16 = (uint16_t *)cb;
     im2col16(q, (const uint16_t *)b->c.x + (size_t)n * CHW, c16, (uint16_t *)pad);
-    st = apex__conv_onednn_wgrad(sc, q->o, (int)K, (int)P, gon, c16, b->c.dt, b->part + (size_t)r * OK, n > n0);
+    st = apex__conv_onednn_wgrad(sc, q->o, (int)K, (int)P, g16, c16, b->c.dt, b->part + (size_t)r * OK, n > n0);
   } else if (b->gw) {
     im2col(q, (const float *)b->c.x + (size_t)n * CHW, cb, pad);
     apex__sgemm_call(0, 1, q->o, (int)K, (int)P, 1.0f, gon, (int)P, cb, (int)P, n > n0 ? 1.0f : 0.0f, b->part + (size_t)r * OK, (int)K);
   }
   if (b->gx && st == APEX_OK) {
     if (b->c.lp)
-      st = apex__conv_onednn_dgrad(sc, q->o, (int)K, (int)P, b->c.w, b->c.dt, gon, gcb);
+      st = apex__conv_onednn_dgrad(sc, q->o, (int)K, (int)P, b->c.w, b->c.dt, g16, gcb);
     else
       apex__sgemm_call(1, 0, (int)K, (int)P, q->o, 1.0f, b->c.w, (int)K, gon, (int)P, 0.0f, gcb, (int)P);
     if (st == APEX_OK) col2im_add(q, gcb, b->gx + (size_t)n * CHW, b->fresh, pad);

@@ -84,6 +84,11 @@ static void engine_init(void) {
   if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) engine = NULL;
 }
 
+void *apex__onednn_engine(void) {
+  pthread_once(&engine_once, engine_init);
+  return engine;
+}
+
 /* A tile's primitive is fixed by its data type, shape and the strides of its operands. */
 typedef struct prim_key {
   dnnl_data_type_t dt;
@@ -344,6 +349,8 @@ done:
 }
 
 #else /* built without oneDNN */
+
+void *apex__onednn_engine(void) { return NULL; }
 
 int apex__onednn_active(const char **why) {
   if (why) *why = "this build has no oneDNN (install libdnnl-dev and reconfigure)";

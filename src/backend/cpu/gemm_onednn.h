@@ -20,6 +20,11 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
  * is AVX512_BF16 or above); else 0, with *why (when why is not NULL) saying which is missing. */
 int apex__onednn_active(const char **why);
 
+/* The oneDNN CPU engine every apex primitive runs on (created once, after oneDNN's ISA cap follows
+ * apex's; see gemm_onednn.c), as a dnnl_engine_t; NULL when this build has no oneDNN or the engine
+ * could not be created. conv_onednn.c builds its own primitives on it. */
+void *apex__onednn_engine(void);
+
 /* For tests and benchmarks: 0 turns the oneDNN path off (gemm.c's f32 products run instead); returns
  * the previous setting (1 by default). Not thread-safe. */
 int apex__onednn_set_enabled(int on);

@@ -8,8 +8,9 @@
  * apex__colsum_add in row order. So no result depends on the thread count.
  *
  * f16/bf16 inputs and results are read and written in their dtype: a row norm widens a group of rows
- * into buffers of its thread, batch norm one channel's N planes, and each rounds its result a row (plane)
- * at a time (cpu_kernels.h). The f32 math is the same as on a whole-tensor f32 copy, so the bits are. */
+ * into buffers of its thread, batch norm reads bf16 in place and widens an f16 channel's N planes, and
+ * each rounds its result a row (plane) at a time (cpu_kernels.h). The f32 math is the same as on a
+ * whole-tensor f32 copy, so the bits are. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -53,26 +54,125 @@ static const float *channel_f32(apex_nn_buf x, size_t N, size_t C, size_t S, siz
   return buf;
 }
 
-/* Batch norm's output for channel c (its f32 planes xc, ps apart) of x [N, C, S] into out [N, C, S]
+/* Batch norm's forward and backward read a bf16 input in place, plane by plane, widening in registers
+ * (xat, xat8): widening the channel first (channel_f32) cost a conversion call per plane and wrote and
+ * re-read N * S floats per channel, and bf16 ran slower than f32 on the benchmark CNN's second batch
+ * norm. Measured (one thread, best of 15, this shared VM at load 6), before -> after, f32 beside:
+ * [128, 64, 196] forward 1.11-1.22 -> 0.88-1.00 ms (f32 0.80-0.93), backward 1.30-1.54 -> 1.05-1.25
+ * (f32 1.10-1.26); [128, 32, 784] forward 1.45-1.50 either way, backward 2.18-2.35 -> 2.07-2.24.
+ * The values are the same f32 values, so the bits are: bf16 widens exactly by its bits; the
+ * conversion's quieting of a signalling NaN is left to the first arithmetic on it, which quiets it the
+ * same way (payload kept), and a NaN compares the same either way (test_nn_lowp_rows holds both to the
+ * f32 op's bits). Each function below takes `bf` as a constant and is inlined into an f32 and a bf16
+ * copy of its caller; the f32 copy is the code it was. */
+#define BN_INLINE static inline __attribute__((always_inline))
+
+/* Channel c of x [N, C, S] as the passes read it: its planes from the result, *ps elements apart, bf16
+ * in place (*bf set) or f32 (x's own, or an f16 x widened into buf by channel_f32). */
+static const void *channel_x(apex_nn_buf x, size_t N, size_t C, size_t S, size_t c, float *buf, size_t *ps, int *bf) {
+  *bf = x.dtype == APEX_BF16;
+  if (!*bf) return channel_f32(x, N, C, S, c, buf, ps);
+  *ps = C * S;
+  return (const uint16_t *)x.data + c * S;
+}
+/* 1 when channel_x widens x into a buffer (N * S floats a thread). */
+static int channel_widens(apex_dtype dt) { return dt != APEX_F32 && dt != APEX_BF16; }
+
+/* Plane n of a channel from channel_x, and element i of a plane as f32. */
+BN_INLINE const void *xplane(const void *xc, size_t ps, size_t n, int bf) {
+  return (const char *)xc + n * ps * (bf ? sizeof(uint16_t) : sizeof(float));
+}
+BN_INLINE float xat(const void *p, size_t i, int bf) {
+  if (!bf) return ((const float *)p)[i];
+  uint32_t b = (uint32_t)((const uint16_t *)p)[i] << 16;
+  float v;
+  memcpy(&v, &b, sizeof v);
+  return v;
+}
+#if APEX__LANE_VEC
+typedef uint16_t bn_h8 __attribute__((vector_size(16)));
+/* Eight elements from i as f32 lanes: lo (i to i + 3) and hi (i + 4 to i + 7). bf16 is one 16-byte
+ * load and two interleaves with zero, each element into the high half of its lane (loading four at a
+ * time went through the stack). */
+BN_INLINE void xat8(const void *p, size_t i, int bf, apex__v4 *lo, apex__v4 *hi) {
+  if (!bf) {
+    *lo = apex__ld4((const float *)p + i);
+    *hi = apex__ld4((const float *)p + i + 4);
+    return;
+  }
+  bn_h8 h, z = {0};
+  memcpy(&h, (const uint16_t *)p + i, sizeof h);
+  bn_h8 a = __builtin_shufflevector(z, h, 0, 8, 1, 9, 2, 10, 3, 11), b = __builtin_shufflevector(z, h, 4, 12, 5, 13, 6, 14, 7, 15);
+  memcpy(lo, &a, sizeof a);
+  memcpy(hi, &b, sizeof b);
+}
+#endif
+
+/* apex__lanes_add (sums.h) over a plane read through xat: the same lanes, blocks and order. */
+BN_INLINE void lanes_add_x(double acc[APEX__LANES], const void *x, size_t n, int bf) {
+  for (size_t b0 = 0; b0 < n; b0 += APEX__LANE_BLOCK) {
+    size_t e = n - b0 < APEX__LANE_BLOCK ? n : b0 + APEX__LANE_BLOCK, i = b0;
+    float f[APEX__LANES] = {0};
+#if APEX__LANE_VEC
+    apex__v4 a = {0}, b = {0}, c = {0}, d = {0};
+    for (; i + APEX__LANES <= e; i += APEX__LANES) {
+      apex__v4 x0, x1, x2, x3;
+      xat8(x, i, bf, &x0, &x1);
+      xat8(x, i + 8, bf, &x2, &x3);
+      a += x0;
+      b += x1;
+      c += x2;
+      d += x3;
+    }
+    apex__st16(f, a, b, c, d);
+#else
+    for (; i + APEX__LANES <= e; i += APEX__LANES)
+      for (int l = 0; l < APEX__LANES; l++) f[l] += xat(x, i + l, bf);
+#endif
+    for (size_t l = 0; i + l < e; l++) f[l] += xat(x, i + l, bf);
+    for (int l = 0; l < APEX__LANES; l++) acc[l] += f[l];
+  }
+}
+
+/* Batch norm's output for channel c (its planes read through xat) of x [N, C, S] into out [N, C, S]
  * (out_dtype; computed in f32, in tmp (S floats) when out is not f32, and rounded once):
  * (x - mean) * rstd * w + b, through relu's max(v, 0) when `relu` (the same bits as relu on the
  * unfused output). Shared by the op's own statistics and given ones, which differ only in where mean
  * and rstd come from. */
 static inline float bn_affine(float x, float mean, float rstd, float w, float b) { return (x - mean) * rstd * w + b; }
-static inline void bn_normalize_channel(const float *xc, size_t ps, void *out, apex_dtype out_dtype, float *tmp, size_t N, size_t C,
-                                        size_t S, size_t c, float mean, float rstd, float w, float b, int relu) {
+BN_INLINE void bn_normalize_channel(const void *xc, size_t ps, int bf, void *out, apex_dtype out_dtype, float *tmp, size_t N, size_t C,
+                                   size_t S, size_t c, float mean, float rstd, float w, float b, int relu) {
   for (size_t n = 0; n < N; n++) {
-    const float *xs = xc + n * ps;
+    const void *xs = xplane(xc, ps, n, bf);
     size_t off = (n * C + c) * S;
     float *os = apex__cpu_row_out(out, out_dtype, off, tmp);
     prefetch_plane_of(out, apex_dtype_size(out_dtype), N, C, S, n, c, 1);
+    size_t i = 0;
+#if APEX__LANE_VEC
+    if (bf) /* gcc leaves the bf16 loop below scalar; the same operations eight at a time */
+      for (; i + 8 <= S; i += 8) {
+        apex__v4 v[2];
+        xat8(xs, i, 1, &v[0], &v[1]);
+        for (int h = 0; h < 2; h++) {
+          v[h] = (v[h] - mean) * rstd * w + b;
+          if (relu) {
+            typedef int32_t i4 __attribute__((vector_size(16)));
+            i4 bits, keep = v[h] > 0.0f; /* max(v, 0) as below: +0 where v <= 0 or NaN */
+            memcpy(&bits, &v[h], sizeof bits);
+            bits &= keep;
+            memcpy(&v[h], &bits, sizeof bits);
+          }
+        }
+        memcpy(os + i, v, sizeof v);
+      }
+#endif
     if (relu)
-      for (size_t i = 0; i < S; i++) {
-        float v = bn_affine(xs[i], mean, rstd, w, b);
+      for (; i < S; i++) {
+        float v = bn_affine(xat(xs, i, bf), mean, rstd, w, b);
         os[i] = v > 0.0f ? v : 0.0f;
       }
     else
-      for (size_t i = 0; i < S; i++) os[i] = bn_affine(xs[i], mean, rstd, w, b);
+      for (; i < S; i++) os[i] = bn_affine(xat(xs, i, bf), mean, rstd, w, b);
     apex__cpu_row_store(out, out_dtype, off, os, S);
   }
 }
@@ -80,14 +180,17 @@ static inline void bn_normalize_channel(const float *xc, size_t ps, void *out, a
 /* A channel's sums run over its N planes of S in the lanes of sums.h (vectorised, f32 blocks into f64,
  * the same bits on any thread). Every pass over a channel prefetches its next plane
  * (prefetch_plane). */
-static void lanes_sq(double acc[APEX__LANES], const float *restrict x, size_t n, float mean) {
+BN_INLINE void lanes_sq(double acc[APEX__LANES], const void *restrict x, size_t n, float mean, int bf) {
   for (size_t b0 = 0; b0 < n; b0 += APEX__LANE_BLOCK) {
     size_t e = n - b0 < APEX__LANE_BLOCK ? n : b0 + APEX__LANE_BLOCK, i = b0;
     float f[APEX__LANES] = {0};
 #if APEX__LANE_VEC
     apex__v4 a = {0}, b = {0}, c = {0}, d = {0};
     for (; i + APEX__LANES <= e; i += APEX__LANES) {
-      apex__v4 d0 = apex__ld4(x + i) - mean, d1 = apex__ld4(x + i + 4) - mean, d2 = apex__ld4(x + i + 8) - mean, d3 = apex__ld4(x + i + 12) - mean;
+      apex__v4 d0, d1, d2, d3;
+      xat8(x, i, bf, &d0, &d1);
+      xat8(x, i + 8, bf, &d2, &d3);
+      d0 -= mean, d1 -= mean, d2 -= mean, d3 -= mean;
       a += d0 * d0;
       b += d1 * d1;
       c += d2 * d2;
@@ -97,17 +200,18 @@ static void lanes_sq(double acc[APEX__LANES], const float *restrict x, size_t n,
 #else
     for (; i + APEX__LANES <= e; i += APEX__LANES)
       for (int l = 0; l < APEX__LANES; l++) {
-        float d = x[i + l] - mean;
+        float d = xat(x, i + l, bf) - mean;
         f[l] += d * d;
       }
 #endif
-    for (size_t l = 0; i + l < e; l++) f[l] += (x[i + l] - mean) * (x[i + l] - mean);
+    for (size_t l = 0; i + l < e; l++) f[l] += (xat(x, i + l, bf) - mean) * (xat(x, i + l, bf) - mean);
     for (int l = 0; l < APEX__LANES; l++) acc[l] += f[l];
   }
 }
 
 /* sum of go and of go * (x - m) * r over one plane. */
-static void lanes_bwd(double sg[APEX__LANES], double sgx[APEX__LANES], const float *restrict go, const float *restrict x, size_t n, float m, float r) {
+BN_INLINE void lanes_bwd(double sg[APEX__LANES], double sgx[APEX__LANES], const float *restrict go, const void *restrict x, size_t n, float m,
+                         float r, int bf) {
   for (size_t b0 = 0; b0 < n; b0 += APEX__LANE_BLOCK) {
     size_t e = n - b0 < APEX__LANE_BLOCK ? n : b0 + APEX__LANE_BLOCK, i = b0;
     float f[APEX__LANES] = {0}, h[APEX__LANES] = {0};
@@ -119,10 +223,13 @@ static void lanes_bwd(double sg[APEX__LANES], double sgx[APEX__LANES], const flo
       f1 += g1;
       f2 += g2;
       f3 += g3;
-      h0 += g0 * (apex__ld4(x + i) - m) * r;
-      h1 += g1 * (apex__ld4(x + i + 4) - m) * r;
-      h2 += g2 * (apex__ld4(x + i + 8) - m) * r;
-      h3 += g3 * (apex__ld4(x + i + 12) - m) * r;
+      apex__v4 x0, x1, x2, x3;
+      xat8(x, i, bf, &x0, &x1);
+      xat8(x, i + 8, bf, &x2, &x3);
+      h0 += g0 * (x0 - m) * r;
+      h1 += g1 * (x1 - m) * r;
+      h2 += g2 * (x2 - m) * r;
+      h3 += g3 * (x3 - m) * r;
     }
     apex__st16(f, f0, f1, f2, f3);
     apex__st16(h, h0, h1, h2, h3);
@@ -130,12 +237,12 @@ static void lanes_bwd(double sg[APEX__LANES], double sgx[APEX__LANES], const flo
     for (; i + APEX__LANES <= e; i += APEX__LANES)
       for (int l = 0; l < APEX__LANES; l++) {
         f[l] += go[i + l];
-        h[l] += go[i + l] * (x[i + l] - m) * r;
+        h[l] += go[i + l] * (xat(x, i + l, bf) - m) * r;
       }
 #endif
     for (size_t l = 0; i + l < e; l++) {
       f[l] += go[i + l];
-      h[l] += go[i + l] * (x[i + l] - m) * r;
+      h[l] += go[i + l] * (xat(x, i + l, bf) - m) * r;
     }
     for (int l = 0; l < APEX__LANES; l++) {
       sg[l] += f[l];
@@ -144,20 +251,56 @@ static void lanes_bwd(double sg[APEX__LANES], double sgx[APEX__LANES], const flo
   }
 }
 
+/* One channel's statistics (training) or the running ones, and its output: the forward's loop body,
+ * inlined once for f32 planes and once for bf16 (bf). */
+BN_INLINE void bn_forward_channel(const apex_nn_batch_norm_args *a, size_t c, float *buf, int bf) {
+  size_t N = a->N, C = a->C, S = a->S, M = N * S, ps;
+  const float *xf = a->x.dtype == APEX_F32 ? a->x.data : NULL, *wf = a->w, *bf_ = a->b;
+  float *rm = a->running_mean, *rv = a->running_var, mom = a->momentum;
+  int dummy;
+  const void *xc = channel_x(a->x, N, C, S, c, buf, &ps, &dummy);
+  double mean, var;
+  if (a->training) {
+    double sa[APEX__LANES] = {0}, qa[APEX__LANES] = {0};
+    for (size_t n = 0; n < N; n++) {
+      if (xf) prefetch_plane(xf, N, C, S, n, c, 0);
+      if (bf) prefetch_plane_of(a->x.data, sizeof(uint16_t), N, C, S, n, c, 0);
+      lanes_add_x(sa, xplane(xc, ps, n, bf), S, bf);
+    }
+    mean = apex__lanes_total(sa) / (double)M;
+    for (size_t n = 0; n < N; n++) {
+      if (xf) prefetch_plane(xf, N, C, S, n, c, 0);
+      lanes_sq(qa, xplane(xc, ps, n, bf), S, (float)mean, bf);
+    }
+    double q = apex__lanes_total(qa);
+    var = q / (double)M;
+    if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mean);
+    if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * q / (double)(M - 1));
+  } else {
+    mean = rm[c];
+    var = rv[c];
+  }
+  float m = (float)mean, r = (float)(1.0 / sqrt(var + a->eps)), w = wf ? wf[c] : 1.0f, b = bf_ ? bf_[c] : 0.0f;
+  a->stats[c] = m;
+  a->stats[C + c] = r;
+  bn_normalize_channel(xc, ps, bf, a->out, a->out_dtype, buf ? buf + (channel_widens(a->x.dtype) ? M : 0) : NULL, N, C, S, c, m, r, w, b,
+                       a->relu);
+}
+
 /* Given statistics normalise in a loop of their own, so that the plain op's per-channel loop is the
  * one measured (its forward was 5-8% slower on one thread with both in one loop). */
 apex_status apex__cpu_nn_batch_norm(const apex_nn_batch_norm_args *a) {
   size_t N = a->N, C = a->C, S = a->S, M = N * S, numel = N * C * S;
-  const float *xf = a->x.dtype == APEX_F32 ? a->x.data : NULL, *wf = a->w, *bf = a->b;
+  const float *wf = a->w, *bf = a->b;
   float *st = a->stats, *rm = a->running_mean, *rv = a->running_var;
   void *o = a->out;
   apex_dtype odt = a->out_dtype;
-  int fail;
-  /* per thread: the channel's N planes widened (M floats), then one output plane (S) */
-  float *bufs = apex__cpu_thread_rows(&a->ws, !xf || odt != APEX_F32, 1, M + S, &fail);
+  int fail, widens = channel_widens(a->x.dtype), x16 = a->x.dtype == APEX_BF16;
+  /* per thread: the channel's N planes widened (M floats, f16 only), then one output plane (S) */
+  size_t per = (widens ? M : 0) + S;
+  float *bufs = apex__cpu_thread_rows(&a->ws, widens || odt != APEX_F32, 1, per, &fail);
   if (fail) return APEX_ERR_OUT_OF_MEMORY;
-  float mom = a->momentum, eps = a->eps;
-  int training = a->training;
+  float mom = a->momentum;
   if (a->given_mean) {
     const float *mf = a->given_mean, *rf = a->given_rstd, *vf = a->given_var;
 #pragma omp parallel for schedule(static) if (numel > APEX__CPU_PAR_MIN)
@@ -166,42 +309,25 @@ apex_status apex__cpu_nn_batch_norm(const apex_nn_batch_norm_args *a) {
       if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * vf[c]);
       st[c] = mf[c];
       st[C + c] = rf[c];
-      float *buf = apex__cpu_my_row(bufs, 1, M + S, 0);
+      float *buf = apex__cpu_my_row(bufs, 1, per, 0);
       size_t ps;
-      const float *xc = channel_f32(a->x, N, C, S, c, buf, &ps);
-      bn_normalize_channel(xc, ps, o, odt, buf ? buf + M : NULL, N, C, S, c, mf[c], rf[c], wf ? wf[c] : 1.0f, bf ? bf[c] : 0.0f, 0);
+      int b16;
+      const void *xc = channel_x(a->x, N, C, S, c, buf, &ps, &b16);
+      float *tmp = buf ? buf + (widens ? M : 0) : NULL, w = wf ? wf[c] : 1.0f, b = bf ? bf[c] : 0.0f;
+      if (b16)
+        bn_normalize_channel(xc, ps, 1, o, odt, tmp, N, C, S, c, mf[c], rf[c], w, b, 0);
+      else
+        bn_normalize_channel(xc, ps, 0, o, odt, tmp, N, C, S, c, mf[c], rf[c], w, b, 0);
     }
     return APEX_OK;
   }
 #pragma omp parallel for schedule(static) if (numel > APEX__CPU_PAR_MIN)
   for (size_t c = 0; c < C; c++) {
-    double mean, var;
-    float *buf = apex__cpu_my_row(bufs, 1, M + S, 0);
-    size_t ps;
-    const float *xc = channel_f32(a->x, N, C, S, c, buf, &ps);
-    if (training) {
-      double sa[APEX__LANES] = {0}, qa[APEX__LANES] = {0};
-      for (size_t n = 0; n < N; n++) {
-        if (xf) prefetch_plane(xf, N, C, S, n, c, 0);
-        apex__lanes_add(sa, xc + n * ps, S);
-      }
-      mean = apex__lanes_total(sa) / (double)M;
-      for (size_t n = 0; n < N; n++) {
-        if (xf) prefetch_plane(xf, N, C, S, n, c, 0);
-        lanes_sq(qa, xc + n * ps, S, (float)mean);
-      }
-      double q = apex__lanes_total(qa);
-      var = q / (double)M;
-      if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mean);
-      if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * q / (double)(M - 1));
-    } else {
-      mean = rm[c];
-      var = rv[c];
-    }
-    float m = (float)mean, r = (float)(1.0 / sqrt(var + eps)), w = wf ? wf[c] : 1.0f, b = bf ? bf[c] : 0.0f;
-    st[c] = m;
-    st[C + c] = r;
-    bn_normalize_channel(xc, ps, o, odt, buf ? buf + M : NULL, N, C, S, c, m, r, w, b, a->relu);
+    float *buf = apex__cpu_my_row(bufs, 1, per, 0);
+    if (x16)
+      bn_forward_channel(a, c, buf, 1);
+    else
+      bn_forward_channel(a, c, buf, 0);
   }
   return APEX_OK;
 }
@@ -212,14 +338,14 @@ apex_status apex__cpu_nn_batch_norm(const apex_nn_batch_norm_args *a) {
  * forward's apex__bn_affine of the input was > 0, and the input's plane is read here anyway, so the
  * output is not read (12.8 MB less from memory for the benchmark CNN's first batch norm); a half
  * output may have rounded to zero, so its raw bits are tested instead. */
-static void relu_mask_plane(float *restrict gm, const float *restrict go, const float *restrict xs, const void *yv, size_t off, size_t S,
-                            float m, float r, float w, float bias) {
+BN_INLINE void relu_mask_plane(float *restrict gm, const float *restrict go, const void *restrict xs, const void *yv, size_t off, size_t S,
+                               float m, float r, float w, float bias, int bf) {
   const uint16_t *restrict y = yv ? (const uint16_t *)yv + off : NULL;
   for (size_t i = 0; i < S; i++) {
     float v = go[off + i] + 0.0f;
     uint32_t b;
     memcpy(&b, &v, sizeof b);
-    b &= -(uint32_t)(y ? y[i] != 0 : bn_affine(xs[i], m, r, w, bias) > 0.0f);
+    b &= -(uint32_t)(y ? y[i] != 0 : bn_affine(xat(xs, i, bf), m, r, w, bias) > 0.0f);
     memcpy(gm + i, &b, sizeof b);
   }
 }
@@ -227,58 +353,71 @@ static void relu_mask_plane(float *restrict gm, const float *restrict go, const 
 /* The batch norm backward reads its gradient twice per channel: once for the sums, once for the
  * input's gradient. The fused op masks each plane once, in the first pass, into a per-thread copy of
  * the channel's gradient (from the workspace; N * S floats, which stays in cache for the second pass), so
- * its output is read once. */
+ * its output is read once. This is one channel of it, inlined once for f32 planes and once for bf16
+ * (bf); gm: the thread's masked gradient (the fused op), xbuf: its widening buffer (f16 only). */
+BN_INLINE void bn_backward_channel(const apex_nn_batch_norm_bwd_args *a, size_t c, float *gm, float *xbuf, int bf) {
+  size_t N = a->N, C = a->C, S = a->S, M = N * S, ps;
+  int fused = a->relu, read_y = a->y_dtype != APEX_F32;
+  const float *xf = a->x.dtype == APEX_F32 ? a->x.data : NULL, *go = a->gout, *st = a->stats;
+  const void *y = read_y ? a->y : NULL;
+  size_t ysize = apex_dtype_size(a->y_dtype);
+  float m = st[c], r = st[C + c], w = a->w ? a->w[c] : 1.0f, bias = fused && a->b ? a->b[c] : 0.0f, *gx = a->gx;
+  double sga[APEX__LANES] = {0}, sgxa[APEX__LANES] = {0};
+  int dummy;
+  const void *xc = channel_x(a->x, N, C, S, c, xbuf, &ps, &dummy);
+  for (size_t n = 0; n < N; n++) {
+    size_t off = (n * C + c) * S;
+    const void *xs = xplane(xc, ps, n, bf);
+    prefetch_plane(go, N, C, S, n, c, 0);
+    if (xf) prefetch_plane(xf, N, C, S, n, c, 0);
+    if (bf) prefetch_plane_of(a->x.data, sizeof(uint16_t), N, C, S, n, c, 0);
+    if (fused) {
+      if (read_y) prefetch_plane_of(y, ysize, N, C, S, n, c, 0);
+      relu_mask_plane(gm + n * S, go, xs, y, off, S, m, r, w, bias, bf);
+    }
+    lanes_bwd(sga, sgxa, fused ? gm + n * S : go + off, xs, S, m, r, bf);
+  }
+  double sg = apex__lanes_total(sga), sgx = apex__lanes_total(sgxa);
+  if (a->gw) a->gw[c] += (float)sgx;
+  if (a->gb) a->gb[c] += (float)sg;
+  if (!gx) return;
+  int training = a->training;
+  float k = w * r, mg = training ? (float)(sg / (double)M) : 0.0f, mgx = training ? (float)(sgx / (double)M) : 0.0f;
+  for (size_t n = 0; n < N; n++) {
+    size_t off = (n * C + c) * S;
+    const float *restrict gop = fused ? gm + n * S : go + off;
+    const void *restrict xp = xplane(xc, ps, n, bf);
+    float *restrict gxp = gx + off;
+    if (!fused) prefetch_plane(go, N, C, S, n, c, 0);
+    if (xf) prefetch_plane(xf, N, C, S, n, c, 0);
+    prefetch_plane(gx, N, C, S, n, c, 1);
+    if (!a->accumulate_x)
+      for (size_t i = 0; i < S; i++) gxp[i] = 0.0f + k * (gop[i] - mg - (xat(xp, i, bf) - m) * r * mgx);
+    else
+      for (size_t i = 0; i < S; i++) gxp[i] += k * (gop[i] - mg - (xat(xp, i, bf) - m) * r * mgx);
+  }
+}
+
 apex_status apex__cpu_nn_batch_norm_bwd(const apex_nn_batch_norm_bwd_args *a) {
   size_t N = a->N, C = a->C, S = a->S, M = N * S, numel = N * C * S;
-  int training = a->training, fused = a->relu, fresh = !a->accumulate_x;
-  int par = numel > APEX__CPU_PAR_MIN;
-  const float *xf = a->x.dtype == APEX_F32 ? a->x.data : NULL, *wf = a->w, *bf = fused ? a->b : NULL, *st = a->stats, *go = a->gout;
-  float *gx = a->gx, *gw = a->gw, *gb = a->gb, *gms = NULL;
+  int fused = a->relu, par = numel > APEX__CPU_PAR_MIN, x16 = a->x.dtype == APEX_BF16;
+  float *gms = NULL;
   if (fused) {
     size_t nt = par ? (size_t)apex_get_num_threads() : 1;
     if (!(gms = a->ws.get(a->ws.ctx, nt * (M ? M : 1) * sizeof(float)))) return APEX_ERR_OUT_OF_MEMORY;
   }
   int fail;
-  float *xbufs = apex__cpu_thread_rows(&a->ws, !xf, 1, M, &fail); /* the channel's planes widened */
+  float *xbufs = apex__cpu_thread_rows(&a->ws, channel_widens(a->x.dtype), 1, M, &fail); /* an f16 channel's planes widened */
   if (fail) return APEX_ERR_OUT_OF_MEMORY;
-  apex__cpu_grad_begin(gw, C, a->accumulate_w);
-  apex__cpu_grad_begin(gb, C, a->accumulate_b);
-  size_t ysize = apex_dtype_size(a->y_dtype);
-  int read_y = a->y_dtype != APEX_F32;
-  const void *y = read_y ? a->y : NULL;
+  apex__cpu_grad_begin(a->gw, C, a->accumulate_w);
+  apex__cpu_grad_begin(a->gb, C, a->accumulate_b);
 #pragma omp parallel for schedule(static) if (par)
   for (size_t c = 0; c < C; c++) {
-    float m = st[c], r = st[C + c], w = wf ? wf[c] : 1.0f, bias = bf ? bf[c] : 0.0f, *gm = fused ? gms + (size_t)omp_get_thread_num() * M : NULL;
-    double sga[APEX__LANES] = {0}, sgxa[APEX__LANES] = {0};
-    size_t ps;
-    const float *xc = channel_f32(a->x, N, C, S, c, apex__cpu_my_row(xbufs, 1, M, 0), &ps);
-    for (size_t n = 0; n < N; n++) {
-      size_t off = (n * C + c) * S;
-      prefetch_plane(go, N, C, S, n, c, 0);
-      if (xf) prefetch_plane(xf, N, C, S, n, c, 0);
-      if (fused) {
-        if (read_y) prefetch_plane_of(y, ysize, N, C, S, n, c, 0);
-        relu_mask_plane(gm + n * S, go, xc + n * ps, y, off, S, m, r, w, bias);
-      }
-      lanes_bwd(sga, sgxa, fused ? gm + n * S : go + off, xc + n * ps, S, m, r);
-    }
-    double sg = apex__lanes_total(sga), sgx = apex__lanes_total(sgxa);
-    if (gw) gw[c] += (float)sgx;
-    if (gb) gb[c] += (float)sg;
-    if (!gx) continue;
-    float a = w * r, mg = training ? (float)(sg / (double)M) : 0.0f, mgx = training ? (float)(sgx / (double)M) : 0.0f;
-    for (size_t n = 0; n < N; n++) {
-      size_t off = (n * C + c) * S;
-      const float *restrict gop = fused ? gm + n * S : go + off, *restrict xp = xc + n * ps;
-      float *restrict gxp = gx + off;
-      if (!fused) prefetch_plane(go, N, C, S, n, c, 0);
-      if (xf) prefetch_plane(xf, N, C, S, n, c, 0);
-      prefetch_plane(gx, N, C, S, n, c, 1);
-      if (fresh)
-        for (size_t i = 0; i < S; i++) gxp[i] = 0.0f + a * (gop[i] - mg - (xp[i] - m) * r * mgx);
-      else
-        for (size_t i = 0; i < S; i++) gxp[i] += a * (gop[i] - mg - (xp[i] - m) * r * mgx);
-    }
+    float *gm = fused ? gms + (size_t)omp_get_thread_num() * M : NULL, *xbuf = apex__cpu_my_row(xbufs, 1, M, 0);
+    if (x16)
+      bn_backward_channel(a, c, gm, xbuf, 1);
+    else
+      bn_backward_channel(a, c, gm, xbuf, 0);
   }
   return APEX_OK;
 }
