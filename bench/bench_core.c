@@ -1,6 +1,10 @@
 /* bench_core.c: the foundation's memory-bound figures, each against memcpy of the same traffic in the
  * same run:
  *   convert_*      f32<->f16 and f32<->bf16 over 64M elements (target ratio >= 0.8)
+ *   convert_*_avx512_vs_avx2, convert_*_l1_avx512_vs_avx2: the same conversions on the AVX-512 path
+ *                  against the AVX2 path in the same run (ISA cap, apex/cpu.h), over the 64M array and
+ *                  over a 4096-element block that stays in L1 (one thread: the size of a row helper's
+ *                  call); ratio is AVX2's time over AVX-512's, isa= names the path measured
  *   mt_scale_*     multi-tensor scale with overflow check, 10M f32 in 200 tensors (target >= 0.8)
  * Traffic is bytes read + bytes written; the memcpy peer copies half that many bytes (it reads and
  * writes each), over the same threads. */
@@ -56,6 +60,40 @@ static void bench_convert(const char *name, apex_dtype from, apex_dtype to, char
   bench_report_gbs(name, traffic, t_apex, traffic, t_copy, "memcpy");
 }
 
+typedef struct {
+  convert_job job;
+  int reps;
+} small_job;
+
+static void run_small(void *p) {
+  small_job *j = p;
+  for (int r = 0; r < j->reps; r++) apex_convert(j->job.dst, j->job.dt, j->job.src, j->job.st, j->job.n);
+}
+
+/* The conversion at the avx512 cap against the avx2 cap, over n elements (l1: a 4096-element block
+ * converted 4096 times, below apex_convert's thread split, so one thread). */
+static void bench_convert_isa(int argc, char **argv, const char *name, apex_dtype from, apex_dtype to, char *a, char *b, size_t n,
+                              int l1) {
+  char line[128];
+  snprintf(line, sizeof line, "%s%s_avx512_vs_avx2", name, l1 ? "_l1" : "");
+  if (!bench_wanted(argc, argv, line)) return;
+  if (apex_cpu_native_isa() < APEX_CPU_ISA_AVX512) {
+    bench_skip(line, "this CPU has no AVX-512F");
+    return;
+  }
+  small_job sj = {{b, a, to, from, l1 ? 4096 : n}, l1 ? 4096 : 1};
+  double traffic = (double)sj.job.n * sj.reps * (double)(apex_dtype_size(from) + apex_dtype_size(to));
+  double t[2] = {1e300, 1e300};
+  for (int round = 0; round < 4; round++) /* interleaved, best of each: the machine's load moves */
+    for (int k = 0; k < 2; k++) {
+      apex_cpu_set_max_isa(k ? APEX_CPU_ISA_AVX512 : APEX_CPU_ISA_AVX2);
+      double tk = bench_best(run_small, &sj, 1, 3, 0.25);
+      if (tk < t[k]) t[k] = tk;
+    }
+  bench_report_gbs(line, traffic, t[1], traffic, t[0], "apex-avx2"); /* printed under the avx512 cap */
+  apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE);
+}
+
 int main(int argc, char **argv) {
   const size_t n = (size_t)64 << 20;
   char *a = aligned_alloc(64, n * 4), *b = aligned_alloc(64, n * 4);
@@ -73,6 +111,12 @@ int main(int argc, char **argv) {
   if (bench_wanted(argc, argv, "convert_f16_to_f32")) bench_convert("convert_f16_to_f32", APEX_F16, APEX_F32, b, a, n);
   apex_convert(b, APEX_BF16, a, APEX_F32, n);
   if (bench_wanted(argc, argv, "convert_bf16_to_f32")) bench_convert("convert_bf16_to_f32", APEX_BF16, APEX_F32, b, a, n);
+  for (int l1 = 0; l1 < 2; l1++) {
+    bench_convert_isa(argc, argv, "convert_f32_to_bf16", APEX_F32, APEX_BF16, a, b, n, l1);
+    bench_convert_isa(argc, argv, "convert_bf16_to_f32", APEX_BF16, APEX_F32, b, a, n, l1);
+    bench_convert_isa(argc, argv, "convert_f32_to_f16", APEX_F32, APEX_F16, a, b, n, l1);
+    bench_convert_isa(argc, argv, "convert_f16_to_f32", APEX_F16, APEX_F32, b, a, n, l1);
+  }
 
   if (bench_wanted(argc, argv, "mt_scale_f32")) {
     enum { NT = 200 };

@@ -73,6 +73,14 @@ static apex_var *f_mse(apex_graph *g, apex_var **x) { return apex_mse_loss(g, x[
 static apex_var *f_mse_none(apex_graph *g, apex_var **x) { return apex_mse_loss(g, x[0], x[1], APEX_REDUCTION_NONE); }
 static apex_var *f_bce_logits(apex_graph *g, apex_var **x) { return apex_bce_with_logits(g, x[0], x[1], APEX_REDUCTION_SUM); }
 static apex_var *f_bce(apex_graph *g, apex_var **x) { return apex_bce(g, x[0], x[1], APEX_REDUCTION_MEAN); }
+static apex_var *f_mse_sum(apex_graph *g, apex_var **x) { return apex_mse_loss(g, x[0], x[1], APEX_REDUCTION_SUM); }
+static apex_var *f_bce_logits_none(apex_graph *g, apex_var **x) { return apex_bce_with_logits(g, x[0], x[1], APEX_REDUCTION_NONE); }
+static apex_var *f_bce_logits_mean(apex_graph *g, apex_var **x) { return apex_bce_with_logits(g, x[0], x[1], APEX_REDUCTION_MEAN); }
+static apex_var *f_bce_none(apex_graph *g, apex_var **x) { return apex_bce(g, x[0], x[1], APEX_REDUCTION_NONE); }
+static apex_var *f_xent_ls_none(apex_graph *g, apex_var **x) {
+  return apex_cross_entropy(g, x[0], xent_targets, &(apex_cross_entropy_options){.reduction = APEX_REDUCTION_NONE, .label_smoothing = 0.2f,
+                                                                                  .use_ignore_index = 1, .ignore_index = 3});
+}
 static apex_var *f_gelu(apex_graph *g, apex_var **x) { return apex_gelu(g, x[0]); }
 static apex_var *f_gelu_tanh(apex_graph *g, apex_var **x) { return apex_gelu_tanh(g, x[0]); }
 static apex_var *f_sum_all(apex_graph *g, apex_var **x) { return apex_sum_all(g, x[0]); }
@@ -100,6 +108,14 @@ static const lp_case cases[] = {
     {"mse_none", f_mse_none, 2, {1, 1}, {{17000}, {17000}}, 0, 0},
     {"bce_with_logits", f_bce_logits, 2, {2, 2}, {{90, 210}, {90, 210}}, 0, 0},
     {"bce", f_bce, 2, {2, 2}, {{90, 210}, {90, 210}}, 1, 0},
+    /* the pointwise losses compute their terms a 4096-element sum block (or a 1024-element output
+     * block) at a time and keep none: sizes with a partial last block of each */
+    {"mse_sum", f_mse_sum, 2, {2, 2}, {{3, 5471}, {3, 5471}}, 0, 0},
+    {"bce_with_logits_none", f_bce_logits_none, 2, {2, 2}, {{3, 5471}, {3, 5471}}, 0, 0},
+    {"bce_with_logits_mean", f_bce_logits_mean, 2, {1, 1}, {{16411}, {16411}}, 0, 0},
+    {"bce_none", f_bce_none, 2, {2, 2}, {{3, 5471}, {3, 5471}}, 1, 0},
+    /* cross entropy's backward recomputes the softmax from the half logits */
+    {"cross_entropy_ls_none", f_xent_ls_none, 1, {2}, {{60, 310}}, 0, 0},
     /* the GELUs read a half input's results and slopes from tables of its 65536 values
      * (cpu/elementwise.c); under autocast they run in f32 (Apex's FP32_FUNCS) */
     {"gelu", f_gelu, 1, {2}, {{70, 300}}, 0, 0},
@@ -348,9 +364,10 @@ static void test_autocast_float_ops_uncast(void **state) {
       for (int i = 0; i < c->n_in; i++) free(vals[i]);
     }
   }
-  /* layer/RMS norm, the four softmaxes, two cross entropies, two MSEs, BCE with logits, the two GELUs
-   * and the six reductions, each dtype (BCE is refused under autocast; batch norm is not a FLOAT op) */
-  assert_int_equal(checked, 2 * 19);
+  /* layer/RMS norm, the four softmaxes, three cross entropies, three MSEs, three BCEs with logits, the
+   * two GELUs and the six reductions, each dtype (BCE is refused under autocast; batch norm is not a
+   * FLOAT op) */
+  assert_int_equal(checked, 2 * 23);
 }
 
 /* ---- softmax lines with signed zeros, NaN and -inf ---------------------------------------------- */

@@ -1,10 +1,10 @@
 /* cpu.h: the most advanced CPU instruction set apex's fast paths may use.
  *
- * Every CPU fast path (the AVX2 conversions and optimizer tiles, the AVX-512 matrix product, and
- * any later AVX512_BF16 or AMX path) has a portable C path beside it as its reference. A maximum ISA
- * caps which of them run, as oneDNN's ONEDNN_MAX_CPU_ISA does: apex uses the highest level that is
- * at most the cap and that the CPU supports. test_backend_ops runs every op under the portable cap
- * and under the CPU's own level and compares the two.
+ * Every CPU fast path (the AVX2 conversions and optimizer tiles, the AVX-512 matrix product and
+ * conversions, and any later AVX512_BF16 or AMX path) has a portable C path beside it as its
+ * reference. A maximum ISA caps which of them run, as oneDNN's ONEDNN_MAX_CPU_ISA does: apex uses
+ * the highest level that is at most the cap and that the CPU supports. test_backend_ops runs every
+ * op under the portable cap and under the CPU's own level and compares the two.
  *
  * The cap comes from apex_cpu_set_max_isa if it was called, else from the environment variable
  * APEX_CPU_ISA (portable, avx2, avx512, avx512_bf16, amx or native), read once on first use. */
@@ -24,7 +24,8 @@ extern "C" {
  *                x86) keeps OpenBLAS.
  *   AVX2         AVX2 + F16C + FMA conversions and optimizer tiles; matrix products by OpenBLAS
  *                (whose own kernel choice OPENBLAS_CORETYPE governs).
- *   AVX512       AVX-512F: apex's own matrix product kernel.
+ *   AVX512       AVX-512F: apex's own matrix product kernel and the 16-lane f32<->bf16/f16
+ *                conversions (the same bits as the portable ones, denormals kept).
  *   AVX512_BF16  AVX-512 with the bf16 dot-product instructions.
  *   AMX          AMX tiles (AMX-TILE and AMX-BF16). */
 typedef enum apex_cpu_isa {

@@ -3,8 +3,9 @@
  * (backend/args_nn.h; the CPU's in backend/cpu/loss.c).
  *
  * Softmax along any dim sees x as [outer, D, inner]. Its forward keeps its f32 result in the op's
- * scratch for the backward. A reduced loss's kernel sums its per-element terms in double in a fixed
- * order; MEAN's division happens here. */
+ * scratch for the backward. Cross entropy keeps two floats a row and recomputes its softmax from the
+ * logits in the backward. A reduced loss's kernel sums its per-element terms in double in a fixed
+ * order, never holding them all; MEAN's division happens here. */
 #include <math.h>
 
 #include "autograd/ag.h"
@@ -67,19 +68,22 @@ static apex_var *loss_result(apex_graph *g, apex_op op, apex_dtype dt, apex_redu
   return out;
 }
 
+/* Writes a reduced loss's result, the sum of its terms (divided by `count` for MEAN), into out. */
+static void loss_set_sum(apex_var *out, double sum, double count) {
+  if (out->p.loss.reduction == APEX_REDUCTION_MEAN) sum /= count;
+  apex_tensor_set(out->value, 0, (float)sum);
+}
+
 /* Writes a loss's result into out: the per-element terms l[0..n) for NONE, else their sum (divided
  * by `count` for MEAN). */
 static void loss_store(apex_graph *g, apex_var *out, const float *l, size_t n, double sum, double count) {
-  if (out->p.loss.reduction == APEX_REDUCTION_NONE) {
-    if (out->value->dtype == APEX_F32) {
-      apex__pool_copy(g, ag_data(out->value), l, n);
-    } else {
-      apex__store(out, l);
-    }
-    return;
+  if (out->p.loss.reduction != APEX_REDUCTION_NONE) {
+    loss_set_sum(out, sum, count);
+  } else if (out->value->dtype == APEX_F32) {
+    apex__pool_copy(g, ag_data(out->value), l, n);
+  } else {
+    apex__store(out, l);
   }
-  if (out->p.loss.reduction == APEX_REDUCTION_MEAN) sum /= count;
-  apex_tensor_set(out->value, 0, (float)sum);
 }
 
 static apex_nn_reduction nn_reduction(apex_reduction r) {
@@ -116,20 +120,20 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   int64_t nshape = (int64_t)N;
   apex_var *out = loss_result(g, APEX_OP_CROSS_ENTROPY, dt, opts->reduction, 1, &nshape, 1, &u);
   if (!out) return NULL;
-  size_t pad = (N * C + 1) & ~(size_t)1;
-  float *p = apex__scratch(g, pad * sizeof(float) + N * sizeof(int64_t) + N * sizeof(float));
-  if (!p) return NULL;
-  int64_t *tg = (int64_t *)(p + pad);
-  float *l = (float *)(tg + N);
+  /* kept for the backward: the targets, then each row's max and 1 / sum of exp (the backward
+   * recomputes the softmax from the logits, which it reads, instead of an f32 [N, C] copy) */
+  int64_t *tg = apex__scratch(g, N * sizeof(int64_t) + 2 * N * sizeof(float));
+  float *l = apex__scratch_temp(g, ag_nz(N) * sizeof(float));
+  if (!tg || !l) return NULL;
   for (size_t i = 0; i < N; i++) tg[i] = opts->use_ignore_index && targets[i] == opts->ignore_index ? -1 : targets[i];
-  out->aux = p;
+  out->aux = tg;
   out->p.loss.rows = (int64_t)N;
   out->p.loss.classes = (int64_t)C;
   out->p.loss.smoothing = eps;
   out->p.loss.count = (int64_t)count;
   double sum = 0;
   if (be->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = N, .classes = C, .x = ag_buf(X), .target = tg, .smoothing = eps,
-                                                         .prob = p, .loss = l, .sum = opts->reduction == APEX_REDUCTION_NONE ? NULL : &sum,
+                                                         .stats = (float *)(tg + N), .loss = l, .sum = opts->reduction == APEX_REDUCTION_NONE ? NULL : &sum,
                                                          .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
   loss_store(g, out, l, N, sum, (double)count);
@@ -141,12 +145,12 @@ apex_status apex__bwd_cross_entropy(apex_graph *g, apex_var *out) {
   if (!be || !AG_HAS(be, nn_cross_entropy_bwd, APEX_OP_CROSS_ENTROPY)) return apex_last_status();
   float *gx = apex__gbuf(g, out->in[0]);
   if (!gx) return APEX_OK;
-  size_t N = (size_t)out->p.loss.rows, C = (size_t)out->p.loss.classes, pad = (N * C + 1) & ~(size_t)1;
-  const float *p = out->aux;
+  size_t N = (size_t)out->p.loss.rows, C = (size_t)out->p.loss.classes;
+  const int64_t *tg = out->aux;
   return be->nn_cross_entropy_bwd(&(apex_nn_cross_entropy_bwd_args){
-      .rows = N, .classes = C, .prob = p, .target = (const int64_t *)(p + pad), .smoothing = out->p.loss.smoothing,
-      .reduction = nn_reduction(out->p.loss.reduction), .count = (double)out->p.loss.count, .gout = out->gbuf, .gx = gx,
-      .accumulate_x = 1});
+      .rows = N, .classes = C, .x = ag_buf(out->in[0]->value), .stats = (const float *)(tg + N), .target = tg,
+      .smoothing = out->p.loss.smoothing, .reduction = nn_reduction(out->p.loss.reduction), .count = (double)out->p.loss.count,
+      .gout = out->gbuf, .gx = gx, .accumulate_x = 1, .ws = apex__ag_workspace(g)});
 }
 
 /* ---- pointwise losses --------------------------------------------------------------------------- */
@@ -187,14 +191,14 @@ static apex_var *pointwise_loss(apex_graph *g, apex_op op, apex_var *x, apex_var
   if (op == APEX_OP_BCE && bce_check(u[0]->value, x) != APEX_OK) return NULL;
   apex_var *out = loss_result(g, op, dt, red, u[0]->value->ndim, u[0]->value->shape, 2, u);
   if (!out) return NULL;
-  float *l = apex__scratch(g, ag_nz(n) * sizeof(float));
-  if (!l) return NULL;
+  /* NONE: the terms straight into the result, rounded once; else only their sum */
+  int none = red == APEX_REDUCTION_NONE;
   double sum = 0;
   if (be->nn_pointwise_loss(&(apex_nn_pointwise_loss_args){.kind = pointwise_kind(op), .n = n, .x = ag_buf(u[0]->value),
-                                                           .y = ag_buf(u[1]->value), .loss = l,
-                                                           .sum = red == APEX_REDUCTION_NONE ? NULL : &sum}) != APEX_OK)
+                                                           .y = ag_buf(u[1]->value), .loss = none ? apex_tensor_data(out->value) : NULL,
+                                                           .loss_dtype = out->value->dtype, .sum = none ? NULL : &sum}) != APEX_OK)
     return NULL;
-  loss_store(g, out, l, n, sum, (double)n);
+  if (!none) loss_set_sum(out, sum, (double)n);
   return out;
 }
 

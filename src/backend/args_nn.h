@@ -174,14 +174,16 @@ typedef struct apex_nn_softmax_bwd_args {
 typedef enum apex_nn_reduction { APEX_NN_MEAN, APEX_NN_SUM, APEX_NN_NONE } apex_nn_reduction;
 
 /* Cross entropy of logits x [rows, classes] against target (one class per row; -1: ignored, its term
- * 0) with label smoothing: prob receives the row softmax (kept for the backward), loss the per-row
- * terms, and *sum (when not NULL) their sum in double in fixed blocks. */
+ * 0) with label smoothing: stats receives each row's max and the reciprocal of its sum of exp(x - max)
+ * (rows x 2 floats, kept for the backward, which recomputes the row softmax from x and them with the
+ * forward's bits), loss the per-row terms, and *sum (when not NULL) their sum in double in fixed
+ * blocks. */
 typedef struct apex_nn_cross_entropy_args {
   size_t rows, classes;
   apex_nn_buf x; /* native dtype, widened to f32 a row at a time */
   const int64_t *target;
   float smoothing;
-  float *prob;
+  float *stats;
   float *loss;
   double *sum;
   apex_nn_workspace ws;
@@ -189,7 +191,8 @@ typedef struct apex_nn_cross_entropy_args {
 
 typedef struct apex_nn_cross_entropy_bwd_args {
   size_t rows, classes;
-  const float *prob;
+  apex_nn_buf x;      /* the forward's logits, native dtype */
+  const float *stats; /* the forward's */
   const int64_t *target;
   float smoothing;
   apex_nn_reduction reduction;
@@ -197,16 +200,20 @@ typedef struct apex_nn_cross_entropy_bwd_args {
   const float *gout;
   float *gx;
   int accumulate_x;
+  apex_nn_workspace ws;
 } apex_nn_cross_entropy_bwd_args;
 
 typedef enum apex_nn_pointwise_loss_kind { APEX_NN_MSE, APEX_NN_BCE_WITH_LOGITS, APEX_NN_BCE } apex_nn_pointwise_loss_kind;
 
-/* Per-element terms loss[i] of input x against target y (n each); *sum as for cross entropy. */
+/* Per-element terms of input x against target y (n each), computed in f32: into loss (when not
+ * NULL) as loss_dtype, rounded once, and/or their sum into *sum (when not NULL) as for cross entropy.
+ * No whole-tensor f32 buffer is needed for either. */
 typedef struct apex_nn_pointwise_loss_args {
   apex_nn_pointwise_loss_kind kind;
   size_t n;
   apex_nn_buf x, y; /* native dtypes, widened to f32 a block at a time */
-  float *loss;
+  void *loss;
+  apex_dtype loss_dtype;
   double *sum;
 } apex_nn_pointwise_loss_args;
 

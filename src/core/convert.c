@@ -1,10 +1,13 @@
 /* convert.c: dtype facts, scalar conversions, and bulk conversion split over threads.
  *
  * The bulk path splits the array into fixed blocks of APEX_THREAD_BLOCK elements; each block goes to
- * the single-threaded kernel of the active SIMD path (convert_avx2.c or the portable loop here). */
+ * the single-threaded kernel of the ISA level in effect (apex_cpu_max_isa): convert_avx512.c from
+ * avx512 up, convert_avx2.c at avx2, else the portable loop here, which is the reference the other
+ * two match bit for bit. */
 #include <string.h>
 #include <strings.h>
 
+#include "apex/cpu.h"
 #include "core/convert_scalar.h"
 #include "core/internal.h"
 
@@ -82,7 +85,12 @@ void apex__convert_portable(void *dst, apex_dtype dst_type, const void *src, ape
 
 void apex__convert_range(void *dst, apex_dtype dst_type, const void *src, apex_dtype src_type, size_t n) {
 #if APEX_HAVE_X86
-  if (apex_simd_active() == APEX_SIMD_AVX2) {
+  apex_cpu_isa isa = apex_cpu_max_isa();
+  if (isa >= APEX_CPU_ISA_AVX512) {
+    apex__convert_avx512(dst, dst_type, src, src_type, n);
+    return;
+  }
+  if (isa >= APEX_CPU_ISA_AVX2) {
     apex__convert_avx2(dst, dst_type, src, src_type, n);
     return;
   }
@@ -101,7 +109,7 @@ apex_status apex_convert(void *dst, apex_dtype dst_type, const void *src, apex_d
                       apex_dtype_name(src_type), apex_dtype_name(dst_type));
   size_t dsz = apex_dtype_size(dst_type), ssz = apex_dtype_size(src_type);
   long long nblocks = (long long)((n + APEX_THREAD_BLOCK - 1) / APEX_THREAD_BLOCK);
-  apex_simd_active(); /* resolve the path once, before the threads read it */
+  apex_cpu_max_isa(); /* resolve the path once, before the threads read it */
 #pragma omp parallel for schedule(static) if (nblocks > 1)
   for (long long b = 0; b < nblocks; b++) {
     size_t start = (size_t)b * APEX_THREAD_BLOCK;

@@ -1,8 +1,10 @@
 /* convert_avx2.c: the x86 fast path for conversions (AVX2 + F16C). Compiled with -mavx2 -mf16c
  * -mfma and only called after apex__cpu_has_avx2(). f16 uses the F16C instructions, whose rounding
  * (nearest even) and NaN handling (quieted, payload kept) the portable path reproduces; bf16 uses the
- * same integer rounding as the portable path, eight lanes at a time. Tails go to the portable path. */
+ * same integer rounding as the portable path, eight lanes at a time. A tail shorter than a vector runs the
+ * vector code on a zero-padded copy. */
 #include <immintrin.h>
+#include <string.h>
 
 #include "core/internal.h"
 
@@ -68,16 +70,34 @@ static void via_f32(void *dst, apex_dtype dst_type, const void *src, apex_dtype 
   }
 }
 
-void apex__convert_avx2(void *dst, apex_dtype dst_type, const void *src, apex_dtype src_type, size_t n) {
+/* The vector loops for the four f32 pairs: how many leading elements they converted (0 for any other
+ * pair). */
+static size_t vector_part(void *dst, apex_dtype dst_type, const void *src, apex_dtype src_type, size_t n) {
   size_t done = 0;
   if (src_type == APEX_F32 && dst_type == APEX_F16) f32_to_f16(dst, src, n, &done);
   else if (src_type == APEX_F16 && dst_type == APEX_F32) f16_to_f32(dst, src, n, &done);
   else if (src_type == APEX_F32 && dst_type == APEX_BF16) f32_to_bf16(dst, src, n, &done);
   else if (src_type == APEX_BF16 && dst_type == APEX_F32) bf16_to_f32(dst, src, n, &done);
-  else if (src_type != dst_type) {
+  return done;
+}
+
+void apex__convert_avx2(void *dst, apex_dtype dst_type, const void *src, apex_dtype src_type, size_t n) {
+  if (src_type == dst_type) {
+    apex__convert_portable(dst, dst_type, src, src_type, n);
+    return;
+  }
+  int f32_pair = src_type == APEX_F32 || dst_type == APEX_F32;
+  if (!f32_pair) {
     via_f32(dst, dst_type, src, src_type, n);
     return;
   }
-  size_t dsz = apex_dtype_size(dst_type), ssz = apex_dtype_size(src_type);
-  apex__convert_portable((char *)dst + done * dsz, dst_type, (const char *)src + done * ssz, src_type, n - done);
+  size_t done = vector_part(dst, dst_type, src, src_type, n);
+  if (done == n) return;
+  /* The tail (under sixteen) runs the same vector code on a zero-padded copy: a short row (a row
+   * helper's [., 65] logits) would otherwise be a call into the portable loop per row. */
+  size_t dsz = apex_dtype_size(dst_type), ssz = apex_dtype_size(src_type), len = n - done;
+  float in[16] = {0}, out[16];
+  memcpy(in, (const char *)src + done * ssz, len * ssz);
+  vector_part(out, dst_type, in, src_type, 16);
+  memcpy((char *)dst + done * dsz, out, len * dsz);
 }

@@ -32,10 +32,11 @@ void apex__fail_null_arg(const char *fn, const char *what);
  * apex_convert, without argument checks. */
 void apex__convert_range(void *dst, apex_dtype dst_type, const void *src, apex_dtype src_type, size_t n);
 
-/* The portable kernels, and the AVX2/F16C ones (only defined on x86; only called when the CPU has
- * them). */
+/* The portable kernels (the reference), and the AVX2/F16C and AVX-512F ones (only defined on x86;
+ * only called when the ISA level, apex_cpu_max_isa, includes them). */
 void apex__convert_portable(void *dst, apex_dtype dst_type, const void *src, apex_dtype src_type, size_t n);
 void apex__convert_avx2(void *dst, apex_dtype dst_type, const void *src, apex_dtype src_type, size_t n);
+void apex__convert_avx512(void *dst, apex_dtype dst_type, const void *src, apex_dtype src_type, size_t n);
 /* 1 when the CPU has AVX2, F16C and FMA. */
 int apex__cpu_has_avx2(void);
 /* 1 when the maximum-ISA cap (apex/cpu.h) was set to APEX_CPU_ISA_PORTABLE, by the call or by

@@ -4,7 +4,7 @@
  * Each kernel reads its inputs in their own dtype, widening a line, row or block at a time into f32
  * (cpu_kernels.h), and computes in f32 as on an f32 copy, so the bits are the same without the copy.
  * Softmax's lines and cross entropy's rows are independent, so they run on threads. A reduced loss
- * sums its per-element terms with apex__sum_f32, in double and in fixed blocks, so no result depends
+ * sums its per-element terms in double and in apex__blocked_sum's fixed blocks, so no result depends
  * on the thread count. */
 #include <math.h>
 
@@ -98,25 +98,27 @@ static inline float loss_grad(apex_nn_reduction red, const float *go, size_t i, 
   return red == APEX_NN_MEAN ? (float)(go[0] / count) : go[0];
 }
 
+/* Cross entropy keeps no f32 [N, C] softmax for its backward: it keeps each row's max mx and
+ * r = 1 / sum of expf(x - mx), and the backward recomputes each probability as expf(x - mx) * r, the
+ * forward's f32 operations on the same values, so the same bits. That costs one more expf an element
+ * and keeps the logits (bf16 under amp: half the bytes of the f32 softmax). */
 apex_status apex__cpu_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
   size_t N = a->rows, C = a->classes, n = N * C;
   const int64_t *tg = a->target;
-  float *p = a->prob, *l = a->loss, eps = a->smoothing;
+  float *st = a->stats, *l = a->loss, eps = a->smoothing;
   int fail;
   float *rows = apex__cpu_thread_rows(&a->ws, a->x.dtype != APEX_F32, 1, C, &fail);
   if (fail) return APEX_ERR_OUT_OF_MEMORY;
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t i = 0; i < N; i++) {
     const float *xi = apex__cpu_row_f32(a->x, i * C, C, apex__cpu_my_row(rows, 1, C, 0));
-    float *pi = p + i * C;
     float mx = -INFINITY, s = 0.0f, sum_logp = 0.0f;
     for (size_t c = 0; c < C; c++) mx = apex__cpu_line_max(mx, xi[c]);
-    for (size_t c = 0; c < C; c++) s += (pi[c] = expf(xi[c] - mx));
-    float lse = mx + logf(s), r = 1.0f / s;
-    for (size_t c = 0; c < C; c++) {
-      pi[c] *= r;
-      sum_logp += xi[c] - lse;
-    }
+    for (size_t c = 0; c < C; c++) s += expf(xi[c] - mx);
+    float lse = mx + logf(s);
+    for (size_t c = 0; c < C; c++) sum_logp += xi[c] - lse;
+    st[2 * i] = mx;
+    st[2 * i + 1] = 1.0f / s;
     l[i] = tg[i] < 0 ? 0.0f : -(1.0f - eps) * (xi[tg[i]] - lse) - eps / (float)C * sum_logp;
   }
   if (a->sum) *a->sum = apex__sum_f32(l, N);
@@ -125,18 +127,25 @@ apex_status apex__cpu_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
 
 apex_status apex__cpu_nn_cross_entropy_bwd(const apex_nn_cross_entropy_bwd_args *a) {
   size_t N = a->rows, C = a->classes, n = N * C;
-  const float *p = a->prob, *go = a->gout;
+  const float *st = a->stats, *go = a->gout;
   const int64_t *tg = a->target;
   float *gx = a->gx;
   float eps = a->smoothing, smooth = eps / (float)C;
   double count = a->count;
   apex_nn_reduction red = a->reduction;
+  int fail;
+  float *rows = apex__cpu_thread_rows(&a->ws, a->x.dtype != APEX_F32, 1, C, &fail);
+  if (fail) return APEX_ERR_OUT_OF_MEMORY;
   apex__cpu_grad_begin(gx, n, a->accumulate_x);
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t i = 0; i < N; i++) {
     if (tg[i] < 0) continue;
-    float w = loss_grad(red, go, i, count);
-    for (size_t c = 0; c < C; c++) gx[i * C + c] += w * (p[i * C + c] - smooth - ((int64_t)c == tg[i] ? 1.0f - eps : 0.0f));
+    const float *xi = apex__cpu_row_f32(a->x, i * C, C, apex__cpu_my_row(rows, 1, C, 0));
+    float w = loss_grad(red, go, i, count), mx = st[2 * i], r = st[2 * i + 1];
+    for (size_t c = 0; c < C; c++) {
+      float p = expf(xi[c] - mx) * r;
+      gx[i * C + c] += w * (p - smooth - ((int64_t)c == tg[i] ? 1.0f - eps : 0.0f));
+    }
   }
   return APEX_OK;
 }
@@ -149,7 +158,10 @@ static inline float clamp_log(float v) {
 
 /* The pointwise losses run over blocks of LOSS_BLOCK elements, each widened (when not f32) into
  * buffers on the stack: a term depends only on its own elements, so the bits are those of the whole
- * tensor's f32 copy, and no such copy is made. */
+ * tensor's f32 copy, and no such copy is made. Their terms are never kept whole either: a reduced
+ * loss computes them a sum block at a time into the summing thread's stack (apex__blocked_sum_fn, the
+ * blocks and order of apex__sum_f32 over all of them), and NONE writes each block into the output,
+ * rounded once. */
 #define LOSS_BLOCK 1024
 
 static void pointwise_terms(apex_nn_pointwise_loss_kind kind, const float *X, const float *Y, float *l, size_t n) {
@@ -166,17 +178,34 @@ static void pointwise_terms(apex_nn_pointwise_loss_kind kind, const float *X, co
   }
 }
 
+/* The terms of elements [lo, lo + len) into t, LOSS_BLOCK at a time. */
+static void terms_range(const apex_nn_pointwise_loss_args *a, size_t lo, size_t len, float *t) {
+  for (size_t o = 0; o < len; o += LOSS_BLOCK) {
+    float xt[LOSS_BLOCK], yt[LOSS_BLOCK];
+    size_t m = len - o < LOSS_BLOCK ? len - o : LOSS_BLOCK;
+    pointwise_terms(a->kind, apex__cpu_row_f32(a->x, lo + o, m, xt), apex__cpu_row_f32(a->y, lo + o, m, yt), t + o, m);
+  }
+}
+
+/* A blocked sum's block of terms (apex__sum_block_fn): computed into the summing thread's tmp. */
+static const float *terms_block(const void *ctx, size_t lo, size_t len, float *tmp) {
+  terms_range(ctx, lo, len, tmp);
+  return tmp;
+}
+
 apex_status apex__cpu_nn_pointwise_loss(const apex_nn_pointwise_loss_args *a) {
-  float *l = a->loss;
   size_t n = a->n, nb = (n + LOSS_BLOCK - 1) / LOSS_BLOCK;
   apex_simd_active();
+  if (a->loss) {
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
-  for (size_t k = 0; k < nb; k++) {
-    float xt[LOSS_BLOCK], yt[LOSS_BLOCK];
-    size_t off = k * LOSS_BLOCK, len = n - off < LOSS_BLOCK ? n - off : LOSS_BLOCK;
-    pointwise_terms(a->kind, apex__cpu_row_f32(a->x, off, len, xt), apex__cpu_row_f32(a->y, off, len, yt), l + off, len);
+    for (size_t k = 0; k < nb; k++) {
+      float lt[LOSS_BLOCK];
+      size_t off = k * LOSS_BLOCK, len = n - off < LOSS_BLOCK ? n - off : LOSS_BLOCK;
+      terms_range(a, off, len, apex__cpu_row_out(a->loss, a->loss_dtype, off, lt));
+      apex__cpu_row_store(a->loss, a->loss_dtype, off, lt, len);
+    }
   }
-  if (a->sum) *a->sum = apex__sum_f32(l, n);
+  if (a->sum) *a->sum = apex__blocked_sum_fn(n, terms_block, a, apex__sum_serial);
   return APEX_OK;
 }
 

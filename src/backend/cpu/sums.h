@@ -81,9 +81,19 @@ static inline double apex__lanes_total(const double acc[APEX__LANES]) {
   return (((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
 }
 
-/* serial(block) over the fixed blocks of 4096 floats of x (run on several threads), the block results
- * added in order in double: the value does not depend on the thread count. */
+/* The fixed blocks of the blocked sums below. */
+#define APEX__SUM_BLOCK 4096
+/* serial(block) over the fixed blocks of APEX__SUM_BLOCK floats of x (run on several threads), the
+ * block results added in order in double: the value does not depend on the thread count. */
 double apex__blocked_sum(const float *x, size_t n, double (*serial)(const float *x, size_t n));
+/* Where a blocked sum's floats come from: block [lo, lo + len) (len <= APEX__SUM_BLOCK) of the n
+ * summed, either in place (a pointer into the caller's data) or written into tmp (APEX__SUM_BLOCK
+ * floats on the summing thread's stack) and tmp returned. Called on threads, once per block. */
+typedef const float *(*apex__sum_block_fn)(const void *ctx, size_t lo, size_t len, float *tmp);
+/* apex__blocked_sum over the n floats that block() gives, block by block: the same blocks, order and
+ * value as apex__blocked_sum over all n of them in one buffer, which is never made (a loss's
+ * per-element terms are computed a block at a time and summed). */
+double apex__blocked_sum_fn(size_t n, apex__sum_block_fn block, const void *ctx, double (*serial)(const float *x, size_t n));
 /* The same over n elements of dtype dt at x: a block of f16 or bf16 is widened (exactly) into a block on
  * the stack before serial reads it, so the value is that of apex__blocked_sum over an f32 copy and no
  * copy is made. Call apex_simd_active() first (the blocks widen on threads). */
