@@ -111,14 +111,20 @@ static inline float row_max(const float *x, size_t C) {
   return mx;
 }
 
-/* p[c] = expf(x[c] - mx), then p[c] *= r, with r = 1 / (their sum, added in order) stored into *r
- * (the forward), or the *r given when given_r (a recomputing backward: the forward's r). Returns the
- * sum (the forward's log-sum-exp). */
+/* p[c] = expf(x[c] - mx) * r. The forward (!given_r) stores the exps, adds them in order into the
+ * sum it returns (its log-sum-exp needs it) and stores r = 1 / sum into *r, then scales; a
+ * recomputing backward (given_r: the forward's *r) does it in one pass, rounding the same f32
+ * operations the same way, so both give the same bits. */
 static inline float row_softmax(const float *x, size_t C, float mx, int given_r, float *r, float *p) {
+  if (given_r) {
+    const float rv = *r; /* not reloaded after each store into p */
+    for (size_t c = 0; c < C; c++) p[c] = expf(x[c] - mx) * rv;
+    return NAN;
+  }
   float s = 0.0f;
   for (size_t c = 0; c < C; c++) s += (p[c] = expf(x[c] - mx));
-  if (!given_r) *r = 1.0f / s;
-  for (size_t c = 0; c < C; c++) p[c] *= *r;
+  const float rv = *r = 1.0f / s;
+  for (size_t c = 0; c < C; c++) p[c] *= rv;
   return s;
 }
 
