@@ -4,8 +4,9 @@
  *
  * Softmax along any dim sees x as [outer, D, inner]. Its forward keeps its f32 result in the op's
  * scratch for the backward. So does cross entropy for f32 logits; for f16/bf16 logits it keeps them
- * and two floats a row instead, and its backward recomputes the softmax (args_nn.h). A reduced loss's kernel sums its per-element terms in double in a fixed
- * order, never holding them all; MEAN's division happens here. */
+ * and two floats a row instead, and its backward recomputes the softmax (args_nn.h). A reduced
+ * loss's kernel sums its per-element terms in double in a fixed order, never holding them all;
+ * MEAN's division happens here. */
 #include <math.h>
 
 #include "autograd/ag.h"
@@ -141,7 +142,8 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   double sum = 0;
   if (be->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = N, .classes = C, .x = ag_buf(X), .target = tg, .smoothing = eps,
                                                          .prob = keep_prob ? (float *)(tg + N) : NULL,
-                                                         .stats = keep_prob ? NULL : (float *)(tg + N), .loss = l, .sum = opts->reduction == APEX_REDUCTION_NONE ? NULL : &sum,
+                                                         .stats = keep_prob ? NULL : (float *)(tg + N), .loss = l,
+                                                         .sum = opts->reduction == APEX_REDUCTION_NONE ? NULL : &sum,
                                                          .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
   loss_store(g, out, l, N, sum, (double)count);
