@@ -3,8 +3,10 @@
 runs this script with the Python of .peers/, bench/setup_peers.sh) and DeepSpeed on the same machine and
 thread count, in the same bench/run invocation.
 
-For each figure this script times PyTorch's step (best of several), then runs BUILD_DIR/bench/bench_optim
---time NAME for apex's best step time on the same problem (10M parameters in 20 tensors), and prints
+For each figure this script times PyTorch's step (best of several) and runs BUILD_DIR/bench/bench_optim
+--time NAME for apex's best step time on the same problem (10M parameters in 20 tensors), in ROUNDS
+interleaved rounds (peer, apex, peer, apex, ...) so that both see the same moments of a shared machine,
+keeps the best of each, and prints
     bench NAME_vs_torch GBS GB/s ratio=R peer=PEER
 where GBS is apex's effective GB/s (the byte counts of bench/bench_optim.c) and R = torch time / apex time.
 
@@ -24,6 +26,7 @@ import sys
 import time
 
 NPARAMS, NTENSORS = 10_000_000, 20
+ROUNDS = 3
 BYTES = {"optim_adamw_f32": 28, "optim_sgd_momentum_f32": 20, "optim_lamb_f32": 28, "optim_adamw_bf16_master": 28}
 
 
@@ -31,14 +34,19 @@ def skip(name, why):
     print("bench %s_vs_torch skipped: %s" % (name, why), flush=True)
 
 
-def best(fn, reps=5, warmup=2):
+def best(fn, reps=5, warmup=2, min_seconds=1.0):
+    """Best step time over at least `reps` steps and `min_seconds`: bench_best's rule in bench_optim
+    --time, so that the peer's minimum is taken over as many chances as apex's."""
     for _ in range(warmup):
         fn()
     t = float("inf")
-    for _ in range(reps):
+    start = time.perf_counter()
+    k = 0
+    while k < reps or time.perf_counter() - start < min_seconds:
         t0 = time.perf_counter()
         fn()
         t = min(t, time.perf_counter() - t0)
+        k += 1
     return t
 
 
@@ -149,12 +157,23 @@ def main():
             return None, "bench_optim --time failed: %s" % (out.stderr.strip() or out.stdout.strip())
         return float(out.stdout.split()[2]), None
 
+    def interleaved(fn, name):
+        """Best peer time and best apex time over ROUNDS alternating rounds; (None, why) if apex fails."""
+        peer_s = apex_s = float("inf")
+        for _ in range(ROUNDS):
+            with torch.no_grad():
+                peer_s = min(peer_s, best(fn))
+            a, why = apex_time(name)
+            if a is None:
+                return None, None, why
+            apex_s = min(apex_s, a)
+        return peer_s, apex_s, None
+
     for name in names:
         with torch.no_grad():
             fn, peer = PEERS[name](torch)
-            torch_s = best(fn)
+        torch_s, apex_s, why = interleaved(fn, name)
         del fn
-        apex_s, why = apex_time(name)
         if apex_s is None:
             skip(name, why)
             continue
@@ -165,12 +184,12 @@ def main():
         try:
             with torch.no_grad():
                 fn, peer = deepspeed_adamw(torch)
-                ds_s = best(fn)
-            del fn
+                fn()  # builds or loads its C++ op outside the timed rounds
         except Exception as e:  # not installed, or its C++ op does not build here
             print("bench optim_adamw_f32 skipped: peer=deepspeed-cpu-adam did not run (%s)" % str(e).splitlines()[0][:200])
             return
-        apex_s, why = apex_time("optim_adamw_f32")
+        ds_s, apex_s, why = interleaved(fn, "optim_adamw_f32")
+        del fn
         if apex_s is None:
             print("bench optim_adamw_f32 skipped: %s" % why)
             return

@@ -206,6 +206,37 @@ static void test_kept_is_what_backward_reads(void **state) {
   apex_graph_destroy(g);
 }
 
+/* Cross entropy keeps, for the backward, the f32 softmax of f32 logits (which then go when released)
+ * but, for f16/bf16 logits, the logits themselves and two floats a row, from which it recomputes the
+ * softmax: its op table entry says the logits are unread, and the forward of a half node says
+ * otherwise (apex__save_also). Bytes: logits N x C, targets N int64, the 0-d result of the logits'
+ * dtype. */
+static void test_cross_entropy_keeps_by_dtype(void **state) {
+  (void)state;
+  enum { N = 96, C = 250 };
+  const apex_dtype dts[3] = {APEX_F32, APEX_BF16, APEX_F16};
+  int64_t tg[N];
+  for (int i = 0; i < N; i++) tg[i] = (i * 37) % C;
+  apex_var *L = tu_random_leaf(APEX_F32, 2, (int64_t[]){N, C}, 9, 1);
+  for (int d = 0; d < 3; d++) {
+    apex_graph *g = apex_graph_create(); /* fresh: a reused pool block may be larger than asked */
+    size_t es = apex_dtype_size(dts[d]);
+    apex_var *x = apex_cast(g, apex_scale(g, L, 2.0f), dts[d]);
+    size_t before = apex_graph_saved_bytes(g);
+    apex_var *y = apex_cross_entropy(g, x, tg, NULL);
+    assert_non_null(y);
+    apex_var_release(x);
+    size_t expect = dts[d] == APEX_F32 ? (size_t)N * C * sizeof(float) /* the softmax */
+                                       : (size_t)N * C * es + 2 * N * sizeof(float); /* the logits, max and 1/sum a row */
+    if (apex_graph_saved_bytes(g) != before - (size_t)N * C * es + N * sizeof(int64_t) + expect + es)
+      fail_msg("cross_entropy at %s keeps %zu bytes, not %zu", apex_dtype_name(dts[d]), apex_graph_saved_bytes(g) - (before - (size_t)N * C * es),
+               N * sizeof(int64_t) + expect + es);
+    TU_OK(apex_backward(y, NULL));
+    apex_graph_destroy(g);
+  }
+  apex_var_destroy(L);
+}
+
 /* A sequential keeps what backward needs of its intermediates (ReLU outputs, read by ReLU and the
  * next linear) and nothing else; without recording it keeps nothing but its result. */
 static void test_sequential_keeps_only_saved(void **state) {
@@ -239,6 +270,7 @@ int main(void) {
       cmocka_unit_test(test_releases_never_change_gradients),
       cmocka_unit_test(test_kept_is_what_backward_reads),
       cmocka_unit_test(test_sequential_keeps_only_saved),
+      cmocka_unit_test(test_cross_entropy_keeps_by_dtype),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

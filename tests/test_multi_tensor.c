@@ -208,11 +208,11 @@ static void test_check_finite(void **state) {
   apex_tensor_set(t[0], 7, 3.4028235e38f);   /* FLT_MAX */
   apex_tensor_set(t[1], 8, 65504.0f);        /* f16's largest finite */
   apex_tensor_set(t[2], 9, 3.3895314e38f);   /* bf16's largest finite */
-  const int simd_paths = tu_have_avx2() ? 2 : 1;
-  const apex_simd paths[2] = {APEX_SIMD_PORTABLE, APEX_SIMD_AVX2};
+  apex_cpu_isa levels[3];
+  const int nl = tu_kernel_isa_levels(levels);
   const float bad[3] = {INFINITY, -INFINITY, NAN};
-  for (int p = 0; p < simd_paths; p++) {
-    TU_OK(apex_simd_set(paths[p]));
+  for (int p = 0; p < nl; p++) {
+    TU_OK(apex_cpu_set_max_isa(levels[p]));
     int found = 7;
     TU_OK(apex_mt_check_finite(t, 5, &found));
     assert_int_equal(found, 0);
@@ -235,7 +235,7 @@ static void test_check_finite(void **state) {
         assert_int_equal(found, 0);
       }
   }
-  TU_OK(apex_simd_set(APEX_SIMD_AUTO));
+  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
   int found = 5;
   TU_OK(apex_mt_check_finite(NULL, 0, &found)); /* nothing to check: finite */
   assert_int_equal(found, 0);
@@ -285,19 +285,19 @@ static void test_flatten_unflatten(void **state) {
   for (int k = 0; k < 3; k++) apex_tensor_destroy(t[k]);
 }
 
-/* Every kernel is compiled for the baseline and for AVX2 (core/simd_kernel.h): both give the same
- * bits, overflow flags included. Odd sizes put tails in the tile loops. */
+/* Every kernel is compiled for the baseline, AVX2 and AVX-512 (backend/cpu/simd_kernel.h): every copy
+ * this CPU runs gives the portable bits, overflow flags included. Odd sizes put tails in the tile loops. */
 static void test_simd_paths_agree(void **state) {
   (void)state;
-  if (!tu_have_avx2()) return;
-  const apex_simd paths[2] = {APEX_SIMD_PORTABLE, APEX_SIMD_AVX2};
+  apex_cpu_isa levels[3];
+  const int nl = tu_kernel_isa_levels(levels);
   for (int d = 0; d < 3; d++)
     for (int bad = 0; bad < 2; bad++) {
-      tlist x[2], y[2];
-      float norms[2][5], global[2];
-      int flags[2][3];
-      for (int r = 0; r < 2; r++) {
-        TU_OK(apex_simd_set(paths[r]));
+      tlist x[3], y[3];
+      float norms[3][5], global[3];
+      int flags[3][3];
+      for (int r = 0; r < nl; r++) {
+        TU_OK(apex_cpu_set_max_isa(levels[r]));
         x[r] = make_list(all_dtypes[d], 5, 4099, 21);
         y[r] = make_list(all_dtypes[d], 5, 4099, 41);
         size_t at;
@@ -307,20 +307,22 @@ static void test_simd_paths_agree(void **state) {
         TU_OK(apex_mt_axpby(333, &flags[r][1], x[r].t, y[r].t, y[r].t, x[r].n, 0.7f, -1.3f, -1));
         TU_OK(apex_mt_scale(333, &flags[r][2], y[r].t, x[r].t, x[r].n, 3.0f));
       }
-      assert_memory_equal(flags[0], flags[1], sizeof flags[0]);
       assert_int_equal(flags[0][0], bad);
-      assert_int_equal(tu_bits(global[0]), tu_bits(global[1]));
-      for (int k = 0; k < 5; k++) {
-        assert_int_equal(tu_bits(norms[0][k]), tu_bits(norms[1][k]));
-        assert_memory_equal(apex_tensor_data(x[0].t[k]), apex_tensor_data(x[1].t[k]), apex_tensor_nbytes(x[0].t[k]));
-        assert_memory_equal(apex_tensor_data(y[0].t[k]), apex_tensor_data(y[1].t[k]), apex_tensor_nbytes(y[0].t[k]));
+      for (int r = 1; r < nl; r++) {
+        assert_memory_equal(flags[0], flags[r], sizeof flags[0]);
+        assert_int_equal(tu_bits(global[0]), tu_bits(global[r]));
+        for (int k = 0; k < 5; k++) {
+          assert_int_equal(tu_bits(norms[0][k]), tu_bits(norms[r][k]));
+          assert_memory_equal(apex_tensor_data(x[0].t[k]), apex_tensor_data(x[r].t[k]), apex_tensor_nbytes(x[0].t[k]));
+          assert_memory_equal(apex_tensor_data(y[0].t[k]), apex_tensor_data(y[r].t[k]), apex_tensor_nbytes(y[0].t[k]));
+        }
       }
-      for (int r = 0; r < 2; r++) {
+      for (int r = 0; r < nl; r++) {
         free_list(x[r]);
         free_list(y[r]);
       }
     }
-  TU_OK(apex_simd_set(APEX_SIMD_AUTO));
+  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
 }
 
 /* ---- the fused bf16 flush + unscale slot (backend/args_mt.h) ---- */

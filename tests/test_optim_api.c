@@ -392,17 +392,18 @@ static void test_thread_count_independent(void **state) {
 
 /* ---- SIMD paths ---- */
 
-/* Every kind's tile kernel is compiled for the baseline and for AVX2 (optim_internal.h); both must
- * give the same bits, state included. Odd sizes put tails in every tile loop. */
+/* Every kind's tile kernel is compiled for the baseline, AVX2 and AVX-512 (simd_kernel.h); every copy
+ * this CPU runs must give the portable copy's bits, state included. Odd sizes put tails in every tile
+ * loop. */
 static void test_simd_paths_agree(void **state) {
   (void)state;
-  if (!tu_have_avx2()) return;
-  const apex_simd paths[2] = {APEX_SIMD_PORTABLE, APEX_SIMD_AVX2};
+  apex_cpu_isa levels[3];
+  int nl = tu_kernel_isa_levels(levels);
   for (int k = 0; k < APEX_OPTIM_KIND_COUNT; k++)
     for (int d = 0; d < 3; d++) {
-      model m[2];
-      for (int r = 0; r < 2; r++) {
-        TU_OK(apex_simd_set(paths[r]));
+      model m[3];
+      for (int r = 0; r < nl; r++) {
+        TU_OK(apex_cpu_set_max_isa(levels[r]));
         model_init(&m[r], (apex_optim_kind)k, DTYPES[d], DTYPES[d], 333, 11);
         for (int t = 0; t < 4; t++) {
           set_grads(&m[r], t);
@@ -411,14 +412,126 @@ static void test_simd_paths_agree(void **state) {
         }
       }
       snapshot s = snap(&m[0]);
-      char what[64];
-      snprintf(what, sizeof what, "%s/%s, portable vs AVX2", apex_optim_kind_name((apex_optim_kind)k), apex_dtype_name(DTYPES[d]));
-      assert_model_is(&m[1], &s, what);
+      for (int r = 1; r < nl; r++) {
+        char what[64];
+        snprintf(what, sizeof what, "%s/%s, portable vs %s", apex_optim_kind_name((apex_optim_kind)k),
+                 apex_dtype_name(DTYPES[d]), apex_cpu_isa_name(levels[r]));
+        assert_model_is(&m[r], &s, what);
+      }
       snap_free(&s);
-      model_free(&m[0]);
-      model_free(&m[1]);
+      for (int r = 0; r < nl; r++) model_free(&m[r]);
     }
-  TU_OK(apex_simd_set(APEX_SIMD_AUTO));
+  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
+}
+
+/* O2: Adam writes a bf16 model copy in the same pass as the master's update (optim_adam.c), the other
+ * kinds and f16 copies through the launch. Either way each model copy must be exactly the master
+ * rounded by the scalar reference (apex_f32_to_bf16 / apex_f32_to_f16), NaN included, and masters and
+ * copies must have the same bits at every ISA level and thread count. */
+static void test_master_copies(void **state) {
+  (void)state;
+  const apex_optim_kind kinds[4] = {APEX_OPTIM_ADAM, APEX_OPTIM_ADAMW, APEX_OPTIM_SGD, APEX_OPTIM_LAMB};
+  apex_cpu_isa levels[3];
+  int nl = tu_kernel_isa_levels(levels);
+  apex_set_threads_follow_load(0); /* exactly 1, 2 and 3 threads, whatever else runs */
+  for (int k = 0; k < 4; k++) {
+    uint8_t *first[NP] = {0}, *first_master[NP] = {0};
+    for (int r = 0; r < nl; r++)
+      for (int th = 1; th <= 3; th++) {
+        TU_OK(apex_cpu_set_max_isa(levels[r]));
+        TU_OK(apex_set_num_threads(th));
+        model m;
+        /* Tensors of 20000+ elements: several tiles and chunks, with tails. */
+        model_init(&m, kinds[k], APEX_F32, APEX_F32, 5003, 77);
+        const apex_dtype cast_to[NP] = {APEX_BF16, APEX_F16, APEX_BF16};
+        for (int i = 0; i < NP; i++) {
+          apex_tensor *cast = apex_tensor_to(m.p[i], cast_to[i]);
+          apex_tensor *g = apex_tensor_create(APEX_F32, apex_tensor_ndim(cast), apex_tensor_shape(cast));
+          TU_OK(apex_optimizer_replace_param(m.opt, 0, i, cast, g, 1));
+          apex_tensor_destroy(m.p[i]);
+          apex_tensor_destroy(m.g[i]);
+          m.p[i] = cast, m.g[i] = g;
+        }
+        for (int t = 0; t < 3; t++) {
+          set_grads(&m, t);
+          apex_tensor_set(m.g[2], 11, NAN); /* a NaN master: the copy keeps a quiet NaN */
+          apex_tensor_set(m.g[0], 5, 3e38f);
+          TU_OK(apex_optimizer_step(m.opt, 1.0f, 0));
+        }
+        for (int i = 0; i < NP; i++) {
+          const apex_tensor *master = apex_optimizer_master(m.opt, 0, i);
+          const float *mw = apex_tensor_data(master);
+          const uint16_t *h = apex_tensor_data(m.p[i]);
+          size_t n = apex_tensor_numel(m.p[i]);
+          for (size_t e = 0; e < n; e++) {
+            uint16_t want = cast_to[i] == APEX_BF16 ? apex_f32_to_bf16(mw[e]) : apex_f32_to_f16(mw[e]);
+            if (h[e] != want)
+              fail_msg("%s, %s copy %d element %zu at %s, %d threads: 0x%04x, master rounds to 0x%04x",
+                       apex_optim_kind_name(kinds[k]), apex_dtype_name(cast_to[i]), i, e, apex_cpu_isa_name(levels[r]), th,
+                       h[e], want);
+          }
+          assert_true(isnan(mw[11]) == (i == 2));
+          if (!first[i]) {
+            first[i] = malloc(apex_tensor_nbytes(m.p[i]));
+            first_master[i] = malloc(apex_tensor_nbytes(master));
+            memcpy(first[i], h, apex_tensor_nbytes(m.p[i]));
+            memcpy(first_master[i], mw, apex_tensor_nbytes(master));
+          } else {
+            assert_memory_equal(first[i], h, apex_tensor_nbytes(m.p[i]));
+            assert_memory_equal(first_master[i], mw, apex_tensor_nbytes(master));
+          }
+        }
+        model_free(&m);
+      }
+    for (int i = 0; i < NP; i++) free(first[i]), free(first_master[i]);
+  }
+  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
+  TU_OK(apex_set_num_threads(2));
+  apex_set_threads_follow_load(1);
+}
+
+/* Adam reads bf16 gradients as stored and widens them in registers (optim_adam.c). Widening is exact,
+ * so a step from bf16 gradients must give the bits of a step from f32 gradients holding the same
+ * values, for f32 parameters and for bf16 parameters behind f32 masters, at every ISA level. */
+static void test_adam_bf16_grads(void **state) {
+  (void)state;
+  const apex_optim_kind kinds[2] = {APEX_OPTIM_ADAM, APEX_OPTIM_ADAMW}; /* amsgrad off and on */
+  apex_cpu_isa levels[3];
+  int nl = tu_kernel_isa_levels(levels);
+  for (int r = 0; r < nl; r++)
+    for (int k = 0; k < 2; k++)
+      for (int masters = 0; masters < 2; masters++) {
+        TU_OK(apex_cpu_set_max_isa(levels[r]));
+        model mb, mf;
+        model_init(&mb, kinds[k], APEX_F32, APEX_BF16, 2001, 5);
+        model_init(&mf, kinds[k], APEX_F32, APEX_F32, 2001, 5);
+        if (masters)
+          for (int i = 0; i < NP; i++) {
+            model *both[2] = {&mb, &mf};
+            for (int w = 0; w < 2; w++) {
+              model *m = both[w];
+              apex_tensor *cast = apex_tensor_to(m->p[i], APEX_BF16);
+              TU_OK(apex_optimizer_replace_param(m->opt, 0, i, cast, m->g[i], 1));
+              apex_tensor_destroy(m->p[i]);
+              m->p[i] = cast;
+            }
+          }
+        for (int t = 0; t < 3; t++) {
+          set_grads(&mb, t);
+          for (int i = 0; i < NP; i++) TU_OK(apex_tensor_copy(mf.g[i], mb.g[i])); /* the same values, exactly */
+          TU_OK(apex_optimizer_step(mb.opt, 2.0f, 0));
+          TU_OK(apex_optimizer_step(mf.opt, 2.0f, 0));
+        }
+        snapshot s = snap(&mf);
+        char what[96];
+        snprintf(what, sizeof what, "%s, bf16 vs f32 gradients%s at %s", apex_optim_kind_name(kinds[k]),
+                 masters ? " behind masters" : "", apex_cpu_isa_name(levels[r]));
+        assert_model_is(&mb, &s, what);
+        snap_free(&s);
+        model_free(&mb);
+        model_free(&mf);
+      }
+  TU_OK(apex_cpu_set_max_isa(APEX_CPU_ISA_NATIVE));
 }
 
 /* LAMB runs its two stages batch by batch, keeping u in a scratch buffer between them, and
@@ -739,6 +852,8 @@ int main(void) {
       cmocka_unit_test(test_missing_grad_is_skipped),
       cmocka_unit_test(test_groups_and_lr),
       cmocka_unit_test(test_replace_param),
+      cmocka_unit_test(test_master_copies),
+      cmocka_unit_test(test_adam_bf16_grads),
       cmocka_unit_test(test_clip_grad_norm),
       cmocka_unit_test(test_options_and_defaults),
       cmocka_unit_test(test_bad_input),

@@ -36,6 +36,18 @@ static inline int tu_have_avx2(void) {
   return 0;
 }
 
+/* The ISA levels the multi-tensor kernels have a copy for (backend/cpu/simd_kernel.h) that this CPU
+ * runs, lowest first, into levels[3]; returns how many (1 on a CPU without AVX2, which prints why the
+ * comparison has nothing to compare). The caller restores APEX_CPU_ISA_NATIVE when done. */
+static inline int tu_kernel_isa_levels(apex_cpu_isa levels[3]) {
+  const apex_cpu_isa all[3] = {APEX_CPU_ISA_PORTABLE, APEX_CPU_ISA_AVX2, APEX_CPU_ISA_AVX512};
+  int n = 0;
+  for (int k = 0; k < 3; k++)
+    if (apex_cpu_native_isa() >= all[k]) levels[n++] = all[k];
+  if (n == 1) printf("skipped: this CPU has no AVX2/F16C/FMA, so there is one path only\n");
+  return n;
+}
+
 #define TU_OK(call)                                                                                        \
   do {                                                                                                     \
     apex_status tu_st_ = (call);                                                                           \

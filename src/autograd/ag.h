@@ -92,6 +92,7 @@ struct apex_var {
   size_t blk;          /* 1 + index of the pool block holding value's data; 0 when it is not the pool's */
   int held;            /* graph vars: the maker's handle on value is live (until apex_var_release) */
   int saves;           /* this var's op took references for backward (dropped when backward has run) */
+  uint32_t reads_also; /* inputs its backward reads that its op's `unread` mask leaves out (apex__save_also) */
 };
 
 typedef struct ag_block {
@@ -159,7 +160,15 @@ typedef apex_status (*apex__backward_fn)(apex_graph *g, apex_var *out);
  * and the output's value when reads_out is set (also when aux points into the output). The zero
  * default (all inputs, not the output) is always safe; a tighter entry lets a value that no
  * backward reads go back to the pool once its holder releases it (lifetime.c). A wrong entry is
- * caught by test_autograd_memory under the sanitizer build. */
+ * caught by test_autograd_memory under the sanitizer build.
+ *
+ * The mask is per op, but what a backward reads can depend on the inputs: cross entropy keeps its
+ * f32 softmax for f32 logits (as cheap to keep as the logits, and its backward then needs no expf)
+ * but only two floats a row for f16/bf16 logits, recomputing the softmax from them. So `unread`
+ * lists what the op's backward reads at the least, and a forward that finds, for the node it makes,
+ * that its backward will also read some of those inputs says so with apex__save_also (the var's
+ * reads_also bits clear those of `unread`). No other op needs it: their zero reads_also is the
+ * table's entry. */
 typedef struct apex__op_info {
   const char *name;
   apex_cast_category cast;
@@ -205,6 +214,10 @@ void apex__block_unpark(ag_block *b);
 /* Takes v's references as it is made: its maker's handle on its value and, when v is recorded for
  * backward, one on each value its op's backward reads (apex__op_info). */
 void apex__hold(apex_graph *g, apex_var *v);
+/* Records that v's backward also reads the inputs whose bits (1 << i, bit 31 for 31 and up) are in
+ * `inputs`, though its op's `unread` mask leaves them out, and takes references on them when v is
+ * recorded for backward. Called by the forward that made v, after apex__result. */
+void apex__save_also(apex_graph *g, apex_var *v, uint32_t inputs);
 /* Drops the backward references v's op took (after its backward ran, unless the graph is kept). */
 void apex__unsave(apex_graph *g, apex_var *v);
 /* A cast autocast made for the op now running: nobody else holds it, so it is released when the

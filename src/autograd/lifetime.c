@@ -61,12 +61,25 @@ static void unref(apex_graph *g, apex_var *x) {
   if (x->blk && --g->blocks[x->blk - 1].refs == 0) apex__block_put(g, x->blk);
 }
 
+static int in_mask(uint32_t mask, int i) { return (mask >> (i < 31 ? i : 31)) & 1u; }
+
+/* Calls f on every input of v whose bit is in mask. */
+static void each_input(apex_graph *g, apex_var *v, uint32_t mask, void (*f)(apex_graph *, apex_var *)) {
+  for (int i = 0; i < v->n_in; i++)
+    if (v->in[i] && in_mask(mask, i)) f(g, v->in[i]);
+}
+
 /* Calls f on every value v's op reads in backward. */
 static void each_saved(apex_graph *g, apex_var *v, void (*f)(apex_graph *, apex_var *)) {
   const apex__op_info *op = apex__op(v->op);
-  for (int i = 0; i < v->n_in; i++)
-    if (v->in[i] && !((op->unread >> (i < 31 ? i : 31)) & 1u)) f(g, v->in[i]);
+  each_input(g, v, ~(op->unread & ~v->reads_also), f);
   if (op->reads_out) f(g, v);
+}
+
+void apex__save_also(apex_graph *g, apex_var *v, uint32_t inputs) {
+  uint32_t added = inputs & apex__op(v->op)->unread & ~v->reads_also;
+  v->reads_also |= inputs;
+  if (v->saves) each_input(g, v, added, ref); /* apex__unsave drops them with the rest */
 }
 
 void apex__hold(apex_graph *g, apex_var *v) {

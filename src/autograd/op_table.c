@@ -47,7 +47,8 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     /* their f32 result is their aux, the value itself when it is f32 */
     [APEX_OP_SOFTMAX] = {"softmax", APEX_CAST_FLOAT, apex__bwd_softmax, ALL_IN, 1, .reads_half = 1},
     [APEX_OP_LOG_SOFTMAX] = {"log_softmax", APEX_CAST_FLOAT, apex__bwd_log_softmax, ALL_IN, 1, .reads_half = 1},
-    [APEX_OP_CROSS_ENTROPY] = {"cross_entropy", APEX_CAST_FLOAT, apex__bwd_cross_entropy, .reads_half = 1},
+    /* it keeps f32 logits' softmax; half logits are read again (apex__save_also, ops_loss.c) */
+    [APEX_OP_CROSS_ENTROPY] = {"cross_entropy", APEX_CAST_FLOAT, apex__bwd_cross_entropy, ALL_IN, .reads_half = 1},
     [APEX_OP_MSE] = {"mse_loss", APEX_CAST_FLOAT, apex__bwd_pointwise_loss, .reads_half = 1},
     [APEX_OP_BCE_WITH_LOGITS] = {"bce_with_logits", APEX_CAST_FLOAT, apex__bwd_pointwise_loss, .reads_half = 1},
     [APEX_OP_BCE] = {"bce", APEX_CAST_FLOAT, apex__bwd_pointwise_loss, .reads_half = 1},

@@ -3,9 +3,10 @@
  * (backend/args_nn.h; the CPU's in backend/cpu/loss.c).
  *
  * Softmax along any dim sees x as [outer, D, inner]. Its forward keeps its f32 result in the op's
- * scratch for the backward. Cross entropy keeps two floats a row and recomputes its softmax from the
- * logits in the backward. A reduced loss's kernel sums its per-element terms in double in a fixed
- * order, never holding them all; MEAN's division happens here. */
+ * scratch for the backward. So does cross entropy for f32 logits; for f16/bf16 logits it keeps them
+ * and two floats a row instead, and its backward recomputes the softmax (args_nn.h). A reduced
+ * loss's kernel sums its per-element terms in double in a fixed order, never holding them all;
+ * MEAN's division happens here. */
 #include <math.h>
 
 #include "autograd/ag.h"
@@ -92,6 +93,10 @@ static apex_nn_reduction nn_reduction(apex_reduction r) {
 
 /* ---- cross entropy ------------------------------------------------------------------------------ */
 
+/* Whether cross entropy keeps its f32 softmax for the backward (f32 logits), or the logits and two
+ * floats a row (ops_loss.c's opening). */
+static int ce_keeps_prob(const apex_tensor *logits) { return logits->dtype == APEX_F32; }
+
 apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *targets, const apex_cross_entropy_options *opts) {
   static const apex_cross_entropy_options defaults = {0};
   if (!opts) opts = &defaults;
@@ -120,11 +125,14 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   int64_t nshape = (int64_t)N;
   apex_var *out = loss_result(g, APEX_OP_CROSS_ENTROPY, dt, opts->reduction, 1, &nshape, 1, &u);
   if (!out) return NULL;
-  /* kept for the backward: the targets, then each row's max and 1 / sum of exp (the backward
-   * recomputes the softmax from the logits, which it reads, instead of an f32 [N, C] copy) */
-  int64_t *tg = apex__scratch(g, N * sizeof(int64_t) + 2 * N * sizeof(float));
+  /* kept for the backward: the targets, then the f32 softmax (f32 logits), or each row's max and
+   * 1 / sum of exp, from which and the logits, then read again, the backward recomputes it (half
+   * logits: their bytes and two floats a row are half the softmax's) */
+  int keep_prob = ce_keeps_prob(X);
+  int64_t *tg = apex__scratch(g, N * sizeof(int64_t) + (keep_prob ? N * C : 2 * N) * sizeof(float));
   float *l = apex__scratch_temp(g, ag_nz(N) * sizeof(float));
   if (!tg || !l) return NULL;
+  if (!keep_prob) apex__save_also(g, out, 1u); /* the logits, input 0 */
   for (size_t i = 0; i < N; i++) tg[i] = opts->use_ignore_index && targets[i] == opts->ignore_index ? -1 : targets[i];
   out->aux = tg;
   out->p.loss.rows = (int64_t)N;
@@ -133,7 +141,9 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   out->p.loss.count = (int64_t)count;
   double sum = 0;
   if (be->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = N, .classes = C, .x = ag_buf(X), .target = tg, .smoothing = eps,
-                                                         .stats = (float *)(tg + N), .loss = l, .sum = opts->reduction == APEX_REDUCTION_NONE ? NULL : &sum,
+                                                         .prob = keep_prob ? (float *)(tg + N) : NULL,
+                                                         .stats = keep_prob ? NULL : (float *)(tg + N), .loss = l,
+                                                         .sum = opts->reduction == APEX_REDUCTION_NONE ? NULL : &sum,
                                                          .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
   loss_store(g, out, l, N, sum, (double)count);
@@ -147,8 +157,11 @@ apex_status apex__bwd_cross_entropy(apex_graph *g, apex_var *out) {
   if (!gx) return APEX_OK;
   size_t N = (size_t)out->p.loss.rows, C = (size_t)out->p.loss.classes;
   const int64_t *tg = out->aux;
+  const apex_tensor *X = out->in[0]->value;
+  int keep_prob = ce_keeps_prob(X);
   return be->nn_cross_entropy_bwd(&(apex_nn_cross_entropy_bwd_args){
-      .rows = N, .classes = C, .x = ag_buf(out->in[0]->value), .stats = (const float *)(tg + N), .target = tg,
+      .rows = N, .classes = C, .prob = keep_prob ? (const float *)(tg + N) : NULL, .x = keep_prob ? (apex_nn_buf){0} : ag_buf(X),
+      .stats = keep_prob ? NULL : (const float *)(tg + N), .target = tg,
       .smoothing = out->p.loss.smoothing, .reduction = nn_reduction(out->p.loss.reduction), .count = (double)out->p.loss.count,
       .gout = out->gbuf, .gx = gx, .accumulate_x = 1, .ws = apex__ag_workspace(g)});
 }

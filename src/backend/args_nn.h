@@ -174,25 +174,30 @@ typedef struct apex_nn_softmax_bwd_args {
 typedef enum apex_nn_reduction { APEX_NN_MEAN, APEX_NN_SUM, APEX_NN_NONE } apex_nn_reduction;
 
 /* Cross entropy of logits x [rows, classes] against target (one class per row; -1: ignored, its term
- * 0) with label smoothing: stats receives each row's max and the reciprocal of its sum of exp(x - max)
- * (rows x 2 floats, kept for the backward, which recomputes the row softmax from x and them with the
- * forward's bits), loss the per-row terms, and *sum (when not NULL) their sum in double in fixed
- * blocks. */
+ * 0) with label smoothing: loss receives the per-row terms and *sum (when not NULL) their sum in
+ * double in fixed blocks. For the backward, prob (when not NULL) receives the row softmax (f32,
+ * rows x classes), and stats (when not NULL) each row's max and the reciprocal of its sum of
+ * exp(x - max) (rows x 2 floats), from which and x the backward recomputes the softmax with the same
+ * bits: the front keeps the softmax for f32 logits (as big as they are, and the backward needs no
+ * exp) and x and stats for half logits (half the bytes). */
 typedef struct apex_nn_cross_entropy_args {
   size_t rows, classes;
   apex_nn_buf x; /* native dtype, widened to f32 a row at a time */
   const int64_t *target;
   float smoothing;
+  float *prob;
   float *stats;
   float *loss;
   double *sum;
   apex_nn_workspace ws;
 } apex_nn_cross_entropy_args;
 
+/* The gradient from the forward's prob when not NULL, else from x and its stats. */
 typedef struct apex_nn_cross_entropy_bwd_args {
   size_t rows, classes;
-  apex_nn_buf x;      /* the forward's logits, native dtype */
-  const float *stats; /* the forward's */
+  const float *prob;  /* the forward's, or NULL */
+  apex_nn_buf x;      /* the forward's logits, native dtype (read when prob is NULL) */
+  const float *stats; /* the forward's (read when prob is NULL) */
   const int64_t *target;
   float smoothing;
   apex_nn_reduction reduction;

@@ -59,6 +59,13 @@ apex_status apex__cpu_novograd_step(const apex__cpu_step *s);
  * tile of p in the same pass (rounded to nearest even). */
 apex_status apex__optim_run(const apex__cpu_active *a, int first, int nlists, unsigned written,
                             const apex__simd_kernel *k, void *ctx, const char *name);
+/* apex__optim_run for a kernel that writes the model copies of dtype `own` itself (from the tile's
+ * tensor index and offset into a->model, rounded as apex__f32_to_bf16 / apex__f32_to_f16 round; the
+ * launch refreshes the copies of other dtypes) and that takes the lists whose bits are set in `raw` as
+ * stored (apex_mt_launch.raw, counted from `first`), widening them itself. */
+apex_status apex__optim_run_writing(const apex__cpu_active *a, int first, int nlists, unsigned written,
+                                    const apex__simd_kernel *k, void *ctx, const char *name, apex_dtype own,
+                                    unsigned raw);
 /* x[i] = sqrt(x[i]) for a tile, correctly rounded; vectorised by the compiler (apex builds with
  * -fno-math-errno, without which the errno-setting sqrtf keeps loops scalar). */
 APEX__INLINE void apex__optim_sqrt(float *x, size_t n) {

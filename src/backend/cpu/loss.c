@@ -98,27 +98,61 @@ static inline float loss_grad(apex_nn_reduction red, const float *go, size_t i, 
   return red == APEX_NN_MEAN ? (float)(go[0] / count) : go[0];
 }
 
-/* Cross entropy keeps no f32 [N, C] softmax for its backward: it keeps each row's max mx and
- * r = 1 / sum of expf(x - mx), and the backward recomputes each probability as expf(x - mx) * r, the
- * forward's f32 operations on the same values, so the same bits. That costs one more expf an element
- * and keeps the logits (bf16 under amp: half the bytes of the f32 softmax). */
+/* Cross entropy's backward reads each row's softmax in one of two forms (args_nn.h): kept whole
+ * (prob, f32 logits: reading it is cheaper than an expf an element), or recomputed from the logits
+ * and the row's max mx and r = 1 / sum of expf(x - mx) (stats, half logits: the logits and two floats
+ * a row are half the bytes of an f32 softmax). Both come from row_softmax, the forward's own f32
+ * operations on the same values, so the two forms have the same bits. */
+
+/* Row x's max (apex__cpu_line_max: a NaN wins). */
+static inline float row_max(const float *x, size_t C) {
+  float mx = -INFINITY;
+  for (size_t c = 0; c < C; c++) mx = apex__cpu_line_max(mx, x[c]);
+  return mx;
+}
+
+/* p[c] = expf(x[c] - mx) * r. The forward (!given_r) stores the exps, adds them in order into the
+ * sum it returns (its log-sum-exp needs it) and stores r = 1 / sum into *r, then scales; a
+ * recomputing backward (given_r: the forward's *r) does it in one pass, rounding the same f32
+ * operations the same way, so both give the same bits. */
+static inline float row_softmax(const float *x, size_t C, float mx, int given_r, float *r, float *p) {
+  if (given_r) {
+    const float rv = *r; /* not reloaded after each store into p */
+    for (size_t c = 0; c < C; c++) p[c] = expf(x[c] - mx) * rv;
+    return NAN;
+  }
+  float s = 0.0f;
+  for (size_t c = 0; c < C; c++) s += (p[c] = expf(x[c] - mx));
+  const float rv = *r = 1.0f / s;
+  for (size_t c = 0; c < C; c++) p[c] *= rv;
+  return s;
+}
+
+/* One row's gradient: gx[c] += w * (p[c] - smooth - (1 - eps at the target)). */
+static inline void row_grad(float *gx, const float *p, size_t C, int64_t target, float w, float smooth, float eps) {
+  for (size_t c = 0; c < C; c++) gx[c] += w * (p[c] - smooth - ((int64_t)c == target ? 1.0f - eps : 0.0f));
+}
+
 apex_status apex__cpu_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
   size_t N = a->rows, C = a->classes, n = N * C;
   const int64_t *tg = a->target;
   float *st = a->stats, *l = a->loss, eps = a->smoothing;
+  /* per thread: the widened row (half x), then the softmax row when prob is not kept */
+  size_t k = (a->x.dtype != APEX_F32) + (a->prob == NULL);
   int fail;
-  float *rows = apex__cpu_thread_rows(&a->ws, a->x.dtype != APEX_F32, 1, C, &fail);
+  float *rows = apex__cpu_thread_rows(&a->ws, k > 0, k, C, &fail);
   if (fail) return APEX_ERR_OUT_OF_MEMORY;
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t i = 0; i < N; i++) {
-    const float *xi = apex__cpu_row_f32(a->x, i * C, C, apex__cpu_my_row(rows, 1, C, 0));
-    float mx = -INFINITY, s = 0.0f, sum_logp = 0.0f;
-    for (size_t c = 0; c < C; c++) mx = apex__cpu_line_max(mx, xi[c]);
-    for (size_t c = 0; c < C; c++) s += expf(xi[c] - mx);
-    float lse = mx + logf(s);
+    const float *xi = apex__cpu_row_f32(a->x, i * C, C, apex__cpu_my_row(rows, k, C, 0));
+    float *pi = a->prob ? a->prob + i * C : apex__cpu_my_row(rows, k, C, k - 1);
+    float mx = row_max(xi, C), r, sum_logp = 0.0f;
+    float lse = mx + logf(row_softmax(xi, C, mx, 0, &r, pi));
     for (size_t c = 0; c < C; c++) sum_logp += xi[c] - lse;
-    st[2 * i] = mx;
-    st[2 * i + 1] = 1.0f / s;
+    if (st) {
+      st[2 * i] = mx;
+      st[2 * i + 1] = r;
+    }
     l[i] = tg[i] < 0 ? 0.0f : -(1.0f - eps) * (xi[tg[i]] - lse) - eps / (float)C * sum_logp;
   }
   if (a->sum) *a->sum = apex__sum_f32(l, N);
@@ -133,19 +167,22 @@ apex_status apex__cpu_nn_cross_entropy_bwd(const apex_nn_cross_entropy_bwd_args 
   float eps = a->smoothing, smooth = eps / (float)C;
   double count = a->count;
   apex_nn_reduction red = a->reduction;
+  /* recomputing, per thread: the widened row (half x), then the softmax row */
+  size_t k = a->prob ? 0 : 1 + (a->x.dtype != APEX_F32);
   int fail;
-  float *rows = apex__cpu_thread_rows(&a->ws, a->x.dtype != APEX_F32, 1, C, &fail);
+  float *rows = apex__cpu_thread_rows(&a->ws, k > 0, k, C, &fail);
   if (fail) return APEX_ERR_OUT_OF_MEMORY;
   apex__cpu_grad_begin(gx, n, a->accumulate_x);
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t i = 0; i < N; i++) {
     if (tg[i] < 0) continue;
-    const float *xi = apex__cpu_row_f32(a->x, i * C, C, apex__cpu_my_row(rows, 1, C, 0));
-    float w = loss_grad(red, go, i, count), mx = st[2 * i], r = st[2 * i + 1];
-    for (size_t c = 0; c < C; c++) {
-      float p = expf(xi[c] - mx) * r;
-      gx[i * C + c] += w * (p - smooth - ((int64_t)c == tg[i] ? 1.0f - eps : 0.0f));
+    const float *pi = a->prob ? a->prob + i * C : NULL;
+    if (!pi) {
+      float *p = apex__cpu_my_row(rows, k, C, k - 1), r = st[2 * i + 1];
+      (void)row_softmax(apex__cpu_row_f32(a->x, i * C, C, apex__cpu_my_row(rows, k, C, 0)), C, st[2 * i], 1, &r, p);
+      pi = p;
     }
+    row_grad(gx + i * C, pi, C, tg[i], loss_grad(red, go, i, count), smooth, eps);
   }
   return APEX_OK;
 }

@@ -135,21 +135,6 @@ APEX__INLINE void flush_unscale_tile_body(void *ctx, const apex_mt_tile *t, int 
 }
 APEX__SIMD_KERNEL(flush_unscale_tile);
 
-#if APEX_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))
-/* The same C compiled for AVX-512 (16 lanes; the widening and the rounding's integer steps vectorise
- * with AVX-512F/BW): the same IEEE operations per element, so the same bits as the portable copy. */
-__attribute__((target("avx512f,avx512bw"))) static void flush_unscale_tile_avx512(void *ctx, const apex_mt_tile *t, int *nonfinite) {
-  flush_unscale_tile_body(ctx, t, nonfinite);
-}
-#endif
-
-static apex_mt_kernel flush_unscale_kernel(void) {
-#if APEX_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))
-  if (apex_cpu_max_isa() >= APEX_CPU_ISA_AVX512) return flush_unscale_tile_avx512;
-#endif
-  return apex__simd_pick(&flush_unscale_tile);
-}
-
 apex_status apex__cpu_mt_flush_unscale(const apex_mt_flush_unscale_args *a) {
   const char *fn = a->fn;
   if (a->n < 0 || (a->n > 0 && (!a->grad || !a->sum || !a->out)))
@@ -170,7 +155,7 @@ apex_status apex__cpu_mt_flush_unscale(const apex_mt_flush_unscale_args *a) {
   }
   flush_unscale_ctx c = {a->scale, nz};
   apex_mt_launch L = {.chunk_size = a->chunk_size, .nlists = 3, .ntensors = a->n, .lists = {a->grad, a->sum, a->out},
-                      .written = 4u, .raw = 1u, .kernel = flush_unscale_kernel(), .ctx = &c, .name = fn};
+                      .written = 4u, .raw = 1u, .kernel = apex__simd_pick(&flush_unscale_tile), .ctx = &c, .name = fn};
   apex_status st = apex_multi_tensor_apply(&L, a->overflow);
   for (int i = 0; st == APEX_OK && a->nonzero && i < a->n; i++) {
     a->nonzero[i] = 0;
