@@ -123,25 +123,26 @@ static void test_matches_portable(void **state) {
     }
 }
 
-/* 1, 2 and 3 threads give the same bits, forward and backward, on every shape, bf16 and f32. */
+/* 1, 2 and 3 threads give the same bits, forward and backward, on every shape, bf16 and f32, linear
+ * and matmul (whose x^T R reads x transposed: a strided operand gemm_onednn.c packs). */
 static void test_thread_count_bitwise(void **state) {
   (void)state;
   if (skip_without_path()) return;
   int saved = apex_get_num_threads();
   const size_t nshapes = sizeof shapes / sizeof shapes[0];
-  for (size_t ds = 0; ds < 2 * nshapes; ds++) { /* every shape in bf16, then in f32 */
+  for (size_t ds = 0; ds < 4 * nshapes; ds++) { /* every shape in bf16, then in f32; linear, then matmul */
     size_t s = ds % nshapes;
-    int m = shapes[s].m, k = shapes[s].k, n = shapes[s].n;
-    apex_dtype dt = ds < nshapes ? APEX_BF16 : APEX_F32;
+    int m = shapes[s].m, k = shapes[s].k, n = shapes[s].n, linear = ds < 2 * nshapes;
+    apex_dtype dt = ds % (2 * nshapes) < nshapes ? APEX_BF16 : APEX_F32;
     apex_var *x = tu_random_leaf(dt, 2, (int64_t[]){m, k}, 5 + s, 1);
-    apex_var *w = tu_random_leaf(dt, 2, (int64_t[]){n, k}, 7 + s, 1);
-    apex_var *b = tu_random_leaf(APEX_F32, 1, (int64_t[]){n}, 9 + s, 0);
+    apex_var *w = tu_random_leaf(dt, 2, linear ? (int64_t[]){n, k} : (int64_t[]){k, n}, 7 + s, 1);
+    apex_var *b = linear ? tu_random_leaf(APEX_F32, 1, (int64_t[]){n}, 9 + s, 0) : NULL;
     apex_tensor *r = tu_random_tensor(APEX_F32, (size_t)m * n, 13 + s, 1.0f);
     run first = {0};
     for (int threads = 1; threads <= 3; threads++) {
       TU_OK(apex_set_num_threads(threads));
       unsigned long before = apex__onednn_products();
-      run q = run_op(1, x, w, b, r);
+      run q = run_op(linear, x, w, b, r);
       assert_true(apex__onednn_products() == before + 3);
       if (threads == 1) {
         first = q;
@@ -151,7 +152,7 @@ static void test_thread_count_bitwise(void **state) {
       for (int p = 0; p < 3; p++)
         for (size_t i = 0; i < apex_tensor_numel(pairs[p][1]); i++)
           if (tu_bits(apex_tensor_get(pairs[p][0], i)) != tu_bits(apex_tensor_get(pairs[p][1], i)))
-            fail_msg("shape %zu, result %d, element %zu: %d threads give %.9g, 1 thread %.9g", s, p, i, threads,
+            fail_msg("%s shape %zu, result %d, element %zu: %d threads give %.9g, 1 thread %.9g", linear ? "linear" : "matmul", s, p, i, threads,
                      apex_tensor_get(pairs[p][0], i), apex_tensor_get(pairs[p][1], i));
       free_run(&q);
     }
@@ -159,7 +160,7 @@ static void test_thread_count_bitwise(void **state) {
     apex_tensor_destroy(r);
     apex_var_destroy(x);
     apex_var_destroy(w);
-    apex_var_destroy(b);
+    if (b) apex_var_destroy(b);
   }
   TU_OK(apex_set_num_threads(saved));
 }

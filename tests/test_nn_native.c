@@ -60,6 +60,8 @@ static const ncase cases[] = {
     {"permute", o_permute, 1, {3}, {{6, 50, 70}}, 0},
     {"transpose", o_transpose, 1, {2}, {{130, 170}}, 0},
     {"causal_attention", o_attention, 3, {4, 4, 4}, {{2, 3, 40, 16}, {2, 3, 40, 16}, {2, 3, 40, 16}}, 0},
+    /* T x T x D past gemm.c's tiling threshold: each head's products run in tiles, heads on threads */
+    {"causal_attention_tiled", o_attention, 3, {4, 4, 4}, {{1, 3, 256, 64}, {1, 3, 256, 64}, {1, 3, 256, 64}}, 0},
 };
 
 /* The case's input k: deterministic values in [-1, 1] (or +-[0.5, 1]), exact in every dtype after the

@@ -6,14 +6,16 @@
  *
  * Determinism: oneDNN with OpenMP splits a product over the threads it sees, over K too for some
  * shapes, so its bits could depend on OMP_NUM_THREADS. Here every call of a primitive is one tile of
- * gemm.c's grid (fixed by m, n, k alone), and the primitive is created and run with OpenMP's thread
+ * a grid fixed by m, n, k alone (gemm.c's for f32 products; for half ones, tiles as wide as the
+ * product: see apex__gemm_onednn), and the primitive is created and run with OpenMP's thread
  * count set to 1 on the calling thread: a tile's bits are a function of its shape and operands only.
  * test_gemm_onednn checks 1, 2 and 3 threads bitwise.
  *
  * Operands: bf16 in place, through memory descriptors with the operand's strides (a transpose is a
- * stride); an f32 operand beside a bf16 one (the f32 gradient of a backward product) is rounded to
- * bf16 one panel at a time, as gemm.c widens one, so the product runs at bf16 speed as autocast's
- * does. f32 products run on oneDNN's f32 matmul the same way: bench_gemm's gemm_f32_* lines (the
+ * stride) where the tile reads them densely, else copied into a dense panel (oneDNN 2.6 runs strided
+ * bf16 operands on a slower kernel); an f32 operand beside a bf16 one (the f32 gradient of a backward
+ * product) is rounded to bf16 a panel at a time (op(B) once for the product, op(A) a row of tiles at
+ * a time), so the product runs at bf16 speed as autocast's does. f32 products run on oneDNN's f32 matmul the same way: bench_gemm's gemm_f32_* lines (the
  * four models' linear products, forward and both backward, per tile, one thread) measured oneDNN
  * 1.04x to 1.9x faster than apex's AVX-512 kernel on 27 of 33, the kernel 1.05x to 1.4x faster on 5
  * (within this shared machine's run-to-run spread but one, cnn_fc2_dx [128, 10] x [10, 128], a
@@ -22,7 +24,9 @@
  * rounded to f16, whose range it could overflow. Each tile's f32 result lands in per-thread scratch;
  * alpha, beta, the bias and the narrowing to C's dtype follow there, in the order gemm.c's
  * sgemm calls use (alpha * AB + beta * C, bias as a C of beta 1). A product with nothing to
- * follow (C f32, alpha 1, beta 0, no bias) is written by oneDNN into C's tile in place.
+ * follow (C f32, alpha 1, beta 0, no bias) is written by oneDNN into C's tile in place; so is a half
+ * product with alpha 1 and beta 0 into a dense C of f32 or its own half type, oneDNN adding the bias
+ * and rounding as it stores (the forward linears: no f32 tile, no second pass).
  *
  * Primitives are created once per tile shape and layout, kept in a process-wide cache (a model has
  * a handful of shapes), and run with a user scratchpad so threads can share one primitive. */
@@ -94,7 +98,9 @@ typedef struct prim_key {
   dnnl_data_type_t dt;
   int m, n, k;
   int64_t sa[2], sb[2];
-  int64_t ldd; /* the f32 result's row stride: the tile's width in scratch, or C's ldc in place */
+  int64_t ldd;          /* the result's row stride: the tile's width in scratch, or C's ldc in place */
+  dnnl_data_type_t ddt; /* the result's type: f32, or C's half type when oneDNN writes C itself */
+  int bias;             /* oneDNN adds an f32 bias row to the products before rounding to ddt */
 } prim_key;
 
 typedef struct prim_entry {
@@ -110,16 +116,16 @@ static int cache_n;
 
 static int key_eq(const prim_key *x, const prim_key *y) {
   return x->dt == y->dt && x->m == y->m && x->n == y->n && x->k == y->k && x->sa[0] == y->sa[0] && x->sa[1] == y->sa[1] &&
-         x->sb[0] == y->sb[0] && x->sb[1] == y->sb[1] && x->ldd == y->ldd;
+         x->sb[0] == y->sb[0] && x->sb[1] == y->sb[1] && x->ldd == y->ldd && x->ddt == y->ddt && x->bias == y->bias;
 }
 
 /* Creates key's primitive with OpenMP's thread count at 1 on this thread (oneDNN plans its split
  * over the threads it sees at creation). e->prim stays NULL when oneDNN has none. */
 static void create(prim_entry *e) {
   const prim_key *q = &e->key;
-  dnnl_memory_desc_t a_md, b_md, c_md;
+  dnnl_memory_desc_t a_md, b_md, c_md, bias_md;
   dnnl_dims_t ad = {q->m, q->k}, bd = {q->k, q->n}, cd = {q->m, q->n}, as = {q->sa[0], q->sa[1]}, bs = {q->sb[0], q->sb[1]},
-              cs = {q->ldd, 1};
+              cs = {q->ldd, 1}, biasd = {1, q->n}, biass = {q->n, 1};
   dnnl_matmul_desc_t md;
   dnnl_primitive_attr_t attr = NULL;
   dnnl_primitive_desc_t pd = NULL;
@@ -129,8 +135,10 @@ static void create(prim_entry *e) {
   omp_set_num_threads(1);
   if (dnnl_memory_desc_init_by_strides(&a_md, 2, ad, q->dt, as) == dnnl_success &&
       dnnl_memory_desc_init_by_strides(&b_md, 2, bd, q->dt, bs) == dnnl_success &&
-      dnnl_memory_desc_init_by_strides(&c_md, 2, cd, dnnl_f32, cs) == dnnl_success &&
-      dnnl_matmul_desc_init(&md, &a_md, &b_md, NULL, &c_md) == dnnl_success && dnnl_primitive_attr_create(&attr) == dnnl_success &&
+      dnnl_memory_desc_init_by_strides(&c_md, 2, cd, q->ddt, cs) == dnnl_success &&
+      dnnl_memory_desc_init_by_strides(&bias_md, 2, biasd, dnnl_f32, biass) == dnnl_success &&
+      dnnl_matmul_desc_init(&md, &a_md, &b_md, q->bias ? &bias_md : NULL, &c_md) == dnnl_success &&
+      dnnl_primitive_attr_create(&attr) == dnnl_success &&
       dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success &&
       dnnl_primitive_desc_create(&pd, &md, attr, engine, NULL) == dnnl_success) {
     const char *impl = NULL;
@@ -170,6 +178,10 @@ static prim_entry get(const prim_key *key, int *owned) {
 
 /* ---- the product --------------------------------------------------------------------------------- */
 
+/* Half products' tiles span the product's width up to WIDE_MAX columns (see apex__gemm_onednn), with
+ * rows halved down to WIDE_MIN_ROWS until there are WIDE_MIN_TILES (work for 2 to 4 threads). */
+enum { WIDE_MAX = 4096, WIDE_MIN_TILES = 4, WIDE_MIN_ROWS = 32 };
+
 static size_t up64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
 /* Operand x's stored strides for op(x) tile reads: rows of op(x) step by rs, its columns by cs. */
@@ -180,26 +192,37 @@ static void strides(int trans, int64_t ld, int64_t s[2]) {
 
 typedef struct tile_plan {
   int tm, tn, ti, tj;
-  int narrow_a, narrow_b; /* the operand is f32 and is rounded to bf16 a panel at a time */
-  int direct;             /* C is f32 and takes the product as it is: tiles write into C in place */
-  prim_entry e[2][2];     /* [last row of tiles][last column of tiles] */
+  int pack_a;         /* op(A) is read from a per-thread panel, a row of tiles at a time */
+  int pack_b;         /* op(B) is read from panels made once for the product, shared by the threads */
+  int direct;         /* oneDNN writes the tiles into C in place (as f32, or as C's half type) */
+  dnnl_data_type_t ddt; /* C's type in the primitive when direct */
+  prim_entry e[2][2]; /* [last row of tiles][last column of tiles] */
   int owned[2][2];
 } tile_plan;
 
 /* The strides of the tile's op(A) [mi, k] and op(B) [k, nj] as oneDNN reads them: in place, or in a
  * panel that keeps the stored orientation (as gemm.c's panels do). */
-static prim_key tile_key(dnnl_data_type_t dt, const tile_plan *p, const apex__mat *a, const apex__mat *b, int mi, int nj, int k, int ldc) {
-  prim_key q = {dt, mi, nj, k, {0, 0}, {0, 0}, p->direct ? ldc : nj};
-  strides(a->trans, p->narrow_a ? (a->trans ? mi : k) : a->ld, q.sa);
-  strides(b->trans, p->narrow_b ? (b->trans ? k : nj) : b->ld, q.sb);
+static prim_key tile_key(dnnl_data_type_t dt, const tile_plan *p, const apex__mat *a, const apex__mat *b, int mi, int nj, int k, int ldc,
+                         const float *bias) {
+  prim_key q = {dt, mi, nj, k, {0, 0}, {0, 0}, p->direct ? ldc : nj, p->direct ? p->ddt : dnnl_f32, p->direct && bias};
+  strides(a->trans, p->pack_a ? (a->trans ? mi : k) : a->ld, q.sa);
+  strides(b->trans, p->pack_b ? (b->trans ? k : nj) : b->ld, q.sb);
   return q;
 }
 
-/* Rounds lines [lo, lo + w) of op(x) to bf16 in buf (the stored rows or columns they read). */
-static const void *narrow_panel(const apex__mat *x, int by_rows, int lo, int w, int k, uint16_t *buf) {
-  const float *base = (const float *)x->data + (by_rows ? (size_t)lo * x->ld : (size_t)lo);
+/* Lines [lo, lo + w) of op(x) (the stored rows or columns they read) into buf, dense, as dtype dt:
+ * rounded to nearest even when x is f32, copied when it is dt already. */
+static const void *pack_panel(const apex__mat *x, apex_dtype dt, int by_rows, int lo, int w, int k, uint16_t *buf) {
+  size_t es = apex_dtype_size(x->dtype);
+  const char *base = (const char *)x->data + (by_rows ? (size_t)lo * x->ld : (size_t)lo) * es;
   int rows = by_rows ? w : k, cols = by_rows ? k : w;
-  for (int r = 0; r < rows; r++) apex__convert_range(buf + (size_t)r * cols, APEX_BF16, base + (size_t)r * x->ld, APEX_F32, (size_t)cols);
+  for (int r = 0; r < rows; r++) {
+    const char *src = base + (size_t)r * x->ld * es;
+    if (x->dtype == dt)
+      memcpy(buf + (size_t)r * cols, src, (size_t)cols * es);
+    else
+      apex__convert_range(buf + (size_t)r * cols, dt, src, x->dtype, (size_t)cols);
+  }
   return buf;
 }
 
@@ -207,27 +230,32 @@ static const void *in_place(const apex__mat *x, int by_rows, int lo) {
   return (const char *)x->data + (by_rows ? (size_t)lo * x->ld : (size_t)lo) * apex_dtype_size(x->dtype);
 }
 
-static int run_tile(const prim_entry *e, dnnl_stream_t s, const void *ap, const void *bp, float *acc, void *pad) {
-  dnnl_memory_desc_t a_md, b_md, c_md, p_md;
+static int run_tile(const prim_entry *e, dnnl_stream_t s, const void *ap, const void *bp, void *dst, const float *bias, void *pad) {
+  dnnl_memory_desc_t a_md, b_md, c_md, p_md, bias_md;
   dnnl_dims_t ad = {e->key.m, e->key.k}, bd = {e->key.k, e->key.n}, cd = {e->key.m, e->key.n}, pd = {(int64_t)e->scratch};
   dnnl_dims_t as = {e->key.sa[0], e->key.sa[1]}, bs = {e->key.sb[0], e->key.sb[1]}, cs = {e->key.ldd, 1};
-  dnnl_memory_t mem[4] = {NULL, NULL, NULL, NULL};
+  dnnl_dims_t biasd = {1, e->key.n}, biass = {e->key.n, 1};
+  dnnl_memory_t mem[5] = {NULL, NULL, NULL, NULL, NULL};
   int ok = dnnl_memory_desc_init_by_strides(&a_md, 2, ad, e->key.dt, as) == dnnl_success &&
            dnnl_memory_desc_init_by_strides(&b_md, 2, bd, e->key.dt, bs) == dnnl_success &&
-           dnnl_memory_desc_init_by_strides(&c_md, 2, cd, dnnl_f32, cs) == dnnl_success &&
+           dnnl_memory_desc_init_by_strides(&c_md, 2, cd, e->key.ddt, cs) == dnnl_success &&
            dnnl_memory_create(&mem[0], &a_md, engine, (void *)ap) == dnnl_success &&
            dnnl_memory_create(&mem[1], &b_md, engine, (void *)bp) == dnnl_success &&
-           dnnl_memory_create(&mem[2], &c_md, engine, acc) == dnnl_success;
+           dnnl_memory_create(&mem[2], &c_md, engine, dst) == dnnl_success;
   int nargs = 3;
-  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]}, {DNNL_ARG_SCRATCHPAD, NULL}};
+  dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]}};
   if (ok && e->scratch) {
     ok = dnnl_memory_desc_init_by_tag(&p_md, 1, pd, dnnl_u8, dnnl_a) == dnnl_success &&
          dnnl_memory_create(&mem[3], &p_md, engine, pad) == dnnl_success;
-    args[3].memory = mem[3];
-    nargs = 4;
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem[3]};
+  }
+  if (ok && e->key.bias) {
+    ok = dnnl_memory_desc_init_by_strides(&bias_md, 2, biasd, dnnl_f32, biass) == dnnl_success &&
+         dnnl_memory_create(&mem[4], &bias_md, engine, (void *)bias) == dnnl_success;
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, mem[4]};
   }
   ok = ok && dnnl_primitive_execute(e->prim, s, nargs, args) == dnnl_success && dnnl_stream_wait(s) == dnnl_success;
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < 5; i++)
     if (mem[i]) dnnl_memory_destroy(mem[i]);
   return ok;
 }
@@ -256,31 +284,58 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
   if (!apex__onednn_active(NULL) || m <= 0 || n <= 0 || k <= 0 || tm <= 0 || tn <= 0) return APEX_ERR_UNSUPPORTED;
   if (ct != APEX_F32 && beta != 0.0f && !bias) return APEX_ERR_UNSUPPORTED;
   dnnl_data_type_t dt;
+  apex_dtype half;
   tile_plan p = {0};
   if (a.dtype == APEX_F16 && b.dtype == APEX_F16)
-    dt = dnnl_f16;
+    dt = dnnl_f16, half = APEX_F16;
   else if (a.dtype == APEX_F32 && b.dtype == APEX_F32 &&
            (f32_mode == APEX__ONEDNN_F32_ALL || (f32_mode == APEX__ONEDNN_F32_TRANS_B && b.trans)))
-    dt = dnnl_f32;
+    dt = dnnl_f32, half = APEX_F32;
   else if ((a.dtype == APEX_BF16 && (b.dtype == APEX_BF16 || b.dtype == APEX_F32)) || (b.dtype == APEX_BF16 && a.dtype == APEX_F32))
-    dt = dnnl_bf16, p.narrow_a = a.dtype == APEX_F32, p.narrow_b = b.dtype == APEX_F32;
+    dt = dnnl_bf16, half = APEX_BF16;
   else
     return APEX_ERR_UNSUPPORTED;
   pthread_once(&engine_once, engine_init);
   if (!engine) return APEX_ERR_UNSUPPORTED;
 
-  /* The product as oneDNN leaves it is C's value: no scratch tile, no copy (the backward's f32
-   * gradient products; a copy of every tile cost 5% of the MLP's O2 step, perf, one thread). */
-  p.direct = ct == APEX_F32 && alpha == 1.0f && beta == 0.0f && !bias;
+  int lowp = dt != dnnl_f32;
   p.tm = tm < m ? tm : m, p.tn = tn < n ? tn : n;
+  /* Half products run in tiles as wide as the product (up to WIDE_MAX columns) with as many rows
+   * as gemm.c's grid gives them, halved until there are MIN_TILES: oneDNN 2.6 takes its brgemm
+   * kernel (AVX512_BF16 dot products) only for dense operands and result, and a 256-column tile of
+   * a wider B or C is strided, which sent every backward product to its older gemm:jit kernel
+   * (bench_gemm gemm_4096x768x768, B as stored, 2 threads: 167-173 GFLOP/s in 256-column tiles,
+   * 0.58-0.62x one whole-product primitive in the same run; 303-365 GFLOP/s, 0.75-1.0x, in wide
+   * tiles). The grid is still a function of m, n and k alone. f32 products keep gemm.c's grid, and
+   * their bits. */
+  if (lowp && p.tn < n && n <= WIDE_MAX) {
+    p.tn = n;
+    while ((m + p.tm - 1) / p.tm < WIDE_MIN_TILES && p.tm >= 2 * WIDE_MIN_ROWS) p.tm = (p.tm + 1) / 2;
+  }
   p.ti = (m + p.tm - 1) / p.tm, p.tj = (n + p.tn - 1) / p.tn;
+  /* An operand is packed into a dense panel when it must be rounded to bf16 (an f32 operand beside
+   * a bf16 one) or, for half products, when its tiles are strided in place (see above). */
+  int dense_a = a.trans ? p.ti == 1 && a.ld == m : a.ld == k, dense_b = b.trans ? b.ld == k : p.tj == 1 && b.ld == n;
+  p.pack_a = a.dtype != half || (lowp && !dense_a);
+  p.pack_b = b.dtype != half || (lowp && !dense_b);
+  /* The product as oneDNN leaves it is C's value: no scratch tile, no copy (the backward's f32
+   * gradient products; a copy of every tile cost 5% of the MLP's O2 step, perf, one thread), where
+   * C's tile is dense or the product is f32 (whose primitives take strided results as they are). */
+  p.direct = ct == APEX_F32 && alpha == 1.0f && beta == 0.0f && !bias && (!lowp || (p.tj == 1 && ldc == n));
+  /* A half product with a dense C, alpha 1 and beta 0 goes further: oneDNN adds the bias and rounds
+   * to C's half type as it stores the tile (the f32 scratch tile and the pass over it go). The f32
+   * sums are rounded once, to nearest even, as the epilogue's are; oneDNN may add the bias at
+   * another point of the sum than after it (test_gemm_onednn bounds the forward at one bf16 ulp
+   * beside the f32 summation term, against the portable path). */
+  if (lowp && alpha == 1.0f && beta == 0.0f && (ct == APEX_F32 || ct == half) && p.tj == 1 && ldc == n) p.direct = 1;
+  p.ddt = ct == APEX_F32 ? dnnl_f32 : dt;
   /* the (at most four) tile shapes: full, last row, last column, corner */
   int usable = 1;
   size_t pad = 0;
   for (int li = 0; li < 2; li++)
     for (int lj = 0; lj < 2; lj++) {
       int mi = li ? m - (p.ti - 1) * p.tm : p.tm, nj = lj ? n - (p.tj - 1) * p.tn : p.tn;
-      prim_key q = tile_key(dt, &p, &a, &b, mi, nj, k, ldc);
+      prim_key q = tile_key(dt, &p, &a, &b, mi, nj, k, ldc, bias);
       p.e[li][lj] = get(&q, &p.owned[li][lj]);
       if (!p.e[li][lj].prim) usable = 0;
       if (p.e[li][lj].scratch > pad) pad = p.e[li][lj].scratch;
@@ -290,41 +345,51 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
 
   /* Scratch for as many threads as could ever run the tiles (the thread cap, at most one a tile), not
    * for the threads running now, which follow the machine's load: the graph's pool must not grow
-   * between steps when the load changes (test_autograd's ten thousand steps). */
+   * between steps when the load changes (test_autograd's ten thousand steps). op(B)'s panels are
+   * made once for all threads (every tile of a column reads the same panel). */
   int nt = p.ti * p.tj, cap = apex_get_max_threads(), slots = nt < cap ? nt : cap, threads = apex_get_num_threads();
   if (slots < 1) slots = 1;
   if (threads > slots) threads = slots;
-  size_t fa = p.narrow_a ? up64((size_t)p.tm * k * 2) : 0, fb = p.narrow_b ? up64((size_t)k * p.tn * 2) : 0;
-  size_t fc = p.direct ? 0 : up64((size_t)p.tm * p.tn * sizeof(float)), per = fa + fb + fc + up64(pad);
-  char *scratch = ws->get(ws->ctx, (size_t)slots * per + 64);
+  size_t fb = p.pack_b ? up64((size_t)k * n * 2) : 0, fa = p.pack_a ? up64((size_t)p.tm * k * 2) : 0;
+  size_t fc = p.direct ? 0 : up64((size_t)p.tm * p.tn * sizeof(float)), per = fa + fc + up64(pad);
+  char *scratch = ws->get(ws->ctx, fb + (size_t)slots * per + 64);
   if (!scratch) {
     st = APEX_ERR_OUT_OF_MEMORY;
     goto done;
   }
   scratch = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-  int failed = 0, down = !p.narrow_a && p.narrow_b;
+  uint16_t *bpanels = (uint16_t *)scratch;
+  int failed = 0;
 #pragma omp parallel num_threads(threads) if (nt > 1 && threads > 1) reduction(| : failed)
   {
     int old = omp_get_max_threads();
     omp_set_num_threads(1);
-    char *mine = scratch + (size_t)omp_get_thread_num() * per;
-    uint16_t *abuf = (uint16_t *)mine, *bbuf = (uint16_t *)(mine + fa);
-    float *acc = (float *)(mine + fa + fb);
-    void *padp = mine + fa + fb + fc;
+    if (p.pack_b) {
+      /* panel jj holds op(B)'s columns [jj tn, jj tn + nj) dense, at jj tn k elements in */
+#pragma omp for schedule(static)
+      for (int jj = 0; jj < p.tj; jj++) {
+        int j0 = jj * p.tn, nj = n - j0 < p.tn ? n - j0 : p.tn;
+        pack_panel(&b, half, b.trans, j0, nj, k, bpanels + (size_t)j0 * k);
+      }
+    }
+    char *mine = scratch + fb + (size_t)omp_get_thread_num() * per;
+    uint16_t *abuf = (uint16_t *)mine;
+    float *acc = (float *)(mine + fa);
+    void *padp = mine + fa + fc;
     dnnl_stream_t s = NULL;
     if (dnnl_stream_create(&s, engine, dnnl_stream_default_flags) != dnnl_success) failed = 1;
-    const void *ap = NULL, *bp = NULL;
-    int last_i = -1, last_j = -1;
+    const void *ap = NULL;
+    int last_i = -1;
 #pragma omp for schedule(static)
     for (int t = 0; t < nt; t++) {
       if (failed) continue;
-      int i = down ? t % p.ti : t / p.tj, jj = down ? t / p.ti : t % p.tj, i0 = i * p.tm, j0 = jj * p.tn;
+      int i = t / p.tj, jj = t % p.tj, i0 = i * p.tm, j0 = jj * p.tn;
       int mi = m - i0 < p.tm ? m - i0 : p.tm, nj = n - j0 < p.tn ? n - j0 : p.tn;
-      if (i != last_i) ap = p.narrow_a ? narrow_panel(&a, !a.trans, i0, mi, k, abuf) : in_place(&a, !a.trans, i0);
-      if (jj != last_j) bp = p.narrow_b ? narrow_panel(&b, b.trans, j0, nj, k, bbuf) : in_place(&b, b.trans, j0);
-      last_i = i, last_j = jj;
-      float *dst = p.direct ? (float *)c + (size_t)i0 * ldc + j0 : acc;
-      if (!run_tile(&p.e[i == p.ti - 1][jj == p.tj - 1], s, ap, bp, dst, padp)) {
+      if (i != last_i) ap = p.pack_a ? pack_panel(&a, half, !a.trans, i0, mi, k, abuf) : in_place(&a, !a.trans, i0);
+      last_i = i;
+      const void *bp = p.pack_b ? (const void *)(bpanels + (size_t)j0 * k) : in_place(&b, b.trans, j0);
+      void *dst = p.direct ? (char *)c + ((size_t)i0 * ldc + j0) * apex_dtype_size(ct) : (void *)acc;
+      if (!run_tile(&p.e[i == p.ti - 1][jj == p.tj - 1], s, ap, bp, dst, bias ? bias + j0 : NULL, padp)) {
         failed = 1;
         continue;
       }

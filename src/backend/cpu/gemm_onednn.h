@@ -5,9 +5,11 @@
 
 #include "backend/cpu/gemm.h"
 
-/* apex__gemm's contract (ag.h), run on oneDNN in gemm.c's tile grid (tiles of tm x tn, fixed by the
- * product's shape): each tile is one single-threaded oneDNN matmul over all of K on the thread
- * OpenMP's static schedule gives it, so the bits do not depend on the thread count. The operands go
+/* apex__gemm's contract (ag.h), run on oneDNN in a tile grid fixed by the product's shape (gemm.c's
+ * tiles of tm x tn for f32 operands; for half operands, tiles as wide as the product up to 4096
+ * columns, their tm rows halved, not below 32, until there are 4 tiles): each tile is one
+ * single-threaded oneDNN matmul over all of K on the thread OpenMP's static schedule gives it, so
+ * the bits do not depend on the thread count. The operands go
  * in as bf16 (an f32 operand beside a bf16 one is rounded to bf16, to nearest even, a panel at a
  * time) or both as f16; the products accumulate in f32. APEX_ERR_UNSUPPORTED, with nothing written
  * and no message, whenever this path does not run: oneDNN absent from the build, a maximum ISA
