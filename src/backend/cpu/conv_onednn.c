@@ -128,42 +128,20 @@ static int descs(const prim_key *q, mat_descs *d) {
          dnnl_memory_desc_init_by_strides(&d->c, 2, cd, q->out, cs) == dnnl_success;
 }
 
-/* Creates key's primitive with OpenMP's thread count at 1 on this thread (oneDNN plans its split
- * over the threads it sees at creation). e->prim stays NULL when oneDNN has none. */
-static void create(prim_entry *e, dnnl_engine_t engine) {
+/* Creates key's primitive (apex__onednn_matmul; the weight gradient's later images add into C
+ * through a sum post-op); e->prim stays NULL when oneDNN has none. */
+static void create(prim_entry *e) {
   const prim_key *q = &e->key;
   mat_descs d;
   dnnl_matmul_desc_t md;
-  dnnl_primitive_attr_t attr = NULL;
-  dnnl_post_ops_t po = NULL;
-  dnnl_primitive_desc_t pd = NULL;
   e->prim = NULL;
   e->scratch = 0;
-  int old = omp_get_max_threads(), sum = q->kind == WGRAD && q->extra;
-  omp_set_num_threads(1);
-  int ok = descs(q, &d) && dnnl_matmul_desc_init(&md, &d.a, &d.b, NULL, &d.c) == dnnl_success &&
-           dnnl_primitive_attr_create(&attr) == dnnl_success &&
-           dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
-  if (ok && sum)
-    ok = dnnl_post_ops_create(&po) == dnnl_success && dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
-         dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
-  if (ok && dnnl_primitive_desc_create(&pd, &md, attr, engine, NULL) == dnnl_success) {
-    const char *impl = NULL;
-    /* oneDNN's reference matmul (plain loops) is far slower than conv.c's f32 path: not worth it */
-    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl && strncmp(impl, "ref", 3) != 0 &&
-        dnnl_primitive_create(&e->prim, pd) == dnnl_success)
-      e->scratch = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
-    else
-      e->prim = NULL;
-  }
-  if (pd) dnnl_primitive_desc_destroy(pd);
-  if (po) dnnl_post_ops_destroy(po);
-  if (attr) dnnl_primitive_attr_destroy(attr);
-  omp_set_num_threads(old);
+  if (descs(q, &d) && dnnl_matmul_desc_init(&md, &d.a, &d.b, NULL, &d.c) == dnnl_success)
+    e->prim = apex__onednn_matmul(&md, q->kind == WGRAD && q->extra, &e->scratch);
 }
 
 /* key's entry, made on first use; *owned when the cache is full and the caller destroys it. */
-static prim_entry get(const prim_key *key, dnnl_engine_t engine, int *owned) {
+static prim_entry get(const prim_key *key, int *owned) {
   prim_entry e = {*key, NULL, 0};
   *owned = 0;
   pthread_mutex_lock(&cache_lock);
@@ -173,7 +151,7 @@ static prim_entry get(const prim_key *key, dnnl_engine_t engine, int *owned) {
       pthread_mutex_unlock(&cache_lock);
       return e;
     }
-  create(&e, engine);
+  create(&e);
   if (cache_n < CACHE_MAX)
     cache[cache_n++] = e;
   else
@@ -212,7 +190,7 @@ static dnn_slot *slot_for(apex__conv_dnn_scratch *s, const prim_key *key, apex_s
   }
   if (sl->ready && !memcmp(&sl->e.key, key, sizeof *key)) return sl;
   slot_release(sl);
-  sl->e = get(key, engine, &sl->owned);
+  sl->e = get(key, &sl->owned);
   if (!sl->e.prim) return NULL;
   if (!s->stream && dnnl_stream_create((dnnl_stream_t *)&s->stream, engine, dnnl_stream_default_flags) != dnnl_success) s->stream = NULL;
   mat_descs d;

@@ -119,39 +119,52 @@ static int key_eq(const prim_key *x, const prim_key *y) {
          x->sb[0] == y->sb[0] && x->sb[1] == y->sb[1] && x->ldd == y->ldd && x->ddt == y->ddt && x->bias == y->bias;
 }
 
-/* Creates key's primitive with OpenMP's thread count at 1 on this thread (oneDNN plans its split
- * over the threads it sees at creation). e->prim stays NULL when oneDNN has none. */
+dnnl_primitive_t apex__onednn_matmul(const dnnl_matmul_desc_t *md, int sum, size_t *scratch) {
+  dnnl_primitive_attr_t attr = NULL;
+  dnnl_post_ops_t po = NULL;
+  dnnl_primitive_desc_t pd = NULL;
+  dnnl_primitive_t prim = NULL;
+  dnnl_engine_t eng = apex__onednn_engine();
+  *scratch = 0;
+  /* oneDNN plans a primitive's split over the threads it sees at creation; apex runs each on one */
+  int old = omp_get_max_threads();
+  omp_set_num_threads(1);
+  int ok = eng && dnnl_primitive_attr_create(&attr) == dnnl_success &&
+           dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
+  if (ok && sum)
+    ok = dnnl_post_ops_create(&po) == dnnl_success && dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
+         dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
+  if (ok && dnnl_primitive_desc_create(&pd, md, attr, eng, NULL) == dnnl_success) {
+    const char *impl = NULL;
+    /* oneDNN's reference matmul (plain loops) is far slower than apex's own f32 paths: not worth it */
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl && strncmp(impl, "ref", 3) != 0 &&
+        dnnl_primitive_create(&prim, pd) == dnnl_success)
+      *scratch = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
+    else
+      prim = NULL;
+  }
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  if (po) dnnl_post_ops_destroy(po);
+  if (attr) dnnl_primitive_attr_destroy(attr);
+  omp_set_num_threads(old);
+  return prim;
+}
+
+/* Creates key's primitive (apex__onednn_matmul); e->prim stays NULL when oneDNN has none. */
 static void create(prim_entry *e) {
   const prim_key *q = &e->key;
   dnnl_memory_desc_t a_md, b_md, c_md, bias_md;
   dnnl_dims_t ad = {q->m, q->k}, bd = {q->k, q->n}, cd = {q->m, q->n}, as = {q->sa[0], q->sa[1]}, bs = {q->sb[0], q->sb[1]},
               cs = {q->ldd, 1}, biasd = {1, q->n}, biass = {q->n, 1};
   dnnl_matmul_desc_t md;
-  dnnl_primitive_attr_t attr = NULL;
-  dnnl_primitive_desc_t pd = NULL;
   e->prim = NULL;
   e->scratch = 0;
-  int old = omp_get_max_threads();
-  omp_set_num_threads(1);
   if (dnnl_memory_desc_init_by_strides(&a_md, 2, ad, q->dt, as) == dnnl_success &&
       dnnl_memory_desc_init_by_strides(&b_md, 2, bd, q->dt, bs) == dnnl_success &&
       dnnl_memory_desc_init_by_strides(&c_md, 2, cd, q->ddt, cs) == dnnl_success &&
       dnnl_memory_desc_init_by_strides(&bias_md, 2, biasd, dnnl_f32, biass) == dnnl_success &&
-      dnnl_matmul_desc_init(&md, &a_md, &b_md, q->bias ? &bias_md : NULL, &c_md) == dnnl_success &&
-      dnnl_primitive_attr_create(&attr) == dnnl_success &&
-      dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success &&
-      dnnl_primitive_desc_create(&pd, &md, attr, engine, NULL) == dnnl_success) {
-    const char *impl = NULL;
-    /* oneDNN's reference matmul (plain loops) is far slower than gemm.c's f32 path: not worth it */
-    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl && strncmp(impl, "ref", 3) != 0 &&
-        dnnl_primitive_create(&e->prim, pd) == dnnl_success)
-      e->scratch = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
-    else
-      e->prim = NULL;
-  }
-  if (pd) dnnl_primitive_desc_destroy(pd);
-  if (attr) dnnl_primitive_attr_destroy(attr);
-  omp_set_num_threads(old);
+      dnnl_matmul_desc_init(&md, &a_md, &b_md, q->bias ? &bias_md : NULL, &c_md) == dnnl_success)
+    e->prim = apex__onednn_matmul(&md, 0, &e->scratch);
 }
 
 /* key's entry from the cache, made on first use. *owned is set when the cache is full and the caller

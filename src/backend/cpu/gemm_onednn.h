@@ -27,6 +27,16 @@ int apex__onednn_active(const char **why);
  * could not be created. conv_onednn.c builds its own primitives on it. */
 void *apex__onednn_engine(void);
 
+#if APEX_HAVE_DNNL
+#include <dnnl.h>
+/* A matmul primitive for md on apex__onednn_engine(), as every apex product uses them: run on one
+ * thread (created with OpenMP's thread count at 1, since oneDNN plans its split over the threads it
+ * sees at creation), a user-managed scratchpad whose size goes to *scratch, and, when sum is set, a
+ * sum post-op (C += op(A) op(B)). NULL when oneDNN has no primitive for it, or only its reference
+ * implementation (plain loops, slower than apex's own f32 path). */
+dnnl_primitive_t apex__onednn_matmul(const dnnl_matmul_desc_t *md, int sum, size_t *scratch);
+#endif
+
 /* For tests and benchmarks: 0 turns the oneDNN path off (gemm.c's f32 products run instead); returns
  * the previous setting (1 by default). Not thread-safe. */
 int apex__onednn_set_enabled(int on);
