@@ -7,7 +7,7 @@
 
 /* apex__gemm's contract (ag.h), run on oneDNN in a tile grid fixed by the product's shape (gemm.c's
  * tiles of tm x tn for f32 operands; for half operands, tiles as wide as the product up to 4096
- * columns, their tm rows halved, not below 32, until there are 4 tiles): each tile is one
+ * columns, their tm rows halved, not below 32, until there are 2 tiles): each tile is one
  * single-threaded oneDNN matmul over all of K on the thread OpenMP's static schedule gives it, so
  * the bits do not depend on the thread count. The operands go
  * in as bf16 (an f32 operand beside a bf16 one is rounded to bf16, to nearest even, a panel at a
