@@ -53,7 +53,7 @@ typedef struct apex_mt_l2norm_args {
  * in one pass over each tensor i (grad bf16, sum and out f32):
  *   s = bf16(grad + sum)       what the backward's flush would leave in grad (one f32 addition, rounded
  *                              to nearest even as apex_convert rounds)
- *   out = s * scale            (no multiplication at scale 1: a plain widening)
+ *   out = s * scale            (at scale 1 the plain widening of s: x * 1 is x)
  * s is checked for Inf/NaN. grad is read, never written: nonzero[i] (host, may be NULL) is set to 1
  * when grad i held any non-zero bits, for the caller to zero it as the unfused unscale would have. */
 typedef struct apex_mt_flush_unscale_args {

@@ -10,7 +10,6 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/internal.h"
 #include "backend/cpu/simd_kernel.h"
-#include "apex/cpu.h"
 #include "core/convert_scalar.h"
 
 /* 1 when v is Inf or NaN (all exponent bits set). */
@@ -107,8 +106,9 @@ APEX__INLINE float f32_of_bits(uint32_t u) {
   return f;
 }
 
-/* List 0 (the bf16 grad) arrives raw. The scale-1 loop has no multiplication: x * 1 == x bitwise
- * anyway, so skipping it changes speed only. */
+/* List 0 (the bf16 grad) arrives raw. At scale 1 the multiplication leaves every value as it is
+ * (a non-finite rounded sum is Inf or a quiet NaN: apex__f32_to_bf16 quiets NaNs), so one loop
+ * serves all scales. */
 APEX__INLINE void flush_unscale_tile_body(void *ctx, const apex_mt_tile *t, int *nonfinite) {
   const flush_unscale_ctx *c = ctx;
   const uint16_t *g = (const uint16_t *)(const void *)t->p[0];
@@ -116,20 +116,12 @@ APEX__INLINE void flush_unscale_tile_body(void *ctx, const apex_mt_tile *t, int 
   float *out = t->p[2];
   const float s = c->scale;
   unsigned bad = 0, nz = 0;
-  if (s == 1.0f)
-    for (size_t i = 0; i < t->n; i++) {
-      nz |= g[i];
-      uint32_t r = (uint32_t)apex__f32_to_bf16(f32_of_bits((uint32_t)g[i] << 16) + sum[i]) << 16;
-      bad |= (r & 0x7F800000u) == 0x7F800000u;
-      out[i] = f32_of_bits(r);
-    }
-  else
-    for (size_t i = 0; i < t->n; i++) {
-      nz |= g[i];
-      uint32_t r = (uint32_t)apex__f32_to_bf16(f32_of_bits((uint32_t)g[i] << 16) + sum[i]) << 16;
-      bad |= (r & 0x7F800000u) == 0x7F800000u;
-      out[i] = f32_of_bits(r) * s;
-    }
+  for (size_t i = 0; i < t->n; i++) {
+    nz |= g[i];
+    uint32_t r = (uint32_t)apex__f32_to_bf16(f32_of_bits((uint32_t)g[i] << 16) + sum[i]) << 16;
+    bad |= (r & 0x7F800000u) == 0x7F800000u;
+    out[i] = f32_of_bits(r) * s;
+  }
   if (nz) c->nonzero_chunk[t->chunk] = 1;
   *nonfinite = bad != 0;
 }
