@@ -162,6 +162,9 @@ apex_status apex__cpu_nn_attention(const apex_nn_attention_args *a) {
 
 /* ---- backward ------------------------------------------------------------------------------------ */
 
+/* Whether v's gradient product runs on oneDNN, so that dO goes into it rounded to bf16. */
+static int go_rounded(const apex_nn_attention_bwd_args *a) { return a->gv && a->v.dtype == APEX_BF16 && apex__onednn_active(NULL); }
+
 /* extra: dS ([T, T] f32) when q or k takes a gradient, then dO rounded to bf16 ([T, D]) when v's
  * product runs on oneDNN (see bwd_extra). */
 static apex_status bwd_head(const void *args, size_t h, reuse_ws *r, char *extra) {
@@ -170,7 +173,7 @@ static apex_status bwd_head(const void *args, size_t h, reuse_ws *r, char *extra
   size_t tt = (size_t)t * t, td = (size_t)t * d;
   float *gq = a->gq, *gk = a->gk, *gv = a->gv;
   float *dS = gq || gk ? (float *)extra : NULL;
-  uint16_t *go16 = gv && a->v.dtype == APEX_BF16 && apex__onednn_active(NULL) ? (uint16_t *)(extra + (dS ? tt * sizeof(float) : 0)) : NULL;
+  uint16_t *go16 = go_rounded(a) ? (uint16_t *)(extra + (dS ? tt * sizeof(float) : 0)) : NULL;
   const float *ph = a->p + h * tt, *gh = a->gout + h * td;
   float scale = 1.0f / sqrtf((float)d);
   /* the products add into their gradients (beta 1): one that holds nothing yet is zeroed first */
@@ -204,7 +207,7 @@ static apex_status bwd_head(const void *args, size_t h, reuse_ws *r, char *extra
 /* The bytes of bwd_head's extra. */
 static size_t bwd_extra(const apex_nn_attention_bwd_args *a) {
   size_t tt = (size_t)a->t * a->t, td = (size_t)a->t * a->d;
-  return (a->gq || a->gk ? tt * sizeof(float) : 0) + (a->gv && a->v.dtype == APEX_BF16 && apex__onednn_active(NULL) ? td * sizeof(uint16_t) : 0);
+  return (a->gq || a->gk ? tt * sizeof(float) : 0) + (go_rounded(a) ? td * sizeof(uint16_t) : 0);
 }
 
 apex_status apex__cpu_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
