@@ -206,10 +206,9 @@ static void test_kept_is_what_backward_reads(void **state) {
   apex_graph_destroy(g);
 }
 
-/* Cross entropy keeps, for the backward, the f32 softmax of f32 logits (which then go when released)
- * but, for f16/bf16 logits, the logits themselves and two floats a row, from which it recomputes the
- * softmax: its op table entry says the logits are unread, and the forward of a half node says
- * otherwise (apex__save_also). Bytes: logits N x C, targets N int64, the 0-d result of the logits'
+/* Cross entropy keeps, for the backward, the logits themselves and two floats a row (max, 1 / sum),
+ * from which it recomputes the softmax, for every dtype (args_nn.h): the logits stay when the caller
+ * releases them. Bytes: logits N x C, targets N int64, 2 N floats, the 0-d result of the logits'
  * dtype. */
 static void test_cross_entropy_keeps_by_dtype(void **state) {
   (void)state;
@@ -226,8 +225,7 @@ static void test_cross_entropy_keeps_by_dtype(void **state) {
     apex_var *y = apex_cross_entropy(g, x, tg, NULL);
     assert_non_null(y);
     apex_var_release(x);
-    size_t expect = dts[d] == APEX_F32 ? (size_t)N * C * sizeof(float) /* the softmax */
-                                       : (size_t)N * C * es + 2 * N * sizeof(float); /* the logits, max and 1/sum a row */
+    size_t expect = (size_t)N * C * es + 2 * N * sizeof(float); /* the logits, max and 1/sum a row */
     if (apex_graph_saved_bytes(g) != before - (size_t)N * C * es + N * sizeof(int64_t) + expect + es)
       fail_msg("cross_entropy at %s keeps %zu bytes, not %zu", apex_dtype_name(dts[d]), apex_graph_saved_bytes(g) - (before - (size_t)N * C * es),
                N * sizeof(int64_t) + expect + es);

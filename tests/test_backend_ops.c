@@ -769,13 +769,6 @@ static void test_cuda_slot_refusals(void **state) {
   refused(cb->nn_conv2d(&(apex_nn_conv2d_args){.geom = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1}, .x = {f, APEX_F16}, .w = {f, APEX_F32},
                                                .out = f, .out_dtype = APEX_F16}),
           "nn_conv2d", "different dtypes");
-  refused(cb->nn_attention(&(apex_nn_attention_args){.heads = 1, .t = 1, .d = 1, .q = {f, APEX_F32}, .k = {f, APEX_F32}, .v = {f, APEX_F32}, .p = f,
-                                                     .out = f, .out_dtype = APEX_F32}),
-          "nn_attention",
-          "packed qkv");
-  refused(cb->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = 1, .classes = 2, .x = {f, APEX_F32}}), "nn_cross_entropy", "log-sum-exp");
-  refused(cb->nn_batch_norm(&(apex_nn_batch_norm_args){.N = 1, .C = 1, .S = 1, .x = {f, APEX_F32}, .out = f, .stats = f}), "nn_batch_norm",
-          "batch statistics");
 }
 
 /* ---- stream and event slots (backend/streams.h) ----------------------------------------------------- */

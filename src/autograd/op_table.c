@@ -47,8 +47,8 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     /* their f32 result is their aux, the value itself when it is f32 */
     [APEX_OP_SOFTMAX] = {"softmax", APEX_CAST_FLOAT, apex__bwd_softmax, ALL_IN, 1, .reads_half = 1},
     [APEX_OP_LOG_SOFTMAX] = {"log_softmax", APEX_CAST_FLOAT, apex__bwd_log_softmax, ALL_IN, 1, .reads_half = 1},
-    /* it keeps f32 logits' softmax; half logits are read again (apex__save_also, ops_loss.c) */
-    [APEX_OP_CROSS_ENTROPY] = {"cross_entropy", APEX_CAST_FLOAT, apex__bwd_cross_entropy, ALL_IN, .reads_half = 1},
+    /* it keeps each row's (max, 1 / sum) and reads the logits again (ops_loss.c) */
+    [APEX_OP_CROSS_ENTROPY] = {"cross_entropy", APEX_CAST_FLOAT, apex__bwd_cross_entropy, 0, .reads_half = 1},
     [APEX_OP_MSE] = {"mse_loss", APEX_CAST_FLOAT, apex__bwd_pointwise_loss, .reads_half = 1},
     [APEX_OP_BCE_WITH_LOGITS] = {"bce_with_logits", APEX_CAST_FLOAT, apex__bwd_pointwise_loss, .reads_half = 1},
     [APEX_OP_BCE] = {"bce", APEX_CAST_FLOAT, apex__bwd_pointwise_loss, .reads_half = 1},
@@ -57,7 +57,9 @@ static const apex__op_info table[APEX_OP_COUNT] = {
     [APEX_OP_RESHAPE] = {"reshape", APEX_CAST_NONE, apex__bwd_identity, ALL_IN},
     [APEX_OP_PERMUTE] = {"permute", APEX_CAST_NONE, apex__bwd_permute, ALL_IN},
     [APEX_OP_CONCAT] = {"concat", APEX_CAST_PROMOTE, apex__bwd_concat, ALL_IN},
-    [APEX_OP_ATTENTION] = {"causal_attention", APEX_CAST_HALF, apex__bwd_attention},
+    /* the backward recomputes P from q, k and each row's (max, 1 / sum); a backend may read the output
+     * for rowsum(dO * O) (args_nn.h) */
+    [APEX_OP_ATTENTION] = {"causal_attention", APEX_CAST_HALF, apex__bwd_attention, 0, 1},
     /* Same category as batch_norm: batch norm with its statistics from a hook (ops_norm.c), which
      * src/parallel/sync_batch_norm.c installs */
     [APEX_OP_SYNC_BATCH_NORM] = {"sync_batch_norm", APEX_CAST_NONE, apex__bwd_sync_batch_norm},

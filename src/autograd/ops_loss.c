@@ -3,10 +3,10 @@
  * (backend/args_nn.h; the CPU's in backend/cpu/loss.c).
  *
  * Softmax along any dim sees x as [outer, D, inner]. Its forward keeps its f32 result in the op's
- * scratch for the backward. So does cross entropy for f32 logits; for f16/bf16 logits it keeps them
- * and two floats a row instead, and its backward recomputes the softmax (args_nn.h). A reduced
- * loss's kernel sums its per-element terms in double in a fixed order, never holding them all;
- * MEAN's division happens here. */
+ * scratch for the backward. Cross entropy keeps the logits and two floats a row, and its backward
+ * recomputes the softmax (args_nn.h); its targets and reduced value live on the graph's device. A
+ * reduced loss's kernel sums its per-element terms in double in a fixed order, never holding them
+ * all; the pointwise losses' MEAN division happens here. */
 #include <math.h>
 
 #include "autograd/ag.h"
@@ -75,27 +75,11 @@ static void loss_set_sum(apex_var *out, double sum, double count) {
   apex_tensor_set(out->value, 0, (float)sum);
 }
 
-/* Writes a loss's result into out: the per-element terms l[0..n) for NONE, else their sum (divided
- * by `count` for MEAN). */
-static void loss_store(apex_graph *g, apex_var *out, const float *l, size_t n, double sum, double count) {
-  if (out->p.loss.reduction != APEX_REDUCTION_NONE) {
-    loss_set_sum(out, sum, count);
-  } else if (out->value->dtype == APEX_F32) {
-    apex__pool_copy(g, ag_data(out->value), l, n);
-  } else {
-    apex__store(out, l);
-  }
-}
-
 static apex_nn_reduction nn_reduction(apex_reduction r) {
   return r == APEX_REDUCTION_NONE ? APEX_NN_NONE : r == APEX_REDUCTION_SUM ? APEX_NN_SUM : APEX_NN_MEAN;
 }
 
 /* ---- cross entropy ------------------------------------------------------------------------------ */
-
-/* Whether cross entropy keeps its f32 softmax for the backward (f32 logits), or the logits and two
- * floats a row (ops_loss.c's opening). */
-static int ce_keeps_prob(const apex_tensor *logits) { return logits->dtype == APEX_F32; }
 
 apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *targets, const apex_cross_entropy_options *opts) {
   static const apex_cross_entropy_options defaults = {0};
@@ -103,8 +87,6 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   apex_var *u;
   apex_dtype dt;
   if (apex__dispatch(g, APEX_OP_CROSS_ENTROPY, 1, &logits, 0, &u, &dt) != APEX_OK) return NULL;
-  /* the targets are written into the op's scratch from the host */
-  if (apex__host_front(g, APEX_OP_CROSS_ENTROPY) != APEX_OK) return NULL;
   const apex_tensor *X = u->value;
   if (X->ndim != 2) return apex__fail_null(APEX_ERR_SHAPE, "cross_entropy: logits %s must be [N, C]", apex__shape(logits));
   if (!targets && X->shape[0] > 0) return apex__fail_null(APEX_ERR_INVALID_ARG, "cross_entropy: NULL targets for logits %s", apex__shape(logits));
@@ -125,28 +107,29 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   int64_t nshape = (int64_t)N;
   apex_var *out = loss_result(g, APEX_OP_CROSS_ENTROPY, dt, opts->reduction, 1, &nshape, 1, &u);
   if (!out) return NULL;
-  /* kept for the backward: the targets, then the f32 softmax (f32 logits), or each row's max and
-   * 1 / sum of exp, from which and the logits, then read again, the backward recomputes it (half
-   * logits: their bytes and two floats a row are half the softmax's) */
-  int keep_prob = ce_keeps_prob(X);
-  int64_t *tg = apex__scratch(g, N * sizeof(int64_t) + (keep_prob ? N * C : 2 * N) * sizeof(float));
-  float *l = apex__scratch_temp(g, ag_nz(N) * sizeof(float));
-  if (!tg || !l) return NULL;
-  if (!keep_prob) apex__save_also(g, out, 1u); /* the logits, input 0 */
-  for (size_t i = 0; i < N; i++) tg[i] = opts->use_ignore_index && targets[i] == opts->ignore_index ? -1 : targets[i];
+  /* kept for the backward, on the graph's device: the targets (-1 where ignored), then each row's max
+   * and 1 / sum of exp, from which and the logits, read again, the backward recomputes the softmax.
+   * The targets are made on the host (the caller's array) and copied there. */
+  int64_t *tg = apex__scratch(g, N * sizeof(int64_t) + 2 * N * sizeof(float));
+  int64_t *host_tg = tg && g->be->device != APEX_DEVICE_CPU ? apex__host_scratch(g, ag_nz(N) * sizeof(int64_t)) : tg;
+  int none = opts->reduction == APEX_REDUCTION_NONE;
+  int f32_terms = none && out->value->dtype == APEX_F32;
+  float *l = f32_terms ? ag_data(out->value) : apex__scratch_temp(g, ag_nz(N) * sizeof(float));
+  if (!tg || !host_tg || !l) return NULL;
+  for (size_t i = 0; i < N; i++) host_tg[i] = opts->use_ignore_index && targets[i] == opts->ignore_index ? -1 : targets[i];
+  if (N && host_tg != tg && g->mem->copy(tg, host_tg, N * sizeof(int64_t), APEX_COPY_H2D, 0) != APEX_OK) return NULL;
   out->aux = tg;
   out->p.loss.rows = (int64_t)N;
   out->p.loss.classes = (int64_t)C;
   out->p.loss.smoothing = eps;
   out->p.loss.count = (int64_t)count;
-  double sum = 0;
-  if (be->nn_cross_entropy(&(apex_nn_cross_entropy_args){.rows = N, .classes = C, .x = ag_buf(X), .target = tg, .smoothing = eps,
-                                                         .prob = keep_prob ? (float *)(tg + N) : NULL,
-                                                         .stats = keep_prob ? NULL : (float *)(tg + N), .loss = l,
-                                                         .sum = opts->reduction == APEX_REDUCTION_NONE ? NULL : &sum,
-                                                         .ws = apex__ag_workspace(g)}) != APEX_OK)
+  /* a reduced loss's value (the sum, over count for MEAN) is written by the kernel on the device */
+  if (be->nn_cross_entropy(&(apex_nn_cross_entropy_args){
+          .rows = N, .classes = C, .x = ag_buf(X), .target = tg, .smoothing = eps, .stats = (float *)(tg + N), .loss = l,
+          .result = none ? NULL : apex_tensor_data(out->value), .result_dtype = out->value->dtype,
+          .divisor = opts->reduction == APEX_REDUCTION_MEAN ? (double)count : 0.0, .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
-  loss_store(g, out, l, N, sum, (double)count);
+  if (none && !f32_terms) apex__store(out, l);
   return out;
 }
 
@@ -157,11 +140,8 @@ apex_status apex__bwd_cross_entropy(apex_graph *g, apex_var *out) {
   if (!gx) return APEX_OK;
   size_t N = (size_t)out->p.loss.rows, C = (size_t)out->p.loss.classes;
   const int64_t *tg = out->aux;
-  const apex_tensor *X = out->in[0]->value;
-  int keep_prob = ce_keeps_prob(X);
   return be->nn_cross_entropy_bwd(&(apex_nn_cross_entropy_bwd_args){
-      .rows = N, .classes = C, .prob = keep_prob ? (const float *)(tg + N) : NULL, .x = keep_prob ? (apex_nn_buf){0} : ag_buf(X),
-      .stats = keep_prob ? NULL : (const float *)(tg + N), .target = tg,
+      .rows = N, .classes = C, .x = ag_buf(out->in[0]->value), .stats = (const float *)(tg + N), .target = tg,
       .smoothing = out->p.loss.smoothing, .reduction = nn_reduction(out->p.loss.reduction), .count = (double)out->p.loss.count,
       .gout = out->gbuf, .gx = gx, .accumulate_x = 1, .ws = apex__ag_workspace(g)});
 }

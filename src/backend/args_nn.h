@@ -173,31 +173,33 @@ typedef struct apex_nn_softmax_bwd_args {
  * gout[0] for SUM, gout[0] / count for MEAN. */
 typedef enum apex_nn_reduction { APEX_NN_MEAN, APEX_NN_SUM, APEX_NN_NONE } apex_nn_reduction;
 
-/* Cross entropy of logits x [rows, classes] against target (one class per row; -1: ignored, its term
- * 0) with label smoothing: loss receives the per-row terms and *sum (when not NULL) their sum in
- * double in fixed blocks. For the backward, prob (when not NULL) receives the row softmax (f32,
- * rows x classes), and stats (when not NULL) each row's max and the reciprocal of its sum of
- * exp(x - max) (rows x 2 floats), from which and x the backward recomputes the softmax with the same
- * bits: the front keeps the softmax for f32 logits (as big as they are, and the backward needs no
- * exp) and x and stats for half logits (half the bytes). */
+/* Cross entropy of logits x [rows, classes] against target (one class per row, an int64 array in the
+ * backend's device memory; -1: ignored, its term 0; the front checked the rest against classes) with
+ * label smoothing: loss receives the per-row terms (f32), and stats each row's max m
+ * and r = 1 / sum of exp(x - m) (rows x 2 floats), from which and x the backward recomputes the
+ * softmax p = exp(x - m) * r with the forward's bits. The row softmax is never kept. A reduced loss:
+ * sum (when not NULL) receives the terms' sum in double, in fixed blocks, and result (when not NULL)
+ * that sum divided by `divisor` (when above 0; MEAN's count), as one value of result_dtype (rounded
+ * through f32). Every buffer is the backend's device memory. */
 typedef struct apex_nn_cross_entropy_args {
   size_t rows, classes;
   apex_nn_buf x; /* native dtype, widened to f32 a row at a time */
   const int64_t *target;
   float smoothing;
-  float *prob;
   float *stats;
   float *loss;
   double *sum;
+  void *result;
+  apex_dtype result_dtype;
+  double divisor;
   apex_nn_workspace ws;
 } apex_nn_cross_entropy_args;
 
-/* The gradient from the forward's prob when not NULL, else from x and its stats. */
+/* The gradient, from x and the forward's stats. */
 typedef struct apex_nn_cross_entropy_bwd_args {
   size_t rows, classes;
-  const float *prob;  /* the forward's, or NULL */
-  apex_nn_buf x;      /* the forward's logits, native dtype (read when prob is NULL) */
-  const float *stats; /* the forward's (read when prob is NULL) */
+  apex_nn_buf x;      /* the forward's logits, native dtype */
+  const float *stats; /* the forward's */
   const int64_t *target;
   float smoothing;
   apex_nn_reduction reduction;
@@ -475,29 +477,43 @@ typedef struct apex_nn_linear_bwd_args {
 
 /* ---- attention (cpu/attention.c, cuda/attention.cu) --------------------------------------------------- */
 
-/* Causal scaled-dot-product attention over `heads` independent [t, d] heads of q, k, v (as stored, any
- * float dtype), per head S = q k^T / sqrt(d) masked above the diagonal, P = softmax(S) row by
- * row in f32 (into p, [heads, t, t], kept for the backward), out (out_dtype) = P v. */
+/* Causal scaled-dot-product attention, heads read in place: element (b, h, i, j) of q sits at
+ * q.data + ((b * t + i) * ld_q + h * d + j) (likewise k, v, out with their own ld). The packed qkv
+ * [B, T, 3C] of GPT is q = qkv, k = qkv + C, v = qkv + 2C, ld = 3C, heads = H, d = C / H; a contiguous
+ * [B*H, T, d] tensor is batch = B*H, heads = 1, ld = d. Per head, S = q k^T / sqrt(d) masked above the
+ * diagonal, P = softmax(S) row by row in f32, out (out_dtype) = P v. q, k, v are read as stored (any
+ * float dtype). */
 typedef struct apex_nn_attention_args {
-  size_t heads;
-  int t, d;
+  size_t batch;
+  int heads, t, d;
   apex_nn_buf q, k, v;
-  float *p;
+  size_t ld_q, ld_k, ld_v, ld_out; /* row strides, in elements */
+  float *stats; /* [batch, heads, t, 2] f32, kept for the backward: per query row, m = the max of the
+                   scaled masked scores and r = 1 / sum_j exp(s_j - m) (the log-sum-exp is m - log r);
+                   P is never kept: the backward recomputes it */
   void *out;
   apex_dtype out_dtype;
   apex_nn_workspace ws;
 } apex_nn_attention_args;
 
 /* dV = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(dP * P)) / sqrt(d), dQ = dS k, dK = dS^T q, with q,
- * k, v native as in the forward and the gradients f32; ws lends one head's dS (t * t floats) when gq
- * or gk is set, and the products' scratch. */
+ * k, v native as in the forward (the same geometry), out the forward's output (native, out_dtype; a
+ * backend may use it for rowsum(dO * O)), stats the forward's, and the gradients f32 with their own row
+ * strides. A backend recomputes P from S and the stats (the CPU recomputes S and P with its forward's
+ * own code, so P has the forward's bits). ws lends the recomputed P and dS, and the products' scratch. */
 typedef struct apex_nn_attention_bwd_args {
-  size_t heads;
-  int t, d;
+  size_t batch;
+  int heads, t, d;
   apex_nn_buf q, k, v;
-  const float *p;
+  size_t ld_q, ld_k, ld_v;
+  const void *out;
+  apex_dtype out_dtype;
+  size_t ld_out;
+  const float *stats;
   const float *gout;
+  size_t ld_gout;
   float *gq, *gk, *gv;
+  size_t ld_gq, ld_gk, ld_gv;
   int accumulate_q, accumulate_k, accumulate_v;
   apex_nn_workspace ws;
 } apex_nn_attention_bwd_args;

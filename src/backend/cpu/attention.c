@@ -11,7 +11,11 @@
  * rounded to bf16 for the product with v (as PyTorch's bf16 scaled_dot_product_attention on the CPU
  * rounds its probabilities, unnormalised, before that product), and out is written in its own dtype
  * from the f32 sums. The backward's products of the f32 gradients with bf16 q, k, v round those
- * gradients to bf16 in the same way, and P^T dO runs there on P and dO rounded to bf16. */
+ * gradients to bf16 in the same way, and P^T dO runs there on P and dO rounded to bf16.
+ *
+ * The forward keeps only each row's (max, 1 / sum) (args_nn.h); the backward recomputes S and P per
+ * head with the forward's own code (scores_softmax), so its P, and the gradients, have the bits of a
+ * kept P. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -56,9 +60,15 @@ static const apex_nn_workspace *fresh(reuse_ws *r, apex_nn_workspace *w) {
   return w;
 }
 
-/* Head h's [t, d] block of b as a gemm operand. */
-static apex__mat head(apex_nn_buf b, size_t h, size_t td, int d, int trans) {
-  return (apex__mat){(const char *)b.data + h * td * apex_dtype_size(b.dtype), b.dtype, d, trans};
+/* The [t, d] block of head (b, h) = bh (bh = b * heads + h) of a buffer of row stride ld (args_nn.h's
+ * layout): its first element's index. */
+static size_t head_at(size_t bh, int heads, int t, int d, size_t ld) {
+  size_t b = bh / (size_t)heads, h = bh % (size_t)heads;
+  return b * (size_t)t * ld + h * (size_t)d;
+}
+/* That block of buf as a gemm operand. */
+static apex__mat head(apex_nn_buf buf, size_t at, size_t ld, int trans) {
+  return (apex__mat){(const char *)buf.data + at * apex_dtype_size(buf.dtype), buf.dtype, (int)ld, trans};
 }
 static apex__mat f32m(const float *p, int ld, int trans) { return (apex__mat){p, APEX_F32, ld, trans}; }
 
@@ -129,16 +139,16 @@ static apex_status run_heads(const apex_nn_workspace *ws, size_t heads, size_t e
                 : APEX_OK;
 }
 
-/* ---- forward ------------------------------------------------------------------------------------- */
+/* ---- scores and softmax: one code path for the forward and the backward's recomputation ---------- */
 
-static apex_status fwd_head(const void *args, size_t h, reuse_ws *r, char *extra) {
-  const apex_nn_attention_args *a = args;
-  (void)extra;
-  int t = a->t, d = a->d;
-  size_t tt = (size_t)t * t, td = (size_t)t * d, es = apex_dtype_size(a->out_dtype);
-  float *ph = a->p + h * tt;
+/* P [t, t] (row stride t, f32) of head bh: S = scale q k^T, then each row's softmax over j <= i (0
+ * above the diagonal), computed as the CPU always has (P = exp(s - m) / sum). stats (when not NULL)
+ * receives the row's (m, 1 / sum). The backward calls this with the forward's inputs and gets P's
+ * bits again. */
+static apex_status scores_softmax(reuse_ws *r, apex_nn_buf q, size_t qat, size_t ld_q, apex_nn_buf k, size_t kat, size_t ld_k, int t, int d,
+                                  float *ph, float *stats) {
   float scale = 1.0f / sqrtf((float)d);
-  apex_status st = prod(r, t, t, d, scale, head(a->q, h, td, d, 0), head(a->k, h, td, d, 1), 0.0f, ph, APEX_F32, t);
+  apex_status st = prod(r, t, t, d, scale, head(q, qat, ld_q, 0), head(k, kat, ld_k, 1), 0.0f, ph, APEX_F32, t);
   if (st != APEX_OK) return st;
   for (int i = 0; i < t; i++) {
     float *row = ph + (size_t)i * t, mx = -INFINITY, s = 0.0f;
@@ -146,15 +156,38 @@ static apex_status fwd_head(const void *args, size_t h, reuse_ws *r, char *extra
     for (int j = 0; j <= i; j++) s += (row[j] = expf(row[j] - mx));
     for (int j = 0; j <= i; j++) row[j] /= s;
     for (int j = i + 1; j < t; j++) row[j] = 0.0f;
+    if (stats) {
+      stats[2 * i] = mx;
+      stats[2 * i + 1] = 1.0f / s;
+    }
   }
-  return prod(r, t, d, t, 1.0f, f32m(ph, t, 0), head(a->v, h, td, d, 0), 0.0f, (char *)a->out + h * td * es, a->out_dtype, d);
+  return APEX_OK;
+}
+
+/* ---- forward ------------------------------------------------------------------------------------- */
+
+/* extra: the head's P ([t, t] f32). */
+static apex_status fwd_head(const void *args, size_t bh, reuse_ws *r, char *extra) {
+  const apex_nn_attention_args *a = args;
+  int t = a->t, d = a->d, H = a->heads;
+  float *ph = (float *)extra;
+  apex_status st = scores_softmax(r, a->q, head_at(bh, H, t, d, a->ld_q), a->ld_q, a->k, head_at(bh, H, t, d, a->ld_k), a->ld_k, t, d, ph,
+                                  a->stats + bh * (size_t)t * 2);
+  if (st != APEX_OK) return st;
+  size_t es = apex_dtype_size(a->out_dtype), oat = head_at(bh, H, t, d, a->ld_out);
+  return prod(r, t, d, t, 1.0f, f32m(ph, t, 0), head(a->v, head_at(bh, H, t, d, a->ld_v), a->ld_v, 0), 0.0f, (char *)a->out + oat * es,
+              a->out_dtype, (int)a->ld_out);
 }
 
 apex_status apex__cpu_nn_attention(const apex_nn_attention_args *a) {
-  if (heads_on_threads(a->q, a->k, a->v, a->heads)) return run_heads(&a->ws, a->heads, 0, fwd_head, a);
+  size_t heads = a->batch * (size_t)a->heads, extra = (size_t)a->t * a->t * sizeof(float);
+  if (!heads || !a->t) return APEX_OK;
+  if (heads_on_threads(a->q, a->k, a->v, heads)) return run_heads(&a->ws, heads, extra, fwd_head, a);
+  char *x = a->ws.get(a->ws.ctx, extra);
+  if (!x) return APEX_ERR_OUT_OF_MEMORY;
   reuse_ws r = {&a->ws, NULL, 0, 0};
-  for (size_t h = 0; h < a->heads; h++) {
-    apex_status st = fwd_head(a, h, &r, NULL);
+  for (size_t h = 0; h < heads; h++) {
+    apex_status st = fwd_head(a, h, &r, x);
     if (st != APEX_OK) return st;
   }
   return APEX_OK;
@@ -165,31 +198,47 @@ apex_status apex__cpu_nn_attention(const apex_nn_attention_args *a) {
 /* Whether v's gradient product runs on oneDNN, so that dO goes into it rounded to bf16. */
 static int go_rounded(const apex_nn_attention_bwd_args *a) { return a->gv && a->v.dtype == APEX_BF16 && apex__onednn_active(NULL); }
 
-/* extra: dS ([T, T] f32) when q or k takes a gradient, then dO rounded to bf16 ([T, D]) when v's
- * product runs on oneDNN (see bwd_extra). */
-static apex_status bwd_head(const void *args, size_t h, reuse_ws *r, char *extra) {
+/* Zeroes the [t, d] block at g (row stride ld). */
+static void zero_block(float *g, int t, int d, size_t ld) {
+  if (ld == (size_t)d) {
+    memset(g, 0, (size_t)t * d * sizeof *g);
+    return;
+  }
+  for (int i = 0; i < t; i++) memset(g + (size_t)i * ld, 0, (size_t)d * sizeof *g);
+}
+
+/* extra: P ([T, T] f32, recomputed), then dS ([T, T] f32) when q or k takes a gradient, then dO
+ * rounded to bf16 ([T, D]) when v's product runs on oneDNN (see bwd_extra). */
+static apex_status bwd_head(const void *args, size_t bh, reuse_ws *r, char *extra) {
   const apex_nn_attention_bwd_args *a = args;
-  int t = a->t, d = a->d;
-  size_t tt = (size_t)t * t, td = (size_t)t * d;
+  int t = a->t, d = a->d, H = a->heads;
+  size_t tt = (size_t)t * t;
   float *gq = a->gq, *gk = a->gk, *gv = a->gv;
-  float *dS = gq || gk ? (float *)extra : NULL;
-  uint16_t *go16 = go_rounded(a) ? (uint16_t *)(extra + (dS ? tt * sizeof(float) : 0)) : NULL;
-  const float *ph = a->p + h * tt, *gh = a->gout + h * td;
+  float *ph = (float *)extra;
+  float *dS = gq || gk ? ph + tt : NULL;
+  uint16_t *go16 = go_rounded(a) ? (uint16_t *)(extra + (dS ? 2 : 1) * tt * sizeof(float)) : NULL;
+  size_t qat = head_at(bh, H, t, d, a->ld_q), kat = head_at(bh, H, t, d, a->ld_k), vat = head_at(bh, H, t, d, a->ld_v);
+  const float *gh = a->gout + head_at(bh, H, t, d, a->ld_gout);
+  float *gqh = gq ? gq + head_at(bh, H, t, d, a->ld_gq) : NULL, *gkh = gk ? gk + head_at(bh, H, t, d, a->ld_gk) : NULL;
+  float *gvh = gv ? gv + head_at(bh, H, t, d, a->ld_gv) : NULL;
   float scale = 1.0f / sqrtf((float)d);
+  /* P again, by the forward's own code on the same inputs: the same bits */
+  if (scores_softmax(r, a->q, qat, a->ld_q, a->k, kat, a->ld_k, t, d, ph, NULL) != APEX_OK) return APEX_ERR_OUT_OF_MEMORY;
   /* the products add into their gradients (beta 1): one that holds nothing yet is zeroed first */
-  if (gq && !a->accumulate_q) memset(gq + h * td, 0, td * sizeof *gq);
-  if (gk && !a->accumulate_k) memset(gk + h * td, 0, td * sizeof *gk);
-  if (gv && !a->accumulate_v) memset(gv + h * td, 0, td * sizeof *gv);
+  if (gq && !a->accumulate_q) zero_block(gqh, t, d, a->ld_gq);
+  if (gk && !a->accumulate_k) zero_block(gkh, t, d, a->ld_gk);
+  if (gv && !a->accumulate_v) zero_block(gvh, t, d, a->ld_gv);
   /* P^T dO has two f32 operands; where v's product runs on oneDNN, dO goes in as bf16 (rounded here,
    * and P beside it by oneDNN) so that this product runs there too, as PyTorch's bf16 backward does */
-  apex__mat gom = f32m(gh, d, 0);
+  apex__mat gom = f32m(gh, (int)a->ld_gout, 0);
   if (go16) {
-    apex__convert_range(go16, APEX_BF16, gh, APEX_F32, td);
+    for (int i = 0; i < t; i++) apex__convert_range(go16 + (size_t)i * d, APEX_BF16, gh + (size_t)i * a->ld_gout, APEX_F32, (size_t)d);
     gom = (apex__mat){go16, APEX_BF16, d, 0};
   }
-  if (gv && prod(r, t, d, t, 1.0f, f32m(ph, t, 1), gom, 1.0f, gv + h * td, APEX_F32, d) != APEX_OK) return APEX_ERR_OUT_OF_MEMORY;
+  if (gv && prod(r, t, d, t, 1.0f, f32m(ph, t, 1), gom, 1.0f, gvh, APEX_F32, (int)a->ld_gv) != APEX_OK) return APEX_ERR_OUT_OF_MEMORY;
   if (!gq && !gk) return APEX_OK;
-  if (prod(r, t, t, d, 1.0f, f32m(gh, d, 0), head(a->v, h, td, d, 1), 0.0f, dS, APEX_F32, t) != APEX_OK) return APEX_ERR_OUT_OF_MEMORY;
+  if (prod(r, t, t, d, 1.0f, f32m(gh, (int)a->ld_gout, 0), head(a->v, vat, a->ld_v, 1), 0.0f, dS, APEX_F32, t) != APEX_OK)
+    return APEX_ERR_OUT_OF_MEMORY;
   for (int i = 0; i < t; i++) {
     float *row = dS + (size_t)i * t;
     const float *pr = ph + (size_t)i * t;
@@ -197,9 +246,9 @@ static apex_status bwd_head(const void *args, size_t h, reuse_ws *r, char *extra
     for (int j = 0; j <= i; j++) s += row[j] * pr[j];
     for (int j = 0; j < t; j++) row[j] = j <= i ? pr[j] * (row[j] - s) * scale : 0.0f;
   }
-  if (gq && prod(r, t, d, t, 1.0f, f32m(dS, t, 0), head(a->k, h, td, d, 0), 1.0f, gq + h * td, APEX_F32, d) != APEX_OK)
+  if (gq && prod(r, t, d, t, 1.0f, f32m(dS, t, 0), head(a->k, kat, a->ld_k, 0), 1.0f, gqh, APEX_F32, (int)a->ld_gq) != APEX_OK)
     return APEX_ERR_OUT_OF_MEMORY;
-  if (gk && prod(r, t, d, t, 1.0f, f32m(dS, t, 1), head(a->q, h, td, d, 0), 1.0f, gk + h * td, APEX_F32, d) != APEX_OK)
+  if (gk && prod(r, t, d, t, 1.0f, f32m(dS, t, 1), head(a->q, qat, a->ld_q, 0), 1.0f, gkh, APEX_F32, (int)a->ld_gk) != APEX_OK)
     return APEX_ERR_OUT_OF_MEMORY;
   return APEX_OK;
 }
@@ -207,16 +256,18 @@ static apex_status bwd_head(const void *args, size_t h, reuse_ws *r, char *extra
 /* The bytes of bwd_head's extra. */
 static size_t bwd_extra(const apex_nn_attention_bwd_args *a) {
   size_t tt = (size_t)a->t * a->t, td = (size_t)a->t * a->d;
-  return (a->gq || a->gk ? tt * sizeof(float) : 0) + (go_rounded(a) ? td * sizeof(uint16_t) : 0);
+  return (a->gq || a->gk ? 2 : 1) * tt * sizeof(float) + (go_rounded(a) ? td * sizeof(uint16_t) : 0);
 }
 
 apex_status apex__cpu_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
+  size_t heads = a->batch * (size_t)a->heads;
+  if (!heads || !a->t || (!a->gq && !a->gk && !a->gv)) return APEX_OK;
   size_t extra = bwd_extra(a);
-  if (heads_on_threads(a->q, a->k, a->v, a->heads)) return run_heads(&a->ws, a->heads, extra, bwd_head, a);
-  char *x = extra ? a->ws.get(a->ws.ctx, extra) : NULL;
-  if (extra && !x) return APEX_ERR_OUT_OF_MEMORY;
+  if (heads_on_threads(a->q, a->k, a->v, heads)) return run_heads(&a->ws, heads, extra, bwd_head, a);
+  char *x = a->ws.get(a->ws.ctx, extra);
+  if (!x) return APEX_ERR_OUT_OF_MEMORY;
   reuse_ws r = {&a->ws, NULL, 0, 0};
-  for (size_t h = 0; h < a->heads; h++) {
+  for (size_t h = 0; h < heads; h++) {
     apex_status st = bwd_head(a, h, &r, x);
     if (st != APEX_OK) return st;
   }

@@ -98,11 +98,9 @@ static inline float loss_grad(apex_nn_reduction red, const float *go, size_t i, 
   return red == APEX_NN_MEAN ? (float)(go[0] / count) : go[0];
 }
 
-/* Cross entropy's backward reads each row's softmax in one of two forms (args_nn.h): kept whole
- * (prob, f32 logits: reading it is cheaper than an expf an element), or recomputed from the logits
- * and the row's max mx and r = 1 / sum of expf(x - mx) (stats, half logits: the logits and two floats
- * a row are half the bytes of an f32 softmax). Both come from row_softmax, the forward's own f32
- * operations on the same values, so the two forms have the same bits. */
+/* Cross entropy's backward recomputes each row's softmax from the logits and the row's max mx and
+ * r = 1 / sum of expf(x - mx) (stats, args_nn.h): row_softmax does the forward's own f32 operations on
+ * the same values, so the recomputed softmax has the forward's bits. */
 
 /* Row x's max (apex__cpu_line_max: a NaN wins). */
 static inline float row_max(const float *x, size_t C) {
@@ -137,25 +135,29 @@ apex_status apex__cpu_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
   size_t N = a->rows, C = a->classes, n = N * C;
   const int64_t *tg = a->target;
   float *st = a->stats, *l = a->loss, eps = a->smoothing;
-  /* per thread: the widened row (half x), then the softmax row when prob is not kept */
-  size_t k = (a->x.dtype != APEX_F32) + (a->prob == NULL);
+  /* per thread: the widened row (half x), then the softmax row */
+  size_t k = 1 + (a->x.dtype != APEX_F32);
   int fail;
-  float *rows = apex__cpu_thread_rows(&a->ws, k > 0, k, C, &fail);
+  float *rows = apex__cpu_thread_rows(&a->ws, 1, k, C, &fail);
   if (fail) return APEX_ERR_OUT_OF_MEMORY;
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t i = 0; i < N; i++) {
     const float *xi = apex__cpu_row_f32(a->x, i * C, C, apex__cpu_my_row(rows, k, C, 0));
-    float *pi = a->prob ? a->prob + i * C : apex__cpu_my_row(rows, k, C, k - 1);
+    float *pi = apex__cpu_my_row(rows, k, C, k - 1);
     float mx = row_max(xi, C), r, sum_logp = 0.0f;
     float lse = mx + logf(row_softmax(xi, C, mx, 0, &r, pi));
     for (size_t c = 0; c < C; c++) sum_logp += xi[c] - lse;
-    if (st) {
-      st[2 * i] = mx;
-      st[2 * i + 1] = r;
-    }
+    st[2 * i] = mx;
+    st[2 * i + 1] = r;
     l[i] = tg[i] < 0 ? 0.0f : -(1.0f - eps) * (xi[tg[i]] - lse) - eps / (float)C * sum_logp;
   }
-  if (a->sum) *a->sum = apex__sum_f32(l, N);
+  if (!a->sum && !a->result) return APEX_OK;
+  double sum = apex__sum_f32(l, N);
+  if (a->sum) *a->sum = sum;
+  if (a->result) {
+    float v = (float)(a->divisor > 0 ? sum / a->divisor : sum);
+    apex__convert_portable(a->result, a->result_dtype, &v, APEX_F32, 1); /* apex_tensor_set's rounding */
+  }
   return APEX_OK;
 }
 
@@ -168,21 +170,17 @@ apex_status apex__cpu_nn_cross_entropy_bwd(const apex_nn_cross_entropy_bwd_args 
   double count = a->count;
   apex_nn_reduction red = a->reduction;
   /* recomputing, per thread: the widened row (half x), then the softmax row */
-  size_t k = a->prob ? 0 : 1 + (a->x.dtype != APEX_F32);
+  size_t k = 1 + (a->x.dtype != APEX_F32);
   int fail;
-  float *rows = apex__cpu_thread_rows(&a->ws, k > 0, k, C, &fail);
+  float *rows = apex__cpu_thread_rows(&a->ws, 1, k, C, &fail);
   if (fail) return APEX_ERR_OUT_OF_MEMORY;
   apex__cpu_grad_begin(gx, n, a->accumulate_x);
 #pragma omp parallel for schedule(static) if (n > APEX__CPU_PAR_MIN)
   for (size_t i = 0; i < N; i++) {
     if (tg[i] < 0) continue;
-    const float *pi = a->prob ? a->prob + i * C : NULL;
-    if (!pi) {
-      float *p = apex__cpu_my_row(rows, k, C, k - 1), r = st[2 * i + 1];
-      (void)row_softmax(apex__cpu_row_f32(a->x, i * C, C, apex__cpu_my_row(rows, k, C, 0)), C, st[2 * i], 1, &r, p);
-      pi = p;
-    }
-    row_grad(gx + i * C, pi, C, tg[i], loss_grad(red, go, i, count), smooth, eps);
+    float *p = apex__cpu_my_row(rows, k, C, k - 1), r = st[2 * i + 1];
+    (void)row_softmax(apex__cpu_row_f32(a->x, i * C, C, apex__cpu_my_row(rows, k, C, 0)), C, st[2 * i], 1, &r, p);
+    row_grad(gx + i * C, p, C, tg[i], loss_grad(red, go, i, count), smooth, eps);
   }
   return APEX_OK;
 }

@@ -202,6 +202,27 @@ apex_status apex__cuda_attention_fwd(const apex__cuda_attn *a, const void *qkv, 
 apex_status apex__cuda_attention_bwd(const apex__cuda_attn *a, const void *dy, const void *qkv, const void *y,
                                      const float *lse, void *dqkv);
 
+/* ---- flash_attention.cu: the fused causal attention kernel ---------------------------------------------- */
+
+/* Geometry of the fused kernel, in the attention slot's layout (backend/args_nn.h): element (b, h, i, j)
+ * of q at q + (b * t + i) * ld_q + h * d + j, likewise for every other buffer with its own ld. */
+typedef struct apex__cuda_flash {
+  int batch, heads, t, d;
+  int64_t ld_q, ld_k, ld_v, ld_o, ld_do, ld_dq, ld_dk, ld_dv; /* row strides in elements */
+  apex_dtype dtype; /* APEX_F16 or APEX_BF16: q, k, v, o, dout, dq, dk, dv all of it */
+} apex__cuda_flash;
+/* o and stats ([batch, heads, t, 2] f32: per query row m, the max of the scaled masked scores, and r =
+ * 1 / sum_j exp(s_j - m)) from q, k, v. APEX_ERR_UNSUPPORTED (with a message) when the shape or dtype is
+ * not covered (f32, d not 64 or 128, ...), so that the caller takes the materialised path
+ * (nn_slots.c's attention slot clears that message). */
+apex_status apex__cuda_flash_attention_fwd(const apex__cuda_flash *g, const void *q, const void *k, const void *v, void *o,
+                                           float *stats);
+/* dq, dk, dv (written, not accumulated, in dtype) from the forward's q, k, v, o, stats and dout.
+ * Deterministic. APEX_ERR_UNSUPPORTED as the forward's. */
+apex_status apex__cuda_flash_attention_bwd(const apex__cuda_flash *g, const void *q, const void *k, const void *v,
+                                           const void *o, const void *dout, const float *stats, void *dq, void *dk,
+                                           void *dv);
+
 /* ---- elementwise.cu: elementwise ops and deterministic sums (see apex/cuda.h) ----------------------------- */
 
 typedef enum apex__cuda_ew_op {
