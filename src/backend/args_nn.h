@@ -125,11 +125,16 @@ typedef struct apex_nn_scale_bwd_args {
   int accumulate_x;
 } apex_nn_scale_bwd_args;
 
-/* out (out_dtype) = mask ? x * s : 0, in f32 from the native x (mask: one byte per element, drawn by
- * the front); backward likewise on gout. */
+/* out (out_dtype) = mask ? x * s : 0, in f32 from the native x. The forward draws the mask itself, one
+ * byte per element on the backend's device: mask[i] = the Bernoulli draw i (keep probability `keep`)
+ * of the generator at (seed, offset), exactly apex_rng_bernoulli's (Philox is counter-based, so every
+ * backend computes the same mask from the same generator). The caller advances its generator by
+ * ceil(n / 4) blocks. The backward reads the mask on gout. */
 typedef struct apex_nn_dropout_args {
   size_t n;
-  const uint8_t *mask;
+  uint8_t *mask;
+  uint64_t seed, offset;
+  float keep;
   apex_nn_buf x;
   void *out;
   apex_dtype out_dtype;
@@ -240,8 +245,9 @@ typedef struct apex_nn_pointwise_loss_bwd_args {
 /* Batch norm of x [N, C, S] (S: the flattened spatial extent; native dtype) into out (out_dtype,
  * computed in f32 and rounded once), per channel c: (x - mean) * rstd * w + b (w, b NULL: 1, 0), through max(v, 0) with relu. The statistics used are
  * written to stats (mean[C], then rstd[C]) for the backward. Where they come from:
- *   - given_mean set: given_mean, given_rstd and given_var (the unbiased variance) computed elsewhere
- *     (a statistics hook over a larger batch); the running statistics (when set) move toward them;
+ *   - given_mean set: given_mean, given_rstd and given_var (the unbiased variance, f32 [C] each, on the
+ *     backend's device like every other buffer) computed elsewhere (a statistics hook over a larger
+ *     batch); the running statistics (when set) move toward them;
  *   - else training: this batch's, with rstd = 1 / sqrt(var + eps) and the running statistics (when
  *     set) moved toward the mean and the unbiased variance by momentum;
  *   - else running_mean and running_var themselves. */
