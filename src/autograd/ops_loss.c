@@ -127,7 +127,7 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   if (be->nn_cross_entropy(&(apex_nn_cross_entropy_args){
           .rows = N, .classes = C, .x = ag_buf(X), .target = tg, .smoothing = eps, .stats = (float *)(tg + N), .loss = l,
           .result = none ? NULL : apex_tensor_data(out->value), .result_dtype = out->value->dtype,
-          .divisor = opts->reduction == APEX_REDUCTION_MEAN ? (double)count : 0.0, .ws = apex__ag_workspace(g)}) != APEX_OK)
+          .divisor = opts->reduction == APEX_REDUCTION_MEAN ? (double)count : 1.0, .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
   if (none && !f32_terms) apex__store(out, l);
   return out;

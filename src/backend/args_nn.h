@@ -184,8 +184,8 @@ typedef enum apex_nn_reduction { APEX_NN_MEAN, APEX_NN_SUM, APEX_NN_NONE } apex_
  * and r = 1 / sum of exp(x - m) (rows x 2 floats), from which and x the backward recomputes the
  * softmax p = exp(x - m) * r with the forward's bits. The row softmax is never kept. A reduced loss:
  * sum (when not NULL) receives the terms' sum in double, in fixed blocks, and result (when not NULL)
- * that sum divided by `divisor` (when above 0; MEAN's count), as one value of result_dtype (rounded
- * through f32). Every buffer is the backend's device memory. */
+ * (float)(sum / divisor) (MEAN's count, 1 for SUM; 0 / 0 is NaN) as one value of result_dtype. Every
+ * buffer is the backend's device memory. */
 typedef struct apex_nn_cross_entropy_args {
   size_t rows, classes;
   apex_nn_buf x; /* native dtype, widened to f32 a row at a time */
