@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "apex/autograd.h"
+#include "apex/nn.h"
+#include "apex/rng.h"
 #include "backend/backend.h"
 #include "core/memory.h"
 #include "testutil.h"
@@ -369,6 +372,74 @@ static void test_batch_norm(void **state) {
   }
 }
 
+/* ---- the fronts on a CUDA graph ---------------------------------------------------------------------- */
+
+/* A leaf on `device` holding h's values (h stays the caller's). */
+static apex_var *leaf_on(apex_device device, const apex_tensor *h) {
+  apex_tensor *t = apex_tensor_create_on(device, apex_tensor_dtype(h), apex_tensor_ndim(h), apex_tensor_shape(h));
+  assert_non_null(t);
+  TU_OK(apex_tensor_copy(t, h));
+  apex_var *v = apex_var_create(t, 1);
+  assert_non_null(v);
+  return v;
+}
+
+/* t (any device) as host f32 values (a new buffer of its numel). */
+static float *values(const apex_tensor *t) {
+  apex_tensor *h = apex_tensor_create(APEX_F32, apex_tensor_ndim(t), apex_tensor_shape(t));
+  assert_non_null(h);
+  TU_OK(apex_tensor_copy(h, t));
+  float *f = malloc(apex_tensor_numel(t) * sizeof(float) + 1);
+  memcpy(f, apex_tensor_data(h), apex_tensor_numel(t) * sizeof(float));
+  apex_tensor_destroy(h);
+  return f;
+}
+
+/* loss = mean cross entropy (host targets, one ignored) of logits -> dropout -> causal attention of the
+ * result seen as [2, 3, 4, 8] heads, on a CPU graph and on a CUDA graph from the same values and
+ * generator: the loss and the leaf's gradient agree, and both generators end at one offset. */
+static void test_graph_fronts(void **state) {
+  (void)state;
+  int64_t shape[2] = {24, 8};
+  apex_tensor *h = tu_random_tensor(APEX_F32, 24 * 8, 31, 2.0f), *hv = apex_tensor_view(h, 2, shape);
+  int64_t tg[24];
+  for (int i = 0; i < 24; i++) tg[i] = i == 5 ? -100 : (i * 5) % 8;
+  float loss[2], *grad[2];
+  uint64_t offset[2];
+  for (int dev = 0; dev < 2; dev++) {
+    apex_device device = dev ? APEX_DEVICE_CUDA : APEX_DEVICE_CPU;
+    apex_graph *g = apex_graph_create_on(device);
+    assert_non_null(g);
+    apex_var *x = leaf_on(device, hv);
+    apex_rng rng = apex_rng_init(99);
+    apex_var *d = apex_dropout(g, x, 0.25f, 1, &rng);
+    assert_non_null(d);
+    int64_t hs[4] = {2, 3, 4, 8};
+    apex_var *q = apex_reshape(g, d, 4, hs), *k = apex_reshape(g, apex_scale(g, x, 0.5f), 4, hs);
+    apex_var *att = apex_causal_attention(g, q, k, k);
+    assert_non_null(att);
+    apex_var *y = apex_reshape(g, att, 2, shape);
+    apex_var *l = apex_cross_entropy(g, y, tg, &(apex_cross_entropy_options){.use_ignore_index = 1, .ignore_index = -100,
+                                                                             .label_smoothing = 0.05f});
+    if (!l) fail_msg("cross_entropy on %s: %s", dev ? "cuda" : "cpu", apex_last_error());
+    TU_OK(apex_backward(l, NULL));
+    loss[dev] = apex_var_item(l);
+    grad[dev] = values(apex_var_grad(x));
+    offset[dev] = rng.offset;
+    apex_graph_destroy(g);
+    apex_var_destroy(x);
+  }
+  close_to("graph: dropout -> attention -> cross entropy loss", &loss[0], &loss[1], 1, 1e-5);
+  close_to("graph: dropout -> attention -> cross entropy grad", grad[0], grad[1], 24 * 8, 1e-5);
+  int ok = offset[0] == offset[1];
+  printf("%s graph: generator offsets cpu %llu cuda %llu\n", ok ? "PASS" : "FAIL", (unsigned long long)offset[0], (unsigned long long)offset[1]);
+  failures += !ok;
+  free(grad[0]);
+  free(grad[1]);
+  apex_tensor_destroy(hv);
+  apex_tensor_destroy(h);
+}
+
 static void test_no_failures(void **state) {
   (void)state;
   printf("%s cuda nn contract: %d failing check(s)\n", failures ? "FAIL" : "PASS", failures);
@@ -384,7 +455,8 @@ int main(void) {
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_refuses_mixed_dtypes), cmocka_unit_test(test_cross_entropy),
-      cmocka_unit_test(test_dropout),   cmocka_unit_test(test_batch_norm),                     cmocka_unit_test(test_no_failures),
+      cmocka_unit_test(test_dropout),   cmocka_unit_test(test_batch_norm),                     cmocka_unit_test(test_graph_fronts),
+      cmocka_unit_test(test_no_failures),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
