@@ -97,7 +97,12 @@ apex_status apex__cuda_mt_scale(const apex__cuda_list *in, const apex__cuda_list
 apex_status apex__cuda_mt_axpby(const apex__cuda_list *x, const apex__cuda_list *y, const apex__cuda_list *out,
                                 float a, float b, int arg_to_check, int *d_flag);
 /* Global and per-tensor L2 norms of x * inv_scale, into device f32 d_global[1] and d_per[n] (either may
- * be NULL); sums of squares in f32 per block, combined in f64 in a fixed order (deterministic). */
+ * be NULL), summed in the CPU's order (chunks of chunk_size, 0 = APEX_MT_DEFAULT_CHUNK; tiles of eight f32
+ * lanes; f64 across tiles, chunks and tensors), so they are the CPU's bits: LAMB's trust ratio and
+ * clipping, and NovoGrad's norms, then match the CPU's. */
+apex_status apex__cuda_mt_l2norm_chunked(const apex__cuda_list *x, size_t chunk_size, float inv_scale, float *d_global,
+                                         float *d_per, int *d_flag);
+/* apex__cuda_mt_l2norm_chunked with the default chunk. */
 apex_status apex__cuda_mt_l2norm(const apex__cuda_list *x, float inv_scale, float *d_global, float *d_per,
                                  int *d_flag);
 
