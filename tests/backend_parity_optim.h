@@ -512,11 +512,15 @@ static void gpu_resume_case(const optim_case *c, apex_dtype pdt) {
     assert_same_bits(dp2[i], x, "resumed GPU parameter");
     apex_tensor_destroy(x);
   }
-  /* The GPU's bytes load into the CPU optimizer, which then holds the GPU's masters. */
+  /* The GPU's bytes load into the CPU optimizer, which then holds the GPU's masters. An f32 parameter has
+   * no master: apex_optimizer_master gives the parameter itself, which the optimizer state does not hold
+   * (the model does), so the CPU model first gets the GPU's parameters, as from a checkpoint. (Comparing
+   * without them compared the GPU's stepped f32 parameter with the CPU's initial one.) */
+  for (int i = 0; i < P; i++) TU_OK(apex_tensor_copy(hp[i], dp[i]));
   TU_OK(apex_optimizer_load(h, ba, sa));
   for (int i = 0; i < P; i++) {
-    if (apex_optimizer_master(a, 0, i))
-      assert_same_bits(apex_optimizer_master(a, 0, i), apex_optimizer_master(h, 0, i), "master loaded on the CPU");
+    assert_true((apex_optimizer_master(a, 0, i) == dp[i]) == (pdt == APEX_F32));
+    assert_same_bits(apex_optimizer_master(a, 0, i), apex_optimizer_master(h, 0, i), "master loaded on the CPU");
     assert_int_equal(apex_optimizer_step_count(h, 0, i), 10);
   }
   size_t sh;

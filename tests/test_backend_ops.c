@@ -365,7 +365,10 @@ static apex_status run_mt(mt_kind kind, apex_dtype dt, apex_device dev, apex_cpu
   case MT_CHECK_FINITE:
   case MT_CHECK_INF: st = apex_mt_check_finite(x, MT_N, &overflow); break;
   case MT_UNSCALE_FLAT:
-    if ((st = apex_tensor_flatten(x, MT_N, &flat)) == APEX_OK) st = apex_mt_unscale_flat(flat, 1.0f / 512, &overflow);
+    /* the flat buffer must stay on the list's device (it was a host buffer filled by memcpy from the GPU) */
+    if ((st = apex_tensor_flatten(x, MT_N, &flat)) == APEX_OK && apex_tensor_device(flat) != dev)
+      fail_msg("apex_tensor_flatten: the flat buffer of device %d tensors is on device %d", (int)dev, (int)apex_tensor_device(flat));
+    if (st == APEX_OK) st = apex_mt_unscale_flat(flat, 1.0f / 512, &overflow);
     break;
   }
   if (st == APEX_OK) {

@@ -68,7 +68,9 @@ APEX_API void apex_optimizer_destroy(apex_optimizer *opt);
  *                         [0, 1), ...), an option the kind does not use;
  *   APEX_ERR_SHAPE        a gradient whose shape differs from its parameter's;
  *   APEX_ERR_DTYPE        a parameter or gradient dtype outside f32/f16/bf16;
- *   APEX_ERR_DEVICE       a tensor not on the CPU;
+ *   APEX_ERR_DEVICE       a parameter on another device than parameter 0, or a gradient on another
+ *                         device than its parameter: a group lives on one device (the CPU or a GPU),
+ *                         where its masters, state and step counts are made;
  *   APEX_ERR_OUT_OF_MEMORY.
  * Returns the new group's index through group_out (may be NULL). */
 APEX_API apex_status apex_optimizer_add_group(apex_optimizer *opt, apex_tensor *const *params, int n_params,

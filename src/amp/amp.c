@@ -1,6 +1,12 @@
 /* amp.c: initialize (casting models, telling the optimizers), the scaled backward with its fused
  * unscale + overflow check, the skipping step, and amp's state. The contract is in amp.h; the
- * configuration and its checks are in properties.c. */
+ * configuration and its checks are in properties.c.
+ *
+ * Models on a GPU take the device path (backward_on_device and step_on_device below): the scalers live on the device, the backward's seed is the device scale, the
+ * unscale reads the scale and raises found_inf there, the scaler's update raises the skip flag of each
+ * optimizer the loss reached (one device int each), and the step reads that flag in its kernels. So a
+ * step never waits for the GPU; only what hands a value to the host waits (the loss, the scale, the
+ * state, *skipped), when asked. On the CPU the host path below runs, unchanged. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -9,9 +15,11 @@
 
 #include "apex/amp.h"
 #include "apex/multi_tensor.h"
+#include "amp/amp_internal.h"
 #include "autograd/leaf_sink.h"
 #include "backend/backend.h"
 #include "core/internal.h"
+#include "optim/optim_internal.h"
 
 /* One optimizer parameter that amp manages. */
 typedef struct {
@@ -55,6 +63,10 @@ struct apex_amp {
   apex_loss_scaler **scalers;
   amp_reg *regs;
   int n_regs, cap_regs;
+  /* the device path (models on a GPU, or a CPU run asked for by apex__amp_use_device_path) */
+  int on_device;
+  const apex_backend *be; /* the models' device */
+  int32_t *d_skip;        /* n_opts ints in its memory: optimizer o's next step is skipped when nonzero */
 };
 
 /* ---- the models initialised so far, to refuse a second initialize ------------------------------ */
@@ -145,6 +157,7 @@ void apex_amp_destroy(apex_amp *amp) {
   registry_remove(amp->models, amp->n_models);
   free_opts(amp);
   for (int i = 0; amp->scalers && i < amp->p.num_losses; i++) apex_loss_scaler_destroy(amp->scalers[i]);
+  if (amp->d_skip) amp->be->mem->free(amp->d_skip);
   free(amp->scalers);
   free(amp->models);
   free(amp->regs);
@@ -268,6 +281,61 @@ static apex_status already_initialised(int m) {
                     "(destroy the other apex_amp first)", m);
 }
 
+/* The device of every parameter of every model (they must share one), or APEX_ERR_DEVICE. */
+static apex_status models_device(apex_model *const *models, int n_models, apex_device *dev) {
+  int seen = 0;
+  for (int m = 0; m < n_models; m++)
+    for (size_t i = 0; i < apex_model_num_params(models[m]); i++) {
+      const char *name;
+      apex_device d = apex_tensor_device(apex_var_value(apex_model_param(models[m], i, &name)));
+      if (!seen) *dev = d, seen = 1;
+      else if (d != *dev)
+        return apex__fail(APEX_ERR_DEVICE, "apex_amp_initialize: parameter '%s' of model %d is on the %s but the models' first "
+                          "parameter on the %s; amp's models live on one device", name, m, apex__device_name(d),
+                          apex__device_name(*dev));
+    }
+  if (!seen) *dev = APEX_DEVICE_CPU;
+  return APEX_OK;
+}
+
+/* Puts amp on the device path for the models' device: scalers there, a zeroed skip flag per optimizer. */
+static apex_status use_device_path(apex_amp *amp, apex_device dev) {
+  const char *fn = "apex_amp_initialize";
+  if (amp->n_opts > 64)
+    return apex__fail(APEX_ERR_UNSUPPORTED, "%s: %d optimizers; amp on a device manages at most 64", fn, amp->n_opts);
+  const apex_backend *be = apex__backend_need(dev, fn);
+  if (!be) return apex_last_status();
+  void *flags = NULL;
+  apex_status st = be->mem->alloc(sizeof(int32_t) * (size_t)(amp->n_opts ? amp->n_opts : 1), 1, &flags);
+  if (st != APEX_OK) return st;
+  apex_loss_scaler **sc = calloc((size_t)amp->p.num_losses, sizeof *sc);
+  if (!sc) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  for (int i = 0; st == APEX_OK && i < amp->p.num_losses; i++)
+    if (!(sc[i] = apex_loss_scaler_create_on(dev, &amp->p.scaler))) st = apex_last_status();
+  if (st != APEX_OK) {
+    for (int i = 0; sc && i < amp->p.num_losses; i++) apex_loss_scaler_destroy(sc[i]);
+    free(sc);
+    be->mem->free(flags);
+    return st;
+  }
+  /* the host scalers, untouched so far, give way to the device ones */
+  for (int i = 0; i < amp->p.num_losses; i++) apex_loss_scaler_destroy(amp->scalers[i]);
+  free(amp->scalers);
+  amp->scalers = sc;
+  amp->be = be;
+  amp->d_skip = flags;
+  amp->on_device = 1;
+  return APEX_OK;
+}
+
+apex_status apex__amp_use_device_path(apex_amp *amp) {
+  if (!amp) return apex__fail(APEX_ERR_INVALID_ARG, "apex__amp_use_device_path: NULL amp");
+  if (amp->on_device) return APEX_OK;
+  apex_device dev;
+  apex_status st = models_device(amp->models, amp->n_models, &dev);
+  return st == APEX_OK ? use_device_path(amp, dev) : st;
+}
+
 static apex_status check_models(apex_model *const *models, int n_models, apex_optimizer *const *opts, int n_opts) {
   if (!models || n_models < 1) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_initialize: no model");
   if (n_opts < 0 || (n_opts > 0 && !opts)) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_initialize: bad optimizer list");
@@ -332,6 +400,9 @@ apex_status apex_amp_initialize(apex_model *const *models, int n_models, apex_op
   if (st == APEX_OK && props.enabled && props.cast_model) st = cast_models(amp);
   if (st == APEX_OK && props.enabled) st = attach_grads(amp);
   for (int o = 0; st == APEX_OK && props.enabled && props.combine_grad && o < amp->n_opts; o++) st = combine_grads(&amp->opts[o]);
+  apex_device dev = APEX_DEVICE_CPU;
+  if (st == APEX_OK) st = models_device(models, n_models, &dev);
+  if (st == APEX_OK && props.enabled && dev != APEX_DEVICE_CPU) st = use_device_path(amp, dev);
   if (st != APEX_OK) {
     apex_amp_destroy(amp);
     return st;
@@ -603,6 +674,116 @@ static apex_status record_overflow(apex_amp *amp, int loss_id, int overflow, amp
   return st;
 }
 
+/* ---- the device path: backward and step without waiting ------------------------------------------- */
+
+/* The unscale of one optimizer's new gradients on the device: x / scale into the optimizer's gradients,
+ * reading the scale and raising found_inf where the scaler's state is (the host path's unscale, with the
+ * scale never brought to the host). Earlier values (another loss, accumulation) are added after the new
+ * gradients were unscaled in place. */
+static apex_status unscale_on_device(amp_opt *ao, apex_loss_scaler *sc) {
+  if (ao->n_flat && !ao->dirty) {
+    apex_status st = apex_loss_scaler_unscale(sc, ao->flat_x, ao->flat_out, ao->n_flat);
+    for (int f = 0; f < ao->n_flat && st == APEX_OK; f++)
+      if (ao->flat_out[f] != ao->flat_x[f]) st = apex_tensor_fill(ao->flat_x[f], 0.0f);
+    return st;
+  }
+  unscale_lists fresh = {0}, accum = {0};
+  apex_status st = lists_alloc(&fresh, ao->n);
+  if (st == APEX_OK) st = lists_alloc(&accum, ao->n);
+  for (int k = 0; k < ao->n && st == APEX_OK; k++) {
+    amp_param *ap = &ao->params[k];
+    apex_tensor *grad = apex_var_grad(ap->var), *dst = ap->master_grad ? ap->master_grad : grad;
+    if (!ao->dirty) {
+      fresh.x[fresh.n] = grad;
+      fresh.out[fresh.n++] = dst;
+    } else {
+      accum.x[accum.n] = grad;
+      accum.y[accum.n] = ap->master_grad ? ap->master_grad : ap->stash;
+      accum.out[accum.n++] = dst;
+    }
+  }
+  if (st == APEX_OK && fresh.n) st = apex_loss_scaler_unscale(sc, fresh.x, fresh.out, fresh.n);
+  if (st == APEX_OK && accum.n) st = apex_loss_scaler_unscale(sc, accum.x, accum.x, accum.n);
+  if (st == APEX_OK && accum.n) st = apex_mt_axpby(0, NULL, accum.x, accum.y, accum.out, accum.n, 1.0f, 1.0f, 0);
+  for (int k = 0; k < ao->n && st == APEX_OK; k++)
+    if (ao->params[k].master_grad) st = apex_tensor_fill(apex_var_grad(ao->params[k].var), 0.0f);
+  lists_free(&fresh);
+  lists_free(&accum);
+  return st;
+}
+
+/* apex_amp_backward on the device path (the contract is amp.h's, with the differences it states: a
+ * non-finite loss raises found_inf where the loss is, so the backward returns APEX_OK and the step is
+ * skipped, and no overflow line is printed, since knowing it would wait). */
+static apex_status backward_on_device(apex_amp *amp, apex_var *loss, int loss_id, const apex_amp_backward_options *opts,
+                                      amp_opt **sel, int n_sel) {
+  apex_loss_scaler *sc = amp->scalers[loss_id];
+  int delay = opts && opts->delay_unscale;
+  apex_status (*before_unscale)(void *) = opts ? opts->before_unscale : NULL;
+  apex_status (*reduce_overflow)(void *, int *) = opts ? opts->reduce_overflow : NULL;
+  void *hctx = opts ? opts->hook_ctx : NULL;
+  apex_backward_options bo = {.retain_graph = opts ? opts->retain_graph : 0};
+  /* an Inf/NaN loss counts as an overflow, found where the loss is */
+  apex_tensor *lv = apex_var_value(loss);
+  apex_status st = apex_loss_scaler_check(sc, &lv, 1);
+  for (int i = 0; i < n_sel && st == APEX_OK; i++)
+    if (!sel[i]->scaled && sel[i]->dirty) st = stash_grads(sel[i]);
+  /* d(loss * scale) = scale * d(loss): the seed is 1 times the device scale */
+  apex_tensor *seed = NULL;
+  if (st == APEX_OK && !(seed = apex_tensor_create_on(apex_tensor_device(lv), APEX_F32, 0, NULL))) st = apex_last_status();
+  if (st == APEX_OK) st = apex_tensor_fill(seed, 1.0f);
+  if (st == APEX_OK) st = apex_loss_scaler_scale_tensor(sc, seed);
+  bo.grad_output = seed;
+  int ran = st == APEX_OK;
+  if (ran) st = apex_backward(loss, &bo);
+  apex_tensor_destroy(seed);
+  if (ran && before_unscale) {
+    apex_status hs = before_unscale(hctx);
+    if (st == APEX_OK) st = hs;
+  }
+  for (int i = 0; i < n_sel && st == APEX_OK; i++) {
+    if (delay) {
+      sel[i]->scaled = 1;
+      continue;
+    }
+    st = unscale_on_device(sel[i], sc);
+    sel[i]->scaled = 0;
+    sel[i]->dirty = 1;
+  }
+  int overflow = 0;
+  if (ran && reduce_overflow && !delay && st == APEX_OK) {
+    /* the ranks agree on the flag through the host: this is the one wait of such a step */
+    int32_t h = 0;
+    st = amp->be->mem->copy(&h, apex_loss_scaler_found_inf_ptr(sc), sizeof h, APEX_COPY_D2H, 1);
+    overflow = h != 0;
+    apex_status hs = reduce_overflow(hctx, &overflow);
+    if (st == APEX_OK) st = hs;
+  }
+  if (st == APEX_OK && !delay) {
+    uint64_t mask = 0;
+    for (int i = 0; i < n_sel; i++) mask |= (uint64_t)1 << (sel[i] - amp->opts);
+    st = apex__loss_scaler_update_raise(sc, overflow, amp->d_skip, mask);
+  }
+  if (ran && st != APEX_OK)
+    for (int i = 0; i < n_sel; i++) sel[i]->failed = 1;
+  return st;
+}
+
+/* apex_amp_step on the device path: the kernels read the optimizer's skip flag where it is, which is then
+ * cleared there; *skipped, when asked for, is read from the device (the one wait). */
+static apex_status step_on_device(apex_amp *amp, amp_opt *ao, int *skipped) {
+  int32_t *flag = amp->d_skip + (ao - amp->opts);
+  apex_status st = apex__optimizer_step_skip_at(ao->opt, (const int *)flag, "apex_amp_step");
+  ao->skip = 0;
+  if (st == APEX_OK && skipped) {
+    int32_t h = 0;
+    st = amp->be->mem->copy(&h, flag, sizeof h, APEX_COPY_D2H, 1);
+    *skipped = h != 0;
+  }
+  if (st == APEX_OK) st = amp->be->mem->fill(flag, APEX_F32, 0.0f, 1);
+  return st;
+}
+
 apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const apex_amp_backward_options *opts) {
   if (!amp || !loss) return apex__fail(APEX_ERR_INVALID_ARG, "apex_amp_backward: NULL amp or loss");
   if (loss_id < 0 || loss_id >= amp->p.num_losses)
@@ -627,6 +808,11 @@ apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const 
     return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_backward: out of memory");
   int n_sel = 0;
   apex_status st = select_opts(amp, opts, selp, &n_sel);
+  if (amp->on_device) {
+    if (st == APEX_OK) st = backward_on_device(amp, loss, loss_id, opts, selp, n_sel);
+    if (selp != sel) free(selp);
+    return st;
+  }
   float scale = apex_loss_scaler_scale(amp->scalers[loss_id]);
   if (st == APEX_OK && !isfinite(apex_var_item(loss))) {
     /* Nothing to run backward through: treat as an overflow (back off, skip) and say so. The other
@@ -705,6 +891,7 @@ apex_status apex_amp_step(apex_amp *amp, apex_optimizer *opt, int *skipped) {
   if (ao->failed)
     return apex__fail(APEX_ERR_STATE, "apex_amp_step: an apex_amp_backward since the last apex_amp_zero_grad failed, so the "
                                       "gradients are incomplete; call apex_amp_zero_grad and run the iteration again");
+  if (amp->on_device) return step_on_device(amp, ao, skipped);
   int skip = ao->skip;
   ao->skip = 0;
   if (skipped) *skipped = skip;
@@ -723,6 +910,7 @@ apex_status apex_amp_zero_grad(apex_amp *amp) {
       if (ao->params[k].master_grad) apex_tensor_fill(ao->params[k].master_grad, 0.0f);
     ao->skip = ao->scaled = ao->dirty = ao->failed = 0;
   }
+  if (amp->on_device) return amp->be->mem->fill(amp->d_skip, APEX_F32, 0.0f, (size_t)amp->n_opts); /* 0.0f's bits are int 0 */
   return APEX_OK;
 }
 

@@ -44,11 +44,15 @@ typedef struct apex_scaler_dev {
   int32_t found_inf; /* raised by the unscale/check kernels, cleared by the update */
 } apex_scaler_dev;
 
-/* One update of the scale (backend/scale_rule.h) from state->found_inf, which it then clears. */
+/* One update of the scale (backend/scale_rule.h) from state->found_inf, which it then clears. When it
+ * found an overflow it also sets dev_raise[i] = 1 for every bit i of raise_mask (device ints beside the
+ * state: the skip flags of the optimizers the loss reached, which amp's step reads where they are). */
 typedef struct apex_scaler_update_args {
   const char *fn;
   apex_scaler_dev *dev_state;       /* where the gradients are */
   const apex_loss_scaler_config *c; /* host */
+  int32_t *dev_raise;               /* may be NULL (then raise_mask is ignored) */
+  uint64_t raise_mask;
 } apex_scaler_update_args;
 
 #endif

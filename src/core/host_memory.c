@@ -2,6 +2,7 @@
  * uses them; the CPU backend's table points at them. Host memory is 64-byte aligned (a cache line; also
  * what AVX-512 loads like) and padded to a whole number of lines, so that vector loops may read a full
  * line; copies, conversions and fills run on the calling thread's OpenMP team. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,8 +27,11 @@ static apex_status cpu_alloc(size_t bytes, int zero, void **out) {
 
 static void cpu_free(void *p) { free(p); }
 
+static atomic_ullong cpu_waits; /* calls that would have waited on a device */
+
 static apex_status cpu_copy(void *dst, const void *src, size_t bytes, apex_copy_kind kind, int wait) {
-  (void)kind, (void)wait; /* every side is the host, and the copy is done on return */
+  /* every side is the host, and the copy is done on return */
+  if (kind == APEX_COPY_D2H && wait) atomic_fetch_add_explicit(&cpu_waits, 1, memory_order_relaxed);
   memcpy(dst, src, bytes);
   return APEX_OK;
 }
@@ -51,10 +55,13 @@ static apex_status cpu_fill(void *dst, apex_dtype dtype, float value, size_t n) 
 
 static apex_status cpu_sync(const char *what) {
   (void)what;
+  atomic_fetch_add_explicit(&cpu_waits, 1, memory_order_relaxed);
   return APEX_OK;
 }
 
+static unsigned long long cpu_wait_count(void) { return atomic_load_explicit(&cpu_waits, memory_order_relaxed); }
+
 const apex_memory apex__host_memory = {
     .device = APEX_DEVICE_CPU, .name = "CPU", .ready = cpu_ready, .alloc = cpu_alloc, .free = cpu_free,
-    .copy = cpu_copy, .convert = cpu_convert, .fill = cpu_fill, .sync = cpu_sync,
+    .copy = cpu_copy, .convert = cpu_convert, .fill = cpu_fill, .sync = cpu_sync, .waits = cpu_wait_count,
 };

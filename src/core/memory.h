@@ -46,6 +46,11 @@ typedef struct apex_memory {
   apex_status (*fill)(void *dst, apex_dtype dtype, float value, size_t n);
   /* Waits for all queued work; `what` names the caller in a failure's message. */
   apex_status (*sync)(const char *what);
+  /* How many times, since the process started, the host has waited for this device: a sync, or a copy
+   * that waited (every copy to the host). For tests that count a step's waits (amp waits at most once a
+   * step on a GPU). The host's own memory counts the calls that would wait on a device (syncs and
+   * waiting copies to the host), which a CPU step makes none of. */
+  unsigned long long (*waits)(void);
 } apex_memory;
 
 /* Host memory's slots (host_memory.c). */

@@ -1,6 +1,7 @@
 /* flatten.c: Apex's "combine tensors": many tensors into one contiguous buffer with the originals as
  * views into it (so one multi-tensor launch, one all-reduce, or one unscale covers them all), and
- * the inverse, views of a flat buffer shaped like a list of tensors. */
+ * the inverse, views of a flat buffer shaped like a list of tensors. The flat buffer lives on the
+ * tensors' device and is filled through that device's memory slots: a GPU list stays on the GPU. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,9 @@ apex_status apex_tensor_flatten(apex_tensor *const *tensors, int n, apex_tensor 
     if (t->dtype != tensors[0]->dtype)
       return apex__fail(APEX_ERR_DTYPE, "apex_tensor_flatten: tensor %d is %s but tensor 0 is %s; flatten each dtype separately", i,
                         apex_dtype_name(t->dtype), apex_dtype_name(tensors[0]->dtype));
+    if (t->device != tensors[0]->device)
+      return apex__fail(APEX_ERR_DEVICE, "apex_tensor_flatten: tensor %d is on %s but tensor 0 is on %s; flatten each device separately",
+                        i, t->storage->mem->name, tensors[0]->storage->mem->name);
     if (!t->storage->owned)
       return apex__fail(APEX_ERR_INVALID_ARG, "apex_tensor_flatten: tensor %d wraps caller memory, which apex cannot re-point", i);
     for (int j = 0; j < i; j++)
@@ -25,12 +29,23 @@ apex_status apex_tensor_flatten(apex_tensor *const *tensors, int n, apex_tensor 
     total += t->numel;
   }
   int64_t shape = (int64_t)total;
-  apex_tensor *f = apex_tensor_create(tensors[0]->dtype, 1, &shape);
-  if (!f) return APEX_ERR_OUT_OF_MEMORY;
+  const apex_memory *m = tensors[0]->storage->mem;
+  apex_tensor *f = apex__tensor_create_with(m, tensors[0]->dtype, 1, &shape, "apex_tensor_flatten");
+  if (!f) return apex_last_status();
   size_t esz = apex_dtype_size(f->dtype), at = 0;
+  /* every copy first, so that a failed one leaves the tensors as they were */
+  for (int i = 0; i < n; i++) {
+    const apex_tensor *t = tensors[i];
+    apex_status st = m->copy((char *)apex_tensor_data(f) + at * esz, apex_tensor_data(t), t->numel * esz, APEX_COPY_D2D, 0);
+    if (st != APEX_OK) {
+      apex_tensor_destroy(f);
+      return st;
+    }
+    at += t->numel;
+  }
+  at = 0;
   for (int i = 0; i < n; i++) {
     apex_tensor *t = tensors[i];
-    memcpy((char *)apex_tensor_data(f) + at * esz, apex_tensor_data(t), t->numel * esz);
     apex__storage_release(t->storage);
     apex__storage_retain(f->storage);
     t->storage = f->storage;

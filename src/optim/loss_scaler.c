@@ -175,7 +175,7 @@ apex_status apex_loss_scaler_scale_tensor(apex_loss_scaler *s, apex_tensor *t) {
   return scale_lists(s, one, one, 1, 0, "apex_loss_scaler_scale_tensor");
 }
 
-apex_status apex_loss_scaler_update(apex_loss_scaler *s, int found_inf, int *skip) {
+static apex_status update_impl(apex_loss_scaler *s, int found_inf, int *skip, int32_t *raise, uint64_t mask) {
   const char *fn = "apex_loss_scaler_update";
   if (!s) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL scaler", fn);
   if (on_cpu(s)) {
@@ -183,6 +183,8 @@ apex_status apex_loss_scaler_update(apex_loss_scaler *s, int found_inf, int *ski
     if (skip) *skip = found;
     s->at_min = apex__scale_rule(&s->host.st, &s->cfg, found);
     s->host.found_inf = 0;
+    for (int i = 0; found && raise && i < 64; i++)
+      if (mask >> i & 1u) raise[i] = 1;
     return APEX_OK;
   }
   if (skip)
@@ -197,7 +199,16 @@ apex_status apex_loss_scaler_update(apex_loss_scaler *s, int found_inf, int *ski
     apex_status st = s->b->mem->copy(&s->d->found_inf, &one, sizeof one, APEX_COPY_H2D, 0);
     if (st != APEX_OK) return st;
   }
-  return s->b->scaler_update(&(apex_scaler_update_args){.fn = fn, .dev_state = s->d, .c = &s->cfg});
+  return s->b->scaler_update(&(apex_scaler_update_args){.fn = fn, .dev_state = s->d, .c = &s->cfg, .dev_raise = raise,
+                                                        .raise_mask = mask});
+}
+
+apex_status apex_loss_scaler_update(apex_loss_scaler *s, int found_inf, int *skip) {
+  return update_impl(s, found_inf, skip, NULL, 0);
+}
+
+apex_status apex__loss_scaler_update_raise(apex_loss_scaler *s, int found_inf, int32_t *raise, uint64_t mask) {
+  return update_impl(s, found_inf, NULL, raise, mask);
 }
 
 int apex_loss_scaler_at_min(const apex_loss_scaler *s) { return s ? s->at_min : 0; }

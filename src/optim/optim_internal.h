@@ -94,6 +94,16 @@ apex_status apex__optim_resolve(const apex__optim_ops *ops, const apex_optim_opt
 /* The backend a scaler's state lives on, and where in its memory the scale and found_inf flag are (for
  * apex_optimizer_step_scaled's kernels). */
 const apex_backend *apex__loss_scaler_where(apex_loss_scaler *s, const float **scale, const int **found_inf);
+/* apex_loss_scaler_update(s, found_inf, NULL) that, when it finds an overflow, also sets raise[i] = 1 for
+ * every bit i of mask: ints in the memory of the scaler's device (amp's per-optimizer skip flags), so that
+ * the update and the skip stay where the state is and nobody waits. */
+apex_status apex__loss_scaler_update_raise(apex_loss_scaler *s, int found_inf, int32_t *raise, uint64_t mask);
+
+/* ---- optimizer.c: the step with the skip read where the tensors are ---- */
+
+/* apex_optimizer_step for gradients already unscaled, skipped when *d_skip (an int in the memory of
+ * the optimizer's device) is nonzero: read by the backend's kernels, so a GPU step does not wait. */
+apex_status apex__optimizer_step_skip_at(apex_optimizer *opt, const int *d_skip, const char *fn);
 
 /* A group's step counts and per-tensor scalars on the host (copied from the device for a CUDA group). */
 apex_status apex__optim_steps_to_host(apex__group *g);

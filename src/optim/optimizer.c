@@ -574,6 +574,14 @@ apex_status apex_optimizer_step(apex_optimizer *opt, float grad_scale, int overf
   return step_impl(opt, inv_scale, NULL, NULL, "apex_optimizer_step");
 }
 
+apex_status apex__optimizer_step_skip_at(apex_optimizer *opt, const int *d_skip, const char *fn) {
+  if (!opt) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL optimizer", fn);
+  if (opt->ngroups == 0) return apex__fail(APEX_ERR_STATE, "%s: the optimizer has no parameter groups; add one first", fn);
+  float clip = opt->clip_coef;
+  opt->clip_coef = 1.0f;
+  return step_impl(opt, clip, NULL, d_skip, fn);
+}
+
 apex_status apex_optimizer_step_scaled(apex_optimizer *opt, apex_loss_scaler *scaler) {
   const char *fn = "apex_optimizer_step_scaled";
   if (!opt || !scaler) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL %s", fn, opt ? "scaler" : "optimizer");

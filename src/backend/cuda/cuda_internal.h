@@ -47,6 +47,8 @@ enum { APEX__H2D = 1, APEX__D2H = 2, APEX__D2D = 3 };
 /* Copies bytes, queued on the stream; with wait set, returns once it (and all earlier work) is done. */
 apex_status apex__cuda_memcpy(void *dst, const void *src, size_t bytes, int direction, int wait);
 apex_status apex__cuda_sync(const char *what);
+/* How many times the host has waited for the GPU (apex_memory.waits). */
+unsigned long long apex__cuda_waits(void);
 /* What apex/cuda.h publishes (backend/cuda_api.c; only called once apex__cuda_ready said yes). */
 apex_status apex__cuda_device_name(char *buf, size_t size);
 void apex__cuda_stats(apex_cuda_memory_stats *out, int reset_peak);
@@ -98,7 +100,12 @@ apex_status apex__cuda_mt_scale(const apex__cuda_list *in, const apex__cuda_list
 apex_status apex__cuda_mt_axpby(const apex__cuda_list *x, const apex__cuda_list *y, const apex__cuda_list *out,
                                 float a, float b, int arg_to_check, int *d_flag);
 /* Global and per-tensor L2 norms of x * inv_scale, into device f32 d_global[1] and d_per[n] (either may
- * be NULL); sums of squares in f32 per block, combined in f64 in a fixed order (deterministic). */
+ * be NULL), summed in the CPU's order (chunks of chunk_size, 0 = APEX_MT_DEFAULT_CHUNK; tiles of eight f32
+ * lanes; f64 across tiles, chunks and tensors), so they are the CPU's bits: LAMB's trust ratio and
+ * clipping, and NovoGrad's norms, then match the CPU's. */
+apex_status apex__cuda_mt_l2norm_chunked(const apex__cuda_list *x, size_t chunk_size, float inv_scale, float *d_global,
+                                         float *d_per, int *d_flag);
+/* apex__cuda_mt_l2norm_chunked with the default chunk. */
 apex_status apex__cuda_mt_l2norm(const apex__cuda_list *x, float inv_scale, float *d_global, float *d_per,
                                  int *d_flag);
 
@@ -136,7 +143,8 @@ apex_status apex__cuda_novograd_step(const apex__cuda_step *s);
 /* The device half of a GPU apex_loss_scaler (backend/args_optim.h). */
 typedef apex_scaler_dev apex__cuda_scaler_dev;
 /* One update (backend/scale_rule.h) from found_inf, which it then clears; queued, never waits. */
-apex_status apex__cuda_scaler_update(apex__cuda_scaler_dev *d, const apex_loss_scaler_config *c);
+apex_status apex__cuda_scaler_update(apex__cuda_scaler_dev *d, const apex_loss_scaler_config *c, int32_t *raise,
+                                     uint64_t raise_mask);
 
 /* ---- norm.cu, xent.cu, bn_stats.cu, gemm.cu: the fused kernels (see apex/cuda.h) ---------------------------- */
 

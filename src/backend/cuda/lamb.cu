@@ -1,8 +1,8 @@
 /* lamb.cu: LAMB on the GPU, the same two stages as backend/cpu/optim_lamb.c (read its header for the rule):
  *   stage 1  m, v and u = (m / bc1) / (sqrt(v / bc2) + eps) + wd_w * p, u into a device scratch;
- *   norms    ||p|| and ||u|| per tensor with the multi-tensor l2norm (f32 per block, f64 per tensor: the
- *            CPU sums in another order, so these differ from it in the last bits; the parity test allows
- *            for that);
+ *   norms    ||p|| and ||u|| per tensor with the multi-tensor l2norm, which sums in the CPU's order (tiles
+ *            of eight f32 lanes, f64 across tiles and chunks): the CPU's bits, so the trust ratio is the
+ *            CPU's (the global gradient norm for clipping comes from the same l2norm);
  *   stage 2  p -= ratio * u, ratio = lr * ||p|| / ||u|| (weight decay or use_nvlamb, both norms non-zero)
  *            else lr; the f16/bf16 model copy written from p; then the step counts advance.
  * Everything reads the skip flag, the loss scale and the global gradient norm from the device, so the

@@ -10,5 +10,5 @@ static apex_status cuda_copy(void *dst, const void *src, size_t bytes, apex_copy
 const apex_memory apex__cuda_memory = {
     .device = APEX_DEVICE_CUDA, .name = "CUDA", .ready = apex__cuda_ready, .alloc = apex__cuda_alloc,
     .free = apex__cuda_free, .copy = cuda_copy, .convert = apex__cuda_convert, .fill = apex__cuda_fill,
-    .sync = apex__cuda_sync,
+    .sync = apex__cuda_sync, .waits = apex__cuda_waits,
 };

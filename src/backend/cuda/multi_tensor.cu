@@ -1,5 +1,5 @@
 /* multi_tensor.cu: the multi-tensor kernels of multi_tensor.h on device tensors: scale (the unscale
- * with overflow check), axpby and the L2 norms, over mt_apply.cuh. The overflow flag is a device int
+ * with overflow check), axpby over mt_apply.cuh, and the L2 norms in the CPU's summation order. The overflow flag is a device int
  * that kernels only ever set, so one flag gathers many launches with no host round trip. */
 #include <cuda_runtime.h>
 
@@ -7,7 +7,6 @@ extern "C" {
 #include "core/internal.h"
 #include "backend/cuda/cuda_internal.h"
 }
-#include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/mt_apply.cuh"
 
 static apex_status launched(cudaError_t e, const char *what) {
@@ -70,46 +69,76 @@ extern "C" apex_status apex__cuda_mt_axpby(const apex__cuda_list *x, const apex_
   return launched(mt_apply(3, lists, op), "CUDA multi-tensor axpby");
 }
 
-/* Sums of squares: each chunk's in f32 (a fixed tree inside the block), written to partial[chunk]. The
- * norm needs a per-thread accumulator, which mt_kernel's element loop does not carry, so it has its own
- * loop over the same table. */
-__global__ void __launch_bounds__(MT_THREADS) sumsq_kernel(const __grid_constant__ MtTable t, float inv_scale,
-                                                           float *partial, int *flag) {
-  __shared__ float red[MT_THREADS / 32];
-  for (int c = blockIdx.x; c < t.cstart[t.n]; c += gridDim.x) {
-    int k = 0;
-    while (t.cstart[k + 1] <= c) k++;
-    int64_t start = (int64_t)(c - t.cstart[k]) * MT_CHUNK;
-    int64_t end = start + MT_CHUNK < t.numel[k] ? start + MT_CHUNK : t.numel[k];
-    float acc = 0.0f;
-    bool bad = false;
-    for (int64_t i = start + threadIdx.x; i < end; i += MT_THREADS) {
-      float x = apex_ld(t.ptr[0][k], t.dtype[0][k], i) * inv_scale;
+/* The L2 norms in the CPU's order, so that they are its bits (backend/cpu/multi_tensor.c, norm_tile, and
+ * LAMB's per-tensor norms, which sum the same way): each tensor is cut into chunks of chunk_size elements
+ * and each chunk into tiles of APEX_MT_TILE; a tile's squares go into eight f32 lanes (element i of the
+ * tile into lane i % 8, in order), which are added as ((0+1)+(2+3))+((4+5)+(6+7)); a chunk's tiles are
+ * added in f64 in order, a tensor's chunks in order, the tensors in order. -fmad=false keeps every
+ * multiply and add rounded as on the CPU. Eight threads take a tile (a lane each), so a GPU keeps many
+ * tiles in flight; each chunk owns tpc tile slots (the slots past a short chunk's end hold 0).
+ * Tables of NS_TENSORS tensors travel in the kernels' parameters. */
+#define NS_TENSORS 64
+#define NS_BLOCK 256
+
+struct NormTable {
+  const void *ptr[NS_TENSORS];
+  int64_t numel[NS_TENSORS];
+  int64_t chunk0[NS_TENSORS + 1]; /* first chunk (of the whole call) of each tensor; chunk0[n]: the end */
+  apex_dtype dtype[NS_TENSORS];
+  int n;
+};
+
+__global__ void __launch_bounds__(NS_BLOCK) tile_sumsq_kernel(const __grid_constant__ NormTable t, int64_t cs, int tpc,
+                                                                float scale, float *slots, int *flag) {
+  const int lane = threadIdx.x & 7;
+  const int64_t slot = t.chunk0[0] * tpc + ((int64_t)blockIdx.x * NS_BLOCK + threadIdx.x) / 8;
+  const bool live = slot < t.chunk0[t.n] * tpc;
+  float acc = 0.0f;
+  bool bad = false;
+  if (live) {
+    int64_t gc = slot / tpc;
+    int j = (int)(slot % tpc), k = 0;
+    while (t.chunk0[k + 1] <= gc) k++;
+    int64_t c = gc - t.chunk0[k], numel = t.numel[k];
+    int64_t cend = (c + 1) * cs < numel ? (c + 1) * cs : numel;
+    int64_t start = c * cs + (int64_t)j * APEX_MT_TILE;
+    int64_t end = start + APEX_MT_TILE < cend ? start + APEX_MT_TILE : cend;
+    for (int64_t i = start + lane; i < end; i += 8) {
+      float x = apex_ld(t.ptr[k], t.dtype[k], i);
       bad |= !apex_finite(x);
-      acc += x * x;
+      float v = x * scale;
+      acc = acc + v * v;
     }
-    if (bad && flag) *flag = 1;
-    acc = warp_sum(acc);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float s = 0.0f;
-      for (int w = 0; w < MT_THREADS / 32; w++) s += red[w];
-      partial[t.first_chunk_id + c] = s;
-    }
-    __syncthreads();
   }
+  /* every lane of the warp takes part in the shuffles; the tree is the CPU's */
+  float o = __shfl_down_sync(0xffffffffu, acc, 1);
+  if ((lane & 1) == 0) acc = acc + o;
+  o = __shfl_down_sync(0xffffffffu, acc, 2);
+  if ((lane & 3) == 0) acc = acc + o;
+  o = __shfl_down_sync(0xffffffffu, acc, 4);
+  if (lane == 0) acc = acc + o;
+  if (bad && flag) *flag = 1;
+  if (live && lane == 0) slots[slot] = acc;
 }
 
-/* Per tensor: its chunks' partials in order, in f64; the global norm: the tensors' sums in order. */
-__global__ void norm_finish_kernel(const float *partial, const int *first, int n, float *global, float *per) {
+/* part[c] = the f64 sum, in order, of chunk c's tpc tile slots. */
+__global__ void chunk_sum_kernel(const float *slots, int64_t nchunks, int tpc, double *part) {
+  int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= nchunks) return;
+  double s = 0.0;
+  for (int j = 0; j < tpc; j++) s += (double)slots[c * tpc + j];
+  part[c] = s;
+}
+
+/* Per tensor: its chunks' sums in order; the global norm: the tensors' sums in order. */
+__global__ void norm_finish_kernel(const double *part, const int64_t *first, int n, float *global, float *per) {
   __shared__ double tsum[1024];
   double g = 0.0;
   for (int base = 0; base < n; base += blockDim.x) {
     int i = base + threadIdx.x;
     if (i < n) {
       double s = 0.0;
-      for (int c = first[i]; c < first[i + 1]; c++) s += (double)partial[c];
+      for (int64_t c = first[i]; c < first[i + 1]; c++) s += part[c];
       tsum[threadIdx.x] = s;
       if (per) per[i] = (float)sqrt(s);
     }
@@ -121,31 +150,64 @@ __global__ void norm_finish_kernel(const float *partial, const int *first, int n
   if (threadIdx.x == 0 && global) *global = (float)sqrt(g);
 }
 
-extern "C" apex_status apex__cuda_mt_l2norm(const apex__cuda_list *x, float inv_scale, float *d_global, float *d_per,
-                                            int *d_flag) {
+extern "C" apex_status apex__cuda_mt_l2norm_chunked(const apex__cuda_list *x, size_t chunk_size, float inv_scale,
+                                                    float *d_global, float *d_per, int *d_flag) {
   int n = x->n;
-  int *first = (int *)malloc(sizeof(int) * (size_t)(n + 1));
+  int64_t cs = chunk_size ? (int64_t)chunk_size : APEX_MT_DEFAULT_CHUNK;
+  int tpc = (int)((cs + APEX_MT_TILE - 1) / APEX_MT_TILE);
+  int64_t *first = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n + 1));
   if (!first) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "CUDA l2norm: out of memory");
-  int chunks = mt_chunks(x, first);
-  void *d_partial = NULL, *d_first = NULL;
-  apex_status st = apex__cuda_alloc(sizeof(float) * (size_t)(chunks ? chunks : 1), 0, &d_partial);
-  if (st == APEX_OK) st = apex__cuda_alloc(sizeof(int) * (size_t)(n + 1), 0, &d_first);
-  if (st == APEX_OK) st = apex__cuda_memcpy(d_first, first, sizeof(int) * (size_t)(n + 1), APEX__H2D, 0);
-  cudaStream_t stream = (cudaStream_t)apex__cuda_stream();
-  /* mt_apply's table walk, with the kernel swapped. */
-  static const int cap = mt_resident((const void *)sumsq_kernel);
-  if (st == APEX_OK)
-    st = launched(mt_tables(1, &x, [&](const MtTable &t, int c) {
-                    sumsq_kernel<<<c < cap ? c : cap, MT_THREADS, 0, stream>>>(t, inv_scale, (float *)d_partial, d_flag);
-                    return cudaGetLastError();
-                  }),
-                  "CUDA l2norm");
-  if (st == APEX_OK) {
-    norm_finish_kernel<<<1, 1024, 0, stream>>>((const float *)d_partial, (const int *)d_first, n, d_global, d_per);
-    st = launched(cudaGetLastError(), "CUDA l2norm");
+  int64_t chunks = 0;
+  for (int i = 0; i < n; i++) {
+    first[i] = chunks;
+    chunks += ((int64_t)x->numel[i] + cs - 1) / cs;
   }
-  apex__cuda_free(d_partial);
-  apex__cuda_free(d_first);
+  first[n] = chunks;
+  /* one block: the tile slots, the chunk sums (f64), the first chunk of each tensor */
+  size_t slot_bytes = sizeof(float) * (size_t)(chunks * tpc), part_off = (slot_bytes + 7) / 8 * 8;
+  size_t first_off = part_off + sizeof(double) * (size_t)chunks;
+  void *d_mem = NULL;
+  apex_status st = apex__cuda_alloc(first_off + sizeof(int64_t) * (size_t)(n + 1), 0, &d_mem);
+  float *d_slots = (float *)d_mem;
+  double *d_part = (double *)((char *)d_mem + part_off);
+  int64_t *d_first = (int64_t *)((char *)d_mem + first_off);
+  if (st == APEX_OK) st = apex__cuda_memcpy(d_first, first, sizeof(int64_t) * (size_t)(n + 1), APEX__H2D, 0);
+  cudaStream_t stream = (cudaStream_t)apex__cuda_stream();
+  cudaError_t e = cudaSuccess;
+  NormTable t;
+  t.n = 0;
+  for (int i = 0; st == APEX_OK && e == cudaSuccess && i < n; i++) {
+    if (x->numel[i] > 0) {
+      int k = t.n++;
+      t.ptr[k] = x->ptr[i];
+      t.numel[k] = (int64_t)x->numel[i];
+      t.dtype[k] = x->dtype[i];
+      t.chunk0[k] = first[i];
+      t.chunk0[k + 1] = first[i + 1];
+    }
+    if (t.n > 0 && (t.n == NS_TENSORS || i == n - 1)) {
+      int64_t threads = (t.chunk0[t.n] - t.chunk0[0]) * tpc * 8;
+      tile_sumsq_kernel<<<(unsigned)((threads + NS_BLOCK - 1) / NS_BLOCK), NS_BLOCK, 0, stream>>>(t, cs, tpc, inv_scale,
+                                                                                                 d_slots, d_flag);
+      e = cudaGetLastError();
+      t.n = 0;
+    }
+  }
+  if (st == APEX_OK && e == cudaSuccess && chunks > 0) {
+    chunk_sum_kernel<<<(unsigned)((chunks + 255) / 256), 256, 0, stream>>>(d_slots, chunks, tpc, d_part);
+    e = cudaGetLastError();
+  }
+  if (st == APEX_OK && e == cudaSuccess) {
+    norm_finish_kernel<<<1, 1024, 0, stream>>>(d_part, d_first, n, d_global, d_per);
+    e = cudaGetLastError();
+  }
+  if (st == APEX_OK) st = launched(e, "CUDA l2norm");
+  apex__cuda_free(d_mem); /* stream-ordered: reused only by later work */
   free(first);
   return st;
+}
+
+extern "C" apex_status apex__cuda_mt_l2norm(const apex__cuda_list *x, float inv_scale, float *d_global, float *d_per,
+                                            int *d_flag) {
+  return apex__cuda_mt_l2norm_chunked(x, 0, inv_scale, d_global, d_per, d_flag);
 }

@@ -52,5 +52,5 @@ apex_status apex__cuda_slot_optim_step(const apex_optim_step_args *a) {
 }
 
 apex_status apex__cuda_slot_scaler_update(const apex_scaler_update_args *a) {
-  return apex__cuda_scaler_update(a->dev_state, a->c);
+  return apex__cuda_scaler_update(a->dev_state, a->c, a->dev_raise, a->raise_mask);
 }

@@ -124,8 +124,17 @@ extern "C" apex_status apex__cuda_check_launch(const char *what) {
   return e == cudaSuccess ? APEX_OK : cuda_fail(e, what);
 }
 
+/* The host's waits for the GPU (apex_memory.waits): stream synchronisations and copies to the host
+ * (which wait even when queued: the destination is pageable memory). */
+static unsigned long long g_waits;
+
+extern "C" unsigned long long apex__cuda_waits(void) { return __atomic_load_n(&g_waits, __ATOMIC_RELAXED); }
+
+static void count_wait(void) { __atomic_fetch_add(&g_waits, 1ull, __ATOMIC_RELAXED); }
+
 extern "C" apex_status apex__cuda_sync(const char *what) {
   if (!apex__cuda_ready(NULL)) return apex__fail(APEX_ERR_UNSUPPORTED, "%s: %s", what, g_why);
+  count_wait();
   cudaError_t e = cudaStreamSynchronize(g_stream);
   return e == cudaSuccess ? APEX_OK : cuda_fail(e, what);
 }
@@ -236,6 +245,7 @@ extern "C" apex_status apex__cuda_memcpy(void *dst, const void *src, size_t byte
   cudaMemcpyKind kind = direction == APEX__H2D ? cudaMemcpyHostToDevice
                         : direction == APEX__D2H ? cudaMemcpyDeviceToHost
                                                  : cudaMemcpyDeviceToDevice;
+  if (wait || kind == cudaMemcpyDeviceToHost) count_wait();
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, g_stream);
   if (e == cudaSuccess && wait) e = cudaStreamSynchronize(g_stream);
   return e == cudaSuccess ? APEX_OK : cuda_fail(e, "CUDA copy");
@@ -259,6 +269,7 @@ extern "C" void apex__cuda_stats(apex_cuda_memory_stats *out, int reset_peak) {
 }
 
 extern "C" void apex__cuda_empty_cache(void) {
+  count_wait();
   cudaStreamSynchronize(g_stream);
   pthread_mutex_lock(&g_mu);
   release_cached();
