@@ -1,6 +1,7 @@
 /* checkpoint.c: atomic, deterministic, verified checkpoints (layout in checkpoint.h). */
 #include "report.h"
 #include "checkpoint.h"
+#include "device.h"
 #include "fileio.h"
 
 #include <dirent.h>
@@ -568,7 +569,15 @@ done:
 
 /* ---- the state's hash ------------------------------------------------------------------------------ */
 
-static uint64_t hash_tensor(const apex_tensor *t, uint64_t h) { return fnv1a(apex_tensor_data(t), apex_tensor_nbytes(t), h); }
+/* A GPU tensor is hashed from a host copy: the same bytes, so that ranks and devices compare. A copy
+ * that fails hashes as nothing, which differs from any state that has the tensor. */
+static uint64_t hash_tensor(const apex_tensor *t, uint64_t h) {
+  int owned;
+  apex_tensor *host = device_to_host(t, &owned);
+  if (host) h = fnv1a(apex_tensor_data(host), apex_tensor_nbytes(host), h);
+  if (owned) apex_tensor_destroy(host);
+  return h;
+}
 
 int ckpt_state_hash(const train_model *tm, apex_amp *amp, apex_optimizer *opt, uint64_t *hash) {
   uint64_t h = FNV_INIT;

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
+
 /* Images: (sum of losses, right answers) over this rank's chunks of the test set. */
 static int eval_images(train_model *tm, apex_amp *amp, apex_graph *g, const dataset *d, dist *ds, double *sum) {
   const int64_t flat[1] = {d->in_h * d->in_w}, img[3] = {1, d->in_h, d->in_w};
@@ -15,22 +17,28 @@ static int eval_images(train_model *tm, apex_amp *amp, apex_graph *g, const data
     apex_tensor *tx = apex_idx_to_f32(d->img[1], s, cnt, ndim, ndim == 1 ? flat : img, 0.5f, 0.5f);
     int64_t tl[500];
     apex_idx_labels(d->lab[1], s, cnt, tl);
-    apex_var *logits = tx ? model_forward_images(tm, amp, g, apex_graph_input(g, tx, 0)) : NULL;
+    int x_owned = 0, l_owned = 0;
+    apex_tensor *x = device_from_host(apex_graph_device(g), tx, &x_owned); /* the chunk goes up once */
+    apex_var *logits = x ? model_forward_images(tm, amp, g, apex_graph_input(g, x, 0)) : NULL;
     apex_var *loss = logits ? apex_cross_entropy(g, logits, tl, NULL) : NULL;
-    if (!loss) {
+    /* the logits come down in one copy for the accuracy (on the CPU: the graph's own tensor) */
+    apex_tensor *lt = loss ? device_to_host(apex_var_value(logits), &l_owned) : NULL;
+    if (!lt) {
       apex_graph_reset(g);
+      if (x_owned) apex_tensor_destroy(x);
       apex_tensor_destroy(tx);
       return -1;
     }
     sum[0] += apex_var_item(loss) * (double)cnt;
-    apex_tensor *lt = apex_var_value(logits);
     for (size_t i = 0; i < cnt; i++) {
       size_t best = 0;
       for (size_t c = 1; c < C; c++)
         if (apex_tensor_get(lt, i * C + c) > apex_tensor_get(lt, i * C + best)) best = c;
       sum[1] += (int64_t)best == tl[i];
     }
+    if (l_owned) apex_tensor_destroy(lt);
     apex_graph_reset(g);
+    if (x_owned) apex_tensor_destroy(x);
     apex_tensor_destroy(tx);
   }
   return 0;
@@ -109,12 +117,22 @@ int generate(train_model *tm, apex_graph *g, uint64_t seed, long n, int bytes, F
       apex_model_train(tm->m, 1);
       return -1;
     }
-    apex_tensor *lt = apex_var_value(logits);
+    int owned = 0;
+    apex_tensor *lt = device_to_host(apex_var_value(logits), &owned);
+    if (!lt) {
+      free(buf);
+      free(p);
+      apex_graph_reset(g);
+      apex_graph_set_grad_enabled(g, prev);
+      apex_model_train(tm->m, 1);
+      return -1;
+    }
     double mx = -INFINITY, sum = 0;
     for (int64_t v = 0; v < V; v++) {
       p[v] = apex_tensor_get(lt, (size_t)((w - 1) * V + v)) / 0.8;
       if (p[v] > mx) mx = p[v];
     }
+    if (owned) apex_tensor_destroy(lt);
     for (int64_t v = 0; v < V; v++) sum += p[v] = exp(p[v] - mx);
     float u;
     apex_rng_uniform(&rng, &u, 1);

@@ -25,6 +25,7 @@
 #include "args.h"
 #include "checkpoint.h"
 #include "dataset.h"
+#include "device.h"
 #include "dist.h"
 #include "divergence.h"
 #include "evaluate.h"
@@ -59,6 +60,7 @@ static float default_lr(apex_optim_kind k, model_kind m) {
 /* Everything a run makes, so that any exit frees what exists (run_free). */
 typedef struct run {
   train_args a;
+  apex_device dev;     /* --device: the model, its state and its graph live there */
   model_kind kind;
   const char *data;
   float lr;
@@ -93,16 +95,8 @@ static void run_free(run *r) {
 /* The flags' checks that need no data: amp's configuration and the optimizer. */
 static int check_flags(run *r) {
   train_args *a = &r->a;
-  if (strcmp(a->device, "cuda") == 0) {
-    apex_tensor *t = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 0, NULL);
-    if (!t) {
-      fprintf(stderr, "apex-train: --device cuda: this build of apex has no CUDA backend (or no GPU is visible); use --device cpu\n");
-      return 2;
-    }
-    apex_tensor_destroy(t);
-    fprintf(stderr, "apex-train: --device cuda: apex-train does not train on CUDA yet; use --device cpu\n");
-    return 2;
-  }
+  int rc = device_open(a->device, &r->dev);
+  if (rc) return rc;
   if (a->threads > 0 && apex_set_num_threads((int)a->threads) != APEX_OK) {
     fprintf(stderr, "apex-train: --threads %ld: %s\n", a->threads, one_line(apex_last_error()));
     return 2;
@@ -166,7 +160,7 @@ static int setup(run *r, dist *ds) {
     r->d.steps_per_epoch /= (size_t)a->grad_accum;
   }
   model_dims dims = {.in_h = r->d.in_h, .in_w = r->d.in_w, .classes = r->d.classes, .hidden = a->hidden, .vocab = r->d.vocab,
-                     .n_layer = a->n_layer, .n_embd = a->n_embd, .n_head = a->n_head, .seq_len = a->seq_len};
+                     .n_layer = a->n_layer, .n_embd = a->n_embd, .n_head = a->n_head, .seq_len = a->seq_len, .device = r->dev};
   if (model_build(&r->tm, r->kind, (uint64_t)a->seed, &dims) != 0) {
     fprintf(stderr, "apex-train: cannot build the %s: %s\n", a->model, one_line(apex_last_error()));
     return 1;
@@ -194,7 +188,7 @@ static int setup(run *r, dist *ds) {
     return 1;
   }
   if (a->sync_bn && dist_sync_bn(ds, &r->tm, a->model) != 0) return 2;
-  r->g = apex_graph_create();
+  r->g = apex_graph_create_on(r->dev);
   if (!r->g || apex_amp_prepare_graph(r->amp, r->g) != APEX_OK) {
     fprintf(stderr, "apex-train: %s\n", one_line(apex_last_error()));
     return 1;
@@ -325,7 +319,7 @@ static int train(run *r, dist *ds, long *end) {
   long spe = (long)r->d.steps_per_epoch;
   long stop = plan_last_step(a, spe);
   int64_t B = a->batch_size, T = a->seq_len;
-  step_ctx sc = {.tm = &r->tm, .amp = r->amp, .opt = r->opt, .g = r->g, .d = &r->d, .bo = dist_backward_options(ds),
+  step_ctx sc = {.tm = &r->tm, .amp = r->amp, .opt = r->opt, .g = r->g, .d = &r->d, .bo = dist_backward_options(ds), .dev = r->dev,
                  .B = B, .T = T, .accum = a->grad_accum, .clip = (float)a->clip_grad_norm};
   apex_loss_scaler *scaler = apex_amp_loss_scaler(r->amp, 0);
   double t0 = r->t0 = now_s();
@@ -366,6 +360,7 @@ static int train(run *r, dist *ds, long *end) {
                        .grad_norm = res.grad_norm, .step_s = progress_rate_step_s(&rate), .samples_per_step = (long)B * ds->world * K,
                        .tokens_per_step = r->kind == MODEL_GPT ? (long)(B * T) * ds->world * K : 0,
                        .elapsed_s = r->at.elapsed_s + (tnow - t0)};
+    device_memory(r->dev, &rp.device_bytes, &rp.device_peak_bytes);
     int log_failed = r->rep && report_step(r->rep, &rp) != 0, sig = signals_pending();
     if (agree_stop(ds, &sig, &log_failed) != 0 || log_failed) {
       failed = 1;
@@ -405,8 +400,12 @@ static int train(run *r, dist *ds, long *end) {
       snprintf(rates, sizeof rates, "%.0f tokens/s, %.1f ms/step", per_s * (double)(B * T * ds->world * K), per_s > 0 ? 1e3 / per_s : 0.0);
     else
       snprintf(rates, sizeof rates, "%.0f samples/s", per_s * (double)(B * ds->world * K));
-    printf("apex-train: %ld steps in %.1f s (%s), %ld skipped\n", s - first, train_s, rates,
-           (long)apex_loss_scaler_get_state(scaler).skipped);
+    double mem, peak;
+    char gpu[64] = "";
+    device_memory(r->dev, &mem, &peak);
+    if (peak > 0) snprintf(gpu, sizeof gpu, ", GPU memory peak %.2f GB", peak / 1e9);
+    printf("apex-train: %ld steps in %.1f s (%s), %ld skipped%s\n", s - first, train_s, rates,
+           (long)apex_loss_scaler_get_state(scaler).skipped, gpu);
   }
   step_ctx_free(&sc);
   return failed;

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
+
 const char *model_kind_name(model_kind kind) {
   return kind == MODEL_MLP ? "mlp" : kind == MODEL_CNN ? "cnn" : "gpt";
 }
@@ -26,7 +28,7 @@ int model_build(train_model *tm, model_kind kind, uint64_t seed, const model_dim
   if (!dims) dims = &z;
   int64_t H = or_default(dims->in_h, 28), W = or_default(dims->in_w, 28), hid = or_default(dims->hidden, 512);
   tm->classes = or_default(dims->classes, 10);
-  tm->m = apex_model_create(&(apex_model_options){.seed = seed});
+  tm->m = apex_model_create(&(apex_model_options){.seed = seed, .device = dims->device});
   if (!tm->m) return -1;
   if (kind == MODEL_MLP) {
     tm->net = apex_sequential_create(tm->m, NULL);
@@ -73,9 +75,16 @@ int model_build(train_model *tm, model_kind kind, uint64_t seed, const model_dim
     /* GPT-2's initialisation scale: N(0, 0.02) embeddings rather than nn.Embedding's N(0, 1). */
     apex_var *emb[2] = {apex_module_param(tm->wte, "weight"), apex_module_param(tm->wpe, "weight")};
     for (int k = 0; k < 2; k++) {
+      /* scaled on the host (a copy of a GPU model's), so that every device starts from the same bits */
       apex_tensor *t = apex_var_value(emb[k]);
-      float *d = apex_tensor_data(t);
-      for (size_t i = 0; i < apex_tensor_numel(t); i++) d[i] *= 0.02f;
+      int owned;
+      apex_tensor *h = device_to_host(t, &owned);
+      if (!h) return -1;
+      float *d = apex_tensor_data(h);
+      for (size_t i = 0; i < apex_tensor_numel(h); i++) d[i] *= 0.02f;
+      apex_status st = owned ? apex_tensor_copy(t, h) : APEX_OK;
+      if (owned) apex_tensor_destroy(h);
+      if (st != APEX_OK) return -1;
     }
   }
   return 0;

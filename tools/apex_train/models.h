@@ -17,6 +17,7 @@ typedef struct model_dims {
   int64_t vocab;          /* gpt: [256, bytes] */
   int64_t n_layer, n_embd, n_head; /* gpt: [2, 64, 4] */
   int64_t seq_len;        /* gpt: [64] */
+  apex_device device;     /* where the parameters live [the CPU] */
 } model_dims;
 
 typedef struct train_model {

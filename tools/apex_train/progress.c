@@ -9,7 +9,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-enum { F_BAR, F_EPOCH, F_STEP, F_LOSS, F_SCALE, F_SKIPPED, F_RATE, F_MS, F_ETA, NFIELDS };
+enum { F_BAR, F_EPOCH, F_STEP, F_LOSS, F_SCALE, F_SKIPPED, F_RATE, F_MS, F_ETA, F_MEM, NFIELDS };
 
 static void format_eta(char *out, size_t cap, double s) {
   if (!(s >= 0) || s > 1e8) {
@@ -33,14 +33,17 @@ size_t progress_format(char *buf, size_t cap, const progress_point *p, int width
   else snprintf(f[F_RATE], 64, "%.0f samples/s", p->samples_per_s);
   snprintf(f[F_MS], 64, "%.1f ms/step", p->ms_per_step);
   format_eta(f[F_ETA], 64, p->eta_s);
+  f[F_MEM][0] = 0;
+  if (p->device_peak_gb > 0) snprintf(f[F_MEM], 64, "gpu %.2f/%.2f GB", p->device_gb, p->device_peak_gb);
   f[F_BAR][0] = 0;
 
   /* Most useful first; the bar takes what is left. */
-  static const int priority[] = {F_STEP, F_LOSS, F_ETA, F_EPOCH, F_RATE, F_MS, F_SCALE, F_SKIPPED};
+  static const int priority[] = {F_STEP, F_LOSS, F_ETA, F_EPOCH, F_RATE, F_MS, F_SCALE, F_SKIPPED, F_MEM};
   int keep[NFIELDS] = {0};
   long avail = width > 1 ? width - 1 : 0, used = 0;
   for (size_t i = 0; i < sizeof priority / sizeof priority[0]; i++) {
     long len = (long)strlen(f[priority[i]]), need = len + (used ? 1 : 0);
+    if (len == 0) continue; /* a field with nothing to show (no GPU) */
     if (i == 0 && need > avail) break; /* no line without the step: it is cut below */
     if (used + need <= avail) {
       keep[priority[i]] = 1;

@@ -43,7 +43,8 @@ report *report_create(FILE *out, const char *log_path, int append) {
 /* What a line shows, with the rates derived from the recent step time. */
 static progress_point to_progress(const report_point *p) {
   progress_point q = {.epoch = p->epoch, .epochs = p->epochs, .step = p->step, .total_steps = p->total_steps,
-                      .loss = p->loss, .loss_scale = p->loss_scale, .skipped = p->skipped, .eta_s = -1};
+                      .loss = p->loss, .loss_scale = p->loss_scale, .skipped = p->skipped, .eta_s = -1,
+                      .device_gb = p->device_bytes / 1e9, .device_peak_gb = p->device_peak_bytes / 1e9};
   if (p->step_s > 0) {
     q.samples_per_s = (double)p->samples_per_step / p->step_s;
     q.tokens_per_s = (double)p->tokens_per_step / p->step_s;
@@ -80,6 +81,10 @@ static int write_log(report *r, const report_point *p, const progress_point *q) 
   if (p->tokens_per_step > 0) json_number(f, "tokens_per_s", "%.3f", q->tokens_per_s);
   json_number(f, "ms_per_step", "%.3f", q->ms_per_step);
   json_number(f, "elapsed_s", "%.3f", p->elapsed_s);
+  if (p->device_peak_bytes > 0) {
+    json_number(f, "gpu_mem_gb", "%.4f", q->device_gb);
+    json_number(f, "gpu_peak_gb", "%.4f", q->device_peak_gb);
+  }
   fputs("}\n", f);
   /* fprintf's own errors are sticky in ferror; the flush reports a full disk. */
   if (fflush(f) != 0 || ferror(f)) return log_failed(r);

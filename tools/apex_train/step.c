@@ -16,17 +16,30 @@ int step_ctx_alloc(step_ctx *c) {
   }
   int64_t H = c->d->in_h, W = c->d->in_w;
   c->labels = malloc((size_t)B * sizeof *c->labels);
-  c->x = c->tm->kind == MODEL_MLP ? apex_tensor_create(APEX_F32, 2, (int64_t[]){B, H * W})
-                                  : apex_tensor_create(APEX_F32, 4, (int64_t[]){B, 1, H, W});
-  return c->labels && c->x ? 0 : -1;
+  c->losses = calloc((size_t)c->accum, sizeof *c->losses);
+  int made = c->tm->kind == MODEL_MLP ? device_batch_create(&c->x, c->dev, 2, (int64_t[]){B, H * W})
+                                      : device_batch_create(&c->x, c->dev, 4, (int64_t[]){B, 1, H, W});
+  return c->labels && c->losses && made == 0 ? 0 : -1;
 }
 
 void step_ctx_free(step_ctx *c) {
-  apex_tensor_destroy(c->x);
+  device_batch_free(&c->x);
   free(c->labels);
   free(c->ids);
-  c->x = NULL;
+  free(c->losses);
+  c->losses = NULL;
   c->labels = c->ids = NULL;
+}
+
+/* The GPU's losses of a queued step, added to *sum (when not NULL) in micro-batch order, the order of
+ * the CPU's sum: the first read waits for the device, once a step. */
+static void read_losses(step_ctx *c, double *sum) {
+  for (long k = 0; c->dev != APEX_DEVICE_CPU && k < c->accum; k++) {
+    if (c->losses[k] && sum) *sum += apex_tensor_get(c->losses[k], 0);
+    apex_tensor_destroy(c->losses[k]);
+    c->losses[k] = NULL;
+  }
+  device_batch_settled(&c->x);
 }
 
 int train_step(step_ctx *c, long pos, long step, step_result *out) {
@@ -34,23 +47,30 @@ int train_step(step_ctx *c, long pos, long step, step_result *out) {
   apex_amp_backward_options bo = {0};
   if (c->bo) bo = *c->bo;
   double sum = 0;
-  for (long k = 0; k < c->accum; k++) {
+  int failed = 0;
+  for (long k = 0; k < c->accum && !failed; k++) {
     size_t micro = (size_t)(pos * c->accum + k);
     apex_var *logits;
     if (c->tm->kind == MODEL_GPT) {
       dataset_text_batch(c->d, micro, c->B, c->ids, c->labels);
       logits = model_forward_text(c->tm, g, c->ids, c->B, c->T);
     } else {
-      dataset_image_batch(c->d, micro, c->B, apex_tensor_data(c->x), c->labels);
-      logits = model_forward_images(c->tm, c->amp, g, apex_graph_input(g, c->x, 0));
+      dataset_image_batch(c->d, micro, c->B, device_batch_host(&c->x), c->labels);
+      apex_tensor *x = device_batch_upload(&c->x);
+      logits = x ? model_forward_images(c->tm, c->amp, g, apex_graph_input(g, x, 0)) : NULL;
     }
-    apex_var *loss = apex_cross_entropy(g, logits, c->labels, NULL);
-    double lv = loss ? apex_var_item(loss) : 0;
+    apex_var *loss = logits ? apex_cross_entropy(g, logits, c->labels, NULL) : NULL;
+    /* On the CPU the loss is read at once (it costs nothing); on a GPU a queued copy keeps it, read
+     * after the step is queued, so that the host does not wait for each micro-batch's forward. */
+    double lv = 0;
+    if (loss && c->dev == APEX_DEVICE_CPU) lv = apex_var_item(loss);
+    else if (loss && !(c->losses[k] = apex_tensor_clone(apex_var_value(loss)))) loss = NULL;
     /* The step's loss is the mean over its micro-batches: each backward carries 1 / accum of it. */
     if (loss && c->accum > 1) loss = apex_scale(g, loss, 1.0f / (float)c->accum);
     if (!loss) {
       fprintf(stderr, "apex-train: forward failed at step %ld: %s\n", step, one_line(apex_last_error()));
-      return 1;
+      failed = 1;
+      break;
     }
     sum += lv;
     bo.delay_unscale = k + 1 < c->accum;
@@ -60,22 +80,24 @@ int train_step(step_ctx *c, long pos, long step, step_result *out) {
      * diverged is the bad-step rule's to say (divergence.h). */
     if (st != APEX_OK && st != APEX_ERR_NONFINITE) {
       fprintf(stderr, "apex-train: backward failed at step %ld: %s\n", step, one_line(apex_last_error()));
-      return 1;
+      failed = 1;
     }
   }
+  if (failed) return read_losses(c, NULL), 1;
   /* Without --clip-grad-norm the norm is still measured for the log: a bound no finite norm exceeds
    * sets no clipping coefficient, so the step is the unclipped one, bit for bit. */
   float norm = 0;
   if (apex_amp_clip_grad_norm(c->amp, c->opt, c->clip > 0 ? c->clip : FLT_MAX, &norm) != APEX_OK) {
     fprintf(stderr, "apex-train: gradient norm at step %ld: %s\n", step, one_line(apex_last_error()));
-    return 1;
+    return read_losses(c, NULL), 1;
   }
   int skipped = 0;
   if (apex_amp_step(c->amp, c->opt, &skipped) != APEX_OK) {
     fprintf(stderr, "apex-train: optimizer step %ld failed: %s\n", step, one_line(apex_last_error()));
-    return 1;
+    return read_losses(c, NULL), 1;
   }
   apex_amp_zero_grad(c->amp);
+  read_losses(c, &sum);
   out->loss = sum / (double)c->accum;
   out->grad_norm = norm;
   out->skipped = skipped;

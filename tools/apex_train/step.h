@@ -11,6 +11,7 @@
 
 #include "apex/apex.h"
 #include "dataset.h"
+#include "device.h"
 #include "models.h"
 
 typedef struct step_ctx {
@@ -23,8 +24,10 @@ typedef struct step_ctx {
   int64_t B, T;                         /* micro-batch size; gpt sequence length */
   long accum;                           /* micro-batches per step (>= 1) */
   float clip;                           /* > 0: clip the gradient norm to this */
+  apex_device dev;                      /* where the model is: batches go up there */
   /* batch buffers (step_ctx_alloc) */
-  apex_tensor *x;
+  device_batch x;
+  apex_tensor **losses;                 /* on a GPU: each micro-batch's loss, read once the step is queued */
   int64_t *labels, *ids;
 } step_ctx;
 

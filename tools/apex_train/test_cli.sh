@@ -67,7 +67,6 @@ bad "bad steps" --steps -3
 bad "bad threads" --threads two
 bad "switch with value" --resume=yes
 bad "bad device" --device tpu
-bad "cuda without a backend" --device cuda
 bad "O1 with master weights" --opt-level O1 --master-weights true
 bad "O3 static scale with dynamic tunables is fine, O1 keep-bn refused" --opt-level O1 --keep-batchnorm-fp32 true
 bad "save-every without checkpoint" --save-every 5
