@@ -7,9 +7,10 @@ both figures, so that apex and PyTorch are measured in the same invocation, on t
 model and batch. Called by bench/run (with the build dir as argument) it only says whether it can
 run: "skipped: no PyPI torch" when torch does not import.
 
---measure MODEL MODE prints one number: the best training-step rate in samples/s (tokens/s for the
-GPTs) of the model bench/bench_models.h describes (mlp, cnn, gpt_c256, gpt_c768), with
-cross-entropy and AdamW (foreach, lr 1e-3, weight decay 1e-2) on OMP_NUM_THREADS threads (default 2):
+--measure MODEL MODE [THREADS] prints one number: the best training-step rate in samples/s (tokens/s
+for the GPTs) of the model bench/bench_models.h describes (mlp, cnn, gpt_c256, gpt_c768), with
+cross-entropy and AdamW (foreach, lr 1e-3, weight decay 1e-2) on THREADS threads (default
+OMP_NUM_THREADS, else 2). --serve answers such requests from stdin for bench_scaling (see serve()):
   f32       eager f32;
   autocast  eager under torch.autocast("cpu", dtype=torch.bfloat16) (forward and loss; backward
             follows autocast's dtypes, AdamW on the f32 parameters), as PyTorch's CPU mixed precision;
@@ -75,11 +76,11 @@ def build(name, torch, nn, F):
     return net, torch.randn(IMG_BATCH, *shape), torch.arange(IMG_BATCH) * 7 % 10, IMG_BATCH
 
 
-def measure(name, mode):
+def make_step(name, mode):
+    """The training step of model `name` in `mode`, warmed up, and the samples it trains."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     torch.manual_seed(0)
     net, x, y, samples = build(name, torch, nn, F)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=1e-2, foreach=True)
@@ -95,21 +96,55 @@ def measure(name, mode):
         loss.backward()
         opt.step()
 
-    big = name in GPT
-    for _ in range(1 if big else 3):
+    for _ in range(1 if name in GPT else 3):
         step()
+    return step, samples
+
+
+def best_rate(step, samples, min_reps, seconds):
     best, start, reps = math.inf, time.perf_counter(), 0
-    while reps < (2 if big else 5) or (not big and time.perf_counter() - start < 1.0):
+    while reps < min_reps or time.perf_counter() - start < seconds:
         t0 = time.perf_counter()
         step()
         best = min(best, time.perf_counter() - t0)
         reps += 1
-    print("%.3f" % (samples / best), flush=True)
+    return samples / best
+
+
+def measure(name, mode, threads):
+    import torch
+    torch.set_num_threads(threads)
+    step, samples = make_step(name, mode)
+    big = name in GPT
+    print("%.3f" % best_rate(step, samples, 2 if big else 5, 0.0 if big else 1.0), flush=True)
+
+
+def serve():
+    """bench_scaling's peer: one process for a whole run. Each stdin line `MODEL MODE THREADS SECONDS`
+    gets one stdout line, the best step rate over at least SECONDS (one step at least for the GPTs,
+    three for the others) on THREADS threads, or 0 when the mode cannot run. Models are built and
+    warmed once, on their first request."""
+    import torch
+    steps = {}
+    for line in sys.stdin:
+        try:
+            name, mode, threads, seconds = line.split()
+            torch.set_num_threads(int(threads))
+            if (name, mode) not in steps:
+                steps[name, mode] = make_step(name, mode)
+            step, samples = steps[name, mode]
+            rate = best_rate(step, samples, 1 if name in GPT else 3, float(seconds))
+        except Exception as e:  # noqa: BLE001 - any failure is "this mode cannot run here"
+            print("peer_nn --serve: %s %s" % (line.strip(), e), file=sys.stderr)
+            rate = 0.0
+        print("%.3f" % rate, flush=True)
 
 
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "--measure":
-        measure(sys.argv[2], sys.argv[3])
+        measure(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) >= 5 else int(os.environ.get("OMP_NUM_THREADS", "2")))
+    elif len(sys.argv) >= 2 and sys.argv[1] == "--serve":
+        serve()
     else:
         try:
             import torch  # noqa: F401

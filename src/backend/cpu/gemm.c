@@ -206,8 +206,20 @@ static apex_status gemm_whole(const apex_nn_workspace *ws, const job *j, grid gr
   return APEX_OK;
 }
 
+void apex__gemm_grid(int m, int n, int k, int half_onednn, int *ti, int *tj) {
+  grid gr = plan(m, n, k);
+  if (half_onednn) apex__onednn_half_grid(m, n, &gr.tm, &gr.tn);
+  *ti = m > 0 && gr.tm > 0 ? (m + gr.tm - 1) / gr.tm : 0;
+  *tj = n > 0 && gr.tn > 0 ? (n + gr.tn - 1) / gr.tn : 0;
+}
+
+static apex__gemm_observer observer;
+
+void apex__gemm_set_observer(apex__gemm_observer fn) { observer = fn; }
+
 apex_status apex__gemm(const apex_nn_workspace *ws, int m, int n, int k, float alpha, apex__mat a, apex__mat b, float beta, void *c, apex_dtype ct, int ldc,
                        const float *bias) {
+  if (observer) observer(m, n, k, a.dtype, b.dtype);
   apex__blas_serial();
   job j = {m, n, k, alpha, beta, a, b, c, ct, ldc, bias};
   grid gr = plan(m, n, k);

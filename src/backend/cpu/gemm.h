@@ -52,4 +52,13 @@ apex_status apex__gemm(const apex_nn_workspace *ws, int m, int n, int k, float a
  * tile (the default). Returns the previous setting. Not thread-safe. */
 int apex__gemm_set_whole_widening(int on);
 
+/* The grid apex__gemm runs an [m, k] x [k, n] product in, as tiles down (*ti) and across (*tj): f32
+ * products and those off oneDNN in gemm.c's grid, half products on oneDNN (half_onednn 1) in its wide
+ * tiles. A function of the shape alone, so a benchmark on any CPU can count the tiles a thread gets. */
+void apex__gemm_grid(int m, int n, int k, int half_onednn, int *ti, int *tj);
+/* For benchmarks: fn (NULL: none, the default) is called with the shape and operand dtypes of every
+ * apex__gemm product, on the calling thread, before it runs. Not thread-safe to change mid-step. */
+typedef void (*apex__gemm_observer)(int m, int n, int k, apex_dtype a, apex_dtype b);
+void apex__gemm_set_observer(apex__gemm_observer fn);
+
 #endif

@@ -52,6 +52,22 @@ int apex__onednn_set_enabled(int on) {
 
 unsigned long apex__onednn_products(void) { return __atomic_load_n(&products, __ATOMIC_RELAXED); }
 
+/* Half products' tiles span the product's width up to WIDE_MAX columns (see apex__gemm_onednn), with
+ * rows halved down to WIDE_MIN_ROWS until there are WIDE_MIN_TILES. Each tile reads all of op(B), so
+ * a short product split finer than the threads need reads B more often: the MLP's batch of 128 rows
+ * in 4 tiles of 32 against 2 of 64 (bench_amp amp_mlp, 2 threads, four interleaved rounds, idle):
+ * O2-bf16 44.6-45.0K against 49.2-49.8K samples/s. */
+enum { WIDE_MAX = 4096, WIDE_MIN_TILES = 2, WIDE_MIN_ROWS = 32 };
+
+void apex__onednn_half_grid(int m, int n, int *tm, int *tn) {
+  if (*tm > m) *tm = m;
+  if (*tn > n) *tn = n;
+  if (*tn < n && n <= WIDE_MAX) {
+    *tn = n;
+    while ((m + *tm - 1) / *tm < WIDE_MIN_TILES && *tm >= 2 * WIDE_MIN_ROWS) *tm = (*tm + 1) / 2;
+  }
+}
+
 #if APEX_HAVE_DNNL
 
 #include <omp.h>
@@ -191,12 +207,6 @@ static prim_entry get(const prim_key *key, int *owned) {
 
 /* ---- the product --------------------------------------------------------------------------------- */
 
-/* Half products' tiles span the product's width up to WIDE_MAX columns (see apex__gemm_onednn), with
- * rows halved down to WIDE_MIN_ROWS until there are WIDE_MIN_TILES. Each tile reads all of op(B), so
- * a short product split finer than the threads need reads B more often: the MLP's batch of 128 rows
- * in 4 tiles of 32 against 2 of 64 (bench_amp amp_mlp, 2 threads, four interleaved rounds, idle):
- * O2-bf16 44.6-45.0K against 49.2-49.8K samples/s. */
-enum { WIDE_MAX = 4096, WIDE_MIN_TILES = 2, WIDE_MIN_ROWS = 32 };
 
 static size_t up64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
@@ -324,10 +334,7 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
    * 0.58-0.62x one whole-product primitive in the same run; 303-365 GFLOP/s, 0.75-1.0x, in wide
    * tiles). The grid is still a function of m, n and k alone. f32 products keep gemm.c's grid, and
    * their bits. */
-  if (lowp && p.tn < n && n <= WIDE_MAX) {
-    p.tn = n;
-    while ((m + p.tm - 1) / p.tm < WIDE_MIN_TILES && p.tm >= 2 * WIDE_MIN_ROWS) p.tm = (p.tm + 1) / 2;
-  }
+  if (lowp) apex__onednn_half_grid(m, n, &p.tm, &p.tn);
   p.ti = (m + p.tm - 1) / p.tm, p.tj = (n + p.tn - 1) / p.tn;
   /* An operand is packed into a dense panel when it must be rounded to bf16 (an f32 operand beside
    * a bf16 one) or, for half products, when its tiles are strided in place (see above). */

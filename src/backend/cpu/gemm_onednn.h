@@ -51,5 +51,9 @@ int apex__onednn_set_f32(int mode);
 /* The number of products apex__gemm_onednn has run since the process started (tests use it to
  * confirm which path ran). */
 unsigned long apex__onednn_products(void);
+/* The tiles of a half product on oneDNN from gemm.c's grid tm x tn (clamped to m x n): as wide as the
+ * product up to a limit, rows halved to a minimum count of tiles (see gemm_onednn.c). A function of the
+ * shape alone; benchmarks call it to count tiles without a bf16 CPU. */
+void apex__onednn_half_grid(int m, int n, int *tm, int *tn);
 
 #endif

@@ -1,0 +1,348 @@
+/* bench_scaling.c: how a training step scales with the cores, against PyTorch at the same thread
+ * counts in the same run.
+ *
+ * For each model of bench_models.h (mlp, cnn, gpt_c256, gpt_c768) and each of O0 (f32) and O2-bf16:
+ *   scaling_<model>_<O0|O2>_t<N>        samples/s (tokens/s for the GPTs) at N threads, for N = 1, 2,
+ *                                       4, ... up to the cores this process may run on (and that count
+ *                                       itself); ratio = apex / PyTorch at N threads (f32 eager for O0,
+ *                                       bf16 autocast for O2), the two measured one after the other;
+ *   scaling_<model>_<O0|O2>_serial      the step's serial fraction at one thread: the time outside
+ *                                       parallel regions over the step's time (see the probe below);
+ *   scaling_<model>_<O0|O2>_amdahl_<N>  the bound that fraction puts on the speedup at N = 16, 32, 64
+ *                                       threads, 1 / (s + (1 - s) / N), in x; ratio = bound / N.
+ *   scaling_<model>_<O0|O2>_regions     the parallel regions a step enters (each a fork and a join);
+ *   scaling_<model>_<O0|O2>_tile_bound_16  the speedup at 16 threads that the serial part and the
+ *                                       products' tiles allow together (tile_bound), in x;
+ *   scaling_tiles <model> <level> ...   every matrix product of the step (m x n x k) with the tiles of
+ *                                       its fixed grid, and the fewest tiles a thread gets at 16
+ *                                       threads: a grid with fewer tiles than threads leaves threads
+ *                                       idle whatever the rest of the step does. Half products are
+ *                                       counted in the grid they run in on a bf16 CPU (oneDNN's wide
+ *                                       tiles), whatever CPU runs this.
+ *
+ * The probe. The step runs with apex's thread count at the cores present (at least 2; after a warmup
+ * step at that count, so the graph's pools are grown) while every OpenMP parallel region is
+ * run on one thread: this program defines GOMP_parallel (libgomp's entry for `omp parallel`, which
+ * libapex's regions call), so the library's calls land here, and it passes them on to libgomp's with
+ * a team of one, timing each. A region whose `if` clause is false reaches GOMP_parallel with one
+ * thread asked for and counts as serial, as it would run at any thread count; one that would take
+ * threads counts as parallel. What is left of the step (its code outside regions, and regions that
+ * stay serial) is the serial part. Nothing in the library changes for it, and nothing else sees it.
+ *
+ * Options: --seconds-per-point S (default 0.25: each figure is the best step of at least S seconds,
+ * at least one step; a gpt_c768 step at one thread takes seconds, so its points take one step),
+ * --max-threads N, --models a,b (names), --no-peer. The PyTorch peer is bench/peer_nn.py --serve, one
+ * process for the whole run (bench_util.h says which Python: bench/run's); without it the apex lines
+ * print with ratio=0 peer=missing. Thread counts are exact: following the load is off. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <omp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "apex/apex.h"
+#include "apex/threads.h"
+#include "backend/cpu/gemm.h"
+#include "bench_models.h"
+#include "bench_util.h"
+
+/* ---- the probe: libgomp's GOMP_parallel, interposed ----------------------------------------------- */
+
+typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+static gomp_parallel_fn real_parallel;
+static int probe_on, probe_depth;
+static double probe_in_parallel;
+static long probe_regions;
+/* the product (index into products[], below) whose region comes next, -1 none */
+static int probe_product = -1;
+static void probe_product_time(int i, double t);
+
+static void resolve_real_parallel(void) {
+  if (!real_parallel) real_parallel = (gomp_parallel_fn)dlsym(RTLD_NEXT, "GOMP_parallel");
+  if (!real_parallel) {
+    fprintf(stderr, "bench_scaling: libgomp's GOMP_parallel not found (OpenMP not GCC's?)\n");
+    exit(1);
+  }
+}
+
+void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
+void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags) {
+  resolve_real_parallel();
+  if (!probe_on || probe_depth) {
+    real_parallel(fn, data, probe_on ? 1 : num_threads, flags);
+    return;
+  }
+  /* probe: on the main thread only (every region runs on one thread), nested regions inside pass */
+  probe_depth++;
+  double t0 = bench_now();
+  real_parallel(fn, data, 1, flags);
+  double t = bench_now() - t0;
+  if (num_threads != 1) probe_in_parallel += t, probe_regions++;
+  if (probe_product >= 0) probe_product_time(probe_product, num_threads != 1 ? t : 0);
+  probe_product = -1;
+  probe_depth--;
+}
+
+/* ---- the PyTorch peer ------------------------------------------------------------------------------ */
+
+static FILE *peer_in, *peer_out;
+static pid_t peer_pid;
+
+static int peer_start(int max_threads) {
+  const char *py = bench_peer_python(), *root = getenv("APEX_ROOT");
+  if (!py) return 0;
+  char script[4096], threads[16];
+  snprintf(script, sizeof script, "%s/bench/peer_nn.py", root ? root : ".");
+  snprintf(threads, sizeof threads, "%d", max_threads);
+  int to[2], from[2];
+  if (pipe(to) || pipe(from)) return 0;
+  fflush(stdout);
+  peer_pid = fork();
+  if (peer_pid == 0) {
+    dup2(to[0], STDIN_FILENO);
+    dup2(from[1], STDOUT_FILENO);
+    close(to[1]), close(from[0]);
+    setenv("OMP_NUM_THREADS", threads, 1);
+    execl(py, py, script, "--serve", (char *)NULL);
+    _exit(1);
+  }
+  close(to[0]), close(from[1]);
+  if (peer_pid < 0) return 0;
+  peer_in = fdopen(to[1], "w"), peer_out = fdopen(from[0], "r");
+  return peer_in && peer_out;
+}
+
+/* The peer's samples/s for model in mode at `threads` threads; 0 when it could not run. */
+static double peer_measure(const char *model, const char *mode, int threads, double seconds) {
+  if (!peer_in) return 0;
+  fprintf(peer_in, "%s %s %d %.3f\n", model, mode, threads, seconds);
+  fflush(peer_in);
+  char line[128];
+  if (!fgets(line, sizeof line, peer_out)) {
+    fclose(peer_in), fclose(peer_out);
+    peer_in = peer_out = NULL;
+    return 0;
+  }
+  double v = strtod(line, NULL);
+  return v > 0 ? v : 0;
+}
+
+static void peer_stop(void) {
+  if (peer_in) fclose(peer_in);
+  if (peer_out) fclose(peer_out);
+  if (peer_pid > 0) waitpid(peer_pid, NULL, 0);
+}
+
+/* ---- tiles ----------------------------------------------------------------------------------------- */
+
+enum { MAX_PRODUCTS = 64 };
+static struct product {
+  int m, n, k, half, calls;
+  double time; /* seconds its parallel regions took in the probe's step */
+} products[MAX_PRODUCTS];
+static int n_products;
+
+static void probe_product_time(int i, double t) { products[i].time += t; }
+
+static void observe(int m, int n, int k, apex_dtype a, apex_dtype b) {
+  /* a product inside a parallel region (attention's per head) is one task of that region's grid */
+  if (omp_get_level() > 0) return;
+  int half = a != APEX_F32 || b != APEX_F32;
+  for (int i = 0; i < n_products; i++)
+    if (products[i].m == m && products[i].n == n && products[i].k == k && products[i].half == half) {
+      products[i].calls++;
+      probe_product = i;
+      return;
+    }
+  if (n_products < MAX_PRODUCTS) probe_product = n_products, products[n_products++] = (struct product){m, n, k, half, 1, 0};
+}
+
+/* The speedup at n threads the probe's step allows once the products' tiles are counted: the serial
+ * part stays, each product's parallel time t over T tiles takes t * ceil(T / n) / T (a thread runs
+ * whole tiles), the other regions' time divides by n. Half products in the wide grid of a bf16 CPU. */
+static double tile_bound(double step, double serial_s, int n) {
+  double rest = step - serial_s, t = serial_s;
+  for (int i = 0; i < n_products; i++) {
+    int ti, tj;
+    apex__gemm_grid(products[i].m, products[i].n, products[i].k, products[i].half, &ti, &tj);
+    int tiles = ti * tj > 0 ? ti * tj : 1;
+    t += products[i].time * (double)((tiles + n - 1) / n) / tiles;
+    rest -= products[i].time;
+  }
+  t += (rest > 0 ? rest : 0) / n;
+  return step / t;
+}
+
+/* One line listing the step's products and their tiles, with the fewest tiles per thread at 16. */
+static void report_tiles(bench_train *r, const char *level) {
+  n_products = 0;
+  apex__gemm_set_observer(observe);
+  bench_train_step(r);
+  apex__gemm_set_observer(NULL);
+  char buf[4096];
+  int len = 0;
+  double min_per = 1e30;
+  for (int i = 0; i < n_products; i++) {
+    int ti, tj;
+    apex__gemm_grid(products[i].m, products[i].n, products[i].k, products[i].half, &ti, &tj);
+    double per = (double)(ti * tj) / 16.0;
+    if (per < min_per) min_per = per;
+    if (len < (int)sizeof buf - 64)
+      len += snprintf(buf + len, sizeof buf - (size_t)len, " %dx%dx%d%s=%dx%d", products[i].m, products[i].n, products[i].k,
+                      products[i].half ? "h" : "", ti, tj);
+  }
+  printf("scaling_tiles %s %s min_tiles_per_thread_16=%.3f products(m x n x k[h: half]=tiles down x across):%s\n",
+         bench_model_name(r->model), level, n_products ? min_per : 0.0, buf);
+  if (r->model == BENCH_GPT_C256 || r->model == BENCH_GPT_C768)
+    printf("scaling_tiles %s %s attention: %d heads (batch x heads) a pass, head 0 alone then the rest on threads\n",
+           bench_model_name(r->model), level, 4 * (r->model == BENCH_GPT_C768 ? 12 : 4));
+  fflush(stdout);
+}
+
+/* ---- the run --------------------------------------------------------------------------------------- */
+
+static double seconds_per_point = 0.25;
+
+/* Best step time at the current thread count. */
+static double step_time(bench_train *r) {
+  int big = r->model == BENCH_GPT_C256 || r->model == BENCH_GPT_C768;
+  return bench_best(bench_train_step, r, 0, big ? 1 : 3, seconds_per_point);
+}
+
+/* The serial fraction of r's step at one thread (see the probe above), from its best step; *step
+ * gets that step's time, *regions its parallel regions, *bound16 its tile_bound at 16 threads. */
+static double serial_fraction(bench_train *r, int probe_threads, double *step, long *regions, double *bound16) {
+  apex_set_num_threads(probe_threads);
+  int big = r->model == BENCH_GPT_C256 || r->model == BENCH_GPT_C768;
+  double best = 1e300, best_s = 1;
+  double start = bench_now();
+  for (int rep = 0; rep < (big ? 1 : 3) || bench_now() - start < seconds_per_point; rep++) {
+    probe_in_parallel = 0, probe_regions = 0, n_products = 0;
+    probe_on = 1;
+    apex__gemm_set_observer(observe);
+    double t0 = bench_now();
+    bench_train_step(r);
+    double t = bench_now() - t0;
+    apex__gemm_set_observer(NULL);
+    probe_on = 0;
+    if (t < best) best = t, best_s = (t - probe_in_parallel) / t, *regions = probe_regions, *bound16 = tile_bound(t, t - probe_in_parallel, 16);
+  }
+  *step = best;
+  return best_s;
+}
+
+static int wanted_model(const char *list, const char *name) {
+  if (!list) return 1;
+  size_t n = strlen(name);
+  for (const char *p = list; (p = strstr(p, name)); p += n)
+    if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) return 1;
+  return 0;
+}
+
+static void cpu_name(char *out, size_t size) {
+  snprintf(out, size, "unknown CPU");
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return;
+  char line[512];
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+      snprintf(out, size, "%s", strchr(line, ':') + 2);
+      out[strcspn(out, "\n")] = '\0';
+      break;
+    }
+  fclose(f);
+}
+
+int main(int argc, char **argv) {
+  const char *models = NULL;
+  int max_threads = 0, use_peer = 1, named = 0, others = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--seconds-per-point") && i + 1 < argc)
+      seconds_per_point = atof(argv[++i]);
+    else if (!strcmp(argv[i], "--max-threads") && i + 1 < argc)
+      max_threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--models") && i + 1 < argc)
+      models = argv[++i];
+    else if (!strcmp(argv[i], "--no-peer"))
+      use_peer = 0;
+    else if (strstr("scaling_", argv[i]) || !strncmp(argv[i], "scaling", 7))
+      named = 1;
+    else
+      others = 1;
+  }
+  /* bench/run passes its NAME filters to every program: run when none is given or one names this one */
+  if (others && !named) return 0;
+  resolve_real_parallel();
+  cpu_set_t set;
+  int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  if (max_threads <= 0 || max_threads > cores) max_threads = cores;
+  int threads[16], nthreads = 0;
+  for (int t = 1; t < max_threads && nthreads < 15; t *= 2) threads[nthreads++] = t;
+  threads[nthreads++] = max_threads;
+  /* the probe runs with apex's count at the most threads (at least 2, so that every region that
+   * would take threads asks for them); the pools grow to that count's size in the warmup step */
+  int probe_threads = max_threads > 2 ? max_threads : 2;
+  apex_set_threads_follow_load(0);
+  char cpu[256];
+  cpu_name(cpu, sizeof cpu);
+  printf("scaling cpu: %s, %d cores in this process's affinity mask, isa %s\n", cpu, cores, apex_cpu_isa_name(apex_cpu_max_isa()));
+  int have_peer = use_peer && peer_start(max_threads);
+  if (!have_peer) printf("bench scaling peer skipped: %s\n", use_peer ? "no PyPI torch (run bench/setup_peers.sh)" : "--no-peer");
+  fflush(stdout);
+  const char *levels[2] = {"O0", "O2"}, *modes[2] = {"f32", "autocast"};
+  double start = bench_now();
+  for (bench_model model = 0; model < BENCH_MODEL_COUNT; model++) {
+    const char *name = bench_model_name(model);
+    if (!wanted_model(models, name)) continue;
+    bench_train r[2];
+    for (int l = 0; l < 2; l++) {
+      bench_train_init(&r[l], model, 0, levels[l]);
+      apex_set_num_threads(probe_threads);
+      report_tiles(&r[l], levels[l]); /* also the warmup step, in the probe's thread count (the pools' size) */
+    }
+    double serial[2];
+    for (int l = 0; l < 2; l++) {
+      double step, bound16 = 0;
+      long regions = 0;
+      serial[l] = serial_fraction(&r[l], probe_threads, &step, &regions, &bound16);
+      char line[96];
+      apex_set_num_threads(1);
+      snprintf(line, sizeof line, "scaling_%s_%s_serial", name, levels[l]);
+      bench_report(line, serial[l], "fraction", 1.0, "step-at-1-thread");
+      snprintf(line, sizeof line, "scaling_%s_%s_regions", name, levels[l]);
+      bench_report(line, (double)regions, "regions/step", 1.0, "step-at-1-thread");
+      snprintf(line, sizeof line, "scaling_%s_%s_tile_bound_16", name, levels[l]);
+      bench_report(line, bound16, "x", bound16 / 16, "ideal");
+    }
+    for (int ti = 0; ti < nthreads; ti++) {
+      int t = threads[ti];
+      for (int l = 0; l < 2; l++) {
+        apex_set_num_threads(t);
+        if (have_peer) usleep(200000); /* let the peer's OpenMP threads stop spinning */
+        double s = step_time(&r[l]);
+        double mine = bench_model_samples(model) / s;
+        double peer = have_peer ? peer_measure(name, modes[l], t, seconds_per_point) : 0;
+        char line[96];
+        snprintf(line, sizeof line, "scaling_%s_%s_t%d", name, levels[l], t);
+        apex_set_num_threads(t);
+        bench_report(line, mine, "samples/s", peer > 0 ? mine / peer : 0.0, peer > 0 ? (l ? "torch-bf16-autocast" : "torch-f32") : "missing");
+      }
+    }
+    for (int l = 0; l < 2; l++)
+      for (int n = 16; n <= 64; n *= 2) {
+        double bound = 1.0 / (serial[l] + (1.0 - serial[l]) / n);
+        char line[96];
+        snprintf(line, sizeof line, "scaling_%s_%s_amdahl_%d", name, levels[l], n);
+        bench_report(line, bound, "x", bound / n, "ideal");
+      }
+    for (int l = 0; l < 2; l++) bench_train_free(&r[l]);
+  }
+  peer_stop();
+  printf("scaling total %.1f s\n", bench_now() - start);
+  return 0;
+}
