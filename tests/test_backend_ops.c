@@ -10,10 +10,15 @@
  *   cuda       tensors on the GPU, where one is present (skipped with the reason otherwise). A call
  *              refused with APEX_ERR_UNSUPPORTED or APEX_ERR_DEVICE is a slot the backend lacks:
  *              listed as unsupported, never counted as passed.
- * Each op case runs forward and backward (gradient of sum(out * R) for a fixed R) in f32, f16 and
- * bf16; the output and every input gradient are compared, bitwise or within the case's bound
+ * Each op case runs on a graph made on the backend's device (apex_graph_create_on), forward and
+ * backward (gradient of sum(out * R) for a fixed R), in f32, f16 and bf16, and once more per half
+ * dtype under autocast ("amp" rows: f32 inputs, the graph's autocast in f16 or bf16), which gives the
+ * kernels the mixed dtypes amp produces (a half operand beside an f32 one, an f32 gradient against a
+ * half weight); the output and every input gradient are compared, bitwise or within the case's bound
  * (backend_ops_cases.h). One line per case per backend x dtype, then a summary table and a coverage
- * line counting the ops of APEX_OP_COUNT that no case runs. Any failure fails the test.
+ * line counting the ops of APEX_OP_COUNT that no case runs. Any failure fails the test. In a build with
+ * CUDA, one check (test_cuda_slots_filled) fails for every slot the cuda backend leaves NULL, GPU or
+ * not.
  *
  * Then the parity cases (backend_parity_cases.h, the checks test_cuda.c once held), one cmocka test
  * each, run on every backend present whose device is not the CPU: each asserts its own bounds against
@@ -21,6 +26,7 @@
  * backend each is skipped with the reason. */
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -205,8 +211,14 @@ static void judge(int bi, apex_dtype dt, const char *kind, const char *name, ape
 /* ---- op cases ------------------------------------------------------------------------------------- */
 
 /* The case's bound on a backend: a matrix product of bf16 operands at AVX512_BF16 and above runs
- * through oneDNN with the gradient rounded to bf16 (see BF16_ONEDNN_REL). */
+ * through oneDNN with the gradient rounded to bf16 (see BF16_ONEDNN_REL); the cuda backend's are
+ * CUDA_OP_REL and CUDA_PRODUCT_REL (backend_ops_cases.h). */
 static double op_rel(const char *name, apex_dtype dt, const backend *b) {
+  if (b->device == APEX_DEVICE_CUDA) {
+    for (size_t i = 0; i < sizeof case_rel / sizeof case_rel[0]; i++)
+      if (!strcmp(case_rel[i].name, name)) return CUDA_PRODUCT_REL;
+    return CUDA_OP_REL;
+  }
   for (size_t i = 0; i < sizeof case_rel / sizeof case_rel[0]; i++)
     if (!strcmp(case_rel[i].name, name)) {
       int onednn = 0, product = 0;
@@ -238,7 +250,8 @@ static apex_tensor *op_input(const gc_case *c, int ci, int k, apex_dtype dt) {
 
 /* Runs case c forward and backward on dev; records the output and the input gradients. On failure
  * returns the status (the message is apex_last_error). *op gets the op of the result. */
-static apex_status run_op(const gc_case *c, int ci, apex_dtype dt, apex_device dev, apex_cpu_isa isa, result *r, apex_op *op) {
+static apex_status run_op(const gc_case *c, int ci, apex_dtype dt, apex_device dev, apex_cpu_isa isa, result *r, apex_op *op,
+                          apex_dtype autocast) {
   apex_status st = APEX_OK;
   apex_var *in[MAX_IN] = {0};
   apex_tensor *R = NULL;
@@ -253,7 +266,13 @@ static apex_status run_op(const gc_case *c, int ci, apex_dtype dt, apex_device d
     }
   }
   use_isa(isa);
-  apex_graph *g = apex_graph_create();
+  /* the graph on the device under test: its ops run there, on its backend's slots */
+  apex_graph *g = apex_graph_create_on(dev);
+  if (!g || (autocast != APEX_F32 && (st = apex_graph_set_autocast(g, 1, autocast)) != APEX_OK)) {
+    if (g) apex_graph_destroy(g);
+    else st = apex_last_status();
+    goto out;
+  }
   apex_var *y = c->fn(g, in);
   if (!y) {
     st = apex_last_status();
@@ -280,26 +299,28 @@ out:
   return st;
 }
 
+/* Runs d = 0..2: the case in dtypes[d]; d = 3, 4: f32 inputs under autocast in f16, bf16 ("amp"). */
 static void check_op_case(const gc_case *c, int ci) {
-  for (int d = 0; d < 3; d++) {
-    apex_dtype dt = dtypes[d];
+  for (int d = 0; d < 5; d++) {
+    apex_dtype dt = dtypes[d < 3 ? d : d - 2], in_dt = d < 3 ? dt : APEX_F32, ac = d < 3 ? APEX_F32 : dt;
+    const char *kind = d < 3 ? "op" : "amp";
     result ref = {0};
     apex_op op = APEX_OP_LEAF;
-    apex_status st = run_op(c, ci, dt, APEX_DEVICE_CPU, APEX_CPU_ISA_PORTABLE, &ref, &op);
-    if (st != APEX_OK) fail_msg("%s %s on the reference path: %s", c->name, apex_dtype_name(dt), apex_last_error());
+    apex_status st = run_op(c, ci, in_dt, APEX_DEVICE_CPU, APEX_CPU_ISA_PORTABLE, &ref, &op, ac);
+    if (st != APEX_OK) fail_msg("%s %s %s on the reference path: %s", kind, c->name, apex_dtype_name(dt), apex_last_error());
     covered[op] = 1;
     for (size_t i = 0; i < sizeof case_op / sizeof case_op[0]; i++)
       if (!strcmp(case_op[i].name, c->name)) covered[case_op[i].op] = 1;
     for (int bi = 0; bi < n_backends; bi++) {
       const backend *b = &backends[bi];
       if (!b->present) {
-        report(bi, dt, "op", c->name, SKIPPED, "backend absent");
+        report(bi, dt, kind, c->name, SKIPPED, b->why ? b->why : "backend absent");
         continue;
       }
       result got = {0};
       apex_op op2;
-      st = run_op(c, ci, dt, b->device, b->isa, &got, &op2);
-      judge(bi, dt, "op", c->name, st, &ref, &got, op_rel(c->name, dt, b));
+      st = run_op(c, ci, in_dt, b->device, b->isa, &got, &op2, ac);
+      judge(bi, dt, kind, c->name, st, &ref, &got, op_rel(c->name, dt, b));
       result_free(&got);
     }
     result_free(&ref);
@@ -713,8 +734,67 @@ static void test_nn_slot_cases(void **state) {
   }
 }
 
-/* What the CUDA slots refuse, and that each refusal names it: checked in any build with CUDA, GPU or
- * not, since every refusal comes before the first device call (the buffers are never read). */
+/* Every kernel slot of backend.h by name, for the check that a backend fills them all. */
+#define SLOT(name) {#name, offsetof(apex_backend, name)}
+static const struct {
+  const char *name;
+  size_t at;
+} backend_slots[] = {
+    SLOT(mt_scale),          SLOT(mt_axpby),           SLOT(mt_l2norm),          SLOT(mt_flush_unscale),
+    SLOT(optim_step),        SLOT(scaler_update),      SLOT(nn_binary),          SLOT(nn_binary_bwd),
+    SLOT(nn_unary),          SLOT(nn_unary_bwd),       SLOT(nn_scale),           SLOT(nn_scale_bwd),
+    SLOT(nn_dropout),        SLOT(nn_dropout_bwd),     SLOT(nn_softmax),         SLOT(nn_softmax_bwd),
+    SLOT(nn_cross_entropy),  SLOT(nn_cross_entropy_bwd), SLOT(nn_pointwise_loss), SLOT(nn_pointwise_loss_bwd),
+    SLOT(nn_batch_norm),     SLOT(nn_batch_norm_bwd),  SLOT(nn_batch_norm_sums), SLOT(nn_batch_norm_dx),
+    SLOT(nn_row_norm),       SLOT(nn_row_norm_bwd),    SLOT(nn_reduce),          SLOT(nn_reduce_bwd),
+    SLOT(nn_permute),        SLOT(nn_permute_bwd),     SLOT(nn_concat),          SLOT(nn_concat_bwd),
+    SLOT(nn_embedding),      SLOT(nn_embedding_bwd),   SLOT(nn_matmul),          SLOT(nn_matmul_bwd),
+    SLOT(nn_linear),         SLOT(nn_linear_bwd),      SLOT(nn_attention),       SLOT(nn_attention_bwd),
+    SLOT(nn_conv2d),         SLOT(nn_conv2d_bwd),      SLOT(nn_pool2d),          SLOT(nn_pool2d_bwd),
+};
+#undef SLOT
+
+/* The names of be's NULL kernel slots into list; their count. */
+static int null_slots(const apex_backend *be, char *list, size_t size) {
+  int missing = 0;
+  list[0] = '\0';
+  for (size_t i = 0; i < sizeof backend_slots / sizeof backend_slots[0]; i++) {
+    void (*fn)(void);
+    memcpy(&fn, (const char *)be + backend_slots[i].at, sizeof fn);
+    if (fn) continue;
+    missing++;
+    snprintf(list + strlen(list), size - strlen(list), " %s", backend_slots[i].name);
+  }
+  return missing;
+}
+
+/* backend_slots names every slot of the struct: the pointers after `streams` are the kernel slots, all
+ * of one size, so their count is the struct's tail over a pointer's size (a slot added to backend.h and
+ * not here fails this). */
+static void test_slot_table_complete(void **state) {
+  (void)state;
+  size_t tail = sizeof(apex_backend) - offsetof(apex_backend, mt_scale);
+  assert_int_equal(tail / sizeof(void (*)(void)), sizeof backend_slots / sizeof backend_slots[0]);
+}
+
+/* Every slot is filled on the cuda backend: a NULL one fails, naming it. It reads the table only, so it
+ * runs in every build with CUDA, GPU or not; a build without CUDA skips it with the reason. */
+static void test_cuda_slots_filled(void **state) {
+  (void)state;
+  const apex_backend *cb = apex__backend_by_name("cuda");
+  if (!cb) {
+    printf("# cuda slots: skipped, %s\n", apex__device_missing(APEX_DEVICE_CUDA));
+    skip();
+  }
+  char list[1024];
+  int missing = null_slots(cb, list, sizeof list);
+  printf("# cuda slots: %d of %zu filled%s%s\n", (int)(sizeof backend_slots / sizeof backend_slots[0]) - missing,
+         sizeof backend_slots / sizeof backend_slots[0], missing ? "; NULL:" : "", list);
+  if (missing) fail_msg("the cuda backend leaves %d slot(s) NULL:%s", missing, list);
+}
+
+/* What the CUDA slots still refuse, and that each refusal names it: checked in any build with CUDA, GPU
+ * or not, since every refusal comes before the first device call (the buffers are never read). */
 static void refused(apex_status st, const char *slot, const char *names) {
   if (st != APEX_ERR_UNSUPPORTED) fail_msg("%s: status %s, expected unsupported", slot, apex_status_name(st));
   const char *msg = apex_last_error();
@@ -729,46 +809,6 @@ static void test_cuda_slot_refusals(void **state) {
     skip();
   }
   float f[4] = {0};
-  apex_nn_bcast flat = {.nd = 1, .shape = {4}, .st = {{1}, {1}}, .rows = 1, .len = 4};
-  apex_nn_bcast bc = {.nd = 1, .shape = {4}, .st = {{1}, {0}}, .rows = 1, .len = 4};
-  apex_nn_buf fb = {f, APEX_F32};
-  refused(cb->nn_binary(&(apex_nn_binary_args){.kind = APEX_NN_DIV, .plan = &flat, .a = fb, .b = fb, .out = f}), "nn_binary", "add and mul");
-  refused(cb->nn_binary(&(apex_nn_binary_args){.kind = APEX_NN_ADD, .plan = &bc, .a = fb, .b = fb, .out = f}), "nn_binary", "broadcast");
-  refused(cb->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = APEX_NN_MUL, .plan = &bc, .a = fb, .b = fb, .gout = f, .ga = f}),
-          "nn_binary_bwd", "broadcast");
-  refused(cb->nn_unary(&(apex_nn_unary_args){.kind = APEX_NN_TANH, .n = 4, .x = {f, APEX_F32}, .out = f}), "nn_unary", "relu and tanh gelu");
-  refused(cb->nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = APEX_NN_GELU, .n = 4, .x = {f, APEX_F32}, .gout = f, .gx = f}), "nn_unary_bwd",
-          "relu and tanh gelu");
-  refused(cb->nn_row_norm(&(apex_nn_row_norm_args){.rows = 1, .cols = 4, .x = {f, APEX_F32}, .out = f, .out_dtype = APEX_F32, .stats = f}),
-          "nn_row_norm", "without a weight");
-  refused(cb->nn_row_norm(&(apex_nn_row_norm_args){.rows = 1, .cols = 4, .x = {f, APEX_F16}, .w = {f, APEX_F16}, .out = f,
-                                                   .out_dtype = APEX_F32, .stats = f}),
-          "nn_row_norm", "x's");
-  refused(cb->nn_row_norm(&(apex_nn_row_norm_args){.centre = 1, .rows = 1, .cols = 4, .x = {f, APEX_F32}, .w = {f, APEX_F32},
-                                                   .b = {f, APEX_BF16}, .out = f, .out_dtype = APEX_F32, .stats = f}),
-          "nn_row_norm", "bias of another dtype");
-  refused(cb->nn_row_norm_bwd(&(apex_nn_row_norm_bwd_args){.rows = 1, .cols = 4, .x = {f, APEX_F32}, .stats = f, .gout = f, .gx = f}),
-          "nn_row_norm_bwd", "without a weight");
-  refused(cb->nn_reduce(&(apex_nn_reduce_args){.kind = APEX_NN_REDUCE_NORM, .outer = 1, .dim = 4, .inner = 1, .x = {f, APEX_F32}, .out = f, .norms = f}),
-          "nn_reduce", "L2 norm");
-  refused(cb->nn_reduce(&(apex_nn_reduce_args){.kind = APEX_NN_REDUCE_SUM, .outer = 2, .dim = 2, .inner = 1, .scale = 1, .x = {f, APEX_F32}, .out = f}),
-          "nn_reduce", "inner dimension");
-  refused(cb->nn_linear(&(apex_nn_linear_args){.m = 1, .n = 2, .k = 2, .x = {f, APEX_F16}, .w = {f, APEX_F32}, .out = f, .out_dtype = APEX_F32}),
-          "nn_linear", "f16 and f32");
-  refused(cb->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = 1, .n = 2, .k = 2, .x = {f, APEX_F32}, .w = {f, APEX_BF16}, .gout = f, .gx = f}),
-          "nn_linear_bwd", "gradient and w");
-  refused(cb->nn_matmul(&(apex_nn_matmul_args){.batch = 1, .m = 1, .n = 2, .k = 2, .a = {f, APEX_BF16}, .b = {f, APEX_F16}, .out = f,
-                                               .out_dtype = APEX_F32}),
-          "nn_matmul", "bf16 and f16");
-  refused(cb->nn_matmul(&(apex_nn_matmul_args){.batch = (size_t)INT_MAX + 1, .m = 1, .n = 2, .k = 2, .a = {f, APEX_F32}, .b = {f, APEX_F32},
-                                               .out = f, .out_dtype = APEX_F32}),
-          "nn_matmul", "batch of");
-  refused(cb->nn_matmul_bwd(&(apex_nn_matmul_bwd_args){.batch = 1, .m = 1, .n = 2, .k = 2, .a = {f, APEX_F16}, .b = {f, APEX_F32},
-                                                       .gout = f, .gb = f}),
-          "nn_matmul_bwd", "gradient and a");
-  refused(cb->nn_conv2d(&(apex_nn_conv2d_args){.geom = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1}, .x = {f, APEX_F16}, .w = {f, APEX_F32},
-                                               .out = f, .out_dtype = APEX_F16}),
-          "nn_conv2d", "different dtypes");
   refused(cb->nn_attention(&(apex_nn_attention_args){.heads = 1, .t = 1, .d = 1, .q = {f, APEX_F32}, .k = {f, APEX_F32}, .v = {f, APEX_F32}, .p = f,
                                                      .out = f, .out_dtype = APEX_F32}),
           "nn_attention",
@@ -890,6 +930,8 @@ int main(void) {
       cmocka_unit_test(test_multi_tensor_cases),
       cmocka_unit_test(test_optimizer_cases),
       cmocka_unit_test(test_nn_slot_cases),
+      cmocka_unit_test(test_slot_table_complete),
+      cmocka_unit_test(test_cuda_slots_filled),
       cmocka_unit_test(test_cuda_slot_refusals),
       cmocka_unit_test(test_stream_slots),
   };
