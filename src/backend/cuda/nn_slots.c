@@ -263,17 +263,24 @@ apex_status apex__cuda_slot_nn_linear(const apex_nn_linear_args *a) {
   apex_nn_buf x = a->x, w = a->w;
   void *ox = NULL, *ow = NULL;
   apex_status st = pair_f32(&x, m * k, &w, n * k, &ox, &ow);
-  /* the bias epilogue reads the bias in the output's dtype */
+  /* f32 operands give an f32 product (cuBLASLt's only output for them): a half result is rounded from
+   * it once, in scratch */
+  void *y = a->out, *oy = NULL;
+  apex_dtype yt = x.dtype == APEX_F32 ? APEX_F32 : a->out_dtype;
+  if (st == APEX_OK && yt != a->out_dtype) y = oy = scratch(m * n, &st);
+  /* the bias epilogue reads the bias in the product's output dtype */
   void *bias = (void *)a->bias.data;
-  if (st == APEX_OK && a->bias.data && a->bias.dtype != a->out_dtype) {
+  if (st == APEX_OK && a->bias.data && a->bias.dtype != yt) {
     bias = NULL;
-    st = apex__cuda_alloc(n * apex_dtype_size(a->out_dtype), 0, &bias);
-    if (st == APEX_OK) st = apex__cuda_convert(bias, a->out_dtype, a->bias.data, a->bias.dtype, n);
+    st = apex__cuda_alloc(n * apex_dtype_size(yt), 0, &bias);
+    if (st == APEX_OK) st = apex__cuda_convert(bias, yt, a->bias.data, a->bias.dtype, n);
   }
-  if (st == APEX_OK) st = apex__cuda_gemm(0, 1, a->m, a->n, a->k, 1.0f, x.data, w.data, x.dtype, 0.0f, a->out, a->out_dtype, bias, 0);
+  if (st == APEX_OK) st = apex__cuda_gemm(0, 1, a->m, a->n, a->k, 1.0f, x.data, w.data, x.dtype, 0.0f, y, yt, bias, 0);
+  if (st == APEX_OK && oy) st = apex__cuda_convert(a->out, a->out_dtype, oy, APEX_F32, m * n);
   if (bias != a->bias.data) apex__cuda_free(bias);
   apex__cuda_free(ox);
   apex__cuda_free(ow);
+  apex__cuda_free(oy);
   return st;
 }
 
@@ -314,19 +321,25 @@ apex_status apex__cuda_slot_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
 
 apex_status apex__cuda_slot_nn_matmul(const apex_nn_matmul_args *a) {
   int64_t m = a->m, n = a->n, k = a->k, sb = a->b_batched ? k * n : 0;
-  size_t es_out = apex_dtype_size(a->out_dtype);
   apex_nn_buf x = a->a, y = a->b;
   void *ox = NULL, *oy = NULL;
   apex_status st = pair_f32(&x, a->batch * (size_t)(m * k), &y, (a->b_batched ? a->batch : 1) * (size_t)(k * n), &ox, &oy);
   size_t es = apex_dtype_size(x.dtype);
+  /* f32 operands give f32 products (as nn_linear): a half result is rounded from them once */
+  void *out = a->out, *oo = NULL;
+  apex_dtype ot = x.dtype == APEX_F32 ? APEX_F32 : a->out_dtype;
+  if (st == APEX_OK && ot != a->out_dtype) out = oo = scratch(a->batch * (size_t)(m * n), &st);
+  size_t es_out = apex_dtype_size(ot);
   for (size_t i0 = 0; st == APEX_OK && i0 < a->batch; i0 += BATCH_RUN) {
     size_t run = a->batch - i0 < BATCH_RUN ? a->batch - i0 : BATCH_RUN;
     st = apex__cuda_gemm_batched("nn_matmul", 0, 0, m, n, k, 1.0f, (const char *)x.data + i0 * (size_t)(m * k) * es, k, m * k,
                                  (const char *)y.data + i0 * (size_t)sb * es, n, sb, x.dtype, 0.0f,
-                                 (char *)a->out + i0 * (size_t)(m * n) * es_out, n, m * n, a->out_dtype, (int)run);
+                                 (char *)out + i0 * (size_t)(m * n) * es_out, n, m * n, ot, (int)run);
   }
+  if (st == APEX_OK && oo) st = apex__cuda_convert(a->out, a->out_dtype, oo, APEX_F32, a->batch * (size_t)(m * n));
   apex__cuda_free(ox);
   apex__cuda_free(oy);
+  apex__cuda_free(oo);
   return st;
 }
 
