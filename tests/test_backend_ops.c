@@ -582,8 +582,7 @@ static apex_status slot_scale(slot_run *s) {
 }
 
 /* x, w, b and the result in dt (the slot widens them itself); statistics and gradients f32. */
-static apex_status slot_row_norm(slot_run *s, int centre, apex_dtype dt) {
-  enum { R = 8, D = 96 };
+static apex_status slot_row_norm_of(slot_run *s, int centre, apex_dtype dt, size_t R, size_t D) {
   void *x = sbuf_as(s, R * D, 41, dt), *w = sbuf_as(s, D, 42, dt), *b = centre ? sbuf_as(s, D, 43, dt) : NULL;
   void *out = sbuf_as(s, R * D, 0, dt);
   float *stats = sbuf(s, 2 * R, 0), *go = sbuf(s, R * D, 44), *gx = sbuf(s, R * D, 45), *gw = sbuf(s, D, 46);
@@ -601,6 +600,10 @@ static apex_status slot_row_norm(slot_run *s, int centre, apex_dtype dt) {
   if (centre) sgot(s, "gb", gb);
   return st;
 }
+static apex_status slot_row_norm(slot_run *s, int centre, apex_dtype dt) { return slot_row_norm_of(s, centre, dt, 8, 96); }
+/* rows longer than cuda's fused kernels take (16,384): its wide-row path */
+static apex_status slot_layer_norm_wide(slot_run *s) { return slot_row_norm_of(s, 1, APEX_BF16, 3, 20000); }
+static apex_status slot_rms_norm_wide(slot_run *s) { return slot_row_norm_of(s, 0, APEX_F32, 2, 17000); }
 static apex_status slot_layer_norm(slot_run *s) { return slot_row_norm(s, 1, APEX_F32); }
 static apex_status slot_rms_norm(slot_run *s) { return slot_row_norm(s, 0, APEX_F32); }
 static apex_status slot_layer_norm_f16(slot_run *s) { return slot_row_norm(s, 1, APEX_F16); }
@@ -969,6 +972,8 @@ static const struct {
     {"nn_conv2d", slot_conv2d, 2e-3, APEX_F32},
     /* the kernels beside loss.c, shape.c, conv.c, norm.c and multi_tensor.c, and amp's mixed dtypes; rel
      * as CUDA_OP_REL and CUDA_PRODUCT_REL (backend_ops_cases.h), dt the half dtype whose ulp a result adds */
+    {"nn_row_norm layer wide", slot_layer_norm_wide, 1e-4, APEX_BF16},
+    {"nn_row_norm rms wide", slot_rms_norm_wide, 1e-4, APEX_F32},
     {"nn_linear mixed", slot_linear_mixed, 1e-4, APEX_BF16},
     {"nn_matmul mixed", slot_matmul_mixed, 1e-4, APEX_BF16},
     {"nn_softmax", slot_softmax, 1e-5, APEX_BF16},

@@ -57,6 +57,11 @@ apex_status apex__cuda_slot_nn_pool2d_bwd(const apex_nn_pool2d_bwd_args *a);
 apex_status apex__cuda_slot_nn_batch_norm_bwd(const apex_nn_batch_norm_bwd_args *a);
 apex_status apex__cuda_slot_nn_batch_norm_sums(const apex_nn_batch_norm_sums_args *a);
 apex_status apex__cuda_slot_nn_batch_norm_dx(const apex_nn_batch_norm_dx_args *a);
+/* norm.cu: layer and RMS norm of rows longer than the fused kernels take (APEX__CUDA_NORM_FUSED_COLS,
+ * norm.cu's NORM_MAX_COLS), one block a row; nn_slots.c's row norm slots call them for such rows */
+#define APEX__CUDA_NORM_FUSED_COLS (512 * 32)
+apex_status apex__cuda_row_norm_wide(const apex_nn_row_norm_args *a);
+apex_status apex__cuda_row_norm_wide_bwd(const apex_nn_row_norm_bwd_args *a);
 /* mt_slots.c over multi_tensor.cu */
 apex_status apex__cuda_slot_mt_flush_unscale(const apex_mt_flush_unscale_args *a);
 /* elementwise.cu: every unary and binary kind, any broadcast (nn_slots.c's slots call them for what the

@@ -1,15 +1,19 @@
-/* nn_slots.c: the CUDA backend's nn slots (backend/args_nn.h) over the kernels that exist on the GPU:
- * elementwise.cu (add, mul, scale, ReLU, tanh GELU in their operands' and
- * results' own dtypes; column sums), norm.cu (layer and RMS norm),
- * embedding.cu, gemm.cu (linear, matmul) and conv.cu (cuDNN convolution). Every buffer of a slot's
- * arguments is device memory, except the embedding's ids, which its kernel reads on the host.
+/* nn_slots.c: the CUDA backend's nn slots (backend/args_nn.h) over the kernels of elementwise.cu
+ * (add, mul, scale, ReLU, tanh GELU in their operands' and results' own dtypes; every other unary and
+ * binary kind and any broadcast in its general kernels; column sums), norm.cu (layer and RMS norm),
+ * embedding.cu, gemm.cu (linear, matmul) and conv.cu (cuDNN convolution). The slots whose kernels need
+ * no such glue live beside them (loss.cu, shape.cu, conv.cu's pooling, norm.cu's batch norm backward;
+ * cuda_backend.h lists them). Every buffer of a slot's arguments is device memory, except the
+ * embedding's ids, which its kernel reads on the host.
  *
- * A slot covers what its kernel covers and answers APEX_ERR_UNSUPPORTED naming the rest (a kind, a
- * broadcast, a dtype pairing), never an approximation of it; attention, cross entropy and batch norm,
- * whose kernels keep other state for their backward, answer it whole. The kernels overwrite their gradient
- * outputs; args_nn.h's accumulate rule (add into the buffer, or store 0.0f + term) is kept by computing
- * the term into device scratch and adding it (land), so the bits are those of one f32 addition. All
- * work is queued on apex's one stream; nothing here waits. */
+ * Where a library kernel takes one dtype for inputs that arrive in two (autocast's bf16 weight against
+ * an f32 gradient, a bias of another dtype than its weight), the low-precision ones are widened exactly
+ * to f32 in scratch and the kernel runs in f32, which are the CPU's numerics (it widens too); a result of
+ * another dtype than the kernel writes is rounded from f32 once. Attention, cross entropy and batch
+ * norm's forward, whose kernels keep other state for their backward, answer APEX_ERR_UNSUPPORTED whole.
+ * The kernels overwrite their gradient outputs; args_nn.h's accumulate rule (add into the buffer, or
+ * store 0.0f + term) is kept by computing the term into device scratch and adding it (land), so the
+ * bits are those of one f32 addition. All work is queued on apex's one stream; nothing here waits. */
 #include <limits.h>
 
 #include "backend/cuda/cuda_backend.h"
@@ -167,6 +171,7 @@ static const float *norm_weight(apex_nn_buf w, size_t D, void **owned, apex_stat
 apex_status apex__cuda_slot_nn_row_norm(const apex_nn_row_norm_args *a) {
   size_t R = a->rows, D = a->cols;
   if (!R || !D) return APEX_OK;
+  if (D > APEX__CUDA_NORM_FUSED_COLS) return apex__cuda_row_norm_wide(a);
   /* The kernel writes its result in x's dtype and reads w and b in one dtype, f32 or x's. A result of
    * another dtype is computed from x widened (exact) into f32 scratch and rounded once into out; a
    * missing weight is ones; a w and b that the kernel cannot read as stored are both widened to f32. */
@@ -199,6 +204,7 @@ apex_status apex__cuda_slot_nn_row_norm(const apex_nn_row_norm_args *a) {
 apex_status apex__cuda_slot_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) {
   size_t R = a->rows, D = a->cols;
   if (!R || !D || (!a->gx && !a->gw && !a->gb)) return APEX_OK;
+  if (D > APEX__CUDA_NORM_FUSED_COLS) return apex__cuda_row_norm_wide_bwd(a);
   /* The kernel writes its gradients in the dtypes of x and w, and the slot's are f32: so it runs on
    * f32 copies of low-precision inputs. It writes dx and dw always (db when given), so each goes to
    * scratch and lands by its flag. */

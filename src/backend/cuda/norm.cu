@@ -490,3 +490,84 @@ extern "C" apex_status apex__cuda_slot_nn_batch_norm_dx(const apex_nn_batch_norm
   bn_dx_kernel<<<apex_grid(n, 256, 4), 256, 0, nn_stream()>>>(*a, n, 1.0f / (float)a->count);
   return apex__cuda_check_launch("nn_batch_norm_dx");
 }
+
+/* ---- rows too long for the fused kernels (cpu/norm.c's row norm loops) ------------------------------------ */
+
+static_assert(NORM_MAX_COLS == APEX__CUDA_NORM_FUSED_COLS, "nn_slots.c picks the wide-row path by this bound");
+
+/* One block per row, any dtypes: mean and the sum of squared deviations in double (as the CPU sums
+ * them, here in a fixed tree), then the row written from them in f32 as the CPU writes it. */
+__global__ void __launch_bounds__(BN_THREADS) rn_wide_fwd_kernel(const apex_nn_row_norm_args a) {
+  __shared__ double red[8];
+  int64_t r = blockIdx.x, D = (int64_t)a.cols, R = (int64_t)a.rows, base = r * D;
+  double mean = 0, q = 0;
+  if (a.centre) {
+    for (int64_t j = threadIdx.x; j < D; j += BN_THREADS) mean += apex_ld(a.x.data, a.x.dtype, base + j);
+    mean = block_total256(mean, red) / (double)D;
+  }
+  for (int64_t j = threadIdx.x; j < D; j += BN_THREADS) {
+    double d = apex_ld(a.x.data, a.x.dtype, base + j) - mean;
+    q += d * d;
+  }
+  q = block_total256(q, red);
+  float m = (float)mean, rs = (float)(1.0 / sqrt(q / (double)D + a.eps));
+  if (threadIdx.x == 0) a.stats[r] = m, a.stats[R + r] = rs;
+  for (int64_t j = threadIdx.x; j < D; j += BN_THREADS) {
+    float w = a.w.data ? apex_ld(a.w.data, a.w.dtype, j) : 1.0f, b = a.centre && a.b.data ? apex_ld(a.b.data, a.b.dtype, j) : 0.0f;
+    apex_st(a.out, a.out_dtype, base + j, (apex_ld(a.x.data, a.x.dtype, base + j) - m) * rs * w + b);
+  }
+}
+
+extern "C" apex_status apex__cuda_row_norm_wide(const apex_nn_row_norm_args *a) {
+  if (!a->rows || !a->cols) return APEX_OK;
+  rn_wide_fwd_kernel<<<(unsigned)a->rows, BN_THREADS, 0, nn_stream()>>>(*a);
+  return apex__cuda_check_launch("nn_row_norm");
+}
+
+/* gx of one row per block, from its two sums (of gout * w, and of that times x-hat) in double. */
+__global__ void __launch_bounds__(BN_THREADS) rn_wide_bwd_kernel(const apex_nn_row_norm_bwd_args a) {
+  __shared__ double red[8];
+  int64_t r = blockIdx.x, D = (int64_t)a.cols, R = (int64_t)a.rows, base = r * D;
+  float m = a.stats[r], rk = a.stats[R + r];
+  double s1 = 0, s2 = 0;
+  for (int64_t j = threadIdx.x; j < D; j += BN_THREADS) {
+    float xh = (apex_ld(a.x.data, a.x.dtype, base + j) - m) * rk, gh = a.gout[base + j] * (a.w.data ? apex_ld(a.w.data, a.w.dtype, j) : 1.0f);
+    s1 += gh;
+    s2 += gh * xh;
+  }
+  s1 = block_total256(s1, red);
+  s2 = block_total256(s2, red);
+  float ca = a.centre ? (float)(s1 / (double)D) : 0.0f, cb = (float)(s2 / (double)D);
+  for (int64_t j = threadIdx.x; j < D; j += BN_THREADS) {
+    float xh = (apex_ld(a.x.data, a.x.dtype, base + j) - m) * rk, gh = a.gout[base + j] * (a.w.data ? apex_ld(a.w.data, a.w.dtype, j) : 1.0f);
+    grad_put(a.gx, base + j, rk * (gh - ca - xh * cb), a.accumulate_x);
+  }
+}
+
+/* gw and gb: one column per thread, its rows' terms (gout * x-hat, gout) added in row order. */
+__global__ void rn_wide_wb_kernel(const apex_nn_row_norm_bwd_args a) {
+  int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, D = (int64_t)a.cols, R = (int64_t)a.rows;
+  if (j >= D) return;
+  double sw = 0, sb = 0;
+  for (int64_t r = 0; r < R; r++) {
+    float g = a.gout[r * D + j];
+    if (a.gw) sw += g * ((apex_ld(a.x.data, a.x.dtype, r * D + j) - a.stats[r]) * a.stats[R + r]);
+    sb += g;
+  }
+  if (a.gw) grad_put(a.gw, j, (float)sw, a.accumulate_w);
+  if (a.gb) grad_put(a.gb, j, (float)sb, a.accumulate_b);
+}
+
+extern "C" apex_status apex__cuda_row_norm_wide_bwd(const apex_nn_row_norm_bwd_args *a) {
+  if (!a->rows || !a->cols) return APEX_OK;
+  if (a->gx) {
+    rn_wide_bwd_kernel<<<(unsigned)a->rows, BN_THREADS, 0, nn_stream()>>>(*a);
+    apex_status st = apex__cuda_check_launch("nn_row_norm_bwd");
+    if (st != APEX_OK) return st;
+  }
+  if (!a->gw && !(a->gb && a->centre)) return APEX_OK;
+  apex_nn_row_norm_bwd_args b = *a;
+  if (!a->centre) b.gb = NULL;
+  rn_wide_wb_kernel<<<(unsigned)((a->cols + 255) / 256), 256, 0, nn_stream()>>>(b);
+  return apex__cuda_check_launch("nn_row_norm_bwd");
+}
