@@ -156,6 +156,16 @@ static const struct {
     {"novograd_inf", APEX_OPTIM_NOVOGRAD, {.norm_type = APEX_OPTIM_NORM_INF, .weight_decay = 0.01f}},
 };
 
+/* The cuda backend's bounds for the op cases (rel, plus one ulp of a half result as for every bound).
+ * Its kernels repeat the CPU's f32 expressions (built with -fmad=false), but the device's expf, logf,
+ * tanhf, erff and powf are not glibc's (within 2 ulps), its sums run in fixed trees rather than left
+ * to right, and cuBLASLt and cuDNN sum products in their own blocked orders: so an op agrees with the
+ * reference to a few f32 ulps of the tensor's largest element (CUDA_OP_REL leaves 100 of them), and a
+ * product (the cases of case_rel) to its f32 accumulation over K, as the slot cases' 1e-4. Chosen from
+ * those error sources, not yet measured on a GPU: the first run prints every row's worst error. */
+#define CUDA_OP_REL 1e-5
+#define CUDA_PRODUCT_REL 1e-4
+
 /* GPU bound as for mt_cases: transcendental and square-root rounding may differ there. */
 #define OPTIM_CUDA_REL 1e-5
 

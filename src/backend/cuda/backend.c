@@ -37,6 +37,22 @@ const apex_backend apex__cuda_backend = {
     .nn_dropout = apex__cuda_slot_nn_dropout,
     .nn_dropout_bwd = apex__cuda_slot_nn_dropout_bwd,
     .nn_batch_norm = apex__cuda_slot_nn_batch_norm,
+    /* the cudaslots group: loss.cu, shape.cu, conv.cu's pooling, norm.cu's batch norm backward, mt_slots.c */
+    .mt_flush_unscale = apex__cuda_slot_mt_flush_unscale,
+    .nn_softmax = apex__cuda_slot_nn_softmax,
+    .nn_softmax_bwd = apex__cuda_slot_nn_softmax_bwd,
+    .nn_pointwise_loss = apex__cuda_slot_nn_pointwise_loss,
+    .nn_pointwise_loss_bwd = apex__cuda_slot_nn_pointwise_loss_bwd,
+    .nn_batch_norm_bwd = apex__cuda_slot_nn_batch_norm_bwd,
+    .nn_batch_norm_sums = apex__cuda_slot_nn_batch_norm_sums,
+    .nn_batch_norm_dx = apex__cuda_slot_nn_batch_norm_dx,
+    .nn_reduce_bwd = apex__cuda_slot_nn_reduce_bwd,
+    .nn_permute = apex__cuda_slot_nn_permute,
+    .nn_permute_bwd = apex__cuda_slot_nn_permute_bwd,
+    .nn_concat = apex__cuda_slot_nn_concat,
+    .nn_concat_bwd = apex__cuda_slot_nn_concat_bwd,
+    .nn_pool2d = apex__cuda_slot_nn_pool2d,
+    .nn_pool2d_bwd = apex__cuda_slot_nn_pool2d_bwd,
 };
 
 const apex_streams apex__cuda_streams = {

@@ -9,7 +9,10 @@
  * Numerics: f32 compute for every dtype; f32 tensors on the FMA units (no TF32, like apex_kernel_matmul),
  * f16/bf16 on the tensor cores. Algorithms come from cuDNN's heuristics, keeping the first that cuDNN
  * marks deterministic and whose workspace fits: the same inputs give the same bits on every run. The
- * bias gradient sums each channel in a fixed order (block_reduce.cuh). */
+ * bias gradient sums each channel in a fixed order (block_reduce.cuh).
+ *
+ * The pooling slots (args_nn.h's nn_pool2d, nn_pool2d_bwd) close the file: apex's own kernels, the
+ * CPU's loops of cpu/conv.c one output (forward) or one input element (backward) per thread. */
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #include <dlfcn.h>
@@ -19,10 +22,12 @@
 
 extern "C" {
 #include "core/internal.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_internal.h"
 }
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/dtype_dev.cuh"
+#include "backend/cuda/grad_dev.cuh"
 
 #define CONV_MAX_WORKSPACE ((size_t)1 << 30)
 
@@ -264,4 +269,78 @@ done:
   apex__cuda_free(ws);
   desc_free(c);
   return st;
+}
+
+/* ---- pooling (cpu/conv.c's pool_plane and apex__cpu_nn_pool2d_bwd) ------------------------------------------ */
+
+/* One output per thread: the window walked in the CPU's order, the max taking each element that is
+ * greater or NaN (so NaN propagates, the last one winning) with its index in the plane, or the
+ * window's sum in order times 1 / (kh * kw): the CPU's f32 operations, so its bits. */
+__global__ void pool_kernel(apex_nn_conv_geom q, int64_t total, const void *x, apex_dtype xt, void *out, apex_dtype ot,
+                            int32_t *arg, float inv) {
+  int64_t stride = (int64_t)gridDim.x * blockDim.x, P = (int64_t)q.ho * q.wo, HW = (int64_t)q.h * q.w;
+  for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < total; o += stride) {
+    int64_t pl = o / P;
+    int oh = (int)(o % P / q.wo), ow = (int)(o % q.wo);
+    float best = -3.402823466e38f, s = 0.0f;
+    int32_t at = -1;
+    for (int i = 0; i < q.kh; i++) {
+      int ih = oh * q.sh - q.ph + i;
+      if (ih < 0 || ih >= q.h) continue;
+      for (int j = 0; j < q.kw; j++) {
+        int iw = ow * q.sw - q.pw + j;
+        if (iw < 0 || iw >= q.w) continue;
+        float v = apex_ld(x, xt, pl * HW + ih * q.w + iw);
+        s += v;
+        if (v > best || at < 0 || v != v) best = v, at = ih * q.w + iw;
+      }
+    }
+    if (arg) arg[o] = at;
+    apex_st(out, ot, o, arg ? best : s * inv);
+  }
+}
+
+extern "C" apex_status apex__cuda_slot_nn_pool2d(const apex_nn_pool2d_args *a) {
+  apex_nn_conv_geom q = a->geom;
+  int64_t total = (int64_t)q.n * q.c * q.ho * q.wo;
+  if (!total) return APEX_OK;
+  pool_kernel<<<apex_grid(total, 256, 4), 256, 0, nn_stream()>>>(q, total, a->x.data, a->x.dtype, a->out, a->out_dtype, a->argmax,
+                                                                1.0f / (float)(q.kh * q.kw));
+  return apex__cuda_check_launch("nn_pool2d");
+}
+
+/* One input element per thread gathers the outputs whose windows hold it, in the CPU's output order
+ * (rows, then columns), so each element's additions are the CPU's and no two threads write one. */
+__global__ void pool_bwd_kernel(apex_nn_conv_geom q, int64_t total, const int32_t *arg, const float *go, float *gx, int acc,
+                                float inv) {
+  int64_t stride = (int64_t)gridDim.x * blockDim.x, P = (int64_t)q.ho * q.wo, HW = (int64_t)q.h * q.w;
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
+    int64_t pl = e / HW;
+    int ih = (int)(e % HW / q.w), iw = (int)(e % q.w);
+    /* outputs oh with oh * sh - ph <= ih <= oh * sh - ph + kh - 1, likewise ow */
+    int oh0 = ih + q.ph - q.kh + 1, ow0 = iw + q.pw - q.kw + 1;
+    oh0 = oh0 <= 0 ? 0 : (oh0 + q.sh - 1) / q.sh;
+    ow0 = ow0 <= 0 ? 0 : (ow0 + q.sw - 1) / q.sw;
+    int oh1 = (ih + q.ph) / q.sh, ow1 = (iw + q.pw) / q.sw;
+    if (oh1 > q.ho - 1) oh1 = q.ho - 1;
+    if (ow1 > q.wo - 1) ow1 = q.wo - 1;
+    float v = acc ? gx[e] : 0.0f;
+    const float *gp = go + pl * P;
+    for (int oh = oh0; oh <= oh1; oh++)
+      for (int ow = ow0; ow <= ow1; ow++) {
+        int64_t oi = (int64_t)oh * q.wo + ow;
+        if (!arg) v += gp[oi] * inv;
+        else if (arg[pl * P + oi] == ih * q.w + iw) v += gp[oi];
+      }
+    gx[e] = v;
+  }
+}
+
+extern "C" apex_status apex__cuda_slot_nn_pool2d_bwd(const apex_nn_pool2d_bwd_args *a) {
+  apex_nn_conv_geom q = a->geom;
+  int64_t total = (int64_t)q.n * q.c * q.h * q.w;
+  if (!total) return APEX_OK;
+  pool_bwd_kernel<<<apex_grid(total, 256, 4), 256, 0, nn_stream()>>>(q, total, a->argmax, a->gout, a->gx, a->accumulate_x,
+                                                                    1.0f / (float)(q.kh * q.kw));
+  return apex__cuda_check_launch("nn_pool2d_bwd");
 }

@@ -41,4 +41,38 @@ apex_status apex__cuda_slot_nn_dropout(const apex_nn_dropout_args *a);
 apex_status apex__cuda_slot_nn_dropout_bwd(const apex_nn_dropout_bwd_args *a);
 apex_status apex__cuda_slot_nn_batch_norm(const apex_nn_batch_norm_args *a);
 
+/* The slots whose kernels sit in the .cu file beside them (each mirrors a cpu/ file):
+ * loss.cu */
+apex_status apex__cuda_slot_nn_softmax(const apex_nn_softmax_args *a);
+apex_status apex__cuda_slot_nn_softmax_bwd(const apex_nn_softmax_bwd_args *a);
+apex_status apex__cuda_slot_nn_pointwise_loss(const apex_nn_pointwise_loss_args *a);
+apex_status apex__cuda_slot_nn_pointwise_loss_bwd(const apex_nn_pointwise_loss_bwd_args *a);
+/* shape.cu */
+apex_status apex__cuda_slot_nn_reduce(const apex_nn_reduce_args *a);
+apex_status apex__cuda_slot_nn_reduce_bwd(const apex_nn_reduce_bwd_args *a);
+apex_status apex__cuda_slot_nn_permute(const apex_nn_permute_args *a);
+apex_status apex__cuda_slot_nn_permute_bwd(const apex_nn_permute_bwd_args *a);
+apex_status apex__cuda_slot_nn_concat(const apex_nn_concat_args *a);
+apex_status apex__cuda_slot_nn_concat_bwd(const apex_nn_concat_bwd_args *a);
+/* conv.cu (pooling) */
+apex_status apex__cuda_slot_nn_pool2d(const apex_nn_pool2d_args *a);
+apex_status apex__cuda_slot_nn_pool2d_bwd(const apex_nn_pool2d_bwd_args *a);
+/* norm.cu (batch norm backward) */
+apex_status apex__cuda_slot_nn_batch_norm_bwd(const apex_nn_batch_norm_bwd_args *a);
+apex_status apex__cuda_slot_nn_batch_norm_sums(const apex_nn_batch_norm_sums_args *a);
+apex_status apex__cuda_slot_nn_batch_norm_dx(const apex_nn_batch_norm_dx_args *a);
+/* norm.cu: layer and RMS norm of rows longer than the fused kernels take (APEX__CUDA_NORM_FUSED_COLS,
+ * norm.cu's NORM_MAX_COLS), one block a row; nn_slots.c's row norm slots call them for such rows */
+#define APEX__CUDA_NORM_FUSED_COLS (512 * 32)
+apex_status apex__cuda_row_norm_wide(const apex_nn_row_norm_args *a);
+apex_status apex__cuda_row_norm_wide_bwd(const apex_nn_row_norm_bwd_args *a);
+/* mt_slots.c over multi_tensor.cu */
+apex_status apex__cuda_slot_mt_flush_unscale(const apex_mt_flush_unscale_args *a);
+/* elementwise.cu: every unary and binary kind, any broadcast (nn_slots.c's slots call them for what the
+ * functors of apex__cuda_ew do not cover) */
+apex_status apex__cuda_nn_unary_any(const apex_nn_unary_args *a);
+apex_status apex__cuda_nn_unary_bwd_any(const apex_nn_unary_bwd_args *a);
+apex_status apex__cuda_nn_binary_any(const apex_nn_binary_args *a);
+apex_status apex__cuda_nn_binary_bwd_any(const apex_nn_binary_bwd_args *a);
+
 #endif

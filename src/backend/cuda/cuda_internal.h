@@ -109,6 +109,12 @@ apex_status apex__cuda_mt_l2norm_chunked(const apex__cuda_list *x, size_t chunk_
 apex_status apex__cuda_mt_l2norm(const apex__cuda_list *x, float inv_scale, float *d_global, float *d_per,
                                  int *d_flag);
 
+/* The fused flush + unscale (args_mt.h's apex_mt_flush_unscale_args): grad bf16, sum and out f32;
+ * raises *d_flag on a non-finite sum and d_nonzero[i] (n device ints, may be NULL) where grad i held a
+ * non-zero element. Queued, never waits. */
+apex_status apex__cuda_mt_flush_unscale(const apex__cuda_list *grad, const apex__cuda_list *sum,
+                                        const apex__cuda_list *out, float scale, int *d_flag, int *d_nonzero);
+
 /* ---- optim.cu: the fused optimizer step ------------------------------------------------------------ */
 
 /* One group's step on the device, every list n long: g (any dtype), p (what is updated: an f32 master or

@@ -10,15 +10,22 @@
  *
  * The reductions use no float atomics, whose order changes from run to run: partial sums go to a
  * workspace from a grid laid out by the shape alone (never by the GPU's SM count), and a second pass
- * adds them in index order, so every run, and every GPU, gives the same bits. */
+ * adds them in index order, so every run, and every GPU, gives the same bits.
+ *
+ * The file closes with the general kernels of the nn slots (args_nn.h, beside cpu/elementwise.c): every
+ * unary kind and every binary kind over any broadcast, forward and backward, for what the functors above
+ * do not cover (nn_slots.c picks). A broadcast operand's gradient is gathered per element, its terms
+ * added in the order of the output's index as the CPU adds them, so no two threads write one element. */
 #include <cuda_runtime.h>
 
 extern "C" {
 #include "core/internal.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_internal.h"
 }
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/dtype_dev.cuh"
+#include "backend/cuda/grad_dev.cuh"
 
 #define EW_THREADS 256
 
@@ -223,5 +230,190 @@ extern "C" apex_status apex__cuda_sum_all(const void *x, apex_dtype xt, int64_t 
     st = apex__cuda_check_launch(fn);
   }
   apex__cuda_free(part);
+  return st;
+}
+
+/* ---- the nn slots' general unary and binary kernels (cpu/elementwise.c) ---------------------------------- */
+
+#define NN_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define NN_GELU_C 0.044715f
+
+__device__ __forceinline__ float nn_unary_f(apex_nn_unary_kind kind, float x, float p) {
+  switch (kind) {
+  case APEX_NN_RELU: return x > 0.0f ? x : 0.0f;
+  case APEX_NN_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  case APEX_NN_GELU_TANH: return 0.5f * x * (1.0f + tanhf(NN_GELU_K * (x + NN_GELU_C * x * x * x)));
+  case APEX_NN_TANH: return tanhf(x);
+  case APEX_NN_EXP: return expf(x);
+  case APEX_NN_LOG: return logf(x);
+  case APEX_NN_POW_SCALAR: return p == 2.0f ? x * x : p == 0.5f ? sqrtf(x) : powf(x, p);
+  default: return 1.0f / (1.0f + expf(-x)); /* sigmoid */
+  }
+}
+
+/* kind'(x) times go, in the CPU's order of operations (act_slope, unary_bwd_f32). */
+__device__ __forceinline__ float nn_unary_term(apex_nn_unary_kind kind, float x, float g, float p) {
+  switch (kind) {
+  case APEX_NN_GELU: {
+    float e = erff(x * 0.70710678118654752f);
+    float cdf = 0.5f * (1.0f + e), pdf = 0.3989422804014327f * expf(-0.5f * x * x);
+    return g * (cdf + x * pdf);
+  }
+  case APEX_NN_GELU_TANH: {
+    float t = tanhf(NN_GELU_K * (x + NN_GELU_C * x * x * x));
+    return g * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * NN_GELU_K * (1.0f + 3.0f * NN_GELU_C * x * x));
+  }
+  case APEX_NN_TANH: {
+    float t = tanhf(x);
+    return g * (1.0f - t * t);
+  }
+  case APEX_NN_EXP: return g * expf(x);
+  case APEX_NN_LOG: return g / x;
+  case APEX_NN_POW_SCALAR: return g * (p * powf(x, p - 1.0f));
+  default: {
+    float s = 1.0f / (1.0f + expf(-x));
+    return g * s * (1.0f - s);
+  }
+  }
+}
+
+__global__ void nn_unary_kernel(apex_nn_unary_kind kind, int64_t n, const void *x, apex_dtype xt, void *out, apex_dtype ot, float p) {
+  int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    apex_st(out, ot, i, nn_unary_f(kind, apex_ld(x, xt, i), p));
+}
+
+/* RELU reads its raw output y (non-zero exactly where x > 0); POW_SCALAR with p 0 adds nothing (x^0 is
+ * 1 everywhere). */
+__global__ void nn_unary_bwd_kernel(apex_nn_unary_kind kind, int64_t n, const void *x, apex_dtype xt, const void *y, int y16,
+                                    float p, const float *go, float *gx, int acc) {
+  int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float t;
+    if (kind == APEX_NN_RELU) {
+      bool on = y16 ? ((const uint16_t *)y)[i] != 0 : ((const uint32_t *)y)[i] != 0;
+      if (acc) {
+        gx[i] += on ? go[i] : 0.0f;
+        continue;
+      }
+      t = on ? go[i] : 0.0f;
+    } else if (kind == APEX_NN_POW_SCALAR && p == 0.0f) {
+      if (!acc) gx[i] = 0.0f;
+      continue;
+    } else {
+      t = nn_unary_term(kind, apex_ld(x, xt, i), go[i], p);
+    }
+    grad_put(gx, i, t, acc);
+  }
+}
+
+extern "C" apex_status apex__cuda_nn_unary_any(const apex_nn_unary_args *a) {
+  int64_t n = (int64_t)a->n;
+  if (!n) return APEX_OK;
+  nn_unary_kernel<<<apex_grid(n, EW_THREADS, 4), EW_THREADS, 0, nn_stream()>>>(a->kind, n, a->x.data, a->x.dtype, a->out, a->out_dtype,
+                                                                               a->p);
+  return apex__cuda_check_launch("nn_unary");
+}
+
+extern "C" apex_status apex__cuda_nn_unary_bwd_any(const apex_nn_unary_bwd_args *a) {
+  int64_t n = (int64_t)a->n;
+  if (!n || !a->gx) return APEX_OK;
+  nn_unary_bwd_kernel<<<apex_grid(n, EW_THREADS, 4), EW_THREADS, 0, nn_stream()>>>(
+      a->kind, n, a->x.data, a->x.dtype, a->y, apex_dtype_size(a->y_dtype) == 2, a->p, a->gout, a->gx, a->accumulate_x);
+  return apex__cuda_check_launch("nn_unary_bwd");
+}
+
+__device__ __forceinline__ float nn_binary_f(apex_nn_binary_kind kind, float x, float y) {
+  switch (kind) {
+  case APEX_NN_ADD: return x + y;
+  case APEX_NN_SUB: return x - y;
+  case APEX_NN_MUL: return x * y;
+  case APEX_NN_POW: return powf(x, y);
+  case APEX_NN_GT: return x > y ? 1.0f : 0.0f;
+  case APEX_NN_LT: return x < y ? 1.0f : 0.0f;
+  case APEX_NN_EQ: return x == y ? 1.0f : 0.0f;
+  default: return x / y;
+  }
+}
+
+/* d(out)/d(operand k) (cpu/elementwise.c's partial, PyTorch's pow_backward zeros included). */
+__device__ __forceinline__ float nn_partial(apex_nn_binary_kind kind, int k, float x, float y) {
+  switch (kind) {
+  case APEX_NN_ADD: return 1.0f;
+  case APEX_NN_SUB: return k ? -1.0f : 1.0f;
+  case APEX_NN_MUL: return k ? x : y;
+  case APEX_NN_POW:
+    if (!k) return y == 0.0f ? 0.0f : y * powf(x, y - 1.0f);
+    return x == 0.0f && y >= 0.0f ? 0.0f : powf(x, y) * logf(x);
+  default: return k ? -x / (y * y) : 1.0f / y;
+  }
+}
+
+__global__ void nn_binary_kernel(apex_nn_binary_kind kind, apex_nn_bcast p, int64_t n, const void *a, apex_dtype at, const void *b,
+                                 apex_dtype bt, void *out, apex_dtype ot) {
+  int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < n; o += stride) {
+    int64_t rem = o, oa = 0, ob = 0;
+    for (int d = p.nd - 1; d >= 0; d--) {
+      int64_t i = rem % p.shape[d];
+      rem /= p.shape[d];
+      oa += i * p.st[0][d];
+      ob += i * p.st[1][d];
+    }
+    apex_st(out, ot, o, nn_binary_f(kind, apex_ld(a, at, oa), apex_ld(b, bt, ob)));
+  }
+}
+
+/* Operand k's gradient, one of its elements e per thread: e's index in each dimension where k moves,
+ * then every output position over the dimensions where k repeats, in the output's index order, each
+ * term go * partial added to the running value as the CPU adds them. */
+__global__ void nn_binary_bwd_kernel(apex_nn_binary_kind kind, int k, apex_nn_bcast p, int64_t numel, const void *a, apex_dtype at,
+                                     const void *b, apex_dtype bt, const float *go, float *g, int acc) {
+  int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  bool reads = kind == APEX_NN_MUL || kind == APEX_NN_DIV || kind == APEX_NN_POW;
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < numel; e += stride) {
+    int64_t idx[APEX_MAX_DIMS];
+    for (int d = 0; d < p.nd; d++) idx[d] = p.st[k][d] ? e / p.st[k][d] % p.shape[d] : 0;
+    float v = acc ? g[e] : 0.0f;
+    for (;;) {
+      int64_t o = 0, off[2] = {0, 0};
+      for (int d = 0; d < p.nd; d++) {
+        o = o * p.shape[d] + idx[d];
+        off[0] += idx[d] * p.st[0][d];
+        off[1] += idx[d] * p.st[1][d];
+      }
+      float x = reads ? apex_ld(a, at, off[0]) : 0.0f, y = reads ? apex_ld(b, bt, off[1]) : 0.0f;
+      v += go[o] * nn_partial(kind, k, x, y);
+      int d = p.nd - 1; /* the next position: an odometer over the repeated dimensions */
+      for (; d >= 0; d--) {
+        if (p.st[k][d] || p.shape[d] == 1) continue;
+        if (++idx[d] < p.shape[d]) break;
+        idx[d] = 0;
+      }
+      if (d < 0) break;
+    }
+    g[e] = v;
+  }
+}
+
+extern "C" apex_status apex__cuda_nn_binary_any(const apex_nn_binary_args *a) {
+  int64_t n = (int64_t)(a->plan->rows * a->plan->len);
+  if (!n) return APEX_OK;
+  nn_binary_kernel<<<apex_grid(n, EW_THREADS, 4), EW_THREADS, 0, nn_stream()>>>(a->kind, *a->plan, n, a->a.data, a->a.dtype, a->b.data,
+                                                                                a->b.dtype, a->out, a->out_dtype);
+  return apex__cuda_check_launch("nn_binary");
+}
+
+extern "C" apex_status apex__cuda_nn_binary_bwd_any(const apex_nn_binary_bwd_args *a) {
+  float *g[2] = {a->ga, a->gb};
+  size_t numel[2] = {a->numel_a, a->numel_b};
+  int acc[2] = {a->accumulate_a, a->accumulate_b};
+  apex_status st = APEX_OK;
+  for (int k = 0; k < 2 && st == APEX_OK; k++) {
+    if (!g[k] || !numel[k]) continue;
+    nn_binary_bwd_kernel<<<apex_grid((int64_t)numel[k], EW_THREADS, 4), EW_THREADS, 0, nn_stream()>>>(
+        a->kind, k, *a->plan, (int64_t)numel[k], a->a.data, a->a.dtype, a->b.data, a->b.dtype, a->gout, g[k], acc[k]);
+    st = apex__cuda_check_launch("nn_binary_bwd");
+  }
   return st;
 }

@@ -140,3 +140,39 @@ apex_status apex__cuda_slot_mt_l2norm(const apex_mt_l2norm_args *a) {
   apex__cuda_list_free(&l);
   return st;
 }
+
+/* The fused flush + unscale of amp's bf16 leaves (args_mt.h). The host flags it reports (overflow and
+ * each tensor's nonzero) come back in one copy of n + 1 device ints, which waits for the device. */
+apex_status apex__cuda_slot_mt_flush_unscale(const apex_mt_flush_unscale_args *a) {
+  const char *fn = a->fn;
+  int n = a->n;
+  if (n < 0 || (n > 0 && (!a->grad || !a->sum || !a->out)))
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: %s", fn, n < 0 ? "negative tensor count" : "NULL tensor list");
+  for (int i = 0; i < n; i++) {
+    if (!a->grad[i] || !a->sum[i] || !a->out[i]) return apex__fail(APEX_ERR_INVALID_ARG, "%s: tensor %d of a list is NULL", fn, i);
+    if (apex_tensor_dtype(a->grad[i]) != APEX_BF16 || apex_tensor_dtype(a->sum[i]) != APEX_F32 || apex_tensor_dtype(a->out[i]) != APEX_F32)
+      return apex__fail(APEX_ERR_DTYPE, "%s: tensor %d is %s + %s -> %s; the fused flush takes a bf16 grad, an f32 sum and an f32 out", fn,
+                        i, apex_dtype_name(apex_tensor_dtype(a->grad[i])), apex_dtype_name(apex_tensor_dtype(a->sum[i])),
+                        apex_dtype_name(apex_tensor_dtype(a->out[i])));
+  }
+  apex__cuda_list l[3];
+  apex_tensor *const *t[3] = {a->grad, a->sum, a->out};
+  apex_status st = make_lists(fn, t, 3, n, l);
+  if (st != APEX_OK) return st;
+  int *d = NULL, *h = NULL; /* d[0]: the overflow flag, d[1 + i]: tensor i's nonzero flag */
+  st = apex__cuda_alloc(sizeof(int) * (size_t)(n + 1), 1, (void **)&d);
+  if (st == APEX_OK) st = apex__cuda_mt_flush_unscale(&l[0], &l[1], &l[2], a->scale, d, d + 1);
+  if (st == APEX_OK && (a->overflow || a->nonzero)) {
+    h = malloc(sizeof(int) * (size_t)(n + 1));
+    st = h ? apex__cuda_memcpy(h, d, sizeof(int) * (size_t)(n + 1), APEX__D2H, 1)
+           : apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  }
+  if (st == APEX_OK && h) {
+    if (a->overflow && h[0]) *a->overflow = 1;
+    for (int i = 0; a->nonzero && i < n; i++) a->nonzero[i] = h[1 + i] != 0;
+  }
+  free(h);
+  apex__cuda_free(d);
+  for (int k = 0; k < 3; k++) apex__cuda_list_free(&l[k]);
+  return st;
+}

@@ -211,3 +211,31 @@ extern "C" apex_status apex__cuda_mt_l2norm(const apex__cuda_list *x, float inv_
                                             int *d_flag) {
   return apex__cuda_mt_l2norm_chunked(x, 0, inv_scale, d_global, d_per, d_flag);
 }
+
+/* The fused flush + unscale of a bf16 leaf's gradient into its f32 master gradient (args_mt.h,
+ * apex_mt_flush_unscale_args; cpu/multi_tensor.c's flush_unscale_tile): s = bf16(grad + sum) rounded
+ * as apex_convert rounds, out = s * scale, s checked. nonzero[id] is set where grad held any non-zero
+ * bits: every thread that sets it stores the same 1, so the order of the stores changes nothing. */
+struct FlushUnscaleOp : MtFlagEnd {
+  float scale;
+  int *nonzero;
+  __device__ bool begin(const MtTable &, int, int64_t, float *) const { return true; }
+  __device__ void elem(const MtTable &t, int k, int64_t i, bool &bad, const float *) const {
+    uint16_t g = ((const uint16_t *)t.ptr[0][k])[i];
+    if (g && nonzero) nonzero[t.id[k]] = 1;
+    uint16_t s = apex__f32_to_bf16(apex__bf16_to_f32(g) + ((const float *)t.ptr[1][k])[i]);
+    float v = apex__bf16_to_f32(s);
+    bad |= !apex_finite(v);
+    ((float *)t.ptr[2][k])[i] = v * scale;
+  }
+};
+
+extern "C" apex_status apex__cuda_mt_flush_unscale(const apex__cuda_list *grad, const apex__cuda_list *sum,
+                                                   const apex__cuda_list *out, float scale, int *d_flag, int *d_nonzero) {
+  FlushUnscaleOp op;
+  op.flag = d_flag;
+  op.scale = scale;
+  op.nonzero = d_nonzero;
+  const apex__cuda_list *lists[3] = {grad, sum, out};
+  return launched(mt_apply(3, lists, op), "CUDA multi-tensor flush and unscale");
+}

@@ -1,13 +1,16 @@
-/* nn_slots.c: the CUDA backend's nn slots (backend/args_nn.h) over the kernels that exist on the GPU:
- * elementwise.cu (add, mul, scale, ReLU, tanh GELU in their operands' and
- * results' own dtypes; column sums), norm.cu (layer and RMS norm),
+/* nn_slots.c: the CUDA backend's nn slots (backend/args_nn.h) over the kernels of elementwise.cu
+ * (add, mul, scale, ReLU, tanh GELU in their operands' and results' own dtypes; every other unary and
+ * binary kind and any broadcast in its general kernels; column sums), norm.cu (layer and RMS norm),
  * embedding.cu, gemm.cu (linear, matmul), conv.cu (cuDNN convolution), attention.cu and
- * flash_attention.cu (causal attention), xent.cu (cross entropy), dropout.cu and bn_forward.cu. Every
- * buffer of a slot's arguments is device memory, except the embedding's ids, which its kernel reads on
- * the host.
+ * flash_attention.cu (causal attention), xent.cu (cross entropy), dropout.cu and bn_forward.cu. The
+ * slots whose kernels need no such glue live beside them (loss.cu, shape.cu, conv.cu's pooling,
+ * norm.cu's batch norm backward; cuda_backend.h lists them). Every buffer of a slot's arguments is
+ * device memory, except the embedding's ids, which its kernel reads on the host.
  *
- * A slot covers what its kernel covers and answers APEX_ERR_UNSUPPORTED naming the rest (a kind, a
- * broadcast, a dtype pairing), never an approximation of it. Most kernels overwrite their gradient
+ * Where a library kernel takes one dtype for inputs that arrive in two (autocast's bf16 weight against
+ * an f32 gradient, a bias of another dtype than its weight), the low-precision ones are widened exactly
+ * to f32 in scratch and the kernel runs in f32, which are the CPU's numerics (it widens too); a result of
+ * another dtype than the kernel writes is rounded from f32 once. The kernels overwrite their gradient
  * outputs; args_nn.h's accumulate rule (add into the buffer, or store 0.0f + term) is kept by computing
  * the term into device scratch and adding it (land), so the bits are those of one f32 addition. All
  * work is queued on apex's one stream; nothing here waits. */
@@ -82,27 +85,27 @@ static int flat_plan(const apex_nn_bcast *p) {
   return 1;
 }
 
-static apex_status binary_op(const char *slot, apex_nn_binary_kind kind, apex__cuda_ew_op *op) {
+/* 1 with the functor of add and mul. */
+static int binary_op(apex_nn_binary_kind kind, apex__cuda_ew_op *op) {
   if (kind == APEX_NN_ADD) *op = APEX__EW_ADD;
   else if (kind == APEX_NN_MUL) *op = APEX__EW_MUL;
-  else return unsupported(slot, "only add and mul of the binary ops have a kernel (elementwise.cu)");
-  return APEX_OK;
+  else return 0;
+  return 1;
 }
 
+/* The functors of elementwise.cu take flat add and mul, relu and tanh GELU; every other kind and every
+ * broadcast goes to its general kernels (apex__cuda_nn_*_any). */
 apex_status apex__cuda_slot_nn_binary(const apex_nn_binary_args *a) {
   apex__cuda_ew_op op = APEX__EW_ADD;
-  apex_status st = binary_op("nn_binary", a->kind, &op);
-  if (st != APEX_OK) return st;
-  if (!flat_plan(a->plan)) return unsupported("nn_binary", "broadcast operands (the kernel takes equal shapes)");
+  if (!binary_op(a->kind, &op) || !flat_plan(a->plan)) return apex__cuda_nn_binary_any(a);
   size_t n = a->plan->rows * a->plan->len;
   return n ? apex__cuda_ew(op, a->a.data, a->a.dtype, a->b.data, a->b.dtype, 0.0f, a->out, a->out_dtype, (int64_t)n) : APEX_OK;
 }
 
 apex_status apex__cuda_slot_nn_binary_bwd(const apex_nn_binary_bwd_args *a) {
   apex__cuda_ew_op op = APEX__EW_ADD;
-  apex_status st = binary_op("nn_binary_bwd", a->kind, &op);
-  if (st != APEX_OK) return st;
-  if (!flat_plan(a->plan)) return unsupported("nn_binary_bwd", "broadcast operands (the kernel takes equal shapes)");
+  if (!binary_op(a->kind, &op) || !flat_plan(a->plan)) return apex__cuda_nn_binary_bwd_any(a);
+  apex_status st = APEX_OK;
   size_t n = a->plan->rows * a->plan->len;
   if (op == APEX__EW_ADD) {
     if (a->ga && n) st = land(a->ga, a->gout, n, a->accumulate_a);
@@ -118,7 +121,7 @@ apex_status apex__cuda_slot_nn_unary(const apex_nn_unary_args *a) {
   apex__cuda_ew_op op = APEX__EW_ADD;
   if (a->kind == APEX_NN_RELU) op = APEX__EW_RELU;
   else if (a->kind == APEX_NN_GELU_TANH) op = APEX__EW_GELU;
-  else return unsupported("nn_unary", "only relu and tanh gelu of the unary ops have a kernel (elementwise.cu)");
+  else return apex__cuda_nn_unary_any(a);
   /* the kernel reads x and writes out in their own dtypes, in f32 between */
   return a->n ? apex__cuda_ew(op, a->x.data, a->x.dtype, NULL, APEX_F32, 0.0f, a->out, a->out_dtype, (int64_t)a->n) : APEX_OK;
 }
@@ -130,7 +133,7 @@ apex_status apex__cuda_slot_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
     return ew_into(a->gx, a->accumulate_x, APEX__EW_RELU_BWD, a->gout, APEX_F32, a->y, a->y_dtype, 0.0f, a->n);
   if (a->kind == APEX_NN_GELU_TANH)
     return ew_into(a->gx, a->accumulate_x, APEX__EW_GELU_BWD, a->gout, APEX_F32, a->x.data, a->x.dtype, 0.0f, a->n);
-  return unsupported("nn_unary_bwd", "only relu and tanh gelu of the unary ops have a kernel (elementwise.cu)");
+  return apex__cuda_nn_unary_bwd_any(a);
 }
 
 apex_status apex__cuda_slot_nn_scale(const apex_nn_scale_args *a) {
@@ -156,27 +159,60 @@ static const float *dev_f32(apex_nn_buf b, size_t n, void **owned, apex_status *
   return *st == APEX_OK ? f : NULL;
 }
 
+/* A weight as the kernels read it when it is not read as stored: widened to f32 (exact), or, with no
+ * data, D ones; the copy is in *owned for the caller to free. */
+static const float *norm_weight(apex_nn_buf w, size_t D, void **owned, apex_status *st) {
+  if (w.data) return dev_f32(w, D, owned, st);
+  float *f = scratch(D, st);
+  if (f) *st = apex__cuda_fill(f, APEX_F32, 1.0f, D);
+  *owned = f;
+  return *st == APEX_OK ? f : NULL;
+}
+
 apex_status apex__cuda_slot_nn_row_norm(const apex_nn_row_norm_args *a) {
-  if (!a->w.data) return unsupported("nn_row_norm", "a norm without a weight (the fused kernel reads one)");
-  if (a->centre && a->b.data && a->b.dtype != a->w.dtype)
-    return unsupported("nn_row_norm", "a bias of another dtype than the weight (the kernel reads both in one)");
-  if (a->out_dtype != a->x.dtype)
-    return unsupported("nn_row_norm", "a result of another dtype than x (the kernel writes x's)");
+  size_t R = a->rows, D = a->cols;
+  if (!R || !D) return APEX_OK;
+  if (D > APEX__CUDA_NORM_FUSED_COLS) return apex__cuda_row_norm_wide(a);
+  /* The kernel writes its result in x's dtype and reads w and b in one dtype, f32 or x's. A result of
+   * another dtype is computed from x widened (exact) into f32 scratch and rounded once into out; a
+   * missing weight is ones; a w and b that the kernel cannot read as stored are both widened to f32. */
+  int direct = a->out_dtype == a->x.dtype;
+  void *ox = NULL, *ow = NULL, *ob = NULL, *oy = NULL;
+  apex_status st = APEX_OK;
+  const void *x = direct ? a->x.data : dev_f32(a->x, R * D, &ox, &st);
+  apex_dtype xt = direct ? a->x.dtype : APEX_F32;
+  const void *w = a->w.data, *b = a->centre ? a->b.data : NULL;
+  apex_dtype wt = a->w.dtype;
+  int as_is = w && (wt == APEX_F32 || wt == xt) && (!b || a->b.dtype == wt);
+  if (st == APEX_OK && !as_is) {
+    wt = APEX_F32;
+    w = norm_weight(a->w, D, &ow, &st);
+    if (st == APEX_OK && b) b = dev_f32(a->b, D, &ob, &st);
+  }
+  void *y = a->out;
+  if (st == APEX_OK && !direct && a->out_dtype != APEX_F32) y = oy = scratch(R * D, &st);
   /* stats is mean[rows] then rstd[rows], the kernel's two outputs side by side */
-  return apex__cuda_layer_norm_fwd(a->x.data, a->x.dtype, a->w.data, a->centre ? a->b.data : NULL, a->w.dtype, (int64_t)a->rows,
-                                   (int64_t)a->cols, a->eps, !a->centre, a->out, a->stats, a->stats + a->rows);
+  if (st == APEX_OK)
+    st = apex__cuda_layer_norm_fwd(x, xt, w, b, wt, (int64_t)R, (int64_t)D, a->eps, !a->centre, y, a->stats, a->stats + R);
+  if (st == APEX_OK && oy) st = apex__cuda_convert(a->out, a->out_dtype, y, APEX_F32, R * D);
+  apex__cuda_free(ox);
+  apex__cuda_free(ow);
+  apex__cuda_free(ob);
+  apex__cuda_free(oy);
+  return st;
 }
 
 apex_status apex__cuda_slot_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) {
-  if (!a->w.data) return unsupported("nn_row_norm_bwd", "a norm without a weight (the fused kernel reads one)");
   size_t R = a->rows, D = a->cols;
   if (!R || !D || (!a->gx && !a->gw && !a->gb)) return APEX_OK;
+  if (D > APEX__CUDA_NORM_FUSED_COLS) return apex__cuda_row_norm_wide_bwd(a);
   /* The kernel writes its gradients in the dtypes of x and w, and the slot's are f32: so it runs on
    * f32 copies of low-precision inputs. It writes dx and dw always (db when given), so each goes to
    * scratch and lands by its flag. */
   void *ox = NULL, *ow = NULL;
   apex_status st;
-  const float *x = dev_f32(a->x, R * D, &ox, &st), *w = x ? dev_f32(a->w, D, &ow, &st) : NULL;
+  const float *x = dev_f32(a->x, R * D, &ox, &st);
+  const float *w = x ? norm_weight(a->w, D, &ow, &st) : NULL; /* no weight: ones */
   float *dx = w ? scratch(R * D, &st) : NULL, *dw = dx ? scratch(D, &st) : NULL, *db = dw && a->centre ? scratch(D, &st) : NULL;
   if (st == APEX_OK)
     st = apex__cuda_layer_norm_bwd(a->gout, x, APEX_F32, w, APEX_F32, a->stats, a->stats + R, (int64_t)R, (int64_t)D, !a->centre,
@@ -186,19 +222,7 @@ apex_status apex__cuda_slot_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) 
   return land_grads(st, l, ox, ow);
 }
 
-/* ---- reductions and lookups ------------------------------------------------------------------------ */
-
-apex_status apex__cuda_slot_nn_reduce(const apex_nn_reduce_args *a) {
-  if (a->kind != APEX_NN_REDUCE_SUM) return unsupported("nn_reduce", "the L2 norm reduction has no kernel");
-  if (a->outer != 1) return unsupported("nn_reduce", "a sum over an inner dimension (the kernel sums the first)");
-  if (!a->inner) return APEX_OK;
-  /* x is [dim, inner]: its column sums are the lines' sums */
-  apex_status st = apex__cuda_sum_rows(a->x.data, a->x.dtype, (int64_t)a->dim, (int64_t)a->inner, a->out, APEX_F32, 0);
-  if (st == APEX_OK && a->scale != 1.0)
-    st = apex__cuda_ew(APEX__EW_SCALE, a->out, APEX_F32, NULL, APEX_F32, (float)a->scale, a->out, APEX_F32,
-                       (int64_t)a->inner);
-  return st;
-}
+/* ---- lookups ------------------------------------------------------------------------ */
 
 apex_status apex__cuda_slot_nn_embedding(const apex_nn_embedding_args *a) {
   /* the lookup never reads the table's row count (the front checked the ids against it) */
@@ -224,26 +248,46 @@ apex_status apex__cuda_slot_nn_embedding_bwd(const apex_nn_embedding_bwd_args *a
 
 /* ---- products ---------------------------------------------------------------------------------------- */
 
-/* The gemm kernel reads both operands in one dtype. */
-static apex_status same_dtype(const char *slot, const char *what, apex_dtype x, apex_dtype y) {
-  if (x == y) return APEX_OK;
-  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: %s of %s and %s on the cuda backend (cuBLASLt takes one input dtype); run this op on "
-                    "the CPU or cast one operand", slot, what, apex_dtype_name(x), apex_dtype_name(y));
+/* cuBLASLt reads both operands of a product in one dtype. Where they differ (autocast's bf16 weight
+ * and f32 gradient), each low-precision operand is widened exactly to f32 in scratch and the product
+ * runs in f32: the CPU's numerics (apex__gemm widens low-precision operands to f32 and accumulates in
+ * f32). pair_f32 gives x and y as the product reads them: as stored when their dtypes agree, else as f32
+ * (copies in *ox, *oy for the caller to free). */
+static apex_status pair_f32(apex_nn_buf *x, size_t nx, apex_nn_buf *y, size_t ny, void **ox, void **oy) {
+  *ox = *oy = NULL;
+  if (x->dtype == y->dtype) return APEX_OK;
+  apex_status st = APEX_OK;
+  const float *fx = dev_f32(*x, nx, ox, &st), *fy = fx ? dev_f32(*y, ny, oy, &st) : NULL;
+  if (st != APEX_OK) return st;
+  *x = (apex_nn_buf){fx, APEX_F32};
+  *y = (apex_nn_buf){fy, APEX_F32};
+  return APEX_OK;
 }
 
 apex_status apex__cuda_slot_nn_linear(const apex_nn_linear_args *a) {
-  apex_status st = same_dtype("nn_linear", "x and w", a->x.dtype, a->w.dtype);
-  if (st != APEX_OK || !a->m || !a->n) return st;
-  /* the bias epilogue reads the bias in the output's dtype */
+  if (!a->m || !a->n) return APEX_OK;
+  size_t m = (size_t)a->m, n = (size_t)a->n, k = (size_t)a->k;
+  apex_nn_buf x = a->x, w = a->w;
+  void *ox = NULL, *ow = NULL;
+  apex_status st = pair_f32(&x, m * k, &w, n * k, &ox, &ow);
+  /* f32 operands give an f32 product (cuBLASLt's only output for them): a half result is rounded from
+   * it once, in scratch */
+  void *y = a->out, *oy = NULL;
+  apex_dtype yt = x.dtype == APEX_F32 ? APEX_F32 : a->out_dtype;
+  if (st == APEX_OK && yt != a->out_dtype) y = oy = scratch(m * n, &st);
+  /* the bias epilogue reads the bias in the product's output dtype */
   void *bias = (void *)a->bias.data;
-  if (a->bias.data && a->bias.dtype != a->out_dtype) {
+  if (st == APEX_OK && a->bias.data && a->bias.dtype != yt) {
     bias = NULL;
-    st = apex__cuda_alloc((size_t)a->n * apex_dtype_size(a->out_dtype), 0, &bias);
-    if (st == APEX_OK) st = apex__cuda_convert(bias, a->out_dtype, a->bias.data, a->bias.dtype, (size_t)a->n);
+    st = apex__cuda_alloc(n * apex_dtype_size(yt), 0, &bias);
+    if (st == APEX_OK) st = apex__cuda_convert(bias, yt, a->bias.data, a->bias.dtype, n);
   }
-  if (st == APEX_OK)
-    st = apex__cuda_gemm(0, 1, a->m, a->n, a->k, 1.0f, a->x.data, a->w.data, a->x.dtype, 0.0f, a->out, a->out_dtype, bias, 0);
+  if (st == APEX_OK) st = apex__cuda_gemm(0, 1, a->m, a->n, a->k, 1.0f, x.data, w.data, x.dtype, 0.0f, y, yt, bias, 0);
+  if (st == APEX_OK && oy) st = apex__cuda_convert(a->out, a->out_dtype, oy, APEX_F32, m * n);
   if (bias != a->bias.data) apex__cuda_free(bias);
+  apex__cuda_free(ox);
+  apex__cuda_free(ow);
+  apex__cuda_free(oy);
   return st;
 }
 
@@ -256,60 +300,85 @@ static apex_status zero_unless(float *dst, size_t n, int accumulate) {
 apex_status apex__cuda_slot_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
   apex_status st = APEX_OK;
   size_t m = (size_t)a->m, n = (size_t)a->n, k = (size_t)a->k;
-  if (a->gx && a->w.dtype != APEX_F32) st = same_dtype("nn_linear_bwd", "gradient and w", APEX_F32, a->w.dtype);
-  if (st == APEX_OK && a->gw && a->x.dtype != APEX_F32) st = same_dtype("nn_linear_bwd", "gradient and x", APEX_F32, a->x.dtype);
+  /* the gradient is f32: its partner operand is read as f32 (widened when it is not) */
+  void *ow = NULL, *ox = NULL;
+  const float *w = a->gx && m && k ? dev_f32(a->w, n * k, &ow, &st) : NULL;
+  const float *x = st == APEX_OK && a->gw && n && k ? dev_f32(a->x, m * k, &ox, &st) : NULL;
   /* gx [m, k] = gout [m, n] w [n, k] */
-  if (st == APEX_OK && a->gx && m && k) {
+  if (st == APEX_OK && w) {
     st = zero_unless(a->gx, m * k, a->accumulate_x);
-    if (st == APEX_OK) st = apex__cuda_gemm(0, 0, a->m, a->k, a->n, 1.0f, a->gout, a->w.data, APEX_F32, 1.0f, a->gx, APEX_F32, NULL, 0);
+    if (st == APEX_OK) st = apex__cuda_gemm(0, 0, a->m, a->k, a->n, 1.0f, a->gout, w, APEX_F32, 1.0f, a->gx, APEX_F32, NULL, 0);
   }
   /* gw [n, k] = gout^T [n, m] x [m, k] */
-  if (st == APEX_OK && a->gw && n && k) {
+  if (st == APEX_OK && x) {
     st = zero_unless(a->gw, n * k, a->accumulate_w);
-    if (st == APEX_OK) st = apex__cuda_gemm(1, 0, a->n, a->k, a->m, 1.0f, a->gout, a->x.data, APEX_F32, 1.0f, a->gw, APEX_F32, NULL, 0);
+    if (st == APEX_OK) st = apex__cuda_gemm(1, 0, a->n, a->k, a->m, 1.0f, a->gout, x, APEX_F32, 1.0f, a->gw, APEX_F32, NULL, 0);
   }
   if (st == APEX_OK && a->gb && n) {
     st = zero_unless(a->gb, n, a->accumulate_b);
     if (st == APEX_OK) st = apex__cuda_sum_rows(a->gout, APEX_F32, a->m, a->n, a->gb, APEX_F32, 1);
   }
+  apex__cuda_free(ow);
+  apex__cuda_free(ox);
   return st;
 }
 
-static apex_status batch_fits(const char *slot, size_t batch) {
-  if (batch <= (size_t)INT_MAX) return APEX_OK;
-  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: a batch of %zu products on the cuda backend (cuBLASLt takes up to %d)", slot,
-                    batch, INT_MAX);
-}
+/* cuBLASLt's batch count is an int: longer batches go in runs of at most INT_MAX products. */
+#define BATCH_RUN ((size_t)INT_MAX)
 
 apex_status apex__cuda_slot_nn_matmul(const apex_nn_matmul_args *a) {
-  apex_status st = same_dtype("nn_matmul", "a and b", a->a.dtype, a->b.dtype);
-  if (st == APEX_OK) st = batch_fits("nn_matmul", a->batch);
-  if (st != APEX_OK) return st;
-  int64_t m = a->m, n = a->n, k = a->k;
-  return apex__cuda_gemm_batched("nn_matmul", 0, 0, m, n, k, 1.0f, a->a.data, k, m * k, a->b.data, n, a->b_batched ? k * n : 0,
-                                 a->a.dtype, 0.0f, a->out, n, m * n, a->out_dtype, (int)a->batch);
+  int64_t m = a->m, n = a->n, k = a->k, sb = a->b_batched ? k * n : 0;
+  apex_nn_buf x = a->a, y = a->b;
+  void *ox = NULL, *oy = NULL;
+  apex_status st = pair_f32(&x, a->batch * (size_t)(m * k), &y, (a->b_batched ? a->batch : 1) * (size_t)(k * n), &ox, &oy);
+  size_t es = apex_dtype_size(x.dtype);
+  /* f32 operands give f32 products (as nn_linear): a half result is rounded from them once */
+  void *out = a->out, *oo = NULL;
+  apex_dtype ot = x.dtype == APEX_F32 ? APEX_F32 : a->out_dtype;
+  if (st == APEX_OK && ot != a->out_dtype) out = oo = scratch(a->batch * (size_t)(m * n), &st);
+  size_t es_out = apex_dtype_size(ot);
+  for (size_t i0 = 0; st == APEX_OK && i0 < a->batch; i0 += BATCH_RUN) {
+    size_t run = a->batch - i0 < BATCH_RUN ? a->batch - i0 : BATCH_RUN;
+    st = apex__cuda_gemm_batched("nn_matmul", 0, 0, m, n, k, 1.0f, (const char *)x.data + i0 * (size_t)(m * k) * es, k, m * k,
+                                 (const char *)y.data + i0 * (size_t)sb * es, n, sb, x.dtype, 0.0f,
+                                 (char *)out + i0 * (size_t)(m * n) * es_out, n, m * n, ot, (int)run);
+  }
+  if (st == APEX_OK && oo) st = apex__cuda_convert(a->out, a->out_dtype, oo, APEX_F32, a->batch * (size_t)(m * n));
+  apex__cuda_free(ox);
+  apex__cuda_free(oy);
+  apex__cuda_free(oo);
+  return st;
 }
 
 apex_status apex__cuda_slot_nn_matmul_bwd(const apex_nn_matmul_bwd_args *a) {
-  apex_status st = batch_fits("nn_matmul_bwd", a->batch);
-  if (st == APEX_OK && a->ga && a->b.dtype != APEX_F32) st = same_dtype("nn_matmul_bwd", "gradient and b", APEX_F32, a->b.dtype);
-  if (st == APEX_OK && a->gb && a->a.dtype != APEX_F32) st = same_dtype("nn_matmul_bwd", "gradient and a", APEX_F32, a->a.dtype);
-  if (st != APEX_OK) return st;
+  apex_status st = APEX_OK;
   int64_t m = a->m, n = a->n, k = a->k, sb = a->b_batched ? k * n : 0;
-  int batch = (int)a->batch;
-  /* ga_i [m, k] = gout_i [m, n] b_i^T (b_i stored [k, n]) */
-  if (a->ga)
-    st = apex__cuda_gemm_batched("nn_matmul_bwd", 0, 1, m, k, n, 1.0f, a->gout, n, m * n, a->b.data, n, sb, APEX_F32,
-                                 a->accumulate_a ? 1.0f : 0.0f, a->ga, k, m * k, APEX_F32, batch);
-  if (st != APEX_OK || !a->gb) return st;
+  size_t nb = (a->b_batched ? a->batch : 1) * (size_t)(k * n);
+  /* gout is f32: a and b are read as f32 (widened when they are not) */
+  void *oa = NULL, *ob = NULL;
+  const float *B = a->ga ? dev_f32(a->b, nb, &ob, &st) : NULL;
+  const float *A = st == APEX_OK && a->gb ? dev_f32(a->a, a->batch * (size_t)(m * k), &oa, &st) : NULL;
+  for (size_t i0 = 0; st == APEX_OK && B && i0 < a->batch; i0 += BATCH_RUN) {
+    size_t run = a->batch - i0 < BATCH_RUN ? a->batch - i0 : BATCH_RUN;
+    /* ga_i [m, k] = gout_i [m, n] b_i^T (b_i stored [k, n]) */
+    st = apex__cuda_gemm_batched("nn_matmul_bwd", 0, 1, m, k, n, 1.0f, a->gout + i0 * (size_t)(m * n), n, m * n, B + i0 * (size_t)sb, n,
+                                 sb, APEX_F32, a->accumulate_a ? 1.0f : 0.0f, a->ga + i0 * (size_t)(m * k), k, m * k, APEX_F32, (int)run);
+  }
   float beta = a->accumulate_b ? 1.0f : 0.0f;
   /* gb_i [k, n] = a_i^T gout_i; a shared b's gradient is the sum over the batch, which is one product
    * of the stacked a [batch * m, k] with the stacked gout [batch * m, n] */
-  if (a->b_batched)
-    return apex__cuda_gemm_batched("nn_matmul_bwd", 1, 0, k, n, m, 1.0f, a->a.data, k, m * k, a->gout, n, m * n, APEX_F32, beta,
-                                   a->gb, n, k * n, APEX_F32, batch);
-  return apex__cuda_gemm_batched("nn_matmul_bwd", 1, 0, k, n, (int64_t)a->batch * m, 1.0f, a->a.data, k, 0, a->gout, n, 0,
-                                 APEX_F32, beta, a->gb, n, 0, APEX_F32, 1);
+  if (st == APEX_OK && A && a->b_batched)
+    for (size_t i0 = 0; st == APEX_OK && i0 < a->batch; i0 += BATCH_RUN) {
+      size_t run = a->batch - i0 < BATCH_RUN ? a->batch - i0 : BATCH_RUN;
+      st = apex__cuda_gemm_batched("nn_matmul_bwd", 1, 0, k, n, m, 1.0f, A + i0 * (size_t)(m * k), k, m * k, a->gout + i0 * (size_t)(m * n),
+                                   n, m * n, APEX_F32, beta, a->gb + i0 * (size_t)(k * n), n, k * n, APEX_F32, (int)run);
+    }
+  else if (st == APEX_OK && A)
+    st = apex__cuda_gemm_batched("nn_matmul_bwd", 1, 0, k, n, (int64_t)a->batch * m, 1.0f, A, k, 0, a->gout, n, 0, APEX_F32, beta, a->gb,
+                                 n, 0, APEX_F32, 1);
+  apex__cuda_free(oa);
+  apex__cuda_free(ob);
+  return st;
 }
 
 /* ---- convolution ------------------------------------------------------------------------------------- */
@@ -321,10 +390,25 @@ static apex__cuda_conv conv_of(const apex_nn_conv_geom *g, apex_dtype dt) {
 }
 
 apex_status apex__cuda_slot_nn_conv2d(const apex_nn_conv2d_args *a) {
-  if (a->w.dtype != a->x.dtype || a->out_dtype != a->x.dtype)
-    return unsupported("nn_conv2d", "input, weight and result of different dtypes (cuDNN takes one)");
-  apex__cuda_conv g = conv_of(&a->geom, a->x.dtype);
-  return apex__cuda_conv2d_fwd(&g, a->x.data, a->w.data, a->bias.data, a->bias.dtype, a->out);
+  if (a->w.dtype == a->x.dtype && a->out_dtype == a->x.dtype) {
+    apex__cuda_conv g = conv_of(&a->geom, a->x.dtype);
+    return apex__cuda_conv2d_fwd(&g, a->x.data, a->w.data, a->bias.data, a->bias.dtype, a->out);
+  }
+  /* cuDNN takes one dtype: mixed operands run in f32 on exact widenings, the result rounded once */
+  const apex_nn_conv_geom *G = &a->geom;
+  size_t nx = (size_t)G->n * G->c * G->h * G->w, nw = (size_t)G->o * G->c * G->kh * G->kw, no = (size_t)G->n * G->o * G->ho * G->wo;
+  void *ox = NULL, *ow = NULL, *oy = NULL;
+  apex_status st = APEX_OK;
+  const float *x = dev_f32(a->x, nx, &ox, &st), *w = x ? dev_f32(a->w, nw, &ow, &st) : NULL;
+  void *y = a->out;
+  if (st == APEX_OK && a->out_dtype != APEX_F32) y = oy = scratch(no, &st);
+  apex__cuda_conv g = conv_of(G, APEX_F32);
+  if (st == APEX_OK) st = apex__cuda_conv2d_fwd(&g, x, w, a->bias.data, a->bias.dtype, y);
+  if (st == APEX_OK && oy) st = apex__cuda_convert(a->out, a->out_dtype, oy, APEX_F32, no);
+  apex__cuda_free(ox);
+  apex__cuda_free(ow);
+  apex__cuda_free(oy);
+  return st;
 }
 
 apex_status apex__cuda_slot_nn_conv2d_bwd(const apex_nn_conv2d_bwd_args *a) {

@@ -15,16 +15,22 @@
  *   values per thread for that; there dw/db come from a column-sum kernel over dy and x themselves.
  * Deterministic: every sum has a fixed order (butterfly shuffles give every lane the same bits; partials
  * are added by block index), no atomics. The number of blocks of the backward follows the GPU's size
- * (one wave of resident blocks), so the grouping of dw/db's sums is fixed per GPU model and shape. */
+ * (one wave of resident blocks), so the grouping of dw/db's sums is fixed per GPU model and shape.
+ *
+ * The batch norm backward slots (args_nn.h: nn_batch_norm_bwd, _sums, _dx) close the file, beside
+ * cpu/norm.c's: one block per channel sums in double in a fixed tree, then writes the channel's input
+ * gradient from the sums. */
 #include <cuda_runtime.h>
 
 #include <type_traits>
 
 extern "C" {
 #include "core/internal.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_internal.h"
 }
 #include "backend/cuda/dtype_dev.cuh"
+#include "backend/cuda/grad_dev.cuh"
 
 #define NORM_MAX_COLS (512 * 32)
 #define NORM_FUSED_COLS 8192 /* longest row whose dw/db stay in registers (PER 16 at 512 threads) */
@@ -394,4 +400,174 @@ extern "C" apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, 
     apex__cuda_free(part);
     return s;
   });
+}
+
+/* ---- batch norm backward (cpu/norm.c's bn_backward_channel, batch_norm_sums, batch_norm_dx) ---------------- */
+
+#define BN_THREADS 256
+
+/* The gradient at the batch norm's output: gout, through the fused relu's mask when relu is set (an f32
+ * output's mask recomputed from x, a half output's from its raw bits; 0 + go where it passes, as the
+ * unfused relu backward writes it). */
+__device__ __forceinline__ float bn_gout(const apex_nn_batch_norm_bwd_args &a, int64_t j, float x, float m, float r, float w,
+                                         float bias) {
+  float g = a.gout[j];
+  if (!a.relu) return g;
+  bool pass = a.y_dtype != APEX_F32 ? ((const uint16_t *)a.y)[j] != 0 : (x - m) * r * w + bias > 0.0f;
+  return pass ? (g == 0.0f ? 0.0f : g) : 0.0f;
+}
+
+__global__ void __launch_bounds__(BN_THREADS) bn_bwd_kernel(const apex_nn_batch_norm_bwd_args a) {
+  __shared__ double red[8];
+  int64_t c = blockIdx.x, C = (int64_t)a.C, S = (int64_t)a.S, M = (int64_t)a.N * S;
+  float m = a.stats[c], r = a.stats[C + c], w = a.w ? a.w[c] : 1.0f, bias = a.relu && a.b ? a.b[c] : 0.0f;
+  double sg = 0, sgx = 0;
+  for (int64_t e = threadIdx.x; e < M; e += BN_THREADS) {
+    int64_t j = ((e / S) * C + c) * S + e % S;
+    float x = apex_ld(a.x.data, a.x.dtype, j), g = bn_gout(a, j, x, m, r, w, bias);
+    sg += g;
+    sgx += g * (x - m) * r;
+  }
+  sg = block_total256(sg, red);
+  sgx = block_total256(sgx, red);
+  if (threadIdx.x == 0) {
+    if (a.gw) grad_put(a.gw, c, (float)sgx, a.accumulate_w);
+    if (a.gb) grad_put(a.gb, c, (float)sg, a.accumulate_b);
+  }
+  if (!a.gx) return;
+  float k = w * r, mg = a.training ? (float)(sg / (double)M) : 0.0f, mgx = a.training ? (float)(sgx / (double)M) : 0.0f;
+  for (int64_t e = threadIdx.x; e < M; e += BN_THREADS) {
+    int64_t j = ((e / S) * C + c) * S + e % S;
+    float x = apex_ld(a.x.data, a.x.dtype, j), g = bn_gout(a, j, x, m, r, w, bias);
+    grad_put(a.gx, j, k * (g - mg - (x - m) * r * mgx), a.accumulate_x);
+  }
+}
+
+extern "C" apex_status apex__cuda_slot_nn_batch_norm_bwd(const apex_nn_batch_norm_bwd_args *a) {
+  if (!a->C) return APEX_OK;
+  bn_bwd_kernel<<<(unsigned)a->C, BN_THREADS, 0, nn_stream()>>>(*a);
+  return apex__cuda_check_launch("nn_batch_norm_bwd");
+}
+
+__global__ void __launch_bounds__(BN_THREADS) bn_sums_kernel(const apex_nn_batch_norm_sums_args a) {
+  __shared__ double red[8];
+  int64_t c = blockIdx.x, C = (int64_t)a.C, S = (int64_t)a.S, M = (int64_t)a.N * S;
+  float m = a.mean[c], r = a.rstd[c];
+  double sg = 0, sgx = 0;
+  for (int64_t e = threadIdx.x; e < M; e += BN_THREADS) {
+    int64_t j = ((e / S) * C + c) * S + e % S;
+    float g = a.gout[j];
+    sg += g;
+    sgx += g * (apex_ld(a.x.data, a.x.dtype, j) - m) * r;
+  }
+  sg = block_total256(sg, red);
+  sgx = block_total256(sgx, red);
+  if (threadIdx.x) return;
+  a.sums[c] = (float)sg;
+  a.sums[C + c] = (float)sgx;
+  if (a.gb) grad_put(a.gb, c, (float)sg, a.accumulate_b);
+  if (a.gw) grad_put(a.gw, c, (float)sgx, a.accumulate_w);
+}
+
+extern "C" apex_status apex__cuda_slot_nn_batch_norm_sums(const apex_nn_batch_norm_sums_args *a) {
+  if (!a->C) return APEX_OK;
+  bn_sums_kernel<<<(unsigned)a->C, BN_THREADS, 0, nn_stream()>>>(*a);
+  return apex__cuda_check_launch("nn_batch_norm_sums");
+}
+
+__global__ void bn_dx_kernel(const apex_nn_batch_norm_dx_args a, int64_t n, float inv_total) {
+  int64_t stride = (int64_t)gridDim.x * blockDim.x, C = (int64_t)a.C, S = (int64_t)a.S;
+  for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += stride) {
+    int64_t c = j / S % C;
+    float m = a.mean[c], r = a.rstd[c], k = (a.w ? a.w[c] : 1.0f) * r, mg = a.sums[c] * inv_total, mgx = a.sums[C + c] * inv_total;
+    grad_put(a.gx, j, k * (a.gout[j] - mg - (apex_ld(a.x.data, a.x.dtype, j) - m) * r * mgx), a.accumulate_x);
+  }
+}
+
+extern "C" apex_status apex__cuda_slot_nn_batch_norm_dx(const apex_nn_batch_norm_dx_args *a) {
+  int64_t n = (int64_t)(a->N * a->C * a->S);
+  if (!n || !a->gx) return APEX_OK;
+  bn_dx_kernel<<<apex_grid(n, 256, 4), 256, 0, nn_stream()>>>(*a, n, 1.0f / (float)a->count);
+  return apex__cuda_check_launch("nn_batch_norm_dx");
+}
+
+/* ---- rows too long for the fused kernels (cpu/norm.c's row norm loops) ------------------------------------ */
+
+static_assert(NORM_MAX_COLS == APEX__CUDA_NORM_FUSED_COLS, "nn_slots.c picks the wide-row path by this bound");
+
+/* One block per row, any dtypes: mean and the sum of squared deviations in double (as the CPU sums
+ * them, here in a fixed tree), then the row written from them in f32 as the CPU writes it. */
+__global__ void __launch_bounds__(BN_THREADS) rn_wide_fwd_kernel(const apex_nn_row_norm_args a) {
+  __shared__ double red[8];
+  int64_t r = blockIdx.x, D = (int64_t)a.cols, R = (int64_t)a.rows, base = r * D;
+  double mean = 0, q = 0;
+  if (a.centre) {
+    for (int64_t j = threadIdx.x; j < D; j += BN_THREADS) mean += apex_ld(a.x.data, a.x.dtype, base + j);
+    mean = block_total256(mean, red) / (double)D;
+  }
+  for (int64_t j = threadIdx.x; j < D; j += BN_THREADS) {
+    double d = apex_ld(a.x.data, a.x.dtype, base + j) - mean;
+    q += d * d;
+  }
+  q = block_total256(q, red);
+  float m = (float)mean, rs = (float)(1.0 / sqrt(q / (double)D + a.eps));
+  if (threadIdx.x == 0) a.stats[r] = m, a.stats[R + r] = rs;
+  for (int64_t j = threadIdx.x; j < D; j += BN_THREADS) {
+    float w = a.w.data ? apex_ld(a.w.data, a.w.dtype, j) : 1.0f, b = a.centre && a.b.data ? apex_ld(a.b.data, a.b.dtype, j) : 0.0f;
+    apex_st(a.out, a.out_dtype, base + j, (apex_ld(a.x.data, a.x.dtype, base + j) - m) * rs * w + b);
+  }
+}
+
+extern "C" apex_status apex__cuda_row_norm_wide(const apex_nn_row_norm_args *a) {
+  if (!a->rows || !a->cols) return APEX_OK;
+  rn_wide_fwd_kernel<<<(unsigned)a->rows, BN_THREADS, 0, nn_stream()>>>(*a);
+  return apex__cuda_check_launch("nn_row_norm");
+}
+
+/* gx of one row per block, from its two sums (of gout * w, and of that times x-hat) in double. */
+__global__ void __launch_bounds__(BN_THREADS) rn_wide_bwd_kernel(const apex_nn_row_norm_bwd_args a) {
+  __shared__ double red[8];
+  int64_t r = blockIdx.x, D = (int64_t)a.cols, R = (int64_t)a.rows, base = r * D;
+  float m = a.stats[r], rk = a.stats[R + r];
+  double s1 = 0, s2 = 0;
+  for (int64_t j = threadIdx.x; j < D; j += BN_THREADS) {
+    float xh = (apex_ld(a.x.data, a.x.dtype, base + j) - m) * rk, gh = a.gout[base + j] * (a.w.data ? apex_ld(a.w.data, a.w.dtype, j) : 1.0f);
+    s1 += gh;
+    s2 += gh * xh;
+  }
+  s1 = block_total256(s1, red);
+  s2 = block_total256(s2, red);
+  float ca = a.centre ? (float)(s1 / (double)D) : 0.0f, cb = (float)(s2 / (double)D);
+  for (int64_t j = threadIdx.x; j < D; j += BN_THREADS) {
+    float xh = (apex_ld(a.x.data, a.x.dtype, base + j) - m) * rk, gh = a.gout[base + j] * (a.w.data ? apex_ld(a.w.data, a.w.dtype, j) : 1.0f);
+    grad_put(a.gx, base + j, rk * (gh - ca - xh * cb), a.accumulate_x);
+  }
+}
+
+/* gw and gb: one column per thread, its rows' terms (gout * x-hat, gout) added in row order. */
+__global__ void rn_wide_wb_kernel(const apex_nn_row_norm_bwd_args a) {
+  int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, D = (int64_t)a.cols, R = (int64_t)a.rows;
+  if (j >= D) return;
+  double sw = 0, sb = 0;
+  for (int64_t r = 0; r < R; r++) {
+    float g = a.gout[r * D + j];
+    if (a.gw) sw += g * ((apex_ld(a.x.data, a.x.dtype, r * D + j) - a.stats[r]) * a.stats[R + r]);
+    sb += g;
+  }
+  if (a.gw) grad_put(a.gw, j, (float)sw, a.accumulate_w);
+  if (a.gb) grad_put(a.gb, j, (float)sb, a.accumulate_b);
+}
+
+extern "C" apex_status apex__cuda_row_norm_wide_bwd(const apex_nn_row_norm_bwd_args *a) {
+  if (!a->rows || !a->cols) return APEX_OK;
+  if (a->gx) {
+    rn_wide_bwd_kernel<<<(unsigned)a->rows, BN_THREADS, 0, nn_stream()>>>(*a);
+    apex_status st = apex__cuda_check_launch("nn_row_norm_bwd");
+    if (st != APEX_OK) return st;
+  }
+  if (!a->gw && !(a->gb && a->centre)) return APEX_OK;
+  apex_nn_row_norm_bwd_args b = *a;
+  if (!a->centre) b.gb = NULL;
+  rn_wide_wb_kernel<<<(unsigned)((a->cols + 255) / 256), 256, 0, nn_stream()>>>(b);
+  return apex__cuda_check_launch("nn_row_norm_bwd");
 }
