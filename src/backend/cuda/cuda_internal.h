@@ -202,6 +202,29 @@ apex_status apex__cuda_attention_fwd(const apex__cuda_attn *a, const void *qkv, 
 apex_status apex__cuda_attention_bwd(const apex__cuda_attn *a, const void *dy, const void *qkv, const void *y,
                                      const float *lse, void *dqkv);
 
+/* ---- flash_attention.cu: fused causal attention, no [T, T] matrix (FlashAttention-2's scheme) --------------- */
+
+/* The geometry of apex_nn_attention_args (backend/args_nn.h): element (b, h, i, j) of q sits at
+ * q + (b * t + i) * ld_q + h * d + j, likewise every other operand with its own ld (the packed qkv of GPT
+ * is q = qkv, k = qkv + C, v = qkv + 2C, ld = 3C). */
+typedef struct apex__cuda_flash {
+  int batch, heads, t, d;
+  int64_t ld_q, ld_k, ld_v, ld_o, ld_do, ld_dq, ld_dk, ld_dv; /* row strides in elements, layout as above */
+  apex_dtype dtype; /* APEX_F16 or APEX_BF16: q, k, v, o, dout, dq, dk, dv all of it */
+} apex__cuda_flash;
+/* o and stats [batch, heads, t, 2] f32 (per query row m = the max of the scaled masked scores and
+ * r = 1 / sum_j exp(s_j - m)) from q, k, v; causal, scale 1 / sqrt(d). APEX_ERR_UNSUPPORTED (with a
+ * message) when the shape/dtype is not covered (f32, d not 64/128, a row stride not a multiple of 8
+ * elements or a base not 16-byte aligned, batch * heads above 65535), so that the caller takes the
+ * materialised path. */
+apex_status apex__cuda_flash_attention_fwd(const apex__cuda_flash *g, const void *q, const void *k, const void *v,
+                                           void *o, float *stats);
+/* dq, dk, dv (written, not accumulated, in dtype) from the forward's q, k, v, o and stats and the output
+ * gradient dout. Deterministic: no atomics, the same inputs give the same bits. Support as the forward. */
+apex_status apex__cuda_flash_attention_bwd(const apex__cuda_flash *g, const void *q, const void *k, const void *v,
+                                           const void *o, const void *dout, const float *stats, void *dq, void *dk,
+                                           void *dv);
+
 /* ---- elementwise.cu: elementwise ops and deterministic sums (see apex/cuda.h) ----------------------------- */
 
 typedef enum apex__cuda_ew_op {
