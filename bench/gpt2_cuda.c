@@ -8,7 +8,9 @@
  *   enc     = wte[tokens] + wpe[positions]      embedding lookups and apex_kernel_add       [BT, C]
  *   ln1     = layer_norm(res_in)                                                      [BT, C]
  *   qkv     = ln1 qkv_w^T + qkv_b               ln1 [BT, C]       qkv_w [3C, C]^T     [BT, 3C]
- *   atty    = attention(qkv)                    qkv viewed [B, T, 3C] -> [B, T, C], lse [B, H, T]
+ *   atty    = attention(qkv)                    qkv viewed [B, T, 3C] -> [B, T, C]; in bf16 the fused kernel
+ *                                               (flash_attention.cu, heads read in place, stats [B, H, T, 2]),
+ *                                               else the materialised one (lse [B, H, T])
  *   res_mid = res_in + atty proj_w^T + proj_b   atty [BT, C]      proj_w [C, C]^T     [BT, C]
  *   ln2     = layer_norm(res_mid)                                                     [BT, C]
  *   fch     = ln2 fc_w^T + fc_b                 ln2 [BT, C]       fc_w [4C, C]^T      [BT, 4C]
@@ -57,6 +59,9 @@
 #include "apex/cuda.h"
 #include "apex/kernels.h"
 #include "core/internal.h" /* apex__fail: the model's errors read like the library's */
+#if APEX_GPT2_CUDA_INTERNAL
+#include "backend/cuda/cuda_internal.h" /* the fused attention (flash_attention.cu), called by name */
+#endif
 
 #define LN_EPS 1e-5f
 /* No target is ever this: the cross-entropy kernels take an ignore_index, and GPT-2 ignores nothing. */
@@ -66,6 +71,7 @@ typedef struct gpt2_layer_acts {
   apex_tensor *ln1, *ln1_mean, *ln1_rstd; /* [BT, C]; f32 [BT] each */
   apex_tensor *qkv, *qkv3;                /* [BT, 3C] and the same storage as [B, T, 3C] */
   apex_tensor *atty, *atty3, *lse;        /* [BT, C], as [B, T, C]; f32 [B, H, T] */
+  apex_tensor *stats;                     /* the fused attention's f32 [B, H, T, 2] (m, r) per row, or NULL */
   apex_tensor *res_mid;                   /* [BT, C]: the residual stream after the attention */
   apex_tensor *ln2, *ln2_mean, *ln2_rstd;
   apex_tensor *fch, *fch_gelu;            /* [BT, 4C]: the MLP before and after GELU */
@@ -88,6 +94,9 @@ struct gpt2_acts {
   apex_tensor *dqkv, *dqkv3;    /* [BT, 3C], as [B, T, 3C] */
   apex_tensor *dfc;             /* [BT, 4C] */
   int forward_done;             /* a forward's activations wait for their backward */
+  int flash;                    /* the attention is the fused kernel (bf16, head dim 64 or 128), not the
+                                   materialised one; APEX_GPT2_ATTENTION=materialised in the environment
+                                   turns it off (to compare) */
   /* Every tensor made here (parameters, gradients, activations, views), for destroy. */
   apex_tensor **owned;
   int n_owned, cap_owned;
@@ -174,8 +183,23 @@ static int make_params(struct gpt2_acts *a, gpt2_params *p, const gpt2_config *c
   return ok && (p->lnf_w = dev(a, dt, C, 0, 0)) && (p->lnf_b = dev(a, dt, C, 0, 0));
 }
 
+/* Whether the fused attention takes this model: a CUDA build, bf16, head dim 64 or 128 (the packed qkv's
+ * rows of 3C elements are then 16-byte multiples, as its loads want), not turned off by the environment. */
+static int flash_applies(const gpt2_config *c, apex_dtype dt) {
+#if APEX_GPT2_CUDA_INTERNAL
+  const char *env = getenv("APEX_GPT2_ATTENTION");
+  const int d = c->n_embd / c->n_head;
+  return dt == APEX_BF16 && (d == 64 || d == 128) && !(env && !strcmp(env, "materialised"));
+#else
+  (void)c;
+  (void)dt;
+  return 0;
+#endif
+}
+
 static int make_acts(struct gpt2_acts *a, const gpt2_config *c, apex_dtype dt, int B, int T) {
   int64_t C = c->n_embd, BT = (int64_t)B * T, H = c->n_head, two = 2 * BT;
+  a->flash = flash_applies(c, dt);
   a->tokens = malloc((size_t)BT * sizeof(int64_t));
   a->targets = malloc((size_t)BT * sizeof(int64_t));
   a->positions = malloc((size_t)BT * sizeof(int64_t));
@@ -192,7 +216,8 @@ static int make_acts(struct gpt2_acts *a, const gpt2_config *c, apex_dtype dt, i
          (y->atty = dev(a, dt, BT, C, 0)) && (y->atty3 = view3(a, y->atty, B, T, C)) && (y->lse = dev(a, f, B, H, T)) &&
          (y->res_mid = dev(a, dt, BT, C, 0)) && (y->ln2 = dev(a, dt, BT, C, 0)) && (y->ln2_mean = dev(a, f, BT, 0, 0)) &&
          (y->ln2_rstd = dev(a, f, BT, 0, 0)) && (y->fch = dev(a, dt, BT, 4 * C, 0)) &&
-         (y->fch_gelu = dev(a, dt, BT, 4 * C, 0)) && (y->res_out = dev(a, dt, BT, C, 0));
+         (y->fch_gelu = dev(a, dt, BT, 4 * C, 0)) && (y->res_out = dev(a, dt, BT, C, 0)) &&
+         (!a->flash || (y->stats = dev(a, f, B, H, 2 * (int64_t)T)));
   }
   ok = ok && (a->lnf = dev(a, dt, BT, C, 0)) && (a->lnf_mean = dev(a, f, BT, 0, 0)) && (a->lnf_rstd = dev(a, f, BT, 0, 0)) &&
        (a->logits = dev(a, dt, BT, c->vocab, 0)) && (a->losses = dev(a, f, BT, 0, 0)) && (a->lse = dev(a, f, BT, 0, 0)) &&
@@ -334,6 +359,46 @@ double gpt2_cuda_flops_per_token(const gpt2_cuda *m) {
 
 /* ---- forward and backward --------------------------------------------------------------------------------- */
 
+#if APEX_GPT2_CUDA_INTERNAL
+/* The fused kernel's view of the packed qkv [B, T, 3C]: q, k, v at column offsets 0, C, 2C of rows of 3C,
+ * the output and its gradient [B, T, C], the gradients packed as the qkv. */
+static apex__cuda_flash flash_geometry(const gpt2_cuda *m) {
+  const int64_t C = m->cfg.n_embd;
+  return (apex__cuda_flash){m->B, m->cfg.n_head, m->T, (int)(C / m->cfg.n_head), 3 * C, 3 * C, 3 * C, C, C, 3 * C, 3 * C,
+                            3 * C, m->dtype};
+}
+#endif
+
+/* atty (and the statistics for the backward) from qkv: the fused kernel when it applies, else the
+ * materialised one (lse). */
+static apex_status attention_forward(gpt2_cuda *m, gpt2_layer_acts *y) {
+#if APEX_GPT2_CUDA_INTERNAL
+  if (m->acts->flash) {
+    const apex__cuda_flash g = flash_geometry(m);
+    char *q = apex_tensor_data(y->qkv);
+    const size_t off = (size_t)m->cfg.n_embd * apex_dtype_size(m->dtype);
+    return apex__cuda_flash_attention_fwd(&g, q, q + off, q + 2 * off, apex_tensor_data(y->atty), apex_tensor_data(y->stats));
+  }
+#endif
+  return apex_kernel_attention_forward(y->qkv3, m->cfg.n_head, y->atty3, y->lse);
+}
+
+/* dqkv from datty through the attention of layer y, by the path its forward took. */
+static apex_status attention_backward(gpt2_cuda *m, gpt2_layer_acts *y) {
+  struct gpt2_acts *a = m->acts;
+#if APEX_GPT2_CUDA_INTERNAL
+  if (a->flash) {
+    const apex__cuda_flash g = flash_geometry(m);
+    const char *q = apex_tensor_data(y->qkv);
+    char *dq = apex_tensor_data(a->dqkv);
+    const size_t off = (size_t)m->cfg.n_embd * apex_dtype_size(m->dtype);
+    return apex__cuda_flash_attention_bwd(&g, q, q + off, q + 2 * off, apex_tensor_data(y->atty), apex_tensor_data(a->datty),
+                                          apex_tensor_data(y->stats), dq, dq + off, dq + 2 * off);
+  }
+#endif
+  return apex_kernel_attention_backward(a->datty3, y->qkv3, y->atty3, y->lse, m->cfg.n_head, a->dqkv3);
+}
+
 apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t *targets) {
   if (!m || !tokens || !targets) return apex__fail(APEX_ERR_INVALID_ARG, "gpt2_cuda_forward: NULL argument");
   struct gpt2_acts *a = m->acts;
@@ -356,7 +421,7 @@ apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t
     gpt2_layer_acts *y = &a->layer[l];
     CHECK(apex_kernel_layer_norm_forward(res, w->ln1_w, w->ln1_b, LN_EPS, 0, y->ln1, y->ln1_mean, y->ln1_rstd), "h.%d ln_1", l);
     CHECK(apex_kernel_matmul(y->ln1, 0, w->qkv_w, 1, y->qkv, 1.0f, 0.0f, w->qkv_b, 0), "h.%d c_attn", l);
-    CHECK(apex_kernel_attention_forward(y->qkv3, m->cfg.n_head, y->atty3, y->lse), "h.%d attention", l);
+    CHECK(attention_forward(m, y), "h.%d attention", l);
     CHECK(apex_kernel_matmul(y->atty, 0, w->proj_w, 1, a->tmp, 1.0f, 0.0f, w->proj_b, 0), "h.%d attn c_proj", l);
     CHECK(apex_kernel_add(res, a->tmp, y->res_mid), "h.%d attention residual", l);
     CHECK(apex_kernel_layer_norm_forward(y->res_mid, w->ln2_w, w->ln2_b, LN_EPS, 0, y->ln2, y->ln2_mean, y->ln2_rstd),
@@ -423,8 +488,7 @@ apex_status gpt2_cuda_backward(gpt2_cuda *m) {
     CHECK(apex_kernel_matmul(a->dres, 1, y->atty, 0, gw->proj_w, 1.0f, 0.0f, NULL, 0), "h.%d attn c_proj dW", l);
     CHECK(apex_kernel_sum_rows(a->dres, gw->proj_b, 0), "h.%d attn c_proj db", l);
     CHECK(apex_kernel_matmul(a->dres, 0, w->proj_w, 0, a->datty, 1.0f, 0.0f, NULL, 0), "h.%d attn c_proj dx", l);
-    CHECK(apex_kernel_attention_backward(a->datty3, y->qkv3, y->atty3, y->lse, m->cfg.n_head, a->dqkv3),
-          "h.%d attention backward", l);
+    CHECK(attention_backward(m, y), "h.%d attention backward", l);
     CHECK(apex_kernel_matmul(a->dqkv, 1, y->ln1, 0, gw->qkv_w, 1.0f, 0.0f, NULL, 0), "h.%d c_attn dW", l);
     CHECK(apex_kernel_sum_rows(a->dqkv, gw->qkv_b, 0), "h.%d c_attn db", l);
     CHECK(apex_kernel_matmul(a->dqkv, 0, w->qkv_w, 0, a->dln, 1.0f, 0.0f, NULL, 0), "h.%d c_attn dx", l);
