@@ -94,6 +94,7 @@ struct gpt2_acts {
   apex_tensor *dqkv, *dqkv3;    /* [BT, 3C], as [B, T, 3C] */
   apex_tensor *dfc;             /* [BT, 4C] */
   int forward_done;             /* a forward's activations wait for their backward */
+  struct gpt2_prof *prof;       /* the per-call stopwatch (gpt2_cuda_profile_start), NULL when off */
   int flash;                    /* the attention is the fused kernel (bf16, head dim 64 or 128), not the
                                    materialised one; APEX_GPT2_ATTENTION=materialised in the environment
                                    turns it off (to compare) */
@@ -117,11 +118,96 @@ static apex_status fail_at(apex_status st, const char *fmt, ...) {
   return apex__fail(st, "gpt2_cuda: %s: %s", what, msg);
 }
 
+/* Each model call: its failure names the step; when profiling, an event after it closes the step's GPU
+ * interval, labelled by the step's name (its format string: "h.%d c_attn" gathers every layer). */
 #define CHECK(call, ...)                                  \
   do {                                                    \
     apex_status st_ = (call);                             \
     if (st_ != APEX_OK) return fail_at(st_, __VA_ARGS__); \
+    prof_mark(m, FIRST_ARG(__VA_ARGS__, 0));              \
   } while (0)
+#define FIRST_ARG(a, ...) a
+
+/* ---- the per-call stopwatch ---------------------------------------------------------------------------------- */
+
+enum { PROF_EVENTS = 2048, PROF_LABELS = 96 };
+struct gpt2_prof {
+#if APEX_GPT2_CUDA_INTERNAL
+  apex__cuda_timer *timer;
+#endif
+  int n_marks, steps, n_labels;
+  const char *mark_label[PROF_EVENTS]; /* what ran between mark k - 1 and mark k (NULL: a step's start) */
+  const char *label[PROF_LABELS];
+  double ms[PROF_LABELS];
+};
+
+/* An event after everything queued so far, closing the interval of `label`. */
+static void prof_mark(gpt2_cuda *m, const char *label) {
+  struct gpt2_prof *p = m->acts->prof;
+#if APEX_GPT2_CUDA_INTERNAL
+  if (p && p->n_marks < PROF_EVENTS && apex__cuda_timer_mark(p->timer, p->n_marks) == APEX_OK)
+    p->mark_label[p->n_marks++] = label;
+#else
+  (void)p;
+  (void)label;
+#endif
+}
+
+/* The recorded intervals into the per-label sums (waits for the GPU), and the marks cleared. */
+static apex_status prof_fold(struct gpt2_prof *p) {
+  apex_status st = APEX_OK;
+#if APEX_GPT2_CUDA_INTERNAL
+  for (int k = 1; k < p->n_marks && st == APEX_OK; k++) {
+    float ms = 0;
+    if (!p->mark_label[k] || (st = apex__cuda_timer_elapsed(p->timer, k - 1, k, &ms)) != APEX_OK) continue;
+    int j = 0;
+    while (j < p->n_labels && p->label[j] != p->mark_label[k]) j++;
+    if (j == PROF_LABELS) continue; /* more names than the table holds: not counted */
+    if (j == p->n_labels) p->label[p->n_labels++] = p->mark_label[k];
+    p->ms[j] += ms;
+  }
+#endif
+  p->n_marks = 0;
+  return st;
+}
+
+apex_status gpt2_cuda_profile_start(gpt2_cuda *m) {
+  if (!m) return apex__fail(APEX_ERR_INVALID_ARG, "gpt2_cuda_profile_start: NULL model");
+#if APEX_GPT2_CUDA_INTERNAL
+  struct gpt2_prof *p = m->acts->prof;
+  if (!p && !(p = calloc(1, sizeof *p))) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "gpt2_cuda_profile_start: out of memory");
+  if (!p->timer) {
+    apex_status st = apex__cuda_timer_create(PROF_EVENTS, &p->timer);
+    if (st != APEX_OK) {
+      free(p);
+      return st;
+    }
+  }
+  p->n_marks = p->steps = p->n_labels = 0;
+  m->acts->prof = p;
+  return APEX_OK;
+#else
+  return apex__fail(APEX_ERR_UNSUPPORTED, "gpt2_cuda_profile_start: built without the CUDA backend's timer");
+#endif
+}
+
+int gpt2_cuda_profile_read(gpt2_cuda *m, const char **labels, double *ms, int max, int *steps) {
+  struct gpt2_prof *p = m ? m->acts->prof : NULL;
+  if (!p) return 0;
+  prof_fold(p);
+  int n = p->n_labels < max ? p->n_labels : max;
+  for (int i = 0; i < n; i++) {
+    labels[i] = p->label[i];
+    ms[i] = p->ms[i];
+  }
+  if (steps) *steps = p->steps;
+#if APEX_GPT2_CUDA_INTERNAL
+  apex__cuda_timer_destroy(p->timer);
+#endif
+  free(p);
+  m->acts->prof = NULL;
+  return n;
+}
 
 /* ---- memory ---------------------------------------------------------------------------------------------- */
 
@@ -316,6 +402,7 @@ void gpt2_cuda_destroy(gpt2_cuda *m) {
   if (!m) return;
   struct gpt2_acts *a = m->acts;
   if (a) {
+    if (a->prof) gpt2_cuda_profile_read(m, NULL, NULL, 0, NULL); /* frees it */
     for (int i = a->n_owned - 1; i >= 0; i--) apex_tensor_destroy(a->owned[i]); /* views before their bases */
     free(a->owned);
     free(a->tokens);
@@ -369,6 +456,10 @@ static apex__cuda_flash flash_geometry(const gpt2_cuda *m) {
 }
 #endif
 
+const char *gpt2_cuda_attention_path(const gpt2_cuda *m) {
+  return m && m->acts->flash ? "fused (flash_attention.cu)" : "materialised (attention.cu)";
+}
+
 /* atty (and the statistics for the backward) from qkv: the fused kernel when it applies, else the
  * materialised one (lse). */
 static apex_status attention_forward(gpt2_cuda *m, gpt2_layer_acts *y) {
@@ -411,6 +502,11 @@ apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t
   memcpy(a->tokens, tokens, (size_t)BT * sizeof *tokens);
   memcpy(a->targets, targets, (size_t)BT * sizeof *targets);
   a->forward_done = 0;
+  if (a->prof) { /* the previous step's intervals read before this step's first event: the wait is in none */
+    CHECK(prof_fold(a->prof), "reading the profile");
+    a->prof->steps++;
+    prof_mark(m, NULL);
+  }
   CHECK(apex_tensor_copy(a->d_targets, a->h_targets), "uploading the targets");
   CHECK(apex_kernel_embedding_forward(p->wte, a->tokens, BT, a->enc), "token embedding");
   CHECK(apex_kernel_embedding_forward(p->wpe, a->positions, BT, a->tmp), "position embedding");
@@ -548,5 +644,6 @@ apex_status gpt2_cuda_train_step(gpt2_cuda *m, apex_optimizer *opt, const int64_
   if (st == APEX_OK) st = gpt2_cuda_backward(m);
   /* bf16 gradients carry no loss scale (1) and cannot overflow to a skipped step for want of range. */
   if (st == APEX_OK && (st = apex_optimizer_step(opt, 1.0f, 0)) != APEX_OK) st = fail_at(st, "AdamW step");
+  if (st == APEX_OK) prof_mark(m, "AdamW step");
   return st;
 }

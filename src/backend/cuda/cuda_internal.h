@@ -225,6 +225,17 @@ apex_status apex__cuda_flash_attention_bwd(const apex__cuda_flash *g, const void
                                            const void *o, const void *dout, const float *stats, void *dq, void *dk,
                                            void *dv);
 
+/* ---- timer.cu: a GPU stopwatch for benchmarks' breakdowns ------------------------------------------------- */
+
+typedef struct apex__cuda_timer apex__cuda_timer;
+/* n timing events. */
+apex_status apex__cuda_timer_create(int n, apex__cuda_timer **out);
+void apex__cuda_timer_destroy(apex__cuda_timer *t);
+/* Records event i on apex's stream (after everything queued so far). */
+apex_status apex__cuda_timer_mark(apex__cuda_timer *t, int i);
+/* *ms = GPU time from event i to event j; waits for event j. */
+apex_status apex__cuda_timer_elapsed(apex__cuda_timer *t, int i, int j, float *ms);
+
 /* ---- elementwise.cu: elementwise ops and deterministic sums (see apex/cuda.h) ----------------------------- */
 
 typedef enum apex__cuda_ew_op {
