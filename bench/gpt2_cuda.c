@@ -18,7 +18,8 @@
  *   res_out = res_mid + fch_gelu fcproj_w^T + fcproj_b  fch_gelu [BT, 4C]  fcproj_w [C, 4C]^T  [BT, C]
  *   lnf     = layer_norm(res_out of block L-1)                                        [BT, C]
  *   logits  = lnf wte^T                         lnf [BT, C]       wte [V, C]^T        [BT, V]
- *   loss    = mean over BT of cross_entropy(logits, targets)
+ *   loss    = mean over BT of cross_entropy(logits, targets); in bf16 the fused classifier (classifier.cu)
+ *             also writes dlogits over the logits here, in the same pass
  *
  *   backward (dX is the loss's gradient with respect to X)
  *   dlogits = (softmax - onehot) / BT, in place over logits
@@ -98,6 +99,8 @@ struct gpt2_acts {
   int flash;                    /* the attention is the fused kernel (bf16, head dim 64 or 128), not the
                                    materialised one; APEX_GPT2_ATTENTION=materialised in the environment
                                    turns it off (to compare) */
+  int fused_classifier;         /* the forward's cross entropy writes dlogits in place (classifier.cu), and the
+                                   backward starts from them; bf16 only (APEX_GPT2_CLASSIFIER=separate: off) */
   /* Every tensor made here (parameters, gradients, activations, views), for destroy. */
   apex_tensor **owned;
   int n_owned, cap_owned;
@@ -286,6 +289,10 @@ static int flash_applies(const gpt2_config *c, apex_dtype dt) {
 static int make_acts(struct gpt2_acts *a, const gpt2_config *c, apex_dtype dt, int B, int T) {
   int64_t C = c->n_embd, BT = (int64_t)B * T, H = c->n_head, two = 2 * BT;
   a->flash = flash_applies(c, dt);
+#if APEX_GPT2_CUDA_INTERNAL
+  const char *cls = getenv("APEX_GPT2_CLASSIFIER");
+  a->fused_classifier = dt == APEX_BF16 && !(cls && !strcmp(cls, "separate"));
+#endif
   a->tokens = malloc((size_t)BT * sizeof(int64_t));
   a->targets = malloc((size_t)BT * sizeof(int64_t));
   a->positions = malloc((size_t)BT * sizeof(int64_t));
@@ -530,8 +537,15 @@ apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t
   }
   CHECK(apex_kernel_layer_norm_forward(res, p->lnf_w, p->lnf_b, LN_EPS, 0, a->lnf, a->lnf_mean, a->lnf_rstd), "ln_f");
   CHECK(apex_kernel_matmul(a->lnf, 0, p->wte, 1, a->logits, 1.0f, 0.0f, NULL, 0), "lm_head");
-  CHECK(apex_kernel_cross_entropy_forward(a->logits, apex_tensor_data(a->d_targets), NO_IGNORE, 0.0f, a->losses, a->lse),
-        "cross-entropy");
+#if APEX_GPT2_CUDA_INTERNAL
+  if (a->fused_classifier)
+    CHECK(apex__cuda_classifier(apex_tensor_data(a->logits), m->dtype, apex_tensor_data(a->d_targets), BT, V, V,
+                                1.0f / (float)BT, apex_tensor_data(a->losses)),
+          "cross-entropy and its gradient (fused classifier)");
+  else
+#endif
+    CHECK(apex_kernel_cross_entropy_forward(a->logits, apex_tensor_data(a->d_targets), NO_IGNORE, 0.0f, a->losses, a->lse),
+          "cross-entropy");
   CHECK(apex_kernel_sum_all(a->losses, 1, a->loss), "mean loss");
   a->forward_done = 1;
   return APEX_OK;
@@ -559,8 +573,9 @@ apex_status gpt2_cuda_backward(gpt2_cuda *m) {
   const int64_t BT = (int64_t)m->B * m->T;
   const int L = m->cfg.n_layer;
   const int64_t *d_targets = apex_tensor_data(a->d_targets);
-  CHECK(apex_kernel_cross_entropy_backward(a->dloss, a->logits, d_targets, a->lse, NO_IGNORE, 0.0f, a->logits),
-        "cross-entropy backward"); /* in place: each element is read, then written, by one thread */
+  if (!a->fused_classifier) /* else the forward left dlogits in the logits already */
+    CHECK(apex_kernel_cross_entropy_backward(a->dloss, a->logits, d_targets, a->lse, NO_IGNORE, 0.0f, a->logits),
+          "cross-entropy backward"); /* in place: each element is read, then written, by one thread */
   CHECK(apex_kernel_matmul(a->logits, 0, p->wte, 0, a->dln, 1.0f, 0.0f, NULL, 0), "lm_head backward (input)");
   CHECK(apex_kernel_layer_norm_backward(a->dln, a->layer[L - 1].res_out, p->lnf_w, a->lnf_mean, a->lnf_rstd, 0, a->dres,
                                       g->lnf_w, g->lnf_b),

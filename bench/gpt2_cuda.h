@@ -92,7 +92,9 @@ double gpt2_cuda_flops_per_token(const gpt2_cuda *m);
 
 /* Forward over B * T host token ids (each in [0, V)) with B * T host targets: queues the logits and the
  * mean cross-entropy on the GPU and returns without waiting. The ids are copied: the caller's arrays may
- * change once it returns. */
+ * change once it returns. In bf16 (a CUDA build) the fused classifier writes the logits' gradient over the
+ * logits in the same pass as the loss (APEX_GPT2_CLASSIFIER=separate in the environment: the separate
+ * forward and backward kernels instead). */
 apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t *targets);
 /* The mean loss of the last forward (waits for the GPU). */
 apex_status gpt2_cuda_loss(gpt2_cuda *m, float *loss);

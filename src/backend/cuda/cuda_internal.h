@@ -225,6 +225,15 @@ apex_status apex__cuda_flash_attention_bwd(const apex__cuda_flash *g, const void
                                            const void *o, const void *dout, const float *stats, void *dq, void *dk,
                                            void *dv);
 
+/* ---- classifier.cu: cross entropy and its gradient in one pass over the logits ---------------------------- */
+
+/* For each of rows rows of logits (row r at logits + r * ld, cols classes, dtype lt): loss[r] (f32) = lse -
+ * x[target[r]], and the row overwritten by its gradient dloss (softmax - onehot(target)), in lt. target
+ * (device int64 [rows]): -1 ignores the row (loss 0, gradient 0); another value outside [0, cols) gives a
+ * NaN loss. The logits are read twice and written once; deterministic. */
+apex_status apex__cuda_classifier(void *logits, apex_dtype lt, const int64_t *target, int64_t rows, int64_t cols,
+                                  int64_t ld, float dloss, float *loss);
+
 /* ---- timer.cu: a GPU stopwatch for benchmarks' breakdowns ------------------------------------------------- */
 
 typedef struct apex__cuda_timer apex__cuda_timer;
