@@ -47,6 +47,10 @@
  *   dwpe    = embedding_backward(dres, positions)
  *   dwte   += dlogits^T lnf  (beta = 1)         dlogits [BT, V]^T lnf [BT, C]          [V, C]
  *
+ * In bf16, cuBLASLt's epilogues fuse: c_fc's bias and GELU (GELU_AUX_BIAS, fch kept as the aux), the bias
+ * gradients into the dW products (BGRADB), and GELU's backward with c_fc's bias gradient into the mlp c_proj
+ * dx product (DGELU_BGRAD); where cuBLASLt has no algorithm for one, the separate kernels above run instead.
+ *
  * The tied lm_head's share of dwte is added last because the embedding backward overwrites its table;
  * dlogits stays alive until then (it is the logits buffer, which nothing else needs after the loss). */
 #include "gpt2_cuda.h"
@@ -99,6 +103,9 @@ struct gpt2_acts {
   int flash;                    /* the attention is the fused kernel (bf16, head dim 64 or 128), not the
                                    materialised one; APEX_GPT2_ATTENTION=materialised in the environment
                                    turns it off (to compare) */
+  int epilogues;                /* bf16: cuBLASLt's epilogues make GELU (keeping its pre-activation), its gradient and
+                                   the bias gradients inside the products (APEX_GPT2_EPILOGUES=off: separate kernels;
+                                   also turned off for good the first time cuBLASLt has no algorithm for one) */
   int fused_classifier;         /* the forward's cross entropy writes dlogits in place (classifier.cu), and the
                                    backward starts from them; bf16 only (APEX_GPT2_CLASSIFIER=separate: off) */
   /* Every tensor made here (parameters, gradients, activations, views), for destroy. */
@@ -292,6 +299,8 @@ static int make_acts(struct gpt2_acts *a, const gpt2_config *c, apex_dtype dt, i
 #if APEX_GPT2_CUDA_INTERNAL
   const char *cls = getenv("APEX_GPT2_CLASSIFIER");
   a->fused_classifier = dt == APEX_BF16 && !(cls && !strcmp(cls, "separate"));
+  const char *epi = getenv("APEX_GPT2_EPILOGUES");
+  a->epilogues = dt == APEX_BF16 && !(epi && !strcmp(epi, "off"));
 #endif
   a->tokens = malloc((size_t)BT * sizeof(int64_t));
   a->targets = malloc((size_t)BT * sizeof(int64_t));
@@ -467,6 +476,68 @@ const char *gpt2_cuda_attention_path(const gpt2_cuda *m) {
   return m && m->acts->flash ? "fused (flash_attention.cu)" : "materialised (attention.cu)";
 }
 
+#if APEX_GPT2_CUDA_INTERNAL
+/* After an epilogue product failed (cuBLASLt has no algorithm for it, or refused it): says so once on stderr
+ * and runs the separate kernels from now on; a real device fault shows again in them. */
+static void epilogues_off(gpt2_cuda *m) {
+  fprintf(stderr, "gpt2_cuda: cuBLASLt epilogue product failed (%s); the separate kernels from now on\n", apex_last_error());
+  m->acts->epilogues = 0;
+}
+#endif
+
+/* fch_gelu = gelu(ln2 fc_w^T + fc_b), with fch (the pre-activation) kept for the backward: one product with
+ * the GELU_AUX_BIAS epilogue, or the product and the GELU kernel. */
+static apex_status fc_forward(gpt2_cuda *m, const gpt2_layer *w, gpt2_layer_acts *y) {
+#if APEX_GPT2_CUDA_INTERNAL
+  if (m->acts->epilogues) {
+    const int64_t BT = (int64_t)m->B * m->T, C = m->cfg.n_embd;
+    apex__cuda_epilogue x = {APEX__EPI_GELU_AUX_BIAS, apex_tensor_data(w->fc_b), apex_tensor_data(y->fch), NULL};
+    apex_status st = apex__cuda_gemm_epilogue(0, 1, BT, 4 * C, C, apex_tensor_data(y->ln2), apex_tensor_data(w->fc_w),
+                                              m->dtype, apex_tensor_data(y->fch_gelu), m->dtype, &x);
+    if (st == APEX_OK) return st;
+    epilogues_off(m); /* the same results by the separate kernels, from now on */
+  }
+#endif
+  apex_status st = apex_kernel_matmul(y->ln2, 0, w->fc_w, 1, y->fch, 1.0f, 0.0f, w->fc_b, 0);
+  return st == APEX_OK ? apex_kernel_gelu_forward(y->fch, y->fch_gelu) : st;
+}
+
+/* A linear layer's weight and bias gradients: dw [out, in] = dy^T x (dy [BT, out], x [BT, in]) and db [out]
+ * = the column sums of dy; one product with the BGRADB epilogue, or the product and a column sum. */
+static apex_status linear_backward_weights(gpt2_cuda *m, apex_tensor *dy, apex_tensor *x, apex_tensor *dw, apex_tensor *db) {
+#if APEX_GPT2_CUDA_INTERNAL
+  if (m->acts->epilogues) {
+    const int64_t BT = (int64_t)m->B * m->T, out = apex_tensor_shape(dw)[0], in = apex_tensor_shape(dw)[1];
+    apex__cuda_epilogue e = {APEX__EPI_BGRADB, NULL, NULL, apex_tensor_data(db)};
+    apex_status st = apex__cuda_gemm_epilogue(1, 0, out, in, BT, apex_tensor_data(dy), apex_tensor_data(x), m->dtype,
+                                              apex_tensor_data(dw), m->dtype, &e);
+    if (st == APEX_OK) return st;
+    epilogues_off(m);
+  }
+#endif
+  apex_status st = apex_kernel_matmul(dy, 1, x, 0, dw, 1.0f, 0.0f, NULL, 0);
+  return st == APEX_OK ? apex_kernel_sum_rows(dy, db, 0) : st;
+}
+
+/* The MLP's hidden gradient: dfc = (dres fcproj_w) * gelu'(fch), and c_fc's bias gradient dfc_b = the column
+ * sums of dfc; one product with the DGELU_BGRAD epilogue, or the product, GELU's backward and a column sum. */
+static apex_status mlp_backward_hidden(gpt2_cuda *m, const gpt2_layer *w, const gpt2_layer *gw, gpt2_layer_acts *y) {
+  struct gpt2_acts *a = m->acts;
+#if APEX_GPT2_CUDA_INTERNAL
+  if (a->epilogues) {
+    const int64_t BT = (int64_t)m->B * m->T, C = m->cfg.n_embd;
+    apex__cuda_epilogue e = {APEX__EPI_DGELU_BGRAD, NULL, apex_tensor_data(y->fch), apex_tensor_data(gw->fc_b)};
+    apex_status st = apex__cuda_gemm_epilogue(0, 0, BT, 4 * C, C, apex_tensor_data(a->dres), apex_tensor_data(w->fcproj_w),
+                                              m->dtype, apex_tensor_data(a->dfc), m->dtype, &e);
+    if (st == APEX_OK) return st;
+    epilogues_off(m);
+  }
+#endif
+  apex_status st = apex_kernel_matmul(a->dres, 0, w->fcproj_w, 0, a->dfc, 1.0f, 0.0f, NULL, 0);
+  if (st == APEX_OK) st = apex_kernel_gelu_backward(a->dfc, y->fch, a->dfc);
+  return st == APEX_OK ? apex_kernel_sum_rows(a->dfc, gw->fc_b, 0) : st;
+}
+
 /* atty (and the statistics for the backward) from qkv: the fused kernel when it applies, else the
  * materialised one (lse). */
 static apex_status attention_forward(gpt2_cuda *m, gpt2_layer_acts *y) {
@@ -529,8 +600,7 @@ apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t
     CHECK(apex_kernel_add(res, a->tmp, y->res_mid), "h.%d attention residual", l);
     CHECK(apex_kernel_layer_norm_forward(y->res_mid, w->ln2_w, w->ln2_b, LN_EPS, 0, y->ln2, y->ln2_mean, y->ln2_rstd),
           "h.%d ln_2", l);
-    CHECK(apex_kernel_matmul(y->ln2, 0, w->fc_w, 1, y->fch, 1.0f, 0.0f, w->fc_b, 0), "h.%d c_fc", l);
-    CHECK(apex_kernel_gelu_forward(y->fch, y->fch_gelu), "h.%d gelu", l);
+    CHECK(fc_forward(m, w, y), "h.%d c_fc with its GELU", l);
     CHECK(apex_kernel_matmul(y->fch_gelu, 0, w->fcproj_w, 1, a->tmp, 1.0f, 0.0f, w->fcproj_b, 0), "h.%d mlp c_proj", l);
     CHECK(apex_kernel_add(y->res_mid, a->tmp, y->res_out), "h.%d mlp residual", l);
     res = y->res_out;
@@ -585,23 +655,18 @@ apex_status gpt2_cuda_backward(gpt2_cuda *m) {
     gpt2_layer_acts *y = &a->layer[l];
     apex_tensor *res_in = l ? a->layer[l - 1].res_out : a->enc;
     /* the MLP: dres is the gradient of res_out = res_mid + mlp(ln_2(res_mid)) */
-    CHECK(apex_kernel_matmul(a->dres, 1, y->fch_gelu, 0, gw->fcproj_w, 1.0f, 0.0f, NULL, 0), "h.%d mlp c_proj dW", l);
-    CHECK(apex_kernel_sum_rows(a->dres, gw->fcproj_b, 0), "h.%d mlp c_proj db", l);
-    CHECK(apex_kernel_matmul(a->dres, 0, w->fcproj_w, 0, a->dfc, 1.0f, 0.0f, NULL, 0), "h.%d mlp c_proj dx", l);
-    CHECK(apex_kernel_gelu_backward(a->dfc, y->fch, a->dfc), "h.%d gelu backward", l);
+    CHECK(linear_backward_weights(m, a->dres, y->fch_gelu, gw->fcproj_w, gw->fcproj_b), "h.%d mlp c_proj dW and its bias's", l);
+    CHECK(mlp_backward_hidden(m, w, gw, y), "h.%d mlp c_proj dx through GELU, and c_fc's bias gradient", l);
     CHECK(apex_kernel_matmul(a->dfc, 1, y->ln2, 0, gw->fc_w, 1.0f, 0.0f, NULL, 0), "h.%d c_fc dW", l);
-    CHECK(apex_kernel_sum_rows(a->dfc, gw->fc_b, 0), "h.%d c_fc db", l);
     CHECK(apex_kernel_matmul(a->dfc, 0, w->fc_w, 0, a->dln, 1.0f, 0.0f, NULL, 0), "h.%d c_fc dx", l);
     CHECK(apex_kernel_layer_norm_backward(a->dln, y->res_mid, w->ln2_w, y->ln2_mean, y->ln2_rstd, 0, a->dx, gw->ln2_w, gw->ln2_b),
           "h.%d ln_2 backward", l);
     CHECK(apex_kernel_add(a->dres, a->dx, a->dres), "h.%d mlp residual backward", l);
     /* the attention: dres is now the gradient of res_mid = res_in + attn(ln_1(res_in)) */
-    CHECK(apex_kernel_matmul(a->dres, 1, y->atty, 0, gw->proj_w, 1.0f, 0.0f, NULL, 0), "h.%d attn c_proj dW", l);
-    CHECK(apex_kernel_sum_rows(a->dres, gw->proj_b, 0), "h.%d attn c_proj db", l);
+    CHECK(linear_backward_weights(m, a->dres, y->atty, gw->proj_w, gw->proj_b), "h.%d attn c_proj dW and its bias's", l);
     CHECK(apex_kernel_matmul(a->dres, 0, w->proj_w, 0, a->datty, 1.0f, 0.0f, NULL, 0), "h.%d attn c_proj dx", l);
     CHECK(attention_backward(m, y), "h.%d attention backward", l);
-    CHECK(apex_kernel_matmul(a->dqkv, 1, y->ln1, 0, gw->qkv_w, 1.0f, 0.0f, NULL, 0), "h.%d c_attn dW", l);
-    CHECK(apex_kernel_sum_rows(a->dqkv, gw->qkv_b, 0), "h.%d c_attn db", l);
+    CHECK(linear_backward_weights(m, a->dqkv, y->ln1, gw->qkv_w, gw->qkv_b), "h.%d c_attn dW and its bias's", l);
     CHECK(apex_kernel_matmul(a->dqkv, 0, w->qkv_w, 0, a->dln, 1.0f, 0.0f, NULL, 0), "h.%d c_attn dx", l);
     CHECK(apex_kernel_layer_norm_backward(a->dln, res_in, w->ln1_w, y->ln1_mean, y->ln1_rstd, 0, a->dx, gw->ln1_w, gw->ln1_b),
           "h.%d ln_1 backward", l);

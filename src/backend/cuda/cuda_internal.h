@@ -155,6 +155,25 @@ apex_status apex__cuda_bn_stats(const void *x, apex_dtype xt, int64_t n, int64_t
 apex_status apex__cuda_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
                             const void *b, apex_dtype in_type, float beta, void *c, apex_dtype c_type,
                             const void *bias, int gelu);
+/* cuBLASLt's training epilogues, for C = op(A) op(B) (row-major, as apex__cuda_gemm; alpha 1, beta 0):
+ *   GELU_AUX_BIAS: C = gelu_tanh(op(A) op(B) + bias), and aux [m, n] = the pre-activation, kept for the backward;
+ *   DGELU_BGRAD:   C = (op(A) op(B)) * gelu_tanh'(aux), and bgrad [n] = the column sums of that C (the bias
+ *                  gradient of the layer whose pre-activation aux is);
+ *   BGRADB:        C = op(A) op(B), and bgrad [m] with bgrad[i] = sum over k of op(A)[i, k]: for a weight
+ *                  gradient dW = dY^T X (trans_a, A = dY [k, m]), the column sums of dY, the layer's bias gradient.
+ * bias, bgrad and aux in c_type. */
+typedef enum apex__cuda_epi_kind { APEX__EPI_GELU_AUX_BIAS = 1, APEX__EPI_DGELU_BGRAD, APEX__EPI_BGRADB } apex__cuda_epi_kind;
+typedef struct apex__cuda_epilogue {
+  apex__cuda_epi_kind kind;
+  const void *bias; /* GELU_AUX_BIAS */
+  void *aux;        /* GELU_AUX_BIAS: written; DGELU_BGRAD: read */
+  void *bgrad;      /* DGELU_BGRAD, BGRADB: written */
+} apex__cuda_epilogue;
+/* APEX_ERR_UNSUPPORTED (with a message) for f32, mixed dtypes, n not a multiple of 8, or when cuBLASLt
+ * has no algorithm for the epilogue: the caller then runs the product and the separate kernels. */
+apex_status apex__cuda_gemm_epilogue(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const void *a,
+                                     const void *b, apex_dtype in_type, void *c, apex_dtype c_type,
+                                     const apex__cuda_epilogue *x);
 /* `batch` products C_i = alpha op(A_i) op(B_i) + beta C_i, matrix i of each operand at its base pointer plus
  * i * stride elements; each stored row-major with the row length ld* (>= its stored row's element count:
  * lda >= (trans_a ? m : k), ldb >= (trans_b ? k : n), ldc >= n). Same dtypes and f32 accumulation as
