@@ -15,8 +15,15 @@
  * bf16 tensor-core peak: 989.5 TFLOP/s for an H100 SXM or H200 (756 for an H100 PCIe); other GPUs have
  * no table entry and their MFU is skipped.
  *
+ * Then, unless --profile 0, N = 3 more steps with every model call timed on the GPU by CUDA events
+ * (gpt2_cuda_profile_start): the breakdown by phase (`bench gpt2_small_bf16_phase_PHASE_ms`, per step, with
+ * its share of the profiled step) and by call (every layer's call together, largest first), so that one run
+ * says where the time goes without a profiler.
+ *
  * Options: --batch B (8), --seq T (1024), --steps N (10), --warmup N (3), --f32 (f32 parameters and
- * activations instead of bf16, for comparison), --time (print apex's tokens/s alone, for peer_gpt2.py).
+ * activations instead of bf16, for comparison), --time (print apex's tokens/s alone, for peer_gpt2.py),
+ * --profile N (3; 0: no breakdown). APEX_GPT2_ATTENTION=materialised in the environment runs the bf16 model
+ * with the materialised attention instead of the fused one (to compare).
  * Skipped, with the reason, without a GPU. A failure (or a loss that does not fall) is a `bench NAME
  * failed: ...` line and exit status 0, as the other benchmarks, so that bench/run goes on; with --time
  * the status is 1. */
@@ -43,8 +50,97 @@ static void fail(const char *name, const char *what) {
   fflush(stdout);
 }
 
+/* The phase of a model call, from its name (bench/gpt2_cuda.c's step names). */
+static const char *phase_of(const char *label) {
+  static const char *const map[][2] = {
+      {"AdamW", "optimizer"},
+      {"uploading", "targets_upload"},
+      {"embedding sum", "residual_adds"},
+      {"embedding", "embedding"},
+      {"residual", "residual_adds"},
+      {"attention backward", "attention_bwd"},
+      {"attention", "attention_fwd"},
+      {"gelu backward", "gelu_bwd"},
+      {"gelu", "gelu_fwd"},
+      {"cross-entropy", "classifier_loss"},
+      {"mean loss", "classifier_loss"},
+      {"lm_head", "classifier_matmuls"},
+      {"ln_", "layer_norm"}, /* ln_1, ln_2, ln_f, forward and backward */
+      {" db", "bias_grads"},
+      {" dW", "linear_bwd_matmuls"},
+      {" dx", "linear_bwd_matmuls"},
+      {"c_attn", "linear_fwd_matmuls"},
+      {"c_proj", "linear_fwd_matmuls"},
+      {"c_fc", "linear_fwd_matmuls"},
+  };
+  for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+    if (strstr(label, map[i][0])) return map[i][1];
+  return "other";
+}
+
+/* Runs `steps` profiled training steps and prints the breakdown. */
+static void print_breakdown(gpt2_cuda *m, apex_optimizer *opt, const int64_t *tokens, const int64_t *targets, int steps,
+                            const char *name) {
+  if (gpt2_cuda_profile_start(m) != APEX_OK) {
+    printf("bench %s_phase skipped: %s\n", name, apex_last_error());
+    return;
+  }
+  for (int s = 0; s < steps; s++)
+    if (gpt2_cuda_train_step(m, opt, tokens, targets) != APEX_OK) {
+      fail(name, "profiled training step");
+      break;
+    }
+  const char *labels[96];
+  double ms[96], total = 0;
+  int profiled = 0, n = gpt2_cuda_profile_read(m, labels, ms, 96, &profiled);
+  if (n == 0 || profiled == 0) {
+    printf("bench %s_phase skipped: no profiled step\n", name);
+    return;
+  }
+  for (int i = 0; i < n; i++) total += ms[i];
+  /* the last step's intervals are read by gpt2_cuda_profile_read: every profiled step is counted */
+  printf("# per-step GPU time by phase, mean of %d profiled steps (CUDA events after every model call; their sum, "
+         "%.3f ms, is the step's GPU time less the host gap before each step's first call)\n",
+         profiled, total / profiled);
+  const char *phases[32];
+  double pms[32];
+  int np = 0;
+  for (int i = 0; i < n; i++) {
+    const char *ph = phase_of(labels[i]);
+    int j = 0;
+    while (j < np && strcmp(phases[j], ph)) j++;
+    if (j == np && np < 32) phases[np] = ph, pms[np++] = 0;
+    if (j < np) pms[j] += ms[i];
+  }
+  for (int i = 0; i < np; i++) { /* largest first: a selection sort of a few entries */
+    int best = i;
+    for (int j = i + 1; j < np; j++)
+      if (pms[j] > pms[best]) best = j;
+    const char *tn = phases[i];
+    double tm = pms[i];
+    phases[i] = phases[best], pms[i] = pms[best];
+    phases[best] = tn, pms[best] = tm;
+    char figure[128], share[64];
+    snprintf(figure, sizeof figure, "%s_phase_%s_ms", name, phases[i]);
+    snprintf(share, sizeof share, "share=%.1f%%", 100.0 * pms[i] / total);
+    bench_report(figure, pms[i] / profiled, "ms", 0, share);
+  }
+  printf("# by call (every layer's together), ms per step, largest first:\n");
+  for (int i = 0; i < n; i++) {
+    int best = i;
+    for (int j = i + 1; j < n; j++)
+      if (ms[j] > ms[best]) best = j;
+    const char *tl = labels[i];
+    double tm = ms[i];
+    labels[i] = labels[best], ms[i] = ms[best];
+    labels[best] = tl, ms[best] = tm;
+    printf("#   %8.3f ms  %5.1f%%  %-20s %s\n", ms[i] / profiled, 100.0 * ms[i] / total, phase_of(labels[i]), labels[i]);
+  }
+  fflush(stdout);
+}
+
 int main(int argc, char **argv) {
-  int B = 8, T = 1024, steps = 10, warmup = 3, time_only = 0;
+  int B = 8, T = 1024, steps = 10, warmup = 3, time_only = 0, profile = 3;
   apex_dtype dt = APEX_BF16;
   char *names[16];
   int n_names = 0;
@@ -55,9 +151,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--f32")) dt = APEX_F32;
     else if (!strcmp(argv[i], "--time")) time_only = 1;
+    else if (!strcmp(argv[i], "--profile") && i + 1 < argc) profile = atoi(argv[++i]);
     else if (argv[i][0] != '-' && n_names < 16) names[n_names++] = argv[i];
     else {
-      fprintf(stderr, "usage: bench_gpt2_cuda [--batch B] [--seq T] [--steps N] [--warmup N] [--f32] [--time] [NAME...]\n");
+      fprintf(stderr, "usage: bench_gpt2_cuda [--batch B] [--seq T] [--steps N] [--warmup N] [--f32] [--time] [--profile N] "
+                      "[NAME...]\n");
       return 2;
     }
   }
@@ -141,10 +239,11 @@ int main(int argc, char **argv) {
       apex_cuda_memory_stats ms = {0};
       apex_cuda_memory_stats_get(&ms);
       printf("# bench_gpt2_cuda on %s: GPT-2 small, %.2fM parameters (%.2fM in the MFU estimate), B=%d T=%d, %s, "
-             "AdamW lr 3e-4 betas (0.9, 0.95) wd 0.1, %d warm-up + %d timed steps, peak GPU memory %.2f GiB\n",
+             "AdamW lr 3e-4 betas (0.9, 0.95) wd 0.1, %d warm-up + %d timed steps, peak GPU memory %.2f GiB, "
+             "attention %s\n",
              dev, gpt2_cuda_num_params(m) / 1e6, gpt2_cuda_num_params_non_embedding(m) / 1e6, B, T,
              dt == APEX_BF16 ? "bf16 parameters with f32 masters" : "f32", warmup, steps,
-             (double)ms.peak_allocated / (1024.0 * 1024.0 * 1024.0));
+             (double)ms.peak_allocated / (1024.0 * 1024.0 * 1024.0), gpt2_cuda_attention_path(m));
       printf("# loss by step:");
       for (int s = 0; s < total; s++) printf(" %.4f", (double)loss[s]);
       printf("\n# the loss %s on the repeated batch (%.4f -> %.4f)\n", decreasing ? "decreased" : "DID NOT DECREASE",
@@ -165,6 +264,7 @@ int main(int argc, char **argv) {
       rc = 1;
     }
     apex_tensor_destroy(hh);
+    if (!time_only && profile > 0) print_breakdown(m, opt, tokens, targets, profile, name);
   }
   apex_tensor_destroy(history);
   free(tokens);

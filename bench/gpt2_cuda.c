@@ -8,7 +8,9 @@
  *   enc     = wte[tokens] + wpe[positions]      embedding lookups and apex_kernel_add       [BT, C]
  *   ln1     = layer_norm(res_in)                                                      [BT, C]
  *   qkv     = ln1 qkv_w^T + qkv_b               ln1 [BT, C]       qkv_w [3C, C]^T     [BT, 3C]
- *   atty    = attention(qkv)                    qkv viewed [B, T, 3C] -> [B, T, C], lse [B, H, T]
+ *   atty    = attention(qkv)                    qkv viewed [B, T, 3C] -> [B, T, C]; in bf16 the fused kernel
+ *                                               (flash_attention.cu, heads read in place, stats [B, H, T, 2]),
+ *                                               else the materialised one (lse [B, H, T])
  *   res_mid = res_in + atty proj_w^T + proj_b   atty [BT, C]      proj_w [C, C]^T     [BT, C]
  *   ln2     = layer_norm(res_mid)                                                     [BT, C]
  *   fch     = ln2 fc_w^T + fc_b                 ln2 [BT, C]       fc_w [4C, C]^T      [BT, 4C]
@@ -16,7 +18,8 @@
  *   res_out = res_mid + fch_gelu fcproj_w^T + fcproj_b  fch_gelu [BT, 4C]  fcproj_w [C, 4C]^T  [BT, C]
  *   lnf     = layer_norm(res_out of block L-1)                                        [BT, C]
  *   logits  = lnf wte^T                         lnf [BT, C]       wte [V, C]^T        [BT, V]
- *   loss    = mean over BT of cross_entropy(logits, targets)
+ *   loss    = mean over BT of cross_entropy(logits, targets); in bf16 the fused classifier (classifier.cu)
+ *             also writes dlogits over the logits here, in the same pass
  *
  *   backward (dX is the loss's gradient with respect to X)
  *   dlogits = (softmax - onehot) / BT, in place over logits
@@ -44,6 +47,10 @@
  *   dwpe    = embedding_backward(dres, positions)
  *   dwte   += dlogits^T lnf  (beta = 1)         dlogits [BT, V]^T lnf [BT, C]          [V, C]
  *
+ * In bf16, cuBLASLt's epilogues fuse: c_fc's bias and GELU (GELU_AUX_BIAS, fch kept as the aux), the bias
+ * gradients into the dW products (BGRADB), and GELU's backward with c_fc's bias gradient into the mlp c_proj
+ * dx product (DGELU_BGRAD); where cuBLASLt has no algorithm for one, the separate kernels above run instead.
+ *
  * The tied lm_head's share of dwte is added last because the embedding backward overwrites its table;
  * dlogits stays alive until then (it is the logits buffer, which nothing else needs after the loss). */
 #include "gpt2_cuda.h"
@@ -57,6 +64,9 @@
 #include "apex/cuda.h"
 #include "apex/kernels.h"
 #include "core/internal.h" /* apex__fail: the model's errors read like the library's */
+#if APEX_GPT2_CUDA_INTERNAL
+#include "backend/cuda/cuda_internal.h" /* the fused attention (flash_attention.cu), called by name */
+#endif
 
 #define LN_EPS 1e-5f
 /* No target is ever this: the cross-entropy kernels take an ignore_index, and GPT-2 ignores nothing. */
@@ -66,6 +76,7 @@ typedef struct gpt2_layer_acts {
   apex_tensor *ln1, *ln1_mean, *ln1_rstd; /* [BT, C]; f32 [BT] each */
   apex_tensor *qkv, *qkv3;                /* [BT, 3C] and the same storage as [B, T, 3C] */
   apex_tensor *atty, *atty3, *lse;        /* [BT, C], as [B, T, C]; f32 [B, H, T] */
+  apex_tensor *stats;                     /* the fused attention's f32 [B, H, T, 2] (m, r) per row, or NULL */
   apex_tensor *res_mid;                   /* [BT, C]: the residual stream after the attention */
   apex_tensor *ln2, *ln2_mean, *ln2_rstd;
   apex_tensor *fch, *fch_gelu;            /* [BT, 4C]: the MLP before and after GELU */
@@ -88,6 +99,15 @@ struct gpt2_acts {
   apex_tensor *dqkv, *dqkv3;    /* [BT, 3C], as [B, T, 3C] */
   apex_tensor *dfc;             /* [BT, 4C] */
   int forward_done;             /* a forward's activations wait for their backward */
+  struct gpt2_prof *prof;       /* the per-call stopwatch (gpt2_cuda_profile_start), NULL when off */
+  int flash;                    /* the attention is the fused kernel (bf16, head dim 64 or 128), not the
+                                   materialised one; APEX_GPT2_ATTENTION=materialised in the environment
+                                   turns it off (to compare) */
+  int epilogues;                /* bf16: cuBLASLt's epilogues make GELU (keeping its pre-activation), its gradient and
+                                   the bias gradients inside the products (APEX_GPT2_EPILOGUES=off: separate kernels;
+                                   also turned off for good the first time cuBLASLt has no algorithm for one) */
+  int fused_classifier;         /* the forward's cross entropy writes dlogits in place (classifier.cu), and the
+                                   backward starts from them; bf16 only (APEX_GPT2_CLASSIFIER=separate: off) */
   /* Every tensor made here (parameters, gradients, activations, views), for destroy. */
   apex_tensor **owned;
   int n_owned, cap_owned;
@@ -108,11 +128,96 @@ static apex_status fail_at(apex_status st, const char *fmt, ...) {
   return apex__fail(st, "gpt2_cuda: %s: %s", what, msg);
 }
 
+/* Each model call: its failure names the step; when profiling, an event after it closes the step's GPU
+ * interval, labelled by the step's name (its format string: "h.%d c_attn" gathers every layer). */
 #define CHECK(call, ...)                                  \
   do {                                                    \
     apex_status st_ = (call);                             \
     if (st_ != APEX_OK) return fail_at(st_, __VA_ARGS__); \
+    prof_mark(m, FIRST_ARG(__VA_ARGS__, 0));              \
   } while (0)
+#define FIRST_ARG(a, ...) a
+
+/* ---- the per-call stopwatch ---------------------------------------------------------------------------------- */
+
+enum { PROF_EVENTS = 2048, PROF_LABELS = 96 };
+struct gpt2_prof {
+#if APEX_GPT2_CUDA_INTERNAL
+  apex__cuda_timer *timer;
+#endif
+  int n_marks, steps, n_labels;
+  const char *mark_label[PROF_EVENTS]; /* what ran between mark k - 1 and mark k (NULL: a step's start) */
+  const char *label[PROF_LABELS];
+  double ms[PROF_LABELS];
+};
+
+/* An event after everything queued so far, closing the interval of `label`. */
+static void prof_mark(gpt2_cuda *m, const char *label) {
+  struct gpt2_prof *p = m->acts->prof;
+#if APEX_GPT2_CUDA_INTERNAL
+  if (p && p->n_marks < PROF_EVENTS && apex__cuda_timer_mark(p->timer, p->n_marks) == APEX_OK)
+    p->mark_label[p->n_marks++] = label;
+#else
+  (void)p;
+  (void)label;
+#endif
+}
+
+/* The recorded intervals into the per-label sums (waits for the GPU), and the marks cleared. */
+static apex_status prof_fold(struct gpt2_prof *p) {
+  apex_status st = APEX_OK;
+#if APEX_GPT2_CUDA_INTERNAL
+  for (int k = 1; k < p->n_marks && st == APEX_OK; k++) {
+    float ms = 0;
+    if (!p->mark_label[k] || (st = apex__cuda_timer_elapsed(p->timer, k - 1, k, &ms)) != APEX_OK) continue;
+    int j = 0;
+    while (j < p->n_labels && p->label[j] != p->mark_label[k]) j++;
+    if (j == PROF_LABELS) continue; /* more names than the table holds: not counted */
+    if (j == p->n_labels) p->label[p->n_labels++] = p->mark_label[k];
+    p->ms[j] += ms;
+  }
+#endif
+  p->n_marks = 0;
+  return st;
+}
+
+apex_status gpt2_cuda_profile_start(gpt2_cuda *m) {
+  if (!m) return apex__fail(APEX_ERR_INVALID_ARG, "gpt2_cuda_profile_start: NULL model");
+#if APEX_GPT2_CUDA_INTERNAL
+  struct gpt2_prof *p = m->acts->prof;
+  if (!p && !(p = calloc(1, sizeof *p))) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "gpt2_cuda_profile_start: out of memory");
+  if (!p->timer) {
+    apex_status st = apex__cuda_timer_create(PROF_EVENTS, &p->timer);
+    if (st != APEX_OK) {
+      free(p);
+      return st;
+    }
+  }
+  p->n_marks = p->steps = p->n_labels = 0;
+  m->acts->prof = p;
+  return APEX_OK;
+#else
+  return apex__fail(APEX_ERR_UNSUPPORTED, "gpt2_cuda_profile_start: built without the CUDA backend's timer");
+#endif
+}
+
+int gpt2_cuda_profile_read(gpt2_cuda *m, const char **labels, double *ms, int max, int *steps) {
+  struct gpt2_prof *p = m ? m->acts->prof : NULL;
+  if (!p) return 0;
+  prof_fold(p);
+  int n = p->n_labels < max ? p->n_labels : max;
+  for (int i = 0; i < n; i++) {
+    labels[i] = p->label[i];
+    ms[i] = p->ms[i];
+  }
+  if (steps) *steps = p->steps;
+#if APEX_GPT2_CUDA_INTERNAL
+  apex__cuda_timer_destroy(p->timer);
+#endif
+  free(p);
+  m->acts->prof = NULL;
+  return n;
+}
 
 /* ---- memory ---------------------------------------------------------------------------------------------- */
 
@@ -174,8 +279,29 @@ static int make_params(struct gpt2_acts *a, gpt2_params *p, const gpt2_config *c
   return ok && (p->lnf_w = dev(a, dt, C, 0, 0)) && (p->lnf_b = dev(a, dt, C, 0, 0));
 }
 
+/* Whether the fused attention takes this model: a CUDA build, bf16, head dim 64 or 128 (the packed qkv's
+ * rows of 3C elements are then 16-byte multiples, as its loads want), not turned off by the environment. */
+static int flash_applies(const gpt2_config *c, apex_dtype dt) {
+#if APEX_GPT2_CUDA_INTERNAL
+  const char *env = getenv("APEX_GPT2_ATTENTION");
+  const int d = c->n_embd / c->n_head;
+  return dt == APEX_BF16 && (d == 64 || d == 128) && !(env && !strcmp(env, "materialised"));
+#else
+  (void)c;
+  (void)dt;
+  return 0;
+#endif
+}
+
 static int make_acts(struct gpt2_acts *a, const gpt2_config *c, apex_dtype dt, int B, int T) {
   int64_t C = c->n_embd, BT = (int64_t)B * T, H = c->n_head, two = 2 * BT;
+  a->flash = flash_applies(c, dt);
+#if APEX_GPT2_CUDA_INTERNAL
+  const char *cls = getenv("APEX_GPT2_CLASSIFIER");
+  a->fused_classifier = dt == APEX_BF16 && !(cls && !strcmp(cls, "separate"));
+  const char *epi = getenv("APEX_GPT2_EPILOGUES");
+  a->epilogues = dt == APEX_BF16 && !(epi && !strcmp(epi, "off"));
+#endif
   a->tokens = malloc((size_t)BT * sizeof(int64_t));
   a->targets = malloc((size_t)BT * sizeof(int64_t));
   a->positions = malloc((size_t)BT * sizeof(int64_t));
@@ -192,7 +318,8 @@ static int make_acts(struct gpt2_acts *a, const gpt2_config *c, apex_dtype dt, i
          (y->atty = dev(a, dt, BT, C, 0)) && (y->atty3 = view3(a, y->atty, B, T, C)) && (y->lse = dev(a, f, B, H, T)) &&
          (y->res_mid = dev(a, dt, BT, C, 0)) && (y->ln2 = dev(a, dt, BT, C, 0)) && (y->ln2_mean = dev(a, f, BT, 0, 0)) &&
          (y->ln2_rstd = dev(a, f, BT, 0, 0)) && (y->fch = dev(a, dt, BT, 4 * C, 0)) &&
-         (y->fch_gelu = dev(a, dt, BT, 4 * C, 0)) && (y->res_out = dev(a, dt, BT, C, 0));
+         (y->fch_gelu = dev(a, dt, BT, 4 * C, 0)) && (y->res_out = dev(a, dt, BT, C, 0)) &&
+         (!a->flash || (y->stats = dev(a, f, B, H, 2 * (int64_t)T)));
   }
   ok = ok && (a->lnf = dev(a, dt, BT, C, 0)) && (a->lnf_mean = dev(a, f, BT, 0, 0)) && (a->lnf_rstd = dev(a, f, BT, 0, 0)) &&
        (a->logits = dev(a, dt, BT, c->vocab, 0)) && (a->losses = dev(a, f, BT, 0, 0)) && (a->lse = dev(a, f, BT, 0, 0)) &&
@@ -291,6 +418,7 @@ void gpt2_cuda_destroy(gpt2_cuda *m) {
   if (!m) return;
   struct gpt2_acts *a = m->acts;
   if (a) {
+    if (a->prof) gpt2_cuda_profile_read(m, NULL, NULL, 0, NULL); /* frees it */
     for (int i = a->n_owned - 1; i >= 0; i--) apex_tensor_destroy(a->owned[i]); /* views before their bases */
     free(a->owned);
     free(a->tokens);
@@ -334,6 +462,112 @@ double gpt2_cuda_flops_per_token(const gpt2_cuda *m) {
 
 /* ---- forward and backward --------------------------------------------------------------------------------- */
 
+#if APEX_GPT2_CUDA_INTERNAL
+/* The fused kernel's view of the packed qkv [B, T, 3C]: q, k, v at column offsets 0, C, 2C of rows of 3C,
+ * the output and its gradient [B, T, C], the gradients packed as the qkv. */
+static apex__cuda_flash flash_geometry(const gpt2_cuda *m) {
+  const int64_t C = m->cfg.n_embd;
+  return (apex__cuda_flash){m->B, m->cfg.n_head, m->T, (int)(C / m->cfg.n_head), 3 * C, 3 * C, 3 * C, C, C, 3 * C, 3 * C,
+                            3 * C, m->dtype};
+}
+#endif
+
+const char *gpt2_cuda_attention_path(const gpt2_cuda *m) {
+  return m && m->acts->flash ? "fused (flash_attention.cu)" : "materialised (attention.cu)";
+}
+
+#if APEX_GPT2_CUDA_INTERNAL
+/* After an epilogue product failed (cuBLASLt has no algorithm for it, or refused it): says so once on stderr
+ * and runs the separate kernels from now on; a real device fault shows again in them. */
+static void epilogues_off(gpt2_cuda *m) {
+  fprintf(stderr, "gpt2_cuda: cuBLASLt epilogue product failed (%s); the separate kernels from now on\n", apex_last_error());
+  m->acts->epilogues = 0;
+}
+#endif
+
+/* fch_gelu = gelu(ln2 fc_w^T + fc_b), with fch (the pre-activation) kept for the backward: one product with
+ * the GELU_AUX_BIAS epilogue, or the product and the GELU kernel. */
+static apex_status fc_forward(gpt2_cuda *m, const gpt2_layer *w, gpt2_layer_acts *y) {
+#if APEX_GPT2_CUDA_INTERNAL
+  if (m->acts->epilogues) {
+    const int64_t BT = (int64_t)m->B * m->T, C = m->cfg.n_embd;
+    apex__cuda_epilogue x = {APEX__EPI_GELU_AUX_BIAS, apex_tensor_data(w->fc_b), apex_tensor_data(y->fch), NULL};
+    apex_status st = apex__cuda_gemm_epilogue(0, 1, BT, 4 * C, C, apex_tensor_data(y->ln2), apex_tensor_data(w->fc_w),
+                                              m->dtype, apex_tensor_data(y->fch_gelu), m->dtype, &x);
+    if (st == APEX_OK) return st;
+    epilogues_off(m); /* the same results by the separate kernels, from now on */
+  }
+#endif
+  apex_status st = apex_kernel_matmul(y->ln2, 0, w->fc_w, 1, y->fch, 1.0f, 0.0f, w->fc_b, 0);
+  return st == APEX_OK ? apex_kernel_gelu_forward(y->fch, y->fch_gelu) : st;
+}
+
+/* A linear layer's weight and bias gradients: dw [out, in] = dy^T x (dy [BT, out], x [BT, in]) and db [out]
+ * = the column sums of dy; one product with the BGRADB epilogue, or the product and a column sum. */
+static apex_status linear_backward_weights(gpt2_cuda *m, apex_tensor *dy, apex_tensor *x, apex_tensor *dw, apex_tensor *db) {
+#if APEX_GPT2_CUDA_INTERNAL
+  if (m->acts->epilogues) {
+    const int64_t BT = (int64_t)m->B * m->T, out = apex_tensor_shape(dw)[0], in = apex_tensor_shape(dw)[1];
+    apex__cuda_epilogue e = {APEX__EPI_BGRADB, NULL, NULL, apex_tensor_data(db)};
+    apex_status st = apex__cuda_gemm_epilogue(1, 0, out, in, BT, apex_tensor_data(dy), apex_tensor_data(x), m->dtype,
+                                              apex_tensor_data(dw), m->dtype, &e);
+    if (st == APEX_OK) return st;
+    epilogues_off(m);
+  }
+#endif
+  apex_status st = apex_kernel_matmul(dy, 1, x, 0, dw, 1.0f, 0.0f, NULL, 0);
+  return st == APEX_OK ? apex_kernel_sum_rows(dy, db, 0) : st;
+}
+
+/* The MLP's hidden gradient: dfc = (dres fcproj_w) * gelu'(fch), and c_fc's bias gradient dfc_b = the column
+ * sums of dfc; one product with the DGELU_BGRAD epilogue, or the product, GELU's backward and a column sum. */
+static apex_status mlp_backward_hidden(gpt2_cuda *m, const gpt2_layer *w, const gpt2_layer *gw, gpt2_layer_acts *y) {
+  struct gpt2_acts *a = m->acts;
+#if APEX_GPT2_CUDA_INTERNAL
+  if (a->epilogues) {
+    const int64_t BT = (int64_t)m->B * m->T, C = m->cfg.n_embd;
+    apex__cuda_epilogue e = {APEX__EPI_DGELU_BGRAD, NULL, apex_tensor_data(y->fch), apex_tensor_data(gw->fc_b)};
+    apex_status st = apex__cuda_gemm_epilogue(0, 0, BT, 4 * C, C, apex_tensor_data(a->dres), apex_tensor_data(w->fcproj_w),
+                                              m->dtype, apex_tensor_data(a->dfc), m->dtype, &e);
+    if (st == APEX_OK) return st;
+    epilogues_off(m);
+  }
+#endif
+  apex_status st = apex_kernel_matmul(a->dres, 0, w->fcproj_w, 0, a->dfc, 1.0f, 0.0f, NULL, 0);
+  if (st == APEX_OK) st = apex_kernel_gelu_backward(a->dfc, y->fch, a->dfc);
+  return st == APEX_OK ? apex_kernel_sum_rows(a->dfc, gw->fc_b, 0) : st;
+}
+
+/* atty (and the statistics for the backward) from qkv: the fused kernel when it applies, else the
+ * materialised one (lse). */
+static apex_status attention_forward(gpt2_cuda *m, gpt2_layer_acts *y) {
+#if APEX_GPT2_CUDA_INTERNAL
+  if (m->acts->flash) {
+    const apex__cuda_flash g = flash_geometry(m);
+    char *q = apex_tensor_data(y->qkv);
+    const size_t off = (size_t)m->cfg.n_embd * apex_dtype_size(m->dtype);
+    return apex__cuda_flash_attention_fwd(&g, q, q + off, q + 2 * off, apex_tensor_data(y->atty), apex_tensor_data(y->stats));
+  }
+#endif
+  return apex_kernel_attention_forward(y->qkv3, m->cfg.n_head, y->atty3, y->lse);
+}
+
+/* dqkv from datty through the attention of layer y, by the path its forward took. */
+static apex_status attention_backward(gpt2_cuda *m, gpt2_layer_acts *y) {
+  struct gpt2_acts *a = m->acts;
+#if APEX_GPT2_CUDA_INTERNAL
+  if (a->flash) {
+    const apex__cuda_flash g = flash_geometry(m);
+    const char *q = apex_tensor_data(y->qkv);
+    char *dq = apex_tensor_data(a->dqkv);
+    const size_t off = (size_t)m->cfg.n_embd * apex_dtype_size(m->dtype);
+    return apex__cuda_flash_attention_bwd(&g, q, q + off, q + 2 * off, apex_tensor_data(y->atty), apex_tensor_data(a->datty),
+                                          apex_tensor_data(y->stats), dq, dq + off, dq + 2 * off);
+  }
+#endif
+  return apex_kernel_attention_backward(a->datty3, y->qkv3, y->atty3, y->lse, m->cfg.n_head, a->dqkv3);
+}
+
 apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t *targets) {
   if (!m || !tokens || !targets) return apex__fail(APEX_ERR_INVALID_ARG, "gpt2_cuda_forward: NULL argument");
   struct gpt2_acts *a = m->acts;
@@ -346,6 +580,11 @@ apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t
   memcpy(a->tokens, tokens, (size_t)BT * sizeof *tokens);
   memcpy(a->targets, targets, (size_t)BT * sizeof *targets);
   a->forward_done = 0;
+  if (a->prof) { /* the previous step's intervals read before this step's first event: the wait is in none */
+    CHECK(prof_fold(a->prof), "reading the profile");
+    a->prof->steps++;
+    prof_mark(m, NULL);
+  }
   CHECK(apex_tensor_copy(a->d_targets, a->h_targets), "uploading the targets");
   CHECK(apex_kernel_embedding_forward(p->wte, a->tokens, BT, a->enc), "token embedding");
   CHECK(apex_kernel_embedding_forward(p->wpe, a->positions, BT, a->tmp), "position embedding");
@@ -356,21 +595,27 @@ apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t
     gpt2_layer_acts *y = &a->layer[l];
     CHECK(apex_kernel_layer_norm_forward(res, w->ln1_w, w->ln1_b, LN_EPS, 0, y->ln1, y->ln1_mean, y->ln1_rstd), "h.%d ln_1", l);
     CHECK(apex_kernel_matmul(y->ln1, 0, w->qkv_w, 1, y->qkv, 1.0f, 0.0f, w->qkv_b, 0), "h.%d c_attn", l);
-    CHECK(apex_kernel_attention_forward(y->qkv3, m->cfg.n_head, y->atty3, y->lse), "h.%d attention", l);
+    CHECK(attention_forward(m, y), "h.%d attention", l);
     CHECK(apex_kernel_matmul(y->atty, 0, w->proj_w, 1, a->tmp, 1.0f, 0.0f, w->proj_b, 0), "h.%d attn c_proj", l);
     CHECK(apex_kernel_add(res, a->tmp, y->res_mid), "h.%d attention residual", l);
     CHECK(apex_kernel_layer_norm_forward(y->res_mid, w->ln2_w, w->ln2_b, LN_EPS, 0, y->ln2, y->ln2_mean, y->ln2_rstd),
           "h.%d ln_2", l);
-    CHECK(apex_kernel_matmul(y->ln2, 0, w->fc_w, 1, y->fch, 1.0f, 0.0f, w->fc_b, 0), "h.%d c_fc", l);
-    CHECK(apex_kernel_gelu_forward(y->fch, y->fch_gelu), "h.%d gelu", l);
+    CHECK(fc_forward(m, w, y), "h.%d c_fc with its GELU", l);
     CHECK(apex_kernel_matmul(y->fch_gelu, 0, w->fcproj_w, 1, a->tmp, 1.0f, 0.0f, w->fcproj_b, 0), "h.%d mlp c_proj", l);
     CHECK(apex_kernel_add(y->res_mid, a->tmp, y->res_out), "h.%d mlp residual", l);
     res = y->res_out;
   }
   CHECK(apex_kernel_layer_norm_forward(res, p->lnf_w, p->lnf_b, LN_EPS, 0, a->lnf, a->lnf_mean, a->lnf_rstd), "ln_f");
   CHECK(apex_kernel_matmul(a->lnf, 0, p->wte, 1, a->logits, 1.0f, 0.0f, NULL, 0), "lm_head");
-  CHECK(apex_kernel_cross_entropy_forward(a->logits, apex_tensor_data(a->d_targets), NO_IGNORE, 0.0f, a->losses, a->lse),
-        "cross-entropy");
+#if APEX_GPT2_CUDA_INTERNAL
+  if (a->fused_classifier)
+    CHECK(apex__cuda_classifier(apex_tensor_data(a->logits), m->dtype, apex_tensor_data(a->d_targets), BT, V, V,
+                                1.0f / (float)BT, apex_tensor_data(a->losses)),
+          "cross-entropy and its gradient (fused classifier)");
+  else
+#endif
+    CHECK(apex_kernel_cross_entropy_forward(a->logits, apex_tensor_data(a->d_targets), NO_IGNORE, 0.0f, a->losses, a->lse),
+          "cross-entropy");
   CHECK(apex_kernel_sum_all(a->losses, 1, a->loss), "mean loss");
   a->forward_done = 1;
   return APEX_OK;
@@ -398,8 +643,9 @@ apex_status gpt2_cuda_backward(gpt2_cuda *m) {
   const int64_t BT = (int64_t)m->B * m->T;
   const int L = m->cfg.n_layer;
   const int64_t *d_targets = apex_tensor_data(a->d_targets);
-  CHECK(apex_kernel_cross_entropy_backward(a->dloss, a->logits, d_targets, a->lse, NO_IGNORE, 0.0f, a->logits),
-        "cross-entropy backward"); /* in place: each element is read, then written, by one thread */
+  if (!a->fused_classifier) /* else the forward left dlogits in the logits already */
+    CHECK(apex_kernel_cross_entropy_backward(a->dloss, a->logits, d_targets, a->lse, NO_IGNORE, 0.0f, a->logits),
+          "cross-entropy backward"); /* in place: each element is read, then written, by one thread */
   CHECK(apex_kernel_matmul(a->logits, 0, p->wte, 0, a->dln, 1.0f, 0.0f, NULL, 0), "lm_head backward (input)");
   CHECK(apex_kernel_layer_norm_backward(a->dln, a->layer[L - 1].res_out, p->lnf_w, a->lnf_mean, a->lnf_rstd, 0, a->dres,
                                       g->lnf_w, g->lnf_b),
@@ -409,24 +655,18 @@ apex_status gpt2_cuda_backward(gpt2_cuda *m) {
     gpt2_layer_acts *y = &a->layer[l];
     apex_tensor *res_in = l ? a->layer[l - 1].res_out : a->enc;
     /* the MLP: dres is the gradient of res_out = res_mid + mlp(ln_2(res_mid)) */
-    CHECK(apex_kernel_matmul(a->dres, 1, y->fch_gelu, 0, gw->fcproj_w, 1.0f, 0.0f, NULL, 0), "h.%d mlp c_proj dW", l);
-    CHECK(apex_kernel_sum_rows(a->dres, gw->fcproj_b, 0), "h.%d mlp c_proj db", l);
-    CHECK(apex_kernel_matmul(a->dres, 0, w->fcproj_w, 0, a->dfc, 1.0f, 0.0f, NULL, 0), "h.%d mlp c_proj dx", l);
-    CHECK(apex_kernel_gelu_backward(a->dfc, y->fch, a->dfc), "h.%d gelu backward", l);
+    CHECK(linear_backward_weights(m, a->dres, y->fch_gelu, gw->fcproj_w, gw->fcproj_b), "h.%d mlp c_proj dW and its bias's", l);
+    CHECK(mlp_backward_hidden(m, w, gw, y), "h.%d mlp c_proj dx through GELU, and c_fc's bias gradient", l);
     CHECK(apex_kernel_matmul(a->dfc, 1, y->ln2, 0, gw->fc_w, 1.0f, 0.0f, NULL, 0), "h.%d c_fc dW", l);
-    CHECK(apex_kernel_sum_rows(a->dfc, gw->fc_b, 0), "h.%d c_fc db", l);
     CHECK(apex_kernel_matmul(a->dfc, 0, w->fc_w, 0, a->dln, 1.0f, 0.0f, NULL, 0), "h.%d c_fc dx", l);
     CHECK(apex_kernel_layer_norm_backward(a->dln, y->res_mid, w->ln2_w, y->ln2_mean, y->ln2_rstd, 0, a->dx, gw->ln2_w, gw->ln2_b),
           "h.%d ln_2 backward", l);
     CHECK(apex_kernel_add(a->dres, a->dx, a->dres), "h.%d mlp residual backward", l);
     /* the attention: dres is now the gradient of res_mid = res_in + attn(ln_1(res_in)) */
-    CHECK(apex_kernel_matmul(a->dres, 1, y->atty, 0, gw->proj_w, 1.0f, 0.0f, NULL, 0), "h.%d attn c_proj dW", l);
-    CHECK(apex_kernel_sum_rows(a->dres, gw->proj_b, 0), "h.%d attn c_proj db", l);
+    CHECK(linear_backward_weights(m, a->dres, y->atty, gw->proj_w, gw->proj_b), "h.%d attn c_proj dW and its bias's", l);
     CHECK(apex_kernel_matmul(a->dres, 0, w->proj_w, 0, a->datty, 1.0f, 0.0f, NULL, 0), "h.%d attn c_proj dx", l);
-    CHECK(apex_kernel_attention_backward(a->datty3, y->qkv3, y->atty3, y->lse, m->cfg.n_head, a->dqkv3),
-          "h.%d attention backward", l);
-    CHECK(apex_kernel_matmul(a->dqkv, 1, y->ln1, 0, gw->qkv_w, 1.0f, 0.0f, NULL, 0), "h.%d c_attn dW", l);
-    CHECK(apex_kernel_sum_rows(a->dqkv, gw->qkv_b, 0), "h.%d c_attn db", l);
+    CHECK(attention_backward(m, y), "h.%d attention backward", l);
+    CHECK(linear_backward_weights(m, a->dqkv, y->ln1, gw->qkv_w, gw->qkv_b), "h.%d c_attn dW and its bias's", l);
     CHECK(apex_kernel_matmul(a->dqkv, 0, w->qkv_w, 0, a->dln, 1.0f, 0.0f, NULL, 0), "h.%d c_attn dx", l);
     CHECK(apex_kernel_layer_norm_backward(a->dln, res_in, w->ln1_w, y->ln1_mean, y->ln1_rstd, 0, a->dx, gw->ln1_w, gw->ln1_b),
           "h.%d ln_1 backward", l);
@@ -484,5 +724,6 @@ apex_status gpt2_cuda_train_step(gpt2_cuda *m, apex_optimizer *opt, const int64_
   if (st == APEX_OK) st = gpt2_cuda_backward(m);
   /* bf16 gradients carry no loss scale (1) and cannot overflow to a skipped step for want of range. */
   if (st == APEX_OK && (st = apex_optimizer_step(opt, 1.0f, 0)) != APEX_OK) st = fail_at(st, "AdamW step");
+  if (st == APEX_OK) prof_mark(m, "AdamW step");
   return st;
 }

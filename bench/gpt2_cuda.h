@@ -92,7 +92,9 @@ double gpt2_cuda_flops_per_token(const gpt2_cuda *m);
 
 /* Forward over B * T host token ids (each in [0, V)) with B * T host targets: queues the logits and the
  * mean cross-entropy on the GPU and returns without waiting. The ids are copied: the caller's arrays may
- * change once it returns. */
+ * change once it returns. In bf16 (a CUDA build) the fused classifier writes the logits' gradient over the
+ * logits in the same pass as the loss (APEX_GPT2_CLASSIFIER=separate in the environment: the separate
+ * forward and backward kernels instead). */
 apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t *targets);
 /* The mean loss of the last forward (waits for the GPU). */
 apex_status gpt2_cuda_loss(gpt2_cuda *m, float *loss);
@@ -112,5 +114,19 @@ apex_status gpt2_cuda_zero_grad(gpt2_cuda *m);
 apex_optimizer *gpt2_cuda_optimizer_create(gpt2_cuda *m, float lr, float weight_decay);
 /* forward, backward and one optimizer step, without waiting for the GPU. */
 apex_status gpt2_cuda_train_step(gpt2_cuda *m, apex_optimizer *opt, const int64_t *tokens, const int64_t *targets);
+
+/* Which attention the model runs: "fused (flash_attention.cu)" or "materialised (attention.cu)". */
+const char *gpt2_cuda_attention_path(const gpt2_cuda *m);
+
+/* The per-call breakdown: from the next forward on, every call the model makes is timed on the GPU with
+ * events, under the name its error messages give it (a format string: "h.%d c_attn" is every layer's
+ * c_attn together), and the optimizer's step as "AdamW step" (gpt2_cuda_train_step). Each forward then
+ * first waits for the previous step's events, so profiled steps are not the ones to time the whole step
+ * with. APEX_ERR_UNSUPPORTED in a build without the CUDA backend. */
+apex_status gpt2_cuda_profile_start(gpt2_cuda *m);
+/* Up to max (name, milliseconds summed over the profiled steps) pairs in the order first met, and *steps
+ * (may be NULL) the profiled forwards; waits for the GPU and ends the profiling. Returns the pairs' count
+ * (0 when none was started). */
+int gpt2_cuda_profile_read(gpt2_cuda *m, const char **labels, double *ms, int max, int *steps);
 
 #endif

@@ -2,3 +2,7 @@
 # library) against apex's CPU autograd.
 target_sources(test_backend_ops PRIVATE ${PROJECT_SOURCE_DIR}/bench/gpt2_cuda.c)
 target_include_directories(test_backend_ops PRIVATE ${PROJECT_SOURCE_DIR}/bench)
+# bench/gpt2_cuda.c calls the fused attention by name (cuda_internal.h) in a CUDA build.
+if(APEX_CUDA)
+  target_compile_definitions(test_backend_ops PRIVATE APEX_GPT2_CUDA_INTERNAL=1)
+endif()

@@ -170,6 +170,25 @@ apex_status apex__cuda_bn_stats(const void *x, apex_dtype xt, int64_t n, int64_t
 apex_status apex__cuda_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
                             const void *b, apex_dtype in_type, float beta, void *c, apex_dtype c_type,
                             const void *bias, int gelu);
+/* cuBLASLt's training epilogues, for C = op(A) op(B) (row-major, as apex__cuda_gemm; alpha 1, beta 0):
+ *   GELU_AUX_BIAS: C = gelu_tanh(op(A) op(B) + bias), and aux [m, n] = the pre-activation, kept for the backward;
+ *   DGELU_BGRAD:   C = (op(A) op(B)) * gelu_tanh'(aux), and bgrad [n] = the column sums of that C (the bias
+ *                  gradient of the layer whose pre-activation aux is);
+ *   BGRADB:        C = op(A) op(B), and bgrad [m] with bgrad[i] = sum over k of op(A)[i, k]: for a weight
+ *                  gradient dW = dY^T X (trans_a, A = dY [k, m]), the column sums of dY, the layer's bias gradient.
+ * bias, bgrad and aux in c_type. */
+typedef enum apex__cuda_epi_kind { APEX__EPI_GELU_AUX_BIAS = 1, APEX__EPI_DGELU_BGRAD, APEX__EPI_BGRADB } apex__cuda_epi_kind;
+typedef struct apex__cuda_epilogue {
+  apex__cuda_epi_kind kind;
+  const void *bias; /* GELU_AUX_BIAS */
+  void *aux;        /* GELU_AUX_BIAS: written; DGELU_BGRAD: read */
+  void *bgrad;      /* DGELU_BGRAD, BGRADB: written */
+} apex__cuda_epilogue;
+/* APEX_ERR_UNSUPPORTED (with a message) for f32, mixed dtypes, n not a multiple of 8, or when cuBLASLt
+ * has no algorithm for the epilogue: the caller then runs the product and the separate kernels. */
+apex_status apex__cuda_gemm_epilogue(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const void *a,
+                                     const void *b, apex_dtype in_type, void *c, apex_dtype c_type,
+                                     const apex__cuda_epilogue *x);
 /* `batch` products C_i = alpha op(A_i) op(B_i) + beta C_i, matrix i of each operand at its base pointer plus
  * i * stride elements; each stored row-major with the row length ld* (>= its stored row's element count:
  * lda >= (trans_a ? m : k), ldb >= (trans_b ? k : n), ldc >= n). Same dtypes and f32 accumulation as
@@ -235,26 +254,48 @@ apex_status apex__cuda_dropout_slot_bwd(const apex_nn_dropout_bwd_args *a);
 /* bn_forward.cu: batch norm's forward, one block per channel. */
 apex_status apex__cuda_batch_norm_slot_fwd(const apex_nn_batch_norm_args *a);
 
-/* ---- flash_attention.cu: the fused causal attention kernel ---------------------------------------------- */
+/* ---- flash_attention.cu: fused causal attention, no [T, T] matrix (FlashAttention-2's scheme) --------------- */
 
-/* Geometry of the fused kernel, in the attention slot's layout (backend/args_nn.h): element (b, h, i, j)
- * of q at q + (b * t + i) * ld_q + h * d + j, likewise for every other buffer with its own ld. */
+/* The geometry of apex_nn_attention_args (backend/args_nn.h): element (b, h, i, j) of q sits at
+ * q + (b * t + i) * ld_q + h * d + j, likewise every other operand with its own ld (the packed qkv of GPT
+ * is q = qkv, k = qkv + C, v = qkv + 2C, ld = 3C). */
 typedef struct apex__cuda_flash {
   int batch, heads, t, d;
-  int64_t ld_q, ld_k, ld_v, ld_o, ld_do, ld_dq, ld_dk, ld_dv; /* row strides in elements */
+  int64_t ld_q, ld_k, ld_v, ld_o, ld_do, ld_dq, ld_dk, ld_dv; /* row strides in elements, layout as above */
   apex_dtype dtype; /* APEX_F16 or APEX_BF16: q, k, v, o, dout, dq, dk, dv all of it */
 } apex__cuda_flash;
-/* o and stats ([batch, heads, t, 2] f32: per query row m, the max of the scaled masked scores, and r =
- * 1 / sum_j exp(s_j - m)) from q, k, v. APEX_ERR_UNSUPPORTED (with a message) when the shape or dtype is
- * not covered (f32, d not 64 or 128, ...), so that the caller takes the materialised path
- * (nn_slots.c's attention slot clears that message). */
-apex_status apex__cuda_flash_attention_fwd(const apex__cuda_flash *g, const void *q, const void *k, const void *v, void *o,
-                                           float *stats);
-/* dq, dk, dv (written, not accumulated, in dtype) from the forward's q, k, v, o, stats and dout.
- * Deterministic. APEX_ERR_UNSUPPORTED as the forward's. */
+/* o and stats [batch, heads, t, 2] f32 (per query row m = the max of the scaled masked scores and
+ * r = 1 / sum_j exp(s_j - m)) from q, k, v; causal, scale 1 / sqrt(d). APEX_ERR_UNSUPPORTED (with a
+ * message) when the shape/dtype is not covered (f32, d not 64/128, a row stride not a multiple of 8
+ * elements or a base not 16-byte aligned, batch * heads above 65535), so that the caller takes the
+ * materialised path. */
+apex_status apex__cuda_flash_attention_fwd(const apex__cuda_flash *g, const void *q, const void *k, const void *v,
+                                           void *o, float *stats);
+/* dq, dk, dv (written, not accumulated, in dtype) from the forward's q, k, v, o and stats and the output
+ * gradient dout. Deterministic: no atomics, the same inputs give the same bits. Support as the forward. */
 apex_status apex__cuda_flash_attention_bwd(const apex__cuda_flash *g, const void *q, const void *k, const void *v,
                                            const void *o, const void *dout, const float *stats, void *dq, void *dk,
                                            void *dv);
+
+/* ---- classifier.cu: cross entropy and its gradient in one pass over the logits ---------------------------- */
+
+/* For each of rows rows of logits (row r at logits + r * ld, cols classes, dtype lt): loss[r] (f32) = lse -
+ * x[target[r]], and the row overwritten by its gradient dloss (softmax - onehot(target)), in lt. target
+ * (device int64 [rows]): -1 ignores the row (loss 0, gradient 0); another value outside [0, cols) gives a
+ * NaN loss. The logits are read twice and written once; deterministic. */
+apex_status apex__cuda_classifier(void *logits, apex_dtype lt, const int64_t *target, int64_t rows, int64_t cols,
+                                  int64_t ld, float dloss, float *loss);
+
+/* ---- timer.cu: a GPU stopwatch for benchmarks' breakdowns ------------------------------------------------- */
+
+typedef struct apex__cuda_timer apex__cuda_timer;
+/* n timing events. */
+apex_status apex__cuda_timer_create(int n, apex__cuda_timer **out);
+void apex__cuda_timer_destroy(apex__cuda_timer *t);
+/* Records event i on apex's stream (after everything queued so far). */
+apex_status apex__cuda_timer_mark(apex__cuda_timer *t, int i);
+/* *ms = GPU time from event i to event j; waits for event j. */
+apex_status apex__cuda_timer_elapsed(apex__cuda_timer *t, int i, int j, float *ms);
 
 /* ---- elementwise.cu: elementwise ops and deterministic sums (see apex/cuda.h) ----------------------------- */
 

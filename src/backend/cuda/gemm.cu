@@ -101,7 +101,7 @@ static int algo_slot(const gemm_key *k) {
 static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                         const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
                         apex_dtype in_type, float beta, void *c, int64_t ldc, int64_t stride_c, apex_dtype c_type,
-                        int batch, const void *bias, int gelu) {
+                        int batch, const void *bias, int gelu, const apex__cuda_epilogue *x) {
   pthread_once(&g_once, init_lt);
   if (g_init_status != CUBLAS_STATUS_SUCCESS) return lt_fail(fn, g_init_status, "handle creation");
   apex_status st = APEX_OK;
@@ -113,15 +113,32 @@ static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int
   cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasLtEpilogue_t epi = bias ? (gelu ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
                                 : (gelu ? CUBLASLT_EPILOGUE_GELU : CUBLASLT_EPILOGUE_DEFAULT);
+  const void *vec = bias; /* the epilogue's vector: the bias added, or the bias gradient written */
+  void *aux = NULL;       /* GELU's pre-activation, [m, n] row-major = cuBLASLt's column-major [n, m], ld n */
+  if (x) {
+    switch (x->kind) {
+    case APEX__EPI_GELU_AUX_BIAS: epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS, vec = x->bias, aux = x->aux; break;
+    case APEX__EPI_DGELU_BGRAD: epi = CUBLASLT_EPILOGUE_DGELU_BGRAD, vec = x->bgrad, aux = x->aux; break;
+    case APEX__EPI_BGRADB: epi = CUBLASLT_EPILOGUE_BGRADB, vec = x->bgrad; break;
+    }
+    if (!vec || (!aux && x->kind != APEX__EPI_BGRADB) || batch != 1)
+      return apex__fail(APEX_ERR_INVALID_ARG, "%s: epilogue %d without its vector or aux, or on a batched product", fn,
+                        (int)x->kind);
+  }
   cudaDataType_t it = cuda_type(in_type), ct = cuda_type(c_type);
   size_t ws = g_ws ? GEMM_WORKSPACE : 0;
   LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
   LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
   LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
   LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "epilogue");
-  if (bias) {
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "bias");
+  if (vec) {
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof vec), "bias");
     LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ct, sizeof ct), "bias type");
+  }
+  if (aux) {
+    const int64_t aux_ld = n;
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux), "aux");
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld), "aux ld");
   }
   /* cuBLASLt's A is our B: stored [k, n] row-major = [n, k] column-major (or [k, n] when transposed). */
   LT(cublasLtMatrixLayoutCreate(&la, it, trans_b ? k : n, trans_b ? n : k, ldb), "layout B");
@@ -203,7 +220,19 @@ extern "C" apex_status apex__cuda_gemm(int trans_a, int trans_b, int64_t m, int6
                                        const void *a, const void *b, apex_dtype in_type, float beta, void *c,
                                        apex_dtype c_type, const void *bias, int gelu) {
   return gemm("apex_kernel_matmul", trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, 0, b, trans_b ? k : n, 0,
-              in_type, beta, c, n, 0, c_type, 1, bias, gelu);
+              in_type, beta, c, n, 0, c_type, 1, bias, gelu, NULL);
+}
+
+extern "C" apex_status apex__cuda_gemm_epilogue(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const void *a,
+                                                const void *b, apex_dtype in_type, void *c, apex_dtype c_type,
+                                                const apex__cuda_epilogue *x) {
+  if (!x) return apex__fail(APEX_ERR_INVALID_ARG, "apex__cuda_gemm_epilogue: NULL epilogue");
+  if (in_type == APEX_F32 || c_type != in_type || n % 8 != 0)
+    return apex__fail(APEX_ERR_UNSUPPORTED, "apex__cuda_gemm_epilogue: %s inputs, %s output, n = %lld: the epilogues take "
+                      "f16/bf16 in and out and n a multiple of 8", apex_dtype_name(in_type), apex_dtype_name(c_type),
+                      (long long)n);
+  return gemm("apex__cuda_gemm_epilogue", trans_a, trans_b, m, n, k, 1.0f, a, trans_a ? m : k, 0, b, trans_b ? k : n, 0,
+              in_type, 0.0f, c, n, 0, c_type, 1, NULL, 0, x);
 }
 
 extern "C" apex_status apex__cuda_gemm_batched(const char *fn, int trans_a, int trans_b, int64_t m, int64_t n,
@@ -213,5 +242,5 @@ extern "C" apex_status apex__cuda_gemm_batched(const char *fn, int trans_a, int 
                                                int batch) {
   if (batch < 1 || m < 1 || n < 1) return APEX_OK; /* an empty result: nothing to compute */
   return gemm(fn, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, in_type, beta, c, ldc, stride_c,
-              c_type, batch, NULL, 0);
+              c_type, batch, NULL, 0, NULL);
 }
