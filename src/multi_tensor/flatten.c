@@ -15,6 +15,9 @@ apex_status apex_tensor_flatten(apex_tensor *const *tensors, int n, apex_tensor 
   for (int i = 0; i < n; i++) {
     const apex_tensor *t = tensors[i];
     if (!t) return apex__fail(APEX_ERR_INVALID_ARG, "apex_tensor_flatten: tensor %d is NULL", i);
+    if (t->device != tensors[0]->device)
+      return apex__fail(APEX_ERR_DEVICE, "apex_tensor_flatten: tensor %d is on device %s but tensor 0 is on device %s; flatten each device's "
+                        "tensors separately", i, t->storage->mem->name, tensors[0]->storage->mem->name);
     if (t->dtype != tensors[0]->dtype)
       return apex__fail(APEX_ERR_DTYPE, "apex_tensor_flatten: tensor %d is %s but tensor 0 is %s; flatten each dtype separately", i,
                         apex_dtype_name(t->dtype), apex_dtype_name(tensors[0]->dtype));
@@ -25,12 +28,30 @@ apex_status apex_tensor_flatten(apex_tensor *const *tensors, int n, apex_tensor 
     total += t->numel;
   }
   int64_t shape = (int64_t)total;
-  apex_tensor *f = apex_tensor_create(tensors[0]->dtype, 1, &shape);
-  if (!f) return APEX_ERR_OUT_OF_MEMORY;
+  /* the flat buffer lives where the tensors do, filled by that device's own copies (a GPU's data is
+   * not the host's to memcpy); every copy is made before any tensor is re-pointed, so a failed one
+   * leaves them all as they were */
+  const apex_memory *mem = tensors[0]->storage->mem;
+  apex_tensor *f = apex__tensor_create_with(mem, tensors[0]->dtype, 1, &shape, "apex_tensor_flatten");
+  if (!f) return apex_last_status();
   size_t esz = apex_dtype_size(f->dtype), at = 0;
   for (int i = 0; i < n; i++) {
     apex_tensor *t = tensors[i];
-    memcpy((char *)apex_tensor_data(f) + at * esz, apex_tensor_data(t), t->numel * esz);
+    char *dst = (char *)apex_tensor_data(f) + at * esz;
+    if (t->device == APEX_DEVICE_CPU) {
+      memcpy(dst, apex_tensor_data(t), t->numel * esz);
+    } else {
+      apex_status st = t->numel ? mem->copy(dst, apex_tensor_data(t), t->numel * esz, APEX_COPY_D2D, 0) : APEX_OK;
+      if (st != APEX_OK) {
+        apex_tensor_destroy(f);
+        return st;
+      }
+    }
+    at += t->numel;
+  }
+  at = 0;
+  for (int i = 0; i < n; i++) {
+    apex_tensor *t = tensors[i];
     apex__storage_release(t->storage);
     apex__storage_retain(f->storage);
     t->storage = f->storage;
