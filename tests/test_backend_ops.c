@@ -24,7 +24,6 @@
  * each, run on every backend present whose device is not the CPU: each asserts its own bounds against
  * the CPU and prints a row when it passed (a failure is cmocka's, naming the check); with no such
  * backend each is skipped with the reason. */
-#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
