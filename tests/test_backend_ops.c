@@ -24,7 +24,6 @@
  * each, run on every backend present whose device is not the CPU: each asserts its own bounds against
  * the CPU and prints a row when it passed (a failure is cmocka's, naming the check); with no such
  * backend each is skipped with the reason. */
-#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -248,6 +247,10 @@ static apex_tensor *op_input(const gc_case *c, int ci, int k, apex_dtype dt) {
   return t;
 }
 
+/* nn_cases.h's given batch-norm statistics (host tensors) copied to the GPU, for its graphs: a graph
+ * takes tensors on its own device only (made in group_setup when the cuda backend is present). */
+static apex_tensor *bn_mean_gpu, *bn_var_gpu;
+
 /* Runs case c forward and backward on dev; records the output and the input gradients. On failure
  * returns the status (the message is apex_last_error). *op gets the op of the result. */
 static apex_status run_op(const gc_case *c, int ci, apex_dtype dt, apex_device dev, apex_cpu_isa isa, result *r, apex_op *op,
@@ -273,7 +276,10 @@ static apex_status run_op(const gc_case *c, int ci, apex_dtype dt, apex_device d
     else st = apex_last_status();
     goto out;
   }
+  apex_tensor *host_mean = bn_mean, *host_var = bn_var;
+  if (dev != APEX_DEVICE_CPU) bn_mean = bn_mean_gpu, bn_var = bn_var_gpu;
   apex_var *y = c->fn(g, in);
+  bn_mean = host_mean, bn_var = host_var;
   if (!y) {
     st = apex_last_status();
     apex_graph_destroy(g);
@@ -282,9 +288,12 @@ static apex_status run_op(const gc_case *c, int ci, apex_dtype dt, apex_device d
   *op = apex_var_op(y);
   capture(r, "out", apex_var_value(y));
   size_t ny = apex_tensor_numel(apex_var_value(y));
-  R = apex_tensor_create(APEX_F32, 1, (int64_t[]){(int64_t)ny});
-  for (size_t i = 0; i < ny; i++) apex_tensor_set(R, i, (float)sin(0.7 * (double)i + 0.3));
-  if ((st = apex_backward(y, &(apex_backward_options){.grad_output = R})) == APEX_OK)
+  apex_tensor *Rh = apex_tensor_create(APEX_F32, 1, (int64_t[]){(int64_t)ny});
+  for (size_t i = 0; i < ny; i++) apex_tensor_set(Rh, i, (float)sin(0.7 * (double)i + 0.3));
+  R = on_device(Rh, dev); /* the output gradient lives where the graph does */
+  apex_tensor_destroy(Rh);
+  if (!R) st = apex_last_status();
+  else if ((st = apex_backward(y, &(apex_backward_options){.grad_output = R})) == APEX_OK)
     for (int k = 0; k < c->n_in; k++) {
       if (c->nograd >> k & 1) continue;
       char what[24];
@@ -1180,12 +1189,20 @@ static int group_setup(void **state) {
   sbn_pg = apex_pg_create_local();
   if (!sbn_pg) return -1;
   setup_backends();
+  for (int i = 0; i < n_backends; i++)
+    if (backends[i].device == APEX_DEVICE_CUDA && backends[i].present) {
+      bn_mean_gpu = on_device(bn_mean, APEX_DEVICE_CUDA);
+      bn_var_gpu = on_device(bn_var, APEX_DEVICE_CUDA);
+      if (!bn_mean_gpu || !bn_var_gpu) return -1;
+    }
   return 0;
 }
 
 static int group_teardown(void **state) {
   (void)state;
   cases_teardown();
+  apex_tensor_destroy(bn_mean_gpu);
+  apex_tensor_destroy(bn_var_gpu);
   apex_pg_destroy(sbn_pg);
   return 0;
 }

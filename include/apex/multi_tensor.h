@@ -60,8 +60,9 @@ APEX_API apex_status apex_mt_unscale_l2norm(size_t chunk_size, int *overflow, ap
 /* Copies n tensors of one dtype into one new contiguous 1-d tensor (*flat) in order, and makes each
  * original a view into it: afterwards writing through tensors[i] writes flat, and the tensors'
  * old buffers are released. All must have the same dtype (else APEX_ERR_DTYPE, naming the first
- * that differs). Tensors wrapping caller memory are refused (apex cannot re-point the caller's
- * pointer). On error nothing is changed. */
+ * that differs) and live on one device, where *flat is made (else APEX_ERR_DEVICE). Tensors
+ * wrapping caller memory are refused (apex cannot re-point the caller's pointer). On error nothing
+ * is changed. */
 APEX_API apex_status apex_tensor_flatten(apex_tensor *const *tensors, int n, apex_tensor **flat);
 
 /* New tensors out[0..n) viewing consecutive segments of flat shaped like like[0..n) (the inverse

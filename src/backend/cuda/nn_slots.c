@@ -20,10 +20,6 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/internal.h"
 
-static apex_status unsupported(const char *slot, const char *what) {
-  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: %s on the cuda backend; run this op on the CPU", slot, what);
-}
-
 /* n f32 of device scratch, or NULL after a message (*st set). */
 static float *scratch(size_t n, apex_status *st) {
   void *p = NULL;

@@ -3,7 +3,8 @@
  * with theirs.
  *
  * A reduction gives each line one block of 256 threads that sums in double (as the CPU does) in a fixed
- * tree, so every run gives the same bits; the CPU sums left to right, so the two agree to the rounding
+ * tree (a single line over a whole tensor: a grid sized by its length, the blocks' partials added in
+ * index order), so every run gives the same bits; the CPU sums left to right, so the two agree to the rounding
  * of the f32 result, not bitwise. Layout ops move elements as they are (permute) or convert them as
  * apex_convert does (concat), and their backwards add each gradient element once, in no race (a
  * permutation and a concatenation map every output to one input), so those are the CPU's bits. */
@@ -29,14 +30,54 @@ __global__ void reduce_kernel(int sq, int64_t D, int64_t inner, double scale, co
   if (threadIdx.x == 0) res[l] = sq ? (float)sqrt(s) : (float)(s * scale);
 }
 
+/* A single line over a whole tensor: blocks of a grid set by its length alone sum grid-stride shares
+ * into partial[block], and one thread adds those in index order and finishes the value. */
+#define RED_ALL_MAX_BLOCKS 1024
+
+__global__ void reduce_all_kernel(int sq, int64_t n, const void *x, apex_dtype xt, double *partial) {
+  __shared__ double red[8];
+  double s = 0;
+  int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    double v = apex_ld(x, xt, i);
+    s += sq ? v * v : v;
+  }
+  s = block_total256(s, red);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void reduce_all_finish(int sq, const double *partial, int blocks, double scale, float *res) {
+  double s = 0;
+  for (int b = 0; b < blocks; b++) s += partial[b];
+  *res = sq ? (float)sqrt(s) : (float)(s * scale);
+}
+
+static apex_status reduce_all(int sq, int64_t n, double scale, const void *x, apex_dtype xt, float *res) {
+  int64_t want = (n + 256 * 8 - 1) / (256 * 8);
+  int blocks = (int)(want < 1 ? 1 : want > RED_ALL_MAX_BLOCKS ? RED_ALL_MAX_BLOCKS : want);
+  double *partial = NULL;
+  apex_status st = apex__cuda_alloc((size_t)blocks * sizeof(double), 0, (void **)&partial);
+  if (st != APEX_OK) return st;
+  reduce_all_kernel<<<blocks, 256, 0, nn_stream()>>>(sq, n, x, xt, partial);
+  reduce_all_finish<<<1, 1, 0, nn_stream()>>>(sq, partial, blocks, scale, res);
+  st = apex__cuda_check_launch("nn_reduce");
+  apex__cuda_free(partial); /* the caching allocator reuses it only for work queued after these kernels */
+  return st;
+}
+
 extern "C" apex_status apex__cuda_slot_nn_reduce(const apex_nn_reduce_args *a) {
   size_t nl = a->outer * a->inner;
   int sq = a->kind == APEX_NN_REDUCE_NORM;
   float *res = sq ? a->norms : a->out;
   if (!nl) return APEX_OK;
   if (nl > (size_t)INT32_MAX) return apex__fail(APEX_ERR_UNSUPPORTED, "nn_reduce: %zu lines on the cuda backend (at most %d)", nl, INT32_MAX);
-  reduce_kernel<<<(unsigned)nl, 256, 0, nn_stream()>>>(sq, (int64_t)a->dim, (int64_t)a->inner, a->scale, a->x.data, a->x.dtype, res);
-  apex_status st = apex__cuda_check_launch("nn_reduce");
+  apex_status st;
+  if (nl == 1) {
+    st = reduce_all(sq, (int64_t)a->dim, a->scale, a->x.data, a->x.dtype, res);
+  } else {
+    reduce_kernel<<<(unsigned)nl, 256, 0, nn_stream()>>>(sq, (int64_t)a->dim, (int64_t)a->inner, a->scale, a->x.data, a->x.dtype, res);
+    st = apex__cuda_check_launch("nn_reduce");
+  }
   if (st == APEX_OK && sq && a->out != res) st = apex__cuda_memcpy(a->out, res, nl * sizeof(float), APEX__D2D, 0);
   return st;
 }
