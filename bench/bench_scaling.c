@@ -191,12 +191,13 @@ static void report_tiles(bench_train *r, const char *level) {
     int ti, tj;
     apex__gemm_grid(products[i].m, products[i].n, products[i].k, products[i].half, &ti, &tj);
     double per = (double)(ti * tj) / 16.0;
-    if (per < min_per) min_per = per;
+    /* a product under gemm.c's TILE_MIN_WORK (4e6 multiply-adds, microseconds) is one call by design */
+    if (per < min_per && (double)products[i].m * products[i].n * products[i].k >= 4e6) min_per = per;
     if (len < (int)sizeof buf - 64)
       len += snprintf(buf + len, sizeof buf - (size_t)len, " %dx%dx%d%s=%dx%d", products[i].m, products[i].n, products[i].k,
                       products[i].half ? "h" : "", ti, tj);
   }
-  printf("scaling_tiles %s %s min_tiles_per_thread_16=%.3f products(m x n x k[h: half]=tiles down x across):%s\n",
+  printf("scaling_tiles %s %s min_tiles_per_thread_16=%.3f (products of 4e6 multiply-adds or more) products(m x n x k[h: half]=tiles down x across):%s\n",
          bench_model_name(r->model), level, n_products ? min_per : 0.0, buf);
   if (r->model == BENCH_GPT_C256 || r->model == BENCH_GPT_C768)
     printf("scaling_tiles %s %s attention: %d heads (batch x heads) a pass, head 0 alone then the rest on threads\n",
@@ -258,6 +259,27 @@ static void cpu_name(char *out, size_t size) {
   fclose(f);
 }
 
+/* The physical cores among the CPUs of set: CPUs whose topology names the same first sibling share a
+ * core (SMT). 0 when /sys does not say. With two threads a core, threads past the physical count share
+ * a core's vector and matrix units, and a benchmark's curve flattens there for that reason alone. */
+static int physical_cores(const cpu_set_t *set) {
+  static unsigned char seen[CPU_SETSIZE];
+  int n = 0;
+  memset(seen, 0, sizeof seen);
+  for (int c = 0; c < CPU_SETSIZE; c++) {
+    if (!CPU_ISSET(c, set)) continue;
+    char path[128];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", c);
+    FILE *f = fopen(path, "r");
+    int first = -1;
+    if (!f) return 0;
+    if (fscanf(f, "%d", &first) != 1 || first < 0 || first >= CPU_SETSIZE) first = c;
+    fclose(f);
+    if (!seen[first]) seen[first] = 1, n++;
+  }
+  return n;
+}
+
 int main(int argc, char **argv) {
   const char *models = NULL;
   int max_threads = 0, use_peer = 1, named = 0, others = 0;
@@ -290,7 +312,8 @@ int main(int argc, char **argv) {
   apex_set_threads_follow_load(0);
   char cpu[256];
   cpu_name(cpu, sizeof cpu);
-  printf("scaling cpu: %s, %d cores in this process's affinity mask, isa %s\n", cpu, cores, apex_cpu_isa_name(apex_cpu_max_isa()));
+  printf("scaling cpu: %s, %d CPUs in this process's affinity mask on %d physical cores, isa %s\n", cpu, cores, physical_cores(&set),
+         apex_cpu_isa_name(apex_cpu_max_isa()));
   int have_peer = use_peer && peer_start(max_threads);
   if (!have_peer) printf("bench scaling peer skipped: %s\n", use_peer ? "no PyPI torch (run bench/setup_peers.sh)" : "--no-peer");
   fflush(stdout);

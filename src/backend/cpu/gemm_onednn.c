@@ -125,9 +125,12 @@ typedef struct prim_entry {
   size_t scratch;        /* bytes of user scratchpad it needs */
 } prim_entry;
 
-/* Enough for every shape of the models many times over; past it primitives are made per call. */
+/* Enough for every shape of the models many times over; past it primitives are made per call.
+ * Read-mostly: an entry is written once, before cache_n is raised past it (release), so a lookup
+ * reads cache_n (acquire) and scans without a lock; only a miss takes cache_lock, to create. Attention
+ * runs a product per head on every thread, and a lock on each lookup serialised them. */
 enum { CACHE_MAX = 1024 };
-static prim_entry *cache;
+static prim_entry cache[CACHE_MAX];
 static int cache_n;
 
 static int key_eq(const prim_key *x, const prim_key *y) {
@@ -185,21 +188,28 @@ static void create(prim_entry *e) {
 
 /* key's entry from the cache, made on first use. *owned is set when the cache is full and the caller
  * must destroy the primitive after the product. */
+static int find(const prim_key *key, int from, int to) {
+  for (int i = from; i < to; i++)
+    if (key_eq(&cache[i].key, key)) return i;
+  return -1;
+}
+
 static prim_entry get(const prim_key *key, int *owned) {
   prim_entry e = {*key, NULL, 0};
   *owned = 0;
+  int n = __atomic_load_n(&cache_n, __ATOMIC_ACQUIRE), i = find(key, 0, n);
+  if (i >= 0) return cache[i];
   pthread_mutex_lock(&cache_lock);
-  for (int i = 0; i < cache_n; i++)
-    if (key_eq(&cache[i].key, key)) {
-      e = cache[i];
-      pthread_mutex_unlock(&cache_lock);
-      return e;
-    }
+  int now = __atomic_load_n(&cache_n, __ATOMIC_RELAXED); /* another thread may have made it meanwhile */
+  if ((i = find(key, n, now)) >= 0) {
+    pthread_mutex_unlock(&cache_lock);
+    return cache[i];
+  }
   create(&e);
-  if (!cache) cache = malloc(CACHE_MAX * sizeof *cache);
-  if (cache && cache_n < CACHE_MAX)
-    cache[cache_n++] = e;
-  else
+  if (now < CACHE_MAX) {
+    cache[now] = e;
+    __atomic_store_n(&cache_n, now + 1, __ATOMIC_RELEASE);
+  } else
     *owned = e.prim != NULL;
   pthread_mutex_unlock(&cache_lock);
   return e;
