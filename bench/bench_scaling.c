@@ -31,7 +31,9 @@
  *
  * Options: --seconds-per-point S (default 0.25: each figure is the best step of at least S seconds,
  * at least one step; a gpt_c768 step at one thread takes seconds, so its points take one step),
- * --max-threads N, --models a,b (names), --no-peer. The PyTorch peer is bench/peer_nn.py --serve, one
+ * --max-threads N, --models a,b (names), --no-peer, --half-min-tiles N (half products on oneDNN cut
+ * into at least N row tiles, not 2: apex__onednn_set_half_min_tiles, to measure that grid on a
+ * many-core bf16 CPU). The PyTorch peer is bench/peer_nn.py --serve, one
  * process for the whole run (bench_util.h says which Python: bench/run's); without it the apex lines
  * print with ratio=0 peer=missing. Thread counts are exact: following the load is off. */
 #define _GNU_SOURCE
@@ -48,6 +50,7 @@
 #include "apex/apex.h"
 #include "apex/threads.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemm_onednn.h"
 #include "bench_models.h"
 #include "bench_util.h"
 
@@ -282,7 +285,7 @@ static int physical_cores(const cpu_set_t *set) {
 
 int main(int argc, char **argv) {
   const char *models = NULL;
-  int max_threads = 0, use_peer = 1, named = 0, others = 0;
+  int max_threads = 0, use_peer = 1, named = 0, others = 0, half_min_tiles = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--seconds-per-point") && i + 1 < argc)
       seconds_per_point = atof(argv[++i]);
@@ -290,6 +293,8 @@ int main(int argc, char **argv) {
       max_threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--models") && i + 1 < argc)
       models = argv[++i];
+    else if (!strcmp(argv[i], "--half-min-tiles") && i + 1 < argc)
+      half_min_tiles = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--no-peer"))
       use_peer = 0;
     else if (strstr("scaling_", argv[i]) || !strncmp(argv[i], "scaling", 7))
@@ -300,6 +305,10 @@ int main(int argc, char **argv) {
   /* bench/run passes its NAME filters to every program: run when none is given or one names this one */
   if (others && !named) return 0;
   resolve_real_parallel();
+  if (half_min_tiles > 0) {
+    apex__onednn_set_half_min_tiles(half_min_tiles);
+    printf("scaling half products (oneDNN) in at least %d row tiles (--half-min-tiles; the default is 2)\n", half_min_tiles);
+  }
   cpu_set_t set;
   int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
   if (max_threads <= 0 || max_threads > cores) max_threads = cores;

@@ -58,14 +58,24 @@ unsigned long apex__onednn_products(void) { return __atomic_load_n(&products, __
  * in 4 tiles of 32 against 2 of 64 (bench_amp amp_mlp, 2 threads, four interleaved rounds, idle):
  * O2-bf16 44.6-45.0K against 49.2-49.8K samples/s. */
 enum { WIDE_MAX = 4096, WIDE_MIN_TILES = 2, WIDE_MIN_ROWS = 32 };
+/* bench_scaling's measure of the cost of more row tiles on many cores (apex__onednn_set_half_min_tiles):
+ * a GPT's 1024-row products have 4 tiles of 256 rows, a bound of 4 busy threads. */
+static int wide_min_tiles = WIDE_MIN_TILES;
+
+int apex__onednn_set_half_min_tiles(int n) {
+  int old = wide_min_tiles;
+  wide_min_tiles = n < 1 ? WIDE_MIN_TILES : n;
+  return old;
+}
 
 void apex__onednn_half_grid(int m, int n, int *tm, int *tn) {
   if (*tm > m) *tm = m;
   if (*tn > n) *tn = n;
-  if (*tn < n && n <= WIDE_MAX) {
-    *tn = n;
-    while ((m + *tm - 1) / *tm < WIDE_MIN_TILES && *tm >= 2 * WIDE_MIN_ROWS) *tm = (*tm + 1) / 2;
-  }
+  int widen = *tn < n && n <= WIDE_MAX;
+  if (widen) *tn = n;
+  /* by default only widened tiles are re-cut; a count set for measuring applies to every one-column grid */
+  if (widen || (wide_min_tiles != WIDE_MIN_TILES && *tn == n))
+    while ((m + *tm - 1) / *tm < wide_min_tiles && *tm >= 2 * WIDE_MIN_ROWS) *tm = (*tm + 1) / 2;
 }
 
 #if APEX_HAVE_DNNL
