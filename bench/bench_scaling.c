@@ -33,7 +33,8 @@
  * at least one step; a gpt_c768 step at one thread takes seconds, so its points take one step),
  * --max-threads N, --models a,b (names), --no-peer, --half-min-tiles N (half products on oneDNN cut
  * into at least N row tiles, not 2: apex__onednn_set_half_min_tiles, to measure that grid on a
- * many-core bf16 CPU). The PyTorch peer is bench/peer_nn.py --serve, one
+ * many-core bf16 CPU), --f32-few-tiles (f32 products in the grid they had before the split for many
+ * threads: apex__gemm_set_many_tiles(0), to compare the two in one script). The PyTorch peer is bench/peer_nn.py --serve, one
  * process for the whole run (bench_util.h says which Python: bench/run's); without it the apex lines
  * print with ratio=0 peer=missing. Thread counts are exact: following the load is off. */
 #define _GNU_SOURCE
@@ -285,7 +286,7 @@ static int physical_cores(const cpu_set_t *set) {
 
 int main(int argc, char **argv) {
   const char *models = NULL;
-  int max_threads = 0, use_peer = 1, named = 0, others = 0, half_min_tiles = 0;
+  int max_threads = 0, use_peer = 1, named = 0, others = 0, half_min_tiles = 0, few = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--seconds-per-point") && i + 1 < argc)
       seconds_per_point = atof(argv[++i]);
@@ -295,6 +296,8 @@ int main(int argc, char **argv) {
       models = argv[++i];
     else if (!strcmp(argv[i], "--half-min-tiles") && i + 1 < argc)
       half_min_tiles = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--f32-few-tiles"))
+      apex__gemm_set_many_tiles(0), few = 1;
     else if (!strcmp(argv[i], "--no-peer"))
       use_peer = 0;
     else if (strstr("scaling_", argv[i]) || !strncmp(argv[i], "scaling", 7))
@@ -305,6 +308,7 @@ int main(int argc, char **argv) {
   /* bench/run passes its NAME filters to every program: run when none is given or one names this one */
   if (others && !named) return 0;
   resolve_real_parallel();
+  if (few) printf("scaling f32 products in the grid of few tiles (--f32-few-tiles: apex__gemm_set_many_tiles(0))\n");
   if (half_min_tiles > 0) {
     apex__onednn_set_half_min_tiles(half_min_tiles);
     printf("scaling half products (oneDNN) in at least %d row tiles (--half-min-tiles; the default is 2)\n", half_min_tiles);

@@ -47,7 +47,13 @@ enum { TILE_MAX = 256, TILE_MIN = 16, FEW_TILES = 4, SPLIT_MIN = 32, MANY_TILES 
 /* The split towards MANY_TILES stops where a halved tile would do fewer multiply-adds than this. */
 #define TILE_MIN_MACS ((double)(1 << 20))
 
-static int whole_widening;
+static int whole_widening, many_tiles = 1;
+
+int apex__gemm_set_many_tiles(int on) {
+  int old = many_tiles;
+  many_tiles = on != 0;
+  return old;
+}
 
 int apex__gemm_set_whole_widening(int on) {
   int old = whole_widening;
@@ -133,7 +139,7 @@ static grid plan(int m, int n, int k, int many) {
    * [128, 784] x [784, 1024]: 1.10x and 1.13x), so the split stops at 128 lines and short products
    * keep fewer tiles than MANY_TILES. Half products on oneDNN take only the first split
    * (gemm_onednn.c widens their tiles and counts their rows itself). */
-  if (many) split(&gr, m, n, k, MANY_TILES, MANY_SPLIT_MIN, TILE_MIN_MACS);
+  if (many && many_tiles) split(&gr, m, n, k, MANY_TILES, MANY_SPLIT_MIN, TILE_MIN_MACS);
   gr.ti = (m + gr.tm - 1) / gr.tm;
   gr.tj = (n + gr.tn - 1) / gr.tn;
   return gr;
