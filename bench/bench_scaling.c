@@ -308,6 +308,7 @@ int main(int argc, char **argv) {
   /* bench/run passes its NAME filters to every program: run when none is given or one names this one */
   if (others && !named) return 0;
   resolve_real_parallel();
+  signal(SIGPIPE, SIG_IGN); /* a peer that died answers nothing (its lines say missing), never kills the run */
   if (few) printf("scaling f32 products in the grid of few tiles (--f32-few-tiles: apex__gemm_set_many_tiles(0))\n");
   if (half_min_tiles > 0) {
     apex__onednn_set_half_min_tiles(half_min_tiles);
