@@ -31,7 +31,10 @@
  *
  * Options: --seconds-per-point S (default 0.25: each figure is the best step of at least S seconds,
  * at least one step; a gpt_c768 step at one thread takes seconds, so its points take one step),
- * --max-threads N, --models a,b (names), --no-peer. The PyTorch peer is bench/peer_nn.py --serve, one
+ * --max-threads N, --models a,b (names), --no-peer, --half-min-tiles N (half products on oneDNN cut
+ * into at least N row tiles, not 2: apex__onednn_set_half_min_tiles, to measure that grid on a
+ * many-core bf16 CPU), --f32-few-tiles (f32 products in the grid they had before the split for many
+ * threads: apex__gemm_set_many_tiles(0), to compare the two in one script). The PyTorch peer is bench/peer_nn.py --serve, one
  * process for the whole run (bench_util.h says which Python: bench/run's); without it the apex lines
  * print with ratio=0 peer=missing. Thread counts are exact: following the load is off. */
 #define _GNU_SOURCE
@@ -48,6 +51,7 @@
 #include "apex/apex.h"
 #include "apex/threads.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemm_onednn.h"
 #include "bench_models.h"
 #include "bench_util.h"
 
@@ -191,12 +195,13 @@ static void report_tiles(bench_train *r, const char *level) {
     int ti, tj;
     apex__gemm_grid(products[i].m, products[i].n, products[i].k, products[i].half, &ti, &tj);
     double per = (double)(ti * tj) / 16.0;
-    if (per < min_per) min_per = per;
+    /* a product under gemm.c's TILE_MIN_WORK (4e6 multiply-adds, microseconds) is one call by design */
+    if (per < min_per && (double)products[i].m * products[i].n * products[i].k >= 4e6) min_per = per;
     if (len < (int)sizeof buf - 64)
       len += snprintf(buf + len, sizeof buf - (size_t)len, " %dx%dx%d%s=%dx%d", products[i].m, products[i].n, products[i].k,
                       products[i].half ? "h" : "", ti, tj);
   }
-  printf("scaling_tiles %s %s min_tiles_per_thread_16=%.3f products(m x n x k[h: half]=tiles down x across):%s\n",
+  printf("scaling_tiles %s %s min_tiles_per_thread_16=%.3f (products of 4e6 multiply-adds or more) products(m x n x k[h: half]=tiles down x across):%s\n",
          bench_model_name(r->model), level, n_products ? min_per : 0.0, buf);
   if (r->model == BENCH_GPT_C256 || r->model == BENCH_GPT_C768)
     printf("scaling_tiles %s %s attention: %d heads (batch x heads) a pass, head 0 alone then the rest on threads\n",
@@ -258,9 +263,30 @@ static void cpu_name(char *out, size_t size) {
   fclose(f);
 }
 
+/* The physical cores among the CPUs of set: CPUs whose topology names the same first sibling share a
+ * core (SMT). 0 when /sys does not say. With two threads a core, threads past the physical count share
+ * a core's vector and matrix units, and a benchmark's curve flattens there for that reason alone. */
+static int physical_cores(const cpu_set_t *set) {
+  static unsigned char seen[CPU_SETSIZE];
+  int n = 0;
+  memset(seen, 0, sizeof seen);
+  for (int c = 0; c < CPU_SETSIZE; c++) {
+    if (!CPU_ISSET(c, set)) continue;
+    char path[128];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", c);
+    FILE *f = fopen(path, "r");
+    int first = -1;
+    if (!f) return 0;
+    if (fscanf(f, "%d", &first) != 1 || first < 0 || first >= CPU_SETSIZE) first = c;
+    fclose(f);
+    if (!seen[first]) seen[first] = 1, n++;
+  }
+  return n;
+}
+
 int main(int argc, char **argv) {
   const char *models = NULL;
-  int max_threads = 0, use_peer = 1, named = 0, others = 0;
+  int max_threads = 0, use_peer = 1, named = 0, others = 0, half_min_tiles = 0, few = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--seconds-per-point") && i + 1 < argc)
       seconds_per_point = atof(argv[++i]);
@@ -268,6 +294,10 @@ int main(int argc, char **argv) {
       max_threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--models") && i + 1 < argc)
       models = argv[++i];
+    else if (!strcmp(argv[i], "--half-min-tiles") && i + 1 < argc)
+      half_min_tiles = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--f32-few-tiles"))
+      apex__gemm_set_many_tiles(0), few = 1;
     else if (!strcmp(argv[i], "--no-peer"))
       use_peer = 0;
     else if (strstr("scaling_", argv[i]) || !strncmp(argv[i], "scaling", 7))
@@ -278,6 +308,12 @@ int main(int argc, char **argv) {
   /* bench/run passes its NAME filters to every program: run when none is given or one names this one */
   if (others && !named) return 0;
   resolve_real_parallel();
+  signal(SIGPIPE, SIG_IGN); /* a peer that died answers nothing (its lines say missing), never kills the run */
+  if (few) printf("scaling f32 products in the grid of few tiles (--f32-few-tiles: apex__gemm_set_many_tiles(0))\n");
+  if (half_min_tiles > 0) {
+    apex__onednn_set_half_min_tiles(half_min_tiles);
+    printf("scaling half products (oneDNN) in at least %d row tiles (--half-min-tiles; the default is 2)\n", half_min_tiles);
+  }
   cpu_set_t set;
   int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
   if (max_threads <= 0 || max_threads > cores) max_threads = cores;
@@ -290,7 +326,8 @@ int main(int argc, char **argv) {
   apex_set_threads_follow_load(0);
   char cpu[256];
   cpu_name(cpu, sizeof cpu);
-  printf("scaling cpu: %s, %d cores in this process's affinity mask, isa %s\n", cpu, cores, apex_cpu_isa_name(apex_cpu_max_isa()));
+  printf("scaling cpu: %s, %d CPUs in this process's affinity mask on %d physical cores, isa %s\n", cpu, cores, physical_cores(&set),
+         apex_cpu_isa_name(apex_cpu_max_isa()));
   int have_peer = use_peer && peer_start(max_threads);
   if (!have_peer) printf("bench scaling peer skipped: %s\n", use_peer ? "no PyPI torch (run bench/setup_peers.sh)" : "--no-peer");
   fflush(stdout);

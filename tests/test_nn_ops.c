@@ -388,16 +388,18 @@ static void free_run(gemm_run *r) {
   for (int k = 0; k < 4; k++) apex_tensor_destroy(r->grads[k]);
 }
 
-/* Per-tile widening gives the bits of whole-tensor widening, and 2 threads the bits of 1, in every
- * dtype mix (f32 alone included: its split once depended on the thread count); shapes with ragged
- * tile edges ([300, 130] x [270, 130]^T, tiles of 256), one with K = 1500 (tiles of 256, batched) and one
- * that stays a single call. The K = 1500 one's pool is smaller per tile than whole. */
+/* Per-tile widening gives the bits of whole-tensor widening, and 2 and 3 threads the bits of 1, in
+ * every dtype mix (f32 alone included: its split once depended on the thread count); shapes with
+ * ragged tile edges ([300, 130] x [270, 130]^T, tiles of 256), one with K = 1500 (tiles of 256,
+ * batched), one split for many threads ([128, 300] x [1024, 300]^T: 8 tiles of 128 x 128, its
+ * backward's [1024, 300] weight gradient 16) and one that stays a single call. The K = 1500 one's
+ * pool is smaller per tile than whole. */
 static void test_gemm_tiles_bitwise(void **state) {
   (void)state;
   int saved = apex_get_num_threads();
   struct {
     int m, k, n, batched;
-  } shapes[] = {{300, 130, 270, 0}, {390, 1500, 100, 1}, {30, 20, 10, 0}};
+  } shapes[] = {{300, 130, 270, 0}, {390, 1500, 100, 1}, {30, 20, 10, 0}, {128, 300, 1024, 0}};
   struct {
     apex_dtype x, w;
   } mixes[] = {{APEX_F16, APEX_F16}, {APEX_BF16, APEX_BF16}, {APEX_F16, APEX_F32}, {APEX_F32, APEX_BF16}, {APEX_F32, APEX_F32}};
@@ -408,7 +410,7 @@ static void test_gemm_tiles_bitwise(void **state) {
                          tu_random_leaf(mixes[mx].w, 1, (int64_t[]){n}, 3, 1),
                          shapes[s].batched ? tu_random_leaf(mixes[mx].x, 3, (int64_t[]){3, n, 20}, 4, 1) : tu_random_leaf(mixes[mx].x, 2, (int64_t[]){n, 20}, 4, 1)};
       gemm_run whole = run_gemm(in, shapes[s].batched, 1, 1);
-      for (int t = 1; t <= 2; t++) {
+      for (int t = 1; t <= 3; t++) {
         gemm_run tiled = run_gemm(in, shapes[s].batched, 0, t);
         char what[96];
         snprintf(what, sizeof what, "shape %zu mix %zu, %d thread(s), per tile vs whole", s, mx, t);

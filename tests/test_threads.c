@@ -7,6 +7,7 @@
  * may use, others take all the cores, and apex must drop to one thread. The arithmetic that turns a
  * measurement into a count is checked on its own. */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
+#include <math.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -38,6 +39,18 @@ static void test_fit(void **state) {
   assert_int_equal(apex__threads_fit(2, 5.0, 2), 1);  /* overloaded: still one thread */
   assert_int_equal(apex__threads_fit(16, 5.2, 16), 11);
   assert_int_equal(apex__threads_fit(1, 0.0, 4), 1);
+}
+
+/* /proc/stat's ticks round each CPU's busy time: the window grows with the CPUs so that the rounding
+ * (one tick a CPU) stays under a quarter core. 16 CPUs over 0.1 s had read as 1.6 cores used. */
+static void test_window(void **state) {
+  (void)state;
+  assert_true(apex__threads_window(2, 100) == 0.1);  /* a few CPUs: the 0.1 s floor */
+  assert_true(fabs(apex__threads_window(16, 100) - 0.64) < 1e-12);
+  assert_true(fabs(apex__threads_window(64, 100) - 2.56) < 1e-12);
+  for (int ncpu = 1; ncpu <= 256; ncpu *= 2) /* ncpu ticks over the window: at most a quarter core */
+    assert_true((double)ncpu / 100.0 / apex__threads_window(ncpu, 100) <= 0.25 + 1e-12);
+  assert_true(apex__threads_window(16, 0) == apex__threads_window(16, 100)); /* unknown hz: 100 */
 }
 
 static void test_follow_bounds(void **state) {
@@ -90,6 +103,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_set_and_error),
       cmocka_unit_test(test_fit),
+      cmocka_unit_test(test_window),
       cmocka_unit_test(test_follow_bounds),
       cmocka_unit_test(test_follow_busy_cpus),
   };

@@ -53,6 +53,9 @@ apex_status apex__check_dtype(apex_dtype dtype, const char *what);
 void apex__threads_follow_load(void);
 /* The thread count for ncpu usable CPUs of which others use others_cores, at most cap, at least 1. */
 int apex__threads_fit(int ncpu, double others_cores, int cap);
+/* The shortest window, in seconds, over which it measures others' use of ncpu CPUs whose /proc/stat
+ * counts in 1/hz ticks: long enough that the ticks' rounding stays under a quarter of a core. */
+double apex__threads_window(int ncpu, long hz);
 
 /* Block size for splitting elementwise loops over threads. Fixed, so results never depend on the
  * number of threads. */

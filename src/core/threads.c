@@ -13,7 +13,7 @@
  * (threads.h), so changing it between steps changes speed only.
  *
  * The free cores are measured, not guessed: between two calls of apex__threads_follow_load (at
- * most every FOLLOW_MIN_S), the busy time of the CPUs apex may run on (/proc/stat) less the CPU
+ * most every apex__threads_window: 0.1 s on a few CPUs, longer on many), the busy time of the CPUs apex may run on (/proc/stat) less the CPU
  * time of this process is what others used; others' cores = that / wall time. */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_ISSET */
 #include <omp.h>
@@ -35,8 +35,9 @@ static struct {
   atomic_int cap;    /* the most threads: apex_set_num_threads, else OpenMP's default; 0 = not read yet */
   atomic_int follow; /* 1 (default) follow the load, 0 keep cap */
   int have;          /* a first sample was taken */
+  int ncpu;          /* CPUs counted in the last sample */
   double wall, own, busy_s;
-} S = {ATOMIC_FLAG_INIT, 0, 1, 0, 0, 0, 0};
+} S = {ATOMIC_FLAG_INIT, 0, 1, 0, 0, 0, 0, 0};
 
 static int cap_get(void) {
   int c = atomic_load(&S.cap);
@@ -101,10 +102,20 @@ static double cpus_busy_s(const cpu_set_t *set, int *ncpu) {
   return *ncpu > 0 ? busy : -1;
 }
 
+/* Each CPU's line of /proc/stat counts whole ticks, so the busy time of ncpu CPUs over a window is
+ * off by up to ncpu ticks, and so is what it says others used: over FOLLOW_MIN_S on 16 CPUs that is
+ * up to 1.6 cores, and an idle 16-core machine read as 15 free cores (bench_amp printed threads=15).
+ * The window is long enough that the rounding stays under a quarter of a core: ncpu ticks / window
+ * <= 0.25. */
+double apex__threads_window(int ncpu, long hz) {
+  double w = 4.0 * (double)ncpu / (double)(hz > 0 ? hz : 100);
+  return w > FOLLOW_MIN_S ? w : FOLLOW_MIN_S;
+}
+
 void apex__threads_follow_load(void) {
   if (!atomic_load(&S.follow) || atomic_flag_test_and_set(&S.busy)) return;
   double wall = now_s(CLOCK_MONOTONIC);
-  if (S.have && wall - S.wall < FOLLOW_MIN_S) {
+  if (S.have && wall - S.wall < apex__threads_window(S.ncpu, sysconf(_SC_CLK_TCK))) {
     atomic_flag_clear(&S.busy);
     return;
   }
@@ -118,6 +129,7 @@ void apex__threads_follow_load(void) {
     omp_set_num_threads(apex__threads_fit(ncpu, others < 0 ? 0 : others, cap));
   }
   S.have = busy >= 0;
+  S.ncpu = ncpu;
   S.wall = wall;
   S.own = own;
   S.busy_s = busy;

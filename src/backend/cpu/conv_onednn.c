@@ -17,7 +17,7 @@
  * GFLOP/s.
  *
  * The primitives are this file's own, not apex__gemm_onednn's tiles: that function plans a tile grid,
- * looks its primitives up under a lock, makes a stream and memory objects and opens an OpenMP region
+ * looks its primitives up, makes a stream and memory objects and opens an OpenMP region
  * on every call, and conv.c calls it three times per image. Here a thread makes its stream and each
  * product's memory objects once per conv2d call and rebinds them to each image's data
  * (dnnl_memory_set_data_handle). The weight gradient adds the run's partial with a sum post-op
@@ -140,21 +140,31 @@ static void create(prim_entry *e) {
     e->prim = apex__onednn_matmul(&md, q->kind == WGRAD && q->extra, &e->scratch);
 }
 
-/* key's entry, made on first use; *owned when the cache is full and the caller destroys it. */
+static int find(const prim_key *key, int from, int to) {
+  for (int i = from; i < to; i++)
+    if (!memcmp(&cache[i].key, key, sizeof *key)) return i;
+  return -1;
+}
+
+/* key's entry, made on first use; *owned when the cache is full and the caller destroys it. Every
+ * thread of a conv2d call looks its primitives up: a hit reads the published entries without a lock
+ * (an entry is written before cache_n is raised past it, release/acquire); a miss creates under it. */
 static prim_entry get(const prim_key *key, int *owned) {
   prim_entry e = {*key, NULL, 0};
   *owned = 0;
+  int n = __atomic_load_n(&cache_n, __ATOMIC_ACQUIRE), i = find(key, 0, n);
+  if (i >= 0) return cache[i];
   pthread_mutex_lock(&cache_lock);
-  for (int i = 0; i < cache_n; i++)
-    if (!memcmp(&cache[i].key, key, sizeof *key)) {
-      e = cache[i];
-      pthread_mutex_unlock(&cache_lock);
-      return e;
-    }
+  int now = __atomic_load_n(&cache_n, __ATOMIC_RELAXED);
+  if ((i = find(key, n, now)) >= 0) {
+    pthread_mutex_unlock(&cache_lock);
+    return cache[i];
+  }
   create(&e);
-  if (cache_n < CACHE_MAX)
-    cache[cache_n++] = e;
-  else
+  if (now < CACHE_MAX) {
+    cache[now] = e;
+    __atomic_store_n(&cache_n, now + 1, __ATOMIC_RELEASE);
+  } else
     *owned = e.prim != NULL;
   pthread_mutex_unlock(&cache_lock);
   return e;

@@ -43,9 +43,17 @@
  * 94 in tiles of 256, 88 in tiles of 128, and tiles of 64 at K = 4096 lost a fifth. Re-widening a
  * panel for each tile costs one conversion per 512 multiply-adds at 256. */
 #define PANEL_BYTES ((size_t)4 << 20)
-enum { TILE_MAX = 256, TILE_MIN = 16, MIN_TILES = 4, SPLIT_MIN = 32 };
+enum { TILE_MAX = 256, TILE_MIN = 16, FEW_TILES = 4, SPLIT_MIN = 32, MANY_TILES = 64, MANY_SPLIT_MIN = 128 };
+/* The split towards MANY_TILES stops where a halved tile would do fewer multiply-adds than this. */
+#define TILE_MIN_MACS ((double)(1 << 20))
 
-static int whole_widening;
+static int whole_widening, many_tiles = 1;
+
+int apex__gemm_set_many_tiles(int on) {
+  int old = many_tiles;
+  many_tiles = on != 0;
+  return old;
+}
 
 int apex__gemm_set_whole_widening(int on) {
   int old = whole_widening;
@@ -98,8 +106,21 @@ typedef struct grid {
   int tm, tn, ti, tj; /* tile rows and columns; tiles down and across */
 } grid;
 
-/* The grid of a product: a function of m, n, k only. */
-static grid plan(int m, int n, int k) {
+static int tiles_of(int m, int n, const grid *gr) { return ((m + gr->tm - 1) / gr->tm) * ((n + gr->tn - 1) / gr->tn); }
+
+/* Halves gr's longer side (that may be halved: at least 2 x split_min) until m x n has `want` tiles
+ * or no side may be halved, or a halved tile would do under min_macs multiply-adds. */
+static void split(grid *gr, int m, int n, int k, int want, int split_min, double min_macs) {
+  while (tiles_of(m, n, gr) < want && (gr->tm >= 2 * split_min || gr->tn >= 2 * split_min) && (double)gr->tm * gr->tn * k / 2 >= min_macs) {
+    if (gr->tm >= gr->tn && gr->tm >= 2 * split_min)
+      gr->tm = (gr->tm + 1) / 2;
+    else
+      gr->tn = (gr->tn + 1) / 2;
+  }
+}
+
+/* The grid of a product: a function of m, n, k only (and of `many`, which each caller fixes). */
+static grid plan(int m, int n, int k, int many) {
   grid gr = {m, n, 1, 1};
   if ((double)m * n * k < TILE_MIN_WORK) return gr;
   size_t fit = PANEL_BYTES / sizeof(float) / (size_t)(k > 0 ? k : 1) / TILE_MIN * TILE_MIN;
@@ -107,15 +128,18 @@ static grid plan(int m, int n, int k) {
   gr.tm = m < t ? m : t;
   gr.tn = n < t ? n : t;
   /* A product that fits a few tiles is halved (the longer side first, down to SPLIT_MIN) until it has
-   * MIN_TILES: otherwise the benchmark CNN's first linear, [128, 3136] x [3136, 128], was one tile on
+   * FEW_TILES: otherwise the benchmark CNN's first linear, [128, 3136] x [3136, 128], was one tile on
    * one thread (0.99 ms measured, of a ~33 ms step, with the other thread waiting). 64 x 128 x 3136
    * ran at 98.5 GFLOP/s single-threaded against 104 for 128 x 128 x 3136. */
-  while (((m + gr.tm - 1) / gr.tm) * ((n + gr.tn - 1) / gr.tn) < MIN_TILES && (gr.tm >= 2 * SPLIT_MIN || gr.tn >= 2 * SPLIT_MIN)) {
-    if (gr.tm >= gr.tn && gr.tm >= 2 * SPLIT_MIN)
-      gr.tm = (gr.tm + 1) / 2;
-    else
-      gr.tn = (gr.tn + 1) / 2;
-  }
+  split(&gr, m, n, k, FEW_TILES, SPLIT_MIN, 0);
+  /* Then, for many threads, on towards MANY_TILES (4 a thread at 16) while both sides of a tile stay
+   * at least MANY_SPLIT_MIN: at 4 tiles the MLP's forward products left 12 of 16 threads idle. Tiles
+   * of 128 x 128 cost one thread nothing measurable against 128 x 256 or 256 x 256 (OpenBLAS, one
+   * thread, best of 40: the models' products at 0.97x to 1.06x), 64-line tiles 10-15% (64 x 128 of
+   * [128, 784] x [784, 1024]: 1.10x and 1.13x), so the split stops at 128 lines and short products
+   * keep fewer tiles than MANY_TILES. Half products on oneDNN take only the first split
+   * (gemm_onednn.c widens their tiles and counts their rows itself). */
+  if (many && many_tiles) split(&gr, m, n, k, MANY_TILES, MANY_SPLIT_MIN, TILE_MIN_MACS);
   gr.ti = (m + gr.tm - 1) / gr.tm;
   gr.tj = (n + gr.tn - 1) / gr.tn;
   return gr;
@@ -184,7 +208,7 @@ void apex__sgemm(int trans_a, int trans_b, int m, int n, int k, float alpha, con
                  float beta, float *c, int ldc) {
   apex__blas_serial();
   job j = {m, n, k, alpha, beta, {a, APEX_F32, lda, trans_a}, {b, APEX_F32, ldb, trans_b}, c, APEX_F32, ldc, NULL};
-  run_grid(&j, plan(m, n, k), NULL, 0, 0);
+  run_grid(&j, plan(m, n, k, 1), NULL, 0, 0);
 }
 
 /* The reference way: every low-precision operand (and the result) widened whole first, then the
@@ -207,7 +231,7 @@ static apex_status gemm_whole(const apex_nn_workspace *ws, const job *j, grid gr
 }
 
 void apex__gemm_grid(int m, int n, int k, int half_onednn, int *ti, int *tj) {
-  grid gr = plan(m, n, k);
+  grid gr = plan(m, n, k, !half_onednn);
   if (half_onednn) apex__onednn_half_grid(m, n, &gr.tm, &gr.tn);
   *ti = m > 0 && gr.tm > 0 ? (m + gr.tm - 1) / gr.tm : 0;
   *tj = n > 0 && gr.tn > 0 ? (n + gr.tn - 1) / gr.tn : 0;
@@ -222,9 +246,9 @@ apex_status apex__gemm(const apex_nn_workspace *ws, int m, int n, int k, float a
   if (observer) observer(m, n, k, a.dtype, b.dtype);
   apex__blas_serial();
   job j = {m, n, k, alpha, beta, a, b, c, ct, ldc, bias};
-  grid gr = plan(m, n, k);
-  /* on bf16 hardware: oneDNN (gemm_onednn.c), in the same grid */
-  apex_status od = apex__gemm_onednn(ws, m, n, k, alpha, a, b, beta, c, ct, ldc, bias, gr.tm, gr.tn);
+  grid gr = plan(m, n, k, 1), gh = a.dtype != APEX_F32 || b.dtype != APEX_F32 ? plan(m, n, k, 0) : gr;
+  /* on bf16 hardware: oneDNN (gemm_onednn.c), in the same grid (half products: from their own) */
+  apex_status od = apex__gemm_onednn(ws, m, n, k, alpha, a, b, beta, c, ct, ldc, bias, gh.tm, gh.tn);
   if (od != APEX_ERR_UNSUPPORTED) return od;
   if (a.dtype == APEX_F32 && b.dtype == APEX_F32 && ct == APEX_F32) {
     run_grid(&j, gr, NULL, 0, 0);

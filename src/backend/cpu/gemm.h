@@ -58,6 +58,10 @@ int apex__gemm_set_whole_widening(int on);
 void apex__gemm_grid(int m, int n, int k, int half_onednn, int *ti, int *tj);
 /* For benchmarks: fn (NULL: none, the default) is called with the shape and operand dtypes of every
  * apex__gemm product, on the calling thread, before it runs. Not thread-safe to change mid-step. */
+/* For benchmarks: 0 keeps f32 products in the grid of few tiles they had before the split for many
+ * threads (gemm.c's plan), to measure what that split costs or gains on a CPU; returns the previous
+ * setting (1 by default). Bits follow the grid, so set it before a run, never within one. */
+int apex__gemm_set_many_tiles(int on);
 typedef void (*apex__gemm_observer)(int m, int n, int k, apex_dtype a, apex_dtype b);
 void apex__gemm_set_observer(apex__gemm_observer fn);
 

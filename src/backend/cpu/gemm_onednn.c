@@ -58,14 +58,24 @@ unsigned long apex__onednn_products(void) { return __atomic_load_n(&products, __
  * in 4 tiles of 32 against 2 of 64 (bench_amp amp_mlp, 2 threads, four interleaved rounds, idle):
  * O2-bf16 44.6-45.0K against 49.2-49.8K samples/s. */
 enum { WIDE_MAX = 4096, WIDE_MIN_TILES = 2, WIDE_MIN_ROWS = 32 };
+/* bench_scaling's measure of the cost of more row tiles on many cores (apex__onednn_set_half_min_tiles):
+ * a GPT's 1024-row products have 4 tiles of 256 rows, a bound of 4 busy threads. */
+static int wide_min_tiles = WIDE_MIN_TILES;
+
+int apex__onednn_set_half_min_tiles(int n) {
+  int old = wide_min_tiles;
+  wide_min_tiles = n < 1 ? WIDE_MIN_TILES : n;
+  return old;
+}
 
 void apex__onednn_half_grid(int m, int n, int *tm, int *tn) {
   if (*tm > m) *tm = m;
   if (*tn > n) *tn = n;
-  if (*tn < n && n <= WIDE_MAX) {
-    *tn = n;
-    while ((m + *tm - 1) / *tm < WIDE_MIN_TILES && *tm >= 2 * WIDE_MIN_ROWS) *tm = (*tm + 1) / 2;
-  }
+  int widen = *tn < n && n <= WIDE_MAX;
+  if (widen) *tn = n;
+  /* by default only widened tiles are re-cut; a count set for measuring applies to every one-column grid */
+  if (widen || (wide_min_tiles != WIDE_MIN_TILES && *tn == n))
+    while ((m + *tm - 1) / *tm < wide_min_tiles && *tm >= 2 * WIDE_MIN_ROWS) *tm = (*tm + 1) / 2;
 }
 
 #if APEX_HAVE_DNNL
@@ -125,9 +135,12 @@ typedef struct prim_entry {
   size_t scratch;        /* bytes of user scratchpad it needs */
 } prim_entry;
 
-/* Enough for every shape of the models many times over; past it primitives are made per call. */
+/* Enough for every shape of the models many times over; past it primitives are made per call.
+ * Read-mostly: an entry is written once, before cache_n is raised past it (release), so a lookup
+ * reads cache_n (acquire) and scans without a lock; only a miss takes cache_lock, to create. Attention
+ * runs a product per head on every thread, and a lock on each lookup serialised them. */
 enum { CACHE_MAX = 1024 };
-static prim_entry *cache;
+static prim_entry cache[CACHE_MAX];
 static int cache_n;
 
 static int key_eq(const prim_key *x, const prim_key *y) {
@@ -185,21 +198,28 @@ static void create(prim_entry *e) {
 
 /* key's entry from the cache, made on first use. *owned is set when the cache is full and the caller
  * must destroy the primitive after the product. */
+static int find(const prim_key *key, int from, int to) {
+  for (int i = from; i < to; i++)
+    if (key_eq(&cache[i].key, key)) return i;
+  return -1;
+}
+
 static prim_entry get(const prim_key *key, int *owned) {
   prim_entry e = {*key, NULL, 0};
   *owned = 0;
+  int n = __atomic_load_n(&cache_n, __ATOMIC_ACQUIRE), i = find(key, 0, n);
+  if (i >= 0) return cache[i];
   pthread_mutex_lock(&cache_lock);
-  for (int i = 0; i < cache_n; i++)
-    if (key_eq(&cache[i].key, key)) {
-      e = cache[i];
-      pthread_mutex_unlock(&cache_lock);
-      return e;
-    }
+  int now = __atomic_load_n(&cache_n, __ATOMIC_RELAXED); /* another thread may have made it meanwhile */
+  if ((i = find(key, n, now)) >= 0) {
+    pthread_mutex_unlock(&cache_lock);
+    return cache[i];
+  }
   create(&e);
-  if (!cache) cache = malloc(CACHE_MAX * sizeof *cache);
-  if (cache && cache_n < CACHE_MAX)
-    cache[cache_n++] = e;
-  else
+  if (now < CACHE_MAX) {
+    cache[now] = e;
+    __atomic_store_n(&cache_n, now + 1, __ATOMIC_RELEASE);
+  } else
     *owned = e.prim != NULL;
   pthread_mutex_unlock(&cache_lock);
   return e;

@@ -55,5 +55,9 @@ unsigned long apex__onednn_products(void);
  * product up to a limit, rows halved to a minimum count of tiles (see gemm_onednn.c). A function of the
  * shape alone; benchmarks call it to count tiles without a bf16 CPU. */
 void apex__onednn_half_grid(int m, int n, int *tm, int *tn);
+/* For benchmarks: half products' rows are halved (to 32 at least) until there are n row tiles, not
+ * the default 2 (n < 1: the default). Still a function of the shape; returns the previous count. Not
+ * thread-safe. */
+int apex__onednn_set_half_min_tiles(int n);
 
 #endif
