@@ -1,12 +1,12 @@
 /* kernels.h: raw kernels on apex tensors, for programs that bring their own model (llm.c style) and
  * call the fused kernels directly instead of building a graph (autograd.h, nn_ops.h).
  *
- * Each call is device-neutral: it runs on the device its tensors are on, through that device's backend,
- * and every tensor of one call must be on the same device (APEX_ERR_DEVICE naming the one that is not).
- * A backend without the kernel answers APEX_ERR_UNSUPPORTED naming the call, the kernel and the backend,
- * and changes nothing; which backend has which kernel is listed in the README. The numerics below are
- * each kernel's contract; where a backend's library (cuBLASLt, cuDNN) or device math sets a bound, the
- * text names it. Nothing here waits for the device: results are there once the device is synchronised
+ * Each call is device-neutral: it runs on the device its tensors are on, through the same backend kernels
+ * that autograd's ops run there (so on the CPU as on a GPU), and every tensor of one call must be on the
+ * same device (APEX_ERR_DEVICE naming the one that is not). A backend without the kernel answers
+ * APEX_ERR_UNSUPPORTED naming the call and the kernel, and changes nothing. The numerics below are each
+ * kernel's contract; where a backend's library (cuBLASLt, cuDNN) or device math sets a bound, the text
+ * names it. Gradients are computed in f32 and rounded once into the gradient's own dtype. Nothing here waits for the device: results are there once the device is synchronised
  * (apex_cuda_synchronize) or read back (apex_tensor_get, apex_tensor_copy to the host). */
 #ifndef APEX_KERNELS_H
 #define APEX_KERNELS_H
@@ -46,17 +46,19 @@ APEX_API apex_status apex_kernel_layer_norm_backward(const apex_tensor *dy, cons
                                                      const apex_tensor *mean, const apex_tensor *rstd, int rms,
                                                      apex_tensor *dx, apex_tensor *dw, apex_tensor *db);
 /* Softmax + cross-entropy per row of logits [rows, classes] against class indices d_target (a pointer
- * to rows int64 values in the memory of logits' device, as PyTorch's cross_entropy with reduction='none', ignore_index and
- * label_smoothing): loss f32 [rows] (0 for an ignored row, NaN for an index outside [0, classes)) and
- * lse f32 [rows], the log-sum-exp the backward reuses. Never forms the softmax. */
+ * to rows int64 values in the memory of logits' device; -1 marks a row to ignore), as PyTorch's
+ * cross_entropy with reduction='none', ignore_index=-1 and label_smoothing: loss f32 [rows] (0 for an
+ * ignored row) and stats f32 [rows, 2] (any shape of 2 * rows elements), each row's max m and
+ * r = 1 / sum exp(x - m) (its log-sum-exp is m - log r), from which the backward recomputes the softmax.
+ * Never keeps the softmax. A target outside [-1, classes) is APEX_ERR_INVALID_ARG where the targets are
+ * host memory (the CPU); on a GPU, where checking would wait for it, its row's loss is NaN. */
 APEX_API apex_status apex_kernel_cross_entropy_forward(const apex_tensor *logits, const int64_t *d_target,
-                                                       int64_t ignore_index, float label_smoothing, apex_tensor *loss,
-                                                       apex_tensor *lse);
-/* dlogits = dloss[row] * (softmax - smoothed one-hot), 0 for ignored rows, in one pass. */
+                                                       float label_smoothing, apex_tensor *loss, apex_tensor *stats);
+/* dlogits (logits' dtype; may be logits itself) = dloss[row] * (softmax - smoothed one-hot), 0 for
+ * ignored rows, from the forward's stats. */
 APEX_API apex_status apex_kernel_cross_entropy_backward(const apex_tensor *dloss, const apex_tensor *logits,
-                                                        const int64_t *d_target, const apex_tensor *lse,
-                                                        int64_t ignore_index, float label_smoothing,
-                                                        apex_tensor *dlogits);
+                                                        const int64_t *d_target, const apex_tensor *stats,
+                                                        float label_smoothing, apex_tensor *dlogits);
 /* Per-channel batch statistics of x [N, C, ...] by Welford's method: mean, biased variance and the sum of
  * squared deviations M2 (f32 [C] each; m2 may be NULL), the triples SyncBatchNorm merges across ranks. */
 APEX_API apex_status apex_kernel_batch_norm_stats(const apex_tensor *x, apex_tensor *mean, apex_tensor *var,
@@ -99,13 +101,15 @@ APEX_API apex_status apex_kernel_embedding_backward(const apex_tensor *dy, const
  * contiguous channels. y [B, T, C] is, per head, softmax(q k^T / sqrt(D) + causal mask) v with the heads
  * side by side again (ready for the c_proj linear), as apex_causal_attention (nn_ops.h) computes it on
  * [B, H, T, D] operands. qkv and y of one dtype: f32, or f16/bf16 on the tensor cores, accumulating in
- * f32. lse f32 [B, n_heads, T]: the log-sum-exp of each scaled score row, saved for the backward (which
- * recomputes the probabilities from it instead of keeping a [T, T] matrix per head). Deterministic. */
-APEX_API apex_status apex_kernel_attention_forward(const apex_tensor *qkv, int n_heads, apex_tensor *y, apex_tensor *lse);
+ * f32. stats f32 [B, n_heads, T, 2] (any shape of that many elements): per scaled score row, its max m
+ * and r = 1 / sum exp(s - m) (the log-sum-exp is m - log r), saved for the backward (which recomputes the
+ * probabilities from them instead of keeping a [T, T] matrix per head). Deterministic. y may not overlap
+ * qkv. */
+APEX_API apex_status apex_kernel_attention_forward(const apex_tensor *qkv, int n_heads, apex_tensor *y, apex_tensor *stats);
 /* dqkv [B, T, 3 * C] (qkv's dtype, overwritten) from dy [B, T, C] (y's dtype) and the forward's qkv, y and
- * lse. */
+ * stats. dqkv may not overlap dy, qkv or y. */
 APEX_API apex_status apex_kernel_attention_backward(const apex_tensor *dy, const apex_tensor *qkv, const apex_tensor *y,
-                                                    const apex_tensor *lse, int n_heads, apex_tensor *dqkv);
+                                                    const apex_tensor *stats, int n_heads, apex_tensor *dqkv);
 
 /* ---- elementwise and reductions --------------------------------------------------------------------------
  * Device tensors of f32, f16 or bf16 (each argument may have its own dtype, and its own shape: only the

@@ -279,11 +279,37 @@ static apex_status batch_fits(const char *slot, size_t batch) {
                     batch, INT_MAX);
 }
 
+/* The raw product (args_nn.h's apex_nn_gemm_ext): one entry through cuBLASLt's bias and GELU epilogues
+ * (the bias read in the output's dtype), a batch without them through the strided batched product. */
+static apex_status matmul_ext(const apex_nn_matmul_args *a) {
+  const apex_nn_gemm_ext *e = a->ext;
+  int64_t m = a->m, n = a->n, k = a->k;
+  if (a->batch != 1) {
+    if (e->bias.data || e->gelu) return unsupported("nn_matmul", "a batch of products with a bias or GELU epilogue");
+    return apex__cuda_gemm_batched("nn_matmul", e->trans_a, e->trans_b, m, n, k, e->alpha, a->a.data, e->trans_a ? m : k, m * k,
+                                   a->b.data, e->trans_b ? k : n, a->b_batched ? k * n : 0, a->a.dtype, e->beta, a->out, n, m * n,
+                                   a->out_dtype, (int)a->batch);
+  }
+  void *bias = (void *)e->bias.data;
+  apex_status st = APEX_OK;
+  if (bias && e->bias.dtype != a->out_dtype) {
+    bias = NULL;
+    st = apex__cuda_alloc((size_t)n * apex_dtype_size(a->out_dtype), 0, &bias);
+    if (st == APEX_OK) st = apex__cuda_convert(bias, a->out_dtype, e->bias.data, e->bias.dtype, (size_t)n);
+  }
+  if (st == APEX_OK)
+    st = apex__cuda_gemm(e->trans_a, e->trans_b, m, n, k, e->alpha, a->a.data, a->b.data, a->a.dtype, e->beta, a->out, a->out_dtype,
+                         bias, e->gelu);
+  if (bias != e->bias.data) apex__cuda_free(bias);
+  return st;
+}
+
 apex_status apex__cuda_slot_nn_matmul(const apex_nn_matmul_args *a) {
   apex_status st = same_dtype("nn_matmul", "a and b", a->a.dtype, a->b.dtype);
   if (st == APEX_OK) st = batch_fits("nn_matmul", a->batch);
   if (st != APEX_OK) return st;
   int64_t m = a->m, n = a->n, k = a->k;
+  if (a->ext) return matmul_ext(a);
   return apex__cuda_gemm_batched("nn_matmul", 0, 0, m, n, k, 1.0f, a->a.data, k, m * k, a->b.data, n, a->b_batched ? k * n : 0,
                                  a->a.dtype, 0.0f, a->out, n, m * n, a->out_dtype, (int)a->batch);
 }
@@ -359,6 +385,9 @@ apex_status apex__cuda_slot_nn_cross_entropy(const apex_nn_cross_entropy_args *a
 }
 
 apex_status apex__cuda_slot_nn_batch_norm(const apex_nn_batch_norm_args *a) {
-  (void)a;
+  /* statistics only (args_nn.h): bn_stats.cu's Welford kernel */
+  if (!a->out && a->training && !a->given_mean && a->batch_var)
+    return apex__cuda_bn_stats(a->x.data, a->x.dtype, (int64_t)a->N, (int64_t)a->C, (int64_t)a->S, a->stats, a->batch_var,
+                               a->batch_m2);
   return unsupported("nn_batch_norm", "the normalisation (bn_stats.cu has only the batch statistics)");
 }
