@@ -286,9 +286,6 @@ apex_dtype apex__promote(apex_dtype a, apex_dtype b);
  * entry point that brings a caller's tensor into a graph checks this, so no op reads memory of another
  * device. */
 apex_status apex__on_graph_device(const apex_graph *g, const apex_tensor *t, const char *fn, const char *what);
-/* APEX_ERR_UNSUPPORTED naming op and g's device when g is not on the CPU: for a front that works on
- * host memory itself (beyond calling slots), so that it never reads device memory. */
-apex_status apex__host_front(const apex_graph *g, apex_op op);
 /* Copies n f32 from src to dst, both in g's pool memory. */
 apex_status apex__pool_copy(apex_graph *g, float *dst, const float *src, size_t n);
 

@@ -232,12 +232,6 @@ apex_status apex__on_graph_device(const apex_graph *g, const apex_tensor *t, con
                     "graph made with apex_graph_create_on(its device)", fn, what, apex__device_name(t->device), apex__device_name(g->be->device));
 }
 
-apex_status apex__host_front(const apex_graph *g, apex_op op) {
-  if (g->be->device == APEX_DEVICE_CPU) return APEX_OK;
-  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: this op works on host memory in its front and runs on CPU graphs only; the graph is "
-                    "on device %s: run it on a CPU graph", apex_op_name(op), apex__device_name(g->be->device));
-}
-
 apex_status apex__pool_copy(apex_graph *g, float *dst, const float *src, size_t n) {
   if (dst == src || !n) return APEX_OK;
   return g->mem->copy(dst, src, n * sizeof(float), APEX_COPY_D2D, 0); /* both in the graph's pool */

@@ -38,24 +38,39 @@ static int bcast_plan(const apex_tensor *a, const apex_tensor *b, apex_nn_bcast 
 
 static int is_comparison(apex_op op) { return op == APEX_OP_GT || op == APEX_OP_LT || op == APEX_OP_EQ; }
 
-static apex_nn_binary_kind binary_kind(apex_op op) {
+/* The kernel's kind of a binary op; -1 (after a message) for any other op. Every op is named, so the
+ * compiler (-Wswitch) catches one added to apex_op without a decision here. */
+static int binary_kind(apex_op op) {
   switch (op) {
   case APEX_OP_ADD: return APEX_NN_ADD;
   case APEX_OP_SUB: return APEX_NN_SUB;
   case APEX_OP_MUL: return APEX_NN_MUL;
+  case APEX_OP_DIV: return APEX_NN_DIV;
   case APEX_OP_POW_TENSOR: return APEX_NN_POW;
   case APEX_OP_GT: return APEX_NN_GT;
   case APEX_OP_LT: return APEX_NN_LT;
   case APEX_OP_EQ: return APEX_NN_EQ;
-  default: return APEX_NN_DIV;
+  case APEX_OP_LEAF: case APEX_OP_CAST: case APEX_OP_SCALE: case APEX_OP_RELU: case APEX_OP_GELU:
+  case APEX_OP_GELU_TANH: case APEX_OP_TANH: case APEX_OP_SIGMOID: case APEX_OP_DROPOUT: case APEX_OP_MATMUL:
+  case APEX_OP_LINEAR: case APEX_OP_CONV2D: case APEX_OP_MAX_POOL2D: case APEX_OP_AVG_POOL2D:
+  case APEX_OP_BATCH_NORM: case APEX_OP_LAYER_NORM: case APEX_OP_RMS_NORM: case APEX_OP_EMBEDDING:
+  case APEX_OP_SOFTMAX: case APEX_OP_LOG_SOFTMAX: case APEX_OP_CROSS_ENTROPY: case APEX_OP_MSE:
+  case APEX_OP_BCE_WITH_LOGITS: case APEX_OP_BCE: case APEX_OP_SUM: case APEX_OP_MEAN: case APEX_OP_RESHAPE:
+  case APEX_OP_PERMUTE: case APEX_OP_CONCAT: case APEX_OP_ATTENTION: case APEX_OP_SYNC_BATCH_NORM:
+  case APEX_OP_BATCH_NORM_RELU: case APEX_OP_EXP: case APEX_OP_LOG: case APEX_OP_POW: case APEX_OP_NORM:
+  case APEX_OP_COUNT:
+    break;
   }
+  apex__fail(APEX_ERR_INVALID_ARG, "%s (op %d) is not a binary elementwise op", apex_op_name(op), (int)op);
+  return -1;
 }
 
 static apex_var *binary(apex_graph *g, apex_op op, apex_var *a, apex_var *b) {
   apex_var *in[2] = {a, b}, *u[2];
   apex_dtype dt;
   if (apex__dispatch(g, op, 2, in, 0, u, &dt) != APEX_OK) return NULL;
-  const apex_backend *be = apex__ag_backend(u[0], op);
+  int kind = binary_kind(op);
+  const apex_backend *be = kind < 0 ? NULL : apex__ag_backend(u[0], op);
   if (!be || !AG_HAS(be, nn_binary, op)) return NULL;
   apex_nn_bcast p;
   if (!bcast_plan(u[0]->value, u[1]->value, &p))
@@ -65,7 +80,7 @@ static apex_var *binary(apex_graph *g, apex_op op, apex_var *a, apex_var *b) {
    * results do not require grad either). */
   apex_var *out = apex__result(g, op, dt, p.nd, p.shape, is_comparison(op) ? 0 : 2, u);
   if (!out) return NULL;
-  if (be->nn_binary(&(apex_nn_binary_args){.kind = binary_kind(op), .plan = &p, .a = ag_buf(u[0]->value), .b = ag_buf(u[1]->value),
+  if (be->nn_binary(&(apex_nn_binary_args){.kind = (apex_nn_binary_kind)kind, .plan = &p, .a = ag_buf(u[0]->value), .b = ag_buf(u[1]->value),
                                            .numel_a = ag_numel(u[0]), .numel_b = ag_numel(u[1]), .out = apex_tensor_data(out->value),
                                            .out_dtype = out->value->dtype, .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
@@ -85,7 +100,8 @@ apex_status apex__bwd_binary(apex_graph *g, apex_var *out) {
   apex_nn_bcast p;
   bcast_plan(out->in[0]->value, out->in[1]->value, &p);
   apex_op op = out->op;
-  const apex_backend *be = apex__ag_backend(out, op);
+  int kind = binary_kind(op);
+  const apex_backend *be = kind < 0 ? NULL : apex__ag_backend(out, op);
   if (!be || !AG_HAS(be, nn_binary_bwd, op)) return apex_last_status();
   /* add and sub have constant partials and read no values (op_table.c lets them go) */
   int reads = op == APEX_OP_MUL || op == APEX_OP_DIV || op == APEX_OP_POW_TENSOR;
@@ -94,7 +110,7 @@ apex_status apex__bwd_binary(apex_graph *g, apex_var *out) {
   /* a and b may be one var: the kernel adds a's terms, then b's, into the one buffer */
   float *ga = apex__gbuf(g, out->in[0]), *gb = apex__gbuf(g, out->in[1]);
   if (!ga && !gb) return APEX_OK;
-  return be->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = binary_kind(op), .plan = &p, .a = v[0], .b = v[1],
+  return be->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = (apex_nn_binary_kind)kind, .plan = &p, .a = v[0], .b = v[1],
                                                       .numel_a = ag_numel(out->in[0]), .numel_b = ag_numel(out->in[1]),
                                                       .gout = out->gbuf, .ga = ga, .gb = gb, .accumulate_a = 1, .accumulate_b = 1,
                                                       .ws = apex__ag_workspace(g)});
@@ -128,17 +144,30 @@ apex_status apex__bwd_scale(apex_graph *g, apex_var *out) {
 
 /* ---- activations --------------------------------------------------------------------------------- */
 
-static apex_nn_unary_kind unary_kind(apex_op op) {
+/* The kernel's kind of a unary op; -1 (after a message) for any other op, every op named as in
+ * binary_kind. */
+static int unary_kind(apex_op op) {
   switch (op) {
   case APEX_OP_RELU: return APEX_NN_RELU;
   case APEX_OP_GELU: return APEX_NN_GELU;
   case APEX_OP_GELU_TANH: return APEX_NN_GELU_TANH;
   case APEX_OP_TANH: return APEX_NN_TANH;
+  case APEX_OP_SIGMOID: return APEX_NN_SIGMOID;
   case APEX_OP_EXP: return APEX_NN_EXP;
   case APEX_OP_LOG: return APEX_NN_LOG;
   case APEX_OP_POW: return APEX_NN_POW_SCALAR;
-  default: return APEX_NN_SIGMOID;
+  case APEX_OP_LEAF: case APEX_OP_CAST: case APEX_OP_ADD: case APEX_OP_SUB: case APEX_OP_MUL: case APEX_OP_DIV:
+  case APEX_OP_SCALE: case APEX_OP_DROPOUT: case APEX_OP_MATMUL: case APEX_OP_LINEAR: case APEX_OP_CONV2D:
+  case APEX_OP_MAX_POOL2D: case APEX_OP_AVG_POOL2D: case APEX_OP_BATCH_NORM: case APEX_OP_LAYER_NORM:
+  case APEX_OP_RMS_NORM: case APEX_OP_EMBEDDING: case APEX_OP_SOFTMAX: case APEX_OP_LOG_SOFTMAX:
+  case APEX_OP_CROSS_ENTROPY: case APEX_OP_MSE: case APEX_OP_BCE_WITH_LOGITS: case APEX_OP_BCE: case APEX_OP_SUM:
+  case APEX_OP_MEAN: case APEX_OP_RESHAPE: case APEX_OP_PERMUTE: case APEX_OP_CONCAT: case APEX_OP_ATTENTION:
+  case APEX_OP_SYNC_BATCH_NORM: case APEX_OP_BATCH_NORM_RELU: case APEX_OP_POW_TENSOR: case APEX_OP_NORM:
+  case APEX_OP_GT: case APEX_OP_LT: case APEX_OP_EQ: case APEX_OP_COUNT:
+    break;
   }
+  apex__fail(APEX_ERR_INVALID_ARG, "%s (op %d) is not a unary elementwise op", apex_op_name(op), (int)op);
+  return -1;
 }
 
 /* p: pow's exponent (kept in p.scale.s for the backward); unused by the other ops. */
@@ -146,12 +175,13 @@ static apex_var *unary(apex_graph *g, apex_op op, apex_var *x, float p) {
   apex_var *u;
   apex_dtype dt;
   if (apex__dispatch(g, op, 1, &x, 0, &u, &dt) != APEX_OK) return NULL;
-  const apex_backend *be = apex__ag_backend(u, op);
+  int kind = unary_kind(op);
+  const apex_backend *be = kind < 0 ? NULL : apex__ag_backend(u, op);
   if (!be || !AG_HAS(be, nn_unary, op)) return NULL;
   apex_var *out = apex__result(g, op, dt, u->value->ndim, u->value->shape, 1, &u);
   if (!out) return NULL;
   out->p.scale.s = p;
-  if (be->nn_unary(&(apex_nn_unary_args){.kind = unary_kind(op), .n = ag_numel(out), .x = ag_buf(u->value),
+  if (be->nn_unary(&(apex_nn_unary_args){.kind = (apex_nn_unary_kind)kind, .n = ag_numel(out), .x = ag_buf(u->value),
                                          .out = apex_tensor_data(out->value), .out_dtype = out->value->dtype, .p = p,
                                          .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
@@ -171,9 +201,10 @@ apex_var *apex_pow(apex_graph *g, apex_var *x, float p) { return unary(g, APEX_O
  * nothing else keeps) can go (op_table.c), and writes every element of the gradient, so its buffer
  * need not be zeroed first (apex__gbuf_w). */
 apex_status apex__bwd_unary(apex_graph *g, apex_var *out) {
-  const apex_backend *be = apex__ag_backend(out, out->op);
+  int kind = unary_kind(out->op);
+  const apex_backend *be = kind < 0 ? NULL : apex__ag_backend(out, out->op);
   if (!be || !AG_HAS(be, nn_unary_bwd, out->op)) return apex_last_status();
-  apex_nn_unary_bwd_args a = {.kind = unary_kind(out->op), .n = ag_numel(out), .p = out->p.scale.s, .gout = out->gbuf,
+  apex_nn_unary_bwd_args a = {.kind = (apex_nn_unary_kind)kind, .n = ag_numel(out), .p = out->p.scale.s, .gout = out->gbuf,
                               .accumulate_x = 1, .ws = apex__ag_workspace(g)};
   if (out->op == APEX_OP_RELU) {
     int fresh;
@@ -202,22 +233,23 @@ apex_var *apex_dropout(apex_graph *g, apex_var *x, float p, int training, apex_r
     return u;
   }
   if (!rng) return apex__fail_null(APEX_ERR_INVALID_ARG, "dropout: NULL rng for p = %g on %s in training", p, apex__shape(x));
-  /* the mask is drawn on the host, into the op's scratch */
-  if (apex__host_front(g, APEX_OP_DROPOUT) != APEX_OK) return NULL;
   const apex_backend *be = apex__ag_backend(u, APEX_OP_DROPOUT);
   if (!be || !AG_HAS(be, nn_dropout, APEX_OP_DROPOUT)) return NULL;
   apex_var *out = apex__result(g, APEX_OP_DROPOUT, dt, u->value->ndim, u->value->shape, 1, &u);
   if (!out) return NULL;
   size_t n = ag_numel(out);
+  /* the kernel draws the mask on the graph's device, into the op's scratch, from the generator's
+   * state (args_nn.h): the same mask on every backend */
   uint8_t *mask = apex__scratch(g, n ? n : 1);
   if (!mask) return NULL;
-  if (apex_rng_bernoulli(rng, mask, n, 1.0f - p) != APEX_OK) return NULL;
   float s = 1.0f / (1.0f - p);
   out->aux = mask;
   out->p.scale.s = s;
-  if (be->nn_dropout(&(apex_nn_dropout_args){.n = n, .mask = mask, .x = ag_buf(u->value), .out = apex_tensor_data(out->value),
-                                             .out_dtype = out->value->dtype, .s = s}) != APEX_OK)
+  if (be->nn_dropout(&(apex_nn_dropout_args){.n = n, .mask = mask, .seed = rng->seed, .offset = rng->offset, .keep = 1.0f - p,
+                                             .x = ag_buf(u->value), .out = apex_tensor_data(out->value), .out_dtype = out->value->dtype,
+                                             .s = s}) != APEX_OK)
     return NULL;
+  rng->offset += (n + 3) / 4; /* as apex_rng_bernoulli advances it */
   return out;
 }
 

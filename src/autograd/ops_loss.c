@@ -127,7 +127,7 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   if (be->nn_cross_entropy(&(apex_nn_cross_entropy_args){
           .rows = N, .classes = C, .x = ag_buf(X), .target = tg, .smoothing = eps, .stats = (float *)(tg + N), .loss = l,
           .result = none ? NULL : apex_tensor_data(out->value), .result_dtype = out->value->dtype,
-          .divisor = opts->reduction == APEX_REDUCTION_MEAN ? (double)count : 0.0, .ws = apex__ag_workspace(g)}) != APEX_OK)
+          .divisor = opts->reduction == APEX_REDUCTION_MEAN ? (double)count : 1.0, .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
   if (none && !f32_terms) apex__store(out, l);
   return out;
@@ -154,14 +154,24 @@ static apex_nn_pointwise_loss_kind pointwise_kind(apex_op op) {
 
 /* Probabilities outside [0, 1] would give a finite, meaningless loss (the clamp turns log of a
  * negative number into -100), so they are refused as PyTorch refuses them. NaN passes: a non-finite
- * forward must reach the loss scaler, which skips the step. Read a block at a time in f32. */
+ * forward must reach the loss scaler, which skips the step. Read a block at a time in f32; a block of
+ * a device tensor is copied to the host first (the check waits for the device, once a block). */
 static apex_status bce_check(const apex_tensor *t, const apex_var *x) {
-  float blk[1024];
+  enum { BLK = 1024 };
+  float blk[BLK];
+  uint32_t raw[BLK]; /* a block's raw elements, up to 4 bytes each */
   const char *d = apex_tensor_data(t);
   size_t n = t->numel, es = apex_dtype_size(t->dtype);
-  for (size_t b = 0; b < n; b += 1024) {
-    size_t len = n - b < 1024 ? n - b : 1024;
-    apex_convert(blk, APEX_F32, d + b * es, t->dtype, len);
+  int host = t->device == APEX_DEVICE_CPU;
+  for (size_t b = 0; b < n; b += BLK) {
+    size_t len = n - b < BLK ? n - b : BLK;
+    const void *src = d + b * es;
+    if (!host) {
+      apex_status st = t->storage->mem->copy(raw, src, len * es, APEX_COPY_D2H, 1);
+      if (st != APEX_OK) return st;
+      src = raw;
+    }
+    apex_convert(blk, APEX_F32, src, t->dtype, len);
     for (size_t i = 0; i < len; i++)
       if (blk[i] < 0.0f || blk[i] > 1.0f)
         return apex__fail(APEX_ERR_INVALID_ARG, "bce: input element %zu of %s is %g; probabilities must be in [0, 1] (for logits use "
@@ -179,8 +189,6 @@ static apex_var *pointwise_loss(apex_graph *g, apex_op op, apex_var *x, apex_var
   const apex_backend *be = apex__ag_backend(u[0], op);
   if (!be || !AG_HAS(be, nn_pointwise_loss, op)) return NULL;
   size_t n = ag_numel(u[0]);
-  /* bce checks its probabilities on the host */
-  if (op == APEX_OP_BCE && apex__host_front(g, op) != APEX_OK) return NULL;
   if (op == APEX_OP_BCE && bce_check(u[0]->value, x) != APEX_OK) return NULL;
   apex_var *out = loss_result(g, op, dt, red, u[0]->value->ndim, u[0]->value->shape, 2, u);
   if (!out) return NULL;

@@ -54,8 +54,8 @@ static apex_var *batch_norm(apex_graph *g, const apex__bn_stats_hook *hook, apex
   if (!be || !AG_HAS(be, nn_batch_norm, op)) return NULL;
   const float *mf = NULL, *rf = NULL, *vf = NULL;
   int64_t count = (int64_t)M;
-  /* the hook's collectives (parallel/syncbn_stats.c) read and write their tensors on the host */
-  if (hook && apex__host_front(g, op) != APEX_OK) return NULL;
+  /* the hook writes the statistics into tensors on the graph's device (a hook that works on the host
+   * only, like apex_syncbn_stats, refuses device tensors with its own message) */
   if (hook) {
     apex_tensor *mean = apex__pool_tensor(g, APEX_F32, 1, &Ci), *invstd = apex__pool_tensor(g, APEX_F32, 1, &Ci);
     apex_tensor *uvar = apex__pool_tensor(g, APEX_F32, 1, &Ci);

@@ -125,11 +125,16 @@ typedef struct apex_nn_scale_bwd_args {
   int accumulate_x;
 } apex_nn_scale_bwd_args;
 
-/* out (out_dtype) = mask ? x * s : 0, in f32 from the native x (mask: one byte per element, drawn by
- * the front); backward likewise on gout. */
+/* out (out_dtype) = mask ? x * s : 0, in f32 from the native x. The forward draws the mask itself, one
+ * byte per element on the backend's device: mask[i] = the Bernoulli draw i (keep probability `keep`)
+ * of the generator at (seed, offset), exactly apex_rng_bernoulli's (Philox is counter-based, so every
+ * backend computes the same mask from the same generator). The caller advances its generator by
+ * ceil(n / 4) blocks. The backward reads the mask on gout. */
 typedef struct apex_nn_dropout_args {
   size_t n;
-  const uint8_t *mask;
+  uint8_t *mask;
+  uint64_t seed, offset;
+  float keep;
   apex_nn_buf x;
   void *out;
   apex_dtype out_dtype;
@@ -179,8 +184,8 @@ typedef enum apex_nn_reduction { APEX_NN_MEAN, APEX_NN_SUM, APEX_NN_NONE } apex_
  * and r = 1 / sum of exp(x - m) (rows x 2 floats), from which and x the backward recomputes the
  * softmax p = exp(x - m) * r with the forward's bits. The row softmax is never kept. A reduced loss:
  * sum (when not NULL) receives the terms' sum in double, in fixed blocks, and result (when not NULL)
- * that sum divided by `divisor` (when above 0; MEAN's count), as one value of result_dtype (rounded
- * through f32). Every buffer is the backend's device memory. */
+ * (float)(sum / divisor) (MEAN's count, 1 for SUM; 0 / 0 is NaN) as one value of result_dtype. Every
+ * buffer is the backend's device memory. */
 typedef struct apex_nn_cross_entropy_args {
   size_t rows, classes;
   apex_nn_buf x; /* native dtype, widened to f32 a row at a time */
@@ -240,8 +245,9 @@ typedef struct apex_nn_pointwise_loss_bwd_args {
 /* Batch norm of x [N, C, S] (S: the flattened spatial extent; native dtype) into out (out_dtype,
  * computed in f32 and rounded once), per channel c: (x - mean) * rstd * w + b (w, b NULL: 1, 0), through max(v, 0) with relu. The statistics used are
  * written to stats (mean[C], then rstd[C]) for the backward. Where they come from:
- *   - given_mean set: given_mean, given_rstd and given_var (the unbiased variance) computed elsewhere
- *     (a statistics hook over a larger batch); the running statistics (when set) move toward them;
+ *   - given_mean set: given_mean, given_rstd and given_var (the unbiased variance, f32 [C] each, on the
+ *     backend's device like every other buffer) computed elsewhere (a statistics hook over a larger
+ *     batch); the running statistics (when set) move toward them;
  *   - else training: this batch's, with rstd = 1 / sqrt(var + eps) and the running statistics (when
  *     set) moved toward the mean and the unbiased variance by momentum;
  *   - else running_mean and running_var themselves. */
@@ -257,9 +263,10 @@ typedef struct apex_nn_batch_norm_args {
   float *running_mean, *running_var;
   const float *given_mean, *given_rstd, *given_var;
   apex_nn_workspace ws;
-  /* Training on this batch's statistics: when set, each channel's biased variance and sum of squared
-   * deviations M2 (f32 [C]), the triples SyncBatchNorm merges across ranks. With out NULL the op only
-   * computes statistics: stats' mean half, batch_var and batch_m2 are written, nothing else. */
+  /* The statistics-only mode (apex_kernel_batch_norm_stats): with out NULL, training and no given
+   * statistics, the op writes this batch's per-channel mean into stats' first half, its biased variance
+   * into batch_var and, when set, the sum of squared deviations M2 into batch_m2 (f32 [C] each: the
+   * triples SyncBatchNorm merges across ranks), and nothing else. NULL otherwise. */
   float *batch_var, *batch_m2;
 } apex_nn_batch_norm_args;
 

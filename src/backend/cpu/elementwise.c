@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "apex/rng.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/vmath.h"
@@ -423,6 +424,8 @@ apex_status apex__cpu_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
 }
 
 apex_status apex__cpu_nn_dropout(const apex_nn_dropout_args *a) {
+  apex_rng rng = {a->seed, a->offset};
+  if (apex_rng_bernoulli(&rng, a->mask, a->n, a->keep) != APEX_OK) return apex_last_status();
   const uint8_t *mask = a->mask;
   float s = a->s;
   size_t n = a->n, nb = (n + EW_BLOCK - 1) / EW_BLOCK;

@@ -155,7 +155,7 @@ apex_status apex__cpu_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
   double sum = apex__sum_f32(l, N);
   if (a->sum) *a->sum = sum;
   if (a->result) {
-    float v = (float)(a->divisor > 0 ? sum / a->divisor : sum);
+    float v = (float)(sum / a->divisor);
     apex__convert_portable(a->result, a->result_dtype, &v, APEX_F32, 1); /* apex_tensor_set's rounding */
   }
   return APEX_OK;

@@ -31,7 +31,11 @@ const apex_backend apex__cuda_backend = {
     .nn_conv2d = apex__cuda_slot_nn_conv2d,
     .nn_conv2d_bwd = apex__cuda_slot_nn_conv2d_bwd,
     .nn_attention = apex__cuda_slot_nn_attention,
+    .nn_attention_bwd = apex__cuda_slot_nn_attention_bwd,
     .nn_cross_entropy = apex__cuda_slot_nn_cross_entropy,
+    .nn_cross_entropy_bwd = apex__cuda_slot_nn_cross_entropy_bwd,
+    .nn_dropout = apex__cuda_slot_nn_dropout,
+    .nn_dropout_bwd = apex__cuda_slot_nn_dropout_bwd,
     .nn_batch_norm = apex__cuda_slot_nn_batch_norm,
 };
 

@@ -34,7 +34,11 @@ apex_status apex__cuda_slot_nn_linear_bwd(const apex_nn_linear_bwd_args *a);
 apex_status apex__cuda_slot_nn_conv2d(const apex_nn_conv2d_args *a);
 apex_status apex__cuda_slot_nn_conv2d_bwd(const apex_nn_conv2d_bwd_args *a);
 apex_status apex__cuda_slot_nn_attention(const apex_nn_attention_args *a);
+apex_status apex__cuda_slot_nn_attention_bwd(const apex_nn_attention_bwd_args *a);
 apex_status apex__cuda_slot_nn_cross_entropy(const apex_nn_cross_entropy_args *a);
+apex_status apex__cuda_slot_nn_cross_entropy_bwd(const apex_nn_cross_entropy_bwd_args *a);
+apex_status apex__cuda_slot_nn_dropout(const apex_nn_dropout_args *a);
+apex_status apex__cuda_slot_nn_dropout_bwd(const apex_nn_dropout_bwd_args *a);
 apex_status apex__cuda_slot_nn_batch_norm(const apex_nn_batch_norm_args *a);
 
 #endif

@@ -20,6 +20,7 @@
 #include "apex/optim_options.h"
 #include "apex/status.h"
 #include "apex/tensor.h"
+#include "backend/args_nn.h"
 #include "backend/args_optim.h"
 
 #ifdef __cplusplus
@@ -201,6 +202,24 @@ apex_status apex__cuda_attention_fwd(const apex__cuda_attn *a, const void *qkv, 
 /* dqkv (overwritten) from dy and the forward's qkv, y and lse. */
 apex_status apex__cuda_attention_bwd(const apex__cuda_attn *a, const void *dy, const void *qkv, const void *y,
                                      const float *lse, void *dqkv);
+
+/* ---- the nn slots' own kernels, on the slot's arguments (backend/args_nn.h; every buffer device memory) ---- */
+
+/* attention.cu: the materialised causal attention (S and P in device scratch), q, k, v of one dtype. */
+apex_status apex__cuda_attention_slot_fwd(const apex_nn_attention_args *a);
+apex_status apex__cuda_attention_slot_bwd(const apex_nn_attention_bwd_args *a);
+/* attention.cu: dst [rows][cols] (ld_dst) = src [rows][cols] (ld_src) converted to dst_dtype; with land
+ * set, dst is f32 and receives (accumulate ? dst : 0.0f) + src (args_nn.h's accumulate rule). */
+apex_status apex__cuda_rows_copy(void *dst, apex_dtype dst_dtype, int64_t ld_dst, const void *src, apex_dtype src_dtype, int64_t ld_src,
+                                 int64_t rows, int64_t cols, int land, int accumulate);
+/* xent.cu: cross entropy, one block per row. */
+apex_status apex__cuda_cross_entropy_slot_fwd(const apex_nn_cross_entropy_args *a);
+apex_status apex__cuda_cross_entropy_slot_bwd(const apex_nn_cross_entropy_bwd_args *a);
+/* dropout.cu: the mask drawn on the device (core/rng.c's Philox and Bernoulli fill). */
+apex_status apex__cuda_dropout_slot_fwd(const apex_nn_dropout_args *a);
+apex_status apex__cuda_dropout_slot_bwd(const apex_nn_dropout_bwd_args *a);
+/* bn_forward.cu: batch norm's forward, one block per channel. */
+apex_status apex__cuda_batch_norm_slot_fwd(const apex_nn_batch_norm_args *a);
 
 /* ---- flash_attention.cu: the fused causal attention kernel ---------------------------------------------- */
 

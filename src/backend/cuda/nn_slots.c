@@ -1,16 +1,18 @@
 /* nn_slots.c: the CUDA backend's nn slots (backend/args_nn.h) over the kernels that exist on the GPU:
  * elementwise.cu (add, mul, scale, ReLU, tanh GELU in their operands' and
  * results' own dtypes; column sums), norm.cu (layer and RMS norm),
- * embedding.cu, gemm.cu (linear, matmul) and conv.cu (cuDNN convolution). Every buffer of a slot's
- * arguments is device memory, except the embedding's ids, which its kernel reads on the host.
+ * embedding.cu, gemm.cu (linear, matmul), conv.cu (cuDNN convolution), attention.cu and
+ * flash_attention.cu (causal attention), xent.cu (cross entropy), dropout.cu and bn_forward.cu. Every
+ * buffer of a slot's arguments is device memory, except the embedding's ids, which its kernel reads on
+ * the host.
  *
  * A slot covers what its kernel covers and answers APEX_ERR_UNSUPPORTED naming the rest (a kind, a
- * broadcast, a dtype pairing), never an approximation of it; attention, cross entropy and batch norm,
- * whose kernels keep other state for their backward, answer it whole. The kernels overwrite their gradient
+ * broadcast, a dtype pairing), never an approximation of it. Most kernels overwrite their gradient
  * outputs; args_nn.h's accumulate rule (add into the buffer, or store 0.0f + term) is kept by computing
  * the term into device scratch and adding it (land), so the bits are those of one f32 addition. All
  * work is queued on apex's one stream; nothing here waits. */
 #include <limits.h>
+#include <stdio.h>
 
 #include "backend/cuda/cuda_backend.h"
 #include "core/internal.h"
@@ -379,23 +381,104 @@ apex_status apex__cuda_slot_nn_conv2d_bwd(const apex_nn_conv2d_bwd_args *a) {
 
 /* ---- kernels whose layout the slots do not share ------------------------------------------------------ */
 
-/* These ops have CUDA kernels (apex/cuda.h's fused calls) that keep other state for their backward
- * than the slot promises, so the slot says which rather than the table leaving it unnamed. */
+/* ---- attention ----------------------------------------------------------------------------------- */
+
+/* The kernels read q, k and v in one dtype (cuBLASLt's products). */
+static apex_status attention_dtypes(const char *slot, apex_nn_buf q, apex_nn_buf k, apex_nn_buf v) {
+  if (q.dtype == k.dtype && q.dtype == v.dtype) return APEX_OK;
+  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: q, k, v of %s, %s, %s on the cuda backend (its products read one dtype); cast them to one",
+                    slot, apex_dtype_name(q.dtype), apex_dtype_name(k.dtype), apex_dtype_name(v.dtype));
+}
+
+/* The error state before a call that may answer APEX_ERR_UNSUPPORTED for a path the slot then does not
+ * take: restored afterwards, so the caller sees only what the taken path said. */
+typedef struct saved_error {
+  apex_status status;
+  char msg[512];
+} saved_error;
+
+static void error_save(saved_error *e) {
+  e->status = apex_last_status();
+  snprintf(e->msg, sizeof e->msg, "%s", e->status == APEX_OK ? "" : apex_last_error());
+}
+
+static void error_restore(const saved_error *e) {
+  if (e->status == APEX_OK) apex_clear_error();
+  else apex__fail(e->status, "%s", e->msg);
+}
+
+/* The fused kernel's geometry for the slot's (flash_attention.cu), when every buffer is of one half dtype
+ * and the extents fit its ints; else 0, and the materialised path runs. */
+static int flash_geom(size_t batch, int heads, int t, int d, apex_dtype dt, apex__cuda_flash *g) {
+  if ((dt != APEX_F16 && dt != APEX_BF16) || batch > (size_t)INT_MAX) return 0;
+  *g = (apex__cuda_flash){.batch = (int)batch, .heads = heads, .t = t, .d = d, .dtype = dt};
+  return 1;
+}
+
+/* Tries the fused kernel (any status but APEX_ERR_UNSUPPORTED is the answer), else the materialised
+ * path (attention.cu). */
 apex_status apex__cuda_slot_nn_attention(const apex_nn_attention_args *a) {
-  (void)a;
-  return unsupported("nn_attention", "separate q, k, v heads with the probabilities kept for the backward (the kernel, "
-                                     "attention.cu, takes GPT-2's packed qkv [b, t, 3 * h * d] and keeps a log-sum-exp)");
+  apex_status st = attention_dtypes("nn_attention", a->q, a->k, a->v);
+  if (st != APEX_OK || !a->batch || !a->heads || !a->t) return st;
+  apex__cuda_flash g;
+  if (a->out_dtype == a->q.dtype && flash_geom(a->batch, a->heads, a->t, a->d, a->q.dtype, &g)) {
+    g.ld_q = (int64_t)a->ld_q, g.ld_k = (int64_t)a->ld_k, g.ld_v = (int64_t)a->ld_v, g.ld_o = (int64_t)a->ld_out;
+    saved_error e;
+    error_save(&e);
+    st = apex__cuda_flash_attention_fwd(&g, a->q.data, a->k.data, a->v.data, a->out, a->stats);
+    if (st != APEX_ERR_UNSUPPORTED) return st;
+    error_restore(&e);
+  }
+  return apex__cuda_attention_slot_fwd(a);
 }
 
-apex_status apex__cuda_slot_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
-  (void)a;
-  return unsupported("nn_cross_entropy", "the row softmax kept for the backward (the kernel, xent.cu, keeps a log-sum-exp)");
+/* The fused backward reads dO in the inputs' dtype and writes dq, dk, dv in it (not accumulated): dO is
+ * rounded into scratch, the three gradients computed into scratch ([batch, t, heads * d]) and landed in
+ * the slot's f32 buffers by its accumulate rule. */
+static apex_status flash_bwd(const apex_nn_attention_bwd_args *a, apex__cuda_flash *g) {
+  size_t rows = a->batch * (size_t)a->t, C = (size_t)a->heads * (size_t)a->d, es = apex_dtype_size(g->dtype);
+  void *buf = NULL;
+  apex_status st = apex__cuda_alloc(4 * rows * C * es, 0, &buf);
+  if (st != APEX_OK) return st;
+  char *dout = buf, *dq = dout + rows * C * es, *dk = dq + rows * C * es, *dv = dk + rows * C * es;
+  g->ld_do = g->ld_dq = g->ld_dk = g->ld_dv = (int64_t)C;
+  st = apex__cuda_rows_copy(dout, g->dtype, (int64_t)C, a->gout, APEX_F32, (int64_t)a->ld_gout, (int64_t)rows, (int64_t)C, 0, 0);
+  if (st == APEX_OK) st = apex__cuda_flash_attention_bwd(g, a->q.data, a->k.data, a->v.data, a->out, dout, a->stats, dq, dk, dv);
+  float *dst[3] = {a->gq, a->gk, a->gv};
+  const char *src[3] = {dq, dk, dv};
+  const size_t ld[3] = {a->ld_gq, a->ld_gk, a->ld_gv};
+  const int acc[3] = {a->accumulate_q, a->accumulate_k, a->accumulate_v};
+  for (int w = 0; w < 3 && st == APEX_OK; w++)
+    if (dst[w]) st = apex__cuda_rows_copy(dst[w], APEX_F32, (int64_t)ld[w], src[w], g->dtype, (int64_t)C, (int64_t)rows, (int64_t)C, 1, acc[w]);
+  apex__cuda_free(buf);
+  return st;
 }
 
+apex_status apex__cuda_slot_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
+  apex_status st = attention_dtypes("nn_attention_bwd", a->q, a->k, a->v);
+  if (st != APEX_OK || !a->batch || !a->heads || !a->t || (!a->gq && !a->gk && !a->gv)) return st;
+  apex__cuda_flash g;
+  if (a->out_dtype == a->q.dtype && flash_geom(a->batch, a->heads, a->t, a->d, a->q.dtype, &g)) {
+    g.ld_q = (int64_t)a->ld_q, g.ld_k = (int64_t)a->ld_k, g.ld_v = (int64_t)a->ld_v, g.ld_o = (int64_t)a->ld_out;
+    saved_error e;
+    error_save(&e);
+    st = flash_bwd(a, &g);
+    if (st != APEX_ERR_UNSUPPORTED) return st;
+    error_restore(&e);
+  }
+  return apex__cuda_attention_slot_bwd(a);
+}
+
+/* ---- cross entropy, dropout, batch norm ----------------------------------------------------------- */
+
+apex_status apex__cuda_slot_nn_cross_entropy(const apex_nn_cross_entropy_args *a) { return apex__cuda_cross_entropy_slot_fwd(a); }
+apex_status apex__cuda_slot_nn_cross_entropy_bwd(const apex_nn_cross_entropy_bwd_args *a) { return apex__cuda_cross_entropy_slot_bwd(a); }
+apex_status apex__cuda_slot_nn_dropout(const apex_nn_dropout_args *a) { return apex__cuda_dropout_slot_fwd(a); }
+apex_status apex__cuda_slot_nn_dropout_bwd(const apex_nn_dropout_bwd_args *a) { return apex__cuda_dropout_slot_bwd(a); }
 apex_status apex__cuda_slot_nn_batch_norm(const apex_nn_batch_norm_args *a) {
   /* statistics only (args_nn.h): bn_stats.cu's Welford kernel */
   if (!a->out && a->training && !a->given_mean && a->batch_var)
     return apex__cuda_bn_stats(a->x.data, a->x.dtype, (int64_t)a->N, (int64_t)a->C, (int64_t)a->S, a->stats, a->batch_var,
                                a->batch_m2);
-  return unsupported("nn_batch_norm", "the normalisation (bn_stats.cu has only the batch statistics)");
+  return apex__cuda_batch_norm_slot_fwd(a);
 }
