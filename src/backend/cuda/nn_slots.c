@@ -192,14 +192,6 @@ apex_status apex__cuda_slot_nn_reduce(const apex_nn_reduce_args *a) {
   if (a->kind != APEX_NN_REDUCE_SUM) return unsupported("nn_reduce", "the L2 norm reduction has no kernel");
   if (a->outer != 1) return unsupported("nn_reduce", "a sum over an inner dimension (the kernel sums the first)");
   if (!a->inner) return APEX_OK;
-  /* one line over the whole of x: the blocked sum, combined in f64 (a mean divides there) */
-  if (a->inner == 1) {
-    int mean = a->dim && a->scale == 1.0 / (double)a->dim;
-    apex_status st = apex__cuda_sum_all(a->x.data, a->x.dtype, (int64_t)a->dim, mean, a->out);
-    if (st == APEX_OK && !mean && a->scale != 1.0)
-      st = apex__cuda_ew(APEX__EW_SCALE, a->out, APEX_F32, NULL, APEX_F32, (float)a->scale, a->out, APEX_F32, 1);
-    return st;
-  }
   /* x is [dim, inner]: its column sums are the lines' sums */
   apex_status st = apex__cuda_sum_rows(a->x.data, a->x.dtype, (int64_t)a->dim, (int64_t)a->inner, a->out, APEX_F32, 0);
   if (st == APEX_OK && a->scale != 1.0)
