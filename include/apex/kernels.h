@@ -139,13 +139,13 @@ APEX_API apex_status apex_kernel_gelu_forward(const apex_tensor *x, apex_tensor 
 APEX_API apex_status apex_kernel_gelu_backward(const apex_tensor *dy, const apex_tensor *x, apex_tensor *dx);
 /* Column sums of x viewed as [rows, cols] (cols = y's element count, rows = x's count / cols, which must
  * divide it: APEX_ERR_SHAPE otherwise): y[j] = sum over i of x[i, j] (+ y[j] when accumulate), summed (in
- * f64 on the CPU, f32 on a GPU) in an order fixed by the shape (the same bits on every run; a bias's
+ * f64 on the CPU) in an order fixed by the shape (the same bits on every run; a bias's
  * gradient). y f32, f16 or bf16,
  * apart from x (APEX_ERR_INVALID_ARG). Zero rows give zeros (or leave y as it is when accumulating). */
 APEX_API apex_status apex_kernel_sum_rows(const apex_tensor *x, apex_tensor *y, int accumulate);
 /* The sum of all elements of x into y (one f32 element, apart from x), or their mean with mean = 1 (NaN
- * for an empty x, as PyTorch's mean): in f64 over fixed blocks on the CPU, f32 sums over fixed slices
- * combined in f64 on a GPU, in a fixed order and rounded once, so every run gives the same bits. */
+ * for an empty x, as PyTorch's mean): summed in an order fixed by x's size alone (in f64 over fixed blocks
+ * on the CPU) and rounded once, so every run gives the same bits. */
 APEX_API apex_status apex_kernel_sum_all(const apex_tensor *x, int mean, apex_tensor *y);
 
 #ifdef __cplusplus
