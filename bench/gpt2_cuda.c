@@ -10,7 +10,7 @@
  *   qkv     = ln1 qkv_w^T + qkv_b               ln1 [BT, C]       qkv_w [3C, C]^T     [BT, 3C]
  *   atty    = attention(qkv)                    qkv viewed [B, T, 3C] -> [B, T, C]; in bf16 the fused kernel
  *                                               (flash_attention.cu, heads read in place, stats [B, H, T, 2]),
- *                                               else the materialised one (lse [B, H, T])
+ *                                               else the materialised one (stats [B * H, T, 2])
  *   res_mid = res_in + atty proj_w^T + proj_b   atty [BT, C]      proj_w [C, C]^T     [BT, C]
  *   ln2     = layer_norm(res_mid)                                                     [BT, C]
  *   fch     = ln2 fc_w^T + fc_b                 ln2 [BT, C]       fc_w [4C, C]^T      [BT, 4C]
@@ -69,13 +69,11 @@
 #endif
 
 #define LN_EPS 1e-5f
-/* No target is ever this: the cross-entropy kernels take an ignore_index, and GPT-2 ignores nothing. */
-#define NO_IGNORE (-1)
 
 typedef struct gpt2_layer_acts {
   apex_tensor *ln1, *ln1_mean, *ln1_rstd; /* [BT, C]; f32 [BT] each */
   apex_tensor *qkv, *qkv3;                /* [BT, 3C] and the same storage as [B, T, 3C] */
-  apex_tensor *atty, *atty3, *lse;        /* [BT, C], as [B, T, C]; f32 [B, H, T] */
+  apex_tensor *atty, *atty3, *lse;        /* [BT, C], as [B, T, C]; f32 [B * H, T, 2] (max, 1 / sum) */
   apex_tensor *stats;                     /* the fused attention's f32 [B, H, T, 2] (m, r) per row, or NULL */
   apex_tensor *res_mid;                   /* [BT, C]: the residual stream after the attention */
   apex_tensor *ln2, *ln2_mean, *ln2_rstd;
@@ -91,7 +89,7 @@ struct gpt2_acts {
   gpt2_layer_acts *layer;
   apex_tensor *lnf, *lnf_mean, *lnf_rstd;
   apex_tensor *logits;        /* [BT, V]; their gradient after backward */
-  apex_tensor *losses, *lse;  /* f32 [BT] */
+  apex_tensor *losses, *lse;  /* f32 [BT]; [BT, 2] (max, 1 / sum) */
   apex_tensor *loss;          /* f32 [1]: the mean */
   apex_tensor *dloss;         /* f32 [BT], each 1 / BT: the mean's gradient */
   apex_tensor *dres, *dln, *dx; /* [BT, C]: d residual, d layer-norm output, a layer norm's d input */
@@ -315,14 +313,14 @@ static int make_acts(struct gpt2_acts *a, const gpt2_config *c, apex_dtype dt, i
     gpt2_layer_acts *y = &a->layer[l];
     ok = (y->ln1 = dev(a, dt, BT, C, 0)) && (y->ln1_mean = dev(a, f, BT, 0, 0)) && (y->ln1_rstd = dev(a, f, BT, 0, 0)) &&
          (y->qkv = dev(a, dt, BT, 3 * C, 0)) && (y->qkv3 = view3(a, y->qkv, B, T, 3 * C)) &&
-         (y->atty = dev(a, dt, BT, C, 0)) && (y->atty3 = view3(a, y->atty, B, T, C)) && (y->lse = dev(a, f, B, H, T)) &&
+         (y->atty = dev(a, dt, BT, C, 0)) && (y->atty3 = view3(a, y->atty, B, T, C)) && (y->lse = dev(a, f, B * H, T, 2)) &&
          (y->res_mid = dev(a, dt, BT, C, 0)) && (y->ln2 = dev(a, dt, BT, C, 0)) && (y->ln2_mean = dev(a, f, BT, 0, 0)) &&
          (y->ln2_rstd = dev(a, f, BT, 0, 0)) && (y->fch = dev(a, dt, BT, 4 * C, 0)) &&
          (y->fch_gelu = dev(a, dt, BT, 4 * C, 0)) && (y->res_out = dev(a, dt, BT, C, 0)) &&
          (!a->flash || (y->stats = dev(a, f, B, H, 2 * (int64_t)T)));
   }
   ok = ok && (a->lnf = dev(a, dt, BT, C, 0)) && (a->lnf_mean = dev(a, f, BT, 0, 0)) && (a->lnf_rstd = dev(a, f, BT, 0, 0)) &&
-       (a->logits = dev(a, dt, BT, c->vocab, 0)) && (a->losses = dev(a, f, BT, 0, 0)) && (a->lse = dev(a, f, BT, 0, 0)) &&
+       (a->logits = dev(a, dt, BT, c->vocab, 0)) && (a->losses = dev(a, f, BT, 0, 0)) && (a->lse = dev(a, f, BT, 2, 0)) &&
        (a->loss = dev(a, f, 1, 0, 0)) && (a->dloss = dev(a, f, BT, 0, 0)) && (a->dres = dev(a, dt, BT, C, 0)) &&
        (a->dln = dev(a, dt, BT, C, 0)) && (a->dx = dev(a, dt, BT, C, 0)) && (a->datty = dev(a, dt, BT, C, 0)) &&
        (a->datty3 = view3(a, a->datty, B, T, C)) && (a->dqkv = dev(a, dt, BT, 3 * C, 0)) &&
@@ -614,7 +612,7 @@ apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t
           "cross-entropy and its gradient (fused classifier)");
   else
 #endif
-    CHECK(apex_kernel_cross_entropy_forward(a->logits, apex_tensor_data(a->d_targets), NO_IGNORE, 0.0f, a->losses, a->lse),
+    CHECK(apex_kernel_cross_entropy_forward(a->logits, apex_tensor_data(a->d_targets), 0.0f, a->losses, a->lse),
           "cross-entropy");
   CHECK(apex_kernel_sum_all(a->losses, 1, a->loss), "mean loss");
   a->forward_done = 1;
@@ -644,7 +642,7 @@ apex_status gpt2_cuda_backward(gpt2_cuda *m) {
   const int L = m->cfg.n_layer;
   const int64_t *d_targets = apex_tensor_data(a->d_targets);
   if (!a->fused_classifier) /* else the forward left dlogits in the logits already */
-    CHECK(apex_kernel_cross_entropy_backward(a->dloss, a->logits, d_targets, a->lse, NO_IGNORE, 0.0f, a->logits),
+    CHECK(apex_kernel_cross_entropy_backward(a->dloss, a->logits, d_targets, a->lse, 0.0f, a->logits),
           "cross-entropy backward"); /* in place: each element is read, then written, by one thread */
   CHECK(apex_kernel_matmul(a->logits, 0, p->wte, 0, a->dln, 1.0f, 0.0f, NULL, 0), "lm_head backward (input)");
   CHECK(apex_kernel_layer_norm_backward(a->dln, a->layer[L - 1].res_out, p->lnf_w, a->lnf_mean, a->lnf_rstd, 0, a->dres,

@@ -154,17 +154,18 @@ static void pc_cross_entropy(void) {
     apex_tensor *l = apex_tensor_create_on(pc_dev, (apex_dtype)dt, 2, shape);
     TU_OK(apex_tensor_copy(l, hl));
     int64_t target[67];
-    for (int64_t r = 0; r < rows; r++) target[r] = r == 5 ? -100 : (r * 7919) % cols;
+    for (int64_t r = 0; r < rows; r++) target[r] = r == 5 ? -1 : (r * 7919) % cols;
     int64_t two = 2 * rows; /* the int64 targets travel as raw bytes in an f32 tensor of twice the length */
     apex_tensor *ht = apex_tensor_wrap(target, APEX_F32, 1, &two), *dt_ = apex_tensor_create_on(pc_dev, APEX_F32, 1, &two);
     TU_OK(apex_tensor_copy(dt_, ht));
     const int64_t *d_target = apex_tensor_data(dt_);
-    apex_tensor *loss = apex_tensor_create_on(pc_dev, APEX_F32, 1, &rows), *lse = apex_tensor_create_on(pc_dev, APEX_F32, 1, &rows);
+    int64_t rows2[2] = {rows, 2};
+    apex_tensor *loss = apex_tensor_create_on(pc_dev, APEX_F32, 1, &rows), *lse = apex_tensor_create_on(pc_dev, APEX_F32, 2, rows2);
     apex_tensor *dloss = apex_tensor_create_on(pc_dev, APEX_F32, 1, &rows), *dl = apex_tensor_create_on(pc_dev, (apex_dtype)dt, 2, shape);
     const float eps = 0.1f;
     TU_OK(apex_tensor_fill(dloss, 0.5f));
-    TU_OK(apex_kernel_cross_entropy_forward(l, d_target, -100, eps, loss, lse));
-    TU_OK(apex_kernel_cross_entropy_backward(dloss, l, d_target, lse, -100, eps, dl));
+    TU_OK(apex_kernel_cross_entropy_forward(l, d_target, eps, loss, lse));
+    TU_OK(apex_kernel_cross_entropy_backward(dloss, l, d_target, lse, eps, dl));
     double *rl = malloc((size_t)rows * sizeof *rl), *rg = malloc((size_t)(rows * cols) * sizeof *rg);
     for (int64_t r = 0; r < rows; r++) {
       double mx = -INFINITY, se = 0, sx = 0;
@@ -175,7 +176,7 @@ static void pc_cross_entropy(void) {
         sx += v;
       }
       double lsev = mx + log(se);
-      int ign = target[r] == -100;
+      int ign = target[r] == -1;
       rl[r] = ign ? 0 : (1 - eps) * (lsev - apex_tensor_get(hl, (size_t)(r * cols + target[r]))) + eps * (lsev - sx / (double)cols);
       for (int64_t c = 0; c < cols; c++) {
         double p = exp(apex_tensor_get(hl, (size_t)(r * cols + c)) - lsev);
@@ -185,8 +186,8 @@ static void pc_cross_entropy(void) {
     check_close(loss, rl, (size_t)rows, 1e-5, 1.0, "cross-entropy loss");
     check_close(dl, rg, (size_t)(rows * cols), tol_for((apex_dtype)dt), 1e-3, "cross-entropy grad");
     free(rl), free(rg);
-    TU_FAILS(apex_kernel_cross_entropy_forward(l, d_target, -100, 1.5f, loss, lse), APEX_ERR_INVALID_ARG, "label_smoothing");
-    TU_FAILS(apex_kernel_cross_entropy_forward(l, d_target, -100, 0, lse, dl), APEX_ERR_SHAPE, "lse has shape");
+    TU_FAILS(apex_kernel_cross_entropy_forward(l, d_target, 1.5f, loss, lse), APEX_ERR_INVALID_ARG, "label_smoothing");
+    TU_FAILS(apex_kernel_cross_entropy_forward(l, d_target, 0, loss, dl), APEX_ERR_SHAPE, "stats has shape");
     apex_tensor *all[] = {hl, l, ht, dt_, loss, lse, dloss, dl};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
   }
@@ -749,14 +750,14 @@ static void attention_case(apex_dtype dt, int64_t B, int64_t T, int64_t H, int64
   TU_OK(apex_backward(vy, &(apex_backward_options){.grad_output = rdy}));
   const apex_tensor *ry = apex_var_value(vy), *rg[3] = {apex_var_grad(vq), apex_var_grad(vk), apex_var_grad(vv)};
   /* The GPU. */
-  int64_t sq[3] = {B, T, 3 * C}, sy[3] = {B, T, C}, sl[3] = {B, H, T};
+  int64_t sq[3] = {B, T, 3 * C}, sy[3] = {B, T, C}, sl[4] = {B, H, T, 2};
   apex_tensor *qkv = apex_tensor_create_on(pc_dev, dt, 3, sq), *dy = apex_tensor_create_on(pc_dev, dt, 3, sy);
   TU_OK(apex_tensor_copy(qkv, hqkv));
   TU_OK(apex_tensor_copy(dy, hdy));
   apex_tensor *y[2], *lse[2], *dqkv[2];
   for (int run = 0; run < 2; run++) {
     y[run] = apex_tensor_create_on(pc_dev, dt, 3, sy);
-    lse[run] = apex_tensor_create_on(pc_dev, APEX_F32, 3, sl);
+    lse[run] = apex_tensor_create_on(pc_dev, APEX_F32, 4, sl);
     dqkv[run] = apex_tensor_create_on(pc_dev, dt, 3, sq);
     TU_OK(apex_tensor_fill(y[run], 7.0f)); /* every element must be overwritten */
     TU_OK(apex_tensor_fill(dqkv[run], 7.0f));
@@ -817,7 +818,11 @@ static void attention_case(apex_dtype dt, int64_t B, int64_t T, int64_t H, int64
         free(sc);
       }
   snprintf(what + strlen(what), sizeof what - strlen(what), " lse");
-  check_close(lse[0], ref, nl, 1e-5, 1.0, what);
+  /* the kernel keeps each row's (m, r): its log-sum-exp is m - log r */
+  apex_tensor *hst = host_copy(lse[0]), *lv = apex_tensor_create(APEX_F32, 1, (int64_t[]){(int64_t)nl});
+  for (size_t i = 0; i < nl; i++) apex_tensor_set(lv, i, (float)(apex_tensor_get(hst, 2 * i) - log(apex_tensor_get(hst, 2 * i + 1))));
+  check_close(lv, ref, nl, 1e-5, 1.0, what);
+  apex_tensor_destroy(hst), apex_tensor_destroy(lv);
   free(ref);
   /* deterministic: the second run gives the same bits */
   same_run_bits(y[1], y[0], "attention y, second run");
@@ -834,15 +839,15 @@ static void attention_case(apex_dtype dt, int64_t B, int64_t T, int64_t H, int64
 
 /* Every bad input of the two calls is refused with a message naming the argument, before any work. */
 static void attention_bad_input(void) {
-  int64_t sq[3] = {1, 4, 24}, sy[3] = {1, 4, 8}, sl[3] = {1, 2, 4}, s2[2] = {4, 24}, s25[3] = {1, 4, 25}, sy9[3] = {1, 4, 9};
+  int64_t sq[3] = {1, 4, 24}, sy[3] = {1, 4, 8}, sl[4] = {1, 2, 4, 2}, s2[2] = {4, 24}, s25[3] = {1, 4, 25}, sy9[3] = {1, 4, 9};
   apex_tensor *qkv = apex_tensor_create_on(pc_dev, APEX_F32, 3, sq), *y = apex_tensor_create_on(pc_dev, APEX_F32, 3, sy);
-  apex_tensor *lse = apex_tensor_create_on(pc_dev, APEX_F32, 3, sl), *dqkv = apex_tensor_create_on(pc_dev, APEX_F32, 3, sq);
+  apex_tensor *lse = apex_tensor_create_on(pc_dev, APEX_F32, 4, sl), *dqkv = apex_tensor_create_on(pc_dev, APEX_F32, 3, sq);
   apex_tensor *dy = apex_tensor_create_on(pc_dev, APEX_F32, 3, sy);
   apex_tensor *q2 = apex_tensor_create_on(pc_dev, APEX_F32, 2, s2), *q25 = apex_tensor_create_on(pc_dev, APEX_F32, 3, s25);
   apex_tensor *y9 = apex_tensor_create_on(pc_dev, APEX_F32, 3, sy9), *y16 = apex_tensor_create_on(pc_dev, APEX_F16, 3, sy);
-  apex_tensor *l16 = apex_tensor_create_on(pc_dev, APEX_F16, 3, sl), *l7 = apex_tensor_create_on(pc_dev, APEX_F32, 1, (int64_t[]){7});
+  apex_tensor *l16 = apex_tensor_create_on(pc_dev, APEX_F16, 4, sl), *l7 = apex_tensor_create_on(pc_dev, APEX_F32, 1, (int64_t[]){7});
   apex_tensor *dq16 = apex_tensor_create_on(pc_dev, APEX_BF16, 3, sq), *hqkv = apex_tensor_create(APEX_F32, 3, sq);
-  apex_tensor *hl = apex_tensor_create(APEX_F32, 3, sl);
+  apex_tensor *hl = apex_tensor_create(APEX_F32, 4, sl);
   TU_OK(apex_tensor_fill(qkv, 0.5f));
   TU_OK(apex_tensor_fill(dy, 0.25f));
   TU_OK(apex_kernel_attention_forward(qkv, 2, y, lse)); /* the shapes below differ from these in one thing each */
@@ -853,11 +858,11 @@ static void attention_bad_input(void) {
   TU_FAILS(apex_kernel_attention_forward(qkv, -1, y, lse), APEX_ERR_INVALID_ARG, "n_heads is -1");
   TU_FAILS(apex_kernel_attention_forward(qkv, 2, y9, lse), APEX_ERR_SHAPE, "y has shape [1, 4, 9]; [1, 4, 8] expected");
   TU_FAILS(apex_kernel_attention_forward(qkv, 2, y16, lse), APEX_ERR_DTYPE, "y is f16; use f32");
-  TU_FAILS(apex_kernel_attention_forward(qkv, 2, y, l16), APEX_ERR_DTYPE, "lse is f16; use f32");
-  TU_FAILS(apex_kernel_attention_forward(qkv, 2, y, l7), APEX_ERR_SHAPE, "lse has shape [7] (7 elements); 8 expected");
-  TU_FAILS(apex_kernel_attention_forward(qkv, 1, y, lse), APEX_ERR_SHAPE, "lse has shape"); /* one head: 4 rows, not 8 */
+  TU_FAILS(apex_kernel_attention_forward(qkv, 2, y, l16), APEX_ERR_DTYPE, "stats is f16; use f32");
+  TU_FAILS(apex_kernel_attention_forward(qkv, 2, y, l7), APEX_ERR_SHAPE, "stats has shape [7] (7 elements); 16 expected");
+  TU_FAILS(apex_kernel_attention_forward(qkv, 1, y, lse), APEX_ERR_SHAPE, "stats has shape"); /* one head: 4 rows, not 8 */
   TU_FAILS(apex_kernel_attention_forward(hqkv, 2, y, lse), APEX_ERR_DEVICE, "qkv is on the CPU");
-  TU_FAILS(apex_kernel_attention_forward(qkv, 2, y, hl), APEX_ERR_DEVICE, "lse is on the CPU");
+  TU_FAILS(apex_kernel_attention_forward(qkv, 2, y, hl), APEX_ERR_DEVICE, "stats is on the CPU");
   TU_FAILS(apex_kernel_attention_forward(NULL, 2, y, lse), APEX_ERR_INVALID_ARG, "qkv is NULL");
   TU_FAILS(apex_kernel_attention_forward(qkv, 2, NULL, lse), APEX_ERR_INVALID_ARG, "y is NULL");
   TU_OK(apex_kernel_attention_backward(dy, qkv, y, lse, 2, dqkv));
@@ -865,7 +870,7 @@ static void attention_bad_input(void) {
   TU_FAILS(apex_kernel_attention_backward(dy, qkv, y, lse, 2, dq16), APEX_ERR_DTYPE, "dqkv is bf16; use f32");
   TU_FAILS(apex_kernel_attention_backward(y16, qkv, y, lse, 2, dqkv), APEX_ERR_DTYPE, "dy is f16; use f32");
   TU_FAILS(apex_kernel_attention_backward(dy, qkv, y9, lse, 2, dqkv), APEX_ERR_SHAPE, "y has shape [1, 4, 9]");
-  TU_FAILS(apex_kernel_attention_backward(dy, qkv, y, l16, 2, dqkv), APEX_ERR_DTYPE, "lse is f16");
+  TU_FAILS(apex_kernel_attention_backward(dy, qkv, y, l16, 2, dqkv), APEX_ERR_DTYPE, "stats is f16");
   TU_FAILS(apex_kernel_attention_backward(dy, qkv, y, lse, 3, dqkv), APEX_ERR_SHAPE, "not divisible by n_heads = 3");
   TU_FAILS(apex_kernel_attention_backward(dy, hqkv, y, lse, 2, dqkv), APEX_ERR_DEVICE, "qkv is on the CPU");
   TU_FAILS(apex_kernel_attention_backward(dy, qkv, y, lse, 2, NULL), APEX_ERR_INVALID_ARG, "dqkv is NULL");

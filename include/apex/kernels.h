@@ -1,12 +1,12 @@
 /* kernels.h: raw kernels on apex tensors, for programs that bring their own model (llm.c style) and
  * call the fused kernels directly instead of building a graph (autograd.h, nn_ops.h).
  *
- * Each call is device-neutral: it runs on the device its tensors are on, through that device's backend,
- * and every tensor of one call must be on the same device (APEX_ERR_DEVICE naming the one that is not).
- * A backend without the kernel answers APEX_ERR_UNSUPPORTED naming the call, the kernel and the backend,
- * and changes nothing; which backend has which kernel is listed in the README. The numerics below are
- * each kernel's contract; where a backend's library (cuBLASLt, cuDNN) or device math sets a bound, the
- * text names it. Nothing here waits for the device: results are there once the device is synchronised
+ * Each call is device-neutral: it runs on the device its tensors are on, through the same backend kernels
+ * that autograd's ops run there (so on the CPU as on a GPU), and every tensor of one call must be on the
+ * same device (APEX_ERR_DEVICE naming the one that is not). A backend without the kernel answers
+ * APEX_ERR_UNSUPPORTED naming the call and the kernel, and changes nothing. The numerics below are each
+ * kernel's contract; where a backend's library (cuBLASLt, cuDNN) or device math sets a bound, the text
+ * names it. Gradients are computed in f32 and rounded once into the gradient's own dtype. Nothing here waits for the device: results are there once the device is synchronised
  * (apex_cuda_synchronize) or read back (apex_tensor_get, apex_tensor_copy to the host). */
 #ifndef APEX_KERNELS_H
 #define APEX_KERNELS_H
@@ -46,34 +46,37 @@ APEX_API apex_status apex_kernel_layer_norm_backward(const apex_tensor *dy, cons
                                                      const apex_tensor *mean, const apex_tensor *rstd, int rms,
                                                      apex_tensor *dx, apex_tensor *dw, apex_tensor *db);
 /* Softmax + cross-entropy per row of logits [rows, classes] against class indices d_target (a pointer
- * to rows int64 values in the memory of logits' device, as PyTorch's cross_entropy with reduction='none', ignore_index and
- * label_smoothing): loss f32 [rows] (0 for an ignored row, NaN for an index outside [0, classes)) and
- * lse f32 [rows], the log-sum-exp the backward reuses. Never forms the softmax. */
+ * to rows int64 values in the memory of logits' device; -1 marks a row to ignore), as PyTorch's
+ * cross_entropy with reduction='none', ignore_index=-1 and label_smoothing: loss f32 [rows] (0 for an
+ * ignored row) and stats f32 [rows, 2] (any shape of 2 * rows elements), each row's max m and
+ * r = 1 / sum exp(x - m) (its log-sum-exp is m - log r), from which the backward recomputes the softmax.
+ * Never keeps the softmax. A target outside [-1, classes) is APEX_ERR_INVALID_ARG where the targets are
+ * host memory (the CPU); on a GPU, where checking would wait for it, its row's loss is NaN. */
 APEX_API apex_status apex_kernel_cross_entropy_forward(const apex_tensor *logits, const int64_t *d_target,
-                                                       int64_t ignore_index, float label_smoothing, apex_tensor *loss,
-                                                       apex_tensor *lse);
-/* dlogits = dloss[row] * (softmax - smoothed one-hot), 0 for ignored rows, in one pass. */
+                                                       float label_smoothing, apex_tensor *loss, apex_tensor *stats);
+/* dlogits (logits' dtype; may be logits itself) = dloss[row] * (softmax - smoothed one-hot), 0 for
+ * ignored rows, from the forward's stats. */
 APEX_API apex_status apex_kernel_cross_entropy_backward(const apex_tensor *dloss, const apex_tensor *logits,
-                                                        const int64_t *d_target, const apex_tensor *lse,
-                                                        int64_t ignore_index, float label_smoothing,
-                                                        apex_tensor *dlogits);
+                                                        const int64_t *d_target, const apex_tensor *stats,
+                                                        float label_smoothing, apex_tensor *dlogits);
 /* Per-channel batch statistics of x [N, C, ...] by Welford's method: mean, biased variance and the sum of
  * squared deviations M2 (f32 [C] each; m2 may be NULL), the triples SyncBatchNorm merges across ranks. */
 APEX_API apex_status apex_kernel_batch_norm_stats(const apex_tensor *x, apex_tensor *mean, apex_tensor *var,
                                                   apex_tensor *m2);
 /* c = alpha * op(a) @ op(b) + beta * c (+ bias per column of c) (then GELU, tanh form, when gelu = 1),
- * through cuBLASLt with f32 accumulation: a, b f16/bf16 (tensor cores) or f32 (TF32 off); c f32 or a's
- * dtype; bias (may be NULL) c's dtype, [n]. a is [m, k] ([k, m] with trans_a), b [k, n] ([n, k] with
+ * accumulated in f32 (on a GPU through cuBLASLt: f16/bf16 on the tensor cores, f32 with TF32 off): a, b of
+ * one dtype, f32, f16 or bf16; c f32 or a's dtype (read when beta is not 0); bias (may be NULL) c's
+ * dtype, [n]. c may not overlap a or b. a is [m, k] ([k, m] with trans_a), b [k, n] ([n, k] with
  * trans_b), c [m, n], all row-major. */
 APEX_API apex_status apex_kernel_matmul(const apex_tensor *a, int trans_a, const apex_tensor *b, int trans_b,
                                         apex_tensor *c, float alpha, float beta, const apex_tensor *bias, int gelu);
 
-/* 2-D convolution through cuDNN (loaded at the first call from $APEX_CUDNN, else libcudnn.so.9 on the
- * loader's path; APEX_ERR_UNSUPPORTED saying so when it cannot be loaded): y = conv(x, w) + b as
+/* 2-D convolution (on a GPU through cuDNN, loaded at the first call from $APEX_CUDNN, else libcudnn.so.9
+ * on the loader's path; APEX_ERR_UNSUPPORTED saying so when it cannot be loaded): y = conv(x, w) + b as
  * apex_conv2d (nn_ops.h) computes it, x [N, C, H, W], w [K, C, R, S], b [K] or NULL, y [N, K, P, Q]
  * with P = (H + 2 pad_h - R) / stride_h + 1 (Q likewise); x, w and y of one dtype (f32 on the FMA
  * units, f16/bf16 on the tensor cores, f32 accumulation), b f32 or that dtype; opts may be NULL.
- * Deterministic: cuDNN's algorithms are chosen among those it marks deterministic. */
+ * Deterministic: cuDNN's algorithms are chosen among those it marks deterministic. y may not overlap x. */
 APEX_API apex_status apex_kernel_conv2d_forward(const apex_tensor *x, const apex_tensor *w, const apex_tensor *b,
                                                 const apex_conv2d_options *opts, apex_tensor *y);
 /* The gradients of the forward above from dy [N, K, P, Q]: dx (x's shape and dtype), dw (w's) and db
@@ -82,8 +85,8 @@ APEX_API apex_status apex_kernel_conv2d_backward(const apex_tensor *dy, const ap
                                                  const apex_conv2d_options *opts, apex_tensor *dx, apex_tensor *dw,
                                                  apex_tensor *db);
 
-/* Embedding lookup: y[t, :] = table[ids[t], :] for the n ids, a HOST array of int64 (as apex_embedding
- * takes them; copied to the GPU without waiting for it). table [V, D] f32/f16/bf16; y of table's dtype
+/* Embedding lookup: y[t, :] = table[ids[t], :] for the n ids, a HOST array of int64 on every device (as
+ * apex_embedding takes them; copied to a GPU without waiting for it). table [V, D] f32/f16/bf16; y of table's dtype
  * with n * D elements (e.g. [n, D] or [B, T, D]). APEX_ERR_INVALID_ARG naming the position of an id
  * outside [0, V). */
 APEX_API apex_status apex_kernel_embedding_forward(const apex_tensor *table, const int64_t *ids, int64_t n, apex_tensor *y);
@@ -99,20 +102,22 @@ APEX_API apex_status apex_kernel_embedding_backward(const apex_tensor *dy, const
  * contiguous channels. y [B, T, C] is, per head, softmax(q k^T / sqrt(D) + causal mask) v with the heads
  * side by side again (ready for the c_proj linear), as apex_causal_attention (nn_ops.h) computes it on
  * [B, H, T, D] operands. qkv and y of one dtype: f32, or f16/bf16 on the tensor cores, accumulating in
- * f32. lse f32 [B, n_heads, T]: the log-sum-exp of each scaled score row, saved for the backward (which
- * recomputes the probabilities from it instead of keeping a [T, T] matrix per head). Deterministic. */
-APEX_API apex_status apex_kernel_attention_forward(const apex_tensor *qkv, int n_heads, apex_tensor *y, apex_tensor *lse);
+ * f32. stats f32 [B, n_heads, T, 2] (any shape of that many elements): per scaled score row, its max m
+ * and r = 1 / sum exp(s - m) (the log-sum-exp is m - log r), saved for the backward (which recomputes the
+ * probabilities from them instead of keeping a [T, T] matrix per head). Deterministic. y may not overlap
+ * qkv. */
+APEX_API apex_status apex_kernel_attention_forward(const apex_tensor *qkv, int n_heads, apex_tensor *y, apex_tensor *stats);
 /* dqkv [B, T, 3 * C] (qkv's dtype, overwritten) from dy [B, T, C] (y's dtype) and the forward's qkv, y and
- * lse. */
+ * stats. dqkv may not overlap dy, qkv or y. */
 APEX_API apex_status apex_kernel_attention_backward(const apex_tensor *dy, const apex_tensor *qkv, const apex_tensor *y,
-                                                    const apex_tensor *lse, int n_heads, apex_tensor *dqkv);
+                                                    const apex_tensor *stats, int n_heads, apex_tensor *dqkv);
 
 /* ---- elementwise and reductions --------------------------------------------------------------------------
- * Device tensors of f32, f16 or bf16 (each argument may have its own dtype, and its own shape: only the
+ * Tensors of f32, f16 or bf16 (each argument may have its own dtype, and its own shape: only the
  * element counts must agree), math in f32, rounded to the output's dtype as the CPU ops round: the same bits
- * as apex_add / apex_mul / apex_scale / apex_relu and ReLU's gradient on the CPU (NaN where the CPU gives NaN,
- * not necessarily the same NaN: the GPU's arithmetic returns one canonical NaN). GELU goes through the
- * device's tanhf, which is not glibc's (each is within 2 ulp of tanh), so it is not bitwise: y is within
+ * as apex_add / apex_mul / apex_scale / apex_relu and ReLU's gradient on the CPU (on a GPU NaN where the CPU
+ * gives NaN, not necessarily the same NaN: the GPU's arithmetic returns one canonical NaN). On a GPU GELU
+ * goes through the device's tanhf, which is not glibc's (each is within 2 ulp of tanh), so it is not bitwise: y is within
  * |x| 2^-21 + 2 ulp (of y's dtype, at y) of apex_gelu_tanh's, and dx within |dy| (1 + P) 2^-19 + 2 ulp of
  * the CPU backward's, P = |x| sqrt(2/pi) (1 + 3 * 0.044715 x^2) / 2; the same values where either is not
  * finite. Outputs may alias inputs of the same dtype (y = a is an in-place update); any other overlap of an
@@ -133,13 +138,14 @@ APEX_API apex_status apex_kernel_relu_backward(const apex_tensor *dy, const apex
 APEX_API apex_status apex_kernel_gelu_forward(const apex_tensor *x, apex_tensor *y);
 APEX_API apex_status apex_kernel_gelu_backward(const apex_tensor *dy, const apex_tensor *x, apex_tensor *dx);
 /* Column sums of x viewed as [rows, cols] (cols = y's element count, rows = x's count / cols, which must
- * divide it: APEX_ERR_SHAPE otherwise): y[j] = sum over i of x[i, j] (+ y[j] when accumulate), summed in
- * f32 in an order fixed by the shape (the same bits on every run; a bias's gradient). y f32, f16 or bf16,
+ * divide it: APEX_ERR_SHAPE otherwise): y[j] = sum over i of x[i, j] (+ y[j] when accumulate), summed (in
+ * f64 on the CPU) in an order fixed by the shape (the same bits on every run; a bias's
+ * gradient). y f32, f16 or bf16,
  * apart from x (APEX_ERR_INVALID_ARG). Zero rows give zeros (or leave y as it is when accumulating). */
 APEX_API apex_status apex_kernel_sum_rows(const apex_tensor *x, apex_tensor *y, int accumulate);
 /* The sum of all elements of x into y (one f32 element, apart from x), or their mean with mean = 1 (NaN
- * for an empty x, as PyTorch's mean): f32 sums over fixed slices of x, combined in f64 in a fixed order
- * and rounded once, so every run gives the same bits. */
+ * for an empty x, as PyTorch's mean): summed in an order fixed by x's size alone (in f64 over fixed blocks
+ * on the CPU) and rounded once, so every run gives the same bits. */
 APEX_API apex_status apex_kernel_sum_all(const apex_tensor *x, int mean, apex_tensor *y);
 
 #ifdef __cplusplus

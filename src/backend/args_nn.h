@@ -263,6 +263,11 @@ typedef struct apex_nn_batch_norm_args {
   float *running_mean, *running_var;
   const float *given_mean, *given_rstd, *given_var;
   apex_nn_workspace ws;
+  /* The statistics-only mode (apex_kernel_batch_norm_stats): with out NULL, training and no given
+   * statistics, the op writes this batch's per-channel mean into stats' first half, its biased variance
+   * into batch_var and, when set, the sum of squared deviations M2 into batch_m2 (f32 [C] each: the
+   * triples SyncBatchNorm merges across ranks), and nothing else. NULL otherwise. */
+  float *batch_var, *batch_m2;
 } apex_nn_batch_norm_args;
 
 /* The backward of batch norm from its statistics (stats as the forward wrote them). With relu (the
@@ -436,8 +441,19 @@ typedef struct apex_nn_embedding_bwd_args {
 
 /* ---- products (cpu/linear.c on cpu/gemm.c, cuda/gemm.cu) -------------------------------------------- */
 
+/* What a raw product (apex_kernel_matmul, kernels.h) adds to autograd's: transposed operands, scaling,
+ * accumulation into the output, a bias and a GELU epilogue. Per batch entry, out = gelu?(alpha * op(a)
+ * op(b) + beta * out + bias), in f32 and rounded once to out_dtype; out is read (in out_dtype) only when
+ * beta is not 0. */
+typedef struct apex_nn_gemm_ext {
+  int trans_a, trans_b; /* a stored [k, m], b stored [n, k] (each batch entry) */
+  float alpha, beta;
+  apex_nn_buf bias; /* [n], any float dtype, added to every row (data NULL: none) */
+  int gelu;         /* then GELU in the tanh form, with apex_gelu_tanh's CPU bits */
+} apex_nn_gemm_ext;
+
 /* out [batch][m, n] (out_dtype) = a [batch][m, k] b [k, n] (b_batched: [batch][k, n]), accumulated in
- * f32. */
+ * f32. ext (NULL for autograd's plain product) widens it to apex_nn_gemm_ext's. */
 typedef struct apex_nn_matmul_args {
   size_t batch;
   int m, n, k;
@@ -446,6 +462,7 @@ typedef struct apex_nn_matmul_args {
   void *out;
   apex_dtype out_dtype;
   apex_nn_workspace ws;
+  const apex_nn_gemm_ext *ext;
 } apex_nn_matmul_args;
 
 /* ga += gout b^T, gb += a^T gout, per batch entry (gout, ga, gb f32). accumulate 0 writes the product

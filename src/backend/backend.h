@@ -19,6 +19,7 @@
 #include "backend/args_mt.h"
 #include "backend/args_nn.h"
 #include "backend/args_optim.h"
+#include "backend/device_services.h"
 #include "backend/streams.h"
 #include "core/memory.h"
 
@@ -38,6 +39,9 @@ typedef struct apex_backend {
   const apex_memory *mem;
   /* ---- streams and events (streams.h), on a device that runs work asynchronously; NULL otherwise ---- */
   const apex_streams *streams;
+  /* ---- runtime services (device_services.h: name, stream, allocator counters, page-locked host
+   * memory), on a device with a runtime of its own; NULL otherwise ---- */
+  const apex_device_services *services;
 
   /* ---- multi-tensor kernels (args_mt.h) ---- */
   apex_status (*mt_scale)(const apex_mt_scale_args *a);
@@ -115,10 +119,11 @@ apex_status apex__backend_slot_missing(const apex_backend *b, const char *fn, co
 
 /* The backends this build has (backend/cpu/backend.c, backend/cuda/backend.c), the CUDA one's memory
  * slots (backend/cuda/memory.c; the CPU backend's are core's host memory, core/host_memory.c) and its
- * stream and event slots (backend/cuda/backend.c, over streams.cu). */
+ * stream and event slots and runtime services (backend/cuda/backend.c, over streams.cu and runtime.cu). */
 extern const apex_backend apex__cpu_backend;
 extern const apex_backend apex__cuda_backend;
 extern const apex_memory apex__cuda_memory;
 extern const apex_streams apex__cuda_streams;
+extern const apex_device_services apex__cuda_services;
 
 #endif

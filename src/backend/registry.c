@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "backend/cuda_ops.h"
 #include "core/internal.h"
 
 /* Why this build has no backend for a device. */
@@ -68,12 +67,4 @@ const char *apex__device_name(apex_device device) {
 apex_status apex__backend_slot_missing(const apex_backend *b, const char *fn, const char *op) {
   return apex__fail(APEX_ERR_UNSUPPORTED, "%s: %s is not implemented on the %s backend (device %d)", fn, op, b->name,
                     (int)b->device);
-}
-
-const apex_cuda_ops *apex__cuda_ops(void) {
-#if APEX_HAVE_CUDA
-  return &apex__cuda_ops_table;
-#else
-  return NULL;
-#endif
 }

@@ -17,8 +17,43 @@ static apex__mat mat(apex_nn_buf b, size_t off, int ld, int trans) {
 }
 static apex__mat mat_f32(const float *p, int ld, int trans) { return (apex__mat){p, APEX_F32, ld, trans}; }
 
+/* One product entry with apex_nn_gemm_ext's epilogue: straight into out where apex__gemm covers it (no
+ * GELU; beta 0 or an f32 out; a bias only with beta 0), else through an f32 [m, n] tile of the workspace
+ * that receives beta * out, the product, the bias, and is rounded into out once (through GELU). */
+static apex_status matmul_ext_one(const apex_nn_matmul_args *a, apex__mat A, apex__mat B, void *o) {
+  const apex_nn_gemm_ext *e = a->ext;
+  int m = a->m, n = a->n, k = a->k;
+  size_t mn = (size_t)m * n;
+  const float *bias = apex__cpu_f32(e->bias, (size_t)n, &a->ws);
+  if (e->bias.data && !bias) return APEX_ERR_OUT_OF_MEMORY;
+  if (!e->gelu && (e->beta == 0.0f || (a->out_dtype == APEX_F32 && !bias)))
+    return apex__gemm(&a->ws, m, n, k, e->alpha, A, B, e->beta, o, a->out_dtype, n, e->beta == 0.0f ? bias : NULL);
+  float *t = a->ws.get(a->ws.ctx, (mn ? mn : 1) * sizeof(float));
+  if (!t) return APEX_ERR_OUT_OF_MEMORY;
+  if (e->beta != 0.0f && apex_convert(t, APEX_F32, o, a->out_dtype, mn) != APEX_OK) return apex_last_status();
+  apex_status st = apex__gemm(&a->ws, m, n, k, e->alpha, A, B, e->beta, t, APEX_F32, n, NULL);
+  if (st != APEX_OK) return st;
+  if (bias)
+    for (size_t i = 0; i < (size_t)m; i++)
+      for (size_t j = 0; j < (size_t)n; j++) t[i * n + j] += bias[j];
+  if (e->gelu)
+    return apex__cpu_nn_unary(&(apex_nn_unary_args){.kind = APEX_NN_GELU_TANH, .n = mn, .x = {t, APEX_F32}, .out = o,
+                                                    .out_dtype = a->out_dtype, .ws = a->ws});
+  return apex_convert(o, a->out_dtype, t, APEX_F32, mn);
+}
+
 apex_status apex__cpu_nn_matmul(const apex_nn_matmul_args *a) {
   int m = a->m, n = a->n, k = a->k;
+  if (a->ext) {
+    const apex_nn_gemm_ext *e = a->ext;
+    size_t sa = (size_t)m * k, sb = a->b_batched ? (size_t)k * n : 0, so = (size_t)m * n;
+    for (size_t i = 0; i < a->batch; i++) {
+      apex_status st = matmul_ext_one(a, mat(a->a, i * sa, e->trans_a ? m : k, e->trans_a), mat(a->b, i * sb, e->trans_b ? k : n, e->trans_b),
+                                      (char *)a->out + i * so * apex_dtype_size(a->out_dtype));
+      if (st != APEX_OK) return st;
+    }
+    return APEX_OK;
+  }
   size_t sa = (size_t)m * k, sb = a->b_batched ? (size_t)k * n : 0, so = (size_t)m * n;
   char *o = a->out;
   for (size_t i = 0; i < a->batch; i++) {

@@ -276,6 +276,12 @@ BN_INLINE void bn_forward_channel(const apex_nn_batch_norm_args *a, size_t c, fl
     var = q / (double)M;
     if (rm) rm[c] = (float)((1.0 - mom) * rm[c] + mom * mean);
     if (rv) rv[c] = (float)((1.0 - mom) * rv[c] + mom * q / (double)(M - 1));
+    if (a->batch_var) a->batch_var[c] = (float)var;
+    if (a->batch_m2) a->batch_m2[c] = (float)q;
+    if (!a->out) { /* statistics only */
+      a->stats[c] = (float)mean;
+      return;
+    }
   } else {
     mean = rm[c];
     var = rv[c];

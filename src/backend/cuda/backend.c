@@ -1,13 +1,13 @@
 /* backend.c: the CUDA backend's tables, compiled only in a build with CUDA: its slots (backend/backend.h),
- * its stream and event slots (backend/streams.h) and what only it has (backend/cuda_ops.h). */
+ * its stream and event slots (backend/streams.h) and its runtime services (backend/device_services.h). */
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda_ops.h"
 
 const apex_backend apex__cuda_backend = {
     .name = "cuda",
     .device = APEX_DEVICE_CUDA,
     .mem = &apex__cuda_memory,
     .streams = &apex__cuda_streams,
+    .services = &apex__cuda_services,
     .mt_scale = apex__cuda_slot_mt_scale,
     .mt_axpby = apex__cuda_slot_mt_axpby,
     .mt_l2norm = apex__cuda_slot_mt_l2norm,
@@ -68,29 +68,11 @@ const apex_streams apex__cuda_streams = {
     .event_query = apex__cuda_event_query,
 };
 
-const apex_cuda_ops apex__cuda_ops_table = {
-    .ready = apex__cuda_ready,
-    .stream = apex__cuda_stream,
-    .sync = apex__cuda_sync,
+const apex_device_services apex__cuda_services = {
     .device_name = apex__cuda_device_name,
-    .stats = apex__cuda_stats,
+    .stream = apex__cuda_stream,
+    .memory_stats = apex__cuda_stats,
     .empty_cache = apex__cuda_empty_cache,
     .host_alloc = apex__cuda_host_alloc,
     .host_free = apex__cuda_host_free,
-    .layer_norm_fwd = apex__cuda_layer_norm_fwd,
-    .layer_norm_bwd = apex__cuda_layer_norm_bwd,
-    .xent_fwd = apex__cuda_xent_fwd,
-    .xent_bwd = apex__cuda_xent_bwd,
-    .bn_stats = apex__cuda_bn_stats,
-    .gemm = apex__cuda_gemm,
-    .gemm_batched = apex__cuda_gemm_batched,
-    .conv2d_fwd = apex__cuda_conv2d_fwd,
-    .conv2d_bwd = apex__cuda_conv2d_bwd,
-    .embedding_fwd = apex__cuda_embedding_fwd,
-    .embedding_bwd = apex__cuda_embedding_bwd,
-    .attention_fwd = apex__cuda_attention_fwd,
-    .attention_bwd = apex__cuda_attention_bwd,
-    .ew = apex__cuda_ew,
-    .sum_rows = apex__cuda_sum_rows,
-    .sum_all = apex__cuda_sum_all,
 };

@@ -1,7 +1,7 @@
 /* cuda_internal.h: the entry points of the CUDA backend's kernels and runtime (the .cu files beside
  * it, compiled by nvcc), for the C files that fill its tables (backend.c, memory.c, mt_slots.c,
- * optim_slots.c, nn_slots.c) and the public fronts of apex/cuda.h (backend/cuda_api.c, through
- * apex__cuda_ops).
+ * optim_slots.c, nn_slots.c); apex/cuda.h's fronts (backend/cuda_api.c) reach the runtime's services
+ * through backend.c's apex__cuda_services.
  *
  * Every function here exists only when the library is built with APEX_CUDA; code outside this folder
  * reaches them through the backend's tables, never by name. Pointers named d_* are device memory. All

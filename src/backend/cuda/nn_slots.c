@@ -20,6 +20,10 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/internal.h"
 
+static apex_status unsupported(const char *slot, const char *what) {
+  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: %s on the cuda backend; run this op on the CPU", slot, what);
+}
+
 /* n f32 of device scratch, or NULL after a message (*st set). */
 static float *scratch(size_t n, apex_status *st) {
   void *p = NULL;
@@ -322,7 +326,33 @@ apex_status apex__cuda_slot_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
 /* cuBLASLt's batch count is an int: longer batches go in runs of at most INT_MAX products. */
 #define BATCH_RUN ((size_t)INT_MAX)
 
+/* The raw product (args_nn.h's apex_nn_gemm_ext): one entry through cuBLASLt's bias and GELU epilogues
+ * (the bias read in the output's dtype), a batch without them through the strided batched product. */
+static apex_status matmul_ext(const apex_nn_matmul_args *a) {
+  const apex_nn_gemm_ext *e = a->ext;
+  int64_t m = a->m, n = a->n, k = a->k;
+  if (a->batch != 1) {
+    if (e->bias.data || e->gelu) return unsupported("nn_matmul", "a batch of products with a bias or GELU epilogue");
+    return apex__cuda_gemm_batched("nn_matmul", e->trans_a, e->trans_b, m, n, k, e->alpha, a->a.data, e->trans_a ? m : k, m * k,
+                                   a->b.data, e->trans_b ? k : n, a->b_batched ? k * n : 0, a->a.dtype, e->beta, a->out, n, m * n,
+                                   a->out_dtype, (int)a->batch);
+  }
+  void *bias = (void *)e->bias.data;
+  apex_status st = APEX_OK;
+  if (bias && e->bias.dtype != a->out_dtype) {
+    bias = NULL;
+    st = apex__cuda_alloc((size_t)n * apex_dtype_size(a->out_dtype), 0, &bias);
+    if (st == APEX_OK) st = apex__cuda_convert(bias, a->out_dtype, e->bias.data, e->bias.dtype, (size_t)n);
+  }
+  if (st == APEX_OK)
+    st = apex__cuda_gemm(e->trans_a, e->trans_b, m, n, k, e->alpha, a->a.data, a->b.data, a->a.dtype, e->beta, a->out, a->out_dtype,
+                         bias, e->gelu);
+  if (bias != e->bias.data) apex__cuda_free(bias);
+  return st;
+}
+
 apex_status apex__cuda_slot_nn_matmul(const apex_nn_matmul_args *a) {
+  if (a->ext) return matmul_ext(a);
   int64_t m = a->m, n = a->n, k = a->k, sb = a->b_batched ? k * n : 0;
   apex_nn_buf x = a->a, y = a->b;
   void *ox = NULL, *oy = NULL;
@@ -521,4 +551,10 @@ apex_status apex__cuda_slot_nn_cross_entropy(const apex_nn_cross_entropy_args *a
 apex_status apex__cuda_slot_nn_cross_entropy_bwd(const apex_nn_cross_entropy_bwd_args *a) { return apex__cuda_cross_entropy_slot_bwd(a); }
 apex_status apex__cuda_slot_nn_dropout(const apex_nn_dropout_args *a) { return apex__cuda_dropout_slot_fwd(a); }
 apex_status apex__cuda_slot_nn_dropout_bwd(const apex_nn_dropout_bwd_args *a) { return apex__cuda_dropout_slot_bwd(a); }
-apex_status apex__cuda_slot_nn_batch_norm(const apex_nn_batch_norm_args *a) { return apex__cuda_batch_norm_slot_fwd(a); }
+apex_status apex__cuda_slot_nn_batch_norm(const apex_nn_batch_norm_args *a) {
+  /* statistics only (args_nn.h): bn_stats.cu's Welford kernel */
+  if (!a->out && a->training && !a->given_mean && a->batch_var)
+    return apex__cuda_bn_stats(a->x.data, a->x.dtype, (int64_t)a->N, (int64_t)a->C, (int64_t)a->S, a->stats, a->batch_var,
+                               a->batch_m2);
+  return apex__cuda_batch_norm_slot_fwd(a);
+}
