@@ -156,6 +156,8 @@ static const op_case cases[] = {
 /* Runs one case on both graphs; 0 when the GPU could not run it for a reason outside apex (cuDNN). */
 static int run_case(const op_case *c, apex_graph *gc, apex_graph *gd) {
   apex_var *hc[MAX_IN], *dc[MAX_IN];
+  printf("case %s\n", c->name); /* before the GPU runs it: a crash then names its case */
+  fflush(stdout);
   for (int i = 0; i < c->n_in; i++) {
     hc[i] = tu_random_leaf(APEX_F32, c->ndim[i], c->shape[i], 40 + (uint64_t)i, 1);
     dc[i] = apex_var_create(dev_copy(apex_var_value(hc[i])), 1);
