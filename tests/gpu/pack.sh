@@ -21,8 +21,9 @@ if command -v ccache > /dev/null; then
   export CCACHE_DIR=${CCACHE_DIR:-/work/.ccache} CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
   launch=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
-cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DAPEX_CUDA=ON -DAPEX_BUILD_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 "${launch[@]}" > "$B.configure.log" 2>&1 ||
-  { tail -20 "$B.configure.log"; exit 1; }
+mkdir -p "$B"
+cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DAPEX_CUDA=ON -DAPEX_BUILD_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 "${launch[@]}" > "$B/pack.configure.log" 2>&1 ||
+  { tail -20 "$B/pack.configure.log"; exit 1; }
 # What run.sh runs: tests/, bench/ and tools/ binaries (those missing from this tree are skipped).
 WANT="tests/test_cuda tests/test_backend_ops tests/test_graph_cuda tests/test_multi_tensor tests/test_optim_api
       tests/test_optim_golden tests/test_kernels tests/test_nccl tests/test_ddp tests/test_flash_attention
@@ -35,8 +36,8 @@ for b in $WANT; do
   if grep -qx "$n" <<< "$have"; then targets+=("$n"); else skipped="$skipped $n"; fi
 done
 echo "pack.sh: building ${#targets[@]} targets in $B (not in this tree:${skipped:- none})"
-nice -n5 cmake --build "$B" -j"${JOBS:-$(nproc)}" --target "${targets[@]}" > "$B.build.log" 2>&1 || { grep -E "error|Error" "$B.build.log" | head -20; exit 1; }
-grep -E "warning:" "$B.build.log" | head -5 || true
+nice -n5 cmake --build "$B" -j"${JOBS:-$(nproc)}" --target "${targets[@]}" > "$B/pack.build.log" 2>&1 || { grep -E "error|Error" "$B/pack.build.log" | head -20; exit 1; }
+grep -E "warning:" "$B/pack.build.log" | head -5 || true
 
 P=$(mktemp -d)
 trap 'rm -rf "$P"' EXIT
