@@ -137,6 +137,7 @@ step test_cuda 30 test key_cmocka "$B/tests/test_cuda"
 step test_backend_ops 60 test key_cmocka "$B/tests/test_backend_ops"
 step test_graph_cuda 40 test key_cmocka "$B/tests/test_graph_cuda"
 step test_flash_attention 30 test key_cmocka "$B/tests/test_flash_attention"
+step test_syncbn_cuda 20 test key_cmocka "$B/tests/test_syncbn_cuda"
 # apex-train --device cuda against the CPU (16 threads): CNN O1 f16 / O2 bf16 accuracy, GPT losses,
 # bitwise resume, checkpoints across devices (tools/apex_train/test_device.sh; PASS/FAIL lines).
 step apex_train_cuda 100 test key_passfail env CPU_THREADS=${CPU_THREADS:-16} GPU_STEPS=${GPU_STEPS:-0} \
