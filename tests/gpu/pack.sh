@@ -26,7 +26,7 @@ cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DAPEX_CUDA=ON -DAPEX_BUILD_TESTS=
   { tail -20 "$B/pack.configure.log"; exit 1; }
 # What run.sh runs: tests/, bench/ and tools/ binaries (those missing from this tree are skipped).
 WANT="tests/test_cuda tests/test_backend_ops tests/test_graph_cuda tests/test_multi_tensor tests/test_optim_api
-      tests/test_optim_golden tests/test_kernels tests/test_nccl tests/test_ddp tests/test_flash_attention
+      tests/test_optim_golden tests/test_kernels tests/test_nccl tests/test_ddp tests/test_flash_attention tests/test_syncbn_cuda
       tools/apex-train bench/bench_cuda bench/bench_gpt2_cuda bench/bench_amp bench/bench_nn bench/bench_scaling
       bench/bench_attention"
 have=$(cmake --build "$B" --target help 2> /dev/null | sed -n 's/^\.\.\. \([A-Za-z0-9_-]*\).*/\1/p')
