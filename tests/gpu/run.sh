@@ -152,7 +152,7 @@ if [ ${#MPIRUN[@]} -gt 0 ]; then
     step ddp_cuda_2ranks 60 test key_nccl "${MPIRUN[@]}" -np 2 "$B/tools/apex-train" --distributed --device cuda --model cnn \
       --sync-bn --steps 60 --opt-level O2 --cast-type bf16 --data "$APEX_FASHION_MNIST"
   else
-    ROWS+=("nccl_2ranks|-|0|skipped: $NGPU GPU(s), two ranks need two")
+    [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" nccl_2ranks "* ]] || ROWS+=("nccl_2ranks|-|0|skipped: $NGPU GPU(s), two ranks need two")
   fi
 else
   step nccl_1rank 30 test key_nccl "$B/tests/test_nccl"
