@@ -53,6 +53,42 @@ static apex_status check_input(const apex_tensor *x, const char *fn, const char 
   return APEX_OK;
 }
 
+/* ---- tensors on a device (a model on a GPU) ------------------------------------------------------------
+ * The statistics are computed on the host from copies: the activations come down, the per-channel
+ * results go back up. The same bits as on the CPU, and the same exchanges (over the group's host
+ * side), at the cost of the copies; the per-channel work itself is small. */
+
+static int on_device(const apex_tensor *t) { return t && apex_tensor_device(t) != APEX_DEVICE_CPU; }
+
+/* A host copy of t (NULL for NULL): n copies in h[], released by unstage. */
+typedef struct staged {
+  apex_tensor *h[9];
+  int n;
+  apex_status st;
+} staged;
+
+static apex_tensor *stage(staged *s, const apex_tensor *t) {
+  if (!t || s->st != APEX_OK) return NULL;
+  apex_tensor *h = apex_tensor_create(apex_tensor_dtype(t), apex_tensor_ndim(t), apex_tensor_shape(t));
+  if (!h) s->st = APEX_ERR_OUT_OF_MEMORY;
+  else if ((s->st = apex_tensor_copy(h, t)) != APEX_OK) {
+    apex_tensor_destroy(h);
+    h = NULL;
+  }
+  if (h) s->h[s->n++] = h;
+  return h;
+}
+
+/* Copies a host result back to its device tensor (nothing for NULL). */
+static void unstage_out(staged *s, apex_tensor *dev, const apex_tensor *host, apex_status st) {
+  if (st == APEX_OK && s->st == APEX_OK && dev && host) s->st = apex_tensor_copy(dev, host);
+}
+
+static void unstage(staged *s) {
+  for (int i = 0; i < s->n; i++) apex_tensor_destroy(s->h[i]);
+  s->n = 0;
+}
+
 /* mean and M2 of channel c, two passes in f64. */
 static void channel_moments(const apex_tensor *x, layout l, size_t c, double *mean, double *m2) {
   float buf[TILE];
@@ -82,6 +118,17 @@ apex_status apex_syncbn_stats(apex_pg *pg, const apex_tensor *x, apex_tensor *me
                               apex_tensor *unbiased_var_out, float eps, int64_t *total_count) {
   const char *fn = "apex_syncbn_stats";
   if (!pg) return apex__fail(APEX_ERR_INVALID_ARG, "%s: pg is NULL", fn);
+  if (on_device(x) || on_device(mean_out) || on_device(invstd_out) || on_device(unbiased_var_out)) {
+    staged s = {.st = APEX_OK};
+    apex_tensor *hx = stage(&s, x), *hm = stage(&s, mean_out), *hi = stage(&s, invstd_out), *hu = stage(&s, unbiased_var_out);
+    /* A failed copy still joins the exchange (as a NULL x), so that no rank waits for this one. */
+    apex_status st = apex_syncbn_stats(pg, s.st == APEX_OK ? hx : NULL, hm ? hm : mean_out, hi ? hi : invstd_out, hu, eps, total_count);
+    unstage_out(&s, mean_out, hm, st);
+    unstage_out(&s, invstd_out, hi, st);
+    unstage_out(&s, unbiased_var_out, hu, st);
+    unstage(&s);
+    return st != APEX_OK ? st : s.st;
+  }
   /* Argument errors are shared with the other ranks (in the header) so that none waits for this one. */
   apex_status local = check_input(x, fn, "x");
   layout l = {0, 0, 0};
@@ -162,6 +209,20 @@ apex_status apex_syncbn_backward_reduce(apex_pg *pg, const apex_tensor *x, const
                                         const apex_tensor *invstd, apex_tensor *sum_dy_out, apex_tensor *sum_dy_xhat_out) {
   const char *fn = "apex_syncbn_backward_reduce";
   if (!pg) return apex__fail(APEX_ERR_INVALID_ARG, "%s: pg is NULL", fn);
+  if (on_device(x) || on_device(dy) || on_device(mean) || on_device(invstd) || on_device(sum_dy_out) || on_device(sum_dy_xhat_out)) {
+    staged s = {.st = APEX_OK};
+    apex_tensor *hx = stage(&s, x), *hd = stage(&s, dy), *hm = stage(&s, mean), *hi = stage(&s, invstd);
+    apex_tensor *ho = stage(&s, sum_dy_out), *hh = stage(&s, sum_dy_xhat_out);
+    if (s.st != APEX_OK) {
+      unstage(&s);
+      return apex__fail(s.st, "%s: cannot copy the tensors to the host: %s", fn, apex_last_error());
+    }
+    apex_status st = apex_syncbn_backward_reduce(pg, hx, hd, hm, hi, ho, hh);
+    unstage_out(&s, sum_dy_out, ho, st);
+    unstage_out(&s, sum_dy_xhat_out, hh, st);
+    unstage(&s);
+    return st != APEX_OK ? st : s.st;
+  }
   apex_status st = check_input(x, fn, "x");
   if (st == APEX_OK) st = check_input(dy, fn, "dy");
   if (st != APEX_OK) return st;
@@ -208,6 +269,20 @@ apex_status apex_syncbn_backward_input(const apex_tensor *x, const apex_tensor *
                                        const apex_tensor *weight, const apex_tensor *sum_dy, const apex_tensor *sum_dy_xhat,
                                        int64_t total_count, apex_tensor *dx) {
   const char *fn = "apex_syncbn_backward_input";
+  if (on_device(x) || on_device(dy) || on_device(mean) || on_device(invstd) || on_device(weight) || on_device(sum_dy) ||
+      on_device(sum_dy_xhat) || on_device(dx)) {
+    staged s = {.st = APEX_OK};
+    apex_tensor *hx = stage(&s, x), *hd = stage(&s, dy), *hm = stage(&s, mean), *hi = stage(&s, invstd), *hw = stage(&s, weight);
+    apex_tensor *hs = stage(&s, sum_dy), *hh = stage(&s, sum_dy_xhat), *ho = stage(&s, dx);
+    if (s.st != APEX_OK) {
+      unstage(&s);
+      return apex__fail(s.st, "%s: cannot copy the tensors to the host: %s", fn, apex_last_error());
+    }
+    apex_status st = apex_syncbn_backward_input(hx, hd, hm, hi, hw, hs, hh, total_count, ho);
+    unstage_out(&s, dx, ho, st);
+    unstage(&s);
+    return st != APEX_OK ? st : s.st;
+  }
   apex_status st = check_input(x, fn, "x");
   if (st == APEX_OK) st = check_input(dy, fn, "dy");
   if (st == APEX_OK) st = check_input(dx, fn, "dx");

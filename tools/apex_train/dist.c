@@ -90,6 +90,19 @@ int dist_init(dist *d, const train_args *a) {
     fprintf(stderr, "apex-train: --distributed: %s\n", one_line(apex_last_error()));
     return 1;
   }
+  /* On GPUs the model's tensors go over NCCL (which also gives each rank of a host its own GPU, so it
+   * comes before any CUDA allocation); the host's small agreements stay on MPI. */
+  if (strcmp(a->device, "cuda") == 0) {
+    if (!apex_pg_nccl_available()) {
+      fprintf(stderr, "apex-train: --distributed --device cuda: this build of apex has no NCCL process group (configure with CUDA, MPI and NCCL)\n");
+      return 2;
+    }
+    d->dev_pg = apex_pg_create_nccl(NULL);
+    if (!d->dev_pg) {
+      fprintf(stderr, "apex-train: --distributed --device cuda: %s\n", one_line(apex_last_error()));
+      return 1;
+    }
+  }
   d->on = 1;
   d->rank = apex_pg_rank(d->pg);
   d->world = apex_pg_world_size(d->pg);
@@ -116,9 +129,11 @@ int dist_agree(dist *d, int failed, int last) {
   return any;
 }
 
+apex_pg *dist_model_pg(dist *d) { return d->dev_pg ? d->dev_pg : d->pg; }
+
 int dist_sync_bn(dist *d, train_model *tm, const char *model_name) {
   int count = 0;
-  if (apex_convert_sync_batchnorm(tm->m, d->pg, &count) != APEX_OK) {
+  if (apex_convert_sync_batchnorm(tm->m, dist_model_pg(d), &count) != APEX_OK) {
     fprintf(stderr, "apex-train: --sync-bn: %s\n", one_line(apex_last_error()));
     return 1;
   }
@@ -131,7 +146,7 @@ int dist_sync_bn(dist *d, train_model *tm, const char *model_name) {
 
 int dist_wrap(dist *d, train_model *tm, apex_graph *g) {
   if (!d->on) return 0;
-  d->ddp = apex_ddp_create(d->pg, tm->m, NULL);
+  d->ddp = apex_ddp_create(dist_model_pg(d), tm->m, NULL);
   if (!d->ddp || apex_ddp_attach(d->ddp, g) != APEX_OK) {
     fprintf(stderr, "apex-train: --distributed: %s\n", one_line(apex_last_error()));
     return 1;
@@ -158,7 +173,7 @@ int dist_sum(dist *d, double *v, int n) {
 int dist_sync_buffers(dist *d, train_model *tm) {
   if (!d->on) return 0;
   for (size_t i = 0; i < apex_model_num_buffers(tm->m); i++)
-    if (apex_pg_broadcast(d->pg, apex_model_buffer(tm->m, i, NULL), 0) != APEX_OK) {
+    if (apex_pg_broadcast(dist_model_pg(d), apex_model_buffer(tm->m, i, NULL), 0) != APEX_OK) {
       fprintf(stderr, "apex-train: rank %d: %s\n", d->rank, one_line(apex_last_error()));
       return 1;
     }
@@ -198,7 +213,9 @@ int dist_check_identical(dist *d, const train_model *tm, apex_amp *amp, apex_opt
 void dist_free(dist *d) {
   end_capture(d, 0);
   apex_ddp_destroy(d->ddp);
+  apex_pg_destroy(d->dev_pg);
   apex_pg_destroy(d->pg);
   d->ddp = NULL;
+  d->dev_pg = NULL;
   d->pg = NULL;
 }

@@ -25,7 +25,8 @@
 typedef struct dist {
   int on;                 /* --distributed */
   int rank, world;
-  apex_pg *pg;            /* MPI with --distributed, else local (world size 1) */
+  apex_pg *pg;            /* MPI with --distributed, else local (world size 1): the host's agreements */
+  apex_pg *dev_pg;        /* --distributed --device cuda: NCCL, for the gradients, SyncBatchNorm and buffers */
   apex_ddp *ddp;          /* --distributed: the model's DDP, from dist_wrap */
   apex_amp_backward_options bo; /* the DDP's amp callbacks */
   int saved_stderr;       /* while capturing: the real stderr; -1 otherwise */
@@ -53,6 +54,8 @@ int dist_sync_bn(dist *d, train_model *tm, const char *model_name);
  * copies rank 0's weights) and attaches it to g. Call after apex_amp_initialize and after resuming.
  * Nothing without --distributed. One line and non-zero on failure. */
 int dist_wrap(dist *d, train_model *tm, apex_graph *g);
+/* The group the model's own tensors travel on: NCCL for --device cuda with --distributed, else pg. */
+apex_pg *dist_model_pg(dist *d);
 /* Options for apex_amp_backward: the DDP's callbacks, or NULL without --distributed. */
 const apex_amp_backward_options *dist_backward_options(dist *d);
 /* Collective: v[0..n) summed over the ranks in place (f32: exact for whole numbers below 2^24). */

@@ -33,9 +33,13 @@ if grep -q "no GPU found\|built without CUDA" err.txt; then
   else
     ko "--device cuda without a GPU: exit $rc (want $want_rc), $lines lines, want \"$want_msg\": $(cat err.txt)"
   fi
-else
+elif grep -q "no-such-dir" err.txt; then
   has_gpu=1 # a GPU: the run went on to the (missing) data
-  grep -q "no-such-dir" err.txt && ok "--device cuda with a GPU goes on to load the data" || ko "--device cuda: $(cat err.txt)"
+  ok "--device cuda with a GPU goes on to load the data"
+else
+  ko "--device cuda: exit $rc: $(cat err.txt)"
+  finish
+  exit 1
 fi
 rm -f out.txt err.txt
 [ $has_gpu = 1 ] || skip "no usable GPU here: the --device cuda training checks need one"
