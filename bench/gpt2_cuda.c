@@ -493,6 +493,7 @@ static void epilogues_off(gpt2_cuda *m) {
  * in bf16, else the add and the norm. */
 static apex_status add_norm(gpt2_cuda *m, apex_tensor *x, apex_tensor *x2, apex_tensor *xsum, apex_tensor *w, apex_tensor *b,
                             apex_tensor *y, apex_tensor *mean, apex_tensor *rstd) {
+  (void)m; /* unused without the CUDA backend */
 #if APEX_GPT2_CUDA_INTERNAL
   if (m->acts->fused_norms)
     return apex__cuda_add_layer_norm_fwd(apex_tensor_data(x), apex_tensor_data(x2), apex_tensor_data(xsum), m->dtype,
@@ -507,6 +508,7 @@ static apex_status add_norm(gpt2_cuda *m, apex_tensor *x, apex_tensor *x2, apex_
 /* fch_gelu = gelu(ln2 fc_w^T + fc_b), with fch (the pre-activation) kept for the backward: one product with
  * the GELU_AUX_BIAS epilogue, or the product and the GELU kernel. */
 static apex_status fc_forward(gpt2_cuda *m, const gpt2_layer *w, gpt2_layer_acts *y) {
+  (void)m; /* unused without the CUDA backend */
 #if APEX_GPT2_CUDA_INTERNAL
   if (m->acts->epilogues) {
     const int64_t BT = (int64_t)m->B * m->T, C = m->cfg.n_embd;
@@ -524,6 +526,7 @@ static apex_status fc_forward(gpt2_cuda *m, const gpt2_layer *w, gpt2_layer_acts
 /* A linear layer's weight and bias gradients: dw [out, in] = dy^T x (dy [BT, out], x [BT, in]) and db [out]
  * = the column sums of dy; one product with the BGRADB epilogue, or the product and a column sum. */
 static apex_status linear_backward_weights(gpt2_cuda *m, apex_tensor *dy, apex_tensor *x, apex_tensor *dw, apex_tensor *db) {
+  (void)m; /* unused without the CUDA backend */
 #if APEX_GPT2_CUDA_INTERNAL
   if (m->acts->epilogues) {
     const int64_t BT = (int64_t)m->B * m->T, out = apex_tensor_shape(dw)[0], in = apex_tensor_shape(dw)[1];
