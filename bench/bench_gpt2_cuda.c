@@ -55,6 +55,8 @@ static const char *phase_of(const char *label) {
   static const char *const map[][2] = {
       {"AdamW", "optimizer"},
       {"uploading", "targets_upload"},
+      {" and h.0 ln_1", "residual_add_and_layer_norm"},
+      {"residual and", "residual_add_and_layer_norm"},
       {"embedding sum", "residual_adds"},
       {"embedding", "embedding"},
       {"residual", "residual_adds"},

@@ -104,6 +104,8 @@ struct gpt2_acts {
   int epilogues;                /* bf16: cuBLASLt's epilogues make GELU (keeping its pre-activation), its gradient and
                                    the bias gradients inside the products (APEX_GPT2_EPILOGUES=off: separate kernels;
                                    also turned off for good the first time cuBLASLt has no algorithm for one) */
+  int fused_norms;              /* bf16: each residual add and the layer norm after it are one kernel
+                                   (APEX_GPT2_NORMS=separate: two) */
   int fused_classifier;         /* the forward's cross entropy writes dlogits in place (classifier.cu), and the
                                    backward starts from them; bf16 only (APEX_GPT2_CLASSIFIER=separate: off) */
   /* Every tensor made here (parameters, gradients, activations, views), for destroy. */
@@ -297,6 +299,8 @@ static int make_acts(struct gpt2_acts *a, const gpt2_config *c, apex_dtype dt, i
 #if APEX_GPT2_CUDA_INTERNAL
   const char *cls = getenv("APEX_GPT2_CLASSIFIER");
   a->fused_classifier = dt == APEX_BF16 && !(cls && !strcmp(cls, "separate"));
+  const char *nrm = getenv("APEX_GPT2_NORMS");
+  a->fused_norms = dt == APEX_BF16 && !(nrm && !strcmp(nrm, "separate"));
   const char *epi = getenv("APEX_GPT2_EPILOGUES");
   a->epilogues = dt == APEX_BF16 && !(epi && !strcmp(epi, "off"));
 #endif
@@ -483,9 +487,26 @@ static void epilogues_off(gpt2_cuda *m) {
 }
 #endif
 
+/* xsum = x + x2 (the residual stream; xsum may be x), then y, mean, rstd = layer_norm(xsum; w, b): one kernel
+ * in bf16, else the add and the norm. */
+static apex_status add_norm(gpt2_cuda *m, apex_tensor *x, apex_tensor *x2, apex_tensor *xsum, apex_tensor *w, apex_tensor *b,
+                            apex_tensor *y, apex_tensor *mean, apex_tensor *rstd) {
+  (void)m; /* unused without the CUDA backend */
+#if APEX_GPT2_CUDA_INTERNAL
+  if (m->acts->fused_norms)
+    return apex__cuda_add_layer_norm_fwd(apex_tensor_data(x), apex_tensor_data(x2), apex_tensor_data(xsum), m->dtype,
+                                         apex_tensor_data(w), apex_tensor_data(b), m->dtype, (int64_t)m->B * m->T,
+                                         m->cfg.n_embd, LN_EPS, apex_tensor_data(y), apex_tensor_data(mean),
+                                         apex_tensor_data(rstd));
+#endif
+  apex_status st = apex_kernel_add(x, x2, xsum);
+  return st == APEX_OK ? apex_kernel_layer_norm_forward(xsum, w, b, LN_EPS, 0, y, mean, rstd) : st;
+}
+
 /* fch_gelu = gelu(ln2 fc_w^T + fc_b), with fch (the pre-activation) kept for the backward: one product with
  * the GELU_AUX_BIAS epilogue, or the product and the GELU kernel. */
 static apex_status fc_forward(gpt2_cuda *m, const gpt2_layer *w, gpt2_layer_acts *y) {
+  (void)m; /* unused without the CUDA backend */
 #if APEX_GPT2_CUDA_INTERNAL
   if (m->acts->epilogues) {
     const int64_t BT = (int64_t)m->B * m->T, C = m->cfg.n_embd;
@@ -503,6 +524,7 @@ static apex_status fc_forward(gpt2_cuda *m, const gpt2_layer *w, gpt2_layer_acts
 /* A linear layer's weight and bias gradients: dw [out, in] = dy^T x (dy [BT, out], x [BT, in]) and db [out]
  * = the column sums of dy; one product with the BGRADB epilogue, or the product and a column sum. */
 static apex_status linear_backward_weights(gpt2_cuda *m, apex_tensor *dy, apex_tensor *x, apex_tensor *dw, apex_tensor *db) {
+  (void)m; /* unused without the CUDA backend */
 #if APEX_GPT2_CUDA_INTERNAL
   if (m->acts->epilogues) {
     const int64_t BT = (int64_t)m->B * m->T, out = apex_tensor_shape(dw)[0], in = apex_tensor_shape(dw)[1];
@@ -586,24 +608,33 @@ apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t
   CHECK(apex_tensor_copy(a->d_targets, a->h_targets), "uploading the targets");
   CHECK(apex_kernel_embedding_forward(p->wte, a->tokens, BT, a->enc), "token embedding");
   CHECK(apex_kernel_embedding_forward(p->wpe, a->positions, BT, a->tmp), "position embedding");
-  CHECK(apex_kernel_add(a->enc, a->tmp, a->enc), "embedding sum");
+  /* each residual add goes with the layer norm after it: ln_1 of block l + 1 is made at the end of block l */
+  CHECK(add_norm(m, a->enc, a->tmp, a->enc, p->layer[0].ln1_w, p->layer[0].ln1_b, a->layer[0].ln1, a->layer[0].ln1_mean,
+                 a->layer[0].ln1_rstd),
+        "embedding sum and h.0 ln_1");
   apex_tensor *res = a->enc;
-  for (int l = 0; l < m->cfg.n_layer; l++) {
+  const int L = m->cfg.n_layer;
+  for (int l = 0; l < L; l++) {
     const gpt2_layer *w = &p->layer[l];
     gpt2_layer_acts *y = &a->layer[l];
-    CHECK(apex_kernel_layer_norm_forward(res, w->ln1_w, w->ln1_b, LN_EPS, 0, y->ln1, y->ln1_mean, y->ln1_rstd), "h.%d ln_1", l);
     CHECK(apex_kernel_matmul(y->ln1, 0, w->qkv_w, 1, y->qkv, 1.0f, 0.0f, w->qkv_b, 0), "h.%d c_attn", l);
     CHECK(attention_forward(m, y), "h.%d attention", l);
     CHECK(apex_kernel_matmul(y->atty, 0, w->proj_w, 1, a->tmp, 1.0f, 0.0f, w->proj_b, 0), "h.%d attn c_proj", l);
-    CHECK(apex_kernel_add(res, a->tmp, y->res_mid), "h.%d attention residual", l);
-    CHECK(apex_kernel_layer_norm_forward(y->res_mid, w->ln2_w, w->ln2_b, LN_EPS, 0, y->ln2, y->ln2_mean, y->ln2_rstd),
-          "h.%d ln_2", l);
+    CHECK(add_norm(m, res, a->tmp, y->res_mid, w->ln2_w, w->ln2_b, y->ln2, y->ln2_mean, y->ln2_rstd),
+          "h.%d attention residual and ln_2", l);
     CHECK(fc_forward(m, w, y), "h.%d c_fc with its GELU", l);
     CHECK(apex_kernel_matmul(y->fch_gelu, 0, w->fcproj_w, 1, a->tmp, 1.0f, 0.0f, w->fcproj_b, 0), "h.%d mlp c_proj", l);
-    CHECK(apex_kernel_add(y->res_mid, a->tmp, y->res_out), "h.%d mlp residual", l);
+    if (l + 1 < L) {
+      gpt2_layer_acts *z = &a->layer[l + 1];
+      CHECK(add_norm(m, y->res_mid, a->tmp, y->res_out, p->layer[l + 1].ln1_w, p->layer[l + 1].ln1_b, z->ln1, z->ln1_mean,
+                     z->ln1_rstd),
+            "h.%d mlp residual and the next ln_1", l);
+    } else {
+      CHECK(add_norm(m, y->res_mid, a->tmp, y->res_out, p->lnf_w, p->lnf_b, a->lnf, a->lnf_mean, a->lnf_rstd),
+            "h.%d mlp residual and ln_f", l);
+    }
     res = y->res_out;
   }
-  CHECK(apex_kernel_layer_norm_forward(res, p->lnf_w, p->lnf_b, LN_EPS, 0, a->lnf, a->lnf_mean, a->lnf_rstd), "ln_f");
   CHECK(apex_kernel_matmul(a->lnf, 0, p->wte, 1, a->logits, 1.0f, 0.0f, NULL, 0), "lm_head");
 #if APEX_GPT2_CUDA_INTERNAL
   if (a->fused_classifier)

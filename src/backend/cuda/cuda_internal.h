@@ -157,6 +157,11 @@ apex_status apex__cuda_scaler_update(apex__cuda_scaler_dev *d, const apex_loss_s
 apex_status apex__cuda_layer_norm_fwd(const void *x, apex_dtype xt, const void *w, const void *b, apex_dtype wt,
                                       int64_t rows, int64_t cols, float eps, int rms, void *y, float *mean,
                                       float *rstd);
+/* The residual add fused in front of the layer norm: xsum = x + x2 (rounded to xt, as a separate add stores
+ * it; xsum may be x or x2), then y, mean, rstd = layer_norm(xsum) as apex__cuda_layer_norm_fwd (not rms). */
+apex_status apex__cuda_add_layer_norm_fwd(const void *x, const void *x2, void *xsum, apex_dtype xt, const void *w,
+                                          const void *b, apex_dtype wt, int64_t rows, int64_t cols, float eps, void *y,
+                                          float *mean, float *rstd);
 apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, apex_dtype xt, const void *w, apex_dtype wt,
                                       const float *mean, const float *rstd, int64_t rows, int64_t cols, int rms,
                                       void *dx, void *dw, void *db);

@@ -76,12 +76,16 @@ __device__ __forceinline__ void each_vec(int tpr, int t, int64_t cols, F &&f) {
   }
 }
 
-/* One row per team: y = (x - mean) * rstd * w + b (rms: x * rstd * w). Grid: ceil(rows / teams). */
+/* One row per team: y = (x - mean) * rstd * w + b (rms: x * rstd * w). Grid: ceil(rows / teams). With x2 (a
+ * residual add fused in front): x is first replaced by x + x2 rounded to T, as a separate add would store
+ * it, and that sum is stored in xsum (the residual stream; it may be x or x2 itself: each element is read
+ * before the thread holding it writes it). */
 template <class T, class W, int VEC, int PER>
-__global__ void __launch_bounds__(512, 1) ln_fwd_kernel(const typename T::S *__restrict__ x, const typename W::S *__restrict__ w,
+__global__ void __launch_bounds__(512, 1) ln_fwd_kernel(const typename T::S *x, const typename W::S *__restrict__ w,
                                                      const typename W::S *__restrict__ b, int64_t rows, int64_t cols,
                                                      int tpr, float eps, int rms, typename T::S *__restrict__ y,
-                                                     float *__restrict__ mean_out, float *__restrict__ rstd_out) {
+                                                     float *__restrict__ mean_out, float *__restrict__ rstd_out,
+                                                     const typename T::S *x2, typename T::S *xsum) {
   __shared__ float scratch[2][NORM_MAX_WARPS];
   const int teams = blockDim.x / tpr, t = threadIdx.x % tpr;
   const int64_t row = (int64_t)blockIdx.x * teams + threadIdx.x / tpr;
@@ -89,6 +93,15 @@ __global__ void __launch_bounds__(512, 1) ln_fwd_kernel(const typename T::S *__r
   const typename T::S *xr = x + row * cols;
   float v[PER] = {}, s[1] = {0.0f};
   if (live) each_vec<PER, VEC>(tpr, t, cols, [&](int j, int c) { dev_ld_vec<T, VEC>(xr + c, v + j); });
+  if (live && x2) {
+    each_vec<PER, VEC>(tpr, t, cols, [&](int j, int c) {
+      float v2[VEC];
+      dev_ld_vec<T, VEC>(x2 + row * cols + c, v2);
+#pragma unroll
+      for (int e = 0; e < VEC; e++) v[j + e] = T::ld(T::st(v[j + e] + v2[e]));
+      dev_st_vec<T, VEC>(xsum + row * cols + c, v + j);
+    });
+  }
 #pragma unroll
   for (int j = 0; j < PER; j++) s[0] += rms ? v[j] * v[j] : v[j]; /* zeros past the row's end */
   row_sum(s, tpr, scratch[0]);
@@ -308,16 +321,34 @@ static void with_per(int per, F &&f) {
 
 static int norm_fits(int64_t cols) { return cols <= NORM_MAX_COLS; }
 
+static apex_status layer_norm_fwd(const void *x, const void *x2, void *xsum, apex_dtype xt, const void *w, const void *b,
+                                  apex_dtype wt, int64_t rows, int64_t cols, float eps, int rms, void *y, float *mean,
+                                  float *rstd);
+
 extern "C" apex_status apex__cuda_layer_norm_fwd(const void *x, apex_dtype xt, const void *w, const void *b,
                                                  apex_dtype wt, int64_t rows, int64_t cols, float eps, int rms, void *y,
                                                  float *mean, float *rstd) {
+  return layer_norm_fwd(x, NULL, NULL, xt, w, b, wt, rows, cols, eps, rms, y, mean, rstd);
+}
+
+extern "C" apex_status apex__cuda_add_layer_norm_fwd(const void *x, const void *x2, void *xsum, apex_dtype xt, const void *w,
+                                                     const void *b, apex_dtype wt, int64_t rows, int64_t cols, float eps,
+                                                     void *y, float *mean, float *rstd) {
+  if (!x2 || !xsum) return apex__fail(APEX_ERR_INVALID_ARG, "apex__cuda_add_layer_norm_fwd: NULL residual operand");
+  return layer_norm_fwd(x, x2, xsum, xt, w, b, wt, rows, cols, eps, 0, y, mean, rstd);
+}
+
+static apex_status layer_norm_fwd(const void *x, const void *x2, void *xsum, apex_dtype xt, const void *w, const void *b,
+                                  apex_dtype wt, int64_t rows, int64_t cols, float eps, int rms, void *y, float *mean,
+                                  float *rstd) {
   if (!norm_fits(cols))
     return apex__fail(APEX_ERR_UNSUPPORTED, "apex_kernel_layer_norm_forward: rows of %lld; the fused kernel takes up to %d",
                       (long long)cols, NORM_MAX_COLS);
   if (rows == 0 || cols == 0) return APEX_OK;
   if (rms) b = NULL;
   const norm_shape sh = norm_shape_for(cols);
-  const bool aligned = aligned16(x) && aligned16(w) && (!b || aligned16(b)) && aligned16(y);
+  const bool aligned = aligned16(x) && aligned16(w) && (!b || aligned16(b)) && aligned16(y) &&
+                       (!x2 || (aligned16(x2) && aligned16(xsum)));
   cudaStream_t st = (cudaStream_t)apex__cuda_stream();
   const unsigned grid = (unsigned)((rows + sh.teams - 1) / sh.teams);
   return norm_dispatch(xt, wt, cols, aligned, [&](auto tx, auto tw, auto vec) {
@@ -327,7 +358,8 @@ extern "C" apex_status apex__cuda_layer_norm_fwd(const void *x, apex_dtype xt, c
     typedef typename W::S WS;
     with_per(sh.per, [&](auto per) {
       ln_fwd_kernel<T, W, decltype(vec)::value, decltype(per)::value><<<grid, sh.tpr * sh.teams, 0, st>>>(
-          (const TS *)x, (const WS *)w, (const WS *)b, rows, cols, sh.tpr, eps, rms, (TS *)y, mean, rstd);
+          (const TS *)x, (const WS *)w, (const WS *)b, rows, cols, sh.tpr, eps, rms, (TS *)y, mean, rstd, (const TS *)x2,
+          (TS *)xsum);
     });
     return apex__cuda_check_launch("apex_kernel_layer_norm_forward");
   });
