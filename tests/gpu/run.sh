@@ -122,6 +122,7 @@ for n in libcublasLt.so.13 libcudnn.so.9 libnccl.so.2; do
   [ "$n" = libcudnn.so.9 ] && [ -n "$p" ] && export APEX_CUDNN=$p
 done
 export APEX_CUDA_LIBS=${libs#:} APEX_ROOT=$G/src APEX_TEST_DATA=$G/src/tests/data
+export APEX_PEERS_PYTHON=${APEX_PEERS_PYTHON:-$(command -v python3)}
 export APEX_FASHION_MNIST=$G/data/fashion-mnist
 B=$G/build
 # Open MPI from the package (OPAL_PREFIX relocates it), for test_nccl and apex-train --distributed.
@@ -138,6 +139,9 @@ step test_backend_ops 60 test key_cmocka "$B/tests/test_backend_ops"
 step test_graph_cuda 40 test key_cmocka "$B/tests/test_graph_cuda"
 step test_flash_attention 30 test key_cmocka "$B/tests/test_flash_attention"
 step test_syncbn_cuda 20 test key_cmocka "$B/tests/test_syncbn_cuda"
+for t in test_cuda_classifier test_cuda_epilogues test_cuda_nn_contract test_amp_device test_graph_device test_gpt2_stack; do
+  [ -x "$B/tests/$t" ] && step $t 30 test key_cmocka "$B/tests/$t"
+done
 # apex-train --device cuda against the CPU (16 threads): CNN O1 f16 / O2 bf16 accuracy, GPT losses,
 # bitwise resume, checkpoints across devices (tools/apex_train/test_device.sh; PASS/FAIL lines).
 step apex_train_cuda 100 test key_passfail env CPU_THREADS=${CPU_THREADS:-16} GPU_STEPS=${GPU_STEPS:-0} \
@@ -162,16 +166,20 @@ step gpt2_apex 40 bench key_gpt2 "$B/bench/bench_gpt2_cuda"
 tps=$(awk '$1 == "bench" && $2 == "gpt2_small_bf16_tokens_per_s" {print $3}' "$L/gpt2_apex.log" 2> /dev/null)
 step gpt2_torch 60 bench key_bench python3 "$G/src/bench/peer_gpt2.py" "$B" ${tps:+--apex-tokens-per-s $tps} \
   --modes "${GPT2_MODES:-eager}" --compile-timeout 40
+ttps=$(sed -n 's/^# torch eager: \([0-9]*\) tokens.*/\1/p' "$L/gpt2_torch.log" 2> /dev/null | head -1)
+step gpt2_apex_b16 40 bench key_gpt2 "$B/bench/bench_gpt2_cuda" --batch 16
+[ -x "$B/bench/bench_gpt2_stack" ] && step gpt2_stack 60 bench key_bench "$B/bench/bench_gpt2_stack" ${ttps:+--apex-peer-tokens-per-s $ttps}
 step bench_cuda 30 bench key_bench "$B/bench/bench_cuda"
 step peer_cuda 50 bench key_bench python3 "$G/src/bench/peer_cuda.py" "$B"
 step bench_attention 30 bench key_bench "$B/bench/bench_attention"
+step peer_attention 60 bench key_bench python3 "$G/src/bench/peer_attention.py" "$B"
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -1)
 step memcheck 50 test key_memcheck "${CS:-compute-sanitizer}" --tool memcheck --print-limit 20 --error-exitcode 1 "$B/tests/test_graph_cuda"
 # ---- the tests that are mostly the CPU's (their GPU cases included), then the CPU benchmarks (optional) ----------
 step test_kernels 20 test key_cmocka "$B/tests/test_kernels"
 step test_multi_tensor 40 test key_cmocka "$B/tests/test_multi_tensor"
 for t in test_optim_api test_optim_golden; do step $t 40 test key_cmocka "$B/tests/$t"; done
-step bench_scaling 40 bench key_scaling env OMP_NUM_THREADS=16 "$B/bench/bench_scaling"
+step bench_scaling ${SCALING_CAP:-120} bench key_scaling "$B/bench/bench_scaling"
 step cpu_amp 30 bench key_bench env OMP_NUM_THREADS=16 "$B/bench/bench_amp" _step
 
 # ---- the summary -------------------------------------------------------------------------------------------------
