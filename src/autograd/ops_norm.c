@@ -54,8 +54,8 @@ static apex_var *batch_norm(apex_graph *g, const apex__bn_stats_hook *hook, apex
   if (!be || !AG_HAS(be, nn_batch_norm, op)) return NULL;
   const float *mf = NULL, *rf = NULL, *vf = NULL;
   int64_t count = (int64_t)M;
-  /* the hook writes the statistics into tensors on the graph's device (a hook that works on the host
-   * only, like apex_syncbn_stats, refuses device tensors with its own message) */
+  /* the hook writes the statistics into tensors on the graph's device (given to the kernel there,
+   * args_nn.h); SyncBatchNorm's stages them through the host (parallel/sync_batch_norm.c) */
   if (hook) {
     apex_tensor *mean = apex__pool_tensor(g, APEX_F32, 1, &Ci), *invstd = apex__pool_tensor(g, APEX_F32, 1, &Ci);
     apex_tensor *uvar = apex__pool_tensor(g, APEX_F32, 1, &Ci);
