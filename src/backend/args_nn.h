@@ -400,7 +400,8 @@ typedef struct apex_nn_permute_bwd_args {
 } apex_nn_permute_bwd_args;
 
 /* out [outer, row] of out_dtype = the n inputs side by side: input k gives width[k] elements of each
- * of the outer rows (x[k] of x_dtype[k], converted as apex_convert does). */
+ * of the outer rows (x[k] of x_dtype[k], converted as apex_convert does). The lists x, x_dtype and
+ * width are host arrays (the slot reads them to launch), the buffers they point to device memory. */
 typedef struct apex_nn_concat_args {
   int n;
   size_t outer, row;
@@ -411,7 +412,7 @@ typedef struct apex_nn_concat_args {
   apex_dtype out_dtype;
 } apex_nn_concat_args;
 
-/* gx[k] (NULL: not wanted) += its columns of gout. */
+/* gx[k] (NULL: not wanted) += its columns of gout. width, gx and accumulate are host arrays. */
 typedef struct apex_nn_concat_bwd_args {
   int n;
   size_t outer, row;
