@@ -762,7 +762,8 @@ static apex_status slot_softmax(slot_run *s) {
 }
 
 /* MSE, BCE with logits and BCE of an f16 x against an f32 y: the terms (NONE, rounded to f16), their sum
- * (a double where the tensors are), and the gradients under MEAN. */
+ * (a double where the tensors are), their mean (the reduced result, bf16, where the tensors are), and the
+ * gradients under MEAN. */
 static apex_status slot_pointwise_loss(slot_run *s) {
   enum { N = 3000 };
   apex_status st = APEX_OK;
@@ -770,10 +771,11 @@ static apex_status slot_pointwise_loss(slot_run *s) {
     apex_nn_pointwise_loss_kind kind = k == 0 ? APEX_NN_MSE : k == 1 ? APEX_NN_BCE_WITH_LOGITS : APEX_NN_BCE;
     void *x = k == 2 ? sbuf_in(s, N, 211 + k, APEX_F16, 0.05f, 0.95f) : sbuf_as(s, N, 211 + k, APEX_F16);
     float *y = sbuf_in(s, N, 221 + k, APEX_F32, 0.0f, 1.0f), *sum = sbuf(s, 2, 0);
-    void *loss = sbuf_as(s, N, 0, APEX_F16);
+    void *loss = sbuf_as(s, N, 0, APEX_F16), *mean = sbuf_as(s, 1, 0, APEX_BF16);
     float *go = sbuf(s, 1, 231 + k), *gx = sbuf(s, N, 0), *gy = sbuf(s, N, 241 + k);
     st = s->be->nn_pointwise_loss(&(apex_nn_pointwise_loss_args){.kind = kind, .n = N, .x = {x, APEX_F16}, .y = {y, APEX_F32}, .loss = loss,
-                                                                 .loss_dtype = APEX_F16, .sum = (double *)(void *)sum});
+                                                                 .loss_dtype = APEX_F16, .sum = (double *)(void *)sum,
+                                                                 .result = mean, .result_dtype = APEX_BF16, .divisor = N});
     if (st == APEX_OK)
       st = s->be->nn_pointwise_loss_bwd(&(apex_nn_pointwise_loss_bwd_args){.kind = kind, .n = N, .x = {x, APEX_F16}, .y = {y, APEX_F32},
                                                                            .reduction = APEX_NN_MEAN, .count = N, .gout = go, .gx = gx,
@@ -785,7 +787,7 @@ static apex_status slot_pointwise_loss(slot_run *s) {
     memcpy(&d, apex_tensor_data(h), sizeof d);
     float f = (float)d;
     apex_tensor_destroy(h);
-    sgot(s, "loss", loss), capture_scalars(s->r, "sum", &f, 1), sgot(s, "gx", gx), sgot(s, "gy", gy);
+    sgot(s, "loss", loss), capture_scalars(s->r, "sum", &f, 1), sgot(s, "mean", mean), sgot(s, "gx", gx), sgot(s, "gy", gy);
   }
   return st;
 }

@@ -196,6 +196,10 @@ void *apex__scratch_temp(apex_graph *g, size_t bytes);
  * (args_nn.h: the embedding's ids): the pool's own scratch on a CPU graph. NULL (with a message) on
  * failure. */
 void *apex__host_scratch(apex_graph *g, size_t bytes);
+/* `bytes` of host memory for what a slot reads on the host during one op (concat's lists of inputs):
+ * the pool's transient scratch on a CPU graph, apex__host_scratch on a device graph (whose pool is
+ * device memory, which the host must not write). NULL (with a message) on failure. */
+void *apex__host_temp(apex_graph *g, size_t bytes);
 /* A tensor from the pool, valid until reset (contents unspecified). */
 apex_tensor *apex__pool_tensor(apex_graph *g, apex_dtype dtype, int ndim, const int64_t *shape);
 

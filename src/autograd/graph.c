@@ -80,6 +80,10 @@ void *apex__host_scratch(apex_graph *g, size_t bytes) {
   return p ? p : apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex graph: cannot allocate %zu bytes of host scratch", bytes);
 }
 
+void *apex__host_temp(apex_graph *g, size_t bytes) {
+  return g->be->device == APEX_DEVICE_CPU ? apex__scratch_temp(g, bytes) : apex__host_scratch(g, bytes);
+}
+
 int apex__adopt(apex_graph *g, apex_tensor *t) {
   if (!apex__grow((void **)&g->headers, &g->cap_headers, g->n_headers + 1, sizeof *g->headers)) {
     apex_tensor_destroy(t);
@@ -391,7 +395,7 @@ apex_var *apex__result_value(apex_graph *g, apex_op op, apex_tensor *value, int 
   int rg = 0;
   for (int i = 0; i < n; i++) rg |= ag_needs(in[i]);
   if (rg && g->grad_enabled) {
-    v->in = n <= AG_MAX_IN ? v->in_small : apex__scratch(g, (size_t)n * sizeof *v->in);
+    v->in = n <= AG_MAX_IN ? v->in_small : apex__host_scratch(g, (size_t)n * sizeof *v->in); /* read on the host */
     if (!v->in) return NULL;
     v->requires_grad = 1;
     v->n_in = n;

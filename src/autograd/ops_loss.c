@@ -6,7 +6,7 @@
  * scratch for the backward. Cross entropy keeps the logits and two floats a row, and its backward
  * recomputes the softmax (args_nn.h); its targets and reduced value live on the graph's device. A
  * reduced loss's kernel sums its per-element terms in double in a fixed order, never holding them
- * all; the pointwise losses' MEAN division happens here. */
+ * all, and writes the reduced value (over the count for MEAN) where the result is. */
 #include <math.h>
 
 #include "autograd/ag.h"
@@ -67,12 +67,6 @@ static apex_var *loss_result(apex_graph *g, apex_op op, apex_dtype dt, apex_redu
   apex_var *out = red == APEX_REDUCTION_NONE ? apex__result(g, op, dt, ndim, shape, n, in) : apex__result(g, op, dt, 0, NULL, n, in);
   if (out) out->p.loss.reduction = red;
   return out;
-}
-
-/* Writes a reduced loss's result, the sum of its terms (divided by `count` for MEAN), into out. */
-static void loss_set_sum(apex_var *out, double sum, double count) {
-  if (out->p.loss.reduction == APEX_REDUCTION_MEAN) sum /= count;
-  apex_tensor_set(out->value, 0, (float)sum);
 }
 
 static apex_nn_reduction nn_reduction(apex_reduction r) {
@@ -192,14 +186,15 @@ static apex_var *pointwise_loss(apex_graph *g, apex_op op, apex_var *x, apex_var
   if (op == APEX_OP_BCE && bce_check(u[0]->value, x) != APEX_OK) return NULL;
   apex_var *out = loss_result(g, op, dt, red, u[0]->value->ndim, u[0]->value->shape, 2, u);
   if (!out) return NULL;
-  /* NONE: the terms straight into the result, rounded once; else only their sum */
+  /* NONE: the terms straight into the result, rounded once; else their sum (over n for MEAN), written
+   * by the kernel where the result is, so that a loss on a GPU is never brought to the host */
   int none = red == APEX_REDUCTION_NONE;
-  double sum = 0;
-  if (be->nn_pointwise_loss(&(apex_nn_pointwise_loss_args){.kind = pointwise_kind(op), .n = n, .x = ag_buf(u[0]->value),
-                                                           .y = ag_buf(u[1]->value), .loss = none ? apex_tensor_data(out->value) : NULL,
-                                                           .loss_dtype = out->value->dtype, .sum = none ? NULL : &sum}) != APEX_OK)
+  if (be->nn_pointwise_loss(&(apex_nn_pointwise_loss_args){
+          .kind = pointwise_kind(op), .n = n, .x = ag_buf(u[0]->value), .y = ag_buf(u[1]->value),
+          .loss = none ? apex_tensor_data(out->value) : NULL, .loss_dtype = out->value->dtype,
+          .result = none ? NULL : apex_tensor_data(out->value), .result_dtype = out->value->dtype,
+          .divisor = red == APEX_REDUCTION_MEAN ? (double)n : 1.0}) != APEX_OK)
     return NULL;
-  if (!none) loss_set_sum(out, sum, (double)n);
   return out;
 }
 

@@ -164,7 +164,7 @@ apex_status apex__bwd_permute(apex_graph *g, apex_var *out) {
 apex_var *apex_concat(apex_graph *g, int n, apex_var *const *xs, int dim) {
   if (!g) return apex__fail_null(APEX_ERR_INVALID_ARG, "concat: NULL graph");
   if (n < 1 || !xs) return apex__fail_null(APEX_ERR_INVALID_ARG, "concat: an empty list (%d inputs%s); give at least one", n, xs ? "" : ", NULL array");
-  apex_var *small[AG_MAX_IN], **u = n <= AG_MAX_IN ? small : apex__scratch(g, (size_t)n * sizeof *u);
+  apex_var *small[AG_MAX_IN], **u = n <= AG_MAX_IN ? small : apex__host_scratch(g, (size_t)n * sizeof *u);
   apex_dtype dt;
   if (!u || apex__dispatch(g, APEX_OP_CONCAT, n, xs, 0, u, &dt) != APEX_OK) return NULL;
   const apex_tensor *x0 = u[0]->value;
@@ -189,7 +189,8 @@ apex_var *apex_concat(apex_graph *g, int n, apex_var *const *xs, int dim) {
   out->p.concat.dim = d;
   size_t outer, D, inner;
   ag_lines(out->value, d, &outer, &D, &inner);
-  const void **x = apex__scratch_temp(g, (size_t)n * (sizeof *x + sizeof(apex_dtype) + sizeof(size_t)));
+  /* the lists are read on the host (args_nn.h): host memory whatever the graph's device */
+  const void **x = apex__host_temp(g, (size_t)n * (sizeof *x + sizeof(apex_dtype) + sizeof(size_t)));
   if (!x) return NULL;
   size_t *width = (size_t *)(x + n);
   apex_dtype *xdt = (apex_dtype *)(width + n);
@@ -210,7 +211,7 @@ apex_status apex__bwd_concat(apex_graph *g, apex_var *out) {
   int d = out->p.concat.dim, n = out->n_in;
   size_t outer, D, inner;
   ag_lines(out->value, d, &outer, &D, &inner);
-  float **gx = apex__scratch_temp(g, (size_t)n * (sizeof *gx + sizeof(size_t) + sizeof(int)));
+  float **gx = apex__host_temp(g, (size_t)n * (sizeof *gx + sizeof(size_t) + sizeof(int))); /* read on the host */
   if (!gx) return APEX_ERR_OUT_OF_MEMORY;
   size_t *width = (size_t *)(gx + n);
   int *acc = (int *)(width + n);

@@ -218,8 +218,10 @@ typedef struct apex_nn_cross_entropy_bwd_args {
 typedef enum apex_nn_pointwise_loss_kind { APEX_NN_MSE, APEX_NN_BCE_WITH_LOGITS, APEX_NN_BCE } apex_nn_pointwise_loss_kind;
 
 /* Per-element terms of input x against target y (n each), computed in f32: into loss (when not
- * NULL) as loss_dtype, rounded once, and/or their sum into *sum (when not NULL) as for cross entropy.
- * No whole-tensor f32 buffer is needed for either. */
+ * NULL) as loss_dtype, rounded once, and/or their sum into *sum (when not NULL) as for cross entropy,
+ * and/or result (when not NULL) (float)(sum / divisor) (MEAN's count, 1 for SUM) as one value of
+ * result_dtype, rounded as apex_tensor_set does. No whole-tensor f32 buffer is needed for any. Every
+ * buffer is the backend's device memory, so a reduced loss on a GPU is written there and nobody waits. */
 typedef struct apex_nn_pointwise_loss_args {
   apex_nn_pointwise_loss_kind kind;
   size_t n;
@@ -227,6 +229,9 @@ typedef struct apex_nn_pointwise_loss_args {
   void *loss;
   apex_dtype loss_dtype;
   double *sum;
+  void *result;
+  apex_dtype result_dtype;
+  double divisor;
 } apex_nn_pointwise_loss_args;
 
 typedef struct apex_nn_pointwise_loss_bwd_args {
@@ -400,7 +405,8 @@ typedef struct apex_nn_permute_bwd_args {
 } apex_nn_permute_bwd_args;
 
 /* out [outer, row] of out_dtype = the n inputs side by side: input k gives width[k] elements of each
- * of the outer rows (x[k] of x_dtype[k], converted as apex_convert does). */
+ * of the outer rows (x[k] of x_dtype[k], converted as apex_convert does). The lists x, x_dtype and
+ * width are host arrays (the slot reads them to launch), the buffers they point to device memory. */
 typedef struct apex_nn_concat_args {
   int n;
   size_t outer, row;
@@ -411,7 +417,7 @@ typedef struct apex_nn_concat_args {
   apex_dtype out_dtype;
 } apex_nn_concat_args;
 
-/* gx[k] (NULL: not wanted) += its columns of gout. */
+/* gx[k] (NULL: not wanted) += its columns of gout. width, gx and accumulate are host arrays. */
 typedef struct apex_nn_concat_bwd_args {
   int n;
   size_t outer, row;

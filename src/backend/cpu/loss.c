@@ -240,7 +240,13 @@ apex_status apex__cpu_nn_pointwise_loss(const apex_nn_pointwise_loss_args *a) {
       apex__cpu_row_store(a->loss, a->loss_dtype, off, lt, len);
     }
   }
-  if (a->sum) *a->sum = apex__blocked_sum_fn(n, terms_block, a, apex__sum_serial);
+  if (!a->sum && !a->result) return APEX_OK;
+  double sum = apex__blocked_sum_fn(n, terms_block, a, apex__sum_serial);
+  if (a->sum) *a->sum = sum;
+  if (a->result) {
+    float v = (float)(sum / a->divisor);
+    apex__convert_portable(a->result, a->result_dtype, &v, APEX_F32, 1); /* apex_tensor_set's rounding */
+  }
   return APEX_OK;
 }
 

@@ -320,10 +320,11 @@ apex_status apex__cpu_nn_batch_norm(const apex_nn_batch_norm_args *a) {
       int b16;
       const void *xc = channel_x(a->x, N, C, S, c, buf, &ps, &b16);
       float *tmp = buf ? buf + (widens ? M : 0) : NULL, w = wf ? wf[c] : 1.0f, b = bf ? bf[c] : 0.0f;
+      /* relu as the contract says, given statistics or not (the SyncBatchNorm front never fuses it) */
       if (b16)
-        bn_normalize_channel(xc, ps, 1, o, odt, tmp, N, C, S, c, mf[c], rf[c], w, b, 0);
+        bn_normalize_channel(xc, ps, 1, o, odt, tmp, N, C, S, c, mf[c], rf[c], w, b, a->relu);
       else
-        bn_normalize_channel(xc, ps, 0, o, odt, tmp, N, C, S, c, mf[c], rf[c], w, b, 0);
+        bn_normalize_channel(xc, ps, 0, o, odt, tmp, N, C, S, c, mf[c], rf[c], w, b, a->relu);
     }
     return APEX_OK;
   }

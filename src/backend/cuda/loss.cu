@@ -110,11 +110,13 @@ __global__ void loss_kernel(apex_nn_pointwise_loss_kind kind, int64_t n, const v
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-/* *out = the sum of partial[0..n) in index order (one thread: n <= SUM_MAX_BLOCKS). */
-__global__ void partials_kernel(const double *partial, int n, double *out) {
+/* The sum of partial[0..n) in index order (one thread: n <= SUM_MAX_BLOCKS) into *out (when set) and
+ * result (when set) as (float)(sum / divisor) rounded to rt. */
+__global__ void partials_kernel(const double *partial, int n, double *out, void *result, apex_dtype rt, double divisor) {
   double s = 0;
   for (int i = 0; i < n; i++) s += partial[i];
-  *out = s;
+  if (out) *out = s;
+  if (result) apex_st(result, rt, 0, (float)(s / divisor));
 }
 
 extern "C" apex_status apex__cuda_slot_nn_pointwise_loss(const apex_nn_pointwise_loss_args *a) {
@@ -123,23 +125,16 @@ extern "C" apex_status apex__cuda_slot_nn_pointwise_loss(const apex_nn_pointwise
   int blocks = (int)(want < 1 ? 1 : want > SUM_MAX_BLOCKS ? SUM_MAX_BLOCKS : want);
   double *partial = NULL;
   apex_status st = APEX_OK;
-  if (a->sum) st = apex__cuda_alloc((size_t)(blocks + 1) * sizeof(double), 0, (void **)&partial);
+  if (a->sum || a->result) st = apex__cuda_alloc((size_t)blocks * sizeof(double), 0, (void **)&partial);
   if (st != APEX_OK) return st;
   if (n || partial) {
     loss_kernel<<<blocks, SUM_THREADS, 0, nn_stream()>>>(a->kind, n, a->x.data, a->x.dtype, a->y.data, a->y.dtype, a->loss,
                                                          a->loss_dtype, partial);
     st = apex__cuda_check_launch("nn_pointwise_loss");
   }
-  if (st == APEX_OK && partial) {
-    partials_kernel<<<1, 1, 0, nn_stream()>>>(partial, blocks, partial + blocks);
+  if (st == APEX_OK && partial) { /* sum and result are device memory (the contract): nothing waits */
+    partials_kernel<<<1, 1, 0, nn_stream()>>>(partial, blocks, a->sum, a->result, a->result_dtype, a->divisor);
     st = apex__cuda_check_launch("nn_pointwise_loss");
-    /* sum is device memory (the contract); cudaMemcpyDefault also serves a host double, waiting for it */
-    if (st == APEX_OK) {
-      cudaError_t e = cudaMemcpyAsync(a->sum, partial + blocks, sizeof(double), cudaMemcpyDefault, nn_stream());
-      if (e != cudaSuccess)
-        st = apex__fail(APEX_ERR_DEVICE, "nn_pointwise_loss: copying the sum: CUDA error %s (%s)", cudaGetErrorName(e),
-                        cudaGetErrorString(e));
-    }
   }
   apex__cuda_free(partial);
   return st;
