@@ -15,12 +15,15 @@
  * collectives are in dist.c. Setup is checked on every rank, the ranks agree that it worked
  * (dist_agree) before rank 0 writes anything, and every save is agreed the same way, so that all
  * ranks stop together. */
+#define _GNU_SOURCE /* sched_getaffinity */
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "checkpoint.h"
@@ -41,6 +44,14 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The CPUs this process may run on (its affinity mask, which a container or taskset narrows). */
+static long available_cpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? n : 1;
 }
 
 static apex_amp_flag tristate(const char *v) {
@@ -101,6 +112,13 @@ static int check_flags(run *r) {
     }
     apex_tensor_destroy(t);
     fprintf(stderr, "apex-train: --device cuda: apex-train does not train on CUDA yet; use --device cpu\n");
+    return 2;
+  }
+  /* More threads than CPUs gains nothing, and tens of thousands exhaust the memory for stacks. */
+  long cpus = available_cpus();
+  if (a->threads > cpus) {
+    fprintf(stderr, "apex-train: --threads %ld: this machine runs %ld threads at once (its CPUs); give 1 to %ld, or 0 for OpenMP's default\n",
+            a->threads, cpus, cpus);
     return 2;
   }
   if (a->threads > 0 && apex_set_num_threads((int)a->threads) != APEX_OK) {
@@ -332,7 +350,6 @@ static int train(run *r, dist *ds, long *end) {
   progress_rate rate = {0};
   progress_rate_push(&rate, t0);
   r->dv.max_bad = a->max_bad_steps;
-  if (signals_install(ds->rank != 0) != 0) fprintf(stderr, "apex-train: warning: cannot handle Ctrl-C (sigaction failed); it will stop without saving\n");
   long first = r->at.step, s = r->at.step;
   int withheld = 0; /* a --save-every save was skipped for a non-finite loss */
   long K = a->grad_accum; /* micro-batches per step */
@@ -429,6 +446,19 @@ static int finish(run *r, dist *ds, long s) {
     if (!failed && ds->rank == 0) printf("apex-train: checkpoint %s/step-%ld\n", a->checkpoint, s);
   }
   if (failed) return 1;
+  /* The handlers stay until the last save is written; a stop asked for during it ends the run
+   * there (the ranks agree), after that a signal ends the process as usual. */
+  signals_restore();
+  int sig = signals_pending(), log_failed = 0;
+  if (!load_only && agree_stop(ds, &sig, &log_failed) != 0) return 1;
+  if (!load_only && sig) {
+    if (ds->rank == 0) {
+      if (a->checkpoint) printf("apex-train: interrupted after the last step %ld; checkpoint %s/step-%ld\n", s, a->checkpoint, s);
+      else printf("apex-train: interrupted after the last step %ld; nothing saved (no --checkpoint)\n", s);
+      fflush(stdout);
+    }
+    return signals_exit_status(sig);
+  }
   if (!a->sample) {
     eval_result e;
     if (evaluate(&r->tm, r->amp, r->g, &r->d, ds, &e) != 0) {
@@ -527,6 +557,8 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
     if (ds->rank == 0) printf("apex-train: loaded %s/step-%ld\n", a->checkpoint, r->at.step);
     return finish(r, ds, r->at.step);
   }
+  /* Before the checkpoint directory exists: from here a signal stops the run after a step, saved. */
+  if (signals_install(ds->rank != 0) != 0) fprintf(stderr, "apex-train: warning: cannot handle Ctrl-C (sigaction failed); it will stop without saving\n");
   if (rc == 0 && ds->rank == 0) rc = open_outputs(r);
   if (dist_agree(ds, rc, 1)) {
     if (r->created) ckpt_unprepare_dir(a->checkpoint, r->created);
@@ -552,7 +584,6 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
   }
   long end;
   if (train(r, ds, &end) != 0) return 1;
-  signals_restore();
   if (r->diverged || divergence_loss_bad(&r->dv)) return stop_diverged(r, ds);
   if (r->stop_signal) return stop_interrupted(r, ds, end);
   return finish(r, ds, end);

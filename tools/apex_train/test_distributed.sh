@@ -9,7 +9,9 @@
 #    accuracy and the checkpoint once (rank 0 only);
 #  - bitwise resume: 20 steps straight = 10 steps, a new 2-rank job in which every rank restores the
 #    checkpoint, and 10 more (losses in the logs and every checkpoint file, compared with cmp);
-#  - the CNN with --sync-bn at O2 runs and ends identical on both ranks.
+#  - the CNN with --sync-bn at O2 runs and ends identical on both ranks;
+#  - SIGTERM or SIGINT sent to mpirun alone (which passes SIGTERM to every rank): the ranks stop after
+#    the same step, rank 0 saves it and says so once, mpirun exits 1, and the checkpoint resumes.
 # Skips (77) with the reason when mpirun or Fashion-MNIST is absent or apex was built without MPI,
 # after the checks that need neither pass.
 . "$(dirname "$0")/test_lib.sh" "$1"
@@ -82,5 +84,26 @@ bad "resume a 1-process checkpoint on 2 ranks" mpi 2 "$BIN" "${A[@]}" --distribu
 mpi 2 "$BIN" --data "$FM" --model cnn --batch-size 8 --opt-level O2 --distributed --sync-bn --steps 6 > c.out 2> c.err &&
   grep -q "identical on all 2 ranks" c.out && grep -q "SyncBatchNorm" c.out && grep -q "test accuracy" c.out &&
   ok "cnn --sync-bn O2 on 2 ranks: identical states" || { ko "cnn --sync-bn"; cat c.out c.err; }
+
+# ---- a stop sent to mpirun alone ------------------------------------------------------------------------
+set -m # the job gets SIGINT (a background job of a non-interactive shell would ignore it)
+for sig in TERM INT; do
+  mpi 2 "$BIN" "${A[@]}" --distributed --epochs 1000 --checkpoint m$sig --log m$sig.jsonl > m$sig.out 2> m$sig.err &
+  pid=$!
+  for _ in $(seq 1200); do [ "$({ wc -l < m$sig.jsonl; } 2> /dev/null || echo 0)" -ge 3 ] && break; sleep 0.05; done
+  kill -$sig $pid
+  wait $pid
+  rc=$?
+  n=$(sed -n 's/.*interrupted at step \([0-9]*\);.*/\1/p' m$sig.out)
+  last=$(tail -1 m$sig.jsonl | sed 's/^{"step":\([0-9]*\),.*/\1/')
+  if [ $rc -eq 1 ] && [ -n "$n" ] && [ "$(grep -c "interrupted at step" m$sig.out)" = 1 ] && [ "$(cat m$sig/latest)" = "step-$n" ] &&
+    [ "$last" = "$n" ] && mpi 2 "$BIN" "${A[@]}" --distributed --steps $((n + 2)) --checkpoint m$sig --resume > m$sig.r 2>&1 &&
+    grep -q "identical on all 2 ranks" m$sig.r; then
+    ok "SIG$sig to mpirun: both ranks stopped at step $n, saved once, mpirun exit $rc; resumed on 2 ranks"
+  else
+    ko "SIG$sig to mpirun: exit $rc, step '$n', latest $(cat m$sig/latest 2> /dev/null), log's last $last"; tail -3 m$sig.out m$sig.err
+  fi
+done
+set +m
 
 finish
