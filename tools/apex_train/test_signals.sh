@@ -13,7 +13,9 @@
 #  - --threads past the machine's CPUs is refused in one line.
 # Uses the byte-level GPT on Debian's GPL-3 text (always present), so it never skips.
 . "$(dirname "$0")/test_lib.sh" "$1"
-G=(--model gpt --threads 2 --batch-size 4 --seq-len 16 --sample-bytes 8)
+# A constant lr: the interrupted run (--steps 100000) and the straight one (--steps N+3) end their
+# schedules at different steps, and only the stop and the resume are compared here.
+G=(--model gpt --threads 2 --batch-size 4 --seq-len 16 --sample-bytes 8 --lr-schedule constant)
 # Job control: a background job of a non-interactive shell starts with SIGINT ignored, which
 # apex-train (like any program) leaves ignored; with -m the job gets SIGINT as from a terminal.
 set -m
@@ -54,6 +56,9 @@ same=1
 for f in model.safetensors optimizer.bin state.safetensors; do cmp -s ckINT/step-$((n + 3))/$f straight/step-$((n + 3))/$f || same=0; done
 [ $same -eq 1 ] && ok "interrupted at $n, resumed to $((n + 3)): the same checkpoint bytes as a straight run" ||
   ko "interrupted and resumed run differs from the straight run"
+
+# The interrupted run's loss curve is drawn beside its log.
+[ -s INT.svg ] && grep -q "loss curve INT.svg" INT.out && ok "SIGINT with --log: INT.svg drawn" || ko "SIGINT with --log: no INT.svg: $(cat INT.out)"
 
 interrupt INT nock
 [ $rc -eq 130 ] && grep -q "interrupted at step [0-9]*; nothing saved (no --checkpoint)" nock.out &&

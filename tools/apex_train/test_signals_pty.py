@@ -11,7 +11,7 @@ Prints ok/FAIL lines; exit 1 on any failure. Run in a scratch directory."""
 import fcntl, os, pty, select, sys, termios, time, struct
 
 BIN = sys.argv[1]
-G = ["--model", "gpt", "--threads", "2", "--batch-size", "4", "--seq-len", "16", "--sample-bytes", "8"]
+G = ["--model", "gpt", "--threads", "2", "--batch-size", "4", "--seq-len", "16", "--sample-bytes", "8", "--lr-schedule", "constant"]
 fails = 0
 
 
