@@ -211,6 +211,10 @@ bad "resume with another --grad-accum" "${K[@]}" --grad-accum 1 --steps 10 --che
 
 # ---- loss curves --------------------------------------------------------------------------------------------
 [ -f ks.svg ] && check "the SVG next to a run's log (train and eval loss, loss scale)" U svg ks.svg ks.jsonl || ko "no ks.svg next to ks.jsonl"
+# 60 steps at bf16: the moving average over the raw loss, and no loss-scale axis (the scale never changes).
+"$BIN" "${G[@]}" --steps 60 --opt-level O2 --cast-type bf16 --log bf.jsonl > /dev/null 2>&1
+[ -f bf.svg ] && ! grep -q "loss scale\|loss-scale" bf.svg && check "bf16, 60 steps: moving average drawn, no loss-scale axis" U svg bf.svg bf.jsonl ||
+  ko "bf.svg: $(grep -c loss-scale bf.svg 2>&1) loss-scale elements"
 U fake-log fake.jsonl
 "$BIN" plot fake.jsonl > /dev/null && check "plot of a log with skips, a null loss and scale changes" U svg fake.svg fake.jsonl ||
   ko "apex-train plot fake.jsonl"
