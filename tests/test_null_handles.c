@@ -469,8 +469,8 @@ static void test_null_handles(void **state) {
   assert_int_equal(failed, 0);
 }
 
-/* A chain of 50 failing calls on a NULL result: each call names itself, the root cause once, and the
- * message stays short; a failing call that is not a NULL (a dimension out of range) sets its own. */
+/* A chain of 50 failing calls on a NULL result: each call names itself, the call before it and the
+ * root cause once, and the message stays short; a failing call that is not a NULL (a dimension out of range) sets its own. */
 static void test_error_chain(void **state) {
   (void)state;
   apex_clear_error();
@@ -482,10 +482,10 @@ static void test_error_chain(void **state) {
   assert_true(strlen(root) > 0);
   for (int i = 0; i < 50; i++) assert_int_equal(apex_tensor_ndim(t), -1);
   char want[512];
-  snprintf(want, sizeof want, "apex_tensor_ndim: NULL tensor (the last error before it: %s)", root);
+  snprintf(want, sizeof want, "apex_tensor_ndim: NULL tensor (the last error before it: apex_tensor_ndim: NULL tensor; the first: %s)", root);
   assert_string_equal(apex_last_error(), want);
   assert_int_equal(apex_tensor_dim(t, 0), -1);
-  snprintf(want, sizeof want, "apex_tensor_dim: NULL tensor (the last error before it: %s)", root);
+  snprintf(want, sizeof want, "apex_tensor_dim: NULL tensor (the last error before it: apex_tensor_ndim: NULL tensor; the first: %s)", root);
   assert_string_equal(apex_last_error(), want);
   /* A valid 1-d tensor: dimension 5 (and -2) fail with their own message, not the chain's. */
   int64_t four[1] = {4};
