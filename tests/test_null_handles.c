@@ -469,7 +469,42 @@ static void test_null_handles(void **state) {
   assert_int_equal(failed, 0);
 }
 
+/* A chain of 50 failing calls on a NULL result: each call names itself, the call before it and the
+ * root cause once, and the message stays short; a failing call that is not a NULL (a dimension out of range) sets its own. */
+static void test_error_chain(void **state) {
+  (void)state;
+  apex_clear_error();
+  int64_t shape[1] = {-3};
+  apex_tensor *t = apex_tensor_create(APEX_F32, 1, shape); /* the root cause */
+  assert_null(t);
+  char root[256];
+  snprintf(root, sizeof root, "%s", apex_last_error());
+  assert_true(strlen(root) > 0);
+  for (int i = 0; i < 50; i++) assert_int_equal(apex_tensor_ndim(t), -1);
+  char want[512];
+  snprintf(want, sizeof want, "apex_tensor_ndim: NULL tensor (the last error before it: apex_tensor_ndim: NULL tensor; the first: %s)", root);
+  assert_string_equal(apex_last_error(), want);
+  assert_int_equal(apex_tensor_dim(t, 0), -1);
+  snprintf(want, sizeof want, "apex_tensor_dim: NULL tensor (the last error before it: apex_tensor_ndim: NULL tensor; the first: %s)", root);
+  assert_string_equal(apex_last_error(), want);
+  /* A valid 1-d tensor: dimension 5 (and -2) fail with their own message, not the chain's. */
+  int64_t four[1] = {4};
+  apex_tensor *v = apex_tensor_create(APEX_F32, 1, four);
+  assert_non_null(v);
+  assert_int_equal(apex_tensor_dim(v, 5), -1);
+  assert_string_equal(apex_last_error(), "apex_tensor_dim: dimension 5 of a 1-d tensor");
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  assert_int_equal(apex_tensor_dim(v, -2), -1);
+  assert_string_equal(apex_last_error(), "apex_tensor_dim: dimension -2 of a 1-d tensor");
+  /* A new chain after another failure takes that failure as its root. */
+  assert_int_equal(apex_tensor_ndim(NULL), -1);
+  assert_string_equal(apex_last_error(), "apex_tensor_ndim: NULL tensor (the last error before it: apex_tensor_dim: dimension -2 of a 1-d tensor)");
+  assert_int_equal(apex_tensor_dim(v, 0), 4);
+  apex_tensor_destroy(v);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_list_is_complete), cmocka_unit_test(test_null_handles)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_list_is_complete), cmocka_unit_test(test_null_handles),
+                                     cmocka_unit_test(test_error_chain)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -58,7 +58,8 @@ APEX_API apex_dtype apex_tensor_dtype(const apex_tensor *t);
 APEX_API apex_device apex_tensor_device(const apex_tensor *t);
 /* -1 for NULL. */
 APEX_API int apex_tensor_ndim(const apex_tensor *t);
-/* Size of dimension dim; negative dim counts from the end. Returns -1 for a dim out of range or NULL. */
+/* Size of dimension dim; negative dim counts from the end. Returns -1 for a dim out of range or NULL,
+ * with its own message (apex_last_error). */
 APEX_API int64_t apex_tensor_dim(const apex_tensor *t, int dim);
 /* Pointer to the shape array (ndim entries); NULL for NULL. */
 APEX_API const int64_t *apex_tensor_shape(const apex_tensor *t);

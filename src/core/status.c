@@ -7,10 +7,16 @@
 #define APEX_ERROR_CAPACITY 1024
 static _Thread_local char apex_error_message[APEX_ERROR_CAPACITY];
 static _Thread_local apex_status apex_error_status = APEX_OK;
+/* The failure a chain of NULL arguments began with (apex__fail_null_arg), kept apart so that each
+ * call of the chain names itself and the root cause once, instead of nesting every message. */
+static _Thread_local char apex_error_root[APEX_ERROR_CAPACITY];
+static _Thread_local int apex_error_in_chain;
+static _Thread_local char apex_error_own[128]; /* the last NULL's own words ("fn: NULL what") */
 
 static void apex_set_message(apex_status status, const char *fmt, va_list ap) {
   vsnprintf(apex_error_message, sizeof apex_error_message, fmt, ap);
   apex_error_status = status;
+  apex_error_in_chain = 0;
 }
 
 apex_status apex__fail(apex_status status, const char *fmt, ...) {
@@ -30,10 +36,17 @@ void *apex__fail_null(apex_status status, const char *fmt, ...) {
 }
 
 void apex__fail_null_arg(const char *fn, const char *what) {
-  char before[APEX_ERROR_CAPACITY]; /* copied: the message is rewritten from it */
-  snprintf(before, sizeof before, "%s", apex_error_message);
-  if (before[0]) apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL %s (the last error before it: %s)", fn, what, before);
+  /* The first NULL of a chain takes the message before it as the chain's root; later ones keep it,
+   * and name the call just before them by its own words only, so that the message stays short. */
+  char prev[128];
+  snprintf(prev, sizeof prev, "%s", apex_error_own);
+  if (!apex_error_in_chain) snprintf(apex_error_root, sizeof apex_error_root, "%s", apex_error_message);
+  if (apex_error_in_chain && apex_error_root[0])
+    apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL %s (the last error before it: %s; the first: %s)", fn, what, prev, apex_error_root);
+  else if (apex_error_root[0]) apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL %s (the last error before it: %s)", fn, what, apex_error_root);
   else apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL %s", fn, what);
+  snprintf(apex_error_own, sizeof apex_error_own, "%s: NULL %s", fn, what);
+  apex_error_in_chain = 1;
 }
 
 const char *apex_last_error(void) { return apex_error_message; }
@@ -42,6 +55,9 @@ apex_status apex_last_status(void) { return apex_error_status; }
 
 void apex_clear_error(void) {
   apex_error_message[0] = '\0';
+  apex_error_root[0] = '\0';
+  apex_error_own[0] = '\0';
+  apex_error_in_chain = 0;
   apex_error_status = APEX_OK;
 }
 

@@ -202,7 +202,10 @@ void *apex_tensor_data(const apex_tensor *t) {
 int64_t apex_tensor_dim(const apex_tensor *t, int dim) {
   if (null_tensor(t, __func__)) return -1;
   if (dim < 0) dim += t->ndim;
-  if (dim < 0 || dim >= t->ndim) return -1;
+  if (dim < 0 || dim >= t->ndim) {
+    apex__fail(APEX_ERR_INVALID_ARG, "apex_tensor_dim: dimension %d of a %d-d tensor", dim < 0 ? dim - t->ndim : dim, t->ndim);
+    return -1;
+  }
   return t->shape[dim];
 }
 

@@ -50,7 +50,7 @@ static const flag flags[] = {
      "start from the weights in FILE.safetensors (state-dict names; every name and shape must match the model)"},
     {"eval-every", T_LONG, F(eval_every), "0", NULL, 0,
      "evaluate every N steps: test loss and accuracy (mlp, cnn), validation loss and perplexity (gpt); 0: at the end only"},
-    {"eval-only", T_SWITCH, F(eval_only), "off", NULL, 0, "evaluate the checkpoint in --checkpoint and exit, no training"},
+    {"eval-only", T_SWITCH, F(eval_only), "off", NULL, 0, "evaluate the checkpoint in --checkpoint and exit, no training (its configuration comes from the checkpoint)"},
     {"sample", T_SWITCH, F(sample), "off", NULL, 0, "gpt: generate --sample-bytes from the checkpoint in --checkpoint and exit"},
     {"weight-decay", T_DOUBLE, F(weight_decay), "0", NULL, 0, "weight decay"},
     {"batch-size", T_LONG, F(batch_size), "", NULL, 1, "samples (gpt: sequences) per step (default: 64; gpt: 16)"},
@@ -78,18 +78,21 @@ static const flag flags[] = {
     {"n-layer", T_LONG, F(n_layer), "", NULL, 1, "gpt: transformer blocks (default: 2)"},
     {"n-embd", T_LONG, F(n_embd), "", NULL, 1, "gpt: embedding width, a multiple of --n-head (default: 64)"},
     {"n-head", T_LONG, F(n_head), "", NULL, 1, "gpt: attention heads (default: 4)"},
+    {"vocab", T_LONG, F(vocab), "", NULL, 2,
+     "gpt: the model's vocabulary, above every token of the data (default: 256 for bytes; for an llm.c .bin 50257, or its largest token + 1)"},
     {"hidden", T_LONG, F(hidden), "", NULL, 2, "mlp: width of the first hidden layer; the second has half (default: 512)"},
     {"sample-bytes", T_LONG, F(sample_bytes), "200", NULL, 0, "gpt: tokens to generate at the end (bytes for text data)"},
     {"help", T_SWITCH, F(help), "off", NULL, 0, "print this list and exit (also -h)"},
     {"version", T_SWITCH, F(version), "off", NULL, 0, "print apex-train's and the apex library's versions and exit"},
 };
 #define NFLAGS (sizeof flags / sizeof flags[0])
+_Static_assert(NFLAGS <= 64, "train_args.given has one bit per flag");
 
 /* Flags that only one model reads: refused for the others rather than silently ignored. */
 static const struct {
   const char *flag, *model;
 } model_only[] = {{"seq-len", "gpt"}, {"sample-bytes", "gpt"}, {"n-layer", "gpt"}, {"n-embd", "gpt"},
-                  {"n-head", "gpt"},  {"sample", "gpt"},       {"hidden", "mlp"}};
+                  {"n-head", "gpt"},  {"sample", "gpt"}, {"vocab", "gpt"},       {"hidden", "mlp"}};
 
 /* The model flag f is for, or NULL when any model reads it. */
 static const char *model_of(const flag *f) {
@@ -241,14 +244,41 @@ int args_parse(int argc, char **argv, train_args *a) {
     }
     int rc = set_value(a, f, value);
     if (rc) return rc;
+    a->given |= 1ull << (f - flags);
     if (model_of(f)) model_flag = f;
   }
-  if (model_flag && strcmp(a->model, model_of(model_flag)) != 0 && !a->help && !a->version) {
-    fprintf(stderr, "apex-train: --%s is for --model %s only; this run trains %s: drop the flag\n", model_flag->name, model_of(model_flag),
-            a->model);
-    return 2;
+  if (a->help || a->version) return 0;
+  /* --eval-only and --sample without --model: the checkpoint names the model (main.c). */
+  if (model_flag && !((a->eval_only || a->sample) && !args_given(a, "model")) && args_check_model(a)) return 2;
+  return check_values(a);
+}
+
+static const flag *find_flag(const char *name) {
+  for (size_t k = 0; k < NFLAGS; k++)
+    if (strcmp(flags[k].name, name) == 0) return &flags[k];
+  return NULL;
+}
+
+int args_given(const train_args *a, const char *name) {
+  const flag *f = find_flag(name);
+  return f && (a->given >> (f - flags) & 1);
+}
+
+int args_set(train_args *a, const char *name, const char *value) {
+  const flag *f = find_flag(name);
+  return f ? set_value(a, f, value) : 2;
+}
+
+int args_check_model(const train_args *a) {
+  for (size_t k = 0; k < NFLAGS; k++) {
+    const flag *f = &flags[k];
+    if ((a->given >> k & 1) && model_of(f) && strcmp(a->model, model_of(f)) != 0) {
+      fprintf(stderr, "apex-train: --%s is for --model %s only; this run %s %s: drop the flag\n", f->name, model_of(f),
+              a->eval_only || a->sample ? "loads a" : "trains", a->model);
+      return 2;
+    }
   }
-  return a->help || a->version ? 0 : check_values(a);
+  return 0;
 }
 
 void args_usage(FILE *out) {
@@ -266,5 +296,6 @@ void args_usage(FILE *out) {
   }
   fprintf(out, "\nTraining ends at the first limit reached: the end of --epochs, or --steps when given.\n"
                "Exit status: 0 trained; 1 failed (a message says why); 2 bad flags; 3 diverged (--max-bad-steps);\n"
+               "4 stopped at once by a second Ctrl-C;\n"
                "130 stopped by Ctrl-C, 143 by SIGTERM (after the step in progress, with a checkpoint when --checkpoint is given).\n");
 }

@@ -39,6 +39,7 @@ typedef struct train_args {
   long seq_len;
   long sample_bytes;
   long n_layer, n_embd, n_head; /* 0 = the small default (models.h) */
+  long vocab;               /* 0 = the data's (256 for bytes; 50257 or the largest token + 1) */
   /* mlp only */
   long hidden;              /* 0 = 512 (the second layer has half) */
   /* training knobs (schedule.h) */
@@ -51,11 +52,20 @@ typedef struct train_args {
   long eval_every;          /* steps; 0 = at the end only */
   int eval_only;            /* evaluate the checkpoint in --checkpoint, no training */
   int sample;               /* gpt: generate from the checkpoint in --checkpoint, no training */
+  uint64_t given;           /* the flags on the command line, one bit per entry of args.c's table */
 } train_args;
 
 /* Fills defaults, then parses argv (-h is --help). On a bad flag or value, or a gpt-only flag given
  * for another model, prints one line to stderr and returns non-zero (the exit code to use). */
 int args_parse(int argc, char **argv, train_args *a);
+/* 1 when the flag NAME (without --) was on the command line. */
+int args_given(const train_args *a, const char *name);
+/* Sets the flag NAME to value (which must outlive a), checked as on the command line; prints one
+ * line and returns non-zero when the value is not one the flag accepts. */
+int args_set(train_args *a, const char *name, const char *value);
+/* The refusal of a flag for one model given for another, once the model is known (args_parse
+ * leaves it for --eval-only and --sample without --model, whose model the checkpoint names). */
+int args_check_model(const train_args *a);
 /* Prints every flag with its default and meaning, the rule that ends training and the exit statuses. */
 void args_usage(FILE *out);
 

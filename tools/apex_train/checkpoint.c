@@ -16,6 +16,10 @@
 
 #define FORMAT "apex-train checkpoint 1"
 
+/* The flag a load is for, named in its messages (ckpt_set_context). */
+static const char *ckpt_ctx = "--resume";
+void ckpt_set_context(const char *flag) { ckpt_ctx = flag; }
+
 void ckpt_config_add(ckpt_config *c, const char *key, const char *fmt, ...) {
   if (c->n >= CKPT_NCONFIG) return;
   va_list ap;
@@ -257,8 +261,10 @@ static int save_model(const char *path, const train_model *tm, apex_optimizer *o
     ts[i] = t;
   }
   for (size_t j = 0; j < nb; j++) ts[np + j] = apex_model_buffer(tm->m, j, &names[np + j]);
-  const char *mk[2] = {"format", "model"}, *mv[2] = {FORMAT, model_kind_name(tm->kind)};
-  rc = apex_safetensors_save(path, names, ts, (int)n, mk, mv, 2) == APEX_OK ? 0 : -1;
+  /* How the images' bytes became the model's input, for whoever runs the weights elsewhere. */
+  const char *mk[3] = {"format", "model", "input"},
+             *mv[3] = {FORMAT, model_kind_name(tm->kind), "pixels p (0..255) scaled to p / 255 * 2 - 1, in [-1, 1]"};
+  rc = apex_safetensors_save(path, names, ts, (int)n, mk, mv, tm->kind == MODEL_GPT ? 2 : 3) == APEX_OK ? 0 : -1;
 done:
   for (size_t i = 0; owned && i < n; i++) apex_tensor_destroy(owned[i]);
   free(owned);
@@ -294,6 +300,7 @@ int ckpt_save(const char *dir, const train_model *tm, apex_amp *amp, apex_optimi
   if (strcmp(prev, final + strlen(dir) + 1) == 0) return 0; /* this state is the latest checkpoint already */
 
   remove_dir(partial);
+  apex_clear_error(); /* a message from before is not this save's */
   const char *what = "create";
   meta m = {0};
   uint8_t *ob = NULL, *mb = NULL;
@@ -331,6 +338,7 @@ int ckpt_save(const char *dir, const train_model *tm, apex_amp *amp, apex_optimi
   meta_add(&m, "amp_state", "%s", hex);
   meta_add(&m, "model_fnv1a64", "%016llx", (unsigned long long)fnv1a(mb, mlen, FNV_INIT));
   meta_add(&m, "optimizer_fnv1a64", "%016llx", (unsigned long long)fnv1a(ob, olen, FNV_INIT));
+  if (p->lr_total > 0) meta_add(&m, "lr_schedule_total", "%ld", p->lr_total);
   meta_add(&m, "checksum", "%016llx",
            (unsigned long long)meta_checksum(m.key, (const char *const *)m.value, m.n));
   snprintf(path, sizeof path, "%s/state.safetensors", partial);
@@ -373,7 +381,12 @@ int ckpt_save(const char *dir, const train_model *tm, apex_amp *amp, apex_optimi
 fail:;
   int e = errno;
   const char *msg = apex_last_error();
-  fprintf(stderr, "apex-train: cannot %s %s: %s\n", what, partial, msg && msg[0] ? one_line(msg) : strerror(e));
+  /* What survived, and what to do: the previous checkpoint is untouched by a failed save. */
+  char kept[4400] = "no earlier checkpoint";
+  int full = e == ENOSPC || e == EDQUOT || e == EFBIG;
+  if (prev[0]) snprintf(kept, sizeof kept, "%s/%s is intact: %sadd --resume to continue from it", dir, prev, full ? "free space and " : "");
+  /* A full disk is said by errno alone: the library's message would name the path again. */
+  fprintf(stderr, "apex-train: cannot %s %s: %s; %s\n", what, partial, !full && msg && msg[0] ? one_line(msg) : strerror(e), kept);
   remove_dir(partial);
   meta_free(&m);
   free(ob);
@@ -420,7 +433,7 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
   size_t len;
   uint8_t *lb = file_read_all(path, &len, 0);
   if (!lb) {
-    fprintf(stderr, "apex-train: --resume: no checkpoint in %s (no %s); train without --resume first\n", dir, path);
+    fprintf(stderr, "apex-train: %s: no checkpoint in %s (no %s); train without --resume first\n", ckpt_ctx, dir, path);
     return 1;
   }
   long step_named = -1;
@@ -434,14 +447,14 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
   }
   free(lb);
   if (!ok) {
-    fprintf(stderr, "apex-train: --resume: %s is corrupted (it should name a step-<N> directory)\n", path);
+    fprintf(stderr, "apex-train: %s: %s is corrupted (it should name a step-<N> directory)\n", ckpt_ctx, path);
     return 1;
   }
   snprintf(where, sizeof where, "%s/%s", dir, sub);
   snprintf(path, sizeof path, "%s/state.safetensors", where);
   st = apex_safetensors_open(path);
   if (!st) {
-    fprintf(stderr, "apex-train: --resume: checkpoint %s is unreadable or corrupted: %s\n", where, one_line(apex_last_error()));
+    fprintf(stderr, "apex-train: %s: checkpoint %s is unreadable or corrupted: %s\n", ckpt_ctx, where, one_line(apex_last_error()));
     goto done;
   }
   /* Every key present, the checksum right. */
@@ -449,11 +462,13 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
   int nk = 0;
   for (int i = 0; i < cfg->n; i++) keys[nk++] = cfg->key[i];
   for (size_t i = 0; i < N_STATE_KEYS; i++) keys[nk++] = state_keys[i];
+  int has_total = apex_safetensors_metadata(st, "lr_schedule_total") != NULL;
+  if (has_total) keys[nk++] = "lr_schedule_total";
   keys[nk++] = "checksum";
   for (int i = 0; i < nk; i++) {
     values[i] = apex_safetensors_metadata(st, keys[i]);
     if (!values[i]) {
-      fprintf(stderr, "apex-train: --resume: %s/state.safetensors is corrupted or not from this version of apex-train (no '%s' in it)\n",
+      fprintf(stderr, "apex-train: %s: %s/state.safetensors is corrupted or not from this version of apex-train (no '%s' in it)\n", ckpt_ctx,
               where, keys[i]);
       goto done;
     }
@@ -461,7 +476,7 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
   char sum[32];
   snprintf(sum, sizeof sum, "%016llx", (unsigned long long)meta_checksum(keys, values, nk));
   if (strcmp(sum, values[nk - 1]) != 0 || strcmp(values[cfg->n], FORMAT) != 0) {
-    fprintf(stderr, "apex-train: --resume: %s/state.safetensors is corrupted (its checksum does not match)\n", where);
+    fprintf(stderr, "apex-train: %s: %s/state.safetensors is corrupted (its checksum does not match)\n", ckpt_ctx, where);
     goto done;
   }
   char shown[64];
@@ -469,10 +484,20 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
     if (!config_matches(cfg, i, values[i], shown, sizeof shown)) {
       /* The world size is not a flag: say how to get the checkpoint's. */
       char how[128] = "resume with the same flags";
+      if (strcmp(ckpt_ctx, "--resume") != 0) {
+        /* --eval-only, --sample: the configuration comes from the checkpoint; a flag given anyway differs. */
+        char flag[64];
+        snprintf(flag, sizeof flag, "--%s", cfg->key[i]);
+        for (char *c = flag + 2; *c; c++)
+          if (*c == '_') *c = '-';
+        fprintf(stderr, "apex-train: %s: checkpoint %s was made with %s %s, this run gives %s %s; drop %s (the checkpoint's configuration is used)\n",
+                ckpt_ctx, where, flag, shown, flag, cfg->value[i], flag);
+        goto done;
+      }
       if (strcmp(cfg->key[i], "world_size") == 0)
         snprintf(how, sizeof how, strcmp(values[i], "1") == 0 ? "resume with a single process" : "resume with `mpirun -np %s ... --distributed`",
                  values[i]);
-      fprintf(stderr, "apex-train: --resume: checkpoint %s was made with %s %s, this run has %s %s; %s or use another --checkpoint directory\n",
+      fprintf(stderr, "apex-train: %s: checkpoint %s was made with %s %s, this run has %s %s; %s or use another --checkpoint directory\n", ckpt_ctx,
               where, cfg->key[i], shown, cfg->key[i], cfg->value[i], how);
       goto done;
     }
@@ -480,7 +505,7 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
   if (strcmp(shapes, values[cfg->n + 1]) != 0) {
     char diff[512];
     first_difference(values[cfg->n + 1], shapes, diff, sizeof diff);
-    fprintf(stderr, "apex-train: --resume: checkpoint %s does not fit this model: %s\n", where, diff);
+    fprintf(stderr, "apex-train: %s: checkpoint %s does not fit this model: %s\n", ckpt_ctx, where, diff);
     goto done;
   }
   /* The other two files, whole. */
@@ -489,14 +514,14 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
   mb = file_read_all(path, &mlen, 0);
   snprintf(sum, sizeof sum, "%016llx", mb ? (unsigned long long)fnv1a(mb, mlen, FNV_INIT) : 0ull);
   if (!mb || strcmp(sum, values[cfg->n + 8]) != 0) {
-    fprintf(stderr, "apex-train: --resume: %s is %s\n", path, mb ? "corrupted or truncated (its hash does not match the state's)" : "missing or unreadable");
+    fprintf(stderr, "apex-train: %s: %s is %s\n", ckpt_ctx, path, mb ? "corrupted or truncated (its hash does not match the state's)" : "missing or unreadable");
     goto done;
   }
   snprintf(path, sizeof path, "%s/optimizer.bin", where);
   ob = file_read_all(path, &olen, 0);
   snprintf(sum, sizeof sum, "%016llx", ob ? (unsigned long long)fnv1a(ob, olen, FNV_INIT) : 0ull);
   if (!ob || strcmp(sum, values[cfg->n + 9]) != 0) {
-    fprintf(stderr, "apex-train: --resume: %s is %s\n", path, ob ? "corrupted or truncated (its hash does not match the state's)" : "missing or unreadable");
+    fprintf(stderr, "apex-train: %s: %s is %s\n", ckpt_ctx, path, ob ? "corrupted or truncated (its hash does not match the state's)" : "missing or unreadable");
     goto done;
   }
   uint8_t amp_buf[4096];
@@ -506,13 +531,18 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
   p->step = strtol(values[cfg->n + 2], &endp, 10);
   p->epoch = strtol(values[cfg->n + 3], &endp, 10);
   p->pos = strtol(values[cfg->n + 4], &endp, 10);
+  p->lr_total = has_total ? strtol(values[nk - 2], &endp, 10) : 0;
+  if (has_total && (*endp || p->lr_total <= 0)) {
+    fprintf(stderr, "apex-train: %s: %s/state.safetensors is inconsistent (lr_schedule_total)\n", ckpt_ctx, where);
+    goto done;
+  }
   if (hex_decode(values[cfg->n + 7], amp_buf, sizeof amp_buf, &alen) != 0 || p->step != step_named) {
-    fprintf(stderr, "apex-train: --resume: %s/state.safetensors is inconsistent (amp state or step)\n", where);
+    fprintf(stderr, "apex-train: %s: %s/state.safetensors is inconsistent (amp state or step)\n", ckpt_ctx, where);
     goto done;
   }
   ms = apex_safetensors_parse(mb, mlen);
   if (!ms) {
-    fprintf(stderr, "apex-train: --resume: %s/model.safetensors is corrupted: %s\n", where, one_line(apex_last_error()));
+    fprintf(stderr, "apex-train: %s: %s/model.safetensors is corrupted: %s\n", ckpt_ctx, where, one_line(apex_last_error()));
     goto done;
   }
   /* Restore: weights (converted to the parameters' dtype), buffers, optimizer (which rewrites f16/bf16
@@ -526,16 +556,16 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
                         : APEX_ERR_INVALID_ARG;
     apex_tensor_destroy(src);
     if (s != APEX_OK) {
-      fprintf(stderr, "apex-train: --resume: %s/model.safetensors: tensor %s is missing or not f32 of its shape\n", where, name);
+      fprintf(stderr, "apex-train: %s: %s/model.safetensors: tensor %s is missing or not f32 of its shape\n", ckpt_ctx, where, name);
       goto done;
     }
   }
   if (apex_optimizer_load(opt, ob, olen) != APEX_OK) {
-    fprintf(stderr, "apex-train: --resume: %s/optimizer.bin does not fit this optimizer: %s\n", where, one_line(apex_last_error()));
+    fprintf(stderr, "apex-train: %s: %s/optimizer.bin does not fit this optimizer: %s\n", ckpt_ctx, where, one_line(apex_last_error()));
     goto done;
   }
   if (apex_amp_state_load(amp, amp_buf, alen) != APEX_OK) {
-    fprintf(stderr, "apex-train: --resume: the amp state of %s does not fit: %s\n", where, one_line(apex_last_error()));
+    fprintf(stderr, "apex-train: %s: the amp state of %s does not fit: %s\n", ckpt_ctx, where, one_line(apex_last_error()));
     goto done;
   }
   /* Training time so far: absent in checkpoints older than timing.json. */
@@ -548,11 +578,11 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
     snprintf(text, sizeof text, "%.*s", (int)(tlen < 127 ? tlen : 127), (char *)tb);
     free(tb);
     if (sscanf(text, " {\"elapsed_s\": %lf }", &p->elapsed_s) != 1 || !(p->elapsed_s >= 0)) {
-      fprintf(stderr, "apex-train: --resume: %s is corrupted (it should hold {\"elapsed_s\": seconds}); delete it to resume with the time reset\n", path);
+      fprintf(stderr, "apex-train: %s: %s is corrupted (it should hold {\"elapsed_s\": seconds}); delete it to resume with the time reset\n", ckpt_ctx, path);
       goto done;
     }
   } else if (errno != ENOENT) {
-    fprintf(stderr, "apex-train: --resume: cannot read %s: %s\n", path, strerror(errno));
+    fprintf(stderr, "apex-train: %s: cannot read %s: %s\n", ckpt_ctx, path, strerror(errno));
     goto done;
   }
   apex_model_rng(tm->m)->seed = rseed;

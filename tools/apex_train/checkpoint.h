@@ -46,6 +46,10 @@ typedef struct ckpt_position {
   long epoch;  /* epoch of the next step */
   long pos;    /* batch within that epoch of the next step */
   double elapsed_s; /* training time up to step (timing.json) */
+  /* The step at which the lr schedule ends, when not the end of the epochs (state.safetensors'
+   * lr_schedule_total, written only then, so that other checkpoints keep their bytes); 0: the end of
+   * the epochs, the rule of every checkpoint written before the key existed. */
+  long lr_total;
 } ckpt_position;
 
 void ckpt_config_add(ckpt_config *c, const char *key, const char *fmt, ...);
@@ -69,6 +73,8 @@ int ckpt_save(const char *dir, const train_model *tm, apex_amp *amp, apex_optimi
               const ckpt_position *p);
 /* Loads the checkpoint DIR/latest names into the model, optimizer and amp after checking that it is
  * whole and was made by the same configuration. Prints one line and returns non-zero otherwise. */
+/* The flag ckpt_load's messages name: "--resume" (the default), "--eval-only" or "--sample". */
+void ckpt_set_context(const char *flag);
 int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *opt, const ckpt_config *cfg, ckpt_position *p);
 /* FNV-1a 64 of the training state a checkpoint holds (parameters, f32 masters, buffers, optimizer
  * and amp state, the dropout generator), as this process has it in memory: equal hashes on two

@@ -15,12 +15,16 @@
  * collectives are in dist.c. Setup is checked on every rank, the ranks agree that it worked
  * (dist_agree) before rank 0 writes anything, and every save is agreed the same way, so that all
  * ranks stop together. */
+#define _GNU_SOURCE /* sched_getaffinity */
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "checkpoint.h"
@@ -29,6 +33,7 @@
 #include "dist.h"
 #include "divergence.h"
 #include "evaluate.h"
+#include "from_checkpoint.h"
 #include "models.h"
 #include "plan.h"
 #include "plot.h"
@@ -42,6 +47,14 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The CPUs this process may run on (its affinity mask, which a container or taskset narrows). */
+static long available_cpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? n : 1;
 }
 
 static apex_amp_flag tristate(const char *v) {
@@ -97,6 +110,13 @@ static int check_flags(run *r) {
   train_args *a = &r->a;
   int rc = device_open(a->device, &r->dev);
   if (rc) return rc;
+  /* More threads than CPUs gains nothing, and tens of thousands exhaust the memory for stacks. */
+  long cpus = available_cpus();
+  if (a->threads > cpus) {
+    fprintf(stderr, "apex-train: --threads %ld: this machine runs %ld threads at once (its CPUs); give 1 to %ld, or 0 for OpenMP's default\n",
+            a->threads, cpus, cpus);
+    return 2;
+  }
   if (a->threads > 0 && apex_set_num_threads((int)a->threads) != APEX_OK) {
     fprintf(stderr, "apex-train: --threads %ld: %s\n", a->threads, one_line(apex_last_error()));
     return 2;
@@ -150,6 +170,17 @@ static int setup(run *r, dist *ds) {
                            : dataset_load_images(&r->d, r->data, a->batch_size, ds->rank, ds->world))
     return 1;
   r->have_data = 1;
+  if (r->kind == MODEL_GPT && a->vocab > 0) {
+    /* A smaller head for token files whose ids are all small (GPT-2's 50257 is the default). */
+    uint16_t mx = 0;
+    for (size_t i = 0; i < r->d.len + r->d.val_len; i++)
+      if (r->d.tok[i] > mx) mx = r->d.tok[i];
+    if (mx >= a->vocab) {
+      fprintf(stderr, "apex-train: --vocab %ld: %s has token %u; give at least %u\n", a->vocab, r->data, (unsigned)mx, (unsigned)mx + 1);
+      return 2;
+    }
+    r->d.vocab = a->vocab;
+  }
   /* An optimizer step takes --grad-accum micro-batches; an epoch is whole steps. */
   if (a->grad_accum > 1) {
     if (r->d.steps_per_epoch < (size_t)a->grad_accum) {
@@ -220,7 +251,10 @@ static int setup(run *r, dist *ds) {
   schedule_parse(a->lr_schedule, &r->sched.kind); /* the flag table admits only valid names */
   r->sched.peak = r->lr;
   r->sched.warmup = a->warmup;
-  r->sched.total = a->epochs * (long)r->d.steps_per_epoch;
+  /* The schedule ends at the run's last step: the first limit reached of --epochs and --steps. A
+   * resumed run keeps its checkpoint's end (one without lr_schedule_total ends at the epochs'). */
+  long epochs_end = a->epochs * (long)r->d.steps_per_epoch;
+  r->sched.total = plan_last_step(a, (long)r->d.steps_per_epoch);
   if (a->checkpoint) {
     if ((a->eval_only || a->sample) && !ckpt_exists(a->checkpoint)) {
       fprintf(stderr, "apex-train: --%s: no checkpoint in %s (no latest file); train with --checkpoint %s first\n",
@@ -230,6 +264,7 @@ static int setup(run *r, dist *ds) {
     if (a->eval_only || a->sample) return ckpt_load(a->checkpoint, &r->tm, r->amp, r->opt, cc, &r->at);
     if (a->resume) {
       if (ckpt_load(a->checkpoint, &r->tm, r->amp, r->opt, cc, &r->at) != 0) return 1;
+      r->sched.total = r->at.lr_total > 0 ? r->at.lr_total : epochs_end;
       r->saved_step = r->at.step;
       return plan_check_resume(a, (long)r->d.steps_per_epoch, r->at.step);
     }
@@ -255,7 +290,9 @@ static int save(run *r, dist *ds, long step) {
   long spe = (long)r->d.steps_per_epoch;
   int failed = dist_sync_buffers(ds, &r->tm);
   if (!failed && ds->rank == 0) {
-    ckpt_position p = {step, step / spe, step % spe, r->at.elapsed_s + (now_s() - r->t0)};
+    ckpt_position p = {step, step / spe, step % spe, r->at.elapsed_s + (now_s() - r->t0),
+                       /* a constant schedule has no end to record */
+                       r->sched.kind != SCHEDULE_CONSTANT && r->sched.total != r->a.epochs * spe ? r->sched.total : 0};
     failed = ckpt_save(r->a.checkpoint, &r->tm, r->amp, r->opt, &r->cc, &p) != 0;
   }
   if (apex_pg_allreduce_flag(ds->pg, &failed) != APEX_OK) failed = 1;
@@ -326,7 +363,6 @@ static int train(run *r, dist *ds, long *end) {
   progress_rate rate = {0};
   progress_rate_push(&rate, t0);
   r->dv.max_bad = a->max_bad_steps;
-  if (signals_install(ds->rank != 0) != 0) fprintf(stderr, "apex-train: warning: cannot handle Ctrl-C (sigaction failed); it will stop without saving\n");
   long first = r->at.step, s = r->at.step;
   int withheld = 0; /* a --save-every save was skipped for a non-finite loss */
   long K = a->grad_accum; /* micro-batches per step */
@@ -411,6 +447,21 @@ static int train(run *r, dist *ds, long *end) {
   return failed;
 }
 
+/* Rank 0, with --log: closes the log and draws its loss curve beside it (also after a run that ended
+ * badly: the curve shows how). Non-zero, with one line, when the plot cannot be written. */
+static int write_plot(run *r) {
+  if (!r->rep || !r->a.log) return 0;
+  report_destroy(r->rep); /* closes the log: the plot reads it whole */
+  r->rep = NULL;
+  /* A log that is a pipe or a terminal cannot be read back: no plot. */
+  struct stat sb;
+  if (stat(r->a.log, &sb) != 0 || !S_ISREG(sb.st_mode)) return 0;
+  char svg[4200];
+  if (plot_path_for(r->a.log, svg, sizeof svg) != 0 || plot_logs(&r->a.log, 1, svg) != 0) return 1;
+  printf("apex-train: loss curve %s\n", svg);
+  return 0;
+}
+
 /* After training (or loading, for --eval-only and --sample): the ranks' states compared, the final
  * checkpoint, the test or validation metrics, a sample (gpt), and the loss curve next to the log. */
 static int finish(run *r, dist *ds, long s) {
@@ -428,6 +479,19 @@ static int finish(run *r, dist *ds, long s) {
     if (!failed && ds->rank == 0) printf("apex-train: checkpoint %s/step-%ld\n", a->checkpoint, s);
   }
   if (failed) return 1;
+  /* The handlers stay until the last save is written; a stop asked for during it ends the run
+   * there (the ranks agree), after that a signal ends the process as usual. */
+  signals_restore();
+  int sig = signals_pending(), log_failed = 0;
+  if (!load_only && agree_stop(ds, &sig, &log_failed) != 0) return 1;
+  if (!load_only && sig) {
+    if (ds->rank == 0) {
+      if (a->checkpoint) printf("apex-train: interrupted after the last step %ld; checkpoint %s/step-%ld\n", s, a->checkpoint, s);
+      else printf("apex-train: interrupted after the last step %ld; nothing saved (no --checkpoint)\n", s);
+      fflush(stdout);
+    }
+    return signals_exit_status(sig);
+  }
   if (!a->sample) {
     eval_result e;
     if (evaluate(&r->tm, r->amp, r->g, &r->d, ds, &e) != 0) {
@@ -445,13 +509,7 @@ static int finish(run *r, dist *ds, long s) {
       if (r->rep && a->eval_every > 0 && report_eval(r->rep, s, r->kind == MODEL_GPT, &e) != 0) return 1;
     }
   }
-  if (ds->rank == 0 && r->rep && a->log) {
-    report_destroy(r->rep); /* closes the log: the plot reads it whole */
-    r->rep = NULL;
-    char svg[4200];
-    if (plot_path_for(a->log, svg, sizeof svg) != 0 || plot_logs(&a->log, 1, svg) != 0) return 1;
-    printf("apex-train: loss curve %s\n", svg);
-  }
+  if (ds->rank == 0 && write_plot(r) != 0) return 1;
   if (r->kind == MODEL_GPT && (a->sample || !a->eval_only) && ds->rank == 0) {
     printf("apex-train: sample:\n");
     if (generate(&r->tm, r->g, (uint64_t)a->seed, a->sample_bytes, r->d.bytes, stdout) != 0) {
@@ -466,6 +524,9 @@ static int finish(run *r, dist *ds, long s) {
  * over the last good one, exit 3. */
 static int stop_diverged(run *r, dist *ds) {
   if (ds->rank != 0) return 3;
+  write_plot(r); /* a plot that fails says so; the exit stays the divergence's */
+  /* Nothing saved: the directories this run made for the checkpoint go (empty ones only). */
+  if (r->a.checkpoint && r->saved_step < 0 && r->created) ckpt_unprepare_dir(r->a.checkpoint, r->created);
   char why[320], kept[4300] = "no checkpoint written";
   divergence_describe(&r->dv, apex_amp_loss_scale(r->amp, 0), why, sizeof why);
   if (r->a.checkpoint && r->saved_step >= 0)
@@ -489,6 +550,7 @@ static int stop_interrupted(run *r, dist *ds, long s) {
   int code = signals_exit_status(r->stop_signal);
   if (dir && !divergence_loss_bad(&r->dv) && save(r, ds, s) != 0) return 1;
   if (ds->rank != 0) return code;
+  write_plot(r);
   if (!dir)
     printf("apex-train: interrupted at step %ld; nothing saved (no --checkpoint)\n", s);
   else if (r->saved_step == s)
@@ -515,6 +577,15 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
     return 0;
   }
   r->saved_step = -1;
+  if (a->eval_only || a->sample) {
+    /* The configuration is the checkpoint's; flags given anyway are checked against it. */
+    ckpt_set_context(a->eval_only ? "--eval-only" : "--sample");
+    if ((rc = from_checkpoint_fill(a)) != 0 || (rc = args_check_model(a)) != 0) return rc;
+    if (a->sample && strcmp(a->model, "gpt") != 0) {
+      fprintf(stderr, "apex-train: --sample: the checkpoint in %s holds a %s; --sample generates text from a gpt\n", a->checkpoint, a->model);
+      return 2;
+    }
+  }
   if ((rc = dist_init(ds, a)) != 0 || (rc = check_flags(r)) != 0) return rc;
   /* From here every rank takes part in each agreement, also after its own failure. */
   rc = setup(r, ds);
@@ -526,6 +597,8 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
     if (ds->rank == 0) printf("apex-train: loaded %s/step-%ld\n", a->checkpoint, r->at.step);
     return finish(r, ds, r->at.step);
   }
+  /* Before the checkpoint directory exists: from here a signal stops the run after a step, saved. */
+  if (signals_install(ds->rank != 0) != 0) fprintf(stderr, "apex-train: warning: cannot handle Ctrl-C (sigaction failed); it will stop without saving\n");
   if (rc == 0 && ds->rank == 0) rc = open_outputs(r);
   if (dist_agree(ds, rc, 1)) {
     if (r->created) ckpt_unprepare_dir(a->checkpoint, r->created);
@@ -551,7 +624,6 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
   }
   long end;
   if (train(r, ds, &end) != 0) return 1;
-  signals_restore();
   if (r->diverged || divergence_loss_bad(&r->dv)) return stop_diverged(r, ds);
   if (r->stop_signal) return stop_interrupted(r, ds, end);
   return finish(r, ds, end);

@@ -133,6 +133,11 @@ static void draw(FILE *o, series *ss, int n) {
     for (size_t i = 0; i < ss[k].ne; i++)
       if (isfinite(ss[k].eloss[i])) y0 = fmin(y0, ss[k].eloss[i]), y1 = fmax(y1, ss[k].eloss[i]);
   }
+  /* The loss-scale axis only where a scale changed (bf16 and static scales draw none). */
+  int scale_moves = 0;
+  for (int k = 0; k < n; k++)
+    for (size_t i = 1; i < ss[k].n; i++)
+      if (ss[k].scale[i] != ss[k].scale[0] && !(isnan(ss[k].scale[i]) && isnan(ss[k].scale[0]))) scale_moves = 1;
   if (!(y0 <= y1)) y0 = 0, y1 = 1; /* every loss null */
   if (!(s0 <= s1)) s0 = 0, s1 = 0;
   /* Flat ranges get a margin so that nothing divides by zero and the line sits mid-plot. */
@@ -161,12 +166,13 @@ static void draw(FILE *o, series *ss, int n) {
   for (double t = ceil(y0 / dy) * dy; t <= y1 + 1e-12; t += dy)
     fprintf(o, "<line x1=\"%d\" y1=\"%.2f\" x2=\"%d\" y2=\"%.2f\" stroke=\"#ddd\"/><text x=\"%d\" y=\"%.2f\" text-anchor=\"end\">%.3g</text>\n",
             LEFT, PY(t), WIDTH - RIGHT, PY(t), LEFT - 6, PY(t) + 4, t);
-  for (double t = ceil(s0 / ds) * ds; t <= s1 + 1e-9; t += ds)
+  for (double t = ceil(s0 / ds) * ds; scale_moves && t <= s1 + 1e-9; t += ds)
     fprintf(o, "<text x=\"%d\" y=\"%.2f\" fill=\"#666\">2^%g</text>\n", WIDTH - RIGHT + 6, PS(t) + 4, t == 0 ? 0.0 : t);
   fprintf(o, "<text x=\"%.0f\" y=\"%d\" text-anchor=\"middle\">step</text>\n", LEFT + pw / 2, HEIGHT - 18);
   fprintf(o, "<text transform=\"translate(20 %.0f) rotate(-90)\" text-anchor=\"middle\">loss (solid: train, dashed: eval)</text>\n", TOP + ph / 2);
-  fprintf(o, "<text transform=\"translate(%d %.0f) rotate(90)\" text-anchor=\"middle\" fill=\"#666\">loss scale (dotted)</text>\n", WIDTH - 20,
-          TOP + ph / 2);
+  if (scale_moves)
+    fprintf(o, "<text transform=\"translate(%d %.0f) rotate(90)\" text-anchor=\"middle\" fill=\"#666\">loss scale (dotted)</text>\n", WIDTH - 20,
+            TOP + ph / 2);
   for (int k = 0; k < n; k++) {
     const series *s = &ss[k];
     const char *c = colours[k % 8];
@@ -174,15 +180,35 @@ static void draw(FILE *o, series *ss, int n) {
     xml_name(o, s->name);
     /* Earlier logs are drawn wider, so that runs whose curves coincide (opt levels often do) still
      * show every colour. */
-    fprintf(o, "\" fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\" points=\"", c, 1.5 + 1.5 * (n - 1 - k));
+    /* The raw loss light, its moving average (the mean of the last w finite losses) over it. */
+    fprintf(o, "\" fill=\"none\" stroke=\"%s\" stroke-opacity=\"0.35\" stroke-width=\"%.1f\" points=\"", c, 1.5 + 1.5 * (n - 1 - k));
     for (size_t i = 0; i < s->n; i++)
       if (isfinite(s->loss[i])) fprintf(o, "%s%.2f,%.2f", i ? " " : "", PX(s->step[i]), PY(s->loss[i]));
-    fprintf(o, "\"/>\n<polyline class=\"loss-scale\" data-log=\"");
-    xml_name(o, s->name);
-    fprintf(o, "\" fill=\"none\" stroke=\"%s\" stroke-opacity=\"0.6\" stroke-dasharray=\"1,3\" points=\"", c);
-    for (size_t i = 0; i < s->n; i++)
-      if (s->scale[i] > 0 && isfinite(s->scale[i])) fprintf(o, "%s%.2f,%.2f", i ? " " : "", PX(s->step[i]), PS(log2(s->scale[i])));
     fprintf(o, "\"/>\n");
+    size_t w = s->n / 50 < 2 ? 2 : s->n / 50 > 100 ? 100 : s->n / 50, got = 0;
+    if (s->n >= 20) {
+      fprintf(o, "<polyline class=\"train-loss-avg\" data-window=\"%zu\" data-log=\"", w);
+      xml_name(o, s->name);
+      fprintf(o, "\" fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\" points=\"", c, 1.5 + 1.5 * (n - 1 - k));
+      double sum = 0, ring[100];
+      for (size_t i = 0; i < s->n; i++) {
+        if (!isfinite(s->loss[i])) continue;
+        if (got >= w) sum -= ring[got % w];
+        ring[got % w] = s->loss[i];
+        sum += s->loss[i];
+        got++;
+        fprintf(o, "%s%.2f,%.2f", got > 1 ? " " : "", PX(s->step[i]), PY(sum / (double)(got < w ? got : w)));
+      }
+      fprintf(o, "\"/>\n");
+    }
+    if (scale_moves) {
+      fprintf(o, "<polyline class=\"loss-scale\" data-log=\"");
+      xml_name(o, s->name);
+      fprintf(o, "\" fill=\"none\" stroke=\"%s\" stroke-opacity=\"0.6\" stroke-dasharray=\"1,3\" points=\"", c);
+      for (size_t i = 0; i < s->n; i++)
+        if (s->scale[i] > 0 && isfinite(s->scale[i])) fprintf(o, "%s%.2f,%.2f", i ? " " : "", PX(s->step[i]), PS(log2(s->scale[i])));
+      fprintf(o, "\"/>\n");
+    }
     if (s->ne) {
       fprintf(o, "<polyline class=\"eval-loss\" data-log=\"");
       xml_name(o, s->name);

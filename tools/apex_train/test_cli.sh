@@ -215,6 +215,19 @@ if [ $rc -eq 3 ] && [ "$(wc -l < dv.err)" = 1 ] && grep -q "stopped at step [0-9
 else
   ko "diverged run: exit $rc: $(cat dv.err)"
 fi
+[ -s dv.svg ] && grep -q "loss curve dv.svg" dv.out && ok "diverged run: its loss curve dv.svg is drawn" || ko "diverged run: no dv.svg: $(cat dv.out)"
+# A full disk (a file size limit: writes fail with EFBIG) while saving: one line naming the
+# checkpoint that survived.
+"$BIN" "${G[@]}" --steps 2 --checkpoint fd > /dev/null 2>&1 || ko "fd: first run"
+(trap '' XFSZ; ulimit -f 8; "$BIN" "${G[@]}" --steps 4 --checkpoint fd --resume > /dev/null 2> fd.err)
+rc=$?
+[ $rc -eq 1 ] && [ "$(wc -l < fd.err)" = 1 ] && grep -q "File too large; fd/step-2 is intact: free space and add --resume to continue from it" fd.err &&
+  [ "$(cat fd/latest)" = step-2 ] && ok "a full disk while saving: exit 1, $(cat fd.err)" || ko "full disk: exit $rc, $(cat fd.err)"
+# Diverged before its first save: no checkpoint, and no empty directory left behind.
+"$BIN" "${G[@]}" --lr 1e6 --steps 300 --max-bad-steps 3 --checkpoint dv0/sub > /dev/null 2> dv0.err
+rc=$?
+[ $rc -eq 3 ] && [ ! -e dv0 ] && grep -q "no checkpoint written" dv0.err && ok "diverged before any save: exit 3, no directory left: $(cat dv0.err)" ||
+  ko "diverged before any save: exit $rc, $(ls -R dv0 2>&1 | head -3), $(cat dv0.err)"
 if command -v python3 > /dev/null; then
   # Stop step and last good step worked out from the log alone, by the rule in divergence.h.
   if python3 - dv.jsonl "$(cat dv/latest 2> /dev/null)" <<'PY'
@@ -258,8 +271,8 @@ bad "resume with another model" "${COMMON[@]}" --model mlp --steps 8 --checkpoin
 for level in O0 O1 O2; do
   for model in mlp cnn; do
     A=("${COMMON[@]}" --model $model --opt-level $level --batch-size 16)
-    "$BIN" "${A[@]}" --steps 20 --checkpoint s --log s.jsonl > /dev/null || ko "$level $model: straight run"
-    "$BIN" "${A[@]}" --steps 10 --checkpoint r --log r.jsonl > /dev/null || ko "$level $model: first half"
+    "$BIN" "${A[@]}" --steps 20 --save-every 10 --checkpoint s --log s.jsonl > /dev/null || ko "$level $model: straight run"
+    from_step s r 10
     "$BIN" "${A[@]}" --steps 20 --checkpoint r --log r2.jsonl --resume --threads 1 > /dev/null || ko "$level $model: resumed half"
     a=$(sed -n '11,20p' s.jsonl | sed 's/,"samples_per_s.*//')
     b=$(sed 's/,"samples_per_s.*//' r2.jsonl)

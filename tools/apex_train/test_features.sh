@@ -67,6 +67,14 @@ grep -q "vocabulary 50257" <<< "$out" && U shape tb/step-2/model.safetensors wte
   ok ".bin of GPT-2 tokens: vocabulary 50257 (wte [50257, 16])" || ko ".bin vocabulary: $out"
 grep -q "validation loss" <<< "$out" && grep -qE "^0( [0-9]+){16}$" <<< "$out" && ok ".bin: validation loss and a sample of 16 token ids" ||
   ko ".bin validation and sample: $out"
+# --vocab: a head of 300 for tokens all below 300 (good.bin: ids 0-299); one at or under a token is refused.
+out=$("$BIN" "${G[@]}" --data good.bin --steps 2 --n-embd 16 --n-head 2 --vocab 300 --checkpoint tv 2>&1)
+grep -q "vocabulary 300" <<< "$out" && U shape tv/step-2/model.safetensors wte.weight 300 16 > /dev/null &&
+  ok "--vocab 300 on a .bin of ids below 300: wte [300, 16]" || ko "--vocab 300: $out"
+out=$("$BIN" --checkpoint tv --data good.bin --threads 2 --eval-only 2>&1) && grep -q "validation loss" <<< "$out" &&
+  ok "--eval-only of a --vocab 300 checkpoint: the vocabulary from its shapes" || ko "--eval-only of tv: $out"
+bad "--vocab below a token" "${G[@]}" --data good.bin --steps 1 --vocab 200
+grep -q "has token 299; give at least 300" <<< "$LAST_ERR" || ko "--vocab 200 message: $LAST_ERR"
 out=$("$BIN" "${G[@]}" --data big.bin --steps 1 --n-embd 16 --n-head 2 --checkpoint tb2 2>&1)
 grep -q "vocabulary 60001" <<< "$out" && U shape tb2/step-1/model.safetensors wte.weight 60001 16 > /dev/null &&
   ok ".bin with token 60000: vocabulary 60001" || ko ".bin big vocabulary: $out"
@@ -110,6 +118,19 @@ check "cosine with warmup 5" U schedule cos.jsonl cosine 0.01 5 "$spe"
 check "constant with warmup 4" U schedule con.jsonl constant 0.003 4 "$spe"
 "$BIN" "${G[@]}" --epochs 2 --warmup 3 --log lin2.jsonl > /dev/null 2>&1
 check "linear with warmup 3 over 2 epochs" U schedule lin2.jsonl linear 0.003 3 $((2 * spe))
+# The schedule ends at the run's last step: --steps before the end of the epochs ends it there.
+"$BIN" "${G[@]}" --epochs 2 --steps 30 --log st.jsonl --checkpoint st > /dev/null 2>&1
+check "--steps 30: linear ends at step 30 (5% of the peak)" U schedule st.jsonl linear 0.003 0 30
+[ "$(tail -1 st.jsonl | sed 's/.*"lr":\([^,]*\),.*/\1/')" = "0.000150000007" ] && ok "--steps 30: the last step's lr is 5% of 0.003" ||
+  ko "--steps 30: last lr $(tail -1 st.jsonl | sed 's/.*"lr":\([^,]*\),.*/\1/')"
+"$BIN" "${G[@]}" --epochs 1 --steps 20 --warmup 4 --lr-schedule cosine --lr 0.01 --log cs.jsonl > /dev/null 2>&1
+check "--steps 20: cosine with warmup 4 ends at step 20" U schedule cs.jsonl cosine 0.01 4 20
+# A checkpoint of the old rule (no lr_schedule_total: written before the rule changed) resumes with
+# the schedule ending at the end of the epochs, as it was trained.
+"$BIN" "${G[@]}" --epochs 1 --steps 6 --checkpoint old > /dev/null 2>&1
+U strip-total old/step-6/state.safetensors > /dev/null || ko "strip lr_schedule_total"
+"$BIN" "${G[@]}" --epochs 1 --steps 9 --checkpoint old --resume --log old.jsonl > /dev/null 2>&1 || ko "resume the old-rule checkpoint"
+check "an old-rule checkpoint resumes with the schedule over the epochs ($spe steps)" U schedule old.jsonl linear 0.003 0 "$spe"
 
 # ---- evaluation --------------------------------------------------------------------------------------
 "$BIN" "${G[@]}" --steps 1 --lr 1e-12 --lr-schedule constant > ln.out 2>&1
@@ -158,8 +179,9 @@ bad "resume with another --n-head" "${G[@]}" --steps 2 --n-layer 1 --n-embd 32 -
 
 # ---- resume: knobs recorded, checked, and bitwise ------------------------------------------------------
 K=("${G[@]}" --warmup 3 --lr-schedule cosine --clip-grad-norm 0.5 --grad-accum 2 --eval-every 2)
-"$BIN" "${K[@]}" --steps 8 --checkpoint ks --log ks.jsonl > /dev/null 2>&1 || ko "knobs: straight run"
-"$BIN" "${K[@]}" --steps 4 --checkpoint kr --log kr.jsonl > /dev/null 2>&1 || ko "knobs: first half"
+"$BIN" "${K[@]}" --steps 8 --save-every 4 --checkpoint ks --log ks.jsonl > /dev/null 2>&1 || ko "knobs: straight run"
+from_step ks kr 4
+log_until ks.jsonl 4 > kr.jsonl
 "$BIN" "${K[@]}" --steps 8 --checkpoint kr --log kr.jsonl --resume > /dev/null 2>&1 || ko "knobs: resumed half"
 same=1
 for f in model.safetensors optimizer.bin state.safetensors; do cmp -s ks/step-8/$f kr/step-8/$f || same=0; done
@@ -168,6 +190,20 @@ for f in model.safetensors optimizer.bin state.safetensors; do cmp -s ks/step-8/
   ko "resume with the knobs differs"
   diff <(strip ks.jsonl) <(strip kr.jsonl) | head -5
 }
+
+# ---- --eval-only and --sample: the configuration comes from the checkpoint ------------------------------
+"$BIN" "${K[@]}" --steps 8 --checkpoint ks --eval-only > ev_all.out 2>&1 || ko "--eval-only with every flag: $(cat ev_all.out)"
+"$BIN" --checkpoint ks --data small.txt --threads 2 --eval-only > ev.out 2>&1
+[ -n "$(grep "validation loss" ev.out)" ] && [ "$(grep "validation loss" ev.out)" = "$(grep "validation loss" ev_all.out)" ] &&
+  ok "--eval-only with no flag but --data: the checkpoint's configuration, the same result: $(grep "validation loss" ev.out)" ||
+  ko "--eval-only from the checkpoint: $(cat ev.out)"
+"$BIN" --checkpoint ks --data small.txt --threads 2 --sample > sa.out 2>&1 && grep -q "sample:" sa.out &&
+  ok "--sample with no model flag: the checkpoint's gpt" || ko "--sample from the checkpoint: $(cat sa.out)"
+bad "--eval-only with another --warmup" --checkpoint ks --data small.txt --eval-only --warmup 5
+grep -q "^apex-train: --eval-only: .*--warmup 3, this run gives --warmup 5; drop --warmup" <<< "$LAST_ERR" && ok "the error names --eval-only and --warmup" ||
+  ko "the mismatch message: $LAST_ERR"
+bad "--sample with another --n-embd" --checkpoint ks --data small.txt --sample --n-embd 32
+grep -q "^apex-train: --sample: " <<< "$LAST_ERR" && ok "the error names --sample" || ko "the --sample message: $LAST_ERR"
 bad "resume with another --warmup" "${K[@]}" --warmup 4 --steps 10 --checkpoint kr --resume
 bad "resume with another --lr-schedule" "${K[@]}" --lr-schedule linear --steps 10 --checkpoint kr --resume
 bad "resume with another --clip-grad-norm" "${K[@]}" --clip-grad-norm 1 --steps 10 --checkpoint kr --resume
@@ -175,6 +211,10 @@ bad "resume with another --grad-accum" "${K[@]}" --grad-accum 1 --steps 10 --che
 
 # ---- loss curves --------------------------------------------------------------------------------------------
 [ -f ks.svg ] && check "the SVG next to a run's log (train and eval loss, loss scale)" U svg ks.svg ks.jsonl || ko "no ks.svg next to ks.jsonl"
+# 60 steps at bf16: the moving average over the raw loss, and no loss-scale axis (the scale never changes).
+"$BIN" "${G[@]}" --steps 60 --opt-level O2 --cast-type bf16 --log bf.jsonl > /dev/null 2>&1
+[ -f bf.svg ] && ! grep -q "loss scale\|loss-scale" bf.svg && check "bf16, 60 steps: moving average drawn, no loss-scale axis" U svg bf.svg bf.jsonl ||
+  ko "bf.svg: $(grep -c loss-scale bf.svg 2>&1) loss-scale elements"
 U fake-log fake.jsonl
 "$BIN" plot fake.jsonl > /dev/null && check "plot of a log with skips, a null loss and scale changes" U svg fake.svg fake.jsonl ||
   ko "apex-train plot fake.jsonl"

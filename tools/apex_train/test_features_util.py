@@ -131,6 +131,30 @@ def cmd_schedule(log, kind, peak, warmup, total):
     print(f"{len(steps)} learning rates follow {kind} with warmup {warmup}")
 
 
+def cmd_strip_total(path):
+    """Removes lr_schedule_total from a state.safetensors and rewrites its checksum, as apex-train
+    wrote checkpoints before the key existed (the checksum: FNV-1a 64 of key=value\\n in order)."""
+    import json
+    b = open(path, "rb").read()
+    n = int.from_bytes(b[:8], "little")
+    head = json.loads(b[8:8 + n])
+    meta = head["__metadata__"]
+    if "lr_schedule_total" not in meta:
+        fail(f"{path} has no lr_schedule_total")
+    del meta["lr_schedule_total"]
+    h = 0xcbf29ce484222325
+    for k, v in meta.items():
+        if k == "checksum":
+            continue
+        for c in (k + "=" + v + "\n").encode():
+            h = ((h ^ c) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    meta["checksum"] = "%016x" % h
+    text = json.dumps(head, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    open(path, "wb").write(len(text).to_bytes(8, "little") + text + b[8 + n:])
+    print("lr_schedule_total removed")
+
+
 def cmd_clip(init, noclip, clip, log_noclip, log_clip, lr, max_norm):
     """SGD without momentum from the same weights w0: w1 = w0 - lr * g * coef. The gradient g, and
     its norm, come from the unclipped run's weights; clipping must scale the update by
@@ -216,6 +240,7 @@ def cmd_svg(svg, *logs):
     px = lambda x: X + (x - x0) / (x1 - x0) * W
     py = lambda y: Y + (y1 - y) / (y1 - y0) * H
     ps = lambda s: Y + (s1 - s) / (s1 - s0) * H
+    moving = any(len(set(l["loss_scale"] for l in log_lines(g) if "loss" in l)) > 1 for g in logs)
     for log in logs:
         name = log.split("/")[-1]
         lines = log_lines(log)
@@ -237,7 +262,23 @@ def cmd_svg(svg, *logs):
                     fail(f"{cls} of {name}: point ({gx}, {gy}) outside the plot area")
 
         curve("train-loss", [(px(l["step"]), py(l["loss"])) for l in steps if l["loss"] is not None])
-        curve("loss-scale", [(px(l["step"]), ps(math.log2(l["loss_scale"]))) for l in steps])
+        scales = [l["loss_scale"] for l in steps]
+        if moving:
+            curve("loss-scale", [(px(l["step"]), ps(math.log2(l["loss_scale"]))) for l in steps])
+        elif root.find(f".//s:polyline[@class='loss-scale']", ns) is not None:
+            fail("a loss-scale curve although no scale changed")
+        # The moving average: the mean of the last w finite losses.
+        finite = [l for l in steps if l["loss"] is not None]
+        if len(steps) >= 20:
+            el = root.find(f".//s:polyline[@class='train-loss-avg'][@data-log='{name}']", ns)
+            w = int(el.get("data-window")) if el is not None else 0
+            if w != min(100, max(2, len(steps) // 50)):
+                fail(f"moving average of {name}: window {w}")
+            want = []
+            for i, l in enumerate(finite):
+                last = finite[max(0, i + 1 - w):i + 1]
+                want.append((px(l["step"]), py(sum(x["loss"] for x in last) / len(last))))
+            curve("train-loss-avg", want)
         if evals:
             curve("eval-loss", [(px(l["step"]), py(l["eval_loss"])) for l in evals])
         marks = sorted(int(p.get("data-step")) for p in root.findall(".//s:path[@class='skipped']", ns))

@@ -49,6 +49,12 @@ skip() {
   exit 1
 }
 
+# from_step FROM TO N: TO becomes a checkpoint directory whose latest is a copy of FROM/step-N, as if a
+# run of FROM's flags had stopped after N steps (a run with a smaller --steps has another lr schedule).
+from_step() { mkdir -p "$2" && cp -r "$1/step-$3" "$2/" && printf 'step-%s\n' "$3" > "$2/latest"; }
+# log_until LOG N: the lines of LOG up to step N (evaluations included).
+log_until() { awk -v n="$2" '{ s = $0; sub(/^\{"step":/, "", s); if (s + 0 > n) exit; print }' "$1"; }
+
 # finish: the count of failures, and the test's exit status.
 finish() {
   echo "$fails failures"

@@ -156,14 +156,21 @@ typedef double vd4 __attribute__((vector_size(32)));
 typedef long long vi4 __attribute__((vector_size(32)));
 typedef float vf4 __attribute__((vector_size(16)));
 
-/* the vector helpers are always inlined, so no vector crosses a call; GCC warns at the end of the file */
-#pragma GCC diagnostic ignored "-Wpsabi"
+/* The vector helpers are always inlined, so no vector crosses a call; they are compiled for the ISA
+ * whose registers their vectors fill, so that GCC has no ABI change to note (-Wpsabi) at their
+ * definitions. The code is generated where they are inlined, under the same target. */
+#pragma GCC push_options
+#pragma GCC target("avx512f")
 VM_TANH(vd8, vi8)
+VM_ERF(vd8, vi8)
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2")
 VM_TANH(vd4, vi4)
+VM_ERF(vd4, vi4)
+#pragma GCC pop_options
 __attribute__((target("avx512f"))) VM_MAP(vtanh_avx512, tanh_vd8, vf8, vd8)
 __attribute__((target("avx2"))) VM_MAP(vtanh_avx2, tanh_vd4, vf4, vd4)
-VM_ERF(vd8, vi8)
-VM_ERF(vd4, vi4)
 __attribute__((target("avx512f"))) VM_MAP(verf_avx512, erf_vd8, vf8, vd8)
 __attribute__((target("avx2"))) VM_MAP(verf_avx2, erf_vd4, vf4, vd4)
 
