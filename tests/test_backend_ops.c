@@ -214,6 +214,8 @@ static void judge(int bi, apex_dtype dt, const char *kind, const char *name, ape
  * CUDA_OP_REL and CUDA_PRODUCT_REL (backend_ops_cases.h). */
 static double op_rel(const char *name, apex_dtype dt, const backend *b) {
   if (b->device == APEX_DEVICE_CUDA) {
+    for (size_t j = 0; dt != APEX_F32 && j < sizeof bf16_onednn_cases / sizeof bf16_onednn_cases[0]; j++)
+      if (!strcmp(bf16_onednn_cases[j], name)) return dt == APEX_BF16 ? BF16_ONEDNN_REL : CUDA_F16_ROUNDED_REL;
     for (size_t i = 0; i < sizeof case_rel / sizeof case_rel[0]; i++)
       if (!strcmp(case_rel[i].name, name)) return CUDA_PRODUCT_REL;
     return CUDA_OP_REL;

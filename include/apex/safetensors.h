@@ -24,10 +24,11 @@ extern "C" {
 /* Largest header apex reads (the format's reference implementation uses the same bound). */
 #define APEX_SAFETENSORS_MAX_HEADER ((uint64_t)100 << 20)
 
-/* Writes n named tensors (CPU, f32/f16/bf16) and optional metadata (n_meta key/value string pairs,
- * may be 0 with NULL arrays) to path, atomically. Errors: NULL or empty names, a duplicate name or
- * metadata key, a name, key or value that is not valid UTF-8, a name starting with "__", a non-CPU
- * tensor (APEX_ERR_INVALID_ARG / APEX_ERR_DEVICE, naming the tensor); the directory not writable or
+/* Writes n named tensors (f32/f16/bf16, on any device: a GPU tensor is copied to the host one tensor
+ * at a time) and optional metadata (n_meta key/value string pairs, may be 0 with NULL arrays) to path,
+ * atomically. Errors: NULL or empty names, a duplicate name or metadata key, a name, key or value that
+ * is not valid UTF-8, a name starting with "__" (APEX_ERR_INVALID_ARG, naming the tensor); a device
+ * tensor that cannot be copied to the host (that copy's status, naming the tensor); the directory not writable or
  * the disk full (APEX_ERR_IO, with the OS's reason). On any error the previous file at path is untouched and no temporary file is left behind. */
 APEX_API apex_status apex_safetensors_save(const char *path, const char *const *names, apex_tensor *const *tensors, int n,
                                            const char *const *meta_keys, const char *const *meta_values, int n_meta);

@@ -388,8 +388,6 @@ static apex_status check_save_args(const char *const *names, apex_tensor *const 
     if (strncmp(names[i], "__", 2) == 0)
       return apex__fail(APEX_ERR_INVALID_ARG, "apex_safetensors_save: name '%s' starts with '__', which the format reserves", names[i]);
     if (!tensors[i]) return apex__fail(APEX_ERR_INVALID_ARG, "apex_safetensors_save: tensor '%s' is NULL", names[i]);
-    if (apex_tensor_device(tensors[i]) != APEX_DEVICE_CPU)
-      return apex__fail(APEX_ERR_DEVICE, "apex_safetensors_save: tensor '%s' is not on the CPU; copy it to the host first", names[i]);
     if (!valid_utf8(names[i])) return apex__fail(APEX_ERR_INVALID_ARG, "apex_safetensors_save: tensor name %d is not valid UTF-8", i);
   }
   for (int i = 0; i < n_meta; i++) {
@@ -506,9 +504,31 @@ apex_status apex_safetensors_save(const char *path, const char *const *names, ap
   uint8_t lenbuf[8];
   for (int i = 0; i < 8; i++) lenbuf[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
   int bad = fchmod(fd, 0644) != 0 || write_all(fd, lenbuf, 8) != 0 || write_all(fd, header, hlen) != 0;
-  for (int i = 0; i < n && !bad; i++) bad = write_all(fd, apex_tensor_data(tensors[i]), apex_tensor_nbytes(tensors[i])) != 0;
-  if (!bad) bad = fsync(fd) != 0;
   int saved_errno = errno;
+  for (int i = 0; i < n && !bad; i++) {
+    if (apex_tensor_device(tensors[i]) == APEX_DEVICE_CPU) {
+      bad = write_all(fd, apex_tensor_data(tensors[i]), apex_tensor_nbytes(tensors[i])) != 0;
+      saved_errno = errno;
+      continue;
+    }
+    /* a device tensor (a model trained on a GPU) is written from a host staging copy, one tensor at a time */
+    apex_tensor *h = apex_tensor_create(apex_tensor_dtype(tensors[i]), apex_tensor_ndim(tensors[i]), apex_tensor_shape(tensors[i]));
+    if (!h || apex_tensor_copy(h, tensors[i]) != APEX_OK) {
+      apex_tensor_destroy(h);
+      close(fd);
+      unlink(tmp);
+      st = apex__fail(apex_last_status(), "apex_safetensors_save: cannot copy tensor '%s' to the host (the previous file, if any, is unchanged)",
+                      names[i]);
+      goto out;
+    }
+    bad = write_all(fd, apex_tensor_data(h), apex_tensor_nbytes(h)) != 0;
+    saved_errno = errno;
+    apex_tensor_destroy(h);
+  }
+  if (!bad) {
+    bad = fsync(fd) != 0;
+    saved_errno = errno;
+  }
   if (close(fd) != 0 && !bad) {
     bad = 1;
     saved_errno = errno;

@@ -104,28 +104,16 @@ int generate(train_model *tm, apex_graph *g, uint64_t seed, long n, int bytes, F
   if (!bytes) buf[len++] = 0;
   apex_rng rng = apex_rng_init(seed ^ 0x5A3D1E5ull);
   apex_model_train(tm->m, 0);
-  int prev = apex_graph_set_grad_enabled(g, 0);
+  int prev = apex_graph_set_grad_enabled(g, 0), rc = 0;
   fputs(bytes ? prompt : "0", out);
   for (long k = 0; k < n; k++) {
     int64_t w = len < T ? len : T;
     apex_var *logits = model_forward_text(tm, g, buf + len - w, 1, w);
-    if (!logits) {
-      free(buf);
-      free(p);
-      apex_graph_reset(g);
-      apex_graph_set_grad_enabled(g, prev);
-      apex_model_train(tm->m, 1);
-      return -1;
-    }
     int owned = 0;
-    apex_tensor *lt = device_to_host(apex_var_value(logits), &owned);
+    apex_tensor *lt = logits ? device_to_host(apex_var_value(logits), &owned) : NULL;
     if (!lt) {
-      free(buf);
-      free(p);
-      apex_graph_reset(g);
-      apex_graph_set_grad_enabled(g, prev);
-      apex_model_train(tm->m, 1);
-      return -1;
+      rc = -1;
+      break;
     }
     double mx = -INFINITY, sum = 0;
     for (int64_t v = 0; v < V; v++) {
@@ -150,10 +138,11 @@ int generate(train_model *tm, apex_graph *g, uint64_t seed, long n, int bytes, F
     else fprintf(out, " %lld", (long long)pick);
     apex_graph_reset(g);
   }
-  fputc('\n', out);
+  if (rc == 0) fputc('\n', out);
+  apex_graph_reset(g);
   apex_graph_set_grad_enabled(g, prev);
   apex_model_train(tm->m, 1);
   free(buf);
   free(p);
-  return 0;
+  return rc;
 }

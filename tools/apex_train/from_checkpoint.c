@@ -12,10 +12,16 @@ static const char *const recorded[] = {"model",     "opt_level", "cast_type",  "
                                        "optimizer", "lr",        "weight_decay", "batch_size", "epochs",           "seed",
                                        "seq_len",   "lr_schedule", "warmup",   "clip_grad_norm", "grad_accum",     "n_head"};
 
-/* Values set from the file outlive it: train_args points at them until the process ends. */
+/* Values set from the file outlive it: train_args points at them until the process ends, so they live in
+ * static storage (one slot per recorded flag and per size), not on the heap where nothing would free them. */
+static char kept[sizeof recorded / sizeof recorded[0] + 4][128];
+static size_t n_kept;
+
 static int set_kept(train_args *a, const char *flag, const char *value) {
-  char *v = strdup(value);
-  return v ? args_set(a, flag, v) : 1;
+  if (n_kept == sizeof kept / sizeof kept[0] || strlen(value) >= sizeof kept[0]) return 1;
+  char *v = kept[n_kept++];
+  snprintf(v, sizeof kept[0], "%s", value);
+  return args_set(a, flag, v);
 }
 
 /* The first dimension of name's shape in "name[d0, d1];..." (dim 0 or 1), or 0. */

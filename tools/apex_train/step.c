@@ -9,14 +9,15 @@
 
 int step_ctx_alloc(step_ctx *c) {
   int64_t B = c->B, T = c->T;
+  /* every model keeps a GPU's micro-batch losses until the step is queued (read_losses) */
+  c->losses = calloc((size_t)c->accum, sizeof *c->losses);
   if (c->tm->kind == MODEL_GPT) {
     c->ids = malloc((size_t)(B * T) * sizeof *c->ids);
     c->labels = malloc((size_t)(B * T) * sizeof *c->labels);
-    return c->ids && c->labels ? 0 : -1;
+    return c->ids && c->labels && c->losses ? 0 : -1;
   }
   int64_t H = c->d->in_h, W = c->d->in_w;
   c->labels = malloc((size_t)B * sizeof *c->labels);
-  c->losses = calloc((size_t)c->accum, sizeof *c->losses);
   int made = c->tm->kind == MODEL_MLP ? device_batch_create(&c->x, c->dev, 2, (int64_t[]){B, H * W})
                                       : device_batch_create(&c->x, c->dev, 4, (int64_t[]){B, 1, H, W});
   return c->labels && c->losses && made == 0 ? 0 : -1;
