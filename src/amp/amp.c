@@ -508,6 +508,38 @@ static void lists_free(unscale_lists *l) {
   free(l->out);
 }
 
+/* One optimizer's lists for both paths: fresh (no earlier loss: grad -> its destination) and accum
+ * (grad + what earlier losses left -> the destination); parameters the leaf sink has done (fused) are
+ * left out. */
+static apex_status gather_lists(amp_opt *ao, unscale_lists *fresh, unscale_lists *accum) {
+  apex_status st = lists_alloc(fresh, ao->n);
+  if (st == APEX_OK) st = lists_alloc(accum, ao->n);
+  for (int k = 0; k < ao->n && st == APEX_OK; k++) {
+    amp_param *ap = &ao->params[k];
+    apex_tensor *grad = apex_var_grad(ap->var), *dst = ap->master_grad ? ap->master_grad : grad;
+    if (ap->fused) continue;
+    if (!ao->dirty) {
+      fresh->x[fresh->n] = grad;
+      fresh->out[fresh->n++] = dst;
+    } else {
+      accum->x[accum->n] = grad;
+      accum->y[accum->n] = ap->master_grad ? ap->master_grad : ap->stash;
+      accum->out[accum->n++] = dst;
+    }
+  }
+  return st;
+}
+
+/* After an unscale that returned st: the model gradients behind masters are zeroed, being consumed
+ * (fused ones were by the sink), and the lists freed. */
+static apex_status consumed(amp_opt *ao, apex_status st, unscale_lists *fresh, unscale_lists *accum) {
+  for (int k = 0; k < ao->n && st == APEX_OK; k++)
+    if (ao->params[k].master_grad && !ao->params[k].fused) st = apex_tensor_fill(apex_var_grad(ao->params[k].var), 0.0f);
+  lists_free(fresh);
+  lists_free(accum);
+  return st;
+}
+
 /* Before a backward reaches gradients that already hold an earlier loss's unscaled values: in-place
  * gradients move to the stash (the backward must start from zero so that its result can be unscaled
  * alone); master gradients stay where they are and model gradients are already zero. */
@@ -616,29 +648,10 @@ static apex_status unscale(amp_opt *ao, float inv_scale, int *overflow) {
     return st;
   }
   unscale_lists fresh = {0}, accum = {0};
-  apex_status st = lists_alloc(&fresh, ao->n);
-  if (st == APEX_OK) st = lists_alloc(&accum, ao->n);
-  for (int k = 0; k < ao->n && st == APEX_OK; k++) {
-    amp_param *ap = &ao->params[k];
-    apex_tensor *grad = apex_var_grad(ap->var);
-    apex_tensor *dst = ap->master_grad ? ap->master_grad : grad;
-    if (ap->fused) continue;
-    if (!ao->dirty) {
-      fresh.x[fresh.n] = grad;
-      fresh.out[fresh.n++] = dst;
-    } else {
-      accum.x[accum.n] = grad;
-      accum.y[accum.n] = ap->master_grad ? ap->master_grad : ap->stash;
-      accum.out[accum.n++] = dst;
-    }
-  }
+  apex_status st = gather_lists(ao, &fresh, &accum);
   if (st == APEX_OK && fresh.n) st = scale_grads(fresh.x, fresh.out, fresh.n, inv_scale, overflow);
   if (st == APEX_OK && accum.n) st = apex_mt_axpby(0, overflow, accum.x, accum.y, accum.out, accum.n, inv_scale, 1.0f, 0);
-  for (int k = 0; k < ao->n && st == APEX_OK; k++)
-    if (ao->params[k].master_grad && !ao->params[k].fused) st = apex_tensor_fill(apex_var_grad(ao->params[k].var), 0.0f);
-  lists_free(&fresh);
-  lists_free(&accum);
-  return st;
+  return consumed(ao, st, &fresh, &accum);
 }
 
 /* The optimizers a backward concerns: the listed ones (each must be amp's), or all. */
@@ -688,28 +701,11 @@ static apex_status unscale_on_device(amp_opt *ao, apex_loss_scaler *sc) {
     return st;
   }
   unscale_lists fresh = {0}, accum = {0};
-  apex_status st = lists_alloc(&fresh, ao->n);
-  if (st == APEX_OK) st = lists_alloc(&accum, ao->n);
-  for (int k = 0; k < ao->n && st == APEX_OK; k++) {
-    amp_param *ap = &ao->params[k];
-    apex_tensor *grad = apex_var_grad(ap->var), *dst = ap->master_grad ? ap->master_grad : grad;
-    if (!ao->dirty) {
-      fresh.x[fresh.n] = grad;
-      fresh.out[fresh.n++] = dst;
-    } else {
-      accum.x[accum.n] = grad;
-      accum.y[accum.n] = ap->master_grad ? ap->master_grad : ap->stash;
-      accum.out[accum.n++] = dst;
-    }
-  }
+  apex_status st = gather_lists(ao, &fresh, &accum);
   if (st == APEX_OK && fresh.n) st = apex_loss_scaler_unscale(sc, fresh.x, fresh.out, fresh.n);
   if (st == APEX_OK && accum.n) st = apex_loss_scaler_unscale(sc, accum.x, accum.x, accum.n);
   if (st == APEX_OK && accum.n) st = apex_mt_axpby(0, NULL, accum.x, accum.y, accum.out, accum.n, 1.0f, 1.0f, 0);
-  for (int k = 0; k < ao->n && st == APEX_OK; k++)
-    if (ao->params[k].master_grad) st = apex_tensor_fill(apex_var_grad(ao->params[k].var), 0.0f);
-  lists_free(&fresh);
-  lists_free(&accum);
-  return st;
+  return consumed(ao, st, &fresh, &accum);
 }
 
 /* apex_amp_backward on the device path (the contract is amp.h's, with the differences it states: a

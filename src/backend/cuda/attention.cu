@@ -64,17 +64,25 @@ static apex_status permute(const char *fn, const apex__cuda_attn *a, int64_t w, 
  * log of the sum over j <= i of exp(s[r, j]) and p[r, j] = exp(s[r, j] - lse[r]), 0 for i < j < t, in
  * dtype pt. p may be s itself (f32): each element is read before the thread that reads it writes it,
  * and the block's reductions finish every other read of the row first. */
+/* The max m of row sr's causal part (j <= i) and the sum of exp(sr[j] - m) over it, for the whole block (every
+ * thread of the block calls it: it syncs). */
+__device__ __forceinline__ void causal_row_max_sum(const float *sr, int64_t i, float *scratch, float *m, float *sum) {
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, sr[j]);
+  mx = block_max(mx, scratch);
+  float se = 0.0f;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) se += expf(sr[j] - mx);
+  *sum = block_sum(se, scratch);
+  *m = mx;
+}
+
 __global__ void att_softmax_fwd(const float *s, void *p, apex_dtype pt, float *lse, int64_t rows, int64_t t, int64_t ld) {
   __shared__ float scratch[33];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) { /* the same r for the whole block: its syncs are safe */
     const int64_t i = r % t;
     const float *sr = s + r * ld;
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, sr[j]);
-    mx = block_max(mx, scratch);
-    float se = 0.0f;
-    for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) se += expf(sr[j] - mx);
-    se = block_sum(se, scratch);
+    float mx, se;
+    causal_row_max_sum(sr, i, scratch, &mx, &se);
     const float l = mx + logf(se);
     if (threadIdx.x == 0) lse[r] = l;
     for (int64_t j = threadIdx.x; j < t; j += blockDim.x) apex_st(p, pt, r * ld + j, j <= i ? expf(sr[j] - l) : 0.0f);
@@ -281,12 +289,8 @@ __global__ void att_stats_fwd(const float *s, void *p, apex_dtype pt, float *sta
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t i = r % t;
     const float *sr = s + r * ld;
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, sr[j]);
-    mx = block_max(mx, scratch);
-    float se = 0.0f;
-    for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) se += expf(sr[j] - mx);
-    se = block_sum(se, scratch);
+    float mx, se;
+    causal_row_max_sum(sr, i, scratch, &mx, &se);
     const float rr = 1.0f / se;
     if (threadIdx.x == 0) {
       stats[2 * r] = mx;
