@@ -144,7 +144,7 @@ for t in test_cuda_classifier test_cuda_epilogues test_cuda_nn_contract test_amp
 done
 # apex-train --device cuda against the CPU (16 threads): CNN O1 f16 / O2 bf16 accuracy, GPT losses,
 # bitwise resume, checkpoints across devices (tools/apex_train/test_device.sh; PASS/FAIL lines).
-step apex_train_cuda 100 test key_passfail env CPU_THREADS=${CPU_THREADS:-16} GPU_STEPS=${GPU_STEPS:-0} \
+step apex_train_cuda ${APEX_TRAIN_CAP:-100} test key_passfail env CPU_THREADS=${CPU_THREADS:-16} GPU_STEPS=${GPU_STEPS:-0} \
   bash "$G/src/tools/apex_train/test_device.sh" "$B/tools/apex-train" 1
 # NCCL: one rank (mpirun from the package, else a singleton process); two ranks with two GPUs.
 if [ ${#MPIRUN[@]} -gt 0 ]; then

@@ -99,9 +99,10 @@ fi
 
 # ---- bitwise resume on the GPU -------------------------------------------------------------------------------
 R=(--model mlp --batch-size 32 --device cuda --clip-grad-norm 1 --grad-accum 2)
+# The straight run's own step-10 is resumed (from_step): a run of --steps 10 has another lr schedule.
 for ol in O0 O2; do
-  "$BIN" "${I[@]}" "${R[@]}" --opt-level $ol --cast-type bf16 --steps 20 --checkpoint s-$ol > /dev/null 2>&1 &&
-    "$BIN" "${I[@]}" "${R[@]}" --opt-level $ol --cast-type bf16 --steps 10 --checkpoint r-$ol > /dev/null 2>&1 &&
+  "$BIN" "${I[@]}" "${R[@]}" --opt-level $ol --cast-type bf16 --steps 20 --save-every 10 --checkpoint s-$ol > /dev/null 2>&1 &&
+    from_step s-$ol r-$ol 10 &&
     "$BIN" "${I[@]}" "${R[@]}" --opt-level $ol --cast-type bf16 --steps 20 --checkpoint r-$ol --resume > /dev/null 2>&1
   rc=$? diff=""
   for f in model.safetensors state.safetensors optimizer.bin; do cmp -s s-$ol/step-20/$f r-$ol/step-20/$f || diff="$diff $f"; done
