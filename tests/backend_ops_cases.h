@@ -174,9 +174,9 @@ static const struct {
  * can exceed the result by the bias's size. Each rounding is at most the dtype's unit roundoff u
  * (2^-8 bf16, 2^-11 f16) of the value rounded, and those values are within a small multiple of
  * max|reference| (the pre-bias value by max|bias|, under 1 for these cases' inputs in [-1, 1]); so the
- * bound is 4 u: BF16_ONEDNN_REL for bf16, CUDA_F16_ROUNDED_REL for f16. The first H200 run
- * (2026-11-26), under the f32 bound, measured conv2d f16 1.3e-4 of max|reference|, causal_attention f16
- * 1.5e-4, bf16 causal_attention_long 4.9e-4: a tenth or less of these bounds. */
+ * bound is 4 u: BF16_ONEDNN_REL for bf16, CUDA_F16_ROUNDED_REL for f16. Measured on an H200
+ * (2026-11-26): the worst row of these cases reached 0.14-0.32 of its bound (causal_attention_long f16
+ * 0.32), as oneDNN's reach 0.33 of theirs. */
 #define CUDA_F16_ROUNDED_REL 0x1p-9
 
 /* GPU bound as for mt_cases: transcendental and square-root rounding may differ there. */
