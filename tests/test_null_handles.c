@@ -104,6 +104,11 @@ static int call_embedding_create(void) { return apex_embedding_create(NULL, NULL
 static int call_embedding_forward(void) { return apex_embedding_forward(NULL, NULL, NULL, 0, NULL) == NULL ? 0 : 1; }
 static int call_attention_create(void) { return apex_attention_create(NULL, NULL, 0, 0) == NULL ? 0 : 1; }
 static int call_transformer_block_create(void) { return apex_transformer_block_create(NULL, NULL, 0, 0) == NULL ? 0 : 1; }
+static int call_mlp_create(void) { return apex_mlp_create(NULL, NULL) == NULL ? 0 : 1; }
+static int call_cnn_create(void) { return apex_cnn_create(NULL, NULL) == NULL ? 0 : 1; }
+static int call_gpt_create(void) { return apex_gpt_create(NULL, NULL) == NULL ? 0 : 1; }
+static int call_gpt_forward(void) { return apex_gpt_forward(NULL, NULL, NULL, 0, 0) == NULL ? 0 : 1; }
+static int call_gpt_sizes(void) { return apex_gpt_sizes(NULL, NULL) == APEX_ERR_INVALID_ARG ? 0 : 1; }
 static int call_activation_create(void) { return apex_activation_create(NULL, 0) == NULL ? 0 : 1; }
 static int call_max_pool2d_create(void) { return apex_max_pool2d_create(NULL, NULL) == NULL ? 0 : 1; }
 static int call_avg_pool2d_create(void) { return apex_avg_pool2d_create(NULL, NULL) == NULL ? 0 : 1; }
@@ -291,6 +296,11 @@ static const struct { const char *name; int (*call)(void); } calls[] = {
     {"apex_embedding_forward", call_embedding_forward},
     {"apex_attention_create", call_attention_create},
     {"apex_transformer_block_create", call_transformer_block_create},
+    {"apex_mlp_create", call_mlp_create},
+    {"apex_cnn_create", call_cnn_create},
+    {"apex_gpt_create", call_gpt_create},
+    {"apex_gpt_forward", call_gpt_forward},
+    {"apex_gpt_sizes", call_gpt_sizes},
     {"apex_activation_create", call_activation_create},
     {"apex_max_pool2d_create", call_max_pool2d_create},
     {"apex_avg_pool2d_create", call_avg_pool2d_create},

@@ -12,6 +12,7 @@
 #include "apex/loss_scaler.h"
 #include "apex/loss_scaler_config.h"
 #include "apex/model_io.h"
+#include "apex/models.h"
 #include "apex/data.h"
 #include "apex/ddp.h"
 #include "apex/multi_tensor.h"

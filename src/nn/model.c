@@ -140,6 +140,8 @@ apex_var *apex__nn_param(apex_module *mod, const char *local, int ndim, const in
     for (size_t i = 0; i < n; i++) d[i] = (2.0f * d[i] - 1.0f) * bound;
   } else if (init == 'n') {
     apex_rng_normal(&m->init_rng, d, n, 0.0f, 1.0f);
+    if (bound > 0)
+      for (size_t i = 0; i < n; i++) d[i] *= bound;
   } else {
     apex_tensor_fill(f, init == '1' ? 1.0f : 0.0f);
   }

@@ -91,12 +91,16 @@ apex_module *apex_rms_norm_nd_create(apex_model *m, const char *name, int ndim, 
 }
 
 apex_module *apex_embedding_create(apex_model *m, const char *name, int64_t num, int64_t dim) {
+  return apex__nn_embedding(m, name, num, dim, 0);
+}
+
+apex_module *apex__nn_embedding(apex_model *m, const char *name, int64_t num, int64_t dim, float std) {
   if (num < 1 || dim < 1)
     return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_embedding_create: %lld x %lld must be >= 1", (long long)num, (long long)dim);
   apex_module *mod = apex__nn_module(m, NN_EMBEDDING, name, "apex_embedding_create");
   if (!mod) return NULL;
   int64_t ws[2] = {num, dim};
-  return (mod->p[0] = apex__nn_param(mod, "weight", 2, ws, 'n', 0)) ? mod : NULL;
+  return (mod->p[0] = apex__nn_param(mod, "weight", 2, ws, 'n', std)) ? mod : NULL;
 }
 
 apex_var *apex_embedding_forward(apex_module *mod, apex_graph *g, const int64_t *ids, int ndim, const int64_t *shape) {
@@ -265,6 +269,7 @@ apex_var *apex_module_forward(apex_module *mod, apex_graph *g, apex_var *x) {
   }
   case NN_EMBEDDING:
     return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_module_forward: embedding '%s' takes ids: use apex_embedding_forward", mod->name);
+  case NN_GPT: return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_module_forward: a GPT takes token ids: use apex_gpt_forward");
   case NN_ATTENTION: return attention_forward(mod, g, x);
   case NN_BLOCK: return block_forward(mod, g, x);
   case NN_ACTIVATION:

@@ -9,7 +9,8 @@
 
 typedef enum nn_kind {
   NN_LINEAR, NN_CONV2D, NN_BATCH_NORM1D, NN_BATCH_NORM2D, NN_LAYER_NORM, NN_RMS_NORM, NN_EMBEDDING, NN_ATTENTION,
-  NN_BLOCK, NN_ACTIVATION, NN_MAX_POOL, NN_AVG_POOL, NN_FLATTEN, NN_DROPOUT, NN_SEQUENTIAL
+  NN_BLOCK, NN_ACTIVATION, NN_MAX_POOL, NN_AVG_POOL, NN_FLATTEN, NN_DROPOUT, NN_SEQUENTIAL,
+  NN_GPT /* models.c: children wte, wpe, h0 .. h(n_layer - 1), ln_f */
 } nn_kind;
 
 #define NN_MAX_PARAMS 2
@@ -71,10 +72,13 @@ static inline const char *apex__nn_join(char *dst, const char *a, const char *b)
  * be NULL (unnamed); a non-empty name must be unused among the model's modules. */
 apex_module *apex__nn_module(apex_model *m, nn_kind kind, const char *name, const char *who);
 /* Registers "<module>.<local>" as a parameter of shape [d0] or [d0, d1, ...] initialised per init:
- * 'u' uniform +-bound, 'n' N(0, 1), '1' ones, '0' zeros. */
+ * 'u' uniform +-bound, 'n' N(0, 1) (times bound when bound > 0, in f32 before any rounding), '1' ones,
+ * '0' zeros. */
 apex_var *apex__nn_param(apex_module *mod, const char *local, int ndim, const int64_t *shape, char init, float bound);
 /* Registers a f32 buffer "<module>.<local>" [n] filled with value. */
 apex_tensor *apex__nn_buffer(apex_module *mod, const char *local, int64_t n, float value);
+/* nn.Embedding (apex_embedding_create) whose weight is N(0, 1) times std when std > 0. */
+apex_module *apex__nn_embedding(apex_model *m, const char *name, int64_t num, int64_t dim, float std);
 /* Appends child to mod's children. */
 int apex__nn_add_child(apex_module *mod, apex_module *child);
 

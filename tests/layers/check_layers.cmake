@@ -30,7 +30,7 @@ set(_public_layers
   optim_options.h=backend loss_scaler_config.h=backend
   optim.h=optim loss_scaler.h=optim
   autograd.h=autograd nn_ops.h=autograd
-  nn.h=nn
+  nn.h=nn models.h=nn
   amp.h=amp amp_config.h=amp fp16_optimizer.h=amp
   parallel.h=parallel ddp.h=parallel
   safetensors.h=io model_io.h=io data.h=io

@@ -1,5 +1,5 @@
 /* models.h: the models apex-train knows: an MLP and a CNN for Fashion-MNIST, and a byte-level GPT
- * for text. Each is an apex_model plus what its forward needs. */
+ * for text, built by the library (apex/models.h). Each is an apex_model plus what its forward needs. */
 #ifndef APEX_TRAIN_MODELS_H
 #define APEX_TRAIN_MODELS_H
 
@@ -16,16 +16,15 @@ typedef struct model_dims {
   int64_t hidden;         /* mlp: first hidden width, the second has half [512] */
   int64_t vocab;          /* gpt: [256, bytes] */
   int64_t n_layer, n_embd, n_head; /* gpt: [2, 64, 4] */
-  int64_t seq_len;        /* gpt: [64] */
+  int64_t seq_len;        /* gpt: the context, and the position table's rows [64] */
   apex_device device;     /* where the parameters live [the CPU] */
 } model_dims;
 
 typedef struct train_model {
   model_kind kind;
   apex_model *m;
-  apex_module *net;       /* mlp, cnn: the whole network; gpt: unused */
+  apex_module *net;       /* mlp, cnn: the whole network; gpt: the GPT (apex_gpt_forward) */
   /* gpt */
-  apex_module *wte, *wpe, *ln_f, **blocks;
   int n_layer, n_head;
   int64_t dim, seq_len, vocab;
   int64_t classes;        /* mlp, cnn */
