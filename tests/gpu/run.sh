@@ -168,7 +168,7 @@ step gpt2_torch 60 bench key_bench python3 "$G/src/bench/peer_gpt2.py" "$B" ${tp
   --modes "${GPT2_MODES:-eager}" --compile-timeout 40
 ttps=$(sed -n 's/^# torch eager: \([0-9]*\) tokens.*/\1/p' "$L/gpt2_torch.log" 2> /dev/null | head -1)
 step gpt2_apex_b16 40 bench key_gpt2 "$B/bench/bench_gpt2_cuda" --batch 16
-[ -x "$B/bench/bench_gpt2_stack" ] && step gpt2_stack 60 bench key_bench "$B/bench/bench_gpt2_stack" ${ttps:+--apex-peer-tokens-per-s $ttps}
+[ -x "$B/bench/bench_gpt2_stack" ] && step gpt2_stack 60 bench key_bench "$B/bench/bench_gpt2_stack" ${ttps:+--peer-tokens-per-s $ttps}
 step bench_cuda 30 bench key_bench "$B/bench/bench_cuda"
 step peer_cuda 50 bench key_bench python3 "$G/src/bench/peer_cuda.py" "$B"
 step bench_attention 30 bench key_bench "$B/bench/bench_attention"

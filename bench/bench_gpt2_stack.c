@@ -1,0 +1,176 @@
+/* bench_gpt2_stack.c: GPT-2 small trained through the full stack on the GPU: the library's model
+ * (models.h: apex_gpt_create, 12 layers, 768 wide, 12 heads, 1024 positions, the 50304-token padded
+ * vocabulary of bench_gpt2_cuda), recorded on a CUDA graph by autograd, amp O2 with bf16 (f32 masters,
+ * dynamic loss scale) and apex's AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1) on the device: what a
+ * C program that builds its model from apex's modules gets, against bench_gpt2_cuda's hand-written step
+ * (bench/gpt2_cuda.c) on the same kernels.
+ *
+ * The same fixed batch as bench_gpt2_cuda (B sequences of T = 1024 tokens uniform over GPT-2's 50257,
+ * targets the next token of the stream) is trained on again and again, so the loss must fall: 3 warm-up
+ * steps, then 10 timed steps between two synchronisations. Each step reads nothing on the host (the
+ * loss goes into a device history by a device-to-device copy, read at the end; *skipped is not asked),
+ * so the host waits only where the stack itself waits. Prints
+ *     bench gpt2_stack_bf16_tokens_per_s VALUE tokens/s ratio=R peer=PyTorch eager ...
+ *     bench gpt2_stack_bf16_ms_per_step, bench gpt2_stack_bf16_host_waits_per_step
+ * with R against --peer-tokens-per-s N (PyTorch eager's figure, bench/peer_gpt2.py, measured in the
+ * same run on the same GPU: tests/gpu/run.sh passes it), 0 without one. Options: --batch B (8), --seq T
+ * (1024), --steps N (10), --warmup N (3), --peer-tokens-per-s N, --cpu (the same loop on the CPU with a
+ * 2-layer, 64-wide model: a smoke run of the code, not a figure). Skipped, with the reason, without a
+ * GPU; a failure (or a loss that does not fall) is a `bench NAME failed: ...` line and exit status 0, as
+ * the other benchmarks. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "apex/apex.h"
+#include "apex/cuda.h"
+#include "apex/models.h"
+#include "backend/backend.h" /* the CUDA memory's wait counter, as test_amp_device reads it */
+#include "bench_util.h"
+
+#define REAL_VOCAB 50257 /* GPT-2's tokens; the padded rows up to 50304 are never targets */
+#define NAME "gpt2_stack_bf16"
+
+/* The host's waits for the GPU so far (apex_memory.waits). */
+static unsigned long long cuda_waits(void) { return apex__backend_for(APEX_DEVICE_CUDA)->mem->waits(); }
+
+static void fail(const char *what) {
+  printf("bench %s failed: %s: %s\n", NAME, what, apex_last_error());
+  fflush(stdout);
+}
+
+/* The model on the GPU, amp O2-bf16 and AdamW over every parameter; 0 or -1 after fail(). */
+static int build(apex_model **m, apex_module **gpt, apex_optimizer **opt, apex_amp **amp, int64_t T, apex_device dev) {
+  int small = dev == APEX_DEVICE_CPU; /* the --cpu smoke run */
+  *m = apex_model_create(&(apex_model_options){.seed = 1234, .device = dev});
+  *gpt = *m ? apex_gpt_create(*m, &(apex_gpt_options){.vocab = 50304, .n_layer = small ? 2 : 12, .n_embd = small ? 64 : 768,
+                                                       .n_head = small ? 4 : 12, .n_positions = T})
+            : NULL;
+  if (!*gpt) return fail("creating the model"), -1;
+  *opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f});
+  if (!*opt) return fail("creating AdamW"), -1;
+  size_t np = apex_model_num_params(*m);
+  apex_tensor **pv = malloc(np * sizeof *pv), **gv = malloc(np * sizeof *gv);
+  int ok = pv && gv;
+  for (size_t i = 0; ok && i < np; i++) {
+    pv[i] = apex_var_value(apex_model_param(*m, i, NULL));
+    gv[i] = apex_var_grad(apex_model_param(*m, i, NULL));
+  }
+  ok = ok && apex_optimizer_add_group(*opt, pv, (int)np, gv, (int)np, NULL, NULL) == APEX_OK &&
+       apex_amp_initialize(m, 1, opt, 1, &(apex_amp_config){.opt_level = "O2", .half_type = APEX_AMP_CAST_BF16}, amp) == APEX_OK;
+  free(pv);
+  free(gv);
+  return ok ? 0 : (fail("amp O2 over AdamW"), -1);
+}
+
+/* One training step; its loss (f32, on the device) copied into slot. */
+static apex_status step(apex_module *gpt, apex_amp *amp, apex_optimizer *opt, apex_graph *g, const int64_t *tokens,
+                        const int64_t *targets, int64_t B, int64_t T, apex_tensor *slot) {
+  apex_var *logits = apex_gpt_forward(gpt, g, tokens, B, T);
+  apex_var *loss = logits ? apex_cross_entropy(g, logits, targets, NULL) : NULL;
+  apex_status st = loss ? apex_tensor_copy(slot, apex_var_value(loss)) : apex_last_status();
+  if (st == APEX_OK) st = apex_amp_backward(amp, loss, 0, NULL);
+  apex_graph_reset(g);
+  if (st == APEX_OK) st = apex_amp_step(amp, opt, NULL);
+  if (st == APEX_OK) st = apex_amp_zero_grad(amp);
+  return st;
+}
+
+int main(int argc, char **argv) {
+  int B = 8, T = 1024, steps = 10, warmup = 3, cpu = 0;
+  double peer = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(argv[i], "--batch") && v) B = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--seq") && v) T = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--steps") && v) steps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--warmup") && v) warmup = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--peer-tokens-per-s") && v) peer = atof(argv[++i]);
+    else if (!strcmp(argv[i], "--cpu")) cpu = 1;
+    else {
+      fprintf(stderr, "bench_gpt2_stack: unknown option %s (--batch B --seq T --steps N --warmup N --peer-tokens-per-s N --cpu)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (B < 1 || T < 2 || T > 1024 || steps < 1 || warmup < 0) {
+    fprintf(stderr, "bench_gpt2_stack: --batch >= 1, --seq in [2, 1024], --steps >= 1, --warmup >= 0\n");
+    return 2;
+  }
+  const char *why = NULL;
+  apex_device dev_kind = cpu ? APEX_DEVICE_CPU : APEX_DEVICE_CUDA;
+  if (!cpu && !apex_cuda_available(&why)) {
+    bench_skip(NAME "_tokens_per_s", why && *why ? why : "no CUDA GPU");
+    return 0;
+  }
+  char dev[128] = "the CPU (--cpu: 2 layers, 64 wide)";
+  if (!cpu) apex_cuda_device_name(dev, sizeof dev);
+  apex_model *m = NULL;
+  apex_module *gpt = NULL;
+  apex_optimizer *opt = NULL;
+  apex_amp *amp = NULL;
+  apex_graph *g = NULL;
+  size_t bt = (size_t)B * (size_t)T;
+  int64_t *tokens = malloc(bt * sizeof *tokens), *targets = malloc(bt * sizeof *targets);
+  float *u = malloc((bt + 1) * sizeof *u);
+  int64_t total = warmup + steps;
+  apex_tensor *history = NULL;
+  int rc = tokens && targets && u ? build(&m, &gpt, &opt, &amp, T, dev_kind) : (fail("out of memory"), -1);
+  if (rc == 0) {
+    /* The fixed batch, drawn as bench_gpt2_cuda draws it. */
+    apex_rng rng = apex_rng_init(42);
+    apex_rng_uniform(&rng, u, bt + 1);
+    for (size_t i = 0; i < bt; i++) {
+      tokens[i] = (int64_t)(u[i] * REAL_VOCAB) % REAL_VOCAB;
+      targets[i] = (int64_t)(u[i + 1] * REAL_VOCAB) % REAL_VOCAB;
+    }
+    g = apex_graph_create_on(dev_kind);
+    history = apex_tensor_create_on(dev_kind, APEX_F32, 1, &total);
+    if (!g || !history || apex_amp_prepare_graph(amp, g) != APEX_OK) rc = (fail("the graph"), -1);
+  }
+  double seconds = 0;
+  unsigned long long waits0 = 0;
+  for (int s = 0; rc == 0 && s < total; s++) {
+    if (s == warmup) {
+      if (!cpu && apex_cuda_synchronize() != APEX_OK) rc = (fail("synchronising"), -1);
+      seconds = bench_now();
+      waits0 = cpu ? 0 : cuda_waits();
+    }
+    apex_tensor *slot = apex_tensor_slice_view(history, (size_t)s, 1, (int64_t[]){1});
+    if (!slot || step(gpt, amp, opt, g, tokens, targets, B, T, slot) != APEX_OK) rc = (fail("training step"), -1);
+    apex_tensor_destroy(slot);
+  }
+  unsigned long long waits = rc == 0 && !cpu ? cuda_waits() - waits0 : 0;
+  if (rc == 0 && !cpu && apex_cuda_synchronize() != APEX_OK) rc = (fail("synchronising"), -1);
+  seconds = bench_now() - seconds;
+  apex_tensor *hh = rc == 0 ? apex_tensor_create(APEX_F32, 1, &total) : NULL;
+  if (rc == 0 && (!hh || apex_tensor_copy(hh, history) != APEX_OK)) rc = (fail("reading the losses"), -1);
+  if (rc == 0) {
+    const float *loss = apex_tensor_data(hh);
+    double tps = (double)bt * steps / seconds;
+    apex_cuda_memory_stats ms = {0};
+    if (!cpu) apex_cuda_memory_stats_get(&ms);
+    printf("# bench_gpt2_stack on %s: GPT-2 small from apex_gpt_create, B=%d T=%d, amp O2 bf16 (f32 masters), AdamW lr 3e-4 "
+           "betas (0.9, 0.95) wd 0.1, %d warm-up + %d timed steps, peak GPU memory %.2f GiB\n# loss by step:",
+           dev, B, T, warmup, steps, (double)ms.peak_allocated / (1024.0 * 1024.0 * 1024.0));
+    for (int s = 0; s < total; s++) printf(" %.4f", (double)loss[s]);
+    printf("\n");
+    char peer_name[96];
+    snprintf(peer_name, sizeof peer_name, "PyTorch eager %.0f tokens/s (bench/peer_gpt2.py, same run)", peer);
+    bench_report(NAME "_tokens_per_s", tps, "tokens/s", peer > 0 ? tps / peer : 0, peer > 0 ? peer_name : "none given (--peer-tokens-per-s)");
+    bench_report(NAME "_ms_per_step", 1e3 * seconds / steps, "ms", 0, "-");
+    bench_report(NAME "_host_waits_per_step", (double)waits / steps, "waits", 0, "apex_memory.waits");
+    if (!(loss[total - 1] < loss[0]))
+      printf("bench %s failed: the loss did not decrease on the repeated batch (%.4f -> %.4f)\n", NAME, (double)loss[0],
+             (double)loss[total - 1]);
+  }
+  apex_tensor_destroy(hh);
+  apex_tensor_destroy(history);
+  apex_graph_destroy(g);
+  apex_amp_destroy(amp);
+  apex_optimizer_destroy(opt);
+  apex_model_destroy(m);
+  free(tokens);
+  free(targets);
+  free(u);
+  return 0;
+}
