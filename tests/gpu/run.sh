@@ -164,8 +164,10 @@ fi
 # ---- the benchmarks against PyTorch on the same GPU ----------------------------------------------------------
 step gpt2_apex 40 bench key_gpt2 "$B/bench/bench_gpt2_cuda"
 tps=$(awk '$1 == "bench" && $2 == "gpt2_small_bf16_tokens_per_s" {print $3}' "$L/gpt2_apex.log" 2> /dev/null)
-step gpt2_torch 60 bench key_bench python3 "$G/src/bench/peer_gpt2.py" "$B" ${tps:+--apex-tokens-per-s $tps} \
-  --modes "${GPT2_MODES:-eager}" --compile-timeout 40
+# GPT2_MODES=eager,compile adds torch.compile (its warm-up takes about a minute: give GPT2_TORCH_CAP and
+# GPT2_COMPILE_TIMEOUT room for it)
+step gpt2_torch ${GPT2_TORCH_CAP:-60} bench key_bench python3 "$G/src/bench/peer_gpt2.py" "$B" ${tps:+--apex-tokens-per-s $tps} \
+  --modes "${GPT2_MODES:-eager}" --compile-timeout ${GPT2_COMPILE_TIMEOUT:-40}
 ttps=$(sed -n 's/^# torch eager: \([0-9]*\) tokens.*/\1/p' "$L/gpt2_torch.log" 2> /dev/null | head -1)
 step gpt2_apex_b16 40 bench key_gpt2 "$B/bench/bench_gpt2_cuda" --batch 16
 [ -x "$B/bench/bench_gpt2_stack" ] && step gpt2_stack 60 bench key_bench "$B/bench/bench_gpt2_stack" ${ttps:+--peer-tokens-per-s $ttps}
