@@ -12,6 +12,8 @@
  * so the host waits only where the stack itself waits. Prints
  *     bench gpt2_stack_bf16_tokens_per_s VALUE tokens/s ratio=R peer=PyTorch eager ...
  *     bench gpt2_stack_bf16_ms_per_step, bench gpt2_stack_bf16_host_waits_per_step
+ * then 3 more steps synchronised after each phase: bench gpt2_stack_bf16_phase_{forward,backward,optimizer}_ms
+ * with the host's time to queue each phase (when that is as long as the GPU's, the host is the bound)
  * with R against --peer-tokens-per-s N (PyTorch eager's figure, bench/peer_gpt2.py, measured in the
  * same run on the same GPU: tests/gpu/run.sh passes it), 0 without one. Options: --batch B (8), --seq T
  * (1024), --steps N (10), --warmup N (3), --peer-tokens-per-s N, --cpu (the same loop on the CPU with a
@@ -63,16 +65,41 @@ static int build(apex_model **m, apex_module **gpt, apex_optimizer **opt, apex_a
   return ok ? 0 : (fail("amp O2 over AdamW"), -1);
 }
 
-/* One training step; its loss (f32, on the device) copied into slot. */
+/* Where a step's time goes: each phase's host time to queue it and its time to the GPU's end (a
+ * synchronisation after each phase), summed over the profiled steps. */
+typedef struct phases {
+  double queue[3], done[3]; /* forward (with the loss), backward, optimizer step */
+  int steps;
+} phases;
+
+static int on_cpu; /* --cpu: nothing to synchronise */
+static apex_status sync_if(phases *ph) { return ph && !on_cpu ? apex_cuda_synchronize() : APEX_OK; }
+
+/* One training step; its loss (f32, on the device) copied into slot. With ph: timed phase by phase. */
 static apex_status step(apex_module *gpt, apex_amp *amp, apex_optimizer *opt, apex_graph *g, const int64_t *tokens,
-                        const int64_t *targets, int64_t B, int64_t T, apex_tensor *slot) {
+                        const int64_t *targets, int64_t B, int64_t T, apex_tensor *slot, phases *ph) {
+  double t0 = bench_now();
   apex_var *logits = apex_gpt_forward(gpt, g, tokens, B, T);
   apex_var *loss = logits ? apex_cross_entropy(g, logits, targets, NULL) : NULL;
   apex_status st = loss ? apex_tensor_copy(slot, apex_var_value(loss)) : apex_last_status();
+  double t1 = bench_now();
+  if (st == APEX_OK) st = sync_if(ph);
+  double t2 = bench_now();
   if (st == APEX_OK) st = apex_amp_backward(amp, loss, 0, NULL);
   apex_graph_reset(g);
+  double t3 = bench_now();
+  if (st == APEX_OK) st = sync_if(ph);
+  double t4 = bench_now();
   if (st == APEX_OK) st = apex_amp_step(amp, opt, NULL);
   if (st == APEX_OK) st = apex_amp_zero_grad(amp);
+  double t5 = bench_now();
+  if (st == APEX_OK) st = sync_if(ph);
+  double t6 = bench_now();
+  if (ph && st == APEX_OK) {
+    double q[3] = {t1 - t0, t3 - t2, t5 - t4}, d[3] = {t2 - t0, t4 - t2, t6 - t4};
+    for (int k = 0; k < 3; k++) ph->queue[k] += q[k], ph->done[k] += d[k];
+    ph->steps++;
+  }
   return st;
 }
 
@@ -98,6 +125,7 @@ int main(int argc, char **argv) {
   }
   const char *why = NULL;
   apex_device dev_kind = cpu ? APEX_DEVICE_CPU : APEX_DEVICE_CUDA;
+  on_cpu = cpu;
   if (!cpu && !apex_cuda_available(&why)) {
     bench_skip(NAME "_tokens_per_s", why && *why ? why : "no CUDA GPU");
     return 0;
@@ -136,7 +164,7 @@ int main(int argc, char **argv) {
       waits0 = cpu ? 0 : cuda_waits();
     }
     apex_tensor *slot = apex_tensor_slice_view(history, (size_t)s, 1, (int64_t[]){1});
-    if (!slot || step(gpt, amp, opt, g, tokens, targets, B, T, slot) != APEX_OK) rc = (fail("training step"), -1);
+    if (!slot || step(gpt, amp, opt, g, tokens, targets, B, T, slot, NULL) != APEX_OK) rc = (fail("training step"), -1);
     apex_tensor_destroy(slot);
   }
   unsigned long long waits = rc == 0 && !cpu ? cuda_waits() - waits0 : 0;
@@ -159,6 +187,20 @@ int main(int argc, char **argv) {
     bench_report(NAME "_tokens_per_s", tps, "tokens/s", peer > 0 ? tps / peer : 0, peer > 0 ? peer_name : "none given (--peer-tokens-per-s)");
     bench_report(NAME "_ms_per_step", 1e3 * seconds / steps, "ms", 0, "-");
     bench_report(NAME "_host_waits_per_step", (double)waits / steps, "waits", 0, "apex_memory.waits");
+    /* Then 3 steps more, synchronised after each phase: where the step's time goes, and how much of it the
+     * host needs just to queue the work (when queueing takes as long as the GPU, the host is the bound). */
+    phases ph = {{0}, {0}, 0};
+    apex_tensor *last = apex_tensor_slice_view(history, (size_t)(total - 1), 1, (int64_t[]){1});
+    for (int s = 0; s < 3 && last; s++)
+      if (step(gpt, amp, opt, g, tokens, targets, B, T, last, &ph) != APEX_OK) break;
+    apex_tensor_destroy(last);
+    static const char *const phase_name[3] = {"forward", "backward", "optimizer"};
+    for (int k = 0; k < 3 && ph.steps > 0; k++) {
+      char figure[96], what[96];
+      snprintf(figure, sizeof figure, NAME "_phase_%s_ms", phase_name[k]);
+      snprintf(what, sizeof what, "host queueing %.2f ms of it", 1e3 * ph.queue[k] / ph.steps);
+      bench_report(figure, 1e3 * ph.done[k] / ph.steps, "ms", 0, what);
+    }
     if (!(loss[total - 1] < loss[0]))
       printf("bench %s failed: the loss did not decrease on the repeated batch (%.4f -> %.4f)\n", NAME, (double)loss[0],
              (double)loss[total - 1]);
