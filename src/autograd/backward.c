@@ -7,9 +7,46 @@
  * gradient in f32 and adds it to its grad tensor once, at the end, so it is rounded once per
  * backward rather than once per use; amp's leaf sink (leaf_sink.h) may take that sum first, to fold the
  * flush into its unscale. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "autograd/ag.h"
+
+/* ---- APEX_BACKWARD_PROFILE=1: the host's time in each op kind's backward ---------------------------
+ * Where a backward's host time goes (on a GPU, the time to queue each op's kernels: when it is as long
+ * as the GPU's work, the host is the bound), summed per op kind over every backward of the process and
+ * printed to stderr at its exit. Read once; off, it costs one branch per op. */
+static int profile_on = -1;
+static double profile_s[APEX_OP_COUNT];
+static long profile_n[APEX_OP_COUNT];
+static double profile_finish_s; /* the leaves' flushes and amp's leaf sink, after the ops */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void profile_print(void) {
+  double total = profile_finish_s;
+  for (int op = 0; op < APEX_OP_COUNT; op++) total += profile_s[op];
+  fprintf(stderr, "# APEX_BACKWARD_PROFILE: host seconds in each op kind's backward, %.3f s in all\n", total);
+  for (int op = 0; op < APEX_OP_COUNT; op++)
+    if (profile_n[op])
+      fprintf(stderr, "#   %-20s %9.4f s %7ld calls %8.1f us a call\n", apex_op_name((apex_op)op), profile_s[op], profile_n[op],
+              1e6 * profile_s[op] / (double)profile_n[op]);
+  fprintf(stderr, "#   %-20s %9.4f s (the leaves' flushes, amp's leaf sink)\n", "finish", profile_finish_s);
+}
+
+static int profiling(void) {
+  if (profile_on < 0) {
+    const char *e = getenv("APEX_BACKWARD_PROFILE");
+    profile_on = e && e[0] == '1';
+    if (profile_on) atexit(profile_print);
+  }
+  return profile_on;
+}
 
 static int touch(apex_graph *g, apex_var *v) {
   if (!apex__grow((void **)&g->touched_leaves, &g->cap_touched, g->n_touched + 1, sizeof *g->touched_leaves)) return 0;
@@ -177,13 +214,15 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
   int hook = g->grad_hook != NULL;
   if (hook && !plan_finals(g)) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_backward: out of memory for the grad hook's plan");
   size_t k = g->n_finals;
-  int dropped = 0;
+  int dropped = 0, prof = profiling();
   apex__release_pending(g);
   for (size_t i = g->n_vars; st == APEX_OK && i-- > 0;) {
     apex_var *v = g->vars[i];
     if (v->gbuf && v->op != APEX_OP_LEAF && v->n_in != 0) {
       apex__release_temps(g);
+      double t0 = prof ? now_s() : 0;
       st = apex__op(v->op)->backward(g, v);
+      if (prof && (int)v->op < APEX_OP_COUNT) profile_s[v->op] += now_s() - t0, profile_n[v->op]++;
       if (st == APEX_OK && g->oom) st = APEX_ERR_OUT_OF_MEMORY;
       if (st != APEX_OK) break;
       /* Every op that adds into v's gradient came after v and has run: its buffer is spent. What the
@@ -196,7 +235,9 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
     }
     if (hook) st = fire_finals(g, &k, i);
   }
+  double tf = prof ? now_s() : 0;
   apex_status fst = finish(g, st == APEX_OK);
+  if (prof) profile_finish_s += now_s() - tf;
   if (st == APEX_OK) st = fst;
   /* The weight-cast cache ends with the backward, as Apex clears its cache when scale_loss exits: an
    * optimizer step may follow and change the leaves, and the cached copies' values may have been

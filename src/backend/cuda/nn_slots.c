@@ -297,22 +297,42 @@ static apex_status zero_unless(float *dst, size_t n, int accumulate) {
   return accumulate || !n ? APEX_OK : apex__cuda_fill(dst, APEX_F32, 0.0f, n);
 }
 
+/* The f32 gradient gout (n elements) rounded to bf16 in scratch (freed by the caller), for the backward
+ * products of a bf16 partner: they then run on the tensor cores (bf16 operands, an f32 result added to
+ * the gradient), as PyTorch's autocast backward and oneDNN's bf16 products on the CPU do, instead of as
+ * f32 products of the widened partner, several times slower. f16 partners keep the f32 product: f16's
+ * range would turn a large (loss-scaled) gradient into an Inf that the f32 path keeps finite. */
+static void *bf16_grad(const float *gout, size_t n, apex_status *st) {
+  void *h = NULL;
+  *st = apex__cuda_alloc(n ? n * 2 : 2, 0, &h);
+  if (*st == APEX_OK && n) *st = apex__cuda_convert(h, APEX_BF16, gout, APEX_F32, n);
+  return h;
+}
+
 apex_status apex__cuda_slot_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
   apex_status st = APEX_OK;
   size_t m = (size_t)a->m, n = (size_t)a->n, k = (size_t)a->k;
-  /* the gradient is f32: its partner operand is read as f32 (widened when it is not) */
+  const int want_x = a->gx && m && k, want_w = a->gw && n && k;
+  /* a bf16 partner meets the gradient rounded to bf16 (bf16_grad); any other is read as f32 with the f32
+   * gradient (widened when it is f16) */
+  const int half_x = want_x && a->w.dtype == APEX_BF16, half_w = want_w && a->x.dtype == APEX_BF16;
+  void *g16 = (half_x || half_w) && m && n ? bf16_grad(a->gout, m * n, &st) : NULL;
   void *ow = NULL, *ox = NULL;
-  const float *w = a->gx && m && k ? dev_f32(a->w, n * k, &ow, &st) : NULL;
-  const float *x = st == APEX_OK && a->gw && n && k ? dev_f32(a->x, m * k, &ox, &st) : NULL;
+  const void *w = st == APEX_OK && want_x ? (half_x ? a->w.data : (const void *)dev_f32(a->w, n * k, &ow, &st)) : NULL;
+  const void *x = st == APEX_OK && want_w ? (half_w ? a->x.data : (const void *)dev_f32(a->x, m * k, &ox, &st)) : NULL;
   /* gx [m, k] = gout [m, n] w [n, k] */
   if (st == APEX_OK && w) {
     st = zero_unless(a->gx, m * k, a->accumulate_x);
-    if (st == APEX_OK) st = apex__cuda_gemm(0, 0, a->m, a->k, a->n, 1.0f, a->gout, w, APEX_F32, 1.0f, a->gx, APEX_F32, NULL, 0);
+    if (st == APEX_OK)
+      st = apex__cuda_gemm(0, 0, a->m, a->k, a->n, 1.0f, half_x ? g16 : (const void *)a->gout, w, half_x ? APEX_BF16 : APEX_F32, 1.0f, a->gx,
+                           APEX_F32, NULL, 0);
   }
   /* gw [n, k] = gout^T [n, m] x [m, k] */
   if (st == APEX_OK && x) {
     st = zero_unless(a->gw, n * k, a->accumulate_w);
-    if (st == APEX_OK) st = apex__cuda_gemm(1, 0, a->n, a->k, a->m, 1.0f, a->gout, x, APEX_F32, 1.0f, a->gw, APEX_F32, NULL, 0);
+    if (st == APEX_OK)
+      st = apex__cuda_gemm(1, 0, a->n, a->k, a->m, 1.0f, half_w ? g16 : (const void *)a->gout, x, half_w ? APEX_BF16 : APEX_F32, 1.0f, a->gw,
+                           APEX_F32, NULL, 0);
   }
   if (st == APEX_OK && a->gb && n) {
     st = zero_unless(a->gb, n, a->accumulate_b);
@@ -320,6 +340,7 @@ apex_status apex__cuda_slot_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
   }
   apex__cuda_free(ow);
   apex__cuda_free(ox);
+  apex__cuda_free(g16);
   return st;
 }
 
@@ -379,16 +400,23 @@ apex_status apex__cuda_slot_nn_matmul(const apex_nn_matmul_args *a) {
 apex_status apex__cuda_slot_nn_matmul_bwd(const apex_nn_matmul_bwd_args *a) {
   apex_status st = APEX_OK;
   int64_t m = a->m, n = a->n, k = a->k, sb = a->b_batched ? k * n : 0;
-  size_t nb = (a->b_batched ? a->batch : 1) * (size_t)(k * n);
-  /* gout is f32: a and b are read as f32 (widened when they are not) */
+  size_t nb = (a->b_batched ? a->batch : 1) * (size_t)(k * n), ng = a->batch * (size_t)(m * n);
+  /* a bf16 partner meets the gradient rounded to bf16 (bf16_grad); any other is read as f32 with the f32
+   * gradient (widened when it is f16) */
+  const int half_a = a->ga && a->b.dtype == APEX_BF16, half_b = a->gb && a->a.dtype == APEX_BF16;
+  void *g16 = half_a || half_b ? bf16_grad(a->gout, ng, &st) : NULL;
   void *oa = NULL, *ob = NULL;
-  const float *B = a->ga ? dev_f32(a->b, nb, &ob, &st) : NULL;
-  const float *A = st == APEX_OK && a->gb ? dev_f32(a->a, a->batch * (size_t)(m * k), &oa, &st) : NULL;
+  const char *B = st == APEX_OK && a->ga ? (half_a ? (const char *)a->b.data : (const char *)dev_f32(a->b, nb, &ob, &st)) : NULL;
+  const char *A = st == APEX_OK && a->gb ? (half_b ? (const char *)a->a.data : (const char *)dev_f32(a->a, a->batch * (size_t)(m * k), &oa, &st))
+                                         : NULL;
+  const apex_dtype ta = half_a ? APEX_BF16 : APEX_F32, tb = half_b ? APEX_BF16 : APEX_F32;
+  const char *ga_src = half_a ? (const char *)g16 : (const char *)a->gout, *gb_src = half_b ? (const char *)g16 : (const char *)a->gout;
+  const size_t ea = apex_dtype_size(ta), eb = apex_dtype_size(tb);
   for (size_t i0 = 0; st == APEX_OK && B && i0 < a->batch; i0 += BATCH_RUN) {
     size_t run = a->batch - i0 < BATCH_RUN ? a->batch - i0 : BATCH_RUN;
     /* ga_i [m, k] = gout_i [m, n] b_i^T (b_i stored [k, n]) */
-    st = apex__cuda_gemm_batched("nn_matmul_bwd", 0, 1, m, k, n, 1.0f, a->gout + i0 * (size_t)(m * n), n, m * n, B + i0 * (size_t)sb, n,
-                                 sb, APEX_F32, a->accumulate_a ? 1.0f : 0.0f, a->ga + i0 * (size_t)(m * k), k, m * k, APEX_F32, (int)run);
+    st = apex__cuda_gemm_batched("nn_matmul_bwd", 0, 1, m, k, n, 1.0f, ga_src + i0 * (size_t)(m * n) * ea, n, m * n, B + i0 * (size_t)sb * ea,
+                                 n, sb, ta, a->accumulate_a ? 1.0f : 0.0f, a->ga + i0 * (size_t)(m * k), k, m * k, APEX_F32, (int)run);
   }
   float beta = a->accumulate_b ? 1.0f : 0.0f;
   /* gb_i [k, n] = a_i^T gout_i; a shared b's gradient is the sum over the batch, which is one product
@@ -396,14 +424,16 @@ apex_status apex__cuda_slot_nn_matmul_bwd(const apex_nn_matmul_bwd_args *a) {
   if (st == APEX_OK && A && a->b_batched)
     for (size_t i0 = 0; st == APEX_OK && i0 < a->batch; i0 += BATCH_RUN) {
       size_t run = a->batch - i0 < BATCH_RUN ? a->batch - i0 : BATCH_RUN;
-      st = apex__cuda_gemm_batched("nn_matmul_bwd", 1, 0, k, n, m, 1.0f, A + i0 * (size_t)(m * k), k, m * k, a->gout + i0 * (size_t)(m * n),
-                                   n, m * n, APEX_F32, beta, a->gb + i0 * (size_t)(k * n), n, k * n, APEX_F32, (int)run);
+      st = apex__cuda_gemm_batched("nn_matmul_bwd", 1, 0, k, n, m, 1.0f, A + i0 * (size_t)(m * k) * eb, k, m * k,
+                                   gb_src + i0 * (size_t)(m * n) * eb, n, m * n, tb, beta, a->gb + i0 * (size_t)(k * n), n, k * n, APEX_F32,
+                                   (int)run);
     }
   else if (st == APEX_OK && A)
-    st = apex__cuda_gemm_batched("nn_matmul_bwd", 1, 0, k, n, (int64_t)a->batch * m, 1.0f, A, k, 0, a->gout, n, 0, APEX_F32, beta, a->gb,
-                                 n, 0, APEX_F32, 1);
+    st = apex__cuda_gemm_batched("nn_matmul_bwd", 1, 0, k, n, (int64_t)a->batch * m, 1.0f, A, k, 0, gb_src, n, 0, tb, beta, a->gb, n, 0,
+                                 APEX_F32, 1);
   apex__cuda_free(oa);
   apex__cuda_free(ob);
+  apex__cuda_free(g16);
   return st;
 }
 
