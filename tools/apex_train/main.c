@@ -2,7 +2,8 @@
  * or a GPT on a text file or llm.c tokens, with amp at any opt level and any fused optimizer;
  * checkpoints atomically and resumes bitwise; evaluates during and after training (test loss and
  * accuracy, or validation loss and perplexity), generates a sample (text), and draws the loss curve
- * next to the log. `apex-train plot LOG...` (plot.h) draws logs without training.
+ * next to the log. `apex-train plot LOG...` (plot.h) draws logs without training; `apex-train export`
+ * (export.h) writes a GPT checkpoint as a Hugging Face GPT-2.
  *
  * Everything a run does is a function of its flags: the data order comes from (seed, epoch), the
  * learning rate from the step, so --steps N stops a run where a straight run of N steps stops, and a
