@@ -4,7 +4,8 @@
  *    (embeddings, layer norm, causal attention, tanh GELU, tied head), in double;
  *  - a save (apex_model_save_f32) loaded into a model of another seed gives the same logits, bitwise;
  *  - a checkpoint written by apex-train itself ($APEX_TRAIN, set by tests/test_models.cmake) loads
- *    into apex_gpt_create's model by name and shape and runs (skipped with the reason without it);
+ *    into apex_gpt_create's model by name and shape, and its logits give the validation loss that
+ *    apex-train printed for it (skipped with the reason without apex-train);
  *  - bad options and bad forwards: one clear message each. */
 #define _DEFAULT_SOURCE /* mkstemp, mkdtemp, M_PI */
 #include <math.h>
@@ -359,11 +360,51 @@ static void test_apex_train_checkpoint(void **state) {
   assert_memory_equal(apex_tensor_data(wte), P(m, "wte.weight", 0), 256 * 32 * sizeof(float));
   apex_tensor_destroy(wte);
   apex_safetensors_close(st);
-  int64_t ids[16];
+  int64_t ids[16 * 16];
   for (int i = 0; i < 16; i++) ids[i] = "the quick brown "[i];
-  float *logits = malloc(16 * 256 * sizeof *logits);
+  float *logits = malloc(16 * 16 * 256 * sizeof *logits);
   run_gpt(gpt, ids, 1, 16, logits);
   check_against_ref(m, logits, ids, 1, 16, 256, 2, 32, 4);
+
+  /* apex-train's own validation loss of these weights (its last line of numbers), recomputed here from
+   * the library's logits over the same held-out windows: the last tenth of the bytes, windows of 16. */
+  snprintf(cmd, sizeof cmd, "%s/out.txt", dir);
+  FILE *o = fopen(cmd, "r");
+  assert_non_null(o);
+  char line[512];
+  double cli_loss = -1;
+  while (fgets(line, sizeof line, o)) {
+    const char *at = strstr(line, "validation loss ");
+    if (at) cli_loss = atof(at + strlen("validation loss "));
+  }
+  fclose(o);
+  assert_true(cli_loss > 0);
+  f = fopen(text, "rb");
+  unsigned char *bytes = malloc(1 << 16);
+  size_t len = fread(bytes, 1, 1 << 16, f);
+  fclose(f);
+  const size_t T = 16;
+  size_t val = len / 10 > T + 1 ? len / 10 : T + 1, train = len - val, windows = (val - 1) / T;
+  if (windows > 256) windows = 256;
+  double sum = 0;
+  for (size_t w0 = 0; w0 < windows; w0 += 16) {
+    size_t B = windows - w0 < 16 ? windows - w0 : 16;
+    for (size_t b = 0; b < B; b++)
+      for (size_t t = 0; t < T; t++) ids[b * T + t] = bytes[train + (w0 + b) * T + t];
+    run_gpt(gpt, ids, (int64_t)B, (int64_t)T, logits);
+    for (size_t r = 0; r < B * T; r++) {
+      const float *row = logits + r * 256;
+      double mx = -INFINITY, se = 0;
+      for (int v = 0; v < 256; v++) mx = fmax(mx, row[v]);
+      for (int v = 0; v < 256; v++) se += exp(row[v] - mx);
+      size_t b = r / T, t = r % T;
+      sum += log(se) + mx - row[bytes[train + (w0 + b) * T + t + 1]];
+    }
+  }
+  double lib_loss = sum / (double)(windows * T);
+  printf("apex-train's validation loss %.4f; the library's model on its checkpoint %.6f\n", cli_loss, lib_loss);
+  assert_true(fabs(lib_loss - cli_loss) <= 1e-4);
+  free(bytes);
   free(logits);
   apex_model_destroy(m);
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

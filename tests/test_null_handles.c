@@ -109,6 +109,9 @@ static int call_cnn_create(void) { return apex_cnn_create(NULL, NULL) == NULL ? 
 static int call_gpt_create(void) { return apex_gpt_create(NULL, NULL) == NULL ? 0 : 1; }
 static int call_gpt_forward(void) { return apex_gpt_forward(NULL, NULL, NULL, 0, 0) == NULL ? 0 : 1; }
 static int call_gpt_sizes(void) { return apex_gpt_sizes(NULL, NULL) == APEX_ERR_INVALID_ARG ? 0 : 1; }
+static int call_gpt_hf_sizes(void) { return apex_gpt_hf_sizes(NULL, NULL) == APEX_ERR_INVALID_ARG ? 0 : 1; }
+static int call_gpt_load_hf(void) { return apex_gpt_load_hf(NULL, NULL, NULL, NULL) == APEX_ERR_INVALID_ARG ? 0 : 1; }
+static int call_gpt_save_hf(void) { return apex_gpt_save_hf(NULL, NULL, NULL, NULL) == APEX_ERR_INVALID_ARG ? 0 : 1; }
 static int call_activation_create(void) { return apex_activation_create(NULL, 0) == NULL ? 0 : 1; }
 static int call_max_pool2d_create(void) { return apex_max_pool2d_create(NULL, NULL) == NULL ? 0 : 1; }
 static int call_avg_pool2d_create(void) { return apex_avg_pool2d_create(NULL, NULL) == NULL ? 0 : 1; }
@@ -301,6 +304,9 @@ static const struct { const char *name; int (*call)(void); } calls[] = {
     {"apex_gpt_create", call_gpt_create},
     {"apex_gpt_forward", call_gpt_forward},
     {"apex_gpt_sizes", call_gpt_sizes},
+    {"apex_gpt_hf_sizes", call_gpt_hf_sizes},
+    {"apex_gpt_load_hf", call_gpt_load_hf},
+    {"apex_gpt_save_hf", call_gpt_save_hf},
     {"apex_activation_create", call_activation_create},
     {"apex_max_pool2d_create", call_max_pool2d_create},
     {"apex_avg_pool2d_create", call_avg_pool2d_create},

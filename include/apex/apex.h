@@ -8,6 +8,7 @@
 #include "apex/cpu.h"
 #include "apex/dtype.h"
 #include "apex/fp16_optimizer.h"
+#include "apex/gpt_hf.h"
 #include "apex/kernels.h"
 #include "apex/loss_scaler.h"
 #include "apex/loss_scaler_config.h"

@@ -33,7 +33,7 @@ set(_public_layers
   nn.h=nn models.h=nn
   amp.h=amp amp_config.h=amp fp16_optimizer.h=amp
   parallel.h=parallel ddp.h=parallel
-  safetensors.h=io model_io.h=io data.h=io
+  safetensors.h=io model_io.h=io data.h=io gpt_hf.h=io
   apex.h=io)
 
 file(READ "${ROOT}/CMakeLists.txt" _cm)

@@ -47,7 +47,8 @@ static const flag flags[] = {
     {"grad-accum", T_LONG, F(grad_accum), "1", NULL, 1,
      "micro-batches of --batch-size per optimizer step (amp's delay_unscale: the gradients stay scaled until the last)"},
     {"init-from", T_STR, F(init_from), "", NULL, 0,
-     "start from the weights in FILE.safetensors (state-dict names; every name and shape must match the model)"},
+     "start from the weights in FILE.safetensors (state-dict names; every name and shape must match the model), or, for gpt, a Hugging Face "
+     "GPT2LMHeadModel's model.safetensors, whose sizes and vocabulary are the model's"},
     {"eval-every", T_LONG, F(eval_every), "0", NULL, 0,
      "evaluate every N steps: test loss and accuracy (mlp, cnn), validation loss and perplexity (gpt); 0: at the end only"},
     {"eval-only", T_SWITCH, F(eval_only), "off", NULL, 0, "evaluate the checkpoint in --checkpoint and exit, no training (its configuration comes from the checkpoint)"},
@@ -77,7 +78,7 @@ static const flag flags[] = {
     {"seq-len", T_LONG, F(seq_len), "64", NULL, 2, "gpt: tokens per sequence (at most 1024)"},
     {"n-layer", T_LONG, F(n_layer), "", NULL, 1, "gpt: transformer blocks (default: 2)"},
     {"n-embd", T_LONG, F(n_embd), "", NULL, 1, "gpt: embedding width, a multiple of --n-head (default: 64)"},
-    {"n-head", T_LONG, F(n_head), "", NULL, 1, "gpt: attention heads (default: 4)"},
+    {"n-head", T_LONG, F(n_head), "", NULL, 1, "gpt: attention heads (default: 4; with a Hugging Face --init-from, width / 64, GPT-2's head width)"},
     {"vocab", T_LONG, F(vocab), "", NULL, 2,
      "gpt: the model's vocabulary, above every token of the data (default: 256 for bytes; for an llm.c .bin 50257, or its largest token + 1)"},
     {"hidden", T_LONG, F(hidden), "", NULL, 2, "mlp: width of the first hidden layer; the second has half (default: 512)"},
@@ -284,6 +285,7 @@ int args_check_model(const train_args *a) {
 void args_usage(FILE *out) {
   fprintf(out, "usage: apex-train [--flag value]...\n"
                "       apex-train plot [-o OUT.svg] LOG.jsonl...   (loss curves of one or several --log files as SVG)\n"
+               "       apex-train export --format hf --checkpoint DIR --out OUT   (a gpt checkpoint as a Hugging Face GPT-2)\n"
                "Trains a model with apex's mixed precision; with no flags, the CNN on Fashion-MNIST at O1.\n\n");
   for (size_t i = 0; i < NFLAGS; i++) {
     const flag *f = &flags[i];

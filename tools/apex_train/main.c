@@ -2,7 +2,8 @@
  * or a GPT on a text file or llm.c tokens, with amp at any opt level and any fused optimizer;
  * checkpoints atomically and resumes bitwise; evaluates during and after training (test loss and
  * accuracy, or validation loss and perplexity), generates a sample (text), and draws the loss curve
- * next to the log. `apex-train plot LOG...` (plot.h) draws logs without training.
+ * next to the log. `apex-train plot LOG...` (plot.h) draws logs without training; `apex-train export`
+ * (export.h) writes a GPT checkpoint as a Hugging Face GPT-2.
  *
  * Everything a run does is a function of its flags: the data order comes from (seed, epoch), the
  * learning rate from the step, so --steps N stops a run where a straight run of N steps stops, and a
@@ -33,7 +34,9 @@
 #include "dist.h"
 #include "divergence.h"
 #include "evaluate.h"
+#include "export.h"
 #include "from_checkpoint.h"
+#include "hf_init.h"
 #include "models.h"
 #include "plan.h"
 #include "plot.h"
@@ -131,7 +134,7 @@ static int check_flags(run *r) {
       return 2;
     }
     long embd = a->n_embd ? a->n_embd : 64, head = a->n_head ? a->n_head : 4;
-    if (embd % head) {
+    if (embd % head && !hf_is_file(a->init_from)) { /* a Hugging Face GPT-2's width is the file's (hf_init.h) */
       fprintf(stderr, "apex-train: --n-embd %ld is not a multiple of --n-head %ld\n", embd, head);
       return 2;
     }
@@ -192,6 +195,8 @@ static int setup(run *r, dist *ds) {
   }
   model_dims dims = {.in_h = r->d.in_h, .in_w = r->d.in_w, .classes = r->d.classes, .hidden = a->hidden, .vocab = r->d.vocab,
                      .n_layer = a->n_layer, .n_embd = a->n_embd, .n_head = a->n_head, .seq_len = a->seq_len, .device = r->dev};
+  int hf = 0, rc = a->init_from ? hf_init_dims(a, r->kind, r->data, &r->d, &dims, &hf) : 0;
+  if (rc) return rc;
   if (model_build(&r->tm, r->kind, (uint64_t)a->seed, &dims) != 0) {
     fprintf(stderr, "apex-train: cannot build the %s: %s\n", a->model, one_line(apex_last_error()));
     return 1;
@@ -214,7 +219,9 @@ static int setup(run *r, dist *ds) {
   }
   /* After amp: the f32 masters (O2) get the file's values too. Every name and shape is checked
    * before anything is written. */
-  if (a->init_from && apex_model_load_f32(r->tm.m, r->amp, a->init_from) != APEX_OK) {
+  if (hf) {
+    if (hf_init_load(a, &r->tm, r->amp) != 0) return 1;
+  } else if (a->init_from && apex_model_load_f32(r->tm.m, r->amp, a->init_from) != APEX_OK) {
     fprintf(stderr, "apex-train: --init-from %s: %s\n", a->init_from, one_line(apex_last_error()));
     return 1;
   }
@@ -631,6 +638,7 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
 
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "plot") == 0) return plot_main(argc - 1, argv + 1);
+  if (argc > 1 && strcmp(argv[1], "export") == 0) return export_main(argc - 1, argv + 1);
   dist ds;
   dist_begin(&ds);
   run r;
