@@ -212,7 +212,9 @@ typedef struct apex_backward_options {
  *  APEX_ERR_SHAPE        out has more than one element and no grad_output was given, or
  *                        grad_output's element count differs from out's (message names the op that
  *                        made out and both shapes);
- *  whatever an op's backward returns (an allocation failure). */
+ *  whatever an op's backward returns (an allocation failure).
+ * With APEX_BACKWARD_PROFILE=1 in the environment, the host's time in each op kind's backward is summed
+ * over the process and printed to stderr at its exit (on a GPU: the time to queue each op's work). */
 APEX_API apex_status apex_backward(apex_var *out, const apex_backward_options *opts);
 
 /* Called by apex_backward once per leaf (a var from apex_var_create that requires gradients) that
