@@ -68,7 +68,8 @@ static const flag flags[] = {
     {"save-every", T_LONG, F(save_every), "0", NULL, 0, "save a checkpoint every N steps (0: at the end only)"},
     {"resume", T_SWITCH, F(resume), "off", NULL, 0, "continue from the checkpoint in --checkpoint"},
     {"log", T_STR, F(log), "", NULL, 0, "write JSON lines (step, epoch, loss, loss_scale, skipped, step_skipped, lr, grad_norm, samples_per_s, "
-     "gpt: tokens_per_s, ms_per_step, elapsed_s; with --eval-every also step, eval_loss, eval_accuracy or gpt: eval_perplexity; "
+     "gpt: tokens_per_s, ms_per_step, elapsed_s; with --eval-every also step, eval_loss, eval_accuracy (the validation split's) "
+     "or gpt: eval_perplexity, and at the end of a split run step, test_loss, test_accuracy; "
      "Inf and NaN as null) to FILE, and at the end its loss curve to FILE's name with .svg (see `apex-train plot -h`)"},
     {"device", T_STR, F(device), "cpu", "cpu cuda", 0, "where to train"},
     {"distributed", T_SWITCH, F(distributed), "off", NULL, 0,

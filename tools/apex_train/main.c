@@ -1,8 +1,8 @@
 /* main.c: apex-train, the main job. Trains the CNN (or the MLP) on Fashion-MNIST or another IDX set,
  * or a GPT on a text file or llm.c tokens, with amp at any opt level and any fused optimizer;
- * checkpoints atomically and resumes bitwise; evaluates during and after training (test loss and
- * accuracy, or validation loss and perplexity), generates a sample (text), and draws the loss curve
- * next to the log. `apex-train plot LOG...` (plot.h) draws logs without training.
+ * checkpoints atomically and resumes bitwise; evaluates during training on held-out data (the
+ * images' validation split, --val-fraction, or the GPT's held-out text) and at the end on the test
+ * set too (images), generates a sample (text), and draws the loss curve next to the log. `apex-train plot LOG...` (plot.h) draws logs without training.
  *
  * Everything a run does is a function of its flags: the data order comes from (seed, epoch), the
  * learning rate from the step, so --steps N stops a run where a straight run of N steps stops, and a
