@@ -2,7 +2,8 @@
  * or a GPT on a text file or llm.c tokens, with amp at any opt level and any fused optimizer;
  * checkpoints atomically and resumes bitwise; evaluates during training on held-out data (the
  * images' validation split, --val-fraction, or the GPT's held-out text) and at the end on the test
- * set too (images), generates a sample (text), and draws the loss curve next to the log. `apex-train plot LOG...` (plot.h) draws logs without training.
+ * set too (images), generates a sample (text), and draws the loss curve next to the log.
+ * `apex-train plot LOG...` (plot.h) draws logs without training.
  *
  * Everything a run does is a function of its flags: the data order comes from (seed, epoch), the
  * learning rate from the step, so --steps N stops a run where a straight run of N steps stops, and a
@@ -166,7 +167,8 @@ static int setup(run *r, dist *ds) {
     return 2;
   }
 
-  /* The split from the f32 that the checkpoint records (ckpt_config_add_float), so a resumed run holds out the same images. */
+  /* The split from the f32 that the checkpoint records (ckpt_config_add_float): a resumed run holds
+   * out the same images. */
   int lrc = r->kind == MODEL_GPT ? dataset_load_text(&r->d, r->data, a->batch_size, a->seq_len, ds->rank, ds->world)
                                  : dataset_load_images(&r->d, r->data, a->batch_size, ds->rank, ds->world, (double)(float)a->val_fraction);
   if (lrc) return lrc;
@@ -501,7 +503,8 @@ static int finish(run *r, dist *ds, long s) {
     /* Images with a split: the validation figures (the curve's last point), then the test set's. */
     eval_result e, v;
     int val = r->kind != MODEL_GPT && r->d.n_val > 0;
-    if ((val && evaluate(&r->tm, r->amp, r->g, &r->d, ds, EVAL_VALIDATION, &v) != 0) || evaluate(&r->tm, r->amp, r->g, &r->d, ds, EVAL_TEST, &e) != 0) {
+    if ((val && evaluate(&r->tm, r->amp, r->g, &r->d, ds, EVAL_VALIDATION, &v) != 0) ||
+        evaluate(&r->tm, r->amp, r->g, &r->d, ds, EVAL_TEST, &e) != 0) {
       fprintf(stderr, "apex-train: evaluation failed: %s\n", one_line(apex_last_error()));
       return 1;
     }
@@ -513,8 +516,8 @@ static int finish(run *r, dist *ds, long s) {
         printf("apex-train: test loss %.4f\n", e.loss);
         printf("apex-train: test accuracy %.4f\n", e.accuracy);
       }
-      /* With --eval-every the curve gets its last point (and a split's run the test figures in their own line); otherwise the
-       * log holds the steps only. */
+      /* With --eval-every the curve gets its last point (and a split run the test figures in a line
+       * of their own); otherwise the log holds the steps only. */
       if (r->rep && a->eval_every > 0 &&
           (report_eval(r->rep, s, r->kind == MODEL_GPT, val ? &v : &e) != 0 || (val && report_test(r->rep, s, &e) != 0)))
         return 1;
@@ -624,11 +627,10 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
     if (ds->on) snprintf(ranks, sizeof ranks, " per rank x %d ranks", ds->world);
     char extra[96] = "";
     if (r->kind == MODEL_GPT && !r->d.bytes) snprintf(extra, sizeof extra, ", vocabulary %lld", (long long)r->d.vocab);
-    if (r->kind != MODEL_GPT)
-      snprintf(extra, sizeof extra, " of %lldx%lld, %lld classes%s", (long long)r->d.in_h, (long long)r->d.in_w, (long long)r->d.classes,
-               r->d.n_val ? "; the last " : "");
-    if (r->kind != MODEL_GPT && r->d.n_val)
-      snprintf(extra + strlen(extra), sizeof extra - strlen(extra), "%zu held out for validation", r->d.n_val);
+    if (r->kind != MODEL_GPT) {
+      int k = snprintf(extra, sizeof extra, " of %lldx%lld, %lld classes", (long long)r->d.in_h, (long long)r->d.in_w, (long long)r->d.classes);
+      if (r->d.n_val) snprintf(extra + k, sizeof extra - (size_t)k, "; the last %zu held out for validation", r->d.n_val);
+    }
     long spe = (long)r->d.steps_per_epoch, last = plan_last_step(a, spe);
     /* O0 trains in f32 whatever --cast-type says. */
     printf("apex-train: %s on %s (%zu %s%s), %s %s, %s lr %g, batch %ld%s, %ld epochs of %ld steps, ending at step %ld (%s)%s\n",
