@@ -119,9 +119,11 @@ APEX_API int64_t apex_optimizer_step_count(const apex_optimizer *opt, int group,
 
 /* One optimizer step over every group. Gradients are multiplied by 1 / grad_scale inside the kernel
  * (pass 1 for unscaled gradients). overflow != 0 skips the step: nothing changes (step counts,
- * state, masters, parameters), only a pending clip coefficient is dropped. APEX_ERR_INVALID_ARG for a
- * NULL opt or a grad_scale that is not finite and > 0; APEX_ERR_STATE for an optimizer without
- * groups. */
+ * state, masters, parameters), only a pending clip coefficient is dropped. Groups may live on
+ * different devices, each stepped where it is, except for LAMB, whose global gradient norm needs
+ * every group on one device. APEX_ERR_INVALID_ARG for a NULL opt or a grad_scale that is not finite
+ * and > 0; APEX_ERR_STATE for an optimizer without groups; APEX_ERR_DEVICE for a LAMB optimizer with
+ * groups on different devices. */
 APEX_API apex_status apex_optimizer_step(apex_optimizer *opt, float grad_scale, int overflow);
 /* apex_optimizer_step with the loss scale and the overflow flag read where the scaler keeps them
  * (loss_scaler.h): the gradients are divided by the scaler's scale inside the kernel, and a step with

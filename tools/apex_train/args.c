@@ -50,7 +50,11 @@ static const flag flags[] = {
      "start from the weights in FILE.safetensors (state-dict names; every name and shape must match the model), or, for gpt, a Hugging Face "
      "GPT2LMHeadModel's model.safetensors, whose sizes and vocabulary are the model's"},
     {"eval-every", T_LONG, F(eval_every), "0", NULL, 0,
-     "evaluate every N steps: test loss and accuracy (mlp, cnn), validation loss and perplexity (gpt); 0: at the end only"},
+     "evaluate every N steps: validation loss and accuracy (mlp, cnn; the test set's with --val-fraction 0), validation loss and "
+     "perplexity (gpt); 0: at the end only"},
+    {"val-fraction", T_DOUBLE, F(val_fraction), "0.1", NULL, 0,
+     "mlp, cnn: hold out the last F of the training images for validation (never trained on; --eval-every reports it, "
+     "the test set is evaluated at the end only); 0: no split. A resumed run keeps its checkpoint's (none for one made before this flag)"},
     {"eval-only", T_SWITCH, F(eval_only), "off", NULL, 0, "evaluate the checkpoint in --checkpoint and exit, no training (its configuration comes from the checkpoint)"},
     {"sample", T_SWITCH, F(sample), "off", NULL, 0, "gpt: generate --sample-bytes from the checkpoint in --checkpoint and exit"},
     {"weight-decay", T_DOUBLE, F(weight_decay), "0", NULL, 0, "weight decay"},
@@ -65,7 +69,8 @@ static const flag flags[] = {
     {"save-every", T_LONG, F(save_every), "0", NULL, 0, "save a checkpoint every N steps (0: at the end only)"},
     {"resume", T_SWITCH, F(resume), "off", NULL, 0, "continue from the checkpoint in --checkpoint"},
     {"log", T_STR, F(log), "", NULL, 0, "write JSON lines (step, epoch, loss, loss_scale, skipped, step_skipped, lr, grad_norm, samples_per_s, "
-     "gpt: tokens_per_s, ms_per_step, elapsed_s; with --eval-every also step, eval_loss, eval_accuracy or gpt: eval_perplexity; "
+     "gpt: tokens_per_s, ms_per_step, elapsed_s; with --eval-every also step, eval_loss, eval_accuracy (the validation split's) "
+     "or gpt: eval_perplexity, and at the end of a split run step, test_loss, test_accuracy; "
      "Inf and NaN as null) to FILE, and at the end its loss curve to FILE's name with .svg (see `apex-train plot -h`)"},
     {"device", T_STR, F(device), "cpu", "cpu cuda", 0, "where to train"},
     {"distributed", T_SWITCH, F(distributed), "off", NULL, 0,
@@ -202,6 +207,11 @@ static int check_values(const train_args *a) {
     fprintf(stderr, "apex-train: --clip-grad-norm: %g is not a finite float\n", a->clip_grad_norm);
     return 2;
   }
+  if (a->val_fraction >= 1) {
+    fprintf(stderr, "apex-train: --val-fraction %g: the share of the training images held out for validation must be below 1 (0: no split)\n",
+            a->val_fraction);
+    return 2;
+  }
   if (a->resume && !a->checkpoint) {
     fprintf(stderr, "apex-train: --resume needs --checkpoint DIR\n");
     return 2;
@@ -246,7 +256,7 @@ int args_parse(int argc, char **argv, train_args *a) {
     int rc = set_value(a, f, value);
     if (rc) return rc;
     a->given |= 1ull << (f - flags);
-    if (model_of(f)) model_flag = f;
+    if (model_of(f) || f->offset == F(val_fraction)) model_flag = f;
   }
   if (a->help || a->version) return 0;
   /* --eval-only and --sample without --model: the checkpoint names the model (main.c). */
@@ -271,6 +281,10 @@ int args_set(train_args *a, const char *name, const char *value) {
 }
 
 int args_check_model(const train_args *a) {
+  if (args_given(a, "val-fraction") && strcmp(a->model, "gpt") == 0) {
+    fprintf(stderr, "apex-train: --val-fraction is for --model mlp and cnn (the gpt holds out the last tenth of its text); drop the flag\n");
+    return 2;
+  }
   for (size_t k = 0; k < NFLAGS; k++) {
     const flag *f = &flags[k];
     if ((a->given >> k & 1) && model_of(f) && strcmp(a->model, model_of(f)) != 0) {

@@ -42,6 +42,8 @@ typedef struct train_args {
   long vocab;               /* 0 = the data's (256 for bytes; 50257 or the largest token + 1) */
   /* mlp only */
   long hidden;              /* 0 = 512 (the second layer has half) */
+  /* mlp and cnn */
+  double val_fraction;      /* the last fraction of the training images held out for validation (dataset.h) */
   /* training knobs (schedule.h) */
   const char *lr_schedule;  /* linear | cosine | constant */
   long warmup;              /* steps of linear warmup */

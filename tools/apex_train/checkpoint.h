@@ -8,7 +8,8 @@
  *   DIR/step-<N>/state.safetensors  no tensors; its metadata (strings) holds the run's identity
  *                                 (model, opt level, cast type, optimizer, loss scale, overrides,
  *                                 lr, weight decay, batch size per rank, epochs, seed, seq len,
- *                                 world size, sync bn, parameter shapes), the amp state (hex of apex_amp_state_save), the RNG
+ *                                 world size, sync bn, the validation fraction when a run holds out
+ *                                 images, parameter shapes), the amp state (hex of apex_amp_state_save), the RNG
  *                                 states (the model's dropout generator; the data order is a
  *                                 function of seed and epoch), the data position (step, epoch,
  *                                 batch within the epoch), FNV-1a 64 hashes of the two other files

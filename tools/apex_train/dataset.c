@@ -1,9 +1,11 @@
-/* dataset.c: image (IDX) and text loading, the held-out text split, and the per-epoch permutation. */
+/* dataset.c: image (IDX) and text loading, the held-out splits (images, text), and the per-epoch
+ * permutation. */
 #include "report.h"
 #include "dataset.h"
 #include "tokens.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +47,9 @@ static int find_idx(const char *dir, int i, char *path, size_t size) {
   return 0;
 }
 
-int dataset_load_images(dataset *d, const char *dir, int64_t batch, int rank, int world) {
+size_t dataset_val_count(double val_fraction, size_t n) { return (size_t)floor(val_fraction * (double)n + 0.5); }
+
+int dataset_load_images(dataset *d, const char *dir, int64_t batch, int rank, int world, double val_fraction) {
   init(d, rank, world);
   apex_idx **slot[4] = {&d->img[0], &d->lab[0], &d->img[1], &d->lab[1]};
   for (int i = 0; i < 4; i++) {
@@ -102,13 +106,27 @@ int dataset_load_images(dataset *d, const char *dir, int64_t batch, int rank, in
       d->in_w = apex_idx_dim(d->img[0], 2);
     }
   }
-  d->n_items = (size_t)apex_idx_dim(d->img[0], 0);
-  d->steps_per_epoch = d->n_items / ((size_t)batch * (size_t)world);
-  if (d->steps_per_epoch == 0) {
-    fprintf(stderr, "apex-train: --batch-size %lld%s is larger than the %zu training images\n", (long long)batch, ranks_note(world),
-            d->n_items);
+  size_t n = (size_t)apex_idx_dim(d->img[0], 0), global = (size_t)batch * (size_t)world;
+  if (n / global == 0) {
+    fprintf(stderr, "apex-train: --batch-size %lld%s is larger than the %zu training images\n", (long long)batch, ranks_note(world), n);
     dataset_free(d);
     return 1;
+  }
+  /* The split is the flag's fault when the whole set would give a batch: exit 2, as for a bad value. */
+  d->n_val = dataset_val_count(val_fraction, n);
+  d->n_items = n - d->n_val;
+  d->steps_per_epoch = d->n_items / global;
+  if (val_fraction > 0 && d->n_val == 0) {
+    fprintf(stderr, "apex-train: --val-fraction %g holds out no image of the %zu training images (round(%g x %zu) = 0); give at least %.2g, or 0 for no validation split\n",
+            val_fraction, n, val_fraction, n, 1.0 / (double)n);
+    dataset_free(d);
+    return 2;
+  }
+  if (d->steps_per_epoch == 0) {
+    fprintf(stderr, "apex-train: --val-fraction %g leaves %zu of the %zu training images, less than one batch of %lld%s; give a smaller fraction or --batch-size\n",
+            val_fraction, d->n_items, n, (long long)batch, ranks_note(world));
+    dataset_free(d);
+    return 2;
   }
   return 0;
 }

@@ -7,16 +7,18 @@
 
 #include "device.h"
 
-/* Images: (sum of losses, right answers) over this rank's chunks of the test set. */
-static int eval_images(train_model *tm, apex_amp *amp, apex_graph *g, const dataset *d, dist *ds, double *sum) {
+/* Images: (sum of losses, right answers) over this rank's chunks of images [first, first + n) of set
+ * k (0: training, where the validation split is; 1: test). */
+static int eval_images(train_model *tm, apex_amp *amp, apex_graph *g, const dataset *d, dist *ds, int k, size_t first, size_t n,
+                       double *sum) {
   const int64_t flat[1] = {d->in_h * d->in_w}, img[3] = {1, d->in_h, d->in_w};
   int ndim = tm->kind == MODEL_MLP ? 1 : 3;
-  size_t n = (size_t)apex_idx_dim(d->img[1], 0), C = (size_t)tm->classes;
+  size_t C = (size_t)tm->classes;
   for (size_t s = 500 * (size_t)ds->rank; s < n; s += 500 * (size_t)ds->world) {
     size_t cnt = n - s < 500 ? n - s : 500;
-    apex_tensor *tx = apex_idx_to_f32(d->img[1], s, cnt, ndim, ndim == 1 ? flat : img, 0.5f, 0.5f);
+    apex_tensor *tx = apex_idx_to_f32(d->img[k], first + s, cnt, ndim, ndim == 1 ? flat : img, 0.5f, 0.5f);
     int64_t tl[500];
-    apex_idx_labels(d->lab[1], s, cnt, tl);
+    apex_idx_labels(d->lab[k], first + s, cnt, tl);
     int x_owned = 0, l_owned = 0;
     apex_tensor *x = device_from_host(apex_graph_device(g), tx, &x_owned); /* the chunk goes up once */
     apex_var *logits = x ? model_forward_images(tm, amp, g, apex_graph_input(g, x, 0)) : NULL;
@@ -71,14 +73,16 @@ static int eval_text(train_model *tm, apex_graph *g, const dataset *d, dist *ds,
   return rc;
 }
 
-int evaluate(train_model *tm, apex_amp *amp, apex_graph *g, const dataset *d, dist *ds, eval_result *out) {
+int evaluate(train_model *tm, apex_amp *amp, apex_graph *g, const dataset *d, dist *ds, eval_split which, eval_result *out) {
+  int val = which == EVAL_VALIDATION && tm->kind != MODEL_GPT;
+  size_t first = val ? d->n_items : 0, n = tm->kind == MODEL_GPT ? 0 : val ? d->n_val : (size_t)apex_idx_dim(d->img[1], 0);
   apex_model_train(tm->m, 0);
   int prev = apex_graph_set_grad_enabled(g, 0);
   double sum[3] = {0, 0, 0};
-  int failed = (tm->kind == MODEL_GPT ? eval_text(tm, g, d, ds, sum) : eval_images(tm, amp, g, d, ds, sum)) != 0;
+  int failed = (tm->kind == MODEL_GPT ? eval_text(tm, g, d, ds, sum) : eval_images(tm, amp, g, d, ds, val ? 0 : 1, first, n, sum)) != 0;
   apex_graph_set_grad_enabled(g, prev);
   apex_model_train(tm->m, 1);
-  double count = tm->kind == MODEL_GPT ? sum[1] : (double)apex_idx_dim(d->img[1], 0);
+  double count = tm->kind == MODEL_GPT ? sum[1] : (double)n;
   if (tm->kind == MODEL_GPT) sum[1] = 0;
   sum[2] = failed; /* every rank joins the sum, also after its own failure, so that none waits */
   if (dist_sum(ds, sum, 3) != 0 || sum[2] > 0) return -1;

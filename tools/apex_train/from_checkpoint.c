@@ -36,21 +36,52 @@ static long shape_dim(const char *shapes, const char *name, int dim) {
   return 0;
 }
 
-int from_checkpoint_fill(train_args *a) {
-  char path[4700], sub[256] = "";
-  snprintf(path, sizeof path, "%s/latest", a->checkpoint);
+/* The state.safetensors of the checkpoint dir/latest names (its path into path), or NULL, with no
+ * message, when there is none or it is unreadable. */
+static apex_safetensors *open_state(const char *dir, char *path, size_t size) {
+  char sub[256] = "";
+  snprintf(path, size, "%s/latest", dir);
   size_t len;
   uint8_t *lb = file_read_all(path, &len, 0);
-  if (!lb) return 0;
+  if (!lb) return NULL;
   snprintf(sub, sizeof sub, "%.*s", (int)(len < 200 ? len : 200), (char *)lb);
   free(lb);
   sub[strcspn(sub, "\n")] = 0;
-  snprintf(path, sizeof path, "%s/%s/state.safetensors", a->checkpoint, sub);
+  snprintf(path, size, "%s/%s/state.safetensors", dir, sub);
   apex_safetensors *st = apex_safetensors_open(path);
-  if (!st) {
-    apex_clear_error();
-    return 0;
+  if (!st) apex_clear_error();
+  return st;
+}
+
+int from_checkpoint_val_fraction(train_args *a) {
+  char path[4700];
+  apex_safetensors *st = open_state(a->checkpoint, path, sizeof path);
+  if (!st) return 0;
+  const char *v = apex_safetensors_metadata(st, "val_fraction");
+  char *end = NULL;
+  double f = v ? strtod(v, &end) : 0.0;
+  int rc = 0;
+  if (v && (end == v || *end || !(f > 0 && f < 1))) {
+    fprintf(stderr, "apex-train: %s: %s records val_fraction '%s', which is not a fraction in (0, 1)\n",
+            a->eval_only ? "--eval-only" : a->sample ? "--sample" : "--resume", path, v);
+    rc = 1;
+  } else if (!args_given(a, "val-fraction")) {
+    a->val_fraction = f;
+  } else if ((float)a->val_fraction != (float)f) {
+    /* The recorded value is the f32 the run used (main.c), written in its shortest digits. */
+    fprintf(stderr, "apex-train: %s: checkpoint %.*s was made with --val-fraction %s%s, this run gives --val-fraction %g; drop --val-fraction (the checkpoint's split is used)\n",
+            a->eval_only ? "--eval-only" : a->sample ? "--sample" : "--resume", (int)(strrchr(path, '/') - path), path, v ? v : "0", v ? "" : " (no validation split)",
+            a->val_fraction);
+    rc = 1;
   }
+  apex_safetensors_close(st);
+  return rc;
+}
+
+int from_checkpoint_fill(train_args *a) {
+  char path[4700];
+  apex_safetensors *st = open_state(a->checkpoint, path, sizeof path);
+  if (!st) return 0;
   int rc = 0;
   for (size_t i = 0; !rc && i < sizeof recorded / sizeof recorded[0]; i++) {
     const char *v = apex_safetensors_metadata(st, recorded[i]);

@@ -11,5 +11,11 @@
  * checkpoint changes nothing (the load that follows reports it). Non-zero, with one line, when a
  * recorded value is not one the flag accepts. */
 int from_checkpoint_fill(train_args *a);
+/* --resume, --eval-only and --sample: the validation split of the checkpoint DIR/latest names
+ * (state.safetensors' val_fraction; a checkpoint without it, made before the flag or with
+ * --val-fraction 0, holds out nothing), so that its run goes on with the data it trained on. Taken
+ * when --val-fraction is not given; when it is and differs, one line naming both and non-zero (1).
+ * A missing or unreadable checkpoint changes nothing (the load that follows reports it). */
+int from_checkpoint_val_fraction(train_args *a);
 
 #endif

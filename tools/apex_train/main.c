@@ -1,9 +1,10 @@
 /* main.c: apex-train, the main job. Trains the CNN (or the MLP) on Fashion-MNIST or another IDX set,
  * or a GPT on a text file or llm.c tokens, with amp at any opt level and any fused optimizer;
- * checkpoints atomically and resumes bitwise; evaluates during and after training (test loss and
- * accuracy, or validation loss and perplexity), generates a sample (text), and draws the loss curve
- * next to the log. `apex-train plot LOG...` (plot.h) draws logs without training; `apex-train export`
- * (export.h) writes a GPT checkpoint as a Hugging Face GPT-2.
+ * checkpoints atomically and resumes bitwise; evaluates during training on held-out data (the
+ * images' validation split, --val-fraction, or the GPT's held-out text) and at the end on the test
+ * set too (images), generates a sample (text), and draws the loss curve next to the log.
+ * `apex-train plot LOG...` (plot.h) draws logs without training; `apex-train export` (export.h) writes
+ * a GPT checkpoint as a Hugging Face GPT-2.
  *
  * Everything a run does is a function of its flags: the data order comes from (seed, epoch), the
  * learning rate from the step, so --steps N stops a run where a straight run of N steps stops, and a
@@ -169,9 +170,11 @@ static int setup(run *r, dist *ds) {
     return 2;
   }
 
-  if (r->kind == MODEL_GPT ? dataset_load_text(&r->d, r->data, a->batch_size, a->seq_len, ds->rank, ds->world)
-                           : dataset_load_images(&r->d, r->data, a->batch_size, ds->rank, ds->world))
-    return 1;
+  /* The split from the f32 that the checkpoint records (ckpt_config_add_float): a resumed run holds
+   * out the same images. */
+  int lrc = r->kind == MODEL_GPT ? dataset_load_text(&r->d, r->data, a->batch_size, a->seq_len, ds->rank, ds->world)
+                                 : dataset_load_images(&r->d, r->data, a->batch_size, ds->rank, ds->world, (double)(float)a->val_fraction);
+  if (lrc) return lrc;
   r->have_data = 1;
   if (r->kind == MODEL_GPT && a->vocab > 0) {
     /* A smaller head for token files whose ids are all small (GPT-2's 50257 is the default). */
@@ -255,6 +258,8 @@ static int setup(run *r, dist *ds) {
   ckpt_config_add_float(cc, "clip_grad_norm", (float)a->clip_grad_norm);
   ckpt_config_add(cc, "grad_accum", "%ld", a->grad_accum);
   ckpt_config_add(cc, "n_head", "%ld", r->kind == MODEL_GPT ? (long)r->tm.n_head : 0L);
+  /* Only a split is recorded: a checkpoint without one (older ones included) trained on every image. */
+  if (r->kind != MODEL_GPT && r->d.n_val > 0) ckpt_config_add_float(cc, "val_fraction", (float)a->val_fraction);
   schedule_parse(a->lr_schedule, &r->sched.kind); /* the flag table admits only valid names */
   r->sched.peak = r->lr;
   r->sched.warmup = a->warmup;
@@ -310,8 +315,10 @@ static int save(run *r, dist *ds, long step) {
 /* Collective: the evaluation after `step` steps, printed and logged by rank 0. */
 static int eval_point(run *r, dist *ds, long step) {
   eval_result e;
+  /* Images: the validation split where there is one (the test set waits for the end). */
+  int val = r->kind != MODEL_GPT && r->d.n_val > 0;
   if (dist_sync_buffers(ds, &r->tm) != 0) return 1;
-  if (evaluate(&r->tm, r->amp, r->g, &r->d, ds, &e) != 0) {
+  if (evaluate(&r->tm, r->amp, r->g, &r->d, ds, val ? EVAL_VALIDATION : EVAL_TEST, &e) != 0) {
     fprintf(stderr, "apex-train: evaluation failed: %s\n", one_line(apex_last_error()));
     return 1;
   }
@@ -319,7 +326,7 @@ static int eval_point(run *r, dist *ds, long step) {
   if (ds->rank == 0) {
     char line[160];
     if (r->kind == MODEL_GPT) snprintf(line, sizeof line, "apex-train: step %ld: validation loss %.4f perplexity %.2f", step, e.loss, e.perplexity);
-    else snprintf(line, sizeof line, "apex-train: step %ld: test loss %.4f accuracy %.4f", step, e.loss, e.accuracy);
+    else snprintf(line, sizeof line, "apex-train: step %ld: %s loss %.4f accuracy %.4f", step, val ? "validation" : "test", e.loss, e.accuracy);
     if (r->rep) {
       report_message(r->rep, "%s", line);
       failed = report_eval(r->rep, step, r->kind == MODEL_GPT, &e) != 0;
@@ -500,8 +507,11 @@ static int finish(run *r, dist *ds, long s) {
     return signals_exit_status(sig);
   }
   if (!a->sample) {
-    eval_result e;
-    if (evaluate(&r->tm, r->amp, r->g, &r->d, ds, &e) != 0) {
+    /* Images with a split: the validation figures (the curve's last point), then the test set's. */
+    eval_result e, v;
+    int val = r->kind != MODEL_GPT && r->d.n_val > 0;
+    if ((val && evaluate(&r->tm, r->amp, r->g, &r->d, ds, EVAL_VALIDATION, &v) != 0) ||
+        evaluate(&r->tm, r->amp, r->g, &r->d, ds, EVAL_TEST, &e) != 0) {
       fprintf(stderr, "apex-train: evaluation failed: %s\n", one_line(apex_last_error()));
       return 1;
     }
@@ -509,11 +519,15 @@ static int finish(run *r, dist *ds, long s) {
       if (r->kind == MODEL_GPT) {
         printf("apex-train: validation loss %.4f perplexity %.2f (%zu held-out tokens)\n", e.loss, e.perplexity, r->d.val_len);
       } else {
+        if (val) printf("apex-train: validation loss %.4f accuracy %.4f (%zu held-out training images)\n", v.loss, v.accuracy, r->d.n_val);
         printf("apex-train: test loss %.4f\n", e.loss);
         printf("apex-train: test accuracy %.4f\n", e.accuracy);
       }
-      /* With --eval-every the curve gets its last point; otherwise the log holds the steps only. */
-      if (r->rep && a->eval_every > 0 && report_eval(r->rep, s, r->kind == MODEL_GPT, &e) != 0) return 1;
+      /* With --eval-every the curve gets its last point (and a split run the test figures in a line
+       * of their own); otherwise the log holds the steps only. */
+      if (r->rep && a->eval_every > 0 &&
+          (report_eval(r->rep, s, r->kind == MODEL_GPT, val ? &v : &e) != 0 || (val && report_test(r->rep, s, &e) != 0)))
+        return 1;
     }
   }
   if (ds->rank == 0 && write_plot(r) != 0) return 1;
@@ -593,6 +607,8 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
       return 2;
     }
   }
+  /* A resumed or loaded run keeps its checkpoint's validation split (none in one made before the flag). */
+  if ((a->resume || a->eval_only || a->sample) && (rc = from_checkpoint_val_fraction(a)) != 0) return rc;
   if ((rc = dist_init(ds, a)) != 0 || (rc = check_flags(r)) != 0) return rc;
   /* From here every rank takes part in each agreement, also after its own failure. */
   rc = setup(r, ds);
@@ -618,8 +634,10 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
     if (ds->on) snprintf(ranks, sizeof ranks, " per rank x %d ranks", ds->world);
     char extra[96] = "";
     if (r->kind == MODEL_GPT && !r->d.bytes) snprintf(extra, sizeof extra, ", vocabulary %lld", (long long)r->d.vocab);
-    if (r->kind != MODEL_GPT)
-      snprintf(extra, sizeof extra, " of %lldx%lld, %lld classes", (long long)r->d.in_h, (long long)r->d.in_w, (long long)r->d.classes);
+    if (r->kind != MODEL_GPT) {
+      int k = snprintf(extra, sizeof extra, " of %lldx%lld, %lld classes", (long long)r->d.in_h, (long long)r->d.in_w, (long long)r->d.classes);
+      if (r->d.n_val) snprintf(extra + k, sizeof extra - (size_t)k, "; the last %zu held out for validation", r->d.n_val);
+    }
     long spe = (long)r->d.steps_per_epoch, last = plan_last_step(a, spe);
     /* O0 trains in f32 whatever --cast-type says. */
     printf("apex-train: %s on %s (%zu %s%s), %s %s, %s lr %g, batch %ld%s, %ld epochs of %ld steps, ending at step %ld (%s)%s\n",

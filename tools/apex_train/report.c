@@ -117,15 +117,16 @@ int report_step(report *r, const report_point *p) {
   return 0;
 }
 
-int report_eval(report *r, long step, int text, const eval_result *e) {
+/* One evaluation line: {"step", "<prefix>loss", "<prefix><metric>"}. */
+static int log_eval(report *r, long step, const char *loss_key, const char *metric_key, double loss, double metric) {
   if (!r->log_path) return 0;
   FILE *f = r->log ? r->log : fopen(r->log_path, "a");
   errno = 0;
   int bad = !f;
   if (f) {
     fprintf(f, "{\"step\":%ld", step);
-    json_number(f, "eval_loss", "%.9g", e->loss);
-    json_number(f, text ? "eval_perplexity" : "eval_accuracy", "%.9g", text ? e->perplexity : e->accuracy);
+    json_number(f, loss_key, "%.9g", loss);
+    json_number(f, metric_key, "%.9g", metric);
     fputs("}\n", f);
     bad = fflush(f) != 0 || ferror(f);
   }
@@ -135,6 +136,12 @@ int report_eval(report *r, long step, int text, const eval_result *e) {
   if (bad) fprintf(stderr, "apex-train: --log %s: cannot write: %s\n", r->log_path, strerror(e2 ? e2 : errno ? errno : EIO));
   return bad;
 }
+
+int report_eval(report *r, long step, int text, const eval_result *e) {
+  return log_eval(r, step, "eval_loss", text ? "eval_perplexity" : "eval_accuracy", e->loss, text ? e->perplexity : e->accuracy);
+}
+
+int report_test(report *r, long step, const eval_result *e) { return log_eval(r, step, "test_loss", "test_accuracy", e->loss, e->accuracy); }
 
 void report_message(report *r, const char *fmt, ...) {
   if (r->drawn) fputs("\r\033[K", r->out);

@@ -32,11 +32,15 @@ report *report_create(FILE *out, const char *log_path, int append);
  * at the last. Non-zero, with one line on stderr, when the log cannot be written. */
 int report_step(report *r, const report_point *p);
 /* Logs an evaluation after `step` steps as its own JSON line: {"step", "eval_loss", "eval_accuracy"}
- * for images, {"step", "eval_loss", "eval_perplexity"} for the GPT (text: true); after
- * report_finish, appended to the closed log. Non-zero, with one line on stderr, when the log cannot
+ * for images (the validation split's, or the test set's without one), {"step", "eval_loss",
+ * "eval_perplexity"} for the GPT (text: true); after report_finish, appended to the closed log. Non-zero, with one line on stderr, when the log cannot
  * be written. */
 struct eval_result;
 int report_eval(report *r, long step, int text, const struct eval_result *e);
+/* Logs the test set's figures of an image model that evaluates a validation split during training
+ * (then report_eval's lines are the validation split's): {"step", "test_loss", "test_accuracy"}, a
+ * line the plot leaves out. Same convention as report_eval. */
+int report_test(report *r, long step, const struct eval_result *e);
 /* Prints one line of news (a save, a stop) without breaking the bar: the bar's line is cleared
  * first and redrawn at the next step. */
 void report_message(report *r, const char *fmt, ...);

@@ -8,6 +8,10 @@
 #    to one batch of K B; each knob recorded and checked on resume; bitwise resume with them all on;
 #  - data: an IDX set of another size and class count (MNIST's file names) learned by the MLP and
 #    the CNN; llm.c .bin tokens (vocabulary rule); bad IDX and .bin files refused;
+#  - the validation split: its size against the closed form, training bits unchanged when the held-out
+#    images are replaced, --val-fraction 0 and checkpoints without the record (a fixture made by the
+#    build before the split, tests/presplit) train and resume as before, bit for bit, a split run
+#    resumes bitwise, bad fractions exit 2 in one line;
 #  - --init-from: names and shapes checked; --n-layer/--n-embd/--n-head/--seq-len/--hidden shape the
 #    model and are refused for the other models;
 #  - the SVG loss curve: next to the log, and `apex-train plot` of one and several logs, every point
@@ -82,12 +86,17 @@ rm -rf tb tb2
 
 # ---- IDX image sets ---------------------------------------------------------------------------------------
 mkdir idx && U idx idx 2000 400 12 16 3
+# 2000 training images, the last 200 held out for validation (the default --val-fraction 0.1): 56 steps of 32.
 out=$("$BIN" --model mlp --data idx --threads 2 --batch-size 32 --epochs 2 --hidden 64 --eval-every 40 --log m.jsonl --checkpoint mk 2>&1)
 acc=$(sed -n 's/^apex-train: test accuracy //p' <<< "$out")
-grep -q "of 12x16, 3 classes" <<< "$out" && awk "BEGIN{exit !($acc > 0.95)}" && U shape mk/step-124/model.safetensors 0.weight 64 192 > /dev/null &&
-  U shape mk/step-124/model.safetensors 4.weight 3 32 > /dev/null && ok "MLP on a 12x16, 3-class IDX set (MNIST names, --hidden 64): accuracy $acc" ||
+grep -q "of 12x16, 3 classes" <<< "$out" && awk "BEGIN{exit !($acc > 0.95)}" && U shape mk/step-112/model.safetensors 0.weight 64 192 > /dev/null &&
+  U shape mk/step-112/model.safetensors 4.weight 3 32 > /dev/null && ok "MLP on a 12x16, 3-class IDX set (MNIST names, --hidden 64): accuracy $acc" ||
   ko "MLP on the IDX set: $out"
-[ "$(grep -c eval_accuracy m.jsonl)" = 4 ] && ok "--eval-every 40 of 124 steps: evaluations at 40, 80, 120 and the end" || ko "eval lines: $(grep eval m.jsonl)"
+[ "$(grep -c eval_accuracy m.jsonl)" = 3 ] && [ "$(grep -c test_accuracy m.jsonl)" = 1 ] && [ "$(tail -1 m.jsonl | grep -c '"step":112,"test_loss"')" = 1 ] &&
+  ok "--eval-every 40 of 112 steps: validation at 40, 80 and the end, the test set once at the end" || ko "eval lines: $(grep eval m.jsonl)"
+grep -q "^apex-train: step 40: validation loss [0-9.]* accuracy [0-9.]*$" <<< "$out" &&
+  grep -q "^apex-train: validation loss [0-9.]* accuracy [0-9.]* (200 held-out training images)$" <<< "$out" && ! grep -q "step [0-9]*: test" <<< "$out" &&
+  ok "the lines during training are the validation split's; the end prints validation and test" || ko "validation lines: $out"
 out=$("$BIN" --model cnn --data idx --threads 2 --batch-size 32 --steps 30 2>&1)
 acc=$(sed -n 's/^apex-train: test accuracy //p' <<< "$out")
 awk "BEGIN{exit !($acc > 0.9)}" && ok "CNN on the 12x16 set: accuracy $acc" || ko "CNN on the IDX set: $out"
@@ -105,6 +114,83 @@ bad_idx "test label past the classes" t10k-labels.idx1-ubyte "b[:8] + bytes([7])
 bad_idx "test images of another size" t10k-images.idx3-ubyte "b[:8] + (16).to_bytes(4, 'big') + (12).to_bytes(4, 'big') + b[16:]"
 rm -rf bi && mkdir bi && cp idx/train-* bi/
 bad "IDX: test files missing" --model mlp --data bi
+
+# ---- the validation split (--val-fraction) -------------------------------------------------------------------
+# Its size, closed form (test_features_util.py split): V = round(F N) of the N = 2000 training images.
+V=(--model mlp --data idx --threads 2 --batch-size 32 --hidden 16)
+for f in 0.1 0.25 0.333 0.0004 0.05; do
+  read -r nv nt spe < <(U split 2000 32 $f)
+  out=$("$BIN" "${V[@]}" --val-fraction $f --steps 1 2>&1)
+  grep -q "($nt training images of 12x16, 3 classes; the last $nv held out for validation).* epochs of $spe steps" <<< "$out" &&
+    ok "--val-fraction $f: $nv held out, $nt train, $spe steps of 32" || ko "--val-fraction $f (want $nv/$nt/$spe): $(head -1 <<< "$out")"
+done
+# Training never reads a validation image: replacing the held-out 200 changes no training bit, only the validation figures.
+U swap-val idx idxv 200 > /dev/null
+"$BIN" "${V[@]}" --epochs 2 --eval-every 30 --log va.jsonl --save-every 56 --checkpoint va > va.out 2>&1 || ko "split run: $(tail -1 va.out)"
+"$BIN" "${V[@]}" --epochs 2 --eval-every 30 --log vb.jsonl --checkpoint vb --data idxv > vb.out 2>&1 || ko "split run, other validation images: $(tail -1 vb.out)"
+same=1
+for f in model.safetensors optimizer.bin state.safetensors; do cmp -s va/step-112/$f vb/step-112/$f || same=0; done
+[ $same = 1 ] && [ "$(grep -v eval_ va.jsonl | grep -v test_ | sed 's/,"samples_per_s.*//')" = "$(grep -v eval_ vb.jsonl | grep -v test_ | sed 's/,"samples_per_s.*//')" ] &&
+  [ "$(grep "test loss" va.out)" = "$(grep "test loss" vb.out)" ] && [ "$(grep "^apex-train: validation" va.out)" != "$(grep "^apex-train: validation" vb.out)" ] &&
+  ok "the 200 held-out images replaced: the same losses and checkpoint bytes, the same test loss, another validation loss" ||
+  ko "the held-out images reach training: $(grep -h "validation loss\|test loss" va.out vb.out)"
+[ "$(U meta va/step-112/state.safetensors val_fraction)" = 0.1 ] && ok "state.safetensors records val_fraction 0.1" || ko "val_fraction record: $(U meta va/step-112/state.safetensors val_fraction)"
+# --val-fraction 0 is the build before the split: no record, --eval-every reports the test set, and the bits of the pre-split build
+# (the checkpoint in tests/presplit: tiny IDX data, 15 of 20 steps of the command below, made by that build; the sha256 of its
+# straight run's step-20 files, recorded with it).
+P=(--model mlp --hidden 8 --data "$SRC/tests/presplit/data" --batch-size 16 --epochs 2 --seed 3 --threads 1)
+REC="3c0eb3aba639d99b0bf29d33e2fb3bf0c7b86b7e4a8800d50919668aab000454 model.safetensors
+cdcbefcbfb9db835f6f28277851b85462a38c74a9ff49ad15ffa293b965455af optimizer.bin
+07f75d01336b0fd8f9b9b3148f1a0cd64b80dcbec05e7c99beeec7a6c3c7984a state.safetensors"
+sums() { (cd "$1" && sha256sum model.safetensors optimizer.bin state.safetensors | sed 's/  / /'); }
+out=$("$BIN" "${P[@]}" --val-fraction 0 --eval-every 10 --save-every 5 --checkpoint z0 2>&1)
+grep -q "(160 training images of 8x8, 4 classes)" <<< "$out" && grep -q "^apex-train: step 10: test loss" <<< "$out" && ! grep -q validation <<< "$out" &&
+  [ "$(U meta z0/step-20/state.safetensors val_fraction)" = absent ] && ok "--val-fraction 0: every image trains, --eval-every reports the test set, no record" ||
+  ko "--val-fraction 0: $out"
+cp -r "$SRC/tests/presplit/ck" pre && chmod -R u+w pre
+"$BIN" "${P[@]}" --checkpoint pre --resume > pre.out 2>&1 || ko "resume the pre-split checkpoint: $(cat pre.out)"
+grep -q "(160 training images of 8x8, 4 classes)" pre.out && ok "a pre-split checkpoint resumes with no split (default flags)" || ko "pre-split resume: $(head -1 pre.out)"
+if [ "$(sums z0/step-20)" = "$REC" ]; then
+  ok "--val-fraction 0: 20 steps give the pre-split build's checkpoint bytes (recorded sha256)"
+  [ "$(sums pre/step-20)" = "$REC" ] && ok "the pre-split build's checkpoint at step 15 resumes to its straight run's bytes at step 20" ||
+    ko "the pre-split checkpoint resumed differs from its straight run: $(sums pre/step-20)"
+else
+  echo "note: this CPU's arithmetic differs from the machine that recorded tests/presplit (a fresh --val-fraction 0 run differs from the record too); the recorded-bytes checks are skipped here, the same-machine ones below still run"
+fi
+# The same without the record: a --val-fraction 0 checkpoint (no val_fraction, as before the flag) resumed with the default flags.
+from_step z0 z1 15
+"$BIN" "${P[@]}" --checkpoint z1 --resume > /dev/null 2>&1 || ko "resume a --val-fraction 0 checkpoint"
+same=1
+for f in model.safetensors optimizer.bin state.safetensors; do cmp -s z0/step-20/$f z1/step-20/$f || same=0; done
+[ $same = 1 ] && ok "a checkpoint without val_fraction resumed with the default flags: no split, bit for bit (20 = 15 + 5)" || ko "no-split resume differs"
+# A split run resumes bitwise too, its fraction coming from the checkpoint.
+from_step va vr 56
+"$BIN" "${V[@]}" --epochs 2 --checkpoint vr --resume > /dev/null 2>&1 || ko "resume the split run"
+same=1
+for f in model.safetensors optimizer.bin state.safetensors; do cmp -s va/step-112/$f vr/step-112/$f || same=0; done
+[ $same = 1 ] && ok "a split run: 112 steps = 56 + resume + 56, bit for bit" || ko "split resume differs"
+eo=$("$BIN" --checkpoint va --data idx --threads 2 --eval-only 2>&1)
+[ "$(grep -E "^apex-train: (validation|test)" <<< "$eo")" = "$(grep -E "^apex-train: (validation|test)" va.out)" ] &&
+  ok "--eval-only of a split checkpoint: the run's validation and test figures" || ko "--eval-only of va: $eo"
+bad "--val-fraction negative" "${V[@]}" --val-fraction -0.1
+rc_all=$LAST_RC
+bad "--val-fraction 1" "${V[@]}" --val-fraction 1
+rc_all="$rc_all $LAST_RC"
+bad "--val-fraction 1.5" "${V[@]}" --val-fraction 1.5
+rc_all="$rc_all $LAST_RC"
+bad "--val-fraction that holds out no image (round(0.0002 x 2000) = 0)" "${V[@]}" --val-fraction 0.0002
+rc_all="$rc_all $LAST_RC"
+bad "--val-fraction that leaves no training batch (20 images for a batch of 32)" "${V[@]}" --val-fraction 0.99
+rc_all="$rc_all $LAST_RC"
+bad "--val-fraction for the gpt" "${G[@]}" --val-fraction 0.1
+rc_all="$rc_all $LAST_RC"
+bad "--val-fraction not a number" "${V[@]}" --val-fraction some
+rc_all="$rc_all $LAST_RC"
+[ "$rc_all" = "2 2 2 2 2 2 2" ] && ok "each bad --val-fraction exits 2" || ko "bad --val-fraction exits: $rc_all"
+bad "resume a split run with another --val-fraction" "${V[@]}" --epochs 2 --checkpoint va --resume --val-fraction 0.2
+grep -q "was made with --val-fraction 0.1, this run gives --val-fraction 0.2" <<< "$LAST_ERR" || ko "the mismatch message: $LAST_ERR"
+bad "resume a pre-split checkpoint with --val-fraction 0.1" "${P[@]}" --checkpoint z1 --resume --val-fraction 0.1
+grep -q "was made with --val-fraction 0 (no validation split)" <<< "$LAST_ERR" || ko "the pre-split mismatch message: $LAST_ERR"
 
 # ---- metrics and schedules ----------------------------------------------------------------------------
 "$BIN" "${G[@]}" --epochs 1 --log lin.jsonl > lin.out 2>&1 || ko "linear run: $(cat lin.out)"
@@ -218,6 +304,10 @@ bad "resume with another --grad-accum" "${K[@]}" --grad-accum 1 --steps 10 --che
 U fake-log fake.jsonl
 "$BIN" plot fake.jsonl > /dev/null && check "plot of a log with skips, a null loss and scale changes" U svg fake.svg fake.jsonl ||
   ko "apex-train plot fake.jsonl"
+# A log whose scale moves beside a bf16 one: the scale axis, each run's scale line in its own colour (U svg checks the strokes).
+"$BIN" plot -o mixed.svg fake.jsonl bf.jsonl > /dev/null && grep -q "loss scale (dotted)" mixed.svg &&
+  check "plot of a moving-scale log and a bf16 log: scale axis, each scale line in its run's colour" U svg mixed.svg fake.jsonl bf.jsonl ||
+  ko "apex-train plot fake.jsonl bf.jsonl"
 for lvl in O0 O1 O2; do "$BIN" "${G[@]}" --steps 10 --opt-level $lvl --eval-every 5 --log $lvl.jsonl > /dev/null 2>&1; done
 "$BIN" plot -o levels.svg O0.jsonl O1.jsonl O2.jsonl > /dev/null && check "plot of three logs (O0, O1, O2)" U svg levels.svg O0.jsonl O1.jsonl O2.jsonl ||
   ko "apex-train plot of three logs"

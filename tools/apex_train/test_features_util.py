@@ -155,6 +155,43 @@ def cmd_strip_total(path):
     print("lr_schedule_total removed")
 
 
+def cmd_meta(path, key):
+    """Prints a state.safetensors metadata value, or 'absent'."""
+    b = open(path, "rb").read()
+    meta = json.loads(b[8:8 + int.from_bytes(b[:8], "little")]).get("__metadata__", {})
+    print(meta.get(key, "absent"))
+
+
+def cmd_split(n, batch, fraction):
+    """The validation split of n training images, closed form: V = round(F n) (halves up) with F the
+    f32 that apex-train records; prints V, the training images left and the steps of an epoch."""
+    n, batch = int(n), int(batch)
+    v = math.floor(float(np.float32(fraction)) * n + 0.5)
+    print(v, n - v, (n - v) // batch)
+
+
+def cmd_swap_val(src, dst, k):
+    """dst: the IDX set of src (MNIST dotted names, uncompressed) with its last k training images and
+    labels replaced by others (inverted images, labels shifted by one class)."""
+    import os
+    import shutil
+    k = int(k)
+    os.makedirs(dst, exist_ok=True)
+    for f in os.listdir(src):
+        shutil.copy(f"{src}/{f}", f"{dst}/{f}")
+    img = bytearray(open(f"{src}/train-images.idx3-ubyte", "rb").read())
+    lab = bytearray(open(f"{src}/train-labels.idx1-ubyte", "rb").read())
+    n, h, w = struct.unpack(">III", bytes(img[4:16]))
+    classes = max(lab[8:]) + 1
+    for i in range(n - k, n):
+        for p in range(16 + i * h * w, 16 + (i + 1) * h * w):
+            img[p] = 255 - img[p]
+        lab[8 + i] = (lab[8 + i] + 1) % classes
+    open(f"{dst}/train-images.idx3-ubyte", "wb").write(img)
+    open(f"{dst}/train-labels.idx1-ubyte", "wb").write(lab)
+    print(f"last {k} of {n} training images replaced")
+
+
 def cmd_clip(init, noclip, clip, log_noclip, log_clip, lr, max_norm):
     """SGD without momentum from the same weights w0: w1 = w0 - lr * g * coef. The gradient g, and
     its norm, come from the unclipped run's weights; clipping must scale the update by
@@ -265,6 +302,11 @@ def cmd_svg(svg, *logs):
         scales = [l["loss_scale"] for l in steps]
         if moving:
             curve("loss-scale", [(px(l["step"]), ps(math.log2(l["loss_scale"]))) for l in steps])
+            # Each run's scale line in its own run's colour.
+            sc = root.find(f".//s:polyline[@class='loss-scale'][@data-log='{name}']", ns).get("stroke")
+            tc = root.find(f".//s:polyline[@class='train-loss'][@data-log='{name}']", ns).get("stroke")
+            if sc != tc:
+                fail(f"loss-scale line of {name} in {sc}, its training loss in {tc}")
         elif root.find(f".//s:polyline[@class='loss-scale']", ns) is not None:
             fail("a loss-scale curve although no scale changed")
         # The moving average: the mean of the last w finite losses.
@@ -288,6 +330,9 @@ def cmd_svg(svg, *logs):
         # Axis ranges cover the data.
         if not (x0 <= min(l["step"] for l in steps) and max(l["step"] for l in steps) <= x1):
             fail("the step axis does not cover the log")
+    colours = [root.find(f".//s:polyline[@class='train-loss'][@data-log='{g.split('/')[-1]}']", ns).get("stroke") for g in logs]
+    if len(logs) <= 8 and len(set(colours)) != len(logs):
+        fail(f"{len(logs)} logs drawn in the colours {colours}")
     print(f"{svg}: {len(logs)} log(s), every point in place")
 
 

@@ -17,8 +17,8 @@ ko() { echo "FAIL $*"; fails=$((fails + 1)); }
 # where a test keeps copies of its own to compare against, so it is left out.
 snapshot() { find . -path ./snap -prune -o -type f -print0 | sort -z | xargs -0 -r sha256sum; find . -path ./snap -prune -o -print | sort; }
 
-# bad NAME ARGS...: apex-train ARGS is refused with one line on stderr (kept in LAST_ERR), nothing
-# written or changed under $W.
+# bad NAME ARGS...: apex-train ARGS is refused with one line on stderr (kept in LAST_ERR, the exit
+# status in LAST_RC), nothing written or changed under $W.
 bad() {
   local name=$1
   shift
@@ -28,6 +28,7 @@ bad() {
   rc=$?
   lines=$(wc -l < "$W/../err.$$")
   LAST_ERR=$(cat "$W/../err.$$")
+  LAST_RC=$rc
   after=$(snapshot)
   if [ $rc -eq 0 ]; then
     ko "$name: exit 0 for: $*"
