@@ -358,6 +358,55 @@ static void test_attention_module_forward(void **state) {
   apex_model_destroy(m);
 }
 
+/* apex_causal_attention_heads on [B, T, H * D] (heads read in place) gives the bits of the heads split
+ * out ([B, H, T, D] by reshape and transpose), apex_causal_attention, and merged back: the output and the
+ * three gradients, in f32 and bf16. */
+static void test_attention_heads_in_place(void **state) {
+  (void)state;
+  enum { B = 2, T = 7, H = 3, D = 4, C = H * D };
+  const apex_dtype dts[2] = {APEX_F32, APEX_BF16};
+  for (int di = 0; di < 2; di++) {
+    apex_var *q = tu_random_leaf(dts[di], 3, (int64_t[]){B, T, C}, 91, 1), *k = tu_random_leaf(dts[di], 3, (int64_t[]){B, T, C}, 92, 1),
+             *v = tu_random_leaf(dts[di], 3, (int64_t[]){B, T, C}, 93, 1), *in[3] = {q, k, v};
+    apex_tensor *out[2], *grads[2][3];
+    for (int path = 0; path < 2; path++) {
+      apex_graph *g = apex_graph_create();
+      apex_var *y;
+      if (path == 0) {
+        y = apex_causal_attention_heads(g, q, k, v, H);
+      } else {
+        apex_var *s[3];
+        for (int i = 0; i < 3; i++) s[i] = apex_transpose(g, apex_reshape(g, in[i], 4, (int64_t[]){B, T, H, D}), 1, 2);
+        y = apex_reshape(g, apex_transpose(g, apex_causal_attention(g, s[0], s[1], s[2]), 1, 2), 3, (int64_t[]){B, T, C});
+      }
+      assert_non_null(y);
+      out[path] = apex_tensor_to(apex_var_value(y), APEX_F32);
+      /* a loss that weighs every output element differently, so that every gradient element counts */
+      apex_var *w = tu_random_leaf(APEX_F32, 3, (int64_t[]){B, T, C}, 94, 0);
+      TU_OK(apex_backward(apex_sum_all(g, apex_mul(g, apex_cast(g, y, APEX_F32), w)), NULL));
+      for (int i = 0; i < 3; i++) {
+        grads[path][i] = apex_tensor_to(apex_var_grad(in[i]), APEX_F32);
+        TU_OK(apex_tensor_fill(apex_var_grad(in[i]), 0.0f));
+      }
+      apex_var_destroy(w);
+      apex_graph_destroy(g);
+    }
+    const char *what[3] = {"dq", "dk", "dv"};
+    assert_memory_equal(apex_tensor_data(out[0]), apex_tensor_data(out[1]), apex_tensor_nbytes(out[0]));
+    for (int i = 0; i < 3; i++) {
+      if (memcmp(apex_tensor_data(grads[0][i]), apex_tensor_data(grads[1][i]), apex_tensor_nbytes(grads[0][i])) != 0)
+        fail_msg("%s %s: the heads in place differ from the heads split out", apex_dtype_name(dts[di]), what[i]);
+      apex_tensor_destroy(grads[0][i]);
+      apex_tensor_destroy(grads[1][i]);
+    }
+    printf("attention heads in place (%s, B %d, T %d, H %d, D %d): output and dq, dk, dv bitwise those of the heads split out\n",
+           apex_dtype_name(dts[di]), B, T, H, D);
+    apex_tensor_destroy(out[0]);
+    apex_tensor_destroy(out[1]);
+    for (int i = 0; i < 3; i++) apex_var_destroy(in[i]);
+  }
+}
+
 static double gelu_tanh_d(double v) { return 0.5 * v * (1 + tanh(sqrt(2 / 3.14159265358979323846) * (v + 0.044715 * v * v * v))); }
 
 static void test_transformer_block_forward(void **state) {
@@ -584,6 +633,9 @@ static void test_bad_inputs(void **state) {
              "batch_norm: input [3] must be [N, C]");
   /* attention names all three shapes */
   FAILS_WITH(apex_causal_attention(g, x23, x23, x34), APEX_ERR_SHAPE, "causal_attention: q [2, 3], k [2, 3], v [3, 4] must have one shape");
+  FAILS_WITH(apex_causal_attention_heads(g, x34, x34, x34, 3), APEX_ERR_SHAPE, "causal_attention_heads: 3 heads do not divide the rows of 4");
+  FAILS_WITH(apex_causal_attention_heads(g, x34, x34, x34, 0), APEX_ERR_SHAPE, "causal_attention_heads: 0 heads do not divide");
+  FAILS_WITH(apex_causal_attention_heads(g, x34, x23, x34, 2), APEX_ERR_SHAPE, "causal_attention_heads: q [3, 4], k [2, 3], v [3, 4] must have one shape");
   /* cast to a dtype outside the enum */
   FAILS_WITH(apex_cast(g, x23, (apex_dtype)9), APEX_ERR_DTYPE, "cast: invalid dtype 9");
   /* modules */
@@ -695,7 +747,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dropout_forward),          cmocka_unit_test(test_dropout_module_modes),
       cmocka_unit_test(test_batch_norm_running_stats), cmocka_unit_test(test_batch_norm_module_modes),
-      cmocka_unit_test(test_attention_module_forward), cmocka_unit_test(test_transformer_block_forward),
+      cmocka_unit_test(test_attention_module_forward), cmocka_unit_test(test_attention_heads_in_place), cmocka_unit_test(test_transformer_block_forward),
       cmocka_unit_test(test_default_init),             cmocka_unit_test(test_mean_all_and_view),
       cmocka_unit_test(test_bad_inputs),                cmocka_unit_test(test_bce_edges),
       cmocka_unit_test(test_optimizer_add_model),      cmocka_unit_test(test_null_accessors),

@@ -189,6 +189,13 @@ APEX_API apex_var *apex_concat(apex_graph *g, int n, apex_var *const *xs, int di
 /* Causal scaled-dot-product attention: softmax(q k^T / sqrt(D) + causal mask) v for q, k, v
  * [B, H, T, D] (or [..., T, D] with equal shapes) -> [B, H, T, D]. */
 APEX_API apex_var *apex_causal_attention(apex_graph *g, apex_var *q, apex_var *k, apex_var *v);
+/* The same attention with n_heads heads side by side in each row: q, k, v [B, T, n_heads * D] (or
+ * [..., T, n_heads * D], equal shapes), as the q, k and v linears of a transformer make them ->
+ * [B, T, n_heads * D], the heads side by side again (ready for the output projection). Each head reads
+ * its D columns in place, so no [B, H, T, D] copies are made forward or backward; the result is
+ * apex_causal_attention's of the heads split out. APEX_ERR_SHAPE when n_heads does not divide the rows
+ * or the shapes differ. */
+APEX_API apex_var *apex_causal_attention_heads(apex_graph *g, apex_var *q, apex_var *k, apex_var *v, int n_heads);
 
 #ifdef __cplusplus
 }

@@ -72,6 +72,10 @@ typedef union ag_op_params {
   struct {
     int dim; /* concat: the joined dimension (non-negative) */
   } concat;
+  struct {
+    size_t batch;   /* attention: the leading extents' product */
+    int heads, t, d; /* heads side by side in each row of heads * d (1 for [..., T, D] inputs) */
+  } attention;
 } ag_op_params;
 
 struct apex_var {

@@ -202,18 +202,11 @@ static apex_var *attention_forward(apex_module *mod, apex_graph *g, apex_var *x)
   const apex_tensor *X = apex_var_value(x);
   if (apex_tensor_ndim(X) != 3)
     return apex__fail_null(APEX_ERR_SHAPE, "attention '%s': input must be [B, T, C], not %d-d", mod->name, apex_tensor_ndim(X));
-  int64_t B = apex_tensor_dim(X, 0), T = apex_tensor_dim(X, 1), C = apex_tensor_dim(X, 2), H = mod->n_heads;
-  int64_t split[4] = {B, T, H, C / H}, merged[3] = {B, T, C};
+  /* q, k, v [B, T, C] hold the heads side by side; the attention reads each head in place */
   apex_var *qkv[3];
-  for (int i = 0; i < 3; i++) {
-    apex_var *p = apex_module_forward(mod->children[i], g, x);
-    apex_var *r = drop(apex_reshape(g, p, 4, split), p);
-    qkv[i] = drop(apex_transpose(g, r, 1, 2), r);
-  }
-  apex_var *y = apex_causal_attention(g, qkv[0], qkv[1], qkv[2]);
+  for (int i = 0; i < 3; i++) qkv[i] = apex_module_forward(mod->children[i], g, x);
+  apex_var *y = apex_causal_attention_heads(g, qkv[0], qkv[1], qkv[2], mod->n_heads);
   for (int i = 0; i < 3; i++) drop(y, qkv[i]);
-  apex_var *t = drop(apex_transpose(g, y, 1, 2), y);
-  y = drop(apex_reshape(g, t, 3, merged), t);
   return drop(apex_module_forward(mod->children[3], g, y), y);
 }
 
