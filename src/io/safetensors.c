@@ -468,6 +468,21 @@ static int write_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
+/* Writes t's bytes to fd, a device tensor's (a model trained on a GPU) from a host copy made for it:
+ * 0, 1 after a write error (errno says why), 2 when the copy failed (apex_last_error says why). */
+static int write_tensor(int fd, const apex_tensor *t) {
+  if (apex_tensor_device(t) == APEX_DEVICE_CPU) return write_all(fd, apex_tensor_data(t), apex_tensor_nbytes(t)) != 0;
+  apex_tensor *h = apex_tensor_create(apex_tensor_dtype(t), apex_tensor_ndim(t), apex_tensor_shape(t));
+  if (!h || apex_tensor_copy(h, t) != APEX_OK) {
+    apex_tensor_destroy(h);
+    return 2;
+  }
+  int bad = write_all(fd, apex_tensor_data(h), apex_tensor_nbytes(h)) != 0, err = errno;
+  apex_tensor_destroy(h);
+  errno = err;
+  return bad;
+}
+
 /* fsync the directory holding path, so the rename itself survives a crash. */
 static void sync_parent_dir(const char *path) {
   char dir[4096];
@@ -504,31 +519,18 @@ apex_status apex_safetensors_save(const char *path, const char *const *names, ap
   uint8_t lenbuf[8];
   for (int i = 0; i < 8; i++) lenbuf[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
   int bad = fchmod(fd, 0644) != 0 || write_all(fd, lenbuf, 8) != 0 || write_all(fd, header, hlen) != 0;
-  int saved_errno = errno;
   for (int i = 0; i < n && !bad; i++) {
-    if (apex_tensor_device(tensors[i]) == APEX_DEVICE_CPU) {
-      bad = write_all(fd, apex_tensor_data(tensors[i]), apex_tensor_nbytes(tensors[i])) != 0;
-      saved_errno = errno;
-      continue;
-    }
-    /* a device tensor (a model trained on a GPU) is written from a host staging copy, one tensor at a time */
-    apex_tensor *h = apex_tensor_create(apex_tensor_dtype(tensors[i]), apex_tensor_ndim(tensors[i]), apex_tensor_shape(tensors[i]));
-    if (!h || apex_tensor_copy(h, tensors[i]) != APEX_OK) {
-      apex_tensor_destroy(h);
+    bad = write_tensor(fd, tensors[i]);
+    if (bad == 2) { /* a failed copy from the device: its own error, not the OS's */
       close(fd);
       unlink(tmp);
       st = apex__fail(apex_last_status(), "apex_safetensors_save: cannot copy tensor '%s' to the host (the previous file, if any, is unchanged)",
                       names[i]);
       goto out;
     }
-    bad = write_all(fd, apex_tensor_data(h), apex_tensor_nbytes(h)) != 0;
-    saved_errno = errno;
-    apex_tensor_destroy(h);
   }
-  if (!bad) {
-    bad = fsync(fd) != 0;
-    saved_errno = errno;
-  }
+  if (!bad) bad = fsync(fd) != 0;
+  int saved_errno = errno;
   if (close(fd) != 0 && !bad) {
     bad = 1;
     saved_errno = errno;
