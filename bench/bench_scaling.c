@@ -204,8 +204,8 @@ static void report_tiles(bench_train *r, const char *level) {
   printf("scaling_tiles %s %s min_tiles_per_thread_16=%.3f (products of 4e6 multiply-adds or more) products(m x n x k[h: half]=tiles down x across):%s\n",
          bench_model_name(r->model), level, n_products ? min_per : 0.0, buf);
   if (r->model == BENCH_GPT_C256 || r->model == BENCH_GPT_C768)
-    printf("scaling_tiles %s %s attention: %d heads (batch x heads) a pass, head 0 alone then the rest on threads\n",
-           bench_model_name(r->model), level, 4 * (r->model == BENCH_GPT_C768 ? 12 : 4));
+    printf("scaling_tiles %s %s attention: %d heads (batch x heads) a pass, each whole on one thread: %.2f a thread at 16\n",
+           bench_model_name(r->model), level, 4 * (r->model == BENCH_GPT_C768 ? 12 : 4), 4 * (r->model == BENCH_GPT_C768 ? 12 : 4) / 16.0);
   fflush(stdout);
 }
 

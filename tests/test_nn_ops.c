@@ -424,6 +424,62 @@ static void test_gemm_tiles_bitwise(void **state) {
   TU_OK(apex_set_num_threads(saved));
 }
 
+/* Causal attention's heads run whole on the threads (cpu/attention.c): forward and backward give the
+ * bits of one thread at 2 and 3 threads, for f32, bf16 and f16 heads, with the heads split out
+ * ([B, H, T, D]) and read in place ([B, T, H * D]); and the first call of a shape (head 0 sizes the
+ * scratch alone) the bits of a later one (every head on the threads at once). bf16 runs as the CPU
+ * gives it (oneDNN where there is AVX512_BF16, widened to f32 elsewhere). */
+static gemm_run run_attention(apex_var **qkv, int in_place, int threads) {
+  TU_OK(apex_set_num_threads(threads));
+  for (int k = 0; k < 3; k++) TU_OK(apex_tensor_fill(apex_var_grad(qkv[k]), 0.0f));
+  apex_graph *g = apex_graph_create();
+  apex_var *y = in_place ? apex_causal_attention_heads(g, qkv[0], qkv[1], qkv[2], 3) : apex_causal_attention(g, qkv[0], qkv[1], qkv[2]);
+  if (!y) fail_msg("%s", apex_last_error());
+  TU_OK(apex_backward(apex_sum_all(g, apex_mul(g, y, y)), NULL));
+  gemm_run r = {apex_tensor_to(apex_var_value(y), APEX_F32), {NULL}, 0};
+  for (int k = 0; k < 3; k++) r.grads[k] = apex_tensor_to(apex_var_grad(qkv[k]), APEX_F32);
+  apex_graph_destroy(g);
+  return r;
+}
+
+static void assert_same_attention(const char *what, const gemm_run *a, const gemm_run *b) {
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s: output", what);
+  assert_same_bits(buf, a->out, b->out);
+  for (int q = 0; q < 3; q++) {
+    snprintf(buf, sizeof buf, "%s: gradient of %c", what, "qkv"[q]);
+    assert_same_bits(buf, a->grads[q], b->grads[q]);
+  }
+}
+
+static void test_attention_threads_bitwise(void **state) {
+  (void)state;
+  int saved = apex_get_num_threads();
+  apex_set_threads_follow_load(0);
+  const apex_dtype dts[] = {APEX_F32, APEX_BF16, APEX_F16};
+  for (size_t di = 0; di < 3; di++)
+    for (int in_place = 0; in_place < 2; in_place++) {
+      /* 2 sequences of 3 heads, T = 37 (ragged tiles), D = 16: 6 heads over 1 to 3 threads */
+      int64_t split[4] = {2, 3, 37, 16}, packed[3] = {2, 37, 48};
+      apex_var *qkv[3];
+      for (int k = 0; k < 3; k++) qkv[k] = in_place ? tu_random_leaf(dts[di], 3, packed, 40 + k, 1) : tu_random_leaf(dts[di], 4, split, 40 + k, 1);
+      char what[96];
+      snprintf(what, sizeof what, "attention %s%s", apex_dtype_name(dts[di]), in_place ? " (heads in place)" : "");
+      gemm_run first = run_attention(qkv, in_place, 1), one = run_attention(qkv, in_place, 1);
+      assert_same_attention(what, &one, &first);
+      for (int t = 2; t <= 3; t++) {
+        gemm_run more = run_attention(qkv, in_place, t);
+        assert_same_attention(what, &more, &one);
+        free_run(&more);
+      }
+      free_run(&first);
+      free_run(&one);
+      for (int k = 0; k < 3; k++) apex_var_destroy(qkv[k]);
+    }
+  apex_set_threads_follow_load(1);
+  TU_OK(apex_set_num_threads(saved));
+}
+
 /* A tiled f16 linear against a double-precision product of the same f16 inputs: within the 2 ulp
  * that test_nn_golden allows against PyTorch. */
 static void test_gemm_tiles_accuracy(void **state) {
@@ -548,7 +604,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_concat_many),    cmocka_unit_test(test_concat_mixed_and_single), cmocka_unit_test(test_concat_errors),
       cmocka_unit_test(test_norm_nd_module), cmocka_unit_test(test_norm_nd_errors),          cmocka_unit_test(test_row_norm_row_formula),
-      cmocka_unit_test(test_permute_runs),          cmocka_unit_test(test_gemm_tiles_bitwise),
+      cmocka_unit_test(test_permute_runs),          cmocka_unit_test(test_gemm_tiles_bitwise), cmocka_unit_test(test_attention_threads_bitwise),
       cmocka_unit_test(test_gemm_tiles_accuracy), cmocka_unit_test(test_own_sgemm),
       cmocka_unit_test(test_backend_slots),  cmocka_unit_test(test_pool_low_precision),
   };

@@ -1,8 +1,8 @@
 /* attention.c: the CPU backend's causal scaled-dot-product attention (args_nn.h), forward and
  * backward. Each product runs in a grid fixed by its shape, so the bits do not depend on the thread
  * count: apex__sgemm for f32 operands (f32 attention's bits as they have always been), apex__gemm for
- * any other. Heads run one after another with the threads on each product, except bf16 heads on
- * oneDNN, which run whole on the threads (run_heads).
+ * any other. Whole heads run on the threads, one head a thread from start to end (run_heads); a
+ * single head runs with the threads on its products.
  *
  * q, k, v are read as stored: apex__gemm widens f16/bf16 operands a tile's panel at a time (the bits
  * of widening the whole tensors, which is the reference), or, for bf16 on a CPU with AVX512_BF16 or
@@ -18,6 +18,7 @@
  * kept P. */
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -85,14 +86,13 @@ static apex_status prod(reuse_ws *r, int m, int n, int k, float alpha, apex__mat
 
 /* ---- heads on threads ---------------------------------------------------------------------------- */
 
-/* bf16 attention on oneDNN runs whole heads on threads: a head's products are small ([T, T] x
- * [T, D]: on two threads each was a fork and join of four tiles of microseconds) and its softmax
- * ran on one thread while the others waited. Each head runs on one thread start to end, its
- * products in the same tile grid as on the caller's thread (fixed by the shape), so the bits are
- * those of running the heads one after another, for any thread count. */
-static int heads_on_threads(apex_nn_buf q, apex_nn_buf k, apex_nn_buf v, size_t heads) {
-  return heads > 1 && q.dtype == APEX_BF16 && k.dtype == APEX_BF16 && v.dtype == APEX_BF16 && apex__onednn_active(NULL);
-}
+/* Heads run whole on the threads: a head's products are small ([T, T] x [T, D]: on two threads each
+ * was a fork and join of four tiles of microseconds, 4,705 parallel regions a gpt_c768 step at O0) and
+ * its softmax ran on the caller's thread while the others waited (the O0 GPTs' serial fraction at one
+ * thread, bench_scaling). Each head runs on one thread start to end, its products in the same tile grid
+ * as on the caller's thread (fixed by the shape), so the bits are those of running the heads one after
+ * another, for any thread count (test_threads). */
+static int heads_on_threads(size_t heads) { return heads > 1; }
 
 /* A workspace that never grows: a thread's region, sized by head 0's run on the caller's thread
  * (every head asks for the same scratch). */
@@ -104,17 +104,73 @@ static const apex_nn_workspace no_more = {none_get, NULL};
 
 typedef apex_status (*head_fn)(const void *args, size_t h, reuse_ws *r, char *extra);
 
-/* Runs fn on head 0 here (which sizes a product's scratch) and on heads 1.. over the threads, each
- * with its own region of that size and `extra` bytes of its own. */
-static apex_status run_heads(const apex_nn_workspace *ws, size_t heads, size_t extra, head_fn fn, const void *args) {
+/* What a head's scratch depends on: everything of the op but its pointers and its batch, and the thread
+ * cap (oneDNN's products size their scratch by it; on a thread of run_heads a product sees one thread).
+ * Every field is an int64, so keys compare with memcmp. */
+enum { KEY_FIELDS = 20, SIZES_MAX = 64 };
+typedef struct heads_key {
+  int64_t f[KEY_FIELDS];
+} heads_key;
+
+/* The scratch per head of every key met so far (append-only: readers take no lock; a key is published
+ * by the count's release after its fields are written). A key seen for the first time is sized by
+ * running head 0 alone; later calls run every head on the threads at once. Past SIZES_MAX keys, each
+ * call sizes again (correct, with head 0 alone). */
+static struct {
+  heads_key key;
+  size_t cap;
+} sizes[SIZES_MAX];
+static int n_sizes;
+static pthread_mutex_t sizes_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int size_known(const heads_key *k, size_t *cap) {
+  int n = __atomic_load_n(&n_sizes, __ATOMIC_ACQUIRE);
+  for (int i = 0; i < n; i++)
+    if (!memcmp(&sizes[i].key, k, sizeof *k)) {
+      *cap = sizes[i].cap;
+      return 1;
+    }
+  return 0;
+}
+
+static void size_learnt(const heads_key *k, size_t cap) {
+  pthread_mutex_lock(&sizes_lock);
+  size_t had;
+  if (!size_known(k, &had) && n_sizes < SIZES_MAX) {
+    sizes[n_sizes].key = *k;
+    sizes[n_sizes].cap = cap;
+    __atomic_store_n(&n_sizes, n_sizes + 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&sizes_lock);
+}
+
+/* The key's common part; fields from 8 on are the caller's. */
+static heads_key key_of(head_fn fn, int t, int d, apex_dtype q, apex_dtype k, apex_dtype v, size_t extra) {
+  heads_key key;
+  memset(&key, 0, sizeof key);
+  int64_t *f = key.f;
+  f[0] = (int64_t)(intptr_t)fn, f[1] = t, f[2] = d, f[3] = q, f[4] = k, f[5] = v, f[6] = (int64_t)extra;
+  f[7] = (int64_t)apex__onednn_active(NULL) | (int64_t)apex_get_max_threads() << 1;
+  return key;
+}
+
+/* Runs fn on every head over the threads, each with its own region of a head's scratch and `extra`
+ * bytes of its own; the first call of a key runs head 0 here first, which sizes the region. */
+static apex_status run_heads(const apex_nn_workspace *ws, const heads_key *key, size_t heads, size_t extra, head_fn fn, const void *args) {
   extra = (extra + 63) & ~(size_t)63;
-  char *x0 = extra ? ws->get(ws->ctx, extra) : NULL;
-  if (extra && !x0) return APEX_ERR_OUT_OF_MEMORY;
-  reuse_ws r0 = {ws, NULL, 0, 0};
-  apex_status st = fn(args, 0, &r0, x0);
-  if (st != APEX_OK) return st;
+  size_t cap = 0, first = 0;
+  if (!size_known(key, &cap)) {
+    char *x0 = extra ? ws->get(ws->ctx, extra) : NULL;
+    if (extra && !x0) return APEX_ERR_OUT_OF_MEMORY;
+    reuse_ws r0 = {ws, NULL, 0, 0};
+    apex_status st = fn(args, 0, &r0, x0);
+    if (st != APEX_OK) return st;
+    cap = r0.cap, first = 1;
+    size_learnt(key, cap);
+  }
   /* regions for as many threads as could ever run (the cap, not the load), so the pool holds steady */
-  size_t cap = r0.cap, per = cap + extra, rest = heads - 1;
+  size_t per = cap + extra, rest = heads - first;
+  if (!rest) return APEX_OK;
   int slots = apex_get_max_threads(), threads = apex_get_num_threads();
   if ((size_t)slots > rest) slots = (int)rest;
   if (slots < 1) slots = 1;
@@ -130,7 +186,7 @@ static apex_status run_heads(const apex_nn_workspace *ws, size_t heads, size_t e
     char *mine = base + (size_t)omp_get_thread_num() * per;
     reuse_ws r = {&no_more, mine + extra, cap, 0};
 #pragma omp for schedule(static)
-    for (size_t h = 1; h < heads; h++)
+    for (size_t h = first; h < heads; h++)
       if (!failed && fn(args, h, &r, extra ? mine : NULL) != APEX_OK) failed = 1;
     omp_set_num_threads(old);
   }
@@ -182,7 +238,12 @@ static apex_status fwd_head(const void *args, size_t bh, reuse_ws *r, char *extr
 apex_status apex__cpu_nn_attention(const apex_nn_attention_args *a) {
   size_t heads = a->batch * (size_t)a->heads, extra = (size_t)a->t * a->t * sizeof(float);
   if (!heads || !a->t) return APEX_OK;
-  if (heads_on_threads(a->q, a->k, a->v, heads)) return run_heads(&a->ws, heads, extra, fwd_head, a);
+  if (heads_on_threads(heads)) {
+    heads_key key = key_of(fwd_head, a->t, a->d, a->q.dtype, a->k.dtype, a->v.dtype, extra);
+    int64_t *f = key.f + 8;
+    f[0] = (int64_t)a->ld_q, f[1] = (int64_t)a->ld_k, f[2] = (int64_t)a->ld_v, f[3] = (int64_t)a->ld_out, f[4] = a->out_dtype;
+    return run_heads(&a->ws, &key, heads, extra, fwd_head, a);
+  }
   char *x = a->ws.get(a->ws.ctx, extra);
   if (!x) return APEX_ERR_OUT_OF_MEMORY;
   reuse_ws r = {&a->ws, NULL, 0, 0};
@@ -263,7 +324,14 @@ apex_status apex__cpu_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
   size_t heads = a->batch * (size_t)a->heads;
   if (!heads || !a->t || (!a->gq && !a->gk && !a->gv)) return APEX_OK;
   size_t extra = bwd_extra(a);
-  if (heads_on_threads(a->q, a->k, a->v, heads)) return run_heads(&a->ws, heads, extra, bwd_head, a);
+  if (heads_on_threads(heads)) {
+    heads_key key = key_of(bwd_head, a->t, a->d, a->q.dtype, a->k.dtype, a->v.dtype, extra);
+    int64_t *f = key.f + 8;
+    f[0] = (int64_t)a->ld_q, f[1] = (int64_t)a->ld_k, f[2] = (int64_t)a->ld_v, f[3] = (int64_t)a->ld_gout;
+    f[4] = (int64_t)a->ld_gq, f[5] = (int64_t)a->ld_gk, f[6] = (int64_t)a->ld_gv;
+    f[7] = (a->gq != NULL) | (a->gk != NULL) << 1 | (a->gv != NULL) << 2;
+    return run_heads(&a->ws, &key, heads, extra, bwd_head, a);
+  }
   char *x = a->ws.get(a->ws.ctx, extra);
   if (!x) return APEX_ERR_OUT_OF_MEMORY;
   reuse_ws r = {&a->ws, NULL, 0, 0};
