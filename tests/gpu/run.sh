@@ -174,6 +174,8 @@ step gpt2_apex_b16 40 bench key_gpt2 "$B/bench/bench_gpt2_cuda" --batch 16
 step bench_cuda 30 bench key_bench "$B/bench/bench_cuda"
 step peer_cuda 50 bench key_bench python3 "$G/src/bench/peer_cuda.py" "$B"
 step bench_attention 30 bench key_bench "$B/bench/bench_attention"
+# the same with the fragments read by ldmatrix (flash_attention.cu; test_flash_attention checks the bits are the same)
+step bench_attention_ldm 30 bench key_bench env APEX_FLASH_LDMATRIX=1 "$B/bench/bench_attention"
 step peer_attention 60 bench key_bench python3 "$G/src/bench/peer_attention.py" "$B"
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -1)
 step memcheck 50 test key_memcheck "${CS:-compute-sanitizer}" --tool memcheck --print-limit 20 --error-exitcode 1 "$B/tests/test_graph_cuda"
@@ -182,6 +184,9 @@ step test_kernels 20 test key_cmocka "$B/tests/test_kernels"
 step test_multi_tensor 40 test key_cmocka "$B/tests/test_multi_tensor"
 for t in test_optim_api test_optim_golden; do step $t 40 test key_cmocka "$B/tests/$t"; done
 step bench_scaling ${SCALING_CAP:-120} bench key_scaling "$B/bench/bench_scaling"
+# the half products' grid cut into 16 row tiles (64-row tiles of the GPTs' 1024-row products, 4 of 32 for the MLP's
+# batch) against the default grid's figures just above: the measure that decides the default (gemm_onednn.c)
+step scaling_rows16 ${SCALING_ROWS_CAP:-90} bench key_scaling "$B/bench/bench_scaling" --models mlp,gpt_c256,gpt_c768 --no-peer --half-min-tiles 16
 step cpu_amp 30 bench key_bench env OMP_NUM_THREADS=16 "$B/bench/bench_amp" _step
 
 # ---- the summary -------------------------------------------------------------------------------------------------
