@@ -117,19 +117,15 @@ __device__ __forceinline__ void load_tile(uint16_t *s, const uint16_t *g, int64_
  * addresses of matrix i's rows (16-byte aligned), and register i of lane l receives matrix i's elements
  * (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1), the mma fragment layout; .trans gives (2 (l % 4), l / 4) and
  * (2 (l % 4) + 1, l / 4): a column pair of the transposed operand. */
+template <bool TRANS>
 __device__ __forceinline__ void ldsm4(uint32_t r[4], const uint16_t *p) {
   const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
-}
-__device__ __forceinline__ void ldsm4_t(uint32_t r[4], const uint16_t *p) {
-  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
+  if (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
 }
 
 /* The A fragment (16 x 16, rows row0.., columns col0..) of a row-major shared tile. With ldmatrix, lane l
@@ -139,7 +135,7 @@ template <int LDS, bool LDM>
 __device__ __forceinline__ void frag_a(uint32_t a[4], const uint16_t *s, int row0, int col0, int g, int tq) {
   if (LDM) {
     const int lane = g * 4 + tq;
-    ldsm4(a, s + (row0 + (lane & 15)) * LDS + col0 + (lane >> 4) * 8);
+    ldsm4<false>(a, s + (row0 + (lane & 15)) * LDS + col0 + (lane >> 4) * 8);
   } else {
     const uint16_t *p = s + (row0 + g) * LDS + col0 + 2 * tq;
     a[0] = ld32(p);
@@ -173,7 +169,7 @@ __device__ __forceinline__ void mma_abt(float acc[][4], const uint16_t *sa, int 
 #pragma unroll
       for (int n = 0; n < N / 8; n += 2) {
         uint32_t b[4];
-        ldsm4(b, sb + (n * 8 + (lane & 7) + (lane >> 4) * 8) * LDS + kc * 16 + ((lane >> 3) & 1) * 8);
+        ldsm4<false>(b, sb + (n * 8 + (lane & 7) + (lane >> 4) * 8) * LDS + kc * 16 + ((lane >> 3) & 1) * 8);
         mma16816<BF>(acc[n], a, b[0], b[1]);
         mma16816<BF>(acc[n + 1], a, b[2], b[3]);
       }
@@ -203,7 +199,7 @@ __device__ __forceinline__ void mma_pb(float acc[][4], float pc[][4], const uint
 #pragma unroll
       for (int n = 0; n < D / 8; n += 2) {
         uint32_t b[4];
-        ldsm4_t(b, sb + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n * 8 + (lane >> 4) * 8);
+        ldsm4<true>(b, sb + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n * 8 + (lane >> 4) * 8);
         mma16816<BF>(acc[n], a, b[0], b[1]);
         mma16816<BF>(acc[n + 1], a, b[2], b[3]);
       }
