@@ -22,8 +22,11 @@
  *     bench gpt2_small_bf16_graph_ms_per_step, bench gpt2_small_bf16_graph_host_waits_per_step
  *     bench gpt2_small_bf16_host_waits_per_step (the eager step's, for comparison)
  * with R the graph's tokens/s over the eager figure above; the host's waits are apex's count (stream
- * synchronisations, copies to the host, the graph's staging waits) over the timed steps. The loss must keep
- * falling over the graph steps.
+ * synchronisations, copies to the host, the graph's staging waits) over the timed steps. None is inside a
+ * step; the graph's staging ring makes the host wait at the start of a call once it is two steps ahead of the
+ * GPU (its pinned buffer is still being read), so a GPU-bound run shows close to one a step there, where the
+ * eager step's pageable copies are staged by the driver and not counted. The loss must keep falling over the
+ * graph steps.
  *
  * Then, unless --profile 0, N = 3 more steps with every model call timed on the GPU by CUDA events
  * (gpt2_cuda_profile_start): the breakdown by phase (`bench gpt2_small_bf16_phase_PHASE_ms`, per step, with
