@@ -1,5 +1,7 @@
 /* gpt2_cuda.c: GPT-2's forward, backward and training step on the GPU over apex's CUDA kernels (see
- * gpt2_cuda.h). Memory is planned once in gpt2_cuda_create; a step allocates nothing of its own.
+ * gpt2_cuda.h). Memory is planned once in gpt2_cuda_create; a step allocates nothing of its own. The captured
+ * step (gpt2_cuda_train_step_graph) records the same calls once into a CUDA graph (src/backend/cuda/graph.cu),
+ * with the batch's ids read from device buffers (embedding_dev.cu) instead of the host, and replays it.
  *
  * Shapes (BT = B * T rows; every matrix row-major; apex_kernel_matmul(a, ta, b, tb, c) is c = op(a) op(b),
  * and a linear y = x W^T + b with W [out, in] is matmul(x, 0, W, 1, y, bias)):
@@ -672,7 +674,6 @@ apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t
 static apex_status forward_queue(gpt2_cuda *m) {
   struct gpt2_acts *a = m->acts;
   const gpt2_params *p = &m->params;
-  const int64_t BT = (int64_t)m->B * m->T, V = m->cfg.vocab;
   CHECK(embed_forward(m, p->wte, 0, a->enc), "token embedding");
   CHECK(embed_forward(m, p->wpe, 1, a->tmp), "position embedding");
   /* each residual add goes with the layer norm after it: ln_1 of block l + 1 is made at the end of block l */
@@ -704,6 +705,7 @@ static apex_status forward_queue(gpt2_cuda *m) {
   }
   CHECK(apex_kernel_matmul(a->lnf, 0, p->wte, 1, a->logits, 1.0f, 0.0f, NULL, 0), "lm_head");
 #if APEX_GPT2_CUDA_INTERNAL
+  const int64_t BT = (int64_t)m->B * m->T, V = m->cfg.vocab;
   if (a->fused_classifier)
     CHECK(apex__cuda_classifier(apex_tensor_data(a->logits), m->dtype, dev_targets(m), BT, V, V,
                                 1.0f / (float)BT, apex_tensor_data(a->losses)),
