@@ -15,6 +15,19 @@
  * bf16 tensor-core peak: 989.5 TFLOP/s for an H100 SXM or H200 (756 for an H100 PCIe); other GPUs have
  * no table entry and their MFU is skipped.
  *
+ * Then, unless --graph 0, the same step captured in a CUDA graph and replayed (gpt2_cuda_train_step_graph), on
+ * the same model where the eager steps left it: two calls to warm up and capture, then the same number of
+ * timed launches between two synchronisations. Prints
+ *     bench gpt2_small_bf16_graph_tokens_per_s VALUE tokens/s ratio=R peer=the eager apex step of this run
+ *     bench gpt2_small_bf16_graph_ms_per_step, bench gpt2_small_bf16_graph_host_waits_per_step
+ *     bench gpt2_small_bf16_host_waits_per_step (the eager step's, for comparison)
+ * with R the graph's tokens/s over the eager figure above; the host's waits are apex's count (stream
+ * synchronisations, copies to the host, the graph's staging waits) over the timed steps. None is inside a
+ * step; the graph's staging ring makes the host wait at the start of a call once it is two steps ahead of the
+ * GPU (its pinned buffer is still being read), so a GPU-bound run shows close to one a step there, where the
+ * eager step's pageable copies are staged by the driver and not counted. The loss must keep falling over the
+ * graph steps.
+ *
  * Then, unless --profile 0, N = 3 more steps with every model call timed on the GPU by CUDA events
  * (gpt2_cuda_profile_start): the breakdown by phase (`bench gpt2_small_bf16_phase_PHASE_ms`, per step, with
  * its share of the profiled step) and by call (every layer's call together, largest first), so that one run
@@ -22,7 +35,7 @@
  *
  * Options: --batch B (8), --seq T (1024), --steps N (10), --warmup N (3), --f32 (f32 parameters and
  * activations instead of bf16, for comparison), --time (print apex's tokens/s alone, for peer_gpt2.py),
- * --profile N (3; 0: no breakdown). APEX_GPT2_ATTENTION=materialised in the environment runs the bf16 model
+ * --profile N (3; 0: no breakdown), --graph 0 (no captured-step figures; --time prints none either). APEX_GPT2_ATTENTION=materialised in the environment runs the bf16 model
  * with the materialised attention instead of the fused one (to compare).
  * Skipped, with the reason, without a GPU. A failure (or a loss that does not fall) is a `bench NAME
  * failed: ...` line and exit status 0, as the other benchmarks, so that bench/run goes on; with --time
@@ -33,6 +46,7 @@
 
 #include "apex/apex.h"
 #include "apex/cuda.h"
+#include "backend/backend.h" /* the CUDA memory's wait counter, as bench_gpt2_stack reads it */
 #include "bench_util.h"
 #include "gpt2_cuda.h"
 
@@ -47,6 +61,64 @@ static double bf16_peak(const char *dev) {
 
 static void fail(const char *name, const char *what) {
   printf("bench %s failed: %s: %s\n", name, what, apex_last_error());
+  fflush(stdout);
+}
+
+/* The host's waits for the GPU so far (apex_memory.waits). */
+static unsigned long long cuda_waits(void) { return apex__backend_for(APEX_DEVICE_CUDA)->mem->waits(); }
+
+/* The captured step's figures (see the top): `steps` graph launches after two calls that warm up and capture,
+ * on the model as the eager steps left it; eager_tps is the eager figure of this run. */
+static void graph_run(gpt2_cuda *m, apex_optimizer *opt, const int64_t *tokens, const int64_t *targets, int steps,
+                      size_t bt, double eager_tps, const char *name) {
+  char figure[96];
+  snprintf(figure, sizeof figure, "%s_graph_tokens_per_s", name);
+  float before = 0, after = 0;
+  if (gpt2_cuda_loss(m, &before) != APEX_OK) {
+    fail(figure, "reading the loss");
+    return;
+  }
+  for (int s = 0; s < 2; s++)
+    if (gpt2_cuda_train_step_graph(m, opt, tokens, targets) != APEX_OK) {
+      fail(figure, s ? "capturing the step" : "the uncaptured warm-up step");
+      return;
+    }
+  if (!gpt2_cuda_graph_captured(m)) {
+    printf("bench %s failed: no graph after the capture call\n", figure);
+    return;
+  }
+  if (apex_cuda_synchronize() != APEX_OK) {
+    fail(figure, "synchronising");
+    return;
+  }
+  unsigned long long waits = cuda_waits();
+  double seconds = bench_now();
+  for (int s = 0; s < steps; s++)
+    if (gpt2_cuda_train_step_graph(m, opt, tokens, targets) != APEX_OK) {
+      fail(figure, "replaying the step");
+      return;
+    }
+  waits = cuda_waits() - waits; /* before the synchronisation below, which is the timing's, not the steps' */
+  if (apex_cuda_synchronize() != APEX_OK) {
+    fail(figure, "synchronising");
+    return;
+  }
+  seconds = bench_now() - seconds;
+  if (gpt2_cuda_loss(m, &after) != APEX_OK) {
+    fail(figure, "reading the loss");
+    return;
+  }
+  const double tps = (double)bt * steps / seconds;
+  printf("# captured step (one CUDA graph launch a step): loss %.4f -> %.4f over %d replays\n", (double)before,
+         (double)after, steps);
+  bench_report(figure, tps, "tokens/s", tps / eager_tps, "the eager apex step of this run");
+  snprintf(figure, sizeof figure, "%s_graph_ms_per_step", name);
+  bench_report(figure, 1e3 * seconds / steps, "ms", 0, "the eager apex step of this run");
+  snprintf(figure, sizeof figure, "%s_graph_host_waits_per_step", name);
+  bench_report(figure, (double)waits / steps, "waits", 0, "none");
+  if (!(after < before))
+    printf("bench %s_graph failed: the loss did not decrease over the graph steps (%.4f -> %.4f)\n", name, (double)before,
+           (double)after);
   fflush(stdout);
 }
 
@@ -142,7 +214,7 @@ static void print_breakdown(gpt2_cuda *m, apex_optimizer *opt, const int64_t *to
 }
 
 int main(int argc, char **argv) {
-  int B = 8, T = 1024, steps = 10, warmup = 3, time_only = 0, profile = 3;
+  int B = 8, T = 1024, steps = 10, warmup = 3, time_only = 0, profile = 3, graph = 1;
   apex_dtype dt = APEX_BF16;
   char *names[16];
   int n_names = 0;
@@ -154,10 +226,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--f32")) dt = APEX_F32;
     else if (!strcmp(argv[i], "--time")) time_only = 1;
     else if (!strcmp(argv[i], "--profile") && i + 1 < argc) profile = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--graph") && i + 1 < argc) graph = atoi(argv[++i]);
     else if (argv[i][0] != '-' && n_names < 16) names[n_names++] = argv[i];
     else {
       fprintf(stderr, "usage: bench_gpt2_cuda [--batch B] [--seq T] [--steps N] [--warmup N] [--f32] [--time] [--profile N] "
-                      "[NAME...]\n");
+                      "[--graph 0|1] [NAME...]\n");
       return 2;
     }
   }
@@ -207,10 +280,12 @@ int main(int argc, char **argv) {
   apex_tensor *history = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &len);
   int rc = 0;
   double seconds = 0;
+  unsigned long long waits = 0;
   for (int s = 0; s < total && rc == 0; s++) {
     if (s == warmup) {
       if (apex_cuda_synchronize() != APEX_OK) rc = 1;
       seconds = bench_now();
+      waits = cuda_waits();
     }
     apex_tensor *slot = apex_tensor_slice_view(history, (size_t)s, 1, (int64_t[]){1});
     if (gpt2_cuda_train_step(m, opt, tokens, targets) != APEX_OK || !slot ||
@@ -220,6 +295,7 @@ int main(int argc, char **argv) {
     }
     apex_tensor_destroy(slot);
   }
+  waits = cuda_waits() - waits;
   if (rc == 0 && apex_cuda_synchronize() != APEX_OK) {
     fail(name, "synchronising");
     rc = 1;
@@ -259,6 +335,8 @@ int main(int argc, char **argv) {
       if (dt != APEX_BF16) bench_skip(figure, "MFU is against the bf16 peak; this run is f32");
       else if (peak > 0) bench_report(figure, 100.0 * flops / peak, "%", 0, "bench/peer_gpt2.py");
       else bench_skip(figure, "no dense bf16 peak known for this GPU (bench_gpt2_cuda.c knows H100 and H200)");
+      snprintf(figure, sizeof figure, "%s_host_waits_per_step", name);
+      bench_report(figure, (double)waits / steps, "waits", 0, "none");
     }
     if (!decreasing) {
       printf("bench %s failed: the loss did not decrease on the repeated batch (%.4f -> %.4f)\n", name, (double)loss[0],
@@ -266,6 +344,7 @@ int main(int argc, char **argv) {
       rc = 1;
     }
     apex_tensor_destroy(hh);
+    if (!time_only && graph) graph_run(m, opt, tokens, targets, steps, bt, tps, name);
     if (!time_only && profile > 0) print_breakdown(m, opt, tokens, targets, profile, name);
   }
   apex_tensor_destroy(history);

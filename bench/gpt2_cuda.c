@@ -1,5 +1,7 @@
 /* gpt2_cuda.c: GPT-2's forward, backward and training step on the GPU over apex's CUDA kernels (see
- * gpt2_cuda.h). Memory is planned once in gpt2_cuda_create; a step allocates nothing of its own.
+ * gpt2_cuda.h). Memory is planned once in gpt2_cuda_create; a step allocates nothing of its own. The captured
+ * step (gpt2_cuda_train_step_graph) records the same calls once into a CUDA graph (src/backend/cuda/graph.cu),
+ * with the batch's ids read from device buffers (embedding_dev.cu) instead of the host, and replays it.
  *
  * Shapes (BT = B * T rows; every matrix row-major; apex_kernel_matmul(a, ta, b, tb, c) is c = op(a) op(b),
  * and a linear y = x W^T + b with W [out, in] is matmul(x, 0, W, 1, y, bias)):
@@ -111,7 +113,27 @@ struct gpt2_acts {
   /* Every tensor made here (parameters, gradients, activations, views), for destroy. */
   apex_tensor **owned;
   int n_owned, cap_owned;
+  int dev_ids;                  /* the step reads its ids from device memory (the captured step's path) */
+  struct gpt2_graph *graph;     /* the captured step (gpt2_cuda_train_step_graph), NULL until its first call */
 };
+
+#if APEX_GPT2_CUDA_INTERNAL
+/* The captured step. Its graph replays fixed addresses, so the batch's ids live in device buffers that each
+ * call refills (through a pinned staging ring) before it launches the graph; the embedding kernels read them
+ * there (embedding_dev.cu). */
+struct gpt2_graph {
+  apex__cuda_staging *staging; /* tokens then targets, 2 BT int64, copied into d_io before each launch */
+  int64_t *d_io;               /* device [2 BT]: the tokens, then the targets */
+  int64_t *d_positions;        /* device [BT]: i % T, uploaded once */
+  void *scratch;               /* the device-id embedding backward's sort */
+  size_t scratch_bytes;
+  int warm;                    /* uncaptured steps run on this path so far */
+  apex__cuda_graph *exec;      /* NULL until captured */
+  const apex_optimizer *opt;   /* the optimizer of the warm-up and the capture */
+  int n_groups;
+  apex_optim_options opts[8];  /* each group's options at the capture: the step's kernels hold them */
+};
+#endif
 
 static const char *const LAYER_NAMES[GPT2_TENSORS_PER_LAYER] = {
     "ln1_w", "ln1_b", "qkv_w", "qkv_b", "proj_w", "proj_b", "ln2_w", "ln2_b", "fc_w", "fc_b", "fcproj_w", "fcproj_b"};
@@ -421,6 +443,7 @@ void gpt2_cuda_destroy(gpt2_cuda *m) {
   struct gpt2_acts *a = m->acts;
   if (a) {
     if (a->prof) gpt2_cuda_profile_read(m, NULL, NULL, 0, NULL); /* frees it */
+    gpt2_cuda_graph_reset(m);                                     /* before the tensors its graph writes */
     for (int i = a->n_owned - 1; i >= 0; i--) apex_tensor_destroy(a->owned[i]); /* views before their bases */
     free(a->owned);
     free(a->tokens);
@@ -588,10 +611,47 @@ static apex_status attention_backward(gpt2_cuda *m, gpt2_layer_acts *y) {
   return apex_kernel_attention_backward(a->datty3, y->qkv3, y->atty3, y->lse, m->cfg.n_head, a->dqkv3);
 }
 
+/* The device int64 targets [BT] the loss reads. */
+static const int64_t *dev_targets(const gpt2_cuda *m) {
+#if APEX_GPT2_CUDA_INTERNAL
+  if (m->acts->dev_ids) return m->acts->graph->d_io + (int64_t)m->B * m->T;
+#endif
+  return apex_tensor_data(m->acts->d_targets);
+}
+
+/* y = rows of table at the tokens (positions = 0) or at the positions (1): host ids through apex's kernel, or
+ * on the captured step's path the device ids through embedding_dev.cu (the same bits). */
+static apex_status embed_forward(gpt2_cuda *m, apex_tensor *table, int positions, apex_tensor *y) {
+  struct gpt2_acts *a = m->acts;
+  const int64_t BT = (int64_t)m->B * m->T;
+#if APEX_GPT2_CUDA_INTERNAL
+  if (a->dev_ids)
+    return apex__cuda_embedding_fwd_dev(apex_tensor_data(table), m->dtype, m->cfg.n_embd,
+                                        positions ? a->graph->d_positions : a->graph->d_io, BT, apex_tensor_data(y), m->dtype);
+#endif
+  return apex_kernel_embedding_forward(table, positions ? a->positions : a->tokens, BT, y);
+}
+
+/* dtable = the embedding backward of dres at the tokens (positions = 0) or the positions (1), overwritten. */
+static apex_status embed_backward(gpt2_cuda *m, apex_tensor *dtable, int positions) {
+  struct gpt2_acts *a = m->acts;
+  const int64_t BT = (int64_t)m->B * m->T;
+#if APEX_GPT2_CUDA_INTERNAL
+  if (a->dev_ids) {
+    struct gpt2_graph *g = a->graph;
+    return apex__cuda_embedding_bwd_dev(apex_tensor_data(a->dres), m->dtype, positions ? g->d_positions : g->d_io, BT,
+                                        apex_tensor_shape(dtable)[0], m->cfg.n_embd, apex_tensor_data(dtable), m->dtype,
+                                        g->scratch, g->scratch_bytes);
+  }
+#endif
+  return apex_kernel_embedding_backward(a->dres, positions ? a->positions : a->tokens, BT, dtable);
+}
+
+static apex_status forward_queue(gpt2_cuda *m);
+
 apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t *targets) {
   if (!m || !tokens || !targets) return apex__fail(APEX_ERR_INVALID_ARG, "gpt2_cuda_forward: NULL argument");
   struct gpt2_acts *a = m->acts;
-  const gpt2_params *p = &m->params;
   const int64_t BT = (int64_t)m->B * m->T, V = m->cfg.vocab;
   for (int64_t i = 0; i < BT; i++)
     if (targets[i] < 0 || targets[i] >= V) /* the kernel would give a NaN loss; say which one instead */
@@ -606,8 +666,16 @@ apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t
     prof_mark(m, NULL);
   }
   CHECK(apex_tensor_copy(a->d_targets, a->h_targets), "uploading the targets");
-  CHECK(apex_kernel_embedding_forward(p->wte, a->tokens, BT, a->enc), "token embedding");
-  CHECK(apex_kernel_embedding_forward(p->wpe, a->positions, BT, a->tmp), "position embedding");
+  return forward_queue(m);
+}
+
+/* The forward's GPU work, from the ids and targets already where its path reads them (a->tokens and
+ * d_targets, or the captured step's device buffers). */
+static apex_status forward_queue(gpt2_cuda *m) {
+  struct gpt2_acts *a = m->acts;
+  const gpt2_params *p = &m->params;
+  CHECK(embed_forward(m, p->wte, 0, a->enc), "token embedding");
+  CHECK(embed_forward(m, p->wpe, 1, a->tmp), "position embedding");
   /* each residual add goes with the layer norm after it: ln_1 of block l + 1 is made at the end of block l */
   CHECK(add_norm(m, a->enc, a->tmp, a->enc, p->layer[0].ln1_w, p->layer[0].ln1_b, a->layer[0].ln1, a->layer[0].ln1_mean,
                  a->layer[0].ln1_rstd),
@@ -637,13 +705,14 @@ apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t
   }
   CHECK(apex_kernel_matmul(a->lnf, 0, p->wte, 1, a->logits, 1.0f, 0.0f, NULL, 0), "lm_head");
 #if APEX_GPT2_CUDA_INTERNAL
+  const int64_t BT = (int64_t)m->B * m->T, V = m->cfg.vocab;
   if (a->fused_classifier)
-    CHECK(apex__cuda_classifier(apex_tensor_data(a->logits), m->dtype, apex_tensor_data(a->d_targets), BT, V, V,
+    CHECK(apex__cuda_classifier(apex_tensor_data(a->logits), m->dtype, dev_targets(m), BT, V, V,
                                 1.0f / (float)BT, apex_tensor_data(a->losses)),
           "cross-entropy and its gradient (fused classifier)");
   else
 #endif
-    CHECK(apex_kernel_cross_entropy_forward(a->logits, apex_tensor_data(a->d_targets), 0.0f, a->losses, a->lse),
+    CHECK(apex_kernel_cross_entropy_forward(a->logits, dev_targets(m), 0.0f, a->losses, a->lse),
           "cross-entropy");
   CHECK(apex_kernel_sum_all(a->losses, 1, a->loss), "mean loss");
   a->forward_done = 1;
@@ -669,9 +738,8 @@ apex_status gpt2_cuda_backward(gpt2_cuda *m) {
     return apex__fail(APEX_ERR_STATE, "gpt2_cuda_backward: no forward to go back through (each forward allows one backward)");
   a->forward_done = 0; /* the logits become their gradient below */
   const gpt2_params *p = &m->params, *g = &m->grads;
-  const int64_t BT = (int64_t)m->B * m->T;
   const int L = m->cfg.n_layer;
-  const int64_t *d_targets = apex_tensor_data(a->d_targets);
+  const int64_t *d_targets = dev_targets(m);
   if (!a->fused_classifier) /* else the forward left dlogits in the logits already */
     CHECK(apex_kernel_cross_entropy_backward(a->dloss, a->logits, d_targets, a->lse, 0.0f, a->logits),
           "cross-entropy backward"); /* in place: each element is read, then written, by one thread */
@@ -702,8 +770,8 @@ apex_status gpt2_cuda_backward(gpt2_cuda *m) {
     CHECK(apex_kernel_add(a->dres, a->dx, a->dres), "h.%d attention residual backward", l);
   }
   /* dres is the gradient of enc = wte[tokens] + wpe[positions] */
-  CHECK(apex_kernel_embedding_backward(a->dres, a->tokens, BT, g->wte), "token embedding backward");
-  CHECK(apex_kernel_embedding_backward(a->dres, a->positions, BT, g->wpe), "position embedding backward");
+  CHECK(embed_backward(m, g->wte, 0), "token embedding backward");
+  CHECK(embed_backward(m, g->wpe, 1), "position embedding backward");
   CHECK(apex_kernel_matmul(a->logits, 1, a->lnf, 0, g->wte, 1.0f, 1.0f, NULL, 0), "lm_head backward (tied weight)");
   return APEX_OK;
 }
@@ -748,11 +816,162 @@ apex_optimizer *gpt2_cuda_optimizer_create(gpt2_cuda *m, float lr, float weight_
   return opt;
 }
 
-apex_status gpt2_cuda_train_step(gpt2_cuda *m, apex_optimizer *opt, const int64_t *tokens, const int64_t *targets) {
-  apex_status st = gpt2_cuda_forward(m, tokens, targets);
-  if (st == APEX_OK) st = gpt2_cuda_backward(m);
+/* The backward and the optimizer's step after a forward. */
+static apex_status backward_and_step(gpt2_cuda *m, apex_optimizer *opt) {
+  apex_status st = gpt2_cuda_backward(m);
   /* bf16 gradients carry no loss scale (1) and cannot overflow to a skipped step for want of range. */
   if (st == APEX_OK && (st = apex_optimizer_step(opt, 1.0f, 0)) != APEX_OK) st = fail_at(st, "AdamW step");
   if (st == APEX_OK) prof_mark(m, "AdamW step");
   return st;
+}
+
+apex_status gpt2_cuda_train_step(gpt2_cuda *m, apex_optimizer *opt, const int64_t *tokens, const int64_t *targets) {
+  apex_status st = gpt2_cuda_forward(m, tokens, targets);
+  return st == APEX_OK ? backward_and_step(m, opt) : st;
+}
+
+/* ---- the captured step ---------------------------------------------------------------------------------------- */
+
+#if APEX_GPT2_CUDA_INTERNAL
+#define GRAPH_WARMUP 1 /* uncaptured steps on the device-id path before the capture */
+
+static void graph_free(struct gpt2_graph *g) {
+  if (!g) return;
+  apex__cuda_graph_destroy(g->exec); /* waits for a queued replay */
+  apex__cuda_staging_destroy(g->staging);
+  apex__cuda_free(g->d_io);
+  apex__cuda_free(g->d_positions);
+  apex__cuda_free(g->scratch);
+  free(g);
+}
+
+/* The device buffers of the captured step's path, made once, before any capture (none may be allocated in one). */
+static apex_status graph_create(gpt2_cuda *m, struct gpt2_graph **out) {
+  const int64_t BT = (int64_t)m->B * m->T;
+  const size_t ids = (size_t)BT * sizeof(int64_t);
+  struct gpt2_graph *g = calloc(1, sizeof *g);
+  if (!g) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "gpt2_cuda_train_step_graph: out of memory");
+  size_t s1 = apex__cuda_embedding_bwd_scratch(BT, m->cfg.vocab), s2 = apex__cuda_embedding_bwd_scratch(BT, m->cfg.max_t);
+  g->scratch_bytes = s1 > s2 ? s1 : s2;
+  apex_status st = apex__cuda_staging_create(2 * ids, &g->staging);
+  if (st == APEX_OK) st = apex__cuda_alloc(2 * ids, 0, (void **)&g->d_io);
+  if (st == APEX_OK) st = apex__cuda_alloc(ids, 0, (void **)&g->d_positions);
+  if (st == APEX_OK) st = apex__cuda_alloc(g->scratch_bytes, 0, &g->scratch);
+  /* from pageable memory: the copy has read it when it returns, and the positions never change */
+  if (st == APEX_OK) st = apex__cuda_memcpy(g->d_positions, m->acts->positions, ids, APEX__H2D, 0);
+  if (st != APEX_OK) {
+    graph_free(g);
+    return fail_at(st, "preparing the captured step's buffers");
+  }
+  *out = g;
+  return APEX_OK;
+}
+
+/* One whole step on the device-id path, queued (run now, or recorded by a capture). */
+static apex_status graph_step_queue(gpt2_cuda *m, apex_optimizer *opt) {
+  struct gpt2_acts *a = m->acts;
+  a->dev_ids = 1;
+  a->forward_done = 0;
+  apex_status st = forward_queue(m);
+  if (st == APEX_OK) st = backward_and_step(m, opt);
+  a->dev_ids = 0;
+  a->forward_done = 0; /* the backward consumed the forward */
+  return st;
+}
+
+/* APEX_OK when opt is the optimizer the step was captured with and its options are those it had then. */
+static apex_status graph_same_optimizer(const struct gpt2_graph *g, const apex_optimizer *opt, const char *fn) {
+  if (g->opt && g->opt != opt)
+    return apex__fail(APEX_ERR_STATE, "%s: the step was warmed up and captured with another optimizer; call "
+                      "gpt2_cuda_graph_reset to capture it with this one", fn);
+  if (!g->exec) return APEX_OK;
+  if (apex_optimizer_num_groups(opt) != g->n_groups)
+    return apex__fail(APEX_ERR_STATE, "%s: the optimizer has %d groups, %d when the step was captured; call "
+                      "gpt2_cuda_graph_reset to capture it again", fn, apex_optimizer_num_groups(opt), g->n_groups);
+  for (int k = 0; k < g->n_groups; k++) {
+    apex_optim_options o;
+    const apex_optim_options *c = &g->opts[k];
+    if (apex_optimizer_group_options(opt, k, &o) != APEX_OK) return apex_last_status();
+    if (o.lr != c->lr || o.weight_decay != c->weight_decay || o.beta1 != c->beta1 || o.beta2 != c->beta2 || o.eps != c->eps)
+      return apex__fail(APEX_ERR_STATE, "%s: group %d's options changed since the step was captured (lr %g -> %g, weight "
+                        "decay %g -> %g): the graph's kernels hold the old ones; call gpt2_cuda_graph_reset to capture the "
+                        "step again (or train this step with gpt2_cuda_train_step)", fn, k, (double)c->lr, (double)o.lr,
+                        (double)c->weight_decay, (double)o.weight_decay);
+  }
+  return APEX_OK;
+}
+#endif
+
+apex_status gpt2_cuda_train_step_graph(gpt2_cuda *m, apex_optimizer *opt, const int64_t *tokens, const int64_t *targets) {
+  const char *fn = "gpt2_cuda_train_step_graph";
+  if (!m || !opt || !tokens || !targets) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL argument", fn);
+#if !APEX_GPT2_CUDA_INTERNAL
+  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: built without the CUDA backend (CUDA graphs); use gpt2_cuda_train_step", fn);
+#else
+  struct gpt2_acts *a = m->acts;
+  if (a->prof)
+    return apex__fail(APEX_ERR_STATE, "%s: the per-call profile is on (gpt2_cuda_profile_start): its events would be read "
+                      "between the calls of a step that is one graph launch; end it with gpt2_cuda_profile_read, or profile "
+                      "gpt2_cuda_train_step", fn);
+  const int64_t BT = (int64_t)m->B * m->T, V = m->cfg.vocab;
+  /* The graph's kernels index the tables with these without a check: every id is checked here. */
+  for (int64_t i = 0; i < BT; i++) {
+    if (tokens[i] < 0 || tokens[i] >= V)
+      return apex__fail(APEX_ERR_INVALID_ARG, "%s: token %lld at %lld is outside [0, %lld)", fn, (long long)tokens[i],
+                        (long long)i, (long long)V);
+    if (targets[i] < 0 || targets[i] >= V)
+      return apex__fail(APEX_ERR_INVALID_ARG, "%s: target %lld at %lld is outside [0, %lld)", fn, (long long)targets[i],
+                        (long long)i, (long long)V);
+  }
+  apex_status st;
+  if (a->graph && (st = graph_same_optimizer(a->graph, opt, fn)) != APEX_OK) return st;
+  if (!a->graph && (st = graph_create(m, &a->graph)) != APEX_OK) return st;
+  struct gpt2_graph *g = a->graph;
+  /* This step's ids into the pinned buffer the GPU is done with, then queued for d_io ahead of the step. */
+  void *h = NULL;
+  const size_t ids = (size_t)BT * sizeof(int64_t);
+  if ((st = apex__cuda_staging_next(g->staging, &h)) != APEX_OK) return fail_at(st, "staging the ids");
+  memcpy(h, tokens, ids);
+  memcpy((char *)h + ids, targets, ids);
+  if ((st = apex__cuda_staging_upload(g->staging, g->d_io, 2 * ids)) != APEX_OK) return fail_at(st, "uploading the ids");
+  if (!g->exec && g->warm < GRAPH_WARMUP) { /* uncaptured: the pool grows its blocks, cuBLASLt makes its plans */
+    st = graph_step_queue(m, opt);
+    if (st == APEX_OK) {
+      g->warm++;
+      g->opt = opt;
+    }
+    return st;
+  }
+  if (!g->exec) {
+    const int n = apex_optimizer_num_groups(opt);
+    if (n < 1 || n > (int)(sizeof g->opts / sizeof g->opts[0]))
+      return apex__fail(APEX_ERR_UNSUPPORTED, "%s: an optimizer of %d groups (this model's has 2; at most %d)", fn, n,
+                        (int)(sizeof g->opts / sizeof g->opts[0]));
+    for (int k = 0; k < n; k++)
+      if ((st = apex_optimizer_group_options(opt, k, &g->opts[k])) != APEX_OK) return st;
+    if ((st = apex__cuda_capture_begin(fn)) == APEX_OK) st = apex__cuda_capture_end(fn, graph_step_queue(m, opt), &g->exec);
+    if (st != APEX_OK) return fail_at(st, "capturing the step into a CUDA graph (gpt2_cuda_train_step still trains the model)");
+    g->n_groups = n;
+    g->opt = opt;
+  }
+  st = apex__cuda_graph_launch(g->exec, fn);
+  return st == APEX_OK ? APEX_OK : fail_at(st, "replaying the captured step");
+#endif
+}
+
+void gpt2_cuda_graph_reset(gpt2_cuda *m) {
+  if (!m) return;
+#if APEX_GPT2_CUDA_INTERNAL
+  graph_free(m->acts->graph);
+#endif
+  m->acts->graph = NULL;
+}
+
+int gpt2_cuda_graph_captured(const gpt2_cuda *m) {
+#if APEX_GPT2_CUDA_INTERNAL
+  return m && m->acts->graph && m->acts->graph->exec;
+#else
+  (void)m;
+  return 0;
+#endif
 }

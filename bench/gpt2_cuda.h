@@ -19,6 +19,7 @@
  *     gpt2_cuda *m = gpt2_cuda_create(&cfg, APEX_BF16, B, T, seed);
  *     apex_optimizer *opt = gpt2_cuda_optimizer_create(m, 3e-4f, 0.1f);
  *     for (...) gpt2_cuda_train_step(m, opt, tokens, targets);       never waits for the GPU
+ *     (or gpt2_cuda_train_step_graph: the same step replayed as one CUDA graph launch)
  *     gpt2_cuda_loss(m, &loss);                                        waits: the last forward's mean loss
  *
  * Every call returns APEX_OK or the status of the first apex call that failed, with apex_last_error()
@@ -114,6 +115,37 @@ apex_status gpt2_cuda_zero_grad(gpt2_cuda *m);
 apex_optimizer *gpt2_cuda_optimizer_create(gpt2_cuda *m, float lr, float weight_decay);
 /* forward, backward and one optimizer step, without waiting for the GPU. */
 apex_status gpt2_cuda_train_step(gpt2_cuda *m, apex_optimizer *opt, const int64_t *tokens, const int64_t *targets);
+
+/* gpt2_cuda_train_step as one CUDA graph launch: the same kernels in the same order, so the same bits (losses
+ * and parameters) as gpt2_cuda_train_step from the same state, with no host work or wait inside the step.
+ * The first call runs the step uncaptured (so that apex's allocator holds every block it needs and cuBLASLt
+ * has its plans), the second captures the whole step (forward, backward, AdamW) on apex's stream into a
+ * graph and launches it, and every later call only copies this batch's ids to the device (through one of two
+ * pinned buffers, waiting only when the host is two steps ahead of the GPU) and launches the graph. The graph
+ * reads the ids from device buffers, so the caller's arrays may change once a call returns, as with
+ * gpt2_cuda_forward. gpt2_cuda_loss and gpt2_cuda_loss_tensor read the step's loss as after an eager step,
+ * and eager calls (gpt2_cuda_train_step, forward, backward) may be mixed with graph steps.
+ *
+ * What the graph holds fixed: the model's tensors and batch shape (fixed at creation), the optimizer `opt`
+ * and its groups' options (the learning rate is a kernel argument of the captured step, so a learning-rate
+ * schedule needs a new capture each time it changes: gpt2_cuda_graph_reset). The optimizer's step counts
+ * live on the GPU and advance with each replay, so its bias corrections follow. Gradient clipping
+ * (apex_optimizer_clip_grad_norm) is not part of the captured step, and loading the optimizer's state or
+ * changing its groups needs gpt2_cuda_graph_reset.
+ *
+ * Errors, each leaving the model and the optimizer as they were (gpt2_cuda_train_step still trains them):
+ * APEX_ERR_INVALID_ARG for a NULL argument or a token or target outside [0, V); APEX_ERR_STATE while the
+ * per-call profile is on (gpt2_cuda_profile_start: it reads events between the calls of a step), for another
+ * optimizer than the one the step was captured with, or for changed options (learning rate, weight decay,
+ * betas, eps) since the capture; APEX_ERR_UNSUPPORTED in a build without the CUDA backend; a failed capture
+ * (a call in the step that waits for the GPU or allocates more than the warm-up did) says what broke, and
+ * the next call tries to capture again. */
+apex_status gpt2_cuda_train_step_graph(gpt2_cuda *m, apex_optimizer *opt, const int64_t *tokens, const int64_t *targets);
+/* Drops the captured step (waiting for its last replay): the next gpt2_cuda_train_step_graph warms up and
+ * captures again, with the optimizer and options it is given then. NULL is fine. */
+void gpt2_cuda_graph_reset(gpt2_cuda *m);
+/* 1 when the step is captured (gpt2_cuda_train_step_graph launches a graph), else 0. */
+int gpt2_cuda_graph_captured(const gpt2_cuda *m);
 
 /* Which attention the model runs: "fused (flash_attention.cu)" or "materialised (attention.cu)". */
 const char *gpt2_cuda_attention_path(const gpt2_cuda *m);

@@ -43,6 +43,7 @@ key_bench() { # the ratios against the peer: NAME=RATIO, at most 4, then a count
 key_gpt2() {
   local f=$1
   awk '$1 == "bench" && $2 ~ /gpt2_small_bf16_(tokens_per_s|mfu)/ {printf "%s %s %s; ", $2, $3, $4}' "$f"
+  awk '$1 == "bench" && $2 ~ /gpt2_small_bf16_graph_(tokens_per_s|host_waits_per_step)/ {printf "%s %s %s %s; ", $2, $3, $4, $5}' "$f"
   grep -m1 'skipped' "$f" | cut -c1-100
 }
 key_memcheck() { grep -m1 'ERROR SUMMARY' "$1" | sed 's/^=* *//'; }
@@ -139,6 +140,8 @@ step test_backend_ops 60 test key_cmocka "$B/tests/test_backend_ops"
 step test_graph_cuda 40 test key_cmocka "$B/tests/test_graph_cuda"
 step test_flash_attention 30 test key_cmocka "$B/tests/test_flash_attention"
 step test_syncbn_cuda 20 test key_cmocka "$B/tests/test_syncbn_cuda"
+# the GPT-2's captured step (one CUDA graph launch) against its eager step: the same losses and parameters, bitwise
+step test_gpt2_cuda_graph 40 test key_cmocka "$B/tests/test_gpt2_cuda_graph"
 for t in test_cuda_classifier test_cuda_epilogues test_cuda_nn_contract test_amp_device test_graph_device test_gpt2_stack; do
   [ -x "$B/tests/$t" ] && step $t 30 test key_cmocka "$B/tests/$t"
 done

@@ -49,6 +49,16 @@ apex_status apex__cuda_memcpy(void *dst, const void *src, size_t bytes, int dire
 apex_status apex__cuda_sync(const char *what);
 /* How many times the host has waited for the GPU (apex_memory.waits). */
 unsigned long long apex__cuda_waits(void);
+/* Counts one wait of the host for the GPU made outside runtime.cu (an event synchronisation). */
+void apex__cuda_note_wait(void);
+/* The allocator's side of a CUDA graph capture (see runtime.cu): from begin to end, requests are served
+ * only from blocks the pool already holds (APEX_ERR_STATE, naming the size, when none fits), and every
+ * block handed out belongs to capture *id, which keeps it, freed or not, until apex__cuda_pool_release(id):
+ * the graph replays on those addresses. One capture at a time (APEX_ERR_STATE for a second). */
+apex_status apex__cuda_pool_capture_begin(int *id);
+void apex__cuda_pool_capture_end(void);
+/* Gives capture id's blocks back to the pool (0 is fine: nothing); its graph must never be launched again. */
+void apex__cuda_pool_release(int id);
 /* What apex/cuda.h publishes (backend/cuda_api.c; only called once apex__cuda_ready said yes). */
 apex_status apex__cuda_device_name(char *buf, size_t size);
 void apex__cuda_stats(apex_cuda_memory_stats *out, int reset_peak);
@@ -226,6 +236,48 @@ apex_status apex__cuda_embedding_fwd(const void *table, apex_dtype tt, int64_t v
 /* dtable [v, d] (gt) = per row the sum of dy [n, d] (dt) over the positions with that id, overwritten. */
 apex_status apex__cuda_embedding_bwd(const void *dy, apex_dtype dt, const int64_t *ids, int64_t n, int64_t v, int64_t d,
                                      void *dtable, apex_dtype gt);
+
+/* ---- embedding_dev.cu: the same lookup and gradient with the ids already on the device ------------------- */
+
+/* embedding.cu's results bit for bit, from device int64 ids (d_ids [n], each in [0, v): not checked, the
+ * caller checks them on the host before they go up) and without any host work, allocation or copy, so that
+ * a CUDA graph can capture them: the backward sorts the positions by id on the device (a stable radix sort)
+ * in d_scratch, of at least apex__cuda_embedding_bwd_scratch(n, v) bytes. */
+apex_status apex__cuda_embedding_fwd_dev(const void *table, apex_dtype tt, int64_t d, const int64_t *d_ids, int64_t n,
+                                         void *y, apex_dtype yt);
+size_t apex__cuda_embedding_bwd_scratch(int64_t n, int64_t v);
+apex_status apex__cuda_embedding_bwd_dev(const void *dy, apex_dtype dt, const int64_t *d_ids, int64_t n, int64_t v, int64_t d,
+                                         void *dtable, apex_dtype gt, void *d_scratch, size_t scratch_bytes);
+
+/* ---- graph.cu: capturing apex's stream into a CUDA graph, and the pinned staging of a graph's inputs ------ */
+
+typedef struct apex__cuda_graph apex__cuda_graph;
+/* Starts capturing apex's stream (thread-local mode: a call of this thread that would synchronise, such as a
+ * copy to or from pageable host memory, breaks the capture instead of running) and the allocator's capture
+ * (apex__cuda_pool_capture_begin). Nothing queued from here to apex__cuda_capture_end runs. */
+apex_status apex__cuda_capture_begin(const char *what);
+/* Ends the capture and instantiates it into *out. st is the status of the work queued since begin: when it
+ * is not APEX_OK, or the capture broke, or instantiation fails, the capture is thrown away (its blocks back
+ * in the pool, the stream capturing no more, *out NULL) and the first failure is returned, its message
+ * naming `what`. */
+apex_status apex__cuda_capture_end(const char *what, apex_status st, apex__cuda_graph **out);
+/* Queues one replay of g on apex's stream; returns at once. */
+apex_status apex__cuda_graph_launch(apex__cuda_graph *g, const char *what);
+/* Waits for the GPU (a replay may be queued), frees the graph and gives its blocks back. NULL is fine. */
+void apex__cuda_graph_destroy(apex__cuda_graph *g);
+
+/* Two pinned host buffers taken in turn, for inputs that a graph reads from device memory: the host fills
+ * one while the copy out of the other may still be queued. */
+typedef struct apex__cuda_staging apex__cuda_staging;
+apex_status apex__cuda_staging_create(size_t bytes, apex__cuda_staging **out);
+/* Waits for the queued copies out of its buffers, then frees them. NULL is fine. */
+void apex__cuda_staging_destroy(apex__cuda_staging *s);
+/* The next buffer (bytes long) for the host to fill. Waits, counted as a host wait, only when the copy out of
+ * it queued two uploads ago has not run yet (the host is two steps ahead of the GPU). */
+apex_status apex__cuda_staging_next(apex__cuda_staging *s, void **host);
+/* Queues the copy of the first `bytes` of the buffer apex__cuda_staging_next gave to d_dst on apex's stream,
+ * and marks the buffer busy until that copy has run. */
+apex_status apex__cuda_staging_upload(apex__cuda_staging *s, void *d_dst, size_t bytes);
 
 /* ---- attention.cu: GPT-2's causal self-attention on the packed qkv (see apex/cuda.h) ---------------------- */
 

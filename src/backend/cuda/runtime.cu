@@ -6,7 +6,14 @@
  * whose tensor sizes repeat makes none after its first step. Because every apex kernel runs on one
  * stream, a block freed by the host while a kernel still reads it can be handed out again at once:
  * the next user's work is queued behind that kernel. Sizes are rounded up to 512 bytes (small) or
- * 2 MiB (large) so that slightly different sizes share blocks. */
+ * 2 MiB (large) so that slightly different sizes share blocks.
+ *
+ * A CUDA graph captured on the stream bakes the addresses of the blocks its work used into the graph, and
+ * replays them long after the host freed them: while a capture is on (apex__cuda_pool_capture_begin), every
+ * block handed out is marked as the capture's, comes back to it (and only to it) when freed during the
+ * capture, and stays out of everyone else's reach until apex__cuda_pool_release, however often the graph
+ * is replayed. The capture's requests are served from blocks the pool already holds: cudaMalloc is not a
+ * call to make inside a capture, so the work is run once before it is captured. */
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -145,10 +152,12 @@ typedef struct block {
   void *ptr;
   size_t size;
   int in_use;
+  int owner; /* 0: the pool's; else the capture that took it, which keeps it until released */
 } block;
 
 static block *g_blocks;
 static size_t g_nblocks, g_cap;
+static int g_capture, g_captures; /* the capture on (0: none), and the last id given */
 
 static size_t round_size(size_t bytes) {
   const size_t small = 512, large = (size_t)2 << 20;
@@ -160,7 +169,7 @@ static size_t round_size(size_t bytes) {
 static void release_cached(void) {
   size_t k = 0;
   for (size_t i = 0; i < g_nblocks; i++) {
-    if (g_blocks[i].in_use) {
+    if (g_blocks[i].in_use || g_blocks[i].owner) { /* a graph's blocks stay: it replays on them */
       g_blocks[k++] = g_blocks[i];
     } else {
       cudaFree(g_blocks[i].ptr);
@@ -178,7 +187,16 @@ extern "C" apex_status apex__cuda_alloc(size_t bytes, int zero, void **out) {
   block *best = NULL;
   for (size_t i = 0; i < g_nblocks; i++) {
     block *b = &g_blocks[i];
-    if (!b->in_use && b->size >= size && b->size / 2 <= size && (!best || b->size < best->size)) best = b;
+    /* in a capture: its own blocks or the pool's, of any size that fits (it cannot ask the GPU for more) */
+    int mine = g_capture ? b->owner == 0 || b->owner == g_capture : b->owner == 0;
+    if (!b->in_use && mine && b->size >= size && (g_capture || b->size / 2 <= size) && (!best || b->size < best->size))
+      best = b;
+  }
+  if (!best && g_capture) {
+    pthread_mutex_unlock(&g_mu);
+    return apex__fail(APEX_ERR_STATE, "CUDA allocator: %zu bytes asked for during a CUDA graph capture, and no cached block "
+                      "fits (cudaMalloc cannot be captured); run the work once uncaptured first so the pool holds its blocks",
+                      size);
   }
   if (!best) {
     if (g_nblocks == g_cap) {
@@ -205,12 +223,13 @@ extern "C" apex_status apex__cuda_alloc(size_t bytes, int zero, void **out) {
       return apex__fail(APEX_ERR_OUT_OF_MEMORY, "CUDA allocator: cudaMalloc of %zu bytes failed (%s); %zu bytes in use, %zu reserved",
                         size, cudaGetErrorString(e), g_stats.allocated, g_stats.reserved);
     }
-    g_blocks[g_nblocks] = (block){p, size, 0};
+    g_blocks[g_nblocks] = (block){p, size, 0, 0};
     best = &g_blocks[g_nblocks++];
     g_stats.reserved += size;
     g_stats.device_allocs++;
   }
   best->in_use = 1;
+  if (g_capture) best->owner = g_capture;
   g_stats.allocated += best->size;
   if (g_stats.allocated > g_stats.peak_allocated) g_stats.peak_allocated = g_stats.allocated;
   void *p = best->ptr;
@@ -237,6 +256,31 @@ extern "C" void apex__cuda_free(void *d_ptr) {
     }
   pthread_mutex_unlock(&g_mu);
 }
+
+extern "C" apex_status apex__cuda_pool_capture_begin(int *id) {
+  pthread_mutex_lock(&g_mu);
+  apex_status st = APEX_OK;
+  if (g_capture) st = apex__fail(APEX_ERR_STATE, "CUDA allocator: a CUDA graph capture is already on (one at a time)");
+  else *id = g_capture = ++g_captures;
+  pthread_mutex_unlock(&g_mu);
+  return st;
+}
+
+extern "C" void apex__cuda_pool_capture_end(void) {
+  pthread_mutex_lock(&g_mu);
+  g_capture = 0;
+  pthread_mutex_unlock(&g_mu);
+}
+
+extern "C" void apex__cuda_pool_release(int id) {
+  if (!id) return;
+  pthread_mutex_lock(&g_mu);
+  for (size_t i = 0; i < g_nblocks; i++)
+    if (g_blocks[i].owner == id) g_blocks[i].owner = 0;
+  pthread_mutex_unlock(&g_mu);
+}
+
+extern "C" void apex__cuda_note_wait(void) { count_wait(); }
 
 extern "C" apex_status apex__cuda_memcpy(void *dst, const void *src, size_t bytes, int direction, int wait) {
   const char *why;
