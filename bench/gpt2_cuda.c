@@ -1,7 +1,7 @@
 /* gpt2_cuda.c: GPT-2's forward, backward and training step on the GPU over apex's CUDA kernels (see
  * gpt2_cuda.h). Memory is planned once in gpt2_cuda_create; a step allocates nothing of its own. The captured
  * step (gpt2_cuda_train_step_graph) records the same calls once into a CUDA graph (src/backend/cuda/graph.cu),
- * with the batch's ids read from device buffers (embedding_dev.cu) instead of the host, and replays it.
+ * with the batch's ids read from device buffers (embedding.cu's _dev entries) instead of the host, and replays it.
  *
  * Shapes (BT = B * T rows; every matrix row-major; apex_kernel_matmul(a, ta, b, tb, c) is c = op(a) op(b),
  * and a linear y = x W^T + b with W [out, in] is matmul(x, 0, W, 1, y, bias)):
@@ -120,7 +120,7 @@ struct gpt2_acts {
 #if APEX_GPT2_CUDA_INTERNAL
 /* The captured step. Its graph replays fixed addresses, so the batch's ids live in device buffers that each
  * call refills (through a pinned staging ring) before it launches the graph; the embedding kernels read them
- * there (embedding_dev.cu). */
+ * there (embedding.cu's _dev entries). */
 struct gpt2_graph {
   apex__cuda_staging *staging; /* tokens then targets, 2 BT int64, copied into d_io before each launch */
   int64_t *d_io;               /* device [2 BT]: the tokens, then the targets */
@@ -620,7 +620,7 @@ static const int64_t *dev_targets(const gpt2_cuda *m) {
 }
 
 /* y = rows of table at the tokens (positions = 0) or at the positions (1): host ids through apex's kernel, or
- * on the captured step's path the device ids through embedding_dev.cu (the same bits). */
+ * on the captured step's path the device ids through embedding.cu's _dev entries (the same bits). */
 static apex_status embed_forward(gpt2_cuda *m, apex_tensor *table, int positions, apex_tensor *y) {
   struct gpt2_acts *a = m->acts;
   const int64_t BT = (int64_t)m->B * m->T;

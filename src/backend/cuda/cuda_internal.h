@@ -237,7 +237,7 @@ apex_status apex__cuda_embedding_fwd(const void *table, apex_dtype tt, int64_t v
 apex_status apex__cuda_embedding_bwd(const void *dy, apex_dtype dt, const int64_t *ids, int64_t n, int64_t v, int64_t d,
                                      void *dtable, apex_dtype gt);
 
-/* ---- embedding_dev.cu: the same lookup and gradient with the ids already on the device ------------------- */
+/* ---- embedding.cu, the ids already on the device ------------------------------------------------------------ */
 
 /* embedding.cu's results bit for bit, from device int64 ids (d_ids [n], each in [0, v): not checked, the
  * caller checks them on the host before they go up) and without any host work, allocation or copy, so that

@@ -6,9 +6,19 @@
  * O(n + V)), and one thread per (id, channel) adds its positions' dy in position order: deterministic,
  * and the same order as the CPU op's loop over positions. The sorted lists are copied with the stream's
  * asynchronous copy from pageable memory, which stages the host bytes before it returns, so the host
- * buffers can go at once and nothing waits for the GPU. */
+ * buffers can go at once and nothing waits for the GPU.
+ *
+ * With the ids already in device memory (the _dev entries, for work that a CUDA graph captures: the host
+ * ids' upload and the host sort cannot be replayed), the results are the host-id entries' bit for bit. The
+ * positions are sorted by id on the device with CUB's radix sort, which is stable (equal ids keep their
+ * position order), and one thread per (row, channel) adds its positions' dy in that order from 0.0f. The
+ * sort's grid does not depend on the ids (the number of distinct ids would, so the summing kernel is
+ * launched over every sorted slot and the slots that do not start a run of equal ids return at once): one
+ * capture serves every batch. */
 #include <cuda_runtime.h>
 #include <stdlib.h>
+
+#include <cub/device/device_radix_sort.cuh>
 
 extern "C" {
 #include "core/internal.h"
@@ -61,7 +71,7 @@ extern "C" apex_status apex__cuda_embedding_fwd(const void *table, apex_dtype tt
     embed_fwd<<<grid_for(n * d, 256), 256, 0, (cudaStream_t)apex__cuda_stream()>>>(table, tt, d_ids, y, yt, n, d);
     st = launched(fn);
   }
-  apex__cuda_free(d_ids);
+  apex__cuda_free(d_ids); /* the stream orders its reuse after the lookup */
   return st;
 }
 
@@ -109,4 +119,82 @@ extern "C" apex_status apex__cuda_embedding_bwd(const void *dy, apex_dtype dt, c
   apex__cuda_free(d_tok);
   apex__cuda_free(d_start);
   return st;
+}
+
+/* ---- ids on the device ---------------------------------------------------------------------------------- */
+
+/* The sort's input: each id as an unsigned key (ids are in [0, v)), its position as the value. */
+__global__ void embed_keys(const int64_t *ids, unsigned *keys, int *pos, int64_t n) {
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < n; t += (int64_t)gridDim.x * blockDim.x) {
+    keys[t] = (unsigned)ids[t];
+    pos[t] = (int)t;
+  }
+}
+
+/* Sorted slot k (blockIdx.x) that starts a run of equal ids: dtable[id, c] = the sum of dy[p, c] over the
+ * run's positions p, in position order (the stable sort kept it); one thread a channel. */
+__global__ void embed_bwd_dev(const void *dy, apex_dtype dt, const unsigned *keys, const int *pos, int64_t n, void *dtable,
+                              apex_dtype gt, int64_t d) {
+  const int64_t k = blockIdx.x, c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+  const unsigned id = keys[k];
+  if (c >= d || (k > 0 && keys[k - 1] == id)) return;
+  float s = 0.0f;
+  for (int64_t j = k; j < n && keys[j] == id; j++) s += apex_ld(dy, dt, (int64_t)pos[j] * d + c);
+  apex_st(dtable, gt, (int64_t)id * d + c, s);
+}
+
+/* The scratch: keys and positions in and out of the sort, then CUB's own temporary storage. */
+static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+static int key_bits(int64_t v) {
+  int bits = 1;
+  while (bits < 32 && ((int64_t)1 << bits) < v) bits++;
+  return bits;
+}
+
+static size_t cub_bytes(int64_t n, int64_t v) {
+  size_t bytes = 0;
+  cub::DeviceRadixSort::SortPairs(NULL, bytes, (const unsigned *)NULL, (unsigned *)NULL, (const int *)NULL, (int *)NULL, (int)n,
+                                  0, key_bits(v));
+  return bytes;
+}
+
+extern "C" size_t apex__cuda_embedding_bwd_scratch(int64_t n, int64_t v) {
+  return 4 * align256((size_t)(n > 0 ? n : 1) * 4) + align256(cub_bytes(n, v));
+}
+
+extern "C" apex_status apex__cuda_embedding_fwd_dev(const void *table, apex_dtype tt, int64_t d, const int64_t *d_ids, int64_t n,
+                                                    void *y, apex_dtype yt) {
+  if (n * d <= 0) return APEX_OK;
+  embed_fwd<<<grid_for(n * d, 256), 256, 0, (cudaStream_t)apex__cuda_stream()>>>(table, tt, d_ids, y, yt, n, d);
+  return launched("embedding lookup (device ids)");
+}
+
+extern "C" apex_status apex__cuda_embedding_bwd_dev(const void *dy, apex_dtype dt, const int64_t *d_ids, int64_t n, int64_t v,
+                                                    int64_t d, void *dtable, apex_dtype gt, void *d_scratch,
+                                                    size_t scratch_bytes) {
+  const char *fn = "embedding backward (device ids)";
+  if (n > 0x7fffffff || v > 0xffffffffLL)
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: %lld positions over %lld rows: at most 2^31 - 1 positions and 2^32 rows", fn,
+                      (long long)n, (long long)v);
+  const size_t need = apex__cuda_embedding_bwd_scratch(n, v);
+  if (scratch_bytes < need)
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: %zu bytes of scratch, %zu needed", fn, scratch_bytes, need);
+  cudaStream_t stream = (cudaStream_t)apex__cuda_stream();
+  /* Rows of ids that never occur get zero; the others are written whole by the kernel. */
+  if (v * d > 0 && cudaMemsetAsync(dtable, 0, (size_t)(v * d) * apex_dtype_size(gt), stream) != cudaSuccess) return launched(fn);
+  if (n <= 0 || d <= 0) return APEX_OK;
+  const size_t part = align256((size_t)n * 4);
+  char *s = (char *)d_scratch;
+  unsigned *keys_in = (unsigned *)s, *keys = (unsigned *)(s + part);
+  int *pos_in = (int *)(s + 2 * part), *pos = (int *)(s + 3 * part);
+  size_t temp = scratch_bytes - 4 * part;
+  embed_keys<<<grid_for(n, 256), 256, 0, stream>>>(d_ids, keys_in, pos_in, n);
+  apex_status st = launched(fn);
+  if (st != APEX_OK) return st;
+  cudaError_t e = cub::DeviceRadixSort::SortPairs(s + 4 * part, temp, keys_in, keys, pos_in, pos, (int)n, 0, key_bits(v), stream);
+  if (e != cudaSuccess) return launched(fn);
+  dim3 grid((unsigned)n, (unsigned)((d + 127) / 128));
+  embed_bwd_dev<<<grid, 128, 0, stream>>>(dy, dt, keys, pos, n, dtable, gt, d);
+  return launched(fn);
 }
