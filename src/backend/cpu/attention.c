@@ -104,8 +104,9 @@ static const apex_nn_workspace no_more = {none_get, NULL};
 
 typedef apex_status (*head_fn)(const void *args, size_t h, reuse_ws *r, char *extra);
 
-/* What a head's scratch depends on: everything of the op but its pointers and its batch, and the thread
- * cap (oneDNN's products size their scratch by it; on a thread of run_heads a product sees one thread).
+/* What a head's scratch depends on: everything of the op but its pointers and its batch, the thread cap
+ * (oneDNN's products size their scratch by it; on a thread of run_heads a product sees one thread) and
+ * the products' settings (apex__gemm_settings: the grid and the widening).
  * Every field is an int64, so keys compare with memcmp. */
 enum { KEY_FIELDS = 20, SIZES_MAX = 64 };
 typedef struct heads_key {
@@ -150,7 +151,7 @@ static heads_key key_of(head_fn fn, int t, int d, apex_dtype q, apex_dtype k, ap
   memset(&key, 0, sizeof key);
   int64_t *f = key.f;
   f[0] = (int64_t)(intptr_t)fn, f[1] = t, f[2] = d, f[3] = q, f[4] = k, f[5] = v, f[6] = (int64_t)extra;
-  f[7] = (int64_t)apex__onednn_active(NULL) | (int64_t)apex_get_max_threads() << 1;
+  f[7] = (int64_t)apex__onednn_active(NULL) | (int64_t)apex_get_max_threads() << 1 | (int64_t)apex__gemm_settings() << 24;
   return key;
 }
 

@@ -237,6 +237,8 @@ void apex__gemm_grid(int m, int n, int k, int half_onednn, int *ti, int *tj) {
   *tj = n > 0 && gr.tn > 0 ? (n + gr.tn - 1) / gr.tn : 0;
 }
 
+long apex__gemm_settings(void) { return whole_widening | many_tiles << 1 | own_kernel << 2 | apex__onednn_settings() << 3; }
+
 static apex__gemm_observer observer;
 
 void apex__gemm_set_observer(apex__gemm_observer fn) { observer = fn; }

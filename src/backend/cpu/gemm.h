@@ -63,6 +63,10 @@ void apex__gemm_grid(int m, int n, int k, int half_onednn, int *ti, int *tj);
  * setting (1 by default). Bits follow the grid, so set it before a run, never within one. */
 int apex__gemm_set_many_tiles(int on);
 typedef void (*apex__gemm_observer)(int m, int n, int k, apex_dtype a, apex_dtype b);
+/* The test and benchmark settings above and gemm_onednn.h's, packed in one word: a product's grid and
+ * scratch are a function of its shape and these (cpu/attention.c keys the scratch it has measured by
+ * them). */
+long apex__gemm_settings(void);
 void apex__gemm_set_observer(apex__gemm_observer fn);
 
 #endif

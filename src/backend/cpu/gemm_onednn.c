@@ -68,6 +68,8 @@ int apex__onednn_set_half_min_tiles(int n) {
   return old;
 }
 
+long apex__onednn_settings(void) { return enabled | (long)f32_mode << 1 | (long)wide_min_tiles << 3; }
+
 void apex__onednn_half_grid(int m, int n, int *tm, int *tn) {
   if (*tm > m) *tm = m;
   if (*tn > n) *tn = n;

@@ -59,5 +59,7 @@ void apex__onednn_half_grid(int m, int n, int *tm, int *tn);
  * the default 2 (n < 1: the default). Still a function of the shape; returns the previous count. Not
  * thread-safe. */
 int apex__onednn_set_half_min_tiles(int n);
+/* The settings above in one word (for apex__gemm_settings). */
+long apex__onednn_settings(void);
 
 #endif
