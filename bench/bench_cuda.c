@@ -3,7 +3,7 @@
  *     tensors, effective GB/s at 28 bytes per parameter (f32: g, p, m, v read, p, m, v written; bf16 with
  *     f32 masters: bf16 g, master, m, v read, master, m, v and the bf16 model written), against a
  *     device-to-device copy of the same bytes (14 bytes read + 14 written per parameter);
- *   cuda_layer_norm_bf16_R: layer norm forward + backward over 16384 rows of R = 1024..8192 bf16 values,
+ *   cuda_layer_norm_bf16_R: layer norm forward + backward over 16384 rows of R = 768..8192 bf16 values,
  *     effective GB/s (x, y, dy, dx at 2 bytes each, plus the f32 weight) against the same copy peer.
  *   cuda_matmul_bf16_8192: an 8192^3 bf16 GEMM with f32 accumulation, TFLOP/s (peer: none here; PyTorch
  *     in bench/peer_cuda.py).
@@ -141,7 +141,9 @@ static double matmul_seconds(int64_t n) {
   return t;
 }
 
-static const int64_t LN_COLS[4] = {1024, 2048, 4096, 8192};
+/* 768: GPT-2 small's width, whose layer norms took 14% of bench_gpt2_cuda's step in the H200 run of 2026-11-26 */
+static const int64_t LN_COLS[] = {768, 1024, 2048, 4096, 8192};
+#define N_LN_COLS (int)(sizeof LN_COLS / sizeof LN_COLS[0])
 #define LN_ROWS 16384
 #define NPARAMS ((size_t)100000000)
 
@@ -157,7 +159,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[2], "cuda_adamw_f32_100M")) t = adamw_seconds(APEX_F32, NPARAMS, 20);
     else if (!strcmp(argv[2], "cuda_adamw_bf16_master_100M")) t = adamw_seconds(APEX_BF16, NPARAMS, 20);
     else if (!strcmp(argv[2], "cuda_matmul_bf16_8192")) t = matmul_seconds(8192);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < N_LN_COLS; i++) {
       char name[64];
       snprintf(name, sizeof name, "cuda_layer_norm_bf16_%lld", (long long)LN_COLS[i]);
       if (!strcmp(argv[2], name)) t = layer_norm_seconds(LN_ROWS, LN_COLS[i], &bytes);
@@ -175,7 +177,7 @@ int main(int argc, char **argv) {
   if (bench_wanted(argc, argv, "cuda_adamw_bf16_master_100M"))
     bench_report_gbs("cuda_adamw_bf16_master_100M", 28.0 * NPARAMS, adamw_seconds(APEX_BF16, NPARAMS, 20),
                      28.0 * NPARAMS, copy28, "device-to-device copy");
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < N_LN_COLS; i++) {
     char name[64];
     snprintf(name, sizeof name, "cuda_layer_norm_bf16_%lld", (long long)LN_COLS[i]);
     if (!bench_wanted(argc, argv, name)) continue;

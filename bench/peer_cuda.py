@@ -84,7 +84,7 @@ def main():
                "cuda_adamw_bf16_master_100M": (lambda t: adamw(t, True), 28.0 * NP, "GB/s",
                                                "torch AdamW(fused=True) on f32 masters + bf16 copies"),
                "cuda_matmul_bf16_8192": (matmul, 2.0 * 8192 ** 3 / 1e3, "TFLOP/s", "torch.matmul")}
-    for cols in (1024, 2048, 4096, 8192):
+    for cols in (768, 1024, 2048, 4096, 8192):
         figures["cuda_layer_norm_bf16_%d" % cols] = (lambda t, c=cols: layer_norm(t, c), LN_ROWS * cols * 12.0,
                                                      "GB/s", "torch layer_norm fwd+bwd")
     try:
