@@ -84,6 +84,7 @@ typedef struct gpt2_layer_acts {
 } gpt2_layer_acts;
 
 struct gpt2_acts {
+  apex_device device;                    /* where every tensor below lives (gpt2_cuda_create_on) */
   int64_t *tokens, *targets, *positions; /* host [BT]: the embedding kernels take host ids, backward too */
   apex_tensor *h_targets, *d_targets;    /* the int64 targets as raw bytes: f32 [2 BT], host and device */
   apex_tensor *enc;                      /* [BT, C]: the residual into block 0 */
@@ -205,6 +206,8 @@ static apex_status prof_fold(struct gpt2_prof *p) {
 
 apex_status gpt2_cuda_profile_start(gpt2_cuda *m) {
   if (!m) return apex__fail(APEX_ERR_INVALID_ARG, "gpt2_cuda_profile_start: NULL model");
+  if (m->device != APEX_DEVICE_CUDA)
+    return apex__fail(APEX_ERR_UNSUPPORTED, "gpt2_cuda_profile_start: the profile times CUDA events; this model is on the CPU");
 #if APEX_GPT2_CUDA_INTERNAL
   struct gpt2_prof *p = m->acts->prof;
   if (!p && !(p = calloc(1, sizeof *p))) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "gpt2_cuda_profile_start: out of memory");
@@ -262,7 +265,7 @@ static apex_tensor *own(struct gpt2_acts *a, apex_tensor *t) {
 /* A device tensor [d0] (d1 == 0), [d0, d1] or [d0, d1, d2] (d2 != 0), owned by the model. */
 static apex_tensor *dev(struct gpt2_acts *a, apex_dtype dt, int64_t d0, int64_t d1, int64_t d2) {
   int64_t s[3] = {d0, d1, d2};
-  return own(a, apex_tensor_create_on(APEX_DEVICE_CUDA, dt, d2 ? 3 : d1 ? 2 : 1, s));
+  return own(a, apex_tensor_create_on(a->device, dt, d2 ? 3 : d1 ? 2 : 1, s));
 }
 
 /* t seen as [d0, d1, d2] (the attention kernels take [B, T, ...] operands). */
@@ -301,30 +304,34 @@ static int make_params(struct gpt2_acts *a, gpt2_params *p, const gpt2_config *c
   return ok && (p->lnf_w = dev(a, dt, C, 0, 0)) && (p->lnf_b = dev(a, dt, C, 0, 0));
 }
 
-/* Whether the fused attention takes this model: a CUDA build, bf16, head dim 64 or 128 (the packed qkv's
- * rows of 3C elements are then 16-byte multiples, as its loads want), not turned off by the environment. */
-static int flash_applies(const gpt2_config *c, apex_dtype dt) {
+/* Whether the fused attention takes this model: a CUDA build and a model on the GPU, bf16, head dim 64 or 128
+ * (the packed qkv's rows of 3C elements are then 16-byte multiples, as its loads want), not turned off by the
+ * environment. */
+static int flash_applies(const gpt2_config *c, apex_dtype dt, apex_device device) {
 #if APEX_GPT2_CUDA_INTERNAL
   const char *env = getenv("APEX_GPT2_ATTENTION");
   const int d = c->n_embd / c->n_head;
-  return dt == APEX_BF16 && (d == 64 || d == 128) && !(env && !strcmp(env, "materialised"));
+  return device == APEX_DEVICE_CUDA && dt == APEX_BF16 && (d == 64 || d == 128) && !(env && !strcmp(env, "materialised"));
 #else
   (void)c;
   (void)dt;
+  (void)device;
   return 0;
 #endif
 }
 
 static int make_acts(struct gpt2_acts *a, const gpt2_config *c, apex_dtype dt, int B, int T) {
   int64_t C = c->n_embd, BT = (int64_t)B * T, H = c->n_head, two = 2 * BT;
-  a->flash = flash_applies(c, dt);
+  a->flash = flash_applies(c, dt, a->device);
 #if APEX_GPT2_CUDA_INTERNAL
+  /* the fused paths call CUDA kernels by name on the tensors' pointers: on the GPU only */
+  const int fuse = dt == APEX_BF16 && a->device == APEX_DEVICE_CUDA;
   const char *cls = getenv("APEX_GPT2_CLASSIFIER");
-  a->fused_classifier = dt == APEX_BF16 && !(cls && !strcmp(cls, "separate"));
+  a->fused_classifier = fuse && !(cls && !strcmp(cls, "separate"));
   const char *nrm = getenv("APEX_GPT2_NORMS");
-  a->fused_norms = dt == APEX_BF16 && !(nrm && !strcmp(nrm, "separate"));
+  a->fused_norms = fuse && !(nrm && !strcmp(nrm, "separate"));
   const char *epi = getenv("APEX_GPT2_EPILOGUES");
-  a->epilogues = dt == APEX_BF16 && !(epi && !strcmp(epi, "off"));
+  a->epilogues = fuse && !(epi && !strcmp(epi, "off"));
 #endif
   a->tokens = malloc((size_t)BT * sizeof(int64_t));
   a->targets = malloc((size_t)BT * sizeof(int64_t));
@@ -385,7 +392,13 @@ static apex_status init_tensor(gpt2_cuda *m, int i, apex_rng *rng, float *host) 
 }
 
 gpt2_cuda *gpt2_cuda_create(const gpt2_config *cfg, apex_dtype dtype, int B, int T, uint64_t seed) {
+  return gpt2_cuda_create_on(APEX_DEVICE_CUDA, cfg, dtype, B, T, seed);
+}
+
+gpt2_cuda *gpt2_cuda_create_on(apex_device device, const gpt2_config *cfg, apex_dtype dtype, int B, int T, uint64_t seed) {
   if (!cfg) return apex__fail_null(APEX_ERR_INVALID_ARG, "gpt2_cuda_create: NULL config");
+  if (device != APEX_DEVICE_CPU && device != APEX_DEVICE_CUDA)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "gpt2_cuda_create: device %d: APEX_DEVICE_CPU or APEX_DEVICE_CUDA", (int)device);
   const gpt2_config *c = cfg;
   if (c->vocab < 1 || c->max_t < 1 || c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->n_embd % c->n_head)
     return apex__fail_null(APEX_ERR_INVALID_ARG, "gpt2_cuda_create: bad config (vocab %d, max_t %d, n_layer %d, n_embd %d, "
@@ -408,6 +421,7 @@ gpt2_cuda *gpt2_cuda_create(const gpt2_config *cfg, apex_dtype dtype, int B, int
   m->B = B;
   m->T = T;
   m->acts = a;
+  m->device = a->device = device;
   m->n_tensors = 2 + GPT2_TENSORS_PER_LAYER * c->n_layer + 2;
   m->param_list = calloc((size_t)m->n_tensors, sizeof *m->param_list);
   m->grad_list = calloc((size_t)m->n_tensors, sizeof *m->grad_list);
@@ -428,7 +442,7 @@ gpt2_cuda *gpt2_cuda_create(const gpt2_config *cfg, apex_dtype dtype, int B, int
     apex_rng rng = apex_rng_init(seed);
     for (int i = 0; st == APEX_OK && i < m->n_tensors; i++)
       if ((st = init_tensor(m, i, &rng, host)) != APEX_OK) st = fail_at(st, "initialising tensor %d", i);
-    if (st == APEX_OK && (st = gpt2_cuda_zero_grad(m)) == APEX_OK) st = apex_cuda_synchronize();
+    if (st == APEX_OK && (st = gpt2_cuda_zero_grad(m)) == APEX_OK && device == APEX_DEVICE_CUDA) st = apex_cuda_synchronize();
   }
   free(host);
   if (st != APEX_OK) {
@@ -905,6 +919,8 @@ static apex_status graph_same_optimizer(const struct gpt2_graph *g, const apex_o
 apex_status gpt2_cuda_train_step_graph(gpt2_cuda *m, apex_optimizer *opt, const int64_t *tokens, const int64_t *targets) {
   const char *fn = "gpt2_cuda_train_step_graph";
   if (!m || !opt || !tokens || !targets) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL argument", fn);
+  if (m->device != APEX_DEVICE_CUDA)
+    return apex__fail(APEX_ERR_UNSUPPORTED, "%s: a CUDA graph needs the model on the GPU; use gpt2_cuda_train_step", fn);
 #if !APEX_GPT2_CUDA_INTERNAL
   return apex__fail(APEX_ERR_UNSUPPORTED, "%s: built without the CUDA backend (CUDA graphs); use gpt2_cuda_train_step", fn);
 #else

@@ -66,6 +66,7 @@ typedef struct gpt2_params {
 typedef struct gpt2_cuda {
   gpt2_config cfg;
   apex_dtype dtype; /* APEX_F32 or APEX_BF16 */
+  apex_device device; /* APEX_DEVICE_CUDA, or APEX_DEVICE_CPU (gpt2_cuda_create_on) */
   int B, T;         /* the batch the activations were planned for */
   gpt2_params params, grads; /* device tensors */
   /* Every parameter (and its gradient at the same index) in one list: wte, wpe, then per layer the
@@ -80,6 +81,13 @@ typedef struct gpt2_cuda {
  * sqrt(2 L)), biases 0, layer-norm weights 1; and every activation buffer for batches of B sequences of
  * T tokens (T <= max_t). NULL with a message on a bad configuration or dtype, or when the GPU fails. */
 gpt2_cuda *gpt2_cuda_create(const gpt2_config *cfg, apex_dtype dtype, int B, int T, uint64_t seed);
+/* gpt2_cuda_create on a given device. APEX_DEVICE_CPU runs the same calls on apex's CPU kernels (the raw
+ * kernels of apex/kernels.h take tensors of either device), without the GPU's fused paths (flash attention,
+ * fused classifier, fused norms, cuBLASLt epilogues), the captured step or the profile (both
+ * APEX_ERR_UNSUPPORTED there): the same model and the same initial values, slowly, so that the host-side
+ * logic around the model (bench/gpt2_loss_dump.c's files, the PyTorch comparison) can be checked where there
+ * is no GPU. */
+gpt2_cuda *gpt2_cuda_create_on(apex_device device, const gpt2_config *cfg, apex_dtype dtype, int B, int T, uint64_t seed);
 void gpt2_cuda_destroy(gpt2_cuda *m);
 
 /* The name of tensor i of param_list ("h.3.fc_w"), into buf. */

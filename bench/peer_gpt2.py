@@ -110,11 +110,12 @@ def build_model(torch, cfg):
     return GPT()
 
 
-def make_optimizer(torch, model, device):
+def make_optimizer(torch, model, device, lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8):
+    """nanoGPT's AdamW (bench_gpt2_cuda's defaults); gpt2_loss_parity.py passes the values apex trained with."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    kw = dict(lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
+    kw = dict(lr=lr, betas=betas, eps=eps)
     if device == "cuda":
         try:
             return torch.optim.AdamW(groups, fused=True, **kw), "AdamW(fused=True)"

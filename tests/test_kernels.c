@@ -569,6 +569,11 @@ static void run_elementwise(apex_device dev, apex_dtype dt, outs *o) {
   TU_OK(apex_kernel_sum_rows(b, accr, 1));
   TU_OK(apex_kernel_add(acc, a, acc));
   keep(o, "sum_rows accumulate", accr), keep(o, "add in place", acc);
+  /* dx = dy in place (gpt2_cuda.c's MLP backward without cuBLASLt's epilogue): the CPU slot clears dx before it
+   * adds into it, so it must not read dy from there */
+  apex_tensor *gin = on(dev, hdy);
+  TU_OK(apex_kernel_gelu_backward(gin, a, gin));
+  keep(o, "gelu backward in place", gin);
   apex_tensor *all[] = {ha, hb, hdy, a, b, dy};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
 }
@@ -608,6 +613,7 @@ static void test_elementwise_and_sums(void **state) {
     close_to(c.t[4], apex_var_grad(va), 0.0, "relu backward");
     TU_OK(apex_backward(gelu, &(apex_backward_options){.grad_output = hdy, .retain_graph = 1}));
     close_to(c.t[6], apex_var_grad(va2), tol_ag(dt), "gelu backward");
+    close_to(c.t[11], c.t[6], 0.0, "gelu backward in place (dx = dy), against out of place");
     cuda_vs_cpu("elementwise", dt, run_elementwise, &c);
     outs_free(&c);
     apex_graph_destroy(g);

@@ -10,7 +10,7 @@
 #     hwloc, ...; not glibc, the C++ runtime, CUDA's own libraries or NCCL, which the GPU machine has);
 #   - Open MPI's mpirun with its plugins and help files (ompi/, relocated with OPAL_PREFIX), so that
 #     run.sh can start test_nccl and apex-train as MPI jobs;
-#   - the PyTorch peers (bench/peer_*.py), tests/data, and Fashion-MNIST (the four .gz files of
+#   - the PyTorch peers (bench/peer_*.py) and the GPT-2 loss-parity script (bench/gpt2_loss_parity.py), tests/data, and Fashion-MNIST (the four .gz files of
 #     $APEX_FASHION_MNIST, default /usr/share/datasets/fashion-mnist) for apex-train.
 # run.sh beside this file unpacks it on the GPU machine and runs everything (README.md).
 set -euo pipefail
@@ -30,7 +30,7 @@ WANT="tests/test_cuda tests/test_backend_ops tests/test_graph_cuda tests/test_mu
       tools/apex-train bench/bench_cuda bench/bench_gpt2_cuda bench/bench_amp bench/bench_nn bench/bench_scaling
       bench/bench_attention tests/test_cuda_classifier tests/test_cuda_epilogues tests/test_cuda_nn_contract
       tests/test_amp_device tests/test_graph_device tests/test_gpt2_stack bench/bench_gpt2_stack
-      tests/test_gpt2_cuda_graph"
+      tests/test_gpt2_cuda_graph bench/gpt2_loss_dump"
 have=$(cmake --build "$B" --target help 2> /dev/null | sed -n 's/^\.\.\. \([A-Za-z0-9_-]*\).*/\1/p')
 targets=() skipped=""
 for b in $WANT; do
@@ -75,7 +75,7 @@ fi
   grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|/libcu|/libnccl|/libcudnn|/libnv' |
   while read -r l; do cp -L "$l" "$P/lib/"; done
 rm -f "$P/real/orterun"
-cp bench/peer_*.py "$P/src/bench/"
+cp bench/peer_*.py bench/gpt2_loss_parity.py "$P/src/bench/"
 cp -a tests/data "$P/src/tests/"
 cp tools/apex_train/test_device.sh tools/apex_train/test_lib.sh "$P/src/tools/apex_train/"
 if ls "$FM"/*.gz > /dev/null 2>&1; then

@@ -46,6 +46,11 @@ key_gpt2() {
   awk '$1 == "bench" && $2 ~ /gpt2_small_bf16_graph_(tokens_per_s|host_waits_per_step)/ {printf "%s %s %s %s; ", $2, $3, $4, $5}' "$f"
   grep -m1 'skipped' "$f" | cut -c1-100
 }
+key_parity() { # the largest relative loss difference over the steps, apex / torch at the last, the verdict
+  local f=$1
+  awk '$1 == "bench" && $2 ~ /loss_parity$/ {printf "max rel %s %s; ", $3, $5}' "$f"
+  grep -m1 -E '^(PASS|FAIL) |skipped' "$f" | cut -c1-90
+}
 key_memcheck() { grep -m1 'ERROR SUMMARY' "$1" | sed 's/^=* *//'; }
 key_nccl() {
   local f=$1
@@ -171,6 +176,9 @@ tps=$(awk '$1 == "bench" && $2 == "gpt2_small_bf16_tokens_per_s" {print $3}' "$L
 # GPT2_COMPILE_TIMEOUT room for it)
 step gpt2_torch ${GPT2_TORCH_CAP:-60} bench key_bench python3 "$G/src/bench/peer_gpt2.py" "$B" ${tps:+--apex-tokens-per-s $tps} \
   --modes "${GPT2_MODES:-eager}" --compile-timeout ${GPT2_COMPILE_TIMEOUT:-40}
+# apex's GPT-2 and PyTorch's from the same initial weights on the same batch: 13 bf16 steps, every loss within 1%
+# (gpt2_loss_dump writes GPT-2 small's weights, 500 MB, to a temporary directory that the script removes)
+step gpt2_loss_parity 60 test key_parity python3 "$G/src/bench/gpt2_loss_parity.py" --apex "$B/bench/gpt2_loss_dump"
 ttps=$(sed -n 's/^# torch eager: \([0-9]*\) tokens.*/\1/p' "$L/gpt2_torch.log" 2> /dev/null | head -1)
 step gpt2_apex_b16 40 bench key_gpt2 "$B/bench/bench_gpt2_cuda" --batch 16
 [ -x "$B/bench/bench_gpt2_stack" ] && step gpt2_stack 60 bench key_bench "$B/bench/bench_gpt2_stack" ${ttps:+--peer-tokens-per-s $ttps}
