@@ -91,11 +91,11 @@ static apex_status prod(reuse_ws *r, int m, int n, int k, float alpha, apex__mat
  * its softmax ran on the caller's thread while the others waited (the O0 GPTs' serial fraction at one
  * thread, bench_scaling). Each head runs on one thread start to end, its products in the same tile grid
  * as on the caller's thread (fixed by the shape), so the bits are those of running the heads one after
- * another, for any thread count (test_threads). */
+ * another, for any thread count (test_nn_ops' test_attention_threads_bitwise). */
 static int heads_on_threads(size_t heads) { return heads > 1; }
 
-/* A workspace that never grows: a thread's region, sized by head 0's run on the caller's thread
- * (every head asks for the same scratch). */
+/* A workspace that never grows: a thread's region, sized by head 0's run on one thread in the first call
+ * of the op's key (every head asks for the same scratch). */
 static void *none_get(void *ctx, size_t bytes) {
   (void)ctx, (void)bytes;
   return NULL;
@@ -164,7 +164,11 @@ static apex_status run_heads(const apex_nn_workspace *ws, const heads_key *key, 
     char *x0 = extra ? ws->get(ws->ctx, extra) : NULL;
     if (extra && !x0) return APEX_ERR_OUT_OF_MEMORY;
     reuse_ws r0 = {ws, NULL, 0, 0};
+    /* on one thread, as the heads below run: a product sizes its widening scratch by the threads it sees */
+    int old = omp_get_max_threads();
+    omp_set_num_threads(1);
     apex_status st = fn(args, 0, &r0, x0);
+    omp_set_num_threads(old);
     if (st != APEX_OK) return st;
     cap = r0.cap, first = 1;
     size_learnt(key, cap);
