@@ -676,8 +676,10 @@ static apex_status unary_bwd(kcall *k, apex_nn_unary_kind kind, const apex_tenso
                                                    .out_dtype = apex_tensor_dtype(x), .ws = ks_ws(k)})
            : apex_last_status();
   }
-  /* an f32 dx that is dy itself is written element by element after its read */
-  float *gx = grad_out(k, dx, &st);
+  /* An f32 dx that is dy itself takes f32 scratch that land() copies into it, as cross entropy's dlogits does:
+   * the slot may clear gx before it reads gout (the CPU's does). */
+  float *gx = st == APEX_OK && (const void *)go == apex_tensor_data(dx) ? ks_f32(k, n) : grad_out(k, dx, &st);
+  if (st == APEX_OK && !gx) st = apex_last_status();
   if (st == APEX_OK)
     st = k->be->nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = kind, .n = n, .x = buf_of(x), .y = y, .y_dtype = apex_tensor_dtype(x),
                                                        .gout = go, .gx = gx, .ws = ks_ws(k)});

@@ -408,23 +408,15 @@ apex_status apex__cpu_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
     relu_bwd(a->gx, !a->accumulate_x, a->y, a->y_dtype, a->gout, a->n);
     return APEX_OK;
   }
-  const float *go = a->gout;
-  if (go == a->gx && !a->accumulate_x && a->n) {
-    /* dx = dy in place (apex_kernel_gelu_backward(d, x, d) on f32, which kernels.h allows): gx is cleared below
-     * before it is added into, so the gradient coming in is read from a copy */
-    float *copy = a->ws.get(a->ws.ctx, a->n * sizeof *copy);
-    if (!copy) return APEX_ERR_OUT_OF_MEMORY;
-    memcpy(copy, go, a->n * sizeof *copy);
-    go = copy;
-  }
   apex__cpu_grad_begin(a->gx, a->n, a->accumulate_x);
   const float *tab = act_table(a->kind, a->x.dtype, ACT_SLOPE);
   if (!tab) {
-    ew_map(unary_bwd_f32, a, a->x, go, a->gx, APEX_F32, a->n);
+    ew_map(unary_bwd_f32, a, a->x, a->gout, a->gx, APEX_F32, a->n);
     return APEX_OK;
   }
   size_t n = a->n;
   const uint16_t *xh = a->x.data;
+  const float *go = a->gout;
   float *gx = a->gx;
   APEX__CPU_PFOR
   for (size_t i = 0; i < n; i++) gx[i] += go[i] * tab[xh[i]];
