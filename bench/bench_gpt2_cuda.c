@@ -46,11 +46,8 @@
 
 #include "apex/apex.h"
 #include "apex/cuda.h"
-#include "backend/backend.h" /* the CUDA memory's wait counter, as bench_gpt2_stack reads it */
 #include "bench_util.h"
 #include "gpt2_cuda.h"
-
-#define REAL_VOCAB 50257 /* GPT-2's tokens; the padded rows up to 50304 are never targets */
 
 /* The dense bf16 tensor-core peak of the GPU in FLOP/s, 0 when this table does not know it. */
 static double bf16_peak(const char *dev) {
@@ -63,9 +60,6 @@ static void fail(const char *name, const char *what) {
   printf("bench %s failed: %s: %s\n", name, what, apex_last_error());
   fflush(stdout);
 }
-
-/* The host's waits for the GPU so far (apex_memory.waits). */
-static unsigned long long cuda_waits(void) { return apex__backend_for(APEX_DEVICE_CUDA)->mem->waits(); }
 
 /* The captured step's figures (see the top): `steps` graph launches after two calls that warm up and capture,
  * on the model as the eager steps left it; eager_tps is the eager figure of this run. */
@@ -91,14 +85,14 @@ static void graph_run(gpt2_cuda *m, apex_optimizer *opt, const int64_t *tokens, 
     fail(figure, "synchronising");
     return;
   }
-  unsigned long long waits = cuda_waits();
+  unsigned long long waits = bench_cuda_waits();
   double seconds = bench_now();
   for (int s = 0; s < steps; s++)
     if (gpt2_cuda_train_step_graph(m, opt, tokens, targets) != APEX_OK) {
       fail(figure, "replaying the step");
       return;
     }
-  waits = cuda_waits() - waits; /* before the synchronisation below, which is the timing's, not the steps' */
+  waits = bench_cuda_waits() - waits; /* before the synchronisation below, which is the timing's, not the steps' */
   if (apex_cuda_synchronize() != APEX_OK) {
     fail(figure, "synchronising");
     return;
@@ -263,29 +257,25 @@ int main(int argc, char **argv) {
     gpt2_cuda_destroy(m);
     return time_only;
   }
-  /* The fixed batch: a random token stream, each position's target the token after it. */
+  /* The fixed batch: a random token stream, each position's target the token after it (bench_util.h). */
   size_t bt = (size_t)B * (size_t)T;
   int64_t *tokens = malloc(bt * sizeof *tokens), *targets = malloc(bt * sizeof *targets);
-  float *u = malloc((bt + 1) * sizeof *u);
-  apex_rng rng = apex_rng_init(42);
-  apex_rng_uniform(&rng, u, bt + 1);
-  for (size_t i = 0; i < bt; i++) {
-    tokens[i] = (int64_t)(u[i] * REAL_VOCAB) % REAL_VOCAB;
-    targets[i] = (int64_t)(u[i + 1] * REAL_VOCAB) % REAL_VOCAB;
+  int rc = 0;
+  if (!tokens || !targets || bench_gpt2_batch(tokens, targets, bt, cfg.vocab)) {
+    fail(name, "out of memory");
+    rc = 1;
   }
-  free(u);
   /* Every step's loss goes into a device history by a device-to-device copy, read once at the end. */
   int total = warmup + steps;
   int64_t len = total;
   apex_tensor *history = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 1, &len);
-  int rc = 0;
   double seconds = 0;
   unsigned long long waits = 0;
   for (int s = 0; s < total && rc == 0; s++) {
     if (s == warmup) {
       if (apex_cuda_synchronize() != APEX_OK) rc = 1;
       seconds = bench_now();
-      waits = cuda_waits();
+      waits = bench_cuda_waits();
     }
     apex_tensor *slot = apex_tensor_slice_view(history, (size_t)s, 1, (int64_t[]){1});
     if (gpt2_cuda_train_step(m, opt, tokens, targets) != APEX_OK || !slot ||
@@ -295,7 +285,7 @@ int main(int argc, char **argv) {
     }
     apex_tensor_destroy(slot);
   }
-  waits = cuda_waits() - waits;
+  waits = bench_cuda_waits() - waits;
   if (rc == 0 && apex_cuda_synchronize() != APEX_OK) {
     fail(name, "synchronising");
     rc = 1;

@@ -27,14 +27,9 @@
 #include "apex/apex.h"
 #include "apex/cuda.h"
 #include "apex/models.h"
-#include "backend/backend.h" /* the CUDA memory's wait counter, as test_amp_device reads it */
 #include "bench_util.h"
 
-#define REAL_VOCAB 50257 /* GPT-2's tokens; the padded rows up to 50304 are never targets */
 #define NAME "gpt2_stack_bf16"
-
-/* The host's waits for the GPU so far (apex_memory.waits). */
-static unsigned long long cuda_waits(void) { return apex__backend_for(APEX_DEVICE_CUDA)->mem->waits(); }
 
 static void fail(const char *what) {
   printf("bench %s failed: %s: %s\n", NAME, what, apex_last_error());
@@ -139,18 +134,12 @@ int main(int argc, char **argv) {
   apex_graph *g = NULL;
   size_t bt = (size_t)B * (size_t)T;
   int64_t *tokens = malloc(bt * sizeof *tokens), *targets = malloc(bt * sizeof *targets);
-  float *u = malloc((bt + 1) * sizeof *u);
   int64_t total = warmup + steps;
   apex_tensor *history = NULL;
-  int rc = tokens && targets && u ? build(&m, &gpt, &opt, &amp, T, dev_kind) : (fail("out of memory"), -1);
+  /* the fixed batch, bench_gpt2_cuda's (bench_util.h) */
+  int rc = tokens && targets && !bench_gpt2_batch(tokens, targets, bt, 50304) ? build(&m, &gpt, &opt, &amp, T, dev_kind)
+                                                                              : (fail("out of memory"), -1);
   if (rc == 0) {
-    /* The fixed batch, drawn as bench_gpt2_cuda draws it. */
-    apex_rng rng = apex_rng_init(42);
-    apex_rng_uniform(&rng, u, bt + 1);
-    for (size_t i = 0; i < bt; i++) {
-      tokens[i] = (int64_t)(u[i] * REAL_VOCAB) % REAL_VOCAB;
-      targets[i] = (int64_t)(u[i + 1] * REAL_VOCAB) % REAL_VOCAB;
-    }
     g = apex_graph_create_on(dev_kind);
     history = apex_tensor_create_on(dev_kind, APEX_F32, 1, &total);
     if (!g || !history || apex_amp_prepare_graph(amp, g) != APEX_OK) rc = (fail("the graph"), -1);
@@ -161,13 +150,13 @@ int main(int argc, char **argv) {
     if (s == warmup) {
       if (!cpu && apex_cuda_synchronize() != APEX_OK) rc = (fail("synchronising"), -1);
       seconds = bench_now();
-      waits0 = cpu ? 0 : cuda_waits();
+      waits0 = cpu ? 0 : bench_cuda_waits();
     }
     apex_tensor *slot = apex_tensor_slice_view(history, (size_t)s, 1, (int64_t[]){1});
     if (!slot || step(gpt, amp, opt, g, tokens, targets, B, T, slot, NULL) != APEX_OK) rc = (fail("training step"), -1);
     apex_tensor_destroy(slot);
   }
-  unsigned long long waits = rc == 0 && !cpu ? cuda_waits() - waits0 : 0;
+  unsigned long long waits = rc == 0 && !cpu ? bench_cuda_waits() - waits0 : 0;
   if (rc == 0 && !cpu && apex_cuda_synchronize() != APEX_OK) rc = (fail("synchronising"), -1);
   seconds = bench_now() - seconds;
   apex_tensor *hh = rc == 0 ? apex_tensor_create(APEX_F32, 1, &total) : NULL;
@@ -213,6 +202,5 @@ int main(int argc, char **argv) {
   apex_model_destroy(m);
   free(tokens);
   free(targets);
-  free(u);
   return 0;
 }

@@ -9,8 +9,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "apex/apex.h"
 #include "apex/cpu.h"
 #include "apex/threads.h"
+#include "backend/backend.h"
 
 double bench_now(void) {
   struct timespec ts;
@@ -135,3 +137,19 @@ void bench_relaunch_mpi(const char *name, int np, int argc, char **argv) {
   bench_skip(name, why);
   free(args);
 }
+
+int bench_gpt2_batch(int64_t *tokens, int64_t *targets, size_t bt, int vocab) {
+  const int64_t v = vocab < 50257 ? vocab : 50257;
+  float *u = malloc((bt + 1) * sizeof *u);
+  if (!u) return 1;
+  apex_rng rng = apex_rng_init(42);
+  apex_rng_uniform(&rng, u, bt + 1);
+  for (size_t i = 0; i < bt; i++) {
+    tokens[i] = (int64_t)(u[i] * (float)v) % v;
+    targets[i] = (int64_t)(u[i + 1] * (float)v) % v;
+  }
+  free(u);
+  return 0;
+}
+
+unsigned long long bench_cuda_waits(void) { return apex__backend_for(APEX_DEVICE_CUDA)->mem->waits(); }

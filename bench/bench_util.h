@@ -9,6 +9,7 @@
 #define APEX_BENCH_UTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Monotonic wall time in seconds. */
 double bench_now(void);
@@ -50,5 +51,15 @@ void bench_relaunch_mpi(const char *name, int np, int argc, char **argv);
 
 /* 1 if NAME was asked for on the command line (or nothing was asked for). */
 int bench_wanted(int argc, char **argv, const char *name);
+
+/* The GPT-2 benchmarks' fixed batch (bench_gpt2_cuda, bench_gpt2_stack, gpt2_loss_dump): bt tokens of a
+ * uniform random stream from apex's RNG seeded 42, over GPT-2's 50,257 real tokens (or the vocabulary, when
+ * smaller: the padded rows up to 50,304 are never drawn), each position's target the token after it. 1 when
+ * out of memory, else 0. */
+int bench_gpt2_batch(int64_t *tokens, int64_t *targets, size_t bt, int vocab);
+
+/* The times the host has waited for the GPU so far (apex_memory.waits of the CUDA backend); only where a
+ * GPU is in use. */
+unsigned long long bench_cuda_waits(void);
 
 #endif

@@ -29,28 +29,12 @@
 #include "apex/apex.h"
 #include "apex/cuda.h"
 #include "apex/safetensors.h"
+#include "bench_util.h"
 #include "gpt2_cuda.h"
-
-#define REAL_VOCAB 50257 /* GPT-2's tokens; the padded rows up to 50304 are never drawn */
 
 static int fail(const char *what) {
   fprintf(stderr, "gpt2_loss_dump: %s: %s\n", what, apex_last_error());
   return 1;
-}
-
-/* bench_gpt2_cuda's batch: a random token stream, each position's target the token after it. 1 when out of memory. */
-static int make_batch(int64_t *tokens, int64_t *targets, size_t bt, int vocab) {
-  const int64_t v = vocab < REAL_VOCAB ? vocab : REAL_VOCAB;
-  float *u = malloc((bt + 1) * sizeof *u);
-  if (!u) return 1;
-  apex_rng rng = apex_rng_init(42);
-  apex_rng_uniform(&rng, u, bt + 1);
-  for (size_t i = 0; i < bt; i++) {
-    tokens[i] = (int64_t)(u[i] * (float)v) % v;
-    targets[i] = (int64_t)(u[i + 1] * (float)v) % v;
-  }
-  free(u);
-  return 0;
 }
 
 /* Every parameter as f32 on the host, with the run in the metadata, into DIR/init.safetensors. */
@@ -153,7 +137,7 @@ int main(int argc, char **argv) {
   int64_t *tokens = calloc(bt, sizeof *tokens), *targets = calloc(bt, sizeof *targets);
   float *loss = calloc((size_t)steps, sizeof *loss);
   int rc = !opt ? fail("creating AdamW") : 0;
-  if (!rc && (!tokens || !targets || !loss || make_batch(tokens, targets, bt, cfg.vocab))) {
+  if (!rc && (!tokens || !targets || !loss || bench_gpt2_batch(tokens, targets, bt, cfg.vocab))) {
     fprintf(stderr, "gpt2_loss_dump: out of memory\n");
     rc = 1;
   }
