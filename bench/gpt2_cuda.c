@@ -663,14 +663,23 @@ static apex_status embed_backward(gpt2_cuda *m, apex_tensor *dtable, int positio
 
 static apex_status forward_queue(gpt2_cuda *m);
 
+/* APEX_OK when every id of ids [BT] (what: "token" or "target") is in [0, V), else which one is not. */
+static apex_status check_ids(const gpt2_cuda *m, const int64_t *ids, const char *what, const char *fn) {
+  const int64_t BT = (int64_t)m->B * m->T, V = m->cfg.vocab;
+  for (int64_t i = 0; i < BT; i++)
+    if (ids[i] < 0 || ids[i] >= V)
+      return apex__fail(APEX_ERR_INVALID_ARG, "%s: %s %lld at %lld is outside [0, %lld)", fn, what, (long long)ids[i], (long long)i,
+                        (long long)V);
+  return APEX_OK;
+}
+
 apex_status gpt2_cuda_forward(gpt2_cuda *m, const int64_t *tokens, const int64_t *targets) {
   if (!m || !tokens || !targets) return apex__fail(APEX_ERR_INVALID_ARG, "gpt2_cuda_forward: NULL argument");
   struct gpt2_acts *a = m->acts;
-  const int64_t BT = (int64_t)m->B * m->T, V = m->cfg.vocab;
-  for (int64_t i = 0; i < BT; i++)
-    if (targets[i] < 0 || targets[i] >= V) /* the kernel would give a NaN loss; say which one instead */
-      return apex__fail(APEX_ERR_INVALID_ARG, "gpt2_cuda_forward: target %lld at %lld is outside [0, %lld)",
-                        (long long)targets[i], (long long)i, (long long)V);
+  const int64_t BT = (int64_t)m->B * m->T;
+  /* the loss kernel would give a NaN for a bad target; say which one instead (the tokens' kernel checks them) */
+  apex_status st = check_ids(m, targets, "target", "gpt2_cuda_forward");
+  if (st != APEX_OK) return st;
   memcpy(a->tokens, tokens, (size_t)BT * sizeof *tokens);
   memcpy(a->targets, targets, (size_t)BT * sizeof *targets);
   a->forward_done = 0;
@@ -929,17 +938,11 @@ apex_status gpt2_cuda_train_step_graph(gpt2_cuda *m, apex_optimizer *opt, const 
     return apex__fail(APEX_ERR_STATE, "%s: the per-call profile is on (gpt2_cuda_profile_start): its events would be read "
                       "between the calls of a step that is one graph launch; end it with gpt2_cuda_profile_read, or profile "
                       "gpt2_cuda_train_step", fn);
-  const int64_t BT = (int64_t)m->B * m->T, V = m->cfg.vocab;
+  const int64_t BT = (int64_t)m->B * m->T;
   /* The graph's kernels index the tables with these without a check: every id is checked here. */
-  for (int64_t i = 0; i < BT; i++) {
-    if (tokens[i] < 0 || tokens[i] >= V)
-      return apex__fail(APEX_ERR_INVALID_ARG, "%s: token %lld at %lld is outside [0, %lld)", fn, (long long)tokens[i],
-                        (long long)i, (long long)V);
-    if (targets[i] < 0 || targets[i] >= V)
-      return apex__fail(APEX_ERR_INVALID_ARG, "%s: target %lld at %lld is outside [0, %lld)", fn, (long long)targets[i],
-                        (long long)i, (long long)V);
-  }
-  apex_status st;
+  apex_status st = check_ids(m, tokens, "token", fn);
+  if (st == APEX_OK) st = check_ids(m, targets, "target", fn);
+  if (st != APEX_OK) return st;
   if (a->graph && (st = graph_same_optimizer(a->graph, opt, fn)) != APEX_OK) return st;
   if (!a->graph && (st = graph_create(m, &a->graph)) != APEX_OK) return st;
   struct gpt2_graph *g = a->graph;

@@ -54,6 +54,14 @@ __global__ void embed_bwd(const void *dy, apex_dtype dt, const int64_t *tok, con
   apex_st(dtable, gt, tok[b] * d + c, s);
 }
 
+/* y = the rows of table at the device ids d_ids [n]: the lookup of both entries. */
+static apex_status lookup(const void *table, apex_dtype tt, int64_t d, const int64_t *d_ids, int64_t n, void *y, apex_dtype yt,
+                          const char *fn) {
+  if (n * d <= 0) return APEX_OK;
+  embed_fwd<<<grid_for(n * d, 256), 256, 0, (cudaStream_t)apex__cuda_stream()>>>(table, tt, d_ids, y, yt, n, d);
+  return launched(fn);
+}
+
 /* n int64 values from the host into a new device buffer (freed by the caller). */
 static apex_status upload(const int64_t *h, size_t n, int64_t **d) {
   apex_status st = apex__cuda_alloc((n ? n : 1) * sizeof(int64_t), 0, (void **)d);
@@ -67,10 +75,7 @@ extern "C" apex_status apex__cuda_embedding_fwd(const void *table, apex_dtype tt
   const char *fn = "apex_kernel_embedding_forward";
   int64_t *d_ids = NULL;
   apex_status st = upload(ids, (size_t)n, &d_ids);
-  if (st == APEX_OK && n * d > 0) {
-    embed_fwd<<<grid_for(n * d, 256), 256, 0, (cudaStream_t)apex__cuda_stream()>>>(table, tt, d_ids, y, yt, n, d);
-    st = launched(fn);
-  }
+  if (st == APEX_OK) st = lookup(table, tt, d, d_ids, n, y, yt, fn);
   apex__cuda_free(d_ids); /* the stream orders its reuse after the lookup */
   return st;
 }
@@ -165,9 +170,7 @@ extern "C" size_t apex__cuda_embedding_bwd_scratch(int64_t n, int64_t v) {
 
 extern "C" apex_status apex__cuda_embedding_fwd_dev(const void *table, apex_dtype tt, int64_t d, const int64_t *d_ids, int64_t n,
                                                     void *y, apex_dtype yt) {
-  if (n * d <= 0) return APEX_OK;
-  embed_fwd<<<grid_for(n * d, 256), 256, 0, (cudaStream_t)apex__cuda_stream()>>>(table, tt, d_ids, y, yt, n, d);
-  return launched("embedding lookup (device ids)");
+  return lookup(table, tt, d, d_ids, n, y, yt, "embedding lookup (device ids)");
 }
 
 extern "C" apex_status apex__cuda_embedding_bwd_dev(const void *dy, apex_dtype dt, const int64_t *d_ids, int64_t n, int64_t v,
