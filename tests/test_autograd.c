@@ -344,6 +344,74 @@ static void bn_relu_run(apex_dtype dt, int training, int fused, uint32_t *bits, 
   apex_var_destroy(b);
 }
 
+/* gelu_tanh(linear) as one op (apex_linear_gelu, what the transformer block runs) gives the bits of the
+ * two ops on the CPU, forward and backward, when the next op reads its result in the product's dtype:
+ * here a second linear, under autocast too (where the unfused GELU runs in f32 and the next linear casts
+ * its result back, the one rounding the fused op does). Compared: the final output and the gradients of
+ * x, both weights and both biases; dt is the leaves' dtype, autocast 0 or the autocast dtype. The bias
+ * is an op's result released at once: the backward never reads it (op_table.c). In evaluation (no
+ * gradient) the fused op keeps no pre-activation and gives the same output. */
+static void linear_gelu_run(apex_dtype dt, apex_dtype autocast, int fused, int grad, uint32_t *bits, size_t *n) {
+  enum { M = 7, K = 24, H = 40, O = 9 };
+  apex_graph *g = apex_graph_create();
+  if (autocast) TU_OK(apex_graph_set_autocast(g, 1, autocast));
+  if (!grad) apex_graph_set_grad_enabled(g, 0);
+  apex_var *x = tu_random_leaf(dt, 2, (int64_t[]){M, K}, 31, grad), *w1 = tu_random_leaf(dt, 2, (int64_t[]){H, K}, 32, grad);
+  apex_var *b1 = tu_random_leaf(dt, 1, (int64_t[]){H}, 33, grad), *w2 = tu_random_leaf(dt, 2, (int64_t[]){O, H}, 34, grad);
+  apex_var *b2 = tu_random_leaf(dt, 1, (int64_t[]){O}, 35, grad);
+  apex_tensor *go = tu_random_tensor(APEX_F32, M * O, 36, 1.0f);
+  apex_var *bias = apex_scale(g, b1, 1.0f);
+  apex_var *h = fused ? apex_linear_gelu(g, x, w1, bias) : apex_gelu_tanh(g, apex_linear(g, x, w1, bias));
+  assert_non_null(h);
+  assert_int_equal(apex_var_op(h), fused ? APEX_OP_LINEAR_GELU : APEX_OP_GELU_TANH);
+  apex_var_release(bias);
+  apex_var *y = apex_linear(g, h, w2, b2);
+  assert_non_null(y);
+  size_t k = 0;
+  const apex_tensor *out = apex_var_value(y);
+  for (size_t i = 0; i < apex_tensor_numel(out); i++) bits[k++] = tu_bits(apex_tensor_get(out, i));
+  if (grad) {
+    TU_OK(apex_backward(y, &(apex_backward_options){.grad_output = go}));
+    apex_var *leaves[5] = {x, w1, b1, w2, b2};
+    for (int t = 0; t < 5; t++)
+      for (size_t i = 0; i < apex_tensor_numel(apex_var_grad(leaves[t])); i++) bits[k++] = tu_bits(apex_tensor_get(apex_var_grad(leaves[t]), i));
+  }
+  *n = k;
+  apex_tensor_destroy(go);
+  apex_graph_destroy(g);
+  apex_var *leaves[5] = {x, w1, b1, w2, b2};
+  for (int t = 0; t < 5; t++) apex_var_destroy(leaves[t]);
+}
+
+static void test_linear_gelu_fused(void **state) {
+  (void)state;
+  enum { CAP = 8192 };
+  static uint32_t a[CAP], f[CAP];
+  const struct { apex_dtype dt, autocast; } runs[] = {{APEX_F32, 0}, {APEX_BF16, 0}, {APEX_F16, 0}, {APEX_F32, APEX_BF16}, {APEX_F32, APEX_F16}};
+  for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++)
+    for (int grad = 0; grad < 2; grad++) {
+      size_t na, nf;
+      linear_gelu_run(runs[r].dt, runs[r].autocast, 0, grad, a, &na);
+      linear_gelu_run(runs[r].dt, runs[r].autocast, 1, grad, f, &nf);
+      assert_int_equal(na, nf);
+      assert_true(na > 0);
+      for (size_t i = 0; i < na; i++)
+        if (a[i] != f[i]) fail_msg("%s autocast %s grad %d: value %zu is 0x%08x fused, 0x%08x unfused", apex_dtype_name(runs[r].dt),
+                                   runs[r].autocast ? apex_dtype_name(runs[r].autocast) : "off", grad, i, f[i], a[i]);
+    }
+  assert_string_equal(apex_op_name(APEX_OP_LINEAR_GELU), "linear_gelu");
+  assert_int_equal(apex_op_cast_category(APEX_OP_LINEAR_GELU), APEX_CAST_HALF);
+  /* shapes are checked as apex_linear's, naming the op */
+  apex_graph *g = apex_graph_create();
+  apex_var *x = tu_random_leaf(APEX_F32, 2, (int64_t[]){3, 4}, 37, 0), *w = tu_random_leaf(APEX_F32, 2, (int64_t[]){5, 6}, 38, 0);
+  assert_null(apex_linear_gelu(g, x, w, NULL));
+  assert_int_equal(apex_last_status(), APEX_ERR_SHAPE);
+  assert_non_null(strstr(apex_last_error(), "linear_gelu"));
+  apex_graph_destroy(g);
+  apex_var_destroy(x);
+  apex_var_destroy(w);
+}
+
 static void test_batch_norm_relu_fused(void **state) {
   (void)state;
   enum { CAP = 4096 };
@@ -381,7 +449,7 @@ int main(void) {
       cmocka_unit_test(test_accumulate_and_zero),       cmocka_unit_test(test_no_grad_and_freed_graph),
       cmocka_unit_test(test_errors_name_op_and_shapes), cmocka_unit_test(test_low_precision_and_autocast),
       cmocka_unit_test(test_threads_bitwise),           cmocka_unit_test(test_ten_thousand_steps),
-      cmocka_unit_test(test_model_names_and_init),       cmocka_unit_test(test_batch_norm_relu_fused),
+      cmocka_unit_test(test_model_names_and_init),       cmocka_unit_test(test_batch_norm_relu_fused), cmocka_unit_test(test_linear_gelu_fused),
       cmocka_unit_test(test_low_precision_leaf_adds_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

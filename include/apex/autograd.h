@@ -84,6 +84,7 @@ typedef enum apex_op {
   /* Apex's FP32 list beyond the activations (appended, so the values above keep their numbers) */
   APEX_OP_EXP, APEX_OP_LOG, APEX_OP_POW, APEX_OP_POW_TENSOR, APEX_OP_NORM,
   APEX_OP_GT, APEX_OP_LT, APEX_OP_EQ, /* comparisons: 0/1 masks, not differentiable */
+  APEX_OP_LINEAR_GELU, /* gelu_tanh(linear) with the GELU in the product's epilogue: apex_linear_gelu */
   APEX_OP_COUNT
 } apex_op;
 

@@ -77,6 +77,14 @@ APEX_API apex_var *apex_dropout(apex_graph *g, apex_var *x, float p, int trainin
 APEX_API apex_var *apex_matmul(apex_graph *g, apex_var *a, apex_var *b);
 /* x [..., in] @ w^T + b, w [out, in] (PyTorch's layout), b [out] or NULL. */
 APEX_API apex_var *apex_linear(apex_graph *g, apex_var *x, apex_var *w, apex_var *b);
+/* gelu_tanh(x @ w^T + b) as one op (APEX_OP_LINEAR_GELU): the GELU runs in the product's epilogue (a
+ * transformer's MLP; cuBLASLt's GELU_AUX_BIAS on a GPU), and the op keeps the pre-activation for its
+ * backward instead of a second result. Shapes as apex_linear; autocast treats it as a linear (HALF):
+ * its result has the product's dtype, the GELU computed in f32 and rounded once. On the CPU its bits
+ * are those of apex_gelu_tanh(apex_linear(...)), forward and backward, when a following op reads the
+ * result in that dtype (as the next linear does under autocast); on a GPU the GELU may read the f32 sum
+ * before its rounding (backend/args_nn.h). */
+APEX_API apex_var *apex_linear_gelu(apex_graph *g, apex_var *x, apex_var *w, apex_var *b);
 
 /* apex_conv2d_options: kernels.h. */
 /* x [N, C, H, W] conv w [O, C, KH, KW] (+ b [O] or NULL) -> [N, O, HO, WO]; opts may be NULL. */

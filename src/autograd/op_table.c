@@ -10,7 +10,7 @@
 BWD(identity) BWD(binary) BWD(scale) BWD(unary) BWD(dropout) BWD(matmul) BWD(linear) BWD(conv2d)
 BWD(max_pool2d) BWD(avg_pool2d) BWD(batch_norm) BWD(layer_norm) BWD(rms_norm) BWD(embedding)
 BWD(softmax) BWD(log_softmax) BWD(cross_entropy) BWD(pointwise_loss) BWD(sum)
-BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm) BWD(norm)
+BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm) BWD(norm) BWD(linear_gelu)
 #undef BWD
 
 /* The unread masks (ag.h): which inputs' values each backward never reads. */
@@ -83,6 +83,8 @@ BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm) BWD(norm)
     OP(GT, {"gt", APEX_CAST_PROMOTE, NULL, ALL_IN})                                                      \
     OP(LT, {"lt", APEX_CAST_PROMOTE, NULL, ALL_IN})                                                      \
     OP(EQ, {"eq", APEX_CAST_PROMOTE, NULL, ALL_IN})                                                      \
+    /* a linear with GELU in its epilogue: the backward reads x, w and the pre-activation (its aux) */    \
+    OP(LINEAR_GELU, {"linear_gelu", APEX_CAST_HALF, apex__bwd_linear_gelu, IN(2)})                       \
   /* end of OPS */
 
 #define OP_ENTRY(name, ...) [APEX_OP_##name] = __VA_ARGS__,

@@ -65,44 +65,63 @@ apex_status apex__bwd_matmul(apex_graph *g, apex_var *out) {
                                                       .gb = gb, .accumulate_a = 1, .accumulate_b = 1, .ws = apex__ag_workspace(g)});
 }
 
-/* ---- linear -------------------------------------------------------------------------------------- */
+/* ---- linear and linear + GELU ------------------------------------------------------------------ */
 
-apex_var *apex_linear(apex_graph *g, apex_var *x, apex_var *w, apex_var *b) {
+/* apex_linear (op LINEAR) and apex_linear_gelu (LINEAR_GELU): one front, the slot's gelu flag set for
+ * the second, whose pre-activation is its aux: pool scratch kept for the backward when the op is
+ * recorded, transient scratch otherwise (evaluation needs only the result). */
+static apex_var *linear_op(apex_graph *g, apex_op op, apex_var *x, apex_var *w, apex_var *b) {
   apex_var *in[3] = {x, w, b}, *u[3];
   apex_dtype dt;
-  if (apex__dispatch(g, APEX_OP_LINEAR, 3, in, 4u, u, &dt) != APEX_OK) return NULL;
+  if (apex__dispatch(g, op, 3, in, 4u, u, &dt) != APEX_OK) return NULL;
   const apex_tensor *X = u[0]->value, *W = u[1]->value;
   if (X->ndim < 1 || W->ndim != 2 || X->shape[X->ndim - 1] != W->shape[1] ||
       (b && (u[2]->value->ndim != 1 || u[2]->value->shape[0] != W->shape[0])))
-    return apex__fail_null(APEX_ERR_SHAPE, "linear: input %s, weight %s, bias %s do not fit (need x [..., in], w [out, in], b [out])",
-                           apex__shape(x), apex__shape(w), b ? apex__shape(b) : "none");
+    return apex__fail_null(APEX_ERR_SHAPE, "%s: input %s, weight %s, bias %s do not fit (need x [..., in], w [out, in], b [out])",
+                           apex_op_name(op), apex__shape(x), apex__shape(w), b ? apex__shape(b) : "none");
   int k = (int)W->shape[1], n = (int)W->shape[0];
   int m = (int)(X->numel / (size_t)ag_nz(k));
   int64_t shape[APEX_MAX_DIMS];
   for (int i = 0; i < X->ndim - 1; i++) shape[i] = X->shape[i];
   shape[X->ndim - 1] = n;
-  const apex_backend *be = apex__ag_backend(u[0], APEX_OP_LINEAR);
-  if (!be || !AG_HAS(be, nn_linear, APEX_OP_LINEAR)) return NULL;
-  apex_var *out = apex__result(g, APEX_OP_LINEAR, dt, X->ndim, shape, 3, u);
+  const apex_backend *be = apex__ag_backend(u[0], op);
+  if (!be || !AG_HAS(be, nn_linear, op)) return NULL;
+  apex_var *out = apex__result(g, op, dt, X->ndim, shape, 3, u);
   if (!out) return NULL;
+  void *pre = NULL;
+  if (op == APEX_OP_LINEAR_GELU) {
+    size_t bytes = ag_nz(out->value->numel) * apex_dtype_size(dt);
+    pre = out->requires_grad ? apex__scratch(g, bytes) : apex__scratch_temp(g, bytes);
+    if (!pre) return NULL;
+    if (out->requires_grad) out->aux = pre;
+  }
   if (be->nn_linear(&(apex_nn_linear_args){.m = m, .n = n, .k = k, .x = ag_buf(X), .w = ag_buf(W), .bias = ag_buf_of(b ? u[2] : NULL),
-                                           .out = apex_tensor_data(out->value),
-                                           .out_dtype = dt, .ws = apex__ag_workspace(g)}) != APEX_OK)
+                                           .out = apex_tensor_data(out->value), .out_dtype = dt, .gelu = pre != NULL, .pre = pre,
+                                           .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
   return out;
 }
 
+apex_var *apex_linear(apex_graph *g, apex_var *x, apex_var *w, apex_var *b) { return linear_op(g, APEX_OP_LINEAR, x, w, b); }
+apex_var *apex_linear_gelu(apex_graph *g, apex_var *x, apex_var *w, apex_var *b) { return linear_op(g, APEX_OP_LINEAR_GELU, x, w, b); }
+
 /* The weight's and input's first gradients need not be zeroed (apex__gbuf_w): the products write them. */
-apex_status apex__bwd_linear(apex_graph *g, apex_var *out) {
-  const apex_backend *be = apex__ag_backend(out, APEX_OP_LINEAR);
-  if (!be || !AG_HAS(be, nn_linear_bwd, APEX_OP_LINEAR)) return apex_last_status();
+static apex_status linear_backward(apex_graph *g, apex_var *out) {
+  const apex_backend *be = apex__ag_backend(out, out->op);
+  if (!be || !AG_HAS(be, nn_linear_bwd, out->op)) return apex_last_status();
   const apex_tensor *X = out->in[0]->value, *W = out->in[1]->value;
   int k = (int)W->shape[1], n = (int)W->shape[0];
   int m = (int)(X->numel / (size_t)ag_nz(k));
   int fresh_x, fresh_w;
   float *gx = apex__gbuf_w(g, out->in[0], &fresh_x), *gw = apex__gbuf_w(g, out->in[1], &fresh_w);
   float *gb = apex__gbuf(g, out->in[2]);
+  int gelu = out->op == APEX_OP_LINEAR_GELU;
   return be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = m, .n = n, .k = k, .x = ag_buf(X), .w = ag_buf(W), .gout = out->gbuf, .gx = gx,
                                                       .gw = gw, .gb = gb, .accumulate_x = !fresh_x, .accumulate_w = !fresh_w,
-                                                      .accumulate_b = 1, .ws = apex__ag_workspace(g)});
+                                                      .accumulate_b = 1, .gelu = gelu,
+                                                      .pre = {gelu ? out->aux : NULL, out->value->dtype},
+                                                      .ws = apex__ag_workspace(g)});
 }
+
+apex_status apex__bwd_linear(apex_graph *g, apex_var *out) { return linear_backward(g, out); }
+apex_status apex__bwd_linear_gelu(apex_graph *g, apex_var *out) { return linear_backward(g, out); }

@@ -485,22 +485,35 @@ typedef struct apex_nn_matmul_bwd_args {
 } apex_nn_matmul_bwd_args;
 
 /* out [m, n] (out_dtype) = x [m, k] w^T (w [n, k]) + bias ([n], as stored, any float dtype; data NULL:
- * none), summed in f32. */
+ * none), summed in f32.
+ *
+ * With gelu set, the GELU epilogue of a transformer's MLP (apex_linear_gelu): pre [m, n] (out_dtype)
+ * receives that sum, rounded once, and out = gelu_tanh(pre), rounded once to out_dtype; the backward
+ * reads pre. A backend takes GELU of pre as stored (the CPU: the bits of a linear then apex_gelu_tanh)
+ * or of the f32 sum before its rounding (cuBLASLt's GELU_AUX_BIAS epilogue): the two differ by at most
+ * GELU's slope (under 1.13) times half an ulp of pre, then out's own rounding. */
 typedef struct apex_nn_linear_args {
   int m, n, k;
   apex_nn_buf x, w, bias;
   void *out;
   apex_dtype out_dtype;
+  int gelu;
+  void *pre;
   apex_nn_workspace ws;
 } apex_nn_linear_args;
 
-/* gx += gout w, gw += gout^T x, gb += the column sums of gout (in row order). */
+/* gx += gout w, gw += gout^T x, gb += the column sums of gout (in row order). With gelu set, gout is
+ * the gradient of the GELU epilogue's output: the kernel first forms gpre = 0.0f + gout * gelu_tanh'(pre)
+ * in f32 (the unary slot's GELU backward, from pre as the forward stored it) and runs the products and the
+ * column sums on gpre, so the results are those of apex_gelu_tanh's backward followed by the linear's. */
 typedef struct apex_nn_linear_bwd_args {
   int m, n, k;
   apex_nn_buf x, w;
   const float *gout;
   float *gx, *gw, *gb;
   int accumulate_x, accumulate_w, accumulate_b;
+  int gelu;
+  apex_nn_buf pre;
   apex_nn_workspace ws;
 } apex_nn_linear_bwd_args;
 

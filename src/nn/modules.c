@@ -216,9 +216,9 @@ static apex_var *block_forward(apex_module *mod, apex_graph *g, apex_var *x) {
   apex_var *a = drop(apex_module_forward(c[1], g, h), h);
   apex_var *x1 = drop(apex_add(g, x, a), a);
   h = apex_module_forward(c[2], g, x1);
-  apex_var *f = drop(apex_module_forward(c[3], g, h), h);
-  h = drop(apex_gelu_tanh(g, f), f);
-  apex_var *p = drop(apex_module_forward(c[4], g, h), h);
+  /* fc and its GELU as one op: the GELU in the product's epilogue, the pre-activation kept as its aux */
+  apex_var *f = drop(apex_linear_gelu(g, h, c[3]->p[0], c[3]->p[1]), h);
+  apex_var *p = drop(apex_module_forward(c[4], g, f), f);
   return drop(drop(apex_add(g, x1, p), p), x1);
 }
 

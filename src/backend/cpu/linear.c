@@ -86,7 +86,13 @@ apex_status apex__cpu_nn_linear(const apex_nn_linear_args *a) {
   int m = a->m, n = a->n, k = a->k;
   const float *bias = apex__cpu_f32(a->bias, (size_t)n, &a->ws);
   if (a->bias.data && !bias) return APEX_ERR_OUT_OF_MEMORY;
-  return apex__gemm(&a->ws, m, n, k, 1.0f, mat(a->x, 0, k, 0), mat(a->w, 0, k, 1), 0.0f, a->out, a->out_dtype, n, bias);
+  /* the GELU epilogue reads pre as stored: the product rounded into pre, then the unary slot's GELU, the
+   * bits of the two ops it fuses */
+  void *prod = a->gelu ? a->pre : a->out;
+  apex_status st = apex__gemm(&a->ws, m, n, k, 1.0f, mat(a->x, 0, k, 0), mat(a->w, 0, k, 1), 0.0f, prod, a->out_dtype, n, bias);
+  if (st != APEX_OK || !a->gelu) return st;
+  return apex__cpu_nn_unary(&(apex_nn_unary_args){.kind = APEX_NN_GELU_TANH, .n = (size_t)m * n, .x = {a->pre, a->out_dtype},
+                                                  .out = a->out, .out_dtype = a->out_dtype, .ws = a->ws});
 }
 
 /* A first gradient (accumulate 0) is written with beta 0 into a buffer that holds nothing yet; the
@@ -94,6 +100,15 @@ apex_status apex__cpu_nn_linear(const apex_nn_linear_args *a) {
 apex_status apex__cpu_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
   int m = a->m, n = a->n, k = a->k;
   const float *go = a->gout;
+  if (a->gelu) { /* gpre in the workspace, as the GELU op's backward would store it into a fresh gradient */
+    size_t mn = (size_t)m * n;
+    float *gp = a->ws.get(a->ws.ctx, (mn ? mn : 1) * sizeof(float));
+    if (!gp) return APEX_ERR_OUT_OF_MEMORY;
+    apex_status st = apex__cpu_nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = APEX_NN_GELU_TANH, .n = mn, .x = a->pre, .gout = go,
+                                                                       .gx = gp, .accumulate_x = 0, .ws = a->ws});
+    if (st != APEX_OK) return st;
+    go = gp;
+  }
   if (a->gx && apex__gemm(&a->ws, m, k, n, 1.0f, mat_f32(go, n, 0), mat(a->w, 0, k, 0), a->accumulate_x ? 1.0f : 0.0f, a->gx,
                           APEX_F32, k, NULL) != APEX_OK)
     return APEX_ERR_OUT_OF_MEMORY;

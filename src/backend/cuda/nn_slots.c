@@ -264,8 +264,29 @@ static apex_status pair_f32(apex_nn_buf *x, size_t nx, apex_nn_buf *y, size_t ny
   return APEX_OK;
 }
 
+/* The GELU epilogue (args_nn.h): one cuBLASLt product with GELU_AUX_BIAS (pre as its aux) where it
+ * applies (half operands of one dtype with a bias, the result in that dtype), else the product into
+ * pre and the GELU kernel over it. */
+static apex_status linear_gelu(const apex_nn_linear_args *a) {
+  const apex_dtype dt = a->out_dtype;
+  if ((dt == APEX_BF16 || dt == APEX_F16) && a->x.dtype == dt && a->w.dtype == dt && a->bias.data && a->bias.dtype == dt &&
+      a->n % 8 == 0) {
+    apex__cuda_epilogue e = {APEX__EPI_GELU_AUX_BIAS, a->bias.data, a->pre, NULL};
+    if (apex__cuda_gemm_epilogue(0, 1, a->m, a->n, a->k, a->x.data, a->w.data, dt, a->out, dt, &e) == APEX_OK) return APEX_OK;
+    /* no algorithm for the epilogue (its message says why): the separate kernels give the same result */
+  }
+  apex_nn_linear_args p = *a;
+  p.gelu = 0;
+  p.out = a->pre;
+  p.pre = NULL;
+  apex_status st = apex__cuda_slot_nn_linear(&p);
+  size_t mn = (size_t)a->m * (size_t)a->n;
+  return st == APEX_OK ? apex__cuda_ew(APEX__EW_GELU, a->pre, dt, NULL, APEX_F32, 0.0f, a->out, dt, (int64_t)mn) : st;
+}
+
 apex_status apex__cuda_slot_nn_linear(const apex_nn_linear_args *a) {
   if (!a->m || !a->n) return APEX_OK;
+  if (a->gelu) return linear_gelu(a);
   size_t m = (size_t)a->m, n = (size_t)a->n, k = (size_t)a->k;
   apex_nn_buf x = a->x, w = a->w;
   void *ox = NULL, *ow = NULL;
@@ -311,6 +332,19 @@ static void *bf16_grad(const float *gout, size_t n, apex_status *st) {
 
 apex_status apex__cuda_slot_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
   apex_status st = APEX_OK;
+  if (a->gelu) { /* gpre = gout * gelu'(pre) in scratch (a -0 term stays -0: only the CPU adds it to +0), then the
+                 * linear's backward on it */
+    size_t mn = (size_t)a->m * (size_t)a->n;
+    float *gp = scratch(mn, &st);
+    if (st == APEX_OK && mn)
+      st = apex__cuda_ew(APEX__EW_GELU_BWD, a->gout, APEX_F32, a->pre.data, a->pre.dtype, 0.0f, gp, APEX_F32, (int64_t)mn);
+    apex_nn_linear_bwd_args p = *a;
+    p.gelu = 0;
+    p.gout = gp;
+    if (st == APEX_OK) st = apex__cuda_slot_nn_linear_bwd(&p);
+    apex__cuda_free(gp);
+    return st;
+  }
   size_t m = (size_t)a->m, n = (size_t)a->n, k = (size_t)a->k;
   const int want_x = a->gx && m && k, want_w = a->gw && n && k;
   /* a bf16 partner meets the gradient rounded to bf16 (bf16_grad); any other is read as f32 with the f32
