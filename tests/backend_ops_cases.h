@@ -40,6 +40,10 @@ static apex_var *f_gt(apex_graph *g, apex_var **x) { return apex_mul(g, x[0], ap
 static apex_var *f_lt(apex_graph *g, apex_var **x) { return apex_mul(g, x[0], apex_lt(g, x[0], x[1])); }
 static apex_var *f_eq(apex_graph *g, apex_var **x) { return apex_mul(g, x[0], apex_eq(g, apex_relu(g, x[0]), x[0])); }
 
+/* the transformer MLP's fused product: 24 outputs, a multiple of 8, so that cuBLASLt's GELU_AUX_BIAS
+ * epilogue takes the half cases on a GPU */
+static apex_var *f_linear_gelu(apex_graph *g, apex_var **x) { return apex_linear_gelu(g, x[0], x[1], x[2]); }
+
 static apex_var *f_attention_heads(apex_graph *g, apex_var **x) { return apex_causal_attention_heads(g, x[0], x[1], x[2], 2); }
 
 static const gc_case extra_cases[] = {
@@ -57,6 +61,7 @@ static const gc_case extra_cases[] = {
     {"causal_attention_long", f_attention, 3, {4, 4, 4}, {{2, 2, 24, 16}, {2, 2, 24, 16}, {2, 2, 24, 16}}, 0, 0},
     /* two heads of 16 side by side in rows of 32, read in place (the strided heads of the slot) */
     {"causal_attention_heads", f_attention_heads, 3, {3, 3, 3}, {{2, 24, 32}, {2, 24, 32}, {2, 24, 32}}, 0, 0},
+    {"linear_gelu", f_linear_gelu, 3, {2, 2, 1}, {{6, 40}, {24, 40}, {24}}, 0, 0},
 };
 
 /* The op a case stands for, where it is not the op of the case's result (apex_var_op). */
@@ -79,7 +84,7 @@ static const struct {
 } case_rel[] = {
     {"matmul", 1e-6},          {"matmul_batched", 1e-6},        {"linear", 1e-6},      {"conv2d", 1e-6},
     {"causal_attention", 1e-6}, {"linear_tiled", 3e-6},          {"matmul_tiled", 3e-6}, {"conv2d_wide", 3e-6},
-    {"causal_attention_long", 3e-6}, {"causal_attention_heads", 3e-6}, {"gelu_tanh", 1e-6},    {"tanh", 1e-6}, {"gelu", 1e-6},
+    {"causal_attention_long", 3e-6}, {"causal_attention_heads", 3e-6}, {"linear_gelu", 1e-6}, {"gelu_tanh", 1e-6},    {"tanh", 1e-6}, {"gelu", 1e-6},
 };
 
 /* The bound of a case with a matrix product on bf16 operands where oneDNN runs it (gemm_onednn.c, and
@@ -99,7 +104,8 @@ static const struct {
  * (causal_attention_long). */
 #define BF16_ONEDNN_REL 0x1p-6
 static const char *const bf16_onednn_cases[] = {"matmul", "matmul_batched", "linear", "linear_tiled", "matmul_tiled", "conv2d",
-                                                "conv2d_wide", "causal_attention", "causal_attention_long", "causal_attention_heads"};
+                                                "conv2d_wide", "causal_attention", "causal_attention_long", "causal_attention_heads",
+                                                "linear_gelu"};
 
 /* ---- multi-tensor and optimizer cases --------------------------------------------------------------- */
 
