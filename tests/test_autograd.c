@@ -412,6 +412,86 @@ static void test_linear_gelu_fused(void **state) {
   apex_var_destroy(w);
 }
 
+/* The classifier as one op (apex_linear_cross_entropy) against apex_cross_entropy(apex_linear(x, w)), its
+ * two ops: the loss bit for bit always (the same slots run forward); the gradients of x and w bit for bit
+ * with one chunk, and with several (chunk_rows 3 of 10 rows) within a few f32 ulps of the largest
+ * element (w's gradient adds the chunks' products in turn). out receives loss, gx, gw as f32. */
+static void classifier_run(apex_dtype dt, apex_dtype autocast, int fused, int64_t chunk, const apex_cross_entropy_options *o, float *out,
+                           size_t *n) {
+  enum { N = 10, C = 12, V = 33 };
+  static const int64_t tg[N] = {3, 0, 32, 7, 7, 1, 30, 2, 5, 16};
+  apex_graph *g = apex_graph_create();
+  if (autocast) TU_OK(apex_graph_set_autocast(g, 1, autocast));
+  apex_var *x = tu_random_leaf(dt, 2, (int64_t[]){N, C}, 41, 1), *w = tu_random_leaf(dt, 2, (int64_t[]){V, C}, 42, 1);
+  apex_var *h = apex_scale(g, x, 2.0f); /* an op's result, as a model's last layer norm gives */
+  apex_var *loss = fused ? apex_linear_cross_entropy(g, h, w, tg, o, chunk) : apex_cross_entropy(g, apex_linear(g, h, w, NULL), tg, o);
+  assert_non_null(loss);
+  assert_int_equal(apex_var_op(loss), fused ? APEX_OP_LINEAR_CROSS_ENTROPY : APEX_OP_CROSS_ENTROPY);
+  TU_OK(apex_backward(loss, NULL));
+  size_t k = 0;
+  out[k++] = apex_tensor_get(apex_var_value(loss), 0);
+  for (size_t i = 0; i < (size_t)N * C; i++) out[k++] = apex_tensor_get(apex_var_grad(x), i);
+  for (size_t i = 0; i < (size_t)V * C; i++) out[k++] = apex_tensor_get(apex_var_grad(w), i);
+  *n = k;
+  apex_graph_destroy(g);
+  apex_var_destroy(x);
+  apex_var_destroy(w);
+}
+
+static void test_linear_cross_entropy(void **state) {
+  (void)state;
+  enum { CAP = 1024 };
+  static float a[CAP], f[CAP];
+  const struct { apex_dtype dt, autocast; } runs[] = {{APEX_F32, 0}, {APEX_BF16, 0}, {APEX_F32, APEX_BF16}, {APEX_F32, APEX_F16}};
+  const apex_cross_entropy_options opts[3] = {{0}, {.reduction = APEX_REDUCTION_SUM, .label_smoothing = 0.1f},
+                                              {.use_ignore_index = 1, .ignore_index = 7}};
+  for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++)
+    for (int o = 0; o < 3; o++)
+      for (int chunk = 0; chunk < 2; chunk++) {
+        size_t na, nf;
+        classifier_run(runs[r].dt, runs[r].autocast, 0, 0, &opts[o], a, &na);
+        classifier_run(runs[r].dt, runs[r].autocast, 1, chunk ? 3 : 0, &opts[o], f, &nf);
+        assert_int_equal(na, nf);
+        /* the fused loss is f32 whatever the dtype; the unfused one of bf16 logits is bf16: the same value rounded */
+        if (runs[r].dt == APEX_BF16 && !runs[r].autocast) f[0] = apex_bf16_to_f32(apex_f32_to_bf16(f[0]));
+        double mx = 0;
+        for (size_t i = 1; i < na; i++) mx = fmax(mx, fabs(a[i]));
+        for (size_t i = 0; i < na; i++) {
+          /* the loss, and with one chunk everything, bitwise; a gradient of a half leaf is stored rounded,
+           * so it may also move by one ulp of its dtype */
+          double bound = i == 0 || !chunk ? 0 : 1e-6 * mx + (runs[r].dt == APEX_F32 ? 0 : ldexp(fabs(a[i]), -7));
+          if (!(tu_bits(a[i]) == tu_bits(f[i]) || fabs((double)a[i] - f[i]) <= bound))
+            fail_msg("%s autocast %s opts %d chunk %d: value %zu is %.9g fused, %.9g unfused (bound %.3g)", apex_dtype_name(runs[r].dt),
+                     runs[r].autocast ? apex_dtype_name(runs[r].autocast) : "off", o, chunk, i, f[i], a[i], bound);
+        }
+      }
+  assert_string_equal(apex_op_name(APEX_OP_LINEAR_CROSS_ENTROPY), "linear_cross_entropy");
+  /* bad input: one clear error each, and the graph keeps working */
+  apex_graph *g = apex_graph_create();
+  apex_var *x = tu_random_leaf(APEX_F32, 2, (int64_t[]){2, 4}, 43, 1), *w = tu_random_leaf(APEX_F32, 2, (int64_t[]){5, 4}, 44, 1);
+  apex_var *w3 = tu_random_leaf(APEX_F32, 2, (int64_t[]){5, 3}, 45, 1);
+  const int64_t good[2] = {1, 4}, bad[2] = {1, 5};
+  assert_null(apex_linear_cross_entropy(g, x, w, bad, NULL, 0));
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  assert_non_null(strstr(apex_last_error(), "target 5 at row 1"));
+  assert_null(apex_linear_cross_entropy(g, x, w3, good, NULL, 0));
+  assert_int_equal(apex_last_status(), APEX_ERR_SHAPE);
+  assert_null(apex_linear_cross_entropy(g, x, w, good, &(apex_cross_entropy_options){.reduction = APEX_REDUCTION_NONE}, 0));
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  assert_null(apex_linear_cross_entropy(g, x, w, good, NULL, -1));
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  assert_null(apex_linear_cross_entropy(g, x, w, NULL, NULL, 0));
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  apex_var *loss = apex_linear_cross_entropy(g, x, w, good, NULL, 1);
+  assert_non_null(loss);
+  TU_OK(apex_backward(loss, NULL));
+  assert_true(isfinite(apex_tensor_get(apex_var_value(loss), 0)));
+  apex_graph_destroy(g);
+  apex_var_destroy(x);
+  apex_var_destroy(w);
+  apex_var_destroy(w3);
+}
+
 static void test_batch_norm_relu_fused(void **state) {
   (void)state;
   enum { CAP = 4096 };
@@ -449,7 +529,7 @@ int main(void) {
       cmocka_unit_test(test_accumulate_and_zero),       cmocka_unit_test(test_no_grad_and_freed_graph),
       cmocka_unit_test(test_errors_name_op_and_shapes), cmocka_unit_test(test_low_precision_and_autocast),
       cmocka_unit_test(test_threads_bitwise),           cmocka_unit_test(test_ten_thousand_steps),
-      cmocka_unit_test(test_model_names_and_init),       cmocka_unit_test(test_batch_norm_relu_fused), cmocka_unit_test(test_linear_gelu_fused),
+      cmocka_unit_test(test_model_names_and_init),       cmocka_unit_test(test_batch_norm_relu_fused), cmocka_unit_test(test_linear_gelu_fused), cmocka_unit_test(test_linear_cross_entropy),
       cmocka_unit_test(test_low_precision_leaf_adds_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

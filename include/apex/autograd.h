@@ -85,6 +85,7 @@ typedef enum apex_op {
   APEX_OP_EXP, APEX_OP_LOG, APEX_OP_POW, APEX_OP_POW_TENSOR, APEX_OP_NORM,
   APEX_OP_GT, APEX_OP_LT, APEX_OP_EQ, /* comparisons: 0/1 masks, not differentiable */
   APEX_OP_LINEAR_GELU, /* gelu_tanh(linear) with the GELU in the product's epilogue: apex_linear_gelu */
+  APEX_OP_LINEAR_CROSS_ENTROPY, /* a classifier head and its loss: apex_linear_cross_entropy */
   APEX_OP_COUNT
 } apex_op;
 

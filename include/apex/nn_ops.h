@@ -162,6 +162,18 @@ typedef struct apex_cross_entropy_options {
  * opts may be NULL. Reduction NONE gives [N]. APEX_ERR_INVALID_ARG for a target out of range. */
 APEX_API apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *targets,
                                       const apex_cross_entropy_options *opts);
+/* A classifier head and its loss as one op (APEX_OP_LINEAR_CROSS_ENTROPY): cross entropy of the logits
+ * x w^T (x [N, C], w [V, C], no bias: a language model's head, tied or not) against targets[N] (each in
+ * [0, V) unless ignored), reduced by MEAN or SUM (opts; NULL: MEAN); the result is f32 [], whatever
+ * the product's dtype. The logits are kept in the product's dtype (autocast treats the op as a linear,
+ * HALF) and never widened whole; the backward makes their f32 gradient chunk_rows rows at a time (0: as
+ * many rows as fit in 64 MiB) and feeds each chunk to the head's products at once, so the [N, V] f32
+ * gradient of apex_linear + apex_cross_entropy never exists. With one chunk the bits are those of
+ * apex_cross_entropy(apex_linear(x, w, NULL)); with more, w's gradient adds the chunks' products in
+ * turn (ops_classifier.c). APEX_ERR_SHAPE for shapes that do not fit, APEX_ERR_INVALID_ARG for a
+ * target out of range, reduction NONE (use the two ops) or a negative chunk_rows. */
+APEX_API apex_var *apex_linear_cross_entropy(apex_graph *g, apex_var *x, apex_var *w, const int64_t *targets,
+                                             const apex_cross_entropy_options *opts, int64_t chunk_rows);
 /* (x - y)^2 reduced; x and y of the same shape. */
 APEX_API apex_var *apex_mse_loss(apex_graph *g, apex_var *x, apex_var *y, apex_reduction reduction);
 /* Binary cross entropy of sigmoid(x) against targets y in [0, 1], computed stably from the logits. */

@@ -63,6 +63,13 @@ typedef union ag_op_params {
     int64_t rows, cols; /* layer norm, RMS norm: x is [rows, cols] with cols normalised */
   } row_norm;
   struct {
+    void *logits;             /* linear_cross_entropy: [rows, classes] in dtype, the product's */
+    apex_dtype dtype;
+    int64_t rows, classes, count, chunk_rows; /* count: rows with a target; chunk_rows: the backward's */
+    float smoothing;
+    apex_reduction reduction; /* MEAN or SUM */
+  } classifier;
+  struct {
     int64_t outer, dim, inner; /* sum, mean, norm: x is [outer, dim, inner], reduced over dim */
     float scale;               /* sum: 1, mean: 1 / dim (rounded to f32, as the backward uses it) */
   } reduce;
@@ -309,6 +316,14 @@ static inline apex_status apex__bn_options(const apex_batch_norm_options *o, con
   *eps = o->eps != 0.0f ? o->eps : 1e-5f;
   return APEX_OK;
 }
+
+/* Cross entropy's targets checked on the host (each in [0, C) unless opts ignores it; fn and logits name
+ * the call in messages) and copied to the graph's device into pool scratch of N int64 (-1 where ignored)
+ * followed by room for 2N floats (each row's max and 1 / sum of exp, the statistics the backward reads):
+ * what apex_cross_entropy and apex_linear_cross_entropy keep as their aux. *count receives the rows with
+ * a target. NULL after a message. */
+int64_t *apex__ce_targets(apex_graph *g, const int64_t *targets, size_t N, size_t C, const apex_cross_entropy_options *opts,
+                          const char *fn, const apex_var *logits, int64_t *count);
 
 /* Batch norm whose statistics come from hook (APEX_OP_SYNC_BATCH_NORM): always the batch's
  * statistics, updating the running ones when given; no fused relu. Errors name sync_batch_norm. */

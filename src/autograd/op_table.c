@@ -10,7 +10,7 @@
 BWD(identity) BWD(binary) BWD(scale) BWD(unary) BWD(dropout) BWD(matmul) BWD(linear) BWD(conv2d)
 BWD(max_pool2d) BWD(avg_pool2d) BWD(batch_norm) BWD(layer_norm) BWD(rms_norm) BWD(embedding)
 BWD(softmax) BWD(log_softmax) BWD(cross_entropy) BWD(pointwise_loss) BWD(sum)
-BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm) BWD(norm) BWD(linear_gelu)
+BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm) BWD(norm) BWD(linear_gelu) BWD(linear_cross_entropy)
 #undef BWD
 
 /* The unread masks (ag.h): which inputs' values each backward never reads. */
@@ -85,6 +85,9 @@ BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm) BWD(norm) BWD(linea
     OP(EQ, {"eq", APEX_CAST_PROMOTE, NULL, ALL_IN})                                                      \
     /* a linear with GELU in its epilogue: the backward reads x, w and the pre-activation (its aux) */    \
     OP(LINEAR_GELU, {"linear_gelu", APEX_CAST_HALF, apex__bwd_linear_gelu, IN(2)})                       \
+    /* the head's product in half, the loss in f32 from the half logits (kept, with the targets and each  \
+     * row's statistics: ops_classifier.c); the backward reads x, w and those */                         \
+    OP(LINEAR_CROSS_ENTROPY, {"linear_cross_entropy", APEX_CAST_HALF, apex__bwd_linear_cross_entropy})  \
   /* end of OPS */
 
 #define OP_ENTRY(name, ...) [APEX_OP_##name] = __VA_ARGS__,

@@ -58,7 +58,7 @@ static int binary_kind(apex_op op) {
   case APEX_OP_BCE_WITH_LOGITS: case APEX_OP_BCE: case APEX_OP_SUM: case APEX_OP_MEAN: case APEX_OP_RESHAPE:
   case APEX_OP_PERMUTE: case APEX_OP_CONCAT: case APEX_OP_ATTENTION: case APEX_OP_SYNC_BATCH_NORM:
   case APEX_OP_BATCH_NORM_RELU: case APEX_OP_EXP: case APEX_OP_LOG: case APEX_OP_POW: case APEX_OP_NORM:
-  case APEX_OP_LINEAR_GELU: case APEX_OP_COUNT:
+  case APEX_OP_LINEAR_GELU: case APEX_OP_LINEAR_CROSS_ENTROPY: case APEX_OP_COUNT:
     break;
   }
   apex__fail(APEX_ERR_INVALID_ARG, "%s (op %d) is not a binary elementwise op", apex_op_name(op), (int)op);
@@ -163,7 +163,7 @@ static int unary_kind(apex_op op) {
   case APEX_OP_CROSS_ENTROPY: case APEX_OP_MSE: case APEX_OP_BCE_WITH_LOGITS: case APEX_OP_BCE: case APEX_OP_SUM:
   case APEX_OP_MEAN: case APEX_OP_RESHAPE: case APEX_OP_PERMUTE: case APEX_OP_CONCAT: case APEX_OP_ATTENTION:
   case APEX_OP_SYNC_BATCH_NORM: case APEX_OP_BATCH_NORM_RELU: case APEX_OP_POW_TENSOR: case APEX_OP_NORM:
-  case APEX_OP_GT: case APEX_OP_LT: case APEX_OP_EQ: case APEX_OP_LINEAR_GELU: case APEX_OP_COUNT:
+  case APEX_OP_GT: case APEX_OP_LT: case APEX_OP_EQ: case APEX_OP_LINEAR_GELU: case APEX_OP_LINEAR_CROSS_ENTROPY: case APEX_OP_COUNT:
     break;
   }
   apex__fail(APEX_ERR_INVALID_ARG, "%s (op %d) is not a unary elementwise op", apex_op_name(op), (int)op);

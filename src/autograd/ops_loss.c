@@ -75,6 +75,30 @@ static apex_nn_reduction nn_reduction(apex_reduction r) {
 
 /* ---- cross entropy ------------------------------------------------------------------------------ */
 
+int64_t *apex__ce_targets(apex_graph *g, const int64_t *targets, size_t N, size_t C, const apex_cross_entropy_options *opts,
+                          const char *fn, const apex_var *logits, int64_t *count) {
+  if (!targets && N > 0) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: NULL targets for logits %s", fn, apex__shape(logits));
+  float eps = opts->label_smoothing;
+  if (!(eps >= 0.0f && eps <= 1.0f))
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: label_smoothing %g is outside [0, 1]", fn, eps);
+  int64_t n = 0;
+  for (size_t i = 0; i < N; i++) {
+    if (opts->use_ignore_index && targets[i] == opts->ignore_index) continue;
+    if (targets[i] < 0 || (size_t)targets[i] >= C)
+      return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: target %lld at row %zu is outside [0, %zu) for logits %s", fn,
+                             (long long)targets[i], i, C, apex__shape(logits));
+    n++;
+  }
+  /* made on the host (the caller's array) and copied to the graph's device */
+  int64_t *tg = apex__scratch(g, N * sizeof(int64_t) + 2 * N * sizeof(float));
+  int64_t *host_tg = tg && g->be->device != APEX_DEVICE_CPU ? apex__host_scratch(g, ag_nz(N) * sizeof(int64_t)) : tg;
+  if (!tg || !host_tg) return NULL;
+  for (size_t i = 0; i < N; i++) host_tg[i] = opts->use_ignore_index && targets[i] == opts->ignore_index ? -1 : targets[i];
+  if (N && host_tg != tg && g->mem->copy(tg, host_tg, N * sizeof(int64_t), APEX_COPY_H2D, 0) != APEX_OK) return NULL;
+  *count = n;
+  return tg;
+}
+
 apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *targets, const apex_cross_entropy_options *opts) {
   static const apex_cross_entropy_options defaults = {0};
   if (!opts) opts = &defaults;
@@ -83,40 +107,26 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   if (apex__dispatch(g, APEX_OP_CROSS_ENTROPY, 1, &logits, 0, &u, &dt) != APEX_OK) return NULL;
   const apex_tensor *X = u->value;
   if (X->ndim != 2) return apex__fail_null(APEX_ERR_SHAPE, "cross_entropy: logits %s must be [N, C]", apex__shape(logits));
-  if (!targets && X->shape[0] > 0) return apex__fail_null(APEX_ERR_INVALID_ARG, "cross_entropy: NULL targets for logits %s", apex__shape(logits));
-  float eps = opts->label_smoothing;
-  if (!(eps >= 0.0f && eps <= 1.0f))
-    return apex__fail_null(APEX_ERR_INVALID_ARG, "cross_entropy: label_smoothing %g is outside [0, 1]", eps);
   size_t N = (size_t)X->shape[0], C = (size_t)X->shape[1];
-  size_t count = 0;
-  for (size_t i = 0; i < N; i++) {
-    if (opts->use_ignore_index && targets[i] == opts->ignore_index) continue;
-    if (targets[i] < 0 || (size_t)targets[i] >= C)
-      return apex__fail_null(APEX_ERR_INVALID_ARG, "cross_entropy: target %lld at row %zu is outside [0, %zu) for logits %s",
-                             (long long)targets[i], i, C, apex__shape(logits));
-    count++;
-  }
+  /* kept for the backward, on the graph's device: the targets (-1 where ignored), then each row's max
+   * and 1 / sum of exp, from which and the logits, read again, the backward recomputes the softmax */
+  int64_t nshape = (int64_t)N, count = 0;
+  int64_t *tg = apex__ce_targets(g, targets, N, C, opts, "cross_entropy", logits, &count);
+  if (!tg) return NULL;
   const apex_backend *be = apex__ag_backend(u, APEX_OP_CROSS_ENTROPY);
   if (!be || !AG_HAS(be, nn_cross_entropy, APEX_OP_CROSS_ENTROPY)) return NULL;
-  int64_t nshape = (int64_t)N;
   apex_var *out = loss_result(g, APEX_OP_CROSS_ENTROPY, dt, opts->reduction, 1, &nshape, 1, &u);
   if (!out) return NULL;
-  /* kept for the backward, on the graph's device: the targets (-1 where ignored), then each row's max
-   * and 1 / sum of exp, from which and the logits, read again, the backward recomputes the softmax.
-   * The targets are made on the host (the caller's array) and copied there. */
-  int64_t *tg = apex__scratch(g, N * sizeof(int64_t) + 2 * N * sizeof(float));
-  int64_t *host_tg = tg && g->be->device != APEX_DEVICE_CPU ? apex__host_scratch(g, ag_nz(N) * sizeof(int64_t)) : tg;
   int none = opts->reduction == APEX_REDUCTION_NONE;
   int f32_terms = none && out->value->dtype == APEX_F32;
   float *l = f32_terms ? ag_data(out->value) : apex__scratch_temp(g, ag_nz(N) * sizeof(float));
-  if (!tg || !host_tg || !l) return NULL;
-  for (size_t i = 0; i < N; i++) host_tg[i] = opts->use_ignore_index && targets[i] == opts->ignore_index ? -1 : targets[i];
-  if (N && host_tg != tg && g->mem->copy(tg, host_tg, N * sizeof(int64_t), APEX_COPY_H2D, 0) != APEX_OK) return NULL;
+  if (!l) return NULL;
+  float eps = opts->label_smoothing;
   out->aux = tg;
   out->p.loss.rows = (int64_t)N;
   out->p.loss.classes = (int64_t)C;
   out->p.loss.smoothing = eps;
-  out->p.loss.count = (int64_t)count;
+  out->p.loss.count = count;
   /* a reduced loss's value (the sum, over count for MEAN) is written by the kernel on the device */
   if (be->nn_cross_entropy(&(apex_nn_cross_entropy_args){
           .rows = N, .classes = C, .x = ag_buf(X), .target = tg, .smoothing = eps, .stats = (float *)(tg + N), .loss = l,
