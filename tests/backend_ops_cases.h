@@ -43,6 +43,8 @@ static apex_var *f_eq(apex_graph *g, apex_var **x) { return apex_mul(g, x[0], ap
 /* the transformer MLP's fused product: 24 outputs, a multiple of 8, so that cuBLASLt's GELU_AUX_BIAS
  * epilogue takes the half cases on a GPU */
 static apex_var *f_linear_gelu(apex_graph *g, apex_var **x) { return apex_linear_gelu(g, x[0], x[1], x[2]); }
+/* the classifier over nn_cases.h's targets (6 rows, 4 classes), its backward in chunks of 4 rows and 2 */
+static apex_var *f_linear_ce(apex_graph *g, apex_var **x) { return apex_linear_cross_entropy(g, x[0], x[1], ce_targets, NULL, 4); }
 
 static apex_var *f_attention_heads(apex_graph *g, apex_var **x) { return apex_causal_attention_heads(g, x[0], x[1], x[2], 2); }
 
@@ -62,6 +64,7 @@ static const gc_case extra_cases[] = {
     /* two heads of 16 side by side in rows of 32, read in place (the strided heads of the slot) */
     {"causal_attention_heads", f_attention_heads, 3, {3, 3, 3}, {{2, 24, 32}, {2, 24, 32}, {2, 24, 32}}, 0, 0},
     {"linear_gelu", f_linear_gelu, 3, {2, 2, 1}, {{6, 40}, {24, 40}, {24}}, 0, 0},
+    {"linear_cross_entropy", f_linear_ce, 2, {2, 2}, {{6, 40}, {4, 40}}, 0, 0},
 };
 
 /* The op a case stands for, where it is not the op of the case's result (apex_var_op). */
@@ -84,7 +87,8 @@ static const struct {
 } case_rel[] = {
     {"matmul", 1e-6},          {"matmul_batched", 1e-6},        {"linear", 1e-6},      {"conv2d", 1e-6},
     {"causal_attention", 1e-6}, {"linear_tiled", 3e-6},          {"matmul_tiled", 3e-6}, {"conv2d_wide", 3e-6},
-    {"causal_attention_long", 3e-6}, {"causal_attention_heads", 3e-6}, {"linear_gelu", 1e-6}, {"gelu_tanh", 1e-6},    {"tanh", 1e-6}, {"gelu", 1e-6},
+    {"causal_attention_long", 3e-6}, {"causal_attention_heads", 3e-6}, {"linear_gelu", 1e-6}, {"linear_cross_entropy", 1e-6},
+    {"gelu_tanh", 1e-6},    {"tanh", 1e-6}, {"gelu", 1e-6},
 };
 
 /* The bound of a case with a matrix product on bf16 operands where oneDNN runs it (gemm_onednn.c, and
@@ -105,7 +109,7 @@ static const struct {
 #define BF16_ONEDNN_REL 0x1p-6
 static const char *const bf16_onednn_cases[] = {"matmul", "matmul_batched", "linear", "linear_tiled", "matmul_tiled", "conv2d",
                                                 "conv2d_wide", "causal_attention", "causal_attention_long", "causal_attention_heads",
-                                                "linear_gelu"};
+                                                "linear_gelu", "linear_cross_entropy"};
 
 /* ---- multi-tensor and optimizer cases --------------------------------------------------------------- */
 
