@@ -90,6 +90,15 @@ APEX_API apex_module *apex_gpt_create(apex_model *m, const apex_gpt_options *opt
  * rows); the embedding's error for an id out of range. */
 APEX_API apex_var *apex_gpt_forward(apex_module *gpt, apex_graph *g, const int64_t *ids, int64_t B, int64_t T);
 
+/* The model's loss on token ids [B, T] against targets [B, T] (the next tokens; each in [0, vocab)): the
+ * mean cross entropy over the B * T positions, f32 [], recorded on g like apex_gpt_forward. The tied
+ * head and the loss run as one op (apex_linear_cross_entropy, nn_ops.h): the head reads wte where it
+ * is, the logits stay in the model's (or autocast's) dtype and their f32 gradient is made a chunk of
+ * rows at a time, so a training step never holds the [B * T, vocab] f32 logits or their gradient that
+ * apex_gpt_forward + apex_cross_entropy hold. Errors as apex_gpt_forward's, and APEX_ERR_INVALID_ARG
+ * for NULL targets or a target out of range. */
+APEX_API apex_var *apex_gpt_loss(apex_module *gpt, apex_graph *g, const int64_t *ids, const int64_t *targets, int64_t B, int64_t T);
+
 /* The sizes gpt was built with, every field resolved (no zero). APEX_ERR_INVALID_ARG for NULL
  * arguments or a module that is not a GPT. */
 APEX_API apex_status apex_gpt_sizes(const apex_module *gpt, apex_gpt_options *out);

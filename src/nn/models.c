@@ -112,19 +112,21 @@ apex_status apex_gpt_sizes(const apex_module *gpt, apex_gpt_options *out) {
   return APEX_OK;
 }
 
-apex_var *apex_gpt_forward(apex_module *gpt, apex_graph *g, const int64_t *ids, int64_t B, int64_t T) {
+/* The hidden states after ln_f, [B * T, C], of token ids [B, T] (the part of the model before its head),
+ * with fn naming the public call in messages. */
+static apex_var *gpt_hidden(apex_module *gpt, apex_graph *g, const int64_t *ids, int64_t B, int64_t T, const char *fn) {
   if (!gpt || gpt->kind != NN_GPT)
-    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_gpt_forward: %s", !gpt ? "NULL module (did apex_gpt_create fail?)" : "not a GPT (apex_gpt_create makes one)");
-  if (!g || !ids) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_gpt_forward: NULL %s", !g ? "graph" : "ids");
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: %s", fn, !gpt ? "NULL module (did apex_gpt_create fail?)" : "not a GPT (apex_gpt_create makes one)");
+  if (!g || !ids) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: NULL %s", fn, !g ? "graph" : "ids");
   apex_gpt_options s;
   apex_gpt_sizes(gpt, &s);
   if (B < 1 || T < 1 || T > s.n_positions)
-    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_gpt_forward: B %lld, T %lld: give B >= 1 and 1 <= T <= %lld (n_positions, the position table's rows)",
-                           (long long)B, (long long)T, (long long)s.n_positions);
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: B %lld, T %lld: give B >= 1 and 1 <= T <= %lld (n_positions, the position table's rows)",
+                           fn, (long long)B, (long long)T, (long long)s.n_positions);
   apex_module **c = gpt->children;
   int64_t shape[2] = {B, T};
   int64_t stack_pos[1024], *pos = T <= 1024 ? stack_pos : malloc((size_t)T * sizeof *pos);
-  if (!pos) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_gpt_forward: out of memory");
+  if (!pos) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   for (int64_t t = 0; t < T; t++) pos[t] = t;
   apex_var *tok = apex_embedding_forward(c[0], g, ids, 2, shape);
   apex_var *p = tok ? apex_embedding_forward(c[1], g, pos, 1, &T) : NULL;
@@ -132,12 +134,23 @@ apex_var *apex_gpt_forward(apex_module *gpt, apex_graph *g, const int64_t *ids, 
   apex_var *h = p ? apex_add(g, tok, p) : NULL;
   for (int64_t l = 0; h && l < s.n_layer; l++) h = apex_module_forward(c[2 + l], g, h);
   if (h) h = apex_module_forward(c[2 + s.n_layer], g, h);
+  int64_t flat[2] = {B * T, s.n_embd};
+  return h ? apex_reshape(g, h, 2, flat) : NULL;
+}
+
+apex_var *apex_gpt_forward(apex_module *gpt, apex_graph *g, const int64_t *ids, int64_t B, int64_t T) {
+  apex_var *h = gpt_hidden(gpt, g, ids, B, T, "apex_gpt_forward");
   if (!h) return NULL;
   /* Tied output: logits = h @ wte^T, the transpose a recorded op so that the gradient reaches wte. */
-  apex_var *wt = apex_transpose(g, c[0]->p[0], 0, 1);
+  apex_var *wt = apex_transpose(g, gpt->children[0]->p[0], 0, 1);
   apex_var *logits = wt ? apex_matmul(g, h, wt) : NULL;
-  int64_t flat[2] = {B * T, s.vocab};
-  if (logits) logits = apex_reshape(g, logits, 2, flat);
   if (logits && apex_tensor_dtype(apex_var_value(logits)) != APEX_F32) logits = apex_cast(g, logits, APEX_F32);
   return logits;
+}
+
+apex_var *apex_gpt_loss(apex_module *gpt, apex_graph *g, const int64_t *ids, const int64_t *targets, int64_t B, int64_t T) {
+  if (!targets) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_gpt_loss: NULL targets");
+  apex_var *h = gpt_hidden(gpt, g, ids, B, T, "apex_gpt_loss");
+  /* the tied head reads wte [V, C] where it is: logits = h wte^T, a linear without bias */
+  return h ? apex_linear_cross_entropy(g, h, gpt->children[0]->p[0], targets, NULL, 0) : NULL;
 }

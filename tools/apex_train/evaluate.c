@@ -61,8 +61,7 @@ static int eval_text(train_model *tm, apex_graph *g, const dataset *d, dist *ds,
         ids[b * T + t] = d->tok[at];
         tg[b * T + t] = d->tok[at + 1];
       }
-    apex_var *logits = model_forward_text(tm, g, ids, B, T);
-    apex_var *loss = logits ? apex_cross_entropy(g, logits, tg, NULL) : NULL;
+    apex_var *loss = model_loss_text(tm, g, ids, tg, B, T);
     if (!loss) rc = -1;
     else sum[0] += apex_var_item(loss) * (double)(B * T);
     apex_graph_reset(g);

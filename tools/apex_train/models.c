@@ -50,3 +50,7 @@ apex_var *model_forward_images(train_model *tm, apex_amp *amp, apex_graph *g, ap
 apex_var *model_forward_text(train_model *tm, apex_graph *g, const int64_t *ids, int64_t B, int64_t T) {
   return apex_gpt_forward(tm->net, g, ids, B, T);
 }
+
+apex_var *model_loss_text(train_model *tm, apex_graph *g, const int64_t *ids, const int64_t *targets, int64_t B, int64_t T) {
+  return apex_gpt_loss(tm->net, g, ids, targets, B, T);
+}

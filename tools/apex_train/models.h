@@ -39,6 +39,9 @@ void model_free(train_model *tm);
 apex_var *model_forward_images(train_model *tm, apex_amp *amp, apex_graph *g, apex_var *x);
 /* gpt: logits [B * T, vocab] (f32) of ids [B, T]. */
 apex_var *model_forward_text(train_model *tm, apex_graph *g, const int64_t *ids, int64_t B, int64_t T);
+/* gpt: the mean cross entropy (f32 []) of ids [B, T] against targets [B, T], the head and the loss as one
+ * op (apex_gpt_loss): what training and evaluation run. */
+apex_var *model_loss_text(train_model *tm, apex_graph *g, const int64_t *ids, const int64_t *targets, int64_t B, int64_t T);
 
 /* mlp | cnn | gpt. */
 const char *model_kind_name(model_kind kind);

@@ -51,16 +51,16 @@ int train_step(step_ctx *c, long pos, long step, step_result *out) {
   int failed = 0;
   for (long k = 0; k < c->accum && !failed; k++) {
     size_t micro = (size_t)(pos * c->accum + k);
-    apex_var *logits;
+    apex_var *loss;
     if (c->tm->kind == MODEL_GPT) {
       dataset_text_batch(c->d, micro, c->B, c->ids, c->labels);
-      logits = model_forward_text(c->tm, g, c->ids, c->B, c->T);
+      loss = model_loss_text(c->tm, g, c->ids, c->labels, c->B, c->T);
     } else {
       dataset_image_batch(c->d, micro, c->B, device_batch_host(&c->x), c->labels);
       apex_tensor *x = device_batch_upload(&c->x);
-      logits = x ? model_forward_images(c->tm, c->amp, g, apex_graph_input(g, x, 0)) : NULL;
+      apex_var *logits = x ? model_forward_images(c->tm, c->amp, g, apex_graph_input(g, x, 0)) : NULL;
+      loss = logits ? apex_cross_entropy(g, logits, c->labels, NULL) : NULL;
     }
-    apex_var *loss = logits ? apex_cross_entropy(g, logits, c->labels, NULL) : NULL;
     /* On the CPU the loss is read at once (it costs nothing); on a GPU a queued copy keeps it, read
      * after the step is queued, so that the host does not wait for each micro-batch's forward. */
     double lv = 0;
