@@ -3,7 +3,8 @@
  * vocabulary of bench_gpt2_cuda), recorded on a CUDA graph by autograd, amp O2 with bf16 (f32 masters,
  * dynamic loss scale) and apex's AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1) on the device: what a
  * C program that builds its model from apex's modules gets, against bench_gpt2_cuda's hand-written step
- * (bench/gpt2_cuda.c) on the same kernels.
+ * (bench/gpt2_cuda.c) on the same kernels. The loss is apex_gpt_loss: the tied head and the cross entropy
+ * as one op (apex_linear_cross_entropy).
  *
  * The same fixed batch as bench_gpt2_cuda (B sequences of T = 1024 tokens uniform over GPT-2's 50257,
  * targets the next token of the stream) is trained on again and again, so the loss must fall: 3 warm-up
@@ -74,8 +75,8 @@ static apex_status sync_if(phases *ph) { return ph && !on_cpu ? apex_cuda_synchr
 static apex_status step(apex_module *gpt, apex_amp *amp, apex_optimizer *opt, apex_graph *g, const int64_t *tokens,
                         const int64_t *targets, int64_t B, int64_t T, apex_tensor *slot, phases *ph) {
   double t0 = bench_now();
-  apex_var *logits = apex_gpt_forward(gpt, g, tokens, B, T);
-  apex_var *loss = logits ? apex_cross_entropy(g, logits, targets, NULL) : NULL;
+  /* the head and the loss as one op (apex_gpt_loss): no [B T, vocab] f32 logits nor their f32 gradient */
+  apex_var *loss = apex_gpt_loss(gpt, g, tokens, targets, B, T);
   apex_status st = loss ? apex_tensor_copy(slot, apex_var_value(loss)) : apex_last_status();
   double t1 = bench_now();
   if (st == APEX_OK) st = sync_if(ph);
