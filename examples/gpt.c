@@ -23,17 +23,24 @@ enum { B = 16, T = 64, D = 64, LAYERS = 2, HEADS = 4, V = 256 };
 
 static apex_module *wte, *wpe, *ln_f, *blocks[LAYERS];
 
-/* logits [n * t, V] in f32 of ids [n, t]. */
-static apex_var *forward(apex_graph *g, const int64_t *ids, int64_t n, int64_t t) {
+/* The hidden states [n * t, D] after the last layer norm, of ids [n, t]. */
+static apex_var *hidden(apex_graph *g, const int64_t *ids, int64_t n, int64_t t) {
   int64_t shape[2] = {n, t}, pos[T];
   for (int64_t i = 0; i < t; i++) pos[i] = i;
   apex_var *h = apex_add(g, apex_embedding_forward(wte, g, ids, 2, shape), apex_embedding_forward(wpe, g, pos, 1, &t));
   for (int l = 0; l < LAYERS; l++) h = apex_module_forward(blocks[l], g, h);
   h = apex_module_forward(ln_f, g, h);
-  /* Tied output: h @ wte^T, through a recorded transpose so that wte gets both gradients. */
-  apex_var *logits = apex_matmul(g, h, apex_transpose(g, apex_module_param(wte, "weight"), 0, 1));
-  logits = apex_reshape(g, logits, 2, (int64_t[]){n * t, V});
-  return logits && apex_tensor_dtype(apex_var_value(logits)) != APEX_F32 ? apex_cast(g, logits, APEX_F32) : logits;
+  return apex_reshape(g, h, 2, (int64_t[]){n * t, D});
+}
+
+/* Tied output: logits [n * t, V] = h wte^T, a linear without bias that reads wte where it is. */
+static apex_var *forward(apex_graph *g, const int64_t *ids, int64_t n, int64_t t) {
+  return apex_linear(g, hidden(g, ids, n, t), apex_module_param(wte, "weight"), NULL);
+}
+
+/* Training's loss: the tied head and the cross entropy as one op, which never holds the f32 logits. */
+static apex_var *loss_of(apex_graph *g, const int64_t *ids, const int64_t *targets, int64_t n, int64_t t) {
+  return apex_linear_cross_entropy(g, hidden(g, ids, n, t), apex_module_param(wte, "weight"), targets, NULL, 0);
 }
 
 int main(int argc, char **argv) {
@@ -92,7 +99,7 @@ int main(int argc, char **argv) {
       }
     }
     apex_optimizer_set_lr(opt, 0, 3e-3f * (1.0f - 0.9f * (float)s / (float)steps));
-    apex_var *loss = apex_cross_entropy(g, forward(g, ids, B, T), targets, NULL);
+    apex_var *loss = loss_of(g, ids, targets, B, T);
     if (!loss) {
       fprintf(stderr, "forward: %s\n", apex_last_error());
       return 1;
