@@ -43,6 +43,11 @@ static apex_var *f_eq(apex_graph *g, apex_var **x) { return apex_mul(g, x[0], ap
 /* the transformer MLP's fused product: 24 outputs, a multiple of 8, so that cuBLASLt's GELU_AUX_BIAS
  * epilogue takes the half cases on a GPU */
 static apex_var *f_linear_gelu(apex_graph *g, apex_var **x) { return apex_linear_gelu(g, x[0], x[1], x[2]); }
+/* the residual add and the layer norm after it, both results used: y * (x + r) */
+static apex_var *f_add_ln(apex_graph *g, apex_var **x) {
+  apex_var *sum = NULL, *y = apex_add_layer_norm(g, x[0], x[1], x[2], x[3], 0.0f, &sum);
+  return y ? apex_mul(g, y, sum) : NULL;
+}
 /* the classifier over nn_cases.h's targets (6 rows, 4 classes), its backward in chunks of 4 rows and 2 */
 static apex_var *f_linear_ce(apex_graph *g, apex_var **x) { return apex_linear_cross_entropy(g, x[0], x[1], ce_targets, NULL, 4); }
 
@@ -65,6 +70,7 @@ static const gc_case extra_cases[] = {
     {"causal_attention_heads", f_attention_heads, 3, {3, 3, 3}, {{2, 24, 32}, {2, 24, 32}, {2, 24, 32}}, 0, 0},
     {"linear_gelu", f_linear_gelu, 3, {2, 2, 1}, {{6, 40}, {24, 40}, {24}}, 0, 0},
     {"linear_cross_entropy", f_linear_ce, 2, {2, 2}, {{6, 40}, {4, 40}}, 0, 0},
+    {"add_layer_norm", f_add_ln, 4, {3, 3, 1, 1}, {{3, 4, 24}, {3, 4, 24}, {24}, {24}}, 0, 0},
 };
 
 /* The op a case stands for, where it is not the op of the case's result (apex_var_op). */

@@ -492,6 +492,68 @@ static void test_linear_cross_entropy(void **state) {
   apex_var_destroy(w3);
 }
 
+/* The residual add and its layer norm (apex_add_layer_norm) against apex_add then apex_layer_norm: the
+ * norm's output, the sum, and every gradient (x, r, weight, bias), bit for bit, in f32, bf16, f16 and
+ * under autocast (where the norm reads a half sum uncast), both results carrying a gradient; and where
+ * it cannot fuse (r broadcast over rows) the same results by the two ops. */
+static void add_ln_run(apex_dtype dt, apex_dtype autocast, int fused, int bcast, uint32_t *bits, size_t *n) {
+  enum { R = 9, D = 20 };
+  apex_graph *g = apex_graph_create();
+  if (autocast) TU_OK(apex_graph_set_autocast(g, 1, autocast));
+  apex_var *x = tu_random_leaf(dt, 2, (int64_t[]){R, D}, 51, 1), *r = tu_random_leaf(dt, 2, (int64_t[]){bcast ? 1 : R, D}, 52, 1);
+  apex_var *w = tu_random_leaf(APEX_F32, 1, (int64_t[]){D}, 53, 1), *b = tu_random_leaf(APEX_F32, 1, (int64_t[]){D}, 54, 1);
+  apex_var *sum = NULL, *y;
+  if (fused) {
+    y = apex_add_layer_norm(g, x, r, w, b, 1e-5f, &sum);
+  } else {
+    sum = apex_add(g, x, r);
+    y = apex_layer_norm(g, sum, w, b, 1e-5f);
+  }
+  assert_non_null(y);
+  assert_non_null(sum);
+  apex_var *z = apex_add(g, apex_scale(g, y, 0.75f), apex_cast(g, sum, apex_tensor_dtype(apex_var_value(y))));
+  apex_tensor *go = tu_random_tensor(APEX_F32, R * D, 55, 1.0f);
+  TU_OK(apex_backward(z, &(apex_backward_options){.grad_output = go}));
+  size_t k = 0;
+  const apex_tensor *ts[6] = {apex_var_value(y), apex_var_value(sum), apex_var_grad(x), apex_var_grad(r), apex_var_grad(w), apex_var_grad(b)};
+  for (int t = 0; t < 6; t++)
+    for (size_t i = 0; i < apex_tensor_numel(ts[t]); i++) bits[k++] = tu_bits(apex_tensor_get(ts[t], i));
+  *n = k;
+  apex_tensor_destroy(go);
+  apex_graph_destroy(g);
+  apex_var *leaves[4] = {x, r, w, b};
+  for (int t = 0; t < 4; t++) apex_var_destroy(leaves[t]);
+}
+
+static void test_add_layer_norm(void **state) {
+  (void)state;
+  enum { CAP = 4096 };
+  static uint32_t a[CAP], f[CAP];
+  const struct { apex_dtype dt, autocast; } runs[] = {{APEX_F32, 0}, {APEX_BF16, 0}, {APEX_F16, 0}, {APEX_BF16, APEX_BF16}, {APEX_F32, APEX_F16}};
+  for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
+    for (int bcast = 0; bcast < 2; bcast++) {
+      size_t na, nf;
+      add_ln_run(runs[i].dt, runs[i].autocast, 0, bcast, a, &na);
+      add_ln_run(runs[i].dt, runs[i].autocast, 1, bcast, f, &nf);
+      assert_int_equal(na, nf);
+      for (size_t j = 0; j < na; j++)
+        if (a[j] != f[j]) fail_msg("%s autocast %s broadcast %d: value %zu is 0x%08x fused, 0x%08x by the two ops", apex_dtype_name(runs[i].dt),
+                                   runs[i].autocast ? apex_dtype_name(runs[i].autocast) : "off", bcast, j, f[j], a[j]);
+    }
+  apex_graph *g = apex_graph_create();
+  apex_var *x = tu_random_leaf(APEX_F32, 2, (int64_t[]){2, 4}, 56, 0), *w = tu_random_leaf(APEX_F32, 1, (int64_t[]){4}, 57, 0);
+  apex_var *w5 = tu_random_leaf(APEX_F32, 1, (int64_t[]){5}, 58, 0), *sum = x;
+  assert_null(apex_add_layer_norm(g, x, x, w, w, 0.0f, NULL));
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  assert_null(apex_add_layer_norm(g, x, x, w5, w5, 0.0f, &sum)); /* the norm's own shape error */
+  assert_int_equal(apex_last_status(), APEX_ERR_SHAPE);
+  assert_null(sum);
+  apex_graph_destroy(g);
+  apex_var_destroy(x);
+  apex_var_destroy(w);
+  apex_var_destroy(w5);
+}
+
 static void test_batch_norm_relu_fused(void **state) {
   (void)state;
   enum { CAP = 4096 };
@@ -529,7 +591,7 @@ int main(void) {
       cmocka_unit_test(test_accumulate_and_zero),       cmocka_unit_test(test_no_grad_and_freed_graph),
       cmocka_unit_test(test_errors_name_op_and_shapes), cmocka_unit_test(test_low_precision_and_autocast),
       cmocka_unit_test(test_threads_bitwise),           cmocka_unit_test(test_ten_thousand_steps),
-      cmocka_unit_test(test_model_names_and_init),       cmocka_unit_test(test_batch_norm_relu_fused), cmocka_unit_test(test_linear_gelu_fused), cmocka_unit_test(test_linear_cross_entropy),
+      cmocka_unit_test(test_model_names_and_init),       cmocka_unit_test(test_batch_norm_relu_fused), cmocka_unit_test(test_linear_gelu_fused), cmocka_unit_test(test_linear_cross_entropy), cmocka_unit_test(test_add_layer_norm),
       cmocka_unit_test(test_low_precision_leaf_adds_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

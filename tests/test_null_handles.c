@@ -108,6 +108,7 @@ static int call_mlp_create(void) { return apex_mlp_create(NULL, NULL) == NULL ? 
 static int call_cnn_create(void) { return apex_cnn_create(NULL, NULL) == NULL ? 0 : 1; }
 static int call_gpt_create(void) { return apex_gpt_create(NULL, NULL) == NULL ? 0 : 1; }
 static int call_gpt_forward(void) { return apex_gpt_forward(NULL, NULL, NULL, 0, 0) == NULL ? 0 : 1; }
+static int call_gpt_loss(void) { return apex_gpt_loss(NULL, NULL, NULL, NULL, 0, 0) == NULL ? 0 : 1; }
 static int call_gpt_sizes(void) { return apex_gpt_sizes(NULL, NULL) == APEX_ERR_INVALID_ARG ? 0 : 1; }
 static int call_gpt_hf_sizes(void) { return apex_gpt_hf_sizes(NULL, NULL) == APEX_ERR_INVALID_ARG ? 0 : 1; }
 static int call_gpt_load_hf(void) { return apex_gpt_load_hf(NULL, NULL, NULL, NULL) == APEX_ERR_INVALID_ARG ? 0 : 1; }
@@ -139,6 +140,12 @@ static int call_eq(void) { return apex_eq(NULL, NULL, NULL) == NULL ? 0 : 1; }
 static int call_dropout(void) { return apex_dropout(NULL, NULL, 0.0f, 0, NULL) == NULL ? 0 : 1; }
 static int call_matmul(void) { return apex_matmul(NULL, NULL, NULL) == NULL ? 0 : 1; }
 static int call_linear(void) { return apex_linear(NULL, NULL, NULL, NULL) == NULL ? 0 : 1; }
+static int call_linear_gelu(void) { return apex_linear_gelu(NULL, NULL, NULL, NULL) == NULL ? 0 : 1; }
+static int call_linear_cross_entropy(void) { return apex_linear_cross_entropy(NULL, NULL, NULL, NULL, NULL, 0) == NULL ? 0 : 1; }
+static int call_add_layer_norm(void) {
+  apex_var *sum = NULL;
+  return apex_add_layer_norm(NULL, NULL, NULL, NULL, NULL, 0.0f, &sum) == NULL && !sum ? 0 : 1;
+}
 static int call_conv2d(void) { return apex_conv2d(NULL, NULL, NULL, NULL, NULL) == NULL ? 0 : 1; }
 static int call_max_pool2d(void) { return apex_max_pool2d(NULL, NULL, NULL) == NULL ? 0 : 1; }
 static int call_avg_pool2d(void) { return apex_avg_pool2d(NULL, NULL, NULL) == NULL ? 0 : 1; }
@@ -304,6 +311,7 @@ static const struct { const char *name; int (*call)(void); } calls[] = {
     {"apex_cnn_create", call_cnn_create},
     {"apex_gpt_create", call_gpt_create},
     {"apex_gpt_forward", call_gpt_forward},
+    {"apex_gpt_loss", call_gpt_loss},
     {"apex_gpt_sizes", call_gpt_sizes},
     {"apex_gpt_hf_sizes", call_gpt_hf_sizes},
     {"apex_gpt_load_hf", call_gpt_load_hf},
@@ -335,6 +343,9 @@ static const struct { const char *name; int (*call)(void); } calls[] = {
     {"apex_dropout", call_dropout},
     {"apex_matmul", call_matmul},
     {"apex_linear", call_linear},
+    {"apex_linear_gelu", call_linear_gelu},
+    {"apex_linear_cross_entropy", call_linear_cross_entropy},
+    {"apex_add_layer_norm", call_add_layer_norm},
     {"apex_conv2d", call_conv2d},
     {"apex_max_pool2d", call_max_pool2d},
     {"apex_avg_pool2d", call_avg_pool2d},

@@ -122,6 +122,14 @@ APEX_API apex_var *apex_batch_norm(apex_graph *g, apex_var *x, apex_var *weight,
                                    const apex_batch_norm_options *opts);
 /* Layer norm over the last dimension of x [..., D]; weight, bias [D] or NULL; eps 0 means 1e-5. */
 APEX_API apex_var *apex_layer_norm(apex_graph *g, apex_var *x, apex_var *weight, apex_var *bias, float eps);
+/* The residual add and the layer norm after it, as a transformer block runs them: returns
+ * apex_layer_norm(x + r, w, b, eps) and stores x + r (an ADD result, the residual stream the block goes
+ * on with) in *sum. Where x and r share shape and dtype, w and b are [D] and autocast gives the norm
+ * the sum uncast, one kernel computes both (the sum rounded once to the operands' dtype, then
+ * normalised as stored: the bits of the two ops, forward and backward, which stay two recorded ops);
+ * otherwise the two ops run in turn. Errors as theirs; APEX_ERR_INVALID_ARG for a NULL sum. *sum is
+ * NULL on failure. */
+APEX_API apex_var *apex_add_layer_norm(apex_graph *g, apex_var *x, apex_var *r, apex_var *w, apex_var *b, float eps, apex_var **sum);
 /* Layer norm over the last norm_ndim dimensions of x, which must equal normalized_shape (PyTorch's
  * F.layer_norm(x, normalized_shape, weight, bias, eps)): mean and variance over all of them at once.
  * weight and bias have shape normalized_shape, or are NULL. APEX_ERR_INVALID_ARG for a NULL

@@ -317,6 +317,12 @@ static inline apex_status apex__bn_options(const apex_batch_norm_options *o, con
   return APEX_OK;
 }
 
+/* a + b recorded as apex_add records it (autocast, shapes, the graph), its value allocated but not yet
+ * computed: for a fused kernel that writes the sum itself (apex_add_layer_norm). NULL after a message. */
+apex_var *apex__add_unfilled(apex_graph *g, apex_var *a, apex_var *b);
+/* 1 when autocast (as g is set now) would give op the input v uncast. */
+int apex__dispatch_keeps(const apex_graph *g, apex_op op, const apex_var *v);
+
 /* Cross entropy's targets checked on the host (each in [0, C) unless opts ignores it; fn and logits name
  * the call in messages) and copied to the graph's device into pool scratch of N int64 (-1 where ignored)
  * followed by room for 2N floats (each row's max and 1 / sum of exp, the statistics the backward reads):

@@ -342,6 +342,13 @@ static int reads_half(apex_op op, const apex_var *x) {
   return apex__op(op)->reads_half && b && b->float_ops_read_half;
 }
 
+int apex__dispatch_keeps(const apex_graph *g, apex_op op, const apex_var *v) {
+  apex_cast_category cat = g->cast_override[op] >= 0 ? (apex_cast_category)g->cast_override[op] : apex__op(op)->cast;
+  if (!g->autocast || (cat != APEX_CAST_HALF && cat != APEX_CAST_FLOAT)) return 1;
+  apex_dtype dt = cat == APEX_CAST_HALF ? g->autocast_dtype : APEX_F32;
+  return v->value->dtype == dt || (cat == APEX_CAST_FLOAT && reads_half(op, v));
+}
+
 apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in, unsigned optional, apex_var **use,
                            apex_dtype *dtype) {
   const char *name = apex_op_name(op);
@@ -378,7 +385,7 @@ apex_status apex__dispatch(apex_graph *g, apex_op op, int n, apex_var *const *in
   if (g->autocast && (cat == APEX_CAST_HALF || cat == APEX_CAST_FLOAT)) {
     dt = cat == APEX_CAST_HALF ? g->autocast_dtype : APEX_F32;
     for (int i = 0; i < n; i++) {
-      if (!in[i] || in[i]->value->dtype == dt || (cat == APEX_CAST_FLOAT && reads_half(op, in[i]))) continue;
+      if (!in[i] || apex__dispatch_keeps(g, op, in[i])) continue;
       use[i] = cast_to(g, in[i], dt);
       if (!use[i]) return APEX_ERR_OUT_OF_MEMORY;
     }

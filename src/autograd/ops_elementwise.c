@@ -65,7 +65,8 @@ static int binary_kind(apex_op op) {
   return -1;
 }
 
-static apex_var *binary(apex_graph *g, apex_op op, apex_var *a, apex_var *b) {
+/* The binary op's front; with run 0 it records the result without computing it (apex__add_unfilled). */
+static apex_var *binary_op(apex_graph *g, apex_op op, apex_var *a, apex_var *b, int run) {
   apex_var *in[2] = {a, b}, *u[2];
   apex_dtype dt;
   if (apex__dispatch(g, op, 2, in, 0, u, &dt) != APEX_OK) return NULL;
@@ -79,7 +80,7 @@ static apex_var *binary(apex_graph *g, apex_op op, apex_var *a, apex_var *b) {
    * inputs, so it never requires gradients and keeps nothing alive for a backward (PyTorch's bool
    * results do not require grad either). */
   apex_var *out = apex__result(g, op, dt, p.nd, p.shape, is_comparison(op) ? 0 : 2, u);
-  if (!out) return NULL;
+  if (!out || !run) return out;
   if (be->nn_binary(&(apex_nn_binary_args){.kind = (apex_nn_binary_kind)kind, .plan = &p, .a = ag_buf(u[0]->value), .b = ag_buf(u[1]->value),
                                            .numel_a = ag_numel(u[0]), .numel_b = ag_numel(u[1]), .out = apex_tensor_data(out->value),
                                            .out_dtype = out->value->dtype, .ws = apex__ag_workspace(g)}) != APEX_OK)
@@ -87,6 +88,9 @@ static apex_var *binary(apex_graph *g, apex_op op, apex_var *a, apex_var *b) {
   return out;
 }
 
+static apex_var *binary(apex_graph *g, apex_op op, apex_var *a, apex_var *b) { return binary_op(g, op, a, b, 1); }
+
+apex_var *apex__add_unfilled(apex_graph *g, apex_var *a, apex_var *b) { return binary_op(g, APEX_OP_ADD, a, b, 0); }
 apex_var *apex_add(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, APEX_OP_ADD, a, b); }
 apex_var *apex_sub(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, APEX_OP_SUB, a, b); }
 apex_var *apex_mul(apex_graph *g, apex_var *a, apex_var *b) { return binary(g, APEX_OP_MUL, a, b); }

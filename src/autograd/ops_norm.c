@@ -157,7 +157,8 @@ static int has_shape(const apex_tensor *t, int nn, const int64_t *ns) {
 /* One op for both: layer norm centres and has a bias; RMS norm does neither. Each row is the last
  * nn dimensions of x flattened (PyTorch's normalized_shape), so weight and bias, of that shape and
  * contiguous, index the row as a flat [D]; ns NULL means x's own last nn dimensions. */
-static apex_var *row_norm(apex_graph *g, apex_op op, apex_var *x, int nn, const int64_t *ns, apex_var *weight, apex_var *bias, float eps) {
+static apex_var *row_norm(apex_graph *g, apex_op op, apex_var *x, int nn, const int64_t *ns, apex_var *weight, apex_var *bias, float eps,
+                          const apex_var *add_a, const apex_var *add_b) {
   apex_var *in[3] = {x, weight, bias}, *u[3];
   apex_dtype dt;
   const char *name = apex_op_name(op);
@@ -189,24 +190,49 @@ static apex_var *row_norm(apex_graph *g, apex_op op, apex_var *x, int nn, const 
   out->aux = st;
   out->p.row_norm.rows = (int64_t)R;
   out->p.row_norm.cols = (int64_t)D;
-  if (be->nn_row_norm(&(apex_nn_row_norm_args){.centre = op == APEX_OP_LAYER_NORM, .rows = R, .cols = D, .x = ag_buf(X),
-                                               .w = ag_buf_of(u[1]), .b = ag_buf_of(u[2]), .out = apex_tensor_data(out->value),
-                                               .out_dtype = out->value->dtype, .stats = st, .eps = eps,
-                                               .ws = apex__ag_workspace(g)}) != APEX_OK)
+  /* with add_a, add_b: x is their sum, recorded but not yet computed (apex_add_layer_norm): the kernel
+   * writes it into x's value as it normalises it */
+  if (be->nn_row_norm(&(apex_nn_row_norm_args){.centre = op == APEX_OP_LAYER_NORM, .rows = R, .cols = D,
+                                               .x = add_a ? ag_buf(add_a->value) : ag_buf(X), .w = ag_buf_of(u[1]), .b = ag_buf_of(u[2]),
+                                               .out = apex_tensor_data(out->value), .out_dtype = out->value->dtype, .stats = st,
+                                               .eps = eps, .x2 = add_b ? ag_buf(add_b->value) : (apex_nn_buf){NULL, APEX_F32},
+                                               .xsum = add_a ? apex_tensor_data(X) : NULL, .ws = apex__ag_workspace(g)}) != APEX_OK)
     return NULL;
   return out;
 }
 
 apex_var *apex_layer_norm(apex_graph *g, apex_var *x, apex_var *w, apex_var *b, float eps) {
-  return row_norm(g, APEX_OP_LAYER_NORM, x, 1, NULL, w, b, eps);
+  return row_norm(g, APEX_OP_LAYER_NORM, x, 1, NULL, w, b, eps, NULL, NULL);
 }
-apex_var *apex_rms_norm(apex_graph *g, apex_var *x, apex_var *w, float eps) { return row_norm(g, APEX_OP_RMS_NORM, x, 1, NULL, w, NULL, eps); }
+apex_var *apex_rms_norm(apex_graph *g, apex_var *x, apex_var *w, float eps) {
+  return row_norm(g, APEX_OP_RMS_NORM, x, 1, NULL, w, NULL, eps, NULL, NULL);
+}
+
+/* Fused where the sum and the norm read it as the separate ops would: operands of one shape and dtype
+ * (no broadcast, no promotion), the norm taking the sum uncast under autocast, weight and bias [D] of
+ * the last dimension. Otherwise (and for a NULL argument, so the messages are the ops' own) the two
+ * ops run one after the other, with the same results. */
+apex_var *apex_add_layer_norm(apex_graph *g, apex_var *x, apex_var *r, apex_var *w, apex_var *b, float eps, apex_var **sum) {
+  if (!sum) return apex__fail_null(APEX_ERR_INVALID_ARG, "add_layer_norm: NULL sum (it receives x + r)");
+  *sum = NULL;
+  const apex_tensor *X = x ? x->value : NULL, *Rt = r ? r->value : NULL;
+  int fuse = g && X && Rt && X->ndim >= 1 && apex_tensor_same_shape(X, Rt) && X->dtype == Rt->dtype && X->numel > 0 &&
+             apex__dispatch_keeps(g, APEX_OP_LAYER_NORM, x);
+  for (int i = 0; fuse && i < 2; i++) {
+    const apex_var *p = i ? b : w;
+    fuse = p && p->value->ndim == 1 && p->value->shape[0] == X->shape[X->ndim - 1];
+  }
+  apex_var *s = fuse ? apex__add_unfilled(g, x, r) : apex_add(g, x, r);
+  apex_var *y = !s ? NULL : fuse ? row_norm(g, APEX_OP_LAYER_NORM, s, 1, NULL, w, b, eps, x, r) : apex_layer_norm(g, s, w, b, eps);
+  if (y) *sum = s;
+  return y;
+}
 
 /* The _nd forms take normalized_shape explicitly, as PyTorch does, so that a mismatch with x is an
  * error rather than a silently different normalisation. */
 static apex_var *row_norm_nd(apex_graph *g, apex_op op, apex_var *x, int nn, const int64_t *ns, apex_var *w, apex_var *b, float eps) {
   if (!ns) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: NULL normalized_shape", apex_op_name(op));
-  return row_norm(g, op, x, nn, ns, w, b, eps);
+  return row_norm(g, op, x, nn, ns, w, b, eps, NULL, NULL);
 }
 apex_var *apex_layer_norm_nd(apex_graph *g, apex_var *x, int norm_ndim, const int64_t *normalized_shape, apex_var *w, apex_var *b, float eps) {
   return row_norm_nd(g, APEX_OP_LAYER_NORM, x, norm_ndim, normalized_shape, w, b, eps);

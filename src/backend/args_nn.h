@@ -331,6 +331,12 @@ typedef struct apex_nn_row_norm_args {
   apex_dtype out_dtype;
   float *stats;
   float eps;
+  /* The residual add in front of the norm (apex_add_layer_norm): with x2.data set, the rows normalised
+   * are x + x2 (x2 of x's shape and dtype), summed in f32 and rounded once to x's dtype as the binary
+   * slot's ADD rounds it, and stored into xsum (x's dtype, may be x or x2) as well: the transformer's
+   * residual stream and its next norm from one pass over the rows. */
+  apex_nn_buf x2;
+  void *xsum;
   apex_nn_workspace ws;
 } apex_nn_row_norm_args;
 

@@ -131,11 +131,16 @@ static apex_var *gpt_hidden(apex_module *gpt, apex_graph *g, const int64_t *ids,
   apex_var *tok = apex_embedding_forward(c[0], g, ids, 2, shape);
   apex_var *p = tok ? apex_embedding_forward(c[1], g, pos, 1, &T) : NULL;
   if (pos != stack_pos) free(pos);
-  apex_var *h = p ? apex_add(g, tok, p) : NULL;
-  for (int64_t l = 0; h && l < s.n_layer; l++) h = apex_module_forward(c[2 + l], g, h);
-  if (h) h = apex_module_forward(c[2 + s.n_layer], g, h);
+  /* every residual add goes into the layer norm after it: the embeddings' sum into block 0's ln1, each
+   * block's last add into the next one's ln1 or ln_f (apex__nn_block_forward2) */
+  apex_var *a = tok, *b = p;
+  for (int64_t l = 0; a && b && l < s.n_layer; l++) a = apex__nn_block_forward2(c[2 + l], g, a, b, &b);
+  apex_module *ln_f = c[2 + s.n_layer];
+  apex_var *sum = NULL, *h = a && b ? apex_add_layer_norm(g, a, b, ln_f->p[0], ln_f->p[1], ln_f->f, &sum) : NULL;
+  if (!h) return NULL;
+  apex_var_release(a), apex_var_release(b), apex_var_release(sum);
   int64_t flat[2] = {B * T, s.n_embd};
-  return h ? apex_reshape(g, h, 2, flat) : NULL;
+  return apex_reshape(g, h, 2, flat);
 }
 
 apex_var *apex_gpt_forward(apex_module *gpt, apex_graph *g, const int64_t *ids, int64_t B, int64_t T) {

@@ -210,16 +210,36 @@ static apex_var *attention_forward(apex_module *mod, apex_graph *g, apex_var *x)
   return drop(apex_module_forward(mod->children[3], g, y), y);
 }
 
-static apex_var *block_forward(apex_module *mod, apex_graph *g, apex_var *x) {
+/* The block's two residual adds each go into the layer norm after them (apex_add_layer_norm): the
+ * block's input is a + b (b NULL: a alone), normalised by ln1 as it is summed, and the block ends unsummed,
+ * returning x1 and *p_out, whose sum is its output: the next block's ln1, or the model's final norm, adds
+ * them as it normalises (apex__nn_block_forward2 in nn_internal.h). */
+apex_var *apex__nn_block_forward2(apex_module *mod, apex_graph *g, apex_var *a, apex_var *b, apex_var **p_out) {
   apex_module **c = mod->children;
-  apex_var *h = apex_module_forward(c[0], g, x);
-  apex_var *a = drop(apex_module_forward(c[1], g, h), h);
-  apex_var *x1 = drop(apex_add(g, x, a), a);
-  h = apex_module_forward(c[2], g, x1);
+  *p_out = NULL;
+  apex_var *x = a, *h;
+  if (b) {
+    h = apex_add_layer_norm(g, a, b, c[0]->p[0], c[0]->p[1], c[0]->f, &x);
+    if (h) apex_var_release(a), apex_var_release(b);
+  } else {
+    h = apex_module_forward(c[0], g, x);
+  }
+  apex_var *att = h ? drop(apex_module_forward(c[1], g, h), h) : NULL, *x1 = NULL;
+  h = att ? apex_add_layer_norm(g, x, att, c[2]->p[0], c[2]->p[1], c[2]->f, &x1) : NULL;
+  if (!h) return NULL;
+  apex_var_release(att);
+  if (b) apex_var_release(x); /* the sum made here; a caller's a stays the caller's */
   /* fc and its GELU as one op: the GELU in the product's epilogue, the pre-activation kept as its aux */
   apex_var *f = drop(apex_linear_gelu(g, h, c[3]->p[0], c[3]->p[1]), h);
-  apex_var *p = drop(apex_module_forward(c[4], g, f), f);
-  return drop(drop(apex_add(g, x1, p), p), x1);
+  apex_var *p = f ? drop(apex_module_forward(c[4], g, f), f) : NULL;
+  if (!p) return NULL;
+  *p_out = p;
+  return x1;
+}
+
+static apex_var *block_forward(apex_module *mod, apex_graph *g, apex_var *x) {
+  apex_var *p, *x1 = apex__nn_block_forward2(mod, g, x, NULL, &p);
+  return x1 ? drop(drop(apex_add(g, x1, p), p), x1) : NULL;
 }
 
 static int is_batch_norm(const apex_module *mod) { return mod->kind == NN_BATCH_NORM1D || mod->kind == NN_BATCH_NORM2D; }

@@ -81,5 +81,10 @@ apex_tensor *apex__nn_buffer(apex_module *mod, const char *local, int64_t n, flo
 apex_module *apex__nn_embedding(apex_model *m, const char *name, int64_t num, int64_t dim, float std);
 /* Appends child to mod's children. */
 int apex__nn_add_child(apex_module *mod, apex_module *child);
+/* A transformer block (apex_transformer_block_create) on the input a + b (b NULL: a), its residual adds
+ * fused into the layer norms after them: returns x1 and sets *p_out so that x1 + p is the block's output,
+ * left for whoever normalises it next to add (apex_add_layer_norm). Releases b and a when b is given
+ * (their sum replaces them). NULL after a message. */
+apex_var *apex__nn_block_forward2(apex_module *mod, apex_graph *g, apex_var *a, apex_var *b, apex_var **p_out);
 
 #endif

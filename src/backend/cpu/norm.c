@@ -494,7 +494,25 @@ static void rn_rows(apex_nn_buf x, size_t r0, size_t g, size_t G, size_t D, floa
   for (size_t k = g; k < G; k++) xr[k] = xr[0];
 }
 
+static apex_status row_norm(const apex_nn_row_norm_args *a);
+
+/* The residual add in front (x2): the binary slot's ADD over the flat rows into xsum, then the norm of
+ * xsum as stored, so the bits are those of apex_add followed by apex_layer_norm. */
 apex_status apex__cpu_nn_row_norm(const apex_nn_row_norm_args *a) {
+  if (!a->x2.data) return row_norm(a);
+  size_t n = a->rows * a->cols;
+  apex_nn_bcast flat = {.nd = 1, .shape = {(int64_t)n}, .st = {{1}, {1}}, .rows = n ? 1 : 0, .len = n};
+  apex_status st = apex__cpu_nn_binary(&(apex_nn_binary_args){.kind = APEX_NN_ADD, .plan = &flat, .a = a->x, .b = a->x2, .numel_a = n,
+                                                              .numel_b = n, .out = a->xsum, .out_dtype = a->x.dtype, .ws = a->ws});
+  if (st != APEX_OK) return st;
+  apex_nn_row_norm_args c = *a;
+  c.x = (apex_nn_buf){a->xsum, a->x.dtype};
+  c.x2 = (apex_nn_buf){NULL, APEX_F32};
+  c.xsum = NULL;
+  return row_norm(&c);
+}
+
+static apex_status row_norm(const apex_nn_row_norm_args *a) {
   size_t R = a->rows, D = a->cols, ng = (R + RN_G - 1) / RN_G;
   const float *wf = apex__cpu_f32(a->w, D, &a->ws), *bf = apex__cpu_f32(a->b, D, &a->ws);
   int fail;

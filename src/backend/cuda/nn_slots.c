@@ -172,6 +172,22 @@ static const float *norm_weight(apex_nn_buf w, size_t D, void **owned, apex_stat
 apex_status apex__cuda_slot_nn_row_norm(const apex_nn_row_norm_args *a) {
   size_t R = a->rows, D = a->cols;
   if (!R || !D) return APEX_OK;
+  if (a->x2.data) {
+    /* the residual add in front: one kernel where the fused layer norm reads everything as stored (a layer
+     * norm whose result, weight and bias share x's dtype or are f32 weights), else the add into xsum and
+     * the norm of xsum */
+    int wt_ok = a->w.data && (a->w.dtype == APEX_F32 || a->w.dtype == a->x.dtype) && a->b.data && a->b.dtype == a->w.dtype;
+    if (a->centre && a->out_dtype == a->x.dtype && D <= APEX__CUDA_NORM_FUSED_COLS && wt_ok)
+      return apex__cuda_add_layer_norm_fwd(a->x.data, a->x2.data, a->xsum, a->x.dtype, a->w.data, a->b.data, a->w.dtype, (int64_t)R,
+                                           (int64_t)D, a->eps, a->out, a->stats, a->stats + R);
+    apex_status st = apex__cuda_ew(APEX__EW_ADD, a->x.data, a->x.dtype, a->x2.data, a->x.dtype, 0.0f, a->xsum, a->x.dtype, (int64_t)(R * D));
+    if (st != APEX_OK) return st;
+    apex_nn_row_norm_args c = *a;
+    c.x = (apex_nn_buf){a->xsum, a->x.dtype};
+    c.x2 = (apex_nn_buf){NULL, APEX_F32};
+    c.xsum = NULL;
+    return apex__cuda_slot_nn_row_norm(&c);
+  }
   if (D > APEX__CUDA_NORM_FUSED_COLS) return apex__cuda_row_norm_wide(a);
   /* The kernel writes its result in x's dtype and reads w and b in one dtype, f32 or x's. A result of
    * another dtype is computed from x widened (exact) into f32 scratch and rounded once into out; a
