@@ -122,8 +122,29 @@ static apex_status flush_leaf(apex_graph *g, apex_var *v) {
  * that succeeded, a leaf sink (leaf_sink.h; never with a grad hook) first takes the sums it consumes. */
 static apex_status finish(apex_graph *g, int ok) {
   apex_status st = ok && g->leaf_sink && !g->grad_hook ? g->leaf_sink(g->leaf_sink_ctx, g) : APEX_OK;
+  /* Every leaf's flush in one multi-tensor call (the same axpby per element as flush_leaf's, so the same
+   * bits): on a GPU one launch for the model instead of one per parameter, each with its own host setup. */
+  size_t n = 0;
   for (size_t i = 0; i < g->n_touched; i++) {
-    apex_status s = flush_leaf(g, g->touched_leaves[i]);
+    apex_var *v = g->touched_leaves[i];
+    n += v->grad->dtype != APEX_F32 && v->gbuf && v->grad->numel;
+  }
+  apex_tensor **list = n > 1 && n <= INT32_MAX ? malloc(2 * n * sizeof *list) : NULL;
+  if (list) {
+    size_t k = 0;
+    for (size_t i = 0; i < g->n_touched; i++) {
+      apex_var *v = g->touched_leaves[i];
+      if (v->grad->dtype != APEX_F32 && v->gbuf && v->grad->numel) list[k] = v->grad, list[n + k++] = v->gt;
+    }
+    apex_status s = g->be->mt_axpby ? g->be->mt_axpby(&(apex_mt_axpby_args){.fn = "apex_backward", .n = (int)n, .x = list, .y = list + n,
+                                                                          .out = list, .a = 1.0f, .b = 1.0f, .arg_to_check = 0})
+                                    : apex__backend_slot_missing(g->be, "apex_backward", "multi_tensor_axpby");
+    if (st == APEX_OK) st = s;
+    free(list);
+    for (size_t i = 0; i < g->n_touched; i++) g->touched_leaves[i]->gbuf = NULL, g->touched_leaves[i]->gt = NULL;
+  }
+  for (size_t i = 0; i < g->n_touched; i++) {
+    apex_status s = flush_leaf(g, g->touched_leaves[i]); /* without the list: each leaf (a flushed one has no gbuf left) */
     if (st == APEX_OK) st = s;
   }
   g->n_touched = 0;
