@@ -23,6 +23,7 @@
 extern "C" {
 #include "core/internal.h"
 #include "backend/cuda/cuda_internal.h"
+#include "core/block_pool.h"
 }
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -148,15 +149,9 @@ extern "C" apex_status apex__cuda_sync(const char *what) {
 
 /* ---- the caching allocator ------------------------------------------------------------------------- */
 
-typedef struct block {
-  void *ptr;
-  size_t size;
-  int in_use;
-  int owner; /* 0: the pool's; else the capture that took it, which keeps it until released */
-} block;
-
-static block *g_blocks;
-static size_t g_nblocks, g_cap;
+/* The blocks and which of them are free: core/block_pool.h (best fit, captures' ownership), plain C so
+ * that it is tested without a GPU; here the cudaMalloc and cudaFree around it. */
+static apex__block_pool g_pool;
 static int g_capture, g_captures; /* the capture on (0: none), and the last id given */
 
 static size_t round_size(size_t bytes) {
@@ -165,50 +160,27 @@ static size_t round_size(size_t bytes) {
   return bytes < ((size_t)1 << 20) ? (bytes + small - 1) / small * small : (bytes + large - 1) / large * large;
 }
 
-/* Gives every free block back to the GPU. Caller holds g_mu. */
-static void release_cached(void) {
-  size_t k = 0;
-  for (size_t i = 0; i < g_nblocks; i++) {
-    if (g_blocks[i].in_use || g_blocks[i].owner) { /* a graph's blocks stay: it replays on them */
-      g_blocks[k++] = g_blocks[i];
-    } else {
-      cudaFree(g_blocks[i].ptr);
-      g_stats.reserved -= g_blocks[i].size;
-    }
-  }
-  g_nblocks = k;
+static void free_block(void *ptr, size_t size, void *ctx) {
+  (void)size, (void)ctx;
+  cudaFree(ptr);
 }
+
+/* Gives every free block back to the GPU (a graph's blocks stay: it replays on them). Caller holds g_mu. */
+static void release_cached(void) { g_stats.reserved -= apex__bp_trim(&g_pool, free_block, NULL); }
 
 extern "C" apex_status apex__cuda_alloc(size_t bytes, int zero, void **out) {
   const char *why;
   if (!apex__cuda_ready(&why)) return apex__fail(APEX_ERR_UNSUPPORTED, "CUDA tensor: %s", why);
   size_t size = round_size(bytes);
   pthread_mutex_lock(&g_mu);
-  block *best = NULL;
-  for (size_t i = 0; i < g_nblocks; i++) {
-    block *b = &g_blocks[i];
-    /* in a capture: its own blocks or the pool's, of any size that fits (it cannot ask the GPU for more) */
-    int mine = g_capture ? b->owner == 0 || b->owner == g_capture : b->owner == 0;
-    if (!b->in_use && mine && b->size >= size && (g_capture || b->size / 2 <= size) && (!best || b->size < best->size))
-      best = b;
-  }
-  if (!best && g_capture) {
+  long bi = apex__bp_take(&g_pool, size, g_capture);
+  if (bi < 0 && g_capture) {
     pthread_mutex_unlock(&g_mu);
     return apex__fail(APEX_ERR_STATE, "CUDA allocator: %zu bytes asked for during a CUDA graph capture, and no cached block "
                       "fits (cudaMalloc cannot be captured); run the work once uncaptured first so the pool holds its blocks",
                       size);
   }
-  if (!best) {
-    if (g_nblocks == g_cap) {
-      size_t cap = g_cap ? 2 * g_cap : 256;
-      block *nb = (block *)realloc(g_blocks, cap * sizeof *nb);
-      if (!nb) {
-        pthread_mutex_unlock(&g_mu);
-        return apex__fail(APEX_ERR_OUT_OF_MEMORY, "CUDA allocator: out of host memory");
-      }
-      g_blocks = nb;
-      g_cap = cap;
-    }
+  if (bi < 0) {
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, size);
     if (e == cudaErrorMemoryAllocation) { /* give the cache back and try once more */
@@ -223,13 +195,16 @@ extern "C" apex_status apex__cuda_alloc(size_t bytes, int zero, void **out) {
       return apex__fail(APEX_ERR_OUT_OF_MEMORY, "CUDA allocator: cudaMalloc of %zu bytes failed (%s); %zu bytes in use, %zu reserved",
                         size, cudaGetErrorString(e), g_stats.allocated, g_stats.reserved);
     }
-    g_blocks[g_nblocks] = (block){p, size, 0, 0};
-    best = &g_blocks[g_nblocks++];
+    if (!apex__bp_add(&g_pool, p, size, 0)) {
+      cudaFree(p);
+      pthread_mutex_unlock(&g_mu);
+      return apex__fail(APEX_ERR_OUT_OF_MEMORY, "CUDA allocator: out of host memory");
+    }
+    bi = (long)g_pool.n - 1;
     g_stats.reserved += size;
     g_stats.device_allocs++;
   }
-  best->in_use = 1;
-  if (g_capture) best->owner = g_capture;
+  const apex__bp_block *best = &g_pool.blocks[bi];
   g_stats.allocated += best->size;
   if (g_stats.allocated > g_stats.peak_allocated) g_stats.peak_allocated = g_stats.allocated;
   void *p = best->ptr;
@@ -248,12 +223,7 @@ extern "C" apex_status apex__cuda_alloc(size_t bytes, int zero, void **out) {
 extern "C" void apex__cuda_free(void *d_ptr) {
   if (!d_ptr) return;
   pthread_mutex_lock(&g_mu);
-  for (size_t i = 0; i < g_nblocks; i++)
-    if (g_blocks[i].ptr == d_ptr && g_blocks[i].in_use) {
-      g_blocks[i].in_use = 0;
-      g_stats.allocated -= g_blocks[i].size;
-      break;
-    }
+  g_stats.allocated -= apex__bp_put(&g_pool, d_ptr);
   pthread_mutex_unlock(&g_mu);
 }
 
@@ -275,8 +245,7 @@ extern "C" void apex__cuda_pool_capture_end(void) {
 extern "C" void apex__cuda_pool_release(int id) {
   if (!id) return;
   pthread_mutex_lock(&g_mu);
-  for (size_t i = 0; i < g_nblocks; i++)
-    if (g_blocks[i].owner == id) g_blocks[i].owner = 0;
+  apex__bp_release_owner(&g_pool, id);
   pthread_mutex_unlock(&g_mu);
 }
 
