@@ -121,8 +121,11 @@ static int check_flags(run *r) {
   /* More threads than CPUs gains nothing, and tens of thousands exhaust the memory for stacks. */
   long cpus = available_cpus();
   if (a->threads > cpus) {
-    fprintf(stderr, "apex-train: --threads %ld: this machine runs %ld threads at once (its CPUs); give 1 to %ld, or 0 for OpenMP's default\n",
-            a->threads, cpus, cpus);
+    if (cpus == 1)
+      fprintf(stderr, "apex-train: --threads %ld: this machine runs 1 thread at once (its one CPU); give 1, or 0 for OpenMP's default\n", a->threads);
+    else
+      fprintf(stderr, "apex-train: --threads %ld: this machine runs %ld threads at once (its CPUs); give 1 to %ld, or 0 for OpenMP's default\n",
+              a->threads, cpus, cpus);
     return 2;
   }
   if (a->threads > 0 && apex_set_num_threads((int)a->threads) != APEX_OK) {
