@@ -46,9 +46,12 @@ static int eval_images(train_model *tm, apex_amp *amp, apex_graph *g, const data
   return 0;
 }
 
-/* Text: the sum of losses over this rank's groups of held-out windows. */
+/* Text: the sum of losses over this rank's groups of held-out windows. A group is at most 16
+ * windows and 1024 tokens: its logits are [G * T, vocab] f32, 3.3 GB for 16 windows of 1024 GPT-2
+ * tokens (the run's peak memory, above the training step's); at most 1024 tokens keep them at a
+ * training step's of batch 1, and leave seq_len <= 64 (the default) grouped as before, bit for bit. */
 static int eval_text(train_model *tm, apex_graph *g, const dataset *d, dist *ds, double *sum) {
-  const int64_t T = d->seq_len, G = 16;
+  const int64_t T = d->seq_len, G = T >= 1024 ? 1 : 1024 / T < 16 ? 1024 / T : 16;
   size_t windows = (d->val_len - 1) / (size_t)T;
   if (windows > EVAL_MAX_WINDOWS) windows = EVAL_MAX_WINDOWS;
   int64_t *ids = malloc((size_t)(G * T) * sizeof *ids), *tg = malloc((size_t)(G * T) * sizeof *tg);

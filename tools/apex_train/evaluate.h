@@ -26,7 +26,7 @@ typedef enum { EVAL_TEST, EVAL_VALIDATION } eval_split;
 
 /* Collective: images: every image of the split, each rank evaluating every world-th chunk of 500; gpt: the
  * held-out tokens cut into windows of seq_len (at most EVAL_MAX_WINDOWS of them), each rank taking
- * every world-th group of 16. The sums are added over the ranks, so every rank gets the same
+ * every world-th group of 16 windows (fewer past 64 tokens: a group holds at most 1024). The sums are added over the ranks, so every rank gets the same
  * figures. Uses the running statistics (call dist_sync_buffers first) and leaves the model in
  * training mode. Non-zero when any rank failed (apex_last_error says why on the ranks that did). */
 #define EVAL_MAX_WINDOWS 256
