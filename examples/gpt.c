@@ -30,8 +30,9 @@ static apex_var *forward(apex_graph *g, const int64_t *ids, int64_t n, int64_t t
   apex_var *h = apex_add(g, apex_embedding_forward(wte, g, ids, 2, shape), apex_embedding_forward(wpe, g, pos, 1, &t));
   for (int l = 0; l < LAYERS; l++) h = apex_module_forward(blocks[l], g, h);
   h = apex_module_forward(ln_f, g, h);
-  /* Tied output: h @ wte^T, through a recorded transpose so that wte gets both gradients. */
-  apex_var *logits = apex_matmul(g, h, apex_transpose(g, apex_module_param(wte, "weight"), 0, 1));
+  /* Tied output: h @ wte^T as a linear whose weight is wte [V, D], read in place (no transposed copy);
+   * wte gets both gradients, the embedding's and the head's. */
+  apex_var *logits = apex_linear(g, h, apex_module_param(wte, "weight"), NULL);
   logits = apex_reshape(g, logits, 2, (int64_t[]){n * t, V});
   return logits && apex_tensor_dtype(apex_var_value(logits)) != APEX_F32 ? apex_cast(g, logits, APEX_F32) : logits;
 }
