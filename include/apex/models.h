@@ -9,6 +9,7 @@
  *     apex_model_load_f32(m, NULL, "ck/step-100/model.safetensors");    optional
  *     apex_graph *g = apex_graph_create();
  *     apex_var *logits = apex_gpt_forward(gpt, g, ids, B, T);             [B * T, vocab], f32
+ *     apex_gpt_generate(gpt, g, prompt, 1, T, 200, out, &(apex_gpt_generate_options){.temperature = 0.8f});
  *
  * Parameters are drawn from the model's seeded generator in creation order (nn.h's rules), so the
  * same seed and options give the same bits as apex-train's --seed. Every option struct may be NULL,
@@ -102,6 +103,42 @@ APEX_API apex_var *apex_gpt_loss(apex_module *gpt, apex_graph *g, const int64_t 
 /* The sizes gpt was built with, every field resolved (no zero). APEX_ERR_INVALID_ARG for NULL
  * arguments or a module that is not a GPT. */
 APEX_API apex_status apex_gpt_sizes(const apex_module *gpt, apex_gpt_options *out);
+
+/* ---- GPT: generation with a key/value cache (generate.c) -------------------------------------- */
+
+/* Called after each generation step with the B new tokens (one per row), i counting from 0: for
+ * printing them as they come. */
+typedef void (*apex_gpt_token_fn)(void *ctx, int64_t i, const int64_t *tokens, int64_t B);
+
+typedef struct apex_gpt_generate_options {
+  float temperature;     /* 0: greedy, the most likely token (the lowest id on a tie); > 0: sampled
+                            from softmax(logits / temperature) [0] */
+  int64_t top_k;         /* > 0: sampled among the top_k most likely tokens only (ties at the edge go
+                            to the lower id) [0: the whole vocabulary] */
+  uint64_t seed;         /* the sampling generator's seed (apex_rng_init); one uniform draw per row
+                            per step, rows in order [0] */
+  apex_gpt_token_fn on_token; /* [NULL] */
+  void *ctx;             /* on_token's first argument */
+} apex_gpt_generate_options;
+
+/* n_new tokens after each of B prompts prompt [B, T] (row-major, ids in [0, vocab)), written to out
+ * [B, n_new], computed on g (its device is the model's; its autocast applies, as to
+ * apex_gpt_forward). Incremental decoding: the prompt runs once through the model (a prefill) and
+ * each new token then costs one token's work, its keys and values appended to a cache (per layer
+ * [B, n_head, n_positions, n_embd / n_head], the dtype the model's k and v linears give, on g's
+ * device) against which its query attends, and only the last position's logits are made.
+ * Tokens are those of apex_gpt_forward on the same window, argmax of its last row at temperature 0
+ * (the sums run in another order, so a logit may differ in its last bits). The window: the model
+ * sees at most n_positions tokens (a longer prompt: its last n_positions); when the cache is full,
+ * it restarts from the last (n_positions + 1) / 2 tokens with one prefill. Deterministic: the same
+ * model, prompt, options and CPU path give the same tokens whatever the thread count.
+ * g runs without recording (its grad mode is restored) and is reset after every step: vars made on
+ * it before the call are invalid after it. APEX_ERR_INVALID_ARG for a module that is not a GPT, NULL
+ * g, prompt or out (out may be NULL only when n_new is 0), B or T < 1, n_new < 0, a temperature that
+ * is negative or not finite, a negative top_k, or a prompt id outside [0, vocab); APEX_ERR_NONFINITE
+ * when a row's logits hold NaN (a diverged model); an op's error otherwise. */
+APEX_API apex_status apex_gpt_generate(apex_module *gpt, apex_graph *g, const int64_t *prompt, int64_t B, int64_t T,
+                                       int64_t n_new, int64_t *out, const apex_gpt_generate_options *opts);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,7 @@
 
 /* Why this build has no backend for a device. */
 static const char *const device_missing[APEX__DEVICE_COUNT] = {
-    [APEX_DEVICE_CUDA] = "this apex was built without CUDA (configure with nvcc on the PATH, or -DAPEX_CUDA=ON)",
+    [APEX_DEVICE_CUDA] = "this apex was built without CUDA (configure again with nvcc on the PATH: CUDA is detected at every configure unless -DAPEX_CUDA=OFF)",
 };
 
 static const apex_backend *const backends[APEX__DEVICE_COUNT] = {

@@ -146,9 +146,11 @@ static apex_var *gpt_hidden(apex_module *gpt, apex_graph *g, const int64_t *ids,
 apex_var *apex_gpt_forward(apex_module *gpt, apex_graph *g, const int64_t *ids, int64_t B, int64_t T) {
   apex_var *h = gpt_hidden(gpt, g, ids, B, T, "apex_gpt_forward");
   if (!h) return NULL;
-  /* Tied output: logits = h @ wte^T, the transpose a recorded op so that the gradient reaches wte. */
-  apex_var *wt = apex_transpose(g, gpt->children[0]->p[0], 0, 1);
-  apex_var *logits = wt ? apex_matmul(g, h, wt) : NULL;
+  /* Tied output: logits = h wte^T as a linear with wte [V, C] as its weight, read where it is (a
+   * product with a transposed operand). Until f4316f8 this was apex_transpose + apex_matmul: a
+   * [C, V] copy of the table every forward (154 MB for GPT-2 small in f32) and its gradient summed
+   * back through the transpose; the logits keep their bits, wte's gradient changed its bits once. */
+  apex_var *logits = apex_linear(g, h, gpt->children[0]->p[0], NULL);
   if (logits && apex_tensor_dtype(apex_var_value(logits)) != APEX_F32) logits = apex_cast(g, logits, APEX_F32);
   return logits;
 }

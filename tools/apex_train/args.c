@@ -88,6 +88,9 @@ static const flag flags[] = {
      "gpt: the model's vocabulary, above every token of the data (default: 256 for bytes; for an llm.c .bin 50257, or its largest token + 1)"},
     {"hidden", T_LONG, F(hidden), "", NULL, 2, "mlp: width of the first hidden layer; the second has half (default: 512)"},
     {"sample-bytes", T_LONG, F(sample_bytes), "200", NULL, 0, "gpt: tokens to generate at the end (bytes for text data)"},
+    {"tokenizer", T_STR, F(tokenizer), "", NULL, 0,
+     "gpt on a token file: print the sample as text, decoded with the GPT-2 byte-level BPE vocabulary DIR/vocab.json (a Hugging Face "
+     "tokenizer's directory); without it the sample is token ids"},
     {"help", T_SWITCH, F(help), "off", NULL, 0, "print this list and exit (also -h)"},
     {"version", T_SWITCH, F(version), "off", NULL, 0, "print apex-train's and the apex library's versions and exit"},
 };
@@ -98,7 +101,8 @@ _Static_assert(NFLAGS <= 64, "train_args.given has one bit per flag");
 static const struct {
   const char *flag, *model;
 } model_only[] = {{"seq-len", "gpt"}, {"sample-bytes", "gpt"}, {"n-layer", "gpt"}, {"n-embd", "gpt"},
-                  {"n-head", "gpt"},  {"sample", "gpt"}, {"vocab", "gpt"},       {"hidden", "mlp"}};
+                  {"n-head", "gpt"},  {"sample", "gpt"}, {"vocab", "gpt"},       {"hidden", "mlp"},
+                  {"tokenizer", "gpt"}};
 
 /* The model flag f is for, or NULL when any model reads it. */
 static const char *model_of(const flag *f) {

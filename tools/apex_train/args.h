@@ -38,6 +38,7 @@ typedef struct train_args {
   /* gpt only */
   long seq_len;
   long sample_bytes;
+  const char *tokenizer;    /* directory of a GPT-2 vocab.json decoding the sample of a token file, or NULL */
   long n_layer, n_embd, n_head; /* 0 = the small default (models.h) */
   long vocab;               /* 0 = the data's (256 for bytes; 50257 or the largest token + 1) */
   /* mlp only */

@@ -78,7 +78,7 @@ int dist_init(dist *d, const train_args *a) {
   }
   if (!apex_pg_mpi_available()) {
     fprintf(stderr, "apex-train: --distributed: this build of apex has no MPI (install Open MPI, e.g. `apt-get install "
-                    "libopenmpi-dev openmpi-bin`, and configure with -DAPEX_MPI=ON)\n");
+                    "libopenmpi-dev openmpi-bin`, and configure again: MPI is detected at every configure unless -DAPEX_MPI=OFF)\n");
     return 2;
   }
   if (launcher_value(0) < 0) {

@@ -46,9 +46,12 @@ static int eval_images(train_model *tm, apex_amp *amp, apex_graph *g, const data
   return 0;
 }
 
-/* Text: the sum of losses over this rank's groups of held-out windows. */
+/* Text: the sum of losses over this rank's groups of held-out windows. A group is at most 16
+ * windows and 1024 tokens: its logits are [G * T, vocab] f32, 3.3 GB for 16 windows of 1024 GPT-2
+ * tokens (the run's peak memory, above the training step's); at most 1024 tokens keep them at a
+ * training step's of batch 1, and leave seq_len <= 64 (the default) grouped as before, bit for bit. */
 static int eval_text(train_model *tm, apex_graph *g, const dataset *d, dist *ds, double *sum) {
-  const int64_t T = d->seq_len, G = 16;
+  const int64_t T = d->seq_len, G = T >= 1024 ? 1 : 1024 / T < 16 ? 1024 / T : 16;
   size_t windows = (d->val_len - 1) / (size_t)T;
   if (windows > EVAL_MAX_WINDOWS) windows = EVAL_MAX_WINDOWS;
   int64_t *ids = malloc((size_t)(G * T) * sizeof *ids), *tg = malloc((size_t)(G * T) * sizeof *tg);
@@ -92,60 +95,42 @@ int evaluate(train_model *tm, apex_amp *amp, apex_graph *g, const dataset *d, di
   return 0;
 }
 
-int generate(train_model *tm, apex_graph *g, uint64_t seed, long n, int bytes, FILE *out) {
-  const char *prompt = bytes ? "The " : "";
-  int64_t T = tm->seq_len, len = 0, V = tm->vocab;
-  size_t cap = strlen(prompt) + (size_t)n + 1;
-  int64_t *buf = malloc(cap * sizeof *buf);
-  double *p = malloc((size_t)V * sizeof *p);
-  if (!buf || !p) {
-    free(buf);
-    free(p);
-    return -1;
-  }
-  for (const char *c = prompt; *c; c++) buf[len++] = (uint8_t)*c;
-  if (!bytes) buf[len++] = 0;
-  apex_rng rng = apex_rng_init(seed ^ 0x5A3D1E5ull);
-  apex_model_train(tm->m, 0);
-  int prev = apex_graph_set_grad_enabled(g, 0), rc = 0;
-  fputs(bytes ? prompt : "0", out);
-  for (long k = 0; k < n; k++) {
-    int64_t w = len < T ? len : T;
-    apex_var *logits = model_forward_text(tm, g, buf + len - w, 1, w);
-    int owned = 0;
-    apex_tensor *lt = logits ? device_to_host(apex_var_value(logits), &owned) : NULL;
-    if (!lt) {
-      rc = -1;
-      break;
-    }
-    double mx = -INFINITY, sum = 0;
-    for (int64_t v = 0; v < V; v++) {
-      p[v] = apex_tensor_get(lt, (size_t)((w - 1) * V + v)) / 0.8;
-      if (p[v] > mx) mx = p[v];
-    }
-    if (owned) apex_tensor_destroy(lt);
-    for (int64_t v = 0; v < V; v++) sum += p[v] = exp(p[v] - mx);
-    float u;
-    apex_rng_uniform(&rng, &u, 1);
-    double r = u * sum;
-    int64_t pick = V - 1;
-    for (int64_t v = 0; v < V; v++) {
-      r -= p[v];
-      if (r < 0) {
-        pick = v;
-        break;
-      }
-    }
-    buf[len++] = pick;
-    if (bytes) fputc(pick == '\n' || pick == '\t' || (pick >= 32 && pick < 127) ? (int)pick : '?', out);
-    else fprintf(out, " %lld", (long long)pick);
-    apex_graph_reset(g);
-  }
+/* Prints each new token as it comes: a byte as text (unprintable ones as '?'), a token through the
+ * tokenizer when there is one, else its number. */
+typedef struct sample_out {
+  FILE *f;
+  int bytes;
+  const tokenizer *tok;
+} sample_out;
+
+static void print_token(void *ctx, int64_t i, const int64_t *tokens, int64_t B) {
+  (void)i;
+  (void)B;
+  sample_out *o = ctx;
+  int64_t t = tokens[0];
+  if (o->bytes) fputc(t == '\n' || t == '\t' || (t >= 32 && t < 127) ? (int)t : '?', o->f);
+  else if (o->tok) tokenizer_write(o->tok, t, o->f);
+  else fprintf(o->f, " %lld", (long long)t);
+  fflush(o->f);
+}
+
+int generate(train_model *tm, apex_graph *g, uint64_t seed, long n, int bytes, const tokenizer *tok, FILE *out) {
+  const char *text = "The ";
+  int64_t prompt[8], T = 0;
+  if (bytes)
+    for (const char *c = text; *c; c++) prompt[T++] = (uint8_t)*c;
+  else prompt[T++] = tok && tokenizer_eot(tok) >= 0 && tokenizer_eot(tok) < tm->vocab ? tokenizer_eot(tok) : 0;
+  int64_t *toks = malloc((size_t)(n > 0 ? n : 1) * sizeof *toks);
+  if (!toks) return -1;
+  if (bytes) fputs(text, out);
+  else if (tok) tokenizer_write(tok, prompt[0], out);
+  else fputs("0", out);
+  sample_out so = {out, bytes, tok};
+  /* Temperature 0.8 over the whole vocabulary, drawn from a generator of its own (the seed apex-train
+   * always used), through the library's cached generator: one token's work per new token. */
+  apex_gpt_generate_options o = {.temperature = 0.8f, .seed = seed ^ 0x5A3D1E5ull, .on_token = print_token, .ctx = &so};
+  int rc = apex_gpt_generate(tm->net, g, prompt, 1, T, n, toks, &o) == APEX_OK ? 0 : -1;
   if (rc == 0) fputc('\n', out);
-  apex_graph_reset(g);
-  apex_graph_set_grad_enabled(g, prev);
-  apex_model_train(tm->m, 1);
-  free(buf);
-  free(p);
+  free(toks);
   return rc;
 }

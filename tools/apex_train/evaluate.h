@@ -12,6 +12,7 @@
 #include "dataset.h"
 #include "dist.h"
 #include "models.h"
+#include "tokenizer.h"
 
 typedef struct eval_result {
   double loss;       /* mean cross-entropy per image / per held-out token */
@@ -25,14 +26,15 @@ typedef enum { EVAL_TEST, EVAL_VALIDATION } eval_split;
 
 /* Collective: images: every image of the split, each rank evaluating every world-th chunk of 500; gpt: the
  * held-out tokens cut into windows of seq_len (at most EVAL_MAX_WINDOWS of them), each rank taking
- * every world-th group of 16. The sums are added over the ranks, so every rank gets the same
+ * every world-th group of 16 windows (fewer past 64 tokens: a group holds at most 1024). The sums are added over the ranks, so every rank gets the same
  * figures. Uses the running statistics (call dist_sync_buffers first) and leaves the model in
  * training mode. Non-zero when any rank failed (apex_last_error says why on the ranks that did). */
 #define EVAL_MAX_WINDOWS 256
 int evaluate(train_model *tm, apex_amp *amp, apex_graph *g, const dataset *d, dist *ds, eval_split which, eval_result *out);
-/* Generates n tokens after a prompt ("The " for byte-level text, token 0 otherwise), sampling at
- * temperature 0.8 from a generator seeded by seed; bytes are written as text, other tokens as their
- * numbers. Non-zero on failure (apex_last_error). */
-int generate(train_model *tm, apex_graph *g, uint64_t seed, long n, int bytes, FILE *out);
+/* Generates n tokens after a prompt ("The " for byte-level text; otherwise the tokenizer's
+ * <|endoftext|> when it has one, else token 0) with apex_gpt_generate (a key/value cache), sampling
+ * at temperature 0.8 from a generator seeded by seed; bytes are written as text, other tokens
+ * through tok (NULL: as their numbers), each as it comes. Non-zero on failure (apex_last_error). */
+int generate(train_model *tm, apex_graph *g, uint64_t seed, long n, int bytes, const tokenizer *tok, FILE *out);
 
 #endif

@@ -46,6 +46,7 @@
 #include "schedule.h"
 #include "signals.h"
 #include "step.h"
+#include "tokenizer.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -98,6 +99,8 @@ typedef struct run {
   divergence dv;
   int diverged;        /* stopped by the bad-step rule */
   int stop_signal;     /* stopped by SIGINT or SIGTERM */
+  tokenizer tok;       /* --tokenizer: the sample's decoding */
+  int have_tok;
 } run;
 
 static void run_free(run *r) {
@@ -107,6 +110,7 @@ static void run_free(run *r) {
   apex_optimizer_destroy(r->opt);
   if (r->have_model) model_free(&r->tm);
   if (r->have_data) dataset_free(&r->d);
+  if (r->have_tok) tokenizer_free(&r->tok);
 }
 
 /* The flags' checks that need no data: amp's configuration and the optimizer. */
@@ -117,8 +121,11 @@ static int check_flags(run *r) {
   /* More threads than CPUs gains nothing, and tens of thousands exhaust the memory for stacks. */
   long cpus = available_cpus();
   if (a->threads > cpus) {
-    fprintf(stderr, "apex-train: --threads %ld: this machine runs %ld threads at once (its CPUs); give 1 to %ld, or 0 for OpenMP's default\n",
-            a->threads, cpus, cpus);
+    if (cpus == 1)
+      fprintf(stderr, "apex-train: --threads %ld: this machine runs 1 thread at once (its one CPU); give 1, or 0 for OpenMP's default\n", a->threads);
+    else
+      fprintf(stderr, "apex-train: --threads %ld: this machine runs %ld threads at once (its CPUs); give 1 to %ld, or 0 for OpenMP's default\n",
+              a->threads, cpus, cpus);
     return 2;
   }
   if (a->threads > 0 && apex_set_num_threads((int)a->threads) != APEX_OK) {
@@ -205,6 +212,20 @@ static int setup(run *r, dist *ds) {
     return 1;
   }
   r->have_model = 1;
+  if (a->tokenizer) {
+    if (r->d.bytes) {
+      fprintf(stderr, "apex-train: --tokenizer decodes the tokens of an llm.c .bin file; %s is read as bytes, and its sample prints as text already\n",
+              r->data);
+      return 2;
+    }
+    if ((rc = tokenizer_load(a->tokenizer, &r->tok)) != 0) return rc;
+    r->have_tok = 1;
+    if (r->tok.n < r->tm.vocab) {
+      fprintf(stderr, "apex-train: --tokenizer: %s/vocab.json has %lld tokens, fewer than the model's vocabulary of %lld: is it the tokenizer the data was made with?\n",
+              a->tokenizer, (long long)r->tok.n, (long long)r->tm.vocab);
+      return 2;
+    }
+  }
   size_t np = apex_model_num_params(r->tm.m);
   apex_tensor **pv = malloc(np * sizeof *pv), **gv = malloc(np * sizeof *gv);
   int made = pv && gv;
@@ -533,7 +554,7 @@ static int finish(run *r, dist *ds, long s) {
   if (ds->rank == 0 && write_plot(r) != 0) return 1;
   if (r->kind == MODEL_GPT && (a->sample || !a->eval_only) && ds->rank == 0) {
     printf("apex-train: sample:\n");
-    if (generate(&r->tm, r->g, (uint64_t)a->seed, a->sample_bytes, r->d.bytes, stdout) != 0) {
+    if (generate(&r->tm, r->g, (uint64_t)a->seed, a->sample_bytes, r->d.bytes, r->have_tok ? &r->tok : NULL, stdout) != 0) {
       fprintf(stderr, "apex-train: generation failed: %s\n", one_line(apex_last_error()));
       return 1;
     }

@@ -65,6 +65,14 @@ bad "zero batch" --batch-size 0
 bad "bad epochs" --epochs 0
 bad "bad steps" --steps -3
 bad "bad threads" --threads two
+# More threads than CPUs: the count in words, one CPU in the singular.
+if command -v taskset > /dev/null; then
+  BIN_ONE=(taskset -c 0 "$BIN")
+  "${BIN_ONE[@]}" --model gpt --threads 2 --steps 1 > /dev/null 2> one.err
+  grep -q "this machine runs 1 thread at once (its one CPU); give 1, or 0" one.err && ok "--threads 2 on one CPU: $(cat one.err)" ||
+    ko "--threads 2 on one CPU: $(cat one.err)"
+  rm -f one.err
+fi
 bad "switch with value" --resume=yes
 bad "bad device" --device tpu
 bad "O1 with master weights" --opt-level O1 --master-weights true

@@ -8,6 +8,8 @@
 #    to one batch of K B; each knob recorded and checked on resume; bitwise resume with them all on;
 #  - data: an IDX set of another size and class count (MNIST's file names) learned by the MLP and
 #    the CNN; llm.c .bin tokens (vocabulary rule); bad IDX and .bin files refused;
+#  - --tokenizer: a .bin run's sample decoded to text with a GPT-2 vocab.json (tests/data/gpt2_tokenizer),
+#    checked against test_features_util.py's decoding of the same sample's ids; bad vocabularies refused;
 #  - the validation split: its size against the closed form, training bits unchanged when the held-out
 #    images are replaced, --val-fraction 0 and checkpoints without the record (a fixture made by the
 #    build before the split, tests/presplit) train and resume as before, bit for bit, a split run
@@ -83,6 +85,33 @@ out=$("$BIN" "${G[@]}" --data big.bin --steps 1 --n-embd 16 --n-head 2 --checkpo
 grep -q "vocabulary 60001" <<< "$out" && U shape tb2/step-1/model.safetensors wte.weight 60001 16 > /dev/null &&
   ok ".bin with token 60000: vocabulary 60001" || ko ".bin big vocabulary: $out"
 rm -rf tb tb2
+
+# ---- --tokenizer: the sample of a token file as text (GPT-2 byte-level BPE, tests/data/gpt2_tokenizer) ---------
+TOKD="$SRC/../../tests/data/gpt2_tokenizer"
+"$BIN" "${G[@]}" --data good.bin --steps 2 --n-embd 16 --n-head 2 --vocab 300 --sample-bytes 60 --checkpoint tk > /dev/null 2>&1 ||
+  ko "a --vocab 300 run for the tokenizer"
+"$BIN" --checkpoint tk --data good.bin --threads 2 --sample > tk_ids.out 2>&1 || ko "--sample as ids: $(cat tk_ids.out)"
+"$BIN" --checkpoint tk --data good.bin --threads 2 --sample --tokenizer "$TOKD" > tk_text.out 2>&1 || ko "--sample --tokenizer: $(cat tk_text.out)"
+check "--tokenizer: the sample's ids decoded by test_features_util.py (GPT-2's byte table) are the text printed" \
+  U decode "$TOKD/vocab.json" tk_ids.out tk_text.out
+# With <|endoftext|> in the model's vocabulary the sample starts from it, as GPT-2's own samples do.
+"$BIN" "${G[@]}" --data good.bin --steps 1 --n-embd 16 --n-head 2 --vocab 301 --sample-bytes 8 --tokenizer "$TOKD" > tk_eot.out 2>&1 &&
+  sed -n '/^apex-train: sample:$/{n;p}' tk_eot.out | LC_ALL=C grep -q '^<|endoftext|>' && ok "--tokenizer: the sample starts at <|endoftext|>" ||
+  ko "--tokenizer prompt: $(cat tk_eot.out)"
+mkdir tok_none tok_json tok_char tok_id tok_dup
+echo '{"a": 0,' > tok_json/vocab.json
+echo '{"a": 0, "\u4e00": 1}' > tok_char/vocab.json
+echo '{"a": "zero"}' > tok_id/vocab.json
+echo '{"a": 0, "b": 0}' > tok_dup/vocab.json
+bad "--tokenizer for the mlp" --model mlp --tokenizer "$TOKD"
+bad "--tokenizer for byte-level text" "${G[@]}" --steps 1 --tokenizer "$TOKD"
+bad "--tokenizer: no vocab.json" "${G[@]}" --data good.bin --vocab 300 --steps 1 --tokenizer tok_none
+bad "--tokenizer: not JSON" "${G[@]}" --data good.bin --vocab 300 --steps 1 --tokenizer tok_json
+bad "--tokenizer: a character outside GPT-2's byte table" "${G[@]}" --data good.bin --vocab 300 --steps 1 --tokenizer tok_char
+bad "--tokenizer: an id that is not a number" "${G[@]}" --data good.bin --vocab 300 --steps 1 --tokenizer tok_id
+bad "--tokenizer: two tokens with one id" "${G[@]}" --data good.bin --vocab 300 --steps 1 --tokenizer tok_dup
+bad "--tokenizer smaller than the model's vocabulary (50257)" "${G[@]}" --data good.bin --steps 1 --tokenizer "$TOKD"
+rm -rf tk tok_none tok_json tok_char tok_id tok_dup
 
 # ---- IDX image sets ---------------------------------------------------------------------------------------
 mkdir idx && U idx idx 2000 400 12 16 3

@@ -93,6 +93,40 @@ def cmd_bin(path, kind):
         fail("unknown bin kind " + kind)
 
 
+def gpt2_byte_decoder():
+    # GPT-2's bytes_to_unicode (openai/gpt-2 src/encoder.py), inverted: character -> byte
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def after_sample(path):
+    data = open(path, "rb").read()
+    mark = b"apex-train: sample:\n"
+    if mark not in data:
+        fail("%s has no sample" % path)
+    return data[data.index(mark) + len(mark):]
+
+
+def cmd_decode(vocab_path, ids_out, text_out):
+    """The sample of ids_out (token ids) decoded with vocab_path equals text_out's sample, byte for byte."""
+    vocab = json.load(open(vocab_path, encoding="utf-8"))
+    inv = {i: t for t, i in vocab.items()}
+    dec = gpt2_byte_decoder()
+    ids = [int(x) for x in after_sample(ids_out).split()]
+    want = b"".join(bytes(dec[c] for c in inv[i]) for i in ids) + b"\n"
+    got = after_sample(text_out)
+    if got != want:
+        fail("decoded %r, apex-train printed %r" % (want[:80], got[:80]))
+    print("%d tokens decode to the %d bytes printed" % (len(ids), len(want)))
+
+
 def cmd_shape(path, name, *dims):
     t, _ = read_safetensors(path)
     if name not in t:
