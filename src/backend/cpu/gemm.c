@@ -232,7 +232,7 @@ static apex_status gemm_whole(const apex_nn_workspace *ws, const job *j, grid gr
 
 void apex__gemm_grid(int m, int n, int k, int half_onednn, int *ti, int *tj) {
   grid gr = plan(m, n, k, !half_onednn);
-  if (half_onednn) apex__onednn_half_grid(m, n, &gr.tm, &gr.tn);
+  if (half_onednn) apex__onednn_half_grid(m, n, k, &gr.tm, &gr.tn);
   *ti = m > 0 && gr.tm > 0 ? (m + gr.tm - 1) / gr.tm : 0;
   *tj = n > 0 && gr.tn > 0 ? (n + gr.tn - 1) / gr.tn : 0;
 }

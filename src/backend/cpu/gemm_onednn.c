@@ -52,15 +52,31 @@ int apex__onednn_set_enabled(int on) {
 
 unsigned long apex__onednn_products(void) { return __atomic_load_n(&products, __ATOMIC_RELAXED); }
 
-/* Half products' tiles span the product's width up to WIDE_MAX columns (see apex__gemm_onednn), with
- * rows halved down to WIDE_MIN_ROWS until there are WIDE_MIN_TILES. Each tile reads all of op(B), so
- * a short product split finer than the threads need reads B more often: the MLP's batch of 128 rows
- * in 4 tiles of 32 against 2 of 64 (bench_amp amp_mlp, 2 threads, four interleaved rounds, idle):
- * O2-bf16 44.6-45.0K against 49.2-49.8K samples/s. */
-enum { WIDE_MAX = 4096, WIDE_MIN_TILES = 2, WIDE_MIN_ROWS = 32 };
-/* bench_scaling's measure of the cost of more row tiles on many cores (apex__onednn_set_half_min_tiles):
- * a GPT's 1024-row products have 4 tiles of 256 rows, a bound of 4 busy threads. */
-static int wide_min_tiles = WIDE_MIN_TILES;
+/* The half grid. Tiles first span the product's width up to WIDE_MAX columns (a dense C and op(B), which
+ * oneDNN 2.6 runs on its brgemm kernel; see apex__gemm_onednn), their rows halved, not below
+ * WIDE_MIN_ROWS, until there are WIDE_MIN_TILES row tiles. Then, for many threads, their columns are
+ * halved (to multiples of 32, not below HALF_MIN_COLS) until there are HALF_MANY_TILES tiles. Every
+ * halving keeps a tile at HALF_TILE_MIN_MACS multiply-adds or more, and products under gemm.c's
+ * TILE_MIN_WORK stay one call. A function of m, n and k alone, as every grid here.
+ *
+ * Why 16 row tiles: the 16-core AMX run of issue #33 (bench_scaling --half-min-tiles 16 beside the
+ * grid of 2 row tiles, same run) measured 1.7x / 2.3x on gpt_c256 O2 at 8 / 16 threads, 1.25x / 2.6x
+ * on gpt_c768, 1.37x / 1.2x on the MLP: the GPTs' 1024-row products had 4 tiles of 256 rows, a bound
+ * of 4 busy threads. (On 2 threads, in 2026-11, 4 tiles of 32 rows for the MLP's 128-row batch cost
+ * 10% against 2 of 64: each row tile converts all of op(B) into oneDNN's pair-interleaved layout.)
+ *
+ * Why columns next, not rows: that conversion is per tile and reads op(B)'s columns of the tile only,
+ * so halving a tile's columns splits its conversion with it, where halving its rows repeats it. The
+ * MLP's products have 128 rows: 4 row tiles at most, a bound of 4 busy threads at 16, which only
+ * column tiles lift. A tile narrower than the product is strided in C, so it lands in f32 scratch and
+ * a second pass (epilogue) adds the bias and rounds it, as apex's f32-scratch path always did: that
+ * pass, not a tile's product, is what HALF_TILE_MIN_MACS keeps small beside the tile's work. */
+enum { WIDE_MAX = 4096, WIDE_MIN_TILES = 16, WIDE_MIN_ROWS = 32, HALF_MANY_TILES = 64, HALF_MIN_COLS = 128 };
+#define HALF_TILE_MIN_MACS ((double)(1 << 22))
+#define HALF_MIN_WORK 4e6 /* gemm.c's TILE_MIN_WORK */
+/* bench_scaling's knobs (apex__onednn_set_half_min_tiles, apex__onednn_set_half_cols): the row tiles
+ * and whether the column split runs, to measure the grid against its variants on many cores. */
+static int wide_min_tiles = WIDE_MIN_TILES, half_cols = 1;
 
 int apex__onednn_set_half_min_tiles(int n) {
   int old = wide_min_tiles;
@@ -68,16 +84,32 @@ int apex__onednn_set_half_min_tiles(int n) {
   return old;
 }
 
-long apex__onednn_settings(void) { return enabled | (long)f32_mode << 1 | (long)wide_min_tiles << 3; }
+int apex__onednn_set_half_cols(int on) {
+  int old = half_cols;
+  half_cols = on != 0;
+  return old;
+}
 
-void apex__onednn_half_grid(int m, int n, int *tm, int *tn) {
+long apex__onednn_settings(void) { return enabled | (long)f32_mode << 1 | (long)half_cols << 3 | (long)wide_min_tiles << 4; }
+
+void apex__onednn_half_grid(int m, int n, int k, int *tm, int *tn) {
   if (*tm > m) *tm = m;
   if (*tn > n) *tn = n;
-  int widen = *tn < n && n <= WIDE_MAX;
-  if (widen) *tn = n;
-  /* by default only widened tiles are re-cut; a count set for measuring applies to every one-column grid */
-  if (widen || (wide_min_tiles != WIDE_MIN_TILES && *tn == n))
-    while ((m + *tm - 1) / *tm < wide_min_tiles && *tm >= 2 * WIDE_MIN_ROWS) *tm = (*tm + 1) / 2;
+  /* under gemm.c's TILE_MIN_WORK a product is one call by design (microseconds: a tile would cost more) */
+  if ((double)m * n * k < HALF_MIN_WORK) return;
+  if (*tn < n && n <= WIDE_MAX) *tn = n;
+  /* a halved tile keeps HALF_TILE_MIN_MACS: attention's heads (256 x 256 x 64, one whole head a
+   * thread) keep their 2 tiles of 128 rows, where 8 of 32 would add calls and conversions of op(B) */
+  if (*tn == n)
+    while ((m + *tm - 1) / *tm < wide_min_tiles && *tm >= 2 * WIDE_MIN_ROWS && (double)((*tm + 1) / 2) * *tn * k >= HALF_TILE_MIN_MACS)
+      *tm = (*tm + 1) / 2;
+  if (!half_cols) return;
+  for (;;) {
+    int half = (*tn / 2 + 31) / 32 * 32;
+    long tiles = (long)((m + *tm - 1) / *tm) * ((n + *tn - 1) / *tn);
+    if (tiles >= HALF_MANY_TILES || half < HALF_MIN_COLS || half >= *tn || (double)*tm * half * k < HALF_TILE_MIN_MACS) break;
+    *tn = half;
+  }
 }
 
 #if APEX_HAVE_DNNL
@@ -348,15 +380,14 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
 
   int lowp = dt != dnnl_f32;
   p.tm = tm < m ? tm : m, p.tn = tn < n ? tn : n;
-  /* Half products run in tiles as wide as the product (up to WIDE_MAX columns) with as many rows
-   * as gemm.c's grid gives them, halved until there are MIN_TILES: oneDNN 2.6 takes its brgemm
-   * kernel (AVX512_BF16 dot products) only for dense operands and result, and a 256-column tile of
-   * a wider B or C is strided, which sent every backward product to its older gemm:jit kernel
+  /* Half products run in their own grid (apex__onednn_half_grid, above): oneDNN 2.6 takes its brgemm
+   * kernel (AVX512_BF16 dot products) only for dense operands and result, and a 256-column tile of a
+   * wider B or C is strided, which sent every backward product to its older gemm:jit kernel
    * (bench_gemm gemm_4096x768x768, B as stored, 2 threads: 167-173 GFLOP/s in 256-column tiles,
    * 0.58-0.62x one whole-product primitive in the same run; 303-365 GFLOP/s, 0.75-1.0x, in wide
-   * tiles). The grid is still a function of m, n and k alone. f32 products keep gemm.c's grid, and
-   * their bits. */
-  if (lowp) apex__onednn_half_grid(m, n, &p.tm, &p.tn);
+   * tiles), so tiles start as wide as the product; op(B)'s panels of a column split are packed dense
+   * once a product (pack_b below). f32 products keep gemm.c's grid, and their bits. */
+  if (lowp) apex__onednn_half_grid(m, n, k, &p.tm, &p.tn);
   p.ti = (m + p.tm - 1) / p.tm, p.tj = (n + p.tn - 1) / p.tn;
   /* An operand is packed into a dense panel when it must be rounded to bf16 (an f32 operand beside
    * a bf16 one) or, for half products, when its tiles are strided in place (see above). */
