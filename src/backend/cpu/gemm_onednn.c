@@ -310,34 +310,57 @@ static const void *in_place(const apex__mat *x, int by_rows, int lo) {
   return (const char *)x->data + (by_rows ? (size_t)lo * x->ld : (size_t)lo) * apex_dtype_size(x->dtype);
 }
 
-static int run_tile(const prim_entry *e, dnnl_stream_t s, const void *ap, const void *bp, void *dst, const float *bias, void *pad) {
+/* A thread's memory objects for one tile shape of a product: made at its first tile of that shape and
+ * pointed at each next tile's data (dnnl_memory_set_data_handle), not made and destroyed per tile: a
+ * product of 16 tiles made 50 to 80 objects a call, each an allocation inside oneDNN. */
+typedef struct tile_mem {
+  dnnl_memory_t m[5]; /* A, B, C, scratchpad, bias; NULL until made */
+  int made;
+} tile_mem;
+
+static void tile_mem_free(tile_mem *t) {
+  for (int i = 0; i < 5; i++)
+    if (t->m[i]) dnnl_memory_destroy(t->m[i]);
+  memset(t, 0, sizeof *t);
+}
+
+static int make_tile_mem(const prim_entry *e, tile_mem *t) {
   dnnl_memory_desc_t a_md, b_md, c_md, p_md, bias_md;
   dnnl_dims_t ad = {e->key.m, e->key.k}, bd = {e->key.k, e->key.n}, cd = {e->key.m, e->key.n}, pd = {(int64_t)e->scratch};
   dnnl_dims_t as = {e->key.sa[0], e->key.sa[1]}, bs = {e->key.sb[0], e->key.sb[1]}, cs = {e->key.ldd, 1};
   dnnl_dims_t biasd = {1, e->key.n}, biass = {e->key.n, 1};
-  dnnl_memory_t mem[5] = {NULL, NULL, NULL, NULL, NULL};
+  t->made = 1;
   int ok = dnnl_memory_desc_init_by_strides(&a_md, 2, ad, e->key.dt, as) == dnnl_success &&
            dnnl_memory_desc_init_by_strides(&b_md, 2, bd, e->key.dt, bs) == dnnl_success &&
            dnnl_memory_desc_init_by_strides(&c_md, 2, cd, e->key.ddt, cs) == dnnl_success &&
-           dnnl_memory_create(&mem[0], &a_md, engine, (void *)ap) == dnnl_success &&
-           dnnl_memory_create(&mem[1], &b_md, engine, (void *)bp) == dnnl_success &&
-           dnnl_memory_create(&mem[2], &c_md, engine, dst) == dnnl_success;
-  int nargs = 3;
-  dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]}};
-  if (ok && e->scratch) {
+           dnnl_memory_create(&t->m[0], &a_md, engine, DNNL_MEMORY_NONE) == dnnl_success &&
+           dnnl_memory_create(&t->m[1], &b_md, engine, DNNL_MEMORY_NONE) == dnnl_success &&
+           dnnl_memory_create(&t->m[2], &c_md, engine, DNNL_MEMORY_NONE) == dnnl_success;
+  if (ok && e->scratch)
     ok = dnnl_memory_desc_init_by_tag(&p_md, 1, pd, dnnl_u8, dnnl_a) == dnnl_success &&
-         dnnl_memory_create(&mem[3], &p_md, engine, pad) == dnnl_success;
-    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem[3]};
+         dnnl_memory_create(&t->m[3], &p_md, engine, DNNL_MEMORY_NONE) == dnnl_success;
+  if (ok && e->key.bias)
+    ok = dnnl_memory_desc_init_by_strides(&bias_md, 2, biasd, dnnl_f32, biass) == dnnl_success &&
+         dnnl_memory_create(&t->m[4], &bias_md, engine, DNNL_MEMORY_NONE) == dnnl_success;
+  return ok;
+}
+
+static int run_tile(const prim_entry *e, tile_mem *t, dnnl_stream_t s, const void *ap, const void *bp, void *dst, const float *bias, void *pad) {
+  if (!t->made && !make_tile_mem(e, t)) return 0;
+  if (!t->m[2]) return 0; /* a making that failed */
+  int ok = dnnl_memory_set_data_handle(t->m[0], (void *)ap) == dnnl_success && dnnl_memory_set_data_handle(t->m[1], (void *)bp) == dnnl_success &&
+           dnnl_memory_set_data_handle(t->m[2], dst) == dnnl_success;
+  int nargs = 3;
+  dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, t->m[0]}, {DNNL_ARG_WEIGHTS, t->m[1]}, {DNNL_ARG_DST, t->m[2]}};
+  if (ok && e->scratch) {
+    ok = dnnl_memory_set_data_handle(t->m[3], pad) == dnnl_success;
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, t->m[3]};
   }
   if (ok && e->key.bias) {
-    ok = dnnl_memory_desc_init_by_strides(&bias_md, 2, biasd, dnnl_f32, biass) == dnnl_success &&
-         dnnl_memory_create(&mem[4], &bias_md, engine, (void *)bias) == dnnl_success;
-    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, mem[4]};
+    ok = dnnl_memory_set_data_handle(t->m[4], (void *)bias) == dnnl_success;
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, t->m[4]};
   }
-  ok = ok && dnnl_primitive_execute(e->prim, s, nargs, args) == dnnl_success && dnnl_stream_wait(s) == dnnl_success;
-  for (int i = 0; i < 5; i++)
-    if (mem[i]) dnnl_memory_destroy(mem[i]);
-  return ok;
+  return ok && dnnl_primitive_execute(e->prim, s, nargs, args) == dnnl_success && dnnl_stream_wait(s) == dnnl_success;
 }
 
 /* C's rows [i0, i0 + mi) x [j0, j0 + nj) from the tile's f32 products. */
@@ -456,6 +479,8 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
     if (dnnl_stream_create(&s, engine, dnnl_stream_default_flags) != dnnl_success) failed = 1;
     const void *ap = NULL;
     int last_i = -1;
+    tile_mem tm[2][2];
+    memset(tm, 0, sizeof tm);
 #pragma omp for schedule(static)
     for (int t = 0; t < nt; t++) {
       if (failed) continue;
@@ -465,12 +490,15 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
       last_i = i;
       const void *bp = p.pack_b ? (const void *)(bpanels + (size_t)j0 * k) : in_place(&b, b.trans, j0);
       void *dst = p.direct ? (char *)c + ((size_t)i0 * ldc + j0) * apex_dtype_size(ct) : (void *)acc;
-      if (!run_tile(&p.e[i == p.ti - 1][jj == p.tj - 1], s, ap, bp, dst, bias ? bias + j0 : NULL, padp)) {
+      int li = i == p.ti - 1, lj = jj == p.tj - 1;
+      if (!run_tile(&p.e[li][lj], &tm[li][lj], s, ap, bp, dst, bias ? bias + j0 : NULL, padp)) {
         failed = 1;
         continue;
       }
       if (!p.direct) epilogue(acc, mi, nj, i0, j0, alpha, beta, c, ct, ldc, bias);
     }
+    for (int li = 0; li < 2; li++)
+      for (int lj = 0; lj < 2; lj++) tile_mem_free(&tm[li][lj]);
     if (s) dnnl_stream_destroy(s);
     omp_set_num_threads(old);
   }
