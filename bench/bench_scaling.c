@@ -19,7 +19,8 @@
  *                                       threads, 1 / (s + (1 - s) / N), in x; ratio = bound / N.
  *   scaling_<model>_<O0|O2>_regions     the parallel regions a step enters (each a fork and a join);
  *   scaling_<model>_<O0|O2>_tile_bound_16  the speedup at 16 threads that the serial part and the
- *                                       products' tiles allow together (tile_bound), in x;
+ *                                       products' tiles allow together (tile_bound), in x; _64 the same
+ *                                       at 64 threads (bench/README.md's 64-core estimate);
  *   scaling_tiles <model> <level> ...   every matrix product of the step (m x n x k) with the tiles of
  *                                       its fixed grid, and the fewest tiles a thread gets at 16
  *                                       threads: a grid with fewer tiles than threads leaves threads
@@ -235,7 +236,7 @@ static double step_time(bench_train *r) {
 
 /* The serial fraction of r's step at one thread (see the probe above), from its best step; *step
  * gets that step's time, *regions its parallel regions, *bound16 its tile_bound at 16 threads. */
-static double serial_fraction(bench_train *r, int probe_threads, double *step, long *regions, double *bound16) {
+static double serial_fraction(bench_train *r, int probe_threads, double *step, long *regions, double *bound16, double *bound64) {
   apex_set_num_threads(probe_threads);
   int big = r->model == BENCH_GPT_C256 || r->model == BENCH_GPT_C768;
   double best = 1e300, best_s = 1;
@@ -249,7 +250,8 @@ static double serial_fraction(bench_train *r, int probe_threads, double *step, l
     double t = bench_now() - t0;
     apex__gemm_set_observer(NULL);
     probe_on = 0;
-    if (t < best) best = t, best_s = (t - probe_in_parallel) / t, *regions = probe_regions, *bound16 = tile_bound(t, t - probe_in_parallel, 16);
+    if (t < best) best = t, best_s = (t - probe_in_parallel) / t, *regions = probe_regions, *bound16 = tile_bound(t, t - probe_in_parallel, 16),
+                    *bound64 = tile_bound(t, t - probe_in_parallel, 64);
   }
   *step = best;
   return best_s;
@@ -416,9 +418,9 @@ int main(int argc, char **argv) {
     }
     double serial[2], curve[2][2][16] = {{{0}}};
     for (int l = 0; l < 2; l++) {
-      double step, bound16 = 0;
+      double step, bound16 = 0, bound64 = 0;
       long regions = 0;
-      serial[l] = serial_fraction(&r[l], probe_threads, &step, &regions, &bound16);
+      serial[l] = serial_fraction(&r[l], probe_threads, &step, &regions, &bound16, &bound64);
       char line[96];
       apex_set_num_threads(1);
       snprintf(line, sizeof line, "%s_%s_%s_serial", prefix(), name, levels[l]);
@@ -427,6 +429,8 @@ int main(int argc, char **argv) {
       bench_report(line, (double)regions, "regions/step", 1.0, "step-at-1-thread");
       snprintf(line, sizeof line, "%s_%s_%s_tile_bound_16", prefix(), name, levels[l]);
       bench_report(line, bound16, "x", bound16 / 16, "ideal");
+      snprintf(line, sizeof line, "%s_%s_%s_tile_bound_64", prefix(), name, levels[l]);
+      bench_report(line, bound64, "x", bound64 / 64, "ideal");
     }
     for (int ti = 0; ti < nthreads; ti++) {
       int t = threads[ti];

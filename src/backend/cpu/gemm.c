@@ -178,13 +178,10 @@ typedef struct job {
  * thread widens its op(A) panel once per row, or along a column when only op(B) needs widening. */
 static void run_grid(const job *j, grid gr, float *scratch, size_t fa, size_t fb) {
   size_t per = fa + fb + lowp(j->ct, (size_t)gr.tm * gr.tn), es = apex_dtype_size(j->ct);
-  /* no more threads than tiles: a thread without a tile still wakes and waits at the region's barrier,
-   * and the MLP's f32 products have 8 tiles, half of 16 threads (each tile's bits are its own, whichever
-   * thread runs it, so the count changes nothing else) */
-  int nt = gr.ti * gr.tj, threads = apex_get_num_threads(), down = j->a.dtype == APEX_F32 && j->b.dtype != APEX_F32;
-  if (threads > nt) threads = nt;
-  int par = nt > 1 && threads > 1;
-#pragma omp parallel num_threads(threads) if (par)
+  /* the whole team even when there are fewer tiles than threads: a smaller team makes libgomp end
+   * the threads it leaves out and create new ones at the next full region (gemm_onednn.c) */
+  int nt = gr.ti * gr.tj, par = nt > 1 && apex_get_num_threads() > 1, down = j->a.dtype == APEX_F32 && j->b.dtype != APEX_F32;
+#pragma omp parallel if (par)
   {
     float *abuf = scratch ? scratch + (size_t)omp_get_thread_num() * per : NULL, *bbuf = abuf ? abuf + fa : NULL, *cbuf = bbuf ? bbuf + fb : NULL;
     const float *ap = NULL, *bp = NULL;

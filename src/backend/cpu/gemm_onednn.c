@@ -448,7 +448,11 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
    * made once for all threads (every tile of a column reads the same panel). */
   int nt = p.ti * p.tj, cap = apex_get_max_threads(), slots = nt < cap ? nt : cap, threads = apex_get_num_threads();
   if (slots < 1) slots = 1;
-  if (threads > slots) threads = slots;
+  /* The region takes the whole team even when fewer threads have tiles (workers): libgomp ends the
+   * pool threads a smaller team leaves out and makes new ones for the next bigger team, so a product
+   * of 8 tiles between regions of 16 threads cost 8 thread exits and creations each (issue #33: the
+   * MLP, whose f32 products have 8 tiles, peaked at 8 threads on the 16-core machine). */
+  int workers = threads < slots ? threads : slots;
   size_t fb = p.pack_b ? up64((size_t)k * n * 2) : 0, fa = p.pack_a ? up64((size_t)p.tm * k * 2) : 0;
   size_t fc = p.direct ? 0 : up64((size_t)p.tm * p.tn * sizeof(float)), per = fa + fc + up64(pad);
   char *scratch = ws->get(ws->ctx, fb + (size_t)slots * per + 64);
@@ -459,7 +463,7 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
   scratch = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
   uint16_t *bpanels = (uint16_t *)scratch;
   int failed = 0;
-#pragma omp parallel num_threads(threads) if (nt > 1 && threads > 1) reduction(| : failed)
+#pragma omp parallel num_threads(threads) if (workers > 1) reduction(| : failed)
   {
     int old = omp_get_max_threads();
     omp_set_num_threads(1);
@@ -471,18 +475,25 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
         pack_panel(&b, half, b.trans, j0, nj, k, bpanels + (size_t)j0 * k);
       }
     }
-    char *mine = scratch + fb + (size_t)omp_get_thread_num() * per;
+    /* worker w runs tiles [lo, hi), a contiguous run as OpenMP's static schedule gives (a row of tiles
+     * reuses its op(A) panel); the team's other threads have no tile and no scratch */
+    int w = omp_get_thread_num(), lo = 0, hi = 0;
+    if (w < workers) {
+      int q = nt / workers, r = nt % workers;
+      lo = w * q + (w < r ? w : r);
+      hi = lo + q + (w < r);
+    }
+    char *mine = scratch + fb + (size_t)(w < workers ? w : 0) * per;
     uint16_t *abuf = (uint16_t *)mine;
     float *acc = (float *)(mine + fa);
     void *padp = mine + fa + fc;
     dnnl_stream_t s = NULL;
-    if (dnnl_stream_create(&s, engine, dnnl_stream_default_flags) != dnnl_success) failed = 1;
+    if (lo < hi && dnnl_stream_create(&s, engine, dnnl_stream_default_flags) != dnnl_success) failed = 1;
     const void *ap = NULL;
     int last_i = -1;
     tile_mem tm[2][2];
     memset(tm, 0, sizeof tm);
-#pragma omp for schedule(static)
-    for (int t = 0; t < nt; t++) {
+    for (int t = lo; t < hi; t++) {
       if (failed) continue;
       int i = t / p.tj, jj = t % p.tj, i0 = i * p.tm, j0 = jj * p.tn;
       int mi = m - i0 < p.tm ? m - i0 : p.tm, nj = n - j0 < p.tn ? n - j0 : p.tn;
