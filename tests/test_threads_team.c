@@ -6,7 +6,9 @@
  * 16-core machine the MLP (8-tile products) peaked at 8 threads and fell at 16. So a product with fewer
  * tiles than threads, and attention with fewer heads than threads, run on the whole team with threads
  * left idle. The check is independent of apex's code: the kernel's thread ids (gettid) of a full region
- * before and after the op must be the same threads. */
+ * before and after the op must be the same threads. And since a team may be smaller than asked (one
+ * thread, inside the caller's own region), the threads that run tiles are counted in the team OpenMP
+ * gave: a product called there gives the bits it gives outside. */
 #define _GNU_SOURCE /* syscall */
 #include <omp.h>
 #include <stdlib.h>
@@ -90,10 +92,56 @@ static void test_attention_keeps_the_team(void **state) {
   apex_set_threads_follow_load(1);
 }
 
+/* y = x w (and its gradients) as f32 copies, the graph gone. */
+static void matmul_run(apex_var *x, apex_var *w, const apex_tensor *r, apex_tensor *out[3]) {
+  apex_graph *g = apex_graph_create();
+  apex_var *y = apex_matmul(g, x, w);
+  if (!y) fail_msg("%s", apex_last_error());
+  TU_OK(apex_tensor_fill(apex_var_grad(x), 0.0f));
+  TU_OK(apex_tensor_fill(apex_var_grad(w), 0.0f));
+  TU_OK(apex_backward(y, &(apex_backward_options){.grad_output = r}));
+  out[0] = apex_tensor_to(apex_var_value(y), APEX_F32);
+  out[1] = apex_tensor_to(apex_var_grad(x), APEX_F32);
+  out[2] = apex_tensor_to(apex_var_grad(w), APEX_F32);
+  apex_graph_destroy(g);
+}
+
+/* A product called from one thread of the caller's own parallel region (OpenMP then gives apex's
+ * region one thread, whatever apex asks for) still runs every tile: the same bits as outside it. */
+static void test_product_inside_a_region(void **state) {
+  (void)state;
+  TU_OK(apex_set_num_threads(TEAM));
+  apex_set_threads_follow_load(0);
+  for (int d = 0; d < 2; d++) {
+    apex_dtype dt = d ? APEX_BF16 : APEX_F32;
+    apex_var *x = tu_random_leaf(dt, 2, (int64_t[]){128, 784}, 21, 1), *w = tu_random_leaf(dt, 2, (int64_t[]){784, 1000}, 22, 1);
+    apex_tensor *r = tu_random_tensor(APEX_F32, 128 * 1000, 23, 1.0f), *outside[3], *inside[3];
+    matmul_run(x, w, r, outside);
+#pragma omp parallel num_threads(2)
+    {
+#pragma omp single
+      matmul_run(x, w, r, inside);
+    }
+    for (int p = 0; p < 3; p++) {
+      for (size_t i = 0; i < apex_tensor_numel(outside[p]); i++)
+        if (tu_bits(apex_tensor_get(inside[p], i)) != tu_bits(apex_tensor_get(outside[p], i)))
+          fail_msg("%s result %d element %zu: %.9g inside a region, %.9g outside", apex_dtype_name(dt), p, i, apex_tensor_get(inside[p], i),
+                   apex_tensor_get(outside[p], i));
+      apex_tensor_destroy(inside[p]);
+      apex_tensor_destroy(outside[p]);
+    }
+    apex_tensor_destroy(r);
+    apex_var_destroy(x);
+    apex_var_destroy(w);
+  }
+  apex_set_threads_follow_load(1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_products_keep_the_team),
       cmocka_unit_test(test_attention_keeps_the_team),
+      cmocka_unit_test(test_product_inside_a_region),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

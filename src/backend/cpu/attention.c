@@ -186,10 +186,11 @@ static apex_status run_heads(const apex_nn_workspace *ws, const heads_key *key, 
   if (!base) return APEX_ERR_OUT_OF_MEMORY;
   base = (char *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
   int failed = 0;
-#pragma omp parallel num_threads(threads) if (workers > 1) reduction(| : failed)
+#pragma omp parallel num_threads(threads) if (workers > 1) reduction(| : failed) firstprivate(workers)
   {
-    int old = omp_get_max_threads(), w = omp_get_thread_num();
+    int old = omp_get_max_threads(), w = omp_get_thread_num(), team = omp_get_num_threads();
     omp_set_num_threads(1);
+    if (team < workers) workers = team; /* the team OpenMP gave: one thread inside another region */
     if (w < workers) { /* heads [lo, hi) of the rest, a contiguous run as the static schedule gave */
       size_t q = rest / (size_t)workers, rm = rest % (size_t)workers, uw = (size_t)w;
       size_t lo = first + uw * q + (uw < rm ? uw : rm), hi = lo + q + (uw < rm);

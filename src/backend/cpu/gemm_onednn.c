@@ -463,7 +463,7 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
   scratch = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
   uint16_t *bpanels = (uint16_t *)scratch;
   int failed = 0;
-#pragma omp parallel num_threads(threads) if (workers > 1) reduction(| : failed)
+#pragma omp parallel num_threads(threads) if (workers > 1) reduction(| : failed) firstprivate(workers)
   {
     int old = omp_get_max_threads();
     omp_set_num_threads(1);
@@ -477,7 +477,10 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
     }
     /* worker w runs tiles [lo, hi), a contiguous run as OpenMP's static schedule gives (a row of tiles
      * reuses its op(A) panel); the team's other threads have no tile and no scratch */
-    int w = omp_get_thread_num(), lo = 0, hi = 0;
+    int w = omp_get_thread_num(), lo = 0, hi = 0, team = omp_get_num_threads();
+    /* the team OpenMP gave, which may be smaller than asked (one thread inside another region:
+     * conv2d's images, attention's heads) */
+    if (team < workers) workers = team;
     if (w < workers) {
       int q = nt / workers, r = nt % workers;
       lo = w * q + (w < r ? w : r);
