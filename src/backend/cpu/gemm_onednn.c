@@ -69,10 +69,15 @@ unsigned long apex__onednn_products(void) { return __atomic_load_n(&products, __
  * so halving a tile's columns splits its conversion with it, where halving its rows repeats it. The
  * MLP's products have 128 rows: 4 row tiles at most, a bound of 4 busy threads at 16, which only
  * column tiles lift. A tile narrower than the product is strided in C, so it lands in f32 scratch and
- * a second pass (epilogue) adds the bias and rounds it, as apex's f32-scratch path always did: that
- * pass, not a tile's product, is what HALF_TILE_MIN_MACS keeps small beside the tile's work. */
+ * a second pass (epilogue) adds the bias and rounds it, as apex's f32-scratch path always did.
+ *
+ * Why tiles of 8M multiply-adds at least (HALF_TILE_MIN_MACS): every tile has a fixed cost (the call,
+ * its conversion of op(B), the epilogue), and on this project's 2-core AVX512_BF16 machine tiles of
+ * 4M cost the MLP's O2 step 10-20% at one thread against the grid before (bench_scaling, interleaved
+ * rounds, 2026-11-28); 8M and 16M were within that shared machine's noise of it. At 8M the MLP's two
+ * big products have 8 and 16 tiles, gpt_c256's 8 to 32, gpt_c768's 32 to 64. */
 enum { WIDE_MAX = 4096, WIDE_MIN_TILES = 16, WIDE_MIN_ROWS = 32, HALF_MANY_TILES = 64, HALF_MIN_COLS = 128 };
-#define HALF_TILE_MIN_MACS ((double)(1 << 22))
+#define HALF_TILE_MIN_MACS ((double)(1 << 23))
 #define HALF_MIN_WORK 4e6 /* gemm.c's TILE_MIN_WORK */
 /* bench_scaling's knobs (apex__onednn_set_half_min_tiles, apex__onednn_set_half_cols): the row tiles
  * and whether the column split runs, to measure the grid against its variants on many cores. */
