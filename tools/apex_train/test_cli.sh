@@ -107,6 +107,10 @@ if [ "$NCPU" -ge 2 ] && [ "$NCPU" -eq "$(getconf _NPROCESSORS_ONLN)" ]; then
       ok "$e: --threads $NCPU runs (every place)" || ko "$e --threads $NCPU: $(tail -2 bound.out)"
   done
   env OMP_PLACES=cores OMP_PROC_BIND=close "$BIN" "${T[@]}" > bound.out 2>&1 && ok "bound, OpenMP's default threads" || ko "bound default: $(tail -2 bound.out)"
+  if [ $have_data -eq 1 ]; then # the issue's own command
+    env OMP_PLACES=cores OMP_PROC_BIND=close "$BIN" --model mlp --threads 2 --steps 2 --data "$FM" > bound.out 2>&1 &&
+      ok "OMP_PLACES=cores OMP_PROC_BIND=close apex-train --model mlp --threads 2" || ko "bound mlp --threads 2: $(tail -2 bound.out)"
+  fi
   env OMP_PLACES=cores OMP_PROC_BIND=close "$BIN" "${T[@]}" --threads 1 > bound.out 2>&1
   grep -qE "^apex-train: 1 thread on CPU [0-9]+ \(of the machine's $NCPU, bound by OpenMP\)$" bound.out &&
     ok "bound to fewer places than the machine has: says so" || ko "bound --threads 1: $(grep thread bound.out)"
