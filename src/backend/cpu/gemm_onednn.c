@@ -483,8 +483,8 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
     /* worker w runs tiles [lo, hi), a contiguous run as OpenMP's static schedule gives (a row of tiles
      * reuses its op(A) panel); the team's other threads have no tile and no scratch */
     int w = omp_get_thread_num(), lo = 0, hi = 0, team = omp_get_num_threads();
-    /* the team OpenMP gave, which may be smaller than asked (one thread inside another region:
-     * conv2d's images, attention's heads) */
+    /* the team OpenMP gave, which may be smaller than asked: one thread inside the caller's own
+     * region (test_threads_team), or under bench_scaling's probe, which runs every region on one */
     if (team < workers) workers = team;
     if (w < workers) {
       int q = nt / workers, r = nt % workers;
