@@ -3,16 +3,24 @@
  *
  * For each model of bench_models.h (mlp, cnn, gpt_c256, gpt_c768) and each of O0 (f32) and O2-bf16:
  *   scaling_<model>_<O0|O2>_t<N>        samples/s (tokens/s for the GPTs) at N threads, for N = 1, 2,
- *                                       4, ... up to the cores this process may run on (and that count
- *                                       itself); ratio = apex / PyTorch at N threads (f32 eager for O0,
- *                                       bf16 autocast for O2), the two measured one after the other;
+ *                                       4, 8, 16, ... up to the CPUs this process's threads may run on
+ *                                       (OpenMP's places, else the affinity mask: apex_threads_cpus) and
+ *                                       that count itself; ratio = apex / PyTorch at N threads (f32
+ *                                       eager for O0, bf16 autocast for O2), measured one after the other;
+ *   scaling_<model>_<O0|O2>_worst_doubling  the least throughput(2N) / throughput(N) over the counts
+ *                                       measured (N and 2N both; the last count against its half or
+ *                                       less): under 1, more threads were slower; ratio = that / PyTorch's
+ *                                       worst doubling in the same run;
+ *   scaling curve <model> <level> ...   apex's curve and PyTorch's beside it, one line each, with the
+ *                                       ratio and each doubling's gain;
  *   scaling_<model>_<O0|O2>_serial      the step's serial fraction at one thread: the time outside
  *                                       parallel regions over the step's time (see the probe below);
  *   scaling_<model>_<O0|O2>_amdahl_<N>  the bound that fraction puts on the speedup at N = 16, 32, 64
  *                                       threads, 1 / (s + (1 - s) / N), in x; ratio = bound / N.
  *   scaling_<model>_<O0|O2>_regions     the parallel regions a step enters (each a fork and a join);
  *   scaling_<model>_<O0|O2>_tile_bound_16  the speedup at 16 threads that the serial part and the
- *                                       products' tiles allow together (tile_bound), in x;
+ *                                       products' tiles allow together (tile_bound), in x; _64 the same
+ *                                       at 64 threads (bench/README.md's 64-core estimate);
  *   scaling_tiles <model> <level> ...   every matrix product of the step (m x n x k) with the tiles of
  *                                       its fixed grid, and the fewest tiles a thread gets at 16
  *                                       threads: a grid with fewer tiles than threads leaves threads
@@ -32,11 +40,18 @@
  * Options: --seconds-per-point S (default 0.25: each figure is the best step of at least S seconds,
  * at least one step; a gpt_c768 step at one thread takes seconds, so its points take one step),
  * --max-threads N, --models a,b (names), --no-peer, --half-min-tiles N (half products on oneDNN cut
- * into at least N row tiles, not 2: apex__onednn_set_half_min_tiles, to measure that grid on a
- * many-core bf16 CPU), --f32-few-tiles (f32 products in the grid they had before the split for many
+ * into at least N row tiles, not 16: apex__onednn_set_half_min_tiles; 2 is the grid before issue #33),
+ * --half-rows-only (half products' tiles as wide as the product, no column split towards 64 tiles:
+ * apex__onednn_set_half_cols(0), the grid issue #33's 16-core run measured as --half-min-tiles 16),
+ * --f32-few-tiles (f32 products in the grid they had before the split for many
  * threads: apex__gemm_set_many_tiles(0), to compare the two in one script). The PyTorch peer is bench/peer_nn.py --serve, one
  * process for the whole run (bench_util.h says which Python: bench/run's); without it the apex lines
- * print with ratio=0 peer=missing. Thread counts are exact: following the load is off. */
+ * print with ratio=0 peer=missing. Thread counts are exact: following the load is off.
+ *
+ * Binding. Run as it is and under OMP_PLACES=cores OMP_PROC_BIND=close (tests/gpu/run.sh runs both):
+ * OpenMP reads its binding once, at start, so one process measures one way. Under binding every line's
+ * name says so (scaling_bound_...), the header names the places, and the peer, started from this
+ * process, is bound the same way by its own OpenMP. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <omp.h>
@@ -221,7 +236,7 @@ static double step_time(bench_train *r) {
 
 /* The serial fraction of r's step at one thread (see the probe above), from its best step; *step
  * gets that step's time, *regions its parallel regions, *bound16 its tile_bound at 16 threads. */
-static double serial_fraction(bench_train *r, int probe_threads, double *step, long *regions, double *bound16) {
+static double serial_fraction(bench_train *r, int probe_threads, double *step, long *regions, double *bound16, double *bound64) {
   apex_set_num_threads(probe_threads);
   int big = r->model == BENCH_GPT_C256 || r->model == BENCH_GPT_C768;
   double best = 1e300, best_s = 1;
@@ -235,7 +250,8 @@ static double serial_fraction(bench_train *r, int probe_threads, double *step, l
     double t = bench_now() - t0;
     apex__gemm_set_observer(NULL);
     probe_on = 0;
-    if (t < best) best = t, best_s = (t - probe_in_parallel) / t, *regions = probe_regions, *bound16 = tile_bound(t, t - probe_in_parallel, 16);
+    if (t < best) best = t, best_s = (t - probe_in_parallel) / t, *regions = probe_regions, *bound16 = tile_bound(t, t - probe_in_parallel, 16),
+                    *bound64 = tile_bound(t, t - probe_in_parallel, 64);
   }
   *step = best;
   return best_s;
@@ -284,9 +300,51 @@ static int physical_cores(const cpu_set_t *set) {
   return n;
 }
 
+static int bound; /* OpenMP binds its threads (OMP_PROC_BIND, or OMP_PLACES alone) */
+
+/* The lines' prefix: a bound run's names say so, to keep the two runs' figures apart wherever they land. */
+static const char *prefix(void) { return bound ? "scaling_bound" : "scaling"; }
+
+/* The least v[i'] / v[i] over the counts where threads[i'] = 2 threads[i] (or, for the last count, the
+ * largest count at most half of it): 0 when no pair was measured. */
+static double worst_doubling(const int *threads, int n, const double *v) {
+  double worst = 0;
+  for (int j = 1; j < n; j++) {
+    int i = -1;
+    for (int k = 0; k < j; k++)
+      if (2 * threads[k] <= threads[j]) i = k;
+    if (i < 0 || v[i] <= 0 || v[j] <= 0) continue;
+    double g = v[j] / v[i];
+    if (worst == 0 || g < worst) worst = g;
+  }
+  return worst;
+}
+
+/* apex's and PyTorch's curves of one model and level, one line each, with the ratio and the gain of
+ * each doubling of the threads; and the worst doubling as a bench line. c[0]: apex, c[1]: the peer. */
+static void print_curve(const char *model, const char *level, const char *peer, const int *threads, int n, double c[2][16]) {
+  const char *pre = bound ? "scaling curve (bound)" : "scaling curve";
+  printf("%s %s %s threads   ", pre, model, level);
+  for (int i = 0; i < n; i++) printf(" %9d", threads[i]);
+  printf("\n%s %s %s apex      ", pre, model, level);
+  for (int i = 0; i < n; i++) printf(" %9.0f", c[0][i]);
+  printf("\n%s %s %s %-10s", pre, model, level, c[1][0] > 0 ? "torch" : "torch:none");
+  for (int i = 0; i < n; i++) printf(" %9.0f", c[1][i]);
+  printf("\n%s %s %s apex/torch", pre, model, level);
+  for (int i = 0; i < n; i++) printf(" %9.2f", c[1][i] > 0 ? c[0][i] / c[1][i] : 0.0);
+  printf("\n%s %s %s gain 2N/N ", pre, model, level);
+  for (int i = 0; i < n; i++) printf(" %9.2f", i ? c[0][i] / c[0][i - 1] : 1.0);
+  printf("\n");
+  double w = worst_doubling(threads, n, c[0]), wp = worst_doubling(threads, n, c[1]);
+  char line[96];
+  snprintf(line, sizeof line, "%s_%s_%s_worst_doubling", prefix(), model, level);
+  printf("%s %s %s worst doubling: apex %.2f, torch %.2f\n", pre, model, level, w, wp);
+  bench_report(line, w, "x", wp > 0 ? w / wp : 0.0, wp > 0 ? peer : "missing");
+}
+
 int main(int argc, char **argv) {
   const char *models = NULL;
-  int max_threads = 0, use_peer = 1, named = 0, others = 0, half_min_tiles = 0, few = 0;
+  int max_threads = 0, use_peer = 1, named = 0, others = 0, half_min_tiles = 0, few = 0, rows_only = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--seconds-per-point") && i + 1 < argc)
       seconds_per_point = atof(argv[++i]);
@@ -296,6 +354,8 @@ int main(int argc, char **argv) {
       models = argv[++i];
     else if (!strcmp(argv[i], "--half-min-tiles") && i + 1 < argc)
       half_min_tiles = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--half-rows-only"))
+      apex__onednn_set_half_cols(0), rows_only = 1;
     else if (!strcmp(argv[i], "--f32-few-tiles"))
       apex__gemm_set_many_tiles(0), few = 1;
     else if (!strcmp(argv[i], "--no-peer"))
@@ -309,25 +369,39 @@ int main(int argc, char **argv) {
   if (others && !named) return 0;
   resolve_real_parallel();
   signal(SIGPIPE, SIG_IGN); /* a peer that died answers nothing (its lines say missing), never kills the run */
+  if (rows_only) printf("scaling half products (oneDNN) in tiles as wide as the product, no column split (--half-rows-only)\n");
   if (few) printf("scaling f32 products in the grid of few tiles (--f32-few-tiles: apex__gemm_set_many_tiles(0))\n");
   if (half_min_tiles > 0) {
     apex__onednn_set_half_min_tiles(half_min_tiles);
-    printf("scaling half products (oneDNN) in at least %d row tiles (--half-min-tiles; the default is 2)\n", half_min_tiles);
+    printf("scaling half products (oneDNN) in at least %d row tiles (--half-min-tiles; the default is 16)\n", half_min_tiles);
   }
+  /* the CPUs of OpenMP's places, not the main thread's mask: binding narrows that to one place */
+  static int ids[CPU_SETSIZE];
+  int cores = apex_threads_cpus(ids, CPU_SETSIZE);
   cpu_set_t set;
-  int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  CPU_ZERO(&set);
+  for (int i = 0; i < cores && i < CPU_SETSIZE; i++) CPU_SET(ids[i], &set);
   if (max_threads <= 0 || max_threads > cores) max_threads = cores;
   int threads[16], nthreads = 0;
   for (int t = 1; t < max_threads && nthreads < 15; t *= 2) threads[nthreads++] = t;
   threads[nthreads++] = max_threads;
+  bound = omp_get_proc_bind() != omp_proc_bind_false;
   /* the probe runs with apex's count at the most threads (at least 2, so that every region that
    * would take threads asks for them); the pools grow to that count's size in the warmup step */
   int probe_threads = max_threads > 2 ? max_threads : 2;
   apex_set_threads_follow_load(0);
   char cpu[256];
   cpu_name(cpu, sizeof cpu);
-  printf("scaling cpu: %s, %d CPUs in this process's affinity mask on %d physical cores, isa %s\n", cpu, cores, physical_cores(&set),
+  char list[256];
+  apex_cpus_format(ids, cores < CPU_SETSIZE ? cores : CPU_SETSIZE, list, sizeof list);
+  printf("scaling cpu: %s, %d CPUs (%s) %s on %d physical cores, isa %s\n", cpu, cores, list,
+         omp_get_num_places() > 0 ? "in OpenMP's places" : "in this process's affinity mask", physical_cores(&set),
          apex_cpu_isa_name(apex_cpu_max_isa()));
+  const char *places = getenv("OMP_PLACES");
+  static const char *const binds[] = {"false", "true", "master", "close", "spread"};
+  int b = (int)omp_get_proc_bind();
+  printf("scaling binding: %s (OMP_PROC_BIND %s, OMP_PLACES %s, %d places)%s\n", bound ? "bound" : "unbound",
+         b >= 0 && b < 5 ? binds[b] : "?", places ? places : "unset", omp_get_num_places(), bound ? ": lines named scaling_bound_*" : "");
   int have_peer = use_peer && peer_start(max_threads);
   if (!have_peer) printf("bench scaling peer skipped: %s\n", use_peer ? "no PyPI torch (run bench/setup_peers.sh)" : "--no-peer");
   fflush(stdout);
@@ -342,19 +416,21 @@ int main(int argc, char **argv) {
       apex_set_num_threads(probe_threads);
       report_tiles(&r[l], levels[l]); /* also the warmup step, in the probe's thread count (the pools' size) */
     }
-    double serial[2];
+    double serial[2], curve[2][2][16] = {{{0}}};
     for (int l = 0; l < 2; l++) {
-      double step, bound16 = 0;
+      double step, bound16 = 0, bound64 = 0;
       long regions = 0;
-      serial[l] = serial_fraction(&r[l], probe_threads, &step, &regions, &bound16);
+      serial[l] = serial_fraction(&r[l], probe_threads, &step, &regions, &bound16, &bound64);
       char line[96];
       apex_set_num_threads(1);
-      snprintf(line, sizeof line, "scaling_%s_%s_serial", name, levels[l]);
+      snprintf(line, sizeof line, "%s_%s_%s_serial", prefix(), name, levels[l]);
       bench_report(line, serial[l], "fraction", 1.0, "step-at-1-thread");
-      snprintf(line, sizeof line, "scaling_%s_%s_regions", name, levels[l]);
+      snprintf(line, sizeof line, "%s_%s_%s_regions", prefix(), name, levels[l]);
       bench_report(line, (double)regions, "regions/step", 1.0, "step-at-1-thread");
-      snprintf(line, sizeof line, "scaling_%s_%s_tile_bound_16", name, levels[l]);
+      snprintf(line, sizeof line, "%s_%s_%s_tile_bound_16", prefix(), name, levels[l]);
       bench_report(line, bound16, "x", bound16 / 16, "ideal");
+      snprintf(line, sizeof line, "%s_%s_%s_tile_bound_64", prefix(), name, levels[l]);
+      bench_report(line, bound64, "x", bound64 / 64, "ideal");
     }
     for (int ti = 0; ti < nthreads; ti++) {
       int t = threads[ti];
@@ -364,17 +440,19 @@ int main(int argc, char **argv) {
         double s = step_time(&r[l]);
         double mine = bench_model_samples(model) / s;
         double peer = have_peer ? peer_measure(name, modes[l], t, seconds_per_point) : 0;
+        curve[l][0][ti] = mine, curve[l][1][ti] = peer;
         char line[96];
-        snprintf(line, sizeof line, "scaling_%s_%s_t%d", name, levels[l], t);
+        snprintf(line, sizeof line, "%s_%s_%s_t%d", prefix(), name, levels[l], t);
         apex_set_num_threads(t);
         bench_report(line, mine, "samples/s", peer > 0 ? mine / peer : 0.0, peer > 0 ? (l ? "torch-bf16-autocast" : "torch-f32") : "missing");
       }
     }
+    for (int l = 0; l < 2; l++) print_curve(name, levels[l], l ? "torch-bf16-autocast" : "torch-f32", threads, nthreads, curve[l]);
     for (int l = 0; l < 2; l++)
       for (int n = 16; n <= 64; n *= 2) {
         double bound = 1.0 / (serial[l] + (1.0 - serial[l]) / n);
         char line[96];
-        snprintf(line, sizeof line, "scaling_%s_%s_amdahl_%d", name, levels[l], n);
+        snprintf(line, sizeof line, "%s_%s_%s_amdahl_%d", prefix(), name, levels[l], n);
         bench_report(line, bound, "x", bound / n, "ideal");
       }
     for (int l = 0; l < 2; l++) bench_train_free(&r[l]);

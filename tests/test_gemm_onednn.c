@@ -64,10 +64,12 @@ static double *rounding_bound(const apex_tensor *p, int pt, const apex_tensor *q
   return out;
 }
 
-/* Shapes: one below gemm.c's tile threshold (one call), one with ragged tiles, one with K = 1500. */
+/* Shapes: one below gemm.c's tile threshold (one call), one with ragged tiles, one with K = 1500, and
+ * the MLP's batch of 128 on a ragged width, whose half products split their columns (4 x 2 tiles of
+ * 32 x 512, the last 488 wide: C strided, so the f32 scratch and the epilogue run; gemm_onednn.c). */
 static const struct {
   int m, k, n;
-} shapes[] = {{30, 20, 10}, {300, 130, 270}, {260, 1500, 100}};
+} shapes[] = {{30, 20, 10}, {300, 130, 270}, {260, 1500, 100}, {128, 784, 1000}};
 
 /* The bound's factor on |P| x |Q| for a product over `inner` terms: bf16 operands, the f32 gradient's
  * rounding to bf16; f32 operands, f32 rounding of every product and sum. */

@@ -14,6 +14,8 @@
 #ifndef APEX_THREADS_H
 #define APEX_THREADS_H
 
+#include <stddef.h>
+
 #include "apex/status.h"
 
 #ifdef __cplusplus
@@ -30,6 +32,27 @@ APEX_API int apex_get_max_threads(void);
 /* on != 0 (the default): follow the load as described above. 0: always use apex_get_max_threads()
  * threads (for timing a fixed thread count, or a machine reserved for one job). */
 APEX_API void apex_set_threads_follow_load(int on);
+
+/* ---- where the threads run (places.c) ----------------------------------------------------------------
+ *
+ * Binding narrows each OpenMP thread's affinity mask to its own place: under OMP_PLACES=cores
+ * OMP_PROC_BIND=close the main thread's mask holds one core, whatever the others hold, so the mask
+ * cannot say how many CPUs a program's threads have. These say it from OpenMP's places instead. */
+
+/* The CPUs apex's threads may run on, ascending: the union of OpenMP's places when it has any
+ * (OMP_PLACES, or OMP_PROC_BIND set, which makes one place a CPU), which OpenMP built from the
+ * process's mask at start; else the calling thread's affinity mask (taskset, a container's cpuset,
+ * mpirun's binding of a rank); else the online CPUs. Writes the first `max` of them into cpus (cpus
+ * may be NULL when max is 0) and returns how many there are (at least 1). */
+APEX_API int apex_threads_cpus(int *cpus, int max);
+/* The CPUs a team of n threads runs on (n < 1: apex_get_max_threads()): one parallel region of n
+ * threads, each reading its own affinity mask as OpenMP bound it, and their union; the same form as
+ * apex_threads_cpus. Unbound threads float over the process's mask, so without binding this is that
+ * mask. Call it outside parallel regions. */
+APEX_API int apex_threads_team_cpus(int n, int *cpus, int max);
+/* Writes cpus[0..n) (ascending) as a list of ranges, "0-3,8,10-11", into out (size bytes, always
+ * terminated; a list that does not fit ends in "..."). Returns out. */
+APEX_API char *apex_cpus_format(const int *cpus, int n, char *out, size_t size);
 
 #ifdef __cplusplus
 }

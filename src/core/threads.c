@@ -13,9 +13,10 @@
  * (threads.h), so changing it between steps changes speed only.
  *
  * The free cores are measured, not guessed: between two calls of apex__threads_follow_load (at
- * most every apex__threads_window: 0.1 s on a few CPUs, longer on many), the busy time of the CPUs apex may run on (/proc/stat) less the CPU
+ * most every apex__threads_window: 0.1 s on a few CPUs, longer on many), the busy time of the CPUs apex may run on
+ * (apex_threads_cpus: OpenMP's places, else the process's mask; /proc/stat) less the CPU
  * time of this process is what others used; others' cores = that / wall time. */
-#define _GNU_SOURCE /* sched_getaffinity, CPU_ISSET */
+#define _GNU_SOURCE /* CPU_SET, CPU_ISSET */
 #include <omp.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -123,7 +124,11 @@ void apex__threads_follow_load(void) {
   cpu_set_t set;
   CPU_ZERO(&set);
   double busy = -1, own = now_s(CLOCK_PROCESS_CPUTIME_ID);
-  if (cap > 1 && sched_getaffinity(0, sizeof set, &set) == 0) busy = cpus_busy_s(&set, &ncpu);
+  if (cap > 1) { /* the CPUs of OpenMP's places, not the main thread's mask, which binding narrows (places.c) */
+    int cpus[FOLLOW_MAX_CPUS], n = apex_threads_cpus(cpus, FOLLOW_MAX_CPUS);
+    for (int i = 0; i < n && i < FOLLOW_MAX_CPUS; i++) CPU_SET(cpus[i], &set);
+    busy = cpus_busy_s(&set, &ncpu);
+  }
   if (busy >= 0 && S.have) {
     double others = ((busy - S.busy_s) - (own - S.own)) / (wall - S.wall);
     omp_set_num_threads(apex__threads_fit(ncpu, others < 0 ? 0 : others, cap));

@@ -58,7 +58,7 @@ key_nccl() {
   key_cmocka "$f" | grep -v '^passed 0, failed 0, skipped 0$'
   grep -E '^apex-train: ' "$f" | tail -1 | cut -c1-150 # apex-train's last word (its error, or the test accuracy)
 }
-key_scaling() { grep -E '^bench ' "$1" | awk '{printf "%s %s %s; ", $2, $3, $4}' | cut -c1-150; }
+key_scaling() { grep -E '^bench .*(_t16|_worst_doubling) ' "$1" | awk '{printf "%s %s; ", $2, $3}' | sed 's/scaling_//g' | cut -c1-150; }
 
 # step NAME CAP KIND KEYFN CMD...: runs CMD under min(CAP, time left), logs it, records a table row.
 # KIND is "test" (its rc counts in run.sh's exit status) or "bench".
@@ -195,9 +195,12 @@ step test_kernels 20 test key_cmocka "$B/tests/test_kernels"
 step test_multi_tensor 40 test key_cmocka "$B/tests/test_multi_tensor"
 for t in test_optim_api test_optim_golden; do step $t 40 test key_cmocka "$B/tests/$t"; done
 step bench_scaling ${SCALING_CAP:-120} bench key_scaling "$B/bench/bench_scaling"
-# the half products' grid cut into 16 row tiles (64-row tiles of the GPTs' 1024-row products, 4 of 32 for the MLP's
-# batch) against the default grid's figures just above: the measure that decides the default (gemm_onednn.c)
-step scaling_rows16 ${SCALING_ROWS_CAP:-90} bench key_scaling "$B/bench/bench_scaling" --models mlp,gpt_c256,gpt_c768 --no-peer --half-min-tiles 16
+# the same under OpenMP's usual binding, one thread a core (issue #33: every thread count must run, never slower
+# with more threads); its lines are named scaling_bound_*
+step scaling_bound ${SCALING_BOUND_CAP:-120} bench key_scaling env OMP_PLACES=cores OMP_PROC_BIND=close "$B/bench/bench_scaling"
+# the half products' grid without its column split (16 row tiles as wide as the product: the grid issue #33's run
+# measured as --half-min-tiles 16) against the default's figures just above: the measure that keeps or drops the split
+step scaling_rows16 ${SCALING_ROWS_CAP:-90} bench key_scaling "$B/bench/bench_scaling" --models mlp,gpt_c256,gpt_c768 --no-peer --half-rows-only
 step cpu_amp 30 bench key_bench env OMP_NUM_THREADS=16 "$B/bench/bench_amp" _step
 
 # ---- the summary -------------------------------------------------------------------------------------------------

@@ -17,9 +17,8 @@
  * collectives are in dist.c. Setup is checked on every rank, the ranks agree that it worked
  * (dist_agree) before rank 0 writes anything, and every save is agreed the same way, so that all
  * ranks stop together. */
-#define _GNU_SOURCE /* sched_getaffinity */
 #include <math.h>
-#include <sched.h>
+#include <omp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,12 +53,25 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The CPUs this process may run on (its affinity mask, which a container or taskset narrows). */
-static long available_cpus(void) {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? n : 1;
+enum { CPU_LIST_MAX = 4096 };
+
+/* Whether OpenMP has places (OMP_PLACES, or OMP_PROC_BIND set): then they bound the CPUs this process's
+ * threads may run on, not the main thread's mask, which binding narrows to one place; without them the
+ * affinity mask that taskset, a container or mpirun's binding narrows does (apex_threads_cpus). */
+static int omp_places(void) { return omp_get_num_places() > 0; }
+
+/* One line saying how many threads this process trains on and on which CPUs, when they are fewer
+ * than the machine's: a run pinned by OpenMP or mpirun, or given --threads, says where it runs. */
+static void print_threads(const dist *ds) {
+  long machine = sysconf(_SC_NPROCESSORS_ONLN);
+  int n = apex_get_max_threads();
+  if (machine > 0 && n >= machine) return;
+  int ids[CPU_LIST_MAX], k = apex_threads_team_cpus(n, ids, CPU_LIST_MAX);
+  char list[256];
+  apex_cpus_format(ids, k < CPU_LIST_MAX ? k : CPU_LIST_MAX, list, sizeof list);
+  const char *bind = omp_get_proc_bind() == omp_proc_bind_false ? "" : ", bound by OpenMP";
+  printf("apex-train: %d thread%s on CPU%s %s (of the machine's %ld%s)%s\n", n, n == 1 ? "" : "s", k == 1 ? "" : "s", list, machine, bind,
+         ds->on ? ", on rank 0" : "");
 }
 
 static apex_amp_flag tristate(const char *v) {
@@ -119,13 +131,16 @@ static int check_flags(run *r) {
   int rc = device_open(a->device, &r->dev);
   if (rc) return rc;
   /* More threads than CPUs gains nothing, and tens of thousands exhaust the memory for stacks. */
-  long cpus = available_cpus();
+  int ids[CPU_LIST_MAX];
+  long cpus = apex_threads_cpus(ids, CPU_LIST_MAX);
   if (a->threads > cpus) {
-    if (cpus == 1)
-      fprintf(stderr, "apex-train: --threads %ld: this machine runs 1 thread at once (its one CPU); give 1, or 0 for OpenMP's default\n", a->threads);
-    else
-      fprintf(stderr, "apex-train: --threads %ld: this machine runs %ld threads at once (its CPUs); give 1 to %ld, or 0 for OpenMP's default\n",
-              a->threads, cpus, cpus);
+    char list[128];
+    apex_cpus_format(ids, cpus < CPU_LIST_MAX ? (int)cpus : CPU_LIST_MAX, list, sizeof list);
+    char range[32] = "1";
+    if (cpus > 1) snprintf(range, sizeof range, "1 to %ld", cpus);
+    fprintf(stderr, "apex-train: --threads %ld: this process runs %ld thread%s at once (%s CPU%s %s); give %s, or 0 for OpenMP's default\n",
+            a->threads, cpus, cpus == 1 ? "" : "s", omp_places() ? "OpenMP's places hold" : "its affinity mask holds", cpus == 1 ? "" : "s",
+            list, range);
     return 2;
   }
   if (a->threads > 0 && apex_set_num_threads((int)a->threads) != APEX_OK) {
@@ -666,6 +681,7 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
            strcmp(a->opt_level, "O0") == 0 ? "f32" : a->cast_type, a->optimizer, (double)r->lr, a->batch_size, ranks, a->epochs, spe,
            last, last < a->epochs * spe ? "--steps" : "end of the epochs", a->sync_bn ? ", SyncBatchNorm" : "");
     if (a->resume) printf("apex-train: resumed from %s/step-%ld\n", a->checkpoint, r->at.step);
+    print_threads(ds);
     fflush(stdout);
   }
   long end;

@@ -65,14 +65,6 @@ bad "zero batch" --batch-size 0
 bad "bad epochs" --epochs 0
 bad "bad steps" --steps -3
 bad "bad threads" --threads two
-# More threads than CPUs: the count in words, one CPU in the singular.
-if command -v taskset > /dev/null; then
-  BIN_ONE=(taskset -c 0 "$BIN")
-  "${BIN_ONE[@]}" --model gpt --threads 2 --steps 1 > /dev/null 2> one.err
-  grep -q "this machine runs 1 thread at once (its one CPU); give 1, or 0" one.err && ok "--threads 2 on one CPU: $(cat one.err)" ||
-    ko "--threads 2 on one CPU: $(cat one.err)"
-  rm -f one.err
-fi
 bad "switch with value" --resume=yes
 bad "bad device" --device tpu
 bad "O1 with master weights" --opt-level O1 --master-weights true
@@ -94,6 +86,44 @@ bad "checkpoint is a file" --model gpt --steps 1 --checkpoint "$W/afile"
 bad "resume from an empty directory" --model gpt --steps 1 --checkpoint "$W/junk" --resume
 bad "log in a missing directory" --model gpt --steps 1 --log "$W/no-dir/log.jsonl"
 bad "gpt with a bad seq-len" --model gpt --seq-len 1
+
+# ---- threads and OpenMP's placement (issue #33) ---------------------------------------------------------
+# Binding narrows the main thread's mask to one place; the CPUs counted are the places' (or, unbound, the
+# process's mask), so a bound run may use every place, and a count past them is refused in the singular or
+# plural it needs. A run on fewer threads than the machine's CPUs says how many and on which CPUs.
+NCPU=$(nproc) # this process's mask
+T=(--model gpt --batch-size 4 --seq-len 16 --sample-bytes 8 --steps 2)
+bad "more threads than CPUs" "${T[@]}" --threads $((NCPU + 1))
+grep -qF "runs $NCPU thread" <<< "$LAST_ERR" && grep -qF "affinity mask holds" <<< "$LAST_ERR" && ok "the refusal counts the mask's CPUs" ||
+  ko "more threads than CPUs: $LAST_ERR"
+# the cases below take the whole machine as the mask (not so under a taskset of the test itself)
+if [ "$NCPU" -ge 2 ] && [ "$NCPU" -eq "$(getconf _NPROCESSORS_ONLN)" ]; then
+  env OMP_PLACES="{0}" OMP_PROC_BIND=close "$BIN" "${T[@]}" --threads 2 > /dev/null 2> one.err
+  grep -qF "runs 1 thread at once (OpenMP's places hold CPU 0); give 1," one.err && ! grep -q "1 threads" one.err &&
+    ok "one place: one thread, in the singular" || ko "one place: $(cat one.err)"
+  for e in "OMP_PLACES=cores OMP_PROC_BIND=close" "OMP_PLACES=cores OMP_PROC_BIND=spread" "OMP_PROC_BIND=true" "OMP_PLACES=threads" \
+    "OMP_PLACES=cores OMP_PROC_BIND=close OMP_NUM_THREADS=1"; do
+    env $e "$BIN" "${T[@]}" --threads "$NCPU" > bound.out 2>&1 && ! grep -q "thread.* on CPU" bound.out &&
+      ok "$e: --threads $NCPU runs (every place)" || ko "$e --threads $NCPU: $(tail -2 bound.out)"
+  done
+  env OMP_PLACES=cores OMP_PROC_BIND=close "$BIN" "${T[@]}" > bound.out 2>&1 && ok "bound, OpenMP's default threads" || ko "bound default: $(tail -2 bound.out)"
+  if [ $have_data -eq 1 ]; then # the issue's own command
+    env OMP_PLACES=cores OMP_PROC_BIND=close "$BIN" --model mlp --threads 2 --steps 2 --data "$FM" > bound.out 2>&1 &&
+      ok "OMP_PLACES=cores OMP_PROC_BIND=close apex-train --model mlp --threads 2" || ko "bound mlp --threads 2: $(tail -2 bound.out)"
+  fi
+  env OMP_PLACES=cores OMP_PROC_BIND=close "$BIN" "${T[@]}" --threads 1 > bound.out 2>&1
+  grep -qE "^apex-train: 1 thread on CPU [0-9]+ \(of the machine's $NCPU, bound by OpenMP\)$" bound.out &&
+    ok "bound to fewer places than the machine has: says so" || ko "bound --threads 1: $(grep thread bound.out)"
+  "$BIN" "${T[@]}" --threads 1 > one.out 2>&1
+  grep -qE "^apex-train: 1 thread on CPUs [0-9,-]+ \(of the machine's $NCPU\)$" one.out && ok "unbound --threads 1: the CPUs it floats over" ||
+    ko "unbound --threads 1: $(grep thread one.out)"
+  taskset -c 0 "$BIN" "${T[@]}" > one.out 2>&1
+  grep -qE "^apex-train: 1 thread on CPU 0 \(of the machine's $NCPU\)$" one.out && ok "a narrowed mask (taskset, mpirun's binding): its CPUs" ||
+    ko "taskset -c 0: $(grep thread one.out)"
+  taskset -c 0 "$BIN" "${T[@]}" --threads 2 > /dev/null 2> one.err
+  grep -qF "runs 1 thread at once (its affinity mask holds CPU 0)" one.err && ok "taskset -c 0 --threads 2 refused, in the singular" ||
+    ko "taskset -c 0 --threads 2: $(cat one.err)"
+fi
 
 # ---- checkpoints (text model: always available) -------------------------------------------------------
 G=(--model gpt --threads 2 --batch-size 4 --seq-len 16 --sample-bytes 8)

@@ -179,20 +179,26 @@ static apex_status run_heads(const apex_nn_workspace *ws, const heads_key *key, 
   int slots = apex_get_max_threads(), threads = apex_get_num_threads();
   if ((size_t)slots > rest) slots = (int)rest;
   if (slots < 1) slots = 1;
-  if (threads > slots) threads = slots;
+  /* the whole team, with `workers` of it running heads: a smaller team makes libgomp end the pool
+   * threads it leaves out and create new ones at the next full region (gemm_onednn.c says more) */
+  int workers = threads < slots ? threads : slots;
   char *base = ws->get(ws->ctx, (size_t)slots * per + 64);
   if (!base) return APEX_ERR_OUT_OF_MEMORY;
   base = (char *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
   int failed = 0;
-#pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
+#pragma omp parallel num_threads(threads) if (workers > 1) reduction(| : failed) firstprivate(workers)
   {
-    int old = omp_get_max_threads();
+    int old = omp_get_max_threads(), w = omp_get_thread_num(), team = omp_get_num_threads();
     omp_set_num_threads(1);
-    char *mine = base + (size_t)omp_get_thread_num() * per;
-    reuse_ws r = {&no_more, mine + extra, cap, 0};
-#pragma omp for schedule(static)
-    for (size_t h = first; h < heads; h++)
-      if (!failed && fn(args, h, &r, extra ? mine : NULL) != APEX_OK) failed = 1;
+    if (team < workers) workers = team; /* the team OpenMP gave: one thread inside another region */
+    if (w < workers) { /* heads [lo, hi) of the rest, a contiguous run as the static schedule gave */
+      size_t q = rest / (size_t)workers, rm = rest % (size_t)workers, uw = (size_t)w;
+      size_t lo = first + uw * q + (uw < rm ? uw : rm), hi = lo + q + (uw < rm);
+      char *mine = base + uw * per;
+      reuse_ws r = {&no_more, mine + extra, cap, 0};
+      for (size_t h = lo; h < hi; h++)
+        if (!failed && fn(args, h, &r, extra ? mine : NULL) != APEX_OK) failed = 1;
+    }
     omp_set_num_threads(old);
   }
   /* a product fails only for want of scratch, and every head asks for head 0's */

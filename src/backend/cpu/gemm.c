@@ -178,6 +178,8 @@ typedef struct job {
  * thread widens its op(A) panel once per row, or along a column when only op(B) needs widening. */
 static void run_grid(const job *j, grid gr, float *scratch, size_t fa, size_t fb) {
   size_t per = fa + fb + lowp(j->ct, (size_t)gr.tm * gr.tn), es = apex_dtype_size(j->ct);
+  /* the whole team even when there are fewer tiles than threads: a smaller team makes libgomp end
+   * the threads it leaves out and create new ones at the next full region (gemm_onednn.c) */
   int nt = gr.ti * gr.tj, par = nt > 1 && apex_get_num_threads() > 1, down = j->a.dtype == APEX_F32 && j->b.dtype != APEX_F32;
 #pragma omp parallel if (par)
   {
@@ -232,7 +234,7 @@ static apex_status gemm_whole(const apex_nn_workspace *ws, const job *j, grid gr
 
 void apex__gemm_grid(int m, int n, int k, int half_onednn, int *ti, int *tj) {
   grid gr = plan(m, n, k, !half_onednn);
-  if (half_onednn) apex__onednn_half_grid(m, n, &gr.tm, &gr.tn);
+  if (half_onednn) apex__onednn_half_grid(m, n, k, &gr.tm, &gr.tn);
   *ti = m > 0 && gr.tm > 0 ? (m + gr.tm - 1) / gr.tm : 0;
   *tj = n > 0 && gr.tn > 0 ? (n + gr.tn - 1) / gr.tn : 0;
 }

@@ -52,15 +52,36 @@ int apex__onednn_set_enabled(int on) {
 
 unsigned long apex__onednn_products(void) { return __atomic_load_n(&products, __ATOMIC_RELAXED); }
 
-/* Half products' tiles span the product's width up to WIDE_MAX columns (see apex__gemm_onednn), with
- * rows halved down to WIDE_MIN_ROWS until there are WIDE_MIN_TILES. Each tile reads all of op(B), so
- * a short product split finer than the threads need reads B more often: the MLP's batch of 128 rows
- * in 4 tiles of 32 against 2 of 64 (bench_amp amp_mlp, 2 threads, four interleaved rounds, idle):
- * O2-bf16 44.6-45.0K against 49.2-49.8K samples/s. */
-enum { WIDE_MAX = 4096, WIDE_MIN_TILES = 2, WIDE_MIN_ROWS = 32 };
-/* bench_scaling's measure of the cost of more row tiles on many cores (apex__onednn_set_half_min_tiles):
- * a GPT's 1024-row products have 4 tiles of 256 rows, a bound of 4 busy threads. */
-static int wide_min_tiles = WIDE_MIN_TILES;
+/* The half grid. Tiles first span the product's width up to WIDE_MAX columns (a dense C and op(B), which
+ * oneDNN 2.6 runs on its brgemm kernel; see apex__gemm_onednn), their rows halved, not below
+ * WIDE_MIN_ROWS, until there are WIDE_MIN_TILES row tiles. Then, for many threads, their columns are
+ * halved (to multiples of 32, not below HALF_MIN_COLS) until there are HALF_MANY_TILES tiles. Every
+ * halving keeps a tile at HALF_TILE_MIN_MACS multiply-adds or more, and products under gemm.c's
+ * TILE_MIN_WORK stay one call. A function of m, n and k alone, as every grid here.
+ *
+ * Why 16 row tiles: the 16-core AMX run of issue #33 (bench_scaling --half-min-tiles 16 beside the
+ * grid of 2 row tiles, same run) measured 1.7x / 2.3x on gpt_c256 O2 at 8 / 16 threads, 1.25x / 2.6x
+ * on gpt_c768, 1.37x / 1.2x on the MLP: the GPTs' 1024-row products had 4 tiles of 256 rows, a bound
+ * of 4 busy threads. (On 2 threads, in 2026-11, 4 tiles of 32 rows for the MLP's 128-row batch cost
+ * 10% against 2 of 64: each row tile converts all of op(B) into oneDNN's pair-interleaved layout.)
+ *
+ * Why columns next, not rows: that conversion is per tile and reads op(B)'s columns of the tile only,
+ * so halving a tile's columns splits its conversion with it, where halving its rows repeats it. The
+ * MLP's products have 128 rows: 4 row tiles at most, a bound of 4 busy threads at 16, which only
+ * column tiles lift. A tile narrower than the product is strided in C, so it lands in f32 scratch and
+ * a second pass (epilogue) adds the bias and rounds it, as apex's f32-scratch path always did.
+ *
+ * Why tiles of 8M multiply-adds at least (HALF_TILE_MIN_MACS): every tile has a fixed cost (the call,
+ * its conversion of op(B), the epilogue), and on this project's 2-core AVX512_BF16 machine tiles of
+ * 4M cost the MLP's O2 step 10-20% at one thread against the grid before (bench_scaling, interleaved
+ * rounds, 2026-11-28); 8M and 16M were within that shared machine's noise of it. At 8M the MLP's two
+ * big products have 8 and 16 tiles, gpt_c256's 8 to 32, gpt_c768's 32 to 64. */
+enum { WIDE_MAX = 4096, WIDE_MIN_TILES = 16, WIDE_MIN_ROWS = 32, HALF_MANY_TILES = 64, HALF_MIN_COLS = 128 };
+#define HALF_TILE_MIN_MACS ((double)(1 << 23))
+#define HALF_MIN_WORK 4e6 /* gemm.c's TILE_MIN_WORK */
+/* bench_scaling's knobs (apex__onednn_set_half_min_tiles, apex__onednn_set_half_cols): the row tiles
+ * and whether the column split runs, to measure the grid against its variants on many cores. */
+static int wide_min_tiles = WIDE_MIN_TILES, half_cols = 1;
 
 int apex__onednn_set_half_min_tiles(int n) {
   int old = wide_min_tiles;
@@ -68,16 +89,32 @@ int apex__onednn_set_half_min_tiles(int n) {
   return old;
 }
 
-long apex__onednn_settings(void) { return enabled | (long)f32_mode << 1 | (long)wide_min_tiles << 3; }
+int apex__onednn_set_half_cols(int on) {
+  int old = half_cols;
+  half_cols = on != 0;
+  return old;
+}
 
-void apex__onednn_half_grid(int m, int n, int *tm, int *tn) {
+long apex__onednn_settings(void) { return enabled | (long)f32_mode << 1 | (long)half_cols << 3 | (long)wide_min_tiles << 4; }
+
+void apex__onednn_half_grid(int m, int n, int k, int *tm, int *tn) {
   if (*tm > m) *tm = m;
   if (*tn > n) *tn = n;
-  int widen = *tn < n && n <= WIDE_MAX;
-  if (widen) *tn = n;
-  /* by default only widened tiles are re-cut; a count set for measuring applies to every one-column grid */
-  if (widen || (wide_min_tiles != WIDE_MIN_TILES && *tn == n))
-    while ((m + *tm - 1) / *tm < wide_min_tiles && *tm >= 2 * WIDE_MIN_ROWS) *tm = (*tm + 1) / 2;
+  /* under gemm.c's TILE_MIN_WORK a product is one call by design (microseconds: a tile would cost more) */
+  if ((double)m * n * k < HALF_MIN_WORK) return;
+  if (*tn < n && n <= WIDE_MAX) *tn = n;
+  /* a halved tile keeps HALF_TILE_MIN_MACS: attention's heads (256 x 256 x 64, one whole head a
+   * thread) keep their 2 tiles of 128 rows, where 8 of 32 would add calls and conversions of op(B) */
+  if (*tn == n)
+    while ((m + *tm - 1) / *tm < wide_min_tiles && *tm >= 2 * WIDE_MIN_ROWS && (double)((*tm + 1) / 2) * *tn * k >= HALF_TILE_MIN_MACS)
+      *tm = (*tm + 1) / 2;
+  if (!half_cols) return;
+  for (;;) {
+    int half = (*tn / 2 + 31) / 32 * 32;
+    long tiles = (long)((m + *tm - 1) / *tm) * ((n + *tn - 1) / *tn);
+    if (tiles >= HALF_MANY_TILES || half < HALF_MIN_COLS || half >= *tn || (double)*tm * half * k < HALF_TILE_MIN_MACS) break;
+    *tn = half;
+  }
 }
 
 #if APEX_HAVE_DNNL
@@ -278,34 +315,57 @@ static const void *in_place(const apex__mat *x, int by_rows, int lo) {
   return (const char *)x->data + (by_rows ? (size_t)lo * x->ld : (size_t)lo) * apex_dtype_size(x->dtype);
 }
 
-static int run_tile(const prim_entry *e, dnnl_stream_t s, const void *ap, const void *bp, void *dst, const float *bias, void *pad) {
+/* A thread's memory objects for one tile shape of a product: made at its first tile of that shape and
+ * pointed at each next tile's data (dnnl_memory_set_data_handle), not made and destroyed per tile: a
+ * product of 16 tiles made 50 to 80 objects a call, each an allocation inside oneDNN. */
+typedef struct tile_mem {
+  dnnl_memory_t m[5]; /* A, B, C, scratchpad, bias; NULL until made */
+  int made;
+} tile_mem;
+
+static void tile_mem_free(tile_mem *t) {
+  for (int i = 0; i < 5; i++)
+    if (t->m[i]) dnnl_memory_destroy(t->m[i]);
+  memset(t, 0, sizeof *t);
+}
+
+static int make_tile_mem(const prim_entry *e, tile_mem *t) {
   dnnl_memory_desc_t a_md, b_md, c_md, p_md, bias_md;
   dnnl_dims_t ad = {e->key.m, e->key.k}, bd = {e->key.k, e->key.n}, cd = {e->key.m, e->key.n}, pd = {(int64_t)e->scratch};
   dnnl_dims_t as = {e->key.sa[0], e->key.sa[1]}, bs = {e->key.sb[0], e->key.sb[1]}, cs = {e->key.ldd, 1};
   dnnl_dims_t biasd = {1, e->key.n}, biass = {e->key.n, 1};
-  dnnl_memory_t mem[5] = {NULL, NULL, NULL, NULL, NULL};
+  t->made = 1;
   int ok = dnnl_memory_desc_init_by_strides(&a_md, 2, ad, e->key.dt, as) == dnnl_success &&
            dnnl_memory_desc_init_by_strides(&b_md, 2, bd, e->key.dt, bs) == dnnl_success &&
            dnnl_memory_desc_init_by_strides(&c_md, 2, cd, e->key.ddt, cs) == dnnl_success &&
-           dnnl_memory_create(&mem[0], &a_md, engine, (void *)ap) == dnnl_success &&
-           dnnl_memory_create(&mem[1], &b_md, engine, (void *)bp) == dnnl_success &&
-           dnnl_memory_create(&mem[2], &c_md, engine, dst) == dnnl_success;
-  int nargs = 3;
-  dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]}};
-  if (ok && e->scratch) {
+           dnnl_memory_create(&t->m[0], &a_md, engine, DNNL_MEMORY_NONE) == dnnl_success &&
+           dnnl_memory_create(&t->m[1], &b_md, engine, DNNL_MEMORY_NONE) == dnnl_success &&
+           dnnl_memory_create(&t->m[2], &c_md, engine, DNNL_MEMORY_NONE) == dnnl_success;
+  if (ok && e->scratch)
     ok = dnnl_memory_desc_init_by_tag(&p_md, 1, pd, dnnl_u8, dnnl_a) == dnnl_success &&
-         dnnl_memory_create(&mem[3], &p_md, engine, pad) == dnnl_success;
-    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem[3]};
+         dnnl_memory_create(&t->m[3], &p_md, engine, DNNL_MEMORY_NONE) == dnnl_success;
+  if (ok && e->key.bias)
+    ok = dnnl_memory_desc_init_by_strides(&bias_md, 2, biasd, dnnl_f32, biass) == dnnl_success &&
+         dnnl_memory_create(&t->m[4], &bias_md, engine, DNNL_MEMORY_NONE) == dnnl_success;
+  return ok;
+}
+
+static int run_tile(const prim_entry *e, tile_mem *t, dnnl_stream_t s, const void *ap, const void *bp, void *dst, const float *bias, void *pad) {
+  if (!t->made && !make_tile_mem(e, t)) return 0;
+  if (!t->m[2]) return 0; /* a making that failed */
+  int ok = dnnl_memory_set_data_handle(t->m[0], (void *)ap) == dnnl_success && dnnl_memory_set_data_handle(t->m[1], (void *)bp) == dnnl_success &&
+           dnnl_memory_set_data_handle(t->m[2], dst) == dnnl_success;
+  int nargs = 3;
+  dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, t->m[0]}, {DNNL_ARG_WEIGHTS, t->m[1]}, {DNNL_ARG_DST, t->m[2]}};
+  if (ok && e->scratch) {
+    ok = dnnl_memory_set_data_handle(t->m[3], pad) == dnnl_success;
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, t->m[3]};
   }
   if (ok && e->key.bias) {
-    ok = dnnl_memory_desc_init_by_strides(&bias_md, 2, biasd, dnnl_f32, biass) == dnnl_success &&
-         dnnl_memory_create(&mem[4], &bias_md, engine, (void *)bias) == dnnl_success;
-    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, mem[4]};
+    ok = dnnl_memory_set_data_handle(t->m[4], (void *)bias) == dnnl_success;
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, t->m[4]};
   }
-  ok = ok && dnnl_primitive_execute(e->prim, s, nargs, args) == dnnl_success && dnnl_stream_wait(s) == dnnl_success;
-  for (int i = 0; i < 5; i++)
-    if (mem[i]) dnnl_memory_destroy(mem[i]);
-  return ok;
+  return ok && dnnl_primitive_execute(e->prim, s, nargs, args) == dnnl_success && dnnl_stream_wait(s) == dnnl_success;
 }
 
 /* C's rows [i0, i0 + mi) x [j0, j0 + nj) from the tile's f32 products. */
@@ -348,15 +408,14 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
 
   int lowp = dt != dnnl_f32;
   p.tm = tm < m ? tm : m, p.tn = tn < n ? tn : n;
-  /* Half products run in tiles as wide as the product (up to WIDE_MAX columns) with as many rows
-   * as gemm.c's grid gives them, halved until there are MIN_TILES: oneDNN 2.6 takes its brgemm
-   * kernel (AVX512_BF16 dot products) only for dense operands and result, and a 256-column tile of
-   * a wider B or C is strided, which sent every backward product to its older gemm:jit kernel
+  /* Half products run in their own grid (apex__onednn_half_grid, above): oneDNN 2.6 takes its brgemm
+   * kernel (AVX512_BF16 dot products) only for dense operands and result, and a 256-column tile of a
+   * wider B or C is strided, which sent every backward product to its older gemm:jit kernel
    * (bench_gemm gemm_4096x768x768, B as stored, 2 threads: 167-173 GFLOP/s in 256-column tiles,
    * 0.58-0.62x one whole-product primitive in the same run; 303-365 GFLOP/s, 0.75-1.0x, in wide
-   * tiles). The grid is still a function of m, n and k alone. f32 products keep gemm.c's grid, and
-   * their bits. */
-  if (lowp) apex__onednn_half_grid(m, n, &p.tm, &p.tn);
+   * tiles), so tiles start as wide as the product; op(B)'s panels of a column split are packed dense
+   * once a product (pack_b below). f32 products keep gemm.c's grid, and their bits. */
+  if (lowp) apex__onednn_half_grid(m, n, k, &p.tm, &p.tn);
   p.ti = (m + p.tm - 1) / p.tm, p.tj = (n + p.tn - 1) / p.tn;
   /* An operand is packed into a dense panel when it must be rounded to bf16 (an f32 operand beside
    * a bf16 one) or, for half products, when its tiles are strided in place (see above). */
@@ -394,7 +453,11 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
    * made once for all threads (every tile of a column reads the same panel). */
   int nt = p.ti * p.tj, cap = apex_get_max_threads(), slots = nt < cap ? nt : cap, threads = apex_get_num_threads();
   if (slots < 1) slots = 1;
-  if (threads > slots) threads = slots;
+  /* The region takes the whole team even when fewer threads have tiles (workers): libgomp ends the
+   * pool threads a smaller team leaves out and makes new ones for the next bigger team, so a product
+   * of 8 tiles between regions of 16 threads cost 8 thread exits and creations each (issue #33: the
+   * MLP, whose f32 products have 8 tiles, peaked at 8 threads on the 16-core machine). */
+  int workers = threads < slots ? threads : slots;
   size_t fb = p.pack_b ? up64((size_t)k * n * 2) : 0, fa = p.pack_a ? up64((size_t)p.tm * k * 2) : 0;
   size_t fc = p.direct ? 0 : up64((size_t)p.tm * p.tn * sizeof(float)), per = fa + fc + up64(pad);
   char *scratch = ws->get(ws->ctx, fb + (size_t)slots * per + 64);
@@ -405,7 +468,7 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
   scratch = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
   uint16_t *bpanels = (uint16_t *)scratch;
   int failed = 0;
-#pragma omp parallel num_threads(threads) if (nt > 1 && threads > 1) reduction(| : failed)
+#pragma omp parallel num_threads(threads) if (workers > 1) reduction(| : failed) firstprivate(workers)
   {
     int old = omp_get_max_threads();
     omp_set_num_threads(1);
@@ -417,16 +480,28 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
         pack_panel(&b, half, b.trans, j0, nj, k, bpanels + (size_t)j0 * k);
       }
     }
-    char *mine = scratch + fb + (size_t)omp_get_thread_num() * per;
+    /* worker w runs tiles [lo, hi), a contiguous run as OpenMP's static schedule gives (a row of tiles
+     * reuses its op(A) panel); the team's other threads have no tile and no scratch */
+    int w = omp_get_thread_num(), lo = 0, hi = 0, team = omp_get_num_threads();
+    /* the team OpenMP gave, which may be smaller than asked: one thread inside the caller's own
+     * region (test_threads_team), or under bench_scaling's probe, which runs every region on one */
+    if (team < workers) workers = team;
+    if (w < workers) {
+      int q = nt / workers, r = nt % workers;
+      lo = w * q + (w < r ? w : r);
+      hi = lo + q + (w < r);
+    }
+    char *mine = scratch + fb + (size_t)(w < workers ? w : 0) * per;
     uint16_t *abuf = (uint16_t *)mine;
     float *acc = (float *)(mine + fa);
     void *padp = mine + fa + fc;
     dnnl_stream_t s = NULL;
-    if (dnnl_stream_create(&s, engine, dnnl_stream_default_flags) != dnnl_success) failed = 1;
+    if (lo < hi && dnnl_stream_create(&s, engine, dnnl_stream_default_flags) != dnnl_success) failed = 1;
     const void *ap = NULL;
     int last_i = -1;
-#pragma omp for schedule(static)
-    for (int t = 0; t < nt; t++) {
+    tile_mem tm[2][2];
+    memset(tm, 0, sizeof tm);
+    for (int t = lo; t < hi; t++) {
       if (failed) continue;
       int i = t / p.tj, jj = t % p.tj, i0 = i * p.tm, j0 = jj * p.tn;
       int mi = m - i0 < p.tm ? m - i0 : p.tm, nj = n - j0 < p.tn ? n - j0 : p.tn;
@@ -434,12 +509,15 @@ apex_status apex__gemm_onednn(const apex_nn_workspace *ws, int m, int n, int k, 
       last_i = i;
       const void *bp = p.pack_b ? (const void *)(bpanels + (size_t)j0 * k) : in_place(&b, b.trans, j0);
       void *dst = p.direct ? (char *)c + ((size_t)i0 * ldc + j0) * apex_dtype_size(ct) : (void *)acc;
-      if (!run_tile(&p.e[i == p.ti - 1][jj == p.tj - 1], s, ap, bp, dst, bias ? bias + j0 : NULL, padp)) {
+      int li = i == p.ti - 1, lj = jj == p.tj - 1;
+      if (!run_tile(&p.e[li][lj], &tm[li][lj], s, ap, bp, dst, bias ? bias + j0 : NULL, padp)) {
         failed = 1;
         continue;
       }
       if (!p.direct) epilogue(acc, mi, nj, i0, j0, alpha, beta, c, ct, ldc, bias);
     }
+    for (int li = 0; li < 2; li++)
+      for (int lj = 0; lj < 2; lj++) tile_mem_free(&tm[li][lj]);
     if (s) dnnl_stream_destroy(s);
     omp_set_num_threads(old);
   }

@@ -6,8 +6,8 @@
 #include "backend/cpu/gemm.h"
 
 /* apex__gemm's contract (ag.h), run on oneDNN in a tile grid fixed by the product's shape (gemm.c's
- * tiles of tm x tn for f32 operands; for half operands, tiles as wide as the product up to 4096
- * columns, their tm rows halved, not below 32, until there are 2 tiles): each tile is one
+ * tiles of tm x tn for f32 operands; for half operands, apex__onednn_half_grid's: tiles as wide as the
+ * product up to 4096 columns, 16 row tiles of 32 rows or more, then columns halved towards 64 tiles): each tile is one
  * single-threaded oneDNN matmul over all of K on the thread OpenMP's static schedule gives it, so
  * the bits do not depend on the thread count. The operands go
  * in as bf16 (an f32 operand beside a bf16 one is rounded to bf16, to nearest even, a panel at a
@@ -52,13 +52,17 @@ int apex__onednn_set_f32(int mode);
  * confirm which path ran). */
 unsigned long apex__onednn_products(void);
 /* The tiles of a half product on oneDNN from gemm.c's grid tm x tn (clamped to m x n): as wide as the
- * product up to a limit, rows halved to a minimum count of tiles (see gemm_onednn.c). A function of the
- * shape alone; benchmarks call it to count tiles without a bf16 CPU. */
-void apex__onednn_half_grid(int m, int n, int *tm, int *tn);
+ * product up to a limit, rows halved to 16 row tiles, then columns halved towards 64 tiles while a tile
+ * keeps enough work (see gemm_onednn.c). A function of the shape alone; benchmarks call it to count
+ * tiles without a bf16 CPU. */
+void apex__onednn_half_grid(int m, int n, int k, int *tm, int *tn);
 /* For benchmarks: half products' rows are halved (to 32 at least) until there are n row tiles, not
- * the default 2 (n < 1: the default). Still a function of the shape; returns the previous count. Not
+ * the default 16 (n < 1: the default). Still a function of the shape; returns the previous count. Not
  * thread-safe. */
 int apex__onednn_set_half_min_tiles(int n);
+/* For benchmarks: 0 leaves half products' tiles as wide as the product (no column split towards 64
+ * tiles); returns the previous setting (1 by default). Bits follow the grid: set it before a run. */
+int apex__onednn_set_half_cols(int on);
 /* The settings above in one word (for apex__gemm_settings). */
 long apex__onednn_settings(void);
 
