@@ -6,7 +6,8 @@
  * overflow check and clipping a DDP program does. A sharded step must leave every parameter with
  * the reference's bits, on every rank, for every optimizer, in f32 and in f16/bf16 with f32 masters
  * (apex's O0 and O2 parameter layouts) under a loss scale, with and without clipping, stages 1 and
- * 2, and an Inf injected on one rank must make every rank skip. */
+ * 2, and an Inf injected on one rank must make every rank skip. A consolidated checkpoint must have the
+ * bytes of the reference optimizer's, and resume bitwise here and on one rank. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -221,6 +222,123 @@ static void test_reduce_scatter_is_allreduce(void **state) {
     }
 }
 
+static uint8_t *save_bytes(const apex_optimizer *opt, size_t *size) {
+  TU_OK(apex_optimizer_state_size(opt, size));
+  uint8_t *buf = malloc(*size);
+  assert_non_null(buf);
+  size_t written = 0;
+  TU_OK(apex_optimizer_save(opt, buf, *size, &written));
+  assert_int_equal(written, *size);
+  return buf;
+}
+
+/* Steps [from, to] of a sharded optimizer and its DDP reference on a group, checked bitwise. */
+static void steps_on(apex_pg *pg, apex_zero *z, set_t *zs, apex_optimizer *opt, set_t *ref, int from, int to, float scale) {
+  apex_reducer *red = apex_reducer_create(pg, ref->g, NP, NULL);
+  assert_non_null(red);
+  int rank = apex_pg_rank(pg), world = apex_pg_world_size(pg);
+  for (int step = from; step <= to; step++) {
+    fill_grads(zs, step, rank, world, scale, 0);
+    fill_grads(ref, step, rank, world, scale, 0);
+    TU_OK(apex_reducer_reduce(red));
+    TU_OK(apex_optimizer_step(opt, scale, 0));
+    TU_OK(apex_zero_reduce_grads(z));
+    TU_OK(apex_zero_step(z, scale, NULL));
+    for (int i = 0; i < NP; i++) assert_same_bits(zs->p[i], ref->p[i], "parameter", i);
+  }
+  apex_reducer_destroy(red);
+}
+
+/* A fresh unsharded optimizer over s loaded from bytes. */
+static apex_optimizer *loaded(apex_optim_kind kind, const apex_optim_options *oo, set_t *s, const uint8_t *buf, size_t size) {
+  apex_optimizer *o = apex_optimizer_create(kind, oo);
+  assert_non_null(o);
+  TU_OK(apex_optimizer_add_group(o, s->p, NP, s->g, NP, NULL, NULL));
+  TU_OK(apex_optimizer_load(o, buf, size));
+  return o;
+}
+
+/* The consolidated checkpoint has the bytes of the DDP run's unsharded optimizer, and loading it
+ * resumes bitwise at this number of ranks and at one (the local group): another rank count. */
+static void test_checkpoint(void **state) {
+  (void)state;
+  int rank = apex_pg_rank(g_pg);
+  apex_pg *local = apex_pg_create_local();
+  for (int half = 0; half < 2; half++)
+    for (int k = 0; k < APEX_OPTIM_KIND_COUNT; k++) {
+      apex_optim_kind kind = (apex_optim_kind)k;
+      apex_optim_options oo = options_for(kind);
+      float scale = half ? 1024.0f : 1.0f;
+      set_t zs = make_set(half, rank), ref = make_set(half, 0);
+      apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo, NULL);
+      assert_non_null(z);
+      apex_optimizer *opt = apex_optimizer_create(kind, &oo);
+      TU_OK(apex_optimizer_add_group(opt, ref.p, NP, ref.g, NP, NULL, NULL));
+      TU_OK(apex_zero_set_lr(z, 5e-3f));
+      TU_OK(apex_optimizer_set_lr(opt, 0, 5e-3f));
+      steps_on(g_pg, z, &zs, opt, &ref, 1, 2, scale);
+      apex_optimizer *full = apex_zero_consolidate(z);
+      if (!full) fail_msg("apex_zero_consolidate: %s", apex_last_error());
+      size_t zsize = 0, rsize = 0;
+      uint8_t *zbuf = save_bytes(full, &zsize), *rbuf = save_bytes(opt, &rsize);
+      assert_int_equal(zsize, rsize);
+      if (memcmp(zbuf, rbuf, zsize) != 0) fail_msg("%s: the consolidated checkpoint differs from DDP's", apex_optim_kind_name(kind));
+      apex_optimizer_destroy(full);
+
+      /* Resume here: the parameters from the model file (the f32 ones are in no optimizer state), the
+       * state from the bytes. */
+      set_t zs2 = make_set(half, rank + 7), ref2 = make_set(half, 9), zs3 = make_set(half, 11), ref3 = make_set(half, 12);
+      for (int i = 0; i < NP; i++) {
+        TU_OK(apex_tensor_copy(zs2.p[i], ref.p[i]));
+        TU_OK(apex_tensor_copy(ref2.p[i], ref.p[i]));
+        TU_OK(apex_tensor_copy(zs3.p[i], ref.p[i]));
+        TU_OK(apex_tensor_copy(ref3.p[i], ref.p[i]));
+      }
+      apex_zero *z2 = apex_zero_create(g_pg, zs2.p, zs2.g, NP, kind, &oo, NULL);
+      apex_optimizer *from = loaded(kind, &oo, &zs2, zbuf, zsize), *opt2 = loaded(kind, &oo, &ref2, rbuf, rsize);
+      TU_OK(apex_zero_load_state(z2, from));
+      assert_true(apex_zero_get_lr(z2) == 5e-3f);
+      apex_optimizer_destroy(from);
+      steps_on(g_pg, z2, &zs2, opt2, &ref2, 3, 4, scale);
+      /* And on one rank. */
+      apex_zero *z3 = apex_zero_create(local, zs3.p, zs3.g, NP, kind, &oo, NULL);
+      apex_optimizer *from3 = loaded(kind, &oo, &zs3, zbuf, zsize), *opt3 = loaded(kind, &oo, &ref3, rbuf, rsize);
+      TU_OK(apex_zero_load_state(z3, from3));
+      apex_optimizer_destroy(from3);
+      steps_on(local, z3, &zs3, opt3, &ref3, 3, 4, scale);
+
+      apex_optimizer_destroy(opt);
+      apex_optimizer_destroy(opt2);
+      apex_optimizer_destroy(opt3);
+      apex_zero_destroy(z);
+      apex_zero_destroy(z2);
+      apex_zero_destroy(z3);
+      free(zbuf);
+      free(rbuf);
+      free_set(&zs), free_set(&ref), free_set(&zs2), free_set(&ref2), free_set(&zs3), free_set(&ref3);
+    }
+  /* Refusals. */
+  set_t s = make_set(0, 0);
+  apex_zero *z = apex_zero_create(local, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, NULL);
+  apex_optimizer *sgd = apex_optimizer_create(APEX_OPTIM_SGD, NULL);
+  TU_OK(apex_optimizer_add_group(sgd, s.p, NP, NULL, 0, NULL, NULL));
+  TU_FAILS(apex_zero_load_state(z, sgd), APEX_ERR_STATE, "the optimizer is sgd but this sharded optimizer adam");
+  TU_FAILS(apex_zero_load_state(z, NULL), APEX_ERR_INVALID_ARG, "full is NULL");
+  apex_optimizer *ams = apex_optimizer_create(APEX_OPTIM_ADAM, &(apex_optim_options){.amsgrad = APEX_OPTIM_ON});
+  TU_OK(apex_optimizer_add_group(ams, s.p, NP, NULL, 0, NULL, NULL));
+  TU_FAILS(apex_zero_load_state(z, ams), APEX_ERR_STATE, "keeps 3 state tensors per parameter, this one 2");
+  apex_optimizer *few = apex_optimizer_create(APEX_OPTIM_ADAM, NULL);
+  TU_OK(apex_optimizer_add_group(few, s.p, NP - 1, NULL, 0, NULL, NULL));
+  TU_FAILS(apex_zero_load_state(z, few), APEX_ERR_STATE, "1 group(s) of 4 parameters; this one 1 of 5");
+  assert_null(apex_zero_consolidate(NULL));
+  apex_optimizer_destroy(sgd);
+  apex_optimizer_destroy(ams);
+  apex_optimizer_destroy(few);
+  apex_zero_destroy(z);
+  free_set(&s);
+  apex_pg_destroy(local);
+}
+
 static void test_bad_input(void **state) {
   (void)state;
   int world = apex_pg_world_size(g_pg);
@@ -316,7 +434,7 @@ int main(void) {
       cmocka_unit_test(test_reduce_scatter_is_allreduce), cmocka_unit_test(test_shards),
       cmocka_unit_test(test_o0_matches_ddp),  cmocka_unit_test(test_o2_matches_ddp),
       cmocka_unit_test(test_clip_matches_ddp), cmocka_unit_test(test_stage2_matches_ddp),
-      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_checkpoint), cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

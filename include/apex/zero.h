@@ -106,6 +106,26 @@ APEX_API size_t apex_zero_state_bytes(const apex_zero *z);
 /* Bytes of the buffers z keeps for the collectives on this rank (the flat model and the shard). */
 APEX_API size_t apex_zero_buffer_bytes(const apex_zero *z);
 
+/* ---- checkpoints -------------------------------------------------------------------------------------
+ * A sharded run saves what an unsharded run saves: apex_zero_consolidate gathers every rank's shard
+ * into one unsharded optimizer over the same parameters (one group, z's kind and options), whose
+ * apex_optimizer_save bytes are those of the unsharded optimizer a DDP run steps, so one process (or
+ * another number of ranks) loads them. To resume, load the bytes into an unsharded optimizer built over
+ * the parameters (apex_optimizer_create, apex_optimizer_add_group, apex_optimizer_load) and hand it
+ * to apex_zero_load_state, at any number of ranks. Both hold the whole state on every rank for a
+ * moment: the cost of one file that everything reads. */
+
+/* Collective: a new unsharded optimizer holding the whole state (masters, state tensors, step counts,
+ * per-tensor scalars, options and lr) on every rank; it borrows z's parameters. Destroy it with
+ * apex_optimizer_destroy. NULL with a message for NULL z, no memory, or a failed collective. */
+APEX_API apex_optimizer *apex_zero_consolidate(apex_zero *z);
+/* Not collective: this rank's shard of the state, the options and the lr of `full`, an unsharded
+ * optimizer of z's kind over parameters of z's shapes and dtypes in one group (the parameters of
+ * `full` are copied into z's when they are other tensors). APEX_ERR_INVALID_ARG for NULL;
+ * APEX_ERR_STATE for another kind, group layout or number of state tensors; APEX_ERR_SHAPE /
+ * APEX_ERR_DTYPE for a parameter that differs. */
+APEX_API apex_status apex_zero_load_state(apex_zero *z, const apex_optimizer *full);
+
 #ifdef __cplusplus
 }
 #endif

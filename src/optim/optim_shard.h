@@ -15,4 +15,17 @@
  * opt, n < 0 or a NULL tensor; APEX_ERR_OUT_OF_MEMORY. */
 apex_status apex__optimizer_set_norm_grads(apex_optimizer *opt, apex_tensor *const *grads, int n);
 
+/* The pieces of a parameter's state a sharded optimizer gathers into an unsharded optimizer for a
+ * checkpoint, and takes back from one after a load. Each returns NULL / -1 / APEX_ERR_INVALID_ARG for
+ * a bad group or index. State tensors are f32 with the parameter's shape (state_io.c's order). */
+int apex__optimizer_nstates(const apex_optimizer *opt, int group);
+int apex__optimizer_nscalars(const apex_optimizer *opt, int group);
+apex_tensor *apex__optimizer_state(const apex_optimizer *opt, int group, int i, int s);
+/* Parameter i's per-tensor scalars (nscalars floats): read into get when it is not NULL, then
+ * written from set when that is not NULL. */
+apex_status apex__optimizer_param_scalars(apex_optimizer *opt, int group, int i, float *get, const float *set);
+apex_status apex__optimizer_set_step(apex_optimizer *opt, int group, int i, int64_t step);
+/* Group dg of dst takes the resolved options of group sg of src (the same kind). */
+apex_status apex__optimizer_copy_options(apex_optimizer *dst, int dg, const apex_optimizer *src, int sg);
+
 #endif

@@ -655,3 +655,49 @@ apex_status apex__optimizer_set_norm_grads(apex_optimizer *opt, apex_tensor *con
   opt->n_norm_grads = n;
   return APEX_OK;
 }
+
+int apex__optimizer_nstates(const apex_optimizer *opt, int group) {
+  apex__group *g = group_at(opt, group, "apex__optimizer_nstates");
+  return g ? g->nstates : -1;
+}
+
+int apex__optimizer_nscalars(const apex_optimizer *opt, int group) {
+  apex__group *g = group_at(opt, group, "apex__optimizer_nscalars");
+  return g ? g->nscalars : -1;
+}
+
+apex_tensor *apex__optimizer_state(const apex_optimizer *opt, int group, int i, int s) {
+  apex__group *g = param_at(opt, group, i, "apex__optimizer_state");
+  if (!g) return NULL;
+  if (s < 0 || s >= g->nstates) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex__optimizer_state: state %d of %d", s, g->nstates);
+  return g->state[(size_t)i * g->nstates + s];
+}
+
+apex_status apex__optimizer_param_scalars(apex_optimizer *opt, int group, int i, float *get, const float *set) {
+  apex__group *g = param_at(opt, group, i, "apex__optimizer_param_scalars");
+  if (!g) return APEX_ERR_INVALID_ARG;
+  apex_status st = apex__optim_steps_to_host(g);
+  if (st != APEX_OK || !g->nscalars) return st;
+  float *at = g->scalars + (size_t)i * g->nscalars;
+  if (get) memcpy(get, at, (size_t)g->nscalars * sizeof *at);
+  if (!set) return APEX_OK;
+  memcpy(at, set, (size_t)g->nscalars * sizeof *at);
+  return apex__optim_steps_to_device(g);
+}
+
+apex_status apex__optimizer_set_step(apex_optimizer *opt, int group, int i, int64_t step) {
+  apex__group *g = param_at(opt, group, i, "apex__optimizer_set_step");
+  if (!g) return APEX_ERR_INVALID_ARG;
+  apex_status st = apex__optim_steps_to_host(g);
+  if (st != APEX_OK) return st;
+  g->step[i] = step;
+  return apex__optim_steps_to_device(g);
+}
+
+apex_status apex__optimizer_copy_options(apex_optimizer *dst, int dg, const apex_optimizer *src, int sg) {
+  apex__group *d = group_at(dst, dg, "apex__optimizer_copy_options"), *s = group_at(src, sg, "apex__optimizer_copy_options");
+  if (!d || !s) return APEX_ERR_INVALID_ARG;
+  if (dst->kind != src->kind) return apex__fail(APEX_ERR_INVALID_ARG, "apex__optimizer_copy_options: another kind");
+  d->o = s->o;
+  return APEX_OK;
+}
