@@ -89,17 +89,23 @@ static apex_optim_options options_for(apex_optim_kind kind) {
 }
 
 /* STEPS sharded steps against STEPS DDP steps. */
-static void run_case(apex_optim_kind kind, int half, int clip, int stage, int inject) {
+static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage, int inject, int amp_masters) {
   int rank = apex_pg_rank(g_pg), world = apex_pg_world_size(g_pg);
   float scale = half ? 1024.0f : 1.0f;
   apex_optim_options oo = options_for(kind);
   /* Ranks other than 0 start from other values: creation copies rank 0's, as DDP does. */
-  set_t zs = make_set(half, rank), ref = make_set(half, 0);
-  apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo, &(apex_zero_options){.stage = stage});
+  set_t zs = make_set(half, rank), ref = make_set(half, 0), orig = make_set(0, 0);
+  apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo,
+                                  &(apex_zero_options){.stage = stage, .master_values = amp_masters ? orig.p : NULL});
   if (!z) fail_msg("apex_zero_create: %s", apex_last_error());
   apex_optimizer *opt = apex_optimizer_create(kind, &oo);
   assert_non_null(opt);
-  TU_OK(apex_optimizer_add_group(opt, ref.p, NP, ref.g, NP, NULL, NULL));
+  if (amp_masters) { /* as amp's O2: the optimizer is made over the f32 model, then told of the cast */
+    TU_OK(apex_optimizer_add_group(opt, orig.p, NP, orig.g, NP, NULL, NULL));
+    for (int i = 0; i < NP; i++) TU_OK(apex_optimizer_replace_param(opt, 0, i, ref.p[i], ref.g[i], 1));
+  } else {
+    TU_OK(apex_optimizer_add_group(opt, ref.p, NP, ref.g, NP, NULL, NULL));
+  }
   apex_reducer *red = apex_reducer_create(g_pg, ref.g, NP, NULL);
   assert_non_null(red);
   for (int i = 0; i < NP; i++) assert_same_bits(zs.p[i], ref.p[i], "initial parameter", i);
@@ -133,6 +139,11 @@ static void run_case(apex_optim_kind kind, int half, int clip, int stage, int in
   apex_zero_destroy(z);
   free_set(&zs);
   free_set(&ref);
+  free_set(&orig);
+}
+
+static void run_case(apex_optim_kind kind, int half, int clip, int stage, int inject) {
+  run_case_masters(kind, half, clip, stage, inject, 0);
 }
 
 static void all_kinds(int half, int clip, int stage, int inject) {
@@ -146,6 +157,13 @@ static void all_kinds(int half, int clip, int stage, int inject) {
 static void test_o0_matches_ddp(void **state) { (void)state, all_kinds(0, 0, 1, 0); }
 static void test_o2_matches_ddp(void **state) { (void)state, all_kinds(1, 0, 1, 1); }
 static void test_clip_matches_ddp(void **state) { (void)state, all_kinds(0, 1, 1, 0), all_kinds(1, 1, 1, 1); }
+/* Masters from the f32 values before a cast (amp's O2): the parameters are the rounded values, the
+ * masters the exact ones, and the reference is told of the cast as amp tells it. */
+static void test_master_values(void **state) {
+  (void)state;
+  for (int k = 0; k < APEX_OPTIM_KIND_COUNT; k++) run_case_masters((apex_optim_kind)k, 1, k % 2, 1 + k % 2, 0, 1);
+}
+
 static void test_stage2_matches_ddp(void **state) { (void)state, all_kinds(0, 0, 2, 1), all_kinds(1, 1, 2, 1); }
 
 /* Every element belongs to exactly one rank; elementwise kinds cut within a tile of the balanced
@@ -370,6 +388,20 @@ static void test_bad_input(void **state) {
   TU_FAILS(apex_zero_create(g_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, &(apex_optim_options){.momentum = 0.5f}, NULL) ? APEX_OK : apex_last_status(),
            APEX_ERR_INVALID_ARG, "momentum");
 
+  set_t hs = make_set(1, 0);
+  apex_tensor *mv[NP];
+  memcpy(mv, hs.p, sizeof mv);
+  TU_FAILS(apex_zero_create(g_pg, hs.p, hs.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.master_values = mv}) ? APEX_OK : apex_last_status(),
+           APEX_ERR_DTYPE, "master_values[0] is f16; masters are f32");
+  mv[0] = s.p[0];
+  mv[1] = s.p[0];
+  TU_FAILS(apex_zero_create(g_pg, hs.p, hs.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.master_values = mv}) ? APEX_OK : apex_last_status(),
+           APEX_ERR_SHAPE, "master_values[1] has another shape or device than parameter 1");
+  mv[1] = NULL;
+  TU_FAILS(apex_zero_create(g_pg, hs.p, hs.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.master_values = mv}) ? APEX_OK : apex_last_status(),
+           APEX_ERR_INVALID_ARG, "master_values[1] is NULL (parameter 1 is f16)");
+  free_set(&hs);
+
   apex_zero *z = apex_zero_create(g_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, NULL);
   assert_non_null(z);
   int of = 0;
@@ -434,6 +466,7 @@ int main(void) {
       cmocka_unit_test(test_reduce_scatter_is_allreduce), cmocka_unit_test(test_shards),
       cmocka_unit_test(test_o0_matches_ddp),  cmocka_unit_test(test_o2_matches_ddp),
       cmocka_unit_test(test_clip_matches_ddp), cmocka_unit_test(test_stage2_matches_ddp),
+      cmocka_unit_test(test_master_values),
       cmocka_unit_test(test_checkpoint), cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

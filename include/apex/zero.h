@@ -56,6 +56,11 @@ typedef struct apex_zero apex_zero;
 typedef struct apex_zero_options {
   int stage;    /* 1 (default) or 2, see above */
   int sum_only; /* 1: sum the gradients over ranks; 0 (default): average them, as DDP */
+  /* The values the f32 masters of f16/bf16 parameters start from: master_values[i] (f32, parameter i's
+   * shape; entries of f32 parameters are not read) on every rank. NULL: the parameters widened. amp's
+   * O2 keeps a model's exact f32 values from before its cast as masters: pass those (a copy of the
+   * model taken before apex_amp_initialize) for a sharded run with the unsharded run's bits. */
+  apex_tensor *const *master_values;
 } apex_zero_options;
 
 /* A sharded optimizer of `kind` with hyperparameters `optim` (NULL: the defaults) over params[0..n)

@@ -199,6 +199,21 @@ static apex_status make_optimizer(apex_zero *z, apex_optim_kind kind, const apex
   return st;
 }
 
+/* The masters of this rank's f16/bf16 pieces from the caller's f32 values. */
+static apex_status set_masters(apex_zero *z, apex_tensor *const *values) {
+  apex_status st = APEX_OK;
+  for (int k = 0, own = 0; st == APEX_OK && k < z->npieces; k++) {
+    piece *p = &z->pieces[k];
+    if (p->owner != z->rank) continue;
+    apex_tensor *master = apex_optimizer_master(z->opt, 0, own++);
+    if (apex_tensor_dtype(z->params[p->i]) == APEX_F32) continue;
+    apex_tensor *src = piece_view(values[p->i], p->off, p->len);
+    st = src ? apex_tensor_copy(master, src) : APEX_ERR_OUT_OF_MEMORY;
+    apex_tensor_destroy(src);
+  }
+  return st;
+}
+
 static apex_zero *fail_create(apex_zero *z, apex_status st) {
   char msg[APEX_PG_MESSAGE];
   snprintf(msg, sizeof msg, "%s", apex_last_error());
@@ -227,6 +242,14 @@ static apex_status check_args(apex_pg *pg, apex_tensor *const *params, apex_tens
     if (apex_tensor_dtype(params[i]) != apex_tensor_dtype(grads[i]))
       return apex__fail(APEX_ERR_DTYPE, "gradient %d is %s but its parameter %s (give each parameter a gradient of its dtype)", i,
                         apex_dtype_name(apex_tensor_dtype(grads[i])), apex_dtype_name(apex_tensor_dtype(params[i])));
+    if (o->master_values && apex_tensor_dtype(params[i]) != APEX_F32) {
+      const apex_tensor *m = o->master_values[i];
+      if (!m) return apex__fail(APEX_ERR_INVALID_ARG, "master_values[%d] is NULL (parameter %d is %s)", i, i, apex_dtype_name(apex_tensor_dtype(params[i])));
+      if (apex_tensor_dtype(m) != APEX_F32)
+        return apex__fail(APEX_ERR_DTYPE, "master_values[%d] is %s; masters are f32", i, apex_dtype_name(apex_tensor_dtype(m)));
+      if (!apex_tensor_same_shape(m, params[i]) || apex_tensor_device(m) != dev)
+        return apex__fail(APEX_ERR_SHAPE, "master_values[%d] has another shape or device than parameter %d", i, i);
+    }
     for (int j = 0; j < i; j++)
       if (params[j] == params[i] || grads[j] == grads[i])
         return apex__fail(APEX_ERR_INVALID_ARG, "%s %d is listed twice (also at %d)", params[j] == params[i] ? "parameter" : "gradient", i, j);
@@ -263,6 +286,7 @@ apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor
   st = plan_pieces(z);
   if (st == APEX_OK) st = make_buffers(z);
   if (st == APEX_OK) st = make_optimizer(z, kind, optim);
+  if (st == APEX_OK && o.master_values) st = set_masters(z, o.master_values);
   if (st != APEX_OK) return fail_create(z, st);
   z->lr = apex_zero_get_lr(z);
   if (!z->owned) { /* no group to ask: the kind's default or the caller's */
