@@ -122,7 +122,9 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
     TU_OK(apex_optimizer_step(opt, scale, ref_overflow));
     /* sharded */
     TU_OK(apex_zero_reduce_grads(z));
-    if (stage == 1)
+    /* Stage 2 on request (even steps). */
+    if (stage == 2 && step % 2 == 0) TU_OK(apex_zero_gather_grads(z));
+    if (stage == 1 || step % 2 == 0)
       for (int i = 0; i < NP; i++) assert_same_bits(zs.g[i], ref.g[i], "reduced gradient", i);
     if (clip) {
       TU_OK(apex_zero_clip_grad_norm(z, 0.5f, scale, &z_norm));
@@ -407,6 +409,8 @@ static void test_bad_input(void **state) {
   int of = 0;
   TU_FAILS(apex_zero_step(z, 1.0f, &of), APEX_ERR_STATE, "call apex_zero_reduce_grads before each step");
   TU_FAILS(apex_zero_clip_grad_norm(z, 1.0f, 1.0f, NULL), APEX_ERR_STATE, "call apex_zero_reduce_grads first");
+  TU_FAILS(apex_zero_gather_grads(z), APEX_ERR_STATE, "call apex_zero_reduce_grads first");
+  TU_FAILS(apex_zero_gather_grads(NULL), APEX_ERR_INVALID_ARG, "z is NULL");
   TU_FAILS(apex_zero_step(NULL, 1.0f, &of), APEX_ERR_INVALID_ARG, "z is NULL");
   TU_FAILS(apex_zero_reduce_grads(NULL), APEX_ERR_INVALID_ARG, "z is NULL");
   TU_FAILS(apex_zero_step(z, 0.0f, &of), APEX_ERR_INVALID_ARG, "grad_scale is 0");

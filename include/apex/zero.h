@@ -80,6 +80,11 @@ APEX_API void apex_zero_destroy(apex_zero *z);
  * Stage 1 then all-gathers the reduced gradients into grads[]. APEX_ERR_INVALID_ARG for NULL;
  * APEX_ERR_IO when a collective fails. */
 APEX_API apex_status apex_zero_reduce_grads(apex_zero *z);
+/* After apex_zero_reduce_grads: the whole reduced gradients into grads[] on every rank (what stage 1
+ * does after each reduce), for a stage-2 program that needs them once: e.g. gradient accumulation
+ * that must reduce after every micro-batch, as DDP does, to keep DDP's bits. APEX_ERR_INVALID_ARG for
+ * NULL; APEX_ERR_STATE before apex_zero_reduce_grads; APEX_ERR_IO. */
+APEX_API apex_status apex_zero_gather_grads(apex_zero *z);
 /* Global gradient-norm clipping after apex_zero_reduce_grads, as apex_optimizer_clip_grad_norm on an
  * unsharded optimizer: the L2 norm of the whole reduced gradients times 1 / grad_scale (the same bits
  * on every rank) into *total_norm (may be NULL), and, when it exceeds max_norm, the next step

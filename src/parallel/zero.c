@@ -326,6 +326,12 @@ apex_status apex_zero_reduce_grads(apex_zero *z) {
   return st;
 }
 
+apex_status apex_zero_gather_grads(apex_zero *z) {
+  if (!z) return apex__fail(APEX_ERR_INVALID_ARG, "apex_zero_gather_grads: z is NULL");
+  if (!z->reduced) return apex__fail(APEX_ERR_STATE, "apex_zero_gather_grads: call apex_zero_reduce_grads first");
+  return z->gathered ? APEX_OK : gather_grads(z);
+}
+
 static apex_status check_scale(const char *fn, float grad_scale) {
   if (!(grad_scale > 0.0f && isfinite(grad_scale)))
     return apex__fail(APEX_ERR_INVALID_ARG, "%s: grad_scale is %g; it must be finite and > 0 (1 for unscaled gradients)", fn,
