@@ -130,7 +130,9 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
       TU_OK(apex_zero_clip_grad_norm(z, 0.5f, scale, &z_norm));
       if (!(inject && step == OVERFLOW_STEP)) assert_int_equal(tu_bits(z_norm), tu_bits(ref_norm));
     }
-    int overflow = 0;
+    int overflow = 0, seen = 0;
+    TU_OK(apex_zero_reduce_overflow(z, &seen)); /* what amp's callback sees */
+    assert_int_equal(seen, ref_overflow);
     TU_OK(apex_zero_step(z, scale, &overflow));
     assert_int_equal(overflow, ref_overflow);
     assert_int_equal(overflow, inject && step == OVERFLOW_STEP);
@@ -411,6 +413,8 @@ static void test_bad_input(void **state) {
   TU_FAILS(apex_zero_clip_grad_norm(z, 1.0f, 1.0f, NULL), APEX_ERR_STATE, "call apex_zero_reduce_grads first");
   TU_FAILS(apex_zero_gather_grads(z), APEX_ERR_STATE, "call apex_zero_reduce_grads first");
   TU_FAILS(apex_zero_gather_grads(NULL), APEX_ERR_INVALID_ARG, "z is NULL");
+  TU_FAILS(apex_zero_reduce_overflow(z, &of), APEX_ERR_STATE, "call apex_zero_reduce_grads first");
+  TU_FAILS(apex_zero_reduce_overflow(z, NULL), APEX_ERR_INVALID_ARG, "flag is NULL");
   TU_FAILS(apex_zero_step(NULL, 1.0f, &of), APEX_ERR_INVALID_ARG, "z is NULL");
   TU_FAILS(apex_zero_reduce_grads(NULL), APEX_ERR_INVALID_ARG, "z is NULL");
   TU_FAILS(apex_zero_step(z, 0.0f, &of), APEX_ERR_INVALID_ARG, "grad_scale is 0");

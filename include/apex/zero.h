@@ -91,6 +91,12 @@ APEX_API apex_status apex_zero_gather_grads(apex_zero *z);
  * multiplies the gradients by max_norm / (norm + 1e-6). APEX_ERR_INVALID_ARG for NULL z, max_norm
  * not finite and > 0 or a bad grad_scale; APEX_ERR_STATE before apex_zero_reduce_grads. */
 APEX_API apex_status apex_zero_clip_grad_norm(apex_zero *z, float max_norm, float grad_scale, float *total_norm);
+/* Collective, after apex_zero_reduce_grads: *flag (this rank's own overflow flag on entry) becomes 1
+ * on every rank when it was set on any or when any rank's shard of the reduced gradients holds an
+ * Inf or NaN, else 0: amp's reduce_overflow callback (apex_amp_backward_options) for a program whose
+ * amp manages no optimizer, so that its loss scaler sees every rank's overflow. apex_zero_step does
+ * the same itself. APEX_ERR_INVALID_ARG for NULL; APEX_ERR_STATE before apex_zero_reduce_grads. */
+APEX_API apex_status apex_zero_reduce_overflow(apex_zero *z, int *flag);
 /* One step after apex_zero_reduce_grads: the gradients are multiplied by 1 / grad_scale inside the
  * kernel. *overflow (overflow may be NULL: 0) is this rank's own overflow flag on entry (e.g. a
  * non-finite loss); this rank's shard of the reduced gradients is checked for Inf/NaN too, and the

@@ -363,6 +363,22 @@ static apex_status gather_params(apex_zero *z) {
   return st;
 }
 
+apex_status apex_zero_reduce_overflow(apex_zero *z, int *flag) {
+  if (!z || !flag) return apex__fail(APEX_ERR_INVALID_ARG, "apex_zero_reduce_overflow: %s is NULL", z ? "flag" : "z");
+  if (!z->reduced) return apex__fail(APEX_ERR_STATE, "apex_zero_reduce_overflow: call apex_zero_reduce_grads first");
+  int f = *flag ? 1 : 0;
+  if (z->owned > 0) {
+    int found = 0;
+    apex_status st = apex_mt_check_finite(z->own_grads, z->owned, &found);
+    if (st != APEX_OK) return st;
+    f |= found;
+  }
+  /* One reduction of the flag: every rank skips, or none does. */
+  apex_status st = apex_pg_allreduce_flag(z->pg, &f);
+  if (st == APEX_OK) *flag = f;
+  return st;
+}
+
 apex_status apex_zero_step(apex_zero *z, float grad_scale, int *overflow) {
   const char *fn = "apex_zero_step";
   if (!z) return apex__fail(APEX_ERR_INVALID_ARG, "%s: z is NULL", fn);
@@ -371,14 +387,7 @@ apex_status apex_zero_step(apex_zero *z, float grad_scale, int *overflow) {
   if (!z->reduced)
     return apex__fail(APEX_ERR_STATE, "%s: call apex_zero_reduce_grads before each step (the shard has no reduced gradients)", fn);
   int flag = overflow && *overflow ? 1 : 0;
-  if (z->owned > 0) {
-    int found = 0;
-    st = apex_mt_check_finite(z->own_grads, z->owned, &found);
-    if (st != APEX_OK) return st;
-    flag |= found;
-  }
-  /* One reduction of the flag: every rank skips, or none does. */
-  if ((st = apex_pg_allreduce_flag(z->pg, &flag)) != APEX_OK) return st;
+  if ((st = apex_zero_reduce_overflow(z, &flag)) != APEX_OK) return st;
   if (overflow) *overflow = flag;
   z->reduced = 0;
   if (flag) return z->owned > 0 ? apex_optimizer_step(z->opt, grad_scale, 1) : APEX_OK; /* drops a pending clip */
