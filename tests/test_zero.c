@@ -93,16 +93,24 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
   int rank = apex_pg_rank(g_pg), world = apex_pg_world_size(g_pg);
   float scale = half ? 1024.0f : 1.0f;
   apex_optim_options oo = options_for(kind);
+  /* amp's flow (amp_masters): the unscaled f32 master gradients first, then the step. LAMB's own
+   * max_grad_norm is then taken over the scaled gradients (zero.h), so it is left off here. */
+  if (amp_masters && kind == APEX_OPTIM_LAMB) oo.max_grad_norm = -1.0f;
   /* Ranks other than 0 start from other values: creation copies rank 0's, as DDP does. */
   set_t zs = make_set(half, rank), ref = make_set(half, 0), orig = make_set(0, 0);
   apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo,
-                                  &(apex_zero_options){.stage = stage, .master_values = amp_masters ? orig.p : NULL});
+                                  &(apex_zero_options){.stage = stage, .master_values = amp_masters ? orig.p : NULL,
+                                                       .amp_unscale = amp_masters});
   if (!z) fail_msg("apex_zero_create: %s", apex_last_error());
   apex_optimizer *opt = apex_optimizer_create(kind, &oo);
   assert_non_null(opt);
+  apex_tensor *mg[NP] = {0}; /* amp's master gradients: f32 */
   if (amp_masters) { /* as amp's O2: the optimizer is made over the f32 model, then told of the cast */
     TU_OK(apex_optimizer_add_group(opt, orig.p, NP, orig.g, NP, NULL, NULL));
-    for (int i = 0; i < NP; i++) TU_OK(apex_optimizer_replace_param(opt, 0, i, ref.p[i], ref.g[i], 1));
+    for (int i = 0; i < NP; i++) {
+      mg[i] = apex_tensor_create(APEX_F32, NDIM[i], SHAPES[i]);
+      TU_OK(apex_optimizer_replace_param(opt, 0, i, ref.p[i], mg[i], 1));
+    }
   } else {
     TU_OK(apex_optimizer_add_group(opt, ref.p, NP, ref.g, NP, NULL, NULL));
   }
@@ -116,10 +124,16 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
     /* DDP */
     TU_OK(apex_reducer_reduce(red));
     float ref_norm = 0.0f, z_norm = 0.0f;
-    if (clip) TU_OK(apex_optimizer_clip_grad_norm(opt, 0.5f, scale, &ref_norm));
     int ref_overflow = 0;
-    TU_OK(apex_mt_check_finite(ref.g, NP, &ref_overflow));
-    TU_OK(apex_optimizer_step(opt, scale, ref_overflow));
+    if (amp_masters) { /* amp: unscale into the master gradients (with the overflow check), clip them, step at scale 1 */
+      TU_OK(apex_mt_scale(0, &ref_overflow, ref.g, mg, NP, 1.0f / scale));
+      if (clip) TU_OK(apex_optimizer_clip_grad_norm(opt, 0.5f, 1.0f, &ref_norm));
+      TU_OK(apex_optimizer_step(opt, 1.0f, ref_overflow));
+    } else {
+      if (clip) TU_OK(apex_optimizer_clip_grad_norm(opt, 0.5f, scale, &ref_norm));
+      TU_OK(apex_mt_check_finite(ref.g, NP, &ref_overflow));
+      TU_OK(apex_optimizer_step(opt, scale, ref_overflow));
+    }
     /* sharded */
     TU_OK(apex_zero_reduce_grads(z));
     /* Stage 2 on request (even steps). */
@@ -144,6 +158,7 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
   free_set(&zs);
   free_set(&ref);
   free_set(&orig);
+  for (int i = 0; i < NP; i++) apex_tensor_destroy(mg[i]);
 }
 
 static void run_case(apex_optim_kind kind, int half, int clip, int stage, int inject) {
@@ -161,11 +176,15 @@ static void all_kinds(int half, int clip, int stage, int inject) {
 static void test_o0_matches_ddp(void **state) { (void)state, all_kinds(0, 0, 1, 0); }
 static void test_o2_matches_ddp(void **state) { (void)state, all_kinds(1, 0, 1, 1); }
 static void test_clip_matches_ddp(void **state) { (void)state, all_kinds(0, 1, 1, 0), all_kinds(1, 1, 1, 1); }
-/* Masters from the f32 values before a cast (amp's O2): the parameters are the rounded values, the
- * masters the exact ones, and the reference is told of the cast as amp tells it. */
+/* amp's O2: masters from the f32 values before the cast (the parameters are the rounded values, the
+ * masters the exact ones, and the reference is told of the cast as amp tells it), and amp's unscale
+ * into f32 master gradients before a step that applies only the clipping. */
 static void test_master_values(void **state) {
   (void)state;
-  for (int k = 0; k < APEX_OPTIM_KIND_COUNT; k++) run_case_masters((apex_optim_kind)k, 1, k % 2, 1 + k % 2, 0, 1);
+  for (int k = 0; k < APEX_OPTIM_KIND_COUNT; k++) {
+    run_case_masters((apex_optim_kind)k, 1, 1, 1 + k % 2, k % 2, 1);
+    run_case_masters((apex_optim_kind)k, 1, 0, 2 - k % 2, 1 - k % 2, 1);
+  }
 }
 
 static void test_stage2_matches_ddp(void **state) { (void)state, all_kinds(0, 0, 2, 1), all_kinds(1, 1, 2, 1); }

@@ -61,6 +61,12 @@ typedef struct apex_zero_options {
    * O2 keeps a model's exact f32 values from before its cast as masters: pass those (a copy of the
    * model taken before apex_amp_initialize) for a sharded run with the unsharded run's bits. */
   apex_tensor *const *master_values;
+  /* 1: the step first unscales this rank's shard of the reduced gradients into f32 (g * (1 / grad_scale),
+   * rounded to f32, as amp unscales into its master gradients) and then steps with the clipping
+   * coefficient alone: the bits of a program whose amp manages the optimizer (apex_amp_step), at the
+   * cost of one f32 shard of gradients. 0 (default): the kernel applies coef / grad_scale in one
+   * multiply, the bits of apex_optimizer_step(opt, grad_scale, ...). The same at grad_scale 1. */
+  int amp_unscale;
 } apex_zero_options;
 
 /* A sharded optimizer of `kind` with hyperparameters `optim` (NULL: the defaults) over params[0..n)

@@ -49,7 +49,9 @@ struct apex_zero {
   apex_optim_kind kind;
   apex_optim_options optim; /* as given, for the unsharded optimizer of a checkpoint */
   int owned;        /* pieces this rank owns (the optimizer has a group when > 0) */
-  apex_tensor **own_grads;
+  apex_tensor **own_grads;   /* the shard's reduced gradients, one view per owned piece */
+  apex_tensor **step_grads;  /* what the optimizer reads: own_grads, or their f32 unscaled copies (amp_unscale) */
+  apex_tensor *unscaled;     /* amp_unscale: the f32 buffer behind step_grads */
   float lr;
   int lamb_norm;    /* LAMB with max_grad_norm: the step needs the whole gradients */
   int reduced;      /* gradients reduced since the last step */
@@ -73,6 +75,10 @@ void apex_zero_destroy(apex_zero *z) {
     apex_tensor_destroy(z->shard[d]);
   }
   apex_optimizer_destroy(z->opt);
+  if (z->step_grads != z->own_grads)
+    for (int k = 0; z->step_grads && k < z->owned; k++) apex_tensor_destroy(z->step_grads[k]);
+  if (z->step_grads != z->own_grads) free(z->step_grads);
+  apex_tensor_destroy(z->unscaled);
   free(z->own_grads);
   free(z->pieces);
   free(z->bound);
@@ -177,7 +183,24 @@ static apex_status make_buffers(apex_zero *z) {
 }
 
 /* This rank's optimizer: one group over the pieces it owns (none when it owns nothing). */
-static apex_status make_optimizer(apex_zero *z, apex_optim_kind kind, const apex_optim_options *optim) {
+/* amp_unscale: one f32 buffer of the owned elements, viewed as each owned piece. */
+static apex_status make_unscaled(apex_zero *z) {
+  size_t total = 0;
+  for (int k = 0; k < z->owned; k++) total += apex_tensor_numel(z->own_grads[k]);
+  int64_t len = (int64_t)total;
+  z->step_grads = calloc((size_t)z->owned, sizeof *z->step_grads);
+  z->unscaled = total ? apex_tensor_create_on(apex_pg_device(z->pg), APEX_F32, 1, &len) : NULL;
+  if (!z->step_grads || (total && !z->unscaled)) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_zero_create: out of memory");
+  size_t at = 0;
+  for (int k = 0; k < z->owned; k++) {
+    const apex_tensor *g = z->own_grads[k];
+    if (!(z->step_grads[k] = apex_tensor_slice_view(z->unscaled, at, apex_tensor_ndim(g), apex_tensor_shape(g)))) return APEX_ERR_OUT_OF_MEMORY;
+    at += apex_tensor_numel(g);
+  }
+  return APEX_OK;
+}
+
+static apex_status make_optimizer(apex_zero *z, apex_optim_kind kind, const apex_optim_options *optim, int amp_unscale) {
   z->opt = apex_optimizer_create(kind, optim);
   if (!z->opt) return APEX_ERR_INVALID_ARG; /* its message stands */
   z->own_grads = calloc((size_t)z->npieces, sizeof *z->own_grads);
@@ -188,7 +211,9 @@ static apex_status make_optimizer(apex_zero *z, apex_optim_kind kind, const apex
       own_params[z->owned] = z->pieces[k].param;
       z->own_grads[z->owned++] = z->pieces[k].shard;
     }
-  if (st == APEX_OK && z->owned > 0) st = apex_optimizer_add_group(z->opt, own_params, z->owned, z->own_grads, z->owned, NULL, NULL);
+  z->step_grads = z->own_grads;
+  if (st == APEX_OK && amp_unscale && z->owned > 0) st = make_unscaled(z);
+  if (st == APEX_OK && z->owned > 0) st = apex_optimizer_add_group(z->opt, own_params, z->owned, z->step_grads, z->owned, NULL, NULL);
   free(own_params);
   /* Clipping and LAMB's max_grad_norm take the norm of the whole model's gradients. */
   if (st == APEX_OK) st = apex__optimizer_set_norm_grads(z->opt, z->grads, z->n);
@@ -285,7 +310,7 @@ apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor
   plan_ranges(z, whole_params_only(kind));
   st = plan_pieces(z);
   if (st == APEX_OK) st = make_buffers(z);
-  if (st == APEX_OK) st = make_optimizer(z, kind, optim);
+  if (st == APEX_OK) st = make_optimizer(z, kind, optim, o.amp_unscale);
   if (st == APEX_OK && o.master_values) st = set_masters(z, o.master_values);
   if (st != APEX_OK) return fail_create(z, st);
   z->lr = apex_zero_get_lr(z);
@@ -392,7 +417,14 @@ apex_status apex_zero_step(apex_zero *z, float grad_scale, int *overflow) {
   z->reduced = 0;
   if (flag) return z->owned > 0 ? apex_optimizer_step(z->opt, grad_scale, 1) : APEX_OK; /* drops a pending clip */
   if (z->lamb_norm && !z->gathered && (st = gather_grads(z)) != APEX_OK) return st;
-  if (z->owned > 0 && (st = apex_optimizer_step(z->opt, grad_scale, 0)) != APEX_OK) return st;
+  if (z->owned > 0 && z->unscaled) {
+    /* As amp: the f32 unscaled gradients first, then a step that applies only the clipping. */
+    st = apex_mt_scale(0, NULL, z->own_grads, z->step_grads, z->owned, 1.0f / grad_scale);
+    if (st == APEX_OK) st = apex_optimizer_step(z->opt, 1.0f, 0);
+  } else if (z->owned > 0) {
+    st = apex_optimizer_step(z->opt, grad_scale, 0);
+  }
+  if (st != APEX_OK) return st;
   return gather_params(z);
 }
 
