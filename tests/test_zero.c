@@ -93,9 +93,9 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
   int rank = apex_pg_rank(g_pg), world = apex_pg_world_size(g_pg);
   float scale = half ? 1024.0f : 1.0f;
   apex_optim_options oo = options_for(kind);
-  /* amp's flow (amp_masters): the unscaled f32 master gradients first, then the step. LAMB's own
-   * max_grad_norm is then taken over the scaled gradients (zero.h), so it is left off here. */
-  if (amp_masters && kind == APEX_OPTIM_LAMB) oo.max_grad_norm = -1.0f;
+  /* amp's flow (amp_masters): the unscaled f32 master gradients first, then the step. With clipping
+   * under a loss scale, LAMB's own max_grad_norm may differ in the last bit (zero.h): left off there. */
+  if (amp_masters && clip && kind == APEX_OPTIM_LAMB) oo.max_grad_norm = -1.0f;
   /* Ranks other than 0 start from other values: creation copies rank 0's, as DDP does. */
   set_t zs = make_set(half, rank), ref = make_set(half, 0), orig = make_set(0, 0);
   apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo,

@@ -65,7 +65,9 @@ typedef struct apex_zero_options {
    * rounded to f32, as amp unscales into its master gradients) and then steps with the clipping
    * coefficient alone: the bits of a program whose amp manages the optimizer (apex_amp_step), at the
    * cost of one f32 shard of gradients. 0 (default): the kernel applies coef / grad_scale in one
-   * multiply, the bits of apex_optimizer_step(opt, grad_scale, ...). The same at grad_scale 1. */
+   * multiply, the bits of apex_optimizer_step(opt, grad_scale, ...). The same at grad_scale 1. LAMB's
+   * max_grad_norm takes (coef / grad_scale) in one multiply too, so under a loss scale other than 1
+   * with clipping its global norm may differ from amp's in the last bit. */
   int amp_unscale;
 } apex_zero_options;
 

@@ -86,6 +86,7 @@ struct apex_optimizer {
    * optimizer: optim_shard.h); NULL for the groups' own. */
   apex_tensor **norm_grads;
   int n_norm_grads;
+  float norm_scale;  /* LAMB's global norm over norm_grads is of their values times this too (1) */
 };
 
 /* ---- optimizer.c --------------------------------------------------------------------------------- */

@@ -14,6 +14,9 @@
  * copied; the tensors are borrowed and must be on the groups' device. APEX_ERR_INVALID_ARG for NULL
  * opt, n < 0 or a NULL tensor; APEX_ERR_OUT_OF_MEMORY. */
 apex_status apex__optimizer_set_norm_grads(apex_optimizer *opt, apex_tensor *const *grads, int n);
+/* LAMB's global norm in a step is taken of those tensors' values times `scale` too (1 by default):
+ * for a shard that steps unscaled copies of gradients whose whole tensors are still scaled. */
+apex_status apex__optimizer_set_norm_scale(apex_optimizer *opt, float scale);
 
 /* The pieces of a parameter's state a sharded optimizer gathers into an unsharded optimizer for a
  * checkpoint, and takes back from one after a load. Each returns NULL / -1 / APEX_ERR_INVALID_ARG for

@@ -186,6 +186,7 @@ apex_optimizer *apex_optimizer_create(apex_optim_kind kind, const apex_optim_opt
   opt->ops = KINDS[kind];
   opt->defaults = defaults ? *defaults : (apex_optim_options){0};
   opt->clip_coef = 1.0f;
+  opt->norm_scale = 1.0f;
   return opt;
 }
 
@@ -515,7 +516,7 @@ static apex_status global_norm(const apex_optimizer *opt, const apex__active *ac
     apex_status st = b->mem->alloc(sizeof(float), 1, (void **)d_norm);
     if (st != APEX_OK) return st;
     return b->mt_l2norm(&(apex_mt_l2norm_args){.fn = "apex_optimizer_step", .n = opt->n_norm_grads, .x = opt->norm_grads,
-                                               .inv_scale = inv_scale, .dev_global_norm = *d_norm});
+                                               .inv_scale = inv_scale * opt->norm_scale, .dev_global_norm = *d_norm});
   }
   if (!b->mt_l2norm) return apex__backend_slot_missing(b, "apex_optimizer_step", "the multi-tensor L2 norm");
   apex_tensor **g = malloc((size_t)n * sizeof *g);
@@ -653,6 +654,13 @@ apex_status apex__optimizer_set_norm_grads(apex_optimizer *opt, apex_tensor *con
   free(opt->norm_grads);
   opt->norm_grads = copy;
   opt->n_norm_grads = n;
+  return APEX_OK;
+}
+
+apex_status apex__optimizer_set_norm_scale(apex_optimizer *opt, float scale) {
+  if (!opt || !(scale > 0.0f) || !isfinite(scale))
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex__optimizer_set_norm_scale: %s", opt ? "the scale must be finite and > 0" : "NULL optimizer");
+  opt->norm_scale = scale;
   return APEX_OK;
 }
 

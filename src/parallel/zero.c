@@ -420,6 +420,8 @@ apex_status apex_zero_step(apex_zero *z, float grad_scale, int *overflow) {
   if (z->owned > 0 && z->unscaled) {
     /* As amp: the f32 unscaled gradients first, then a step that applies only the clipping. */
     st = apex_mt_scale(0, NULL, z->own_grads, z->step_grads, z->owned, 1.0f / grad_scale);
+    /* LAMB's global norm is of the whole gradients, still scaled: unscaled inside its norm. */
+    if (st == APEX_OK) st = apex__optimizer_set_norm_scale(z->opt, 1.0f / grad_scale);
     if (st == APEX_OK) st = apex_optimizer_step(z->opt, 1.0f, 0);
   } else if (z->owned > 0) {
     st = apex_optimizer_step(z->opt, grad_scale, 0);
