@@ -471,6 +471,7 @@ static int train(run *r, dist *ds, long *end) {
                        .tokens_per_step = r->kind == MODEL_GPT ? (long)(B * T) * ds->world * K : 0,
                        .elapsed_s = r->at.elapsed_s + (tnow - t0)};
     device_memory(r->dev, &rp.device_bytes, &rp.device_peak_bytes);
+    if (r->zs.z) rp.optim_bytes = (double)r->zs.state_bytes;
     int log_failed = r->rep && report_step(r->rep, &rp) != 0, sig = signals_pending();
     if (agree_stop(ds, &sig, &log_failed) != 0 || log_failed) {
       failed = 1;
@@ -707,6 +708,9 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
            a->model, r->data, r->kind == MODEL_GPT ? r->d.len : r->d.n_items, what, extra, a->opt_level,
            strcmp(a->opt_level, "O0") == 0 ? "f32" : a->cast_type, a->optimizer, (double)r->lr, a->batch_size, ranks, a->epochs, spe,
            last, last < a->epochs * spe ? "--steps" : "end of the epochs", a->sync_bn ? ", SyncBatchNorm" : "");
+    if (r->zs.z)
+      printf("apex-train: ZeRO stage %ld: optimizer state %.2f MB per rank (the most over the %d ranks; %.2f MB unsharded)\n", a->zero,
+             (double)r->zs.state_bytes / 1e6, ds->world, (double)r->zs.full_bytes / 1e6);
     if (a->resume) printf("apex-train: resumed from %s/step-%ld\n", a->checkpoint, r->at.step);
     fflush(stdout);
   }

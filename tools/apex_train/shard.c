@@ -58,6 +58,21 @@ int shard_create(shard *s, apex_pg *pg, train_model *tm, apex_tensor *const *val
     return 1;
   }
   s->bo = (apex_amp_backward_options){.before_unscale = before_unscale, .reduce_overflow = reduce_overflow, .hook_ctx = s};
+  /* The largest rank's state (a MAX over the ranks), and an unsharded optimizer's, sized on a fresh
+   * one: for the progress line. */
+  float most = (float)apex_zero_state_bytes(s->z);
+  int64_t one = 1;
+  apex_tensor *t = apex_tensor_wrap(&most, APEX_F32, 1, &one);
+  apex_status st = t ? apex_pg_allreduce(pg, t, APEX_REDUCE_MAX) : APEX_ERR_OUT_OF_MEMORY;
+  apex_tensor_destroy(t);
+  apex_optimizer *full = st == APEX_OK ? shard_full(s, tm) : NULL;
+  if (!full || apex_optimizer_state_size(full, &s->full_bytes) != APEX_OK) {
+    apex_optimizer_destroy(full);
+    fprintf(stderr, "apex-train: --zero %d: %s\n", stage, one_line(apex_last_error()));
+    return 1;
+  }
+  apex_optimizer_destroy(full);
+  s->state_bytes = (size_t)most;
   return 0;
 }
 

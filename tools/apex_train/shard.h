@@ -23,6 +23,8 @@ typedef struct shard {
   int last;     /* the backward under way closes the step (no delay_unscale) */
   int overflow; /* the step's overflow flag, reduced over the ranks by the last backward */
   apex_amp_backward_options bo; /* the callbacks below, ctx = this shard */
+  size_t state_bytes;           /* the optimizer state of the rank holding the most (apex_zero_state_bytes) */
+  size_t full_bytes;            /* what the unsharded optimizer holds on every rank */
 } shard;
 
 /* Copies of the model's f32 parameters (NULL entries for none), for the masters; free with
@@ -30,7 +32,7 @@ typedef struct shard {
 apex_tensor **shard_snapshot(const train_model *tm);
 void shard_snapshot_free(apex_tensor **vals, const train_model *tm);
 /* Collective: the sharded optimizer over the model's parameters (after amp's cast) on pg, masters from
- * vals. One line on stderr and non-zero on failure. */
+ * vals, and the state sizes above. One line on stderr and non-zero on failure. */
 int shard_create(shard *s, apex_pg *pg, train_model *tm, apex_tensor *const *vals, apex_optim_kind kind,
                  const apex_optim_options *oo, int stage);
 /* A new unsharded optimizer over the model's parameters with the shard's kind and options, its state
