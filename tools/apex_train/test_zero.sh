@@ -7,7 +7,8 @@
 #    but the timings, and model.safetensors, optimizer.bin, state.safetensors compared with cmp);
 #  - an unsharded checkpoint resumed with --zero 2 and a --zero 2 checkpoint resumed without --zero
 #    both end where 10 straight unsharded steps end (the files are one format);
-#  - the progress line names the optimizer state each rank holds.
+#  - the progress line names the optimizer state each rank holds;
+#  - a --zero 2 checkpoint of 2 ranks evaluates in one process (--eval-only loads at any world size).
 # Skips (77) with the reason when mpirun is absent or apex was built without MPI.
 . "$(dirname "$0")/test_lib.sh" "$1"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
@@ -58,5 +59,12 @@ same "unsharded steps 1-5, --zero 2 steps 6-10" d d_tail.jsonl r1 r1.jsonl 10
 from_step z r2 5
 mpi 2 "$BIN" "${F[@]}" --checkpoint r2 --resume --log r2.jsonl > /dev/null 2> r2.err || { ko "unsharded run resuming a --zero 2 checkpoint"; cat r2.err; }
 same "--zero 2 steps 1-5, unsharded steps 6-10" d d_tail.jsonl r2 r2.jsonl 10
+
+# ---- a checkpoint of 2 sharded ranks evaluates in one process ---------------------------------------------
+"$BIN" --eval-only --checkpoint z > e1.out 2> e1.err || { ko "--eval-only of a --zero 2 checkpoint in one process"; cat e1.err; }
+mpi 2 "$BIN" --eval-only --distributed --checkpoint d > e2.out 2> e2.err || { ko "--eval-only of the unsharded checkpoint on 2 ranks"; cat e2.err; }
+a=$(grep "validation loss" e1.out)
+[ -n "$a" ] && [ "$a" = "$(grep "validation loss" e2.out)" ] && ok "a --zero 2 checkpoint evaluated in one process: $a (as the unsharded one on 2 ranks)" ||
+  { ko "one-process evaluation differs"; cat e1.out e2.out; }
 
 finish
