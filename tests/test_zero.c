@@ -7,7 +7,8 @@
  * the reference's bits, on every rank, for every optimizer, in f32 and in f16/bf16 with f32 masters
  * (apex's O0 and O2 parameter layouts) under a loss scale, with and without clipping, stages 1 and
  * 2, and an Inf injected on one rank must make every rank skip. A consolidated checkpoint must have the
- * bytes of the reference optimizer's, and resume bitwise here and on one rank. */
+ * bytes of the reference optimizer's, and resume bitwise here, on one rank, and (at 3 and 4 ranks) from a
+ * checkpoint that 2 of the ranks made. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -380,6 +381,95 @@ static void test_checkpoint(void **state) {
   apex_pg_destroy(local);
 }
 
+#if APEX_TEST_MPI
+#include <mpi.h>
+
+/* Copies rank 0's n bytes (n itself first) to every rank of g_pg, as f32 words: MPI moves the bits. */
+static uint8_t *bcast_bytes(const uint8_t *buf, size_t *n) {
+  int64_t one = 1;
+  float len = (float)*n;
+  apex_tensor *t = apex_tensor_wrap(&len, APEX_F32, 1, &one);
+  TU_OK(apex_pg_broadcast(g_pg, t, 0));
+  apex_tensor_destroy(t);
+  *n = (size_t)len;
+  int64_t words = (int64_t)((*n + 3) / 4);
+  uint8_t *out = calloc((size_t)words, 4);
+  assert_non_null(out);
+  if (buf) memcpy(out, buf, *n);
+  t = apex_tensor_wrap(out, APEX_F32, 1, &words);
+  TU_OK(apex_pg_broadcast(g_pg, t, 0));
+  apex_tensor_destroy(t);
+  return out;
+}
+
+/* Resume across rank counts: ranks 0 and 1 train 2 steps on a group of their own and save; then every
+ * rank of the job (3 or 4) resumes from those bytes, sharded, against DDP at this world size resumed
+ * from the same bytes. */
+static void test_resume_two_to_more(void **state) {
+  (void)state;
+  int rank = apex_pg_rank(g_pg), world = apex_pg_world_size(g_pg);
+  if (world < 3) {
+    print_message("skipped: needs 3 or more ranks (ctest's test_zero_np3 and _np4)\n");
+    skip();
+  }
+  MPI_Comm two;
+  assert_int_equal(MPI_Comm_split(MPI_COMM_WORLD, rank < 2 ? 0 : MPI_UNDEFINED, rank, &two), MPI_SUCCESS);
+  const apex_optim_kind kinds[4] = {APEX_OPTIM_ADAMW, APEX_OPTIM_LAMB, APEX_OPTIM_SGD, APEX_OPTIM_NOVOGRAD};
+  for (int half = 0; half < 2; half++)
+    for (int k = 0; k < 4; k++) {
+      apex_optim_kind kind = kinds[k];
+      apex_optim_options oo = options_for(kind);
+      float scale = half ? 1024.0f : 1.0f;
+      uint8_t *mine = NULL;
+      size_t size = 0;
+      set_t model = make_set(half, 0); /* the model file: rank 0's parameters after step 2 */
+      if (rank < 2) {
+        apex_pg *pg2 = apex_pg_create_mpi(&(apex_pg_options){.mpi_comm = &two});
+        assert_non_null(pg2);
+        set_t zs = make_set(half, rank), ref = make_set(half, 0);
+        apex_zero *z = apex_zero_create(pg2, zs.p, zs.g, NP, kind, &oo, NULL);
+        apex_optimizer *opt = apex_optimizer_create(kind, &oo);
+        assert_non_null(z);
+        TU_OK(apex_optimizer_add_group(opt, ref.p, NP, ref.g, NP, NULL, NULL));
+        steps_on(pg2, z, &zs, opt, &ref, 1, 2, scale);
+        apex_optimizer *full = apex_zero_consolidate(z);
+        assert_non_null(full);
+        size_t rsize = 0;
+        mine = save_bytes(full, &size);
+        uint8_t *rbuf = save_bytes(opt, &rsize);
+        assert_true(size == rsize && memcmp(mine, rbuf, size) == 0);
+        for (int i = 0; i < NP; i++) TU_OK(apex_tensor_copy(model.p[i], zs.p[i]));
+        free(rbuf);
+        apex_optimizer_destroy(full);
+        apex_optimizer_destroy(opt);
+        apex_zero_destroy(z);
+        free_set(&zs), free_set(&ref);
+        apex_pg_destroy(pg2);
+      }
+      uint8_t *bytes = bcast_bytes(mine, &size);
+      for (int i = 0; i < NP; i++) TU_OK(apex_pg_broadcast(g_pg, model.p[i], 0));
+      set_t zs = make_set(half, rank + 20), ref = make_set(half, 30);
+      for (int i = 0; i < NP; i++) {
+        TU_OK(apex_tensor_copy(zs.p[i], model.p[i]));
+        TU_OK(apex_tensor_copy(ref.p[i], model.p[i]));
+      }
+      apex_optimizer *from = loaded(kind, &oo, &zs, bytes, size), *opt = loaded(kind, &oo, &ref, bytes, size);
+      apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo, &(apex_zero_options){.stage = 2});
+      assert_non_null(z);
+      TU_OK(apex_zero_load_state(z, from));
+      apex_optimizer_destroy(from);
+      steps_on(g_pg, z, &zs, opt, &ref, 3, 4, scale);
+      apex_zero_destroy(z);
+      apex_optimizer_destroy(opt);
+      free_set(&zs), free_set(&ref), free_set(&model);
+      free(mine);
+      free(bytes);
+    }
+  if (two != MPI_COMM_NULL) MPI_Comm_free(&two);
+  if (rank == 0) print_message("  2 ranks saved, %d resumed: every step bitwise DDP's\n", world);
+}
+#endif
+
 static void test_bad_input(void **state) {
   (void)state;
   int world = apex_pg_world_size(g_pg);
@@ -495,6 +585,9 @@ int main(void) {
       cmocka_unit_test(test_clip_matches_ddp), cmocka_unit_test(test_stage2_matches_ddp),
       cmocka_unit_test(test_master_values),
       cmocka_unit_test(test_checkpoint), cmocka_unit_test(test_bad_input),
+#if APEX_TEST_MPI
+      cmocka_unit_test(test_resume_two_to_more),
+#endif
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
