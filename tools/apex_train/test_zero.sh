@@ -8,7 +8,8 @@
 #  - an unsharded checkpoint resumed with --zero 2 and a --zero 2 checkpoint resumed without --zero
 #    both end where 10 straight unsharded steps end (the files are one format);
 #  - the progress line names the optimizer state each rank holds;
-#  - a --zero 2 checkpoint of 2 ranks evaluates in one process (--eval-only loads at any world size).
+#  - a --zero 2 checkpoint of 2 ranks evaluates in one process (--eval-only loads at any world size);
+#  - the CNN with --sync-bn at O2 (f16 and f32 parameters) matches too, where Fashion-MNIST is installed.
 # Skips (77) with the reason when mpirun is absent or apex was built without MPI.
 . "$(dirname "$0")/test_lib.sh" "$1"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
@@ -66,5 +67,16 @@ mpi 2 "$BIN" --eval-only --distributed --checkpoint d > e2.out 2> e2.err || { ko
 a=$(grep "validation loss" e1.out)
 [ -n "$a" ] && [ "$a" = "$(grep "validation loss" e2.out)" ] && ok "a --zero 2 checkpoint evaluated in one process: $a (as the unsharded one on 2 ranks)" ||
   { ko "one-process evaluation differs"; cat e1.out e2.out; }
+
+# ---- the CNN with SyncBatchNorm at O2 (its batch norm parameters kept in f32 beside f16 ones) --------------
+FM=${APEX_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+if [ -f "$FM/train-images-idx3-ubyte.gz" ]; then
+  C=(--data "$FM" --model cnn --batch-size 8 --opt-level O2 --optimizer sgd --distributed --sync-bn --steps 4)
+  mpi 2 "$BIN" "${C[@]}" --checkpoint cd --log cd.jsonl > /dev/null 2> cd.err || { ko "cnn --sync-bn unsharded"; cat cd.err; }
+  mpi 2 "$BIN" "${C[@]}" --zero 2 --checkpoint cz --log cz.jsonl > /dev/null 2> cz.err || { ko "cnn --sync-bn --zero 2"; cat cz.err; }
+  same "--zero 2 with --sync-bn (cnn, O2, SGD)" cd cd.jsonl cz cz.jsonl 4
+else
+  echo "skipped: --sync-bn with --zero (Fashion-MNIST not found in $FM)"
+fi
 
 finish
