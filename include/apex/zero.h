@@ -34,7 +34,9 @@
  * with max_grad_norm).
  *
  * Memory besides the shard's masters and state: one flat buffer of the whole model in each gradient
- * dtype (what DDP's buckets hold) for the collectives, and one shard of it.
+ * dtype (what DDP's buckets hold) for the collectives, and one shard of it. The reduce-scatter runs
+ * when apex_zero_reduce_grads is called, after the backward: unlike DDP's bucketed all-reduce it
+ * does not overlap the backward.
  *
  * Every rank must call the same functions in the same order (they are collectives). The tensors are
  * borrowed and must outlive z. */
