@@ -255,6 +255,18 @@ apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor
                             const apex_optim_options *optim, const apex_zero_options *options) {
   apex_zero_options o = options ? *options : (apex_zero_options){0};
   apex_status st = check_args(pg, params, grads, n, kind, &o);
+  /* The options too are checked before any exchange, on a one-element group that also says the lr a
+   * rank owning nothing reports. */
+  float lr = NAN;
+  if (st == APEX_OK) {
+    apex_optimizer *probe = apex_optimizer_create(kind, optim);
+    int64_t one = 1;
+    apex_tensor *t = probe ? apex_tensor_create(APEX_F32, 1, &one) : NULL;
+    st = !probe ? APEX_ERR_INVALID_ARG : t ? apex_optimizer_add_group(probe, &t, 1, NULL, 0, NULL, NULL) : APEX_ERR_OUT_OF_MEMORY;
+    if (st == APEX_OK) lr = apex_optimizer_get_lr(probe, 0);
+    apex_optimizer_destroy(probe);
+    apex_tensor_destroy(t);
+  }
   if (st != APEX_OK) return fail_create(NULL, st);
   apex_zero *z = calloc(1, sizeof *z);
   if (!z) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_zero_create: out of memory");
@@ -282,15 +294,7 @@ apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor
   if (st == APEX_OK) st = make_optimizer(z, kind, optim, o.amp_unscale);
   if (st == APEX_OK && o.master_values) st = set_masters(z, o.master_values);
   if (st != APEX_OK) return fail_create(z, st);
-  z->lr = apex_zero_get_lr(z);
-  if (!z->owned) { /* no group to ask: the kind's default or the caller's */
-    apex_optimizer *probe = apex_optimizer_create(kind, optim);
-    int64_t one = 1;
-    apex_tensor *t = apex_tensor_create(APEX_F32, 1, &one);
-    if (probe && t && apex_optimizer_add_group(probe, &t, 1, NULL, 0, NULL, NULL) == APEX_OK) z->lr = apex_optimizer_get_lr(probe, 0);
-    apex_optimizer_destroy(probe);
-    apex_tensor_destroy(t);
-  }
+  z->lr = lr;
   return z;
 }
 
