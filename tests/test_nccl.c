@@ -5,7 +5,8 @@
  * without CUDA, MPI or NCCL: the stub's message is checked first), when there is no GPU (the
  * group's creation is still tried, over MPI, and must fail cleanly), or when a host has fewer GPUs
  * than ranks (NCCL cannot put two ranks of one communicator on one GPU; every rank must refuse).
- * On a GPU machine: tests/gpu/run_nccl.sh.
+ * On a GPU machine: tests/gpu/run_nccl.sh. The reduce-scatter and the sharded optimizer (zero.h) on GPU
+ * tensors are checked here too.
  *
  * Values: rank r contributes r + 1 + (i % 16), small integers whose sums and maxima are exact in
  * f16 and bf16 in any order, so SUM and MAX must match the host bit for bit whatever NCCL's order.
@@ -17,6 +18,7 @@
 
 #include "apex/cuda.h"
 #include "apex/ddp.h"
+#include "apex/zero.h"
 #include "testutil.h"
 
 static apex_pg *g_pg;
@@ -141,6 +143,93 @@ static void test_allgather(void **state) {
     apex_tensor_destroy(out);
   }
   TU_OK(apex_pg_barrier(g_pg));
+}
+
+static float grad_value(size_t i, int r);
+
+/* ncclReduceScatter: rank r's segment of the host's reduction (exact for SUM and MAX, as above). */
+static void test_reduce_scatter(void **state) {
+  (void)state;
+  int w = apex_pg_world_size(g_pg), r = apex_pg_rank(g_pg);
+  const size_t n = 1001;
+  for (int d = 0; d < 3; d++)
+    for (int op = 0; op < 3; op++) {
+      apex_tensor *in = dev_filled(dtypes[d], n * (size_t)w, contrib, r), *out = dev_1d(dtypes[d], n);
+      TU_OK(apex_pg_reduce_scatter(g_pg, in, out, (apex_reduce_op)op));
+      float *got = down(out);
+      for (size_t i = 0; i < n; i++) {
+        size_t e = (size_t)r * n + i;
+        float sum = 0.0f, max = -INFINITY;
+        for (int p = 0; p < w; p++) {
+          sum += contrib(e, p);
+          if (contrib(e, p) > max) max = contrib(e, p);
+        }
+        float want = op == APEX_REDUCE_SUM ? sum : op == APEX_REDUCE_MAX ? max : sum / (float)w;
+        float tol = op == APEX_REDUCE_AVG ? fabsf(want) * ulp_of(dtypes[d]) : 0.0f;
+        if (!(fabsf(got[i] - want) <= tol))
+          fail_msg("reduce-scatter %s op %d [%zu]: got %.9g, expected %.9g", apex_dtype_name(dtypes[d]), op, i, (double)got[i], (double)want);
+      }
+      free(got);
+      apex_tensor_destroy(in);
+      apex_tensor_destroy(out);
+    }
+}
+
+/* The sharded optimizer on GPU tensors against DDP's engine and an unsharded step on the same GPU:
+ * the gradients are small integers, so NCCL's sums are exact whatever its order, and the steps must
+ * agree bit for bit. */
+static void test_zero_device(void **state) {
+  (void)state;
+  int w = apex_pg_world_size(g_pg), r = apex_pg_rank(g_pg);
+  const size_t sizes[3] = {5000, 300, 4099};
+  const apex_dtype kinds[3] = {APEX_F16, APEX_F32, APEX_BF16};
+  const apex_optim_kind opts[3] = {APEX_OPTIM_SGD, APEX_OPTIM_ADAMW, APEX_OPTIM_LAMB};
+  for (int o = 0; o < 3; o++) {
+    apex_tensor *zp[3], *zg[3], *rp[3], *rg[3];
+    for (int k = 0; k < 3; k++) {
+      zp[k] = dev_filled(kinds[k], sizes[k], gathered, 0);
+      rp[k] = dev_filled(kinds[k], sizes[k], gathered, 0);
+      zg[k] = dev_1d(kinds[k], sizes[k]);
+      rg[k] = dev_1d(kinds[k], sizes[k]);
+    }
+    apex_optim_options oo = {.lr = 1e-2f};
+    apex_zero *z = apex_zero_create(g_pg, zp, zg, 3, opts[o], &oo, &(apex_zero_options){.stage = 2, .sum_only = 1});
+    if (!z) fail_msg("apex_zero_create: %s", apex_last_error());
+    apex_optimizer *opt = apex_optimizer_create(opts[o], &oo);
+    TU_OK(apex_optimizer_add_group(opt, rp, 3, rg, 3, NULL, NULL));
+    apex_reducer *red = apex_reducer_create(g_pg, rg, 3, &(apex_reducer_options){.sum_only = 1});
+    if (!red) fail_msg("apex_reducer_create: %s", apex_last_error());
+    for (int step = 0; step < 2; step++) {
+      for (int k = 0; k < 3; k++) {
+        apex_tensor *h = dev_filled(kinds[k], sizes[k], grad_value, r + step);
+        TU_OK(apex_tensor_copy(zg[k], h));
+        TU_OK(apex_tensor_copy(rg[k], h));
+        apex_tensor_destroy(h);
+      }
+      TU_OK(apex_reducer_reduce(red));
+      TU_OK(apex_optimizer_step(opt, 1.0f, 0));
+      TU_OK(apex_zero_reduce_grads(z));
+      int overflow = 0;
+      TU_OK(apex_zero_step(z, 1.0f, &overflow));
+      assert_int_equal(overflow, 0);
+      for (int k = 0; k < 3; k++) {
+        float *a = down(zp[k]), *b = down(rp[k]);
+        for (size_t i = 0; i < sizes[k]; i++)
+          if (tu_bits(a[i]) != tu_bits(b[i]))
+            fail_msg("%s step %d param %d [%zu]: sharded %.9g, DDP %.9g (%d ranks)", apex_optim_kind_name(opts[o]), step, k, i,
+                     (double)a[i], (double)b[i], w);
+        free(a);
+        free(b);
+      }
+    }
+    apex_reducer_destroy(red);
+    apex_optimizer_destroy(opt);
+    apex_zero_destroy(z);
+    for (int k = 0; k < 3; k++) {
+      apex_tensor_destroy(zp[k]), apex_tensor_destroy(zg[k]);
+      apex_tensor_destroy(rp[k]), apex_tensor_destroy(rg[k]);
+    }
+  }
 }
 
 /* Several collectives in flight, advanced with test and finished in another order. */
@@ -307,6 +396,7 @@ int main(void) {
       cmocka_unit_test(test_async),           cmocka_unit_test(test_refuses_cpu_tensors),
       cmocka_unit_test(test_flag),            cmocka_unit_test(test_reducer_device_grads),
       cmocka_unit_test(test_consistency_check), cmocka_unit_test(test_ddp_refuses_cpu_model),
+      cmocka_unit_test(test_reduce_scatter),    cmocka_unit_test(test_zero_device),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   apex_pg_destroy(g_pg);

@@ -192,6 +192,12 @@ static int call_reducer_destroy(void) { apex_reducer_destroy(NULL); return 0; }
 static int call_reducer_bucket_count(void) { (void)apex_reducer_bucket_count(NULL); return 0; }
 static int call_reducer_bucket_of(void) { (void)apex_reducer_bucket_of(NULL, 0); return 0; }
 static int call_reducer_buckets_started(void) { (void)apex_reducer_buckets_started(NULL); return 0; }
+static int call_zero_create(void) { return apex_zero_create(NULL, NULL, NULL, 0, APEX_OPTIM_ADAM, NULL, NULL) == NULL ? 0 : 1; }
+static int call_zero_destroy(void) { apex_zero_destroy(NULL); return 0; }
+static int call_zero_get_lr(void) { (void)apex_zero_get_lr(NULL); return 0; }
+static int call_zero_state_bytes(void) { (void)apex_zero_state_bytes(NULL); return 0; }
+static int call_zero_buffer_bytes(void) { (void)apex_zero_buffer_bytes(NULL); return 0; }
+static int call_zero_consolidate(void) { return apex_zero_consolidate(NULL) == NULL ? 0 : 1; }
 static int call_safetensors_close(void) { apex_safetensors_close(NULL); return 0; }
 static int call_safetensors_count(void) { (void)apex_safetensors_count(NULL); return 0; }
 static int call_safetensors_name(void) { return apex_safetensors_name(NULL, 0) == NULL ? 0 : 1; }
@@ -416,6 +422,12 @@ static const struct { const char *name; int (*call)(void); } calls[] = {
     {"apex_tensor_view", call_tensor_view},
     {"apex_tensor_slice_view", call_tensor_slice_view},
     {"apex_tensor_shares_storage", call_tensor_shares_storage},
+    {"apex_zero_create", call_zero_create},
+    {"apex_zero_destroy", call_zero_destroy},
+    {"apex_zero_get_lr", call_zero_get_lr},
+    {"apex_zero_state_bytes", call_zero_state_bytes},
+    {"apex_zero_buffer_bytes", call_zero_buffer_bytes},
+    {"apex_zero_consolidate", call_zero_consolidate},
 };
 
 /* The headers' functions that the list must hold: APEX_API declarations not returning apex_status

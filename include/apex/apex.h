@@ -28,5 +28,6 @@
 #include "apex/tensor.h"
 #include "apex/threads.h"
 #include "apex/version.h"
+#include "apex/zero.h"
 
 #endif

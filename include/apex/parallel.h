@@ -136,6 +136,14 @@ APEX_API apex_status apex_pg_broadcast(apex_pg *pg, apex_tensor *t, int root);
  * Errors as allreduce, plus APEX_ERR_DTYPE when in and out differ in dtype, APEX_ERR_SHAPE when out
  * has the wrong element count, APEX_ERR_INVALID_ARG when in and out share storage. */
 APEX_API apex_status apex_pg_allgather(apex_pg *pg, const apex_tensor *in, apex_tensor *out);
+/* Reduces in (world_size * numel(out) elements, any shape) over all ranks and leaves segment `rank`
+ * of the result, elements [rank * numel(out), (rank + 1) * numel(out)), in out: an all-reduce of which
+ * each rank keeps only its share, for half the traffic (ZeRO, zero.h). On the MPI and local groups
+ * each element is reduced exactly as apex_pg_allreduce reduces it (rank order, f32, one rounding), so
+ * the two give the same bits; on NCCL it is ncclReduceScatter. Errors as allreduce, plus
+ * APEX_ERR_DTYPE when in and out differ in dtype, APEX_ERR_SHAPE when in has the wrong element count,
+ * APEX_ERR_INVALID_ARG when in and out share storage. */
+APEX_API apex_status apex_pg_reduce_scatter(apex_pg *pg, const apex_tensor *in, apex_tensor *out, apex_reduce_op op);
 /* Returns once every rank has entered the barrier. APEX_ERR_INVALID_ARG for NULL; APEX_ERR_IO. */
 APEX_API apex_status apex_pg_barrier(apex_pg *pg);
 /* Sets *flag on every rank to 1 when any rank passed a nonzero *flag, else 0 (a MAX all-reduce), so
@@ -150,6 +158,8 @@ APEX_API apex_status apex_pg_allreduce_flag(apex_pg *pg, int *flag);
 APEX_API apex_status apex_pg_allreduce_async(apex_pg *pg, apex_tensor *t, apex_reduce_op op, apex_pg_work **work);
 APEX_API apex_status apex_pg_broadcast_async(apex_pg *pg, apex_tensor *t, int root, apex_pg_work **work);
 APEX_API apex_status apex_pg_allgather_async(apex_pg *pg, const apex_tensor *in, apex_tensor *out, apex_pg_work **work);
+APEX_API apex_status apex_pg_reduce_scatter_async(apex_pg *pg, const apex_tensor *in, apex_tensor *out, apex_reduce_op op,
+                                                 apex_pg_work **work);
 APEX_API apex_status apex_pg_barrier_async(apex_pg *pg, apex_pg_work **work);
 /* Advances work without blocking; *done = 1 when it has finished. The work stays valid (release it
  * with apex_pg_wait). A failure is returned here and again by apex_pg_wait. */

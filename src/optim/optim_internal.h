@@ -82,6 +82,11 @@ struct apex_optimizer {
   int ngroups;
   apex__group *groups;
   float clip_coef;             /* pending from apex_optimizer_clip_grad_norm; 1 = none */
+  /* The tensors the global gradient norm is taken over in place of the groups' gradients (a shard's
+   * optimizer: optim_shard.h); NULL for the groups' own. */
+  apex_tensor **norm_grads;
+  int n_norm_grads;
+  float norm_scale;  /* LAMB's global norm over norm_grads is of their values times this too (1) */
 };
 
 /* ---- optimizer.c --------------------------------------------------------------------------------- */

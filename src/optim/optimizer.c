@@ -11,6 +11,7 @@
 #include "apex/multi_tensor.h"
 #include "backend/backend.h"
 #include "optim/optim_internal.h"
+#include "optim/optim_shard.h"
 
 static const apex__optim_ops *const KINDS[APEX_OPTIM_KIND_COUNT] = {
     [APEX_OPTIM_SGD] = &apex__sgd_ops,           [APEX_OPTIM_ADAM] = &apex__adam_ops,
@@ -185,6 +186,7 @@ apex_optimizer *apex_optimizer_create(apex_optim_kind kind, const apex_optim_opt
   opt->ops = KINDS[kind];
   opt->defaults = defaults ? *defaults : (apex_optim_options){0};
   opt->clip_coef = 1.0f;
+  opt->norm_scale = 1.0f;
   return opt;
 }
 
@@ -207,6 +209,7 @@ void apex_optimizer_destroy(apex_optimizer *opt) {
   if (!opt) return;
   for (int k = 0; k < opt->ngroups; k++) group_free(&opt->groups[k]);
   free(opt->groups);
+  free(opt->norm_grads);
   free(opt);
 }
 
@@ -509,6 +512,13 @@ static apex_status global_norm(const apex_optimizer *opt, const apex__active *ac
   *d_norm = NULL;
   if (!clips || n == 0) return APEX_OK;
   if (!b->mt_l2norm) return apex__backend_slot_missing(b, "apex_optimizer_step", "the multi-tensor L2 norm");
+  if (opt->norm_grads) { /* a shard's optimizer: the norm of the whole model's gradients */
+    apex_status st = b->mem->alloc(sizeof(float), 1, (void **)d_norm);
+    if (st != APEX_OK) return st;
+    return b->mt_l2norm(&(apex_mt_l2norm_args){.fn = "apex_optimizer_step", .n = opt->n_norm_grads, .x = opt->norm_grads,
+                                               .inv_scale = inv_scale * opt->norm_scale, .dev_global_norm = *d_norm});
+  }
+  if (!b->mt_l2norm) return apex__backend_slot_missing(b, "apex_optimizer_step", "the multi-tensor L2 norm");
   apex_tensor **g = malloc((size_t)n * sizeof *g);
   if (!g) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
   n = 0;
@@ -612,10 +622,13 @@ apex_status apex_optimizer_clip_grad_norm(apex_optimizer *opt, float max_norm, f
   int n = 0;
   for (int k = 0; k < opt->ngroups; k++)
     for (int i = 0; i < opt->groups[k].n; i++) n += opt->groups[k].grads[i] != NULL;
+  if (opt->norm_grads) n = opt->n_norm_grads;
   apex_tensor **grads = calloc(n ? (size_t)n : 1, sizeof *grads);
   if (!grads) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_clip_grad_norm: out of memory");
   n = 0;
-  for (int k = 0; k < opt->ngroups; k++)
+  if (opt->norm_grads)
+    for (n = 0; n < opt->n_norm_grads; n++) grads[n] = opt->norm_grads[n];
+  for (int k = 0; !opt->norm_grads && k < opt->ngroups; k++)
     for (int i = 0; i < opt->groups[k].n; i++)
       if (opt->groups[k].grads[i]) grads[n++] = opt->groups[k].grads[i];
   float norm = 0.0f;
@@ -625,5 +638,74 @@ apex_status apex_optimizer_clip_grad_norm(apex_optimizer *opt, float max_norm, f
   if (total_norm) *total_norm = norm;
   double coef = (double)max_norm / ((double)norm + 1e-6);
   if (isfinite(norm) && coef < 1.0) opt->clip_coef *= (float)coef;
+  return APEX_OK;
+}
+
+apex_status apex__optimizer_set_norm_grads(apex_optimizer *opt, apex_tensor *const *grads, int n) {
+  if (!opt || n < 0 || (n > 0 && !grads))
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex__optimizer_set_norm_grads: %s", !opt ? "NULL optimizer" : "bad tensor list");
+  for (int i = 0; i < n; i++)
+    if (!grads[i]) return apex__fail(APEX_ERR_INVALID_ARG, "apex__optimizer_set_norm_grads: tensor %d is NULL", i);
+  apex_tensor **copy = NULL;
+  if (n > 0) {
+    if (!(copy = malloc((size_t)n * sizeof *copy))) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex__optimizer_set_norm_grads: out of memory");
+    memcpy(copy, grads, (size_t)n * sizeof *copy);
+  }
+  free(opt->norm_grads);
+  opt->norm_grads = copy;
+  opt->n_norm_grads = n;
+  return APEX_OK;
+}
+
+apex_status apex__optimizer_set_norm_scale(apex_optimizer *opt, float scale) {
+  if (!opt || !(scale > 0.0f) || !isfinite(scale))
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex__optimizer_set_norm_scale: %s", opt ? "the scale must be finite and > 0" : "NULL optimizer");
+  opt->norm_scale = scale;
+  return APEX_OK;
+}
+
+int apex__optimizer_nstates(const apex_optimizer *opt, int group) {
+  apex__group *g = group_at(opt, group, "apex__optimizer_nstates");
+  return g ? g->nstates : -1;
+}
+
+int apex__optimizer_nscalars(const apex_optimizer *opt, int group) {
+  apex__group *g = group_at(opt, group, "apex__optimizer_nscalars");
+  return g ? g->nscalars : -1;
+}
+
+apex_tensor *apex__optimizer_state(const apex_optimizer *opt, int group, int i, int s) {
+  apex__group *g = param_at(opt, group, i, "apex__optimizer_state");
+  if (!g) return NULL;
+  if (s < 0 || s >= g->nstates) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex__optimizer_state: state %d of %d", s, g->nstates);
+  return g->state[(size_t)i * g->nstates + s];
+}
+
+apex_status apex__optimizer_param_scalars(apex_optimizer *opt, int group, int i, float *get, const float *set) {
+  apex__group *g = param_at(opt, group, i, "apex__optimizer_param_scalars");
+  if (!g) return APEX_ERR_INVALID_ARG;
+  apex_status st = apex__optim_steps_to_host(g);
+  if (st != APEX_OK || !g->nscalars) return st;
+  float *at = g->scalars + (size_t)i * g->nscalars;
+  if (get) memcpy(get, at, (size_t)g->nscalars * sizeof *at);
+  if (!set) return APEX_OK;
+  memcpy(at, set, (size_t)g->nscalars * sizeof *at);
+  return apex__optim_steps_to_device(g);
+}
+
+apex_status apex__optimizer_set_step(apex_optimizer *opt, int group, int i, int64_t step) {
+  apex__group *g = param_at(opt, group, i, "apex__optimizer_set_step");
+  if (!g) return APEX_ERR_INVALID_ARG;
+  apex_status st = apex__optim_steps_to_host(g);
+  if (st != APEX_OK) return st;
+  g->step[i] = step;
+  return apex__optim_steps_to_device(g);
+}
+
+apex_status apex__optimizer_copy_options(apex_optimizer *dst, int dg, const apex_optimizer *src, int sg) {
+  apex__group *d = group_at(dst, dg, "apex__optimizer_copy_options"), *s = group_at(src, sg, "apex__optimizer_copy_options");
+  if (!d || !s) return APEX_ERR_INVALID_ARG;
+  if (dst->kind != src->kind) return apex__fail(APEX_ERR_INVALID_ARG, "apex__optimizer_copy_options: another kind");
+  d->o = s->o;
   return APEX_OK;
 }

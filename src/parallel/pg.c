@@ -172,6 +172,32 @@ apex_status apex_pg_allgather_async(apex_pg *pg, const apex_tensor *in, apex_ten
   return started(w, pg->backend->allgather(pg, w, apex_tensor_data(in), apex_tensor_data(out), n, apex_tensor_dtype(in)), work);
 }
 
+apex_status apex_pg_reduce_scatter_async(apex_pg *pg, const apex_tensor *in, apex_tensor *out, apex_reduce_op op,
+                                         apex_pg_work **work) {
+  const char *fn = "apex_pg_reduce_scatter";
+  if (work) *work = NULL;
+  apex_status st = check_pg(pg, fn);
+  if (st == APEX_OK) st = check_tensor(pg, in, fn, "in");
+  if (st == APEX_OK) st = check_tensor(pg, out, fn, "out");
+  if (st != APEX_OK) return st;
+  if (!work) return apex__fail(APEX_ERR_INVALID_ARG, "%s_async: work is NULL", fn);
+  if (op != APEX_REDUCE_SUM && op != APEX_REDUCE_AVG && op != APEX_REDUCE_MAX)
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: unknown op %d (use APEX_REDUCE_SUM, _AVG or _MAX)", fn, (int)op);
+  if (apex_tensor_dtype(in) != apex_tensor_dtype(out))
+    return apex__fail(APEX_ERR_DTYPE, "%s: in is %s but out is %s", fn, apex_dtype_name(apex_tensor_dtype(in)),
+                      apex_dtype_name(apex_tensor_dtype(out)));
+  size_t n = apex_tensor_numel(out);
+  if (apex_tensor_numel(in) != n * (size_t)pg->world)
+    return apex__fail(APEX_ERR_SHAPE, "%s: in has %zu elements but needs world_size (%d) x numel(out) (%zu) = %zu", fn,
+                      apex_tensor_numel(in), pg->world, n, n * (size_t)pg->world);
+  if (apex_tensor_shares_storage(in, out))
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: in and out share storage; give out its own buffer", fn);
+  apex_pg_work *w = NULL;
+  if ((st = new_work(pg, "reduce_scatter", &w)) != APEX_OK) return st;
+  return started(w, pg->backend->reduce_scatter(pg, w, apex_tensor_data(in), apex_tensor_data(out), n, apex_tensor_dtype(in), op),
+                 work);
+}
+
 apex_status apex_pg_barrier_async(apex_pg *pg, apex_pg_work **work) {
   if (work) *work = NULL;
   apex_status st = check_pg(pg, "apex_pg_barrier");
@@ -220,6 +246,12 @@ apex_status apex_pg_broadcast(apex_pg *pg, apex_tensor *t, int root) {
 apex_status apex_pg_allgather(apex_pg *pg, const apex_tensor *in, apex_tensor *out) {
   apex_pg_work *w = NULL;
   apex_status st = apex_pg_allgather_async(pg, in, out, &w);
+  return st != APEX_OK ? st : apex_pg_wait(w);
+}
+
+apex_status apex_pg_reduce_scatter(apex_pg *pg, const apex_tensor *in, apex_tensor *out, apex_reduce_op op) {
+  apex_pg_work *w = NULL;
+  apex_status st = apex_pg_reduce_scatter_async(pg, in, out, op, &w);
   return st != APEX_OK ? st : apex_pg_wait(w);
 }
 

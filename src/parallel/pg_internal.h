@@ -20,6 +20,9 @@ typedef struct apex_pg_vtable {
   apex_status (*allreduce)(apex_pg *pg, apex_pg_work *w, void *buf, size_t n, apex_dtype dtype, apex_reduce_op op);
   apex_status (*broadcast)(apex_pg *pg, apex_pg_work *w, void *buf, size_t n, apex_dtype dtype, int root);
   apex_status (*allgather)(apex_pg *pg, apex_pg_work *w, const void *in, void *out, size_t n, apex_dtype dtype);
+  /* in holds world * n elements; out (n, never overlapping in) receives segment `rank` reduced. */
+  apex_status (*reduce_scatter)(apex_pg *pg, apex_pg_work *w, const void *in, void *out, size_t n, apex_dtype dtype,
+                                apex_reduce_op op);
   apex_status (*barrier)(apex_pg *pg, apex_pg_work *w);
   apex_status (*progress)(apex_pg_work *w, int block);
   void (*work_free)(apex_pg_work *w); /* frees w->impl (the work is finished or failed) */

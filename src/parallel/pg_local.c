@@ -1,6 +1,6 @@
 /* pg_local.c: the one-process backend (world size 1). A sum, average or max over one rank is the
- * value itself and a broadcast from rank 0 changes nothing, so every collective but all-gather (a
- * copy) is an identity, done at once. It lets a program written for many ranks run without mpirun. */
+ * value itself and a broadcast from rank 0 changes nothing, so every collective but all-gather and
+ * reduce-scatter (copies) is an identity, done at once. It lets a program written for many ranks run without mpirun. */
 #include <string.h>
 
 #include "core/internal.h"
@@ -20,6 +20,15 @@ static apex_status local_broadcast(apex_pg *pg, apex_pg_work *w, void *buf, size
 
 static apex_status local_allgather(apex_pg *pg, apex_pg_work *w, const void *in, void *out, size_t n, apex_dtype dtype) {
   (void)pg;
+  memcpy(out, in, n * apex_dtype_size(dtype));
+  w->done = 1;
+  return APEX_OK;
+}
+
+/* One rank's segment is the whole input, reduced over one rank: a copy. */
+static apex_status local_reduce_scatter(apex_pg *pg, apex_pg_work *w, const void *in, void *out, size_t n, apex_dtype dtype,
+                                        apex_reduce_op op) {
+  (void)pg, (void)op;
   memcpy(out, in, n * apex_dtype_size(dtype));
   w->done = 1;
   return APEX_OK;
@@ -47,6 +56,7 @@ static const apex_pg_vtable local_backend = {
     .allreduce = local_allreduce,
     .broadcast = local_broadcast,
     .allgather = local_allgather,
+    .reduce_scatter = local_reduce_scatter,
     .barrier = local_barrier,
     .progress = local_progress,
     .work_free = local_work_free,

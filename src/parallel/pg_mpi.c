@@ -44,8 +44,10 @@ enum { PHASE_ONE = 0, PHASE_SCATTER, PHASE_GATHER };
 typedef struct mpi_work {
   MPI_Request req; /* single-request collectives */
   int phase;
-  /* all-reduce */
-  void *buf;
+  /* all-reduce and reduce-scatter */
+  void *buf;          /* all-reduce: the buffer; reduce-scatter: the input (read only) */
+  void *out;          /* where this rank's reduced segment goes: inside buf, or a reduce-scatter's out */
+  int scatter_only;   /* a reduce-scatter: done after round 1 */
   size_t n;
   apex_dtype dtype;
   apex_reduce_op op;
@@ -125,13 +127,14 @@ static size_t seg_start(size_t n, int p, int world) { return (size_t)((uint64_t)
 static void reduce_segment(mpi_work *m, int rank, int world) {
   size_t start = m->start[rank], len = m->start[rank + 1] - start;
   size_t esz = apex_dtype_size(m->dtype);
-  char *out = (char *)m->buf + start * esz;
+  const char *own = (const char *)m->buf + start * esz;
+  char *out = m->out;
   const char *st = m->staging;
   enum { TILE = 2048 };
   float acc[TILE], x[TILE];
   /* This rank's own piece is read in place (its slot in staging is unused); each tile of the output
-   * is written only after every piece of it has been read. */
-#define PIECE(p) ((p) == rank ? out + t0 * esz : st + ((size_t)(p) * len + t0) * esz)
+   * (which is the own piece itself in an all-reduce) is written only after every piece of it has been read. */
+#define PIECE(p) ((p) == rank ? own + t0 * esz : st + ((size_t)(p) * len + t0) * esz)
   for (size_t t0 = 0; t0 < len; t0 += TILE) {
     size_t tn = len - t0 < TILE ? len - t0 : TILE;
     apex__convert_range(acc, APEX_F32, PIECE(0), m->dtype, tn);
@@ -164,7 +167,7 @@ static apex_status post_scatter(apex_pg *pg, mpi_work *m) {
     if (rc == MPI_SUCCESS)
       rc = MPI_Isend((char *)m->buf + m->start[p] * esz, (int)(m->start[p + 1] - m->start[p]), type, p, m->tag, mp->comm,
                      &m->reqs[m->nreqs++]);
-    if (rc != MPI_SUCCESS) return m->failed = 1, mpi_fail(rc, "the all-reduce (reduce-scatter)", me);
+    if (rc != MPI_SUCCESS) return m->failed = 1, mpi_fail(rc, m->scatter_only ? "the reduce-scatter" : "the all-reduce (reduce-scatter)", me);
   }
   m->phase = PHASE_SCATTER;
   return APEX_OK;
@@ -190,8 +193,23 @@ static apex_status post_gather(apex_pg *pg, mpi_work *m) {
   return APEX_OK;
 }
 
-static apex_status mpi_allreduce(apex_pg *pg, apex_pg_work *w, void *buf, size_t n, apex_dtype dtype, apex_reduce_op op) {
+/* Takes the next tag pair, plans the segments and posts round 1; the reduced segment goes to out. */
+static apex_status start_reduce(apex_pg *pg, mpi_work *m, const char *fn, void *out) {
   mpi_pg *mp = pg->impl;
+  int world = pg->world, me = pg->rank;
+  m->out = out;
+  m->tag = (int)(2 * (mp->seq++ % (unsigned)(mp->tag_limit / 2)));
+  m->start = malloc(((size_t)world + 1) * sizeof *m->start);
+  m->reqs = malloc(2 * (size_t)world * sizeof *m->reqs);
+  if (!m->start || !m->reqs) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  for (int p = 0; p <= world; p++) m->start[p] = seg_start(m->n, p, world);
+  size_t need = (size_t)world * (m->start[me + 1] - m->start[me]) * apex_dtype_size(m->dtype);
+  m->staging = pool_get(mp, need, &m->staging_bytes);
+  if (!m->staging) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu staging bytes", fn, need);
+  return post_scatter(pg, m);
+}
+
+static apex_status mpi_allreduce(apex_pg *pg, apex_pg_work *w, void *buf, size_t n, apex_dtype dtype, apex_reduce_op op) {
   if (pg->world == 1 || n == 0) { /* sum, mean and max of one value */
     w->done = 1;
     return APEX_OK;
@@ -200,15 +218,28 @@ static apex_status mpi_allreduce(apex_pg *pg, apex_pg_work *w, void *buf, size_t
   if (!m) return APEX_ERR_OUT_OF_MEMORY;
   int world = pg->world, me = pg->rank;
   m->buf = buf, m->n = n, m->dtype = dtype, m->op = op;
-  m->tag = (int)(2 * (mp->seq++ % (unsigned)(mp->tag_limit / 2)));
-  m->start = malloc(((size_t)world + 1) * sizeof *m->start);
-  m->reqs = malloc(2 * (size_t)world * sizeof *m->reqs);
-  if (!m->start || !m->reqs) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_pg_allreduce: out of memory");
-  for (int p = 0; p <= world; p++) m->start[p] = seg_start(n, p, world);
-  size_t need = (size_t)world * (m->start[me + 1] - m->start[me]) * apex_dtype_size(dtype);
-  m->staging = pool_get(mp, need, &m->staging_bytes);
-  if (!m->staging) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_pg_allreduce: out of memory for %zu staging bytes", need);
-  return post_scatter(pg, m);
+  return start_reduce(pg, m, "apex_pg_allreduce", (char *)buf + seg_start(n, me, world) * apex_dtype_size(dtype));
+}
+
+/* Round 1 of an all-reduce alone: segment p of the input (n / world elements each) is reduced on
+ * rank p, in the same rank order and f32 arithmetic as the all-reduce, so that an element's sum has
+ * the same bits whichever of the two collectives computed it. */
+static apex_status mpi_reduce_scatter(apex_pg *pg, apex_pg_work *w, const void *in, void *out, size_t n, apex_dtype dtype,
+                                      apex_reduce_op op) {
+  if (n == 0) {
+    w->done = 1;
+    return APEX_OK;
+  }
+  if (pg->world == 1) { /* the reduction of one rank's value */
+    memcpy(out, in, n * apex_dtype_size(dtype));
+    w->done = 1;
+    return APEX_OK;
+  }
+  mpi_work *m = work_new(w);
+  if (!m) return APEX_ERR_OUT_OF_MEMORY;
+  m->buf = (void *)in, m->n = n * (size_t)pg->world, m->dtype = dtype, m->op = op;
+  m->scatter_only = 1;
+  return start_reduce(pg, m, "apex_pg_reduce_scatter", out);
 }
 
 static apex_status mpi_broadcast(apex_pg *pg, apex_pg_work *w, void *buf, size_t n, apex_dtype dtype, int root) {
@@ -260,6 +291,7 @@ static apex_status mpi_progress(apex_pg_work *w, int block) {
     if (!flag) return APEX_OK;
     if (m->phase == PHASE_GATHER) break;
     reduce_segment(m, pg->rank, pg->world);
+    if (m->scatter_only) break;
     apex_status st = post_gather(pg, m);
     if (st != APEX_OK) return st;
   }
@@ -299,6 +331,7 @@ static const apex_pg_vtable mpi_backend = {
     .allreduce = mpi_allreduce,
     .broadcast = mpi_broadcast,
     .allgather = mpi_allgather,
+    .reduce_scatter = mpi_reduce_scatter,
     .barrier = mpi_barrier,
     .progress = mpi_progress,
     .work_free = mpi_work_free,

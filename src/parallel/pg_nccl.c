@@ -160,6 +160,16 @@ static apex_status nccl_allgather(apex_pg *pg, apex_pg_work *w, const void *in, 
   return end(pg, nw, ncclAllGather(in, out, n, nccl_type(dtype), p->comm, (cudaStream_t)p->stream), "ncclAllGather");
 }
 
+static apex_status nccl_reduce_scatter(apex_pg *pg, apex_pg_work *w, const void *in, void *out, size_t n, apex_dtype dtype,
+                                       apex_reduce_op op) {
+  nccl_pg *p = pg->impl;
+  nccl_work *nw = NULL;
+  apex_status st = begin(pg, w, n, &nw);
+  if (st != APEX_OK || !nw) return st;
+  return end(pg, nw, ncclReduceScatter(in, out, n, nccl_type(dtype), nccl_op(op), p->comm, (cudaStream_t)p->stream),
+             "ncclReduceScatter");
+}
+
 /* NCCL has no barrier: a one-element all-reduce finishes on no rank before every rank has joined. */
 static apex_status nccl_barrier(apex_pg *pg, apex_pg_work *w) {
   nccl_pg *p = pg->impl;
@@ -228,6 +238,7 @@ static const apex_pg_vtable nccl_backend = {
     .allreduce = nccl_allreduce,
     .broadcast = nccl_broadcast,
     .allgather = nccl_allgather,
+    .reduce_scatter = nccl_reduce_scatter,
     .barrier = nccl_barrier,
     .progress = nccl_progress,
     .work_free = nccl_work_free,

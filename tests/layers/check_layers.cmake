@@ -32,7 +32,7 @@ set(_public_layers
   autograd.h=autograd nn_ops.h=autograd
   nn.h=nn models.h=nn
   amp.h=amp amp_config.h=amp fp16_optimizer.h=amp
-  parallel.h=parallel ddp.h=parallel
+  parallel.h=parallel ddp.h=parallel zero.h=parallel
   safetensors.h=io model_io.h=io data.h=io gpt_hf.h=io
   apex.h=io)
 

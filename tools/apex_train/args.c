@@ -77,6 +77,9 @@ static const flag flags[] = {
      "data-parallel training on the ranks of `mpirun -np N`: each rank trains on its shard of every step, --batch-size "
      "is per rank (the global batch is N times it)"},
     {"sync-bn", T_SWITCH, F(sync_bn), "off", NULL, 0, "--distributed: batch norm statistics over every rank's batch (SyncBatchNorm)"},
+    {"zero", T_LONG, F(zero), "0", NULL, 0,
+     "--distributed: shard the optimizer over the ranks (ZeRO): 1 the f32 masters and optimizer state, 2 also the reduced "
+     "gradients; each rank holds 1/N of the state (0: off, every rank holds all of it)"},
     {"max-bad-steps", T_LONG, F(max_bad_steps), STR(DIVERGENCE_DEFAULT_MAX_BAD), NULL, 0,
      "stop (exit 3) when this many steps in a row had a non-finite loss or were skipped for an overflow, or at once when "
      "one overflows at the minimum loss scale (0: never)"},
@@ -188,6 +191,14 @@ static int check_values(const train_args *a) {
   }
   if (a->sync_bn && !a->distributed) {
     fprintf(stderr, "apex-train: --sync-bn needs --distributed\n");
+    return 2;
+  }
+  if (a->zero != 0 && a->zero != 1 && a->zero != 2) {
+    fprintf(stderr, "apex-train: --zero %ld: use 1 (shard the optimizer state) or 2 (also the gradients); stage 3 is not implemented\n", a->zero);
+    return 2;
+  }
+  if (a->zero && !a->distributed) {
+    fprintf(stderr, "apex-train: --zero needs --distributed (it shards the optimizer over the ranks of mpirun)\n");
     return 2;
   }
   if ((a->eval_only || a->sample) && !a->checkpoint) {

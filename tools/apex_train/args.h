@@ -32,6 +32,7 @@ typedef struct train_args {
   const char *device;       /* cpu | cuda */
   int distributed;          /* data-parallel over the ranks mpirun started (dist.h) */
   int sync_bn;              /* --distributed: batch norm statistics over every rank's batch */
+  long zero;                /* --distributed: 0, or the ZeRO stage 1 or 2 (shard.h) */
   long max_bad_steps;       /* stop after this many bad steps in a row (divergence.h); 0: never */
   int help;
   int version;

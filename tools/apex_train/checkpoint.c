@@ -482,6 +482,8 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
   char shown[64];
   for (int i = 0; i < cfg->n; i++)
     if (!config_matches(cfg, i, values[i], shown, sizeof shown)) {
+      /* Evaluating or sampling trains nothing: any number of processes may load a checkpoint for it. */
+      if (strcmp(ckpt_ctx, "--resume") != 0 && strcmp(cfg->key[i], "world_size") == 0) continue;
       /* The world size is not a flag: say how to get the checkpoint's. */
       char how[128] = "resume with the same flags";
       if (strcmp(ckpt_ctx, "--resume") != 0) {

@@ -43,6 +43,7 @@
 #include "progress.h"
 #include "report.h"
 #include "schedule.h"
+#include "shard.h"
 #include "signals.h"
 #include "step.h"
 #include "tokenizer.h"
@@ -94,7 +95,9 @@ typedef struct run {
   model_kind kind;
   const char *data;
   float lr;
-  apex_optimizer *opt;
+  apex_optimizer *opt;  /* with --zero: only the unsharded optimizer a checkpoint loads into, until zero_wrap */
+  shard zs;             /* --zero */
+  apex_tensor **zvals;  /* --zero: the model's f32 values from before amp's cast, until zero_wrap */
   dataset d;
   int have_data;
   train_model tm;
@@ -120,6 +123,8 @@ static void run_free(run *r) {
   apex_graph_destroy(r->g); /* before the DDP (dist_free): it holds the DDP's hook */
   apex_amp_destroy(r->amp);
   apex_optimizer_destroy(r->opt);
+  shard_free(&r->zs);
+  if (r->have_model) shard_snapshot_free(r->zvals, &r->tm);
   if (r->have_model) model_free(&r->tm);
   if (r->have_data) dataset_free(&r->d);
   if (r->have_tok) tokenizer_free(&r->tok);
@@ -179,6 +184,19 @@ static int setup(run *r, dist *ds) {
   apex_amp_properties props;
   if (apex_amp_resolve(&acfg, &props) != APEX_OK) {
     fprintf(stderr, "apex-train: %s\n", one_line(apex_last_error()));
+    return 2;
+  }
+  if (a->zero && r->dev != APEX_DEVICE_CPU) {
+    fprintf(stderr, "apex-train: --zero trains on the CPU for now; leave out --device cuda or --zero\n");
+    return 2;
+  }
+  if (a->zero && props.cast_model && !props.master_weights) {
+    fprintf(stderr, "apex-train: --zero keeps f32 masters of the %s parameters: not with %s (use O2, or leave out --zero)\n",
+            a->cast_type, strcmp(a->opt_level, "O3") == 0 ? "O3" : "--master-weights off");
+    return 2;
+  }
+  if (a->zero && a->init_from) {
+    fprintf(stderr, "apex-train: --zero with --init-from is not supported yet: start the run without --zero and resume its checkpoint with it\n");
     return 2;
   }
   apex_optim_kind okind;
@@ -248,8 +266,19 @@ static int setup(run *r, dist *ds) {
     pv[i] = apex_var_value(apex_model_param(r->tm.m, i, NULL));
     gv[i] = apex_var_grad(apex_model_param(r->tm.m, i, NULL));
   }
-  made = made && apex_optimizer_add_group(r->opt, pv, (int)np, gv, (int)np, NULL, NULL) == APEX_OK &&
-         apex_amp_initialize(&r->tm.m, 1, &r->opt, 1, &acfg, &r->amp) == APEX_OK;
+  if (a->zero) {
+    /* amp manages no optimizer: the masters start from the values before its cast (shard.h). The
+     * sharded optimizer is made after the ranks agree (zero_wrap); until then r->opt is the unsharded
+     * optimizer a checkpoint loads into. */
+    apex_optimizer_destroy(r->opt);
+    r->opt = NULL;
+    r->zs.kind = okind, r->zs.oo = oo, r->zs.stage = (int)a->zero;
+    made = made && (r->zvals = shard_snapshot(&r->tm)) != NULL && apex_amp_initialize(&r->tm.m, 1, NULL, 0, &acfg, &r->amp) == APEX_OK &&
+           (r->opt = shard_full(&r->zs, &r->tm)) != NULL;
+  } else {
+    made = made && apex_optimizer_add_group(r->opt, pv, (int)np, gv, (int)np, NULL, NULL) == APEX_OK &&
+           apex_amp_initialize(&r->tm.m, 1, &r->opt, 1, &acfg, &r->amp) == APEX_OK;
+  }
   free(pv);
   free(gv);
   if (!made) {
@@ -332,17 +361,46 @@ static int open_outputs(run *r) {
   return r->rep ? 0 : 1;
 }
 
+/* Collective: with --zero, every rank's shard in one unsharded optimizer (destroy it); NULL without
+ * --zero, and with a message on failure. */
+static apex_optimizer *zero_full(run *r) {
+  if (!r->zs.z) return NULL;
+  apex_optimizer *f = apex_zero_consolidate(r->zs.z);
+  if (!f) fprintf(stderr, "apex-train: --zero: %s\n", one_line(apex_last_error()));
+  return f;
+}
+
+/* Collective, after the ranks agree on their setup: --zero's sharded optimizer (masters from the
+ * values before amp's cast), which takes the loaded checkpoint's state when there is one. */
+static int zero_wrap(run *r, dist *ds) {
+  if (shard_create(&r->zs, ds->pg, &r->tm, r->zvals, r->zs.kind, &r->zs.oo, r->zs.stage) != 0) return 1;
+  shard_snapshot_free(r->zvals, &r->tm);
+  r->zvals = NULL;
+  int loaded = r->a.resume || r->a.eval_only || r->a.sample;
+  if (loaded && apex_zero_load_state(r->zs.z, r->opt) != APEX_OK) {
+    fprintf(stderr, "apex-train: --zero: %s\n", one_line(apex_last_error()));
+    return 1;
+  }
+  apex_optimizer_destroy(r->opt);
+  r->opt = NULL;
+  return 0;
+}
+
 /* Collective: rank 0 saves the state after `step` steps (with rank 0's batch norm statistics on
  * every rank: dist_sync_buffers); every rank learns whether the save worked. */
 static int save(run *r, dist *ds, long step) {
   long spe = (long)r->d.steps_per_epoch;
   int failed = dist_sync_buffers(ds, &r->tm);
+  /* --zero: the shards gathered into the unsharded optimizer, whose files every run reads. */
+  apex_optimizer *full = zero_full(r);
+  if (r->zs.z && !full) failed = 1;
   if (!failed && ds->rank == 0) {
     ckpt_position p = {step, step / spe, step % spe, r->at.elapsed_s + (now_s() - r->t0),
                        /* a constant schedule has no end to record */
                        r->sched.kind != SCHEDULE_CONSTANT && r->sched.total != r->a.epochs * spe ? r->sched.total : 0};
-    failed = ckpt_save(r->a.checkpoint, &r->tm, r->amp, r->opt, &r->cc, &p) != 0;
+    failed = ckpt_save(r->a.checkpoint, &r->tm, r->amp, full ? full : r->opt, &r->cc, &p) != 0;
   }
+  apex_optimizer_destroy(full);
   if (apex_pg_allreduce_flag(ds->pg, &failed) != APEX_OK) failed = 1;
   if (!failed) r->saved_step = step;
   return failed;
@@ -406,7 +464,8 @@ static int train(run *r, dist *ds, long *end) {
   long spe = (long)r->d.steps_per_epoch;
   long stop = plan_last_step(a, spe);
   int64_t B = a->batch_size, T = a->seq_len;
-  step_ctx sc = {.tm = &r->tm, .amp = r->amp, .opt = r->opt, .g = r->g, .d = &r->d, .bo = dist_backward_options(ds), .dev = r->dev,
+  step_ctx sc = {.tm = &r->tm, .amp = r->amp, .opt = r->opt, .zs = r->zs.z ? &r->zs : NULL, .g = r->g, .d = &r->d,
+                 .bo = r->zs.z ? &r->zs.bo : dist_backward_options(ds), .dev = r->dev,
                  .B = B, .T = T, .accum = a->grad_accum, .clip = (float)a->clip_grad_norm};
   apex_loss_scaler *scaler = apex_amp_loss_scaler(r->amp, 0);
   double t0 = r->t0 = now_s();
@@ -426,7 +485,8 @@ static int train(run *r, dist *ds, long *end) {
       break;
     }
     float lr = schedule_lr(&r->sched, s);
-    apex_optimizer_set_lr(r->opt, 0, lr);
+    if (r->zs.z) apex_zero_set_lr(r->zs.z, lr);
+    else apex_optimizer_set_lr(r->opt, 0, lr);
     step_result res;
     if (train_step(&sc, pos, s + 1, &res) != 0) {
       failed = 1;
@@ -447,6 +507,7 @@ static int train(run *r, dist *ds, long *end) {
                        .tokens_per_step = r->kind == MODEL_GPT ? (long)(B * T) * ds->world * K : 0,
                        .elapsed_s = r->at.elapsed_s + (tnow - t0)};
     device_memory(r->dev, &rp.device_bytes, &rp.device_peak_bytes);
+    if (r->zs.z) rp.optim_bytes = (double)r->zs.state_bytes;
     int log_failed = r->rep && report_step(r->rep, &rp) != 0, sig = signals_pending();
     if (agree_stop(ds, &sig, &log_failed) != 0 || log_failed) {
       failed = 1;
@@ -520,7 +581,10 @@ static int finish(run *r, dist *ds, long s) {
   int failed = dist_sync_buffers(ds, &r->tm);
   if (!failed && ds->on) {
     uint64_t h;
-    failed = dist_check_identical(ds, &r->tm, r->amp, r->opt, &h);
+    apex_optimizer *full = zero_full(r);
+    failed = r->zs.z && !full;
+    if (!failed) failed = dist_check_identical(ds, &r->tm, r->amp, full ? full : r->opt, &h);
+    apex_optimizer_destroy(full);
     if (!failed && ds->rank == 0)
       printf("apex-train: training state identical on all %d ranks (fnv1a64 %016llx)\n", ds->world, (unsigned long long)h);
   }
@@ -649,7 +713,7 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
   /* From here every rank takes part in each agreement, also after its own failure. */
   rc = setup(r, ds);
   if (dist_agree(ds, rc, 0)) return rc ? rc : 1;
-  rc = dist_wrap(ds, &r->tm, r->g);
+  rc = a->zero ? zero_wrap(r, ds) : dist_wrap(ds, &r->tm, r->g);
   if (a->eval_only || a->sample) {
     /* A loaded checkpoint, evaluated or sampled: nothing is trained or written. */
     if (dist_agree(ds, rc, 1)) return rc ? rc : 1;
@@ -680,6 +744,9 @@ static int run_main(run *r, dist *ds, int argc, char **argv) {
            a->model, r->data, r->kind == MODEL_GPT ? r->d.len : r->d.n_items, what, extra, a->opt_level,
            strcmp(a->opt_level, "O0") == 0 ? "f32" : a->cast_type, a->optimizer, (double)r->lr, a->batch_size, ranks, a->epochs, spe,
            last, last < a->epochs * spe ? "--steps" : "end of the epochs", a->sync_bn ? ", SyncBatchNorm" : "");
+    if (r->zs.z)
+      printf("apex-train: ZeRO stage %ld: optimizer state %.2f MB per rank (the most over the %d ranks; %.2f MB unsharded)\n", a->zero,
+             (double)r->zs.state_bytes / 1e6, ds->world, (double)r->zs.full_bytes / 1e6);
     if (a->resume) printf("apex-train: resumed from %s/step-%ld\n", a->checkpoint, r->at.step);
     print_threads(ds);
     fflush(stdout);

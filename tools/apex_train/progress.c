@@ -9,7 +9,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-enum { F_BAR, F_EPOCH, F_STEP, F_LOSS, F_SCALE, F_SKIPPED, F_RATE, F_MS, F_ETA, F_MEM, NFIELDS };
+enum { F_BAR, F_EPOCH, F_STEP, F_LOSS, F_SCALE, F_SKIPPED, F_RATE, F_MS, F_ETA, F_MEM, F_OPT, NFIELDS };
 
 static void format_eta(char *out, size_t cap, double s) {
   if (!(s >= 0) || s > 1e8) {
@@ -35,10 +35,12 @@ size_t progress_format(char *buf, size_t cap, const progress_point *p, int width
   format_eta(f[F_ETA], 64, p->eta_s);
   f[F_MEM][0] = 0;
   if (p->device_peak_gb > 0) snprintf(f[F_MEM], 64, "gpu %.2f/%.2f GB", p->device_gb, p->device_peak_gb);
+  f[F_OPT][0] = 0;
+  if (p->optim_mb > 0) snprintf(f[F_OPT], 64, "optim %.1f MB/rank", p->optim_mb);
   f[F_BAR][0] = 0;
 
   /* Most useful first; the bar takes what is left. */
-  static const int priority[] = {F_STEP, F_LOSS, F_ETA, F_EPOCH, F_RATE, F_MS, F_SCALE, F_SKIPPED, F_MEM};
+  static const int priority[] = {F_STEP, F_LOSS, F_ETA, F_EPOCH, F_RATE, F_MS, F_SCALE, F_SKIPPED, F_MEM, F_OPT};
   int keep[NFIELDS] = {0};
   long avail = width > 1 ? width - 1 : 0, used = 0;
   for (size_t i = 0; i < sizeof priority / sizeof priority[0]; i++) {

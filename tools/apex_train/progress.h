@@ -20,12 +20,13 @@ typedef struct progress_point {
   double ms_per_step;
   double eta_s;              /* < 0: unknown */
   double device_gb, device_peak_gb; /* > 0 (a GPU run): shown as "gpu 0.41/0.52 GB" (now/peak) */
+  double optim_mb;           /* > 0 (--zero): the optimizer state this rank holds, as "optim 1.2 MB/rank" */
 } progress_point;
 
 /* Writes into buf (size cap) a progress line of at most width - 1 characters (the last column stays
  * empty: writing it makes some terminals wrap). The fields are taken most useful first (step S/N,
  * loss, ETA, epoch, rate, ms/step, scale, skipped), each one that still fits, and shown in a fixed
- * order (the GPU's memory last, when there is a GPU); "step S/N" is cut at width - 1 when even it does not fit. The bar ([###...], 10 to 30 wide) comes only
+ * order (the GPU's memory, when there is a GPU, and --zero's optimizer state per rank last); "step S/N" is cut at width - 1 when even it does not fit. The bar ([###...], 10 to 30 wide) comes only
  * with with_bar and only in the room the fields leave. Returns the line's length. */
 size_t progress_format(char *buf, size_t cap, const progress_point *p, int width, int with_bar);
 

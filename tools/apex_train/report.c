@@ -44,7 +44,8 @@ report *report_create(FILE *out, const char *log_path, int append) {
 static progress_point to_progress(const report_point *p) {
   progress_point q = {.epoch = p->epoch, .epochs = p->epochs, .step = p->step, .total_steps = p->total_steps,
                       .loss = p->loss, .loss_scale = p->loss_scale, .skipped = p->skipped, .eta_s = -1,
-                      .device_gb = p->device_bytes / 1e9, .device_peak_gb = p->device_peak_bytes / 1e9};
+                      .device_gb = p->device_bytes / 1e9, .device_peak_gb = p->device_peak_bytes / 1e9,
+                      .optim_mb = p->optim_bytes / 1e6};
   if (p->step_s > 0) {
     q.samples_per_s = (double)p->samples_per_step / p->step_s;
     q.tokens_per_s = (double)p->tokens_per_step / p->step_s;

@@ -21,6 +21,7 @@ typedef struct report_point {
   long samples_per_step;     /* the global batch */
   long tokens_per_step;      /* gpt: the global batch's tokens; 0 for image models */
   double elapsed_s;          /* training time since the run began, resumed runs included */
+  double optim_bytes;     /* --zero: the optimizer state this rank holds; 0 otherwise */
   double device_bytes, device_peak_bytes; /* --device cuda: the GPU memory apex holds, and its peak; 0 on the CPU */
 } report_point;
 

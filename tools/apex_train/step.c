@@ -43,12 +43,36 @@ static void read_losses(step_ctx *c, double *sum) {
   device_batch_settled(&c->x);
 }
 
+/* --zero: the global norm of the unscaled gradients (clipped as amp clips its masters' gradients),
+ * then the shard's step, skipped on every rank after an overflow on any (shard.h). */
+static int zero_step(step_ctx *c, float scale, long step, double sum, step_result *out) {
+  float norm = 0;
+  apex_status st = apex_zero_clip_grad_norm(c->zs->z, c->clip > 0 ? c->clip : FLT_MAX, scale, &norm);
+  int overflow = c->zs->overflow;
+  if (st == APEX_OK) st = apex_zero_step(c->zs->z, scale, &overflow);
+  if (st != APEX_OK) {
+    fprintf(stderr, "apex-train: optimizer step %ld failed: %s\n", step, one_line(apex_last_error()));
+    return read_losses(c, NULL), 1;
+  }
+  /* amp manages no optimizer here: the model's gradients are cleared directly. */
+  apex_amp_zero_grad(c->amp);
+  apex_model_zero_grad(c->tm->m);
+  read_losses(c, &sum);
+  out->loss = sum / (double)c->accum;
+  out->grad_norm = norm;
+  out->skipped = overflow;
+  return 0;
+}
+
 int train_step(step_ctx *c, long pos, long step, step_result *out) {
   apex_graph *g = c->g;
   apex_amp_backward_options bo = {0};
   if (c->bo) bo = *c->bo;
   double sum = 0;
   int failed = 0;
+  /* --zero steps with the scale the gradients carry: the one before the closing backward updates it. */
+  float scale = apex_amp_loss_scale(c->amp, 0);
+  if (c->zs) c->zs->overflow = 0;
   for (long k = 0; k < c->accum && !failed; k++) {
     size_t micro = (size_t)(pos * c->accum + k);
     apex_var *loss;
@@ -75,6 +99,7 @@ int train_step(step_ctx *c, long pos, long step, step_result *out) {
     }
     sum += lv;
     bo.delay_unscale = k + 1 < c->accum;
+    if (c->zs) c->zs->last = !bo.delay_unscale;
     apex_status st = apex_amp_backward(c->amp, loss, 0, &bo);
     apex_graph_reset(g);
     /* A non-finite loss or an overflow (at the minimum scale too) skips the step; whether the run
@@ -88,6 +113,7 @@ int train_step(step_ctx *c, long pos, long step, step_result *out) {
   /* Without --clip-grad-norm the norm is still measured for the log: a bound no finite norm exceeds
    * sets no clipping coefficient, so the step is the unclipped one, bit for bit. */
   float norm = 0;
+  if (c->zs) return zero_step(c, scale, step, sum, out);
   if (apex_amp_clip_grad_norm(c->amp, c->opt, c->clip > 0 ? c->clip : FLT_MAX, &norm) != APEX_OK) {
     fprintf(stderr, "apex-train: gradient norm at step %ld: %s\n", step, one_line(apex_last_error()));
     return read_losses(c, NULL), 1;

@@ -13,11 +13,13 @@
 #include "dataset.h"
 #include "device.h"
 #include "models.h"
+#include "shard.h"
 
 typedef struct step_ctx {
   train_model *tm;
   apex_amp *amp;
-  apex_optimizer *opt;
+  apex_optimizer *opt;                  /* NULL with --zero */
+  shard *zs;                            /* --zero: the sharded optimizer in place of opt, else NULL */
   apex_graph *g;
   const dataset *d;
   const apex_amp_backward_options *bo; /* the data-parallel hooks, or NULL */
