@@ -340,6 +340,16 @@ typedef struct apex_nn_row_norm_args {
   apex_nn_workspace ws;
 } apex_nn_row_norm_args;
 
+/* a's norm with its residual add done: the same arguments reading xsum (where the add stored x + x2) as
+ * x, and no x2. A backend whose kernel does not fuse the add runs it, then the norm of this. */
+static inline apex_nn_row_norm_args apex__row_norm_of_sum(const apex_nn_row_norm_args *a) {
+  apex_nn_row_norm_args c = *a;
+  c.x = (apex_nn_buf){a->xsum, a->x.dtype};
+  c.x2 = (apex_nn_buf){NULL, APEX_F32};
+  c.xsum = NULL;
+  return c;
+}
+
 /* Its backward from the native x and w (as the forward's); gw (when set) needs workspace of rows *
  * cols floats for gout * xhat; ws as the forward's. */
 typedef struct apex_nn_row_norm_bwd_args {

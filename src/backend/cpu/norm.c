@@ -505,10 +505,7 @@ apex_status apex__cpu_nn_row_norm(const apex_nn_row_norm_args *a) {
   apex_status st = apex__cpu_nn_binary(&(apex_nn_binary_args){.kind = APEX_NN_ADD, .plan = &flat, .a = a->x, .b = a->x2, .numel_a = n,
                                                               .numel_b = n, .out = a->xsum, .out_dtype = a->x.dtype, .ws = a->ws});
   if (st != APEX_OK) return st;
-  apex_nn_row_norm_args c = *a;
-  c.x = (apex_nn_buf){a->xsum, a->x.dtype};
-  c.x2 = (apex_nn_buf){NULL, APEX_F32};
-  c.xsum = NULL;
+  apex_nn_row_norm_args c = apex__row_norm_of_sum(a);
   return row_norm(&c);
 }
 

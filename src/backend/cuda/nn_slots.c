@@ -182,10 +182,7 @@ apex_status apex__cuda_slot_nn_row_norm(const apex_nn_row_norm_args *a) {
                                            (int64_t)D, a->eps, a->out, a->stats, a->stats + R);
     apex_status st = apex__cuda_ew(APEX__EW_ADD, a->x.data, a->x.dtype, a->x2.data, a->x.dtype, 0.0f, a->xsum, a->x.dtype, (int64_t)(R * D));
     if (st != APEX_OK) return st;
-    apex_nn_row_norm_args c = *a;
-    c.x = (apex_nn_buf){a->xsum, a->x.dtype};
-    c.x2 = (apex_nn_buf){NULL, APEX_F32};
-    c.xsum = NULL;
+    apex_nn_row_norm_args c = apex__row_norm_of_sum(a);
     return apex__cuda_slot_nn_row_norm(&c);
   }
   if (D > APEX__CUDA_NORM_FUSED_COLS) return apex__cuda_row_norm_wide(a);
