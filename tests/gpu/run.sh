@@ -185,8 +185,6 @@ step gpt2_apex_b16 40 bench key_gpt2 "$B/bench/bench_gpt2_cuda" --batch 16
 step bench_cuda 30 bench key_bench "$B/bench/bench_cuda"
 step peer_cuda 50 bench key_bench python3 "$G/src/bench/peer_cuda.py" "$B"
 step bench_attention 30 bench key_bench "$B/bench/bench_attention"
-# the same with the fragments read by ldmatrix (flash_attention.cu; test_flash_attention checks the bits are the same)
-step bench_attention_ldm 30 bench key_bench env APEX_FLASH_LDMATRIX=1 "$B/bench/bench_attention"
 step peer_attention 60 bench key_bench python3 "$G/src/bench/peer_attention.py" "$B"
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -1)
 step memcheck 50 test key_memcheck "${CS:-compute-sanitizer}" --tool memcheck --print-limit 20 --error-exitcode 1 "$B/tests/test_graph_cuda"

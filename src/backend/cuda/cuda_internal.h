@@ -334,10 +334,6 @@ apex_status apex__cuda_flash_attention_bwd(const apex__cuda_flash *g, const void
                                            const void *o, const void *dout, const float *stats, void *dq, void *dk,
                                            void *dv);
 
-/* How the kernels read their operand fragments from shared memory: 32-bit loads (0, the default) or ldmatrix (1;
- * APEX_FLASH_LDMATRIX=1 in the environment sets it at the first call). The same bits either way. Returns the
- * previous setting. */
-int apex__cuda_flash_set_ldmatrix(int on);
 
 /* ---- classifier.cu: cross entropy and its gradient in one pass over the logits ---------------------------- */
 

@@ -20,12 +20,11 @@
  * scale * log2(e), p = 2^(x - m2), and the stored m is m2 / log2(e). K/V (forward) tiles are loaded with
  * cp.async, double-buffered; rows past t are zero-filled and masked, so any t >= 1 works.
  *
- * Fragment loads: by default each thread reads its operand fragments from shared memory with 32-bit loads (two
- * 16-bit loads a register for the transposed operand of P V, dS k, P^T dO, dS^T q); APEX_FLASH_LDMATRIX=1 in the
- * environment (read once) takes them with ldmatrix (.trans for the transposed operand), four 8 x 8 matrices an
- * instruction. The fragments hold the same elements either way, so the results have the same bits
- * (test_flash_attention checks this on a GPU); the switch exists to measure the two on the same GPU before one
- * of them goes.
+ * Fragment loads: each warp reads its operand fragments from shared memory with ldmatrix (.trans for the
+ * transposed operand of P V, dS k, P^T dO, dS^T q), four 8 x 8 matrices an instruction. On an H200 (the run of
+ * f4316f8) that made the forward and backward 1.20x as fast as 32-bit shared loads at T 1024 (0.449 against
+ * 0.538 ms, B 8, H 12, d 64, bf16) and 1.21x at T 2048, with the same bits (the fragments hold the same
+ * elements; test_flash_attention compared the two ways bit for bit there), so the 32-bit loads went.
  *
  * Covered: f16 and bf16, d = 64 or 128, every ld a multiple of 8 elements and every base 16-byte aligned
  * (16-byte loads), batch * heads <= 65535. Anything else is APEX_ERR_UNSUPPORTED with a message, and the
@@ -34,7 +33,6 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 extern "C" {
 #include "core/internal.h"
@@ -90,8 +88,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 }
 
 __device__ __forceinline__ uint32_t ld32(const uint16_t *p) { return *(const uint32_t *)p; }
-/* Two elements a column apart in the row direction: p[0] and p[ld] (a transposed operand). */
-__device__ __forceinline__ uint32_t ld2t(const uint16_t *p, int ld) { return (uint32_t)p[0] | ((uint32_t)p[ld] << 16); }
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool full) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -131,18 +127,10 @@ __device__ __forceinline__ void ldsm4(uint32_t r[4], const uint16_t *p) {
 /* The A fragment (16 x 16, rows row0.., columns col0..) of a row-major shared tile. With ldmatrix, lane l
  * points at row l % 16, column half l / 16: matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
  * are a[0..3]. */
-template <int LDS, bool LDM>
+template <int LDS>
 __device__ __forceinline__ void frag_a(uint32_t a[4], const uint16_t *s, int row0, int col0, int g, int tq) {
-  if (LDM) {
-    const int lane = g * 4 + tq;
-    ldsm4<false>(a, s + (row0 + (lane & 15)) * LDS + col0 + (lane >> 4) * 8);
-  } else {
-    const uint16_t *p = s + (row0 + g) * LDS + col0 + 2 * tq;
-    a[0] = ld32(p);
-    a[1] = ld32(p + 8 * LDS);
-    a[2] = ld32(p + 8);
-    a[3] = ld32(p + 8 * LDS + 8);
-  }
+  const int lane = g * 4 + tq;
+  ldsm4<false>(a, s + (row0 + (lane & 15)) * LDS + col0 + (lane >> 4) * 8);
 }
 
 /* The A fragment of a 16 x 16 f32 C-tile pair (columns 0..7 in c0, 8..15 in c1), rounded to the dtype. */
@@ -156,59 +144,43 @@ __device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const f
 
 /* acc[n] (16 x 8 tiles, n over N / 8) += A (16 x KD, rows of the warp in shared sa) times B^T where B is
  * the shared tile sb [N rows][KD] (row-major): the "q k^T" shape. */
-template <bool BF, int KD, int N, int LDS, bool LDM>
+template <bool BF, int KD, int N, int LDS>
 __device__ __forceinline__ void mma_abt(float acc[][4], const uint16_t *sa, int arow0, const uint16_t *sb, int g, int tq) {
+  const int lane = g * 4 + tq;
 #pragma unroll
   for (int kc = 0; kc < KD / 16; kc++) {
     uint32_t a[4];
-    frag_a<LDS, LDM>(a, sa, arow0, kc * 16, g, tq);
-    if (LDM) {
-      /* two n tiles an instruction: matrices (rows n 8.., k 0-7), (n 8.., k 8-15), ((n + 1) 8.., 0-7), ((n + 1) 8.., 8-15)
-       * are b0, b1 of tile n and b0, b1 of tile n + 1; lane l points at row (l % 8) + 8 (l / 16), k half (l / 8) % 2 */
-      const int lane = g * 4 + tq;
+    frag_a<LDS>(a, sa, arow0, kc * 16, g, tq);
+    /* two n tiles an instruction: matrices (rows n 8.., k 0-7), (n 8.., k 8-15), ((n + 1) 8.., 0-7), ((n + 1) 8.., 8-15)
+     * are b0, b1 of tile n and b0, b1 of tile n + 1; lane l points at row (l % 8) + 8 (l / 16), k half (l / 8) % 2 */
 #pragma unroll
-      for (int n = 0; n < N / 8; n += 2) {
-        uint32_t b[4];
-        ldsm4<false>(b, sb + (n * 8 + (lane & 7) + (lane >> 4) * 8) * LDS + kc * 16 + ((lane >> 3) & 1) * 8);
-        mma16816<BF>(acc[n], a, b[0], b[1]);
-        mma16816<BF>(acc[n + 1], a, b[2], b[3]);
-      }
-    } else {
-#pragma unroll
-      for (int n = 0; n < N / 8; n++) {
-        const uint16_t *p = sb + (n * 8 + g) * LDS + kc * 16 + 2 * tq;
-        mma16816<BF>(acc[n], a, ld32(p), ld32(p + 8));
-      }
+    for (int n = 0; n < N / 8; n += 2) {
+      uint32_t b[4];
+      ldsm4<false>(b, sb + (n * 8 + (lane & 7) + (lane >> 4) * 8) * LDS + kc * 16 + ((lane >> 3) & 1) * 8);
+      mma16816<BF>(acc[n], a, b[0], b[1]);
+      mma16816<BF>(acc[n + 1], a, b[2], b[3]);
     }
   }
 }
 
 /* acc[n] (16 x 8 tiles over D) += P (16 x BM, as f32 C tiles pc[BM / 8], rounded here) times the shared
  * tile sb [BM rows][D]: the "p v" shape. */
-template <bool BF, int D, int LDS, bool LDM>
+template <bool BF, int D, int LDS>
 __device__ __forceinline__ void mma_pb(float acc[][4], float pc[][4], const uint16_t *sb, int g, int tq) {
+  const int lane = g * 4 + tq;
 #pragma unroll
   for (int kc = 0; kc < BM / 16; kc++) {
     uint32_t a[4];
     c_to_a<BF>(a, pc[2 * kc], pc[2 * kc + 1]);
-    if (LDM) {
-      /* transposed, two n tiles an instruction: matrices (rows k 0-7, columns n 8..), (k 8-15, n 8..), (k 0-7,
-       * (n + 1) 8..), (k 8-15, (n + 1) 8..) are b0, b1 of tile n and of tile n + 1; lane l points at row
-       * (l % 8) + 8 ((l / 8) % 2), column block l / 16 */
-      const int lane = g * 4 + tq;
+    /* transposed, two n tiles an instruction: matrices (rows k 0-7, columns n 8..), (k 8-15, n 8..), (k 0-7,
+     * (n + 1) 8..), (k 8-15, (n + 1) 8..) are b0, b1 of tile n and of tile n + 1; lane l points at row
+     * (l % 8) + 8 ((l / 8) % 2), column block l / 16 */
 #pragma unroll
-      for (int n = 0; n < D / 8; n += 2) {
-        uint32_t b[4];
-        ldsm4<true>(b, sb + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n * 8 + (lane >> 4) * 8);
-        mma16816<BF>(acc[n], a, b[0], b[1]);
-        mma16816<BF>(acc[n + 1], a, b[2], b[3]);
-      }
-    } else {
-#pragma unroll
-      for (int n = 0; n < D / 8; n++) {
-        const uint16_t *p = sb + (kc * 16 + 2 * tq) * LDS + n * 8 + g;
-        mma16816<BF>(acc[n], a, ld2t(p, LDS), ld2t(p + 8 * LDS, LDS));
-      }
+    for (int n = 0; n < D / 8; n += 2) {
+      uint32_t b[4];
+      ldsm4<true>(b, sb + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n * 8 + (lane >> 4) * 8);
+      mma16816<BF>(acc[n], a, b[0], b[1]);
+      mma16816<BF>(acc[n + 1], a, b[2], b[3]);
     }
   }
 }
@@ -240,7 +212,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 /* Grid (query blocks, batch * heads); the blocks with the most keys (the last query blocks) first. Shared:
  * Q [BM][LDS], then K and V, two buffers each. */
-template <int D, bool BF, bool LDM>
+template <int D, bool BF>
 __global__ void __launch_bounds__(THREADS) flash_fwd(FaParams P) {
   constexpr int LDS = D + PAD, TILE = BM * LDS;
   extern __shared__ __align__(16) uint16_t smem[];
@@ -276,7 +248,7 @@ __global__ void __launch_bounds__(THREADS) flash_fwd(FaParams P) {
     float s[BM / 8][4];
 #pragma unroll
     for (int n = 0; n < BM / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    mma_abt<BF, D, BM, LDS, LDM>(s, qs, warp * 16, kt, g, tq);
+    mma_abt<BF, D, BM, LDS>(s, qs, warp * 16, kt, g, tq);
     /* to the log2 domain, masked above the diagonal (only the diagonal block has such keys; keys past t
      * are past every row's diagonal) */
     const int k0 = kb * BM;
@@ -315,7 +287,7 @@ __global__ void __launch_bounds__(THREADS) flash_fwd(FaParams P) {
       o[n][2] *= al1;
       o[n][3] *= al1;
     }
-    mma_pb<BF, D, LDS, LDM>(o, s, vt, g, tq);
+    mma_pb<BF, D, LDS>(o, s, vt, g, tq);
     cp_async_wait_all();
     __syncthreads();
   }
@@ -373,7 +345,7 @@ __global__ void flash_bwd_dot(FaParams P, int64_t rows) {
 
 /* dK and dV of one 64-key block (grid (key blocks, batch * heads)); warp w owns keys k0 + 16 w ... Shared:
  * K, V, Q, dO tiles and the 64 query rows' m * log2(e), r and D. */
-template <int D, bool BF, bool LDM>
+template <int D, bool BF>
 __global__ void __launch_bounds__(THREADS) flash_bwd_dkdv(FaParams P) {
   constexpr int LDS = D + PAD, TILE = BM * LDS;
   extern __shared__ __align__(16) uint16_t smem[];
@@ -417,7 +389,7 @@ __global__ void __launch_bounds__(THREADS) flash_bwd_dkdv(FaParams P) {
     float p[BM / 8][4];
 #pragma unroll
     for (int n = 0; n < BM / 8; n++) p[n][0] = p[n][1] = p[n][2] = p[n][3] = 0.0f;
-    mma_abt<BF, D, BM, LDS, LDM>(p, ks, warp * 16, qs, g, tq);
+    mma_abt<BF, D, BM, LDS>(p, ks, warp * 16, qs, g, tq);
 #pragma unroll
     for (int n = 0; n < BM / 8; n++) {
 #pragma unroll
@@ -427,12 +399,12 @@ __global__ void __launch_bounds__(THREADS) flash_bwd_dkdv(FaParams P) {
       }
     }
     /* dV += P^T dO */
-    mma_pb<BF, D, LDS, LDM>(dv, p, dos, g, tq);
+    mma_pb<BF, D, LDS>(dv, p, dos, g, tq);
     /* dP^T = V_w dO^T, then dS^T = P^T o (dP^T - D_i), in place */
     float ds[BM / 8][4];
 #pragma unroll
     for (int n = 0; n < BM / 8; n++) ds[n][0] = ds[n][1] = ds[n][2] = ds[n][3] = 0.0f;
-    mma_abt<BF, D, BM, LDS, LDM>(ds, vs, warp * 16, dos, g, tq);
+    mma_abt<BF, D, BM, LDS>(ds, vs, warp * 16, dos, g, tq);
 #pragma unroll
     for (int n = 0; n < BM / 8; n++) {
 #pragma unroll
@@ -442,7 +414,7 @@ __global__ void __launch_bounds__(THREADS) flash_bwd_dkdv(FaParams P) {
       }
     }
     /* dK += dS^T Q (the scale at the end) */
-    mma_pb<BF, D, LDS, LDM>(dk, ds, qs, g, tq);
+    mma_pb<BF, D, LDS>(dk, ds, qs, g, tq);
   }
   const int row0 = k0 + warp * 16;
   store_rows<BF, D>(P.dk + (int64_t)b * t * P.ld_dk + (int64_t)h * D, P.ld_dk, row0, t, dk, P.scale, P.scale, g, tq);
@@ -451,7 +423,7 @@ __global__ void __launch_bounds__(THREADS) flash_bwd_dkdv(FaParams P) {
 
 /* dQ of one 64-query block (grid (query blocks, batch * heads), the last, longest, first); warp w owns
  * rows q0 + 16 w ... Shared: Q, dO, then K and V tiles. */
-template <int D, bool BF, bool LDM>
+template <int D, bool BF>
 __global__ void __launch_bounds__(THREADS) flash_bwd_dq(FaParams P) {
   constexpr int LDS = D + PAD, TILE = BM * LDS;
   extern __shared__ __align__(16) uint16_t smem[];
@@ -488,8 +460,8 @@ __global__ void __launch_bounds__(THREADS) flash_bwd_dq(FaParams P) {
       p[n][0] = p[n][1] = p[n][2] = p[n][3] = 0.0f;
       ds[n][0] = ds[n][1] = ds[n][2] = ds[n][3] = 0.0f;
     }
-    mma_abt<BF, D, BM, LDS, LDM>(p, qs, warp * 16, ks, g, tq);
-    mma_abt<BF, D, BM, LDS, LDM>(ds, dos, warp * 16, vs, g, tq);
+    mma_abt<BF, D, BM, LDS>(p, qs, warp * 16, ks, g, tq);
+    mma_abt<BF, D, BM, LDS>(ds, dos, warp * 16, vs, g, tq);
 #pragma unroll
     for (int n = 0; n < BM / 8; n++) {
 #pragma unroll
@@ -499,7 +471,7 @@ __global__ void __launch_bounds__(THREADS) flash_bwd_dq(FaParams P) {
         ds[n][e] = pe * (ds[n][e] - (e < 2 ? dd0 : dd1));
       }
     }
-    mma_pb<BF, D, LDS, LDM>(dq, ds, ks, g, tq);
+    mma_pb<BF, D, LDS>(dq, ds, ks, g, tq);
   }
   store_rows<BF, D>(P.dq + (int64_t)b * t * P.ld_dq + (int64_t)h * D, P.ld_dq, q0 + warp * 16, t, dq, P.scale, P.scale, g,
                     tq);
@@ -519,32 +491,32 @@ static apex_status smem_limit(K kernel, int bytes, int *done, const char *fn) {
 
 template <int D> constexpr int tile_bytes() { return BM * (D + PAD) * 2; }
 
-template <int D, bool BF, bool LDM>
+template <int D, bool BF>
 static apex_status fwd(const FaParams &p, int batch_heads) {
   static int limit = 0;
   const int bytes = 5 * tile_bytes<D>();
-  apex_status st = smem_limit(flash_fwd<D, BF, LDM>, bytes, &limit, FA_FWD);
+  apex_status st = smem_limit(flash_fwd<D, BF>, bytes, &limit, FA_FWD);
   if (st != APEX_OK) return st;
   dim3 grid((unsigned)((p.t + BM - 1) / BM), (unsigned)batch_heads);
-  flash_fwd<D, BF, LDM><<<grid, THREADS, bytes, (cudaStream_t)apex__cuda_stream()>>>(p);
+  flash_fwd<D, BF><<<grid, THREADS, bytes, (cudaStream_t)apex__cuda_stream()>>>(p);
   return apex__cuda_check_launch(FA_FWD);
 }
 
-template <int D, bool BF, bool LDM>
+template <int D, bool BF>
 static apex_status bwd(const FaParams &p, int batch_heads) {
   static int limit_kv = 0, limit_q = 0;
   const int bytes_kv = 4 * tile_bytes<D>() + 3 * BM * (int)sizeof(float), bytes_q = 4 * tile_bytes<D>();
-  apex_status st = smem_limit(flash_bwd_dkdv<D, BF, LDM>, bytes_kv, &limit_kv, FA_BWD);
-  if (st == APEX_OK) st = smem_limit(flash_bwd_dq<D, BF, LDM>, bytes_q, &limit_q, FA_BWD);
+  apex_status st = smem_limit(flash_bwd_dkdv<D, BF>, bytes_kv, &limit_kv, FA_BWD);
+  if (st == APEX_OK) st = smem_limit(flash_bwd_dq<D, BF>, bytes_q, &limit_q, FA_BWD);
   if (st != APEX_OK) return st;
   cudaStream_t s = (cudaStream_t)apex__cuda_stream();
   const int64_t rows = (int64_t)batch_heads * p.t;
   flash_bwd_dot<D, BF><<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(p, rows);
   if ((st = apex__cuda_check_launch(FA_BWD)) != APEX_OK) return st;
   dim3 grid((unsigned)((p.t + BM - 1) / BM), (unsigned)batch_heads);
-  flash_bwd_dkdv<D, BF, LDM><<<grid, THREADS, bytes_kv, s>>>(p);
+  flash_bwd_dkdv<D, BF><<<grid, THREADS, bytes_kv, s>>>(p);
   if ((st = apex__cuda_check_launch(FA_BWD)) != APEX_OK) return st;
-  flash_bwd_dq<D, BF, LDM><<<grid, THREADS, bytes_q, s>>>(p);
+  flash_bwd_dq<D, BF><<<grid, THREADS, bytes_q, s>>>(p);
   return apex__cuda_check_launch(FA_BWD);
 }
 
@@ -574,28 +546,14 @@ static apex_status check(const char *fn, const apex__cuda_flash *g, const void *
   return APEX_OK;
 }
 
-/* APEX_FLASH_LDMATRIX=1: fragments through ldmatrix (see the top of the file); read at the first call unless
- * apex__cuda_flash_set_ldmatrix came first. */
-static int ldmatrix_on = -1;
-
-static bool use_ldmatrix() {
-  if (ldmatrix_on < 0) {
-    const char *e = getenv("APEX_FLASH_LDMATRIX");
-    ldmatrix_on = e && e[0] == '1';
-  }
-  return ldmatrix_on != 0;
-}
-
-template <bool LDM>
 static apex_status fwd_of(const FaParams &p, int bh, int d, bool bf) {
-  if (d == 64) return bf ? fwd<64, true, LDM>(p, bh) : fwd<64, false, LDM>(p, bh);
-  return bf ? fwd<128, true, LDM>(p, bh) : fwd<128, false, LDM>(p, bh);
+  if (d == 64) return bf ? fwd<64, true>(p, bh) : fwd<64, false>(p, bh);
+  return bf ? fwd<128, true>(p, bh) : fwd<128, false>(p, bh);
 }
 
-template <bool LDM>
 static apex_status bwd_of(const FaParams &p, int bh, int d, bool bf) {
-  if (d == 64) return bf ? bwd<64, true, LDM>(p, bh) : bwd<64, false, LDM>(p, bh);
-  return bf ? bwd<128, true, LDM>(p, bh) : bwd<128, false, LDM>(p, bh);
+  if (d == 64) return bf ? bwd<64, true>(p, bh) : bwd<64, false>(p, bh);
+  return bf ? bwd<128, true>(p, bh) : bwd<128, false>(p, bh);
 }
 
 static FaParams params_of(const apex__cuda_flash *g) {
@@ -617,12 +575,6 @@ static FaParams params_of(const apex__cuda_flash *g) {
 
 } /* namespace */
 
-extern "C" int apex__cuda_flash_set_ldmatrix(int on) {
-  const int old = use_ldmatrix();
-  ldmatrix_on = on != 0;
-  return old;
-}
-
 extern "C" apex_status apex__cuda_flash_attention_fwd(const apex__cuda_flash *g, const void *q, const void *k, const void *v,
                                                       void *o, float *stats) {
   const void *ptrs[] = {q, k, v, o};
@@ -639,7 +591,7 @@ extern "C" apex_status apex__cuda_flash_attention_fwd(const apex__cuda_flash *g,
   p.stats = stats;
   const int bh = g->batch * g->heads;
   const bool bf = g->dtype == APEX_BF16;
-  return use_ldmatrix() ? fwd_of<true>(p, bh, g->d, bf) : fwd_of<false>(p, bh, g->d, bf);
+  return fwd_of(p, bh, g->d, bf);
 }
 
 extern "C" apex_status apex__cuda_flash_attention_bwd(const apex__cuda_flash *g, const void *q, const void *k, const void *v,
@@ -666,7 +618,7 @@ extern "C" apex_status apex__cuda_flash_attention_bwd(const apex__cuda_flash *g,
   if ((st = apex__cuda_alloc((size_t)bh * (size_t)g->t * sizeof(float), 0, &dvec)) != APEX_OK) return st;
   p.dvec = (float *)dvec;
   const bool bf = g->dtype == APEX_BF16;
-  st = use_ldmatrix() ? bwd_of<true>(p, bh, g->d, bf) : bwd_of<false>(p, bh, g->d, bf);
+  st = bwd_of(p, bh, g->d, bf);
   apex__cuda_free(dvec); /* the stream orders its reuse after the kernels queued above */
   return st;
 }
