@@ -21,6 +21,7 @@
  * cpu/norm.c's: one block per channel sums in double in a fixed tree, then writes the channel's input
  * gradient from the sums. */
 #include <cuda_runtime.h>
+#include <pthread.h>
 
 #include <type_traits>
 
@@ -365,18 +366,36 @@ static apex_status layer_norm_fwd(const void *x, const void *x2, void *xsum, ape
   });
 }
 
-/* Blocks for the fused backward: one wave of resident blocks (at most one team per row). */
+/* Blocks for the fused backward: one wave of resident blocks (at most one team per row). The wave (SMs
+ * times resident blocks, per kernel and shape on the current device) is asked of the runtime once and
+ * kept: the queries cost microseconds of host time, and every layer norm's backward asked them. */
 template <class K>
 static unsigned bwd_blocks(K kernel, int threads, size_t smem, int64_t rows, int teams) {
-  int dev = 0, sms = 1, per_sm = 1;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
-    sms = per_sm = 1;
-    cudaGetLastError(); /* the failed query is not the launch's error; one block per SM still runs */
+  enum { SLOTS = 64 };
+  static struct { const void *kernel; int threads; size_t smem; int dev; int64_t wave; } cache[SLOTS];
+  static int used;
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  int64_t wave = 0;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < used && !wave; i++)
+    if (cache[i].kernel == (const void *)kernel && cache[i].threads == threads && cache[i].smem == smem && cache[i].dev == dev)
+      wave = cache[i].wave;
+  pthread_mutex_unlock(&mu);
+  if (!wave) {
+    int sms = 1, per_sm = 1;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
+      sms = per_sm = 1;
+      cudaGetLastError(); /* the failed query is not the launch's error; one block per SM still runs */
+    }
+    wave = (int64_t)(sms < 1 ? 1 : sms) * (per_sm < 1 ? 1 : per_sm);
+    pthread_mutex_lock(&mu);
+    if (used < SLOTS) cache[used++] = {(const void *)kernel, threads, smem, dev, wave};
+    pthread_mutex_unlock(&mu);
   }
-  if (sms < 1) sms = 1;
-  if (per_sm < 1) per_sm = 1;
-  int64_t want = (rows + teams - 1) / teams, wave = (int64_t)sms * per_sm;
+  int64_t want = (rows + teams - 1) / teams;
   return (unsigned)(want < wave ? want : wave);
 }
 
