@@ -175,7 +175,7 @@ APEX_API apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int
  * [0, V) unless ignored), reduced by MEAN or SUM (opts; NULL: MEAN); the result is f32 [], whatever
  * the product's dtype. The logits are kept in the product's dtype (autocast treats the op as a linear,
  * HALF) and never widened whole; the backward makes their f32 gradient chunk_rows rows at a time (0: as
- * many rows as fit in 256 MiB) and feeds each chunk to the head's products at once, so the [N, V] f32
+ * many rows as fit in 32 MiB on the CPU, 256 MiB on a GPU) and feeds each chunk to the head's products at once, so the [N, V] f32
  * gradient of apex_linear + apex_cross_entropy never exists. With one chunk the bits are those of
  * apex_cross_entropy(apex_linear(x, w, NULL)); with more, w's gradient adds the chunks' products in
  * turn (ops_classifier.c). APEX_ERR_SHAPE for shapes that do not fit, APEX_ERR_INVALID_ARG for a

@@ -620,6 +620,22 @@ static apex_status fuse_sink(void *ctx, apex_graph *g) {
   return st;
 }
 
+/* Before (on) and after (off) a backward whose end the sink fuses: the bf16 leaves the sink will take
+ * collect their f32 sums in their masters' gradients (apex__leaf_sum_into), which it then unscales in
+ * place, so the graph's pool holds no f32 copy of them. The same leaves as fuse_sink's, chosen before the
+ * backward by the same rule; one the sink leaves (no fused slot on the device) is flushed by the engine
+ * from the master's buffer into its grad, and the unscale then writes the master from that grad. */
+static void sum_into_masters(amp_opt **sel, int n_sel, int on) {
+  for (int i = 0; i < n_sel; i++) {
+    amp_opt *ao = sel[i];
+    if (!fusable(ao)) continue;
+    for (int k = 0; k < ao->n; k++) {
+      amp_param *ap = &ao->params[k];
+      if (ap->master_grad && apex_tensor_dtype(apex_var_grad(ap->var)) == APEX_BF16) apex__leaf_sum_into(ap->var, on ? ap->master_grad : NULL);
+    }
+  }
+}
+
 /* out = x * inv_scale with the Inf/NaN check, over n tensors. At scale 1 (bf16's default, a static 1.0)
  * a gradient unscaled in place needs only the check: x * 1 is x, so the pass reads and writes
  * nothing else (a widening into a master gradient still runs, as the plain conversion it is). */
@@ -835,9 +851,9 @@ apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const 
    * the backward and the unscale: no before_unscale hook (DDP reduces them) and no delay_unscale. */
   fuse_ctx fc = {selp, n_sel, 1.0f / scale, 0};
   int fuse = st == APEX_OK && lg && !before_unscale && !(opts && opts->delay_unscale);
-  if (fuse) apex__graph_set_leaf_sink(lg, fuse_sink, &fc);
+  if (fuse) apex__graph_set_leaf_sink(lg, fuse_sink, &fc), sum_into_masters(selp, n_sel, 1);
   if (st == APEX_OK) st = apex_backward(loss, &bo);
-  if (fuse) apex__graph_set_leaf_sink(lg, NULL, NULL);
+  if (fuse) apex__graph_set_leaf_sink(lg, NULL, NULL), sum_into_masters(selp, n_sel, 0);
   apex_tensor_destroy(seed);
   if (ran && before_unscale) {
     apex_status hs = before_unscale(hctx);

@@ -104,6 +104,8 @@ struct apex_var {
   int held;            /* graph vars: the maker's handle on value is live (until apex_var_release) */
   int saves;           /* this var's op took references for backward (dropped when backward has run) */
   uint32_t reads_also; /* inputs its backward reads that its op's `unread` mask leaves out (apex__save_also) */
+  apex_tensor *sum_into; /* low-precision leaves: where a backward collects the f32 sum, instead of the pool
+                            (apex__leaf_sum_into); NULL: a pool buffer */
 };
 
 typedef struct ag_block {

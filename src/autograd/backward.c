@@ -59,7 +59,9 @@ static int touch(apex_graph *g, apex_var *v) {
 static float *gbuf_tensor(apex_graph *g, apex_var *v, int zero) {
   size_t n = ag_numel(v);
   int64_t one = 1;
-  apex_tensor *t = n ? apex__pool_tensor(g, APEX_F32, v->value->ndim, v->value->shape) : apex__pool_tensor(g, APEX_F32, 1, &one);
+  apex_tensor *t = v->sum_into ? v->sum_into
+                   : n         ? apex__pool_tensor(g, APEX_F32, v->value->ndim, v->value->shape)
+                               : apex__pool_tensor(g, APEX_F32, 1, &one);
   if (t && zero && g->mem->fill(apex_tensor_data(t), APEX_F32, 0.0f, ag_nz(n)) != APEX_OK) t = NULL;
   if (!t) {
     g->oom = 1;

@@ -23,4 +23,11 @@ void apex__graph_set_leaf_sink(apex_graph *g, apex__leaf_sink fn, void *ctx);
  * step). The tensor lives in g's pool until the graph's reset. NULL otherwise (nothing changes). */
 apex_tensor *apex__leaf_take_sum(apex_var *v);
 
+/* For the sink's owner, before a backward: collect leaf v's f32 sum in t (f32, v's element count, on v's
+ * device; anything else clears it) instead of a pool buffer, and NULL clears it. apex__leaf_take_sum then
+ * hands out t. Why: amp's O2 sink writes the unscaled sum into the leaf's f32 master gradient anyway, so
+ * the sum can be collected there and unscaled in place: the pool then holds no f32 copy of the model's
+ * gradients (a third of GPT-2 small's O2 gradient memory). Leaves only; the caller clears it after. */
+void apex__leaf_sum_into(apex_var *v, apex_tensor *t);
+
 #endif

@@ -62,3 +62,11 @@ apex_tensor *apex__leaf_take_sum(apex_var *v) {
   v->gt = NULL;
   return sum;
 }
+
+void apex__leaf_sum_into(apex_var *v, apex_tensor *t) {
+  if (!v || v->graph) return;
+  v->sum_into = t && apex_tensor_dtype(t) == APEX_F32 && apex_tensor_numel(t) == ag_numel(v) && ag_numel(v) > 0 &&
+                        apex_tensor_device(t) == apex_tensor_device(v->value)
+                    ? t
+                    : NULL;
+}

@@ -17,8 +17,12 @@
  * where a row's tile does not depend on m; within the product's own bound elsewhere). */
 #include "autograd/ag.h"
 
-/* The default chunk: as many rows as keep their f32 gradient within 256 MiB (GPT-2 small at B 8, T 1024: 7 chunks of 1,334 rows; each chunk is a few kernel launches, so fewer, larger chunks keep a GPU busy), at least one. */
-#define CHUNK_BYTES ((size_t)256 << 20)
+/* The default chunk: as many rows as keep their f32 gradient within 32 MiB on the CPU (whose products run
+ * as fast on a few hundred rows as on thousands, and whose memory is the training run's), 256 MiB on a
+ * device (where each chunk is a few kernel launches: GPT-2 small at B 8, T 1024 makes 7 chunks of 1,334
+ * rows), at least one row. */
+#define CHUNK_BYTES_CPU ((size_t)32 << 20)
+#define CHUNK_BYTES_DEVICE ((size_t)256 << 20)
 
 apex_var *apex_linear_cross_entropy(apex_graph *g, apex_var *x, apex_var *w, const int64_t *targets,
                                     const apex_cross_entropy_options *opts, int64_t chunk_rows) {
@@ -62,7 +66,8 @@ apex_var *apex_linear_cross_entropy(apex_graph *g, apex_var *x, apex_var *w, con
   out->p.classifier.count = count;
   out->p.classifier.smoothing = opts->label_smoothing;
   out->p.classifier.reduction = opts->reduction;
-  out->p.classifier.chunk_rows = chunk_rows ? chunk_rows : (int64_t)(CHUNK_BYTES / (ag_nz(V) * sizeof(float)));
+  size_t chunk_bytes = g->be->device == APEX_DEVICE_CPU ? CHUNK_BYTES_CPU : CHUNK_BYTES_DEVICE;
+  out->p.classifier.chunk_rows = chunk_rows ? chunk_rows : (int64_t)(chunk_bytes / (ag_nz(V) * sizeof(float)));
   if (out->p.classifier.chunk_rows < 1) out->p.classifier.chunk_rows = 1;
   apex_status st = be->nn_linear(&(apex_nn_linear_args){.m = (int)N, .n = (int)V, .k = (int)C, .x = ag_buf(X), .w = ag_buf(W),
                                                         .bias = {NULL, APEX_F32}, .out = logits, .out_dtype = dt,
@@ -92,7 +97,9 @@ apex_status apex__bwd_linear_cross_entropy(apex_graph *g, apex_var *out) {
   int fresh_x = 0, fresh_w = 0;
   float *gx = apex__gbuf_w(g, out->in[0], &fresh_x), *gw = apex__gbuf_w(g, out->in[1], &fresh_w);
   if (!gx && !gw) return APEX_OK;
-  float *gl = apex__scratch_temp(g, ag_nz((R < N ? R : N) * V) * sizeof(float));
+  /* the chunk's gradient lives until the graph's reset, so that the slots' transient scratch can go back
+   * to the pool after each chunk (it would otherwise pile up, chunk after chunk, until the next op) */
+  float *gl = apex__scratch(g, ag_nz((R < N ? R : N) * V) * sizeof(float));
   if (!gl) return apex_last_status();
   const char *logits = out->p.classifier.logits, *xd = apex_tensor_data(X);
   for (size_t r0 = 0; r0 < N; r0 += R) {
@@ -108,6 +115,7 @@ apex_status apex__bwd_linear_cross_entropy(apex_graph *g, apex_var *out) {
           .gx = gx ? gx + r0 * C : NULL, .gw = gw, .gb = NULL, .accumulate_x = !fresh_x, .accumulate_w = !fresh_w || r0 > 0,
           .accumulate_b = 1, .ws = apex__ag_workspace(g)});
     if (st != APEX_OK) return st;
+    apex__release_temps(g);
   }
   return APEX_OK;
 }
