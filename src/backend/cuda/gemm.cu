@@ -58,12 +58,16 @@ static uint32_t alignment(const void *p, int64_t stride_bytes, int batch) {
   return (uint32_t)(bits & (~bits + 1)); /* the lowest set bit */
 }
 
-/* ---- the algorithm cache ------------------------------------------------------------------------------
- * cuBLASLt's heuristic query costs tens of microseconds of host time, and a training step makes the same
- * few dozen products every step (GPT-2 small: about 150 calls). So the algorithm it picks is kept per
- * problem: everything the heuristic sees (sizes, leading dimensions, strides, batch, dtypes, transposes,
- * epilogue, alignments, device) is the key. That also pins one algorithm per problem for the process's lifetime,
- * which the bitwise run-to-run determinism of the GEMMs relies on. */
+/* ---- the plan cache ---------------------------------------------------------------------------------
+ * A product's host work before its launch is cuBLASLt's: a matmul descriptor with its attributes, three
+ * matrix layouts and, the dearest, the heuristic query (tens of microseconds), and a training step makes the
+ * same few dozen products every step (GPT-2 small: about 150 calls). So the whole plan is kept per
+ * problem: everything the descriptors and the heuristic see (sizes, leading dimensions, strides, batch,
+ * dtypes, transposes, epilogue, alignments, device) is the key, and a call with a known key only sets the
+ * epilogue's pointers (the bias or bias gradient, GELU's aux: they change from call to call) on the kept
+ * descriptor and launches. That also pins one algorithm per problem for the process's lifetime, which the
+ * bitwise run-to-run determinism of the GEMMs relies on. A kept descriptor is used under the table's lock
+ * (its pointers are set, then the launch is queued), so two threads never launch on each other's pointers. */
 typedef struct gemm_key {
   int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c;
   int32_t batch, trans_a, trans_b, in_type, c_type, epilogue;
@@ -71,10 +75,16 @@ typedef struct gemm_key {
   int32_t device; /* the algorithm is chosen for one GPU */
 } gemm_key; /* 112 bytes, no implicit padding */
 
-#define ALGO_SLOTS 1024 /* a power of two; when full, further problems query the heuristic every time */
+typedef struct gemm_plan {
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t la, lb, lc;
+  cublasLtMatmulAlgo_t algo;
+} gemm_plan;
+
+#define ALGO_SLOTS 1024 /* a power of two; when full, further problems make their plan every time */
 static struct {
   gemm_key key;
-  cublasLtMatmulAlgo_t algo;
+  gemm_plan plan;
   int used;
 } g_algos[ALGO_SLOTS];
 static pthread_mutex_t g_algo_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -96,6 +106,22 @@ static int algo_slot(const gemm_key *k) {
   return -1;
 }
 
+static void plan_destroy(gemm_plan *p) {
+  if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+  if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+  if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+  if (p->op) cublasLtMatmulDescDestroy(p->op);
+  memset(p, 0, sizeof *p);
+}
+
+/* The epilogue's per-call pointers on a plan's descriptor: the bias (or bias gradient) and GELU's aux. */
+static cublasStatus_t set_pointers(cublasLtMatmulDesc_t op, const void *vec, void *aux) {
+  cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+  if (vec) s = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof vec);
+  if (s == CUBLAS_STATUS_SUCCESS && aux) s = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+  return s;
+}
+
 /* One product, or `batch` of them (batch >= 1) at the given element strides; ld*: the row-major row
  * lengths of the stored operands (their leading dimensions); fn names the public call in messages. */
 static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -105,11 +131,10 @@ static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int
   pthread_once(&g_once, init_lt);
   if (g_init_status != CUBLAS_STATUS_SUCCESS) return lt_fail(fn, g_init_status, "handle creation");
   apex_status st = APEX_OK;
-  cublasLtMatmulDesc_t op = NULL;
-  cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+  gemm_plan plan = {};
   cublasLtMatmulPreference_t pref = NULL;
   cublasLtMatmulHeuristicResult_t heur;
-  int found = 0;
+  int found = 0, kept = 0;
   cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasLtEpilogue_t epi = bias ? (gelu ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
                                 : (gelu ? CUBLASLT_EPILOGUE_GELU : CUBLASLT_EPILOGUE_DEFAULT);
@@ -127,92 +152,88 @@ static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int
   }
   cudaDataType_t it = cuda_type(in_type), ct = cuda_type(c_type);
   size_t ws = g_ws ? GEMM_WORKSPACE : 0;
-  LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
-  LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
-  LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
-  LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "epilogue");
-  if (vec) {
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof vec), "bias");
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ct, sizeof ct), "bias type");
+  gemm_key key;
+  memset(&key, 0, sizeof key); /* no padding is left unset: keys are compared and hashed as bytes */
+  key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
+  if (batch > 1) key.stride_a = stride_a, key.stride_b = stride_b, key.stride_c = stride_c;
+  key.batch = batch, key.trans_a = trans_a, key.trans_b = trans_b;
+  key.in_type = (int32_t)in_type, key.c_type = (int32_t)c_type, key.epilogue = (int32_t)epi;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  key.device = dev;
+  size_t ie = apex_dtype_size(in_type), ce = apex_dtype_size(c_type);
+  key.al_a = alignment(b, stride_b * (int64_t)ie, batch);
+  key.al_b = alignment(a, stride_a * (int64_t)ie, batch);
+  key.al_c = alignment(c, stride_c * (int64_t)ce, batch);
+  /* a known problem: its kept plan, the pointers set and the launch queued under the lock */
+  pthread_mutex_lock(&g_algo_mu);
+  int slot = algo_slot(&key);
+  if (slot >= 0 && g_algos[slot].used) {
+    gemm_plan *p = &g_algos[slot].plan;
+    cublasStatus_t s = set_pointers(p->op, vec, aux);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmul(g_lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, g_ws, ws,
+                         (cudaStream_t)apex__cuda_stream());
+    pthread_mutex_unlock(&g_algo_mu);
+    return s == CUBLAS_STATUS_SUCCESS ? APEX_OK : lt_fail(fn, s, "matmul");
   }
+  pthread_mutex_unlock(&g_algo_mu);
+  LT(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
+  LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
+  LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
+  LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "epilogue");
+  if (vec) LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ct, sizeof ct), "bias type");
   if (aux) {
     const int64_t aux_ld = n;
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux), "aux");
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld), "aux ld");
+    LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld), "aux ld");
   }
+  LT(set_pointers(plan.op, vec, aux), "bias or aux pointer");
   /* cuBLASLt's A is our B: stored [k, n] row-major = [n, k] column-major (or [k, n] when transposed). */
-  LT(cublasLtMatrixLayoutCreate(&la, it, trans_b ? k : n, trans_b ? n : k, ldb), "layout B");
-  LT(cublasLtMatrixLayoutCreate(&lb, it, trans_a ? m : k, trans_a ? k : m, lda), "layout A");
-  LT(cublasLtMatrixLayoutCreate(&lc, ct, n, m, ldc), "layout C");
+  LT(cublasLtMatrixLayoutCreate(&plan.la, it, trans_b ? k : n, trans_b ? n : k, ldb), "layout B");
+  LT(cublasLtMatrixLayoutCreate(&plan.lb, it, trans_a ? m : k, trans_a ? k : m, lda), "layout A");
+  LT(cublasLtMatrixLayoutCreate(&plan.lc, ct, n, m, ldc), "layout C");
   if (batch > 1) {
     int32_t count = batch;
     int64_t sa = stride_b, sb = stride_a, sc = stride_c; /* cuBLASLt's A is our B (above) */
-    LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch count B");
-    LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sa, sizeof sa), "batch stride B");
-    LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch count A");
-    LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sb, sizeof sb), "batch stride A");
-    LT(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch count C");
-    LT(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sc, sizeof sc), "batch stride C");
+    LT(cublasLtMatrixLayoutSetAttribute(plan.la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch count B");
+    LT(cublasLtMatrixLayoutSetAttribute(plan.la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sa, sizeof sa), "batch stride B");
+    LT(cublasLtMatrixLayoutSetAttribute(plan.lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch count A");
+    LT(cublasLtMatrixLayoutSetAttribute(plan.lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sb, sizeof sb), "batch stride A");
+    LT(cublasLtMatrixLayoutSetAttribute(plan.lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch count C");
+    LT(cublasLtMatrixLayoutSetAttribute(plan.lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sc, sizeof sc), "batch stride C");
   }
-  {
-    gemm_key key;
-    memset(&key, 0, sizeof key); /* no padding is left unset: keys are compared and hashed as bytes */
-    key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
-    if (batch > 1) key.stride_a = stride_a, key.stride_b = stride_b, key.stride_c = stride_c;
-    key.batch = batch, key.trans_a = trans_a, key.trans_b = trans_b;
-    key.in_type = (int32_t)in_type, key.c_type = (int32_t)c_type, key.epilogue = (int32_t)epi;
-    int dev = 0;
-    cudaGetDevice(&dev);
-    key.device = dev;
-    size_t ie = apex_dtype_size(in_type), ce = apex_dtype_size(c_type);
-    key.al_a = alignment(b, stride_b * (int64_t)ie, batch);
-    key.al_b = alignment(a, stride_a * (int64_t)ie, batch);
-    key.al_c = alignment(c, stride_c * (int64_t)ce, batch);
-    pthread_mutex_lock(&g_algo_mu);
-    int slot = algo_slot(&key);
-    if (slot >= 0 && g_algos[slot].used) {
-      heur.algo = g_algos[slot].algo;
-      found = 1;
-    }
-    pthread_mutex_unlock(&g_algo_mu);
-    if (!found) {
-      LT(cublasLtMatmulPreferenceCreate(&pref), "preference");
-      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
-      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.al_a, sizeof key.al_a),
-         "alignment A");
-      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.al_b, sizeof key.al_b),
-         "alignment B");
-      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.al_c, sizeof key.al_c),
-         "alignment C");
-      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.al_c, sizeof key.al_c),
-         "alignment D");
-      LT(cublasLtMatmulAlgoGetHeuristic(g_lt, op, la, lb, lc, lc, pref, 1, &heur, &found), "heuristic");
-      if (found) {
-        pthread_mutex_lock(&g_algo_mu);
-        slot = algo_slot(&key); /* again: another thread may have filled slots meanwhile */
-        if (slot >= 0 && !g_algos[slot].used) {
-          g_algos[slot].key = key;
-          g_algos[slot].algo = heur.algo;
-          g_algos[slot].used = 1;
-        }
-        pthread_mutex_unlock(&g_algo_mu);
-      }
-    }
-  }
+  LT(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
+  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.al_a, sizeof key.al_a), "alignment A");
+  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.al_b, sizeof key.al_b), "alignment B");
+  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.al_c, sizeof key.al_c), "alignment C");
+  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.al_c, sizeof key.al_c), "alignment D");
+  LT(cublasLtMatmulAlgoGetHeuristic(g_lt, plan.op, plan.la, plan.lb, plan.lc, plan.lc, pref, 1, &heur, &found), "heuristic");
   if (!found) {
     st = apex__fail(APEX_ERR_UNSUPPORTED, "%s: cuBLASLt has no algorithm for %s inputs with a %s output "
                     "and this epilogue", fn, apex_dtype_name(in_type), apex_dtype_name(c_type));
     goto done;
   }
-  LT(cublasLtMatmul(g_lt, op, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &heur.algo, g_ws, ws,
-                    (cudaStream_t)apex__cuda_stream()),
-     "matmul");
+  plan.algo = heur.algo;
+  /* the plan goes into the table (another thread may have filled the slot meanwhile: then this one is
+   * used once and destroyed); the launch is queued under the lock either way, as for a kept plan */
+  pthread_mutex_lock(&g_algo_mu);
+  slot = algo_slot(&key);
+  if (slot >= 0 && !g_algos[slot].used) {
+    g_algos[slot].key = key;
+    g_algos[slot].plan = plan;
+    g_algos[slot].used = 1;
+    kept = 1;
+  }
+  {
+    cublasStatus_t s = cublasLtMatmul(g_lt, plan.op, &alpha, b, plan.la, a, plan.lb, &beta, c, plan.lc, c, plan.lc, &plan.algo, g_ws,
+                                      ws, (cudaStream_t)apex__cuda_stream());
+    if (s != CUBLAS_STATUS_SUCCESS) st = lt_fail(fn, s, "matmul");
+  }
+  pthread_mutex_unlock(&g_algo_mu);
 done:
   if (pref) cublasLtMatmulPreferenceDestroy(pref);
-  if (lc) cublasLtMatrixLayoutDestroy(lc);
-  if (lb) cublasLtMatrixLayoutDestroy(lb);
-  if (la) cublasLtMatrixLayoutDestroy(la);
-  if (op) cublasLtMatmulDescDestroy(op);
+  if (!kept) plan_destroy(&plan);
   return st;
 }
 
