@@ -147,6 +147,8 @@ step test_flash_attention 30 test key_cmocka "$B/tests/test_flash_attention"
 step test_syncbn_cuda 20 test key_cmocka "$B/tests/test_syncbn_cuda"
 # the GPT-2's captured step (one CUDA graph launch) against its eager step: the same losses and parameters, bitwise
 step test_gpt2_cuda_graph 40 test key_cmocka "$B/tests/test_gpt2_cuda_graph"
+# generation with a key/value cache on the GPU: the cached tokens against the uncached forward's argmax
+[ -x "$B/tests/test_generate" ] && step test_generate 40 test key_cmocka "$B/tests/test_generate"
 for t in test_cuda_classifier test_cuda_epilogues test_cuda_nn_contract test_amp_device test_graph_device test_gpt2_stack; do
   [ -x "$B/tests/$t" ] && step $t 30 test key_cmocka "$B/tests/$t"
 done
