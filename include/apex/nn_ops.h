@@ -125,8 +125,9 @@ APEX_API apex_var *apex_layer_norm(apex_graph *g, apex_var *x, apex_var *weight,
 /* The residual add and the layer norm after it, as a transformer block runs them: returns
  * apex_layer_norm(x + r, w, b, eps) and stores x + r (an ADD result, the residual stream the block goes
  * on with) in *sum. Where x and r share shape and dtype, w and b are [D] and autocast gives the norm
- * the sum uncast, one kernel computes both (the sum rounded once to the operands' dtype, then
- * normalised as stored: the bits of the two ops, forward and backward, which stay two recorded ops);
+ * the sum uncast, one call of the backend computes both (on a GPU one kernel; the sum rounded once to
+ * the operands' dtype, then normalised as stored: the bits of the two ops, forward and backward, which
+ * stay two recorded ops);
  * otherwise the two ops run in turn. Errors as theirs; APEX_ERR_INVALID_ARG for a NULL sum. *sum is
  * NULL on failure. */
 APEX_API apex_var *apex_add_layer_norm(apex_graph *g, apex_var *x, apex_var *r, apex_var *w, apex_var *b, float eps, apex_var **sum);
