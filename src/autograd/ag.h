@@ -160,9 +160,6 @@ struct apex_graph {
   uint64_t config_tag;                      /* apex_graph_set_config_tag */
 };
 
-/* Grows *arr (of *cap elements of elem bytes) to hold need; 0 on allocation failure. */
-int apex__grow(void **arr, size_t *cap, size_t need, size_t elem);
-
 /* ---- op table ---------------------------------------------------------------------------------- */
 
 /* Adds the gradients of out's inputs, given out->gbuf (f32, out's element count). */

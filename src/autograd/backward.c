@@ -105,10 +105,13 @@ float *apex__gbuf_w(apex_graph *g, apex_var *v, int *fresh) {
  * axpby at a = b = 1: grad = 1 * grad + 1 * sum in f32 (both products exact, so one f32 addition per
  * element, as if the grad were widened, added to and rounded back), in place, in one pass. The leaf
  * keeps no gbuf afterwards (finish() forgets both kinds). */
+/* 1 when leaf v's grad is low precision and this backward collected a sum for it to add. */
+static int flush_pending(const apex_var *v) { return v->grad->dtype != APEX_F32 && v->gbuf && v->grad->numel; }
+
 static apex_status flush_leaf(apex_graph *g, apex_var *v) {
   apex_tensor *gr = v->grad;
   apex_status st = APEX_OK;
-  if (gr->dtype != APEX_F32 && v->gbuf && gr->numel) {
+  if (flush_pending(v)) {
     const apex_backend *be = g->be;
     if (!be->mt_axpby) return apex__backend_slot_missing(be, "apex_backward", "multi_tensor_axpby");
     st = be->mt_axpby(&(apex_mt_axpby_args){.fn = "apex_backward", .n = 1, .x = &gr, .y = &v->gt, .out = &gr, .a = 1.0f, .b = 1.0f,
@@ -127,16 +130,13 @@ static apex_status finish(apex_graph *g, int ok) {
   /* Every leaf's flush in one multi-tensor call (the same axpby per element as flush_leaf's, so the same
    * bits): on a GPU one launch for the model instead of one per parameter, each with its own host setup. */
   size_t n = 0;
-  for (size_t i = 0; i < g->n_touched; i++) {
-    apex_var *v = g->touched_leaves[i];
-    n += v->grad->dtype != APEX_F32 && v->gbuf && v->grad->numel;
-  }
-  apex_tensor **list = n > 1 && n <= INT32_MAX ? malloc(2 * n * sizeof *list) : NULL;
+  for (size_t i = 0; i < g->n_touched; i++) n += flush_pending(g->touched_leaves[i]);
+  apex_tensor **list = n > 0 && n <= INT32_MAX ? malloc(2 * n * sizeof *list) : NULL;
   if (list) {
     size_t k = 0;
     for (size_t i = 0; i < g->n_touched; i++) {
       apex_var *v = g->touched_leaves[i];
-      if (v->grad->dtype != APEX_F32 && v->gbuf && v->grad->numel) list[k] = v->grad, list[n + k++] = v->gt;
+      if (flush_pending(v)) list[k] = v->grad, list[n + k++] = v->gt;
     }
     apex_status s = g->be->mt_axpby ? g->be->mt_axpby(&(apex_mt_axpby_args){.fn = "apex_backward", .n = (int)n, .x = list, .y = list + n,
                                                                           .out = list, .a = 1.0f, .b = 1.0f, .arg_to_check = 0})

@@ -12,17 +12,6 @@
 
 #include "autograd/ag.h"
 
-int apex__grow(void **arr, size_t *cap, size_t need, size_t elem) {
-  if (need <= *cap) return 1;
-  size_t c = *cap ? *cap * 2 : 64;
-  while (c < need) c *= 2;
-  void *p = realloc(*arr, c * elem);
-  if (!p) return 0;
-  *arr = p;
-  *cap = c;
-  return 1;
-}
-
 /* ---- pool --------------------------------------------------------------------------------------- */
 
 /* Best fit among free blocks at most a quarter larger than asked: a looser fit would let a big

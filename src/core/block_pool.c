@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/internal.h"
+
 /* ---- the address hash ---------------------------------------------------------------------------- */
 
 static size_t ptr_hash(const void *ptr, size_t cap) {
@@ -66,13 +68,7 @@ static size_t lower_bound(const apex__block_pool *p, size_t idx, size_t size) {
 }
 
 static int free_insert(apex__block_pool *p, size_t idx) {
-  if (p->n_free == p->cap_free) {
-    size_t cap = p->cap_free ? 2 * p->cap_free : 256;
-    size_t *f = realloc(p->free_idx, cap * sizeof *f);
-    if (!f) return 0;
-    p->free_idx = f;
-    p->cap_free = cap;
-  }
+  if (!apex__grow((void **)&p->free_idx, &p->cap_free, p->n_free + 1, sizeof *p->free_idx)) return 0;
   size_t at = lower_bound(p, idx, 0);
   memmove(p->free_idx + at + 1, p->free_idx + at, (p->n_free - at) * sizeof *p->free_idx);
   p->free_idx[at] = idx;
@@ -111,13 +107,7 @@ long apex__bp_take(apex__block_pool *p, size_t size, int capture) {
 }
 
 int apex__bp_add(apex__block_pool *p, void *ptr, size_t size, int capture) {
-  if (p->n == p->cap) {
-    size_t cap = p->cap ? 2 * p->cap : 256;
-    apex__bp_block *nb = realloc(p->blocks, cap * sizeof *nb);
-    if (!nb) return 0;
-    p->blocks = nb;
-    p->cap = cap;
-  }
+  if (!apex__grow((void **)&p->blocks, &p->cap, p->n + 1, sizeof *p->blocks)) return 0;
   if (2 * (p->n + 1) > p->map_cap && !map_rebuild(p, p->n + 1)) return 0;
   p->blocks[p->n] = (apex__bp_block){ptr, size, 1, capture};
   map_put(p, p->n);

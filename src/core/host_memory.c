@@ -65,3 +65,14 @@ const apex_memory apex__host_memory = {
     .device = APEX_DEVICE_CPU, .name = "CPU", .ready = cpu_ready, .alloc = cpu_alloc, .free = cpu_free,
     .copy = cpu_copy, .convert = cpu_convert, .fill = cpu_fill, .sync = cpu_sync, .waits = cpu_wait_count,
 };
+
+int apex__grow(void **arr, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return 1;
+  size_t c = *cap ? *cap * 2 : 64;
+  while (c < need) c *= 2;
+  void *p = realloc(*arr, c * elem);
+  if (!p) return 0;
+  *arr = p;
+  *cap = c;
+  return 1;
+}

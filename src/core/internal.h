@@ -44,6 +44,10 @@ int apex__cpu_has_avx2(void);
  * portable by nature (no AVX2, or not x86) keeps OpenBLAS. */
 int apex__cpu_capped_portable(void);
 
+/* Grows the host array *arr (of *cap elements of elem bytes, doubling) to hold need; 0 on allocation
+ * failure (*arr and *cap unchanged). host_memory.c. */
+int apex__grow(void **arr, size_t *cap, size_t need, size_t elem);
+
 /* Validates a dtype argument; on error the message names `what`. */
 apex_status apex__check_dtype(apex_dtype dtype, const char *what);
 

@@ -38,12 +38,6 @@ static apex_var *slice_input(apex_graph *g, apex_tensor *t, size_t offset, int64
   return r;
 }
 
-/* Keeps result, releasing the intermediate done (its memory back to the pool). */
-static apex_var *drop(apex_var *result, apex_var *done) {
-  if (done != result) apex_var_release(done);
-  return result;
-}
-
 /* Appends the n new rows of k (or v) [B, n, C] to cache [B, H, P, D] at position s->n. */
 static apex_status cache_put(gen_state *s, apex_tensor *cache, apex_var *kv, int64_t n) {
   apex_graph *g = s->g;
@@ -87,9 +81,9 @@ static apex_var *cached_attention(gen_state *s, int64_t l, apex_var *q, int64_t 
     apex_var *K = slice_input(g, s->kc[l], (size_t)(bh * s->P * s->D), len, s->D);
     apex_var *Vv = slice_input(g, s->vc[l], (size_t)(bh * s->P * s->D), len, s->D);
     apex_var *sc = qh && K ? apex_linear(g, qh, K, NULL) : NULL; /* [1, len] = q K^T, f32 */
-    sc = sc ? drop(apex_scale(g, sc, scale), sc) : NULL;
-    apex_var *p = sc ? drop(apex_softmax(g, sc, -1), sc) : NULL;
-    heads[bh] = p && Vv ? drop(apex_matmul(g, p, Vv), p) : NULL; /* [1, D], f32 */
+    sc = sc ? apex__nn_drop(apex_scale(g, sc, scale), sc) : NULL;
+    apex_var *p = sc ? apex__nn_drop(apex_softmax(g, sc, -1), sc) : NULL;
+    heads[bh] = p && Vv ? apex__nn_drop(apex_matmul(g, p, Vv), p) : NULL; /* [1, D], f32 */
     ok = heads[bh] != NULL;
   }
   if (ok) y = apex_concat(g, (int)nh, heads, -1); /* [1, B * C]: rows b, heads side by side */
@@ -128,13 +122,13 @@ static apex_var *block_step(gen_state *s, int64_t l, apex_var *x, int64_t n) {
   apex_var_release(k);
   apex_var_release(v);
   if (!y) return NULL;
-  apex_var *at = drop(apex_module_forward(a[3], g, y), y);
-  apex_var *x1 = at ? drop(apex_add(g, x, at), at) : NULL;
+  apex_var *at = apex__nn_drop(apex_module_forward(a[3], g, y), y);
+  apex_var *x1 = at ? apex__nn_drop(apex_add(g, x, at), at) : NULL;
   h = x1 ? apex_module_forward(c[2], g, x1) : NULL;
-  apex_var *f = h ? drop(apex_module_forward(c[3], g, h), h) : NULL;
-  h = f ? drop(apex_gelu_tanh(g, f), f) : NULL;
-  apex_var *p = h ? drop(apex_module_forward(c[4], g, h), h) : NULL;
-  return p ? drop(drop(apex_add(g, x1, p), p), x1) : NULL;
+  apex_var *f = h ? apex__nn_drop(apex_module_forward(c[3], g, h), h) : NULL;
+  h = f ? apex__nn_drop(apex_gelu_tanh(g, f), f) : NULL;
+  apex_var *p = h ? apex__nn_drop(apex_module_forward(c[4], g, h), h) : NULL;
+  return p ? apex__nn_drop(apex__nn_drop(apex_add(g, x1, p), p), x1) : NULL;
 }
 
 /* Runs ids [B, n] at positions s->n .. s->n + n - 1 (a prefill when the cache is empty, else one
@@ -151,7 +145,7 @@ static apex_status step(gen_state *s, const int64_t *ids, int64_t n) {
     apex_var_release(tok);
     apex_var_release(p);
   }
-  for (int64_t l = 0; x && l < s->L; l++) x = drop(block_step(s, l, x, n), x);
+  for (int64_t l = 0; x && l < s->L; l++) x = apex__nn_drop(block_step(s, l, x, n), x);
   if (!x) return apex_last_status();
   /* Only the last position's row goes on: the final norm is per row, the head one row a sequence. */
   apex_var *last;

@@ -190,14 +190,6 @@ apex_var *apex_module_param(const apex_module *mod, const char *local) {
 
 /* ---- forward ------------------------------------------------------------------------------------ */
 
-/* Returns result after releasing done, an intermediate the caller of the module never sees: its
- * memory goes back to the graph's pool once no backward needs it (apex_var_release). An op may hand
- * its input back as its result (dropout in evaluation), which must then stay. */
-static apex_var *drop(apex_var *result, apex_var *done) {
-  if (done != result) apex_var_release(done);
-  return result;
-}
-
 static apex_var *attention_forward(apex_module *mod, apex_graph *g, apex_var *x) {
   const apex_tensor *X = apex_var_value(x);
   if (apex_tensor_ndim(X) != 3)
@@ -206,8 +198,8 @@ static apex_var *attention_forward(apex_module *mod, apex_graph *g, apex_var *x)
   apex_var *qkv[3];
   for (int i = 0; i < 3; i++) qkv[i] = apex_module_forward(mod->children[i], g, x);
   apex_var *y = apex_causal_attention_heads(g, qkv[0], qkv[1], qkv[2], mod->n_heads);
-  for (int i = 0; i < 3; i++) drop(y, qkv[i]);
-  return drop(apex_module_forward(mod->children[3], g, y), y);
+  for (int i = 0; i < 3; i++) apex__nn_drop(y, qkv[i]);
+  return apex__nn_drop(apex_module_forward(mod->children[3], g, y), y);
 }
 
 /* The block's two residual adds each go into the layer norm after them (apex_add_layer_norm): the
@@ -224,14 +216,14 @@ apex_var *apex__nn_block_forward2(apex_module *mod, apex_graph *g, apex_var *a, 
   } else {
     h = apex_module_forward(c[0], g, x);
   }
-  apex_var *att = h ? drop(apex_module_forward(c[1], g, h), h) : NULL, *x1 = NULL;
+  apex_var *att = h ? apex__nn_drop(apex_module_forward(c[1], g, h), h) : NULL, *x1 = NULL;
   h = att ? apex_add_layer_norm(g, x, att, c[2]->p[0], c[2]->p[1], c[2]->f, &x1) : NULL;
   if (!h) return NULL;
   apex_var_release(att);
   if (b) apex_var_release(x); /* the sum made here; a caller's a stays the caller's */
   /* fc and its GELU as one op: the GELU in the product's epilogue, the pre-activation kept as its aux */
-  apex_var *f = drop(apex_linear_gelu(g, h, c[3]->p[0], c[3]->p[1]), h);
-  apex_var *p = f ? drop(apex_module_forward(c[4], g, f), f) : NULL;
+  apex_var *f = apex__nn_drop(apex_linear_gelu(g, h, c[3]->p[0], c[3]->p[1]), h);
+  apex_var *p = f ? apex__nn_drop(apex_module_forward(c[4], g, f), f) : NULL;
   if (!p) return NULL;
   *p_out = p;
   return x1;
@@ -239,7 +231,7 @@ apex_var *apex__nn_block_forward2(apex_module *mod, apex_graph *g, apex_var *a, 
 
 static apex_var *block_forward(apex_module *mod, apex_graph *g, apex_var *x) {
   apex_var *p, *x1 = apex__nn_block_forward2(mod, g, x, NULL, &p);
-  return x1 ? drop(drop(apex_add(g, x1, p), p), x1) : NULL;
+  return x1 ? apex__nn_drop(apex__nn_drop(apex_add(g, x1, p), p), x1) : NULL;
 }
 
 static int is_batch_norm(const apex_module *mod) { return mod->kind == NN_BATCH_NORM1D || mod->kind == NN_BATCH_NORM2D; }
@@ -307,7 +299,7 @@ apex_var *apex_module_forward(apex_module *mod, apex_graph *g, apex_var *x) {
       int fuse = i + 1 < mod->n_children && fuses_relu(c, mod->children[i + 1]);
       apex_var *y = fuse ? batch_norm_forward(c, g, x, 1) : apex_module_forward(c, g, x);
       i += fuse;
-      x = x == in ? y : drop(y, x);
+      x = x == in ? y : apex__nn_drop(y, x);
     }
     return x;
   }

@@ -81,6 +81,14 @@ apex_tensor *apex__nn_buffer(apex_module *mod, const char *local, int64_t n, flo
 apex_module *apex__nn_embedding(apex_model *m, const char *name, int64_t num, int64_t dim, float std);
 /* Appends child to mod's children. */
 int apex__nn_add_child(apex_module *mod, apex_module *child);
+/* Returns result after releasing done, an intermediate the caller never sees: its memory goes back to
+ * the graph's pool once no backward needs it (apex_var_release). An op may hand its input back as its
+ * result (dropout in evaluation), which must then stay. */
+static inline apex_var *apex__nn_drop(apex_var *result, apex_var *done) {
+  if (done != result) apex_var_release(done);
+  return result;
+}
+
 /* A transformer block (apex_transformer_block_create) on the input a + b (b NULL: a), its residual adds
  * fused into the layer norms after them: returns x1 and sets *p_out so that x1 + p is the block's output,
  * left for whoever normalises it next to add (apex_add_layer_norm). Releases b and a when b is given
