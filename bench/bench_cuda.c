@@ -141,7 +141,7 @@ static double matmul_seconds(int64_t n) {
   return t;
 }
 
-/* 768: GPT-2 small's width, whose layer norms took 14% of bench_gpt2_cuda's step in the H200 run of 2026-11-26 */
+/* 768: GPT-2 small's width, whose layer norms took 14% of the GPT-2 side program's step in the H200 run of 2026-11-26 */
 static const int64_t LN_COLS[] = {768, 1024, 2048, 4096, 8192};
 #define N_LN_COLS (int)(sizeof LN_COLS / sizeof LN_COLS[0])
 #define LN_ROWS 16384

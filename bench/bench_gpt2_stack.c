@@ -1,12 +1,12 @@
 /* bench_gpt2_stack.c: GPT-2 small trained through the full stack on the GPU: the library's model
  * (models.h: apex_gpt_create, 12 layers, 768 wide, 12 heads, 1024 positions, the 50304-token padded
- * vocabulary of bench_gpt2_cuda), recorded on a CUDA graph by autograd, amp O2 with bf16 (f32 masters,
- * dynamic loss scale) and apex's AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1) on the device: what a
- * C program that builds its model from apex's modules gets, against bench_gpt2_cuda's hand-written step
- * (bench/gpt2_cuda.c) on the same kernels. The loss is apex_gpt_loss: the tied head and the cross entropy
- * as one op (apex_linear_cross_entropy).
+ * vocabulary), recorded on a device graph by autograd, amp O2 with bf16 (f32 masters, dynamic loss scale)
+ * and apex's AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1) on the device: what a C program that builds
+ * its model from apex's modules gets, through the public API alone. The loss is apex_gpt_loss: the tied
+ * head and the cross entropy as one op (apex_linear_cross_entropy). bench/peer_gpt2.py trains the same
+ * model in PyTorch (eager and torch.compile) and prints the ratios.
  *
- * The same fixed batch as bench_gpt2_cuda (B sequences of T = 1024 tokens uniform over GPT-2's 50257,
+ * The GPT-2 benchmarks' fixed batch (bench_util.h: B sequences of T = 1024 tokens uniform over GPT-2's 50257,
  * targets the next token of the stream) is trained on again and again, so the loss must fall: 3 warm-up
  * steps, then 10 timed steps between two synchronisations. Each step reads nothing on the host (the
  * loss goes into a device history by a device-to-device copy, read at the end; *skipped is not asked),
@@ -137,7 +137,7 @@ int main(int argc, char **argv) {
   int64_t *tokens = malloc(bt * sizeof *tokens), *targets = malloc(bt * sizeof *targets);
   int64_t total = warmup + steps;
   apex_tensor *history = NULL;
-  /* the fixed batch, bench_gpt2_cuda's (bench_util.h) */
+  /* the GPT-2 benchmarks' fixed batch (bench_util.h) */
   int rc = tokens && targets && !bench_gpt2_batch(tokens, targets, bt, 50304) ? build(&m, &gpt, &opt, &amp, T, dev_kind)
                                                                               : (fail("out of memory"), -1);
   if (rc == 0) {

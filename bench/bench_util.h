@@ -52,7 +52,7 @@ void bench_relaunch_mpi(const char *name, int np, int argc, char **argv);
 /* 1 if NAME was asked for on the command line (or nothing was asked for). */
 int bench_wanted(int argc, char **argv, const char *name);
 
-/* The GPT-2 benchmarks' fixed batch (bench_gpt2_cuda, bench_gpt2_stack, gpt2_loss_dump): bt tokens of a
+/* The GPT-2 benchmarks' fixed batch (bench_gpt2_stack, gpt2_loss_dump): bt tokens of a
  * uniform random stream from apex's RNG seeded 42, over GPT-2's 50,257 real tokens (or the vocabulary, when
  * smaller: the padded rows up to 50,304 are never drawn), each position's target the token after it. 1 when
  * out of memory, else 0. */

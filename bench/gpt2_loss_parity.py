@@ -3,8 +3,9 @@
 the same losses step by step.
 
 apex's half is bench/gpt2_loss_dump (run by this script with --apex BIN, or run before and named by --from DIR):
-it writes the model's initial parameters (f32, PyTorch layouts), the batch and the run's settings into a directory,
-trains N steps (13) with bench_gpt2_cuda's settings and writes its loss at each step. This script loads those
+a C program on the library's public API alone (apex_gpt_create, apex_gpt_loss, amp, AdamW), it writes the model's
+initial parameters (f32, under apex's names, a linear's weight [out, in]), the batch and the run's settings into a
+directory, trains N steps (13) and writes its loss at each step. This script loads those
 parameters into bench/peer_gpt2.py's model (the one PyTorch model of the benchmarks), trains the same N steps on the
 same batch with the same AdamW (peer_gpt2.make_optimizer: betas 0.9/0.95, eps 1e-8, weight decay on the 2-D weights,
 fused on a GPU) and compares:
@@ -12,8 +13,8 @@ fused on a GPU) and compares:
     bench gpt2_small_bf16_loss_parity MAXREL max_rel ratio=R peer=...   MAXREL = max over the steps of d,
                                                         R = L_a / L_t at the last step
     PASS (or FAIL) gpt2_small_bf16_loss_parity: ...     against --tol (0.01: 1%)
-What is compared in bf16 (the default): apex keeps bf16 parameters, activations and gradients with f32 master
-weights and moments in the optimizer (like Apex's O2), PyTorch keeps f32 parameters and runs the forward under
+What is compared in bf16 (the default): apex runs amp O2 with bf16: bf16 parameters and activations with f32
+master weights and moments in the optimizer (Apex's O2), the masters being what PyTorch's f32 parameters start from, PyTorch keeps f32 parameters and runs the forward under
 torch.autocast(bfloat16) (nanoGPT's way). The two round differently (apex's GEMM outputs and residual stream are
 bf16; autocast's products are bf16 but its layer norms, softmax and residual adds are f32), so the losses differ by
 rounding, about 0.1%, which 13 steps of AdamW on a repeated batch do not grow past 1%. --f32 compares f32 with f32
@@ -29,6 +30,7 @@ torch, without a GPU for --device cuda, or when gpt2_loss_dump skips.
 import argparse
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -40,11 +42,15 @@ import peer_gpt2  # noqa: E402  the model and the optimizer, defined once
 
 SKIP = 77
 
-# apex's names (gpt2_cuda_tensor_name) -> peer_gpt2.build_model's; the layouts are the same ([out, in] weights).
-LAYER_NAMES = {"ln1_w": "ln_1.weight", "ln1_b": "ln_1.bias", "qkv_w": "c_attn.weight", "qkv_b": "c_attn.bias",
-               "proj_w": "c_proj.weight", "proj_b": "c_proj.bias", "ln2_w": "ln_2.weight", "ln2_b": "ln_2.bias",
-               "fc_w": "c_fc.weight", "fc_b": "c_fc.bias", "fcproj_w": "mlp_proj.weight", "fcproj_b": "mlp_proj.bias"}
-TOP_NAMES = {"wte": "wte.weight", "wpe": "wpe.weight", "lnf_w": "ln_f.weight", "lnf_b": "ln_f.bias"}
+# apex's names (apex_model_param's, as gpt2_loss_dump writes them) -> peer_gpt2.build_model's; both store a linear's
+# weight [out, in]. apex keeps the attention's q, k and v as three linears: torch's c_attn is their rows stacked q|k|v.
+LAYER_NAMES = {"ln1.weight": "ln_1.weight", "ln1.bias": "ln_1.bias", "attn.proj.weight": "c_proj.weight",
+               "attn.proj.bias": "c_proj.bias", "ln2.weight": "ln_2.weight", "ln2.bias": "ln_2.bias",
+               "fc.weight": "c_fc.weight", "fc.bias": "c_fc.bias", "proj.weight": "mlp_proj.weight",
+               "proj.bias": "mlp_proj.bias"}
+TOP_NAMES = {"wte.weight": "wte.weight", "wpe.weight": "wpe.weight", "ln_f.weight": "ln_f.weight",
+             "ln_f.bias": "ln_f.bias"}
+QKV = re.compile(r"^h(\d+)\.attn\.([qkv])\.(weight|bias)$")
 
 
 def parse():
@@ -62,10 +68,16 @@ def parse():
 
 
 def torch_name(apex_name):
+    """torch's name for an apex parameter; for q, k and v, (c_attn's name, which third)."""
     if apex_name in TOP_NAMES:
         return TOP_NAMES[apex_name]
-    h, layer, what = apex_name.split(".")
-    return "h.%s.%s" % (layer, LAYER_NAMES[what])
+    m = QKV.match(apex_name)
+    if m:
+        return ("h.%s.c_attn.%s" % (m.group(1), m.group(3)), "qkv".index(m.group(2)))
+    block, rest = apex_name.split(".", 1)
+    if not block.startswith("h") or rest not in LAYER_NAMES:
+        raise ValueError("gpt2_loss_dump wrote %s, which this script cannot place" % apex_name)
+    return "h.%s.%s" % (block[1:], LAYER_NAMES[rest])
 
 
 def read_safetensors(path):
@@ -99,18 +111,21 @@ def train_torch(torch, tensors, meta, batch_bytes, device):
     bf16 = meta["dtype"] == "bf16"
     model = peer_gpt2.build_model(torch, cfg)
     params = dict(model.named_parameters())  # the tied lm_head is wte: named once
-    loaded = set()
+    loaded = {}  # torch name -> the parts of it set (c_attn: its thirds)
     with torch.no_grad():
         for name, (dtype, shape, raw) in tensors.items():
             if dtype != "F32":
                 raise ValueError("%s is %s; gpt2_loss_dump writes F32" % (name, dtype))
-            p = params[torch_name(name)]
+            tn = torch_name(name)
+            tn, third = tn if isinstance(tn, tuple) else (tn, None)
+            p = params[tn]
+            dst = p if third is None else p.narrow(0, third * (p.shape[0] // 3), p.shape[0] // 3)
             v = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(*shape)
-            if tuple(p.shape) != tuple(v.shape):
-                raise ValueError("%s: apex's shape %s, torch's %s" % (name, list(v.shape), list(p.shape)))
-            p.copy_(v)
-            loaded.add(torch_name(name))
-    missing = sorted(set(params) - loaded)
+            if tuple(dst.shape) != tuple(v.shape):
+                raise ValueError("%s: apex's shape %s, torch's %s" % (name, list(v.shape), list(dst.shape)))
+            dst.copy_(v)
+            loaded.setdefault(tn, set()).add(third)
+    missing = sorted(n for n in params if n not in loaded or ("c_attn" in n and loaded[n] != {0, 1, 2}))
     if missing:
         raise ValueError("no apex value for torch's %s" % ", ".join(missing))
     model = model.to(device)

@@ -13,9 +13,9 @@
  * per-dtype tolerances stated at attention_case; the elementwise ops bitwise against the CPU autograd ops
  * and their backward (GELU within the bound cuda.h states: the device's tanhf is not glibc's); column sums
  * and sum/mean bitwise over values whose sums are exact in any order, else to 1e-5 of the sum of |x|
- * against double, and bitwise from run to run. GPT-2 (bench/gpt2_cuda.c, a tiny configuration in f32)
- * against the same model on apex's CPU autograd: the loss to 1e-4 relative, every gradient to 1e-3 of its
- * largest magnitude; and in bf16 with f32 masters, 5 AdamW steps lower the loss. */
+ * against double, and bitwise from run to run. The library's GPT (apex_gpt_create, a tiny
+ * configuration in f32) against the same model on the CPU: the loss to 1e-4 relative, every gradient to 1e-3
+ * of its largest magnitude; and under amp O2 with bf16, 5 AdamW steps lower the loss. */
 #ifndef APEX_TESTS_BACKEND_PARITY_CASES_H
 #define APEX_TESTS_BACKEND_PARITY_CASES_H
 

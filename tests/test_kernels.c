@@ -332,7 +332,7 @@ static void test_batch_norm_stats(void **state) {
 
 enum { MM_M = 19, MM_K = 33, MM_N = 23 };
 
-/* The products of a linear layer y = gelu?(x w^T + b) and its backward, as bench/gpt2_cuda.c runs them:
+/* The products of a linear layer y = gelu?(x w^T + b) and its backward, as a transformer's MLP runs them:
  * forward (trans_b, bias, GELU), dx = dy w, dw = dy^T x (trans_a), and an accumulation
  * c = 0.5 dy^T x + 2 c (alpha, beta). */
 static void run_matmul(apex_device dev, apex_dtype dt, outs *o) {
@@ -569,7 +569,7 @@ static void run_elementwise(apex_device dev, apex_dtype dt, outs *o) {
   TU_OK(apex_kernel_sum_rows(b, accr, 1));
   TU_OK(apex_kernel_add(acc, a, acc));
   keep(o, "sum_rows accumulate", accr), keep(o, "add in place", acc);
-  /* dx = dy in place (gpt2_cuda.c's MLP backward without cuBLASLt's epilogue): the CPU slot clears dx before it
+  /* dx = dy in place (an MLP backward without cuBLASLt's epilogue): the CPU slot clears dx before it
    * adds into it, so it must not read dy from there */
   apex_tensor *gin = on(dev, hdy);
   TU_OK(apex_kernel_gelu_backward(gin, a, gin));

@@ -43,6 +43,8 @@ typedef struct apex_cuda_memory_stats {
   size_t reserved;       /* bytes obtained from cudaMalloc, live or cached */
   size_t peak_allocated; /* the highest `allocated` since the last reset */
   size_t device_allocs;  /* cudaMalloc calls so far: flat once the cache is warm */
+  size_t host_waits;     /* times so far the host waited for the GPU (a synchronisation, a copy to the host):
+                            a training loop that reads nothing back should add none a step */
 } apex_cuda_memory_stats;
 /* The caching allocator's counters. */
 APEX_API apex_status apex_cuda_memory_stats_get(apex_cuda_memory_stats *out);

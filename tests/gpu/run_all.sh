@@ -4,7 +4,7 @@
 # device, allocator, streams and events), test_backend_ops (every case on every backend, the parity
 # cases of backend_parity_cases.h among them: each CUDA kernel against the CPU) and test_graph_cuda
 # (autograd on a CUDA graph against the CPU graph), the GPU benchmarks bench_cuda with the PyTorch peer (bench/peer_cuda.py, same GPU, same run),
-# GPT-2 small training (bench_gpt2_cuda against bench/peer_gpt2.py: PyTorch eager autocast and
+# GPT-2 small training (bench_gpt2_stack against bench/peer_gpt2.py: PyTorch eager autocast and
 # torch.compile) and the NCCL test (run_nccl.sh).
 # STEPS="test bench gpt2 nccl" (the default; "build" alone only builds) picks the steps; a failing step
 # does not stop the others. One `run` is limited to 600 s, so run the steps as separate calls made back to
@@ -61,7 +61,7 @@ elif ! configure; then
 fi
 since "configured"
 [ "$steps" = configure ] && exit 0 # for checking the configure step alone
-cmake --build "$build" -j"${JOBS:-$(nproc)}" --target ${TARGETS:-test_cuda test_backend_ops test_graph_cuda bench_cuda bench_gpt2_cuda} > "$logs/build.log" 2>&1 ||
+cmake --build "$build" -j"${JOBS:-$(nproc)}" --target ${TARGETS:-test_cuda test_backend_ops test_graph_cuda bench_cuda bench_gpt2_stack} > "$logs/build.log" 2>&1 ||
   { grep -E -A3 "error" "$logs/build.log" | head -40; exit 1; }
 since "built"
 
@@ -95,9 +95,9 @@ fi
 if want gpt2; then
   # apex's figure is handed to the peer, so that the model is trained once each way; torch.compile's
   # warm-up is bounded inside the script, the whole step by timeout.
-  echo "== GPT-2 small training: bench_gpt2_cuda vs PyTorch eager and torch.compile"
-  timeout 150 "$build/bench/bench_gpt2_cuda" 2>&1 | tee "$logs/bench_gpt2_cuda.log"
-  tps=$(awk '$1 == "bench" && $2 == "gpt2_small_bf16_tokens_per_s" {print $3}' "$logs/bench_gpt2_cuda.log")
+  echo "== GPT-2 small training: bench_gpt2_stack (the library) vs PyTorch eager and torch.compile"
+  timeout 150 "$build/bench/bench_gpt2_stack" 2>&1 | tee "$logs/bench_gpt2_stack.log"
+  tps=$(awk '$1 == "bench" && $2 == "gpt2_stack_bf16_tokens_per_s" {print $3}' "$logs/bench_gpt2_stack.log")
   timeout 330 python3 "$root/bench/peer_gpt2.py" "$build" ${tps:+--apex-tokens-per-s "$tps"} --compile-timeout 240 2>&1 |
     tee "$logs/peer_gpt2.log"
   since "gpt2"

@@ -279,6 +279,7 @@ extern "C" void apex__cuda_stats(apex_cuda_memory_stats *out, int reset_peak) {
   if (reset_peak) g_stats.peak_allocated = g_stats.allocated;
   if (out) *out = g_stats;
   pthread_mutex_unlock(&g_mu);
+  if (out) out->host_waits = (size_t)apex__cuda_waits();
 }
 
 extern "C" void apex__cuda_empty_cache(void) {
