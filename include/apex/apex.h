@@ -9,6 +9,7 @@
 #include "apex/dtype.h"
 #include "apex/fp16_optimizer.h"
 #include "apex/gpt_hf.h"
+#include "apex/index.h"
 #include "apex/kernels.h"
 #include "apex/loss_scaler.h"
 #include "apex/loss_scaler_config.h"

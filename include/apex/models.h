@@ -100,6 +100,15 @@ APEX_API apex_var *apex_gpt_forward(apex_module *gpt, apex_graph *g, const int64
  * for NULL targets or a target out of range. */
 APEX_API apex_var *apex_gpt_loss(apex_module *gpt, apex_graph *g, const int64_t *ids, const int64_t *targets, int64_t B, int64_t T);
 
+/* apex_gpt_forward and apex_gpt_loss with the token ids and targets [B, T] in indexes (index.h) on the
+ * graph's device: the same values and gradients, bit for bit, and nothing of the step goes through the
+ * host, so a step built on them can be captured (capture.h). The positions 0..T-1 are an index the GPT
+ * makes the first time it sees T on that device and keeps until the model is destroyed. Errors as the
+ * host calls', APEX_ERR_SHAPE for ids that are not 2-d or targets of another shape, APEX_ERR_INVALID_ARG
+ * for an index bounded above the vocabulary, APEX_ERR_DEVICE for an index on another device than g. */
+APEX_API apex_var *apex_gpt_forward_index(apex_module *gpt, apex_graph *g, const apex_index *ids);
+APEX_API apex_var *apex_gpt_loss_index(apex_module *gpt, apex_graph *g, const apex_index *ids, const apex_index *targets);
+
 /* The sizes gpt was built with, every field resolved (no zero). APEX_ERR_INVALID_ARG for NULL
  * arguments or a module that is not a GPT. */
 APEX_API apex_status apex_gpt_sizes(const apex_module *gpt, apex_gpt_options *out);

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "apex/autograd.h"
+#include "apex/index.h"
 #include "apex/optim.h"
 #include "apex/nn_ops.h"
 #include "apex/rng.h"
@@ -124,6 +125,8 @@ APEX_API apex_module *apex_rms_norm_nd_create(apex_model *m, const char *name, i
 /* nn.Embedding: weight [num, dim]. */
 APEX_API apex_module *apex_embedding_create(apex_model *m, const char *name, int64_t num, int64_t dim);
 APEX_API apex_var *apex_embedding_forward(apex_module *mod, apex_graph *g, const int64_t *ids, int ndim, const int64_t *shape);
+/* The same lookup with the ids of an index on the graph's device (apex_embedding_index). */
+APEX_API apex_var *apex_embedding_forward_index(apex_module *mod, apex_graph *g, const apex_index *ids);
 /* Causal multi-head self-attention on x [B, T, dim]: linears q, k, v and proj (dim -> dim, with
  * biases), heads of dim / n_heads (APEX_ERR_INVALID_ARG unless n_heads divides dim). */
 APEX_API apex_module *apex_attention_create(apex_model *m, const char *name, int64_t dim, int n_heads);

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "apex/autograd.h"
+#include "apex/index.h"
 #include "apex/kernels.h" /* apex_conv2d_options */
 #include "apex/rng.h"
 
@@ -148,6 +149,12 @@ APEX_API apex_var *apex_rms_norm_nd(apex_graph *g, apex_var *x, int norm_ndim, c
 
 /* Rows of weight [V, D] picked by ids (shape [ndim dims], each in [0, V)) -> [shape..., D]. */
 APEX_API apex_var *apex_embedding(apex_graph *g, apex_var *weight, const int64_t *ids, int ndim, const int64_t *shape);
+/* The same lookup with the ids of an index (index.h) on the graph's device -> [ids' shape..., D], the same
+ * bits: the ids were checked when set, so only the index's bound is compared with V (APEX_ERR_INVALID_ARG
+ * when it is larger), and nothing in the op goes through the host (a step that reads its batch from the
+ * device, captured or not). APEX_ERR_DEVICE for an index on another device than the graph's. The op
+ * copies the ids: the index may be set again once the op is recorded. */
+APEX_API apex_var *apex_embedding_index(apex_graph *g, apex_var *weight, const apex_index *ids);
 
 /* ---- softmax and losses ---------------------------------------------------------------------- */
 
@@ -171,6 +178,11 @@ typedef struct apex_cross_entropy_options {
  * opts may be NULL. Reduction NONE gives [N]. APEX_ERR_INVALID_ARG for a target out of range. */
 APEX_API apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *targets,
                                       const apex_cross_entropy_options *opts);
+/* The same with the targets of an index of N values on the graph's device, the same bits. Its bound must be
+ * at most C (APEX_ERR_INVALID_ARG), its element count N (APEX_ERR_SHAPE), and opts may not ignore targets
+ * (APEX_ERR_INVALID_ARG: the mean would need their count, a read of the device). The op copies them. */
+APEX_API apex_var *apex_cross_entropy_index(apex_graph *g, apex_var *logits, const apex_index *targets,
+                                            const apex_cross_entropy_options *opts);
 /* A classifier head and its loss as one op (APEX_OP_LINEAR_CROSS_ENTROPY): cross entropy of the logits
  * x w^T (x [N, C], w [V, C], no bias: a language model's head, tied or not) against targets[N] (each in
  * [0, V) unless ignored), reduced by MEAN or SUM (opts; NULL: MEAN); the result is f32 [], whatever
@@ -183,6 +195,9 @@ APEX_API apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int
  * target out of range, reduction NONE (use the two ops) or a negative chunk_rows. */
 APEX_API apex_var *apex_linear_cross_entropy(apex_graph *g, apex_var *x, apex_var *w, const int64_t *targets,
                                              const apex_cross_entropy_options *opts, int64_t chunk_rows);
+/* The same with the targets of an index, as apex_cross_entropy_index takes them; the same bits. */
+APEX_API apex_var *apex_linear_cross_entropy_index(apex_graph *g, apex_var *x, apex_var *w, const apex_index *targets,
+                                                   const apex_cross_entropy_options *opts, int64_t chunk_rows);
 /* (x - y)^2 reduced; x and y of the same shape. */
 APEX_API apex_var *apex_mse_loss(apex_graph *g, apex_var *x, apex_var *y, apex_reduction reduction);
 /* Binary cross entropy of sigmoid(x) against targets y in [0, 1], computed stably from the logits. */

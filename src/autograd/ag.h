@@ -14,6 +14,7 @@
 #include "apex/autograd.h"
 #include "apex/nn_ops.h"
 #include "backend/backend.h"
+#include "backend/index_internal.h"
 #include "core/internal.h"
 #include "core/tensor_internal.h"
 
@@ -79,6 +80,9 @@ typedef union ag_op_params {
   struct {
     int dim; /* concat: the joined dimension (non-negative) */
   } concat;
+  struct {
+    int ids_on_device; /* embedding: aux holds the ids in the graph's device memory (an apex_index's) */
+  } embedding;
   struct {
     size_t batch;   /* attention: the leading extents' product */
     int heads, t, d; /* heads side by side in each row of heads * d (1 for [..., T, D] inputs) */
@@ -322,13 +326,16 @@ apex_var *apex__add_unfilled(apex_graph *g, apex_var *a, apex_var *b);
 /* 1 when autocast (as g is set now) would give op the input v uncast. */
 int apex__dispatch_keeps(const apex_graph *g, apex_op op, const apex_var *v);
 
-/* Cross entropy's targets checked on the host (each in [0, C) unless opts ignores it; fn and logits name
- * the call in messages) and copied to the graph's device into pool scratch of N int64 (-1 where ignored)
- * followed by room for 2N floats (each row's max and 1 / sum of exp, the statistics the backward reads):
- * what apex_cross_entropy and apex_linear_cross_entropy keep as their aux. *count receives the rows with
- * a target. NULL after a message. */
-int64_t *apex__ce_targets(apex_graph *g, const int64_t *targets, size_t N, size_t C, const apex_cross_entropy_options *opts,
-                          const char *fn, const apex_var *logits, int64_t *count);
+/* Cross entropy's targets, from the host array targets (each checked here: in [0, C) unless opts ignores
+ * it) or, with targets NULL, from the index ix (checked when set: its bound must be at most C, it must
+ * hold N values on the graph's device, and opts may not ignore any, since their count would need a read
+ * of the device), copied into the graph's device pool scratch of N int64 (-1 where ignored) followed by
+ * room for 2N floats (each row's max and 1 / sum of exp, the statistics the backward reads): what
+ * apex_cross_entropy and apex_linear_cross_entropy keep as their aux. An index's copy is made on the
+ * device (nothing through the host). *count receives the rows with a target. fn and logits name the call
+ * in messages. NULL after a message. */
+int64_t *apex__ce_targets(apex_graph *g, const int64_t *targets, const apex_index *ix, size_t N, size_t C,
+                          const apex_cross_entropy_options *opts, const char *fn, const apex_var *logits, int64_t *count);
 
 /* Batch norm whose statistics come from hook (APEX_OP_SYNC_BATCH_NORM): always the batch's
  * statistics, updating the running ones when given; no fused relu. Errors name sync_batch_norm. */

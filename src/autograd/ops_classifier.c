@@ -24,8 +24,9 @@
 #define CHUNK_BYTES_CPU ((size_t)32 << 20)
 #define CHUNK_BYTES_DEVICE ((size_t)256 << 20)
 
-apex_var *apex_linear_cross_entropy(apex_graph *g, apex_var *x, apex_var *w, const int64_t *targets,
-                                    const apex_cross_entropy_options *opts, int64_t chunk_rows) {
+/* apex_linear_cross_entropy and _index: targets from the host array or the index (apex__ce_targets). */
+static apex_var *linear_cross_entropy_of(apex_graph *g, apex_var *x, apex_var *w, const int64_t *targets, const apex_index *ix,
+                                         const apex_cross_entropy_options *opts, int64_t chunk_rows) {
   static const apex_cross_entropy_options defaults = {0};
   const apex_op op = APEX_OP_LINEAR_CROSS_ENTROPY;
   if (!opts) opts = &defaults;
@@ -46,7 +47,7 @@ apex_var *apex_linear_cross_entropy(apex_graph *g, apex_var *x, apex_var *w, con
     return apex__fail_null(APEX_ERR_SHAPE, "linear_cross_entropy: input %s, weight %s: each extent must be below 2^31", apex__shape(x),
                            apex__shape(w));
   int64_t count = 0;
-  int64_t *tg = apex__ce_targets(g, targets, N, V, opts, "linear_cross_entropy", x, &count);
+  int64_t *tg = apex__ce_targets(g, targets, ix, N, V, opts, ix ? "linear_cross_entropy_index" : "linear_cross_entropy", x, &count);
   if (!tg) return NULL;
   const apex_backend *be = apex__ag_backend(u[0], op);
   if (!be || !AG_HAS(be, nn_linear, op) || !AG_HAS(be, nn_cross_entropy, op)) return NULL;
@@ -78,6 +79,17 @@ apex_var *apex_linear_cross_entropy(apex_graph *g, apex_var *x, apex_var *w, con
         .loss = terms, .result = apex_tensor_data(out->value), .result_dtype = APEX_F32,
         .divisor = opts->reduction == APEX_REDUCTION_MEAN ? (double)count : 1.0, .ws = apex__ag_workspace(g)});
   return st == APEX_OK ? out : NULL;
+}
+
+apex_var *apex_linear_cross_entropy(apex_graph *g, apex_var *x, apex_var *w, const int64_t *targets,
+                                    const apex_cross_entropy_options *opts, int64_t chunk_rows) {
+  return linear_cross_entropy_of(g, x, w, targets, NULL, opts, chunk_rows);
+}
+
+apex_var *apex_linear_cross_entropy_index(apex_graph *g, apex_var *x, apex_var *w, const apex_index *targets,
+                                          const apex_cross_entropy_options *opts, int64_t chunk_rows) {
+  if (!targets) return apex__fail_null(APEX_ERR_INVALID_ARG, "linear_cross_entropy_index: NULL index");
+  return linear_cross_entropy_of(g, x, w, NULL, targets, opts, chunk_rows);
 }
 
 /* Per chunk of rows: the logits' f32 gradient (the cross entropy's backward, stored fresh), then the

@@ -75,31 +75,53 @@ static apex_nn_reduction nn_reduction(apex_reduction r) {
 
 /* ---- cross entropy ------------------------------------------------------------------------------ */
 
-int64_t *apex__ce_targets(apex_graph *g, const int64_t *targets, size_t N, size_t C, const apex_cross_entropy_options *opts,
-                          const char *fn, const apex_var *logits, int64_t *count) {
-  if (!targets && N > 0) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: NULL targets for logits %s", fn, apex__shape(logits));
+int64_t *apex__ce_targets(apex_graph *g, const int64_t *targets, const apex_index *ix, size_t N, size_t C,
+                          const apex_cross_entropy_options *opts, const char *fn, const apex_var *logits, int64_t *count) {
+  if (!targets && !ix && N > 0) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: NULL targets for logits %s", fn, apex__shape(logits));
   float eps = opts->label_smoothing;
   if (!(eps >= 0.0f && eps <= 1.0f))
     return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: label_smoothing %g is outside [0, 1]", fn, eps);
   int64_t n = 0;
-  for (size_t i = 0; i < N; i++) {
-    if (opts->use_ignore_index && targets[i] == opts->ignore_index) continue;
-    if (targets[i] < 0 || (size_t)targets[i] >= C)
-      return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: target %lld at row %zu is outside [0, %zu) for logits %s", fn,
-                             (long long)targets[i], i, C, apex__shape(logits));
-    n++;
+  if (ix) {
+    if (ix->numel != (int64_t)N)
+      return apex__fail_null(APEX_ERR_SHAPE, "%s: an index of %lld targets for logits %s", fn, (long long)ix->numel, apex__shape(logits));
+    if (ix->bound > (int64_t)C)
+      return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: the index's targets are bounded by %lld, the logits %s have %zu classes", fn,
+                             (long long)ix->bound, apex__shape(logits), C);
+    if (opts->use_ignore_index)
+      return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: an index's targets cannot be ignored (use_ignore_index): the mean's count "
+                             "would need a read of the device; give host targets", fn);
+    if (ix->mem->device != g->be->device)
+      return apex__fail_null(APEX_ERR_DEVICE, "%s: the index is on the %s, the graph on the %s", fn, ix->mem->name, g->mem->name);
+    n = (int64_t)N;
+  } else {
+    for (size_t i = 0; i < N; i++) {
+      if (opts->use_ignore_index && targets[i] == opts->ignore_index) continue;
+      if (targets[i] < 0 || (size_t)targets[i] >= C)
+        return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: target %lld at row %zu is outside [0, %zu) for logits %s", fn,
+                               (long long)targets[i], i, C, apex__shape(logits));
+      n++;
+    }
   }
-  /* made on the host (the caller's array) and copied to the graph's device */
+  /* host targets are made on the host (the caller's array) and copied to the graph's device; an index's
+   * are copied on the device */
   int64_t *tg = apex__scratch(g, N * sizeof(int64_t) + 2 * N * sizeof(float));
-  int64_t *host_tg = tg && g->be->device != APEX_DEVICE_CPU ? apex__host_scratch(g, ag_nz(N) * sizeof(int64_t)) : tg;
-  if (!tg || !host_tg) return NULL;
-  for (size_t i = 0; i < N; i++) host_tg[i] = opts->use_ignore_index && targets[i] == opts->ignore_index ? -1 : targets[i];
-  if (N && host_tg != tg && g->mem->copy(tg, host_tg, N * sizeof(int64_t), APEX_COPY_H2D, 0) != APEX_OK) return NULL;
+  if (!tg) return NULL;
+  if (ix) {
+    if (N && g->mem->copy(tg, ix->data, N * sizeof(int64_t), APEX_COPY_D2D, 0) != APEX_OK) return NULL;
+  } else {
+    int64_t *host_tg = g->be->device != APEX_DEVICE_CPU ? apex__host_scratch(g, ag_nz(N) * sizeof(int64_t)) : tg;
+    if (!host_tg) return NULL;
+    for (size_t i = 0; i < N; i++) host_tg[i] = opts->use_ignore_index && targets[i] == opts->ignore_index ? -1 : targets[i];
+    if (N && host_tg != tg && g->mem->copy(tg, host_tg, N * sizeof(int64_t), APEX_COPY_H2D, 0) != APEX_OK) return NULL;
+  }
   *count = n;
   return tg;
 }
 
-apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *targets, const apex_cross_entropy_options *opts) {
+/* apex_cross_entropy and apex_cross_entropy_index: targets from the host array or the index (apex__ce_targets). */
+static apex_var *cross_entropy_of(apex_graph *g, apex_var *logits, const int64_t *targets, const apex_index *ix,
+                                  const apex_cross_entropy_options *opts) {
   static const apex_cross_entropy_options defaults = {0};
   if (!opts) opts = &defaults;
   apex_var *u;
@@ -111,7 +133,7 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
   /* kept for the backward, on the graph's device: the targets (-1 where ignored), then each row's max
    * and 1 / sum of exp, from which and the logits, read again, the backward recomputes the softmax */
   int64_t nshape = (int64_t)N, count = 0;
-  int64_t *tg = apex__ce_targets(g, targets, N, C, opts, "cross_entropy", logits, &count);
+  int64_t *tg = apex__ce_targets(g, targets, ix, N, C, opts, ix ? "cross_entropy_index" : "cross_entropy", logits, &count);
   if (!tg) return NULL;
   const apex_backend *be = apex__ag_backend(u, APEX_OP_CROSS_ENTROPY);
   if (!be || !AG_HAS(be, nn_cross_entropy, APEX_OP_CROSS_ENTROPY)) return NULL;
@@ -135,6 +157,15 @@ apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *tar
     return NULL;
   if (none && !f32_terms) apex__store(out, l);
   return out;
+}
+
+apex_var *apex_cross_entropy(apex_graph *g, apex_var *logits, const int64_t *targets, const apex_cross_entropy_options *opts) {
+  return cross_entropy_of(g, logits, targets, NULL, opts);
+}
+
+apex_var *apex_cross_entropy_index(apex_graph *g, apex_var *logits, const apex_index *targets, const apex_cross_entropy_options *opts) {
+  if (!targets) return apex__fail_null(APEX_ERR_INVALID_ARG, "cross_entropy_index: NULL index");
+  return cross_entropy_of(g, logits, NULL, targets, opts);
 }
 
 apex_status apex__bwd_cross_entropy(apex_graph *g, apex_var *out) {

@@ -226,14 +226,19 @@ apex_status apex__bwd_concat(apex_graph *g, apex_var *out) {
 
 /* ---- embedding ---------------------------------------------------------------------------------- */
 
-apex_var *apex_embedding(apex_graph *g, apex_var *weight, const int64_t *ids, int ndim, const int64_t *shape) {
+/* The lookup from ids on the host (checked here, each against V) or from an apex_index (checked when it was
+ * set, against its bound: only the bound is compared here). The graph keeps its own copy of the ids for the
+ * backward: host memory for host ids (the slot reads them there), the graph's device memory for an index's,
+ * copied on the device, so that nothing in the step goes through the host. */
+static apex_var *embedding_of(apex_graph *g, apex_var *weight, const int64_t *ids, const apex_index *ix, int ndim,
+                              const int64_t *shape, const char *fn) {
   apex_var *u;
   apex_dtype dt;
   if (apex__dispatch(g, APEX_OP_EMBEDDING, 1, &weight, 0, &u, &dt) != APEX_OK) return NULL;
   const apex_tensor *W = u->value;
-  if (W->ndim != 2) return apex__fail_null(APEX_ERR_SHAPE, "embedding: weight %s must be [V, D]", apex__shape(weight));
+  if (W->ndim != 2) return apex__fail_null(APEX_ERR_SHAPE, "%s: weight %s must be [V, D]", fn, apex__shape(weight));
   if (ndim < 0 || ndim >= APEX_MAX_DIMS || (ndim && !shape))
-    return apex__fail_null(APEX_ERR_SHAPE, "embedding: ids of %d dimensions (at most %d) for weight %s", ndim, APEX_MAX_DIMS - 1, apex__shape(weight));
+    return apex__fail_null(APEX_ERR_SHAPE, "%s: ids of %d dimensions (at most %d) for weight %s", fn, ndim, APEX_MAX_DIMS - 1, apex__shape(weight));
   size_t n = 1, V = (size_t)W->shape[0], D = (size_t)W->shape[1];
   int64_t oshape[APEX_MAX_DIMS];
   for (int i = 0; i < ndim; i++) {
@@ -241,23 +246,42 @@ apex_var *apex_embedding(apex_graph *g, apex_var *weight, const int64_t *ids, in
     n *= (size_t)shape[i];
   }
   oshape[ndim] = (int64_t)D;
-  if (n && !ids) return apex__fail_null(APEX_ERR_INVALID_ARG, "embedding: NULL ids of shape %s", apex__shape_of(ndim, shape));
-  for (size_t i = 0; i < n; i++)
-    if (ids[i] < 0 || (size_t)ids[i] >= V)
-      return apex__fail_null(APEX_ERR_INVALID_ARG, "embedding: id %lld at %zu is outside [0, %zu) for weight %s", (long long)ids[i], i, V,
-                             apex__shape(weight));
+  if (ix) {
+    if (ix->bound > (int64_t)V)
+      return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: the index's values are bounded by %lld, the weight %s has %zu rows", fn,
+                             (long long)ix->bound, apex__shape(weight), V);
+    if (ix->mem->device != g->be->device)
+      return apex__fail_null(APEX_ERR_DEVICE, "%s: the index is on the %s, the graph on the %s", fn, ix->mem->name, g->mem->name);
+  } else {
+    if (n && !ids) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: NULL ids of shape %s", fn, apex__shape_of(ndim, shape));
+    for (size_t i = 0; i < n; i++)
+      if (ids[i] < 0 || (size_t)ids[i] >= V)
+        return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: id %lld at %zu is outside [0, %zu) for weight %s", fn, (long long)ids[i], i, V,
+                               apex__shape(weight));
+  }
   const apex_backend *be = apex__ag_backend(u, APEX_OP_EMBEDDING);
   if (!be || !AG_HAS(be, nn_embedding, APEX_OP_EMBEDDING)) return NULL;
   apex_var *out = apex__result(g, APEX_OP_EMBEDDING, dt, ndim + 1, oshape, 1, &u);
   if (!out) return NULL;
-  int64_t *keep = apex__host_scratch(g, ag_nz(n) * sizeof(int64_t)); /* the slot reads ids on the host (args_nn.h) */
+  int64_t *keep = ix ? apex__scratch(g, ag_nz(n) * sizeof(int64_t)) : apex__host_scratch(g, ag_nz(n) * sizeof(int64_t));
   if (!keep) return NULL;
-  memcpy(keep, ids, n * sizeof(int64_t));
+  if (ix && n && g->mem->copy(keep, ix->data, n * sizeof(int64_t), APEX_COPY_D2D, 0) != APEX_OK) return NULL;
+  if (!ix && ids) memcpy(keep, ids, n * sizeof(int64_t));
   out->aux = keep;
-  if (be->nn_embedding(&(apex_nn_embedding_args){.n = n, .dim = D, .ids = keep, .w = apex_tensor_data(W), .dtype = dt,
-                                                 .out = apex_tensor_data(out->value)}) != APEX_OK)
+  out->p.embedding.ids_on_device = ix != NULL;
+  if (be->nn_embedding(&(apex_nn_embedding_args){.n = n, .dim = D, .ids = keep, .ids_on_device = ix != NULL, .w = apex_tensor_data(W),
+                                                 .dtype = dt, .out = apex_tensor_data(out->value)}) != APEX_OK)
     return NULL;
   return out;
+}
+
+apex_var *apex_embedding(apex_graph *g, apex_var *weight, const int64_t *ids, int ndim, const int64_t *shape) {
+  return embedding_of(g, weight, ids, NULL, ndim, shape, "embedding");
+}
+
+apex_var *apex_embedding_index(apex_graph *g, apex_var *weight, const apex_index *ids) {
+  if (!ids) return apex__fail_null(APEX_ERR_INVALID_ARG, "embedding_index: NULL index");
+  return embedding_of(g, weight, NULL, ids, ids->ndim, ids->shape, "embedding_index");
 }
 
 apex_status apex__bwd_embedding(apex_graph *g, apex_var *out) {
@@ -268,5 +292,6 @@ apex_status apex__bwd_embedding(apex_graph *g, apex_var *out) {
   size_t D = (size_t)out->in[0]->value->shape[1];
   return be->nn_embedding_bwd(&(apex_nn_embedding_bwd_args){.n = ag_numel(out) / ag_nz(D), .dim = D,
                                                             .rows = (size_t)out->in[0]->value->shape[0], .ids = out->aux,
-                                                            .gout = out->gbuf, .gw = gw, .accumulate_w = 1});
+                                                            .ids_on_device = out->p.embedding.ids_on_device, .gout = out->gbuf,
+                                                            .gw = gw, .accumulate_w = 1});
 }

@@ -443,10 +443,13 @@ typedef struct apex_nn_concat_bwd_args {
   const int *accumulate;
 } apex_nn_concat_bwd_args;
 
-/* out [n, dim] = rows ids[i] of w [V, dim] (the same dtype, copied as bytes). */
+/* out [n, dim] = rows ids[i] of w [V, dim] (the same dtype, copied as bytes). The ids are in host memory
+ * unless ids_on_device (then in the device's, as an apex_index keeps them, for a step that reads nothing
+ * from the host); either way the front has checked them against V. */
 typedef struct apex_nn_embedding_args {
   size_t n, dim;
   const int64_t *ids;
+  int ids_on_device;
   const void *w;
   apex_dtype dtype;
   void *out;
@@ -456,6 +459,7 @@ typedef struct apex_nn_embedding_args {
 typedef struct apex_nn_embedding_bwd_args {
   size_t n, dim, rows;
   const int64_t *ids;
+  int ids_on_device; /* as the forward's */
   const float *gout;
   float *gw;
   int accumulate_w;

@@ -28,6 +28,8 @@ apex_model *apex_model_create(const apex_model_options *opts) {
 }
 
 static void module_free(apex_module *mod) {
+  for (size_t i = 0; i < mod->n_positions; i++) apex_index_destroy(mod->positions[i]);
+  free(mod->positions);
   free(mod->children);
   free(mod);
 }

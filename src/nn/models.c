@@ -112,25 +112,51 @@ apex_status apex_gpt_sizes(const apex_module *gpt, apex_gpt_options *out) {
   return APEX_OK;
 }
 
-/* The hidden states after ln_f, [B * T, C], of token ids [B, T] (the part of the model before its head),
- * with fn naming the public call in messages. */
-static apex_var *gpt_hidden(apex_module *gpt, apex_graph *g, const int64_t *ids, int64_t B, int64_t T, const char *fn) {
+/* The positions 0..T-1 as an index on device, made the first time this GPT sees T there and kept with it. */
+static const apex_index *gpt_positions(apex_module *gpt, apex_device device, int64_t T, const char *fn) {
+  for (size_t i = 0; i < gpt->n_positions; i++)
+    if (apex_index_numel(gpt->positions[i]) == T && apex_index_device(gpt->positions[i]) == device) return gpt->positions[i];
+  apex_index **grown = realloc(gpt->positions, (gpt->n_positions + 1) * sizeof *grown);
+  if (!grown) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  gpt->positions = grown;
+  int64_t stack_pos[1024], *pos = T <= 1024 ? stack_pos : malloc((size_t)T * sizeof *pos);
+  apex_index *ix = pos ? apex_index_create_on(device, 1, &T, T) : NULL;
+  if (!pos) apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  for (int64_t t = 0; ix && t < T; t++) pos[t] = t;
+  if (ix && apex_index_set(ix, pos, T) != APEX_OK) apex_index_destroy(ix), ix = NULL;
+  if (pos != stack_pos) free(pos);
+  if (ix) gpt->positions[gpt->n_positions++] = ix;
+  return ix;
+}
+
+/* The hidden states after ln_f, [B * T, C], of token ids [B, T] (the part of the model before its head):
+ * from the host array ids, or from the index ix (its positions then an index too, so that nothing goes
+ * through the host), with fn naming the public call in messages. */
+static apex_var *gpt_hidden(apex_module *gpt, apex_graph *g, const int64_t *ids, const apex_index *ix, int64_t B, int64_t T,
+                            const char *fn) {
   if (!gpt || gpt->kind != NN_GPT)
     return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: %s", fn, !gpt ? "NULL module (did apex_gpt_create fail?)" : "not a GPT (apex_gpt_create makes one)");
-  if (!g || !ids) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: NULL %s", fn, !g ? "graph" : "ids");
+  if (!g || (!ids && !ix)) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: NULL %s", fn, !g ? "graph" : "ids");
   apex_gpt_options s;
   apex_gpt_sizes(gpt, &s);
   if (B < 1 || T < 1 || T > s.n_positions)
     return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: B %lld, T %lld: give B >= 1 and 1 <= T <= %lld (n_positions, the position table's rows)",
                            fn, (long long)B, (long long)T, (long long)s.n_positions);
   apex_module **c = gpt->children;
-  int64_t shape[2] = {B, T};
-  int64_t stack_pos[1024], *pos = T <= 1024 ? stack_pos : malloc((size_t)T * sizeof *pos);
-  if (!pos) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-  for (int64_t t = 0; t < T; t++) pos[t] = t;
-  apex_var *tok = apex_embedding_forward(c[0], g, ids, 2, shape);
-  apex_var *p = tok ? apex_embedding_forward(c[1], g, pos, 1, &T) : NULL;
-  if (pos != stack_pos) free(pos);
+  apex_var *tok, *p;
+  if (ix) {
+    const apex_index *pix = gpt_positions(gpt, apex_index_device(ix), T, fn);
+    tok = pix ? apex_embedding_forward_index(c[0], g, ix) : NULL;
+    p = tok ? apex_embedding_forward_index(c[1], g, pix) : NULL;
+  } else {
+    int64_t shape[2] = {B, T};
+    int64_t stack_pos[1024], *pos = T <= 1024 ? stack_pos : malloc((size_t)T * sizeof *pos);
+    if (!pos) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    for (int64_t t = 0; t < T; t++) pos[t] = t;
+    tok = apex_embedding_forward(c[0], g, ids, 2, shape);
+    p = tok ? apex_embedding_forward(c[1], g, pos, 1, &T) : NULL;
+    if (pos != stack_pos) free(pos);
+  }
   /* every residual add goes into the layer norm after it: the embeddings' sum into block 0's ln1, each
    * block's last add into the next one's ln1 or ln_f (apex__nn_block_forward2) */
   apex_var *a = tok, *b = p;
@@ -143,8 +169,16 @@ static apex_var *gpt_hidden(apex_module *gpt, apex_graph *g, const int64_t *ids,
   return apex_reshape(g, h, 2, flat);
 }
 
-apex_var *apex_gpt_forward(apex_module *gpt, apex_graph *g, const int64_t *ids, int64_t B, int64_t T) {
-  apex_var *h = gpt_hidden(gpt, g, ids, B, T, "apex_gpt_forward");
+/* B and T of an index of token ids [B, T]; 0 after a message naming fn otherwise. */
+static int gpt_index_sizes(const apex_index *ids, int64_t *B, int64_t *T, const char *fn) {
+  if (!ids) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL ids", fn), 0;
+  if (apex_index_ndim(ids) != 2) return apex__fail(APEX_ERR_SHAPE, "%s: ids of %d dimensions; give [B, T]", fn, apex_index_ndim(ids)), 0;
+  *B = apex_index_dim(ids, 0), *T = apex_index_dim(ids, 1);
+  return 1;
+}
+
+/* The logits [B * T, V] in f32 of the hidden states h (NULL passes through). */
+static apex_var *gpt_logits(apex_module *gpt, apex_graph *g, apex_var *h) {
   if (!h) return NULL;
   /* Tied output: logits = h wte^T as a linear with wte [V, C] as its weight, read where it is (a
    * product with a transposed operand). Until f4316f8 this was apex_transpose + apex_matmul: a
@@ -155,9 +189,30 @@ apex_var *apex_gpt_forward(apex_module *gpt, apex_graph *g, const int64_t *ids, 
   return logits;
 }
 
+apex_var *apex_gpt_forward(apex_module *gpt, apex_graph *g, const int64_t *ids, int64_t B, int64_t T) {
+  return gpt_logits(gpt, g, gpt_hidden(gpt, g, ids, NULL, B, T, "apex_gpt_forward"));
+}
+
+apex_var *apex_gpt_forward_index(apex_module *gpt, apex_graph *g, const apex_index *ids) {
+  int64_t B, T;
+  if (!gpt_index_sizes(ids, &B, &T, "apex_gpt_forward_index")) return NULL;
+  return gpt_logits(gpt, g, gpt_hidden(gpt, g, NULL, ids, B, T, "apex_gpt_forward_index"));
+}
+
 apex_var *apex_gpt_loss(apex_module *gpt, apex_graph *g, const int64_t *ids, const int64_t *targets, int64_t B, int64_t T) {
   if (!targets) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_gpt_loss: NULL targets");
-  apex_var *h = gpt_hidden(gpt, g, ids, B, T, "apex_gpt_loss");
+  apex_var *h = gpt_hidden(gpt, g, ids, NULL, B, T, "apex_gpt_loss");
   /* the tied head reads wte [V, C] where it is: logits = h wte^T, a linear without bias */
   return h ? apex_linear_cross_entropy(g, h, gpt->children[0]->p[0], targets, NULL, 0) : NULL;
+}
+
+apex_var *apex_gpt_loss_index(apex_module *gpt, apex_graph *g, const apex_index *ids, const apex_index *targets) {
+  const char *fn = "apex_gpt_loss_index";
+  int64_t B, T;
+  if (!gpt_index_sizes(ids, &B, &T, fn)) return NULL;
+  if (!targets) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: NULL targets", fn);
+  if (apex_index_ndim(targets) != 2 || apex_index_dim(targets, 0) != B || apex_index_dim(targets, 1) != T)
+    return apex__fail_null(APEX_ERR_SHAPE, "%s: targets of another shape than the ids [%lld, %lld]", fn, (long long)B, (long long)T);
+  apex_var *h = gpt_hidden(gpt, g, NULL, ids, B, T, fn);
+  return h ? apex_linear_cross_entropy_index(g, h, gpt->children[0]->p[0], targets, NULL, 0) : NULL;
 }

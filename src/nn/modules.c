@@ -108,6 +108,12 @@ apex_var *apex_embedding_forward(apex_module *mod, apex_graph *g, const int64_t 
   return apex_embedding(g, mod->p[0], ids, ndim, shape);
 }
 
+apex_var *apex_embedding_forward_index(apex_module *mod, apex_graph *g, const apex_index *ids) {
+  if (!mod || mod->kind != NN_EMBEDDING)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_embedding_forward_index: not an embedding module");
+  return apex_embedding_index(g, mod->p[0], ids);
+}
+
 apex_module *apex_attention_create(apex_model *m, const char *name, int64_t dim, int n_heads) {
   if (dim < 1 || n_heads < 1 || dim % n_heads)
     return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_attention_create: %d heads do not divide dim %lld", n_heads, (long long)dim);

@@ -33,6 +33,11 @@ struct apex_module {
   /* Batch norm modules: where the statistics come from in training mode when stats is set
    * (SyncBatchNorm: installed by apex_convert_sync_batchnorm in the parallel layer). */
   apex__bn_stats_hook bn_hook;
+  /* GPT modules: the positions 0..T-1 as indices on the model's device, one per T asked for
+   * (apex_gpt_forward_index): made once and kept with the module, since a captured step keeps reading the
+   * one it was captured with */
+  apex_index **positions;
+  size_t n_positions;
 };
 
 typedef struct nn_named_param {

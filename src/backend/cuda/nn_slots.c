@@ -238,22 +238,38 @@ apex_status apex__cuda_slot_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) 
 /* ---- lookups ------------------------------------------------------------------------ */
 
 apex_status apex__cuda_slot_nn_embedding(const apex_nn_embedding_args *a) {
-  /* the lookup never reads the table's row count (the front checked the ids against it) */
+  /* the lookup never reads the table's row count (the front checked the ids against it); ids on the device
+   * (an apex_index's) go to the kernel as they are, with no upload */
+  if (a->ids_on_device)
+    return apex__cuda_embedding_fwd_dev(a->w, a->dtype, (int64_t)a->dim, a->ids, (int64_t)a->n, a->out, a->dtype);
   return apex__cuda_embedding_fwd(a->w, a->dtype, 0, (int64_t)a->dim, a->ids, (int64_t)a->n, a->out, a->dtype);
+}
+
+/* dtable [rows, dim] (f32) = the rows' sums of gout, overwritten, from host ids (a host sort and an upload)
+ * or device ids (a device sort in pool scratch: nothing from the host, so a CUDA graph can hold it); the
+ * same bits either way (embedding.cu). */
+static apex_status embedding_grad(const apex_nn_embedding_bwd_args *a, float *dtable) {
+  if (!a->ids_on_device)
+    return apex__cuda_embedding_bwd(a->gout, APEX_F32, a->ids, (int64_t)a->n, (int64_t)a->rows, (int64_t)a->dim, dtable, APEX_F32);
+  size_t bytes = apex__cuda_embedding_bwd_scratch((int64_t)a->n, (int64_t)a->rows);
+  void *s = NULL;
+  apex_status st = apex__cuda_alloc(bytes ? bytes : 1, 0, &s);
+  if (st == APEX_OK)
+    st = apex__cuda_embedding_bwd_dev(a->gout, APEX_F32, a->ids, (int64_t)a->n, (int64_t)a->rows, (int64_t)a->dim, dtable, APEX_F32,
+                                      s, bytes);
+  apex__cuda_free(s); /* the stream orders its reuse after the sort */
+  return st;
 }
 
 apex_status apex__cuda_slot_nn_embedding_bwd(const apex_nn_embedding_bwd_args *a) {
   size_t total = a->rows * a->dim;
   /* The kernel writes the whole table (zeros where no id points), summing each row's terms in order of
    * position from 0.0f: the fresh case's bits directly. */
-  if (!a->accumulate_w)
-    return apex__cuda_embedding_bwd(a->gout, APEX_F32, a->ids, (int64_t)a->n, (int64_t)a->rows, (int64_t)a->dim, a->gw,
-                                    APEX_F32);
+  if (!a->accumulate_w) return embedding_grad(a, a->gw);
   if (!total) return APEX_OK;
   apex_status st;
   float *t = scratch(total, &st);
-  if (t)
-    st = apex__cuda_embedding_bwd(a->gout, APEX_F32, a->ids, (int64_t)a->n, (int64_t)a->rows, (int64_t)a->dim, t, APEX_F32);
+  if (t) st = embedding_grad(a, t);
   if (st == APEX_OK) st = land(a->gw, t, total, 1);
   apex__cuda_free(t);
   return st;
