@@ -5,6 +5,7 @@
 #include "apex/amp.h"
 #include "apex/amp_config.h"
 #include "apex/autograd.h"
+#include "apex/capture.h"
 #include "apex/cpu.h"
 #include "apex/dtype.h"
 #include "apex/fp16_optimizer.h"

@@ -25,6 +25,13 @@ typedef struct apex_device_services {
   /* Page-locked host memory (NULL with a message on failure), and its release (NULL is fine). */
   void *(*host_alloc)(size_t bytes);
   void (*host_free)(void *p);
+  /* Recording the work queued on apex's stream into a graph that replays it (capture.h): begin; end with
+   * the status of what was queued since (the graph into *graph, or the first failure, the recording thrown
+   * away); queue one replay; free a graph and the memory it replays on. `what` names the caller. */
+  apex_status (*capture_begin)(const char *what);
+  apex_status (*capture_end)(const char *what, apex_status st, void **graph);
+  apex_status (*graph_launch)(void *graph, const char *what);
+  void (*graph_destroy)(void *graph);
 } apex_device_services;
 
 #endif

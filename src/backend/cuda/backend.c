@@ -68,6 +68,16 @@ const apex_streams apex__cuda_streams = {
     .event_query = apex__cuda_event_query,
 };
 
+/* graph.cu's graph under the services' opaque pointer */
+static apex_status capture_end(const char *what, apex_status st, void **graph) {
+  apex__cuda_graph *gr = NULL;
+  st = apex__cuda_capture_end(what, st, &gr);
+  *graph = gr;
+  return st;
+}
+static apex_status graph_launch(void *graph, const char *what) { return apex__cuda_graph_launch(graph, what); }
+static void graph_destroy(void *graph) { apex__cuda_graph_destroy(graph); }
+
 const apex_device_services apex__cuda_services = {
     .device_name = apex__cuda_device_name,
     .stream = apex__cuda_stream,
@@ -75,4 +85,8 @@ const apex_device_services apex__cuda_services = {
     .empty_cache = apex__cuda_empty_cache,
     .host_alloc = apex__cuda_host_alloc,
     .host_free = apex__cuda_host_free,
+    .capture_begin = apex__cuda_capture_begin,
+    .capture_end = capture_end,
+    .graph_launch = graph_launch,
+    .graph_destroy = graph_destroy,
 };
