@@ -7,17 +7,25 @@
  * model in PyTorch (eager and torch.compile) and prints the ratios.
  *
  * The GPT-2 benchmarks' fixed batch (bench_util.h: B sequences of T = 1024 tokens uniform over GPT-2's 50257,
- * targets the next token of the stream) is trained on again and again, so the loss must fall: 3 warm-up
- * steps, then 10 timed steps between two synchronisations. Each step reads nothing on the host (the
- * loss goes into a device history by a device-to-device copy, read at the end; *skipped is not asked),
- * so the host waits only where the stack itself waits. Prints
- *     bench gpt2_stack_bf16_tokens_per_s VALUE tokens/s ratio=R peer=PyTorch eager ...
- *     bench gpt2_stack_bf16_ms_per_step, bench gpt2_stack_bf16_host_waits_per_step
- * then 3 more steps synchronised after each phase: bench gpt2_stack_bf16_phase_{forward,backward,optimizer}_ms
- * with the host's time to queue each phase (when that is as long as the GPU's, the host is the bound)
- * with R against --peer-tokens-per-s N (PyTorch eager's figure, bench/peer_gpt2.py, measured in the
- * same run on the same GPU: tests/gpu/run.sh passes it), 0 without one. Options: --batch B (8), --seq T
- * (1024), --steps N (10), --warmup N (3), --peer-tokens-per-s N, --cpu (the same loop on the CPU with a
+ * targets the next token of the stream), set into two indexes (index.h) before every step as a training
+ * loop would, is trained on again and again, so the loss must fall. The step reads its batch from the
+ * device (apex_gpt_loss_index) and nothing on the host (the loss goes into a device tensor, copied into a
+ * device history read at the end; *skipped is not asked), so the host waits only where the stack waits.
+ * Two ways, on two models from the same seed:
+ *   eager: 3 warm-up steps, then 10 timed steps between two synchronisations;
+ *   captured (capture.h): apex_step_capture (one step), 2 warm-up replays, then 10 timed replays.
+ * Prints
+ *     bench gpt2_stack_bf16_tokens_per_s VALUE tokens/s ratio=R peer=PyTorch eager ...   the captured step
+ *     bench gpt2_stack_bf16_ms_per_step, _mfu, _host_waits_per_step                       the same
+ *     bench gpt2_stack_bf16_eager_tokens_per_s, _eager_ms_per_step, _eager_host_waits_per_step
+ * then 3 more eager steps synchronised after each phase: bench gpt2_stack_bf16_phase_{forward,backward,
+ * optimizer}_ms with the host's time to queue each phase (when that is as long as the GPU's, the host is
+ * the bound), with R against --peer-tokens-per-s N (PyTorch eager's figure, bench/peer_gpt2.py, in the same
+ * run on the same GPU), 0 without one; bench/peer_gpt2.py prints the ratios when handed this figure. MFU is
+ * nanoGPT's estimate (6 N + 12 L C T FLOPs a token, N the parameters without wpe) over 989.5 TFLOP/s
+ * (756 on an H100 PCIe). A capture that fails is a `bench gpt2_stack_bf16_tokens_per_s failed: ...` line,
+ * the eager figures still printed. Options: --batch B (8), --seq T
+ * (1024), --steps N (10), --warmup N (3), --peer-tokens-per-s N, --cpu (the same loops on the CPU with a
  * 2-layer, 64-wide model: a smoke run of the code, not a figure). Skipped, with the reason, without a
  * GPU; a failure (or a loss that does not fall) is a `bench NAME failed: ...` line and exit status 0, as
  * the other benchmarks. */
@@ -26,6 +34,7 @@
 #include <string.h>
 
 #include "apex/apex.h"
+#include "apex/capture.h"
 #include "apex/cuda.h"
 #include "apex/models.h"
 #include "bench_util.h"
@@ -68,35 +77,133 @@ typedef struct phases {
   int steps;
 } phases;
 
-static int on_cpu; /* --cpu: nothing to synchronise */
-static apex_status sync_if(phases *ph) { return ph && !on_cpu ? apex_cuda_synchronize() : APEX_OK; }
+/* One model and what its step needs. */
+typedef struct run {
+  apex_model *m;
+  apex_module *gpt;
+  apex_optimizer *opt;
+  apex_amp *amp;
+  apex_graph *g;
+  apex_index *ids, *targets;
+  apex_tensor *loss; /* the step's loss, on the device */
+  phases *ph;        /* NULL: no synchronisation inside the step */
+  int cpu;
+} run;
 
-/* One training step; its loss (f32, on the device) copied into slot. With ph: timed phase by phase. */
-static apex_status step(apex_module *gpt, apex_amp *amp, apex_optimizer *opt, apex_graph *g, const int64_t *tokens,
-                        const int64_t *targets, int64_t B, int64_t T, apex_tensor *slot, phases *ph) {
+static apex_status sync_if(const run *r) { return r->ph && !r->cpu ? apex_cuda_synchronize() : APEX_OK; }
+
+/* One training step (apex_step_fn): its loss into r->loss; with r->ph, timed phase by phase. */
+static apex_status step(void *ctx) {
+  run *r = ctx;
   double t0 = bench_now();
-  /* the head and the loss as one op (apex_gpt_loss): no [B T, vocab] f32 logits nor their f32 gradient */
-  apex_var *loss = apex_gpt_loss(gpt, g, tokens, targets, B, T);
-  apex_status st = loss ? apex_tensor_copy(slot, apex_var_value(loss)) : apex_last_status();
+  /* the head and the loss as one op (apex_gpt_loss_index): no [B T, vocab] f32 logits nor their f32 gradient */
+  apex_var *loss = apex_gpt_loss_index(r->gpt, r->g, r->ids, r->targets);
+  apex_status st = loss ? apex_tensor_copy(r->loss, apex_var_value(loss)) : apex_last_status();
   double t1 = bench_now();
-  if (st == APEX_OK) st = sync_if(ph);
+  if (st == APEX_OK) st = sync_if(r);
   double t2 = bench_now();
-  if (st == APEX_OK) st = apex_amp_backward(amp, loss, 0, NULL);
-  apex_graph_reset(g);
+  if (st == APEX_OK) st = apex_amp_backward(r->amp, loss, 0, NULL);
+  apex_graph_reset(r->g);
   double t3 = bench_now();
-  if (st == APEX_OK) st = sync_if(ph);
+  if (st == APEX_OK) st = sync_if(r);
   double t4 = bench_now();
-  if (st == APEX_OK) st = apex_amp_step(amp, opt, NULL);
-  if (st == APEX_OK) st = apex_amp_zero_grad(amp);
+  if (st == APEX_OK) st = apex_amp_step(r->amp, r->opt, NULL);
+  if (st == APEX_OK) st = apex_amp_zero_grad(r->amp);
   double t5 = bench_now();
-  if (st == APEX_OK) st = sync_if(ph);
+  if (st == APEX_OK) st = sync_if(r);
   double t6 = bench_now();
-  if (ph && st == APEX_OK) {
+  if (r->ph && st == APEX_OK) {
     double q[3] = {t1 - t0, t3 - t2, t5 - t4}, d[3] = {t2 - t0, t4 - t2, t6 - t4};
-    for (int k = 0; k < 3; k++) ph->queue[k] += q[k], ph->done[k] += d[k];
-    ph->steps++;
+    for (int k = 0; k < 3; k++) r->ph->queue[k] += q[k], r->ph->done[k] += d[k];
+    r->ph->steps++;
   }
   return st;
+}
+
+static void run_free(run *r) {
+  apex_index_destroy(r->ids);
+  apex_index_destroy(r->targets);
+  apex_tensor_destroy(r->loss);
+  apex_graph_destroy(r->g);
+  apex_amp_destroy(r->amp);
+  apex_optimizer_destroy(r->opt);
+  apex_model_destroy(r->m);
+}
+
+/* The model, its graph, indexes and loss; 0 or -1 after fail(). */
+static int run_make(run *r, int64_t B, int64_t T, apex_device dev) {
+  *r = (run){.cpu = dev == APEX_DEVICE_CPU};
+  if (build(&r->m, &r->gpt, &r->opt, &r->amp, T, dev)) return -1;
+  const int64_t shape[2] = {B, T};
+  r->g = apex_graph_create_on(dev);
+  r->ids = apex_index_create_on(dev, 2, shape, 50304);
+  r->targets = apex_index_create_on(dev, 2, shape, 50304);
+  r->loss = apex_tensor_create_on(dev, APEX_F32, 0, NULL);
+  if (!r->g || !r->ids || !r->targets || !r->loss || apex_amp_prepare_graph(r->amp, r->g) != APEX_OK) return fail("the graph"), -1;
+  return 0;
+}
+
+/* The batch set as a loop sets it before each step, then the step (or a replay of it), its loss copied into
+ * history slot s. */
+static apex_status one_step(run *r, apex_captured_step *cs, const int64_t *tokens, const int64_t *targets, size_t bt,
+                            apex_tensor *history, int64_t s) {
+  apex_status st = apex_index_set(r->ids, tokens, (int64_t)bt);
+  if (st == APEX_OK) st = apex_index_set(r->targets, targets, (int64_t)bt);
+  if (st == APEX_OK) st = cs ? apex_step_replay(cs) : step(r);
+  apex_tensor *slot = st == APEX_OK ? apex_tensor_slice_view(history, (size_t)s, 0, NULL) : NULL;
+  if (st == APEX_OK) st = slot ? apex_tensor_copy(slot, r->loss) : apex_last_status();
+  apex_tensor_destroy(slot);
+  return st;
+}
+
+typedef struct timing {
+  double seconds;
+  unsigned long long waits;
+} timing;
+
+/* warmup + steps steps (replays of cs when given; cs's capture counts as the first warm-up step), the last
+ * `steps` timed between two synchronisations; the losses into history[0..warmup + steps). 0, or -1 after
+ * saying why. */
+static int train(run *r, apex_captured_step *cs, const int64_t *tokens, const int64_t *targets, size_t bt, int warmup, int steps,
+                 apex_tensor *history, timing *t, const char *what) {
+  for (int s = cs ? 1 : 0; s < warmup + steps; s++) {
+    if (s == warmup) {
+      if (!r->cpu && apex_cuda_synchronize() != APEX_OK) return fail("synchronising"), -1;
+      t->seconds = bench_now();
+      t->waits = r->cpu ? 0 : bench_cuda_waits();
+    }
+    if (one_step(r, cs, tokens, targets, bt, history, s) != APEX_OK) return fail(what), -1;
+  }
+  t->waits = r->cpu ? 0 : bench_cuda_waits() - t->waits;
+  if (!r->cpu && apex_cuda_synchronize() != APEX_OK) return fail("synchronising"), -1;
+  t->seconds = bench_now() - t->seconds;
+  return 0;
+}
+
+/* The losses of a history, printed; 0 when the last is below the first. */
+static int print_losses(const char *what, apex_tensor *history, int64_t n) {
+  apex_tensor *hh = apex_tensor_create(APEX_F32, 1, &n);
+  if (!hh || apex_tensor_copy(hh, history) != APEX_OK) {
+    apex_tensor_destroy(hh);
+    return fail("reading the losses"), -1;
+  }
+  const float *loss = apex_tensor_data(hh);
+  printf("# %s loss by step:", what);
+  for (int64_t s = 0; s < n; s++) printf(" %.4f", (double)loss[s]);
+  printf("\n");
+  int ok = loss[n - 1] < loss[0];
+  if (!ok) printf("bench %s failed: the %s loss did not decrease on the repeated batch (%.4f -> %.4f)\n", NAME, what, (double)loss[0],
+                  (double)loss[n - 1]);
+  apex_tensor_destroy(hh);
+  return ok ? 0 : -1;
+}
+
+/* nanoGPT's estimate of a token's FLOPs: 6 N + 12 L C T, N the parameters without wpe. */
+static double flops_per_token(const run *r, int64_t T) {
+  apex_gpt_options o;
+  if (apex_gpt_sizes(r->gpt, &o) != APEX_OK) return 0;
+  double n = (double)apex_model_param_elements(r->m) - (double)(o.n_positions * o.n_embd);
+  return 6 * n + 12.0 * (double)(o.n_layer * o.n_embd * T);
 }
 
 int main(int argc, char **argv) {
@@ -115,92 +222,85 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (B < 1 || T < 2 || T > 1024 || steps < 1 || warmup < 0) {
-    fprintf(stderr, "bench_gpt2_stack: --batch >= 1, --seq in [2, 1024], --steps >= 1, --warmup >= 0\n");
+  if (B < 1 || T < 2 || T > 1024 || steps < 1 || warmup < 1) {
+    fprintf(stderr, "bench_gpt2_stack: --batch >= 1, --seq in [2, 1024], --steps >= 1, --warmup >= 1\n");
     return 2;
   }
   const char *why = NULL;
   apex_device dev_kind = cpu ? APEX_DEVICE_CPU : APEX_DEVICE_CUDA;
-  on_cpu = cpu;
   if (!cpu && !apex_cuda_available(&why)) {
     bench_skip(NAME "_tokens_per_s", why && *why ? why : "no CUDA GPU");
     return 0;
   }
   char dev[128] = "the CPU (--cpu: 2 layers, 64 wide)";
   if (!cpu) apex_cuda_device_name(dev, sizeof dev);
-  apex_model *m = NULL;
-  apex_module *gpt = NULL;
-  apex_optimizer *opt = NULL;
-  apex_amp *amp = NULL;
-  apex_graph *g = NULL;
+  const double peak = cpu ? 0 : strstr(dev, "PCIe") ? 756e12 : 989.5e12;
   size_t bt = (size_t)B * (size_t)T;
   int64_t *tokens = malloc(bt * sizeof *tokens), *targets = malloc(bt * sizeof *targets);
   int64_t total = warmup + steps;
+  run e = {0}, c = {0};
   apex_tensor *history = NULL;
+  apex_captured_step *cs = NULL;
+  timing te = {0, 0}, tc = {0, 0};
   /* the GPT-2 benchmarks' fixed batch (bench_util.h) */
-  int rc = tokens && targets && !bench_gpt2_batch(tokens, targets, bt, 50304) ? build(&m, &gpt, &opt, &amp, T, dev_kind)
-                                                                              : (fail("out of memory"), -1);
+  int rc = tokens && targets && !bench_gpt2_batch(tokens, targets, bt, 50304) ? 0 : (fail("out of memory"), -1);
+  if (rc == 0) rc = run_make(&e, B, T, dev_kind);
+  if (rc == 0 && !(history = apex_tensor_create_on(dev_kind, APEX_F32, 1, &total))) rc = (fail("the loss history"), -1);
+  if (rc == 0) rc = train(&e, NULL, tokens, targets, bt, warmup, steps, history, &te, "eager training step");
+  if (rc == 0) rc = print_losses("eager", history, total);
+  apex_cuda_memory_stats ms = {0};
+  if (rc == 0 && !cpu) apex_cuda_memory_stats_get(&ms);
+  printf("# bench_gpt2_stack on %s: GPT-2 small from apex_gpt_create, B=%d T=%d, amp O2 bf16 (f32 masters), AdamW lr 3e-4 "
+         "betas (0.9, 0.95) wd 0.1, batch from indexes; eager %d warm-up + %d timed steps, peak GPU memory %.2f GiB\n",
+         dev, B, T, warmup, steps, (double)ms.peak_allocated / (1024.0 * 1024.0 * 1024.0));
+  char peer_name[96];
+  snprintf(peer_name, sizeof peer_name, "PyTorch eager %.0f tokens/s (bench/peer_gpt2.py, same run)", peer);
+  const char *peer_what = peer > 0 ? peer_name : "none given (--peer-tokens-per-s)";
   if (rc == 0) {
-    g = apex_graph_create_on(dev_kind);
-    history = apex_tensor_create_on(dev_kind, APEX_F32, 1, &total);
-    if (!g || !history || apex_amp_prepare_graph(amp, g) != APEX_OK) rc = (fail("the graph"), -1);
-  }
-  double seconds = 0;
-  unsigned long long waits0 = 0;
-  for (int s = 0; rc == 0 && s < total; s++) {
-    if (s == warmup) {
-      if (!cpu && apex_cuda_synchronize() != APEX_OK) rc = (fail("synchronising"), -1);
-      seconds = bench_now();
-      waits0 = cpu ? 0 : bench_cuda_waits();
-    }
-    apex_tensor *slot = apex_tensor_slice_view(history, (size_t)s, 1, (int64_t[]){1});
-    if (!slot || step(gpt, amp, opt, g, tokens, targets, B, T, slot, NULL) != APEX_OK) rc = (fail("training step"), -1);
-    apex_tensor_destroy(slot);
-  }
-  unsigned long long waits = rc == 0 && !cpu ? bench_cuda_waits() - waits0 : 0;
-  if (rc == 0 && !cpu && apex_cuda_synchronize() != APEX_OK) rc = (fail("synchronising"), -1);
-  seconds = bench_now() - seconds;
-  apex_tensor *hh = rc == 0 ? apex_tensor_create(APEX_F32, 1, &total) : NULL;
-  if (rc == 0 && (!hh || apex_tensor_copy(hh, history) != APEX_OK)) rc = (fail("reading the losses"), -1);
-  if (rc == 0) {
-    const float *loss = apex_tensor_data(hh);
-    double tps = (double)bt * steps / seconds;
-    apex_cuda_memory_stats ms = {0};
-    if (!cpu) apex_cuda_memory_stats_get(&ms);
-    printf("# bench_gpt2_stack on %s: GPT-2 small from apex_gpt_create, B=%d T=%d, amp O2 bf16 (f32 masters), AdamW lr 3e-4 "
-           "betas (0.9, 0.95) wd 0.1, %d warm-up + %d timed steps, peak GPU memory %.2f GiB\n# loss by step:",
-           dev, B, T, warmup, steps, (double)ms.peak_allocated / (1024.0 * 1024.0 * 1024.0));
-    for (int s = 0; s < total; s++) printf(" %.4f", (double)loss[s]);
-    printf("\n");
-    char peer_name[96];
-    snprintf(peer_name, sizeof peer_name, "PyTorch eager %.0f tokens/s (bench/peer_gpt2.py, same run)", peer);
-    bench_report(NAME "_tokens_per_s", tps, "tokens/s", peer > 0 ? tps / peer : 0, peer > 0 ? peer_name : "none given (--peer-tokens-per-s)");
-    bench_report(NAME "_ms_per_step", 1e3 * seconds / steps, "ms", 0, "-");
-    bench_report(NAME "_host_waits_per_step", (double)waits / steps, "waits", 0, "apex_memory.waits");
+    double tps = (double)bt * steps / te.seconds;
+    bench_report(NAME "_eager_tokens_per_s", tps, "tokens/s", peer > 0 ? tps / peer : 0, peer_what);
+    bench_report(NAME "_eager_ms_per_step", 1e3 * te.seconds / steps, "ms", 0, "-");
+    bench_report(NAME "_eager_host_waits_per_step", (double)te.waits / steps, "waits", 0, "apex_cuda_memory_stats.host_waits");
     /* Then 3 steps more, synchronised after each phase: where the step's time goes, and how much of it the
      * host needs just to queue the work (when queueing takes as long as the GPU, the host is the bound). */
     phases ph = {{0}, {0}, 0};
-    apex_tensor *last = apex_tensor_slice_view(history, (size_t)(total - 1), 1, (int64_t[]){1});
-    for (int s = 0; s < 3 && last; s++)
-      if (step(gpt, amp, opt, g, tokens, targets, B, T, last, &ph) != APEX_OK) break;
-    apex_tensor_destroy(last);
+    e.ph = &ph;
+    for (int s = 0; s < 3; s++)
+      if (one_step(&e, NULL, tokens, targets, bt, history, total - 1) != APEX_OK) break;
+    e.ph = NULL;
     static const char *const phase_name[3] = {"forward", "backward", "optimizer"};
     for (int k = 0; k < 3 && ph.steps > 0; k++) {
       char figure[96], what[96];
       snprintf(figure, sizeof figure, NAME "_phase_%s_ms", phase_name[k]);
-      snprintf(what, sizeof what, "host queueing %.2f ms of it", 1e3 * ph.queue[k] / ph.steps);
+      snprintf(what, sizeof what, "eager; host queueing %.2f ms of it", 1e3 * ph.queue[k] / ph.steps);
       bench_report(figure, 1e3 * ph.done[k] / ph.steps, "ms", 0, what);
     }
-    if (!(loss[total - 1] < loss[0]))
-      printf("bench %s failed: the loss did not decrease on the repeated batch (%.4f -> %.4f)\n", NAME, (double)loss[0],
-             (double)loss[total - 1]);
   }
-  apex_tensor_destroy(hh);
+  /* the captured step, on a second model from the same seed (the eager one's memory given back first) */
+  run_free(&e);
+  e = (run){0};
+  if (rc == 0) rc = run_make(&c, B, T, dev_kind);
+  apex_status st = APEX_OK;
+  if (rc == 0) {
+    st = apex_index_set(c.ids, tokens, (int64_t)bt);
+    if (st == APEX_OK) st = apex_index_set(c.targets, targets, (int64_t)bt);
+    if (st == APEX_OK) st = apex_step_capture(dev_kind, step, &c, &(apex_capture_options){&c.opt, 1}, &cs);
+    apex_tensor *slot = st == APEX_OK ? apex_tensor_slice_view(history, 0, 0, NULL) : NULL;
+    if (st == APEX_OK) st = slot ? apex_tensor_copy(slot, c.loss) : apex_last_status();
+    apex_tensor_destroy(slot);
+    if (st != APEX_OK) printf("bench %s_tokens_per_s failed: capturing the step: %s\n", NAME, apex_last_error());
+  }
+  if (rc == 0 && st == APEX_OK && train(&c, cs, tokens, targets, bt, warmup, steps, history, &tc, "replaying the captured step") == 0 &&
+      print_losses("captured", history, total) == 0) {
+    double tps = (double)bt * steps / tc.seconds, fpt = flops_per_token(&c, T);
+    bench_report(NAME "_tokens_per_s", tps, "tokens/s", peer > 0 ? tps / peer : 0, peer_what);
+    bench_report(NAME "_ms_per_step", 1e3 * tc.seconds / steps, "ms", 0, "captured (apex_step_replay)");
+    if (peak > 0) bench_report(NAME "_mfu", 100 * fpt * tps / peak, "%", 0, "nanoGPT's estimate over the dense bf16 peak");
+    bench_report(NAME "_host_waits_per_step", (double)tc.waits / steps, "waits", 0, "apex_cuda_memory_stats.host_waits");
+  }
+  apex_captured_step_destroy(cs);
+  run_free(&c);
   apex_tensor_destroy(history);
-  apex_graph_destroy(g);
-  apex_amp_destroy(amp);
-  apex_optimizer_destroy(opt);
-  apex_model_destroy(m);
   free(tokens);
   free(targets);
   return 0;

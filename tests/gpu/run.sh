@@ -42,7 +42,7 @@ key_bench() { # the ratios against the peer: NAME=RATIO, at most 4, then a count
 }
 key_gpt2() { # the library's GPT-2 (bench_gpt2_stack): tokens/s with its ratio, host waits a step, phases
   local f=$1
-  awk '$1 == "bench" && $2 ~ /gpt2_stack_bf16_(tokens_per_s|host_waits_per_step)$/ {r = ""; for (i = 5; i <= NF; i++) if ($i ~ /^ratio=/) r = " " $i; printf "%s %s %s%s; ", $2, $3, $4, r}' "$f"
+  awk '$1 == "bench" && $2 ~ /gpt2_stack_bf16_(tokens_per_s|mfu|host_waits_per_step|eager_tokens_per_s)$/ && $3 != "failed:" {printf "%s %s %s; ", substr($2, 17), $3, $4}' "$f"
   grep -m1 -E 'skipped|failed' "$f" | cut -c1-100
 }
 key_parity() { # the largest relative loss difference over the steps, apex / torch at the last, the verdict
@@ -144,6 +144,10 @@ step test_backend_ops 60 test key_cmocka "$B/tests/test_backend_ops"
 step test_graph_cuda 40 test key_cmocka "$B/tests/test_graph_cuda"
 step test_flash_attention 30 test key_cmocka "$B/tests/test_flash_attention"
 step test_syncbn_cuda 20 test key_cmocka "$B/tests/test_syncbn_cuda"
+# the library's captured step (apex_step_capture: one CUDA graph) against its eager step, bit for bit, and
+# the device-side ids it reads (apex_index) against host ids
+[ -x "$B/tests/test_capture" ] && step test_capture 60 test key_cmocka "$B/tests/test_capture"
+[ -x "$B/tests/test_index" ] && step test_index 30 test key_cmocka "$B/tests/test_index"
 # generation with a key/value cache on the GPU: the cached tokens against the uncached forward's argmax
 [ -x "$B/tests/test_generate" ] && step test_generate 40 test key_cmocka "$B/tests/test_generate"
 for t in test_cuda_classifier test_cuda_epilogues test_cuda_nn_contract test_amp_device test_graph_device; do
@@ -173,7 +177,9 @@ fi
 # on the same problem, given apex's figure for its ratios (eager; GPT2_MODES=eager,compile adds torch.compile, whose
 # warm-up takes about a minute: give GPT2_TORCH_CAP and GPT2_COMPILE_TIMEOUT room for it)
 step gpt2_stack 60 bench key_gpt2 "$B/bench/bench_gpt2_stack"
-tps=$(awk '$1 == "bench" && $2 == "gpt2_stack_bf16_tokens_per_s" {print $3}' "$L/gpt2_stack.log" 2> /dev/null)
+# the captured step's figure, else (a capture that failed) the eager one's
+tps_of() { awk '$1 == "bench" && $2 == "gpt2_stack_bf16_tokens_per_s" && $3 != "failed:" {c = $3} $1 == "bench" && $2 == "gpt2_stack_bf16_eager_tokens_per_s" {e = $3} END {print c ? c : e}' "$1" 2> /dev/null; }
+tps=$(tps_of "$L/gpt2_stack.log")
 step gpt2_torch ${GPT2_TORCH_CAP:-60} bench key_bench python3 "$G/src/bench/peer_gpt2.py" "$B" ${tps:+--apex-tokens-per-s $tps} \
   --modes "${GPT2_MODES:-eager}" --compile-timeout ${GPT2_COMPILE_TIMEOUT:-40}
 # apex's GPT-2 and PyTorch's from the same initial weights on the same batch: 13 bf16 steps, every loss within 1%
@@ -181,7 +187,7 @@ step gpt2_torch ${GPT2_TORCH_CAP:-60} bench key_bench python3 "$G/src/bench/peer
 step gpt2_loss_parity 60 test key_parity python3 "$G/src/bench/gpt2_loss_parity.py" --apex "$B/bench/gpt2_loss_dump"
 # the same pair at B = 16
 step gpt2_stack_b16 60 bench key_gpt2 "$B/bench/bench_gpt2_stack" --batch 16
-tps16=$(awk '$1 == "bench" && $2 == "gpt2_stack_bf16_tokens_per_s" {print $3}' "$L/gpt2_stack_b16.log" 2> /dev/null)
+tps16=$(tps_of "$L/gpt2_stack_b16.log")
 step gpt2_torch_b16 ${GPT2_TORCH_CAP:-60} bench key_bench python3 "$G/src/bench/peer_gpt2.py" "$B" --batch 16 \
   ${tps16:+--apex-tokens-per-s $tps16} --modes "${GPT2_MODES:-eager}" --compile-timeout ${GPT2_COMPILE_TIMEOUT:-40}
 step bench_cuda 30 bench key_bench "$B/bench/bench_cuda"
