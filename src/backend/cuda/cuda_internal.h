@@ -249,7 +249,7 @@ size_t apex__cuda_embedding_bwd_scratch(int64_t n, int64_t v);
 apex_status apex__cuda_embedding_bwd_dev(const void *dy, apex_dtype dt, const int64_t *d_ids, int64_t n, int64_t v, int64_t d,
                                          void *dtable, apex_dtype gt, void *d_scratch, size_t scratch_bytes);
 
-/* ---- graph.cu: capturing apex's stream into a CUDA graph, and the pinned staging of a graph's inputs ------ */
+/* ---- graph.cu: capturing apex's stream into a CUDA graph (capture.h's apex_step_capture) ----------------- */
 
 typedef struct apex__cuda_graph apex__cuda_graph;
 /* Starts capturing apex's stream (thread-local mode: a call of this thread that would synchronise, such as a
@@ -266,18 +266,6 @@ apex_status apex__cuda_graph_launch(apex__cuda_graph *g, const char *what);
 /* Waits for the GPU (a replay may be queued), frees the graph and gives its blocks back. NULL is fine. */
 void apex__cuda_graph_destroy(apex__cuda_graph *g);
 
-/* Two pinned host buffers taken in turn, for inputs that a graph reads from device memory: the host fills
- * one while the copy out of the other may still be queued. */
-typedef struct apex__cuda_staging apex__cuda_staging;
-apex_status apex__cuda_staging_create(size_t bytes, apex__cuda_staging **out);
-/* Waits for the queued copies out of its buffers, then frees them. NULL is fine. */
-void apex__cuda_staging_destroy(apex__cuda_staging *s);
-/* The next buffer (bytes long) for the host to fill. Waits, counted as a host wait, only when the copy out of
- * it queued two uploads ago has not run yet (the host is two steps ahead of the GPU). */
-apex_status apex__cuda_staging_next(apex__cuda_staging *s, void **host);
-/* Queues the copy of the first `bytes` of the buffer apex__cuda_staging_next gave to d_dst on apex's stream,
- * and marks the buffer busy until that copy has run. */
-apex_status apex__cuda_staging_upload(apex__cuda_staging *s, void *d_dst, size_t bytes);
 
 /* ---- attention.cu: GPT-2's causal self-attention on the packed qkv (see apex/cuda.h) ---------------------- */
 
@@ -343,17 +331,6 @@ apex_status apex__cuda_flash_attention_bwd(const apex__cuda_flash *g, const void
  * NaN loss. The logits are read twice and written once; deterministic. */
 apex_status apex__cuda_classifier(void *logits, apex_dtype lt, const int64_t *target, int64_t rows, int64_t cols,
                                   int64_t ld, float dloss, float *loss);
-
-/* ---- timer.cu: a GPU stopwatch for benchmarks' breakdowns ------------------------------------------------- */
-
-typedef struct apex__cuda_timer apex__cuda_timer;
-/* n timing events. */
-apex_status apex__cuda_timer_create(int n, apex__cuda_timer **out);
-void apex__cuda_timer_destroy(apex__cuda_timer *t);
-/* Records event i on apex's stream (after everything queued so far). */
-apex_status apex__cuda_timer_mark(apex__cuda_timer *t, int i);
-/* *ms = GPU time from event i to event j; waits for event j. */
-apex_status apex__cuda_timer_elapsed(apex__cuda_timer *t, int i, int j, float *ms);
 
 /* ---- elementwise.cu: elementwise ops and deterministic sums (see apex/cuda.h) ----------------------------- */
 

@@ -1,12 +1,9 @@
-/* graph.cu: capturing work queued on apex's stream into a CUDA graph and replaying it, and the pinned
- * staging buffers through which a replayed graph gets its inputs.
+/* graph.cu: capturing work queued on apex's stream into a CUDA graph and replaying it (capture.h).
  *
  * A graph replays the kernels it captured with the arguments they had: every pointer, size and scalar is
  * fixed at capture. Inputs that change from one replay to the next (a batch's token ids) must therefore be
- * read by the graph from device buffers that the host refills before each launch. The refill is a copy from
- * pinned memory queued on the same stream just before the launch; the host may not write that pinned
- * buffer again until the copy has run, so there are two buffers taken in turn, each with an event after
- * its copy: the host waits only when it is two uploads ahead of the GPU.
+ * read by the graph from device memory that the host refills before each launch (apex_index_set queues
+ * that copy on the same stream).
  *
  * The capture is thread-local: a call of this thread that would make the host wait for the GPU inside it
  * (a synchronisation, a copy from pageable memory) breaks the capture and is reported by
@@ -92,79 +89,4 @@ extern "C" void apex__cuda_graph_destroy(apex__cuda_graph *g) {
   cudaGraphExecDestroy(g->exec);
   apex__cuda_pool_release(g->pool_id);
   free(g);
-}
-
-/* ---- staging ------------------------------------------------------------------------------------------------ */
-
-struct apex__cuda_staging {
-  void *buf[2];      /* pinned */
-  cudaEvent_t ev[2]; /* after the copy out of buf[k] */
-  int queued[2];     /* a copy out of buf[k] was queued (its event recorded) */
-  int cur;           /* the buffer apex__cuda_staging_next gives */
-  size_t bytes;
-};
-
-extern "C" apex_status apex__cuda_staging_create(size_t bytes, apex__cuda_staging **out) {
-  *out = NULL;
-  const char *why;
-  if (!apex__cuda_ready(&why)) return apex__fail(APEX_ERR_UNSUPPORTED, "CUDA staging buffers: %s", why);
-  apex__cuda_staging *s = (apex__cuda_staging *)calloc(1, sizeof *s);
-  if (!s) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "CUDA staging buffers: out of memory");
-  s->bytes = bytes;
-  apex_status st = APEX_OK;
-  for (int k = 0; k < 2 && st == APEX_OK; k++) {
-    cudaError_t e = cudaEventCreateWithFlags(&s->ev[k], cudaEventDisableTiming);
-    if (e != cudaSuccess) {
-      s->ev[k] = NULL;
-      st = cuda_error(e, "CUDA staging buffers", "creating an event");
-    } else if (!(s->buf[k] = apex__cuda_host_alloc(bytes))) {
-      st = apex_last_status();
-    }
-  }
-  if (st != APEX_OK) {
-    apex__cuda_staging_destroy(s);
-    return st;
-  }
-  *out = s;
-  return APEX_OK;
-}
-
-extern "C" void apex__cuda_staging_destroy(apex__cuda_staging *s) {
-  if (!s) return;
-  for (int k = 0; k < 2; k++) {
-    if (s->ev[k]) {
-      if (s->queued[k]) cudaEventSynchronize(s->ev[k]);
-      cudaEventDestroy(s->ev[k]);
-    }
-    if (s->buf[k]) apex__cuda_host_free(s->buf[k]);
-  }
-  free(s);
-}
-
-extern "C" apex_status apex__cuda_staging_next(apex__cuda_staging *s, void **host) {
-  const int k = s->cur;
-  if (s->queued[k]) {
-    cudaError_t e = cudaEventQuery(s->ev[k]);
-    if (e == cudaErrorNotReady) {
-      apex__cuda_note_wait();
-      e = cudaEventSynchronize(s->ev[k]);
-    }
-    if (e != cudaSuccess) return cuda_error(e, "CUDA staging buffers", "waiting for an earlier upload");
-    s->queued[k] = 0;
-  }
-  *host = s->buf[k];
-  return APEX_OK;
-}
-
-extern "C" apex_status apex__cuda_staging_upload(apex__cuda_staging *s, void *d_dst, size_t bytes) {
-  if (bytes > s->bytes)
-    return apex__fail(APEX_ERR_INVALID_ARG, "CUDA staging buffers: %zu bytes to upload from buffers of %zu", bytes, s->bytes);
-  const int k = s->cur;
-  cudaStream_t stream = (cudaStream_t)apex__cuda_stream();
-  cudaError_t e = cudaMemcpyAsync(d_dst, s->buf[k], bytes, cudaMemcpyHostToDevice, stream);
-  if (e == cudaSuccess) e = cudaEventRecord(s->ev[k], stream);
-  if (e != cudaSuccess) return cuda_error(e, "CUDA staging buffers", "queueing an upload");
-  s->queued[k] = 1;
-  s->cur = k ^ 1;
-  return APEX_OK;
 }
