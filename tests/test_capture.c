@@ -5,10 +5,10 @@
  * parameter, f32 master and the loss scale, since a replay repeats the recorded work on new values. The
  * step is a tiny GPT (apex_gpt_loss_index: its batch read from indexes) under amp with AdamW: O0 in f32,
  * O2 in bf16, and O2 in f16 with a dynamic loss scale started at 2^24 so that the first steps overflow and
- * are skipped, then the scale grows back every 2 steps. The batch changes every step. On the CPU the
+ * are skipped, then the scale grows back every 2 steps. The batch and the learning rate change every step. On the CPU the
  * capture runs the step and a replay runs it again (nothing is recorded); on a GPU the step is a CUDA graph
- * (the CUDA cases skip without one). Refusals: a changed learning rate (and the replay after restoring
- * it), NULL arguments, a step that fails in its first run, and on a GPU a step that reads host ids. */
+ * (the CUDA cases skip without one). Refusals: a learning rate set to 0 (and the replay after a nonzero
+ * one), a changed number of optimizer groups, NULL arguments, a step that fails in its first run, and on a GPU a step that reads host ids. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -86,6 +86,10 @@ static void destroy(run *r) {
   apex_model_destroy(r->m);
 }
 
+/* The learning rate of step s: a warm-up then a decay, so that every replay runs at another rate than the
+ * capture's (the rate is read on the device). The capture's is lr_at(0) = 0.0025. */
+static float lr_at(int s) { return s < 3 ? 2.5e-3f * (float)(s + 1) : 1e-2f / (float)(s - 1); }
+
 /* Step s's batch: a stream of tokens that changes with s, each target the next token. */
 static void set_batch(run *r, int s) {
   int64_t stream[B * T + 1], tg[B * T];
@@ -119,16 +123,19 @@ static void captured_equals_eager(apex_device dev, const char *level, apex_amp_c
   float le[STEPS], lc[STEPS];
   for (int s = 0; s < STEPS; s++) {
     set_batch(&e, s);
+    TU_OK(apex_optimizer_set_lr(e.opt, 0, lr_at(s)));
     TU_OK(train_step(&e));
     le[s] = read_loss(&e);
   }
   apex_captured_step *cs = NULL;
   set_batch(&c, 0);
+  TU_OK(apex_optimizer_set_lr(c.opt, 0, lr_at(0)));
   TU_OK(apex_step_capture(dev, train_step, &c, &(apex_capture_options){&c.opt, 1}, &cs));
   assert_non_null(cs);
   lc[0] = read_loss(&c);
   for (int s = 1; s < STEPS; s++) {
     set_batch(&c, s);
+    TU_OK(apex_optimizer_set_lr(c.opt, 0, lr_at(s))); /* read on the device by the recorded step */
     TU_OK(apex_step_replay(cs));
     lc[s] = read_loss(&c);
   }
@@ -147,10 +154,11 @@ static void captured_equals_eager(apex_device dev, const char *level, apex_amp_c
     assert_true((me == NULL) == (mc == NULL));
     if (me) assert_same_tensor(me, mc, name);
   }
-  /* a changed learning rate: the recorded kernels hold the old one, so the replay refuses and runs nothing */
-  TU_OK(apex_optimizer_set_lr(c.opt, 0, 5e-3f));
+  /* a learning rate of 0 changes the recorded work (a zero-lr group's update is skipped), so the replay
+   * refuses and runs nothing; back to a nonzero rate, it runs */
+  TU_OK(apex_optimizer_set_lr(c.opt, 0, 0.0f));
   set_batch(&c, STEPS);
-  TU_FAILS(apex_step_replay(cs), APEX_ERR_STATE, "options changed since the capture (lr 0.01 -> 0.005");
+  TU_FAILS(apex_step_replay(cs), APEX_ERR_STATE, "learning rate went from 0.0025 to 0 since the capture");
   TU_OK(apex_optimizer_set_lr(c.opt, 0, 1e-2f));
   TU_OK(apex_step_replay(cs));
   assert_true(isfinite(read_loss(&c)));

@@ -26,10 +26,11 @@
  *     apex_gpt_loss), the loss copied into a device tensor (read after the loop), amp's skipped flag
  *     not asked for; a step that makes the host wait, copies host memory or allocates past what its
  *     first run left in the pool breaks the capture, which apex_step_capture reports;
- *   - the optimizers' options (learning rate, weight decay, betas, eps) are held by the recorded kernels:
- *     name the optimizers in the options, and a replay refuses once one of them changed (capture again
- *     after a learning-rate change); step counts, Adam's bias corrections and amp's loss scale live on
- *     the device and move on with each replay;
+ *   - the optimizers' options (weight decay, betas, eps, ...) are held by the recorded kernels: name the
+ *     optimizers in the options, and a replay refuses once one of them changed; the learning rate is
+ *     read on the device (apex_optimizer_set_lr updates the group's copy there), so a schedule works
+ *     across replays, except a change to or from 0; step counts, Adam's bias corrections and amp's loss
+ *     scale live on the device and move on with each replay;
  *   - the graphs the step records on belong to it while it lives: use another apex_graph for evaluation.
  *
  * On the CPU, and on any device without graphs, nothing is recorded: the capture runs the step and each
@@ -71,7 +72,8 @@ APEX_API apex_status apex_step_capture(apex_device device, apex_step_fn step, vo
                                        apex_captured_step **out);
 /* One more step: one launch of the recorded graph (queued; returns at once), or on the CPU one call of
  * the step. APEX_ERR_INVALID_ARG for NULL; APEX_ERR_STATE, running nothing, when a watched optimizer's
- * options (any group's) or number of groups changed since the capture. */
+ * number of groups or any group's options but the learning rate changed since the capture, or a learning
+ * rate went to or from 0. */
 APEX_API apex_status apex_step_replay(apex_captured_step *s);
 /* Frees the step and the memory its graph replays on (after a queued replay finishes). NULL is fine. */
 APEX_API void apex_captured_step_destroy(apex_captured_step *s);

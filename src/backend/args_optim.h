@@ -35,6 +35,8 @@ typedef struct apex_optim_step_args {
   float *dev_scalars;          /* per-parameter scalars of the group (NovoGrad's second moment), by parameter */
   const float *dev_scale;      /* when set, the gradients are also divided by *dev_scale */
   const int *dev_skip;         /* when set and nonzero, the step changes nothing */
+  const float *dev_lr;         /* when set, the learning rate is read there (the group's copy of o->lr in the
+                                  device's memory, so that a recorded step takes a later apex_optimizer_set_lr) */
   const float *dev_grad_norm;  /* LAMB: the global norm of every group's g * inv_scale (NULL: no clipping) */
 } apex_optim_step_args;
 

@@ -1,7 +1,7 @@
 /* capture.c: a training step recorded once and replayed (capture.h). The recording itself is the
  * device's (its services' capture_begin/_end: a CUDA graph of apex's stream, with the allocator keeping
  * the blocks the graph replays on); here are the first run, the optimizers whose options the recorded
- * kernels hold, and the CPU's plain replay. */
+ * kernels hold (all but the learning rate, which they read from the device), and the CPU's plain replay. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,11 +100,19 @@ apex_status apex_step_replay(apex_captured_step *s) {
       apex_optim_options o;
       apex_status st = apex_optimizer_group_options(s->opt[i], k, &o);
       if (st != APEX_OK) return st;
+      /* The learning rate is read from the group's device copy, which apex_optimizer_set_lr keeps: any value
+       * goes, except to or from 0, which changes what the host queues (a zero-lr group's update is skipped). */
+      const apex_optim_options *c = &s->opts[i][k];
+      if ((o.lr == 0.0f) != (c->lr == 0.0f))
+        return apex__fail(APEX_ERR_STATE, "%s: optimizer %d group %d's learning rate went from %g to %g since the capture: a zero "
+                          "learning rate changes the recorded work; capture the step again", fn, i, k, (double)c->lr, (double)o.lr);
+      o.lr = c->lr;
       /* every field is a 4-byte float, int or enum: no padding, so the bytes compare the values */
-      if (memcmp(&o, &s->opts[i][k], sizeof o) != 0)
-        return apex__fail(APEX_ERR_STATE, "%s: optimizer %d group %d's options changed since the capture (lr %g -> %g, weight decay "
-                          "%g -> %g): the recorded kernels hold the old ones; capture the step again", fn, i, k,
-                          (double)s->opts[i][k].lr, (double)o.lr, (double)s->opts[i][k].weight_decay, (double)o.weight_decay);
+      if (memcmp(&o, c, sizeof o) != 0)
+        return apex__fail(APEX_ERR_STATE, "%s: optimizer %d group %d's options changed since the capture (weight decay %g -> %g, "
+                          "betas %g, %g -> %g, %g, ...): the recorded kernels hold the old ones; capture the step again", fn, i, k,
+                          (double)c->weight_decay, (double)o.weight_decay, (double)c->beta1, (double)c->beta2, (double)o.beta1,
+                          (double)o.beta2);
     }
   }
   return s->graph ? s->sv->graph_launch(s->graph, fn) : s->step(s->ctx);

@@ -44,6 +44,9 @@ typedef struct apex__group {
    * apex__optim_steps_to_host / _to_device (a copy on the host, for a CPU group). */
   int64_t *d_step;
   float *d_scalars;
+  /* o.lr where the tensors are, which the backend's step reads (apex__optim_lr_to_device keeps it equal to
+   * o.lr): a step recorded once (capture.h) then takes each later apex_optimizer_set_lr. */
+  float *d_lr;
 } apex__group;
 
 /* The parameters of one group that have a gradient in this step, as the lists of its optim_step slot. */
@@ -112,6 +115,8 @@ apex_status apex__optimizer_step_skip_at(apex_optimizer *opt, const int *d_skip,
 
 /* A group's step counts and per-tensor scalars on the host (copied from the device for a CUDA group). */
 apex_status apex__optim_steps_to_host(apex__group *g);
+/* Copies g->o.lr to g->d_lr (queued on a device, after the work queued before it). */
+apex_status apex__optim_lr_to_device(apex__group *g);
 /* The reverse, after a load. */
 apex_status apex__optim_steps_to_device(apex__group *g);
 

@@ -203,6 +203,7 @@ static void group_free(apex__group *g) {
   free(g->step);
   if (g->d_step) g->backend->mem->free(g->d_step);
   if (g->d_scalars) g->backend->mem->free(g->d_scalars);
+  if (g->d_lr) g->backend->mem->free(g->d_lr);
 }
 
 void apex_optimizer_destroy(apex_optimizer *opt) {
@@ -288,6 +289,7 @@ static apex_status group_alloc(const apex__optim_ops *ops, apex__group *g, apex_
   if (mem->alloc((size_t)n * sizeof(int64_t), 1, (void **)&g->d_step) != APEX_OK) goto oom;
   if (g->nscalars && mem->alloc((size_t)n * (size_t)g->nscalars * sizeof(float), 1, (void **)&g->d_scalars) != APEX_OK)
     goto oom;
+  if (mem->alloc(sizeof(float), 0, (void **)&g->d_lr) != APEX_OK || apex__optim_lr_to_device(g) != APEX_OK) goto oom;
   for (int i = 0; i < n; i++) {
     apex_tensor *p = params[i];
     g->params[i] = p;
@@ -359,7 +361,7 @@ apex_status apex_optimizer_set_lr(apex_optimizer *opt, int group, float lr) {
   g->o.lr = lr;
   if (lr == 0.0f) g->o.zero |= APEX_OPTIM_ZERO_LR;
   else g->o.zero &= ~(unsigned)APEX_OPTIM_ZERO_LR;
-  return APEX_OK;
+  return apex__optim_lr_to_device(g);
 }
 
 float apex_optimizer_get_lr(const apex_optimizer *opt, int group) {
@@ -444,6 +446,10 @@ apex_status apex__optim_steps_to_host(apex__group *g) {
   size_t nsc = (size_t)g->n * (size_t)g->nscalars * sizeof *g->scalars;
   apex_status st = nsc ? m->copy(g->scalars, g->d_scalars, nsc, APEX_COPY_D2H, 0) : APEX_OK;
   return st != APEX_OK ? st : m->copy(g->step, g->d_step, (size_t)g->n * sizeof *g->step, APEX_COPY_D2H, 1);
+}
+
+apex_status apex__optim_lr_to_device(apex__group *g) {
+  return g->d_lr ? g->backend->mem->copy(g->d_lr, &g->o.lr, sizeof g->o.lr, APEX_COPY_H2D, 0) : APEX_OK;
 }
 
 apex_status apex__optim_steps_to_device(apex__group *g) {
@@ -562,7 +568,7 @@ static apex_status step_impl(apex_optimizer *opt, float inv_scale, const float *
     apex_optim_step_args sa = {.fn = fn, .kind = opt->kind, .o = &g->o, .n = a->n, .g = a->g, .p = a->p,
                                .model = a->model, .nstates = g->nstates, .idx = a->idx, .inv_scale = inv_scale,
                                .dev_step = g->d_step, .dev_scalars = g->d_scalars, .dev_scale = d_scale,
-                               .dev_skip = d_skip, .dev_grad_norm = d_grad_norm};
+                               .dev_skip = d_skip, .dev_lr = g->d_lr, .dev_grad_norm = d_grad_norm};
     for (int s = 0; s < g->nstates; s++) sa.s[s] = a->s[s];
     st = g->backend->optim_step(&sa);
   }
@@ -707,5 +713,5 @@ apex_status apex__optimizer_copy_options(apex_optimizer *dst, int dg, const apex
   if (!d || !s) return APEX_ERR_INVALID_ARG;
   if (dst->kind != src->kind) return apex__fail(APEX_ERR_INVALID_ARG, "apex__optimizer_copy_options: another kind");
   d->o = s->o;
-  return APEX_OK;
+  return apex__optim_lr_to_device(d);
 }

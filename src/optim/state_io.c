@@ -283,7 +283,8 @@ static apex_status read_group(apex_optimizer *opt, reader *r, int k) {
   st = get_f32s(r, g->scalars, (size_t)g->n * (size_t)g->nscalars, "the per-tensor scalars");
   if (st == APEX_OK && r->apply) {
     g->o = resolved;
-    st = apex__optim_steps_to_device(g);
+    st = apex__optim_lr_to_device(g);
+    if (st == APEX_OK) st = apex__optim_steps_to_device(g);
   }
   return st;
 }

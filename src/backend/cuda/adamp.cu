@@ -35,6 +35,7 @@ struct AdampMeta {
 struct AdampRule {
   float inv_scale, beta1, beta2, eps, lr, weight_decay, delta, wd_ratio;
   int nesterov;
+  const float *d_lr; /* when set, the learning rate is read there */
   const float *d_scale;
   const int *d_skip;
 };
@@ -126,8 +127,9 @@ __global__ void __launch_bounds__(ROW_THREADS)
     double bc1 = 1.0 - pow((double)r.beta1, (double)step);
     float wd = mode ? r.wd_ratio : 1.0f;
     meta->mode = mode;
-    meta->step_size = (float)(r.lr / bc1);
-    meta->decay = r.weight_decay > 0.0f ? 1.0f - r.lr * r.weight_decay * wd : 1.0f;
+    const float lr = r.d_lr ? *r.d_lr : r.lr;
+    meta->step_size = (float)(lr / bc1);
+    meta->decay = r.weight_decay > 0.0f ? 1.0f - lr * r.weight_decay * wd : 1.0f;
     *d_step = step;
     s_mode = mode;
   }
@@ -174,6 +176,7 @@ extern "C" apex_status apex__cuda_adamp_step(const apex__cuda_step *s) {
   r.beta2 = o->beta2;
   r.eps = o->eps;
   r.lr = o->lr;
+  r.d_lr = s->d_lr;
   r.weight_decay = o->weight_decay;
   r.delta = o->delta;
   r.wd_ratio = o->wd_ratio;

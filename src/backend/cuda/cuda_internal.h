@@ -143,6 +143,7 @@ typedef struct apex__cuda_step {
   float inv_scale;
   const float *d_scale;
   const int *d_skip;
+  const float *d_lr;        /* when set, the learning rate (o->lr's value, read on the device: capture.h) */
   const float *d_grad_norm; /* LAMB: the global norm of every group's g * inv_scale (NULL: no clipping) */
   float *d_scalars;         /* NovoGrad: the group's per-tensor second moments on the device, by parameter */
   const int64_t *rows;      /* AdamP: each entry's channel-view rows (its first dimension), 0 for 0/1-D tensors */

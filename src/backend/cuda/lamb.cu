@@ -61,14 +61,15 @@ struct LambStage1 {
 
 struct LambStage2 {
   float lr;
+  const float *d_lr; /* when set, the learning rate is read there */
   int use_ratio;
   const float *d_pnorm, *d_unorm; /* per tensor of the call, by t.id */
   const int *d_skip;
 
   __device__ bool begin(const MtTable &t, int k, int64_t, float *coef) const {
     if (d_skip && *d_skip) return false;
-    float pn = d_pnorm[t.id[k]], un = d_unorm[t.id[k]];
-    coef[0] = use_ratio && pn != 0.0f && un != 0.0f ? lr * (pn / un) : lr;
+    float pn = d_pnorm[t.id[k]], un = d_unorm[t.id[k]], l = d_lr ? *d_lr : lr;
+    coef[0] = use_ratio && pn != 0.0f && un != 0.0f ? l * (pn / un) : l;
     return true;
   }
 
@@ -132,6 +133,7 @@ extern "C" apex_status apex__cuda_lamb_step(const apex__cuda_step *s) {
     if (st == APEX_OK) {
       LambStage2 b;
       b.lr = o->lr;
+      b.d_lr = s->d_lr;
       b.use_ratio = on(o->use_nvlamb) || o->weight_decay != 0.0f;
       b.d_pnorm = d_pnorm;
       b.d_unorm = d_unorm;

@@ -71,6 +71,7 @@ struct NovoUpdate {
   float inv_scale, lr, beta1, beta3, wd;
   int reg_inside;
   const float *d_coef, *d_scale;
+  const float *d_lr; /* when set, the learning rate is read there */
   const int *d_skip;
 
   __device__ bool begin(const MtTable &t, int k, int64_t, float *coef) const {
@@ -78,10 +79,11 @@ struct NovoUpdate {
     coef[0] = d_coef[2 * t.id[k]];
     coef[1] = d_coef[2 * t.id[k] + 1];
     coef[2] = d_scale ? inv_scale / *d_scale : inv_scale;
+    coef[3] = d_lr ? *d_lr : lr;
     return true;
   }
   __device__ void elem(const MtTable &t, int k, int64_t i, bool &, const float *coef) const {
-    const float ib1 = coef[0], id = coef[1], inv = coef[2];
+    const float ib1 = coef[0], id = coef[1], inv = coef[2], lr = coef[3];
     float *m = (float *)t.ptr[L_M][k];
     float g = apex_ld(t.ptr[L_G][k], t.dtype[L_G][k], i), p = apex_ld(t.ptr[L_P][k], t.dtype[L_P][k], i);
     float mi = m[i];
@@ -142,6 +144,7 @@ extern "C" apex_status apex__cuda_novograd_step(const apex__cuda_step *s) {
     NovoUpdate b;
     b.inv_scale = s->inv_scale;
     b.lr = o->lr;
+    b.d_lr = s->d_lr;
     b.beta1 = o->beta1;
     b.beta3 = on(o->grad_averaging) ? 1.0f - o->beta1 : 1.0f;
     b.wd = o->weight_decay;

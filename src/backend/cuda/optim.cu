@@ -34,23 +34,23 @@ struct OptParams {
   int nstates; /* state lists 3..3+nstates that exist: exactly those the kind reads and writes */
 };
 
-enum { C_INV, C_A, C_B, C_C };
+enum { C_INV, C_A, C_B, C_LR }; /* C_LR: the learning rate, o.lr or the device's copy (d_lr) */
 
 /* One element's update: g the gradient, p the value updated, s0..s2 the states (list 3..5) in and out.
  * The operations and their order are the CPU kernels'; do not reassociate. RMSprop's states are the
  * square average (s0), then the momentum buffer when there is one (s1), then the gradient average. */
 __device__ __forceinline__ float step_elem(const OptParams &o, const float (&coef)[MT_COEFS], float g, float p,
                                            float &s0, float &s1, float &s2) {
-  const float inv = coef[C_INV];
+  const float inv = coef[C_INV], lr = coef[C_LR];
   switch (o.kind) {
     case APEX_OPTIM_SGD: {
       float wb = o.wd_after ? 0.0f : o.wd, wa = o.wd_after ? o.wd : 0.0f;
       return apex__sgd_rule(g, p, &s0, o.momentum != 0.0f, inv, wb, wa, coef[C_A], coef[C_B], o.nesterov ? 1.0f : 0.0f,
-                            o.nesterov ? o.momentum : 1.0f, o.lr);
+                            o.nesterov ? o.momentum : 1.0f, lr);
     }
     case APEX_OPTIM_ADAM:
     case APEX_OPTIM_ADAMW: {
-      float l2 = o.adam_w ? 0.0f : o.wd, decay = o.adam_w ? 1.0f - o.lr * o.wd : 1.0f;
+      float l2 = o.adam_w ? 0.0f : o.wd, decay = o.adam_w ? 1.0f - lr * o.wd : 1.0f;
       float d = apex__adam_moments(g, p, &s0, &s1, inv, l2, o.beta1, 1.0f - o.beta1, o.beta2, 1.0f - o.beta2);
       if (o.amsgrad) d = apex__adam_amsgrad(&s2, d);
       return apex__adam_apply(p, s0, sqrtf(d), decay, coef[C_A], coef[C_B], o.eps);
@@ -58,7 +58,7 @@ __device__ __forceinline__ float step_elem(const OptParams &o, const float (&coe
     case APEX_OPTIM_ADADELTA: {
       float nrho = 1.0f - o.rho;
       float gi = apex__adadelta_accum(g, p, &s0, inv, o.wd, o.rho, nrho);
-      return apex__adadelta_apply(p, gi, sqrtf(s1 + o.eps), sqrtf(s0 + o.eps), &s1, o.rho, nrho, o.lr);
+      return apex__adadelta_apply(p, gi, sqrtf(s1 + o.eps), sqrtf(s0 + o.eps), &s1, o.rho, nrho, lr);
     }
     case APEX_OPTIM_ADAGRAD: {
       float l2 = o.adagrad_w ? 0.0f : o.wd, ww = o.adagrad_w ? o.wd : 0.0f;
@@ -68,15 +68,15 @@ __device__ __forceinline__ float step_elem(const OptParams &o, const float (&coe
     case APEX_OPTIM_RMSPROP:
     case APEX_OPTIM_RMSPROP_TF: {
       float a = o.alpha, na = 1.0f - o.alpha;
-      float l2 = o.decoupled ? 0.0f : o.wd, decay = o.decoupled ? 1.0f - o.lr * o.wd : 1.0f;
+      float l2 = o.decoupled ? 0.0f : o.wd, decay = o.decoupled ? 1.0f - lr * o.wd : 1.0f;
       float gi;
       float d = apex__rmsprop_square(g, p, &s0, &gi, inv, l2, a, na, o.tf);
       if (o.centered) d = apex__rmsprop_center(d, gi, o.has_buf ? &s2 : &s1, a, na, o.tf);
       float root = sqrtf(d + (o.tf ? o.eps : 0.0f)), eps_out = o.tf ? 0.0f : o.eps;
       if (o.has_buf)
-        return apex__rmsprop_apply_buf(p, gi, root, &s1, eps_out, decay, o.momentum, o.lr_in_momentum ? o.lr : 1.0f,
-                                       o.lr_in_momentum ? 1.0f : o.lr);
-      return apex__rmsprop_apply(p, gi, root, eps_out, decay, o.lr);
+        return apex__rmsprop_apply_buf(p, gi, root, &s1, eps_out, decay, o.momentum, o.lr_in_momentum ? lr : 1.0f,
+                                       o.lr_in_momentum ? 1.0f : lr);
+      return apex__rmsprop_apply(p, gi, root, eps_out, decay, lr);
     }
     default: /* refused on the host */
       return p;
@@ -92,10 +92,13 @@ struct StepOp {
   float inv_scale;
   const float *d_scale;
   const int *d_skip;
+  const float *d_lr;
 
   __device__ bool begin(const MtTable &t, int k, int64_t, float *coef) const {
     if (d_skip && *d_skip) return false;
     coef[C_INV] = d_scale ? inv_scale / *d_scale : inv_scale;
+    const float lr = d_lr ? *d_lr : o.lr;
+    coef[C_LR] = lr;
     int64_t step = *(const int64_t *)t.ptr[6][k] + 1;
     switch (o.kind) {
       case APEX_OPTIM_SGD: /* keep, take */
@@ -106,12 +109,12 @@ struct StepOp {
       case APEX_OPTIM_ADAMW: {
         double bc1 = o.bias_correction ? 1.0 - pow((double)o.beta1, (double)step) : 1.0;
         double bc2 = o.bias_correction ? 1.0 - pow((double)o.beta2, (double)step) : 1.0;
-        coef[C_A] = (float)((double)o.lr / bc1);
+        coef[C_A] = (float)((double)lr / bc1);
         coef[C_B] = (float)(1.0 / sqrt(bc2));
         break;
       }
       case APEX_OPTIM_ADAGRAD:
-        coef[C_A] = (float)((double)o.lr / (1.0 + (double)(step - 1) * (double)o.lr_decay));
+        coef[C_A] = (float)((double)lr / (1.0 + (double)(step - 1) * (double)o.lr_decay));
         break;
       default:
         break;
@@ -172,6 +175,7 @@ static cudaError_t step_launch(const apex__cuda_list *const *lists, const StepOp
   op.inv_scale = base.inv_scale;
   op.d_scale = base.d_scale;
   op.d_skip = base.d_skip;
+  op.d_lr = base.d_lr;
   return mt_apply_ilp(MT_LISTS, lists, op);
 }
 
@@ -244,6 +248,7 @@ extern "C" apex_status apex__cuda_optim_step(const apex__cuda_step *s) {
   op.inv_scale = s->inv_scale;
   op.d_scale = s->d_scale;
   op.d_skip = s->d_skip;
+  op.d_lr = s->d_lr;
   cudaError_t e = step_dispatch(s, lists, op);
   if (e == cudaSuccess) {
     CountOp c;

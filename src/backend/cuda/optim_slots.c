@@ -42,6 +42,7 @@ apex_status apex__cuda_slot_optim_step(const apex_optim_step_args *a) {
   c.inv_scale = a->inv_scale;
   c.d_scale = a->dev_scale;
   c.d_skip = a->dev_skip;
+  c.d_lr = a->dev_lr;
   c.d_step = a->dev_step;
   c.idx = a->idx;
   c.d_grad_norm = a->dev_grad_norm;
