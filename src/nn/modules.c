@@ -201,10 +201,12 @@ apex_var *apex_module_param(const apex_module *mod, const char *local) {
  * which apex_concat views in place while they are the one allocation the module made (an amp cast to
  * half since has given each its own: then a copy), then the attention on the packed [B, T, 3 C].
  * Bits against three products (apex_causal_attention_heads on three linears, as before): the forward
- * and the weight and bias gradients are the same sums in the same order (each output column sums over C,
- * each weight gradient element over the B T rows, whatever the product's width), so the same bits on
- * the CPU (test_nn_modules checks it); the input's gradient is one product over 3 C instead of three over C
- * added in turn, which rounds differently (ibid., within its bound). */
+ * and the weight and bias gradients are the same sums (each output column over C, each weight gradient
+ * element over the B T rows, whatever the product's width), so the same bits on the CPU, except f32
+ * weight gradients on oneDNN's f32 matmul where the joint product's tiles differ from the three's (its
+ * order follows the call's shape); the input's gradient is one product over 3 C instead of three over
+ * C added in turn, which rounds differently. test_nn_qkv checks each, the differences within their
+ * bounds. */
 static apex_var *attention_forward(apex_module *mod, apex_graph *g, apex_var *x) {
   const apex_tensor *X = apex_var_value(x);
   if (apex_tensor_ndim(X) != 3)
