@@ -23,8 +23,8 @@
  *    parameters as views of the two allocations, each gradient its own, a checkpoint of the fused
  *    module byte for byte the unfused one's, and an unfused module's checkpoint (separate q, k, v
  *    tensors) loading into the fused one;
- *  - a parameter given a value of its own (as amp's O2 cast does) still computes the same (the join
- *    is then a copy);
+ *  - a parameter given a value of its own still computes the same (the join is then a copy), and
+ *    amp's O2 cast keeps the three one allocation (it casts their span as one);
  *  - apex_causal_attention_qkv against apex_causal_attention_heads on the thirds, and its bad inputs. */
 #define _DEFAULT_SOURCE /* mkdtemp */
 #include <math.h>
@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "apex/amp.h"
 #include "apex/model_io.h"
 #include "apex/nn.h"
 #include "backend/cpu/gemm_onednn.h"
@@ -191,15 +192,18 @@ static void fused_matches_unfused(int own_f32) {
       double *g = probe_g(lin, sh, md), *bx = calloc(R * C, sizeof *bx), *bw = calloc(3 * C * C, sizeof *bw), worst = 0;
       /* the input's gradient: x_rk = sum over 3C of g_rj w_jk; a weight gradient: w_jk = sum over R of g_rj x_rk */
       apex_tensor *xv = tu_random_tensor(APEX_F32, R * C, 11, 1.0f);
+      double *ax = malloc(R * C * sizeof *ax), *aw = malloc(3 * C * C * sizeof *aw); /* |x|, |w| (w: the joint [3C, C]) */
+      for (size_t i = 0; i < R * C; i++) ax[i] = fabs(apex_tensor_get(xv, i));
+      for (size_t i = 0; i < 3 * C * C; i++) aw[i] = fabs(apex_tensor_get(apex_var_value(apex_model_find_param(mu, names[2 * (i / (C * C))])), i % (C * C)));
       for (size_t r = 0; r < R; r++)
         for (size_t j = 0; j < 3 * C; j++) {
-          const apex_tensor *wp = apex_var_value(apex_model_find_param(mu, names[2 * (j / C)]));
           double gj = fabs(g[r * 3 * C + j]);
           for (size_t k = 0; k < C; k++) {
-            bx[r * C + k] += gj * fabs(apex_tensor_get(wp, (j % C) * C + k));
-            bw[j * C + k] += gj * fabs(apex_tensor_get(xv, r * C + k));
+            bx[r * C + k] += gj * aw[j * C + k];
+            bw[j * C + k] += gj * ax[r * C + k];
           }
         }
+      free(ax), free(aw);
       for (size_t i = 0; i < R * C; i++) bx[i] *= 2 * (gamma_n(3.0 * C) + gamma_n(C + 2.0));
       for (size_t i = 0; i < 3 * C * C; i++) bw[i] *= 2 * 2 * gamma_n((double)R);
       check_within("output", ctx, f.y, u.y, NULL, &worst);
@@ -330,6 +334,47 @@ static void test_separate_values(void **state) {
   apex_model_destroy(mu);
 }
 
+/* amp's O2 casts the parameters to half; the q/k/v weights (and biases) stay one allocation, which the
+ * forward joins in place, and the model computes what the unfused one cast alike does. */
+static void test_amp_o2_keeps_one_allocation(void **state) {
+  (void)state;
+  const shape sh = {2, 6, 16, 4};
+  apex_module *attn, *lin[4];
+  apex_model *m[2] = {make_model(&sh, APEX_F32, 1, 4, &attn, NULL), make_model(&sh, APEX_F32, 0, 4, NULL, lin)};
+  apex_optimizer *opt[2];
+  apex_amp *amp[2];
+  for (int i = 0; i < 2; i++) {
+    assert_non_null(opt[i] = apex_optimizer_create(APEX_OPTIM_ADAMW, NULL));
+    TU_OK(apex_optimizer_add_model(opt[i], m[i], NULL, NULL));
+    TU_OK(apex_amp_initialize(&m[i], 1, &opt[i], 1, &(apex_amp_config){.opt_level = "O2", .half_type = APEX_AMP_CAST_BF16}, &amp[i]));
+  }
+  apex_var *w[3];
+  for (int i = 0; i < 3; i++) w[i] = apex_model_find_param(m[0], names[2 * i]);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(apex_tensor_dtype(apex_var_value(w[i])), APEX_BF16);
+    assert_ptr_equal((char *)apex_tensor_data(apex_var_value(w[i])), (char *)apex_tensor_data(apex_var_value(w[0])) + 2 * i * sh.c * sh.c);
+    apex_var *b = apex_model_find_param(m[0], names[2 * i + 1]), *b0 = apex_model_find_param(m[0], names[1]);
+    assert_ptr_equal((char *)apex_tensor_data(apex_var_value(b)), (char *)apex_tensor_data(apex_var_value(b0)) + 2 * i * sh.c);
+  }
+  apex_graph *g = apex_graph_create();
+  apex_var *cat = apex_concat(g, 3, w, 0);
+  assert_true(apex_tensor_shares_storage(apex_var_value(cat), apex_var_value(w[0])));
+  apex_graph_destroy(g);
+  const mode o2 = {"O2 bf16", APEX_BF16, APEX_F32};
+  result f, u;
+  run(m[0], attn, NULL, &sh, &o2, &f);
+  run(m[1], NULL, lin, &sh, &o2, &u);
+  assert_bits("output", "amp O2 bf16", f.y, u.y);
+  for (int i = 0; i < 8; i++) assert_bits(names[i], "amp O2 bf16", f.grad[i], u.grad[i]);
+  result_free(&f);
+  result_free(&u);
+  for (int i = 0; i < 2; i++) {
+    apex_amp_destroy(amp[i]);
+    apex_optimizer_destroy(opt[i]);
+    apex_model_destroy(m[i]);
+  }
+}
+
 /* ---- the packed attention op -------------------------------------------------------------------------- */
 
 static void test_attention_qkv_op(void **state) {
@@ -393,6 +438,7 @@ int main(void) {
       cmocka_unit_test(test_fused_matches_unfused),
       cmocka_unit_test(test_parameters_and_checkpoints),
       cmocka_unit_test(test_separate_values),
+      cmocka_unit_test(test_amp_o2_keeps_one_allocation),
       cmocka_unit_test(test_attention_qkv_op),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
