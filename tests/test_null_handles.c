@@ -173,6 +173,7 @@ static int call_transpose(void) { return apex_transpose(NULL, NULL, 0, 0) == NUL
 static int call_concat(void) { return apex_concat(NULL, 0, NULL, 0) == NULL ? 0 : 1; }
 static int call_causal_attention(void) { return apex_causal_attention(NULL, NULL, NULL, NULL) == NULL ? 0 : 1; }
 static int call_causal_attention_heads(void) { return apex_causal_attention_heads(NULL, NULL, NULL, NULL, 2) == NULL ? 0 : 1; }
+static int call_causal_attention_qkv(void) { return apex_causal_attention_qkv(NULL, NULL, 2) == NULL ? 0 : 1; }
 static int call_optimizer_destroy(void) { apex_optimizer_destroy(NULL); return 0; }
 static int call_optimizer_get_lr(void) { (void)apex_optimizer_get_lr(NULL, 0); return 0; }
 static int call_optimizer_kind(void) { (void)apex_optimizer_kind(NULL); return 0; }
@@ -379,6 +380,7 @@ static const struct { const char *name; int (*call)(void); } calls[] = {
     {"apex_concat", call_concat},
     {"apex_causal_attention", call_causal_attention},
     {"apex_causal_attention_heads", call_causal_attention_heads},
+    {"apex_causal_attention_qkv", call_causal_attention_qkv},
     {"apex_optimizer_destroy", call_optimizer_destroy},
     {"apex_optimizer_get_lr", call_optimizer_get_lr},
     {"apex_optimizer_kind", call_optimizer_kind},

@@ -128,7 +128,11 @@ APEX_API apex_var *apex_embedding_forward(apex_module *mod, apex_graph *g, const
 /* The same lookup with the ids of an index on the graph's device (apex_embedding_index). */
 APEX_API apex_var *apex_embedding_forward_index(apex_module *mod, apex_graph *g, const apex_index *ids);
 /* Causal multi-head self-attention on x [B, T, dim]: linears q, k, v and proj (dim -> dim, with
- * biases), heads of dim / n_heads (APEX_ERR_INVALID_ARG unless n_heads divides dim). */
+ * biases), heads of dim / n_heads (APEX_ERR_INVALID_ARG unless n_heads divides dim). The parameters
+ * "<name>.q.weight" ... "<name>.proj.bias" are those of four linears (names, initial values,
+ * checkpoints), but q's, k's and v's weights are views of one [3 dim, dim] allocation and their biases
+ * of one [3 dim], so the forward computes q, k and v as one product (GPT-2's c_attn) and attends on the
+ * packed result (apex_causal_attention_qkv). */
 APEX_API apex_module *apex_attention_create(apex_model *m, const char *name, int64_t dim, int n_heads);
 /* A GPT-2 style pre-norm transformer block on x [B, T, dim]:
  *   x = x + attn(ln1(x)); x = x + proj(gelu_tanh(fc(ln2(x)))), fc: dim -> 4 dim, proj: 4 dim -> dim. */

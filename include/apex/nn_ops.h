@@ -240,6 +240,14 @@ APEX_API apex_var *apex_causal_attention(apex_graph *g, apex_var *q, apex_var *k
  * apex_causal_attention's of the heads split out. APEX_ERR_SHAPE when n_heads does not divide the rows
  * or the shapes differ. */
 APEX_API apex_var *apex_causal_attention_heads(apex_graph *g, apex_var *q, apex_var *k, apex_var *v, int n_heads);
+/* The same attention on q, k and v packed in one tensor: qkv [B, T, 3 * n_heads * D] (or [..., T, 3 *
+ * n_heads * D]) holds q, k and v as the thirds of each row, as one linear with the three weights
+ * stacked ([3 * C, C], GPT-2's c_attn) makes them -> [B, T, n_heads * D]. Each head reads its columns
+ * in place, and the backward writes q's, k's and v's gradients into the thirds of qkv's, so a joint
+ * q/k/v product needs no split; the result and the gradients have apex_causal_attention_heads's bits
+ * on the thirds. APEX_ERR_SHAPE when the last dimension is not a multiple of 3 or n_heads does not
+ * divide its third. */
+APEX_API apex_var *apex_causal_attention_qkv(apex_graph *g, apex_var *qkv, int n_heads);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,7 @@
 #include "autograd/leaf_sink.h"
 #include "backend/backend.h"
 #include "core/internal.h"
+#include "core/tensor_internal.h" /* the parameters' offsets in a joint allocation */
 #include "optim/optim_internal.h"
 
 /* One optimizer parameter that amp manages. */
@@ -187,10 +188,9 @@ static apex_status map_optimizers(apex_amp *amp, apex_optimizer *const *opts) {
   return APEX_OK;
 }
 
-/* Casts the models' parameters (O2/O3) and tells the optimizers, while each old f32 value is still
+/* Gives v the value fresh (its cast, O2/O3) and tells the optimizers, while the old f32 value is still
  * alive so that it becomes the optimizer's master. */
-static apex_status cast_param(apex_amp *amp, apex_var *v) {
-  apex_tensor *fresh = apex_tensor_to(apex_var_value(v), amp->p.cast_model_type);
+static apex_status cast_param(apex_amp *amp, apex_var *v, apex_tensor *fresh) {
   if (!fresh) return APEX_ERR_OUT_OF_MEMORY;
   apex_tensor *old = apex_var_swap_value(v, fresh);
   if (!old) {
@@ -208,14 +208,65 @@ static apex_status cast_param(apex_amp *amp, apex_var *v) {
   return st;
 }
 
+/* The parameters of model m from i on that share parameter i's allocation and are cast (n of them,
+ * into idx, i first), when they tile one span of it back to back: their offsets sorted into idx, the
+ * span's first byte in *lo; 0 when they do not (then each is cast alone). */
+static int joint_span(apex_amp *amp, const apex_model *m, size_t i, const char *done, size_t *idx, size_t *n, size_t *lo) {
+  const apex_tensor *t0 = apex_var_value(apex_model_param(m, i, NULL));
+  size_t k = 0;
+  for (size_t j = i; j < apex_model_num_params(m); j++) {
+    const apex_tensor *t = apex_var_value(apex_model_param(m, j, NULL));
+    if (done[j] || t->storage != t0->storage || (amp->p.keep_batchnorm_fp32 && apex_model_param_in_batch_norm(m, j))) continue;
+    if (t->dtype != t0->dtype) return 0;
+    size_t at = k++;
+    for (; at > 0 && apex_var_value(apex_model_param(m, idx[at - 1], NULL))->offset > t->offset; at--) idx[at] = idx[at - 1];
+    idx[at] = j;
+  }
+  for (size_t a = 1; a < k; a++) {
+    const apex_tensor *p = apex_var_value(apex_model_param(m, idx[a - 1], NULL)), *q = apex_var_value(apex_model_param(m, idx[a], NULL));
+    if (q->offset != p->offset + p->numel * apex_dtype_size(p->dtype)) return 0;
+  }
+  *n = k;
+  *lo = apex_var_value(apex_model_param(m, idx[0], NULL))->offset;
+  return k > 1;
+}
+
+/* Casts the models' parameters (O2/O3). Parameters that are views of one allocation tiling a span of it
+ * (nn's joint q/k/v weights and biases, apex__nn_linear_params_joint) are cast as that span, each
+ * getting its view of the cast copy: they stay one allocation, so apex_concat keeps joining them in
+ * place instead of copying them at every forward. A cast is elementwise: the values are the same. */
 static apex_status cast_models(apex_amp *amp) {
-  for (int m = 0; m < amp->n_models; m++)
-    for (size_t i = 0; i < apex_model_num_params(amp->models[m]); i++) {
-      if (amp->p.keep_batchnorm_fp32 && apex_model_param_in_batch_norm(amp->models[m], i)) continue;
-      apex_status st = cast_param(amp, apex_model_param(amp->models[m], i, NULL));
-      if (st != APEX_OK) return st;
+  apex_status st = APEX_OK;
+  for (int mi = 0; mi < amp->n_models && st == APEX_OK; mi++) {
+    const apex_model *m = amp->models[mi];
+    size_t np = apex_model_num_params(m), *idx = malloc((np + 1) * sizeof *idx), n, lo;
+    char *done = calloc(np + 1, 1);
+    if (!idx || !done) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_initialize: out of memory");
+    for (size_t i = 0; i < np && st == APEX_OK; i++) {
+      if (done[i] || (amp->p.keep_batchnorm_fp32 && apex_model_param_in_batch_norm(m, i))) continue;
+      apex_tensor *t = apex_var_value(apex_model_param(m, i, NULL));
+      if (!joint_span(amp, m, i, done, idx, &n, &lo)) {
+        st = cast_param(amp, apex_model_param(m, i, NULL), apex_tensor_to(t, amp->p.cast_model_type));
+        continue;
+      }
+      const apex_tensor *last = apex_var_value(apex_model_param(m, idx[n - 1], NULL));
+      size_t es = apex_dtype_size(t->dtype), es_to = apex_dtype_size(amp->p.cast_model_type);
+      int64_t total = (int64_t)((last->offset - lo) / es + last->numel);
+      apex_tensor *span = apex__tensor_view_of(t->storage, lo, t->dtype, 1, &total), *cast = span ? apex_tensor_to(span, amp->p.cast_model_type) : NULL;
+      apex_tensor_destroy(span);
+      if (!cast) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_amp_initialize: out of memory for the cast parameters");
+      for (size_t a = 0; a < n && st == APEX_OK; a++) {
+        apex_var *v = apex_model_param(m, idx[a], NULL);
+        const apex_tensor *p = apex_var_value(v);
+        st = cast_param(amp, v, apex__tensor_view_of(cast->storage, cast->offset + (p->offset - lo) / es * es_to, cast->dtype, p->ndim, p->shape));
+        done[idx[a]] = 1;
+      }
+      apex_tensor_destroy(cast); /* the views keep the cast copy */
     }
-  return APEX_OK;
+    free(idx);
+    free(done);
+  }
+  return st;
 }
 
 /* Points each optimizer at the gradients amp unscales into: an f32 master gradient for a parameter

@@ -46,7 +46,8 @@ static void ref(apex_graph *g, apex_var *x) {
     g->blocks[x->blk - 1].refs++;
     return;
   }
-  if (!x->graph) return; /* a leaf (parameter): not activation memory */
+  /* a leaf (parameter), or a concat viewing leaves in place (ops_shape.c): not activation memory */
+  if (!x->graph || (x->op == APEX_OP_CONCAT && !x->blk)) return;
   /* A graph input's value is the caller's memory; backward reading it keeps it alive all the same,
    * so it counts as saved (once per storage). */
   const apex_storage *s = x->value->storage;

@@ -158,6 +158,26 @@ apex_status apex__bwd_permute(apex_graph *g, apex_var *out) {
 
 /* ---- concat ------------------------------------------------------------------------------------- */
 
+/* 1 when the concat of u[0..n) along d is already in memory: every input a leaf of dtype dt, the inputs
+ * back to back in order in one storage, and d the outermost dimension that is not 1 (so each input is
+ * one block of the result). Parameters made as views of one allocation (nn's joint q/k/v weight) are
+ * so: their concat is a view, and the product over it reads them in place. Leaves only, so that the
+ * view is never activation memory the pool could reuse under it, and its values are the leaves' own
+ * (a cast concat copies). The backward is the same either way: each input's gradient is its part of
+ * the result's. */
+static int leaves_in_place(apex_var *const *u, int n, int d, apex_dtype dt) {
+  const apex_tensor *t0 = u[0]->value;
+  for (int i = 0; i < d; i++)
+    if (t0->shape[i] != 1) return 0;
+  size_t at = t0->offset;
+  for (int k = 0; k < n; k++) {
+    const apex_tensor *t = u[k]->value;
+    if (u[k]->graph || t->dtype != dt || t->storage != t0->storage || t->offset != at) return 0;
+    at += t->numel * apex_dtype_size(dt);
+  }
+  return 1;
+}
+
 /* Any number of inputs: the in-list past AG_MAX_IN lives in the graph pool (apex__result_value). Each
  * input's rows are converted straight into the result's dtype (a copy when it is the same), so no
  * input is widened to f32 and back: a cast of f16 or bf16 to f32 is exact, and so is the result. */
@@ -181,6 +201,13 @@ apex_var *apex_concat(apex_graph *g, int n, apex_var *const *xs, int dim) {
       return apex__fail_null(APEX_ERR_SHAPE, "concat: input %d %s does not match input 0 %s outside dim %d", k, apex__shape(xs[k]),
                              apex__shape(xs[0]), d);
     shape[d] += t->shape[d];
+  }
+  if (leaves_in_place(u, n, d, dt)) { /* no copy: the result is a view of the leaves' one allocation */
+    apex_tensor *view = apex__tensor_view_of(u[0]->value->storage, u[0]->value->offset, dt, nd, shape);
+    if (!view || !apex__adopt(g, view)) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "concat: out of memory");
+    apex_var *out = apex__result_value(g, APEX_OP_CONCAT, view, n, u);
+    if (out) out->p.concat.dim = d;
+    return out;
   }
   const apex_backend *be = apex__ag_backend(u[0], APEX_OP_CONCAT);
   if (!be || !AG_HAS(be, nn_concat, APEX_OP_CONCAT)) return NULL;

@@ -129,14 +129,8 @@ static apex_tensor *to_device(const apex_model *m, apex_tensor *t) {
   return d;
 }
 
-apex_var *apex__nn_param(apex_module *mod, const char *local, int ndim, const int64_t *shape, char init, float bound) {
-  apex_model *m = mod->model;
-  if (!apex__grow((void **)&m->params, &m->cap_params, m->n_params + 1, sizeof *m->params))
-    return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", mod->name);
-  apex_tensor *f = apex_tensor_create(APEX_F32, ndim, shape);
-  if (!f) return NULL;
-  float *d = apex_tensor_data(f);
-  size_t n = apex_tensor_numel(f);
+/* Fills d[0..n) per init (apex__nn_param's codes) from the model's generator. */
+static void init_values(apex_model *m, float *d, size_t n, char init, float bound) {
   if (init == 'u') {
     apex_rng_uniform(&m->init_rng, d, n);
     for (size_t i = 0; i < n; i++) d[i] = (2.0f * d[i] - 1.0f) * bound;
@@ -145,23 +139,69 @@ apex_var *apex__nn_param(apex_module *mod, const char *local, int ndim, const in
     if (bound > 0)
       for (size_t i = 0; i < n; i++) d[i] *= bound;
   } else {
-    apex_tensor_fill(f, init == '1' ? 1.0f : 0.0f);
+    for (size_t i = 0; i < n; i++) d[i] = init == '1' ? 1.0f : 0.0f;
   }
+}
+
+/* f (a host f32 tensor, consumed) in the model's dtype on the model's device; NULL with a message. */
+static apex_tensor *on_model(const apex_model *m, apex_tensor *f) {
   apex_tensor *t = f;
   if (m->dtype != APEX_F32) {
     t = apex_tensor_to(f, m->dtype);
     apex_tensor_destroy(f);
     if (!t) return NULL;
   }
-  if (!(t = to_device(m, t))) return NULL;
-  apex_var *v = apex_var_create(t, 1);
+  return to_device(m, t);
+}
+
+/* Registers value (consumed, NULL after a failure: passed on) as the parameter "<module>.<local>". */
+static apex_var *add_param(apex_module *mod, const char *local, apex_tensor *value) {
+  apex_model *m = mod->model;
+  if (!value) return NULL;
+  apex_var *v = apex__grow((void **)&m->params, &m->cap_params, m->n_params + 1, sizeof *m->params) ? apex_var_create(value, 1) : NULL;
   if (!v) {
-    apex_tensor_destroy(t);
-    return NULL;
+    apex_tensor_destroy(value);
+    return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", mod->name);
   }
   full_name(m->params[m->n_params].name, mod, local);
   m->params[m->n_params++].var = v;
   return v;
+}
+
+apex_var *apex__nn_param(apex_module *mod, const char *local, int ndim, const int64_t *shape, char init, float bound) {
+  apex_tensor *f = apex_tensor_create(APEX_F32, ndim, shape);
+  if (!f) return NULL;
+  init_values(mod->model, apex_tensor_data(f), apex_tensor_numel(f), init, bound);
+  return add_param(mod, local, on_model(mod->model, f));
+}
+
+apex_status apex__nn_linear_params_joint(apex_module *const *mods, int n, int64_t in, int64_t out) {
+  apex_model *m = mods[0]->model;
+  int64_t ws[2] = {n * out, in}, bs = n * out, one_w[2] = {out, in};
+  apex_tensor *w = apex_tensor_create(APEX_F32, 2, ws), *b = w ? apex_tensor_create(APEX_F32, 1, &bs) : NULL;
+  if (!b) {
+    apex_tensor_destroy(w);
+    return apex_last_status();
+  }
+  /* apex_linear_create's draws, in its order: a module's weight, then its bias, module by module */
+  const float bound = 1.0f / sqrtf((float)in);
+  const size_t wn = (size_t)out * (size_t)in;
+  for (int i = 0; i < n; i++) {
+    init_values(m, (float *)apex_tensor_data(w) + (size_t)i * wn, wn, 'u', bound);
+    init_values(m, (float *)apex_tensor_data(b) + (size_t)i * (size_t)out, (size_t)out, 'u', bound);
+  }
+  if ((w = on_model(m, w))) b = on_model(m, b);
+  else apex_tensor_destroy(b);
+  apex_status st = w && b ? APEX_OK : apex_last_status();
+  /* each parameter a view of its block; the views keep the two allocations alive once w and b go */
+  for (int i = 0; i < n && st == APEX_OK; i++) {
+    mods[i]->p[0] = add_param(mods[i], "weight", apex_tensor_slice_view(w, (size_t)i * wn, 2, one_w));
+    mods[i]->p[1] = mods[i]->p[0] ? add_param(mods[i], "bias", apex_tensor_slice_view(b, (size_t)i * (size_t)out, 1, &out)) : NULL;
+    if (!mods[i]->p[1]) st = apex_last_status();
+  }
+  apex_tensor_destroy(w);
+  apex_tensor_destroy(b);
+  return st;
 }
 
 apex_tensor *apex__nn_buffer(apex_module *mod, const char *local, int64_t n, float value) {

@@ -114,18 +114,25 @@ apex_var *apex_embedding_forward_index(apex_module *mod, apex_graph *g, const ap
   return apex_embedding_index(g, mod->p[0], ids);
 }
 
+/* q, k and v are linear children as before (their parameters keep their names), made with one
+ * allocation for the three weights and one for the three biases (apex__nn_linear_params_joint), so that
+ * the forward runs one [., dim] x [dim, 3 dim] product, as GPT-2's c_attn does, over the weights where
+ * they are. */
 apex_module *apex_attention_create(apex_model *m, const char *name, int64_t dim, int n_heads) {
   if (dim < 1 || n_heads < 1 || dim % n_heads)
     return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_attention_create: %d heads do not divide dim %lld", n_heads, (long long)dim);
   apex_module *mod = apex__nn_module(m, NN_ATTENTION, name, "apex_attention_create");
   if (!mod) return NULL;
   mod->n_heads = n_heads;
-  static const char *parts[4] = {"q", "k", "v", "proj"};
+  static const char *parts[3] = {"q", "k", "v"};
   char buf[APEX_NAME_MAX];
-  for (int i = 0; i < 4; i++) {
-    apex_module *c = apex_linear_create(m, child_name(buf, mod, parts[i]), dim, dim, 1);
+  for (int i = 0; i < 3; i++) {
+    apex_module *c = apex__nn_module(m, NN_LINEAR, child_name(buf, mod, parts[i]), "apex_attention_create");
     if (!c || !apex__nn_add_child(mod, c)) return c ? apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_attention_create: out of memory") : NULL;
   }
+  if (apex__nn_linear_params_joint(mod->children, 3, dim, dim) != APEX_OK) return NULL;
+  apex_module *c = apex_linear_create(m, child_name(buf, mod, "proj"), dim, dim, 1);
+  if (!c || !apex__nn_add_child(mod, c)) return c ? apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_attention_create: out of memory") : NULL;
   return mod;
 }
 
@@ -196,16 +203,27 @@ apex_var *apex_module_param(const apex_module *mod, const char *local) {
 
 /* ---- forward ------------------------------------------------------------------------------------ */
 
+/* q, k and v in one product: the three weights (and biases) joined along their rows, [3 C, C] and [3 C],
+ * which apex_concat views in place while they are the one allocation the module made (an amp cast to
+ * half since has given each its own: then a copy), then the attention on the packed [B, T, 3 C].
+ * Bits against three products (apex_causal_attention_heads on three linears, as before): the forward
+ * and the weight and bias gradients are the same sums (each output column over C, each weight gradient
+ * element over the B T rows, whatever the product's width), so the same bits on the CPU, except f32
+ * weight gradients on oneDNN's f32 matmul where the joint product's tiles differ from the three's (its
+ * order follows the call's shape); the input's gradient is one product over 3 C instead of three over
+ * C added in turn, which rounds differently. test_nn_qkv checks each, the differences within their
+ * bounds. */
 static apex_var *attention_forward(apex_module *mod, apex_graph *g, apex_var *x) {
   const apex_tensor *X = apex_var_value(x);
   if (apex_tensor_ndim(X) != 3)
     return apex__fail_null(APEX_ERR_SHAPE, "attention '%s': input must be [B, T, C], not %d-d", mod->name, apex_tensor_ndim(X));
-  /* q, k, v [B, T, C] hold the heads side by side; the attention reads each head in place */
-  apex_var *qkv[3];
-  for (int i = 0; i < 3; i++) qkv[i] = apex_module_forward(mod->children[i], g, x);
-  apex_var *y = apex_causal_attention_heads(g, qkv[0], qkv[1], qkv[2], mod->n_heads);
-  for (int i = 0; i < 3; i++) apex__nn_drop(y, qkv[i]);
-  return apex__nn_drop(apex_module_forward(mod->children[3], g, y), y);
+  apex_module **c = mod->children;
+  apex_var *w3[3] = {c[0]->p[0], c[1]->p[0], c[2]->p[0]}, *b3[3] = {c[0]->p[1], c[1]->p[1], c[2]->p[1]};
+  apex_var *w = apex_concat(g, 3, w3, 0), *b = w ? apex_concat(g, 3, b3, 0) : NULL;
+  apex_var *qkv = b ? apex_linear(g, x, w, b) : NULL;
+  apex_var_release(w), apex_var_release(b);
+  apex_var *y = qkv ? apex__nn_drop(apex_causal_attention_qkv(g, qkv, mod->n_heads), qkv) : NULL;
+  return y ? apex__nn_drop(apex_module_forward(c[3], g, y), y) : NULL;
 }
 
 /* The block's two residual adds each go into the layer norm after them (apex_add_layer_norm): the

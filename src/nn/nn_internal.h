@@ -80,6 +80,13 @@ apex_module *apex__nn_module(apex_model *m, nn_kind kind, const char *name, cons
  * 'u' uniform +-bound, 'n' N(0, 1) (times bound when bound > 0, in f32 before any rounding), '1' ones,
  * '0' zeros. */
 apex_var *apex__nn_param(apex_module *mod, const char *local, int ndim, const int64_t *shape, char init, float bound);
+/* Gives the n linear modules mods[i] (made without parameters, each to be in -> out with a bias) their
+ * "weight" [out, in] and "bias" [out], drawn and registered as apex_linear_create's (module by module,
+ * weight then bias), with the n weights one allocation [n * out, in] and the n biases another [n * out]:
+ * each parameter a view of its block, in order, so that the joint weight and bias are the concat of the
+ * parts in place (apex_concat makes no copy) and one product computes all n linears. Named parameters,
+ * checkpoints, optimizers and gradients see n separate linears; each gradient is its own allocation. */
+apex_status apex__nn_linear_params_joint(apex_module *const *mods, int n, int64_t in, int64_t out);
 /* Registers a f32 buffer "<module>.<local>" [n] filled with value. */
 apex_tensor *apex__nn_buffer(apex_module *mod, const char *local, int64_t n, float value);
 /* nn.Embedding (apex_embedding_create) whose weight is N(0, 1) times std when std > 0. */
