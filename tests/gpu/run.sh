@@ -143,7 +143,7 @@ fi
 step test_cuda 30 test key_cmocka "$B/tests/test_cuda"
 step test_backend_ops 60 test key_cmocka "$B/tests/test_backend_ops"
 step test_graph_cuda 40 test key_cmocka "$B/tests/test_graph_cuda"
-step test_flash_attention 30 test key_cmocka "$B/tests/test_flash_attention"
+step test_flash_attention 60 test key_cmocka "$B/tests/test_flash_attention"
 step test_syncbn_cuda 20 test key_cmocka "$B/tests/test_syncbn_cuda"
 # the GPT-2's captured step (one CUDA graph launch) against its eager step: the same losses and parameters, bitwise
 step test_gpt2_cuda_graph 40 test key_cmocka "$B/tests/test_gpt2_cuda_graph"
@@ -186,7 +186,7 @@ step gpt2_apex_b16 40 bench key_gpt2 "$B/bench/bench_gpt2_cuda" --batch 16
 [ -x "$B/bench/bench_gpt2_stack" ] && step gpt2_stack 60 bench key_bench "$B/bench/bench_gpt2_stack" ${ttps:+--peer-tokens-per-s $ttps}
 step bench_cuda 30 bench key_bench "$B/bench/bench_cuda"
 step peer_cuda 50 bench key_bench python3 "$G/src/bench/peer_cuda.py" "$B"
-step bench_attention 30 bench key_bench "$B/bench/bench_attention"
+step bench_attention 60 bench key_bench "$B/bench/bench_attention"
 step peer_attention 60 bench key_bench python3 "$G/src/bench/peer_attention.py" "$B"
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -1)
 step memcheck 50 test key_memcheck "${CS:-compute-sanitizer}" --tool memcheck --print-limit 20 --error-exitcode 1 "$B/tests/test_graph_cuda"
