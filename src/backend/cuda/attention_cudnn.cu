@@ -152,6 +152,15 @@ void pointwise(Graph *g, cudnnPointwiseMode_t mode, cudnnDataType_t prec, cudnnB
   add_op(g, op);
 }
 
+/* An operation of type `type` whose attributes names[i] are the descriptors descs[i], added to the graph. */
+void operation(Graph *g, cudnnBackendDescriptorType_t type, const char *what, int n, const cudnnBackendAttributeName_t *names,
+               const cudnnBackendDescriptor_t *descs) {
+  cudnnBackendDescriptor_t op = make(g, type, what);
+  for (int i = 0; i < n; i++) set(g, op, names[i], CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &descs[i], what);
+  finish(g, op, what);
+  add_op(g, op);
+}
+
 /* y = the reduction of x over the dimensions where y has extent 1, in f32. */
 void reduction(Graph *g, cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
@@ -159,12 +168,10 @@ void reduction(Graph *g, cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x,
   set(g, r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "reduction precision");
   set(g, r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "reduction operator");
   finish(g, r, "reduction descriptor");
-  cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction operation");
-  set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r, "reduction op descriptor");
-  set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "reduction x");
-  set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "reduction y");
-  finish(g, op, "reduction operation");
-  add_op(g, op);
+  const cudnnBackendAttributeName_t names[] = {CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_ATTR_OPERATION_REDUCTION_XDESC,
+                                               CUDNN_ATTR_OPERATION_REDUCTION_YDESC};
+  const cudnnBackendDescriptor_t descs[] = {r, x, y};
+  operation(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction operation", 3, names, descs);
 }
 
 /* c = a b over the last two dimensions, batched over the first two, accumulated in f32. */
@@ -173,22 +180,17 @@ void matmul(Graph *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cu
   cudnnBackendDescriptor_t mm = make(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul descriptor");
   set(g, mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "matmul precision");
   finish(g, mm, "matmul descriptor");
-  cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul operation");
-  set(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a, "matmul a");
-  set(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, "matmul b");
-  set(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, "matmul c");
-  set(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm, "matmul op descriptor");
-  finish(g, op, "matmul operation");
-  add_op(g, op);
+  const cudnnBackendAttributeName_t names[] = {CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_ATTR_OPERATION_MATMUL_BDESC,
+                                               CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_ATTR_OPERATION_MATMUL_DESC};
+  const cudnnBackendDescriptor_t descs[] = {a, b, c, mm};
+  operation(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul operation", 4, names, descs);
 }
 
 /* y = x seen through y's dimensions and strides (the transposes of P, dS and k). */
 void reshape(Graph *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-  cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape operation");
-  set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "reshape x");
-  set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "reshape y");
-  finish(g, op, "reshape operation");
-  add_op(g, op);
+  const cudnnBackendAttributeName_t names[] = {CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_ATTR_OPERATION_RESHAPE_YDESC};
+  const cudnnBackendDescriptor_t descs[] = {x, y};
+  operation(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape operation", 2, names, descs);
 }
 
 /* What a plan is kept for. Zero-filled before use, so that memcmp compares it. */
