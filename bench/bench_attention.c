@@ -9,12 +9,20 @@
  *                                                               count: the backward is 2.5 forwards) over the time
  *     bench attention_<T>_materialised_fwdbwd_ms                the materialised path (attention.cu: permutes, T x T
  *                                                               scores, softmax kernels), ratio = materialised / fused
+ *     bench attention_<T>_road_<R>_fwdbwd_ms                   the library's attention as a user calls it
+ *                                                               (apex_kernel_attention_forward/backward) with
+ *                                                               APEX_ATTENTION=R: flash (apex's kernel), cudnn
+ *                                                               (cuDNN's fused attention, deterministic backward),
+ *                                                               cudnn-nondeterministic; each with the ratio
+ *                                                               against the peer, so one run decides the default
+ *                                                               (these include the slot's f32 gradient landing)
  * R for the fused line is PyTorch's scaled_dot_product_attention(is_causal=True) forward + backward time over
  * apex's (R >= 1: apex faster), when the peer's milliseconds are passed in with --peer-ms-1024 X
  * --peer-ms-2048 Y; bench/peer_attention.py measures PyTorch and runs this program for both figures.
  * `--time` prints only `T MS` lines for the fused forward + backward (for peer_attention.py).
  * Timing: the host clock around a synchronised loop of 20 iterations, best of 5 rounds (one stream: the
  * loop measures the GPU). Skipped, with the reason, without a GPU or without CUDA in the build. */
+#define _POSIX_C_SOURCE 200809L /* setenv: the road knob, APEX_ATTENTION */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,11 +37,12 @@
 enum { B = 8, H = 12, D = 64, C = H * D };
 
 struct ctx {
-  int t, which; /* which: 0 fused fwd, 1 fused bwd, 2 fused both, 3 materialised both */
+  int t, which; /* which: 0 fused fwd, 1 fused bwd, 2 fused both, 3 materialised both, 4 the public calls */
   void *qkv, *y, *dy, *dqkv, *y2, *dqkv2;
   float *stats, *lse;
   apex__cuda_flash g;
   apex__cuda_attn a;
+  apex_tensor *tq, *ty, *tdy, *tdq, *tst; /* the same buffers as tensors, for the public calls */
   apex_status st;
 };
 
@@ -46,6 +55,10 @@ static void step(void *p) {
     c->st = apex__cuda_flash_attention_fwd(&c->g, q, q + off, q + 2 * off, c->y, c->stats);
   if (c->st == APEX_OK && (c->which == 1 || c->which == 2))
     c->st = apex__cuda_flash_attention_bwd(&c->g, q, q + off, q + 2 * off, c->y, c->dy, c->stats, dq, dq + off, dq + 2 * off);
+  if (c->which == 4) {
+    c->st = apex_kernel_attention_forward(c->tq, H, c->ty, c->tst);
+    if (c->st == APEX_OK) c->st = apex_kernel_attention_backward(c->tdy, c->tq, c->ty, c->tst, H, c->tdq);
+  }
   if (c->which == 3) {
     c->st = apex__cuda_attention_fwd(&c->a, c->qkv, c->y2, c->lse);
     if (c->st == APEX_OK) c->st = apex__cuda_attention_bwd(&c->a, c->dy, c->qkv, c->y2, c->lse, c->dqkv2);
@@ -139,6 +152,29 @@ int main(int argc, char **argv) {
       bench_report(name, 1e3 * bwd, "ms", 0, "-");
       snprintf(name, sizeof name, "attention_%d_fwdbwd_tflops", t);
       bench_report(name, flops / both / 1e12, "TFLOP/s", 0, "-");
+      /* each road of the library's own attention, through the public calls */
+      const int64_t s3[3] = {B, t, 3 * C}, s1[3] = {B, t, C}, ss[4] = {B, H, t, 2};
+      c.tq = apex_tensor_wrap_on(APEX_DEVICE_CUDA, c.qkv, APEX_BF16, 3, s3);
+      c.tdq = apex_tensor_wrap_on(APEX_DEVICE_CUDA, c.dqkv, APEX_BF16, 3, s3);
+      c.ty = apex_tensor_wrap_on(APEX_DEVICE_CUDA, c.y, APEX_BF16, 3, s1);
+      c.tdy = apex_tensor_wrap_on(APEX_DEVICE_CUDA, c.dy, APEX_BF16, 3, s1);
+      c.tst = apex_tensor_wrap_on(APEX_DEVICE_CUDA, c.stats, APEX_F32, 4, ss);
+      const char *roads[3] = {"flash", "cudnn", "cudnn-nondeterministic"};
+      for (int r = 0; r < 3 && c.tq && c.tdq && c.ty && c.tdy && c.tst; r++) {
+        setenv("APEX_ATTENTION", roads[r], 1);
+        c.st = APEX_OK;
+        const double ms = 1e3 * time_loop(&c, 4, 20);
+        snprintf(name, sizeof name, "attention_%d_road_%s_fwdbwd_ms", t, roads[r]);
+        if (c.st == APEX_OK)
+          bench_report(name, ms, "ms", peer_ms[k] > 0 ? peer_ms[k] / ms : 0,
+                       peer_ms[k] > 0 ? "PyTorch SDPA (is_causal) fwd+bwd, same GPU" : "none given (bench/peer_attention.py)");
+        else
+          printf("bench %s failed: %s\n", name, apex_last_error());
+      }
+      unsetenv("APEX_ATTENTION");
+      c.st = APEX_OK;
+      apex_tensor *ts[] = {c.tq, c.tdq, c.ty, c.tdy, c.tst};
+      for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) apex_tensor_destroy(ts[i]);
       /* the materialised path, for the record: B H T^2 f32 scores, so 2048 needs ~3 GiB a matrix */
       c.a = (apex__cuda_attn){B, t, H, D, APEX_BF16};
       c.y2 = dev_random(rows * C, 0, 0, &c.st);

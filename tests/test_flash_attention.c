@@ -1,16 +1,19 @@
-/* test_flash_attention.c: the CUDA fused causal attention (src/backend/cuda/flash_attention.cu) against an
- * f64 reference computed here on the host from the same rounded inputs, forward (o and the (m, r) stats)
- * and backward (dq, dk, dv), f16 and bf16, head dims 64 and 128, heads read in place from a packed qkv and
- * from contiguous heads, t not a multiple of the 64-row tile; the backward's bits are the same on a second
- * run (determinism); and, on GPT's packed layout, the fused output against the materialised CUDA path
- * (attention.cu). The argument checks (UNSUPPORTED for what the kernel does not cover, INVALID_ARG for
- * what is wrong everywhere) run without a GPU; the GPU cases are skipped, with the reason, without one.
+/* test_flash_attention.c: the CUDA fused attention roads, apex's kernel (src/backend/cuda/flash_attention.cu,
+ * causal) and cuDNN's fused attention (src/backend/cuda/attention_cudnn.cu, causal and without a mask), against
+ * an f64 reference computed here on the host from the same rounded inputs, forward (o and the stats) and
+ * backward (dq, dk, dv), f16 and bf16, head dims 64 and 128, heads read in place from a packed qkv and from
+ * contiguous heads, t not a multiple of the 64-row tile; the backward's bits are the same on a second run
+ * (determinism: cuDNN's deterministic backward is the one asked for); and, on GPT's packed layout, each
+ * causal road's output against the materialised CUDA path (attention.cu). The argument checks
+ * (UNSUPPORTED for what a road does not cover, INVALID_ARG for what is wrong everywhere) run without a GPU;
+ * the GPU cases are skipped, with the reason, without one (the cuDNN cases also without cuDNN).
  *
- * Bounds (max |x - ref| over max |ref| of the tensor): bf16 o 1.5e-2, dq/dk/dv 3e-2; f16 o 4e-3,
- * dq/dk/dv 8e-3: the operands' own rounding (2^-9 relative for bf16, 2^-12 for f16), P and dS rounded to
- * the operand dtype before their products (as FlashAttention and the materialised path do), the outputs'
- * rounding. The stats: |m - ref| <= 1e-4 (1 + |ref|), |r - ref| <= 2e-3 ref. Each case prints one line
- * `flash CASE: o E dq E dk E dv E m E r E PASS|FAIL`. */
+ * Bounds (max |x - ref| over max |ref| of the tensor), the same for both roads: bf16 o 1.5e-2, dq/dk/dv
+ * 3e-2; f16 o 4e-3, dq/dk/dv 8e-3: the operands' own rounding (2^-9 relative for bf16, 2^-12 for f16), P
+ * and dS rounded to the operand dtype before their products (as FlashAttention and the materialised path
+ * do), the outputs' rounding. The stats: the kernel's (m, r) = (row max, 1 / sum): |m - ref| <= 1e-4 (1 +
+ * |ref|), |r - ref| <= 2e-3 ref; cuDNN's (L, 1): the log-sum-exp L within the same bound as m, r exactly 1.
+ * Each case prints one line `ROAD CASE (...): o E dq E dk E dv E m|lse E r E, backward bits ...: PASS|FAIL`. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +24,21 @@
 
 #if APEX_TEST_CUDA
 #include "backend/cuda/cuda_internal.h"
+
+/* The roads a case runs: apex's fused kernel (causal), cuDNN's fused attention causal and without a mask. */
+enum { ROAD_FLASH, ROAD_CUDNN_CAUSAL, ROAD_CUDNN_FULL };
+static const char *const road_names[] = {"flash", "cudnn causal", "cudnn full"};
+
+static apex_status road_fwd(int road, const apex__cuda_flash *g, const void *q, const void *k, const void *v, void *o, float *st) {
+  if (road == ROAD_FLASH) return apex__cuda_flash_attention_fwd(g, q, k, v, o, st);
+  return apex__cuda_sdpa_fwd(g, road == ROAD_CUDNN_CAUSAL, q, k, v, o, st);
+}
+
+static apex_status road_bwd(int road, const apex__cuda_flash *g, const void *q, const void *k, const void *v, const void *o,
+                            const void *dout, const float *st, void *dq, void *dk, void *dv) {
+  if (road == ROAD_FLASH) return apex__cuda_flash_attention_bwd(g, q, k, v, o, dout, st, dq, dk, dv);
+  return apex__cuda_sdpa_bwd(g, road == ROAD_CUDNN_CAUSAL, 0, q, k, v, o, dout, st, dq, dk, dv);
+}
 
 static uint16_t bits_of(apex_dtype dt, float x) { return dt == APEX_BF16 ? apex_f32_to_bf16(x) : apex_f32_to_f16(x); }
 static float value_of(apex_dtype dt, uint16_t b) { return dt == APEX_BF16 ? apex_bf16_to_f32(b) : apex_f16_to_f32(b); }
@@ -52,7 +70,8 @@ static double head_err(apex_dtype dt, const uint16_t *a, int64_t ld, const doubl
 /* One case: q, k, v at offsets 0, heads * d, 2 heads * d of rows of ld_in (packed qkv when ld_in = 3 heads
  * d); o, dout, dq, dk, dv likewise in rows of ld_out (dq, dk, dv in one buffer of ld_out * 3 per row when
  * packed). Returns 1 when every bound held. */
-static int run_case(const char *name, apex_dtype dt, int batch, int heads, int t, int d, int packed, uint64_t seed) {
+static int run_case(const char *name, int road, apex_dtype dt, int batch, int heads, int t, int d, int packed, uint64_t seed) {
+  const int causal = road != ROAD_CUDNN_FULL;
   const int C = heads * d;
   const int64_t ld_in = packed ? 3 * C : C, rows = (int64_t)batch * t;
   const size_t n_in = (size_t)(rows * (packed ? 3 * C : C)) * (packed ? 1 : 3), n_o = (size_t)(rows * C);
@@ -88,7 +107,8 @@ static int run_case(const char *name, apex_dtype dt, int batch, int heads, int t
       for (int i = 0; i < t; i++) {
         const double *qi = rq + ((int64_t)b * t + i) * C + h * d, *doi = rdo + ((int64_t)b * t + i) * C + h * d;
         double m = -INFINITY, l = 0, dd = 0;
-        for (int j = 0; j <= i; j++) {
+        const int jn = causal ? i + 1 : t; /* the keys row i sees */
+        for (int j = 0; j < jn; j++) {
           const double *kj = rk + ((int64_t)b * t + j) * C + h * d, *vj = rv + ((int64_t)b * t + j) * C + h * d;
           double a = 0, e = 0;
           for (int c = 0; c < d; c++) {
@@ -99,19 +119,19 @@ static int run_case(const char *name, apex_dtype dt, int batch, int heads, int t
           dp[j] = e;
           if (s[j] > m) m = s[j];
         }
-        for (int j = 0; j <= i; j++) l += exp(s[j] - m);
+        for (int j = 0; j < jn; j++) l += exp(s[j] - m);
         const int64_t srow = ((int64_t)(b * heads + h) * t + i);
         rm[srow] = m;
         rr[srow] = 1.0 / l;
         double *oi = ro + ((int64_t)b * t + i) * C + h * d;
-        for (int j = 0; j <= i; j++) {
+        for (int j = 0; j < jn; j++) {
           s[j] = exp(s[j] - m) / l; /* P */
           dd += s[j] * dp[j];
           const double *vj = rv + ((int64_t)b * t + j) * C + h * d;
           for (int c = 0; c < d; c++) oi[c] += s[j] * vj[c];
         }
         double *dqi = rdq + ((int64_t)b * t + i) * C + h * d;
-        for (int j = 0; j <= i; j++) {
+        for (int j = 0; j < jn; j++) {
           const double ds = s[j] * (dp[j] - dd) * scale;
           const int64_t rj = ((int64_t)b * t + j) * C + h * d;
           for (int c = 0; c < d; c++) {
@@ -128,15 +148,15 @@ static int run_case(const char *name, apex_dtype dt, int batch, int heads, int t
   TU_OK(apex__cuda_alloc((size_t)rows * heads * 2 * sizeof(float), 0, &dst));
   char *q = din, *k = q + off_k * 2, *v = q + off_v * 2, *gq = dg, *gk = gq + off_k * 2, *gv = gq + off_v * 2;
   apex__cuda_flash g = {batch, heads, t, d, ld_in, ld_in, ld_in, C, C, ld_in, ld_in, ld_in, dt};
-  TU_OK(apex__cuda_flash_attention_fwd(&g, q, k, v, dout, dst));
-  TU_OK(apex__cuda_flash_attention_bwd(&g, q, k, v, dout, ddo, dst, gq, gk, gv));
+  TU_OK(road_fwd(road, &g, q, k, v, dout, dst));
+  TU_OK(road_bwd(road, &g, q, k, v, dout, ddo, dst, gq, gk, gv));
   TU_OK(apex__cuda_memcpy(ho, dout, n_o * 2, APEX__D2H, 1));
   TU_OK(apex__cuda_memcpy(hg, dg, n_in * 2, APEX__D2H, 1));
   TU_OK(apex__cuda_memcpy(hst, dst, (size_t)rows * heads * 2 * sizeof(float), APEX__D2H, 1));
   /* determinism: the backward again, the same bits */
   uint16_t *hg2 = malloc(n_in * 2);
   assert_non_null(hg2);
-  TU_OK(apex__cuda_flash_attention_bwd(&g, q, k, v, dout, ddo, dst, gq, gk, gv));
+  TU_OK(road_bwd(road, &g, q, k, v, dout, ddo, dst, gq, gk, gv));
   TU_OK(apex__cuda_memcpy(hg2, dg, n_in * 2, APEX__D2H, 1));
   int same = memcmp(hg, hg2, n_in * 2) == 0;
   free(hg2);
@@ -150,20 +170,25 @@ static int run_case(const char *name, apex_dtype dt, int batch, int heads, int t
   const double ev = head_err(dt, hg + off_v, ld_in, rdv, batch, heads, t, d, gunit);
   double em = 0, er = 0;
   for (int64_t r = 0; r < rows * heads; r++) {
+    /* cuDNN keeps the log-sum-exp alone, as (m, r) = (L, 1): its L = m - log r against the reference's, and r */
+    if (road != ROAD_FLASH) {
+      rm[r] -= log(rr[r]);
+      rr[r] = 1;
+    }
     double xm = fabs(hst[2 * r] - rm[r]) / (1 + fabs(rm[r])), xr = fabs(hst[2 * r + 1] - rr[r]) / rr[r];
     if (!(xm <= em)) em = isnan(xm) ? INFINITY : xm;
     if (!(xr <= er)) er = isnan(xr) ? INFINITY : xr;
   }
   const double bo = dt == APEX_BF16 ? 1.5e-2 : 4e-3, bg = dt == APEX_BF16 ? 3e-2 : 8e-3;
   const int ok = eo <= bo && eq <= bg && ek <= bg && ev <= bg && em <= 1e-4 && er <= 2e-3 && same;
-  printf("flash %s (%s, batch %d, heads %d, t %d, d %d, %s): o %.2e dq %.2e dk %.2e dv %.2e (bounds %.0e, %.0e) m %.2e "
+  printf("%s %s (%s, batch %d, heads %d, t %d, d %d, %s): o %.2e dq %.2e dk %.2e dv %.2e (bounds %.0e, %.0e) %s %.2e "
          "r %.2e, backward bits %s: %s\n",
-         name, apex_dtype_name(dt), batch, heads, t, d, packed ? "packed qkv" : "contiguous", eo, eq, ek, ev, bo, bg, em, er,
-         same ? "repeat" : "DIFFER", ok ? "PASS" : "FAIL");
+         road_names[road], name, apex_dtype_name(dt), batch, heads, t, d, packed ? "packed qkv" : "contiguous", eo, eq, ek, ev, bo,
+         bg, road == ROAD_FLASH ? "m" : "lse", em, er, same ? "repeat" : "DIFFER", ok ? "PASS" : "FAIL");
   fflush(stdout);
 
   /* GPT's packed layout: the materialised path (attention.cu) on the same qkv gives the same o */
-  if (packed) {
+  if (packed && causal) {
     void *dy2 = NULL, *dl = NULL;
     TU_OK(apex__cuda_alloc(n_o * 2, 0, &dy2));
     TU_OK(apex__cuda_alloc((size_t)rows * heads * sizeof(float), 0, &dl));
@@ -175,7 +200,7 @@ static int run_case(const char *name, apex_dtype dt, int batch, int heads, int t
     TU_OK(apex__cuda_memcpy(hy2, dy2, n_o * 2, APEX__D2H, 1));
     for (size_t i = 0; i < n_o; i++) y2[i] = value_of(dt, hy2[i]);
     const double e2 = head_err(dt, ho, C, y2, batch, heads, t, d, 0);
-    printf("flash %s: o against the materialised CUDA attention %.2e (bound %.0e): %s\n", name, e2, bo,
+    printf("%s %s: o against the materialised CUDA attention %.2e (bound %.0e): %s\n", road_names[road], name, e2, bo,
            e2 <= bo ? "PASS" : "FAIL");
     assert_true(e2 <= bo);
     free(hy2);
@@ -193,6 +218,23 @@ static int run_case(const char *name, apex_dtype dt, int batch, int heads, int t
   return ok;
 }
 
+/* The cases every road runs: GPT's packed qkv in both dtypes, one row, a long sequence, head dim 128 on
+ * contiguous and packed heads. Case i draws its inputs from seed0 + i. Returns 1 when every case passed. */
+static int run_cases(int road, uint64_t seed0) {
+  static const struct {
+    const char *name;
+    apex_dtype dt;
+    int batch, heads, t, d, packed;
+  } cases[] = {{"gpt packed", APEX_BF16, 2, 3, 200, 64, 1}, {"gpt packed", APEX_F16, 2, 3, 200, 64, 1},
+               {"one row", APEX_BF16, 1, 2, 1, 64, 1},      {"long", APEX_BF16, 1, 2, 1024, 64, 1},
+               {"d128", APEX_BF16, 3, 1, 130, 128, 0},      {"d128", APEX_F16, 1, 2, 64, 128, 1}};
+  int ok = 1;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    ok &= run_case(cases[i].name, road, cases[i].dt, cases[i].batch, cases[i].heads, cases[i].t, cases[i].d, cases[i].packed,
+                   seed0 + i);
+  return ok;
+}
+
 static void test_fused_matches_reference(void **state) {
   (void)state;
   const char *why;
@@ -200,18 +242,30 @@ static void test_fused_matches_reference(void **state) {
     printf("flash cases skipped: %s\n", why);
     skip();
   }
-  int ok = 1;
-  ok &= run_case("gpt packed", APEX_BF16, 2, 3, 200, 64, 1, 1);
-  ok &= run_case("gpt packed", APEX_F16, 2, 3, 200, 64, 1, 2);
-  ok &= run_case("one row", APEX_BF16, 1, 2, 1, 64, 1, 3);
-  ok &= run_case("long", APEX_BF16, 1, 2, 1024, 64, 1, 4);
-  ok &= run_case("d128", APEX_BF16, 3, 1, 130, 128, 0, 5);
-  ok &= run_case("d128", APEX_F16, 1, 2, 64, 128, 1, 6);
-  assert_true(ok);
+  assert_true(run_cases(ROAD_FLASH, 1));
 }
 
-/* What the fused kernel does not cover is UNSUPPORTED (the caller falls back), what is wrong on every path
- * INVALID_ARG; both are decided before any device work, so they hold without a GPU. */
+/* cuDNN's fused attention (attention_cudnn.cu) on the same cases and the same bounds, causal and without a
+ * mask, f16 and bf16, d 64 and 128, packed and contiguous heads: skipped, with the reason, where cuDNN cannot
+ * be loaded; a shape cuDNN refuses on a GPU that has it fails (the slot would quietly take the kernel). */
+static void test_cudnn_matches_reference(void **state) {
+  (void)state;
+  const char *why;
+  if (!apex_cuda_available(&why)) {
+    printf("cudnn cases skipped: %s\n", why);
+    skip();
+  }
+  apex__cuda_flash probe = {1, 1, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, APEX_BF16};
+  if (apex__cuda_sdpa_check(&probe, 1, 0, 0) == APEX_ERR_UNSUPPORTED && strstr(apex_last_error(), "cuDNN could not be loaded")) {
+    printf("cudnn cases skipped: %s\n", apex_last_error());
+    skip();
+  }
+  const int causal_ok = run_cases(ROAD_CUDNN_CAUSAL, 11), full_ok = run_cases(ROAD_CUDNN_FULL, 21);
+  assert_true(causal_ok && full_ok);
+}
+
+/* What a fused road (apex's kernel, cuDNN's) does not cover is UNSUPPORTED (the caller falls back), what is
+ * wrong on every path INVALID_ARG; both are decided before any device work or cuDNN, so they hold without a GPU. */
 static void test_arguments(void **state) {
   (void)state;
   _Alignas(16) static char buf[4096];
@@ -244,12 +298,34 @@ static void test_arguments(void **state) {
   f.ld_dq = 2300;
   TU_FAILS(apex__cuda_flash_attention_bwd(&f, p, p, p, p, p, st, buf, buf, buf), APEX_ERR_UNSUPPORTED, "operand 5");
   TU_FAILS(apex__cuda_flash_attention_bwd(&g, p, p, p, p, p, NULL, buf, buf, buf), APEX_ERR_INVALID_ARG, "NULL stats");
+  /* cuDNN's road makes the same checks before cuDNN is asked */
+  f = g;
+  f.dtype = APEX_F32;
+  TU_FAILS(apex__cuda_sdpa_fwd(&f, 1, p, p, p, buf, st), APEX_ERR_UNSUPPORTED, "f16 or bf16");
+  TU_FAILS(apex__cuda_sdpa_check(&f, 1, 1, 0), APEX_ERR_UNSUPPORTED, "f16 or bf16");
+  f = g;
+  f.ld_k = 2300;
+  TU_FAILS(apex__cuda_sdpa_fwd(&f, 1, p, p, p, buf, st), APEX_ERR_UNSUPPORTED, "16-byte aligned");
+  TU_FAILS(apex__cuda_sdpa_fwd(&g, 0, p, buf + 2, p, buf, st), APEX_ERR_UNSUPPORTED, "16-byte aligned");
+  f = g;
+  f.ld_o = 512;
+  TU_FAILS(apex__cuda_sdpa_fwd(&f, 1, p, p, p, buf, st), APEX_ERR_INVALID_ARG, "below heads x d");
+  f = g;
+  f.t = 0;
+  TU_FAILS(apex__cuda_sdpa_check(&f, 0, 0, 0), APEX_ERR_INVALID_ARG, "must be >= 1");
+  TU_FAILS(apex__cuda_sdpa_fwd(NULL, 1, p, p, p, buf, st), APEX_ERR_INVALID_ARG, "NULL geometry");
+  TU_FAILS(apex__cuda_sdpa_check(NULL, 1, 0, 0), APEX_ERR_INVALID_ARG, "NULL geometry");
+  TU_FAILS(apex__cuda_sdpa_fwd(&g, 1, p, p, NULL, buf, st), APEX_ERR_INVALID_ARG, "NULL operand 2");
+  TU_FAILS(apex__cuda_sdpa_fwd(&g, 1, p, p, p, buf, NULL), APEX_ERR_INVALID_ARG, "NULL stats");
+  TU_FAILS(apex__cuda_sdpa_bwd(&g, 1, 0, p, p, p, p, p, st, buf, buf, NULL), APEX_ERR_INVALID_ARG, "NULL operand 7");
+  TU_FAILS(apex__cuda_sdpa_bwd(&g, 1, 0, p, p, p, p, p, NULL, buf, buf, buf), APEX_ERR_INVALID_ARG, "NULL stats");
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_arguments),
       cmocka_unit_test(test_fused_matches_reference),
+      cmocka_unit_test(test_cudnn_matches_reference),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -550,9 +550,11 @@ typedef struct apex_nn_attention_args {
   int heads, t, d;
   apex_nn_buf q, k, v;
   size_t ld_q, ld_k, ld_v, ld_out; /* row strides, in elements */
-  float *stats; /* [batch, heads, t, 2] f32, kept for the backward: per query row, m = the max of the
-                   scaled masked scores and r = 1 / sum_j exp(s_j - m) (the log-sum-exp is m - log r);
-                   P is never kept: the backward recomputes it */
+  float *stats; /* [batch, heads, t, 2] f32, kept for the backward: per query row a pair (m, r) whose
+                   m - log r is the log-sum-exp of the scaled masked scores, which is all a backward reads
+                   (P = exp(s - m) r). The CPU and apex's own kernels keep m = the row max and r = 1 / sum_j
+                   exp(s_j - m); cuDNN's fused attention keeps (m, r) = (log-sum-exp, 1). P is never kept:
+                   the backward recomputes it */
   void *out;
   apex_dtype out_dtype;
   apex_nn_workspace ws;

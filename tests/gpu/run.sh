@@ -142,7 +142,7 @@ fi
 step test_cuda 30 test key_cmocka "$B/tests/test_cuda"
 step test_backend_ops 60 test key_cmocka "$B/tests/test_backend_ops"
 step test_graph_cuda 40 test key_cmocka "$B/tests/test_graph_cuda"
-step test_flash_attention 30 test key_cmocka "$B/tests/test_flash_attention"
+step test_flash_attention 60 test key_cmocka "$B/tests/test_flash_attention"
 step test_syncbn_cuda 20 test key_cmocka "$B/tests/test_syncbn_cuda"
 # the library's captured step (apex_step_capture: one CUDA graph) against its eager step, bit for bit, and
 # the device-side ids it reads (apex_index) against host ids
@@ -192,7 +192,7 @@ step gpt2_torch_b16 ${GPT2_TORCH_CAP:-60} bench key_bench python3 "$G/src/bench/
   ${tps16:+--apex-tokens-per-s $tps16} --modes "${GPT2_MODES:-eager}" --compile-timeout ${GPT2_COMPILE_TIMEOUT:-40}
 step bench_cuda 30 bench key_bench "$B/bench/bench_cuda"
 step peer_cuda 50 bench key_bench python3 "$G/src/bench/peer_cuda.py" "$B"
-step bench_attention 30 bench key_bench "$B/bench/bench_attention"
+step bench_attention 60 bench key_bench "$B/bench/bench_attention"
 step peer_attention 60 bench key_bench python3 "$G/src/bench/peer_attention.py" "$B"
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -1)
 step memcheck 50 test key_memcheck "${CS:-compute-sanitizer}" --tool memcheck --print-limit 20 --error-exitcode 1 "$B/tests/test_graph_cuda"

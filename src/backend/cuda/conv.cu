@@ -1,10 +1,8 @@
 /* conv.cu: 2-D convolution on the GPU through cuDNN (forward, backward data, backward filter), with
  * apex's own kernels for the bias and its gradient.
  *
- * cuDNN is loaded with dlopen at the first call, from $APEX_CUDNN when set, else libcudnn.so.9 on the
- * loader's path: libapex builds and links without it, and a machine without it gets
- * APEX_ERR_UNSUPPORTED saying how to point apex at it (PyTorch's wheels ship it, under
- * site-packages/nvidia/cudnn/lib). Calls go through function pointers typed from cudnn.h.
+ * cuDNN is loaded at the first call (cudnn_lib.h): libapex builds and links without it, and a machine
+ * without it gets APEX_ERR_UNSUPPORTED saying how to point apex at it.
  *
  * Numerics: f32 compute for every dtype; f32 tensors on the FMA units (no TF32, like apex_kernel_matmul),
  * f16/bf16 on the tensor cores. Algorithms come from cuDNN's heuristics, keeping the first that cuDNN
@@ -14,9 +12,6 @@
  * The pooling slots (args_nn.h's nn_pool2d, nn_pool2d_bwd) close the file: apex's own kernels, the
  * CPU's loops of cpu/conv.c one output (forward) or one input element (backward) per thread. */
 #include <cuda_runtime.h>
-#include <cudnn.h>
-#include <dlfcn.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -26,66 +21,17 @@ extern "C" {
 #include "backend/cuda/cuda_internal.h"
 }
 #include "backend/cuda/block_reduce.cuh"
+#include "backend/cuda/cudnn_lib.h"
 #include "backend/cuda/dtype_dev.cuh"
 #include "backend/cuda/grad_dev.cuh"
 
 #define CONV_MAX_WORKSPACE ((size_t)1 << 30)
 
-/* ---- loading cuDNN --------------------------------------------------------------------------------- */
-
-#define CUDNN_FUNCS(X)                                                                                      \
-  X(cudnnCreate) X(cudnnSetStream) X(cudnnGetErrorString) X(cudnnCreateTensorDescriptor)                    \
-  X(cudnnSetTensor4dDescriptor) X(cudnnDestroyTensorDescriptor) X(cudnnCreateFilterDescriptor)              \
-  X(cudnnSetFilter4dDescriptor) X(cudnnDestroyFilterDescriptor) X(cudnnCreateConvolutionDescriptor)         \
-  X(cudnnSetConvolution2dDescriptor) X(cudnnSetConvolutionMathType) X(cudnnDestroyConvolutionDescriptor)    \
-  X(cudnnGetConvolutionForwardAlgorithm_v7) X(cudnnGetConvolutionForwardWorkspaceSize)                      \
-  X(cudnnConvolutionForward) X(cudnnGetConvolutionBackwardDataAlgorithm_v7)                                 \
-  X(cudnnGetConvolutionBackwardDataWorkspaceSize) X(cudnnConvolutionBackwardData)                           \
-  X(cudnnGetConvolutionBackwardFilterAlgorithm_v7) X(cudnnGetConvolutionBackwardFilterWorkspaceSize)        \
-  X(cudnnConvolutionBackwardFilter)
-
-static struct {
-#define DECLARE(f) decltype(&::f) f;
-  CUDNN_FUNCS(DECLARE)
-#undef DECLARE
-  cudnnHandle_t handle;
-  char why[512]; /* empty when loaded */
-} dnn;
-static pthread_once_t dnn_once = PTHREAD_ONCE_INIT;
-
-static void dnn_load(void) {
-  const char *path = getenv("APEX_CUDNN");
-  void *lib = dlopen(path && *path ? path : "libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    snprintf(dnn.why, sizeof dnn.why, "cuDNN could not be loaded (%s); install cuDNN 9 or set APEX_CUDNN to the path of "
-             "libcudnn.so.9", dlerror());
-    return;
-  }
-#define LOAD(f)                                                                                   \
-  if (!(dnn.f = (decltype(dnn.f))dlsym(lib, #f))) {                                               \
-    snprintf(dnn.why, sizeof dnn.why, "the cuDNN at %s has no %s (cuDNN 9 is needed)", path ? path : "libcudnn.so.9", #f); \
-    return;                                                                                       \
-  }
-  CUDNN_FUNCS(LOAD)
-#undef LOAD
-  cudnnStatus_t s = dnn.cudnnCreate(&dnn.handle);
-  if (s != CUDNN_STATUS_SUCCESS) snprintf(dnn.why, sizeof dnn.why, "cudnnCreate failed: %s", dnn.cudnnGetErrorString(s));
-}
-
-/* cuDNN, ready on apex's stream, or APEX_ERR_UNSUPPORTED naming fn and why. */
-static apex_status dnn_ready(const char *fn) {
-  pthread_once(&dnn_once, dnn_load);
-  if (dnn.why[0]) return apex__fail(APEX_ERR_UNSUPPORTED, "%s: %s", fn, dnn.why);
-  cudnnStatus_t s = dnn.cudnnSetStream(dnn.handle, (cudaStream_t)apex__cuda_stream());
-  if (s != CUDNN_STATUS_SUCCESS) return apex__fail(APEX_ERR_DEVICE, "%s: cudnnSetStream: %s", fn, dnn.cudnnGetErrorString(s));
-  return APEX_OK;
-}
-
 #define DNN(call, what)                                                                                        \
   do {                                                                                                         \
     cudnnStatus_t s_ = (call);                                                                                 \
     if (s_ != CUDNN_STATUS_SUCCESS) {                                                                          \
-      st = apex__fail(APEX_ERR_DEVICE, "%s: cuDNN %s failed: %s", c->fn, what, dnn.cudnnGetErrorString(s_)); \
+      st = apex__fail(APEX_ERR_DEVICE, "%s: cuDNN %s failed: %s", c->fn, what, apex__dnn.cudnnGetErrorString(s_)); \
       goto done;                                                                                               \
     }                                                                                                          \
   } while (0)
@@ -104,23 +50,23 @@ static cudnnDataType_t dnn_type(apex_dtype t) {
 }
 
 static void desc_free(conv_desc *c) {
-  if (c->x) dnn.cudnnDestroyTensorDescriptor(c->x);
-  if (c->y) dnn.cudnnDestroyTensorDescriptor(c->y);
-  if (c->w) dnn.cudnnDestroyFilterDescriptor(c->w);
-  if (c->conv) dnn.cudnnDestroyConvolutionDescriptor(c->conv);
+  if (c->x) apex__dnn.cudnnDestroyTensorDescriptor(c->x);
+  if (c->y) apex__dnn.cudnnDestroyTensorDescriptor(c->y);
+  if (c->w) apex__dnn.cudnnDestroyFilterDescriptor(c->w);
+  if (c->conv) apex__dnn.cudnnDestroyConvolutionDescriptor(c->conv);
 }
 
 static apex_status desc_make(conv_desc *c, const apex__cuda_conv *g) {
   apex_status st = APEX_OK;
   cudnnDataType_t t = dnn_type(g->dtype);
-  DNN(dnn.cudnnCreateTensorDescriptor(&c->x), "tensor descriptor");
-  DNN(dnn.cudnnCreateTensorDescriptor(&c->y), "tensor descriptor");
-  DNN(dnn.cudnnCreateFilterDescriptor(&c->w), "filter descriptor");
-  DNN(dnn.cudnnCreateConvolutionDescriptor(&c->conv), "convolution descriptor");
-  DNN(dnn.cudnnSetTensor4dDescriptor(c->x, CUDNN_TENSOR_NCHW, t, g->n, g->c, g->h, g->w), "x descriptor");
-  DNN(dnn.cudnnSetTensor4dDescriptor(c->y, CUDNN_TENSOR_NCHW, t, g->n, g->k, g->p, g->q), "y descriptor");
-  DNN(dnn.cudnnSetFilter4dDescriptor(c->w, t, CUDNN_TENSOR_NCHW, g->k, g->c, g->r, g->s), "w descriptor");
-  DNN(dnn.cudnnSetConvolution2dDescriptor(c->conv, g->pad_h, g->pad_w, g->stride_h, g->stride_w, 1, 1,
+  DNN(apex__dnn.cudnnCreateTensorDescriptor(&c->x), "tensor descriptor");
+  DNN(apex__dnn.cudnnCreateTensorDescriptor(&c->y), "tensor descriptor");
+  DNN(apex__dnn.cudnnCreateFilterDescriptor(&c->w), "filter descriptor");
+  DNN(apex__dnn.cudnnCreateConvolutionDescriptor(&c->conv), "convolution descriptor");
+  DNN(apex__dnn.cudnnSetTensor4dDescriptor(c->x, CUDNN_TENSOR_NCHW, t, g->n, g->c, g->h, g->w), "x descriptor");
+  DNN(apex__dnn.cudnnSetTensor4dDescriptor(c->y, CUDNN_TENSOR_NCHW, t, g->n, g->k, g->p, g->q), "y descriptor");
+  DNN(apex__dnn.cudnnSetFilter4dDescriptor(c->w, t, CUDNN_TENSOR_NCHW, g->k, g->c, g->r, g->s), "w descriptor");
+  DNN(apex__dnn.cudnnSetConvolution2dDescriptor(c->conv, g->pad_h, g->pad_w, g->stride_h, g->stride_w, 1, 1,
                                           CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
       "convolution descriptor");
 done:
@@ -175,7 +121,7 @@ static apex_status launched(const char *fn) {
 extern "C" apex_status apex__cuda_conv2d_fwd(const apex__cuda_conv *g, const void *x, const void *w, const void *b,
                                              apex_dtype bt, void *y) {
   const char *fn = "apex_kernel_conv2d_forward";
-  apex_status st = dnn_ready(fn);
+  apex_status st = apex__cudnn_ready(fn);
   if (st != APEX_OK) return st;
   conv_desc cd = {fn, 0, 0, 0, 0}, *c = &cd;
   void *ws = NULL;
@@ -184,19 +130,19 @@ extern "C" apex_status apex__cuda_conv2d_fwd(const apex__cuda_conv *g, const voi
   int found = 0, at = 0;
   const float one = 1.0f, zero = 0.0f;
   if ((st = desc_make(c, g)) != APEX_OK) goto done;
-  DNN(dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, CUDNN_TENSOR_OP_MATH)), "math type");
-  DNN(dnn.cudnnGetConvolutionForwardAlgorithm_v7(dnn.handle, c->x, c->w, c->conv, c->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+  DNN(apex__dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, CUDNN_TENSOR_OP_MATH)), "math type");
+  DNN(apex__dnn.cudnnGetConvolutionForwardAlgorithm_v7(apex__dnn.handle, c->x, c->w, c->conv, c->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                  &found, perf),
       "forward heuristics");
   if (!pick(perf, found, g->dtype, &at)) {
     st = apex__fail(APEX_ERR_UNSUPPORTED, "%s: cuDNN offers no deterministic forward algorithm for this shape", fn);
     goto done;
   }
-  DNN(dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, perf[at].mathType)), "math type");
-  DNN(dnn.cudnnGetConvolutionForwardWorkspaceSize(dnn.handle, c->x, c->w, c->conv, c->y, perf[at].algo, &ws_size),
+  DNN(apex__dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, perf[at].mathType)), "math type");
+  DNN(apex__dnn.cudnnGetConvolutionForwardWorkspaceSize(apex__dnn.handle, c->x, c->w, c->conv, c->y, perf[at].algo, &ws_size),
       "forward workspace size");
   if (ws_size && (st = apex__cuda_alloc(ws_size, 0, &ws)) != APEX_OK) goto done;
-  DNN(dnn.cudnnConvolutionForward(dnn.handle, &one, c->x, x, c->w, w, c->conv, perf[at].algo, ws, ws_size, &zero, c->y, y),
+  DNN(apex__dnn.cudnnConvolutionForward(apex__dnn.handle, &one, c->x, x, c->w, w, c->conv, perf[at].algo, ws, ws_size, &zero, c->y, y),
       "forward");
   if (b) {
     int64_t total = g->n * g->k * g->p * g->q, blocks = (total + 255) / 256;
@@ -215,7 +161,7 @@ done:
 extern "C" apex_status apex__cuda_conv2d_bwd(const apex__cuda_conv *g, const void *dy, const void *x, const void *w,
                                              void *dx, void *dw, void *db, apex_dtype bt) {
   const char *fn = "apex_kernel_conv2d_backward";
-  apex_status st = dnn_ready(fn);
+  apex_status st = apex__cudnn_ready(fn);
   if (st != APEX_OK) return st;
   conv_desc cd = {fn, 0, 0, 0, 0}, *c = &cd;
   void *ws = NULL;
@@ -225,19 +171,19 @@ extern "C" apex_status apex__cuda_conv2d_bwd(const apex__cuda_conv *g, const voi
   if ((st = desc_make(c, g)) != APEX_OK) goto done;
   if (dx) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    DNN(dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, CUDNN_TENSOR_OP_MATH)), "math type");
-    DNN(dnn.cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn.handle, c->w, c->y, c->conv, c->x,
+    DNN(apex__dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, CUDNN_TENSOR_OP_MATH)), "math type");
+    DNN(apex__dnn.cudnnGetConvolutionBackwardDataAlgorithm_v7(apex__dnn.handle, c->w, c->y, c->conv, c->x,
                                                         CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf),
         "backward-data heuristics");
     if (!pick(perf, found, g->dtype, &at)) {
       st = apex__fail(APEX_ERR_UNSUPPORTED, "%s: cuDNN offers no deterministic backward-data algorithm for this shape", fn);
       goto done;
     }
-    DNN(dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, perf[at].mathType)), "math type");
-    DNN(dnn.cudnnGetConvolutionBackwardDataWorkspaceSize(dnn.handle, c->w, c->y, c->conv, c->x, perf[at].algo, &ws_size),
+    DNN(apex__dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, perf[at].mathType)), "math type");
+    DNN(apex__dnn.cudnnGetConvolutionBackwardDataWorkspaceSize(apex__dnn.handle, c->w, c->y, c->conv, c->x, perf[at].algo, &ws_size),
         "backward-data workspace size");
     if (ws_size && (st = apex__cuda_alloc(ws_size, 0, &ws)) != APEX_OK) goto done;
-    DNN(dnn.cudnnConvolutionBackwardData(dnn.handle, &one, c->w, w, c->y, dy, c->conv, perf[at].algo, ws, ws_size, &zero,
+    DNN(apex__dnn.cudnnConvolutionBackwardData(apex__dnn.handle, &one, c->w, w, c->y, dy, c->conv, perf[at].algo, ws, ws_size, &zero,
                                          c->x, dx),
         "backward data");
     apex__cuda_free(ws);
@@ -245,19 +191,19 @@ extern "C" apex_status apex__cuda_conv2d_bwd(const apex__cuda_conv *g, const voi
   }
   if (dw) {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    DNN(dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, CUDNN_TENSOR_OP_MATH)), "math type");
-    DNN(dnn.cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn.handle, c->x, c->y, c->conv, c->w,
+    DNN(apex__dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, CUDNN_TENSOR_OP_MATH)), "math type");
+    DNN(apex__dnn.cudnnGetConvolutionBackwardFilterAlgorithm_v7(apex__dnn.handle, c->x, c->y, c->conv, c->w,
                                                           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found, perf),
         "backward-filter heuristics");
     if (!pick(perf, found, g->dtype, &at)) {
       st = apex__fail(APEX_ERR_UNSUPPORTED, "%s: cuDNN offers no deterministic backward-filter algorithm for this shape", fn);
       goto done;
     }
-    DNN(dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, perf[at].mathType)), "math type");
-    DNN(dnn.cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn.handle, c->x, c->y, c->conv, c->w, perf[at].algo, &ws_size),
+    DNN(apex__dnn.cudnnSetConvolutionMathType(c->conv, math_for(g->dtype, perf[at].mathType)), "math type");
+    DNN(apex__dnn.cudnnGetConvolutionBackwardFilterWorkspaceSize(apex__dnn.handle, c->x, c->y, c->conv, c->w, perf[at].algo, &ws_size),
         "backward-filter workspace size");
     if (ws_size && (st = apex__cuda_alloc(ws_size, 0, &ws)) != APEX_OK) goto done;
-    DNN(dnn.cudnnConvolutionBackwardFilter(dnn.handle, &one, c->x, x, c->y, dy, c->conv, perf[at].algo, ws, ws_size, &zero,
+    DNN(apex__dnn.cudnnConvolutionBackwardFilter(apex__dnn.handle, &one, c->x, x, c->y, dy, c->conv, perf[at].algo, ws, ws_size, &zero,
                                            c->w, dw),
         "backward filter");
   }

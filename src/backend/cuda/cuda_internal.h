@@ -322,6 +322,35 @@ apex_status apex__cuda_flash_attention_fwd(const apex__cuda_flash *g, const void
 apex_status apex__cuda_flash_attention_bwd(const apex__cuda_flash *g, const void *q, const void *k, const void *v,
                                            const void *o, const void *dout, const float *stats, void *dq, void *dk,
                                            void *dv);
+/* The checks every fused attention path makes of g and its n operands (ptrs, their row strides lds), for
+ * fn's messages: APEX_ERR_INVALID_ARG for what is wrong on every path (a NULL geometry or operand, an extent
+ * below 1, a row stride below heads x d), APEX_ERR_UNSUPPORTED naming `who` for what a fused path does not
+ * take (a dtype other than f16/bf16, a row stride or base not 16-byte aligned). */
+apex_status apex__cuda_attn_operands_check(const char *fn, const char *who, const apex__cuda_flash *g,
+                                           const void *const *ptrs, const int64_t *lds, int n);
+
+/* ---- attention_cudnn.cu: the same attention through cuDNN's fused scaled-dot-product attention ------------ */
+
+/* The same operation as apex__cuda_flash_attention_fwd/bwd, on the same geometry (q, k, v, o, dout, dq,
+ * dk, dv in place with their row strides, f16 or bf16), run by cuDNN 9's fused attention engine through its
+ * backend API, with causal masking when causal is set (else every key counts) and scale 1 / sqrt(d).
+ * Stats: cuDNN keeps the log-sum-exp L of each row alone, so the forward writes each row's pair as (m, r) =
+ * (L, 1), which gives the same L = m - log r that every backward reads (args_nn.h), and the backward takes
+ * any pair (the fused kernel's and the CPU's (max, 1 / sum) as well). The backward is deterministic (cuDNN's
+ * dQ without atomics) unless nondeterministic is set (dQ accumulated in f32 with atomics, as
+ * FlashAttention-2 does). Execution plans are built once per geometry, causal flag and direction and
+ * kept; the workspace comes from the caching allocator. APEX_ERR_INVALID_ARG as the fused kernel's for
+ * a wrong geometry; APEX_ERR_UNSUPPORTED, with the reason, when cuDNN is missing or refuses the shape
+ * (that answer is kept too, so a refused shape costs one build), so that the caller takes another path. */
+apex_status apex__cuda_sdpa_fwd(const apex__cuda_flash *g, int causal, const void *q, const void *k, const void *v, void *o,
+                                float *stats);
+apex_status apex__cuda_sdpa_bwd(const apex__cuda_flash *g, int causal, int nondeterministic, const void *q, const void *k,
+                                const void *v, const void *o, const void *dout, const float *stats, void *dq, void *dk,
+                                void *dv);
+/* Whether cuDNN takes this geometry (the shape, dtype and strides of g; alignment of the pointers aside) for
+ * the forward (backward 0) or the backward: APEX_OK, or APEX_ERR_UNSUPPORTED saying why (cuDNN missing,
+ * the shape refused, no engine), or APEX_ERR_INVALID_ARG for a wrong geometry. Builds and keeps the plan. */
+apex_status apex__cuda_sdpa_check(const apex__cuda_flash *g, int causal, int backward, int nondeterministic);
 
 
 /* ---- classifier.cu: cross entropy and its gradient in one pass over the logits ---------------------------- */

@@ -523,26 +523,13 @@ static apex_status bwd(const FaParams &p, int batch_heads) {
 /* Whether the geometry is covered; APEX_ERR_UNSUPPORTED with the reason if not, APEX_ERR_INVALID_ARG for a
  * geometry that is wrong on every path. ptrs/lds: the operands (NULL-free) and their row strides. */
 static apex_status check(const char *fn, const apex__cuda_flash *g, const void *const *ptrs, const int64_t *lds, int n) {
-  if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL geometry", fn);
-  if (g->batch < 1 || g->heads < 1 || g->t < 1 || g->d < 1)
-    return apex__fail(APEX_ERR_INVALID_ARG, "%s: batch %d, heads %d, t %d, d %d: each must be >= 1", fn, g->batch, g->heads,
-                      g->t, g->d);
-  if (g->dtype != APEX_F16 && g->dtype != APEX_BF16)
-    return apex__fail(APEX_ERR_UNSUPPORTED, "%s: dtype %s: the fused kernel takes f16 or bf16", fn, apex_dtype_name(g->dtype));
+  apex_status st = apex__cuda_attn_operands_check(fn, "the fused kernel", g, ptrs, lds, n);
+  if (st != APEX_OK) return st;
   if (g->d != 64 && g->d != 128)
     return apex__fail(APEX_ERR_UNSUPPORTED, "%s: head dim %d: the fused kernel takes 64 or 128", fn, g->d);
   if ((int64_t)g->batch * g->heads > 65535)
     return apex__fail(APEX_ERR_UNSUPPORTED, "%s: batch %d x heads %d above 65535 (the grid's second dimension)", fn,
                       g->batch, g->heads);
-  for (int i = 0; i < n; i++) {
-    if (!ptrs[i]) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL operand %d", fn, i);
-    if (lds[i] < (int64_t)g->heads * g->d)
-      return apex__fail(APEX_ERR_INVALID_ARG, "%s: operand %d: row stride %lld below heads x d = %lld", fn, i,
-                        (long long)lds[i], (long long)g->heads * g->d);
-    if (lds[i] % 8 != 0 || ((uintptr_t)ptrs[i] & 15u) != 0)
-      return apex__fail(APEX_ERR_UNSUPPORTED, "%s: operand %d: row stride %lld or base not 16-byte aligned", fn, i,
-                        (long long)lds[i]);
-  }
   return APEX_OK;
 }
 
@@ -574,6 +561,26 @@ static FaParams params_of(const apex__cuda_flash *g) {
 }
 
 } /* namespace */
+
+extern "C" apex_status apex__cuda_attn_operands_check(const char *fn, const char *who, const apex__cuda_flash *g,
+                                                      const void *const *ptrs, const int64_t *lds, int n) {
+  if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL geometry", fn);
+  if (g->batch < 1 || g->heads < 1 || g->t < 1 || g->d < 1)
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: batch %d, heads %d, t %d, d %d: each must be >= 1", fn, g->batch, g->heads,
+                      g->t, g->d);
+  if (g->dtype != APEX_F16 && g->dtype != APEX_BF16)
+    return apex__fail(APEX_ERR_UNSUPPORTED, "%s: dtype %s: %s takes f16 or bf16", fn, apex_dtype_name(g->dtype), who);
+  for (int i = 0; i < n; i++) {
+    if (!ptrs[i]) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL operand %d", fn, i);
+    if (lds[i] < (int64_t)g->heads * g->d)
+      return apex__fail(APEX_ERR_INVALID_ARG, "%s: operand %d: row stride %lld below heads x d = %lld", fn, i,
+                        (long long)lds[i], (long long)g->heads * g->d);
+    if (lds[i] % 8 != 0 || ((uintptr_t)ptrs[i] & 15u) != 0)
+      return apex__fail(APEX_ERR_UNSUPPORTED, "%s: operand %d: row stride %lld or base not 16-byte aligned", fn, i,
+                        (long long)lds[i]);
+  }
+  return APEX_OK;
+}
 
 extern "C" apex_status apex__cuda_flash_attention_fwd(const apex__cuda_flash *g, const void *q, const void *k, const void *v,
                                                       void *o, float *stats) {

@@ -1,8 +1,8 @@
 /* nn_slots.c: the CUDA backend's nn slots (backend/args_nn.h) over the kernels of elementwise.cu
  * (add, mul, scale, ReLU, tanh GELU in their operands' and results' own dtypes; every other unary and
  * binary kind and any broadcast in its general kernels; column sums), norm.cu (layer and RMS norm),
- * embedding.cu, gemm.cu (linear, matmul), conv.cu (cuDNN convolution), attention.cu and
- * flash_attention.cu (causal attention), xent.cu (cross entropy), dropout.cu and bn_forward.cu. The
+ * embedding.cu, gemm.cu (linear, matmul), conv.cu (cuDNN convolution), attention.cu, flash_attention.cu
+ * and attention_cudnn.cu (causal attention), xent.cu (cross entropy), dropout.cu and bn_forward.cu. The
  * slots whose kernels need no such glue live beside them (loss.cu, shape.cu, conv.cu's pooling,
  * norm.cu's batch norm backward; cuda_backend.h lists them). Every buffer of a slot's arguments is
  * device memory, except the embedding's ids, which its kernel reads on the host.
@@ -16,6 +16,8 @@
  * work is queued on apex's one stream; nothing here waits. */
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_backend.h"
 #include "core/internal.h"
@@ -576,35 +578,75 @@ static void error_restore(const saved_error *e) {
   else apex__fail(e->status, "%s", e->msg);
 }
 
-/* The fused kernel's geometry for the slot's (flash_attention.cu), when every buffer is of one half dtype
- * and the extents fit its ints; else 0, and the materialised path runs. */
+/* The fused kernels' geometry for the slot's (flash_attention.cu, attention_cudnn.cu), when every buffer
+ * is of one half dtype and the extents fit their ints; else 0, and the materialised path runs. */
 static int flash_geom(size_t batch, int heads, int t, int d, apex_dtype dt, apex__cuda_flash *g) {
   if ((dt != APEX_F16 && dt != APEX_BF16) || batch > (size_t)INT_MAX) return 0;
   *g = (apex__cuda_flash){.batch = (int)batch, .heads = heads, .t = t, .d = d, .dtype = dt};
   return 1;
 }
 
-/* Tries the fused kernel (any status but APEX_ERR_UNSUPPORTED is the answer), else the materialised
- * path (attention.cu). */
+/* Which fused attention runs, from $APEX_ATTENTION, read at every call so that one program (the benchmark)
+ * can time each road in one run:
+ *   unset, "" or "auto": cuDNN's fused attention where cuDNN takes the shape (llm.c's and PyTorch's
+ *                        fast path on Hopper), else apex's fused kernel, else the materialised path;
+ *   "flash":             apex's fused kernel (cuDNN not asked), else the materialised path;
+ *   "cudnn":             cuDNN's, and its refusal is the answer (no other path): for measuring it;
+ *   "cudnn-nondeterministic": the same with cuDNN's faster backward, whose dQ is summed with atomics
+ *                        (not bitwise repeatable). */
+typedef enum { ROAD_AUTO, ROAD_FLASH, ROAD_CUDNN, ROAD_CUDNN_NONDET } attention_road;
+
+static apex_status road_of(const char *slot, attention_road *road) {
+  const char *v = getenv("APEX_ATTENTION");
+  static const char *const names[] = {"auto", "flash", "cudnn", "cudnn-nondeterministic"};
+  *road = ROAD_AUTO;
+  if (!v || !*v) return APEX_OK;
+  for (int i = 0; i < 4; i++)
+    if (!strcmp(v, names[i])) {
+      *road = (attention_road)i;
+      return APEX_OK;
+    }
+  return apex__fail(APEX_ERR_INVALID_ARG, "%s: APEX_ATTENTION='%s' names no attention path; use auto, flash, cudnn or "
+                    "cudnn-nondeterministic (or leave it unset)", slot, v);
+}
+
+/* The answer of a cuDNN-only road for a call no fused path takes. */
+static apex_status cudnn_only(const char *slot, apex_dtype in, apex_dtype out) {
+  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: APEX_ATTENTION asks for cuDNN's fused attention, which takes q, k, v and the "
+                    "output in one of f16, bf16 (this call: %s into %s)", slot, apex_dtype_name(in), apex_dtype_name(out));
+}
+
+/* Tries cuDNN's fused attention and apex's fused kernel, as the road says (any status but
+ * APEX_ERR_UNSUPPORTED is the answer), else the materialised path (attention.cu). */
 apex_status apex__cuda_slot_nn_attention(const apex_nn_attention_args *a) {
   apex_status st = attention_dtypes("nn_attention", a->q, a->k, a->v);
   if (st != APEX_OK || !a->batch || !a->heads || !a->t) return st;
+  attention_road road;
+  if ((st = road_of("nn_attention", &road)) != APEX_OK) return st;
   apex__cuda_flash g;
   if (a->out_dtype == a->q.dtype && flash_geom(a->batch, a->heads, a->t, a->d, a->q.dtype, &g)) {
     g.ld_q = (int64_t)a->ld_q, g.ld_k = (int64_t)a->ld_k, g.ld_v = (int64_t)a->ld_v, g.ld_o = (int64_t)a->ld_out;
     saved_error e;
     error_save(&e);
+    if (road != ROAD_FLASH) {
+      st = apex__cuda_sdpa_fwd(&g, 1, a->q.data, a->k.data, a->v.data, a->out, a->stats);
+      if (st != APEX_ERR_UNSUPPORTED || road != ROAD_AUTO) return st;
+      error_restore(&e);
+    }
     st = apex__cuda_flash_attention_fwd(&g, a->q.data, a->k.data, a->v.data, a->out, a->stats);
     if (st != APEX_ERR_UNSUPPORTED) return st;
     error_restore(&e);
+  } else if (road == ROAD_CUDNN || road == ROAD_CUDNN_NONDET) {
+    return cudnn_only("nn_attention", a->q.dtype, a->out_dtype);
   }
   return apex__cuda_attention_slot_fwd(a);
 }
 
-/* The fused backward reads dO in the inputs' dtype and writes dq, dk, dv in it (not accumulated): dO is
- * rounded into scratch, the three gradients computed into scratch ([batch, t, heads * d]) and landed in
- * the slot's f32 buffers by its accumulate rule. */
-static apex_status flash_bwd(const apex_nn_attention_bwd_args *a, apex__cuda_flash *g) {
+/* The fused backwards read dO in the inputs' dtype and write dq, dk, dv in it (not accumulated): dO is
+ * rounded into scratch once, the three gradients computed into scratch ([batch, t, heads * d]) by cuDNN or
+ * apex's kernel as the road says (in auto, the kernel when cuDNN refuses, with e's error state back), and
+ * landed in the slot's f32 buffers by its accumulate rule. */
+static apex_status fused_bwd(const apex_nn_attention_bwd_args *a, apex__cuda_flash *g, attention_road road, const saved_error *e) {
   size_t rows = a->batch * (size_t)a->t, C = (size_t)a->heads * (size_t)a->d, es = apex_dtype_size(g->dtype);
   void *buf = NULL;
   apex_status st = apex__cuda_alloc(4 * rows * C * es, 0, &buf);
@@ -612,7 +654,16 @@ static apex_status flash_bwd(const apex_nn_attention_bwd_args *a, apex__cuda_fla
   char *dout = buf, *dq = dout + rows * C * es, *dk = dq + rows * C * es, *dv = dk + rows * C * es;
   g->ld_do = g->ld_dq = g->ld_dk = g->ld_dv = (int64_t)C;
   st = apex__cuda_rows_copy(dout, g->dtype, (int64_t)C, a->gout, APEX_F32, (int64_t)a->ld_gout, (int64_t)rows, (int64_t)C, 0, 0);
-  if (st == APEX_OK) st = apex__cuda_flash_attention_bwd(g, a->q.data, a->k.data, a->v.data, a->out, dout, a->stats, dq, dk, dv);
+  int flash = road == ROAD_FLASH;
+  if (st == APEX_OK && !flash) {
+    st = apex__cuda_sdpa_bwd(g, 1, road == ROAD_CUDNN_NONDET, a->q.data, a->k.data, a->v.data, a->out, dout, a->stats, dq, dk, dv);
+    if (st == APEX_ERR_UNSUPPORTED && road == ROAD_AUTO) {
+      error_restore(e);
+      flash = 1;
+    }
+  }
+  if (st == APEX_OK && flash)
+    st = apex__cuda_flash_attention_bwd(g, a->q.data, a->k.data, a->v.data, a->out, dout, a->stats, dq, dk, dv);
   float *dst[3] = {a->gq, a->gk, a->gv};
   const char *src[3] = {dq, dk, dv};
   const size_t ld[3] = {a->ld_gq, a->ld_gk, a->ld_gv};
@@ -626,14 +677,18 @@ static apex_status flash_bwd(const apex_nn_attention_bwd_args *a, apex__cuda_fla
 apex_status apex__cuda_slot_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
   apex_status st = attention_dtypes("nn_attention_bwd", a->q, a->k, a->v);
   if (st != APEX_OK || !a->batch || !a->heads || !a->t || (!a->gq && !a->gk && !a->gv)) return st;
+  attention_road road;
+  if ((st = road_of("nn_attention_bwd", &road)) != APEX_OK) return st;
   apex__cuda_flash g;
   if (a->out_dtype == a->q.dtype && flash_geom(a->batch, a->heads, a->t, a->d, a->q.dtype, &g)) {
     g.ld_q = (int64_t)a->ld_q, g.ld_k = (int64_t)a->ld_k, g.ld_v = (int64_t)a->ld_v, g.ld_o = (int64_t)a->ld_out;
     saved_error e;
     error_save(&e);
-    st = flash_bwd(a, &g);
-    if (st != APEX_ERR_UNSUPPORTED) return st;
+    st = fused_bwd(a, &g, road, &e);
+    if (st != APEX_ERR_UNSUPPORTED || road == ROAD_CUDNN || road == ROAD_CUDNN_NONDET) return st;
     error_restore(&e);
+  } else if (road == ROAD_CUDNN || road == ROAD_CUDNN_NONDET) {
+    return cudnn_only("nn_attention_bwd", a->q.dtype, a->out_dtype);
   }
   return apex__cuda_attention_slot_bwd(a);
 }
