@@ -102,10 +102,12 @@ APEX_API apex_status apex_kernel_embedding_backward(const apex_tensor *dy, const
  * contiguous channels. y [B, T, C] is, per head, softmax(q k^T / sqrt(D) + causal mask) v with the heads
  * side by side again (ready for the c_proj linear), as apex_causal_attention (nn_ops.h) computes it on
  * [B, H, T, D] operands. qkv and y of one dtype: f32, or f16/bf16 on the tensor cores, accumulating in
- * f32. stats f32 [B, n_heads, T, 2] (any shape of that many elements): per scaled score row, its max m
- * and r = 1 / sum exp(s - m) (the log-sum-exp is m - log r), saved for the backward (which recomputes the
- * probabilities from them instead of keeping a [T, T] matrix per head). Deterministic. y may not overlap
- * qkv. */
+ * f32. stats f32 [B, n_heads, T, 2] (any shape of that many elements): per scaled score row a pair
+ * (m, r) whose m - log r is the row's log-sum-exp (apex's kernels write the row's max and
+ * 1 / sum exp(s - max); cuDNN's fused attention on a GPU writes (log-sum-exp, 1)), saved for the backward,
+ * which reads only m - log r and recomputes the probabilities from it instead of keeping a [T, T] matrix
+ * per head. Deterministic, except the backward under APEX_ATTENTION=cudnn-nondeterministic on a GPU
+ * (cuDNN's atomic backward). y may not overlap qkv. */
 APEX_API apex_status apex_kernel_attention_forward(const apex_tensor *qkv, int n_heads, apex_tensor *y, apex_tensor *stats);
 /* dqkv [B, T, 3 * C] (qkv's dtype, overwritten) from dy [B, T, C] (y's dtype) and the forward's qkv, y and
  * stats. dqkv may not overlap dy, qkv or y. */
