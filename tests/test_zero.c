@@ -6,7 +6,8 @@
  * overflow check and clipping a DDP program does. A sharded step must leave every parameter with
  * the reference's bits, on every rank, for every optimizer, in f32 and in f16/bf16 with f32 masters
  * (apex's O0 and O2 parameter layouts) under a loss scale, with and without clipping, stages 1 and
- * 2, and an Inf injected on one rank must make every rank skip. A consolidated checkpoint must have the
+ * 2, with buckets of a few kB (many chunks) and of the default size, and an Inf injected on one rank
+ * must make every rank skip. A consolidated checkpoint must have the
  * bytes of the reference optimizer's, and resume bitwise here, on one rank, and (at 3 and 4 ranks) from a
  * checkpoint that 2 of the ranks made. */
 #include <math.h>
@@ -99,10 +100,22 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
   if (amp_masters && clip && kind == APEX_OPTIM_LAMB) oo.max_grad_norm = -1.0f;
   /* Ranks other than 0 start from other values: creation copies rank 0's, as DDP does. */
   set_t zs = make_set(half, rank), ref = make_set(half, 0), orig = make_set(0, 0);
+  /* Buckets of a few kB move the shards in many chunks, some ending inside a rank's share (padding),
+   * the default in one. */
+  size_t bucket = stage == 2 ? 4000 : half ? 20000 : 0;
   apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo,
                                   &(apex_zero_options){.stage = stage, .master_values = amp_masters ? orig.p : NULL,
-                                                       .amp_unscale = amp_masters});
+                                                       .amp_unscale = amp_masters, .bucket_bytes = bucket});
   if (!z) fail_msg("apex_zero_create: %s", apex_last_error());
+  if (bucket) { /* the gradients' memory: the largest range (2 bytes or 4 an element) and one bucket per dtype */
+    size_t most = 0, b, e;
+    for (int r = 0; r < world; r++) {
+      TU_OK(apex_zero_shard_range(z, r, &b, &e));
+      if (e - b > most) most = e - b;
+    }
+    size_t held = apex_zero_buffer_bytes(z);
+    if (held > most * 4 + 3 * bucket) fail_msg("%zu bytes for the gradients, more than a range of %zu elements and a bucket", held, most);
+  }
   apex_optimizer *opt = apex_optimizer_create(kind, &oo);
   assert_non_null(opt);
   apex_tensor *mg[NP] = {0}; /* amp's master gradients: f32 */
@@ -336,7 +349,7 @@ static void test_checkpoint(void **state) {
         TU_OK(apex_tensor_copy(zs3.p[i], ref.p[i]));
         TU_OK(apex_tensor_copy(ref3.p[i], ref.p[i]));
       }
-      apex_zero *z2 = apex_zero_create(g_pg, zs2.p, zs2.g, NP, kind, &oo, NULL);
+      apex_zero *z2 = apex_zero_create(g_pg, zs2.p, zs2.g, NP, kind, &oo, &(apex_zero_options){.bucket_bytes = 5000});
       apex_optimizer *from = loaded(kind, &oo, &zs2, zbuf, zsize), *opt2 = loaded(kind, &oo, &ref2, rbuf, rsize);
       TU_OK(apex_zero_load_state(z2, from));
       assert_true(apex_zero_get_lr(z2) == 5e-3f);
@@ -454,7 +467,7 @@ static void test_resume_two_to_more(void **state) {
         TU_OK(apex_tensor_copy(ref.p[i], model.p[i]));
       }
       apex_optimizer *from = loaded(kind, &oo, &zs, bytes, size), *opt = loaded(kind, &oo, &ref, bytes, size);
-      apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo, &(apex_zero_options){.stage = 2});
+      apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo, &(apex_zero_options){.stage = 2, .bucket_bytes = 3000});
       assert_non_null(z);
       TU_OK(apex_zero_load_state(z, from));
       apex_optimizer_destroy(from);

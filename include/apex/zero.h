@@ -33,10 +33,11 @@
  * local gradients, and the all-gather of gradients happens only for a global norm (clipping, LAMB
  * with max_grad_norm).
  *
- * Memory besides the shard's masters and state: one flat buffer of the whole model in each gradient
- * dtype (what DDP's buckets hold) for the collectives, and one shard of it. The reduce-scatter runs
- * when apex_zero_reduce_grads is called, after the backward: unlike DDP's bucketed all-reduce it
- * does not overlap the backward.
+ * Memory besides the shard's masters and state, per gradient dtype: the shard of the reduced
+ * gradients and one bucket (bucket_bytes) through which the collectives move the shards of every
+ * rank, a chunk at a time, where DDP's Reducer keeps buckets of the whole model. The reduce-scatter
+ * runs when apex_zero_reduce_grads is called, after the backward: unlike DDP's bucketed all-reduce it
+ * does not overlap the backward. The gradient tensors are the caller's, whole on every rank.
  *
  * Every rank must call the same functions in the same order (they are collectives). The tensors are
  * borrowed and must outlive z. */
@@ -71,6 +72,10 @@ typedef struct apex_zero_options {
    * max_grad_norm takes (coef / grad_scale) in one multiply too, so under a loss scale other than 1
    * with clipping its global norm may differ from amp's in the last bit. */
   int amp_unscale;
+  /* Bytes of one bucket of the collectives, all ranks' parts together (0: 25 MiB, apex_ddp's
+   * default): the memory a rank keeps for them beside its shard, per gradient dtype. Smaller buckets
+   * cost memory less and collectives more; the bits are the same at any size. */
+  size_t bucket_bytes;
 } apex_zero_options;
 
 /* A sharded optimizer of `kind` with hyperparameters `optim` (NULL: the defaults) over params[0..n)
@@ -129,7 +134,8 @@ APEX_API apex_status apex_zero_shard_range(const apex_zero *z, int rank, size_t 
  * apex_optimizer_state_size counts them for an unsharded optimizer (0 for a rank that owns nothing).
  * 0 with a message for NULL. */
 APEX_API size_t apex_zero_state_bytes(const apex_zero *z);
-/* Bytes of the buffers z keeps for the collectives on this rank (the flat model and the shard). */
+/* Bytes of the buffers z keeps for the gradients and collectives on this rank: the shard of the
+ * reduced gradients and one bucket per gradient dtype. 0 with a message for NULL. */
 APEX_API size_t apex_zero_buffer_bytes(const apex_zero *z);
 
 /* ---- checkpoints -------------------------------------------------------------------------------------
