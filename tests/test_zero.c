@@ -209,10 +209,11 @@ static void test_stage2_matches_ddp(void **state) { (void)state, all_kinds(0, 0,
 static void test_shards(void **state) {
   (void)state;
   int world = apex_pg_world_size(g_pg);
+  /* The flat vector holds the last parameter first (zero.h): starts[j] is where its j-th one starts. */
   size_t total = 0, starts[NP + 1] = {0};
-  for (int i = 0; i < NP; i++) {
-    total += (size_t)(SHAPES[i][0] * SHAPES[i][1]);
-    starts[i + 1] = total;
+  for (int j = 0; j < NP; j++) {
+    total += (size_t)(SHAPES[NP - 1 - j][0] * SHAPES[NP - 1 - j][1]);
+    starts[j + 1] = total;
   }
   for (int whole = 0; whole < 2; whole++) {
     apex_optim_kind kind = whole ? APEX_OPTIM_LAMB : APEX_OPTIM_ADAM;
@@ -271,6 +272,20 @@ static void test_reduce_scatter_is_allreduce(void **state) {
       apex_tensor *seg = apex_tensor_slice_view(ar, (size_t)(rank * n), 1, &n);
       assert_same_bits(out, seg, "reduce-scatter element", o);
       apex_tensor_destroy(seg);
+      /* Unequal parts, one of them empty (rank 1's): the same bits as the all-reduce's elements. */
+      size_t counts[8], at = 0;
+      for (int q = 0; q < world; q++) counts[q] = (size_t)all / (size_t)world + (q == 0 ? (size_t)all % (size_t)world : 0);
+      if (world > 1) counts[0] += counts[1], counts[1] = 0;
+      for (int q = 0; q < rank; q++) at += counts[q];
+      int64_t mine = (int64_t)counts[rank];
+      apex_tensor *vout = mine ? apex_tensor_create(dts[d], 1, &mine) : NULL;
+      TU_OK(apex_pg_reduce_scatter_v(g_pg, in, vout, counts, ops[o]));
+      if (vout) {
+        seg = apex_tensor_slice_view(ar, at, 1, &mine);
+        assert_same_bits(vout, seg, "reduce-scatter-v element", o);
+        apex_tensor_destroy(seg);
+      }
+      apex_tensor_destroy(vout);
       apex_tensor_destroy(in);
       apex_tensor_destroy(ar);
       apex_tensor_destroy(out);
@@ -568,6 +583,16 @@ static void test_bad_input(void **state) {
   TU_FAILS(apex_pg_reduce_scatter(g_pg, in, alias, APEX_REDUCE_SUM), APEX_ERR_INVALID_ARG, "share storage");
   apex_pg_work *w = NULL;
   TU_FAILS(apex_pg_reduce_scatter_async(g_pg, in, out, APEX_REDUCE_SUM, NULL), APEX_ERR_INVALID_ARG, "work is NULL");
+  {
+    size_t counts[8] = {0};
+    counts[0] = apex_tensor_numel(in);
+    TU_FAILS(apex_pg_reduce_scatter_v(g_pg, in, out, NULL, APEX_REDUCE_SUM), APEX_ERR_INVALID_ARG, "counts is NULL");
+    counts[0] += 1;
+    TU_FAILS(apex_pg_reduce_scatter_v(g_pg, in, out, counts, APEX_REDUCE_SUM), APEX_ERR_SHAPE, "the counts add up to");
+    counts[0] -= 1;
+    if (apex_pg_rank(g_pg) != 0) TU_FAILS(apex_pg_reduce_scatter_v(g_pg, in, out, counts, APEX_REDUCE_SUM), APEX_ERR_SHAPE, "out has");
+    else TU_FAILS(apex_pg_reduce_scatter_v(g_pg, in, NULL, counts, APEX_REDUCE_SUM), APEX_ERR_SHAPE, "(out is NULL)");
+  }
   assert_null(w);
   apex_tensor *tmp[] = {in, out, bad, o16, alias, h};
   for (size_t i = 0; i < sizeof tmp / sizeof tmp[0]; i++) apex_tensor_destroy(tmp[i]);

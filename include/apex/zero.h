@@ -10,7 +10,8 @@
  *       apex_zero_step(z, scale, &overflow);        steps the shard, all-gathers the parameters
  *     }
  *
- * The parameters are seen as one flat vector, params[0] first. Rank r owns one contiguous range of it
+ * The parameters are seen as one flat vector, params[n - 1] first (the order in which a backward
+ * finishes their gradients, as DDP's buckets take them). Rank r owns one contiguous range of it
  * (apex_zero_shard_range), about 1/world of the elements: its f32 masters (for f16/bf16 parameters)
  * and optimizer state exist on rank r only, so a rank holds about 1/world of what an unsharded
  * optimizer holds. The ranges are balanced and cut at multiples of the multi-tensor tile (2048

@@ -54,6 +54,10 @@ void apex_zero_destroy(apex_zero *z) {
   free(z);
 }
 
+/* The j-th parameter of the flat vector: the last first, the order in which backward finishes the
+ * gradients (DDP's bucket order), so that a bucket the backward has finished is one stretch of it. */
+static int flat_param(const apex_zero *z, int j) { return z->n - 1 - j; }
+
 /* Range boundaries: rank r's range starts near r * total / world. Inside a parameter a boundary is
  * rounded to the nearest multiple of the multi-tensor tile from the parameter's start (every tile of
  * a piece is then a tile of the whole parameter, so the kernels see the same elements together);
@@ -65,8 +69,8 @@ static void plan_ranges(apex_zero *z, int whole) {
   z->bound[z->world] = total;
   for (int r = 1; r < z->world; r++) {
     size_t want = (size_t)((uint64_t)r * total / (uint64_t)z->world), start = 0, b = total;
-    for (int i = 0; i < z->n; i++) {
-      size_t numel = apex_tensor_numel(z->params[i]);
+    for (int j = 0; j < z->n; j++) {
+      size_t numel = apex_tensor_numel(z->params[flat_param(z, j)]);
       if (want < start + numel) {
         size_t off = want - start, cut;
         if (whole) cut = 2 * off < numel ? 0 : numel;
@@ -92,7 +96,8 @@ static apex_status plan_pieces(apex_zero *z) {
   if (!fill) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_zero_create: out of memory");
   size_t start = 0;
   int r = 0;
-  for (int i = 0; i < z->n; i++) {
+  for (int j = 0; j < z->n; j++) {
+    int i = flat_param(z, j);
     size_t numel = apex_tensor_numel(z->params[i]), end = start + numel;
     int d = (int)apex_tensor_dtype(z->params[i]);
     for (size_t at = start; at < end;) {
