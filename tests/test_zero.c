@@ -103,9 +103,12 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
   /* Buckets of a few kB move the shards in many chunks, some ending inside a rank's share (padding),
    * the default in one. */
   size_t bucket = stage == 2 ? 4000 : half ? 20000 : 0;
+  /* Every other optimizer reduce-scatters its buckets as the gradients are marked (overlap), some
+   * buckets straddling ranks and two buffers reused in turn. */
+  int overlap = (int)kind % 2 == stage % 2;
   apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo,
                                   &(apex_zero_options){.stage = stage, .master_values = amp_masters ? orig.p : NULL,
-                                                       .amp_unscale = amp_masters, .bucket_bytes = bucket});
+                                                       .amp_unscale = amp_masters, .bucket_bytes = bucket, .overlap = overlap});
   if (!z) fail_msg("apex_zero_create: %s", apex_last_error());
   if (bucket) { /* the gradients' memory: the largest range (2 bytes or 4 an element) and one bucket per dtype */
     size_t most = 0, b, e;
@@ -113,8 +116,9 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
       TU_OK(apex_zero_shard_range(z, r, &b, &e));
       if (e - b > most) most = e - b;
     }
-    size_t held = apex_zero_buffer_bytes(z);
-    if (held > most * 4 + 3 * bucket) fail_msg("%zu bytes for the gradients, more than a range of %zu elements and a bucket", held, most);
+    /* overlap: two more buckets, each at least the largest gradient (one larger than bucket_bytes is a bucket of its own) */
+    size_t held = apex_zero_buffer_bytes(z), largest = (size_t)(SHAPES[2][0] * SHAPES[2][1]) * 4, bound = most * 4 + 3 * bucket + (overlap ? 2 * (largest + bucket) : 0);
+    if (held > bound) fail_msg("%zu bytes for the gradients, more than a range of %zu elements and the buckets", held, most);
   }
   apex_optimizer *opt = apex_optimizer_create(kind, &oo);
   assert_non_null(opt);
@@ -148,7 +152,9 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
       TU_OK(apex_mt_check_finite(ref.g, NP, &ref_overflow));
       TU_OK(apex_optimizer_step(opt, scale, ref_overflow));
     }
-    /* sharded */
+    /* sharded: with overlap the gradients are marked out of order (as a backward may), the first
+     * left to apex_zero_reduce_grads */
+    for (int i = 1; overlap && i < NP; i++) TU_OK(apex_zero_mark_ready(z, (i * 3) % (NP - 1) + 1));
     TU_OK(apex_zero_reduce_grads(z));
     /* Stage 2 on request (even steps). */
     if (stage == 2 && step % 2 == 0) TU_OK(apex_zero_gather_grads(z));
@@ -570,6 +576,26 @@ static void test_bad_input(void **state) {
   TU_FAILS(apex_zero_step(z, 1.0f, NULL), APEX_ERR_STATE, "before each step");
   apex_zero_destroy(z);
   apex_zero_destroy(NULL);
+
+  /* overlap's calls. */
+  z = apex_zero_create(g_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, NULL);
+  apex_graph *graph = apex_graph_create();
+  TU_FAILS(apex_zero_attach(z, graph), APEX_ERR_STATE, "made without overlap");
+  TU_FAILS(apex_zero_mark_ready(z, 0), APEX_ERR_STATE, "made without overlap");
+  apex_zero_destroy(z);
+  z = apex_zero_create(g_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.overlap = 1});
+  assert_non_null(z);
+  TU_FAILS(apex_zero_attach(z, NULL), APEX_ERR_INVALID_ARG, "graph is NULL");
+  TU_FAILS(apex_zero_attach(NULL, graph), APEX_ERR_INVALID_ARG, "z is NULL");
+  TU_OK(apex_zero_attach(z, graph));
+  TU_FAILS(apex_zero_mark_ready(z, NP), APEX_ERR_INVALID_ARG, "parameter 5 is not in [0, 5)");
+  TU_OK(apex_zero_mark_ready(z, 2));
+  TU_FAILS(apex_zero_mark_ready(z, 2), APEX_ERR_STATE, "already marked");
+  TU_OK(apex_zero_reduce_grads(z));
+  TU_OK(apex_zero_mark_ready(z, 2)); /* a new step */
+  TU_OK(apex_zero_reduce_grads(z));
+  apex_graph_destroy(graph);
+  apex_zero_destroy(z);
 
   /* The reduce-scatter's own checks. */
   int64_t n = 4, all = 4 * world, wrong = 4 * world + 1;

@@ -37,8 +37,8 @@
  * Memory besides the shard's masters and state, per gradient dtype: the shard of the reduced
  * gradients and one bucket (bucket_bytes) through which the collectives move the shards of every
  * rank, a chunk at a time, where DDP's Reducer keeps buckets of the whole model. The reduce-scatter
- * runs when apex_zero_reduce_grads is called, after the backward: unlike DDP's bucketed all-reduce it
- * does not overlap the backward. The gradient tensors are the caller's, whole on every rank.
+ * runs when apex_zero_reduce_grads is called, after the backward, or with overlap during it, bucket by
+ * bucket as DDP's all-reduce does. The gradient tensors are the caller's, whole on every rank.
  *
  * Every rank must call the same functions in the same order (they are collectives). The tensors are
  * borrowed and must outlive z. */
@@ -47,6 +47,7 @@
 
 #include <stddef.h>
 
+#include "apex/autograd.h"
 #include "apex/optim.h"
 #include "apex/parallel.h"
 
@@ -77,6 +78,11 @@ typedef struct apex_zero_options {
    * default): the memory a rank keeps for them beside its shard, per gradient dtype. Smaller buckets
    * cost memory less and collectives more; the bits are the same at any size. */
   size_t bucket_bytes;
+  /* 1: reduce-scatter the gradients in buckets during the backward, each as soon as its gradients are
+   * final (apex_zero_attach, or apex_zero_mark_ready), as apex_ddp all-reduces them: two more buckets
+   * of memory per gradient dtype (a gradient larger than bucket_bytes is a bucket of its own). Needs apex_pg_reduce_scatter_v (the MPI and local groups). 0
+   * (default): one reduce-scatter in apex_zero_reduce_grads, after the backward. The bits are the same. */
+  int overlap;
 } apex_zero_options;
 
 /* A sharded optimizer of `kind` with hyperparameters `optim` (NULL: the defaults) over params[0..n)
@@ -91,6 +97,17 @@ APEX_API apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, ap
                                      apex_optim_kind kind, const apex_optim_options *optim, const apex_zero_options *options);
 /* Frees z (NULL is fine); the parameters and gradients stay. */
 APEX_API void apex_zero_destroy(apex_zero *z);
+
+/* With overlap: runs the reduce-scatter during every backward of g that has grad mode on, bucket by
+ * bucket as the backward finishes the gradients (g's grad hook, apex_graph_set_grad_hook: one per
+ * graph, so not beside apex_ddp_attach). apex_zero_reduce_grads then starts what the backward did not
+ * reach and waits. APEX_ERR_INVALID_ARG for NULL; APEX_ERR_STATE without overlap. */
+APEX_API apex_status apex_zero_attach(apex_zero *z, apex_graph *g);
+/* With overlap, for a program without apex's autograd: gradient i (of params[i]) is final for this
+ * backward, and the buckets that are complete start, in bucket order (the last parameter's first).
+ * APEX_ERR_INVALID_ARG for NULL or i outside [0, n); APEX_ERR_STATE without overlap or when i was
+ * already marked since the last apex_zero_reduce_grads; APEX_ERR_IO. */
+APEX_API apex_status apex_zero_mark_ready(apex_zero *z, int i);
 
 /* Reduce-scatters the gradients: this rank's shard receives the sum (or average) over all ranks.
  * Stage 1 then all-gathers the reduced gradients into grads[]. APEX_ERR_INVALID_ARG for NULL;

@@ -26,6 +26,7 @@
 #include "optim/optim_shard.h"
 #include "parallel/pg_internal.h"
 
+#include "parallel/reducer_internal.h"
 #include "parallel/zero_internal.h"
 
 static int whole_params_only(apex_optim_kind kind) {
@@ -40,6 +41,7 @@ void apex_zero_destroy(apex_zero *z) {
     apex_tensor_destroy(z->pieces[k].shard);
   }
   apex__zero_free_chunks(z);
+  apex__zero_free_overlap(z);
   for (int d = 0; d < APEX_DTYPE_COUNT; d++) apex_tensor_destroy(z->shard[d]);
   apex_optimizer_destroy(z->opt);
   if (z->step_grads != z->own_grads)
@@ -291,6 +293,7 @@ apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor
   st = plan_pieces(z);
   if (st == APEX_OK) st = make_buffers(z);
   if (st == APEX_OK) st = apex__zero_plan_chunks(z, o.bucket_bytes);
+  if (st == APEX_OK && o.overlap) st = apex__zero_make_overlap(z, o.bucket_bytes);
   if (st == APEX_OK) st = make_optimizer(z, kind, optim, o.amp_unscale);
   if (st == APEX_OK && o.master_values) st = set_masters(z, o.master_values);
   if (st != APEX_OK) return fail_create(z, st);
@@ -307,7 +310,7 @@ static apex_status gather_grads(apex_zero *z) {
 
 apex_status apex_zero_reduce_grads(apex_zero *z) {
   if (!z) return apex__fail(APEX_ERR_INVALID_ARG, "apex_zero_reduce_grads: z is NULL");
-  apex_status st = apex__zero_reduce_scatter(z);
+  apex_status st = z->red ? apex__zero_overlap_reduce(z) : apex__zero_reduce_scatter(z);
   /* As the Reducer writes its sums back: times f / world_size in f32, rounded once to the dtype. */
   for (int d = 0; st == APEX_OK && d < APEX_DTYPE_COUNT; d++)
     if (z->seg[d] && z->post != 1.0f) st = apex_mt_scale(0, NULL, &z->shard[d], &z->shard[d], 1, z->post);
@@ -425,5 +428,6 @@ size_t apex_zero_buffer_bytes(const apex_zero *z) {
   if (!z) return apex__fail(APEX_ERR_INVALID_ARG, "apex_zero_buffer_bytes: z is NULL"), 0;
   size_t bytes = 0;
   for (int d = 0; d < APEX_DTYPE_COUNT; d++) bytes += (z->seg[d] + z->chunk_elems[d] * (size_t)z->world) * apex_dtype_size((apex_dtype)d);
+  if (z->red) bytes += apex__reducer_buffer_bytes(z->red);
   return bytes;
 }

@@ -1,9 +1,11 @@
 /* zero_internal.h: the sharded optimizer's state, shared by zero.c (the plan and the step),
- * zero_comm.c (the collectives, in buckets) and zero_state.c (checkpoints). */
+ * zero_comm.c (the collectives, in buckets), zero_overlap.c (the reduce-scatter during backward) and
+ * zero_state.c (checkpoints). */
 #ifndef APEX_PARALLEL_ZERO_INTERNAL_H
 #define APEX_PARALLEL_ZERO_INTERNAL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "apex/zero.h"
 
@@ -31,6 +33,12 @@ typedef struct chunk {
   int pad;          /* some rank's share ends inside it: the staging holds padding */
 } chunk;
 
+/* A gradient tensor's address and its parameter, sorted by address: the grad hook's lookup. */
+typedef struct zero_lookup {
+  uintptr_t grad;
+  int i;
+} zero_lookup;
+
 struct apex_zero {
   apex_pg *pg;
   int rank, world, stage, n;
@@ -47,6 +55,10 @@ struct apex_zero {
   int nchunks;
   span *spans;
   int nspans;
+  /* overlap (zero_overlap.c) */
+  apex_reducer *red;      /* scatter mode over the gradients, last parameter first */
+  zero_lookup *lookup;
+  unsigned char *marked;  /* per parameter, this step */
   apex_optimizer *opt;
   apex_optim_kind kind;
   apex_optim_options optim; /* as given, for the unsharded optimizer of a checkpoint */
@@ -69,5 +81,12 @@ apex_status apex__zero_reduce_scatter(apex_zero *z);
 /* Every rank's shard into the caller's gradients (params 0: after a reduce, every reduced gradient)
  * or into the parameters this rank does not own (params 1: after a step packed its own into the shard). */
 apex_status apex__zero_allgather(apex_zero *z, int params);
+
+/* zero_overlap.c. Makes the Reducer (after the pieces and the shard buffers): APEX_ERR_UNSUPPORTED on a
+ * group without apex_pg_reduce_scatter_v. */
+apex_status apex__zero_make_overlap(apex_zero *z, size_t bucket_bytes);
+void apex__zero_free_overlap(apex_zero *z);
+/* Starts the buckets no backward started and waits for all: the sums in this rank's shard. */
+apex_status apex__zero_overlap_reduce(apex_zero *z);
 
 #endif
