@@ -17,8 +17,9 @@
  *                              tile, and every segment is padded to the largest: one tile of f32 allowed).
  *   zero_cnn_train_2x1         samples/s of an f32 training step of the CNN (bench_models.h: forward,
  *                              cross-entropy, backward, fused AdamW) at a global batch of 128 on 2 ranks
- *                              x 1 thread, the optimizer sharded (stage 2: reduce-scatter after the
- *                              backward, the shard's step, the all-gather of the parameters). Peer: the
+ *                              x 1 thread, the optimizer sharded (stage 2: reduce-scatter in buckets
+ *                              overlapped with the backward, the shard's step, the all-gather of the
+ *                              parameters). Peer: the
  *                              same step with apex_ddp (its default buckets, overlapped with backward)
  *                              in the same run, alternating blocks of steps so that both see the same
  *                              machine; ratio = sharded / DDP (>= 1/1.1 is the issue's bar).
@@ -114,8 +115,8 @@ static int ctx_init(ctx *c, apex_pg *pg, int sharded) {
   const apex_optim_options oo = {.lr = 1e-3f, .weight_decay = 1e-2f};
   int rc = 0;
   if (sharded) {
-    c->zero = apex_zero_create(pg, ps, gs, (int)np, APEX_OPTIM_ADAMW, &oo, &(apex_zero_options){.stage = 2});
-    rc = c->zero ? 0 : -1;
+    c->zero = apex_zero_create(pg, ps, gs, (int)np, APEX_OPTIM_ADAMW, &oo, &(apex_zero_options){.stage = 2, .overlap = 1});
+    rc = c->zero && apex_zero_attach(c->zero, c->g) == APEX_OK ? 0 : -1;
   } else {
     c->ddp = apex_ddp_create(pg, c->m, NULL);
     c->opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &oo);
