@@ -6,7 +6,8 @@
  * overflow check and clipping a DDP program does. A sharded step must leave every parameter with
  * the reference's bits, on every rank, for every optimizer, in f32 and in f16/bf16 with f32 masters
  * (apex's O0 and O2 parameter layouts) under a loss scale, with and without clipping, stages 1 and
- * 2, with buckets of a few kB (many chunks) and of the default size, and an Inf injected on one rank
+ * 2, with buckets of a few kB (many chunks) and of the default size, with the reduce-scatter after the
+ * backward and overlapped with it (gradients marked out of order), and an Inf injected on one rank
  * must make every rank skip. A consolidated checkpoint must have the
  * bytes of the reference optimizer's, and resume bitwise here, on one rank, and (at 3 and 4 ranks) from a
  * checkpoint that 2 of the ranks made. */

@@ -92,7 +92,8 @@ typedef struct apex_zero_options {
  * state. NULL with a message for: NULL pg, params or grads, n < 1, a NULL tensor, a parameter listed
  * twice, a gradient whose shape or dtype differs from its parameter's, a tensor not on the group's
  * device, a stage other than 1 or 2 ("--zero 3 is not implemented"), options the optimizer refuses,
- * ranks that disagree, or no memory. */
+ * overlap on a group without apex_pg_reduce_scatter_v (APEX_ERR_UNSUPPORTED), ranks that disagree, or
+ * no memory. */
 APEX_API apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor *const *grads, int n,
                                      apex_optim_kind kind, const apex_optim_options *optim, const apex_zero_options *options);
 /* Frees z (NULL is fine); the parameters and gradients stay. */
@@ -153,7 +154,8 @@ APEX_API apex_status apex_zero_shard_range(const apex_zero *z, int rank, size_t 
  * 0 with a message for NULL. */
 APEX_API size_t apex_zero_state_bytes(const apex_zero *z);
 /* Bytes of the buffers z keeps for the gradients and collectives on this rank: the shard of the
- * reduced gradients and one bucket per gradient dtype. 0 with a message for NULL. */
+ * reduced gradients and one bucket per gradient dtype, and with overlap the Reducer's two buffers per
+ * dtype. 0 with a message for NULL. */
 APEX_API size_t apex_zero_buffer_bytes(const apex_zero *z);
 
 /* ---- checkpoints -------------------------------------------------------------------------------------
