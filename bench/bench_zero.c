@@ -6,11 +6,20 @@
  *                              optimizer a DDP rank holds (apex_optimizer_state_size of the same AdamW);
  *                              ratio = peer / sharded, ideally N. bound_ok=1 when it is at most 1/N of the
  *                              peer plus one bucket of the collectives (the issue's bar; the bucket is
- *                              apex_zero_buffer_bytes' shard, one rank's segment).
+ *                              bucket_bytes of the sharded optimizer, 1 MiB here).
+ *   zero_grad_bytes_gpt_c256_O2_Nx1  the gradient memory one rank holds beside the model's own gradient
+ *                              tensors (which autograd keeps whole on every rank, sharded or not): the
+ *                              shard of the reduced gradients and one 1 MiB bucket for the collectives
+ *                              (apex_zero_buffer_bytes, the most over ranks). Peer: DDP's Reducer, whose
+ *                              buckets hold every gradient once in its dtype; ratio = peer / sharded.
+ *                              bound_ok=1 when it is at most 1/N of the peer plus one bucket and the
+ *                              rounding of the cuts (a rank's range may exceed 1/N by half a multi-tensor
+ *                              tile, and every segment is padded to the largest: one tile of f32 allowed).
  *   zero_cnn_train_2x1         samples/s of an f32 training step of the CNN (bench_models.h: forward,
  *                              cross-entropy, backward, fused AdamW) at a global batch of 128 on 2 ranks
- *                              x 1 thread, the optimizer sharded (stage 2: reduce-scatter after the
- *                              backward, the shard's step, the all-gather of the parameters). Peer: the
+ *                              x 1 thread, the optimizer sharded (stage 2: reduce-scatter in buckets
+ *                              overlapped with the backward, the shard's step, the all-gather of the
+ *                              parameters). Peer: the
  *                              same step with apex_ddp (its default buckets, overlapped with backward)
  *                              in the same run, alternating blocks of steps so that both see the same
  *                              machine; ratio = sharded / DDP (>= 1/1.1 is the issue's bar).
@@ -24,6 +33,7 @@
 #include <unistd.h>
 
 #include "apex/apex.h"
+#include "apex/mt_apply.h"
 #include "bench_models.h"
 #include "bench_util.h"
 
@@ -56,17 +66,25 @@ static void state_bytes(apex_pg *pg) {
   apex_tensor **ps = malloc(np * sizeof *ps), **gs = malloc(np * sizeof *gs);
   params_of(r.m, ps, gs);
   apex_optimizer_state_size(r.opt, &full);
+  size_t grads = 0, bucket = (size_t)1 << 20;
+  for (size_t i = 0; i < np; i++) grads += apex_tensor_numel(gs[i]) * apex_dtype_size(apex_tensor_dtype(gs[i]));
   apex_zero *z = apex_zero_create(pg, ps, gs, (int)np, APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 1e-3f, .weight_decay = 1e-2f},
-                                  &(apex_zero_options){.stage = 2});
+                                  &(apex_zero_options){.stage = 2, .bucket_bytes = bucket});
   if (!z) {
     if (root) bench_skip(name, apex_last_error());
   } else {
-    double mine = rank_max(pg, (double)apex_zero_state_bytes(z));
-    double bucket = rank_max(pg, (double)apex_zero_buffer_bytes(z) / (double)(world + 1));
+    double mine = rank_max(pg, (double)apex_zero_state_bytes(z)), held = rank_max(pg, (double)apex_zero_buffer_bytes(z));
+    double slack = (double)APEX_MT_TILE * 4.0;
     if (root) {
       bench_report(name, mine, "bytes", mine > 0 ? (double)full / mine : 0, "ddp_unsharded_state");
       printf("  %s: %zu parameters, DDP rank %zu bytes, sharded rank %.0f bytes, bound 1/%d + one bucket = %.0f bytes: bound_ok=%d\n",
-             name, np, full, mine, world, (double)full / world + bucket, mine <= (double)full / world + bucket);
+             name, np, full, mine, world, (double)full / world + (double)bucket, mine <= (double)full / world + (double)bucket);
+      snprintf(name, sizeof name, "zero_grad_bytes_gpt_c256_O2_%dx1", world);
+      bench_report(name, held, "bytes", held > 0 ? (double)grads / held : 0, "ddp_reducer_buckets");
+      printf("  %s: reduced gradients and collectives: DDP rank %zu bytes (buckets of the whole model), sharded rank %.0f bytes "
+             "(shard + one bucket), bound 1/%d + one bucket + one tile = %.0f bytes: bound_ok=%d; the model's own gradients, %zu bytes, on "
+             "every rank in both\n",
+             name, grads, held, world, (double)grads / world + (double)bucket + slack, held <= (double)grads / world + (double)bucket + slack, grads);
     }
   }
   apex_zero_destroy(z);
@@ -97,8 +115,8 @@ static int ctx_init(ctx *c, apex_pg *pg, int sharded) {
   const apex_optim_options oo = {.lr = 1e-3f, .weight_decay = 1e-2f};
   int rc = 0;
   if (sharded) {
-    c->zero = apex_zero_create(pg, ps, gs, (int)np, APEX_OPTIM_ADAMW, &oo, &(apex_zero_options){.stage = 2});
-    rc = c->zero ? 0 : -1;
+    c->zero = apex_zero_create(pg, ps, gs, (int)np, APEX_OPTIM_ADAMW, &oo, &(apex_zero_options){.stage = 2, .overlap = 1});
+    rc = c->zero && apex_zero_attach(c->zero, c->g) == APEX_OK ? 0 : -1;
   } else {
     c->ddp = apex_ddp_create(pg, c->m, NULL);
     c->opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &oo);
@@ -176,7 +194,7 @@ static void step_time(apex_pg *pg) {
 }
 
 int main(int argc, char **argv) {
-  int mem = bench_wanted(argc, argv, "zero_state_bytes"), time = bench_wanted(argc, argv, "zero_cnn_train_2x1");
+  int mem = bench_wanted(argc, argv, "zero_state_bytes") || bench_wanted(argc, argv, "zero_grad_bytes"), time = bench_wanted(argc, argv, "zero_cnn_train_2x1");
   if (!mem && !time) return 0;
   if (!apex_pg_mpi_available()) {
     bench_skip("zero", "apex was built without MPI (APEX_MPI=OFF or MPI not found)");

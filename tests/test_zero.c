@@ -6,7 +6,9 @@
  * overflow check and clipping a DDP program does. A sharded step must leave every parameter with
  * the reference's bits, on every rank, for every optimizer, in f32 and in f16/bf16 with f32 masters
  * (apex's O0 and O2 parameter layouts) under a loss scale, with and without clipping, stages 1 and
- * 2, and an Inf injected on one rank must make every rank skip. A consolidated checkpoint must have the
+ * 2, with buckets of a few kB (many chunks) and of the default size, with the reduce-scatter after the
+ * backward and overlapped with it (gradients marked out of order), and an Inf injected on one rank
+ * must make every rank skip. A consolidated checkpoint must have the
  * bytes of the reference optimizer's, and resume bitwise here, on one rank, and (at 3 and 4 ranks) from a
  * checkpoint that 2 of the ranks made. */
 #include <math.h>
@@ -99,10 +101,26 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
   if (amp_masters && clip && kind == APEX_OPTIM_LAMB) oo.max_grad_norm = -1.0f;
   /* Ranks other than 0 start from other values: creation copies rank 0's, as DDP does. */
   set_t zs = make_set(half, rank), ref = make_set(half, 0), orig = make_set(0, 0);
+  /* Buckets of a few kB move the shards in many chunks, some ending inside a rank's share (padding),
+   * the default in one. */
+  size_t bucket = stage == 2 ? 4000 : half ? 20000 : 0;
+  /* Every other optimizer reduce-scatters its buckets as the gradients are marked (overlap), some
+   * buckets straddling ranks and two buffers reused in turn. */
+  int overlap = (int)kind % 2 == stage % 2;
   apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo,
                                   &(apex_zero_options){.stage = stage, .master_values = amp_masters ? orig.p : NULL,
-                                                       .amp_unscale = amp_masters});
+                                                       .amp_unscale = amp_masters, .bucket_bytes = bucket, .overlap = overlap});
   if (!z) fail_msg("apex_zero_create: %s", apex_last_error());
+  if (bucket) { /* the gradients' memory: the largest range (2 bytes or 4 an element) and one bucket per dtype */
+    size_t most = 0, b, e;
+    for (int r = 0; r < world; r++) {
+      TU_OK(apex_zero_shard_range(z, r, &b, &e));
+      if (e - b > most) most = e - b;
+    }
+    /* overlap: two more buckets, each at least the largest gradient (one larger than bucket_bytes is a bucket of its own) */
+    size_t held = apex_zero_buffer_bytes(z), largest = (size_t)(SHAPES[2][0] * SHAPES[2][1]) * 4, bound = most * 4 + 3 * bucket + (overlap ? 2 * (largest + bucket) : 0);
+    if (held > bound) fail_msg("%zu bytes for the gradients, more than a range of %zu elements and the buckets", held, most);
+  }
   apex_optimizer *opt = apex_optimizer_create(kind, &oo);
   assert_non_null(opt);
   apex_tensor *mg[NP] = {0}; /* amp's master gradients: f32 */
@@ -135,7 +153,9 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
       TU_OK(apex_mt_check_finite(ref.g, NP, &ref_overflow));
       TU_OK(apex_optimizer_step(opt, scale, ref_overflow));
     }
-    /* sharded */
+    /* sharded: with overlap the gradients are marked out of order (as a backward may), the first
+     * left to apex_zero_reduce_grads */
+    for (int i = 1; overlap && i < NP; i++) TU_OK(apex_zero_mark_ready(z, (i * 3) % (NP - 1) + 1));
     TU_OK(apex_zero_reduce_grads(z));
     /* Stage 2 on request (even steps). */
     if (stage == 2 && step % 2 == 0) TU_OK(apex_zero_gather_grads(z));
@@ -196,10 +216,11 @@ static void test_stage2_matches_ddp(void **state) { (void)state, all_kinds(0, 0,
 static void test_shards(void **state) {
   (void)state;
   int world = apex_pg_world_size(g_pg);
+  /* The flat vector holds the last parameter first (zero.h): starts[j] is where its j-th one starts. */
   size_t total = 0, starts[NP + 1] = {0};
-  for (int i = 0; i < NP; i++) {
-    total += (size_t)(SHAPES[i][0] * SHAPES[i][1]);
-    starts[i + 1] = total;
+  for (int j = 0; j < NP; j++) {
+    total += (size_t)(SHAPES[NP - 1 - j][0] * SHAPES[NP - 1 - j][1]);
+    starts[j + 1] = total;
   }
   for (int whole = 0; whole < 2; whole++) {
     apex_optim_kind kind = whole ? APEX_OPTIM_LAMB : APEX_OPTIM_ADAM;
@@ -258,6 +279,20 @@ static void test_reduce_scatter_is_allreduce(void **state) {
       apex_tensor *seg = apex_tensor_slice_view(ar, (size_t)(rank * n), 1, &n);
       assert_same_bits(out, seg, "reduce-scatter element", o);
       apex_tensor_destroy(seg);
+      /* Unequal parts, one of them empty (rank 1's): the same bits as the all-reduce's elements. */
+      size_t counts[8], at = 0;
+      for (int q = 0; q < world; q++) counts[q] = (size_t)all / (size_t)world + (q == 0 ? (size_t)all % (size_t)world : 0);
+      if (world > 1) counts[0] += counts[1], counts[1] = 0;
+      for (int q = 0; q < rank; q++) at += counts[q];
+      int64_t mine = (int64_t)counts[rank];
+      apex_tensor *vout = mine ? apex_tensor_create(dts[d], 1, &mine) : NULL;
+      TU_OK(apex_pg_reduce_scatter_v(g_pg, in, vout, counts, ops[o]));
+      if (vout) {
+        seg = apex_tensor_slice_view(ar, at, 1, &mine);
+        assert_same_bits(vout, seg, "reduce-scatter-v element", o);
+        apex_tensor_destroy(seg);
+      }
+      apex_tensor_destroy(vout);
       apex_tensor_destroy(in);
       apex_tensor_destroy(ar);
       apex_tensor_destroy(out);
@@ -336,7 +371,7 @@ static void test_checkpoint(void **state) {
         TU_OK(apex_tensor_copy(zs3.p[i], ref.p[i]));
         TU_OK(apex_tensor_copy(ref3.p[i], ref.p[i]));
       }
-      apex_zero *z2 = apex_zero_create(g_pg, zs2.p, zs2.g, NP, kind, &oo, NULL);
+      apex_zero *z2 = apex_zero_create(g_pg, zs2.p, zs2.g, NP, kind, &oo, &(apex_zero_options){.bucket_bytes = 5000});
       apex_optimizer *from = loaded(kind, &oo, &zs2, zbuf, zsize), *opt2 = loaded(kind, &oo, &ref2, rbuf, rsize);
       TU_OK(apex_zero_load_state(z2, from));
       assert_true(apex_zero_get_lr(z2) == 5e-3f);
@@ -454,7 +489,7 @@ static void test_resume_two_to_more(void **state) {
         TU_OK(apex_tensor_copy(ref.p[i], model.p[i]));
       }
       apex_optimizer *from = loaded(kind, &oo, &zs, bytes, size), *opt = loaded(kind, &oo, &ref, bytes, size);
-      apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo, &(apex_zero_options){.stage = 2});
+      apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo, &(apex_zero_options){.stage = 2, .bucket_bytes = 3000});
       assert_non_null(z);
       TU_OK(apex_zero_load_state(z, from));
       apex_optimizer_destroy(from);
@@ -543,6 +578,26 @@ static void test_bad_input(void **state) {
   apex_zero_destroy(z);
   apex_zero_destroy(NULL);
 
+  /* overlap's calls. */
+  z = apex_zero_create(g_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, NULL);
+  apex_graph *graph = apex_graph_create();
+  TU_FAILS(apex_zero_attach(z, graph), APEX_ERR_STATE, "made without overlap");
+  TU_FAILS(apex_zero_mark_ready(z, 0), APEX_ERR_STATE, "made without overlap");
+  apex_zero_destroy(z);
+  z = apex_zero_create(g_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.overlap = 1});
+  assert_non_null(z);
+  TU_FAILS(apex_zero_attach(z, NULL), APEX_ERR_INVALID_ARG, "graph is NULL");
+  TU_FAILS(apex_zero_attach(NULL, graph), APEX_ERR_INVALID_ARG, "z is NULL");
+  TU_OK(apex_zero_attach(z, graph));
+  TU_FAILS(apex_zero_mark_ready(z, NP), APEX_ERR_INVALID_ARG, "parameter 5 is not in [0, 5)");
+  TU_OK(apex_zero_mark_ready(z, 2));
+  TU_FAILS(apex_zero_mark_ready(z, 2), APEX_ERR_STATE, "already marked");
+  TU_OK(apex_zero_reduce_grads(z));
+  TU_OK(apex_zero_mark_ready(z, 2)); /* a new step */
+  TU_OK(apex_zero_reduce_grads(z));
+  apex_graph_destroy(graph);
+  apex_zero_destroy(z);
+
   /* The reduce-scatter's own checks. */
   int64_t n = 4, all = 4 * world, wrong = 4 * world + 1;
   apex_tensor *in = apex_tensor_create(APEX_F32, 1, &all), *out = apex_tensor_create(APEX_F32, 1, &n);
@@ -555,6 +610,16 @@ static void test_bad_input(void **state) {
   TU_FAILS(apex_pg_reduce_scatter(g_pg, in, alias, APEX_REDUCE_SUM), APEX_ERR_INVALID_ARG, "share storage");
   apex_pg_work *w = NULL;
   TU_FAILS(apex_pg_reduce_scatter_async(g_pg, in, out, APEX_REDUCE_SUM, NULL), APEX_ERR_INVALID_ARG, "work is NULL");
+  {
+    size_t counts[8] = {0};
+    counts[0] = apex_tensor_numel(in);
+    TU_FAILS(apex_pg_reduce_scatter_v(g_pg, in, out, NULL, APEX_REDUCE_SUM), APEX_ERR_INVALID_ARG, "counts is NULL");
+    counts[0] += 1;
+    TU_FAILS(apex_pg_reduce_scatter_v(g_pg, in, out, counts, APEX_REDUCE_SUM), APEX_ERR_SHAPE, "the counts add up to");
+    counts[0] -= 1;
+    if (apex_pg_rank(g_pg) != 0) TU_FAILS(apex_pg_reduce_scatter_v(g_pg, in, out, counts, APEX_REDUCE_SUM), APEX_ERR_SHAPE, "out has");
+    else TU_FAILS(apex_pg_reduce_scatter_v(g_pg, in, NULL, counts, APEX_REDUCE_SUM), APEX_ERR_SHAPE, "(out is NULL)");
+  }
   assert_null(w);
   apex_tensor *tmp[] = {in, out, bad, o16, alias, h};
   for (size_t i = 0; i < sizeof tmp / sizeof tmp[0]; i++) apex_tensor_destroy(tmp[i]);

@@ -144,6 +144,14 @@ APEX_API apex_status apex_pg_allgather(apex_pg *pg, const apex_tensor *in, apex_
  * APEX_ERR_DTYPE when in and out differ in dtype, APEX_ERR_SHAPE when in has the wrong element count,
  * APEX_ERR_INVALID_ARG when in and out share storage. */
 APEX_API apex_status apex_pg_reduce_scatter(apex_pg *pg, const apex_tensor *in, apex_tensor *out, apex_reduce_op op);
+/* The same with unequal parts: in holds counts[0] + ... + counts[world_size - 1] elements (the same
+ * counts on every rank) and rank r's out receives elements [counts[0] + ... + counts[r - 1], + counts[r])
+ * of the reduction (out may be NULL where counts[rank] is 0): a bucket of gradients that straddles the
+ * contiguous shards of a sharded optimizer. Each element is reduced as apex_pg_allreduce reduces it.
+ * Errors as apex_pg_reduce_scatter (APEX_ERR_SHAPE when in or out disagrees with counts), and
+ * APEX_ERR_UNSUPPORTED on a group without it (nccl, for now). */
+APEX_API apex_status apex_pg_reduce_scatter_v(apex_pg *pg, const apex_tensor *in, apex_tensor *out, const size_t *counts,
+                                              apex_reduce_op op);
 /* Returns once every rank has entered the barrier. APEX_ERR_INVALID_ARG for NULL; APEX_ERR_IO. */
 APEX_API apex_status apex_pg_barrier(apex_pg *pg);
 /* Sets *flag on every rank to 1 when any rank passed a nonzero *flag, else 0 (a MAX all-reduce), so
@@ -160,6 +168,8 @@ APEX_API apex_status apex_pg_broadcast_async(apex_pg *pg, apex_tensor *t, int ro
 APEX_API apex_status apex_pg_allgather_async(apex_pg *pg, const apex_tensor *in, apex_tensor *out, apex_pg_work **work);
 APEX_API apex_status apex_pg_reduce_scatter_async(apex_pg *pg, const apex_tensor *in, apex_tensor *out, apex_reduce_op op,
                                                  apex_pg_work **work);
+APEX_API apex_status apex_pg_reduce_scatter_v_async(apex_pg *pg, const apex_tensor *in, apex_tensor *out, const size_t *counts,
+                                                   apex_reduce_op op, apex_pg_work **work);
 APEX_API apex_status apex_pg_barrier_async(apex_pg *pg, apex_pg_work **work);
 /* Advances work without blocking; *done = 1 when it has finished. The work stays valid (release it
  * with apex_pg_wait). A failure is returned here and again by apex_pg_wait. */

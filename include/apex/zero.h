@@ -10,7 +10,8 @@
  *       apex_zero_step(z, scale, &overflow);        steps the shard, all-gathers the parameters
  *     }
  *
- * The parameters are seen as one flat vector, params[0] first. Rank r owns one contiguous range of it
+ * The parameters are seen as one flat vector, params[n - 1] first (the order in which a backward
+ * finishes their gradients, as DDP's buckets take them). Rank r owns one contiguous range of it
  * (apex_zero_shard_range), about 1/world of the elements: its f32 masters (for f16/bf16 parameters)
  * and optimizer state exist on rank r only, so a rank holds about 1/world of what an unsharded
  * optimizer holds. The ranges are balanced and cut at multiples of the multi-tensor tile (2048
@@ -33,10 +34,11 @@
  * local gradients, and the all-gather of gradients happens only for a global norm (clipping, LAMB
  * with max_grad_norm).
  *
- * Memory besides the shard's masters and state: one flat buffer of the whole model in each gradient
- * dtype (what DDP's buckets hold) for the collectives, and one shard of it. The reduce-scatter runs
- * when apex_zero_reduce_grads is called, after the backward: unlike DDP's bucketed all-reduce it
- * does not overlap the backward.
+ * Memory besides the shard's masters and state, per gradient dtype: the shard of the reduced
+ * gradients and one bucket (bucket_bytes) through which the collectives move the shards of every
+ * rank, a chunk at a time, where DDP's Reducer keeps buckets of the whole model. The reduce-scatter
+ * runs when apex_zero_reduce_grads is called, after the backward, or with overlap during it, bucket by
+ * bucket as DDP's all-reduce does. The gradient tensors are the caller's, whole on every rank.
  *
  * Every rank must call the same functions in the same order (they are collectives). The tensors are
  * borrowed and must outlive z. */
@@ -45,6 +47,7 @@
 
 #include <stddef.h>
 
+#include "apex/autograd.h"
 #include "apex/optim.h"
 #include "apex/parallel.h"
 
@@ -71,6 +74,15 @@ typedef struct apex_zero_options {
    * max_grad_norm takes (coef / grad_scale) in one multiply too, so under a loss scale other than 1
    * with clipping its global norm may differ from amp's in the last bit. */
   int amp_unscale;
+  /* Bytes of one bucket of the collectives, all ranks' parts together (0: 25 MiB, apex_ddp's
+   * default): the memory a rank keeps for them beside its shard, per gradient dtype. Smaller buckets
+   * cost memory less and collectives more; the bits are the same at any size. */
+  size_t bucket_bytes;
+  /* 1: reduce-scatter the gradients in buckets during the backward, each as soon as its gradients are
+   * final (apex_zero_attach, or apex_zero_mark_ready), as apex_ddp all-reduces them: two more buckets
+   * of memory per gradient dtype (a gradient larger than bucket_bytes is a bucket of its own). Needs apex_pg_reduce_scatter_v (the MPI and local groups). 0
+   * (default): one reduce-scatter in apex_zero_reduce_grads, after the backward. The bits are the same. */
+  int overlap;
 } apex_zero_options;
 
 /* A sharded optimizer of `kind` with hyperparameters `optim` (NULL: the defaults) over params[0..n)
@@ -80,11 +92,23 @@ typedef struct apex_zero_options {
  * state. NULL with a message for: NULL pg, params or grads, n < 1, a NULL tensor, a parameter listed
  * twice, a gradient whose shape or dtype differs from its parameter's, a tensor not on the group's
  * device, a stage other than 1 or 2 ("--zero 3 is not implemented"), options the optimizer refuses,
- * ranks that disagree, or no memory. */
+ * overlap on a group without apex_pg_reduce_scatter_v (APEX_ERR_UNSUPPORTED), ranks that disagree, or
+ * no memory. */
 APEX_API apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor *const *grads, int n,
                                      apex_optim_kind kind, const apex_optim_options *optim, const apex_zero_options *options);
 /* Frees z (NULL is fine); the parameters and gradients stay. */
 APEX_API void apex_zero_destroy(apex_zero *z);
+
+/* With overlap: runs the reduce-scatter during every backward of g that has grad mode on, bucket by
+ * bucket as the backward finishes the gradients (g's grad hook, apex_graph_set_grad_hook: one per
+ * graph, so not beside apex_ddp_attach). apex_zero_reduce_grads then starts what the backward did not
+ * reach and waits. APEX_ERR_INVALID_ARG for NULL; APEX_ERR_STATE without overlap. */
+APEX_API apex_status apex_zero_attach(apex_zero *z, apex_graph *g);
+/* With overlap, for a program without apex's autograd: gradient i (of params[i]) is final for this
+ * backward, and the buckets that are complete start, in bucket order (the last parameter's first).
+ * APEX_ERR_INVALID_ARG for NULL or i outside [0, n); APEX_ERR_STATE without overlap or when i was
+ * already marked since the last apex_zero_reduce_grads; APEX_ERR_IO. */
+APEX_API apex_status apex_zero_mark_ready(apex_zero *z, int i);
 
 /* Reduce-scatters the gradients: this rank's shard receives the sum (or average) over all ranks.
  * Stage 1 then all-gathers the reduced gradients into grads[]. APEX_ERR_INVALID_ARG for NULL;
@@ -129,7 +153,9 @@ APEX_API apex_status apex_zero_shard_range(const apex_zero *z, int rank, size_t 
  * apex_optimizer_state_size counts them for an unsharded optimizer (0 for a rank that owns nothing).
  * 0 with a message for NULL. */
 APEX_API size_t apex_zero_state_bytes(const apex_zero *z);
-/* Bytes of the buffers z keeps for the collectives on this rank (the flat model and the shard). */
+/* Bytes of the buffers z keeps for the gradients and collectives on this rank: the shard of the
+ * reduced gradients and one bucket per gradient dtype, and with overlap the Reducer's two buffers per
+ * dtype. 0 with a message for NULL. */
 APEX_API size_t apex_zero_buffer_bytes(const apex_zero *z);
 
 /* ---- checkpoints -------------------------------------------------------------------------------------

@@ -172,29 +172,60 @@ apex_status apex_pg_allgather_async(apex_pg *pg, const apex_tensor *in, apex_ten
   return started(w, pg->backend->allgather(pg, w, apex_tensor_data(in), apex_tensor_data(out), n, apex_tensor_dtype(in)), work);
 }
 
-apex_status apex_pg_reduce_scatter_async(apex_pg *pg, const apex_tensor *in, apex_tensor *out, apex_reduce_op op,
-                                         apex_pg_work **work) {
-  const char *fn = "apex_pg_reduce_scatter";
+/* The checks both reduce-scatters make; out may be NULL only when allowed (this rank's part is empty). */
+static apex_status check_scatter(apex_pg *pg, const apex_tensor *in, const apex_tensor *out, int out_optional, apex_reduce_op op,
+                                 apex_pg_work **work, const char *fn) {
   if (work) *work = NULL;
   apex_status st = check_pg(pg, fn);
   if (st == APEX_OK) st = check_tensor(pg, in, fn, "in");
-  if (st == APEX_OK) st = check_tensor(pg, out, fn, "out");
+  if (st == APEX_OK && !(out_optional && !out)) st = check_tensor(pg, out, fn, "out");
   if (st != APEX_OK) return st;
   if (!work) return apex__fail(APEX_ERR_INVALID_ARG, "%s_async: work is NULL", fn);
   if (op != APEX_REDUCE_SUM && op != APEX_REDUCE_AVG && op != APEX_REDUCE_MAX)
     return apex__fail(APEX_ERR_INVALID_ARG, "%s: unknown op %d (use APEX_REDUCE_SUM, _AVG or _MAX)", fn, (int)op);
-  if (apex_tensor_dtype(in) != apex_tensor_dtype(out))
+  if (out && apex_tensor_dtype(in) != apex_tensor_dtype(out))
     return apex__fail(APEX_ERR_DTYPE, "%s: in is %s but out is %s", fn, apex_dtype_name(apex_tensor_dtype(in)),
                       apex_dtype_name(apex_tensor_dtype(out)));
+  if (out && apex_tensor_shares_storage(in, out))
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: in and out share storage; give out its own buffer", fn);
+  return APEX_OK;
+}
+
+apex_status apex_pg_reduce_scatter_async(apex_pg *pg, const apex_tensor *in, apex_tensor *out, apex_reduce_op op,
+                                         apex_pg_work **work) {
+  const char *fn = "apex_pg_reduce_scatter";
+  apex_status st = check_scatter(pg, in, out, 0, op, work, fn);
+  if (st != APEX_OK) return st;
   size_t n = apex_tensor_numel(out);
   if (apex_tensor_numel(in) != n * (size_t)pg->world)
     return apex__fail(APEX_ERR_SHAPE, "%s: in has %zu elements but needs world_size (%d) x numel(out) (%zu) = %zu", fn,
                       apex_tensor_numel(in), pg->world, n, n * (size_t)pg->world);
-  if (apex_tensor_shares_storage(in, out))
-    return apex__fail(APEX_ERR_INVALID_ARG, "%s: in and out share storage; give out its own buffer", fn);
   apex_pg_work *w = NULL;
   if ((st = new_work(pg, "reduce_scatter", &w)) != APEX_OK) return st;
   return started(w, pg->backend->reduce_scatter(pg, w, apex_tensor_data(in), apex_tensor_data(out), n, apex_tensor_dtype(in), op),
+                 work);
+}
+
+apex_status apex_pg_reduce_scatter_v_async(apex_pg *pg, const apex_tensor *in, apex_tensor *out, const size_t *counts, apex_reduce_op op,
+                                           apex_pg_work **work) {
+  const char *fn = "apex_pg_reduce_scatter_v";
+  apex_status st = check_scatter(pg, in, out, 1, op, work, fn);
+  if (st != APEX_OK) return st;
+  if (!counts) return apex__fail(APEX_ERR_INVALID_ARG, "%s: counts is NULL", fn);
+  size_t total = 0;
+  for (int p = 0; p < pg->world; p++) total += counts[p];
+  if (apex_tensor_numel(in) != total)
+    return apex__fail(APEX_ERR_SHAPE, "%s: in has %zu elements but the counts add up to %zu", fn, apex_tensor_numel(in), total);
+  size_t mine = out ? apex_tensor_numel(out) : 0;
+  if (mine != counts[pg->rank])
+    return apex__fail(APEX_ERR_SHAPE, "%s: out has %zu elements but counts[%d] is %zu%s", fn, mine, pg->rank, counts[pg->rank],
+                      out ? "" : " (out is NULL)");
+  if (!pg->backend->reduce_scatter_v)
+    return apex__fail(APEX_ERR_UNSUPPORTED, "%s: the %s group has no reduce-scatter of unequal parts", fn, pg->backend->name);
+  apex_pg_work *w = NULL;
+  if ((st = new_work(pg, "reduce_scatter_v", &w)) != APEX_OK) return st;
+  return started(w, pg->backend->reduce_scatter_v(pg, w, apex_tensor_data(in), out ? apex_tensor_data(out) : NULL, counts,
+                                                  apex_tensor_dtype(in), op),
                  work);
 }
 
@@ -252,6 +283,12 @@ apex_status apex_pg_allgather(apex_pg *pg, const apex_tensor *in, apex_tensor *o
 apex_status apex_pg_reduce_scatter(apex_pg *pg, const apex_tensor *in, apex_tensor *out, apex_reduce_op op) {
   apex_pg_work *w = NULL;
   apex_status st = apex_pg_reduce_scatter_async(pg, in, out, op, &w);
+  return st != APEX_OK ? st : apex_pg_wait(w);
+}
+
+apex_status apex_pg_reduce_scatter_v(apex_pg *pg, const apex_tensor *in, apex_tensor *out, const size_t *counts, apex_reduce_op op) {
+  apex_pg_work *w = NULL;
+  apex_status st = apex_pg_reduce_scatter_v_async(pg, in, out, counts, op, &w);
   return st != APEX_OK ? st : apex_pg_wait(w);
 }
 

@@ -23,6 +23,10 @@ typedef struct apex_pg_vtable {
   /* in holds world * n elements; out (n, never overlapping in) receives segment `rank` reduced. */
   apex_status (*reduce_scatter)(apex_pg *pg, apex_pg_work *w, const void *in, void *out, size_t n, apex_dtype dtype,
                                 apex_reduce_op op);
+  /* in holds counts[0] + ... + counts[world - 1] elements; out (counts[rank], NULL when 0) receives
+   * segment `rank` reduced. NULL: not on this backend (APEX_ERR_UNSUPPORTED). */
+  apex_status (*reduce_scatter_v)(apex_pg *pg, apex_pg_work *w, const void *in, void *out, const size_t *counts, apex_dtype dtype,
+                                  apex_reduce_op op);
   apex_status (*barrier)(apex_pg *pg, apex_pg_work *w);
   apex_status (*progress)(apex_pg_work *w, int block);
   void (*work_free)(apex_pg_work *w); /* frees w->impl (the work is finished or failed) */

@@ -34,6 +34,11 @@ static apex_status local_reduce_scatter(apex_pg *pg, apex_pg_work *w, const void
   return APEX_OK;
 }
 
+static apex_status local_reduce_scatter_v(apex_pg *pg, apex_pg_work *w, const void *in, void *out, const size_t *counts,
+                                          apex_dtype dtype, apex_reduce_op op) {
+  return local_reduce_scatter(pg, w, in, out, counts[0], dtype, op);
+}
+
 static apex_status local_barrier(apex_pg *pg, apex_pg_work *w) {
   (void)pg;
   w->done = 1;
@@ -57,6 +62,7 @@ static const apex_pg_vtable local_backend = {
     .broadcast = local_broadcast,
     .allgather = local_allgather,
     .reduce_scatter = local_reduce_scatter,
+    .reduce_scatter_v = local_reduce_scatter_v,
     .barrier = local_barrier,
     .progress = local_progress,
     .work_free = local_work_free,

@@ -193,8 +193,9 @@ static apex_status post_gather(apex_pg *pg, mpi_work *m) {
   return APEX_OK;
 }
 
-/* Takes the next tag pair, plans the segments and posts round 1; the reduced segment goes to out. */
-static apex_status start_reduce(apex_pg *pg, mpi_work *m, const char *fn, void *out) {
+/* Takes the next tag pair, plans the segments (counts[p] elements each, or equal ones when counts is
+ * NULL) and posts round 1; the reduced segment goes to out. */
+static apex_status start_reduce(apex_pg *pg, mpi_work *m, const char *fn, void *out, const size_t *counts) {
   mpi_pg *mp = pg->impl;
   int world = pg->world, me = pg->rank;
   m->out = out;
@@ -202,7 +203,7 @@ static apex_status start_reduce(apex_pg *pg, mpi_work *m, const char *fn, void *
   m->start = malloc(((size_t)world + 1) * sizeof *m->start);
   m->reqs = malloc(2 * (size_t)world * sizeof *m->reqs);
   if (!m->start || !m->reqs) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-  for (int p = 0; p <= world; p++) m->start[p] = seg_start(m->n, p, world);
+  for (int p = 0; p <= world; p++) m->start[p] = counts ? (p ? m->start[p - 1] + counts[p - 1] : 0) : seg_start(m->n, p, world);
   size_t need = (size_t)world * (m->start[me + 1] - m->start[me]) * apex_dtype_size(m->dtype);
   m->staging = pool_get(mp, need, &m->staging_bytes);
   if (!m->staging) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu staging bytes", fn, need);
@@ -218,7 +219,7 @@ static apex_status mpi_allreduce(apex_pg *pg, apex_pg_work *w, void *buf, size_t
   if (!m) return APEX_ERR_OUT_OF_MEMORY;
   int world = pg->world, me = pg->rank;
   m->buf = buf, m->n = n, m->dtype = dtype, m->op = op;
-  return start_reduce(pg, m, "apex_pg_allreduce", (char *)buf + seg_start(n, me, world) * apex_dtype_size(dtype));
+  return start_reduce(pg, m, "apex_pg_allreduce", (char *)buf + seg_start(n, me, world) * apex_dtype_size(dtype), NULL);
 }
 
 /* Round 1 of an all-reduce alone: segment p of the input (n / world elements each) is reduced on
@@ -239,7 +240,25 @@ static apex_status mpi_reduce_scatter(apex_pg *pg, apex_pg_work *w, const void *
   if (!m) return APEX_ERR_OUT_OF_MEMORY;
   m->buf = (void *)in, m->n = n * (size_t)pg->world, m->dtype = dtype, m->op = op;
   m->scatter_only = 1;
-  return start_reduce(pg, m, "apex_pg_reduce_scatter", out);
+  return start_reduce(pg, m, "apex_pg_reduce_scatter", out, NULL);
+}
+
+/* The same with segment p counts[p] elements long: a bucket of gradients that straddles the ranks'
+ * contiguous shards (zero.h), each element still reduced as the all-reduce reduces it. */
+static apex_status mpi_reduce_scatter_v(apex_pg *pg, apex_pg_work *w, const void *in, void *out, const size_t *counts,
+                                        apex_dtype dtype, apex_reduce_op op) {
+  size_t n = 0;
+  for (int p = 0; p < pg->world; p++) n += counts[p];
+  if (n == 0 || pg->world == 1) {
+    if (n) memcpy(out, in, n * apex_dtype_size(dtype));
+    w->done = 1;
+    return APEX_OK;
+  }
+  mpi_work *m = work_new(w);
+  if (!m) return APEX_ERR_OUT_OF_MEMORY;
+  m->buf = (void *)in, m->n = n, m->dtype = dtype, m->op = op;
+  m->scatter_only = 1;
+  return start_reduce(pg, m, "apex_pg_reduce_scatter_v", out, counts);
 }
 
 static apex_status mpi_broadcast(apex_pg *pg, apex_pg_work *w, void *buf, size_t n, apex_dtype dtype, int root) {
@@ -332,6 +351,7 @@ static const apex_pg_vtable mpi_backend = {
     .broadcast = mpi_broadcast,
     .allgather = mpi_allgather,
     .reduce_scatter = mpi_reduce_scatter,
+    .reduce_scatter_v = mpi_reduce_scatter_v,
     .barrier = mpi_barrier,
     .progress = mpi_progress,
     .work_free = mpi_work_free,

@@ -5,7 +5,8 @@
  * waits for them and copies the results back. Buckets start strictly in bucket order on every rank:
  * the order in which a rank happens to mark gradients ready can differ between ranks, but the
  * sequence of collectives must not. The buckets live on the group's device, so device gradients
- * (the NCCL group) are copied, scaled and reduced without leaving the GPU. */
+ * (the NCCL group) are copied, scaled and reduced without leaving the GPU. The sharded optimizer
+ * drives the same machinery in scatter mode (reducer_internal.h). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include "apex/multi_tensor.h"
 #include "core/internal.h"
 #include "parallel/pg_internal.h"
+#include "parallel/reducer_internal.h"
 
 #define DEFAULT_BUCKET_BYTES ((size_t)25 << 20)
 
@@ -25,6 +27,7 @@ typedef struct bucket {
   int pending; /* gradients not yet ready this step */
   apex_pg_work *work;
   int done;
+  int prev; /* scatter mode: the bucket that used this bucket's buffer before it, or -1 */
 } bucket;
 
 struct apex_reducer {
@@ -39,6 +42,12 @@ struct apex_reducer {
   int nbuckets;
   int next_post; /* buckets below have been started this step */
   float pre, post;
+  /* scatter mode */
+  int scatter;
+  size_t *counts;       /* world per bucket */
+  apex_tensor **outs;   /* per bucket, this rank's part (NULL: none) */
+  apex_tensor *slot_buf[APEX_DTYPE_COUNT * 2]; /* reused bucket buffers (slots per dtype) */
+  int nslot_bufs;
 };
 
 /* Copies src into dst (converting dtypes), times scale unless it is 1. No overflow flag is asked
@@ -55,6 +64,10 @@ void apex_reducer_destroy(apex_reducer *r) {
     apex_tensor_destroy(r->buckets[b].flat);
   }
   for (int i = 0; r->views && i < r->n; i++) apex_tensor_destroy(r->views[i]);
+  for (int b = 0; r->outs && b < r->nbuckets; b++) apex_tensor_destroy(r->outs[b]);
+  for (int k = 0; k < r->nslot_bufs; k++) apex_tensor_destroy(r->slot_buf[k]);
+  free(r->counts);
+  free(r->outs);
   free(r->grads);
   free(r->views);
   free(r->bucket_of);
@@ -96,7 +109,52 @@ static void plan_buckets(apex_reducer *r, size_t cap, int always_fp32, const uns
   }
 }
 
+/* Scatter mode: `slots` buffers per dtype, each as large as that dtype's largest bucket; bucket b
+ * is a view of buffer (its rank among its dtype's buckets) mod slots. */
+static apex_status make_slots(apex_reducer *r, int slots) {
+  size_t most[APEX_DTYPE_COUNT] = {0};
+  int seen[APEX_DTYPE_COUNT] = {0}, first[APEX_DTYPE_COUNT];
+  for (int b = 0; b < r->nbuckets; b++)
+    if (r->buckets[b].numel > most[r->buckets[b].dtype]) most[r->buckets[b].dtype] = r->buckets[b].numel;
+  for (int d = 0; d < APEX_DTYPE_COUNT; d++) {
+    first[d] = r->nslot_bufs;
+    for (int k = 0; most[d] && k < slots; k++) {
+      int64_t len = (int64_t)most[d];
+      if (!(r->slot_buf[r->nslot_bufs++] = apex_tensor_create_on(r->pg->backend->device, (apex_dtype)d, 1, &len))) return APEX_ERR_OUT_OF_MEMORY;
+    }
+  }
+  int *last = malloc((size_t)slots * APEX_DTYPE_COUNT * sizeof *last);
+  if (!last) return APEX_ERR_OUT_OF_MEMORY;
+  for (int k = 0; k < slots * APEX_DTYPE_COUNT; k++) last[k] = -1;
+  for (int b = 0; b < r->nbuckets; b++) {
+    bucket *bk = &r->buckets[b];
+    int d = (int)bk->dtype, k = seen[d]++ % slots;
+    int64_t len = (int64_t)bk->numel;
+    bk->prev = last[d * slots + k];
+    last[d * slots + k] = b;
+    if (!(bk->flat = apex_tensor_slice_view(r->slot_buf[first[d] + k], 0, 1, &len))) {
+      free(last);
+      return APEX_ERR_OUT_OF_MEMORY;
+    }
+  }
+  free(last);
+  return APEX_OK;
+}
+
+static apex_reducer *create(apex_pg *pg, apex_tensor *const *grads, int n, const apex_reducer_options *options, int slots);
+
 apex_reducer *apex_reducer_create(apex_pg *pg, apex_tensor *const *grads, int n, const apex_reducer_options *options) {
+  return create(pg, grads, n, options, 0);
+}
+
+apex_reducer *apex__reducer_create_scatter(apex_pg *pg, apex_tensor *const *grads, int n, size_t bucket_bytes, int slots) {
+  if (slots < 1 || slots > 2) return apex__fail_null(APEX_ERR_INVALID_ARG, "apex_reducer: %d buffers per dtype (1 or 2)", slots);
+  apex_reducer *r = create(pg, grads, n, &(apex_reducer_options){.bucket_bytes = bucket_bytes, .sum_only = 1}, slots);
+  if (r) r->scatter = 1;
+  return r;
+}
+
+static apex_reducer *create(apex_pg *pg, apex_tensor *const *grads, int n, const apex_reducer_options *options, int slots) {
   const char *fn = "apex_reducer_create";
   apex_reducer_options o = options ? *options : (apex_reducer_options){0};
   if (!pg) return apex__fail_null(APEX_ERR_INVALID_ARG, "%s: pg is NULL", fn);
@@ -156,7 +214,8 @@ apex_reducer *apex_reducer_create(apex_pg *pg, apex_tensor *const *grads, int n,
   free(names);
   if (st != APEX_OK) return fail_create(r, st);
 
-  for (int b = 0; b < r->nbuckets; b++) {
+  if (slots > 0 && make_slots(r, slots) != APEX_OK) return fail_create(r, APEX_ERR_OUT_OF_MEMORY);
+  for (int b = 0; slots == 0 && b < r->nbuckets; b++) {
     int64_t len = (int64_t)r->buckets[b].numel;
     /* On the backend's device: the NCCL group reduces device gradients in device buckets. */
     r->buckets[b].flat = apex_tensor_create_on(pg->backend->device, r->buckets[b].dtype, 1, &len);
@@ -169,11 +228,29 @@ apex_reducer *apex_reducer_create(apex_pg *pg, apex_tensor *const *grads, int n,
   return r;
 }
 
+/* Scatter mode: once the bucket that used the buffer before has finished, bucket k's gradients go in
+ * and its reduce-scatter starts. */
+static apex_status start_scatter(apex_reducer *r, int k) {
+  bucket *b = &r->buckets[k];
+  apex_status st = APEX_OK;
+  if (b->prev >= 0 && r->buckets[b->prev].work) {
+    st = apex_pg_wait(r->buckets[b->prev].work);
+    r->buckets[b->prev].work = NULL;
+  }
+  for (int i = 0; st == APEX_OK && i < r->n; i++)
+    if (r->bucket_of[i] == k) st = copy_scaled(r->views[i], r->grads[i], r->pre);
+  if (st == APEX_OK && !r->counts) st = apex__fail(APEX_ERR_STATE, "apex_reducer: scatter mode without targets");
+  if (st != APEX_OK) return st;
+  return apex_pg_reduce_scatter_v_async(r->pg, b->flat, r->outs[k], r->counts + (size_t)k * (size_t)r->pg->world, APEX_REDUCE_SUM,
+                                        &b->work);
+}
+
 /* Starts every bucket that is complete and whose predecessors have started; advances those in flight. */
 static apex_status post_and_poll(apex_reducer *r) {
   while (r->next_post < r->nbuckets && r->buckets[r->next_post].pending == 0) {
-    bucket *b = &r->buckets[r->next_post];
-    apex_status st = apex_pg_allreduce_async(r->pg, b->flat, APEX_REDUCE_SUM, &b->work);
+    int k = r->next_post;
+    bucket *b = &r->buckets[k];
+    apex_status st = r->scatter ? start_scatter(r, k) : apex_pg_allreduce_async(r->pg, b->flat, APEX_REDUCE_SUM, &b->work);
     if (st != APEX_OK) return st;
     b->done = 0;
     r->next_post++;
@@ -189,7 +266,8 @@ static apex_status post_and_poll(apex_reducer *r) {
 }
 
 static apex_status copy_in(apex_reducer *r, int i) {
-  apex_status st = copy_scaled(r->views[i], r->grads[i], r->pre);
+  /* Scatter mode copies a bucket in when it starts (its buffer may still be in use). */
+  apex_status st = r->scatter ? APEX_OK : copy_scaled(r->views[i], r->grads[i], r->pre);
   if (st != APEX_OK) return st;
   r->ready[i] = 1;
   r->buckets[r->bucket_of[i]].pending--;
@@ -227,7 +305,7 @@ apex_status apex_reducer_finish(apex_reducer *r) {
       snprintf(msg, sizeof msg, "%s", apex_last_error());
     }
   }
-  for (int i = 0; i < r->n && st == APEX_OK; i++) st = copy_scaled(r->grads[i], r->views[i], r->post);
+  for (int i = 0; i < r->n && st == APEX_OK && !r->scatter; i++) st = copy_scaled(r->grads[i], r->views[i], r->post);
   if (msg[0]) apex__fail(st, "%s", msg);
   /* A new step. */
   memset(r->ready, 0, (size_t)r->n * sizeof *r->ready);
@@ -264,4 +342,38 @@ int apex_reducer_bucket_of(const apex_reducer *r, int i) { return r && i >= 0 &&
 int apex_reducer_buckets_started(const apex_reducer *r) {
   if (!r) apex__fail_null_arg(__func__, "reducer");
   return r ? r->next_post : -1;
+}
+
+/* ---- scatter mode (reducer_internal.h) ----------------------------------------------------------- */
+
+apex_status apex__reducer_set_scatter(apex_reducer *r, const size_t *counts, apex_tensor *const *outs) {
+  if (!r || !r->scatter || !counts || !outs) return apex__fail(APEX_ERR_INVALID_ARG, "apex_reducer: not in scatter mode, or no targets");
+  int world = r->pg->world;
+  for (int b = 0; b < r->nbuckets; b++) {
+    size_t sum = 0, mine = counts[(size_t)b * (size_t)world + (size_t)r->pg->rank];
+    for (int q = 0; q < world; q++) sum += counts[(size_t)b * (size_t)world + (size_t)q];
+    if (sum != r->buckets[b].numel || (outs[b] ? apex_tensor_numel(outs[b]) : 0) != mine)
+      return apex__fail(APEX_ERR_SHAPE, "apex_reducer: the targets of bucket %d do not fit it", b);
+  }
+  size_t nc = (size_t)r->nbuckets * (size_t)world;
+  r->counts = malloc(nc * sizeof *r->counts);
+  r->outs = calloc((size_t)r->nbuckets, sizeof *r->outs);
+  if (!r->counts || !r->outs) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_reducer: out of memory");
+  memcpy(r->counts, counts, nc * sizeof *counts);
+  for (int b = 0; b < r->nbuckets; b++) {
+    if (!outs[b]) continue;
+    r->outs[b] = apex_tensor_slice_view(outs[b], 0, apex_tensor_ndim(outs[b]), apex_tensor_shape(outs[b]));
+    if (!r->outs[b]) return APEX_ERR_OUT_OF_MEMORY;
+  }
+  return APEX_OK;
+}
+
+size_t apex__reducer_bucket_numel(const apex_reducer *r, int b) { return r->buckets[b].numel; }
+size_t apex__reducer_offset(const apex_reducer *r, int i) { return r->offset[i]; }
+
+size_t apex__reducer_buffer_bytes(const apex_reducer *r) {
+  size_t bytes = 0;
+  for (int k = 0; k < r->nslot_bufs; k++) bytes += apex_tensor_numel(r->slot_buf[k]) * apex_dtype_size(apex_tensor_dtype(r->slot_buf[k]));
+  for (int b = 0; !r->nslot_bufs && b < r->nbuckets; b++) bytes += r->buckets[b].numel * apex_dtype_size(r->buckets[b].dtype);
+  return bytes;
 }

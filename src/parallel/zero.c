@@ -2,12 +2,13 @@
  * of this rank's shard and the all-gather of parameters.
  *
  * Layout: the flat parameter vector is cut into world ranges (plan_ranges). A parameter cut by range
- * boundaries becomes pieces, one per owning rank. For the collectives every gradient dtype has one
- * flat buffer of world equal segments of S elements: rank r's segment holds the pieces r owns, in
- * parameter order, then zeros up to S (S is the largest rank's share). Equal segments are what a
+ * boundaries becomes pieces, one per owning rank. Each gradient dtype has one segment of S elements
+ * per rank (S is the largest rank's share): rank r's holds the pieces r owns, in parameter order,
+ * then zeros up to S; this rank keeps only its own, the shard buffer. Equal segments are what a
  * reduce-scatter and an all-gather take (NCCL's included), and the padding costs at most the
- * imbalance of the ranges. The same buffers carry the parameters back: a rank packs its updated
- * pieces into its shard buffer and the all-gather spreads them.
+ * imbalance of the ranges; zero_comm.c moves them a bucket at a time. The same buffers carry the
+ * parameters back: a rank packs its updated pieces into its shard buffer and the all-gather spreads
+ * them.
  *
  * This rank's optimizer is an ordinary apex_optimizer whose parameters are views of the pieces it owns
  * (1-D, or the parameter's own shape for a whole parameter) and whose gradients are views of the
@@ -25,6 +26,7 @@
 #include "optim/optim_shard.h"
 #include "parallel/pg_internal.h"
 
+#include "parallel/reducer_internal.h"
 #include "parallel/zero_internal.h"
 
 static int whole_params_only(apex_optim_kind kind) {
@@ -36,13 +38,11 @@ void apex_zero_destroy(apex_zero *z) {
   for (int k = 0; z->pieces && k < z->npieces; k++) {
     apex_tensor_destroy(z->pieces[k].param);
     apex_tensor_destroy(z->pieces[k].grad);
-    apex_tensor_destroy(z->pieces[k].flat);
     apex_tensor_destroy(z->pieces[k].shard);
   }
-  for (int d = 0; d < APEX_DTYPE_COUNT; d++) {
-    apex_tensor_destroy(z->flat[d]);
-    apex_tensor_destroy(z->shard[d]);
-  }
+  apex__zero_free_chunks(z);
+  apex__zero_free_overlap(z);
+  for (int d = 0; d < APEX_DTYPE_COUNT; d++) apex_tensor_destroy(z->shard[d]);
   apex_optimizer_destroy(z->opt);
   if (z->step_grads != z->own_grads)
     for (int k = 0; z->step_grads && k < z->owned; k++) apex_tensor_destroy(z->step_grads[k]);
@@ -56,6 +56,10 @@ void apex_zero_destroy(apex_zero *z) {
   free(z);
 }
 
+/* The j-th parameter of the flat vector: the last first, the order in which backward finishes the
+ * gradients (DDP's bucket order), so that a bucket the backward has finished is one stretch of it. */
+static int flat_param(const apex_zero *z, int j) { return z->n - 1 - j; }
+
 /* Range boundaries: rank r's range starts near r * total / world. Inside a parameter a boundary is
  * rounded to the nearest multiple of the multi-tensor tile from the parameter's start (every tile of
  * a piece is then a tile of the whole parameter, so the kernels see the same elements together);
@@ -67,8 +71,8 @@ static void plan_ranges(apex_zero *z, int whole) {
   z->bound[z->world] = total;
   for (int r = 1; r < z->world; r++) {
     size_t want = (size_t)((uint64_t)r * total / (uint64_t)z->world), start = 0, b = total;
-    for (int i = 0; i < z->n; i++) {
-      size_t numel = apex_tensor_numel(z->params[i]);
+    for (int j = 0; j < z->n; j++) {
+      size_t numel = apex_tensor_numel(z->params[flat_param(z, j)]);
       if (want < start + numel) {
         size_t off = want - start, cut;
         if (whole) cut = 2 * off < numel ? 0 : numel;
@@ -94,7 +98,8 @@ static apex_status plan_pieces(apex_zero *z) {
   if (!fill) return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_zero_create: out of memory");
   size_t start = 0;
   int r = 0;
-  for (int i = 0; i < z->n; i++) {
+  for (int j = 0; j < z->n; j++) {
+    int i = flat_param(z, j);
     size_t numel = apex_tensor_numel(z->params[i]), end = start + numel;
     int d = (int)apex_tensor_dtype(z->params[i]);
     for (size_t at = start; at < end;) {
@@ -126,22 +131,18 @@ static apex_status make_buffers(apex_zero *z) {
   apex_device dev = apex_pg_device(z->pg);
   for (int d = 0; d < APEX_DTYPE_COUNT; d++) {
     if (!z->seg[d]) continue;
-    int64_t all = (int64_t)(z->seg[d] * (size_t)z->world), one = (int64_t)z->seg[d];
-    z->flat[d] = apex_tensor_create_on(dev, (apex_dtype)d, 1, &all);
+    int64_t one = (int64_t)z->seg[d];
     z->shard[d] = apex_tensor_create_on(dev, (apex_dtype)d, 1, &one);
-    if (!z->flat[d] || !z->shard[d]) return APEX_ERR_OUT_OF_MEMORY;
-    apex_status st = apex_tensor_fill(z->flat[d], 0.0f); /* the padding is summed and gathered: keep it zero */
-    if (st == APEX_OK) st = apex_tensor_fill(z->shard[d], 0.0f);
+    if (!z->shard[d]) return APEX_ERR_OUT_OF_MEMORY;
+    apex_status st = apex_tensor_fill(z->shard[d], 0.0f); /* the padding is gathered: keep it zero */
     if (st != APEX_OK) return st;
   }
   for (int k = 0; k < z->npieces; k++) {
     piece *p = &z->pieces[k];
     int d = (int)apex_tensor_dtype(z->params[p->i]);
-    int64_t len = (int64_t)p->len;
     p->param = piece_view(z->params[p->i], p->off, p->len);
     p->grad = piece_view(z->grads[p->i], p->off, p->len);
-    p->flat = apex_tensor_slice_view(z->flat[d], (size_t)p->owner * z->seg[d] + p->pos, 1, &len);
-    if (!p->param || !p->grad || !p->flat) return APEX_ERR_OUT_OF_MEMORY;
+    if (!p->param || !p->grad) return APEX_ERR_OUT_OF_MEMORY;
     if (p->owner == z->rank) {
       /* The gradient the optimizer reads has the shape of the parameter view it steps. */
       p->shard = apex_tensor_slice_view(z->shard[d], p->pos, apex_tensor_ndim(p->param), apex_tensor_shape(p->param));
@@ -291,6 +292,8 @@ apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor
   plan_ranges(z, whole_params_only(kind));
   st = plan_pieces(z);
   if (st == APEX_OK) st = make_buffers(z);
+  if (st == APEX_OK) st = apex__zero_plan_chunks(z, o.bucket_bytes);
+  if (st == APEX_OK && o.overlap) st = apex__zero_make_overlap(z, o.bucket_bytes);
   if (st == APEX_OK) st = make_optimizer(z, kind, optim, o.amp_unscale);
   if (st == APEX_OK && o.master_values) st = set_masters(z, o.master_values);
   if (st != APEX_OK) return fail_create(z, st);
@@ -300,24 +303,17 @@ apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor
 
 /* stage 1 and the global norm: the reduced shards of every rank into grads[]. */
 static apex_status gather_grads(apex_zero *z) {
-  apex_status st = APEX_OK;
-  for (int d = 0; st == APEX_OK && d < APEX_DTYPE_COUNT; d++)
-    if (z->seg[d]) st = apex_pg_allgather(z->pg, z->shard[d], z->flat[d]);
-  for (int k = 0; st == APEX_OK && k < z->npieces; k++) st = apex_tensor_copy(z->pieces[k].grad, z->pieces[k].flat);
+  apex_status st = apex__zero_allgather(z, 0);
   if (st == APEX_OK) z->gathered = 1;
   return st;
 }
 
 apex_status apex_zero_reduce_grads(apex_zero *z) {
   if (!z) return apex__fail(APEX_ERR_INVALID_ARG, "apex_zero_reduce_grads: z is NULL");
-  apex_status st = APEX_OK;
-  for (int k = 0; st == APEX_OK && k < z->npieces; k++) st = apex_tensor_copy(z->pieces[k].flat, z->pieces[k].grad);
-  for (int d = 0; st == APEX_OK && d < APEX_DTYPE_COUNT; d++) {
-    if (!z->seg[d]) continue;
-    st = apex_pg_reduce_scatter(z->pg, z->flat[d], z->shard[d], APEX_REDUCE_SUM);
-    /* As the Reducer writes its sums back: times f / world_size in f32, rounded once to the dtype. */
-    if (st == APEX_OK && z->post != 1.0f) st = apex_mt_scale(0, NULL, &z->shard[d], &z->shard[d], 1, z->post);
-  }
+  apex_status st = z->red ? apex__zero_overlap_reduce(z) : apex__zero_reduce_scatter(z);
+  /* As the Reducer writes its sums back: times f / world_size in f32, rounded once to the dtype. */
+  for (int d = 0; st == APEX_OK && d < APEX_DTYPE_COUNT; d++)
+    if (z->seg[d] && z->post != 1.0f) st = apex_mt_scale(0, NULL, &z->shard[d], &z->shard[d], 1, z->post);
   z->gathered = 0;
   if (st == APEX_OK && z->stage == 1) st = gather_grads(z);
   z->reduced = st == APEX_OK;
@@ -354,11 +350,7 @@ static apex_status gather_params(apex_zero *z) {
   apex_status st = APEX_OK;
   for (int k = 0; st == APEX_OK && k < z->npieces; k++)
     if (z->pieces[k].owner == z->rank) st = apex_tensor_copy(z->pieces[k].shard, z->pieces[k].param);
-  for (int d = 0; st == APEX_OK && d < APEX_DTYPE_COUNT; d++)
-    if (z->seg[d]) st = apex_pg_allgather(z->pg, z->shard[d], z->flat[d]);
-  for (int k = 0; st == APEX_OK && k < z->npieces; k++)
-    if (z->pieces[k].owner != z->rank) st = apex_tensor_copy(z->pieces[k].param, z->pieces[k].flat);
-  return st;
+  return st == APEX_OK ? apex__zero_allgather(z, 1) : st;
 }
 
 apex_status apex_zero_reduce_overflow(apex_zero *z, int *flag) {
@@ -435,6 +427,7 @@ size_t apex_zero_state_bytes(const apex_zero *z) {
 size_t apex_zero_buffer_bytes(const apex_zero *z) {
   if (!z) return apex__fail(APEX_ERR_INVALID_ARG, "apex_zero_buffer_bytes: z is NULL"), 0;
   size_t bytes = 0;
-  for (int d = 0; d < APEX_DTYPE_COUNT; d++) bytes += z->seg[d] * ((size_t)z->world + 1) * apex_dtype_size((apex_dtype)d);
+  for (int d = 0; d < APEX_DTYPE_COUNT; d++) bytes += (z->seg[d] + z->chunk_elems[d] * (size_t)z->world) * apex_dtype_size((apex_dtype)d);
+  if (z->red) bytes += apex__reducer_buffer_bytes(z->red);
   return bytes;
 }

@@ -67,7 +67,8 @@ static const flag flags[] = {
     {"threads", T_LONG, F(threads), "0", NULL, 0, "CPU threads (0: OpenMP's default)"},
     {"checkpoint", T_STR, F(checkpoint), "", NULL, 0, "directory for checkpoints"},
     {"save-every", T_LONG, F(save_every), "0", NULL, 0, "save a checkpoint every N steps (0: at the end only)"},
-    {"resume", T_SWITCH, F(resume), "off", NULL, 0, "continue from the checkpoint in --checkpoint"},
+    {"resume", T_SWITCH, F(resume), "off", NULL, 0, "continue from the checkpoint in --checkpoint (with --distributed on any number of ranks that keeps the global batch, "
+     "ranks x --batch-size)"},
     {"log", T_STR, F(log), "", NULL, 0, "write JSON lines (step, epoch, loss, loss_scale, skipped, step_skipped, lr, grad_norm, samples_per_s, "
      "gpt: tokens_per_s, ms_per_step, elapsed_s; with --eval-every also step, eval_loss, eval_accuracy (the validation split's) "
      "or gpt: eval_perplexity, and at the end of a split run step, test_loss, test_accuracy; "

@@ -423,6 +423,37 @@ static void first_difference(const char *a, const char *b, char *out, size_t siz
   snprintf(out, size, "different tensors");
 }
 
+/* --resume at another number of ranks. A step trains on the global batch, world_size x batch_size
+ * consecutive items of the epoch's permutation (dataset.h), so a run that keeps the global batch
+ * sees the same samples at every step and the same steps per epoch: 2 ranks of --batch-size 6 resume
+ * as 3 of 4 or 1 of 12. The state in the files is unsharded (a --zero run consolidates it), so any
+ * number of ranks loads it. What changes is only how the batch is split: the gradient is the average
+ * of other per-rank means, so the run continues as a DDP run at the new world size would from the
+ * same checkpoint, not with the bits of the old world size. 1: world_size or batch_size differ but
+ * the global batch agrees (the two keys are then not compared); 0: neither differs or another flag
+ * than --resume; -1 after one line when the global batch differs. */
+static int resume_regroups(const ckpt_config *cfg, const char *const *values, const char *where) {
+  int w = -1, b = -1;
+  for (int i = 0; i < cfg->n; i++) {
+    if (strcmp(cfg->key[i], "world_size") == 0) w = i;
+    if (strcmp(cfg->key[i], "batch_size") == 0) b = i;
+  }
+  if (w < 0 || b < 0 || strcmp(ckpt_ctx, "--resume") != 0) return 0;
+  if (strcmp(values[w], cfg->value[w]) == 0 && strcmp(values[b], cfg->value[b]) == 0) return 0;
+  long sw = strtol(values[w], NULL, 10), sb = strtol(values[b], NULL, 10);
+  long nw = strtol(cfg->value[w], NULL, 10), nb = strtol(cfg->value[b], NULL, 10);
+  if (sw > 0 && sb > 0 && sw * sb == nw * nb) return 1;
+  char how[160];
+  if (sw > 0 && sb > 0 && (sw * sb) % nw == 0)
+    snprintf(how, sizeof how, "resume with --batch-size %ld (%ld x %ld = %ld)", sw * sb / nw, nw, sw * sb / nw, sw * sb);
+  else
+    snprintf(how, sizeof how, "no --batch-size gives it on %ld rank(s): resume on a number of ranks that divides %ld", nw, sw * sb);
+  fprintf(stderr, "apex-train: --resume: checkpoint %s trained on a global batch of %ld (%ld rank(s) x --batch-size %ld), this run on %ld "
+          "(%ld x %ld); a step must see the same samples: %s, or use another --checkpoint directory\n",
+          where, sw * sb, sw, sb, nw * nb, nw, nb, how);
+  return -1;
+}
+
 int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *opt, const ckpt_config *cfg, ckpt_position *p) {
   char path[4700], sub[256], where[4400];
   apex_safetensors *st = NULL, *ms = NULL;
@@ -479,9 +510,12 @@ int ckpt_load(const char *dir, train_model *tm, apex_amp *amp, apex_optimizer *o
     fprintf(stderr, "apex-train: %s: %s/state.safetensors is corrupted (its checksum does not match)\n", ckpt_ctx, where);
     goto done;
   }
+  int regroup = resume_regroups(cfg, values, where);
+  if (regroup < 0) goto done;
   char shown[64];
   for (int i = 0; i < cfg->n; i++)
     if (!config_matches(cfg, i, values[i], shown, sizeof shown)) {
+      if (regroup && (strcmp(cfg->key[i], "world_size") == 0 || strcmp(cfg->key[i], "batch_size") == 0)) continue;
       /* Evaluating or sampling trains nothing: any number of processes may load a checkpoint for it. */
       if (strcmp(ckpt_ctx, "--resume") != 0 && strcmp(cfg->key[i], "world_size") == 0) continue;
       /* The world size is not a flag: say how to get the checkpoint's. */

@@ -373,7 +373,7 @@ static apex_optimizer *zero_full(run *r) {
 /* Collective, after the ranks agree on their setup: --zero's sharded optimizer (masters from the
  * values before amp's cast), which takes the loaded checkpoint's state when there is one. */
 static int zero_wrap(run *r, dist *ds) {
-  if (shard_create(&r->zs, ds->pg, &r->tm, r->zvals, r->zs.kind, &r->zs.oo, r->zs.stage) != 0) return 1;
+  if (shard_create(&r->zs, ds->pg, &r->tm, r->g, r->zvals, r->zs.kind, &r->zs.oo, r->zs.stage) != 0) return 1;
   shard_snapshot_free(r->zvals, &r->tm);
   r->zvals = NULL;
   int loaded = r->a.resume || r->a.eval_only || r->a.sample;

@@ -39,7 +39,7 @@ static apex_status reduce_overflow(void *ctx, int *flag) {
   return st;
 }
 
-int shard_create(shard *s, apex_pg *pg, train_model *tm, apex_tensor *const *vals, apex_optim_kind kind,
+int shard_create(shard *s, apex_pg *pg, train_model *tm, apex_graph *g, apex_tensor *const *vals, apex_optim_kind kind,
                  const apex_optim_options *oo, int stage) {
   size_t n = apex_model_num_params(tm->m);
   apex_tensor **ps = malloc(n * sizeof *ps), **gs = malloc(n * sizeof *gs);
@@ -50,9 +50,16 @@ int shard_create(shard *s, apex_pg *pg, train_model *tm, apex_tensor *const *val
   s->kind = kind;
   s->oo = *oo;
   s->stage = stage;
-  s->z = ps && gs ? apex_zero_create(pg, ps, gs, (int)n, kind, oo, &(apex_zero_options){.stage = stage, .master_values = vals, .amp_unscale = 1}) : NULL;
+  /* The reduce-scatter runs during the backward, bucket by bucket, as DDP's all-reduce does. */
+  s->z = ps && gs ? apex_zero_create(pg, ps, gs, (int)n, kind, oo,
+                                     &(apex_zero_options){.stage = stage, .master_values = vals, .amp_unscale = 1, .overlap = 1})
+                  : NULL;
   free(ps);
   free(gs);
+  if (s->z && apex_zero_attach(s->z, g) != APEX_OK) {
+    apex_zero_destroy(s->z);
+    s->z = NULL;
+  }
   if (!s->z) {
     fprintf(stderr, "apex-train: --zero %d: %s\n", stage, one_line(apex_last_error()));
     return 1;

@@ -3,8 +3,9 @@
  *
  * amp still casts the model, scales the loss and keeps the loss scaler, but manages no optimizer: the
  * shard's optimizer lives in apex_zero. Its f32 masters start from the model's f32 values taken
- * before amp's cast (shard_snapshot), as amp's own masters do, and its amp callbacks reduce-scatter
- * the gradients after each backward (and, with stage 2 between micro-batches, gather them back, as
+ * before amp's cast (shard_snapshot), as amp's own masters do. Each backward reduce-scatters the
+ * gradients bucket by bucket as it finishes them (apex_zero_attach), and amp's callbacks complete that
+ * after each backward (and, with stage 2 between micro-batches, gather them back, as
  * DDP reduces after every micro-batch) and add this rank's shard to the overflow flag amp reduces, so
  * that the steps are the unsharded run's, bit for bit. Checkpoints are the unsharded run's files:
  * saving gathers the shards into one unsharded optimizer (apex_zero_consolidate), loading goes
@@ -32,8 +33,9 @@ typedef struct shard {
 apex_tensor **shard_snapshot(const train_model *tm);
 void shard_snapshot_free(apex_tensor **vals, const train_model *tm);
 /* Collective: the sharded optimizer over the model's parameters (after amp's cast) on pg, masters from
- * vals, and the state sizes above. One line on stderr and non-zero on failure. */
-int shard_create(shard *s, apex_pg *pg, train_model *tm, apex_tensor *const *vals, apex_optim_kind kind,
+ * vals, its reduce-scatter attached to the backward of g, and the state sizes above. One line on
+ * stderr and non-zero on failure. */
+int shard_create(shard *s, apex_pg *pg, train_model *tm, apex_graph *g, apex_tensor *const *vals, apex_optim_kind kind,
                  const apex_optim_options *oo, int stage);
 /* A new unsharded optimizer over the model's parameters with the shard's kind and options, its state
  * fresh: what a checkpoint loads into before apex_zero_load_state. NULL with a message. */

@@ -3,7 +3,7 @@
 #  - refusals, each one apex-train line on stderr, a non-zero exit and no file written: --distributed
 #    outside mpirun, mpirun without --distributed, --sync-bn without --distributed or on a model
 #    without batch norm, resuming a 2-rank checkpoint in one process or a 1-process one on 2 ranks
-#    (the world size is named);
+#    (the global batch, ranks x --batch-size, is named);
 #  - a 2-rank run ends with every rank's training state identical (apex-train compares hashes of the
 #    weights, masters, optimizer and amp state over the ranks) and prints progress, the test
 #    accuracy and the checkpoint once (rank 0 only);
@@ -21,41 +21,17 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 # Open MPI's initialisation leaks by design: LeakSanitizer stays off under mpirun only.
 mpi() { ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" mpirun -np "$@"; }
 
-# bad NAME COMMAND...: refused with one apex-train line on stderr (mpirun adds its own lines about
-# the exit status), a non-zero exit, nothing written or changed under $W. Not test_lib.sh's bad:
-# COMMAND is a whole command line (mpirun or apex-train), and only apex-train's lines count.
-bad() {
-  local name=$1
-  shift
-  local before after rc lines
-  before=$(snapshot)
-  "$@" > "$W/../out.$$" 2> "$W/../err.$$"
-  rc=$?
-  lines=$(grep -c '^apex-train:' "$W/../err.$$")
-  after=$(snapshot)
-  if [ $rc -eq 0 ]; then
-    ko "$name: exit 0 for: $*"
-  elif [ "$lines" -ne 1 ] || grep -q '^apex-train:' "$W/../out.$$"; then
-    ko "$name: $lines apex-train lines on stderr:"; cat "$W/../err.$$" "$W/../out.$$"
-  elif [ "$before" != "$after" ]; then
-    ko "$name: files changed:"; diff <(echo "$before") <(echo "$after") | head
-  else
-    ok "$name (exit $rc): $(grep '^apex-train:' "$W/../err.$$")"
-  fi
-  rm -f "$W/../err.$$" "$W/../out.$$"
-}
-
-bad "--distributed outside mpirun" "$BIN" --distributed --model mlp --steps 1
-bad "--sync-bn without --distributed" "$BIN" --sync-bn --model cnn --steps 1
+bad_run "--distributed outside mpirun" "$BIN" --distributed --model mlp --steps 1
+bad_run "--sync-bn without --distributed" "$BIN" --sync-bn --model cnn --steps 1
 command -v mpirun > /dev/null 2>&1 || skip "mpirun is not on PATH (Debian: apt-get install openmpi-bin)"
 nompi=$("$BIN" --distributed --steps 1 2>&1 || true)   # whole, then grep: no SIGPIPE under pipefail
 grep -q "has no MPI" <<< "$nompi" && skip "this apex-train was built without MPI (APEX_MPI=OFF)"
 [ -f "$FM/train-images-idx3-ubyte.gz" ] || skip "Fashion-MNIST not found in $FM (Debian: apt-get install dataset-fashion-mnist)"
 
 A=(--data "$FM" --model mlp --batch-size 16)
-bad "mpirun without --distributed" mpi 2 "$BIN" "${A[@]}" --steps 2
-bad "--sync-bn on a model without batch norm" mpi 2 "$BIN" "${A[@]}" --distributed --sync-bn --steps 2
-bad "a bad flag, reported once" mpi 2 "$BIN" "${A[@]}" --distributed --opt-level O7
+bad_run "mpirun without --distributed" mpi 2 "$BIN" "${A[@]}" --steps 2
+bad_run "--sync-bn on a model without batch norm" mpi 2 "$BIN" "${A[@]}" --distributed --sync-bn --steps 2
+bad_run "a bad flag, reported once" mpi 2 "$BIN" "${A[@]}" --distributed --opt-level O7
 
 # ---- a run, and bitwise resume with every rank restoring -----------------------------------------------
 mpi 2 "$BIN" "${A[@]}" --distributed --steps 20 --save-every 10 --checkpoint s --log s.jsonl > s.out 2> s.err || { ko "2-rank run"; cat s.err; }
@@ -76,9 +52,9 @@ else
 fi
 
 # ---- the world size is part of the checkpoint's identity ------------------------------------------------
-bad "resume a 2-rank checkpoint in one process" "$BIN" "${A[@]}" --steps 30 --checkpoint s --resume
+bad_run "resume a 2-rank checkpoint in one process" "$BIN" "${A[@]}" --steps 30 --checkpoint s --resume
 "$BIN" "${A[@]}" --steps 2 --checkpoint one > /dev/null || ko "one-process run"
-bad "resume a 1-process checkpoint on 2 ranks" mpi 2 "$BIN" "${A[@]}" --distributed --steps 4 --checkpoint one --resume
+bad_run "resume a 1-process checkpoint on 2 ranks" mpi 2 "$BIN" "${A[@]}" --distributed --steps 4 --checkpoint one --resume
 
 # ---- the CNN with SyncBatchNorm at O2 ---------------------------------------------------------------------
 mpi 2 "$BIN" --data "$FM" --model cnn --batch-size 8 --opt-level O2 --distributed --sync-bn --steps 6 > c.out 2> c.err &&

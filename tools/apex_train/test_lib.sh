@@ -42,6 +42,32 @@ bad() {
   rm -f "$W/../err.$$"
 }
 
+# bad_run NAME COMMAND...: refused with one apex-train line on stderr (mpirun adds its own lines about
+# the exit status), a non-zero exit, nothing written or changed under $W. Unlike bad,
+# COMMAND is a whole command line (mpirun or apex-train), and only apex-train's lines count. Sets
+# LAST_ERR to them.
+bad_run() {
+  local name=$1
+  shift
+  local before after rc lines
+  before=$(snapshot)
+  "$@" > "$W/../out.$$" 2> "$W/../err.$$"
+  rc=$?
+  lines=$(grep -c '^apex-train:' "$W/../err.$$")
+  LAST_ERR=$(grep '^apex-train:' "$W/../err.$$")
+  after=$(snapshot)
+  if [ $rc -eq 0 ]; then
+    ko "$name: exit 0 for: $*"
+  elif [ "$lines" -ne 1 ] || grep -q '^apex-train:' "$W/../out.$$"; then
+    ko "$name: $lines apex-train lines on stderr:"; cat "$W/../err.$$" "$W/../out.$$"
+  elif [ "$before" != "$after" ]; then
+    ko "$name: files changed:"; diff <(echo "$before") <(echo "$after") | head
+  else
+    ok "$name (exit $rc): $(grep '^apex-train:' "$W/../err.$$")"
+  fi
+  rm -f "$W/../err.$$" "$W/../out.$$"
+}
+
 # skip REASON: the parts that need something absent are skipped; exit 77 (ctest's SKIP) when every
 # check so far passed, 1 otherwise.
 skip() {

@@ -7,6 +7,9 @@
 #    but the timings, and model.safetensors, optimizer.bin, state.safetensors compared with cmp);
 #  - an unsharded checkpoint resumed with --zero 2 and a --zero 2 checkpoint resumed without --zero
 #    both end where 10 straight unsharded steps end (the files are one format);
+#  - resume at another number of ranks: a 2-rank --zero 2 checkpoint (2 x 6 sequences) resumed with
+#    --zero 2 on 3 ranks (x 4) and on 1 (x 12) ends where the unsharded run resumed the same way ends,
+#    bit for bit; another global batch is refused in one line naming the --batch-size to give;
 #  - the progress line names the optimizer state each rank holds;
 #  - a --zero 2 checkpoint of 2 ranks evaluates in one process (--eval-only loads at any world size);
 #  - the CNN with --sync-bn at O2 (f16 and f32 parameters) matches too, where Fashion-MNIST is installed.
@@ -60,6 +63,27 @@ same "unsharded steps 1-5, --zero 2 steps 6-10" d d_tail.jsonl r1 r1.jsonl 10
 from_step z r2 5
 mpi 2 "$BIN" "${F[@]}" --checkpoint r2 --resume --log r2.jsonl > /dev/null 2> r2.err || { ko "unsharded run resuming a --zero 2 checkpoint"; cat r2.err; }
 same "--zero 2 steps 1-5, unsharded steps 6-10" d d_tail.jsonl r2 r2.jsonl 10
+
+# ---- resume at another number of ranks, the global batch kept --------------------------------------------
+# 2 ranks of 6 sequences save at step 5; 3 ranks of 4 and one process of 12 resume. The reference is the
+# unsharded run resumed from the same checkpoint at the new size (the batch is split otherwise, so the
+# bits are the new size's, not the old one's).
+RW=(--model gpt --epochs 1 --seq-len 32 --opt-level O2 --clip-grad-norm 0.5 --steps 10)
+mpi 2 "$BIN" "${RW[@]}" --batch-size 6 --distributed --zero 2 --save-every 5 --checkpoint w 2> w.err > /dev/null ||
+  { ko "--zero 2 run of 2 x 6"; cat w.err; }
+for d in w3z w3d w1z w1d; do from_step w $d 5; done
+mpi 3 "$BIN" "${RW[@]}" --batch-size 4 --distributed --zero 2 --checkpoint w3z --resume --log w3z.jsonl > w3z.out 2> w3z.err ||
+  { ko "--zero 2 resumed on 3 ranks"; cat w3z.err; }
+mpi 3 "$BIN" "${RW[@]}" --batch-size 4 --distributed --checkpoint w3d --resume --log w3d.jsonl > /dev/null 2> w3d.err || { ko "unsharded resumed on 3 ranks"; cat w3d.err; }
+same "a 2-rank --zero 2 checkpoint resumed on 3 ranks (x 4) with --zero 2, as unsharded on 3" w3d w3d.jsonl w3z w3z.jsonl 10
+grep -q "identical on all 3 ranks" w3z.out && ok "2 -> 3 ranks: every rank's state identical" || ko "2 -> 3 ranks: no identical-state line"
+mpi 1 "$BIN" "${RW[@]}" --batch-size 12 --distributed --zero 2 --checkpoint w1z --resume --log w1z.jsonl > /dev/null 2> w1z.err ||
+  { ko "--zero 2 resumed on 1 rank"; cat w1z.err; }
+"$BIN" "${RW[@]}" --batch-size 12 --checkpoint w1d --resume --log w1d.jsonl > /dev/null 2> w1d.err || { ko "one process resumed"; cat w1d.err; }
+same "a 2-rank --zero 2 checkpoint resumed on 1 rank (x 12) with --zero 2, as one plain process" w1d w1d.jsonl w1z w1z.jsonl 10
+bad_run "resume 2 x 6 on 3 ranks of 6 (another global batch)" mpi 3 "$BIN" "${RW[@]}" --batch-size 6 --distributed --zero 2 --checkpoint w --resume
+grep -q "resume with --batch-size 4" <<< "$LAST_ERR" && ok "the refusal names --batch-size 4" || ko "the refusal does not name --batch-size 4: $LAST_ERR"
+bad_run "resume 2 x 6 on 5 ranks (no batch size fits)" mpi 5 "$BIN" "${RW[@]}" --batch-size 2 --distributed --zero 2 --checkpoint w --resume
 
 # ---- a checkpoint of 2 sharded ranks evaluates in one process ---------------------------------------------
 "$BIN" --eval-only --checkpoint z > e1.out 2> e1.err || { ko "--eval-only of a --zero 2 checkpoint in one process"; cat e1.err; }
