@@ -65,7 +65,8 @@ static void index_api_on(apex_device dev) {
   assert_int_equal(apex_index_ndim(ix), 2);
   assert_int_equal(apex_index_dim(ix, 0), B);
   assert_int_equal(apex_index_dim(ix, 1), T);
-  assert_int_equal(apex_index_dim(ix, 2), 0);
+  assert_int_equal(apex_index_dim(ix, 2), -1);
+  tu_assert_message("dimension 2 of an index of 2");
   assert_int_equal(apex_index_numel(ix), B * T);
   assert_int_equal(apex_index_bound(ix), V);
   int64_t v[B * T], back[B * T];
@@ -100,8 +101,11 @@ static void index_api_on(apex_device dev) {
   assert_null(apex_index_create_on(dev, 2, shape, 0));
   tu_assert_message("bound 0");
   assert_null(apex_index_create_on((apex_device)42, 2, shape, V));
-  assert_int_equal(apex_index_numel(NULL), 0);
-  assert_int_equal(apex_index_bound(NULL), 0);
+  assert_int_equal(apex_index_numel(NULL), -1);
+  tu_assert_message("apex_index_numel: NULL index");
+  assert_int_equal(apex_index_bound(NULL), -1);
+  assert_int_equal(apex_index_ndim(NULL), -1);
+  assert_int_equal(apex_index_device(NULL), APEX_DEVICE_NONE);
   /* an empty index sets and gets nothing */
   apex_index *e = apex_index_create_on(dev, 1, (int64_t[]){0}, 4);
   assert_non_null(e);

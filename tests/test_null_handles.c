@@ -109,6 +109,19 @@ static int call_cnn_create(void) { return apex_cnn_create(NULL, NULL) == NULL ? 
 static int call_gpt_create(void) { return apex_gpt_create(NULL, NULL) == NULL ? 0 : 1; }
 static int call_gpt_forward(void) { return apex_gpt_forward(NULL, NULL, NULL, 0, 0) == NULL ? 0 : 1; }
 static int call_gpt_loss(void) { return apex_gpt_loss(NULL, NULL, NULL, NULL, 0, 0) == NULL ? 0 : 1; }
+static int call_gpt_forward_index(void) { return apex_gpt_forward_index(NULL, NULL, NULL) == NULL ? 0 : 1; }
+static int call_gpt_loss_index(void) { return apex_gpt_loss_index(NULL, NULL, NULL, NULL) == NULL ? 0 : 1; }
+static int call_embedding_forward_index(void) { return apex_embedding_forward_index(NULL, NULL, NULL) == NULL ? 0 : 1; }
+static int call_embedding_index(void) { return apex_embedding_index(NULL, NULL, NULL) == NULL ? 0 : 1; }
+static int call_cross_entropy_index(void) { return apex_cross_entropy_index(NULL, NULL, NULL, NULL) == NULL ? 0 : 1; }
+static int call_linear_cross_entropy_index(void) { return apex_linear_cross_entropy_index(NULL, NULL, NULL, NULL, NULL, 0) == NULL ? 0 : 1; }
+static int call_index_destroy(void) { apex_index_destroy(NULL); return 0; }
+static int call_index_device(void) { return apex_index_device(NULL) == APEX_DEVICE_NONE ? 0 : 1; }
+static int call_index_ndim(void) { return apex_index_ndim(NULL) == -1 ? 0 : 1; }
+static int call_index_dim(void) { return apex_index_dim(NULL, 0) == -1 ? 0 : 1; }
+static int call_index_numel(void) { return apex_index_numel(NULL) == -1 ? 0 : 1; }
+static int call_index_bound(void) { return apex_index_bound(NULL) == -1 ? 0 : 1; }
+static int call_captured_step_destroy(void) { apex_captured_step_destroy(NULL); return 0; }
 static int call_gpt_sizes(void) { return apex_gpt_sizes(NULL, NULL) == APEX_ERR_INVALID_ARG ? 0 : 1; }
 static int call_gpt_hf_sizes(void) { return apex_gpt_hf_sizes(NULL, NULL) == APEX_ERR_INVALID_ARG ? 0 : 1; }
 static int call_gpt_load_hf(void) { return apex_gpt_load_hf(NULL, NULL, NULL, NULL) == APEX_ERR_INVALID_ARG ? 0 : 1; }
@@ -320,6 +333,19 @@ static const struct { const char *name; int (*call)(void); } calls[] = {
     {"apex_gpt_forward", call_gpt_forward},
     {"apex_gpt_loss", call_gpt_loss},
     {"apex_gpt_sizes", call_gpt_sizes},
+    {"apex_gpt_forward_index", call_gpt_forward_index},
+    {"apex_gpt_loss_index", call_gpt_loss_index},
+    {"apex_embedding_forward_index", call_embedding_forward_index},
+    {"apex_embedding_index", call_embedding_index},
+    {"apex_cross_entropy_index", call_cross_entropy_index},
+    {"apex_linear_cross_entropy_index", call_linear_cross_entropy_index},
+    {"apex_index_destroy", call_index_destroy},
+    {"apex_index_device", call_index_device},
+    {"apex_index_ndim", call_index_ndim},
+    {"apex_index_dim", call_index_dim},
+    {"apex_index_numel", call_index_numel},
+    {"apex_index_bound", call_index_bound},
+    {"apex_captured_step_destroy", call_captured_step_destroy},
     {"apex_gpt_hf_sizes", call_gpt_hf_sizes},
     {"apex_gpt_load_hf", call_gpt_load_hf},
     {"apex_gpt_save_hf", call_gpt_save_hf},

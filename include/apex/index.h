@@ -43,13 +43,14 @@ APEX_API apex_status apex_index_set(apex_index *ix, const int64_t *values, int64
  * NULL arguments or n other than the element count. */
 APEX_API apex_status apex_index_get(const apex_index *ix, int64_t *out, int64_t n);
 
+/* The device (APEX_DEVICE_NONE for NULL). */
 APEX_API apex_device apex_index_device(const apex_index *ix);
-/* Dimensions and extents (0 / 0 for NULL or out of range). */
+/* Dimensions and extents; -1 with a message for NULL or a dimension out of range, as the tensors'. */
 APEX_API int apex_index_ndim(const apex_index *ix);
 APEX_API int64_t apex_index_dim(const apex_index *ix, int d);
-/* The element count (0 for NULL). */
+/* The element count (-1 with a message for NULL). */
 APEX_API int64_t apex_index_numel(const apex_index *ix);
-/* The bound every value is below (0 for NULL). */
+/* The bound every value is below (-1 with a message for NULL). */
 APEX_API int64_t apex_index_bound(const apex_index *ix);
 
 #ifdef __cplusplus

@@ -64,8 +64,19 @@ apex_status apex_index_get(const apex_index *ix, int64_t *out, int64_t n) {
   return ix->mem->copy(out, ix->data, (size_t)n * sizeof *out, APEX_COPY_D2H, 1);
 }
 
-apex_device apex_index_device(const apex_index *ix) { return ix ? ix->mem->device : APEX_DEVICE_CPU; }
-int apex_index_ndim(const apex_index *ix) { return ix ? ix->ndim : 0; }
-int64_t apex_index_dim(const apex_index *ix, int d) { return ix && d >= 0 && d < ix->ndim ? ix->shape[d] : 0; }
-int64_t apex_index_numel(const apex_index *ix) { return ix ? ix->numel : 0; }
-int64_t apex_index_bound(const apex_index *ix) { return ix ? ix->bound : 0; }
+/* 1, or 0 after the message that fn got a NULL index. */
+static int have(const apex_index *ix, const char *fn) {
+  if (!ix) apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL index", fn);
+  return ix != NULL;
+}
+
+apex_device apex_index_device(const apex_index *ix) { return ix ? ix->mem->device : APEX_DEVICE_NONE; }
+int apex_index_ndim(const apex_index *ix) { return have(ix, __func__) ? ix->ndim : -1; }
+int64_t apex_index_dim(const apex_index *ix, int d) {
+  if (!have(ix, __func__)) return -1;
+  if (d < 0 || d >= ix->ndim)
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex_index_dim: dimension %d of an index of %d", d, ix->ndim), -1;
+  return ix->shape[d];
+}
+int64_t apex_index_numel(const apex_index *ix) { return have(ix, __func__) ? ix->numel : -1; }
+int64_t apex_index_bound(const apex_index *ix) { return have(ix, __func__) ? ix->bound : -1; }

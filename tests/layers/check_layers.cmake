@@ -25,13 +25,13 @@ endif()
 # Public header -> layer. apex.h includes every header, so it stands with the last layer.
 set(_public_layers
   status.h=core dtype.h=core tensor.h=core rng.h=core threads.h=core cpu.h=core version.h=core
-  cuda.h=backend kernels.h=backend mt_apply.h=backend
+  cuda.h=backend kernels.h=backend mt_apply.h=backend index.h=backend
   multi_tensor.h=multi_tensor
   optim_options.h=backend loss_scaler_config.h=backend
   optim.h=optim loss_scaler.h=optim
   autograd.h=autograd nn_ops.h=autograd
   nn.h=nn models.h=nn
-  amp.h=amp amp_config.h=amp fp16_optimizer.h=amp
+  amp.h=amp amp_config.h=amp fp16_optimizer.h=amp capture.h=amp
   parallel.h=parallel ddp.h=parallel zero.h=parallel
   safetensors.h=io model_io.h=io data.h=io gpt_hf.h=io
   apex.h=io)

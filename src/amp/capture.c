@@ -1,4 +1,5 @@
-/* capture.c: a training step recorded once and replayed (capture.h). The recording itself is the
+/* capture.c: a training step recorded once and replayed (capture.h), in the amp layer since a step is
+ * amp's and its optimizers', whose options it watches. The recording itself is the
  * device's (its services' capture_begin/_end: a CUDA graph of apex's stream, with the allocator keeping
  * the blocks the graph replays on); here are the first run, the optimizers whose options the recorded
  * kernels hold (all but the learning rate, which they read from the device), and the CPU's plain replay. */
