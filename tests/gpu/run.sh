@@ -45,6 +45,12 @@ key_gpt2() { # the library's GPT-2 (bench_gpt2_stack): tokens/s with its ratio, 
   awk '$1 == "bench" && $2 ~ /gpt2_stack_bf16_(tokens_per_s|mfu|host_waits_per_step|eager_tokens_per_s)$/ && $3 != "failed:" {printf "%s %s %s; ", substr($2, 17), $3, $4}' "$f"
   grep -m1 -E 'skipped|failed' "$f" | cut -c1-100
 }
+key_profile() { # the host's microseconds per backward call of the costliest op kinds (APEX_BACKWARD_PROFILE)
+  local f=$1
+  awk '$1 == "#" && $NF == "call" && $(NF-1) == "a" {printf "%s %s\n", $(NF-3), $2}' "$f" | sort -gr | head -4 |
+    awk '{printf "%s %.0f us; ", $2, $1}'
+  grep -m1 -E '# APEX_BACKWARD_PROFILE' "$f" | sed 's/.*, \(.*\) in all/all \1/'
+}
 key_parity() { # the largest relative loss difference over the steps, apex / torch at the last, the verdict
   local f=$1
   awk '$1 == "bench" && $2 ~ /loss_parity$/ {printf "max rel %s %s; ", $3, $5}' "$f"
@@ -182,6 +188,8 @@ tps_of() { awk '$1 == "bench" && $2 == "gpt2_stack_bf16_tokens_per_s" && $3 != "
 tps=$(tps_of "$L/gpt2_stack.log")
 step gpt2_torch ${GPT2_TORCH_CAP:-60} bench key_bench python3 "$G/src/bench/peer_gpt2.py" "$B" ${tps:+--apex-tokens-per-s $tps} \
   --modes "${GPT2_MODES:-eager}" --compile-timeout ${GPT2_COMPILE_TIMEOUT:-40}
+# the host's time per op kind in the library's backward (issue #31: microseconds, not hundreds), eager steps
+step gpt2_host_profile 40 bench key_profile env APEX_BACKWARD_PROFILE=1 "$B/bench/bench_gpt2_stack" --steps 3 --warmup 1
 # apex's GPT-2 and PyTorch's from the same initial weights on the same batch: 13 bf16 steps, every loss within 1%
 # (gpt2_loss_dump writes GPT-2 small's weights, 500 MB, to a temporary directory that the script removes)
 step gpt2_loss_parity 60 test key_parity python3 "$G/src/bench/gpt2_loss_parity.py" --apex "$B/bench/gpt2_loss_dump"
