@@ -2,6 +2,7 @@
 #include "capture_step.h"
 
 #include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -33,8 +34,8 @@ void captured_step_free(captured_step *k) {
   *k = (captured_step){0};
 }
 
-int captured_step_init(captured_step *k, step_ctx *c) {
-  *k = (captured_step){.c = c};
+int captured_step_init(captured_step *k, step_ctx *c, int measure_norm) {
+  *k = (captured_step){.c = c, .measure_norm = measure_norm};
   size_t n = (size_t)c->accum;
   int gpt = c->tm->kind == MODEL_GPT;
   k->ids = calloc(n, sizeof *k->ids);
@@ -141,9 +142,10 @@ int captured_step_run(captured_step *k, long pos, long step, step_result *out) {
   /* The norm the log shows, measured here, outside the recorded work, from the gradients the step left
    * (it zeroes them at its start): the optimizer reads them without writing them, so they are the ones
    * the eager step measures before its optimizer step. A bound no finite norm exceeds sets no clipping
-   * coefficient, so the next step is not changed by the measure. */
-  float norm = 0;
-  if (apex_amp_clip_grad_norm(c->amp, c->opt, FLT_MAX, &norm) != APEX_OK) {
+   * coefficient, so the next step is not changed by the measure. Only a log reads it: without one the
+   * pass over the gradients (out of the caches by now, after the optimizer's) is not made. */
+  float norm = NAN;
+  if (k->measure_norm && apex_amp_clip_grad_norm(c->amp, c->opt, FLT_MAX, &norm) != APEX_OK) {
     fprintf(stderr, "apex-train: gradient norm at step %ld: %s\n", step, one_line(apex_last_error()));
     return 1;
   }

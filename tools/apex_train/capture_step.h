@@ -9,7 +9,7 @@
  * targets, or an input tensor of images (uploaded through device.h's staging) and an index of their
  * labels; each micro-batch's loss is copied into a fixed device tensor. What the log shows is read
  * after the replay, outside the recorded work: the losses, whether the step was skipped (the loss
- * scaler's count of skipped steps moved), and the gradient norm (see captured_step_run).
+ * scaler's count of skipped steps moved), and, for the JSON log, the gradient norm (captured_step_run).
  *
  * The result is the eager step's (step.h) bit for bit: the same calls on the same values, in the same
  * order. A run that cannot capture steps eagerly (captured_step_refusal): --distributed's hooks and
@@ -39,15 +39,17 @@ typedef struct captured_step {
   int64_t skipped;            /* the loss scaler's count of skipped steps after the last step */
   int runs, first_ok;         /* calls of the step function; the first one succeeded */
   int eager;                  /* the capture failed on this device: the run steps eagerly from here */
+  int measure_norm;           /* measure the gradient norm after each step (the log shows it) */
 } captured_step;
 
 /* Why the run in a cannot use a captured step ("--no-capture", "--clip-grad-norm: ..."), or NULL
  * when it can. */
 const char *captured_step_refusal(const train_args *a);
 
-/* Makes the step's buffers and graph for c (allocated by step_ctx_alloc). Non-zero, with one line on
- * stderr, on failure; k is then freed. */
-int captured_step_init(captured_step *k, step_ctx *c);
+/* Makes the step's buffers and graph for c (allocated by step_ctx_alloc); measure_norm: the run writes
+ * a log, which shows each step's gradient norm (otherwise nothing reads it, and step_result.grad_norm
+ * is NaN). Non-zero, with one line on stderr, on failure; k is then freed. */
+int captured_step_init(captured_step *k, step_ctx *c, int measure_norm);
 /* Frees what init made (the captured step first: its graph replays on them). */
 void captured_step_free(captured_step *k);
 

@@ -481,7 +481,7 @@ static int train(run *r, dist *ds, long *end) {
   /* The step is captured once and replayed (capture_step.h) unless the run needs the host inside it. */
   const char *eager_why = captured_step_refusal(a);
   captured_step cap = {0};
-  if (!failed && !eager_why) failed = captured_step_init(&cap, &sc) != 0;
+  if (!failed && !eager_why) failed = captured_step_init(&cap, &sc, r->rep && a->log) != 0;
   for (; !failed && s < stop; s++) {
     long epoch = s / spe, pos = s % spe;
     if (dataset_order(&r->d, (uint64_t)a->seed, epoch) != 0) {
