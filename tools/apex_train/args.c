@@ -74,6 +74,11 @@ static const flag flags[] = {
      "or gpt: eval_perplexity, and at the end of a split run step, test_loss, test_accuracy; "
      "Inf and NaN as null) to FILE, and at the end its loss curve to FILE's name with .svg (see `apex-train plot -h`)"},
     {"device", T_STR, F(device), "cpu", "cpu cuda", 0, "where to train"},
+    {"no-capture", T_SWITCH, F(no_capture), "off", NULL, 0,
+     "run every step eagerly instead of capturing it: by default the first step is captured (on a GPU one CUDA graph "
+     "that each later step replays; on the CPU the same calls run each step) and the checkpoints are the eager run's, byte for "
+     "byte; --distributed, --zero and --clip-grad-norm step eagerly anyway (they agree on an overflow, or compute the clip "
+     "coefficient, on the host)"},
     {"distributed", T_SWITCH, F(distributed), "off", NULL, 0,
      "data-parallel training on the ranks of `mpirun -np N`: each rank trains on its shard of every step, --batch-size "
      "is per rank (the global batch is N times it)"},

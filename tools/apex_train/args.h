@@ -30,6 +30,7 @@ typedef struct train_args {
   int resume;
   const char *log;          /* JSON-lines file or NULL */
   const char *device;       /* cpu | cuda */
+  int no_capture;           /* step eagerly, never through a captured step (capture_step.h) */
   int distributed;          /* data-parallel over the ranks mpirun started (dist.h) */
   int sync_bn;              /* --distributed: batch norm statistics over every rank's batch */
   long zero;                /* --distributed: 0, or the ZeRO stage 1 or 2 (shard.h) */

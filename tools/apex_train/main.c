@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "capture_step.h"
 #include "checkpoint.h"
 #include "dataset.h"
 #include "device.h"
@@ -477,6 +478,10 @@ static int train(run *r, dist *ds, long *end) {
   long K = a->grad_accum; /* micro-batches per step */
   int failed = step_ctx_alloc(&sc) != 0;
   if (failed) fprintf(stderr, "apex-train: out of memory for the batch\n");
+  /* The step is captured once and replayed (capture_step.h) unless the run needs the host inside it. */
+  const char *eager_why = captured_step_refusal(a);
+  captured_step cap = {0};
+  if (!failed && !eager_why) failed = captured_step_init(&cap, &sc, r->rep && a->log) != 0;
   for (; !failed && s < stop; s++) {
     long epoch = s / spe, pos = s % spe;
     if (dataset_order(&r->d, (uint64_t)a->seed, epoch) != 0) {
@@ -488,7 +493,8 @@ static int train(run *r, dist *ds, long *end) {
     if (r->zs.z) apex_zero_set_lr(r->zs.z, lr);
     else apex_optimizer_set_lr(r->opt, 0, lr);
     step_result res;
-    if (train_step(&sc, pos, s + 1, &res) != 0) {
+    int captured = !eager_why && !cap.eager;
+    if ((captured ? captured_step_run(&cap, pos, s + 1, &res) : train_step(&sc, pos, s + 1, &res)) != 0) {
       failed = 1;
       break;
     }
@@ -551,9 +557,12 @@ static int train(run *r, dist *ds, long *end) {
     char gpu[64] = "";
     device_memory(r->dev, &mem, &peak);
     if (peak > 0) snprintf(gpu, sizeof gpu, ", GPU memory peak %.2f GB", peak / 1e9);
-    printf("apex-train: %ld steps in %.1f s (%s), %ld skipped%s\n", s - first, train_s, rates,
-           (long)apex_loss_scaler_get_state(scaler).skipped, gpu);
+    char mode[128] = "captured step";
+    if (eager_why || cap.eager) snprintf(mode, sizeof mode, "eager step (%s)", eager_why ? eager_why : "the capture failed");
+    printf("apex-train: %ld steps in %.1f s (%s), %ld skipped%s, %s\n", s - first, train_s, rates,
+           (long)apex_loss_scaler_get_state(scaler).skipped, gpu, mode);
   }
+  captured_step_free(&cap);
   step_ctx_free(&sc);
   return failed;
 }

@@ -54,3 +54,22 @@ apex_var *model_forward_text(train_model *tm, apex_graph *g, const int64_t *ids,
 apex_var *model_loss_text(train_model *tm, apex_graph *g, const int64_t *ids, const int64_t *targets, int64_t B, int64_t T) {
   return apex_gpt_loss(tm->net, g, ids, targets, B, T);
 }
+
+apex_var *model_loss_text_index(train_model *tm, apex_graph *g, const apex_index *ids, const apex_index *targets) {
+  return apex_gpt_loss_index(tm->net, g, ids, targets);
+}
+
+/* The logits of a batch tensor (NULL when x is: a failed upload). */
+static apex_var *image_logits(train_model *tm, apex_amp *amp, apex_graph *g, apex_tensor *x) {
+  return x ? model_forward_images(tm, amp, g, apex_graph_input(g, x, 0)) : NULL;
+}
+
+apex_var *model_loss_images(train_model *tm, apex_amp *amp, apex_graph *g, apex_tensor *x, const int64_t *labels) {
+  apex_var *logits = image_logits(tm, amp, g, x);
+  return logits ? apex_cross_entropy(g, logits, labels, NULL) : NULL;
+}
+
+apex_var *model_loss_images_index(train_model *tm, apex_amp *amp, apex_graph *g, apex_tensor *x, const apex_index *labels) {
+  apex_var *logits = image_logits(tm, amp, g, x);
+  return logits ? apex_cross_entropy_index(g, logits, labels, NULL) : NULL;
+}

@@ -43,6 +43,14 @@ apex_var *model_forward_text(train_model *tm, apex_graph *g, const int64_t *ids,
  * op (apex_gpt_loss): what training and evaluation run. */
 apex_var *model_loss_text(train_model *tm, apex_graph *g, const int64_t *ids, const int64_t *targets, int64_t B, int64_t T);
 
+/* gpt: model_loss_text with the ids and targets in indexes on the model's device (apex_gpt_loss_index):
+ * the same bits, and nothing read from the host, as a captured step needs (capture_step.h). */
+apex_var *model_loss_text_index(train_model *tm, apex_graph *g, const apex_index *ids, const apex_index *targets);
+/* mlp/cnn: the mean cross entropy (f32 []) of images x (a tensor on the model's device) against the
+ * class labels[N] on the host, or (_index) an index of them on the device, the same bits. */
+apex_var *model_loss_images(train_model *tm, apex_amp *amp, apex_graph *g, apex_tensor *x, const int64_t *labels);
+apex_var *model_loss_images_index(train_model *tm, apex_amp *amp, apex_graph *g, apex_tensor *x, const apex_index *labels);
+
 /* mlp | cnn | gpt. */
 const char *model_kind_name(model_kind kind);
 

@@ -64,6 +64,17 @@ static int zero_step(step_ctx *c, float scale, long step, double sum, step_resul
   return 0;
 }
 
+apex_status step_backward(const step_ctx *c, apex_graph *g, apex_var *loss, long k, apex_amp_backward_options *bo) {
+  /* The step's loss is the mean over its micro-batches: each backward carries 1 / accum of it. */
+  if (c->accum > 1) loss = apex_scale(g, loss, 1.0f / (float)c->accum);
+  apex_status st = loss ? APEX_OK : apex_last_status();
+  bo->delay_unscale = k + 1 < c->accum;
+  if (st == APEX_OK) st = apex_amp_backward(c->amp, loss, 0, bo);
+  apex_graph_reset(g);
+  /* A non-finite loss or an overflow (at the minimum scale too) skips the step. */
+  return st == APEX_ERR_NONFINITE ? APEX_OK : st;
+}
+
 int train_step(step_ctx *c, long pos, long step, step_result *out) {
   apex_graph *g = c->g;
   apex_amp_backward_options bo = {0};
@@ -81,30 +92,22 @@ int train_step(step_ctx *c, long pos, long step, step_result *out) {
       loss = model_loss_text(c->tm, g, c->ids, c->labels, c->B, c->T);
     } else {
       dataset_image_batch(c->d, micro, c->B, device_batch_host(&c->x), c->labels);
-      apex_tensor *x = device_batch_upload(&c->x);
-      apex_var *logits = x ? model_forward_images(c->tm, c->amp, g, apex_graph_input(g, x, 0)) : NULL;
-      loss = logits ? apex_cross_entropy(g, logits, c->labels, NULL) : NULL;
+      loss = model_loss_images(c->tm, c->amp, g, device_batch_upload(&c->x), c->labels);
     }
     /* On the CPU the loss is read at once (it costs nothing); on a GPU a queued copy keeps it, read
      * after the step is queued, so that the host does not wait for each micro-batch's forward. */
     double lv = 0;
     if (loss && c->dev == APEX_DEVICE_CPU) lv = apex_var_item(loss);
     else if (loss && !(c->losses[k] = apex_tensor_clone(apex_var_value(loss)))) loss = NULL;
-    /* The step's loss is the mean over its micro-batches: each backward carries 1 / accum of it. */
-    if (loss && c->accum > 1) loss = apex_scale(g, loss, 1.0f / (float)c->accum);
     if (!loss) {
       fprintf(stderr, "apex-train: forward failed at step %ld: %s\n", step, one_line(apex_last_error()));
+      apex_graph_reset(g);
       failed = 1;
       break;
     }
     sum += lv;
-    bo.delay_unscale = k + 1 < c->accum;
-    if (c->zs) c->zs->last = !bo.delay_unscale;
-    apex_status st = apex_amp_backward(c->amp, loss, 0, &bo);
-    apex_graph_reset(g);
-    /* A non-finite loss or an overflow (at the minimum scale too) skips the step; whether the run
-     * diverged is the bad-step rule's to say (divergence.h). */
-    if (st != APEX_OK && st != APEX_ERR_NONFINITE) {
+    if (c->zs) c->zs->last = k + 1 == c->accum;
+    if (step_backward(c, g, loss, k, &bo) != APEX_OK) {
       fprintf(stderr, "apex-train: backward failed at step %ld: %s\n", step, one_line(apex_last_error()));
       failed = 1;
     }

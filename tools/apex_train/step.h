@@ -46,4 +46,12 @@ void step_ctx_free(step_ctx *c);
  * accum - 1 of the current epoch. Prints one line and returns non-zero on failure. */
 int train_step(step_ctx *c, long pos, long step, step_result *out);
 
+/* The backward of micro-batch k (0-based) of a step, on graph g (the eager step's c->g, or the
+ * captured step's own: capture_step.h): the loss scaled by 1 / accum (the step's loss is the mean of
+ * its micro-batches'), amp's backward with delay_unscale on all but the last micro-batch (bo holds
+ * the data-parallel hooks, or is zero), then g reset for the next forward. APEX_OK also for a
+ * non-finite loss or an overflow: amp then skips the step, and whether the run diverged is the
+ * bad-step rule's to say (divergence.h). Otherwise the failure, with apex's message. */
+apex_status step_backward(const step_ctx *c, apex_graph *g, apex_var *loss, long k, apex_amp_backward_options *bo);
+
 #endif

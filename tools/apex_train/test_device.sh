@@ -11,7 +11,9 @@
 #    CPU and a CPU checkpoint on the GPU with the same test accuracy (0.2 points: the same weights,
 #    each device's own rounding), and a CPU checkpoint resumes on the GPU; --init-from a GPU
 #    checkpoint's weights; --eval-every, --log and the plot on the GPU; the progress line shows tok/s
-#    and the GPU's memory.
+#    and the GPU's memory, and the summary "captured step" (the eager step's rate beside it);
+#  - the captured step (the default) on the GPU against --no-capture, byte for byte: the GPT at O0, O2 bf16
+#    (--grad-accum 2) and O2 f16, 20 steps saved at 10 and 20 and resumed from 10, and the MLP at O2 bf16.
 # Each GPU check prints one PASS/FAIL line with its numbers, so that one run on a GPU tells.
 . "$(dirname "$0")/test_lib.sh" "$1"
 CUDA_BUILD=${2:-1}
@@ -89,13 +91,43 @@ for cfg in "O0 f16 1e-3" "O2 bf16 3e-2"; do
   "$BIN" "${G[@]}" --opt-level "$1" --cast-type "$2" --threads "$CPU_THREADS" --log c-$1.jsonl > c-$1.txt 2>&1 || flunk "gpt $1 on the CPU: $(tail -2 c-$1.txt)"
   cmp_losses "gpt $1 $2 losses" g-$1.jsonl c-$1.jsonl "$3" || fails=$((fails + 1))
 done
-# The plain progress line (every 100 steps off a terminal) names tok/s and the GPU's memory.
+# The plain progress line (every 100 steps off a terminal) names tok/s and the GPU's memory; the summary
+# says the step was captured. The same run with --no-capture gives the eager step's rate beside it.
 "$BIN" "${G[@]}" --steps 100 --device cuda > line.txt 2>&1
-if grep -q "tok/s.*gpu [0-9.]*/[0-9.]* GB" line.txt && grep -q "tokens/s.*GPU memory peak" line.txt; then
-  pass "progress line: $(grep 'step 100/100' line.txt)"
+"$BIN" "${G[@]}" --steps 100 --device cuda --no-capture > line-eager.txt 2>&1
+if grep -q "tok/s.*gpu [0-9.]*/[0-9.]* GB" line.txt && grep -q "tokens/s.*GPU memory peak.*, captured step$" line.txt; then
+  pass "progress line: $(grep 'step 100/100' line.txt); captured $(grep -o '[0-9]* tokens/s, [0-9.]* ms/step' line.txt), eager $(grep -o '[0-9]* tokens/s, [0-9.]* ms/step' line-eager.txt)"
 else
-  flunk "progress line lacks tok/s or the GPU's memory: $(tail -3 line.txt)"
+  flunk "progress line lacks tok/s, the GPU's memory or \"captured step\": $(tail -3 line.txt)"
 fi
+
+# ---- the captured step (the default) against --no-capture on the GPU, byte for byte --------------------------
+# 20 steps saved at 10 and 20, at O0, O2 bf16 with --grad-accum 2 and O2 f16; then the captured run resumed
+# from its step-10. The reference is the eager run's checkpoint files.
+for cfg in "O0 f16 1" "O2 bf16 2" "O2 f16 1"; do
+  set -- $cfg
+  tag=$1-$2-k$3
+  A=("${G[@]}" --steps 20 --save-every 10 --opt-level "$1" --cast-type "$2" --grad-accum "$3" --device cuda)
+  "$BIN" "${A[@]}" --checkpoint gc-$tag > gc-$tag.txt 2>&1 && "$BIN" "${A[@]}" --no-capture --checkpoint ge-$tag > ge-$tag.txt 2>&1 &&
+    from_step gc-$tag gr-$tag 10 && "$BIN" "${A[@]}" --checkpoint gr-$tag --resume > gr-$tag.txt 2>&1
+  rc=$? diff=""
+  for f in model.safetensors state.safetensors optimizer.bin; do
+    for s in 10 20; do cmp -s gc-$tag/step-$s/$f ge-$tag/step-$s/$f || diff="$diff step-$s/$f"; done
+    cmp -s gr-$tag/step-20/$f ge-$tag/step-20/$f || diff="$diff resumed/$f"
+  done
+  rates="captured $(grep -o '[0-9]* tokens/s, [0-9.]* ms/step' gc-$tag.txt), eager $(grep -o '[0-9]* tokens/s, [0-9.]* ms/step' ge-$tag.txt)"
+  if [ $rc -ne 0 ]; then flunk "gpt $tag captured on the GPU: rc $rc: $(tail -2 gc-$tag.txt ge-$tag.txt gr-$tag.txt)"
+  elif ! grep -q ", captured step$" gc-$tag.txt; then flunk "gpt $tag: not captured: $(grep -h 'capture\| steps in ' gc-$tag.txt)"
+  elif [ -n "$diff" ]; then flunk "gpt $tag captured = eager on the GPU: differing:$diff ($rates)"
+  else pass "gpt $tag captured = eager on the GPU: step-10's, step-20's and the resumed step-20's files identical ($rates)"; fi
+done
+# the images: the MLP at O2 bf16 with --grad-accum 2, captured = eager
+MA=("${I[@]}" --model mlp --batch-size 32 --opt-level O2 --cast-type bf16 --grad-accum 2 --steps 20 --device cuda)
+"$BIN" "${MA[@]}" --checkpoint mc > mc.txt 2>&1 && "$BIN" "${MA[@]}" --no-capture --checkpoint me > me.txt 2>&1
+rc=$? diff=""
+for f in model.safetensors state.safetensors optimizer.bin; do cmp -s mc/step-20/$f me/step-20/$f || diff="$diff $f"; done
+[ $rc -eq 0 ] && [ -z "$diff" ] && grep -q ", captured step$" mc.txt && pass "mlp O2 bf16 accum 2 captured = eager on the GPU: step-20's files identical" ||
+  flunk "mlp captured on the GPU: rc $rc, differing:$diff; $(grep -h 'capture\| steps in ' mc.txt)"
 
 # ---- bitwise resume on the GPU -------------------------------------------------------------------------------
 R=(--model mlp --batch-size 32 --device cuda --clip-grad-norm 1 --grad-accum 2)
