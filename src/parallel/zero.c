@@ -275,6 +275,7 @@ apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor
   z->rank = apex_pg_rank(pg);
   z->world = apex_pg_world_size(pg);
   z->stage = o.stage ? o.stage : 1;
+  z->release = z->stage == 2 && !o.keep_grads;
   z->n = n;
   z->post = o.sum_only ? 1.0f : 1.0f / (float)z->world;
   z->kind = kind;
@@ -303,7 +304,10 @@ apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor
 
 /* stage 1 and the global norm: the reduced shards of every rank into grads[]. */
 static apex_status gather_grads(apex_zero *z) {
-  apex_status st = apex__zero_allgather(z, 0);
+  apex_status st = APEX_OK;
+  /* Released gradients are made again, unfilled: the all-gather writes every element of them. */
+  for (int i = 0; st == APEX_OK && i < z->n; i++) st = apex__tensor_remake(z->grads[i], 0, "apex_zero_gather_grads");
+  if (st == APEX_OK) st = apex__zero_allgather(z, 0);
   if (st == APEX_OK) z->gathered = 1;
   return st;
 }
@@ -315,6 +319,9 @@ apex_status apex_zero_reduce_grads(apex_zero *z) {
   for (int d = 0; st == APEX_OK && d < APEX_DTYPE_COUNT; d++)
     if (z->seg[d] && z->post != 1.0f) st = apex_mt_scale(0, NULL, &z->shard[d], &z->shard[d], 1, z->post);
   z->gathered = 0;
+  /* Stage 2: every gradient is in this rank's shard or another's now. */
+  apex__zero_release(z, 0, z->n);
+  z->released_upto = 0;
   if (st == APEX_OK && z->stage == 1) st = gather_grads(z);
   z->reduced = st == APEX_OK;
   return st;
@@ -369,7 +376,20 @@ apex_status apex_zero_reduce_overflow(apex_zero *z, int *flag) {
   return st;
 }
 
+static apex_status step_shard(apex_zero *z, float grad_scale, int *overflow);
+
 apex_status apex_zero_step(apex_zero *z, float grad_scale, int *overflow) {
+  int pending = z && z->reduced;
+  apex_status st = step_shard(z, grad_scale, overflow);
+  if (pending && !z->reduced) { /* the step took this reduce, whatever came of it */
+    /* Stage 2: gradients gathered for a norm are spent too; the next step's peak starts here. */
+    apex__zero_release(z, 0, z->n);
+    z->grad_peak = apex__zero_grad_held(z);
+  }
+  return st;
+}
+
+static apex_status step_shard(apex_zero *z, float grad_scale, int *overflow) {
   const char *fn = "apex_zero_step";
   if (!z) return apex__fail(APEX_ERR_INVALID_ARG, "%s: z is NULL", fn);
   apex_status st = check_scale(fn, grad_scale);
@@ -422,6 +442,16 @@ size_t apex_zero_state_bytes(const apex_zero *z) {
   size_t bytes = 0;
   if (z->owned > 0 && apex_optimizer_state_size(z->opt, &bytes) != APEX_OK) return 0;
   return bytes;
+}
+
+size_t apex_zero_grad_bytes(const apex_zero *z, size_t *peak) {
+  if (!z) {
+    if (peak) *peak = 0;
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex_zero_grad_bytes: z is NULL"), 0;
+  }
+  size_t now = apex__zero_grad_held(z);
+  if (peak) *peak = z->grad_peak > now ? z->grad_peak : now;
+  return now;
 }
 
 size_t apex_zero_buffer_bytes(const apex_zero *z) {
