@@ -36,7 +36,10 @@ static float hash_val(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
   return (float)((double)(h % 2000001u) / 1000000.0 - 1.0);
 }
 
+/* Parameters as autograd leaves, so that their gradients are autograd's: those stage 2 releases after the
+ * reduce-scatter (zero.h's keep_grads), and that fill_grads's writes make again. */
 typedef struct set_t {
+  apex_var *v[NP];
   apex_tensor *p[NP], *g[NP];
 } set_t;
 
@@ -49,8 +52,9 @@ static apex_dtype dtype_of(int half, int i) {
 static set_t make_set(int half, int salt) {
   set_t s;
   for (int i = 0; i < NP; i++) {
-    s.p[i] = apex_tensor_create(dtype_of(half, i), NDIM[i], SHAPES[i]);
-    s.g[i] = apex_tensor_create(dtype_of(half, i), NDIM[i], SHAPES[i]);
+    s.v[i] = apex_var_create(apex_tensor_create(dtype_of(half, i), NDIM[i], SHAPES[i]), 1);
+    s.p[i] = apex_var_value(s.v[i]);
+    s.g[i] = apex_var_grad(s.v[i]);
     assert_non_null(s.p[i]);
     assert_non_null(s.g[i]);
     for (size_t j = 0; j < apex_tensor_numel(s.p[i]); j++) apex_tensor_set(s.p[i], j, 0.5f * hash_val(77, (uint64_t)salt, (uint64_t)i, j));
@@ -59,10 +63,7 @@ static set_t make_set(int half, int salt) {
 }
 
 static void free_set(set_t *s) {
-  for (int i = 0; i < NP; i++) {
-    apex_tensor_destroy(s->p[i]);
-    apex_tensor_destroy(s->g[i]);
-  }
+  for (int i = 0; i < NP; i++) apex_var_destroy(s->v[i]);
 }
 
 /* This rank's gradients of a step, times the loss scale; an Inf on the last rank at OVERFLOW_STEP. */
@@ -157,6 +158,9 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
      * left to apex_zero_reduce_grads */
     for (int i = 1; overlap && i < NP; i++) TU_OK(apex_zero_mark_ready(z, (i * 3) % (NP - 1) + 1));
     TU_OK(apex_zero_reduce_grads(z));
+    /* Stage 2 keeps no gradient tensor: each reads as zeros until written again. */
+    for (int i = 0; i < NP; i++) assert_int_equal(apex_tensor_released(zs.g[i]), stage == 2);
+    if (stage == 2) assert_int_equal(apex_zero_grad_bytes(z, NULL), 0);
     /* Stage 2 on request (even steps). */
     if (stage == 2 && step % 2 == 0) TU_OK(apex_zero_gather_grads(z));
     if (stage == 1 || step % 2 == 0)
