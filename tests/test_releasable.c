@@ -77,6 +77,7 @@ static void test_only_leaf_grads_release(void **state) {
   apex__tensor_set_releasable(wrapped); /* never: the caller's memory */
   assert_int_equal(apex__tensor_release(wrapped), 0);
   assert_false(apex_tensor_released(NULL));
+  assert_non_null(strstr(apex_last_error(), "NULL tensor"));
   apex_tensor_destroy(made);
   apex_tensor_destroy(wrapped);
   /* amp's swap_value gives the leaf a new gradient, releasable too */

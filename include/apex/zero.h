@@ -82,9 +82,11 @@ typedef struct apex_zero_options {
    * cost memory less and collectives more; the bits are the same at any size. */
   size_t bucket_bytes;
   /* 1: reduce-scatter the gradients in buckets during the backward, each as soon as its gradients are
-   * final (apex_zero_attach, or apex_zero_mark_ready), as apex_ddp all-reduces them: two more buckets
-   * of memory per gradient dtype (a gradient larger than bucket_bytes is a bucket of its own). Needs apex_pg_reduce_scatter_v (the MPI and local groups). 0
-   * (default): one reduce-scatter in apex_zero_reduce_grads, after the backward. The bits are the same. */
+   * final (apex_zero_attach, or apex_zero_mark_ready), as apex_ddp all-reduces them: two buffers of
+   * the largest bucket per gradient dtype, one filling while the other is on the wire, in place of the
+   * one bucket the collectives use otherwise (they borrow the first; a gradient larger than
+   * bucket_bytes is a bucket of its own). Needs apex_pg_reduce_scatter_v (the MPI and local groups).
+   * 0 (default): one reduce-scatter in apex_zero_reduce_grads, after the backward. The bits are the same. */
   int overlap;
   /* Stage 2 only. 0 (default): a gradient tensor's memory is released as soon as its reduce-scatter has
    * taken it (with overlap, when its bucket starts during the backward; else in apex_zero_reduce_grads),
@@ -165,8 +167,8 @@ APEX_API apex_status apex_zero_shard_range(const apex_zero *z, int rank, size_t 
  * 0 with a message for NULL. */
 APEX_API size_t apex_zero_state_bytes(const apex_zero *z);
 /* Bytes of the buffers z keeps for the gradients and collectives on this rank: the shard of the
- * reduced gradients and one bucket per gradient dtype, and with overlap the Reducer's two buffers per
- * dtype. 0 with a message for NULL. */
+ * reduced gradients and one bucket per gradient dtype, or with overlap the Reducer's two buffers per
+ * dtype instead of the bucket. Not the gradient tensors (apex_zero_grad_bytes). 0 with a message for NULL. */
 APEX_API size_t apex_zero_buffer_bytes(const apex_zero *z);
 
 /* Bytes the gradient tensors grads[] hold now on this rank (a released one holds none), and in *peak

@@ -14,7 +14,10 @@ void apex__tensor_set_releasable(apex_tensor *t) {
   if (t && t->storage->owned && t->storage->bytes > 0 && whole(t)) t->storage->releasable = 1;
 }
 
-int apex_tensor_released(const apex_tensor *t) { return t && t->storage->releasable && !t->storage->data; }
+int apex_tensor_released(const apex_tensor *t) {
+  if (!t) apex__fail_null_arg(__func__, "tensor");
+  return t && t->storage->releasable && !t->storage->data;
+}
 
 int apex__tensor_release(apex_tensor *t) {
   if (!t || !t->storage->releasable || !whole(t)) return 0;

@@ -293,8 +293,9 @@ apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor
   plan_ranges(z, whole_params_only(kind));
   st = plan_pieces(z);
   if (st == APEX_OK) st = make_buffers(z);
-  if (st == APEX_OK) st = apex__zero_plan_chunks(z, o.bucket_bytes);
+  /* The overlap's buffers first: the chunks of the all-gathers borrow one (zero_comm.c). */
   if (st == APEX_OK && o.overlap) st = apex__zero_make_overlap(z, o.bucket_bytes);
+  if (st == APEX_OK) st = apex__zero_plan_chunks(z, o.bucket_bytes);
   if (st == APEX_OK) st = make_optimizer(z, kind, optim, o.amp_unscale);
   if (st == APEX_OK && o.master_values) st = set_masters(z, o.master_values);
   if (st != APEX_OK) return fail_create(z, st);
@@ -457,7 +458,8 @@ size_t apex_zero_grad_bytes(const apex_zero *z, size_t *peak) {
 size_t apex_zero_buffer_bytes(const apex_zero *z) {
   if (!z) return apex__fail(APEX_ERR_INVALID_ARG, "apex_zero_buffer_bytes: z is NULL"), 0;
   size_t bytes = 0;
-  for (int d = 0; d < APEX_DTYPE_COUNT; d++) bytes += (z->seg[d] + z->chunk_elems[d] * (size_t)z->world) * apex_dtype_size((apex_dtype)d);
-  if (z->red) bytes += apex__reducer_buffer_bytes(z->red);
+  for (int d = 0; d < APEX_DTYPE_COUNT; d++)
+    bytes += (z->seg[d] + (z->staging_borrowed[d] ? 0 : z->chunk_elems[d] * (size_t)z->world)) * apex_dtype_size((apex_dtype)d);
+  if (z->red) bytes += apex_reducer_buffer_bytes(z->red);
   return bytes;
 }

@@ -50,6 +50,7 @@ struct apex_zero {
   apex_tensor *shard[APEX_DTYPE_COUNT];
   size_t seg[APEX_DTYPE_COUNT]; /* S per dtype (0: no parameter of that dtype) */
   apex_tensor *staging[APEX_DTYPE_COUNT]; /* one bucket of the collectives per dtype */
+  int staging_borrowed[APEX_DTYPE_COUNT]; /* overlap: staging is a view of the Reducer's first buffer */
   size_t chunk_elems[APEX_DTYPE_COUNT];   /* L: one rank's part of a full chunk */
   chunk *chunks;
   int nchunks;
@@ -77,7 +78,7 @@ struct apex_zero {
 };
 
 /* zero_comm.c. Plans the chunks of buckets of bucket_bytes (0: the default) after zero.c's pieces and
- * shard buffers exist; APEX_ERR_OUT_OF_MEMORY. */
+ * shard buffers and the overlap's Reducer exist; APEX_ERR_OUT_OF_MEMORY. */
 apex_status apex__zero_plan_chunks(apex_zero *z, size_t bucket_bytes);
 void apex__zero_free_chunks(apex_zero *z);
 /* The caller's gradients, summed over the ranks, into this rank's shard (the sums; no division). */
