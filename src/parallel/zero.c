@@ -321,7 +321,7 @@ apex_status apex_zero_reduce_grads(apex_zero *z) {
     if (z->seg[d] && z->post != 1.0f) st = apex_mt_scale(0, NULL, &z->shard[d], &z->shard[d], 1, z->post);
   z->gathered = 0;
   /* Stage 2: every gradient is in this rank's shard or another's now. */
-  apex__zero_release(z, 0, z->n);
+  if (st == APEX_OK) apex__zero_release(z, 0, z->n);
   z->released_upto = 0;
   if (st == APEX_OK && z->stage == 1) st = gather_grads(z);
   z->reduced = st == APEX_OK;
