@@ -349,8 +349,17 @@ apex_status apex_zero_clip_grad_norm(apex_zero *z, float max_norm, float grad_sc
   apex_status st = check_scale(fn, grad_scale);
   if (st != APEX_OK) return st;
   if (!z->reduced) return apex__fail(APEX_ERR_STATE, "%s: call apex_zero_reduce_grads first (the norm is of the reduced gradients)", fn);
-  if (!z->gathered && (st = gather_grads(z)) != APEX_OK) return st;
-  return apex_optimizer_clip_grad_norm(z->opt, max_norm, grad_scale, total_norm);
+  /* LAMB's step takes a norm of the whole gradients itself: gathered for it anyway. */
+  if (z->gathered || z->lamb_norm) {
+    if (!z->gathered && (st = gather_grads(z)) != APEX_OK) return st;
+    return apex_optimizer_clip_grad_norm(z->opt, max_norm, grad_scale, total_norm);
+  }
+  float norm = 0.0f;
+  st = apex__zero_global_norm(z, apex__optimizer_clip_coef(z->opt) / grad_scale, &norm);
+  if (st != APEX_OK) return st;
+  if (total_norm) *total_norm = norm;
+  apex__optimizer_clip_by(z->opt, max_norm, norm);
+  return APEX_OK;
 }
 
 /* Every rank's updated pieces into params[] on every rank, in the parameters' dtype. */

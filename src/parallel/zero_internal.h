@@ -95,6 +95,10 @@ void apex__zero_release_started(apex_zero *z);
 /* Bytes grads[] hold now (released ones hold none). */
 size_t apex__zero_grad_held(const apex_zero *z);
 
+/* zero_norm.c. The L2 norm of the whole reduced gradients times inv_scale, with the bits of an unsharded
+ * apex_optimizer_clip_grad_norm over them, from every rank's shard (collective, after a reduce). */
+apex_status apex__zero_global_norm(apex_zero *z, float inv_scale, float *norm);
+
 /* zero_overlap.c. Makes the Reducer (after the pieces and the shard buffers): APEX_ERR_UNSUPPORTED on a
  * group without apex_pg_reduce_scatter_v. */
 apex_status apex__zero_make_overlap(apex_zero *z, size_t bucket_bytes);
