@@ -33,7 +33,8 @@
  * rank's shard of the reduced gradient exists (inside z); the gradient tensors that autograd made are
  * released once reduce-scattered (keep_grads says how; they read as zeros, the next backward makes
  * them again), and the all-gather of gradients, which makes them whole again until the step, happens
- * only for a global norm (clipping, LAMB with max_grad_norm) or apex_zero_gather_grads.
+ * only for LAMB with max_grad_norm (its step takes the norm of the whole gradients) or
+ * apex_zero_gather_grads; clipping sums its global norm from every rank's shard instead.
  *
  * Memory besides the shard's masters and state, per gradient dtype: the shard of the reduced
  * gradients and one bucket (bucket_bytes) through which the collectives move the shards of every
@@ -135,7 +136,9 @@ APEX_API apex_status apex_zero_gather_grads(apex_zero *z);
 /* Global gradient-norm clipping after apex_zero_reduce_grads, as apex_optimizer_clip_grad_norm on an
  * unsharded optimizer: the L2 norm of the whole reduced gradients times 1 / grad_scale (the same bits
  * on every rank) into *total_norm (may be NULL), and, when it exceeds max_norm, the next step
- * multiplies the gradients by max_norm / (norm + 1e-6). APEX_ERR_INVALID_ARG for NULL z, max_norm
+ * multiplies the gradients by max_norm / (norm + 1e-6). Collective: each rank's part of the norm is
+ * taken over its shard and the parts are gathered (a few bytes per 2048 gradients), so stage 2 makes no
+ * gradient tensor whole for it (LAMB with max_grad_norm gathers the gradients, which its step reads). APEX_ERR_INVALID_ARG for NULL z, max_norm
  * not finite and > 0 or a bad grad_scale; APEX_ERR_STATE before apex_zero_reduce_grads. */
 APEX_API apex_status apex_zero_clip_grad_norm(apex_zero *z, float max_norm, float grad_scale, float *total_norm);
 /* Collective, after apex_zero_reduce_grads: *flag (this rank's own overflow flag on entry) becomes 1
