@@ -18,8 +18,6 @@
 
 #include "testutil.h"
 
-static apex_pg *g_pg;
-
 enum { LAYERS = 4, WIDTH = 32, BATCH = 8, NPARAM = 1 + 2 * LAYERS, STEPS = 4, CLIP_STEP = 3 };
 
 typedef struct net {
@@ -52,7 +50,7 @@ static void free_net(net *m) {
 
 /* This rank's batch of a step: the loss mean((W4 relu(...W1 x + b1...) + b4)^2), plus sum(u) on step 1. */
 static void forward_backward(net *m, apex_dtype dt, int step) {
-  int rank = apex_pg_rank(g_pg);
+  int rank = apex_pg_rank(tu_pg);
   apex_tensor *xt = apex_tensor_create(dt, 2, (int64_t[]){BATCH, WIDTH});
   for (size_t j = 0; j < (size_t)(BATCH * WIDTH); j++) apex_tensor_set(xt, j, 0.05f * (float)((j * 17 + (size_t)rank * 5 + (size_t)step * 3) % 41) - 1.0f);
   for (int i = 0; i < NPARAM; i++) TU_OK(apex_var_zero_grad(m->v[i]));
@@ -77,7 +75,7 @@ static size_t bytes_of(apex_tensor *const *t, int lo, int hi) {
 
 static void assert_same_bits(const apex_tensor *a, const apex_tensor *b, int i, int step) {
   if (memcmp(apex_tensor_data(a), apex_tensor_data(b), apex_tensor_nbytes(a)) != 0)
-    fail_msg("parameter %d after step %d differs from DDP's (rank %d of %d)", i, step, apex_pg_rank(g_pg), apex_pg_world_size(g_pg));
+    fail_msg("parameter %d after step %d differs from DDP's (rank %d of %d)", i, step, apex_pg_rank(tu_pg), apex_pg_world_size(tu_pg));
 }
 
 static void run(apex_dtype dt, int keep) {
@@ -86,10 +84,10 @@ static void run(apex_dtype dt, int keep) {
   apex_optimizer *opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &oo);
   assert_non_null(opt);
   TU_OK(apex_optimizer_add_group(opt, ref.p, NPARAM, ref.g, NPARAM, NULL, NULL));
-  apex_reducer *red = apex_reducer_create(g_pg, ref.g, NPARAM, NULL);
+  apex_reducer *red = apex_reducer_create(tu_pg, ref.g, NPARAM, NULL);
   assert_non_null(red);
   size_t layer = bytes_of(zn.g, 1, 3), total = bytes_of(zn.g, 0, NPARAM); /* a bucket: one layer's W and b */
-  apex_zero *z = apex_zero_create(g_pg, zn.p, zn.g, NPARAM, APEX_OPTIM_ADAMW, &oo,
+  apex_zero *z = apex_zero_create(tu_pg, zn.p, zn.g, NPARAM, APEX_OPTIM_ADAMW, &oo,
                                   &(apex_zero_options){.stage = 2, .overlap = 1, .bucket_bytes = layer, .keep_grads = keep});
   if (!z) fail_msg("apex_zero_create: %s", apex_last_error());
   TU_OK(apex_zero_attach(z, zn.graph));
@@ -136,22 +134,6 @@ static void test_bad_input(void **state) {
   assert_non_null(strstr(apex_last_error(), "z is NULL"));
 }
 
-static int setup(void **state) {
-  (void)state;
-  g_pg = apex_pg_create(NULL); /* MPI under mpirun, else the local group */
-  if (!g_pg) {
-    fprintf(stderr, "apex_pg_create failed: %s\n", apex_last_error());
-    return -1;
-  }
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  apex_pg_destroy(g_pg);
-  return 0;
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_f32_releases),
@@ -159,5 +141,5 @@ int main(void) {
       cmocka_unit_test(test_keep_grads),
       cmocka_unit_test(test_bad_input),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, tu_pg_setup, tu_pg_teardown);
 }
