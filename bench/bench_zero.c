@@ -6,23 +6,29 @@
  *                              optimizer a DDP rank holds (apex_optimizer_state_size of the same AdamW);
  *                              ratio = peer / sharded, ideally N. bound_ok=1 when it is at most 1/N of the
  *                              peer plus one bucket of the collectives (the issue's bar; the bucket is
- *                              bucket_bytes of the sharded optimizer, 1 MiB here).
- *   zero_grad_bytes_gpt_c256_O2_Nx1  the gradient memory one rank holds beside the model's own gradient
- *                              tensors (which autograd keeps whole on every rank, sharded or not): the
- *                              shard of the reduced gradients and one 1 MiB bucket for the collectives
- *                              (apex_zero_buffer_bytes, the most over ranks). Peer: DDP's Reducer, whose
- *                              buckets hold every gradient once in its dtype; ratio = peer / sharded.
- *                              bound_ok=1 when it is at most 1/N of the peer plus one bucket and the
- *                              rounding of the cuts (a rank's range may exceed 1/N by half a multi-tensor
- *                              tile, and every segment is padded to the largest: one tile of f32 allowed).
+ *                              bucket_bytes of the sharded optimizer, 512 KiB here).
+ *   zero_grad_bytes_gpt_c256_O2_Nx1  the gradient memory one rank holds while training gpt_c256 in bf16
+ *                              (a few steps of batch 1 each; the most over ranks), measured by the library:
+ *                              stage 2 with overlap attached to the backward and clipping, the most bytes the
+ *                              gradient tensors held at once during the last step (apex_zero_grad_bytes: they
+ *                              are released as their buckets start) plus the shard and the collectives'
+ *                              buffers (apex_zero_buffer_bytes). Peer: DDP in the same run on the same
+ *                              model, its gradient tensors after the backward (all whole) plus its
+ *                              Reducer's buckets (apex_reducer_buffer_bytes); ratio = peer / sharded.
+ *                              bound_ok=1 when the sharded figure is at most 1/N of DDP's plus one bucket
+ *                              and the rounding of the cuts (a rank's range may exceed 1/N by half a
+ *                              multi-tensor tile, and every segment is padded to the largest: one tile of
+ *                              f32 allowed). amp's f32 master gradients, which a DDP program under O2
+ *                              also holds, are not counted (neither run makes them here).
  *   zero_cnn_train_2x1         samples/s of an f32 training step of the CNN (bench_models.h: forward,
  *                              cross-entropy, backward, fused AdamW) at a global batch of 128 on 2 ranks
  *                              x 1 thread, the optimizer sharded (stage 2: reduce-scatter in buckets
- *                              overlapped with the backward, the shard's step, the all-gather of the
- *                              parameters). Peer: the
+ *                              overlapped with the backward, each bucket's gradients released as it
+ *                              starts, the shard's step, the all-gather of the parameters). Peer: the
  *                              same step with apex_ddp (its default buckets, overlapped with backward)
  *                              in the same run, alternating blocks of steps so that both see the same
- *                              machine; ratio = sharded / DDP (>= 1/1.1 is the issue's bar).
+ *                              machine; ratio = sharded / DDP (>= 1/1.1 is the issue's bar), the
+ *                              range of each block's best step beside it.
  *
  * bench/run starts this as a plain program; it runs itself under `mpirun -np N` (one OpenMP thread
  * per rank) once per rank count, waiting for each. */
@@ -56,41 +62,96 @@ static void params_of(apex_model *m, apex_tensor **ps, apex_tensor **gs) {
   }
 }
 
-static void state_bytes(apex_pg *pg) {
-  int world = apex_pg_world_size(pg), root = apex_pg_rank(pg) == 0;
-  char name[64];
-  snprintf(name, sizeof name, "zero_state_bytes_gpt_c256_O2_%dx1", world);
+/* Bytes the gradient tensors hold now: those stage 2 released hold none (apex_tensor_released). */
+static size_t held_bytes(apex_tensor *const *gs, size_t n) {
+  size_t b = 0;
+  for (size_t i = 0; i < n; i++)
+    if (!apex_tensor_released(gs[i])) b += apex_tensor_nbytes(gs[i]);
+  return b;
+}
+
+enum { MEM_BATCH = 1, MEM_STEPS = 3 };
+static const size_t MEM_BUCKET = (size_t)512 << 10; /* the largest gradient of gpt_c256 in bf16 (fc: 256 x 1024) */
+
+/* DDP's rank in training: the gradient tensors after the backward (every one, whole) and the Reducer's
+ * buckets; its optimizer's state (f32 masters and AdamW's moments). */
+static int ddp_memory(apex_pg *pg, size_t *grads, size_t *buckets, size_t *state) {
   bench_train r;
-  bench_train_init(&r, BENCH_GPT_C256, 0, "O2"); /* bf16 parameters, AdamW with f32 masters: the DDP rank's */
-  size_t np = apex_model_num_params(r.m), full = 0;
+  bench_train_init(&r, BENCH_GPT_C256, MEM_BATCH, "O2"); /* bf16 parameters, AdamW with f32 masters */
+  size_t np = apex_model_num_params(r.m);
   apex_tensor **ps = malloc(np * sizeof *ps), **gs = malloc(np * sizeof *gs);
   params_of(r.m, ps, gs);
-  apex_optimizer_state_size(r.opt, &full);
-  size_t grads = 0, bucket = (size_t)1 << 20;
-  for (size_t i = 0; i < np; i++) grads += apex_tensor_numel(gs[i]) * apex_dtype_size(apex_tensor_dtype(gs[i]));
-  apex_zero *z = apex_zero_create(pg, ps, gs, (int)np, APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 1e-3f, .weight_decay = 1e-2f},
-                                  &(apex_zero_options){.stage = 2, .bucket_bytes = bucket});
-  if (!z) {
-    if (root) bench_skip(name, apex_last_error());
-  } else {
-    double mine = rank_max(pg, (double)apex_zero_state_bytes(z)), held = rank_max(pg, (double)apex_zero_buffer_bytes(z));
-    double slack = (double)APEX_MT_TILE * 4.0;
-    if (root) {
-      bench_report(name, mine, "bytes", mine > 0 ? (double)full / mine : 0, "ddp_unsharded_state");
-      printf("  %s: %zu parameters, DDP rank %zu bytes, sharded rank %.0f bytes, bound 1/%d + one bucket = %.0f bytes: bound_ok=%d\n",
-             name, np, full, mine, world, (double)full / world + (double)bucket, mine <= (double)full / world + (double)bucket);
-      snprintf(name, sizeof name, "zero_grad_bytes_gpt_c256_O2_%dx1", world);
-      bench_report(name, held, "bytes", held > 0 ? (double)grads / held : 0, "ddp_reducer_buckets");
-      printf("  %s: reduced gradients and collectives: DDP rank %zu bytes (buckets of the whole model), sharded rank %.0f bytes "
-             "(shard + one bucket), bound 1/%d + one bucket + one tile = %.0f bytes: bound_ok=%d; the model's own gradients, %zu bytes, on "
-             "every rank in both\n",
-             name, grads, held, world, (double)grads / world + (double)bucket + slack, held <= (double)grads / world + (double)bucket + slack, grads);
-    }
+  apex_ddp *ddp = apex_ddp_create(pg, r.m, NULL);
+  int rc = ddp && apex_ddp_attach(ddp, r.g) == APEX_OK && apex_optimizer_state_size(r.opt, state) == APEX_OK ? 0 : -1;
+  for (int s = 0; rc == 0 && s < MEM_STEPS; s++) {
+    apex_var *loss = bench_train_loss(&r);
+    apex_model_zero_grad(r.m);
+    rc = apex_backward(loss, NULL) == APEX_OK && apex_ddp_finish(ddp) == APEX_OK ? 0 : -1;
+    *grads = held_bytes(gs, np);
+    apex_graph_reset(r.g);
   }
+  if (rc == 0) *buckets = apex_reducer_buffer_bytes(apex_ddp_reducer(ddp));
+  apex_ddp_destroy(ddp);
+  free(ps);
+  free(gs);
+  bench_train_free(&r);
+  return rc;
+}
+
+/* The sharded rank in training, stage 2 with overlap attached to the backward and clipping: the most
+ * the gradient tensors held at once during the last step (apex_zero_grad_bytes), the shard and the collectives'
+ * buffers, and the shard's optimizer state. */
+static int zero_memory(apex_pg *pg, size_t *grads, size_t *buffers, size_t *state) {
+  bench_train r;
+  bench_train_init(&r, BENCH_GPT_C256, MEM_BATCH, "O2");
+  size_t np = apex_model_num_params(r.m);
+  apex_tensor **ps = malloc(np * sizeof *ps), **gs = malloc(np * sizeof *gs);
+  params_of(r.m, ps, gs);
+  apex_zero *z = apex_zero_create(pg, ps, gs, (int)np, APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 1e-3f, .weight_decay = 1e-2f},
+                                  &(apex_zero_options){.stage = 2, .bucket_bytes = MEM_BUCKET, .overlap = 1});
+  int rc = z && apex_zero_attach(z, r.g) == APEX_OK ? 0 : -1;
+  for (int s = 0; rc == 0 && s < MEM_STEPS; s++) { /* the first backward starts from the whole gradients made with the model */
+    apex_var *loss = bench_train_loss(&r);
+    apex_model_zero_grad(r.m);
+    rc = apex_backward(loss, NULL) == APEX_OK && apex_zero_reduce_grads(z) == APEX_OK ? 0 : -1;
+    /* clipped, as apex-train's steps are: its norm is summed from the shards, no gradient made whole */
+    if (rc == 0) rc = apex_zero_clip_grad_norm(z, 1.0f, 1.0f, NULL) == APEX_OK ? 0 : -1;
+    apex_zero_grad_bytes(z, grads);
+    if (rc == 0) rc = apex_zero_step(z, 1.0f, NULL) == APEX_OK ? 0 : -1;
+    apex_graph_reset(r.g);
+  }
+  if (rc == 0) *buffers = apex_zero_buffer_bytes(z), *state = apex_zero_state_bytes(z);
   apex_zero_destroy(z);
   free(ps);
   free(gs);
   bench_train_free(&r);
+  return rc;
+}
+
+static void memory(apex_pg *pg) {
+  int world = apex_pg_world_size(pg), root = apex_pg_rank(pg) == 0;
+  char name[64];
+  snprintf(name, sizeof name, "zero_state_bytes_gpt_c256_O2_%dx1", world);
+  size_t dg = 0, db = 0, ds = 0, zg = 0, zb = 0, zs = 0;
+  if (ddp_memory(pg, &dg, &db, &ds) != 0 || zero_memory(pg, &zg, &zb, &zs) != 0) {
+    if (root) bench_skip(name, apex_last_error());
+    return;
+  }
+  double state = rank_max(pg, (double)zs), zgrad = rank_max(pg, (double)zg), zbuf = rank_max(pg, (double)zb);
+  double dgrad = rank_max(pg, (double)dg), dbuck = rank_max(pg, (double)db);
+  double bucket = (double)MEM_BUCKET, slack = (double)APEX_MT_TILE * 4.0;
+  if (!root) return;
+  bench_report(name, state, "bytes", state > 0 ? (double)ds / state : 0, "ddp_unsharded_state");
+  printf("  %s: DDP rank %zu bytes, sharded rank %.0f bytes, bound 1/%d + one bucket = %.0f bytes: bound_ok=%d\n", name, ds, state,
+         world, (double)ds / world + bucket, state <= (double)ds / world + bucket);
+  snprintf(name, sizeof name, "zero_grad_bytes_gpt_c256_O2_%dx1", world);
+  double zall = zgrad + zbuf, dall = dgrad + dbuck, bound = dall / world + bucket + slack;
+  bench_report(name, zall, "bytes", zall > 0 ? dall / zall : 0, "ddp_grads_and_buckets");
+  printf("  %s: gradient memory of a rank in training (bf16, %d steps of batch %d, the most over ranks): DDP %.0f bytes "
+         "(gradient tensors %.0f, whole after each backward, + Reducer buckets %.0f); sharded stage 2 with overlap %.0f bytes "
+         "(gradient tensors at most %.0f at once during the last step, clipped, released as their %.0f-byte buckets start, + shard "
+         "and buffers %.0f); bound 1/%d of DDP's + one bucket + one tile = %.0f bytes: bound_ok=%d\n",
+         name, MEM_STEPS, MEM_BATCH, dall, dgrad, dbuck, zall, zgrad, bucket, zbuf, world, bound, zall <= bound);
 }
 
 typedef struct ctx {
@@ -179,14 +240,21 @@ static void step_time(apex_pg *pg) {
   if (ctx_init(&d, pg, 0) != 0 || ctx_init(&z, pg, 1) != 0) {
     if (root) bench_skip(name, apex_last_error());
   } else {
-    double bd = 1e300, bz = 1e300, wd = 1e300, wz = 1e300;
+    /* Blocks of REPS steps, DDP's and the sharded one's in turn: each block's best step, and their range. */
+    double bd = 1e300, bz = 1e300, wd = 1e300, wz = 1e300, hd = 0, hz = 0;
     int rc = best_of(&d, pg, WARMUP, &wd) | best_of(&z, pg, WARMUP, &wz);
-    for (int b = 0; rc == 0 && b < BLOCKS; b++) rc = best_of(&d, pg, REPS, &bd) | best_of(&z, pg, REPS, &bz);
+    for (int b = 0; rc == 0 && b < BLOCKS; b++) {
+      double kd = 1e300, kz = 1e300;
+      rc = best_of(&d, pg, REPS, &kd) | best_of(&z, pg, REPS, &kz);
+      bd = kd < bd ? kd : bd, bz = kz < bz ? kz : bz, hd = kd > hd ? kd : hd, hz = kz > hz ? kz : hz;
+    }
     if (rc != 0) {
       if (root) bench_skip(name, apex_last_error());
     } else if (root) {
       bench_report(name, GLOBAL_BATCH / bz, "samples/s", bd / bz, "ddp_2x1");
-      printf("  %s: best step %.2f ms sharded, %.2f ms DDP\n", name, 1e3 * bz, 1e3 * bd);
+      printf("  %s: best step %.2f ms sharded (stage 2, gradients released), %.2f ms DDP: sharded / DDP = %.3f; each of %d "
+             "alternating blocks' best: sharded %.2f-%.2f ms, DDP %.2f-%.2f ms\n",
+             name, 1e3 * bz, 1e3 * bd, bz / bd, BLOCKS, 1e3 * bz, 1e3 * hz, 1e3 * bd, 1e3 * hd);
     }
   }
   ctx_free(&d);
@@ -206,7 +274,7 @@ int main(int argc, char **argv) {
       bench_skip("zero", apex_last_error());
       return 0;
     }
-    if (mem) state_bytes(pg);
+    if (mem) memory(pg);
     if (time && apex_pg_world_size(pg) == 2) step_time(pg);
     apex_pg_destroy(pg);
     return 0;

@@ -211,6 +211,9 @@ static int call_zero_destroy(void) { apex_zero_destroy(NULL); return 0; }
 static int call_zero_get_lr(void) { (void)apex_zero_get_lr(NULL); return 0; }
 static int call_zero_state_bytes(void) { (void)apex_zero_state_bytes(NULL); return 0; }
 static int call_zero_buffer_bytes(void) { (void)apex_zero_buffer_bytes(NULL); return 0; }
+static int call_zero_grad_bytes(void) { (void)apex_zero_grad_bytes(NULL, NULL); return 0; }
+static int call_reducer_buffer_bytes(void) { (void)apex_reducer_buffer_bytes(NULL); return 0; }
+static int call_tensor_released(void) { (void)apex_tensor_released(NULL); return 0; }
 static int call_zero_consolidate(void) { return apex_zero_consolidate(NULL) == NULL ? 0 : 1; }
 static int call_safetensors_close(void) { apex_safetensors_close(NULL); return 0; }
 static int call_safetensors_count(void) { (void)apex_safetensors_count(NULL); return 0; }
@@ -455,6 +458,9 @@ static const struct { const char *name; int (*call)(void); } calls[] = {
     {"apex_zero_get_lr", call_zero_get_lr},
     {"apex_zero_state_bytes", call_zero_state_bytes},
     {"apex_zero_buffer_bytes", call_zero_buffer_bytes},
+    {"apex_zero_grad_bytes", call_zero_grad_bytes},
+    {"apex_reducer_buffer_bytes", call_reducer_buffer_bytes},
+    {"apex_tensor_released", call_tensor_released},
     {"apex_zero_consolidate", call_zero_consolidate},
 };
 

@@ -18,8 +18,6 @@
 
 #include "testutil.h"
 
-static apex_pg *g_pg;
-
 enum { NP = 5, STEPS = 4, OVERFLOW_STEP = 2 };
 /* Sizes that put the range boundaries inside parameters at 2, 3 and 4 ranks (and some at their
  * ends), 2-D ones for AdamP's channel view. */
@@ -36,7 +34,10 @@ static float hash_val(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
   return (float)((double)(h % 2000001u) / 1000000.0 - 1.0);
 }
 
+/* Parameters as autograd leaves, so that their gradients are autograd's: those stage 2 releases after the
+ * reduce-scatter (zero.h's keep_grads), and that fill_grads's writes make again. */
 typedef struct set_t {
+  apex_var *v[NP];
   apex_tensor *p[NP], *g[NP];
 } set_t;
 
@@ -49,8 +50,9 @@ static apex_dtype dtype_of(int half, int i) {
 static set_t make_set(int half, int salt) {
   set_t s;
   for (int i = 0; i < NP; i++) {
-    s.p[i] = apex_tensor_create(dtype_of(half, i), NDIM[i], SHAPES[i]);
-    s.g[i] = apex_tensor_create(dtype_of(half, i), NDIM[i], SHAPES[i]);
+    s.v[i] = apex_var_create(apex_tensor_create(dtype_of(half, i), NDIM[i], SHAPES[i]), 1);
+    s.p[i] = apex_var_value(s.v[i]);
+    s.g[i] = apex_var_grad(s.v[i]);
     assert_non_null(s.p[i]);
     assert_non_null(s.g[i]);
     for (size_t j = 0; j < apex_tensor_numel(s.p[i]); j++) apex_tensor_set(s.p[i], j, 0.5f * hash_val(77, (uint64_t)salt, (uint64_t)i, j));
@@ -59,10 +61,7 @@ static set_t make_set(int half, int salt) {
 }
 
 static void free_set(set_t *s) {
-  for (int i = 0; i < NP; i++) {
-    apex_tensor_destroy(s->p[i]);
-    apex_tensor_destroy(s->g[i]);
-  }
+  for (int i = 0; i < NP; i++) apex_var_destroy(s->v[i]);
 }
 
 /* This rank's gradients of a step, times the loss scale; an Inf on the last rank at OVERFLOW_STEP. */
@@ -81,7 +80,7 @@ static void assert_same_bits(const apex_tensor *a, const apex_tensor *b, const c
   for (size_t j = 0; j < n; j++)
     if (memcmp(x + j * es, y + j * es, es) != 0)
       fail_msg("%s %d element %zu: sharded %.9g, DDP %.9g (rank %d of %d)", what, i, j, (double)apex_tensor_get(a, j),
-               (double)apex_tensor_get(b, j), apex_pg_rank(g_pg), apex_pg_world_size(g_pg));
+               (double)apex_tensor_get(b, j), apex_pg_rank(tu_pg), apex_pg_world_size(tu_pg));
 }
 
 static apex_optim_options options_for(apex_optim_kind kind) {
@@ -93,7 +92,7 @@ static apex_optim_options options_for(apex_optim_kind kind) {
 
 /* STEPS sharded steps against STEPS DDP steps. */
 static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage, int inject, int amp_masters) {
-  int rank = apex_pg_rank(g_pg), world = apex_pg_world_size(g_pg);
+  int rank = apex_pg_rank(tu_pg), world = apex_pg_world_size(tu_pg);
   float scale = half ? 1024.0f : 1.0f;
   apex_optim_options oo = options_for(kind);
   /* amp's flow (amp_masters): the unscaled f32 master gradients first, then the step. With clipping
@@ -107,7 +106,7 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
   /* Every other optimizer reduce-scatters its buckets as the gradients are marked (overlap), some
    * buckets straddling ranks and two buffers reused in turn. */
   int overlap = (int)kind % 2 == stage % 2;
-  apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo,
+  apex_zero *z = apex_zero_create(tu_pg, zs.p, zs.g, NP, kind, &oo,
                                   &(apex_zero_options){.stage = stage, .master_values = amp_masters ? orig.p : NULL,
                                                        .amp_unscale = amp_masters, .bucket_bytes = bucket, .overlap = overlap});
   if (!z) fail_msg("apex_zero_create: %s", apex_last_error());
@@ -133,7 +132,7 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
   } else {
     TU_OK(apex_optimizer_add_group(opt, ref.p, NP, ref.g, NP, NULL, NULL));
   }
-  apex_reducer *red = apex_reducer_create(g_pg, ref.g, NP, NULL);
+  apex_reducer *red = apex_reducer_create(tu_pg, ref.g, NP, NULL);
   assert_non_null(red);
   for (int i = 0; i < NP; i++) assert_same_bits(zs.p[i], ref.p[i], "initial parameter", i);
 
@@ -157,6 +156,9 @@ static void run_case_masters(apex_optim_kind kind, int half, int clip, int stage
      * left to apex_zero_reduce_grads */
     for (int i = 1; overlap && i < NP; i++) TU_OK(apex_zero_mark_ready(z, (i * 3) % (NP - 1) + 1));
     TU_OK(apex_zero_reduce_grads(z));
+    /* Stage 2 keeps no gradient tensor: each reads as zeros until written again. */
+    for (int i = 0; i < NP; i++) assert_int_equal(apex_tensor_released(zs.g[i]), stage == 2);
+    if (stage == 2) assert_int_equal(apex_zero_grad_bytes(z, NULL), 0);
     /* Stage 2 on request (even steps). */
     if (stage == 2 && step % 2 == 0) TU_OK(apex_zero_gather_grads(z));
     if (stage == 1 || step % 2 == 0)
@@ -215,7 +217,7 @@ static void test_stage2_matches_ddp(void **state) { (void)state, all_kinds(0, 0,
  * its share of the unsharded optimizer's. */
 static void test_shards(void **state) {
   (void)state;
-  int world = apex_pg_world_size(g_pg);
+  int world = apex_pg_world_size(tu_pg);
   /* The flat vector holds the last parameter first (zero.h): starts[j] is where its j-th one starts. */
   size_t total = 0, starts[NP + 1] = {0};
   for (int j = 0; j < NP; j++) {
@@ -225,7 +227,7 @@ static void test_shards(void **state) {
   for (int whole = 0; whole < 2; whole++) {
     apex_optim_kind kind = whole ? APEX_OPTIM_LAMB : APEX_OPTIM_ADAM;
     set_t s = make_set(1, 0);
-    apex_zero *z = apex_zero_create(g_pg, s.p, s.g, NP, kind, NULL, NULL);
+    apex_zero *z = apex_zero_create(tu_pg, s.p, s.g, NP, kind, NULL, NULL);
     assert_non_null(z);
     size_t prev_end = 0, mine = 0;
     for (int r = 0; r < world; r++) {
@@ -234,7 +236,7 @@ static void test_shards(void **state) {
       assert_int_equal(b, prev_end);
       assert_true(e >= b);
       prev_end = e;
-      if (r == apex_pg_rank(g_pg)) mine = e - b;
+      if (r == apex_pg_rank(tu_pg)) mine = e - b;
       if (r == 0) continue;
       int p = 0;
       while (p < NP && starts[p + 1] <= b) p++;
@@ -264,7 +266,7 @@ static void test_shards(void **state) {
 /* apex_pg_reduce_scatter gives each rank its segment of apex_pg_allreduce's result, bit for bit. */
 static void test_reduce_scatter_is_allreduce(void **state) {
   (void)state;
-  int rank = apex_pg_rank(g_pg), world = apex_pg_world_size(g_pg);
+  int rank = apex_pg_rank(tu_pg), world = apex_pg_world_size(tu_pg);
   const apex_dtype dts[3] = {APEX_F32, APEX_F16, APEX_BF16};
   const apex_reduce_op ops[3] = {APEX_REDUCE_SUM, APEX_REDUCE_AVG, APEX_REDUCE_MAX};
   for (int d = 0; d < 3; d++)
@@ -274,8 +276,8 @@ static void test_reduce_scatter_is_allreduce(void **state) {
       for (int64_t j = 0; j < all; j++) apex_tensor_set(in, (size_t)j, 1000.0f * hash_val(5, (uint64_t)rank, (uint64_t)d, (uint64_t)j));
       if (rank == 0) apex_tensor_set(in, 7, NAN);
       TU_OK(apex_tensor_copy(ar, in));
-      TU_OK(apex_pg_allreduce(g_pg, ar, ops[o]));
-      TU_OK(apex_pg_reduce_scatter(g_pg, in, out, ops[o]));
+      TU_OK(apex_pg_allreduce(tu_pg, ar, ops[o]));
+      TU_OK(apex_pg_reduce_scatter(tu_pg, in, out, ops[o]));
       apex_tensor *seg = apex_tensor_slice_view(ar, (size_t)(rank * n), 1, &n);
       assert_same_bits(out, seg, "reduce-scatter element", o);
       apex_tensor_destroy(seg);
@@ -286,7 +288,7 @@ static void test_reduce_scatter_is_allreduce(void **state) {
       for (int q = 0; q < rank; q++) at += counts[q];
       int64_t mine = (int64_t)counts[rank];
       apex_tensor *vout = mine ? apex_tensor_create(dts[d], 1, &mine) : NULL;
-      TU_OK(apex_pg_reduce_scatter_v(g_pg, in, vout, counts, ops[o]));
+      TU_OK(apex_pg_reduce_scatter_v(tu_pg, in, vout, counts, ops[o]));
       if (vout) {
         seg = apex_tensor_slice_view(ar, at, 1, &mine);
         assert_same_bits(vout, seg, "reduce-scatter-v element", o);
@@ -339,7 +341,7 @@ static apex_optimizer *loaded(apex_optim_kind kind, const apex_optim_options *oo
  * resumes bitwise at this number of ranks and at one (the local group): another rank count. */
 static void test_checkpoint(void **state) {
   (void)state;
-  int rank = apex_pg_rank(g_pg);
+  int rank = apex_pg_rank(tu_pg);
   apex_pg *local = apex_pg_create_local();
   for (int half = 0; half < 2; half++)
     for (int k = 0; k < APEX_OPTIM_KIND_COUNT; k++) {
@@ -347,13 +349,13 @@ static void test_checkpoint(void **state) {
       apex_optim_options oo = options_for(kind);
       float scale = half ? 1024.0f : 1.0f;
       set_t zs = make_set(half, rank), ref = make_set(half, 0);
-      apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo, NULL);
+      apex_zero *z = apex_zero_create(tu_pg, zs.p, zs.g, NP, kind, &oo, NULL);
       assert_non_null(z);
       apex_optimizer *opt = apex_optimizer_create(kind, &oo);
       TU_OK(apex_optimizer_add_group(opt, ref.p, NP, ref.g, NP, NULL, NULL));
       TU_OK(apex_zero_set_lr(z, 5e-3f));
       TU_OK(apex_optimizer_set_lr(opt, 0, 5e-3f));
-      steps_on(g_pg, z, &zs, opt, &ref, 1, 2, scale);
+      steps_on(tu_pg, z, &zs, opt, &ref, 1, 2, scale);
       apex_optimizer *full = apex_zero_consolidate(z);
       if (!full) fail_msg("apex_zero_consolidate: %s", apex_last_error());
       size_t zsize = 0, rsize = 0;
@@ -371,12 +373,12 @@ static void test_checkpoint(void **state) {
         TU_OK(apex_tensor_copy(zs3.p[i], ref.p[i]));
         TU_OK(apex_tensor_copy(ref3.p[i], ref.p[i]));
       }
-      apex_zero *z2 = apex_zero_create(g_pg, zs2.p, zs2.g, NP, kind, &oo, &(apex_zero_options){.bucket_bytes = 5000});
+      apex_zero *z2 = apex_zero_create(tu_pg, zs2.p, zs2.g, NP, kind, &oo, &(apex_zero_options){.bucket_bytes = 5000});
       apex_optimizer *from = loaded(kind, &oo, &zs2, zbuf, zsize), *opt2 = loaded(kind, &oo, &ref2, rbuf, rsize);
       TU_OK(apex_zero_load_state(z2, from));
       assert_true(apex_zero_get_lr(z2) == 5e-3f);
       apex_optimizer_destroy(from);
-      steps_on(g_pg, z2, &zs2, opt2, &ref2, 3, 4, scale);
+      steps_on(tu_pg, z2, &zs2, opt2, &ref2, 3, 4, scale);
       /* And on one rank. */
       apex_zero *z3 = apex_zero_create(local, zs3.p, zs3.g, NP, kind, &oo, NULL);
       apex_optimizer *from3 = loaded(kind, &oo, &zs3, zbuf, zsize), *opt3 = loaded(kind, &oo, &ref3, rbuf, rsize);
@@ -419,12 +421,12 @@ static void test_checkpoint(void **state) {
 #if APEX_TEST_MPI
 #include <mpi.h>
 
-/* Copies rank 0's n bytes (n itself first) to every rank of g_pg, as f32 words: MPI moves the bits. */
+/* Copies rank 0's n bytes (n itself first) to every rank of tu_pg, as f32 words: MPI moves the bits. */
 static uint8_t *bcast_bytes(const uint8_t *buf, size_t *n) {
   int64_t one = 1;
   float len = (float)*n;
   apex_tensor *t = apex_tensor_wrap(&len, APEX_F32, 1, &one);
-  TU_OK(apex_pg_broadcast(g_pg, t, 0));
+  TU_OK(apex_pg_broadcast(tu_pg, t, 0));
   apex_tensor_destroy(t);
   *n = (size_t)len;
   int64_t words = (int64_t)((*n + 3) / 4);
@@ -432,7 +434,7 @@ static uint8_t *bcast_bytes(const uint8_t *buf, size_t *n) {
   assert_non_null(out);
   if (buf) memcpy(out, buf, *n);
   t = apex_tensor_wrap(out, APEX_F32, 1, &words);
-  TU_OK(apex_pg_broadcast(g_pg, t, 0));
+  TU_OK(apex_pg_broadcast(tu_pg, t, 0));
   apex_tensor_destroy(t);
   return out;
 }
@@ -442,7 +444,7 @@ static uint8_t *bcast_bytes(const uint8_t *buf, size_t *n) {
  * from the same bytes. */
 static void test_resume_two_to_more(void **state) {
   (void)state;
-  int rank = apex_pg_rank(g_pg), world = apex_pg_world_size(g_pg);
+  int rank = apex_pg_rank(tu_pg), world = apex_pg_world_size(tu_pg);
   if (world < 3) {
     print_message("skipped: needs 3 or more ranks (ctest's test_zero_np3 and _np4)\n");
     skip();
@@ -482,18 +484,18 @@ static void test_resume_two_to_more(void **state) {
         apex_pg_destroy(pg2);
       }
       uint8_t *bytes = bcast_bytes(mine, &size);
-      for (int i = 0; i < NP; i++) TU_OK(apex_pg_broadcast(g_pg, model.p[i], 0));
+      for (int i = 0; i < NP; i++) TU_OK(apex_pg_broadcast(tu_pg, model.p[i], 0));
       set_t zs = make_set(half, rank + 20), ref = make_set(half, 30);
       for (int i = 0; i < NP; i++) {
         TU_OK(apex_tensor_copy(zs.p[i], model.p[i]));
         TU_OK(apex_tensor_copy(ref.p[i], model.p[i]));
       }
       apex_optimizer *from = loaded(kind, &oo, &zs, bytes, size), *opt = loaded(kind, &oo, &ref, bytes, size);
-      apex_zero *z = apex_zero_create(g_pg, zs.p, zs.g, NP, kind, &oo, &(apex_zero_options){.stage = 2, .bucket_bytes = 3000});
+      apex_zero *z = apex_zero_create(tu_pg, zs.p, zs.g, NP, kind, &oo, &(apex_zero_options){.stage = 2, .bucket_bytes = 3000});
       assert_non_null(z);
       TU_OK(apex_zero_load_state(z, from));
       apex_optimizer_destroy(from);
-      steps_on(g_pg, z, &zs, opt, &ref, 3, 4, scale);
+      steps_on(tu_pg, z, &zs, opt, &ref, 3, 4, scale);
       apex_zero_destroy(z);
       apex_optimizer_destroy(opt);
       free_set(&zs), free_set(&ref), free_set(&model);
@@ -507,50 +509,50 @@ static void test_resume_two_to_more(void **state) {
 
 static void test_bad_input(void **state) {
   (void)state;
-  int world = apex_pg_world_size(g_pg);
+  int world = apex_pg_world_size(tu_pg);
   set_t s = make_set(0, 0);
   apex_tensor *p2[NP], *g2[NP];
   memcpy(p2, s.p, sizeof p2);
   memcpy(g2, s.g, sizeof g2);
   TU_FAILS(apex_zero_create(NULL, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, NULL) ? APEX_OK : apex_last_status(), APEX_ERR_INVALID_ARG,
            "apex_zero_create: pg is NULL");
-  TU_FAILS(apex_zero_create(g_pg, s.p, s.g, 0, APEX_OPTIM_ADAM, NULL, NULL) ? APEX_OK : apex_last_status(), APEX_ERR_INVALID_ARG,
+  TU_FAILS(apex_zero_create(tu_pg, s.p, s.g, 0, APEX_OPTIM_ADAM, NULL, NULL) ? APEX_OK : apex_last_status(), APEX_ERR_INVALID_ARG,
            "need at least one parameter");
-  TU_FAILS(apex_zero_create(g_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.stage = 3}) ? APEX_OK : apex_last_status(),
+  TU_FAILS(apex_zero_create(tu_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.stage = 3}) ? APEX_OK : apex_last_status(),
            APEX_ERR_INVALID_ARG, "stage 3 is not implemented");
-  TU_FAILS(apex_zero_create(g_pg, s.p, s.g, NP, APEX_OPTIM_KIND_COUNT, NULL, NULL) ? APEX_OK : apex_last_status(), APEX_ERR_INVALID_ARG,
+  TU_FAILS(apex_zero_create(tu_pg, s.p, s.g, NP, APEX_OPTIM_KIND_COUNT, NULL, NULL) ? APEX_OK : apex_last_status(), APEX_ERR_INVALID_ARG,
            "invalid optimizer kind");
   g2[1] = s.g[0];
-  TU_FAILS(apex_zero_create(g_pg, s.p, g2, NP, APEX_OPTIM_ADAM, NULL, NULL) ? APEX_OK : apex_last_status(), APEX_ERR_SHAPE,
+  TU_FAILS(apex_zero_create(tu_pg, s.p, g2, NP, APEX_OPTIM_ADAM, NULL, NULL) ? APEX_OK : apex_last_status(), APEX_ERR_SHAPE,
            "gradient 1 has another shape than its parameter");
   g2[1] = s.g[1];
   p2[1] = s.p[3];
   g2[1] = s.g[3];
-  TU_FAILS(apex_zero_create(g_pg, p2, g2, NP, APEX_OPTIM_ADAM, NULL, NULL) ? APEX_OK : apex_last_status(), APEX_ERR_INVALID_ARG,
+  TU_FAILS(apex_zero_create(tu_pg, p2, g2, NP, APEX_OPTIM_ADAM, NULL, NULL) ? APEX_OK : apex_last_status(), APEX_ERR_INVALID_ARG,
            "parameter 3 is listed twice (also at 1)");
   apex_tensor *h = apex_tensor_create(APEX_F16, NDIM[0], SHAPES[0]);
   memcpy(g2, s.g, sizeof g2);
   g2[0] = h;
-  TU_FAILS(apex_zero_create(g_pg, s.p, g2, NP, APEX_OPTIM_ADAM, NULL, NULL) ? APEX_OK : apex_last_status(), APEX_ERR_DTYPE,
+  TU_FAILS(apex_zero_create(tu_pg, s.p, g2, NP, APEX_OPTIM_ADAM, NULL, NULL) ? APEX_OK : apex_last_status(), APEX_ERR_DTYPE,
            "gradient 0 is f16 but its parameter f32");
-  TU_FAILS(apex_zero_create(g_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, &(apex_optim_options){.momentum = 0.5f}, NULL) ? APEX_OK : apex_last_status(),
+  TU_FAILS(apex_zero_create(tu_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, &(apex_optim_options){.momentum = 0.5f}, NULL) ? APEX_OK : apex_last_status(),
            APEX_ERR_INVALID_ARG, "momentum");
 
   set_t hs = make_set(1, 0);
   apex_tensor *mv[NP];
   memcpy(mv, hs.p, sizeof mv);
-  TU_FAILS(apex_zero_create(g_pg, hs.p, hs.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.master_values = mv}) ? APEX_OK : apex_last_status(),
+  TU_FAILS(apex_zero_create(tu_pg, hs.p, hs.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.master_values = mv}) ? APEX_OK : apex_last_status(),
            APEX_ERR_DTYPE, "master_values[0] is f16; masters are f32");
   mv[0] = s.p[0];
   mv[1] = s.p[0];
-  TU_FAILS(apex_zero_create(g_pg, hs.p, hs.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.master_values = mv}) ? APEX_OK : apex_last_status(),
+  TU_FAILS(apex_zero_create(tu_pg, hs.p, hs.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.master_values = mv}) ? APEX_OK : apex_last_status(),
            APEX_ERR_SHAPE, "master_values[1] has another shape or device than parameter 1");
   mv[1] = NULL;
-  TU_FAILS(apex_zero_create(g_pg, hs.p, hs.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.master_values = mv}) ? APEX_OK : apex_last_status(),
+  TU_FAILS(apex_zero_create(tu_pg, hs.p, hs.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.master_values = mv}) ? APEX_OK : apex_last_status(),
            APEX_ERR_INVALID_ARG, "master_values[1] is NULL (parameter 1 is f16)");
   free_set(&hs);
 
-  apex_zero *z = apex_zero_create(g_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, NULL);
+  apex_zero *z = apex_zero_create(tu_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, NULL);
   assert_non_null(z);
   int of = 0;
   TU_FAILS(apex_zero_step(z, 1.0f, &of), APEX_ERR_STATE, "call apex_zero_reduce_grads before each step");
@@ -579,12 +581,12 @@ static void test_bad_input(void **state) {
   apex_zero_destroy(NULL);
 
   /* overlap's calls. */
-  z = apex_zero_create(g_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, NULL);
+  z = apex_zero_create(tu_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, NULL);
   apex_graph *graph = apex_graph_create();
   TU_FAILS(apex_zero_attach(z, graph), APEX_ERR_STATE, "made without overlap");
   TU_FAILS(apex_zero_mark_ready(z, 0), APEX_ERR_STATE, "made without overlap");
   apex_zero_destroy(z);
-  z = apex_zero_create(g_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.overlap = 1});
+  z = apex_zero_create(tu_pg, s.p, s.g, NP, APEX_OPTIM_ADAM, NULL, &(apex_zero_options){.overlap = 1});
   assert_non_null(z);
   TU_FAILS(apex_zero_attach(z, NULL), APEX_ERR_INVALID_ARG, "graph is NULL");
   TU_FAILS(apex_zero_attach(NULL, graph), APEX_ERR_INVALID_ARG, "z is NULL");
@@ -603,44 +605,27 @@ static void test_bad_input(void **state) {
   apex_tensor *in = apex_tensor_create(APEX_F32, 1, &all), *out = apex_tensor_create(APEX_F32, 1, &n);
   apex_tensor *bad = apex_tensor_create(APEX_F32, 1, &wrong), *o16 = apex_tensor_create(APEX_F16, 1, &n);
   TU_FAILS(apex_pg_reduce_scatter(NULL, in, out, APEX_REDUCE_SUM), APEX_ERR_INVALID_ARG, "pg is NULL");
-  TU_FAILS(apex_pg_reduce_scatter(g_pg, bad, out, APEX_REDUCE_SUM), APEX_ERR_SHAPE, "needs world_size");
-  TU_FAILS(apex_pg_reduce_scatter(g_pg, in, o16, APEX_REDUCE_SUM), APEX_ERR_DTYPE, "in is f32 but out is f16");
-  TU_FAILS(apex_pg_reduce_scatter(g_pg, in, out, (apex_reduce_op)9), APEX_ERR_INVALID_ARG, "unknown op 9");
+  TU_FAILS(apex_pg_reduce_scatter(tu_pg, bad, out, APEX_REDUCE_SUM), APEX_ERR_SHAPE, "needs world_size");
+  TU_FAILS(apex_pg_reduce_scatter(tu_pg, in, o16, APEX_REDUCE_SUM), APEX_ERR_DTYPE, "in is f32 but out is f16");
+  TU_FAILS(apex_pg_reduce_scatter(tu_pg, in, out, (apex_reduce_op)9), APEX_ERR_INVALID_ARG, "unknown op 9");
   apex_tensor *alias = apex_tensor_slice_view(in, 0, 1, &n);
-  TU_FAILS(apex_pg_reduce_scatter(g_pg, in, alias, APEX_REDUCE_SUM), APEX_ERR_INVALID_ARG, "share storage");
+  TU_FAILS(apex_pg_reduce_scatter(tu_pg, in, alias, APEX_REDUCE_SUM), APEX_ERR_INVALID_ARG, "share storage");
   apex_pg_work *w = NULL;
-  TU_FAILS(apex_pg_reduce_scatter_async(g_pg, in, out, APEX_REDUCE_SUM, NULL), APEX_ERR_INVALID_ARG, "work is NULL");
+  TU_FAILS(apex_pg_reduce_scatter_async(tu_pg, in, out, APEX_REDUCE_SUM, NULL), APEX_ERR_INVALID_ARG, "work is NULL");
   {
     size_t counts[8] = {0};
     counts[0] = apex_tensor_numel(in);
-    TU_FAILS(apex_pg_reduce_scatter_v(g_pg, in, out, NULL, APEX_REDUCE_SUM), APEX_ERR_INVALID_ARG, "counts is NULL");
+    TU_FAILS(apex_pg_reduce_scatter_v(tu_pg, in, out, NULL, APEX_REDUCE_SUM), APEX_ERR_INVALID_ARG, "counts is NULL");
     counts[0] += 1;
-    TU_FAILS(apex_pg_reduce_scatter_v(g_pg, in, out, counts, APEX_REDUCE_SUM), APEX_ERR_SHAPE, "the counts add up to");
+    TU_FAILS(apex_pg_reduce_scatter_v(tu_pg, in, out, counts, APEX_REDUCE_SUM), APEX_ERR_SHAPE, "the counts add up to");
     counts[0] -= 1;
-    if (apex_pg_rank(g_pg) != 0) TU_FAILS(apex_pg_reduce_scatter_v(g_pg, in, out, counts, APEX_REDUCE_SUM), APEX_ERR_SHAPE, "out has");
-    else TU_FAILS(apex_pg_reduce_scatter_v(g_pg, in, NULL, counts, APEX_REDUCE_SUM), APEX_ERR_SHAPE, "(out is NULL)");
+    if (apex_pg_rank(tu_pg) != 0) TU_FAILS(apex_pg_reduce_scatter_v(tu_pg, in, out, counts, APEX_REDUCE_SUM), APEX_ERR_SHAPE, "out has");
+    else TU_FAILS(apex_pg_reduce_scatter_v(tu_pg, in, NULL, counts, APEX_REDUCE_SUM), APEX_ERR_SHAPE, "(out is NULL)");
   }
   assert_null(w);
   apex_tensor *tmp[] = {in, out, bad, o16, alias, h};
   for (size_t i = 0; i < sizeof tmp / sizeof tmp[0]; i++) apex_tensor_destroy(tmp[i]);
   free_set(&s);
-}
-
-static int setup(void **state) {
-  (void)state;
-  g_pg = apex_pg_create(NULL); /* MPI under mpirun, else the local group */
-  if (!g_pg) {
-    fprintf(stderr, "apex_pg_create failed: %s\n", apex_last_error());
-    return -1;
-  }
-  print_message("process group %s, rank %d of %d\n", apex_pg_backend(g_pg), apex_pg_rank(g_pg), apex_pg_world_size(g_pg));
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  apex_pg_destroy(g_pg);
-  return 0;
 }
 
 int main(void) {
@@ -654,5 +639,5 @@ int main(void) {
       cmocka_unit_test(test_resume_two_to_more),
 #endif
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, tu_pg_setup, tu_pg_teardown);
 }

@@ -64,3 +64,23 @@ void tu_assert_scaler_state_equal(const apex_loss_scaler_state *a, const apex_lo
   assert_int_equal(a->steps, b->steps);
   assert_int_equal(a->skipped, b->skipped);
 }
+
+apex_pg *tu_pg;
+
+int tu_pg_setup(void **state) {
+  (void)state;
+  tu_pg = apex_pg_create(NULL);
+  if (!tu_pg) {
+    fprintf(stderr, "apex_pg_create failed: %s\n", apex_last_error());
+    return -1;
+  }
+  print_message("process group %s, rank %d of %d\n", apex_pg_backend(tu_pg), apex_pg_rank(tu_pg), apex_pg_world_size(tu_pg));
+  return 0;
+}
+
+int tu_pg_teardown(void **state) {
+  (void)state;
+  apex_pg_destroy(tu_pg);
+  tu_pg = NULL;
+  return 0;
+}

@@ -81,6 +81,12 @@ apex_var *tu_random_leaf(apex_dtype dtype, int ndim, const int64_t *shape, uint6
  * fails with the path) if missing. */
 void *tu_read_data(const char *name, size_t *size);
 
+/* cmocka group setup and teardown for a test over one process group: tu_pg is the MPI group under
+ * mpirun, else the local one (world size 1), so the test runs without MPI too. */
+extern apex_pg *tu_pg;
+int tu_pg_setup(void **state);
+int tu_pg_teardown(void **state);
+
 /* Maximum relative difference |a-b| / max(|b|, floor) over n floats. */
 double tu_max_rel_diff(const float *a, const float *b, size_t n, double floor);
 

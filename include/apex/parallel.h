@@ -248,6 +248,10 @@ APEX_API int apex_reducer_bucket_of(const apex_reducer *r, int i);
  * already in flight before apex_reducer_finish, i.e. the communication overlapped with the backward.
  * 0 at the start of a step (after finish). -1 for NULL. */
 APEX_API int apex_reducer_buckets_started(const apex_reducer *r);
+/* Bytes of the Reducer's bucket buffers on this rank (every gradient once, in its reduction dtype; in
+ * ZeRO's scatter mode a few reused buffers): what it holds beside the gradient tensors. 0 with a
+ * message for NULL. */
+APEX_API size_t apex_reducer_buffer_bytes(const apex_reducer *r);
 
 /* ---- SyncBatchNorm statistics --------------------------------------------------------------------- */
 

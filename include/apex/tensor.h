@@ -67,8 +67,14 @@ APEX_API const int64_t *apex_tensor_shape(const apex_tensor *t);
 APEX_API size_t apex_tensor_numel(const apex_tensor *t);
 APEX_API size_t apex_tensor_nbytes(const apex_tensor *t);
 /* Pointer to the first element (host memory for CPU tensors, device memory for CUDA ones); NULL for
- * NULL. */
+ * NULL and for a released tensor (apex_tensor_released). */
 APEX_API void *apex_tensor_data(const apex_tensor *t);
+/* 1 when t's memory is released: ZeRO stage 2 (zero.h) frees an autograd leaf's gradient once it has
+ * been reduce-scattered, and the next backward makes it again. A released tensor reads as zeros
+ * (apex_tensor_get gives 0, a copy from it writes zeros); apex_tensor_fill, apex_tensor_copy into it
+ * and apex_tensor_set make its memory again; a multi-tensor kernel refuses it (APEX_ERR_STATE). It holds
+ * no memory: what a rank's gradients hold is the nbytes of those that are not released. 0 for NULL. */
+APEX_API int apex_tensor_released(const apex_tensor *t);
 /* 1 when a and b have the same ndim and sizes; 0 when either is NULL. */
 APEX_API int apex_tensor_same_shape(const apex_tensor *a, const apex_tensor *b);
 /* Writes "[2, 3, 4]" into buf (always NUL-terminated); returns buf. For error messages. */

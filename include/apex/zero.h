@@ -30,15 +30,19 @@
  *
  * Stage 1: after apex_zero_reduce_grads the gradient tensors hold the whole reduced gradients, as
  * after DDP (a reduce-scatter and an all-gather: the traffic of one all-reduce). Stage 2: only this
- * rank's shard of the reduced gradient exists (inside z); the gradient tensors keep this rank's
- * local gradients, and the all-gather of gradients happens only for a global norm (clipping, LAMB
- * with max_grad_norm).
+ * rank's shard of the reduced gradient exists (inside z); the gradient tensors that autograd made are
+ * released once reduce-scattered (keep_grads says how; they read as zeros, the next backward makes
+ * them again), and the all-gather of gradients, which makes them whole again until the step, happens
+ * only for LAMB with max_grad_norm (its step takes the norm of the whole gradients) or
+ * apex_zero_gather_grads; clipping sums its global norm from every rank's shard instead.
  *
  * Memory besides the shard's masters and state, per gradient dtype: the shard of the reduced
  * gradients and one bucket (bucket_bytes) through which the collectives move the shards of every
  * rank, a chunk at a time, where DDP's Reducer keeps buckets of the whole model. The reduce-scatter
  * runs when apex_zero_reduce_grads is called, after the backward, or with overlap during it, bucket by
- * bucket as DDP's all-reduce does. The gradient tensors are the caller's, whole on every rank.
+ * bucket as DDP's all-reduce does. The gradient tensors are the caller's: whole on every rank at stage
+ * 1; at stage 2 with overlap a rank holds, during a backward, only those whose bucket has not started
+ * (apex_zero_grad_bytes measures it).
  *
  * Every rank must call the same functions in the same order (they are collectives). The tensors are
  * borrowed and must outlive z. */
@@ -79,10 +83,20 @@ typedef struct apex_zero_options {
    * cost memory less and collectives more; the bits are the same at any size. */
   size_t bucket_bytes;
   /* 1: reduce-scatter the gradients in buckets during the backward, each as soon as its gradients are
-   * final (apex_zero_attach, or apex_zero_mark_ready), as apex_ddp all-reduces them: two more buckets
-   * of memory per gradient dtype (a gradient larger than bucket_bytes is a bucket of its own). Needs apex_pg_reduce_scatter_v (the MPI and local groups). 0
-   * (default): one reduce-scatter in apex_zero_reduce_grads, after the backward. The bits are the same. */
+   * final (apex_zero_attach, or apex_zero_mark_ready), as apex_ddp all-reduces them: two buffers of
+   * the largest bucket per gradient dtype, one filling while the other is on the wire, in place of the
+   * one bucket the collectives use otherwise (they borrow the first; a gradient larger than
+   * bucket_bytes is a bucket of its own). Needs apex_pg_reduce_scatter_v (the MPI and local groups).
+   * 0 (default): one reduce-scatter in apex_zero_reduce_grads, after the backward. The bits are the same. */
   int overlap;
+  /* Stage 2 only. 0 (default): a gradient tensor's memory is released as soon as its reduce-scatter has
+   * taken it (with overlap, when its bucket starts during the backward; else in apex_zero_reduce_grads),
+   * and it reads as zeros until the next backward makes it again (apex_tensor_released): so a rank holds
+   * the gradients of the buckets in flight, not the model's. This applies to autograd's leaf gradients
+   * (apex_var_grad); other gradient tensors (the caller's own, or flattened by amp's combine_grad) keep
+   * their memory. 1: keep every gradient tensor whole, holding this rank's local gradients after the
+   * reduce, for a program that reads them. The bits are the same. */
+  int keep_grads;
 } apex_zero_options;
 
 /* A sharded optimizer of `kind` with hyperparameters `optim` (NULL: the defaults) over params[0..n)
@@ -122,7 +136,9 @@ APEX_API apex_status apex_zero_gather_grads(apex_zero *z);
 /* Global gradient-norm clipping after apex_zero_reduce_grads, as apex_optimizer_clip_grad_norm on an
  * unsharded optimizer: the L2 norm of the whole reduced gradients times 1 / grad_scale (the same bits
  * on every rank) into *total_norm (may be NULL), and, when it exceeds max_norm, the next step
- * multiplies the gradients by max_norm / (norm + 1e-6). APEX_ERR_INVALID_ARG for NULL z, max_norm
+ * multiplies the gradients by max_norm / (norm + 1e-6). Collective: each rank's part of the norm is
+ * taken over its shard and the parts are gathered (a few bytes per 2048 gradients), so stage 2 makes no
+ * gradient tensor whole for it (LAMB with max_grad_norm gathers the gradients, which its step reads). APEX_ERR_INVALID_ARG for NULL z, max_norm
  * not finite and > 0 or a bad grad_scale; APEX_ERR_STATE before apex_zero_reduce_grads. */
 APEX_API apex_status apex_zero_clip_grad_norm(apex_zero *z, float max_norm, float grad_scale, float *total_norm);
 /* Collective, after apex_zero_reduce_grads: *flag (this rank's own overflow flag on entry) becomes 1
@@ -132,7 +148,7 @@ APEX_API apex_status apex_zero_clip_grad_norm(apex_zero *z, float max_norm, floa
  * the same itself. APEX_ERR_INVALID_ARG for NULL; APEX_ERR_STATE before apex_zero_reduce_grads. */
 APEX_API apex_status apex_zero_reduce_overflow(apex_zero *z, int *flag);
 /* One step after apex_zero_reduce_grads: the gradients are multiplied by 1 / grad_scale inside the
- * kernel. *overflow (overflow may be NULL: 0) is this rank's own overflow flag on entry (e.g. a
+ * kernel; at stage 2 the gradient tensors are released afterwards (keep_grads), also when skipped. *overflow (overflow may be NULL: 0) is this rank's own overflow flag on entry (e.g. a
  * non-finite loss); this rank's shard of the reduced gradients is checked for Inf/NaN too, and the
  * flag is MAX-reduced over the ranks: when it is set on any rank, every rank skips the step (nothing
  * changes: state, step counts, parameters) and *overflow is 1 on every rank; otherwise each rank
@@ -154,9 +170,14 @@ APEX_API apex_status apex_zero_shard_range(const apex_zero *z, int rank, size_t 
  * 0 with a message for NULL. */
 APEX_API size_t apex_zero_state_bytes(const apex_zero *z);
 /* Bytes of the buffers z keeps for the gradients and collectives on this rank: the shard of the
- * reduced gradients and one bucket per gradient dtype, and with overlap the Reducer's two buffers per
- * dtype. 0 with a message for NULL. */
+ * reduced gradients and one bucket per gradient dtype, or with overlap the Reducer's two buffers per
+ * dtype instead of the bucket. Not the gradient tensors (apex_zero_grad_bytes). 0 with a message for NULL. */
 APEX_API size_t apex_zero_buffer_bytes(const apex_zero *z);
+
+/* Bytes the gradient tensors grads[] hold now on this rank (a released one holds none), and in *peak
+ * (may be NULL) the most they held at once since the previous apex_zero_step (or apex_zero_create): read
+ * it after apex_zero_reduce_grads for the step's backward. 0 (and *peak 0) with a message for NULL. */
+APEX_API size_t apex_zero_grad_bytes(const apex_zero *z, size_t *peak);
 
 /* ---- checkpoints -------------------------------------------------------------------------------------
  * A sharded run saves what an unsharded run saves: apex_zero_consolidate gathers every rank's shard

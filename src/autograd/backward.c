@@ -78,8 +78,14 @@ float *apex__gbuf(apex_graph *g, apex_var *v) {
     g->oom = 1;
     return NULL;
   }
-  if (v->grad && v->grad->dtype == APEX_F32)
+  if (v->grad && v->grad->dtype == APEX_F32) {
+    /* A gradient ZeRO stage 2 released reads as zeros: made again, zero-filled, to add to. */
+    if (apex__tensor_remake(v->grad, 1, "apex_backward") != APEX_OK) {
+      g->oom = 1;
+      return NULL;
+    }
     v->gbuf = ag_data(v->grad);
+  }
   else
     v->gbuf = gbuf_tensor(g, v, 1);
   return v->gbuf;
@@ -108,10 +114,14 @@ float *apex__gbuf_w(apex_graph *g, apex_var *v, int *fresh) {
 /* 1 when leaf v's grad is low precision and this backward collected a sum for it to add. */
 static int flush_pending(const apex_var *v) { return v->grad->dtype != APEX_F32 && v->gbuf && v->grad->numel; }
 
+/* Before a flush adds to a grad tensor that ZeRO stage 2 released: its zeros, made again (as apex_var_zero_grad
+ * leaves them, so the bits are those of an unreleased gradient). */
+static apex_status remake_pending(apex_var *v) { return flush_pending(v) ? apex__tensor_remake(v->grad, 1, "apex_backward") : APEX_OK; }
+
 static apex_status flush_leaf(apex_graph *g, apex_var *v) {
   apex_tensor *gr = v->grad;
-  apex_status st = APEX_OK;
-  if (flush_pending(v)) {
+  apex_status st = remake_pending(v);
+  if (st == APEX_OK && flush_pending(v)) {
     const apex_backend *be = g->be;
     if (!be->mt_axpby) return apex__backend_slot_missing(be, "apex_backward", "multi_tensor_axpby");
     st = be->mt_axpby(&(apex_mt_axpby_args){.fn = "apex_backward", .n = 1, .x = &gr, .y = &v->gt, .out = &gr, .a = 1.0f, .b = 1.0f,
@@ -130,8 +140,12 @@ static apex_status finish(apex_graph *g, int ok) {
   /* Every leaf's flush in one multi-tensor call (the same axpby per element as flush_leaf's, so the same
    * bits): on a GPU one launch for the model instead of one per parameter, each with its own host setup. */
   size_t n = 0;
-  for (size_t i = 0; i < g->n_touched; i++) n += flush_pending(g->touched_leaves[i]);
-  apex_tensor **list = n > 0 && n <= INT32_MAX ? malloc(2 * n * sizeof *list) : NULL;
+  apex_status made = APEX_OK; /* on a failure the flushes run one by one below, each failing alike */
+  for (size_t i = 0; i < g->n_touched; i++) {
+    if (made == APEX_OK) made = remake_pending(g->touched_leaves[i]);
+    n += flush_pending(g->touched_leaves[i]);
+  }
+  apex_tensor **list = made == APEX_OK && n > 0 && n <= INT32_MAX ? malloc(2 * n * sizeof *list) : NULL;
   if (list) {
     size_t k = 0;
     for (size_t i = 0; i < g->n_touched; i++) {

@@ -243,6 +243,7 @@ apex_var *apex_var_create(apex_tensor *value, int requires_grad) {
       free(v);
       return NULL;
     }
+    apex__tensor_set_releasable(v->grad); /* ZeRO stage 2 may free it between backwards (backward.c remakes it) */
   }
   return v;
 }
@@ -290,6 +291,7 @@ apex_graph *apex_var_graph(const apex_var *v) { return null_var(v, __func__) ? N
 apex_status apex_var_zero_grad(apex_var *v) {
   if (!v || !v->grad) return apex__fail(APEX_ERR_INVALID_ARG, "apex_var_zero_grad: %s", v ? "the var has no grad tensor (it does not require gradients or is not a leaf)" : "NULL var");
   size_t n = v->grad->numel;
+  if (apex_tensor_released(v->grad)) return APEX_OK; /* released memory reads as zeros: it stays released */
   return n ? v->grad->storage->mem->fill(apex_tensor_data(v->grad), v->grad->dtype, 0.0f, n) : APEX_OK;
 }
 

@@ -20,6 +20,7 @@ apex_tensor *apex_var_swap_value(apex_var *v, apex_tensor *value) {
   apex_tensor *grad = NULL;
   if (v->requires_grad && !(grad = apex_tensor_create_on(value->device, value->dtype, value->ndim, value->shape)))
     return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "apex_var_swap_value: out of memory for the gradient");
+  apex__tensor_set_releasable(grad);
   apex_tensor *old = v->value;
   apex_tensor_destroy(v->grad);
   v->grad = grad;

@@ -46,6 +46,11 @@ typedef struct apex_mt_l2norm_args {
   float *global_norm;       /* host (may be NULL) */
   float *per_tensor;        /* host, n floats (may be NULL) */
   float *dev_global_norm;   /* one f32 where the tensors are (may be NULL) */
+  /* host, one f64 per chunk of every tensor in order (may be NULL): the sum of squares of the chunk's
+   * tiles, added in tile order from 0, that the norms are summed from. At chunk_size APEX_MT_TILE each
+   * is one tile's f32 sum, so a caller holding parts of tensors cut at tiles (a ZeRO shard) can sum the
+   * norms of the whole tensors in the same order. */
+  double *per_chunk;
   int *overflow;
 } apex_mt_l2norm_args;
 

@@ -69,4 +69,23 @@ double apex__threads_window(int ncpu, long hz);
  * when n is large (zeroing a model's gradients serially left one thread idle for a millisecond). */
 void apex__fill_bits(void *p, size_t size, uint32_t bits, size_t n);
 
+/* ---- releasable memory (releasable.c) ----------------------------------------------------------------
+ * A tensor whose memory can be freed while the tensor object stays, for whoever holds pointers to it,
+ * and made again when next needed. autograd marks every leaf's gradient so (graph.c), and ZeRO stage 2
+ * frees those it has reduce-scattered (zero.h): a rank then holds the gradients of the buckets in flight,
+ * not of the model. A released tensor reads as zeros (apex_tensor_released in tensor.h says how); a
+ * kernel must be handed memory made with apex__tensor_remake. Views share the state (it is the
+ * storage's). */
+
+/* Marks t's storage releasable: t must be apex's own memory (not apex_tensor_wrap'd) and cover all of it,
+ * as a tensor from apex_tensor_create does; anything else stays unmarked (the call does nothing). */
+void apex__tensor_set_releasable(apex_tensor *t);
+/* Frees t's memory when t is releasable and whole (the views of a flattened buffer are not); 1 when it
+ * is released afterwards (also when it already was), 0 when t keeps its memory. */
+int apex__tensor_release(apex_tensor *t);
+/* Makes a released t's memory again, zero-filled when zero is set (leave it unset only when the caller
+ * writes every element of the storage); APEX_OK without doing anything otherwise. fn names the caller in
+ * the out-of-memory message. */
+apex_status apex__tensor_remake(apex_tensor *t, int zero, const char *fn);
+
 #endif

@@ -196,7 +196,7 @@ size_t apex_tensor_nbytes(const apex_tensor *t) {
   return null_tensor(t, __func__) ? 0 : t->numel * apex_dtype_size(t->dtype);
 }
 void *apex_tensor_data(const apex_tensor *t) {
-  return null_tensor(t, __func__) ? NULL : (char *)t->storage->data + t->offset;
+  return null_tensor(t, __func__) || !t->storage->data ? NULL : (char *)t->storage->data + t->offset; /* NULL: released */
 }
 
 int64_t apex_tensor_dim(const apex_tensor *t, int dim) {
@@ -240,6 +240,8 @@ void apex__fill_bits(void *p, size_t size, uint32_t bits, size_t n) {
 
 apex_status apex_tensor_fill(apex_tensor *t, float value) {
   if (!t) return apex__fail(APEX_ERR_INVALID_ARG, "apex_tensor_fill: NULL tensor");
+  apex_status st = apex__tensor_remake(t, 1, "apex_tensor_fill");
+  if (st != APEX_OK) return st;
   return t->storage->mem->fill(apex_tensor_data(t), t->dtype, value, t->numel);
 }
 
@@ -277,6 +279,10 @@ static apex_status copy_impl(apex_tensor *dst, const apex_tensor *src, int wait,
     return apex__fail(APEX_ERR_SHAPE, "%s: destination %s has %zu elements, source %s has %zu", fn,
                       apex_tensor_shape_str(dst, a, sizeof a), dst->numel, apex_tensor_shape_str(src, b, sizeof b), src->numel);
   }
+  /* Released memory reads as zeros (releasable.c); a write makes it again. */
+  apex_status st = apex__tensor_remake(dst, 1, fn);
+  if (st != APEX_OK) return st;
+  if (apex_tensor_released(src)) return dst->storage->mem->fill(apex_tensor_data(dst), dst->dtype, 0.0f, dst->numel);
   if (apex_tensor_data(dst) == apex_tensor_data(src) && dst->dtype == src->dtype && dst->device == src->device)
     return APEX_OK;
   if (dst->device != APEX_DEVICE_CPU || src->device != APEX_DEVICE_CPU) return copy_device(dst, src, wait);
@@ -323,6 +329,7 @@ static int bad_element(const apex_tensor *t, size_t i, const char *fn) {
 
 float apex_tensor_get(const apex_tensor *t, size_t i) {
   if (bad_element(t, i, __func__)) return NAN;
+  if (apex_tensor_released(t)) return 0.0f;
   unsigned char raw[4];
   float v;
   element_bytes(t, i, raw);
@@ -331,7 +338,7 @@ float apex_tensor_get(const apex_tensor *t, size_t i) {
 }
 
 void apex_tensor_set(apex_tensor *t, size_t i, float value) {
-  if (bad_element(t, i, __func__)) return;
+  if (bad_element(t, i, __func__) || apex__tensor_remake(t, 1, __func__) != APEX_OK) return;
   size_t es = apex_dtype_size(t->dtype);
   unsigned char raw[4];
   apex__convert_portable(raw, t->dtype, &value, APEX_F32, 1);

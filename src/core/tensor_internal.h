@@ -13,6 +13,7 @@ typedef struct apex_storage {
   void *data;
   size_t bytes;
   int owned; /* 0 for apex_tensor_wrap: the caller frees the memory */
+  int releasable; /* its owner may free data while the tensors stay, and make it again (releasable.c) */
   apex_device device;
   const apex_memory *mem; /* the device's memory slots: what frees, copies and fills the data */
   atomic_int refs;

@@ -17,6 +17,12 @@ apex_status apex__optimizer_set_norm_grads(apex_optimizer *opt, apex_tensor *con
 /* LAMB's global norm in a step is taken of those tensors' values times `scale` too (1 by default):
  * for a shard that steps unscaled copies of gradients whose whole tensors are still scaled. */
 apex_status apex__optimizer_set_norm_scale(apex_optimizer *opt, float scale);
+/* For a norm the caller computed itself (a sharded optimizer sums it from every rank's shard, with the
+ * bits of apex_optimizer_clip_grad_norm's): the coefficient the gradients are unscaled by inside that
+ * norm (the pending clip over grad_scale, as apex_optimizer_clip_grad_norm takes it), and the clipping
+ * it then sets (the next step multiplies the gradients by max_norm / (norm + 1e-6) when below 1). */
+float apex__optimizer_clip_coef(const apex_optimizer *opt);
+void apex__optimizer_clip_by(apex_optimizer *opt, float max_norm, float norm);
 
 /* The pieces of a parameter's state a sharded optimizer gathers into an unsharded optimizer for a
  * checkpoint, and takes back from one after a load. Each returns NULL / -1 / APEX_ERR_INVALID_ARG for

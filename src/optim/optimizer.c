@@ -642,9 +642,15 @@ apex_status apex_optimizer_clip_grad_norm(apex_optimizer *opt, float max_norm, f
   free(grads);
   if (st != APEX_OK) return st;
   if (total_norm) *total_norm = norm;
+  apex__optimizer_clip_by(opt, max_norm, norm);
+  return APEX_OK;
+}
+
+float apex__optimizer_clip_coef(const apex_optimizer *opt) { return opt->clip_coef; }
+
+void apex__optimizer_clip_by(apex_optimizer *opt, float max_norm, float norm) {
   double coef = (double)max_norm / ((double)norm + 1e-6);
   if (isfinite(norm) && coef < 1.0) opt->clip_coef *= (float)coef;
-  return APEX_OK;
 }
 
 apex_status apex__optimizer_set_norm_grads(apex_optimizer *opt, apex_tensor *const *grads, int n) {

@@ -368,10 +368,17 @@ apex_status apex__reducer_set_scatter(apex_reducer *r, const size_t *counts, ape
   return APEX_OK;
 }
 
+apex_tensor *apex__reducer_slot(const apex_reducer *r, apex_dtype d) {
+  for (int k = 0; k < r->nslot_bufs; k++)
+    if (apex_tensor_dtype(r->slot_buf[k]) == d) return r->slot_buf[k];
+  return NULL;
+}
+
 size_t apex__reducer_bucket_numel(const apex_reducer *r, int b) { return r->buckets[b].numel; }
 size_t apex__reducer_offset(const apex_reducer *r, int i) { return r->offset[i]; }
 
-size_t apex__reducer_buffer_bytes(const apex_reducer *r) {
+size_t apex_reducer_buffer_bytes(const apex_reducer *r) {
+  if (!r) return apex__fail(APEX_ERR_INVALID_ARG, "apex_reducer_buffer_bytes: reducer is NULL"), 0;
   size_t bytes = 0;
   for (int k = 0; k < r->nslot_bufs; k++) bytes += apex_tensor_numel(r->slot_buf[k]) * apex_dtype_size(apex_tensor_dtype(r->slot_buf[k]));
   for (int b = 0; !r->nslot_bufs && b < r->nbuckets; b++) bytes += r->buckets[b].numel * apex_dtype_size(r->buckets[b].dtype);

@@ -19,10 +19,12 @@ apex_reducer *apex__reducer_create_scatter(apex_pg *pg, apex_tensor *const *grad
  * adding up to the bucket), and outs[b] (NULL when this rank has none) receives this rank's. Both
  * are copied. APEX_ERR_INVALID_ARG / APEX_ERR_SHAPE when they do not fit the buckets. */
 apex_status apex__reducer_set_scatter(apex_reducer *r, const size_t *counts, apex_tensor *const *outs);
+/* Scatter mode: the first of the buffers of dtype d (NULL when no bucket has that dtype). Between a
+ * finished reduce (apex_reducer_reduce or apex_reducer_finish) and the next mark nothing uses it, so the
+ * sharded optimizer's all-gathers borrow it then. */
+apex_tensor *apex__reducer_slot(const apex_reducer *r, apex_dtype d);
 /* Gradient i's place: its bucket's element count and dtype, and its offset in the bucket. */
 size_t apex__reducer_bucket_numel(const apex_reducer *r, int b);
 size_t apex__reducer_offset(const apex_reducer *r, int i);
-/* Bytes of the bucket buffers. */
-size_t apex__reducer_buffer_bytes(const apex_reducer *r);
 
 #endif

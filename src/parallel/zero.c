@@ -275,6 +275,7 @@ apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor
   z->rank = apex_pg_rank(pg);
   z->world = apex_pg_world_size(pg);
   z->stage = o.stage ? o.stage : 1;
+  z->release = z->stage == 2 && !o.keep_grads;
   z->n = n;
   z->post = o.sum_only ? 1.0f : 1.0f / (float)z->world;
   z->kind = kind;
@@ -292,8 +293,9 @@ apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor
   plan_ranges(z, whole_params_only(kind));
   st = plan_pieces(z);
   if (st == APEX_OK) st = make_buffers(z);
-  if (st == APEX_OK) st = apex__zero_plan_chunks(z, o.bucket_bytes);
+  /* The overlap's buffers first: the chunks of the all-gathers borrow one (zero_comm.c). */
   if (st == APEX_OK && o.overlap) st = apex__zero_make_overlap(z, o.bucket_bytes);
+  if (st == APEX_OK) st = apex__zero_plan_chunks(z, o.bucket_bytes);
   if (st == APEX_OK) st = make_optimizer(z, kind, optim, o.amp_unscale);
   if (st == APEX_OK && o.master_values) st = set_masters(z, o.master_values);
   if (st != APEX_OK) return fail_create(z, st);
@@ -303,7 +305,10 @@ apex_zero *apex_zero_create(apex_pg *pg, apex_tensor *const *params, apex_tensor
 
 /* stage 1 and the global norm: the reduced shards of every rank into grads[]. */
 static apex_status gather_grads(apex_zero *z) {
-  apex_status st = apex__zero_allgather(z, 0);
+  apex_status st = APEX_OK;
+  /* Released gradients are made again, unfilled: the all-gather writes every element of them. */
+  for (int i = 0; st == APEX_OK && i < z->n; i++) st = apex__tensor_remake(z->grads[i], 0, "apex_zero_gather_grads");
+  if (st == APEX_OK) st = apex__zero_allgather(z, 0);
   if (st == APEX_OK) z->gathered = 1;
   return st;
 }
@@ -315,6 +320,9 @@ apex_status apex_zero_reduce_grads(apex_zero *z) {
   for (int d = 0; st == APEX_OK && d < APEX_DTYPE_COUNT; d++)
     if (z->seg[d] && z->post != 1.0f) st = apex_mt_scale(0, NULL, &z->shard[d], &z->shard[d], 1, z->post);
   z->gathered = 0;
+  /* Stage 2: every gradient is in this rank's shard or another's now. */
+  if (st == APEX_OK) apex__zero_release(z, 0, z->n);
+  z->released_upto = 0;
   if (st == APEX_OK && z->stage == 1) st = gather_grads(z);
   z->reduced = st == APEX_OK;
   return st;
@@ -341,8 +349,17 @@ apex_status apex_zero_clip_grad_norm(apex_zero *z, float max_norm, float grad_sc
   apex_status st = check_scale(fn, grad_scale);
   if (st != APEX_OK) return st;
   if (!z->reduced) return apex__fail(APEX_ERR_STATE, "%s: call apex_zero_reduce_grads first (the norm is of the reduced gradients)", fn);
-  if (!z->gathered && (st = gather_grads(z)) != APEX_OK) return st;
-  return apex_optimizer_clip_grad_norm(z->opt, max_norm, grad_scale, total_norm);
+  /* LAMB's step takes a norm of the whole gradients itself: gathered for it anyway. */
+  if (z->gathered || z->lamb_norm) {
+    if (!z->gathered && (st = gather_grads(z)) != APEX_OK) return st;
+    return apex_optimizer_clip_grad_norm(z->opt, max_norm, grad_scale, total_norm);
+  }
+  float norm = 0.0f;
+  st = apex__zero_global_norm(z, apex__optimizer_clip_coef(z->opt) / grad_scale, &norm);
+  if (st != APEX_OK) return st;
+  if (total_norm) *total_norm = norm;
+  apex__optimizer_clip_by(z->opt, max_norm, norm);
+  return APEX_OK;
 }
 
 /* Every rank's updated pieces into params[] on every rank, in the parameters' dtype. */
@@ -369,7 +386,20 @@ apex_status apex_zero_reduce_overflow(apex_zero *z, int *flag) {
   return st;
 }
 
+static apex_status step_shard(apex_zero *z, float grad_scale, int *overflow);
+
 apex_status apex_zero_step(apex_zero *z, float grad_scale, int *overflow) {
+  int pending = z && z->reduced;
+  apex_status st = step_shard(z, grad_scale, overflow);
+  if (pending && !z->reduced) { /* the step took this reduce, whatever came of it */
+    /* Stage 2: gradients gathered for a norm are spent too; the next step's peak starts here. */
+    apex__zero_release(z, 0, z->n);
+    z->grad_peak = apex__zero_grad_held(z);
+  }
+  return st;
+}
+
+static apex_status step_shard(apex_zero *z, float grad_scale, int *overflow) {
   const char *fn = "apex_zero_step";
   if (!z) return apex__fail(APEX_ERR_INVALID_ARG, "%s: z is NULL", fn);
   apex_status st = check_scale(fn, grad_scale);
@@ -424,10 +454,21 @@ size_t apex_zero_state_bytes(const apex_zero *z) {
   return bytes;
 }
 
+size_t apex_zero_grad_bytes(const apex_zero *z, size_t *peak) {
+  if (!z) {
+    if (peak) *peak = 0;
+    return apex__fail(APEX_ERR_INVALID_ARG, "apex_zero_grad_bytes: z is NULL"), 0;
+  }
+  size_t now = apex__zero_grad_held(z);
+  if (peak) *peak = z->grad_peak > now ? z->grad_peak : now;
+  return now;
+}
+
 size_t apex_zero_buffer_bytes(const apex_zero *z) {
   if (!z) return apex__fail(APEX_ERR_INVALID_ARG, "apex_zero_buffer_bytes: z is NULL"), 0;
   size_t bytes = 0;
-  for (int d = 0; d < APEX_DTYPE_COUNT; d++) bytes += (z->seg[d] + z->chunk_elems[d] * (size_t)z->world) * apex_dtype_size((apex_dtype)d);
-  if (z->red) bytes += apex__reducer_buffer_bytes(z->red);
+  for (int d = 0; d < APEX_DTYPE_COUNT; d++)
+    bytes += (z->seg[d] + (z->staging_borrowed[d] ? 0 : z->chunk_elems[d] * (size_t)z->world)) * apex_dtype_size((apex_dtype)d);
+  if (z->red) bytes += apex_reducer_buffer_bytes(z->red);
   return bytes;
 }

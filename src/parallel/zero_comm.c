@@ -15,6 +15,7 @@
 
 #include "apex/parallel.h"
 #include "core/internal.h"
+#include "parallel/reducer_internal.h"
 #include "parallel/zero_internal.h"
 
 #define DEFAULT_BUCKET_BYTES ((size_t)25 << 20) /* apex_ddp's default */
@@ -58,11 +59,16 @@ apex_status apex__zero_plan_chunks(apex_zero *z, size_t bucket_bytes) {
     if (!seg) continue;
     /* One rank's part of a bucket, at least one element, at most the whole segment. */
     size_t L = bucket_bytes / ((size_t)z->world * esz);
+    /* With overlap the Reducer's first buffer of the dtype (at least one bucket, idle once a reduce has
+     * finished, which every all-gather follows) is the staging: one bucket less to hold. */
+    apex_tensor *slot = z->red ? apex__reducer_slot(z->red, (apex_dtype)d) : NULL;
+    z->staging_borrowed[d] = slot && apex_tensor_numel(slot) >= (size_t)z->world;
+    if (z->staging_borrowed[d]) L = apex_tensor_numel(slot) / (size_t)z->world;
     if (L < 1) L = 1;
     if (L > seg) L = seg;
     z->chunk_elems[d] = L;
     int64_t all = (int64_t)(L * (size_t)z->world);
-    z->staging[d] = apex_tensor_create_on(dev, (apex_dtype)d, 1, &all);
+    z->staging[d] = z->staging_borrowed[d] ? apex_tensor_slice_view(slot, 0, 1, &all) : apex_tensor_create_on(dev, (apex_dtype)d, 1, &all);
     if (!z->staging[d]) return APEX_ERR_OUT_OF_MEMORY;
     for (size_t c0 = 0; c0 < seg; c0 += L) {
       size_t lc = seg - c0 < L ? seg - c0 : L, carried = 0;

@@ -50,6 +50,7 @@ struct apex_zero {
   apex_tensor *shard[APEX_DTYPE_COUNT];
   size_t seg[APEX_DTYPE_COUNT]; /* S per dtype (0: no parameter of that dtype) */
   apex_tensor *staging[APEX_DTYPE_COUNT]; /* one bucket of the collectives per dtype */
+  int staging_borrowed[APEX_DTYPE_COUNT]; /* overlap: staging is a view of the Reducer's first buffer */
   size_t chunk_elems[APEX_DTYPE_COUNT];   /* L: one rank's part of a full chunk */
   chunk *chunks;
   int nchunks;
@@ -70,10 +71,14 @@ struct apex_zero {
   int lamb_norm;    /* LAMB with max_grad_norm: the step needs the whole gradients */
   int reduced;      /* gradients reduced since the last step */
   int gathered;     /* grads[] hold the whole reduced gradients */
+  /* stage 2 without keep_grads (zero_release.c): the gradient tensors are released once reduce-scattered */
+  int release;
+  int released_upto;   /* overlap: the buckets whose gradients were released this step */
+  size_t grad_peak;    /* the most bytes grads[] held at once since the last step */
 };
 
 /* zero_comm.c. Plans the chunks of buckets of bucket_bytes (0: the default) after zero.c's pieces and
- * shard buffers exist; APEX_ERR_OUT_OF_MEMORY. */
+ * shard buffers and the overlap's Reducer exist; APEX_ERR_OUT_OF_MEMORY. */
 apex_status apex__zero_plan_chunks(apex_zero *z, size_t bucket_bytes);
 void apex__zero_free_chunks(apex_zero *z);
 /* The caller's gradients, summed over the ranks, into this rank's shard (the sums; no division). */
@@ -81,6 +86,18 @@ apex_status apex__zero_reduce_scatter(apex_zero *z);
 /* Every rank's shard into the caller's gradients (params 0: after a reduce, every reduced gradient)
  * or into the parameters this rank does not own (params 1: after a step packed its own into the shard). */
 apex_status apex__zero_allgather(apex_zero *z, int params);
+
+/* zero_release.c. Releases the gradients of params[i] for i in [lo, hi) that are autograd's (the others
+ * keep their memory), after noting what grads[] held in the peak; without release, does nothing. */
+void apex__zero_release(apex_zero *z, int lo, int hi);
+/* With overlap: releases the gradients of the buckets that have started since the last call. */
+void apex__zero_release_started(apex_zero *z);
+/* Bytes grads[] hold now (released ones hold none). */
+size_t apex__zero_grad_held(const apex_zero *z);
+
+/* zero_norm.c. The L2 norm of the whole reduced gradients times inv_scale, with the bits of an unsharded
+ * apex_optimizer_clip_grad_norm over them, from every rank's shard (collective, after a reduce). */
+apex_status apex__zero_global_norm(apex_zero *z, float inv_scale, float *norm);
 
 /* zero_overlap.c. Makes the Reducer (after the pieces and the shard buffers): APEX_ERR_UNSUPPORTED on a
  * group without apex_pg_reduce_scatter_v. */

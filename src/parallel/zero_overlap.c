@@ -109,7 +109,10 @@ apex_status apex_zero_mark_ready(apex_zero *z, int i) {
   if (z->marked[i])
     return apex__fail(APEX_ERR_STATE, "%s: gradient %d was already marked this step; call apex_zero_reduce_grads after each backward", fn, i);
   z->marked[i] = 1;
-  return apex_reducer_mark_ready(z->red, z->n - 1 - i);
+  apex_status st = apex_reducer_mark_ready(z->red, z->n - 1 - i);
+  /* A started bucket's gradients are in its buffer: stage 2 needs them no more. */
+  if (st == APEX_OK) apex__zero_release_started(z);
+  return st;
 }
 
 static apex_status zero_hook(void *ctx, apex_var *leaf) {

@@ -18,7 +18,7 @@ if ! echo 'int LLVMFuzzerTestOneInput(const char*d,long n){(void)d;(void)n;retur
 fi
 # The reader and the core it uses (host memory only); the AVX2 fast path is left out (APEX_HAVE_X86=0:
 # portable path).
-sources=("$src/src/io/safetensors.c" "$src/src/io/json_strict.c" "$src/src/core/status.c" "$src/src/core/tensor.c" "$src/src/core/convert.c" "$src/src/core/cpu.c"
+sources=("$src/src/io/safetensors.c" "$src/src/io/json_strict.c" "$src/src/core/status.c" "$src/src/core/tensor.c" "$src/src/core/releasable.c" "$src/src/core/convert.c" "$src/src/core/cpu.c"
          "$src/src/core/host_memory.c")
 "$clang" "${flags[@]}" "${sources[@]}" "$src/tests/fuzz/fuzz_safetensors.c" -o "$work/fuzz" $(pkg-config --libs libcjson) -lm
 mkdir -p "$work/corpus"

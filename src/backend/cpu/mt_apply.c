@@ -39,6 +39,9 @@ static apex_status check_launch(const apex_mt_launch *L) {
       if (!t) return apex__fail(APEX_ERR_INVALID_ARG, "%s: list %d, tensor %d is NULL", name, l, i);
       if (t->device != APEX_DEVICE_CPU)
         return apex__fail(APEX_ERR_DEVICE, "%s: list %d, tensor %d is not on the CPU", name, l, i);
+      if (apex_tensor_released(t))
+        return apex__fail(APEX_ERR_STATE, "%s: list %d, tensor %d has no memory: it is a gradient that ZeRO stage 2 released after "
+                          "its reduce-scatter (it reads as zeros until a backward adds to it; apex_tensor_fill makes it again)", name, l, i);
       if (t->numel != L->lists[0][i]->numel)
         return apex__fail(APEX_ERR_SHAPE, "%s: tensor %d has %zu elements in list 0 but %zu in list %d", name, i,
                           L->lists[0][i]->numel, t->numel, l);

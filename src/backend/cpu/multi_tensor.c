@@ -220,6 +220,7 @@ apex_status apex__cpu_mt_l2norm(const apex_mt_l2norm_args *a) {
     }
     if (a->global_norm) *a->global_norm = (float)sqrt(global);
     if (a->dev_global_norm) *a->dev_global_norm = (float)sqrt(global);
+    if (a->per_chunk) memcpy(a->per_chunk, partial, total * sizeof *partial);
   }
   free(chunk_start);
   free(partial);

@@ -112,9 +112,10 @@ apex_status apex__cuda_mt_axpby(const apex__cuda_list *x, const apex__cuda_list 
 /* Global and per-tensor L2 norms of x * inv_scale, into device f32 d_global[1] and d_per[n] (either may
  * be NULL), summed in the CPU's order (chunks of chunk_size, 0 = APEX_MT_DEFAULT_CHUNK; tiles of eight f32
  * lanes; f64 across tiles, chunks and tensors), so they are the CPU's bits: LAMB's trust ratio and
- * clipping, and NovoGrad's norms, then match the CPU's. */
+ * clipping, and NovoGrad's norms, then match the CPU's. h_chunks (host, may be NULL): every chunk's f64
+ * sum, copied down (a wait), as apex_mt_l2norm_args.per_chunk. */
 apex_status apex__cuda_mt_l2norm_chunked(const apex__cuda_list *x, size_t chunk_size, float inv_scale, float *d_global,
-                                         float *d_per, int *d_flag);
+                                         float *d_per, int *d_flag, double *h_chunks);
 /* apex__cuda_mt_l2norm_chunked with the default chunk. */
 apex_status apex__cuda_mt_l2norm(const apex__cuda_list *x, float inv_scale, float *d_global, float *d_per,
                                  int *d_flag);

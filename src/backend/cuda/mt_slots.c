@@ -116,8 +116,8 @@ apex_status apex__cuda_slot_mt_l2norm(const apex_mt_l2norm_args *a) {
   apex_status st = make_lists(fn, t, 1, n, &l);
   if (st != APEX_OK) return st;
   /* Only the device norm asked for: written in place, nothing waits. */
-  if (!a->global_norm && !a->per_tensor && !a->overflow) {
-    st = apex__cuda_mt_l2norm_chunked(&l, a->chunk_size, a->inv_scale, a->dev_global_norm, NULL, NULL);
+  if (!a->global_norm && !a->per_tensor && !a->overflow && !a->per_chunk) {
+    st = apex__cuda_mt_l2norm_chunked(&l, a->chunk_size, a->inv_scale, a->dev_global_norm, NULL, NULL, NULL);
     apex__cuda_list_free(&l);
     return st;
   }
@@ -125,7 +125,7 @@ apex_status apex__cuda_slot_mt_l2norm(const apex_mt_l2norm_args *a) {
   int *d_flag = NULL;
   st = apex__cuda_alloc(sizeof(float) * (size_t)(n + 1), 1, (void **)&d_out);
   if (st == APEX_OK) st = apex__cuda_alloc(sizeof(int), 1, (void **)&d_flag);
-  if (st == APEX_OK) st = apex__cuda_mt_l2norm_chunked(&l, a->chunk_size, a->inv_scale, d_out, d_out + 1, d_flag);
+  if (st == APEX_OK) st = apex__cuda_mt_l2norm_chunked(&l, a->chunk_size, a->inv_scale, d_out, d_out + 1, d_flag, a->per_chunk);
   if (st == APEX_OK && a->dev_global_norm) st = apex__cuda_memcpy(a->dev_global_norm, d_out, sizeof(float), APEX__D2D, 0);
   float *h = st == APEX_OK ? malloc(sizeof(float) * (size_t)(n + 1)) : NULL;
   if (st == APEX_OK && !h) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);

@@ -151,7 +151,7 @@ __global__ void norm_finish_kernel(const double *part, const int64_t *first, int
 }
 
 extern "C" apex_status apex__cuda_mt_l2norm_chunked(const apex__cuda_list *x, size_t chunk_size, float inv_scale,
-                                                    float *d_global, float *d_per, int *d_flag) {
+                                                    float *d_global, float *d_per, int *d_flag, double *h_chunks) {
   int n = x->n;
   int64_t cs = chunk_size ? (int64_t)chunk_size : APEX_MT_DEFAULT_CHUNK;
   int tpc = (int)((cs + APEX_MT_TILE - 1) / APEX_MT_TILE);
@@ -202,6 +202,7 @@ extern "C" apex_status apex__cuda_mt_l2norm_chunked(const apex__cuda_list *x, si
     e = cudaGetLastError();
   }
   if (st == APEX_OK) st = launched(e, "CUDA l2norm");
+  if (st == APEX_OK && h_chunks && chunks > 0) st = apex__cuda_memcpy(h_chunks, d_part, sizeof(double) * (size_t)chunks, APEX__D2H, 1);
   apex__cuda_free(d_mem); /* stream-ordered: reused only by later work */
   free(first);
   return st;
@@ -209,7 +210,7 @@ extern "C" apex_status apex__cuda_mt_l2norm_chunked(const apex__cuda_list *x, si
 
 extern "C" apex_status apex__cuda_mt_l2norm(const apex__cuda_list *x, float inv_scale, float *d_global, float *d_per,
                                             int *d_flag) {
-  return apex__cuda_mt_l2norm_chunked(x, 0, inv_scale, d_global, d_per, d_flag);
+  return apex__cuda_mt_l2norm_chunked(x, 0, inv_scale, d_global, d_per, d_flag, NULL);
 }
 
 /* The fused flush + unscale of a bf16 leaf's gradient into its f32 master gradient (args_mt.h,
