@@ -168,6 +168,9 @@ if [ ${#MPIRUN[@]} -gt 0 ]; then
   step nccl_1rank 30 test key_nccl "${MPIRUN[@]}" -np 1 "$B/tests/test_nccl"
   step ddp_cuda_1rank 40 test key_nccl "${MPIRUN[@]}" -np 1 "$B/tools/apex-train" --distributed --device cuda --model cnn \
     --sync-bn --steps 60 --opt-level O2 --cast-type bf16 --data "$APEX_FASHION_MNIST"
+  # ZeRO stage 2 over NCCL (ncclReduceScatter / ncclAllGather, after the backward: NCCL has no unequal parts)
+  step zero_cuda_1rank 40 test key_nccl "${MPIRUN[@]}" -np 1 "$B/tools/apex-train" --distributed --zero 2 --device cuda \
+    --model cnn --steps 60 --opt-level O2 --cast-type bf16 --data "$APEX_FASHION_MNIST"
   if [ "$NGPU" -ge 2 ]; then
     step nccl_2ranks 40 test key_nccl "${MPIRUN[@]}" -np 2 "$B/tests/test_nccl"
     step ddp_cuda_2ranks 60 test key_nccl "${MPIRUN[@]}" -np 2 "$B/tools/apex-train" --distributed --device cuda --model cnn \

@@ -50,13 +50,18 @@ int shard_create(shard *s, apex_pg *pg, train_model *tm, apex_graph *g, apex_ten
   s->kind = kind;
   s->oo = *oo;
   s->stage = stage;
-  /* The reduce-scatter runs during the backward, bucket by bucket, as DDP's all-reduce does. */
-  s->z = ps && gs ? apex_zero_create(pg, ps, gs, (int)n, kind, oo,
-                                     &(apex_zero_options){.stage = stage, .master_values = vals, .amp_unscale = 1, .overlap = 1})
-                  : NULL;
+  /* The reduce-scatter runs during the backward, bucket by bucket, as DDP's all-reduce does; a group
+   * without a reduce-scatter of unequal parts (NCCL's) runs it after the backward instead (before_unscale),
+   * the same sums. */
+  apex_zero_options zo = {.stage = stage, .master_values = vals, .amp_unscale = 1, .overlap = 1};
+  s->z = ps && gs ? apex_zero_create(pg, ps, gs, (int)n, kind, oo, &zo) : NULL;
+  if (!s->z && ps && gs && apex_last_status() == APEX_ERR_UNSUPPORTED) {
+    zo.overlap = 0;
+    s->z = apex_zero_create(pg, ps, gs, (int)n, kind, oo, &zo);
+  }
   free(ps);
   free(gs);
-  if (s->z && apex_zero_attach(s->z, g) != APEX_OK) {
+  if (s->z && zo.overlap && apex_zero_attach(s->z, g) != APEX_OK) {
     apex_zero_destroy(s->z);
     s->z = NULL;
   }
