@@ -26,9 +26,8 @@ def bytes_to_unicode():
 
 def main():
     b2u = bytes_to_unicode()
-    order = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    order += [b for b in range(256) if b not in order]
-    vocab = {b2u[b]: i for i, b in enumerate(order)}
+    # GPT-2's order is bytes_to_unicode's: the printable bytes first, then the rest (a dict keeps it)
+    vocab = {c: i for i, c in enumerate(b2u.values())}
     merges = ["Ġt", "Ġa", "he", "in", "re", "on", "Ġthe", "er", "Ġs", "at", "Ġw", "Ġo", "en", "Ġc", "it", "is", "an", "or", "es",
               "Ġb", "ed", "Ġf", "ing", "Ġp", "ou", "Ġan", "al", "ar", "Ġto", "Ġm", "Ġof", "Ġin", "Ġd", "Ġh", "Ġand", "ic", "as", "le",
               "Ġth", "ion", "om", "ll", "ent"]

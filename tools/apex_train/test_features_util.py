@@ -6,6 +6,7 @@ computed here (closed forms and numpy), never by running apex-train's code.
 Usage: test_features_util.py COMMAND ARGS...; exits non-zero with a message on a failed check."""
 import json
 import math
+import os
 import struct
 import sys
 import xml.etree.ElementTree as ET
@@ -94,16 +95,11 @@ def cmd_bin(path, kind):
 
 
 def gpt2_byte_decoder():
-    # GPT-2's bytes_to_unicode (openai/gpt-2 src/encoder.py), inverted: character -> byte
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + list(range(ord("\u00ae"), ord("\u00ff") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    """GPT-2's bytes_to_unicode (tests/gen_gpt2_tokenizer.py's, which made the test vocabulary), inverted:
+    character -> byte."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+    from gen_gpt2_tokenizer import bytes_to_unicode
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 def after_sample(path):
