@@ -112,6 +112,17 @@ apex_status apex_gpt_sizes(const apex_module *gpt, apex_gpt_options *out) {
   return APEX_OK;
 }
 
+enum { STACK_POSITIONS = 1024 };
+
+/* The positions 0..T-1 on the host: in stack (STACK_POSITIONS long) when they fit, else in memory the caller
+ * frees (when the result is not stack); NULL after a message naming fn. */
+static int64_t *count_up(int64_t T, int64_t *stack, const char *fn) {
+  int64_t *pos = T <= STACK_POSITIONS ? stack : malloc((size_t)T * sizeof *pos);
+  if (!pos) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  for (int64_t t = 0; t < T; t++) pos[t] = t;
+  return pos;
+}
+
 /* The positions 0..T-1 as an index on device, made the first time this GPT sees T there and kept with it. */
 static const apex_index *gpt_positions(apex_module *gpt, apex_device device, int64_t T, const char *fn) {
   for (size_t i = 0; i < gpt->n_positions; i++)
@@ -119,10 +130,8 @@ static const apex_index *gpt_positions(apex_module *gpt, apex_device device, int
   apex_index **grown = realloc(gpt->positions, (gpt->n_positions + 1) * sizeof *grown);
   if (!grown) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   gpt->positions = grown;
-  int64_t stack_pos[1024], *pos = T <= 1024 ? stack_pos : malloc((size_t)T * sizeof *pos);
+  int64_t stack_pos[STACK_POSITIONS], *pos = count_up(T, stack_pos, fn);
   apex_index *ix = pos ? apex_index_create_on(device, 1, &T, T) : NULL;
-  if (!pos) apex__fail(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-  for (int64_t t = 0; ix && t < T; t++) pos[t] = t;
   if (ix && apex_index_set(ix, pos, T) != APEX_OK) apex_index_destroy(ix), ix = NULL;
   if (pos != stack_pos) free(pos);
   if (ix) gpt->positions[gpt->n_positions++] = ix;
@@ -150,9 +159,8 @@ static apex_var *gpt_hidden(apex_module *gpt, apex_graph *g, const int64_t *ids,
     p = tok ? apex_embedding_forward_index(c[1], g, pix) : NULL;
   } else {
     int64_t shape[2] = {B, T};
-    int64_t stack_pos[1024], *pos = T <= 1024 ? stack_pos : malloc((size_t)T * sizeof *pos);
-    if (!pos) return apex__fail_null(APEX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-    for (int64_t t = 0; t < T; t++) pos[t] = t;
+    int64_t stack_pos[STACK_POSITIONS], *pos = count_up(T, stack_pos, fn);
+    if (!pos) return NULL;
     tok = apex_embedding_forward(c[0], g, ids, 2, shape);
     p = tok ? apex_embedding_forward(c[1], g, pos, 1, &T) : NULL;
     if (pos != stack_pos) free(pos);
