@@ -50,6 +50,7 @@ static int call_var_graph(void) { return apex_var_graph(NULL) == NULL ? 0 : 1; }
 static int call_var_item(void) { (void)apex_var_item(NULL); return 0; }
 static int call_var_swap_value(void) { return apex_var_swap_value(NULL, NULL) == NULL ? 0 : 1; }
 static int call_graph_autocast_enabled(void) { (void)apex_graph_autocast_enabled(NULL); return 0; }
+static int call_graph_half_grads(void) { (void)apex_graph_half_grads(NULL); return 0; }
 static int call_graph_config_tag(void) { (void)apex_graph_config_tag(NULL); return 0; }
 static int call_graph_device(void) { return apex_graph_device(NULL) == APEX_DEVICE_CPU ? 0 : 1; }
 static int call_idx_destroy(void) { apex_idx_destroy(NULL); return 0; }
@@ -276,6 +277,7 @@ static const struct { const char *name; int (*call)(void); } calls[] = {
     {"apex_var_item", call_var_item},
     {"apex_var_swap_value", call_var_swap_value},
     {"apex_graph_autocast_enabled", call_graph_autocast_enabled},
+    {"apex_graph_half_grads", call_graph_half_grads},
     {"apex_graph_config_tag", call_graph_config_tag},
     {"apex_graph_device", call_graph_device},
     {"apex_idx_destroy", call_idx_destroy},

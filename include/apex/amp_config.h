@@ -77,6 +77,12 @@ typedef struct apex_amp_config {
                                      gradient tensors stay the same objects (views), the results the
                                      same bits. Create a DDP or Reducer after initialize. */
   int allow_banned;               /* 1: allow ops amp refuses under O1 (plain binary cross-entropy) */
+  apex_amp_flag half_grads;       /* [on for models on a GPU, off on the CPU] amp's backward keeps the
+                                     gradients of f16/bf16 activations in their own dtype, as PyTorch's
+                                     autocast and llm.c do (apex_graph_set_half_grads: parameters still
+                                     receive f32 sums). On a GPU this halves the bytes the backward's
+                                     kernels move; the CPU's kernels widen every gradient anyway, so
+                                     there it would add only roundings. */
 } apex_amp_config;
 
 /* The resolved properties. */
@@ -95,6 +101,7 @@ typedef struct apex_amp_properties {
   int combine_grad;
   int allow_banned;
   apex_loss_scaler_config scaler; /* mode, scale and tunables, defaults filled in */
+  apex_amp_flag half_grads;       /* as configured: DEFAULT is decided per backward by the model's device */
 } apex_amp_properties;
 
 /* Resolves cfg (NULL: all defaults, i.e. O1) into *out. Errors (APEX_ERR_INVALID_ARG, the message

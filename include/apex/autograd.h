@@ -121,6 +121,18 @@ APEX_API int apex_graph_set_grad_enabled(apex_graph *g, int enabled);
 /* Turns autocast on in `dtype` (APEX_F16 or APEX_BF16) or off (enabled = 0). APEX_ERR_DTYPE for
  * another dtype; APEX_ERR_INVALID_ARG for a NULL graph. */
 APEX_API apex_status apex_graph_set_autocast(apex_graph *g, int enabled, apex_dtype dtype);
+/* Keeps the gradients of the graph's f16/bf16 values in their own dtype during a backward (on = 1), as
+ * PyTorch's autograd and llm.c do, or in f32 (0, the default). Half gradients halve the bytes every
+ * backward kernel moves between ops; each gradient is then rounded once per op that adds into it. What
+ * stays f32 either way: the gradients of leaves (accumulated in f32 and added to their grad tensors
+ * once, or into amp's f32 master gradients) and of values made from leaves alone (a cast of a weight, a
+ * view joining weights), so that parameters receive unrounded f32 sums. Kept across resets; amp turns
+ * it on for its backward where its properties say (apex_amp_properties.half_grads). APEX_ERR_INVALID_ARG
+ * for a NULL graph. */
+APEX_API apex_status apex_graph_set_half_grads(apex_graph *g, int on);
+/* 1 when the graph keeps half gradients (apex_graph_set_half_grads); 0 otherwise, and for NULL (with an
+ * APEX_ERR_INVALID_ARG message). */
+APEX_API int apex_graph_half_grads(const apex_graph *g);
 /* Overrides op's autocast category for this graph. APEX_ERR_INVALID_ARG for an op or category
  * outside its enum. */
 APEX_API apex_status apex_graph_set_op_cast(apex_graph *g, apex_op op, apex_cast_category category);

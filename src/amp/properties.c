@@ -143,6 +143,9 @@ apex_status apex_amp_resolve(const apex_amp_config *cfg, apex_amp_properties *ou
   p.num_losses = c->num_losses ? c->num_losses : 1;
   p.verbosity = c->verbosity;
   p.allow_banned = c->allow_banned != 0;
+  if (c->half_grads != APEX_AMP_DEFAULT && c->half_grads != APEX_AMP_ON && c->half_grads != APEX_AMP_OFF)
+    return apex__fail(APEX_ERR_INVALID_ARG, "amp: half_grads is %d; use APEX_AMP_ON, APEX_AMP_OFF or 0 (the default)", (int)c->half_grads);
+  p.half_grads = c->half_grads;
   if ((st = resolve_scale(c, &p, level)) != APEX_OK) return st;
   *out = p;
   return APEX_OK;

@@ -92,7 +92,8 @@ typedef union ag_op_params {
 struct apex_var {
   apex_tensor *value;
   apex_tensor *grad;   /* leaves and inputs that require gradients; NULL otherwise */
-  float *gbuf;         /* f32 gradient during one backward, on the graph's device; NULL when not reached */
+  void *gbuf;          /* the gradient during one backward, on the graph's device; NULL when not reached */
+  apex_dtype gdt;      /* gbuf's dtype: f32, or the value's f16/bf16 on a graph with half gradients */
   apex_tensor *gt;     /* the pool tensor holding gbuf; NULL when gbuf is an f32 leaf's own grad tensor */
   apex_graph *graph;   /* NULL for leaves */
   uint64_t step;       /* the graph step that made it */
@@ -159,6 +160,10 @@ struct apex_graph {
   int oom;   /* a pool allocation failed during the running backward */
   int autocast;
   apex_dtype autocast_dtype;
+  int half_grads; /* apex_graph_set_half_grads */
+  /* f32 stand-ins that an op's backward made for half gradients (apex__gbuf), landed when it returns */
+  struct ag_stage { apex_var *v; float *buf; } *stages;
+  size_t n_stages, cap_stages;
   signed char cast_override[APEX_OP_COUNT]; /* -1: the table's category */
   unsigned char banned[APEX_OP_COUNT];      /* refused while autocast is on (amp's banned list) */
   uint64_t config_tag;                      /* apex_graph_set_config_tag */
@@ -166,7 +171,8 @@ struct apex_graph {
 
 /* ---- op table ---------------------------------------------------------------------------------- */
 
-/* Adds the gradients of out's inputs, given out->gbuf (f32, out's element count). */
+/* Adds the gradients of out's inputs, given out->gbuf (out's element count; f32 unless the op's
+ * grads_any is set, then out->gdt). */
 typedef apex_status (*apex__backward_fn)(apex_graph *g, apex_var *out);
 
 /* What an op's backward reads of values, beyond their shapes and the op's own aux and ext: every
@@ -195,6 +201,10 @@ typedef struct apex__op_info {
    * buffer that the cast's identity backward would have added (0 + t, then g + (0 + t), is g + t
    * bitwise, a gradient buffer never holding -0), and the whole-tensor f32 copy is never made. */
   unsigned char reads_half;
+  /* The backward takes gradients in any dtype: it reads out->gbuf as out->gdt and asks its inputs'
+   * buffers of apex__gbuf_any, handing the dtypes to its slot (args_nn.h). Without it, the engine gives
+   * the backward an f32 copy of a half out->gbuf, and apex__gbuf f32 stand-ins for half gradients. */
+  unsigned char grads_any;
 } apex__op_info;
 
 const apex__op_info *apex__op(apex_op op);
@@ -263,8 +273,14 @@ apex_var *apex__result_value(apex_graph *g, apex_op op, apex_tensor *value, int 
 
 /* The f32 gradient buffer of v (zeroed when first made), or NULL when v needs no gradient. Ops add
  * into it. An allocation failure also gives NULL and sets g->oom, which apex_backward checks after
- * every op. */
+ * every op. When v's gradient is half (apex_graph_set_half_grads), an f32 stand-in valid during the
+ * running op's backward, which the engine then adds into v's own buffer (rounding once). */
 float *apex__gbuf(apex_graph *g, apex_var *v);
+/* v's gradient buffer in its own dtype (*dt: f32, or v's f16/bf16 on a graph with half gradients),
+ * zeroed when first made; for ops whose info has grads_any. NULL as apex__gbuf. */
+void *apex__gbuf_any(apex_graph *g, apex_var *v, apex_dtype *dt);
+/* As apex__gbuf_any, with apex__gbuf_w's fresh rule. */
+void *apex__gbuf_w_any(apex_graph *g, apex_var *v, int *fresh, apex_dtype *dt);
 /* As apex__gbuf, for an op that writes every element of the gradient: when *fresh comes back 1 this
  * is the first gradient v receives and the buffer is not zeroed: the op stores 0.0f + its term (the
  * bits of adding into zeros, -0 included) instead of adding. Saves a pass that zeroes the buffer and

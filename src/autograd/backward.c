@@ -1,8 +1,11 @@
 /* backward.c: running a graph backward.
  *
  * Vars are visited in reverse creation order; a var whose gradient buffer was never made is not on
- * a path from the output and is skipped. Gradients travel as f32 tensors from the graph pool, on the
- * graph's device; the engine fills, seeds and adds them only through the backend's slots. A
+ * a path from the output and is skipped. Gradients travel as tensors from the graph pool, on the
+ * graph's device: f32, or an f16/bf16 value's own dtype on a graph with half gradients (ops whose
+ * backward takes any dtype get them as they are; for the others the engine widens out's gradient into
+ * an f32 copy and lands f32 stand-ins, rounding once per op). The engine fills, seeds and adds them only
+ * through the backend's slots. A
  * leaf of dtype f32 accumulates straight into its grad tensor; a low-precision leaf collects its
  * gradient in f32 and adds it to its grad tensor once, at the end, so it is rounded once per
  * backward rather than once per use; amp's leaf sink (leaf_sink.h) may take that sum first, to fold the
@@ -12,6 +15,7 @@
 #include <time.h>
 
 #include "autograd/ag.h"
+#include "backend/grad_dtype.h"
 
 /* ---- APEX_BACKWARD_PROFILE=1: the host's time in each op kind's backward ---------------------------
  * Where a backward's host time goes (on a GPU, the time to queue each op's kernels: when it is as long
@@ -54,25 +58,78 @@ static int touch(apex_graph *g, apex_var *v) {
   return 1;
 }
 
-/* A pool tensor for v's f32 gradient (v's shape; one element for an empty v, so that the buffer is
- * never NULL), zero-filled when zero is set; its data, or NULL with g->oom set. */
-static float *gbuf_tensor(apex_graph *g, apex_var *v, int zero) {
+/* The dtype of v's gradient in this backward: its value's f16/bf16 on a graph with half gradients, for
+ * an op's result that is not made from leaves alone; f32 otherwise (apex_graph_set_half_grads says why). */
+static apex_dtype grad_dtype(const apex_graph *g, const apex_var *v) {
+  if (v->gbuf) return v->gdt;
+  apex_dtype t = v->value->dtype;
+  if (!g->half_grads || !v->graph || v->op == APEX_OP_LEAF || v->grad || v->sum_into || (t != APEX_F16 && t != APEX_BF16))
+    return APEX_F32;
+  int from_leaves = v->n_in > 0;
+  for (int i = 0; i < v->n_in && from_leaves; i++) from_leaves = !v->in[i] || !v->in[i]->graph;
+  return from_leaves ? APEX_F32 : t;
+}
+
+/* A pool tensor for v's gradient in dtype dt (v's shape; one element for an empty v, so that the buffer
+ * is never NULL), zero-filled when zero is set; its data, or NULL with g->oom set. */
+static void *gbuf_tensor(apex_graph *g, apex_var *v, apex_dtype dt, int zero) {
   size_t n = ag_numel(v);
   int64_t one = 1;
   apex_tensor *t = v->sum_into ? v->sum_into
-                   : n         ? apex__pool_tensor(g, APEX_F32, v->value->ndim, v->value->shape)
-                               : apex__pool_tensor(g, APEX_F32, 1, &one);
-  if (t && zero && g->mem->fill(apex_tensor_data(t), APEX_F32, 0.0f, ag_nz(n)) != APEX_OK) t = NULL;
+                   : n         ? apex__pool_tensor(g, dt, v->value->ndim, v->value->shape)
+                               : apex__pool_tensor(g, dt, 1, &one);
+  if (t && zero && g->mem->fill(apex_tensor_data(t), dt, 0.0f, ag_nz(n)) != APEX_OK) t = NULL;
   if (!t) {
     g->oom = 1;
     return NULL;
   }
   v->gt = t;
-  return ag_data(t);
+  v->gdt = dt;
+  return apex_tensor_data(t);
+}
+
+/* An f32 stand-in for v's half gradient during the running op, found again when the op asks twice.
+ * With fresh NULL it is zero-filled; otherwise *fresh says whether the op must write it whole (1: new,
+ * left unfilled) or add (0: asked before). NULL with g->oom set. */
+static float *stage(apex_graph *g, apex_var *v, int *fresh) {
+  for (size_t i = 0; i < g->n_stages; i++)
+    if (g->stages[i].v == v) {
+      if (fresh) *fresh = 0;
+      return g->stages[i].buf;
+    }
+  size_t n = ag_nz(ag_numel(v));
+  float *buf = apex__scratch_temp(g, n * sizeof(float));
+  if (buf && !fresh && g->mem->fill(buf, APEX_F32, 0.0f, n) != APEX_OK) buf = NULL;
+  if (!buf || !apex__grow((void **)&g->stages, &g->cap_stages, g->n_stages + 1, sizeof *g->stages)) {
+    g->oom = 1;
+    return NULL;
+  }
+  g->stages[g->n_stages].v = v;
+  g->stages[g->n_stages++].buf = buf;
+  if (fresh) *fresh = 1;
+  return buf;
+}
+
+/* Lands the running op's stand-ins in their vars' half buffers: the first one made (it holds 0.0f + the
+ * terms) is stored rounded; a later one adds, rounding once. */
+static apex_status unstage(apex_graph *g) {
+  apex_status st = APEX_OK;
+  for (size_t i = 0; i < g->n_stages && st == APEX_OK; i++) {
+    apex_var *v = g->stages[i].v;
+    size_t n = ag_numel(v);
+    int made = v->gbuf != NULL;
+    apex_dtype dt = grad_dtype(g, v);
+    if (!made && !gbuf_tensor(g, v, dt, 0)) st = APEX_ERR_OUT_OF_MEMORY;
+    else if (n)
+      st = made ? apex__grad_land(g->be, v->gbuf, dt, g->stages[i].buf, n, 1) : g->mem->convert(v->gbuf, dt, g->stages[i].buf, APEX_F32, n);
+  }
+  g->n_stages = 0;
+  return st;
 }
 
 float *apex__gbuf(apex_graph *g, apex_var *v) {
   if (!v || !v->requires_grad) return NULL;
+  if (grad_dtype(g, v) != APEX_F32) return stage(g, v, NULL);
   if (v->gbuf) return v->gbuf;
   if (v->grad && !touch(g, v)) {
     g->oom = 1;
@@ -85,15 +142,17 @@ float *apex__gbuf(apex_graph *g, apex_var *v) {
       return NULL;
     }
     v->gbuf = ag_data(v->grad);
+    v->gdt = APEX_F32;
   }
   else
-    v->gbuf = gbuf_tensor(g, v, 1);
+    v->gbuf = gbuf_tensor(g, v, APEX_F32, 1);
   return v->gbuf;
 }
 
 float *apex__gbuf_w(apex_graph *g, apex_var *v, int *fresh) {
   *fresh = 0;
   if (!v || !v->requires_grad) return NULL;
+  if (grad_dtype(g, v) != APEX_F32) return stage(g, v, fresh);
   /* f32 leaves accumulate in their grad tensor, and a buffer already begun must be added to. */
   if (v->gbuf || (v->grad && v->grad->dtype == APEX_F32)) return apex__gbuf(g, v);
   /* A low-precision leaf's buffer holds only this backward's sum (flush_leaf adds it to the grad
@@ -102,9 +161,51 @@ float *apex__gbuf_w(apex_graph *g, apex_var *v, int *fresh) {
     g->oom = 1;
     return NULL;
   }
-  v->gbuf = gbuf_tensor(g, v, 0);
+  v->gbuf = gbuf_tensor(g, v, APEX_F32, 0);
   *fresh = v->gbuf != NULL;
   return v->gbuf;
+}
+
+void *apex__gbuf_any(apex_graph *g, apex_var *v, apex_dtype *dt) {
+  *dt = APEX_F32;
+  if (!v || !v->requires_grad) return NULL;
+  apex_dtype t = grad_dtype(g, v);
+  if (t == APEX_F32) return apex__gbuf(g, v);
+  *dt = t;
+  return v->gbuf ? v->gbuf : gbuf_tensor(g, v, t, 1);
+}
+
+void *apex__gbuf_w_any(apex_graph *g, apex_var *v, int *fresh, apex_dtype *dt) {
+  *dt = APEX_F32;
+  *fresh = 0;
+  if (!v || !v->requires_grad) return NULL;
+  apex_dtype t = grad_dtype(g, v);
+  if (t == APEX_F32) return apex__gbuf_w(g, v, fresh);
+  *dt = t;
+  if (v->gbuf) return v->gbuf;
+  void *b = gbuf_tensor(g, v, t, 0);
+  *fresh = b != NULL;
+  return b;
+}
+
+/* Runs v's backward. An op that takes only f32 gradients gets an f32 copy of a half out->gbuf (in
+ * transient scratch, released as the next op starts), and its stand-ins for half input gradients land
+ * when it returns. */
+static apex_status run_backward(apex_graph *g, apex_var *v) {
+  const apex__op_info *info = apex__op(v->op);
+  void *own = v->gbuf;
+  if (v->gdt != APEX_F32 && !info->grads_any) {
+    size_t n = ag_nz(ag_numel(v));
+    float *wide = apex__scratch_temp(g, n * sizeof(float));
+    if (!wide) return APEX_ERR_OUT_OF_MEMORY;
+    apex_status st = g->mem->convert(wide, APEX_F32, own, v->gdt, n);
+    if (st != APEX_OK) return st;
+    v->gbuf = wide;
+  }
+  apex_status st = info->backward(g, v);
+  v->gbuf = own;
+  apex_status us = unstage(g);
+  return st != APEX_OK ? st : us;
 }
 
 /* Adds a low-precision leaf's collected f32 gradient into its grad tensor, once, with the backend's
@@ -241,12 +342,13 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
   }
   if (opts->grad_output && apex__on_graph_device(g, opts->grad_output, "apex_backward", "grad_output") != APEX_OK) return apex_last_status();
   g->oom = 0;
-  float *go = apex__gbuf(g, out);
+  apex_dtype gdt;
+  void *go = apex__gbuf_any(g, out, &gdt);
   if (!go) return APEX_ERR_OUT_OF_MEMORY;
   apex_status st = APEX_OK;
   if (n)
-    st = opts->grad_output ? g->mem->convert(go, APEX_F32, apex_tensor_data(opts->grad_output), opts->grad_output->dtype, n)
-                           : g->mem->fill(go, APEX_F32, 1.0f, 1);
+    st = opts->grad_output ? g->mem->convert(go, gdt, apex_tensor_data(opts->grad_output), opts->grad_output->dtype, n)
+                           : g->mem->fill(go, gdt, 1.0f, 1);
   if (st != APEX_OK) return st;
   int hook = g->grad_hook != NULL;
   if (hook && !plan_finals(g)) st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_backward: out of memory for the grad hook's plan");
@@ -258,7 +360,7 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
     if (v->gbuf && v->op != APEX_OP_LEAF && v->n_in != 0) {
       apex__release_temps(g);
       double t0 = prof ? now_s() : 0;
-      st = apex__op(v->op)->backward(g, v);
+      st = run_backward(g, v);
       if (prof && (int)v->op < APEX_OP_COUNT) profile_s[v->op] += now_s() - t0, profile_n[v->op]++;
       if (st == APEX_OK && g->oom) st = APEX_ERR_OUT_OF_MEMORY;
       if (st != APEX_OK) break;

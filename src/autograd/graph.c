@@ -189,6 +189,17 @@ apex_status apex_graph_set_autocast(apex_graph *g, int enabled, apex_dtype dtype
   return APEX_OK;
 }
 
+apex_status apex_graph_set_half_grads(apex_graph *g, int on) {
+  if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "apex_graph_set_half_grads: NULL graph");
+  g->half_grads = on != 0;
+  return APEX_OK;
+}
+
+int apex_graph_half_grads(const apex_graph *g) {
+  if (!g) apex__fail_null_arg(__func__, "graph");
+  return g ? g->half_grads : 0;
+}
+
 apex_status apex_graph_set_op_cast(apex_graph *g, apex_op op, apex_cast_category category) {
   if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "apex_graph_set_op_cast: NULL graph");
   if ((int)op < 0 || op >= APEX_OP_COUNT) return apex__fail(APEX_ERR_INVALID_ARG, "apex_graph_set_op_cast: op %d is not an apex_op", (int)op);
@@ -448,9 +459,11 @@ apex_var *apex_cast(apex_graph *g, apex_var *x, apex_dtype dtype) {
 apex_status apex__bwd_identity(apex_graph *g, apex_var *out) {
   const apex_backend *be = apex__ag_backend(out, out->op);
   if (!be || !AG_HAS(be, nn_scale_bwd, out->op)) return apex_last_status();
-  float *gx = apex__gbuf(g, out->in[0]);
+  apex_dtype dt;
+  void *gx = apex__gbuf_any(g, out->in[0], &dt);
   if (!gx) return APEX_OK;
-  return be->nn_scale_bwd(&(apex_nn_scale_bwd_args){.n = ag_numel(out), .gout = out->gbuf, .gx = gx, .s = 1.0f, .accumulate_x = 1});
+  return be->nn_scale_bwd(&(apex_nn_scale_bwd_args){.n = ag_numel(out), .gout = out->gbuf, .gout_dtype = out->gdt, .gx = gx, .gx_dtype = dt,
+                                                    .s = 1.0f, .accumulate_x = 1});
 }
 
 /* ---- f32 views ---------------------------------------------------------------------------------- */

@@ -24,20 +24,20 @@ BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm) BWD(norm) BWD(linea
  * instead of leaving a zero entry (no name, no backward). */
 #define OPS(OP) \
     OP(LEAF, {"leaf", APEX_CAST_NONE, NULL})                                                             \
-    OP(CAST, {"cast", APEX_CAST_NONE, apex__bwd_identity, ALL_IN})                                       \
-    OP(ADD, {"add", APEX_CAST_PROMOTE, apex__bwd_binary, ALL_IN})                                        \
-    OP(SUB, {"sub", APEX_CAST_PROMOTE, apex__bwd_binary, ALL_IN})                                        \
-    OP(MUL, {"mul", APEX_CAST_PROMOTE, apex__bwd_binary})                                                \
-    OP(DIV, {"div", APEX_CAST_PROMOTE, apex__bwd_binary})                                                \
-    OP(SCALE, {"scale", APEX_CAST_NONE, apex__bwd_scale, ALL_IN})                                        \
-    OP(RELU, {"relu", APEX_CAST_NONE, apex__bwd_unary, ALL_IN, 1})                                       \
-    OP(GELU, {"gelu", APEX_CAST_FLOAT, apex__bwd_unary, .reads_half = 1}) /* Apex's FP32_FUNCS */        \
-    OP(GELU_TANH, {"gelu_tanh", APEX_CAST_FLOAT, apex__bwd_unary, .reads_half = 1})                      \
-    OP(TANH, {"tanh", APEX_CAST_NONE, apex__bwd_unary})                                                  \
-    OP(SIGMOID, {"sigmoid", APEX_CAST_NONE, apex__bwd_unary})                                            \
-    OP(DROPOUT, {"dropout", APEX_CAST_NONE, apex__bwd_dropout, ALL_IN})                                  \
+    OP(CAST, {"cast", APEX_CAST_NONE, apex__bwd_identity, ALL_IN, .grads_any = 1})                                       \
+    OP(ADD, {"add", APEX_CAST_PROMOTE, apex__bwd_binary, ALL_IN, .grads_any = 1})                                        \
+    OP(SUB, {"sub", APEX_CAST_PROMOTE, apex__bwd_binary, ALL_IN, .grads_any = 1})                                        \
+    OP(MUL, {"mul", APEX_CAST_PROMOTE, apex__bwd_binary, .grads_any = 1})                                                \
+    OP(DIV, {"div", APEX_CAST_PROMOTE, apex__bwd_binary, .grads_any = 1})                                                \
+    OP(SCALE, {"scale", APEX_CAST_NONE, apex__bwd_scale, ALL_IN, .grads_any = 1})                                        \
+    OP(RELU, {"relu", APEX_CAST_NONE, apex__bwd_unary, ALL_IN, 1, .grads_any = 1})                                       \
+    OP(GELU, {"gelu", APEX_CAST_FLOAT, apex__bwd_unary, .reads_half = 1, .grads_any = 1}) /* Apex's FP32_FUNCS */        \
+    OP(GELU_TANH, {"gelu_tanh", APEX_CAST_FLOAT, apex__bwd_unary, .reads_half = 1, .grads_any = 1})                      \
+    OP(TANH, {"tanh", APEX_CAST_NONE, apex__bwd_unary, .grads_any = 1})                                                  \
+    OP(SIGMOID, {"sigmoid", APEX_CAST_NONE, apex__bwd_unary, .grads_any = 1})                                            \
+    OP(DROPOUT, {"dropout", APEX_CAST_NONE, apex__bwd_dropout, ALL_IN, .grads_any = 1})                                  \
     OP(MATMUL, {"matmul", APEX_CAST_HALF, apex__bwd_matmul})                                             \
-    OP(LINEAR, {"linear", APEX_CAST_HALF, apex__bwd_linear, IN(2)})                                      \
+    OP(LINEAR, {"linear", APEX_CAST_HALF, apex__bwd_linear, IN(2), .grads_any = 1})                                      \
     /* the backward recomputes each image's patches from the input (ops_conv.c) */                       \
     OP(CONV2D, {"conv2d", APEX_CAST_HALF, apex__bwd_conv2d, IN(2)})                                      \
     OP(MAX_POOL2D, {"max_pool2d", APEX_CAST_NONE, apex__bwd_max_pool2d, ALL_IN})                         \
@@ -45,9 +45,9 @@ BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm) BWD(norm) BWD(linea
     /* Runs in its input's type with f32 parameters and statistics (cuDNN's and Apex's O1/O2 batch       \
      * norm): the output takes the input's dtype, see ops_norm.c. */                                     \
     OP(BATCH_NORM, {"batch_norm", APEX_CAST_NONE, apex__bwd_batch_norm, IN(2)})                          \
-    OP(LAYER_NORM, {"layer_norm", APEX_CAST_FLOAT, apex__bwd_layer_norm, IN(2), .reads_half = 1})        \
-    OP(RMS_NORM, {"rms_norm", APEX_CAST_FLOAT, apex__bwd_rms_norm, .reads_half = 1})                     \
-    OP(EMBEDDING, {"embedding", APEX_CAST_NONE, apex__bwd_embedding, ALL_IN})                            \
+    OP(LAYER_NORM, {"layer_norm", APEX_CAST_FLOAT, apex__bwd_layer_norm, IN(2), .reads_half = 1, .grads_any = 1})        \
+    OP(RMS_NORM, {"rms_norm", APEX_CAST_FLOAT, apex__bwd_rms_norm, .reads_half = 1, .grads_any = 1})                     \
+    OP(EMBEDDING, {"embedding", APEX_CAST_NONE, apex__bwd_embedding, ALL_IN, .grads_any = 1})                            \
     /* their f32 result is their aux, the value itself when it is f32 */                                 \
     OP(SOFTMAX, {"softmax", APEX_CAST_FLOAT, apex__bwd_softmax, ALL_IN, 1, .reads_half = 1})             \
     OP(LOG_SOFTMAX, {"log_softmax", APEX_CAST_FLOAT, apex__bwd_log_softmax, ALL_IN, 1, .reads_half = 1}) \
@@ -58,12 +58,12 @@ BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm) BWD(norm) BWD(linea
     OP(BCE, {"bce", APEX_CAST_FLOAT, apex__bwd_pointwise_loss, .reads_half = 1})                         \
     OP(SUM, {"sum", APEX_CAST_FLOAT, apex__bwd_sum, ALL_IN, .reads_half = 1})                            \
     OP(MEAN, {"mean", APEX_CAST_FLOAT, apex__bwd_sum, ALL_IN, .reads_half = 1})                          \
-    OP(RESHAPE, {"reshape", APEX_CAST_NONE, apex__bwd_identity, ALL_IN})                                 \
+    OP(RESHAPE, {"reshape", APEX_CAST_NONE, apex__bwd_identity, ALL_IN, .grads_any = 1})                                 \
     OP(PERMUTE, {"permute", APEX_CAST_NONE, apex__bwd_permute, ALL_IN})                                  \
     OP(CONCAT, {"concat", APEX_CAST_PROMOTE, apex__bwd_concat, ALL_IN})                                  \
     /* the backward recomputes P from q, k and each row's (max, 1 / sum); a backend may read the output  \
      * for rowsum(dO * O) (args_nn.h) */                                                                 \
-    OP(ATTENTION, {"causal_attention", APEX_CAST_HALF, apex__bwd_attention, 0, 1})                       \
+    OP(ATTENTION, {"causal_attention", APEX_CAST_HALF, apex__bwd_attention, 0, 1, .grads_any = 1})                       \
     /* Same category as batch_norm: batch norm with its statistics from a hook (ops_norm.c), which       \
      * src/parallel/sync_batch_norm.c installs */                                                        \
     OP(SYNC_BATCH_NORM, {"sync_batch_norm", APEX_CAST_NONE, apex__bwd_sync_batch_norm})                  \
@@ -72,10 +72,10 @@ BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm) BWD(norm) BWD(linea
     OP(BATCH_NORM_RELU, {"batch_norm_relu", APEX_CAST_NONE, apex__bwd_batch_norm, 0, 1})                 \
     /* Apex's FP32_FUNCS: in half precision exp overflows past 11, log and pow lose their small          \
      * differences, and a norm's sum of squares overflows at 256 */                                      \
-    OP(EXP, {"exp", APEX_CAST_FLOAT, apex__bwd_unary})                                                   \
-    OP(LOG, {"log", APEX_CAST_FLOAT, apex__bwd_unary})                                                   \
-    OP(POW, {"pow", APEX_CAST_FLOAT, apex__bwd_unary})                                                   \
-    OP(POW_TENSOR, {"pow_tensor", APEX_CAST_FLOAT, apex__bwd_binary})                                    \
+    OP(EXP, {"exp", APEX_CAST_FLOAT, apex__bwd_unary, .grads_any = 1})                                                   \
+    OP(LOG, {"log", APEX_CAST_FLOAT, apex__bwd_unary, .grads_any = 1})                                                   \
+    OP(POW, {"pow", APEX_CAST_FLOAT, apex__bwd_unary, .grads_any = 1})                                                   \
+    OP(POW_TENSOR, {"pow_tensor", APEX_CAST_FLOAT, apex__bwd_binary, .grads_any = 1})                                    \
     /* its f32 norms are its aux; the backward reads x */                                                \
     OP(NORM, {"norm", APEX_CAST_FLOAT, apex__bwd_norm, .reads_half = 1})                                 \
     /* Apex's CASTS (promote). A mask records no inputs (ops_elementwise.c), so no backward ever runs    \
@@ -84,10 +84,10 @@ BWD(permute) BWD(concat) BWD(attention) BWD(sync_batch_norm) BWD(norm) BWD(linea
     OP(LT, {"lt", APEX_CAST_PROMOTE, NULL, ALL_IN})                                                      \
     OP(EQ, {"eq", APEX_CAST_PROMOTE, NULL, ALL_IN})                                                      \
     /* a linear with GELU in its epilogue: the backward reads x, w and the pre-activation (its aux) */    \
-    OP(LINEAR_GELU, {"linear_gelu", APEX_CAST_HALF, apex__bwd_linear_gelu, IN(2)})                       \
+    OP(LINEAR_GELU, {"linear_gelu", APEX_CAST_HALF, apex__bwd_linear_gelu, IN(2), .grads_any = 1})                       \
     /* the head's product in half, the loss in f32 from the half logits (kept, with the targets and each  \
      * row's statistics: ops_classifier.c); the backward reads x, w and those */                         \
-    OP(LINEAR_CROSS_ENTROPY, {"linear_cross_entropy", APEX_CAST_HALF, apex__bwd_linear_cross_entropy})  \
+    OP(LINEAR_CROSS_ENTROPY, {"linear_cross_entropy", APEX_CAST_HALF, apex__bwd_linear_cross_entropy, .grads_any = 1})  \
   /* end of OPS */
 
 #define OP_ENTRY(name, ...) [APEX_OP_##name] = __VA_ARGS__,

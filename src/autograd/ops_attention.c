@@ -79,12 +79,18 @@ apex_status apex__bwd_attention(apex_graph *g, apex_var *out) {
   const int heads = out->p.attention.heads, t = out->p.attention.t, d = out->p.attention.d;
   size_t ld = (size_t)heads * (size_t)d, ldi = packed ? 3 * ld : ld, es = apex_dtype_size(vq->value->dtype);
   apex_nn_buf qb = ag_buf(vq->value), kb = ag_buf(vk->value), vb = ag_buf(vv->value);
-  float *gq = apex__gbuf(g, vq);
-  float *gk = packed ? (gq ? gq + ld : NULL) : apex__gbuf(g, vk), *gv = packed ? (gq ? gq + 2 * ld : NULL) : apex__gbuf(g, vv);
+  /* the packed input's gradient is written whole by the three (fresh: a kernel may write it directly) */
+  int fresh = 0;
+  apex_dtype tq, tk, tv;
+  char *gq = packed ? apex__gbuf_w_any(g, vq, &fresh, &tq) : apex__gbuf_any(g, vq, &tq);
+  size_t gs = apex_dtype_size(tq);
+  char *gk = packed ? (gq ? gq + ld * gs : NULL) : apex__gbuf_any(g, vk, &tk);
+  char *gv = packed ? (gq ? gq + 2 * ld * gs : NULL) : apex__gbuf_any(g, vv, &tv);
+  if (packed) tk = tv = tq;
   if (packed) kb.data = (const char *)qb.data + ld * es, vb.data = (const char *)qb.data + 2 * ld * es;
   return be->nn_attention_bwd(&(apex_nn_attention_bwd_args){
       .batch = batch, .heads = heads, .t = t, .d = d, .q = qb, .k = kb, .v = vb, .ld_q = ldi, .ld_k = ldi, .ld_v = ldi,
       .out = apex_tensor_data(out->value), .out_dtype = out->value->dtype, .ld_out = ld, .stats = out->aux, .gout = out->gbuf,
-      .ld_gout = ld, .gq = gq, .gk = gk, .gv = gv, .ld_gq = ldi, .ld_gk = ldi, .ld_gv = ldi, .accumulate_q = 1, .accumulate_k = 1,
-      .accumulate_v = 1, .ws = apex__ag_workspace(g)});
+      .ld_gout = ld, .gq = gq, .gk = gk, .gv = gv, .gout_dtype = out->gdt, .gq_dtype = tq, .gk_dtype = tk, .gv_dtype = tv, .ld_gq = ldi,
+      .ld_gk = ldi, .ld_gv = ldi, .accumulate_q = !fresh, .accumulate_k = !fresh, .accumulate_v = !fresh, .ws = apex__ag_workspace(g)});
 }

@@ -107,8 +107,11 @@ apex_status apex__bwd_linear_cross_entropy(apex_graph *g, apex_var *out) {
   const int64_t *tg = out->aux;
   const float *stats = (const float *)(tg + N);
   int fresh_x = 0, fresh_w = 0;
-  float *gx = apex__gbuf_w(g, out->in[0], &fresh_x), *gw = apex__gbuf_w(g, out->in[1], &fresh_w);
+  apex_dtype tx;
+  char *gx = apex__gbuf_w_any(g, out->in[0], &fresh_x, &tx);
+  float *gw = apex__gbuf_w(g, out->in[1], &fresh_w);
   if (!gx && !gw) return APEX_OK;
+  const size_t gs = apex_dtype_size(tx);
   /* the chunk's gradient lives until the graph's reset, so that the slots' transient scratch can go back
    * to the pool after each chunk (it would otherwise pile up, chunk after chunk, until the next op) */
   float *gl = apex__scratch(g, ag_nz((R < N ? R : N) * V) * sizeof(float));
@@ -124,7 +127,7 @@ apex_status apex__bwd_linear_cross_entropy(apex_graph *g, apex_var *out) {
     if (st == APEX_OK)
       st = be->nn_linear_bwd(&(apex_nn_linear_bwd_args){
           .m = (int)rows, .n = (int)V, .k = (int)C, .x = {xd + r0 * C * xs, X->dtype}, .w = ag_buf(W), .gout = gl,
-          .gx = gx ? gx + r0 * C : NULL, .gw = gw, .gb = NULL, .accumulate_x = !fresh_x, .accumulate_w = !fresh_w || r0 > 0,
+          .gx = gx ? gx + r0 * C * gs : NULL, .gx_dtype = tx, .gw = gw, .gb = NULL, .accumulate_x = !fresh_x, .accumulate_w = !fresh_w || r0 > 0,
           .accumulate_b = 1, .ws = apex__ag_workspace(g)});
     if (st != APEX_OK) return st;
     apex__release_temps(g);

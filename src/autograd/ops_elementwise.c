@@ -112,12 +112,13 @@ apex_status apex__bwd_binary(apex_graph *g, apex_var *out) {
   apex_nn_buf v[2] = {{NULL, APEX_F32}, {NULL, APEX_F32}};
   if (reads) v[0] = ag_buf(out->in[0]->value), v[1] = ag_buf(out->in[1]->value);
   /* a and b may be one var: the kernel adds a's terms, then b's, into the one buffer */
-  float *ga = apex__gbuf(g, out->in[0]), *gb = apex__gbuf(g, out->in[1]);
+  apex_dtype ta, tb;
+  void *ga = apex__gbuf_any(g, out->in[0], &ta), *gb = apex__gbuf_any(g, out->in[1], &tb);
   if (!ga && !gb) return APEX_OK;
   return be->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = (apex_nn_binary_kind)kind, .plan = &p, .a = v[0], .b = v[1],
                                                       .numel_a = ag_numel(out->in[0]), .numel_b = ag_numel(out->in[1]),
-                                                      .gout = out->gbuf, .ga = ga, .gb = gb, .accumulate_a = 1, .accumulate_b = 1,
-                                                      .ws = apex__ag_workspace(g)});
+                                                      .gout = out->gbuf, .gout_dtype = out->gdt, .ga = ga, .gb = gb, .ga_dtype = ta,
+                                                      .gb_dtype = tb, .accumulate_a = 1, .accumulate_b = 1, .ws = apex__ag_workspace(g)});
 }
 
 /* ---- scale --------------------------------------------------------------------------------------- */
@@ -140,10 +141,11 @@ apex_var *apex_scale(apex_graph *g, apex_var *x, float s) {
 apex_status apex__bwd_scale(apex_graph *g, apex_var *out) {
   const apex_backend *be = apex__ag_backend(out, APEX_OP_SCALE);
   if (!be || !AG_HAS(be, nn_scale_bwd, APEX_OP_SCALE)) return apex_last_status();
-  float *gx = apex__gbuf(g, out->in[0]);
+  apex_dtype dt;
+  void *gx = apex__gbuf_any(g, out->in[0], &dt);
   if (!gx) return APEX_OK;
-  return be->nn_scale_bwd(&(apex_nn_scale_bwd_args){.n = ag_numel(out), .gout = out->gbuf, .gx = gx, .s = out->p.scale.s,
-                                                    .accumulate_x = 1});
+  return be->nn_scale_bwd(&(apex_nn_scale_bwd_args){.n = ag_numel(out), .gout = out->gbuf, .gout_dtype = out->gdt, .gx = gx, .gx_dtype = dt,
+                                                    .s = out->p.scale.s, .accumulate_x = 1});
 }
 
 /* ---- activations --------------------------------------------------------------------------------- */
@@ -209,17 +211,17 @@ apex_status apex__bwd_unary(apex_graph *g, apex_var *out) {
   const apex_backend *be = kind < 0 ? NULL : apex__ag_backend(out, out->op);
   if (!be || !AG_HAS(be, nn_unary_bwd, out->op)) return apex_last_status();
   apex_nn_unary_bwd_args a = {.kind = (apex_nn_unary_kind)kind, .n = ag_numel(out), .p = out->p.scale.s, .gout = out->gbuf,
-                              .accumulate_x = 1, .ws = apex__ag_workspace(g)};
+                              .gout_dtype = out->gdt, .accumulate_x = 1, .ws = apex__ag_workspace(g)};
   if (out->op == APEX_OP_RELU) {
     int fresh;
-    a.gx = apex__gbuf_w(g, out->in[0], &fresh);
+    a.gx = apex__gbuf_w_any(g, out->in[0], &fresh, &a.gx_dtype);
     if (!a.gx) return APEX_OK;
     a.accumulate_x = !fresh;
     a.y = apex_tensor_data(out->value);
     a.y_dtype = out->value->dtype;
     return be->nn_unary_bwd(&a);
   }
-  a.gx = apex__gbuf(g, out->in[0]);
+  a.gx = apex__gbuf_any(g, out->in[0], &a.gx_dtype);
   if (!a.gx) return APEX_OK;
   a.x = ag_buf(out->in[0]->value);
   return be->nn_unary_bwd(&a);
@@ -260,8 +262,9 @@ apex_var *apex_dropout(apex_graph *g, apex_var *x, float p, int training, apex_r
 apex_status apex__bwd_dropout(apex_graph *g, apex_var *out) {
   const apex_backend *be = apex__ag_backend(out, APEX_OP_DROPOUT);
   if (!be || !AG_HAS(be, nn_dropout_bwd, APEX_OP_DROPOUT)) return apex_last_status();
-  float *gx = apex__gbuf(g, out->in[0]);
+  apex_dtype dt;
+  void *gx = apex__gbuf_any(g, out->in[0], &dt);
   if (!gx) return APEX_OK;
-  return be->nn_dropout_bwd(&(apex_nn_dropout_bwd_args){.n = ag_numel(out), .mask = out->aux, .gout = out->gbuf, .gx = gx,
-                                                        .s = out->p.scale.s, .accumulate_x = 1});
+  return be->nn_dropout_bwd(&(apex_nn_dropout_bwd_args){.n = ag_numel(out), .mask = out->aux, .gout = out->gbuf, .gout_dtype = out->gdt,
+                                                        .gx = gx, .gx_dtype = dt, .s = out->p.scale.s, .accumulate_x = 1});
 }

@@ -113,11 +113,13 @@ static apex_status linear_backward(apex_graph *g, apex_var *out) {
   int k = (int)W->shape[1], n = (int)W->shape[0];
   int m = (int)(X->numel / (size_t)ag_nz(k));
   int fresh_x, fresh_w;
-  float *gx = apex__gbuf_w(g, out->in[0], &fresh_x), *gw = apex__gbuf_w(g, out->in[1], &fresh_w);
-  float *gb = apex__gbuf(g, out->in[2]);
+  apex_dtype tx;
+  void *gx = apex__gbuf_w_any(g, out->in[0], &fresh_x, &tx);
+  float *gw = apex__gbuf_w(g, out->in[1], &fresh_w), *gb = apex__gbuf(g, out->in[2]);
   int gelu = out->op == APEX_OP_LINEAR_GELU;
-  return be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = m, .n = n, .k = k, .x = ag_buf(X), .w = ag_buf(W), .gout = out->gbuf, .gx = gx,
-                                                      .gw = gw, .gb = gb, .accumulate_x = !fresh_x, .accumulate_w = !fresh_w,
+  return be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = m, .n = n, .k = k, .x = ag_buf(X), .w = ag_buf(W), .gout = out->gbuf,
+                                                      .gout_dtype = out->gdt, .gx = gx, .gx_dtype = tx, .gw = gw, .gb = gb,
+                                                      .accumulate_x = !fresh_x, .accumulate_w = !fresh_w,
                                                       .accumulate_b = 1, .gelu = gelu,
                                                       .pre = {gelu ? out->aux : NULL, out->value->dtype},
                                                       .ws = apex__ag_workspace(g)});

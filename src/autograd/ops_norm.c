@@ -246,13 +246,15 @@ static apex_status row_norm_bwd(apex_graph *g, apex_var *out) {
   if (!be || !AG_HAS(be, nn_row_norm_bwd, out->op)) return apex_last_status();
   size_t R = (size_t)out->p.row_norm.rows, D = (size_t)out->p.row_norm.cols;
   int centre = out->op == APEX_OP_LAYER_NORM;
-  float *gx = apex__gbuf(g, out->in[0]), *gw = apex__gbuf(g, out->in[1]), *gb = centre ? apex__gbuf(g, out->in[2]) : NULL;
+  apex_dtype tx;
+  void *gx = apex__gbuf_any(g, out->in[0], &tx);
+  float *gw = apex__gbuf(g, out->in[1]), *gb = centre ? apex__gbuf(g, out->in[2]) : NULL;
   size_t ws = gw ? ag_nz(R * D) * sizeof(float) : 0;
   float *gxhat = gw ? apex__scratch(g, ws) : NULL;
   if (gw && !gxhat) return APEX_ERR_OUT_OF_MEMORY;
   return be->nn_row_norm_bwd(&(apex_nn_row_norm_bwd_args){.centre = centre, .rows = R, .cols = D, .x = ag_buf(out->in[0]->value),
-                                                          .w = ag_buf_of(out->in[1]), .stats = out->aux, .gout = out->gbuf, .gx = gx,
-                                                          .gw = gw, .gb = gb, .accumulate_x = 1, .accumulate_w = 1, .accumulate_b = 1,
+                                                          .w = ag_buf_of(out->in[1]), .stats = out->aux, .gout = out->gbuf,
+                                                          .gout_dtype = out->gdt, .gx = gx, .gx_dtype = tx, .gw = gw, .gb = gb, .accumulate_x = 1, .accumulate_w = 1, .accumulate_b = 1,
                                                           .workspace = gxhat, .workspace_bytes = ws, .ws = apex__ag_workspace(g)});
 }
 

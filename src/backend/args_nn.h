@@ -8,7 +8,14 @@
  *
  * Gradient outputs: g<name> is NULL when that input needs no gradient. accumulate_<name> 1 adds the
  * kernel's term into the buffer; 0 means the buffer holds nothing yet and the kernel stores 0.0f +
- * term (the bits of adding into zeros, -0 included), which saves the pass that zeroes it. */
+ * term (the bits of adding into zeros, -0 included), which saves the pass that zeroes it.
+ *
+ * Gradient dtypes: a slot whose struct names gout_dtype and g<name>_dtype takes gout and those
+ * gradients in any float dtype (f32, f16, bf16; the zero value is f32). A graph that keeps the
+ * gradients of its f16/bf16 values in their own dtype (apex_graph_set_grad_dtype) hands them over as
+ * stored; the kernel computes in f32 from the widened gout and rounds each gradient it lands once, to
+ * its buffer's dtype (dst + term, or 0.0f + term, in f32). Every other gradient pointer is f32.
+ * backend/grad_dtype.h runs an f32 kernel under this contract for a backend without a direct path. */
 #ifndef APEX_BACKEND_ARGS_NN_H
 #define APEX_BACKEND_ARGS_NN_H
 
@@ -68,8 +75,9 @@ typedef struct apex_nn_binary_bwd_args {
   const apex_nn_bcast *plan;
   apex_nn_buf a, b;
   size_t numel_a, numel_b;       /* the operands' element counts */
-  const float *gout;             /* plan's rows x len */
-  float *ga, *gb;
+  const void *gout;              /* plan's rows x len */
+  void *ga, *gb;
+  apex_dtype gout_dtype, ga_dtype, gb_dtype;
   int accumulate_a, accumulate_b;
   apex_nn_workspace ws;
 } apex_nn_binary_bwd_args;
@@ -101,8 +109,9 @@ typedef struct apex_nn_unary_bwd_args {
   const void *y;
   apex_dtype y_dtype;
   float p;
-  const float *gout;
-  float *gx;
+  const void *gout;
+  void *gx;
+  apex_dtype gout_dtype, gx_dtype;
   int accumulate_x;
   apex_nn_workspace ws;
 } apex_nn_unary_bwd_args;
@@ -119,8 +128,9 @@ typedef struct apex_nn_scale_args {
 
 typedef struct apex_nn_scale_bwd_args {
   size_t n;
-  const float *gout;
-  float *gx;
+  const void *gout;
+  void *gx;
+  apex_dtype gout_dtype, gx_dtype;
   float s;
   int accumulate_x;
 } apex_nn_scale_bwd_args;
@@ -144,8 +154,9 @@ typedef struct apex_nn_dropout_args {
 typedef struct apex_nn_dropout_bwd_args {
   size_t n;
   const uint8_t *mask;
-  const float *gout;
-  float *gx;
+  const void *gout;
+  void *gx;
+  apex_dtype gout_dtype, gx_dtype;
   float s;
   int accumulate_x;
 } apex_nn_dropout_bwd_args;
@@ -357,8 +368,10 @@ typedef struct apex_nn_row_norm_bwd_args {
   size_t rows, cols;
   apex_nn_buf x, w;
   const float *stats;
-  const float *gout;
-  float *gx, *gw, *gb;
+  const void *gout;
+  void *gx;
+  apex_dtype gout_dtype, gx_dtype;
+  float *gw, *gb;
   int accumulate_x, accumulate_w, accumulate_b;
   float *workspace;
   size_t workspace_bytes;
@@ -460,7 +473,8 @@ typedef struct apex_nn_embedding_bwd_args {
   size_t n, dim, rows;
   const int64_t *ids;
   int ids_on_device; /* as the forward's */
-  const float *gout;
+  const void *gout;
+  apex_dtype gout_dtype;
   float *gw;
   int accumulate_w;
 } apex_nn_embedding_bwd_args;
@@ -524,13 +538,16 @@ typedef struct apex_nn_linear_args {
 
 /* gx += gout w, gw += gout^T x, gb += the column sums of gout (in row order). With gelu set, gout is
  * the gradient of the GELU epilogue's output: the kernel first forms gpre = 0.0f + gout * gelu_tanh'(pre)
- * in f32 (the unary slot's GELU backward, from pre as the forward stored it) and runs the products and the
- * column sums on gpre, so the results are those of apex_gelu_tanh's backward followed by the linear's. */
+ * in f32 (the unary slot's GELU backward, from pre as the forward stored it; rounded to gout_dtype when
+ * that is not f32, as that backward would land it in pre's gradient) and runs the products and the column
+ * sums on gpre, so the results are those of apex_gelu_tanh's backward followed by the linear's. */
 typedef struct apex_nn_linear_bwd_args {
   int m, n, k;
   apex_nn_buf x, w;
-  const float *gout;
-  float *gx, *gw, *gb;
+  const void *gout;
+  void *gx;
+  apex_dtype gout_dtype, gx_dtype;
+  float *gw, *gb;
   int accumulate_x, accumulate_w, accumulate_b;
   int gelu;
   apex_nn_buf pre;
@@ -562,8 +579,9 @@ typedef struct apex_nn_attention_args {
 
 /* dV = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(dP * P)) / sqrt(d), dQ = dS k, dK = dS^T q, with q,
  * k, v native as in the forward (the same geometry), out the forward's output (native, out_dtype; a
- * backend may use it for rowsum(dO * O)), stats the forward's, and the gradients f32 with their own row
- * strides. A backend recomputes P from S and the stats (the CPU recomputes S and P with its forward's
+ * backend may use it for rowsum(dO * O)), stats the forward's, and the gradients in their dtypes
+ * with their own row strides (a gradient of other than f32 always accumulates: the three may share
+ * one buffer's rows). A backend recomputes P from S and the stats (the CPU recomputes S and P with its forward's
  * own code, so P has the forward's bits). ws lends the recomputed P and dS, and the products' scratch. */
 typedef struct apex_nn_attention_bwd_args {
   size_t batch;
@@ -574,9 +592,10 @@ typedef struct apex_nn_attention_bwd_args {
   apex_dtype out_dtype;
   size_t ld_out;
   const float *stats;
-  const float *gout;
+  const void *gout;
   size_t ld_gout;
-  float *gq, *gk, *gv;
+  void *gq, *gk, *gv;
+  apex_dtype gout_dtype, gq_dtype, gk_dtype, gv_dtype;
   size_t ld_gq, ld_gk, ld_gv;
   int accumulate_q, accumulate_k, accumulate_v;
   apex_nn_workspace ws;

@@ -10,6 +10,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/sums.h"
+#include "backend/grad_dtype.h"
 
 /* b's data from element off, as a gemm operand with rows of ld elements. */
 static apex__mat mat(apex_nn_buf b, size_t off, int ld, int trans) {
@@ -97,8 +98,28 @@ apex_status apex__cpu_nn_linear(const apex_nn_linear_args *a) {
 
 /* A first gradient (accumulate 0) is written with beta 0 into a buffer that holds nothing yet; the
  * product then starts from +0 as it would have in a zeroed one. */
+static apex_status linear_bwd_k(const void *a) { return apex__cpu_nn_linear_bwd(a); }
+
 apex_status apex__cpu_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
   int m = a->m, n = a->n, k = a->k;
+  apex_nn_linear_bwd_args c = *a;
+  if (a->gelu && a->gout_dtype != APEX_F32) {
+    /* gpre rounded to gout's dtype, as the GELU op's backward would land it in pre's gradient
+     * (args_nn.h), then the plain backward on it */
+    size_t mn = (size_t)m * n;
+    void *gp = a->ws.get(a->ws.ctx, (mn ? mn : 1) * apex_dtype_size(a->gout_dtype));
+    if (!gp) return APEX_ERR_OUT_OF_MEMORY;
+    apex_status st = apex__cpu_nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = APEX_NN_GELU_TANH, .n = mn, .x = a->pre, .gout = a->gout,
+                                                                       .gout_dtype = a->gout_dtype, .gx = gp, .gx_dtype = a->gout_dtype,
+                                                                       .accumulate_x = 0, .ws = a->ws});
+    if (st != APEX_OK) return st;
+    c.gelu = 0;
+    c.gout = gp;
+    return apex__cpu_nn_linear_bwd(&c);
+  }
+  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, (size_t)m * n}};
+  const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, (size_t)m * k, &c.accumulate_x}};
+  if (apex__grads_low(in, 1, out, 1)) return apex__grads_via_f32(&apex__cpu_backend, "nn_linear_bwd", linear_bwd_k, &c, in, 1, out, 1);
   const float *go = a->gout;
   if (a->gelu) { /* gpre in the workspace, as the GELU op's backward would store it into a fresh gradient */
     size_t mn = (size_t)m * n;

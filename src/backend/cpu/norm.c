@@ -20,6 +20,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/sums.h"
+#include "backend/grad_dtype.h"
 
 /* Asks for plane n + 1 (when there is one) of channel c of t [N, C, S]: a channel's planes lie C * S
  * floats apart, and the hardware prefetcher does not follow a pass from one to the next, so each
@@ -544,7 +545,13 @@ static apex_status row_norm(const apex_nn_row_norm_args *a) {
   return APEX_OK;
 }
 
+static apex_status row_norm_bwd_k(const void *a) { return apex__cpu_nn_row_norm_bwd(a); }
+
 apex_status apex__cpu_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) {
+  apex_nn_row_norm_bwd_args c = *a;
+  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, a->rows * a->cols}};
+  const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, a->rows * a->cols, &c.accumulate_x}};
+  if (apex__grads_low(in, 1, out, 1)) return apex__grads_via_f32(&apex__cpu_backend, "nn_row_norm_bwd", row_norm_bwd_k, &c, in, 1, out, 1);
   size_t R = a->rows, D = a->cols, ng = (R + RN_GB - 1) / RN_GB;
   int centre = a->centre;
   const float *wf = apex__cpu_f32(a->w, D, &a->ws), *st = a->stats, *go = a->gout;

@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/sums.h"
+#include "backend/grad_dtype.h"
 
 /* Sum of squares of n floats in double on the calling thread, in order: the block function of a norm's
  * apex__blocked_sum, so its bits do not depend on the thread count either. */
@@ -198,12 +199,18 @@ apex_status apex__cpu_nn_embedding(const apex_nn_embedding_args *a) {
   return APEX_OK;
 }
 
+static apex_status embedding_bwd_k(const void *a) { return apex__cpu_nn_embedding_bwd(a); }
+
 apex_status apex__cpu_nn_embedding_bwd(const apex_nn_embedding_bwd_args *a) {
+  apex_nn_embedding_bwd_args c = *a;
+  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, a->n * a->dim}};
+  if (apex__grads_low(in, 1, NULL, 0)) return apex__grads_via_f32(&apex__cpu_backend, "nn_embedding_bwd", embedding_bwd_k, &c, in, 1, NULL, 0);
   size_t D = a->dim;
   const int64_t *ids = a->ids;
+  const float *go = a->gout;
   float *gw = a->gw;
   apex__cpu_grad_begin(gw, a->rows * D, a->accumulate_w);
   for (size_t i = 0; i < a->n; i++)
-    for (size_t j = 0; j < D; j++) gw[(size_t)ids[i] * D + j] += a->gout[i * D + j];
+    for (size_t j = 0; j < D; j++) gw[(size_t)ids[i] * D + j] += go[i * D + j];
   return APEX_OK;
 }

@@ -333,8 +333,8 @@ __global__ void att_copy_rows(void *dst, apex_dtype dst_dtype, int64_t ld_dst, c
     const int64_t r = e / cols, c = e % cols;
     float v = apex_ld(src, src_dtype, r * ld_src + c);
     if (land) {
-      float *d = (float *)dst + r * ld_dst + c;
-      *d = (accumulate ? *d : 0.0f) + v;
+      const int64_t at = r * ld_dst + c;
+      apex_st(dst, dst_dtype, at, (accumulate ? apex_ld(dst, dst_dtype, at) : 0.0f) + v);
     } else {
       apex_st(dst, dst_dtype, r * ld_dst + c, v);
     }
@@ -420,7 +420,7 @@ extern "C" apex_status apex__cuda_attention_slot_bwd(const apex_nn_attention_bwd
     st = apex__cuda_check_launch(SLOT_BWD);
   }
   /* the products add into their gradients (beta 1): one that holds nothing yet is zeroed first */
-  float *gs[3] = {a->gq, a->gk, a->gv};
+  float *gs[3] = {(float *)a->gq, (float *)a->gk, (float *)a->gv};
   const int64_t lds[3] = {(int64_t)a->ld_gq, (int64_t)a->ld_gk, (int64_t)a->ld_gv};
   const int acc[3] = {a->accumulate_q, a->accumulate_k, a->accumulate_v};
   for (int w = 0; w < 3 && st == APEX_OK; w++)

@@ -174,9 +174,11 @@ apex_status apex__cuda_layer_norm_fwd(const void *x, apex_dtype xt, const void *
 apex_status apex__cuda_add_layer_norm_fwd(const void *x, const void *x2, void *xsum, apex_dtype xt, const void *w,
                                           const void *b, apex_dtype wt, int64_t rows, int64_t cols, float eps, void *y,
                                           float *mean, float *rstd);
+/* Its backward: dy and dx in xt, w in wt (f32 or xt), dw and db f32; each gradient lands by its flag as
+ * args_nn.h's accumulate rule says (dx NULL: not wanted; db NULL for RMS). */
 apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, apex_dtype xt, const void *w, apex_dtype wt,
                                       const float *mean, const float *rstd, int64_t rows, int64_t cols, int rms,
-                                      void *dx, void *dw, void *db);
+                                      void *dx, int acc_dx, float *dw, int acc_w, float *db, int acc_b);
 apex_status apex__cuda_xent_fwd(const void *logits, apex_dtype lt, const int64_t *target, int64_t rows, int64_t cols,
                                 int64_t ignore_index, float smoothing, float *loss, float *lse);
 apex_status apex__cuda_xent_bwd(const float *dloss, const void *logits, apex_dtype lt, const int64_t *target,
@@ -289,7 +291,8 @@ apex_status apex__cuda_attention_bwd(const apex__cuda_attn *a, const void *dy, c
 apex_status apex__cuda_attention_slot_fwd(const apex_nn_attention_args *a);
 apex_status apex__cuda_attention_slot_bwd(const apex_nn_attention_bwd_args *a);
 /* attention.cu: dst [rows][cols] (ld_dst) = src [rows][cols] (ld_src) converted to dst_dtype; with land
- * set, dst is f32 and receives (accumulate ? dst : 0.0f) + src (args_nn.h's accumulate rule). */
+ * set, dst receives (accumulate ? dst : 0.0f) + src in f32, rounded once to dst_dtype (args_nn.h's
+ * accumulate rule). */
 apex_status apex__cuda_rows_copy(void *dst, apex_dtype dst_dtype, int64_t ld_dst, const void *src, apex_dtype src_dtype, int64_t ld_src,
                                  int64_t rows, int64_t cols, int land, int accumulate);
 /* xent.cu: cross entropy, one block per row. */

@@ -54,7 +54,7 @@ extern "C" apex_status apex__cuda_dropout_slot_fwd(const apex_nn_dropout_args *a
 
 extern "C" apex_status apex__cuda_dropout_slot_bwd(const apex_nn_dropout_bwd_args *a) {
   if (!a->n || !a->gx) return APEX_OK;
-  dropout_bwd_kernel<<<apex_grid((int64_t)a->n, 256, 4), 256, 0, (cudaStream_t)apex__cuda_stream()>>>(a->n, a->mask, a->gout, a->gx, a->s,
+  dropout_bwd_kernel<<<apex_grid((int64_t)a->n, 256, 4), 256, 0, (cudaStream_t)apex__cuda_stream()>>>(a->n, a->mask, (const float *)a->gout, (float *)a->gx, a->s,
                                                                                                      a->accumulate_x);
   return apex__cuda_check_launch("nn_dropout_bwd");
 }

@@ -319,7 +319,7 @@ extern "C" apex_status apex__cuda_nn_unary_bwd_any(const apex_nn_unary_bwd_args 
   int64_t n = (int64_t)a->n;
   if (!n || !a->gx) return APEX_OK;
   nn_unary_bwd_kernel<<<apex_grid(n, EW_THREADS, 4), EW_THREADS, 0, nn_stream()>>>(
-      a->kind, n, a->x.data, a->x.dtype, a->y, apex_dtype_size(a->y_dtype) == 2, a->p, a->gout, a->gx, a->accumulate_x);
+      a->kind, n, a->x.data, a->x.dtype, a->y, apex_dtype_size(a->y_dtype) == 2, a->p, (const float *)a->gout, (float *)a->gx, a->accumulate_x);
   return apex__cuda_check_launch("nn_unary_bwd");
 }
 
@@ -405,14 +405,14 @@ extern "C" apex_status apex__cuda_nn_binary_any(const apex_nn_binary_args *a) {
 }
 
 extern "C" apex_status apex__cuda_nn_binary_bwd_any(const apex_nn_binary_bwd_args *a) {
-  float *g[2] = {a->ga, a->gb};
+  float *g[2] = {(float *)a->ga, (float *)a->gb};
   size_t numel[2] = {a->numel_a, a->numel_b};
   int acc[2] = {a->accumulate_a, a->accumulate_b};
   apex_status st = APEX_OK;
   for (int k = 0; k < 2 && st == APEX_OK; k++) {
     if (!g[k] || !numel[k]) continue;
     nn_binary_bwd_kernel<<<apex_grid((int64_t)numel[k], EW_THREADS, 4), EW_THREADS, 0, nn_stream()>>>(
-        a->kind, k, *a->plan, (int64_t)numel[k], a->a.data, a->a.dtype, a->b.data, a->b.dtype, a->gout, g[k], acc[k]);
+        a->kind, k, *a->plan, (int64_t)numel[k], a->a.data, a->a.dtype, a->b.data, a->b.dtype, (const float *)a->gout, g[k], acc[k]);
     st = apex__cuda_check_launch("nn_binary_bwd");
   }
   return st;

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/grad_dtype.h"
 #include "core/internal.h"
 
 static apex_status unsupported(const char *slot, const char *what) {
@@ -33,12 +34,12 @@ static float *scratch(size_t n, apex_status *st) {
   return *st == APEX_OK ? (float *)p : NULL;
 }
 
-/* dst (f32, n) receives term by args_nn.h's accumulate rule: dst + term, or 0.0f + term when dst holds
- * nothing yet (zeroed first, so -0 terms land as +0 exactly as on the CPU). */
-static apex_status land(float *dst, const float *term, size_t n, int accumulate) {
+/* dst (n elements of dt) receives term (tt) by args_nn.h's accumulate rule: dst + term, or 0.0f + term when
+ * dst holds nothing yet (zeroed first, so -0 terms land as +0 exactly as on the CPU), in f32, rounded once. */
+static apex_status land(void *dst, apex_dtype dt, const void *term, apex_dtype tt, size_t n, int accumulate) {
   if (!n) return APEX_OK;
-  apex_status st = accumulate ? APEX_OK : apex__cuda_fill(dst, APEX_F32, 0.0f, n);
-  if (st == APEX_OK) st = apex__cuda_ew(APEX__EW_ADD, dst, APEX_F32, term, APEX_F32, 0.0f, dst, APEX_F32, (int64_t)n);
+  apex_status st = accumulate ? APEX_OK : apex__cuda_fill(dst, dt, 0.0f, n);
+  if (st == APEX_OK) st = apex__cuda_ew(APEX__EW_ADD, dst, dt, term, tt, 0.0f, dst, dt, (int64_t)n);
   return st;
 }
 
@@ -55,21 +56,21 @@ typedef struct landing {
  * (dev_f32) whatever happened. */
 static apex_status land_grads(apex_status st, const landing l[3], void *ox, void *ow) {
   for (int i = 0; i < 3; i++)
-    if (st == APEX_OK && l[i].dst && l[i].src) st = land(l[i].dst, l[i].src, l[i].n, l[i].accumulate);
+    if (st == APEX_OK && l[i].dst && l[i].src) st = land(l[i].dst, APEX_F32, l[i].src, APEX_F32, l[i].n, l[i].accumulate);
   for (int i = 0; i < 3; i++) apex__cuda_free(l[i].src);
   apex__cuda_free(ox);
   apex__cuda_free(ow);
   return st;
 }
 
-/* dst (when set) receives the f32 elementwise term op(a, b) over n elements, by the accumulate rule. */
-static apex_status ew_into(float *dst, int accumulate, apex__cuda_ew_op op, const void *a, apex_dtype at, const void *b,
+/* dst (when set; dt) receives the f32 elementwise term op(a, b) over n elements, by the accumulate rule. */
+static apex_status ew_into(void *dst, apex_dtype dt, int accumulate, apex__cuda_ew_op op, const void *a, apex_dtype at, const void *b,
                            apex_dtype bt, float alpha, size_t n) {
   if (!dst || !n) return APEX_OK;
   apex_status st;
   float *t = scratch(n, &st);
   if (t) st = apex__cuda_ew(op, a, at, b, bt, alpha, t, APEX_F32, (int64_t)n);
-  if (st == APEX_OK) st = land(dst, t, n, accumulate);
+  if (st == APEX_OK) st = land(dst, dt, t, APEX_F32, n, accumulate);
   apex__cuda_free(t);
   return st;
 }
@@ -104,18 +105,29 @@ apex_status apex__cuda_slot_nn_binary(const apex_nn_binary_args *a) {
   return n ? apex__cuda_ew(op, a->a.data, a->a.dtype, a->b.data, a->b.dtype, 0.0f, a->out, a->out_dtype, (int64_t)n) : APEX_OK;
 }
 
+static apex_status binary_bwd_k(const void *a) { return apex__cuda_slot_nn_binary_bwd(a); }
+
+/* Flat add and mul read gout and write ga, gb in their own dtypes; the general kernels take f32 gradients,
+ * so low-precision ones reach them through the f32 road. */
 apex_status apex__cuda_slot_nn_binary_bwd(const apex_nn_binary_bwd_args *a) {
   apex__cuda_ew_op op = APEX__EW_ADD;
-  if (!binary_op(a->kind, &op) || !flat_plan(a->plan)) return apex__cuda_nn_binary_bwd_any(a);
-  apex_status st = APEX_OK;
   size_t n = a->plan->rows * a->plan->len;
+  if (!binary_op(a->kind, &op) || !flat_plan(a->plan)) {
+    apex_nn_binary_bwd_args c = *a;
+    const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, n}};
+    const apex__grad_out out[] = {{&c.ga, &c.ga_dtype, a->numel_a, &c.accumulate_a}, {&c.gb, &c.gb_dtype, a->numel_b, &c.accumulate_b}};
+    if (apex__grads_low(in, 1, out, 2)) return apex__grads_via_f32(&apex__cuda_backend, "nn_binary_bwd", binary_bwd_k, &c, in, 1, out, 2);
+    return apex__cuda_nn_binary_bwd_any(a);
+  }
+  apex_status st = APEX_OK;
   if (op == APEX__EW_ADD) {
-    if (a->ga && n) st = land(a->ga, a->gout, n, a->accumulate_a);
-    if (st == APEX_OK && a->gb && n) st = land(a->gb, a->gout, n, a->accumulate_b);
+    if (a->ga && n) st = land(a->ga, a->ga_dtype, a->gout, a->gout_dtype, n, a->accumulate_a);
+    if (st == APEX_OK && a->gb && n) st = land(a->gb, a->gb_dtype, a->gout, a->gout_dtype, n, a->accumulate_b);
     return st;
   }
-  st = ew_into(a->ga, a->accumulate_a, APEX__EW_MUL, a->gout, APEX_F32, a->b.data, a->b.dtype, 0.0f, n);
-  if (st == APEX_OK) st = ew_into(a->gb, a->accumulate_b, APEX__EW_MUL, a->gout, APEX_F32, a->a.data, a->a.dtype, 0.0f, n);
+  st = ew_into(a->ga, a->ga_dtype, a->accumulate_a, APEX__EW_MUL, a->gout, a->gout_dtype, a->b.data, a->b.dtype, 0.0f, n);
+  if (st == APEX_OK)
+    st = ew_into(a->gb, a->gb_dtype, a->accumulate_b, APEX__EW_MUL, a->gout, a->gout_dtype, a->a.data, a->a.dtype, 0.0f, n);
   return st;
 }
 
@@ -128,13 +140,19 @@ apex_status apex__cuda_slot_nn_unary(const apex_nn_unary_args *a) {
   return a->n ? apex__cuda_ew(op, a->x.data, a->x.dtype, NULL, APEX_F32, 0.0f, a->out, a->out_dtype, (int64_t)a->n) : APEX_OK;
 }
 
+static apex_status unary_bwd_k(const void *a) { return apex__cuda_slot_nn_unary_bwd(a); }
+
 apex_status apex__cuda_slot_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
   /* ReLU's mask comes from its output y (raw, y_dtype): non-zero exactly where x > 0, and the kernel
    * passes gout where its second operand is > 0, which for y is the same set. */
   if (a->kind == APEX_NN_RELU)
-    return ew_into(a->gx, a->accumulate_x, APEX__EW_RELU_BWD, a->gout, APEX_F32, a->y, a->y_dtype, 0.0f, a->n);
+    return ew_into(a->gx, a->gx_dtype, a->accumulate_x, APEX__EW_RELU_BWD, a->gout, a->gout_dtype, a->y, a->y_dtype, 0.0f, a->n);
   if (a->kind == APEX_NN_GELU_TANH)
-    return ew_into(a->gx, a->accumulate_x, APEX__EW_GELU_BWD, a->gout, APEX_F32, a->x.data, a->x.dtype, 0.0f, a->n);
+    return ew_into(a->gx, a->gx_dtype, a->accumulate_x, APEX__EW_GELU_BWD, a->gout, a->gout_dtype, a->x.data, a->x.dtype, 0.0f, a->n);
+  apex_nn_unary_bwd_args c = *a;
+  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, a->n}};
+  const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, a->n, &c.accumulate_x}};
+  if (apex__grads_low(in, 1, out, 1)) return apex__grads_via_f32(&apex__cuda_backend, "nn_unary_bwd", unary_bwd_k, &c, in, 1, out, 1);
   return apex__cuda_nn_unary_bwd_any(a);
 }
 
@@ -144,7 +162,9 @@ apex_status apex__cuda_slot_nn_scale(const apex_nn_scale_args *a) {
 }
 
 apex_status apex__cuda_slot_nn_scale_bwd(const apex_nn_scale_bwd_args *a) {
-  return ew_into(a->gx, a->accumulate_x, APEX__EW_SCALE, a->gout, APEX_F32, NULL, APEX_F32, a->s, a->n);
+  /* the identity (reshape, a cast's backward) lands gout itself: one pass, in both buffers' dtypes */
+  if (a->s == 1.0f) return a->gx ? land(a->gx, a->gx_dtype, a->gout, a->gout_dtype, a->n, a->accumulate_x) : APEX_OK;
+  return ew_into(a->gx, a->gx_dtype, a->accumulate_x, APEX__EW_SCALE, a->gout, a->gout_dtype, NULL, APEX_F32, a->s, a->n);
 }
 
 /* ---- row norms ---------------------------------------------------------------------------------- */
@@ -217,24 +237,36 @@ apex_status apex__cuda_slot_nn_row_norm(const apex_nn_row_norm_args *a) {
   return st;
 }
 
+static apex_status row_norm_bwd_k(const void *a) { return apex__cuda_slot_nn_row_norm_bwd(a); }
+
 apex_status apex__cuda_slot_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) {
   size_t R = a->rows, D = a->cols;
   if (!R || !D || (!a->gx && !a->gw && !a->gb)) return APEX_OK;
+  const apex_dtype xt = a->x.dtype;
+  /* The kernel reads dy and writes dx in x's dtype and lands each gradient itself. Gradients in x's own
+   * dtype (a graph that keeps them so) go straight in; f32 gradients of a low-precision x run on an f32
+   * copy of x; any other mix, and the wide rows' kernel (f32 gradients only), take the f32 road. */
+  const int in_x = a->gout_dtype == xt && (!a->gx || a->gx_dtype == xt);
+  const int all_f32 = a->gout_dtype == APEX_F32 && (!a->gx || a->gx_dtype == APEX_F32);
+  const int direct = in_x && (!a->w.data || a->w.dtype == APEX_F32 || a->w.dtype == xt);
+  if ((!direct && !all_f32) || (D > APEX__CUDA_NORM_FUSED_COLS && !all_f32)) {
+    apex_nn_row_norm_bwd_args c = *a;
+    const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, R * D}};
+    const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, R * D, &c.accumulate_x}};
+    return apex__grads_via_f32(&apex__cuda_backend, "nn_row_norm_bwd", row_norm_bwd_k, &c, in, 1, out, 1);
+  }
   if (D > APEX__CUDA_NORM_FUSED_COLS) return apex__cuda_row_norm_wide_bwd(a);
-  /* The kernel writes its gradients in the dtypes of x and w, and the slot's are f32: so it runs on
-   * f32 copies of low-precision inputs. It writes dx and dw always (db when given), so each goes to
-   * scratch and lands by its flag. */
   void *ox = NULL, *ow = NULL;
-  apex_status st;
-  const float *x = dev_f32(a->x, R * D, &ox, &st);
-  const float *w = x ? norm_weight(a->w, D, &ow, &st) : NULL; /* no weight: ones */
-  float *dx = w ? scratch(R * D, &st) : NULL, *dw = dx ? scratch(D, &st) : NULL, *db = dw && a->centre ? scratch(D, &st) : NULL;
+  apex_status st = APEX_OK;
+  const void *x = direct ? a->x.data : (const void *)dev_f32(a->x, R * D, &ox, &st);
+  apex_dtype kt = direct ? xt : APEX_F32, wt = direct && a->w.data ? a->w.dtype : APEX_F32;
+  const void *w = x ? (direct && a->w.data ? a->w.data : (const void *)norm_weight(a->w, D, &ow, &st)) : NULL; /* no weight: ones */
   if (st == APEX_OK)
-    st = apex__cuda_layer_norm_bwd(a->gout, x, APEX_F32, w, APEX_F32, a->stats, a->stats + R, (int64_t)R, (int64_t)D, !a->centre,
-                                   dx, dw, db);
-  /* db is NULL without centring, so no bias gradient lands then */
-  const landing l[3] = {{a->gx, dx, R * D, a->accumulate_x}, {a->gw, dw, D, a->accumulate_w}, {a->gb, db, D, a->accumulate_b}};
-  return land_grads(st, l, ox, ow);
+    st = apex__cuda_layer_norm_bwd(a->gout, x, kt, w, wt, a->stats, a->stats + R, (int64_t)R, (int64_t)D, !a->centre, a->gx,
+                                   a->accumulate_x, a->gw, a->accumulate_w, a->centre ? a->gb : NULL, a->accumulate_b);
+  apex__cuda_free(ox);
+  apex__cuda_free(ow);
+  return st;
 }
 
 /* ---- lookups ------------------------------------------------------------------------ */
@@ -252,12 +284,12 @@ apex_status apex__cuda_slot_nn_embedding(const apex_nn_embedding_args *a) {
  * same bits either way (embedding.cu). */
 static apex_status embedding_grad(const apex_nn_embedding_bwd_args *a, float *dtable) {
   if (!a->ids_on_device)
-    return apex__cuda_embedding_bwd(a->gout, APEX_F32, a->ids, (int64_t)a->n, (int64_t)a->rows, (int64_t)a->dim, dtable, APEX_F32);
+    return apex__cuda_embedding_bwd(a->gout, a->gout_dtype, a->ids, (int64_t)a->n, (int64_t)a->rows, (int64_t)a->dim, dtable, APEX_F32);
   size_t bytes = apex__cuda_embedding_bwd_scratch((int64_t)a->n, (int64_t)a->rows);
   void *s = NULL;
   apex_status st = apex__cuda_alloc(bytes ? bytes : 1, 0, &s);
   if (st == APEX_OK)
-    st = apex__cuda_embedding_bwd_dev(a->gout, APEX_F32, a->ids, (int64_t)a->n, (int64_t)a->rows, (int64_t)a->dim, dtable, APEX_F32,
+    st = apex__cuda_embedding_bwd_dev(a->gout, a->gout_dtype, a->ids, (int64_t)a->n, (int64_t)a->rows, (int64_t)a->dim, dtable, APEX_F32,
                                       s, bytes);
   apex__cuda_free(s); /* the stream orders its reuse after the sort */
   return st;
@@ -272,7 +304,7 @@ apex_status apex__cuda_slot_nn_embedding_bwd(const apex_nn_embedding_bwd_args *a
   apex_status st;
   float *t = scratch(total, &st);
   if (t) st = embedding_grad(a, t);
-  if (st == APEX_OK) st = land(a->gw, t, total, 1);
+  if (st == APEX_OK) st = land(a->gw, APEX_F32, t, APEX_F32, total, 1);
   apex__cuda_free(t);
   return st;
 }
@@ -345,8 +377,8 @@ apex_status apex__cuda_slot_nn_linear(const apex_nn_linear_args *a) {
 
 /* cuBLASLt's beta for a gradient output: 1 over what it holds, or over zeros put there first, so that
  * the fresh case stores 0.0f + product as args_nn.h asks. */
-static apex_status zero_unless(float *dst, size_t n, int accumulate) {
-  return accumulate || !n ? APEX_OK : apex__cuda_fill(dst, APEX_F32, 0.0f, n);
+static apex_status zero_unless(void *dst, apex_dtype dt, size_t n, int accumulate) {
+  return accumulate || !n ? APEX_OK : apex__cuda_fill(dst, dt, 0.0f, n);
 }
 
 /* The f32 gradient gout (n elements) rounded to bf16 in scratch (freed by the caller), for the backward
@@ -354,58 +386,77 @@ static apex_status zero_unless(float *dst, size_t n, int accumulate) {
  * the gradient), as PyTorch's autocast backward and oneDNN's bf16 products on the CPU do, instead of as
  * f32 products of the widened partner, several times slower. f16 partners keep the f32 product: f16's
  * range would turn a large (loss-scaled) gradient into an Inf that the f32 path keeps finite. */
-static void *bf16_grad(const float *gout, size_t n, apex_status *st) {
+static void *bf16_grad(const void *gout, size_t n, apex_status *st) {
   void *h = NULL;
   *st = apex__cuda_alloc(n ? n * 2 : 2, 0, &h);
   if (*st == APEX_OK && n) *st = apex__cuda_convert(h, APEX_BF16, gout, APEX_F32, n);
   return h;
 }
 
-apex_status apex__cuda_slot_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
+/* One backward product's operands: the gradient as stored when the partner shares its low dtype (a graph
+ * that keeps gradients in the values' dtype: already what the tensor cores read), an f32 gradient rounded
+ * to bf16 against a bf16 partner (g16), else both in f32 (g32, the partner widened into *owned). */
+typedef struct bwd_operands {
+  const void *g, *partner;
+  apex_dtype dtype;
+} bwd_operands;
+
+static bwd_operands bwd_pair(apex_dtype gt, const void *gout, const void *g16, const float *g32, apex_nn_buf partner, size_t np,
+                             void **owned, apex_status *st) {
+  if (gt != APEX_F32 && partner.dtype == gt) return (bwd_operands){gout, partner.data, gt};
+  if (gt == APEX_F32 && partner.dtype == APEX_BF16) return (bwd_operands){g16, partner.data, APEX_BF16};
+  return (bwd_operands){g32, dev_f32(partner, np, owned, st), APEX_F32};
+}
+
+static apex_status linear_bwd_products(const apex_nn_linear_bwd_args *a) {
   apex_status st = APEX_OK;
-  if (a->gelu) { /* gpre = gout * gelu'(pre) in scratch (a -0 term stays -0: only the CPU adds it to +0), then the
-                 * linear's backward on it */
-    size_t mn = (size_t)a->m * (size_t)a->n;
-    float *gp = scratch(mn, &st);
-    if (st == APEX_OK && mn)
-      st = apex__cuda_ew(APEX__EW_GELU_BWD, a->gout, APEX_F32, a->pre.data, a->pre.dtype, 0.0f, gp, APEX_F32, (int64_t)mn);
-    apex_nn_linear_bwd_args p = *a;
-    p.gelu = 0;
-    p.gout = gp;
-    if (st == APEX_OK) st = apex__cuda_slot_nn_linear_bwd(&p);
-    apex__cuda_free(gp);
-    return st;
-  }
   size_t m = (size_t)a->m, n = (size_t)a->n, k = (size_t)a->k;
   const int want_x = a->gx && m && k, want_w = a->gw && n && k;
-  /* a bf16 partner meets the gradient rounded to bf16 (bf16_grad); any other is read as f32 with the f32
-   * gradient (widened when it is f16) */
-  const int half_x = want_x && a->w.dtype == APEX_BF16, half_w = want_w && a->x.dtype == APEX_BF16;
-  void *g16 = (half_x || half_w) && m && n ? bf16_grad(a->gout, m * n, &st) : NULL;
-  void *ow = NULL, *ox = NULL;
-  const void *w = st == APEX_OK && want_x ? (half_x ? a->w.data : (const void *)dev_f32(a->w, n * k, &ow, &st)) : NULL;
-  const void *x = st == APEX_OK && want_w ? (half_w ? a->x.data : (const void *)dev_f32(a->x, m * k, &ox, &st)) : NULL;
-  /* gx [m, k] = gout [m, n] w [n, k] */
-  if (st == APEX_OK && w) {
-    st = zero_unless(a->gx, m * k, a->accumulate_x);
-    if (st == APEX_OK)
-      st = apex__cuda_gemm(0, 0, a->m, a->k, a->n, 1.0f, half_x ? g16 : (const void *)a->gout, w, half_x ? APEX_BF16 : APEX_F32, 1.0f, a->gx,
-                           APEX_F32, NULL, 0);
+  const apex_dtype gt = a->gout_dtype;
+  const int to16_x = want_x && gt == APEX_F32 && a->w.dtype == APEX_BF16, to16_w = want_w && gt == APEX_F32 && a->x.dtype == APEX_BF16;
+  const int f32_x = want_x && !to16_x && !(gt != APEX_F32 && a->w.dtype == gt);
+  const int f32_w = want_w && !to16_w && !(gt != APEX_F32 && a->x.dtype == gt);
+  void *g16 = (to16_x || to16_w) && m && n ? bf16_grad(a->gout, m * n, &st) : NULL;
+  void *og = NULL, *ow = NULL, *ox = NULL;
+  const float *g32 = st == APEX_OK && (f32_x || f32_w) ? dev_f32((apex_nn_buf){a->gout, gt}, m * n, &og, &st) : NULL;
+  /* gx [m, k] = gout [m, n] w [n, k], landed in gx's dtype (cuBLASLt adds beta * gx in f32 and rounds once) */
+  if (st == APEX_OK && want_x) {
+    bwd_operands o = bwd_pair(gt, a->gout, g16, g32, a->w, n * k, &ow, &st);
+    if (st == APEX_OK) st = zero_unless(a->gx, a->gx_dtype, m * k, a->accumulate_x);
+    if (st == APEX_OK) st = apex__cuda_gemm(0, 0, a->m, a->k, a->n, 1.0f, o.g, o.partner, o.dtype, 1.0f, a->gx, a->gx_dtype, NULL, 0);
   }
   /* gw [n, k] = gout^T [n, m] x [m, k] */
-  if (st == APEX_OK && x) {
-    st = zero_unless(a->gw, n * k, a->accumulate_w);
-    if (st == APEX_OK)
-      st = apex__cuda_gemm(1, 0, a->n, a->k, a->m, 1.0f, half_w ? g16 : (const void *)a->gout, x, half_w ? APEX_BF16 : APEX_F32, 1.0f, a->gw,
-                           APEX_F32, NULL, 0);
+  if (st == APEX_OK && want_w) {
+    bwd_operands o = bwd_pair(gt, a->gout, g16, g32, a->x, m * k, &ox, &st);
+    if (st == APEX_OK) st = zero_unless(a->gw, APEX_F32, n * k, a->accumulate_w);
+    if (st == APEX_OK) st = apex__cuda_gemm(1, 0, a->n, a->k, a->m, 1.0f, o.g, o.partner, o.dtype, 1.0f, a->gw, APEX_F32, NULL, 0);
   }
   if (st == APEX_OK && a->gb && n) {
-    st = zero_unless(a->gb, n, a->accumulate_b);
-    if (st == APEX_OK) st = apex__cuda_sum_rows(a->gout, APEX_F32, a->m, a->n, a->gb, APEX_F32, 1);
+    st = zero_unless(a->gb, APEX_F32, n, a->accumulate_b);
+    if (st == APEX_OK) st = apex__cuda_sum_rows(a->gout, gt, a->m, a->n, a->gb, APEX_F32, 1);
   }
+  apex__cuda_free(og);
   apex__cuda_free(ow);
   apex__cuda_free(ox);
   apex__cuda_free(g16);
+  return st;
+}
+
+apex_status apex__cuda_slot_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
+  if (!a->gelu) return linear_bwd_products(a);
+  /* gpre = gout * gelu'(pre) in scratch, in gout's dtype (args_nn.h; a -0 term stays -0: only the CPU adds
+   * it to +0), then the linear's backward on it */
+  apex_status st = APEX_OK;
+  size_t mn = (size_t)a->m * (size_t)a->n;
+  void *gp = NULL;
+  st = apex__cuda_alloc((mn ? mn : 1) * apex_dtype_size(a->gout_dtype), 0, &gp);
+  if (st == APEX_OK && mn)
+    st = apex__cuda_ew(APEX__EW_GELU_BWD, a->gout, a->gout_dtype, a->pre.data, a->pre.dtype, 0.0f, gp, a->gout_dtype, (int64_t)mn);
+  apex_nn_linear_bwd_args p = *a;
+  p.gelu = 0;
+  p.gout = gp;
+  if (st == APEX_OK) st = linear_bwd_products(&p);
+  apex__cuda_free(gp);
   return st;
 }
 
@@ -642,18 +693,31 @@ apex_status apex__cuda_slot_nn_attention(const apex_nn_attention_args *a) {
   return apex__cuda_attention_slot_fwd(a);
 }
 
-/* The fused backwards read dO in the inputs' dtype and write dq, dk, dv in it (not accumulated): dO is
- * rounded into scratch once, the three gradients computed into scratch ([batch, t, heads * d]) by cuDNN or
- * apex's kernel as the road says (in auto, the kernel when cuDNN refuses, with e's error state back), and
- * landed in the slot's f32 buffers by its accumulate rule. */
+/* The fused backwards read dO in the inputs' dtype and write dq, dk, dv in it (not accumulated), with any
+ * row strides. dO is gout itself when it is in that dtype, else rounded into scratch once. The three
+ * gradients go straight into the slot's buffers when all three are wanted, fresh and in that dtype (the
+ * packed q/k/v of a graph that keeps gradients in the values' dtype: the bits of 0.0f + term but for the
+ * sign of a zero); otherwise into scratch ([batch, t, heads * d]), landed by the accumulate rule. cuDNN or
+ * apex's kernel runs as the road says (in auto, the kernel when cuDNN refuses, with e's error state back). */
 static apex_status fused_bwd(const apex_nn_attention_bwd_args *a, apex__cuda_flash *g, attention_road road, const saved_error *e) {
   size_t rows = a->batch * (size_t)a->t, C = (size_t)a->heads * (size_t)a->d, es = apex_dtype_size(g->dtype);
+  const int do_direct = a->gout_dtype == g->dtype;
+  const int direct = a->gq && a->gk && a->gv && !a->accumulate_q && !a->accumulate_k && !a->accumulate_v && a->gq_dtype == g->dtype &&
+                     a->gk_dtype == g->dtype && a->gv_dtype == g->dtype;
+  const size_t nbuf = (do_direct ? 0 : 1) + (direct ? 0 : 3);
   void *buf = NULL;
-  apex_status st = apex__cuda_alloc(4 * rows * C * es, 0, &buf);
+  apex_status st = nbuf ? apex__cuda_alloc(nbuf * rows * C * es, 0, &buf) : APEX_OK;
   if (st != APEX_OK) return st;
-  char *dout = buf, *dq = dout + rows * C * es, *dk = dq + rows * C * es, *dv = dk + rows * C * es;
-  g->ld_do = g->ld_dq = g->ld_dk = g->ld_dv = (int64_t)C;
-  st = apex__cuda_rows_copy(dout, g->dtype, (int64_t)C, a->gout, APEX_F32, (int64_t)a->ld_gout, (int64_t)rows, (int64_t)C, 0, 0);
+  char *next = buf;
+  const void *dout = do_direct ? a->gout : (const void *)next;
+  if (!do_direct) next += rows * C * es;
+  void *dq = direct ? a->gq : next, *dk = direct ? a->gk : next + rows * C * es, *dv = direct ? a->gv : next + 2 * rows * C * es;
+  g->ld_do = do_direct ? (int64_t)a->ld_gout : (int64_t)C;
+  g->ld_dq = direct ? (int64_t)a->ld_gq : (int64_t)C;
+  g->ld_dk = direct ? (int64_t)a->ld_gk : (int64_t)C;
+  g->ld_dv = direct ? (int64_t)a->ld_gv : (int64_t)C;
+  if (!do_direct)
+    st = apex__cuda_rows_copy((void *)dout, g->dtype, (int64_t)C, a->gout, a->gout_dtype, (int64_t)a->ld_gout, (int64_t)rows, (int64_t)C, 0, 0);
   int flash = road == ROAD_FLASH;
   if (st == APEX_OK && !flash) {
     st = apex__cuda_sdpa_bwd(g, 1, road == ROAD_CUDNN_NONDET, a->q.data, a->k.data, a->v.data, a->out, dout, a->stats, dq, dk, dv);
@@ -664,14 +728,32 @@ static apex_status fused_bwd(const apex_nn_attention_bwd_args *a, apex__cuda_fla
   }
   if (st == APEX_OK && flash)
     st = apex__cuda_flash_attention_bwd(g, a->q.data, a->k.data, a->v.data, a->out, dout, a->stats, dq, dk, dv);
-  float *dst[3] = {a->gq, a->gk, a->gv};
-  const char *src[3] = {dq, dk, dv};
+  void *dst[3] = {a->gq, a->gk, a->gv};
+  const apex_dtype dt[3] = {a->gq_dtype, a->gk_dtype, a->gv_dtype};
+  const void *src[3] = {dq, dk, dv};
   const size_t ld[3] = {a->ld_gq, a->ld_gk, a->ld_gv};
   const int acc[3] = {a->accumulate_q, a->accumulate_k, a->accumulate_v};
-  for (int w = 0; w < 3 && st == APEX_OK; w++)
-    if (dst[w]) st = apex__cuda_rows_copy(dst[w], APEX_F32, (int64_t)ld[w], src[w], g->dtype, (int64_t)C, (int64_t)rows, (int64_t)C, 1, acc[w]);
+  for (int w = 0; w < 3 && st == APEX_OK && !direct; w++)
+    if (dst[w])
+      st = apex__cuda_rows_copy(dst[w], dt[w], (int64_t)ld[w], src[w], g->dtype, (int64_t)C, (int64_t)rows, (int64_t)C, 1, acc[w]);
   apex__cuda_free(buf);
   return st;
+}
+
+static apex_status attention_bwd_k(const void *a) { return apex__cuda_attention_slot_bwd(a); }
+
+/* The materialised backward (attention.cu) takes f32 gradients: others reach it through the f32 road. */
+static apex_status materialised_bwd(const apex_nn_attention_bwd_args *a) {
+  apex_nn_attention_bwd_args c = *a;
+  size_t rows = a->batch * (size_t)a->t, row = (size_t)a->heads * (size_t)a->d;
+#define SPAN(ld) ((rows - 1) * (ld) + row)
+  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, SPAN(a->ld_gout)}};
+  const apex__grad_out out[] = {{&c.gq, &c.gq_dtype, SPAN(a->ld_gq), &c.accumulate_q},
+                                {&c.gk, &c.gk_dtype, SPAN(a->ld_gk), &c.accumulate_k},
+                                {&c.gv, &c.gv_dtype, SPAN(a->ld_gv), &c.accumulate_v}};
+#undef SPAN
+  if (apex__grads_low(in, 1, out, 3)) return apex__grads_via_f32(&apex__cuda_backend, "nn_attention_bwd", attention_bwd_k, &c, in, 1, out, 3);
+  return apex__cuda_attention_slot_bwd(a);
 }
 
 apex_status apex__cuda_slot_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
@@ -690,7 +772,7 @@ apex_status apex__cuda_slot_nn_attention_bwd(const apex_nn_attention_bwd_args *a
   } else if (road == ROAD_CUDNN || road == ROAD_CUDNN_NONDET) {
     return cudnn_only("nn_attention_bwd", a->q.dtype, a->out_dtype);
   }
-  return apex__cuda_attention_slot_bwd(a);
+  return materialised_bwd(a);
 }
 
 /* ---- cross entropy, dropout, batch norm ----------------------------------------------------------- */
@@ -698,7 +780,15 @@ apex_status apex__cuda_slot_nn_attention_bwd(const apex_nn_attention_bwd_args *a
 apex_status apex__cuda_slot_nn_cross_entropy(const apex_nn_cross_entropy_args *a) { return apex__cuda_cross_entropy_slot_fwd(a); }
 apex_status apex__cuda_slot_nn_cross_entropy_bwd(const apex_nn_cross_entropy_bwd_args *a) { return apex__cuda_cross_entropy_slot_bwd(a); }
 apex_status apex__cuda_slot_nn_dropout(const apex_nn_dropout_args *a) { return apex__cuda_dropout_slot_fwd(a); }
-apex_status apex__cuda_slot_nn_dropout_bwd(const apex_nn_dropout_bwd_args *a) { return apex__cuda_dropout_slot_bwd(a); }
+static apex_status dropout_bwd_k(const void *a) { return apex__cuda_slot_nn_dropout_bwd(a); }
+
+apex_status apex__cuda_slot_nn_dropout_bwd(const apex_nn_dropout_bwd_args *a) {
+  apex_nn_dropout_bwd_args c = *a;
+  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, a->n}};
+  const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, a->n, &c.accumulate_x}};
+  if (apex__grads_low(in, 1, out, 1)) return apex__grads_via_f32(&apex__cuda_backend, "nn_dropout_bwd", dropout_bwd_k, &c, in, 1, out, 1);
+  return apex__cuda_dropout_slot_bwd(a);
+}
 apex_status apex__cuda_slot_nn_batch_norm(const apex_nn_batch_norm_args *a) {
   /* statistics only (args_nn.h): bn_stats.cu's Welford kernel */
   if (!a->out && a->training && !a->given_mean && a->batch_var)

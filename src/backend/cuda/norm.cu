@@ -140,7 +140,8 @@ __global__ void __launch_bounds__(512, 1) ln_fwd_kernel(const typename T::S *x, 
 }
 
 /* dx for the rows of each team, team after team down the grid (block g takes row groups g, g + grid, ...,
- * the same count for every team of a block, so the reductions stay uniform). With FUSE, each thread also
+ * the same count for every team of a block, so the reductions stay uniform): dx + term when acc_dx, else
+ * 0.0f + term (args_nn.h's landing, in f32, rounded once to dx's dtype); no dx: only the sums. With FUSE, each thread also
  * sums dy * xhat and dy over its columns of every row it visits, the block's teams are added in team
  * order through dynamic shared memory ((teams - 1) * 2 * cols floats), and the block writes
  * part[block][0][c] (dw) and part[block][1][c] (db). */
@@ -148,7 +149,7 @@ template <class T, class W, int VEC, int PER, bool FUSE>
 __global__ void __launch_bounds__(512, 1) ln_bwd_kernel(const typename T::S *__restrict__ dy, const typename T::S *__restrict__ x,
                                                      const typename W::S *__restrict__ w, const float *__restrict__ mean,
                                                      const float *__restrict__ rstd, int64_t rows, int64_t cols, int tpr,
-                                                     int rms, typename T::S *__restrict__ dx, float *__restrict__ part) {
+                                                     int rms, typename T::S *__restrict__ dx, int acc_dx, float *__restrict__ part) {
   __shared__ float scratch[2][2 * NORM_MAX_WARPS];
   extern __shared__ float team_acc[];
   const int teams = blockDim.x / tpr, team = threadIdx.x / tpr, t = threadIdx.x % tpr;
@@ -184,14 +185,16 @@ __global__ void __launch_bounds__(512, 1) ln_bwd_kernel(const typename T::S *__r
       });
     row_sum(red, tpr, scratch[it]);
     const float ma = rms ? 0.0f : red[0] / (float)cols, mb = red[1] / (float)cols;
-    typename T::S *dr = dx + row * cols;
-    if (live)
+    if (live && dx) {
+      typename T::S *dr = dx + row * cols;
       each_vec<PER, VEC>(tpr, t, cols, [&](int j, int c) {
-        float o[VEC];
+        float o[VEC], base[VEC] = {};
+        if (acc_dx) dev_ld_vec<T, VEC>(dr + c, base);
 #pragma unroll
-        for (int e = 0; e < VEC; e++) o[e] = rs * (wg[j + e] - ma - xh[j + e] * mb);
+        for (int e = 0; e < VEC; e++) o[e] = base[e] + rs * (wg[j + e] - ma - xh[j + e] * mb);
         dev_st_vec<T, VEC>(dr + c, o);
       });
+    }
   }
   if (!FUSE) return;
   /* teams 1.. hand their sums to team 0, which adds them in team order */
@@ -249,10 +252,11 @@ struct GradRows {
                           * Many lanes and an unrolled loop keep many loads in flight: a few hundred partial
                           * rows of a short row length make only cols / 32 blocks. */
 
-/* dw[c] (and db[c], when db is given) = the sum over rows r < n of src's terms, in a fixed order. */
-template <class W, class Src>
-__global__ void __launch_bounds__(COLSUM_COLS *COLSUM_LANES) ln_colsum_kernel(Src src, int64_t n, int64_t cols,
-                                                                              typename W::S *dw, typename W::S *db) {
+/* dw[c] (and db[c], when db is given; f32) = the sum over rows r < n of src's terms, in a fixed order, added
+ * to what the buffer holds when acc_w (acc_b), else to 0.0f (args_nn.h's landing). */
+template <class Src>
+__global__ void __launch_bounds__(COLSUM_COLS *COLSUM_LANES) ln_colsum_kernel(Src src, int64_t n, int64_t cols, float *dw,
+                                                                              int acc_w, float *db, int acc_b) {
   __shared__ float sw[COLSUM_LANES][COLSUM_COLS + 1], sb[COLSUM_LANES][COLSUM_COLS + 1];
   const int64_t c = (int64_t)blockIdx.x * COLSUM_COLS + threadIdx.x;
   float aw = 0.0f, ab = 0.0f;
@@ -268,8 +272,8 @@ __global__ void __launch_bounds__(COLSUM_COLS *COLSUM_LANES) ln_colsum_kernel(Sr
       tw += sw[l][threadIdx.x];
       tb += sb[l][threadIdx.x];
     }
-    dw[c] = W::st(tw);
-    if (db) db[c] = W::st(tb);
+    if (dw) dw[c] = (acc_w ? dw[c] : 0.0f) + tw;
+    if (db) db[c] = (acc_b ? db[c] : 0.0f) + tb;
   }
 }
 
@@ -401,14 +405,15 @@ static unsigned bwd_blocks(K kernel, int threads, size_t smem, int64_t rows, int
 
 extern "C" apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, apex_dtype xt, const void *w,
                                                  apex_dtype wt, const float *mean, const float *rstd, int64_t rows,
-                                                 int64_t cols, int rms, void *dx, void *dw, void *db) {
+                                                 int64_t cols, int rms, void *dx, int acc_dx, float *dw, int acc_w,
+                                                 float *db, int acc_b) {
   if (!norm_fits(cols))
     return apex__fail(APEX_ERR_UNSUPPORTED, "apex_kernel_layer_norm_backward: rows of %lld; the fused kernel takes up to %d",
                       (long long)cols, NORM_MAX_COLS);
   if (cols == 0) return APEX_OK;
   const norm_shape sh = norm_shape_for(cols);
   const bool fuse = cols <= NORM_FUSED_COLS;
-  const bool aligned = aligned16(dy) && aligned16(x) && aligned16(w) && aligned16(dx);
+  const bool aligned = aligned16(dy) && aligned16(x) && aligned16(w) && (!dx || aligned16(dx));
   cudaStream_t st = (cudaStream_t)apex__cuda_stream();
   const int threads = sh.tpr * sh.teams;
   const size_t smem = fuse ? sizeof(float) * 2 * (size_t)(sh.teams - 1) * (size_t)cols : 0;
@@ -424,10 +429,10 @@ extern "C" apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, 
       if (rows > 0) {
         int64_t g = (rows + sh.teams - 1) / sh.teams;
         ln_bwd_kernel<T, W, VEC, 32, false><<<(unsigned)(g < 65535 * 64 ? g : 65535 * 64), threads, 0, st>>>(
-            (const TS *)dy, (const TS *)x, (const WS *)w, mean, rstd, rows, cols, sh.tpr, rms, (TS *)dx, NULL);
+            (const TS *)dy, (const TS *)x, (const WS *)w, mean, rstd, rows, cols, sh.tpr, rms, (TS *)dx, acc_dx, NULL);
       }
       GradRows<T> src = {(const TS *)dy, (const TS *)x, mean, rstd, cols, rms};
-      ln_colsum_kernel<W><<<cgrid, cblock, 0, st>>>(src, rows, cols, (WS *)dw, (WS *)db);
+      if (dw || db) ln_colsum_kernel<<<cgrid, cblock, 0, st>>>(src, rows, cols, dw, acc_w, db, acc_b);
       return apex__cuda_check_launch("apex_kernel_layer_norm_backward");
     }
     unsigned grid = 0;
@@ -441,11 +446,11 @@ extern "C" apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, 
         s = apex__cuda_alloc(sizeof(float) * 2 * (size_t)grid * (size_t)cols, 0, &part);
         if (s == APEX_OK)
           k<<<grid, threads, smem, st>>>((const TS *)dy, (const TS *)x, (const WS *)w, mean, rstd, rows, cols, sh.tpr,
-                                         rms, (TS *)dx, (float *)part);
+                                         rms, (TS *)dx, acc_dx, (float *)part);
       });
     if (s == APEX_OK) {
       PartialRows src = {(const float *)part, cols};
-      ln_colsum_kernel<W><<<cgrid, cblock, 0, st>>>(src, (int64_t)grid, cols, (WS *)dw, (WS *)db);
+      if (dw || db) ln_colsum_kernel<<<cgrid, cblock, 0, st>>>(src, (int64_t)grid, cols, dw, acc_w, db, acc_b);
       s = apex__cuda_check_launch("apex_kernel_layer_norm_backward");
     }
     apex__cuda_free(part);
@@ -582,7 +587,7 @@ __global__ void __launch_bounds__(BN_THREADS) rn_wide_bwd_kernel(const apex_nn_r
   float m = a.stats[r], rk = a.stats[R + r];
   double s1 = 0, s2 = 0;
   for (int64_t j = threadIdx.x; j < D; j += BN_THREADS) {
-    float xh = (apex_ld(a.x.data, a.x.dtype, base + j) - m) * rk, gh = a.gout[base + j] * (a.w.data ? apex_ld(a.w.data, a.w.dtype, j) : 1.0f);
+    float xh = (apex_ld(a.x.data, a.x.dtype, base + j) - m) * rk, gh = ((const float *)a.gout)[base + j] * (a.w.data ? apex_ld(a.w.data, a.w.dtype, j) : 1.0f);
     s1 += gh;
     s2 += gh * xh;
   }
@@ -590,8 +595,8 @@ __global__ void __launch_bounds__(BN_THREADS) rn_wide_bwd_kernel(const apex_nn_r
   s2 = block_total256(s2, red);
   float ca = a.centre ? (float)(s1 / (double)D) : 0.0f, cb = (float)(s2 / (double)D);
   for (int64_t j = threadIdx.x; j < D; j += BN_THREADS) {
-    float xh = (apex_ld(a.x.data, a.x.dtype, base + j) - m) * rk, gh = a.gout[base + j] * (a.w.data ? apex_ld(a.w.data, a.w.dtype, j) : 1.0f);
-    grad_put(a.gx, base + j, rk * (gh - ca - xh * cb), a.accumulate_x);
+    float xh = (apex_ld(a.x.data, a.x.dtype, base + j) - m) * rk, gh = ((const float *)a.gout)[base + j] * (a.w.data ? apex_ld(a.w.data, a.w.dtype, j) : 1.0f);
+    grad_put((float *)a.gx, base + j, rk * (gh - ca - xh * cb), a.accumulate_x);
   }
 }
 
@@ -601,7 +606,7 @@ __global__ void rn_wide_wb_kernel(const apex_nn_row_norm_bwd_args a) {
   if (j >= D) return;
   double sw = 0, sb = 0;
   for (int64_t r = 0; r < R; r++) {
-    float g = a.gout[r * D + j];
+    float g = ((const float *)a.gout)[r * D + j];
     if (a.gw) sw += g * ((apex_ld(a.x.data, a.x.dtype, r * D + j) - a.stats[r]) * a.stats[R + r]);
     sb += g;
   }
