@@ -71,7 +71,7 @@ static apex_dtype grad_dtype(const apex_graph *g, const apex_var *v) {
 }
 
 /* A pool tensor for v's gradient in dtype dt (v's shape; one element for an empty v, so that the buffer
- * is never NULL), zero-filled when zero is set; its data, or NULL with g->oom set. */
+ * is never NULL), zero-filled when zero is set, made v's gbuf; its data, or NULL with g->oom set. */
 static void *gbuf_tensor(apex_graph *g, apex_var *v, apex_dtype dt, int zero) {
   size_t n = ag_numel(v);
   int64_t one = 1;
@@ -85,7 +85,7 @@ static void *gbuf_tensor(apex_graph *g, apex_var *v, apex_dtype dt, int zero) {
   }
   v->gt = t;
   v->gdt = dt;
-  return apex_tensor_data(t);
+  return v->gbuf = apex_tensor_data(t);
 }
 
 /* An f32 stand-in for v's half gradient during the running op, found again when the op asks twice.

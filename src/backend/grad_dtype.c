@@ -47,8 +47,12 @@ apex_status apex__grads_via_f32(const apex_backend *be, const char *fn, apex_sta
     *out[i].data = tmp_out[i], *out[i].dtype = APEX_F32, *out[i].accumulate = 1;
   }
   if (st == APEX_OK) st = kernel(args);
+  /* Buffers that hold nothing yet are zeroed before any lands: outputs may share one buffer's rows (the
+   * packed q, k, v), and a later output's zeroing must not wipe an earlier one's columns. */
   for (int i = 0; i < n_out && st == APEX_OK; i++)
-    if (tmp_out[i]) st = apex__grad_land(be, dst[i], dt[i], tmp_out[i], out[i].n, acc[i]);
+    if (tmp_out[i] && !acc[i] && out[i].n) st = m->fill(dst[i], dt[i], 0.0f, out[i].n);
+  for (int i = 0; i < n_out && st == APEX_OK; i++)
+    if (tmp_out[i]) st = apex__grad_land(be, dst[i], dt[i], tmp_out[i], out[i].n, 1);
   for (int i = 0; i < APEX__GRAD_IO_MAX; i++) m->free(tmp_in[i]), m->free(tmp_out[i]);
   return st;
 }

@@ -20,9 +20,8 @@ typedef struct apex__grad_in {
   size_t n;
 } apex__grad_in;
 
-/* A gradient the kernel writes: *data spans n elements of *dtype (a strided output spans its rows and
- * must accumulate, since its temporary's other columns land as +0), *accumulate its flag. NULL data: no
- * gradient wanted. */
+/* A gradient the kernel writes: *data spans n elements of *dtype (a strided output spans its rows; its
+ * temporary's other columns land as +0), *accumulate its flag. NULL data: no gradient wanted. */
 typedef struct apex__grad_out {
   void **data;
   apex_dtype *dtype;
@@ -37,8 +36,8 @@ int apex__grads_low(const apex__grad_in *in, int n_in, const apex__grad_out *out
 
 /* Calls kernel(args) with the listed gradients as f32 (args is the caller's copy of the slot's
  * arguments; the lists point into it), on backend be's memory, then lands each output as above. At most
- * APEX__GRAD_IO_MAX of each; outputs that share a buffer land one after the other. fn names the slot in
- * messages. */
+ * APEX__GRAD_IO_MAX of each. Outputs may share a buffer: every one that holds nothing yet is zeroed
+ * first, then each lands in turn (each rounding once). fn names the slot in messages. */
 apex_status apex__grads_via_f32(const apex_backend *be, const char *fn, apex_status (*kernel)(const void *args), void *args,
                                 const apex__grad_in *in, int n_in, const apex__grad_out *out, int n_out);
 
