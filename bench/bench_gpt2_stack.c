@@ -25,8 +25,9 @@
  * nanoGPT's estimate (6 N + 12 L C T FLOPs a token, N the parameters without wpe) over 989.5 TFLOP/s
  * (756 on an H100 PCIe). A capture that fails is a `bench gpt2_stack_bf16_tokens_per_s failed: ...` line,
  * the eager figures still printed. Options: --batch B (8), --seq T
- * (1024), --steps N (10), --warmup N (3), --peer-tokens-per-s N, --cpu (the same loops on the CPU with a
- * 2-layer, 64-wide model: a smoke run of the code, not a figure). Skipped, with the reason, without a
+ * (1024), --steps N (10), --warmup N (3), --peer-tokens-per-s N, --f32-grads (amp's half_grads off: the
+ * backward's activation gradients in f32, to measure what gradients in bf16 save), --cpu (the same loops
+ * on the CPU with a 2-layer, 64-wide model: a smoke run of the code, not a figure). Skipped, with the reason, without a
  * GPU; a failure (or a loss that does not fall) is a `bench NAME failed: ...` line and exit status 0, as
  * the other benchmarks. */
 #include <stdio.h>
@@ -47,6 +48,8 @@ static void fail(const char *what) {
 }
 
 /* The model on the GPU, amp O2-bf16 and AdamW over every parameter; 0 or -1 after fail(). */
+static apex_amp_flag half_grads = APEX_AMP_DEFAULT; /* --f32-grads: APEX_AMP_OFF */
+
 static int build(apex_model **m, apex_module **gpt, apex_optimizer **opt, apex_amp **amp, int64_t T, apex_device dev) {
   int small = dev == APEX_DEVICE_CPU; /* the --cpu smoke run */
   *m = apex_model_create(&(apex_model_options){.seed = 1234, .device = dev});
@@ -64,7 +67,7 @@ static int build(apex_model **m, apex_module **gpt, apex_optimizer **opt, apex_a
     gv[i] = apex_var_grad(apex_model_param(*m, i, NULL));
   }
   ok = ok && apex_optimizer_add_group(*opt, pv, (int)np, gv, (int)np, NULL, NULL) == APEX_OK &&
-       apex_amp_initialize(m, 1, opt, 1, &(apex_amp_config){.opt_level = "O2", .half_type = APEX_AMP_CAST_BF16}, amp) == APEX_OK;
+       apex_amp_initialize(m, 1, opt, 1, &(apex_amp_config){.opt_level = "O2", .half_type = APEX_AMP_CAST_BF16, .half_grads = half_grads}, amp) == APEX_OK;
   free(pv);
   free(gv);
   return ok ? 0 : (fail("amp O2 over AdamW"), -1);
@@ -217,8 +220,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--warmup") && v) warmup = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--peer-tokens-per-s") && v) peer = atof(argv[++i]);
     else if (!strcmp(argv[i], "--cpu")) cpu = 1;
+    else if (!strcmp(argv[i], "--f32-grads")) half_grads = APEX_AMP_OFF;
     else {
-      fprintf(stderr, "bench_gpt2_stack: unknown option %s (--batch B --seq T --steps N --warmup N --peer-tokens-per-s N --cpu)\n", argv[i]);
+      fprintf(stderr, "bench_gpt2_stack: unknown option %s (--batch B --seq T --steps N --warmup N --peer-tokens-per-s N --f32-grads --cpu)\n", argv[i]);
       return 2;
     }
   }

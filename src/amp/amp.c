@@ -849,13 +849,13 @@ static apex_status step_on_device(apex_amp *amp, amp_opt *ao, int *skipped) {
 
 static apex_status amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const apex_amp_backward_options *opts);
 
-/* The backward with the graph's half gradients as the properties say (on a GPU by default), for this
- * backward only: the graph's own setting is back afterwards. */
+/* The backward with the graph's half gradients as the properties say (by default on for a graph on a GPU,
+ * off on the CPU), for this backward only: the graph's own setting is back afterwards. */
 apex_status apex_amp_backward(apex_amp *amp, apex_var *loss, int loss_id, const apex_amp_backward_options *opts) {
   apex_graph *lg = amp && loss && amp->p.enabled ? apex_var_graph(loss) : NULL;
   if (!lg) return amp_backward(amp, loss, loss_id, opts);
   int was = apex_graph_half_grads(lg);
-  int on = amp->p.half_grads == APEX_AMP_ON || (amp->p.half_grads == APEX_AMP_DEFAULT && amp->on_device);
+  int on = amp->p.half_grads == APEX_AMP_ON || (amp->p.half_grads == APEX_AMP_DEFAULT && apex_graph_device(lg) != APEX_DEVICE_CPU);
   apex_graph_set_half_grads(lg, on);
   apex_status st = amp_backward(amp, loss, loss_id, opts);
   apex_graph_set_half_grads(lg, was);

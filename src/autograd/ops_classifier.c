@@ -114,7 +114,10 @@ apex_status apex__bwd_linear_cross_entropy(apex_graph *g, apex_var *out) {
   const size_t gs = apex_dtype_size(tx);
   /* the chunk's gradient lives until the graph's reset, so that the slots' transient scratch can go back
    * to the pool after each chunk (it would otherwise pile up, chunk after chunk, until the next op) */
-  float *gl = apex__scratch(g, ag_nz((R < N ? R : N) * V) * sizeof(float));
+  /* with half gradients the logits' gradient is rounded to their dtype, as the gradient of a separate
+   * logits value would be (and the head's products then read it as stored) */
+  const apex_dtype lt = tx == APEX_F32 ? APEX_F32 : dt;
+  void *gl = apex__scratch(g, ag_nz((R < N ? R : N) * V) * apex_dtype_size(lt));
   if (!gl) return apex_last_status();
   const char *logits = out->p.classifier.logits, *xd = apex_tensor_data(X);
   for (size_t r0 = 0; r0 < N; r0 += R) {
@@ -123,10 +126,10 @@ apex_status apex__bwd_linear_cross_entropy(apex_graph *g, apex_var *out) {
         .rows = rows, .classes = V, .x = {logits + r0 * V * es, dt}, .stats = stats + 2 * r0, .target = tg + r0,
         .smoothing = out->p.classifier.smoothing,
         .reduction = out->p.classifier.reduction == APEX_REDUCTION_SUM ? APEX_NN_SUM : APEX_NN_MEAN,
-        .count = (double)out->p.classifier.count, .gout = out->gbuf, .gx = gl, .accumulate_x = 0, .ws = apex__ag_workspace(g)});
+        .count = (double)out->p.classifier.count, .gout = out->gbuf, .gx = gl, .gx_dtype = lt, .accumulate_x = 0, .ws = apex__ag_workspace(g)});
     if (st == APEX_OK)
       st = be->nn_linear_bwd(&(apex_nn_linear_bwd_args){
-          .m = (int)rows, .n = (int)V, .k = (int)C, .x = {xd + r0 * C * xs, X->dtype}, .w = ag_buf(W), .gout = gl,
+          .m = (int)rows, .n = (int)V, .k = (int)C, .x = {xd + r0 * C * xs, X->dtype}, .w = ag_buf(W), .gout = gl, .gout_dtype = lt,
           .gx = gx ? gx + r0 * C * gs : NULL, .gx_dtype = tx, .gw = gw, .gb = NULL, .accumulate_x = !fresh_x, .accumulate_w = !fresh_w || r0 > 0,
           .accumulate_b = 1, .ws = apex__ag_workspace(g)});
     if (st != APEX_OK) return st;

@@ -221,7 +221,8 @@ typedef struct apex_nn_cross_entropy_bwd_args {
   apex_nn_reduction reduction;
   double count; /* MEAN's divisor: the rows with a target */
   const float *gout;
-  float *gx;
+  void *gx;
+  apex_dtype gx_dtype;
   int accumulate_x;
   apex_nn_workspace ws;
 } apex_nn_cross_entropy_bwd_args;

@@ -225,16 +225,17 @@ apex_status apex_kernel_layer_norm_backward(const apex_tensor *dy, const apex_te
     return st;
   }
   float *stats = ks_f32(&k, 2 * R), *wsp = stats ? ks_f32(&k, R * D) : NULL;
-  const float *go = wsp ? as_f32(&k, dy) : NULL;
-  st = go ? APEX_OK : apex_last_status();
+  st = wsp ? APEX_OK : apex_last_status();
   if (st == APEX_OK) st = rms ? k.be->mem->fill(stats, APEX_F32, 0.0f, R) : dcopy(&k, stats, apex_tensor_data(mean), R);
   if (st == APEX_OK) st = dcopy(&k, stats + R, apex_tensor_data(rstd), R);
-  float *gx = grad_out(&k, dx, &st), *gw = grad_out(&k, dw, &st), *gb = rms ? NULL : grad_out(&k, db, &st);
+  float *gw = grad_out(&k, dw, &st), *gb = rms ? NULL : grad_out(&k, db, &st);
+  /* dy and dx go to the slot as stored (its gradients may be in x's dtype: on a GPU the kernel reads dy and
+   * writes dx in bf16 itself); dw and db are f32 there */
   if (st == APEX_OK)
     st = k.be->nn_row_norm_bwd(&(apex_nn_row_norm_bwd_args){
-        .centre = !rms, .rows = R, .cols = D, .x = buf_of(x), .w = buf_of(w), .stats = stats, .gout = go, .gx = gx, .gw = gw, .gb = gb,
-        .workspace = wsp, .workspace_bytes = R * D * sizeof(float), .ws = ks_ws(&k)});
-  st = land(&k, dx, gx, st);
+        .centre = !rms, .rows = R, .cols = D, .x = buf_of(x), .w = buf_of(w), .stats = stats, .gout = apex_tensor_data(dy),
+        .gout_dtype = xt, .gx = apex_tensor_data(dx), .gx_dtype = xt, .gw = gw, .gb = gb, .workspace = wsp,
+        .workspace_bytes = R * D * sizeof(float), .ws = ks_ws(&k)});
   st = land(&k, dw, gw, st);
   if (!rms) st = land(&k, db, gb, st);
   return ks_end(&k, st);
@@ -531,12 +532,11 @@ apex_status apex_kernel_embedding_backward(const apex_tensor *dy, const int64_t 
       (st = HAVE_SLOT(&k, nn_embedding_bwd)))
     return st;
   if (!v || !d) return APEX_OK;
-  const float *go = as_f32(&k, dy);
-  st = go ? APEX_OK : apex_last_status();
   float *gw = grad_out(&k, dtable, &st);
   if (st == APEX_OK)
     st = k.be->nn_embedding_bwd(&(apex_nn_embedding_bwd_args){.n = (size_t)n, .dim = (size_t)d, .rows = (size_t)v, .ids = ids,
-                                                              .gout = go, .gw = gw});
+                                                              .gout = apex_tensor_data(dy), .gout_dtype = apex_tensor_dtype(dy),
+                                                              .gw = gw});
   return ks_end(&k, land(&k, dtable, gw, st));
 }
 
@@ -621,17 +621,16 @@ apex_status apex_kernel_attention_backward(const apex_tensor *dy, const apex_ten
   if (a.b * a.t == 0) return APEX_OK;
   size_t C = (size_t)(a.h * a.d), es = apex_dtype_size(a.dtype);
   const char *q = apex_tensor_data(qkv);
-  const float *go = as_f32(&k, dy);
-  st = go ? APEX_OK : apex_last_status();
-  /* the gradients of q, k and v are the thirds of each row of dqkv (f32, or scratch rounded into it) */
-  float *g = grad_out(&k, dqkv, &st);
-  if (st == APEX_OK)
-    st = k.be->nn_attention_bwd(&(apex_nn_attention_bwd_args){
-        .batch = (size_t)a.b, .heads = (int)a.h, .t = (int)a.t, .d = (int)a.d, .q = {q, a.dtype}, .k = {q + C * es, a.dtype},
-        .v = {q + 2 * C * es, a.dtype}, .ld_q = 3 * C, .ld_k = 3 * C, .ld_v = 3 * C, .out = apex_tensor_data(y), .out_dtype = a.dtype,
-        .ld_out = C, .stats = apex_tensor_data(stats), .gout = go, .ld_gout = C, .gq = g, .gk = g + C, .gv = g + 2 * C,
-        .ld_gq = 3 * C, .ld_gk = 3 * C, .ld_gv = 3 * C, .ws = ks_ws(&k)});
-  return ks_end(&k, land(&k, dqkv, g, st));
+  /* dy and dqkv go to the slot as stored, the gradients of q, k and v the thirds of each row of dqkv (a
+   * fused GPU backward reads dO and writes them in the inputs' dtype itself) */
+  char *g = apex_tensor_data(dqkv);
+  st = k.be->nn_attention_bwd(&(apex_nn_attention_bwd_args){
+      .batch = (size_t)a.b, .heads = (int)a.h, .t = (int)a.t, .d = (int)a.d, .q = {q, a.dtype}, .k = {q + C * es, a.dtype},
+      .v = {q + 2 * C * es, a.dtype}, .ld_q = 3 * C, .ld_k = 3 * C, .ld_v = 3 * C, .out = apex_tensor_data(y), .out_dtype = a.dtype,
+      .ld_out = C, .stats = apex_tensor_data(stats), .gout = apex_tensor_data(dy), .gout_dtype = a.dtype, .ld_gout = C, .gq = g,
+      .gk = g + C * es, .gv = g + 2 * C * es, .gq_dtype = a.dtype, .gk_dtype = a.dtype, .gv_dtype = a.dtype, .ld_gq = 3 * C,
+      .ld_gk = 3 * C, .ld_gv = 3 * C, .ws = ks_ws(&k)});
+  return ks_end(&k, st);
 }
 
 /* ---- elementwise and reductions ------------------------------------------------------------------------- */

@@ -201,6 +201,8 @@ step gpt2_stack_b16 60 bench key_gpt2 "$B/bench/bench_gpt2_stack" --batch 16
 tps16=$(tps_of "$L/gpt2_stack_b16.log")
 step gpt2_torch_b16 ${GPT2_TORCH_CAP:-60} bench key_bench python3 "$G/src/bench/peer_gpt2.py" "$B" --batch 16 \
   ${tps16:+--apex-tokens-per-s $tps16} --modes "${GPT2_MODES:-eager}" --compile-timeout ${GPT2_COMPILE_TIMEOUT:-40}
+# what gradients in the values' dtype save (amp's half_grads, on by default on a GPU): the B = 8 step with them off
+step gpt2_stack_f32grads 45 bench key_gpt2 "$B/bench/bench_gpt2_stack" --f32-grads --steps 5
 step bench_cuda 30 bench key_bench "$B/bench/bench_cuda"
 step peer_cuda 50 bench key_bench python3 "$G/src/bench/peer_cuda.py" "$B"
 step bench_attention 60 bench key_bench "$B/bench/bench_attention"

@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/sums.h"
+#include "backend/grad_dtype.h"
 
 /* Line `base` of D elements, `inner` apart, of x as f32 elements *st apart: x's own when f32, else
  * widened into tmp (2 * D floats: the f32 line, and its raw elements gathered when inner > 1). */
@@ -161,8 +162,14 @@ apex_status apex__cpu_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
   return APEX_OK;
 }
 
+static apex_status cross_entropy_bwd_k(const void *a) { return apex__cpu_nn_cross_entropy_bwd(a); }
+
 apex_status apex__cpu_nn_cross_entropy_bwd(const apex_nn_cross_entropy_bwd_args *a) {
   size_t N = a->rows, C = a->classes, n = N * C;
+  apex_nn_cross_entropy_bwd_args c = *a;
+  const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, n, &c.accumulate_x}};
+  if (apex__grads_low(NULL, 0, out, 1))
+    return apex__grads_via_f32(&apex__cpu_backend, "nn_cross_entropy_bwd", cross_entropy_bwd_k, &c, NULL, 0, out, 1);
   const float *st = a->stats, *go = a->gout;
   const int64_t *tg = a->target;
   float *gx = a->gx;

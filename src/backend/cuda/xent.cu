@@ -122,19 +122,19 @@ __global__ void ce_sum_kernel(const float *l, int64_t n, double *sum, void *resu
 /* gx row (f32) = (accumulate ? gx : 0) + w (p - e / C - (1 - e at the target)), w the row's gradient
  * by the reduction (0: none, 1: sum, 2: mean, as apex_nn_reduction); ignored rows get no term. */
 __global__ void ce_bwd_kernel(const void *x, apex_dtype xt, const float *stats, const int64_t *target, int64_t rows, int64_t cols,
-                              float eps, int reduction, double count, const float *gout, float *gx, int accumulate) {
+                              float eps, int reduction, double count, const float *gout, void *gx, apex_dtype gxt, int accumulate) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t base = row * cols, t = target[row];
     const float m = stats[2 * row], r = stats[2 * row + 1], smooth = eps / (float)cols;
     const float w = reduction == APEX_NN_NONE ? gout[row] : reduction == APEX_NN_MEAN ? (float)(gout[0] / count) : gout[0];
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      float *g = gx + base + c, prev = accumulate ? *g : 0.0f;
+      const float prev = accumulate ? apex_ld(gx, gxt, base + c) : 0.0f;
       if (t < 0) {
-        *g = prev;
+        apex_st(gx, gxt, base + c, prev);
         continue;
       }
       const float p = expf(apex_ld(x, xt, base + c) - m) * r;
-      *g = prev + w * (p - smooth - (c == t ? 1.0f - eps : 0.0f));
+      apex_st(gx, gxt, base + c, prev + w * (p - smooth - (c == t ? 1.0f - eps : 0.0f)));
     }
   }
 }
@@ -159,6 +159,6 @@ extern "C" apex_status apex__cuda_cross_entropy_slot_bwd(const apex_nn_cross_ent
   if (!a->rows || !a->classes || !a->gx) return APEX_OK;
   ce_bwd_kernel<<<ce_grid(a->rows), 256, 0, (cudaStream_t)apex__cuda_stream()>>>(
       a->x.data, a->x.dtype, a->stats, a->target, (int64_t)a->rows, (int64_t)a->classes, a->smoothing, (int)a->reduction, a->count, a->gout,
-      a->gx, a->accumulate_x);
+      a->gx, a->gx_dtype, a->accumulate_x);
   return apex__cuda_check_launch("nn_cross_entropy_bwd");
 }
