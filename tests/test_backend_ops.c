@@ -595,11 +595,12 @@ static apex_status slot_scale(slot_run *s) {
   return st;
 }
 
-/* x, w, b and the result in dt (the slot widens them itself); statistics and gradients f32. */
-static apex_status slot_row_norm_of(slot_run *s, int centre, apex_dtype dt, size_t R, size_t D) {
+/* x, w, b and the result in dt (the slot widens them itself); statistics f32, gout and gx in gdt (the
+ * gradient-dtype contract), gw and gb f32. */
+static apex_status slot_row_norm_g(slot_run *s, int centre, apex_dtype dt, size_t R, size_t D, apex_dtype gdt) {
   void *x = sbuf_as(s, R * D, 41, dt), *w = sbuf_as(s, D, 42, dt), *b = centre ? sbuf_as(s, D, 43, dt) : NULL;
-  void *out = sbuf_as(s, R * D, 0, dt);
-  float *stats = sbuf(s, 2 * R, 0), *go = sbuf(s, R * D, 44), *gx = sbuf(s, R * D, 45), *gw = sbuf(s, D, 46);
+  void *out = sbuf_as(s, R * D, 0, dt), *go = sbuf_as(s, R * D, 44, gdt), *gx = sbuf_as(s, R * D, 45, gdt);
+  float *stats = sbuf(s, 2 * R, 0), *gw = sbuf(s, D, 46);
   float *gb = centre ? sbuf(s, D, 47) : NULL;
   apex_status st = s->be->nn_row_norm(&(apex_nn_row_norm_args){.centre = centre, .rows = R, .cols = D, .x = {x, dt},
                                                                 .w = {w, dt}, .b = {b, dt}, .out = out,
@@ -607,12 +608,16 @@ static apex_status slot_row_norm_of(slot_run *s, int centre, apex_dtype dt, size
   float *work = s->dev == APEX_DEVICE_CPU ? slot_ws_get(s, R * D * sizeof(float)) : NULL;
   if (st == APEX_OK)
     st = s->be->nn_row_norm_bwd(&(apex_nn_row_norm_bwd_args){.centre = centre, .rows = R, .cols = D, .x = {x, dt}, .w = {w, dt}, .stats = stats,
-                                                              .gout = go, .gx = gx, .gw = gw, .gb = gb, .accumulate_x = 1,
+                                                              .gout = go, .gout_dtype = gdt, .gx = gx, .gx_dtype = gdt, .gw = gw,
+                                                              .gb = gb, .accumulate_x = 1,
                                                               .accumulate_w = 1, .accumulate_b = 1, .workspace = work,
                                                               .workspace_bytes = work ? R * D * sizeof(float) : 0, .ws = slot_ws(s)});
   sgot(s, "out", out), sgot(s, "rstd", stats), sgot(s, "gx", gx), sgot(s, "gw", gw);
   if (centre) sgot(s, "gb", gb);
   return st;
+}
+static apex_status slot_row_norm_of(slot_run *s, int centre, apex_dtype dt, size_t R, size_t D) {
+  return slot_row_norm_g(s, centre, dt, R, D, APEX_F32);
 }
 static apex_status slot_row_norm(slot_run *s, int centre, apex_dtype dt) { return slot_row_norm_of(s, centre, dt, 8, 96); }
 /* rows longer than cuda's fused kernels take (16,384): its wide-row path */
@@ -743,6 +748,72 @@ static apex_status slot_matmul_mixed(slot_run *s) {
                                                           .b_batched = 1, .gout = go, .ga = ga, .gb = gb, .accumulate_a = 1,
                                                           .accumulate_b = 0, .ws = slot_ws(s)});
   sgot(s, "out", out), sgot(s, "ga", ga), sgot(s, "gb", gb);
+  return st;
+}
+
+/* ---- gradients in the values' dtype (args_nn.h's gradient dtypes: a graph with half gradients) ---- */
+
+static apex_status slot_layer_norm_half_grads(slot_run *s) { return slot_row_norm_g(s, 1, APEX_BF16, 8, 96, APEX_BF16); }
+static apex_status slot_rms_norm_half_grads_wide(slot_run *s) { return slot_row_norm_g(s, 0, APEX_BF16, 3, 20000, APEX_BF16); }
+
+/* bf16 x and w, the output's gradient and gx bf16 (gx added to), gw and gb f32; with gelu, the epilogue's
+ * pre-activation bf16 and gx written fresh. */
+static apex_status slot_linear_half_grads_of(slot_run *s, int gelu) {
+  enum { M = 13, N = 17, K = 19 };
+  void *x = sbuf_as(s, M * K, 271, APEX_BF16), *w = sbuf_as(s, N * K, 272, APEX_BF16), *bias = sbuf_as(s, N, 273, APEX_BF16);
+  void *out = sbuf_as(s, M * N, 0, APEX_BF16), *pre = gelu ? sbuf_as(s, M * N, 0, APEX_BF16) : NULL;
+  void *go = sbuf_as(s, M * N, 274, APEX_BF16), *gx = sbuf_as(s, M * K, 275, APEX_BF16);
+  float *gw = sbuf(s, N * K, 276), *gb = sbuf(s, N, 277);
+  apex_status st = s->be->nn_linear(&(apex_nn_linear_args){.m = M, .n = N, .k = K, .x = {x, APEX_BF16}, .w = {w, APEX_BF16},
+                                                            .bias = {bias, APEX_BF16}, .out = out, .out_dtype = APEX_BF16, .gelu = gelu,
+                                                            .pre = pre, .ws = slot_ws(s)});
+  if (st == APEX_OK)
+    st = s->be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = M, .n = N, .k = K, .x = {x, APEX_BF16}, .w = {w, APEX_BF16}, .gout = go,
+                                                          .gout_dtype = APEX_BF16, .gx = gx, .gx_dtype = APEX_BF16, .gw = gw, .gb = gb,
+                                                          .accumulate_x = !gelu, .accumulate_w = 1, .accumulate_b = 0, .gelu = gelu,
+                                                          .pre = {pre, APEX_BF16}, .ws = slot_ws(s)});
+  sgot(s, "out", out), sgot(s, "gx", gx), sgot(s, "gw", gw), sgot(s, "gb", gb);
+  return st;
+}
+static apex_status slot_linear_half_grads(slot_run *s) { return slot_linear_half_grads_of(s, 0); }
+static apex_status slot_linear_gelu_half_grads(slot_run *s) { return slot_linear_half_grads_of(s, 1); }
+
+/* add's backward from a bf16 gradient into a bf16 ga (added to) and an f32 gb (fresh): the residual
+ * stream beside a value made from leaves alone. */
+static apex_status slot_add_half_grads(slot_run *s) {
+  enum { N = 1000 };
+  apex_nn_bcast plan = {.nd = 1, .shape = {N}, .st = {{1}, {1}}, .rows = 1, .len = N};
+  void *go = sbuf_as(s, N, 281, APEX_BF16), *ga = sbuf_as(s, N, 282, APEX_BF16);
+  float *gb = sbuf(s, N, 0);
+  apex_status st = s->be->nn_binary_bwd(&(apex_nn_binary_bwd_args){.kind = APEX_NN_ADD, .plan = &plan, .numel_a = N, .numel_b = N, .gout = go,
+                                                                    .gout_dtype = APEX_BF16, .ga = ga, .gb = gb, .ga_dtype = APEX_BF16,
+                                                                    .gb_dtype = APEX_F32, .accumulate_a = 1, .accumulate_b = 0,
+                                                                    .ws = slot_ws(s)});
+  sgot(s, "ga", ga), sgot(s, "gb", gb);
+  return st;
+}
+
+/* GPT's packed attention in bf16 (B 2, T 33, 2 heads of 64): dO bf16, and the gradients of q, k and v
+ * the thirds of one fresh bf16 buffer's rows (what a fused GPU backward writes in place). */
+static apex_status slot_attention_half_grads(slot_run *s) {
+  enum { B = 2, T = 33, H = 2, D = 64, C = H * D, ROWS = B * T };
+  void *qkv = sbuf_as(s, ROWS * 3 * C, 291, APEX_BF16), *out = sbuf_as(s, ROWS * C, 0, APEX_BF16);
+  void *go = sbuf_as(s, ROWS * C, 292, APEX_BF16), *g = sbuf_as(s, ROWS * 3 * C, 0, APEX_BF16);
+  float *stats = sbuf(s, (size_t)B * H * T * 2, 0);
+  const char *q = qkv;
+  char *gq = g;
+  const size_t es = 2;
+  apex_status st = s->be->nn_attention(&(apex_nn_attention_args){.batch = B, .heads = H, .t = T, .d = D, .q = {q, APEX_BF16},
+                                                                  .k = {q + C * es, APEX_BF16}, .v = {q + 2 * C * es, APEX_BF16},
+                                                                  .ld_q = 3 * C, .ld_k = 3 * C, .ld_v = 3 * C, .ld_out = C, .stats = stats,
+                                                                  .out = out, .out_dtype = APEX_BF16, .ws = slot_ws(s)});
+  if (st == APEX_OK)
+    st = s->be->nn_attention_bwd(&(apex_nn_attention_bwd_args){
+        .batch = B, .heads = H, .t = T, .d = D, .q = {q, APEX_BF16}, .k = {q + C * es, APEX_BF16}, .v = {q + 2 * C * es, APEX_BF16},
+        .ld_q = 3 * C, .ld_k = 3 * C, .ld_v = 3 * C, .out = out, .out_dtype = APEX_BF16, .ld_out = C, .stats = stats, .gout = go,
+        .gout_dtype = APEX_BF16, .ld_gout = C, .gq = gq, .gk = gq + C * es, .gv = gq + 2 * C * es, .gq_dtype = APEX_BF16,
+        .gk_dtype = APEX_BF16, .gv_dtype = APEX_BF16, .ld_gq = 3 * C, .ld_gk = 3 * C, .ld_gv = 3 * C, .ws = slot_ws(s)});
+  sgot(s, "out", out), sgot(s, "dqkv", g);
   return st;
 }
 
@@ -997,6 +1068,16 @@ static const struct {
      * 2^-9 of itself, within 2^-6 * max|gx|) */
     {"nn_linear mixed", slot_linear_mixed, BF16_ONEDNN_REL, APEX_BF16},
     {"nn_matmul mixed", slot_matmul_mixed, BF16_ONEDNN_REL, APEX_BF16},
+    /* gradients in the values' dtype: each side rounds its f32 term once, so the bound adds a bf16 unit;
+     * the products' rel as the mixed ones' (the gradient is bf16 on both sides); the attention's twice
+     * test_flash_attention's bf16 dq/dk/dv bound against an exact reference (3e-2 each side: operand, P and
+     * dS roundings), since here both sides carry such errors */
+    {"nn_row_norm layer half grads", slot_layer_norm_half_grads, 1e-4, APEX_BF16},
+    {"nn_row_norm rms wide half grads", slot_rms_norm_half_grads_wide, 1e-4, APEX_BF16},
+    {"nn_linear half grads", slot_linear_half_grads, BF16_ONEDNN_REL, APEX_BF16},
+    {"nn_linear gelu half grads", slot_linear_gelu_half_grads, BF16_ONEDNN_REL, APEX_BF16},
+    {"nn_binary add half grads", slot_add_half_grads, 0, APEX_BF16},
+    {"nn_attention half grads", slot_attention_half_grads, 6e-2, APEX_BF16},
     {"nn_softmax", slot_softmax, 1e-5, APEX_BF16},
     {"nn_pointwise_loss", slot_pointwise_loss, 1e-5, APEX_F16},
     {"nn_batch_norm_bwd relu", slot_batch_norm_bwd, 1e-5, APEX_BF16},
