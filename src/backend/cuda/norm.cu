@@ -141,9 +141,9 @@ __global__ void __launch_bounds__(512, 1) ln_fwd_kernel(const typename T::S *x, 
 
 /* dx for the rows of each team, team after team down the grid (block g takes row groups g, g + grid, ...,
  * the same count for every team of a block, so the reductions stay uniform): dx + term when acc_dx, else
- * 0.0f + term (args_nn.h's landing, in f32, rounded once to dx's dtype); no dx: only the sums. With FUSE, each thread also
- * sums dy * xhat and dy over its columns of every row it visits, the block's teams are added in team
- * order through dynamic shared memory ((teams - 1) * 2 * cols floats), and the block writes
+ * 0.0f + term (args_nn.h's landing, in f32, rounded once to dx's dtype); no dx: only the sums. With FUSE,
+ * each thread also sums dy * xhat and dy over its columns of every row it visits, the block's teams are
+ * added in team order through dynamic shared memory ((teams - 1) * 2 * cols floats), and the block writes
  * part[block][0][c] (dw) and part[block][1][c] (db). */
 template <class T, class W, int VEC, int PER, bool FUSE>
 __global__ void __launch_bounds__(512, 1) ln_bwd_kernel(const typename T::S *__restrict__ dy, const typename T::S *__restrict__ x,
