@@ -165,6 +165,7 @@ void apex_graph_destroy(apex_graph *g) {
   free(g->touched_leaves);
   free(g->casts);
   free(g->finals);
+  free(g->stages);
   free(g->ext_saved);
   free(g->pending);
   free(g);
