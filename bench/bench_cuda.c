@@ -3,10 +3,14 @@
  *     tensors, effective GB/s at 28 bytes per parameter (f32: g, p, m, v read, p, m, v written; bf16 with
  *     f32 masters: bf16 g, master, m, v read, master, m, v and the bf16 model written), against a
  *     device-to-device copy of the same bytes (14 bytes read + 14 written per parameter);
- *   cuda_layer_norm_bf16_R: layer norm forward + backward over 16384 rows of R = 768..8192 bf16 values,
- *     effective GB/s (x, y, dy, dx at 2 bytes each, plus the f32 weight) against the same copy peer.
- *   cuda_matmul_bf16_8192: an 8192^3 bf16 GEMM with f32 accumulation, TFLOP/s (peer: none here; PyTorch
- *     in bench/peer_cuda.py).
+ *   cuda_layer_norm_bf16_R, cuda_rms_norm_bf16_R: layer norm (RMSNorm: the same kernels with rms = 1, no
+ *     bias) forward + backward over 16384 rows of R bf16 values (R = 256..8192; RMSNorm at 768 and 4096),
+ *     effective GB/s (x, y, dy, dx at 2 bytes each, x read twice, plus the f32 weight) against the same
+ *     copy peer;
+ *   cuda_matmul_bf16_8192: an 8192^3 bf16 GEMM with f32 accumulation, and cuda_matmul_bf16_m8192_k768_nN:
+ *     GPT-2 small's forward products x w^T at B * T = 8192 rows, x [8192, 768], w [N, 768] for N = 2304
+ *     (q, k, v), 3072 (the MLP's first) and 50304 (the head), TFLOP/s (peer: none here; torch.matmul in
+ *     bench/peer_cuda.py).
  * `bench_cuda --time NAME` prints only apex's seconds per iteration, for peer_cuda.py.
  * Skipped, with the reason, without a GPU. Timing: the host clock around a synchronised loop, best of
  * several rounds; every kernel is queued on one stream, so the loop measures the GPU. */
@@ -91,16 +95,20 @@ static double adamw_seconds(apex_dtype dt, size_t nparams, int ntensors) {
 
 typedef struct {
   apex_tensor *x, *w, *b, *y, *mean, *rstd, *dy, *dx, *dw, *db;
+  int rms;
 } ln_ctx;
-static void ln_step(void *v) {
-  ln_ctx *c = v;
-  apex_kernel_layer_norm_forward(c->x, c->w, c->b, 1e-5f, 0, c->y, c->mean, c->rstd);
-  apex_kernel_layer_norm_backward(c->dy, c->x, c->w, c->mean, c->rstd, 0, c->dx, c->dw, c->db);
+static apex_status ln_run(ln_ctx *c) {
+  apex_status st = apex_kernel_layer_norm_forward(c->x, c->w, c->rms ? NULL : c->b, 1e-5f, c->rms, c->y, c->mean, c->rstd);
+  if (st != APEX_OK) return st;
+  return apex_kernel_layer_norm_backward(c->dy, c->x, c->w, c->mean, c->rstd, c->rms, c->dx, c->dw, c->rms ? NULL : c->db);
 }
+static void ln_step(void *v) { ln_run(v); }
 
-static double layer_norm_seconds(int64_t rows, int64_t cols, size_t *bytes) {
+/* Layer norm (rms: RMSNorm) forward + backward on [rows, cols] bf16; *bytes: what it must move. */
+static double norm_seconds(int64_t rows, int64_t cols, int rms, size_t *bytes) {
   int64_t shape[2] = {rows, cols};
   ln_ctx c;
+  c.rms = rms;
   c.x = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 2, shape);
   c.y = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 2, shape);
   c.dy = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 2, shape);
@@ -116,7 +124,9 @@ static double layer_norm_seconds(int64_t rows, int64_t cols, size_t *bytes) {
   apex_tensor_fill(c.w, 1.1f);
   /* forward reads x, writes y; backward reads dy and x (twice: dx, then dw/db), writes dx */
   *bytes = (size_t)(rows * cols) * 2 * 6;
-  double t = time_loop(ln_step, &c, 20);
+  double t = -1;
+  if (ln_run(&c) == APEX_OK) t = time_loop(ln_step, &c, 20);
+  else fprintf(stderr, "bench_cuda: %s\n", apex_last_error());
   apex_tensor *all[] = {c.x, c.w, c.b, c.y, c.mean, c.rstd, c.dy, c.dx, c.dw, c.db};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
   return t;
@@ -124,28 +134,84 @@ static double layer_norm_seconds(int64_t rows, int64_t cols, size_t *bytes) {
 
 typedef struct {
   apex_tensor *a, *b, *c;
+  int trans_b;
 } mm_ctx;
-static void mm_step(void *v) {
-  mm_ctx *c = v;
-  apex_kernel_matmul(c->a, 0, c->b, 0, c->c, 1.0f, 0.0f, NULL, 0);
-}
+static apex_status mm_run(mm_ctx *c) { return apex_kernel_matmul(c->a, 0, c->b, c->trans_b, c->c, 1.0f, 0.0f, NULL, 0); }
+static void mm_step(void *v) { mm_run(v); }
 
-static double matmul_seconds(int64_t n) {
-  int64_t s[2] = {n, n};
-  mm_ctx c = {apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 2, s), apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 2, s),
-              apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 2, s)};
+/* c [m, n] = a [m, k] times b [k, n], or (trans_b) times the transpose of b [n, k]: a layer's x w^T. */
+static double matmul_seconds(int64_t m, int64_t k, int64_t n, int trans_b) {
+  int64_t sa[2] = {m, k}, sb[2] = {trans_b ? n : k, trans_b ? k : n}, sc[2] = {m, n};
+  mm_ctx c = {apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 2, sa), apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 2, sb),
+              apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 2, sc), trans_b};
   random_fill(c.a, 3);
   random_fill(c.b, 4);
-  double t = time_loop(mm_step, &c, 10);
+  double t = -1;
+  if (mm_run(&c) == APEX_OK) t = time_loop(mm_step, &c, 10);
+  else fprintf(stderr, "bench_cuda: %s\n", apex_last_error());
   apex_tensor_destroy(c.a), apex_tensor_destroy(c.b), apex_tensor_destroy(c.c);
   return t;
 }
 
-/* 768: GPT-2 small's width, whose layer norms took 14% of the GPT-2 side program's step in the H200 run of 2026-11-26 */
-static const int64_t LN_COLS[] = {768, 1024, 2048, 4096, 8192};
-#define N_LN_COLS (int)(sizeof LN_COLS / sizeof LN_COLS[0])
+/* The figures, each a line. 768: GPT-2 small's width, whose layer norms took 14% of the GPT-2 side program's step
+ * in the H200 run of 2026-11-26; 256 and 512: the small widths where a row is a few warps' work. */
+enum { FIG_ADAMW, FIG_NORM, FIG_MATMUL };
+typedef struct {
+  int kind;
+  apex_dtype dt;      /* FIG_ADAMW: the parameters' dtype */
+  int64_t m, k, n;    /* FIG_NORM: n columns, k = 1 for RMSNorm; FIG_MATMUL: the product's shape */
+  int trans_b;        /* FIG_MATMUL: x w^T */
+  char name[64];
+} figure;
+
 #define LN_ROWS 16384
 #define NPARAMS ((size_t)100000000)
+static const int64_t LN_COLS[] = {256, 512, 768, 1024, 2048, 4096, 8192}, RMS_COLS[] = {768, 4096};
+static const int64_t GPT2_N[] = {2304, 3072, 50304}; /* x [8192, 768] times w^T: q k v, the MLP's first, the head */
+#define COUNT(a) (int)(sizeof a / sizeof a[0])
+#define MAX_FIGURES 32
+_Static_assert(2 + COUNT(LN_COLS) + COUNT(RMS_COLS) + 1 + COUNT(GPT2_N) <= MAX_FIGURES, "figures() fills fig[MAX_FIGURES]");
+
+static int figures(figure *f) {
+  int n = 0;
+  f[n++] = (figure){FIG_ADAMW, APEX_F32, 0, 0, 0, 0, "cuda_adamw_f32_100M"};
+  f[n++] = (figure){FIG_ADAMW, APEX_BF16, 0, 0, 0, 0, "cuda_adamw_bf16_master_100M"};
+  for (int i = 0; i < COUNT(LN_COLS); i++) {
+    f[n] = (figure){FIG_NORM, APEX_BF16, LN_ROWS, 0, LN_COLS[i], 0, ""};
+    snprintf(f[n++].name, sizeof f->name, "cuda_layer_norm_bf16_%lld", (long long)LN_COLS[i]);
+  }
+  for (int i = 0; i < COUNT(RMS_COLS); i++) {
+    f[n] = (figure){FIG_NORM, APEX_BF16, LN_ROWS, 1, RMS_COLS[i], 0, ""};
+    snprintf(f[n++].name, sizeof f->name, "cuda_rms_norm_bf16_%lld", (long long)RMS_COLS[i]);
+  }
+  f[n++] = (figure){FIG_MATMUL, APEX_BF16, 8192, 8192, 8192, 0, "cuda_matmul_bf16_8192"};
+  for (int i = 0; i < COUNT(GPT2_N); i++) {
+    f[n] = (figure){FIG_MATMUL, APEX_BF16, 8192, 768, GPT2_N[i], 1, ""};
+    snprintf(f[n++].name, sizeof f->name, "cuda_matmul_bf16_m8192_k768_n%lld", (long long)GPT2_N[i]);
+  }
+  return n;
+}
+
+/* Seconds per iteration of figure f, and in *work what an iteration does (bytes moved, or FLOPs). */
+static double figure_seconds(const figure *f, double *work) {
+  size_t bytes = 0;
+  double t = -1;
+  switch (f->kind) {
+    case FIG_ADAMW:
+      t = adamw_seconds(f->dt, NPARAMS, 20);
+      *work = 28.0 * NPARAMS;
+      break;
+    case FIG_NORM:
+      t = norm_seconds(f->m, f->n, (int)f->k, &bytes);
+      *work = (double)bytes;
+      break;
+    case FIG_MATMUL:
+      t = matmul_seconds(f->m, f->k, f->n, f->trans_b);
+      *work = 2.0 * (double)f->m * (double)f->k * (double)f->n;
+      break;
+  }
+  return t;
+}
 
 int main(int argc, char **argv) {
   const char *why;
@@ -153,17 +219,13 @@ int main(int argc, char **argv) {
     bench_skip("cuda", why);
     return 0;
   }
+  figure fig[MAX_FIGURES];
+  int nfig = figures(fig);
+  double work;
   if (argc == 3 && !strcmp(argv[1], "--time")) { /* for peer_cuda.py: one figure's seconds per iteration */
-    size_t bytes;
     double t = -1;
-    if (!strcmp(argv[2], "cuda_adamw_f32_100M")) t = adamw_seconds(APEX_F32, NPARAMS, 20);
-    else if (!strcmp(argv[2], "cuda_adamw_bf16_master_100M")) t = adamw_seconds(APEX_BF16, NPARAMS, 20);
-    else if (!strcmp(argv[2], "cuda_matmul_bf16_8192")) t = matmul_seconds(8192);
-    for (int i = 0; i < N_LN_COLS; i++) {
-      char name[64];
-      snprintf(name, sizeof name, "cuda_layer_norm_bf16_%lld", (long long)LN_COLS[i]);
-      if (!strcmp(argv[2], name)) t = layer_norm_seconds(LN_ROWS, LN_COLS[i], &bytes);
-    }
+    for (int i = 0; i < nfig; i++)
+      if (!strcmp(argv[2], fig[i].name)) t = figure_seconds(&fig[i], &work);
     printf("%.9f\n", t);
     return t > 0 ? 0 : 1;
   }
@@ -171,23 +233,18 @@ int main(int argc, char **argv) {
   apex_cuda_device_name(dev, sizeof dev);
   printf("# bench_cuda on %s\n", dev);
   double copy28 = copy_seconds(NPARAMS * 14);
-  if (bench_wanted(argc, argv, "cuda_adamw_f32_100M"))
-    bench_report_gbs("cuda_adamw_f32_100M", 28.0 * NPARAMS, adamw_seconds(APEX_F32, NPARAMS, 20), 28.0 * NPARAMS, copy28,
-                     "device-to-device copy");
-  if (bench_wanted(argc, argv, "cuda_adamw_bf16_master_100M"))
-    bench_report_gbs("cuda_adamw_bf16_master_100M", 28.0 * NPARAMS, adamw_seconds(APEX_BF16, NPARAMS, 20),
-                     28.0 * NPARAMS, copy28, "device-to-device copy");
-  for (int i = 0; i < N_LN_COLS; i++) {
-    char name[64];
-    snprintf(name, sizeof name, "cuda_layer_norm_bf16_%lld", (long long)LN_COLS[i]);
-    if (!bench_wanted(argc, argv, name)) continue;
-    size_t bytes;
-    double t = layer_norm_seconds(LN_ROWS, LN_COLS[i], &bytes);
-    bench_report_gbs(name, (double)bytes, t, (double)bytes, copy_seconds(bytes / 2), "device-to-device copy");
-  }
-  if (bench_wanted(argc, argv, "cuda_matmul_bf16_8192")) {
-    double t = matmul_seconds(8192);
-    bench_report("cuda_matmul_bf16_8192", 2.0 * 8192.0 * 8192.0 * 8192.0 / t / 1e12, "TFLOP/s", 0, "torch.matmul in peer_cuda.py");
+  for (int i = 0; i < nfig; i++) {
+    if (!bench_wanted(argc, argv, fig[i].name)) continue;
+    double t = figure_seconds(&fig[i], &work);
+    if (t <= 0) {
+      bench_skip(fig[i].name, "failed (the message above says why)");
+      continue;
+    }
+    if (fig[i].kind == FIG_MATMUL)
+      bench_report(fig[i].name, work / t / 1e12, "TFLOP/s", 0, "torch.matmul in peer_cuda.py");
+    else /* the copy of the same bytes (half read, half written) */
+      bench_report_gbs(fig[i].name, work, t, work, fig[i].kind == FIG_ADAMW ? copy28 : copy_seconds((size_t)work / 2),
+                       "device-to-device copy");
   }
   return 0;
 }

@@ -7,12 +7,20 @@ and runs BUILD_DIR/bench/bench_cuda --time NAME for apex's seconds on the same p
 Peers: torch.optim.AdamW(fused=True) over 100M parameters in 20 tensors (f32; and bf16 parameters with
 f32 master copies, the bf16 gradients widened into the masters' .grad and the masters copied back, what
 amp O2 does around the step); torch.nn.functional.layer_norm forward + backward on [16384, R] bf16 with
-f32 weight and bias; torch.matmul on 8192^3 bf16. Skipped, with the reason, without torch or a GPU.
+f32 weight and bias, R = 256..8192; torch.nn.functional.rms_norm the same way at R = 768 and 4096 (its
+weight in bf16 where an f32 one would make y f32: y stays in x's dtype, as apex's); torch.matmul on
+8192^3 bf16, and x w^T at GPT-2 small's shapes (x [8192, 768], w [N, 768], N = 2304, 3072, 50304). Skipped,
+with the reason, without torch or a GPU, and a figure this torch lacks (rms_norm before 2.4).
 """
 import subprocess
 import sys
 
 NP, NT, LN_ROWS = 100_000_000, 20, 16384
+LN_COLS, RMS_COLS, GPT2_N = (256, 512, 768, 1024, 2048, 4096, 8192), (768, 4096), (2304, 3072, 50304)
+
+
+class Skip(Exception):
+    """A figure this torch cannot measure; its message says why."""
 
 
 def skip(name, why):
@@ -55,25 +63,35 @@ def adamw(torch, bf16):
     return timed(torch, step)
 
 
-def layer_norm(torch, cols):
+def norm(torch, cols, rms):
+    F = torch.nn.functional
+    if rms and not hasattr(F, "rms_norm"):
+        raise Skip("torch %s has no torch.nn.functional.rms_norm (2.4 and later)" % torch.__version__)
     x = torch.rand(LN_ROWS, cols, device="cuda", dtype=torch.bfloat16).mul_(2).sub_(1).requires_grad_()
-    w = torch.full((cols,), 1.1, device="cuda", requires_grad=True)
-    b = torch.zeros(cols, device="cuda", requires_grad=True)
     dy = torch.rand_like(x)
 
-    def step():
-        y = torch.nn.functional.layer_norm(x, (cols,), w.to(torch.bfloat16) if False else w, b, 1e-5)
-        y.backward(dy)
+    def params(dtype):
+        w = torch.full((cols,), 1.1, device="cuda", dtype=dtype, requires_grad=True)
+        return w, None if rms else torch.zeros(cols, device="cuda", dtype=dtype, requires_grad=True)
+
+    def fwd(w, b):
+        return F.rms_norm(x, (cols,), w, 1e-5) if rms else F.layer_norm(x, (cols,), w, b, 1e-5)
+    w, b = params(torch.float32)
     try:
-        return timed(torch, step, 20)
+        promoted = fwd(w, b).dtype != x.dtype  # an f32 weight that makes y f32 moves more bytes than apex
     except RuntimeError:  # older PyTorch: mixed bf16 input and f32 weight not accepted
-        w2, b2 = w.to(torch.bfloat16).detach().requires_grad_(), b.to(torch.bfloat16).detach().requires_grad_()
-        return timed(torch, lambda: torch.nn.functional.layer_norm(x, (cols,), w2, b2, 1e-5).backward(dy), 20)
+        promoted = True
+    if promoted:
+        w, b = params(torch.bfloat16)
+    return timed(torch, lambda: fwd(w, b).backward(dy), 20)
 
 
-def matmul(torch):
-    a = torch.rand(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.rand(8192, 8192, device="cuda", dtype=torch.bfloat16)
+def matmul(torch, m, k, n, trans_b):
+    a = torch.rand(m, k, device="cuda", dtype=torch.bfloat16)
+    if trans_b:  # a layer's x w^T, w stored [n, k]
+        w = torch.rand(n, k, device="cuda", dtype=torch.bfloat16)
+        return timed(torch, lambda: torch.matmul(a, w.t()))
+    b = torch.rand(k, n, device="cuda", dtype=torch.bfloat16)
     return timed(torch, lambda: torch.matmul(a, b))
 
 
@@ -83,10 +101,17 @@ def main():
     figures = {"cuda_adamw_f32_100M": (lambda t: adamw(t, False), 28.0 * NP, "GB/s", "torch.optim.AdamW(fused=True)"),
                "cuda_adamw_bf16_master_100M": (lambda t: adamw(t, True), 28.0 * NP, "GB/s",
                                                "torch AdamW(fused=True) on f32 masters + bf16 copies"),
-               "cuda_matmul_bf16_8192": (matmul, 2.0 * 8192 ** 3 / 1e3, "TFLOP/s", "torch.matmul")}
-    for cols in (768, 1024, 2048, 4096, 8192):
-        figures["cuda_layer_norm_bf16_%d" % cols] = (lambda t, c=cols: layer_norm(t, c), LN_ROWS * cols * 12.0,
+               "cuda_matmul_bf16_8192": (lambda t: matmul(t, 8192, 8192, 8192, False), 2.0 * 8192 ** 3 / 1e3, "TFLOP/s",
+                                         "torch.matmul")}
+    for cols in LN_COLS:
+        figures["cuda_layer_norm_bf16_%d" % cols] = (lambda t, c=cols: norm(t, c, False), LN_ROWS * cols * 12.0,
                                                      "GB/s", "torch layer_norm fwd+bwd")
+    for cols in RMS_COLS:
+        figures["cuda_rms_norm_bf16_%d" % cols] = (lambda t, c=cols: norm(t, c, True), LN_ROWS * cols * 12.0,
+                                                   "GB/s", "torch rms_norm fwd+bwd")
+    for n in GPT2_N:
+        figures["cuda_matmul_bf16_m8192_k768_n%d" % n] = (lambda t, n=n: matmul(t, 8192, 768, n, True),
+                                                          2.0 * 8192 * 768 * n / 1e3, "TFLOP/s", "torch.matmul x w^T")
     try:
         import torch
     except ImportError as e:
@@ -104,8 +129,16 @@ def main():
         if out.returncode != 0:
             skip(name, "bench_cuda failed: " + (out.stderr.strip() or out.stdout.strip()))
             continue
-        apex_s = float(out.stdout.strip().splitlines()[-1])
-        torch_s = fn(torch)
+        try:
+            apex_s = float(out.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):  # bench_cuda skipped (apex found no GPU) or printed nothing
+            skip(name, "bench_cuda gave no time: " + (out.stdout.strip() or out.stderr.strip()))
+            continue
+        try:
+            torch_s = fn(torch)
+        except Skip as e:
+            skip(name, str(e))
+            continue
         torch.cuda.empty_cache()
         print("bench %s_vs_torch %.1f %s ratio=%.2f peer=%s (%.1f %s)" % (
             name, work / apex_s / 1e9, unit, torch_s / apex_s, peer, work / torch_s / 1e9, unit), flush=True)

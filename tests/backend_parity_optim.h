@@ -252,8 +252,8 @@ static void pc_optimizers_match_cpu(void) {
     for (int d = 0; d < 3; d++) run_optim_case(&cases[k], dts[d]);
 }
 
-/* The update kernel moves four elements per thread: as one vector per list where every pointer of a tensor
- * is aligned to four elements (the last count % 4 elements one by one), else one by one throughout; its
+/* The update kernel moves elements in vectors of four, per list, where every pointer of a tensor is aligned
+ * to four elements (the last count % 4 elements one by one), else one by one throughout; its
  * dtypes are compiled in for f32 parameters or masters with one gradient dtype and one model dtype, and read
  * per tensor otherwise. Sizes around multiples of 4, parameters and gradients that are views at an odd
  * element offset (so misaligned), and groups that mix parameter dtypes take each path; each must give the
@@ -364,9 +364,10 @@ static void pc_optimizer_vector_and_scalar_paths(void) {
     mixed[NS] = (path_param){4099, 1, APEX_BF16};
     run_path_case(&cases[k], NS + 1, mixed, 1, 3);
   }
-  /* More tensors than one launch's table (64), and more chunks than the grid has blocks, so that blocks'
-   * runs of chunks cross tensors: AdamW, whose figures the benchmark reports. */
-  enum { MANY = 70 };
+  /* More tensors than one launch's table (256: mt_ilp.cuh), and many more elements than the grid has blocks,
+   * so that blocks' shares start and end inside tensors and cross many small ones: AdamW, whose figures the
+   * benchmark reports. */
+  enum { MANY = 300 };
   path_param many[MANY];
   for (int i = 0; i < MANY; i++) many[i] = (path_param){(size_t)(i * 977 % 5003) + 1, (size_t)(i % 5 == 4), APEX_BF16};
   many[10].size = 5000003;

@@ -139,11 +139,7 @@ extern "C" apex_status apex__cuda_lamb_step(const apex__cuda_step *s) {
       b.d_unorm = d_unorm;
       b.d_skip = s->d_skip;
       e = mt_apply(MT_LISTS, lists, b);
-      if (e == cudaSuccess) {
-        CountOp c;
-        c.d_skip = s->d_skip;
-        e = mt_apply(MT_LISTS, lists, c);
-      }
+      if (e == cudaSuccess) e = advance_counts(s);
       if (e != cudaSuccess)
         st = apex__fail(APEX_ERR_DEVICE, "LAMB step (stage 2): CUDA error %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
     }

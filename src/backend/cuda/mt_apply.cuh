@@ -53,14 +53,14 @@ __global__ void __launch_bounds__(MT_THREADS) mt_kernel(const __grid_constant__ 
   }
 }
 
-/* Blocks of `kernel` (MT_THREADS each) that the current device holds at once. The chunk walks launch
- * exactly this many (or fewer, for fewer chunks): one block more than fits would wait for a whole block's
- * share of the chunks, doubling the time of the tail. Callers cache it per kernel in a function-local static. */
-static int mt_resident(const void *kernel) {
+/* Blocks of `kernel` (`threads` each) that the current device holds at once. The walks launch exactly this
+ * many (or fewer, for less work): one block more than fits would wait for a whole block's share, doubling
+ * the time of the tail. Callers cache it per kernel in a function-local static. */
+static int mt_resident(const void *kernel, int threads) {
   int dev = 0, sms = 0, per = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, MT_THREADS, 0) != cudaSuccess)
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, threads, 0) != cudaSuccess)
     cudaGetLastError(); /* ours, not the launch's: the launch reports its own */
   return (sms > 0 ? sms : 80) * (per > 0 ? per : 1);
 }
@@ -101,8 +101,8 @@ static cudaError_t mt_tables(int nlists, const apex__cuda_list *const *lists, La
   return cudaSuccess;
 }
 
-/* Launches kernel, a walk over one table (mt_kernel, mt_ilp_kernel), for each table of the lists, with as
- * many blocks as there are chunks up to cap (the caller's cached mt_resident(kernel)). */
+/* Launches kernel, a walk over one table (mt_kernel), for each table of the lists, with as many blocks as
+ * there are chunks up to cap (the caller's cached mt_resident). */
 template <class Op>
 static cudaError_t mt_launch(void (*kernel)(MtTable, Op), int cap, int nlists, const apex__cuda_list *const *lists,
                              const Op &op) {
@@ -116,7 +116,7 @@ static cudaError_t mt_launch(void (*kernel)(MtTable, Op), int cap, int nlists, c
 /* Runs op over lists[0..nlists) with mt_kernel (chunk ids for per-chunk outputs: mt_chunks). */
 template <class Op>
 static cudaError_t mt_apply(int nlists, const apex__cuda_list *const *lists, Op op) {
-  static const int cap = mt_resident((const void *)mt_kernel<Op>);
+  static const int cap = mt_resident((const void *)mt_kernel<Op>, MT_THREADS);
   return mt_launch(mt_kernel<Op>, cap, nlists, lists, op);
 }
 

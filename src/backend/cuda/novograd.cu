@@ -154,11 +154,7 @@ extern "C" apex_status apex__cuda_novograd_step(const apex__cuda_step *s) {
     b.d_skip = s->d_skip;
     st = cuda_failed(mt_apply(MT_LISTS, lists, b));
   }
-  if (st == APEX_OK) {
-    CountOp c;
-    c.d_skip = s->d_skip;
-    st = cuda_failed(mt_apply(MT_LISTS, lists, c));
-  }
+  if (st == APEX_OK) st = cuda_failed(advance_counts(s));
   if (have_steps) free(steps.ptr);
   if (have_v) free(v.ptr);
   apex__cuda_free(d_mem); /* stream-ordered: the cache hands it out again only to later work */

@@ -1,5 +1,5 @@
 /* optim_dev.cuh: what the optimizer kernels (optim.cu, lamb.cu, novograd.cu) share: lists of one value
- * per parameter (list 6, the step counts), and the op that advances the counts after an update. */
+ * per parameter (list 6, the step counts), and the launch that advances the counts after an update. */
 #ifndef APEX_CUDA_OPTIM_DEV_CUH
 #define APEX_CUDA_OPTIM_DEV_CUH
 
@@ -7,16 +7,35 @@
 
 #include "backend/cuda/mt_apply.cuh"
 
-/* After the update: the first chunk of each tensor advances its step count, unless the step was skipped. */
-struct CountOp {
+/* After the update: every entry's step count advances by one, unless the step was skipped; empty tensors'
+ * too, as on the CPU. One thread per entry, COUNT_BATCH entries a launch, the entries' indexes in the
+ * kernel's parameters. (It is a launch of its own because every block of the update reads the counts.) */
+#define COUNT_BATCH 512
+struct CountBatch {
+  int64_t *d_step;
   const int *d_skip;
-  __device__ bool begin(const MtTable &t, int k, int64_t start, float *) const {
-    if (start == 0 && !(d_skip && *d_skip)) ++*(int64_t *)t.ptr[6][k];
-    return false;
-  }
-  __device__ void elem(const MtTable &, int, int64_t, bool &, const float *) const {}
-  __device__ void end_chunk(const MtTable &, int, int, bool) const {}
+  int n;
+  int idx[COUNT_BATCH];
 };
+
+static __global__ void count_kernel(const __grid_constant__ CountBatch b) {
+  const int i = (int)threadIdx.x;
+  if (i < b.n && !(b.d_skip && *b.d_skip)) ++b.d_step[b.idx[i]];
+}
+
+static cudaError_t advance_counts(const apex__cuda_step *s) {
+  CountBatch b;
+  b.d_step = s->d_step;
+  b.d_skip = s->d_skip;
+  for (int j0 = 0; j0 < s->n; j0 += COUNT_BATCH) {
+    b.n = s->n - j0 < COUNT_BATCH ? s->n - j0 : COUNT_BATCH;
+    for (int j = 0; j < b.n; j++) b.idx[j] = s->idx[j0 + j];
+    count_kernel<<<1, (b.n + 31) / 32 * 32, 0, (cudaStream_t)apex__cuda_stream()>>>(b);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
 
 /* One value per parameter as a list: entry i points at base + idx[i] * bytes_each (the group's step
  * counts in d_step, NovoGrad's per-tensor scalars), with the element counts of s->p so that it walks
