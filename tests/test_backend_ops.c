@@ -509,7 +509,7 @@ static void test_optimizer_cases(void **state) {
  * Gradient outputs mix accumulate 1 (over preloaded values) and 0, so both halves of the rule are
  * compared. The reference is the CPU backend's slot under the portable ISA. */
 
-#define SLOT_MAX 24
+#define SLOT_MAX 48
 typedef struct slot_run {
   apex_device dev;
   const apex_backend *be;
@@ -542,9 +542,17 @@ static void sgot(slot_run *s, const char *what, const void *p) {
   fail_msg("slot buffer %s not found", what);
 }
 
-/* The CPU slots' workspace: host blocks kept until the run ends. */
+/* The slots' workspace (args_nn.h: memory on the slot's device): host blocks for the CPU, device tensors
+ * for another backend, kept until the run ends. */
 static void *slot_ws_get(void *ctx, size_t bytes) {
   slot_run *s = ctx;
+  if (s->dev != APEX_DEVICE_CPU) {
+    if (s->nt == SLOT_MAX) return NULL;
+    apex_tensor *t = apex_tensor_create_on(s->dev, APEX_F32, 1, (int64_t[]){(int64_t)((bytes + 3) / 4 + 1)});
+    if (!t) return NULL;
+    s->t[s->nt++] = t;
+    return apex_tensor_data(t);
+  }
   if (s->nmem == 8) return NULL;
   return s->mem[s->nmem++] = malloc(bytes ? bytes : 1);
 }

@@ -320,5 +320,6 @@ apex_status apex__bwd_embedding(apex_graph *g, apex_var *out) {
   return be->nn_embedding_bwd(&(apex_nn_embedding_bwd_args){.n = ag_numel(out) / ag_nz(D), .dim = D,
                                                             .rows = (size_t)out->in[0]->value->shape[0], .ids = out->aux,
                                                             .ids_on_device = out->p.embedding.ids_on_device, .gout = out->gbuf,
-                                                            .gout_dtype = out->gdt, .gw = gw, .accumulate_w = 1});
+                                                            .gout_dtype = out->gdt, .gw = gw, .accumulate_w = 1,
+                                                            .ws = apex__ag_workspace(g)});
 }

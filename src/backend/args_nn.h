@@ -25,8 +25,10 @@
 #include "apex/tensor.h"
 
 /* Transient memory a kernel asks for while it runs, where its size depends on the plan the kernel
- * makes (a product's tile grid, its thread count): get returns `bytes` valid until the kernel
- * returns, or NULL after a message, and the kernel then returns APEX_ERR_OUT_OF_MEMORY. */
+ * makes (a product's tile grid, its thread count): get returns `bytes` on the slot's device, valid until
+ * the kernel returns (on a GPU: until work queued after the call; the stream orders its reuse), or NULL
+ * after a message, and the kernel then returns APEX_ERR_OUT_OF_MEMORY. autograd lends the graph's pool
+ * (the same blocks step after step, and a captured step's); a NULL get means none is lent. */
 typedef struct apex_nn_workspace {
   void *(*get)(void *ctx, size_t bytes);
   void *ctx;
@@ -478,6 +480,7 @@ typedef struct apex_nn_embedding_bwd_args {
   apex_dtype gout_dtype;
   float *gw;
   int accumulate_w;
+  apex_nn_workspace ws;
 } apex_nn_embedding_bwd_args;
 
 /* ---- products (cpu/linear.c on cpu/gemm.c, cuda/gemm.cu) -------------------------------------------- */

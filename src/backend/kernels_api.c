@@ -536,7 +536,7 @@ apex_status apex_kernel_embedding_backward(const apex_tensor *dy, const int64_t 
   if (st == APEX_OK)
     st = k.be->nn_embedding_bwd(&(apex_nn_embedding_bwd_args){.n = (size_t)n, .dim = (size_t)d, .rows = (size_t)v, .ids = ids,
                                                               .gout = apex_tensor_data(dy), .gout_dtype = apex_tensor_dtype(dy),
-                                                              .gw = gw});
+                                                              .gw = gw, .ws = ks_ws(&k)});
   return ks_end(&k, land(&k, dtable, gw, st));
 }
 
