@@ -154,6 +154,9 @@ step test_syncbn_cuda 20 test key_cmocka "$B/tests/test_syncbn_cuda"
 # the device-side ids it reads (apex_index) against host ids
 [ -x "$B/tests/test_capture" ] && step test_capture 60 test key_cmocka "$B/tests/test_capture"
 [ -x "$B/tests/test_index" ] && step test_index 30 test key_cmocka "$B/tests/test_index"
+# gradients in the values' dtype (amp's default on a GPU): each op's half path against round_bf16 of its f32 path,
+# and a GPT's master gradients with them on and off
+[ -x "$B/tests/test_half_grads" ] && step test_half_grads 40 test key_cmocka "$B/tests/test_half_grads"
 # generation with a key/value cache on the GPU: the cached tokens against the uncached forward's argmax
 [ -x "$B/tests/test_generate" ] && step test_generate 40 test key_cmocka "$B/tests/test_generate"
 for t in test_cuda_classifier test_cuda_epilogues test_cuda_nn_contract test_amp_device test_graph_device; do
