@@ -25,34 +25,6 @@
 
 enum { R = 6, K = 32, N = 24, B = 2, T = 4, H = 2, C = 16 };
 
-static int device_present(apex_device dev) {
-  const char *why = NULL;
-  if (dev == APEX_DEVICE_CPU || apex_cuda_available(&why)) return 1;
-  printf("skipped: %s\n", why ? why : "no CUDA GPU");
-  return 0;
-}
-
-static apex_tensor *on_host(const apex_tensor *t) {
-  apex_tensor *h = apex_tensor_create(apex_tensor_dtype(t), apex_tensor_ndim(t), apex_tensor_shape(t));
-  assert_non_null(h);
-  TU_OK(apex_tensor_copy(h, t));
-  return h;
-}
-
-/* A tensor on dev with tu_random_tensor's values in dtype dt. */
-static apex_tensor *random_on(apex_device dev, apex_dtype dt, int ndim, const int64_t *shape, uint64_t seed, float range) {
-  size_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
-  apex_tensor *r = tu_random_tensor(dt, n, seed, range), *t = apex_tensor_create_on(dev, dt, ndim, shape);
-  assert_non_null(t);
-  apex_tensor *v = apex_tensor_view(r, ndim, shape);
-  assert_non_null(v);
-  TU_OK(apex_tensor_copy(t, v));
-  apex_tensor_destroy(v);
-  apex_tensor_destroy(r);
-  return t;
-}
-
 /* What an op case needs besides h: its own leaves, made once and read by both paths. */
 typedef struct op_case {
   const char *name;
@@ -120,9 +92,9 @@ static apex_tensor *grad_c(apex_device dev, const op_case *oc, int half, apex_va
   apex_var *y = oc->run(g, h, w);
   if (!y) fail_msg("%s: %s", oc->name, apex_last_error());
   const apex_tensor *yv = apex_var_value(y);
-  apex_tensor *go = random_on(dev, APEX_BF16, apex_tensor_ndim(yv), apex_tensor_shape(yv), seed, 1.0f);
+  apex_tensor *go = tu_random_on(dev, APEX_BF16, apex_tensor_ndim(yv), apex_tensor_shape(yv), seed, 1.0f);
   TU_OK(apex_backward(y, &(apex_backward_options){.grad_output = go}));
-  apex_tensor *r = on_host(apex_var_grad(c));
+  apex_tensor *r = tu_host_copy(apex_var_grad(c));
   apex_tensor_destroy(go);
   apex_graph_destroy(g);
   return r;
@@ -146,20 +118,20 @@ static double bf16_units(float a, float b) {
 }
 
 static void ops_on(apex_device dev) {
-  if (!device_present(dev)) return;
+  if (!tu_device_present(dev)) return;
   for (size_t ci = 0; ci < sizeof CASES / sizeof CASES[0]; ci++) {
     const op_case *oc = &CASES[ci];
     int64_t hs[3];
     int hn = oc->btc ? 3 : 2;
     if (oc->btc) hs[0] = B, hs[1] = T, hs[2] = oc->ncols;
     else hs[0] = R, hs[1] = oc->ncols;
-    apex_var *a = apex_var_create(random_on(dev, APEX_BF16, hn, hs, 11 + ci, 1.0f), 1);
-    apex_var *b = apex_var_create(random_on(dev, APEX_BF16, hn, hs, 29 + ci, 1.0f), 1);
-    apex_var *c = apex_var_create(random_on(dev, APEX_F32, hn, hs, 43 + ci, 1.0f), 1);
+    apex_var *a = apex_var_create(tu_random_on(dev, APEX_BF16, hn, hs, 11 + ci, 1.0f), 1);
+    apex_var *b = apex_var_create(tu_random_on(dev, APEX_BF16, hn, hs, 29 + ci, 1.0f), 1);
+    apex_var *c = apex_var_create(tu_random_on(dev, APEX_F32, hn, hs, 43 + ci, 1.0f), 1);
     apex_var *w[2] = {NULL, NULL};
     for (int i = 0; i < oc->n_leaves; i++) {
       int nd = oc->leaf_shape[i][1] ? 2 : 1;
-      w[i] = apex_var_create(random_on(dev, APEX_BF16, nd, oc->leaf_shape[i], 71 + 7 * i + ci, 0.5f), 1);
+      w[i] = apex_var_create(tu_random_on(dev, APEX_BF16, nd, oc->leaf_shape[i], 71 + 7 * i + ci, 0.5f), 1);
     }
     apex_tensor *f = grad_c(dev, oc, 0, a, b, c, w, 97 + ci), *hf = grad_c(dev, oc, 1, a, b, c, w, 97 + ci);
     const float *pf = apex_tensor_data(f), *ph = apex_tensor_data(hf);
@@ -223,7 +195,7 @@ static size_t gpt_grads(apex_device dev, apex_amp_flag half, apex_tensor **out, 
   int64_t ids[GB * GT], tg[GB * GT];
   for (int i = 0; i < GB * GT; i++) ids[i] = (i * 5 + 3) % GV, tg[i] = (i * 11 + 1) % GV;
   apex_tensor **before = calloc(np, sizeof *before);
-  for (size_t i = 0; i < np; i++) before[i] = on_host(apex_amp_master_of(amp, apex_model_param(m, i, NULL)));
+  for (size_t i = 0; i < np; i++) before[i] = tu_host_copy(apex_amp_master_of(amp, apex_model_param(m, i, NULL)));
   apex_var *loss = apex_gpt_loss(gpt, g, ids, tg, GB, GT);
   assert_non_null(loss);
   TU_OK(apex_amp_backward(amp, loss, 0, NULL));
@@ -231,7 +203,7 @@ static size_t gpt_grads(apex_device dev, apex_amp_flag half, apex_tensor **out, 
   apex_graph_reset(g);
   TU_OK(apex_amp_step(amp, opt, NULL));
   for (size_t i = 0; i < np; i++) {
-    apex_tensor *after = on_host(apex_amp_master_of(amp, apex_model_param(m, i, NULL)));
+    apex_tensor *after = tu_host_copy(apex_amp_master_of(amp, apex_model_param(m, i, NULL)));
     float *pb = apex_tensor_data(before[i]);
     const float *pa = apex_tensor_data(after);
     for (size_t j = 0; j < apex_tensor_numel(after); j++) pb[j] -= pa[j];
@@ -247,7 +219,7 @@ static size_t gpt_grads(apex_device dev, apex_amp_flag half, apex_tensor **out, 
 }
 
 static void gpt_on(apex_device dev) {
-  if (!device_present(dev)) return;
+  if (!tu_device_present(dev)) return;
   enum { CAP = 64 };
   apex_tensor *f[CAP], *h[CAP];
   size_t np = gpt_grads(dev, APEX_AMP_OFF, f, CAP);

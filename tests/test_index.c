@@ -13,23 +13,8 @@
 
 enum { V = 37, D = 8, B = 3, T = 5 };
 
-static int device_present(apex_device dev) {
-  const char *why = NULL;
-  if (dev == APEX_DEVICE_CPU || apex_cuda_available(&why)) return 1;
-  printf("skipped: %s\n", why ? why : "no CUDA GPU");
-  return 0;
-}
-
-/* A copy of t on the host (the same dtype). */
-static apex_tensor *on_host(const apex_tensor *t) {
-  apex_tensor *h = apex_tensor_create(apex_tensor_dtype(t), apex_tensor_ndim(t), apex_tensor_shape(t));
-  assert_non_null(h);
-  TU_OK(apex_tensor_copy(h, t));
-  return h;
-}
-
 static void assert_same(const apex_tensor *a, const apex_tensor *b, const char *what) {
-  apex_tensor *ha = on_host(a), *hb = on_host(b);
+  apex_tensor *ha = tu_host_copy(a), *hb = tu_host_copy(b);
   assert_int_equal(apex_tensor_nbytes(ha), apex_tensor_nbytes(hb));
   if (memcmp(apex_tensor_data(ha), apex_tensor_data(hb), apex_tensor_nbytes(ha)) != 0) fail_msg("%s: the index path's bits differ", what);
   apex_tensor_destroy(ha);
@@ -38,16 +23,7 @@ static void assert_same(const apex_tensor *a, const apex_tensor *b, const char *
 
 /* A leaf on dev with tu_random_tensor's values in dtype dt. */
 static apex_var *leaf_on(apex_device dev, apex_dtype dt, int ndim, const int64_t *shape, uint64_t seed) {
-  size_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
-  apex_tensor *r = tu_random_tensor(dt, n, seed, 1.0f), *t = apex_tensor_create_on(dev, dt, ndim, shape);
-  assert_non_null(t);
-  apex_tensor *v = apex_tensor_view(r, ndim, shape);
-  assert_non_null(v);
-  TU_OK(apex_tensor_copy(t, v));
-  apex_tensor_destroy(v);
-  apex_tensor_destroy(r);
-  return apex_var_create(t, 1);
+  return apex_var_create(tu_random_on(dev, dt, ndim, shape, seed, 1.0f), 1);
 }
 
 static void fill_ids(int64_t *ids, int n, int64_t bound, int salt) {
@@ -57,7 +33,7 @@ static void fill_ids(int64_t *ids, int n, int64_t bound, int salt) {
 /* ---- the index itself ------------------------------------------------------------------------------------- */
 
 static void index_api_on(apex_device dev) {
-  if (!device_present(dev)) return;
+  if (!tu_device_present(dev)) return;
   const int64_t shape[2] = {B, T};
   apex_index *ix = apex_index_create_on(dev, 2, shape, V);
   assert_non_null(ix);
@@ -121,7 +97,7 @@ static void test_index_api_cpu(void **state) {
 
 static void test_index_api_cuda(void **state) {
   (void)state;
-  if (!device_present(APEX_DEVICE_CUDA)) skip();
+  if (!tu_device_present(APEX_DEVICE_CUDA)) skip();
   index_api_on(APEX_DEVICE_CUDA);
 }
 
@@ -203,7 +179,7 @@ static void test_ops_cpu(void **state) {
 
 static void test_ops_cuda(void **state) {
   (void)state;
-  if (!device_present(APEX_DEVICE_CUDA)) skip();
+  if (!tu_device_present(APEX_DEVICE_CUDA)) skip();
   ops_on(APEX_DEVICE_CUDA, APEX_F32);
   ops_on(APEX_DEVICE_CUDA, APEX_BF16);
 }
@@ -290,7 +266,7 @@ static void test_gpt_cpu(void **state) {
 
 static void test_gpt_cuda(void **state) {
   (void)state;
-  if (!device_present(APEX_DEVICE_CUDA)) skip();
+  if (!tu_device_present(APEX_DEVICE_CUDA)) skip();
   gpt_on_device(APEX_DEVICE_CUDA, APEX_F32);
   gpt_on_device(APEX_DEVICE_CUDA, APEX_BF16);
 }

@@ -1,6 +1,8 @@
 /* testutil.c: helpers shared by the tests (see testutil.h). */
 #include "testutil.h"
 
+#include "apex/cuda.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,4 +85,31 @@ int tu_pg_teardown(void **state) {
   apex_pg_destroy(tu_pg);
   tu_pg = NULL;
   return 0;
+}
+
+int tu_device_present(apex_device dev) {
+  const char *why = NULL;
+  if (dev == APEX_DEVICE_CPU || apex_cuda_available(&why)) return 1;
+  printf("skipped: %s\n", why ? why : "no CUDA GPU");
+  return 0;
+}
+
+apex_tensor *tu_host_copy(const apex_tensor *t) {
+  apex_tensor *h = apex_tensor_create(apex_tensor_dtype(t), apex_tensor_ndim(t), apex_tensor_shape(t));
+  assert_non_null(h);
+  TU_OK(apex_tensor_copy(h, t));
+  return h;
+}
+
+apex_tensor *tu_random_on(apex_device dev, apex_dtype dtype, int ndim, const int64_t *shape, uint64_t seed, float range) {
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+  apex_tensor *r = tu_random_tensor(dtype, n, seed, range), *t = apex_tensor_create_on(dev, dtype, ndim, shape);
+  assert_non_null(t);
+  apex_tensor *v = apex_tensor_view(r, ndim, shape);
+  assert_non_null(v);
+  TU_OK(apex_tensor_copy(t, v));
+  apex_tensor_destroy(v);
+  apex_tensor_destroy(r);
+  return t;
 }

@@ -77,6 +77,16 @@ apex_tensor *tu_random_tensor(apex_dtype dtype, size_t n, uint64_t seed, float r
 /* A leaf var of the given shape holding tu_random_tensor's values in [-1, 1] (the var owns it). */
 apex_var *tu_random_leaf(apex_dtype dtype, int ndim, const int64_t *shape, uint64_t seed, int requires_grad);
 
+/* 1 when dev can run here (the CPU always); else 0 after printing "skipped: <why>" (a test's device case
+ * then returns: a missing accelerator is a skip, never a failure). */
+int tu_device_present(apex_device dev);
+
+/* A host copy of t (same dtype and shape); the test fails if it cannot be made. */
+apex_tensor *tu_host_copy(const apex_tensor *t);
+
+/* A tensor of the given shape on dev holding tu_random_tensor's values in [-range, range], in dtype. */
+apex_tensor *tu_random_on(apex_device dev, apex_dtype dtype, int ndim, const int64_t *shape, uint64_t seed, float range);
+
 /* Reads a whole file under $APEX_TEST_DATA (tests/data) into a malloc'd buffer; NULL (and the test
  * fails with the path) if missing. */
 void *tu_read_data(const char *name, size_t *size);
