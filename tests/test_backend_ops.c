@@ -784,6 +784,19 @@ static apex_status slot_linear_half_grads_of(slot_run *s, int gelu) {
   return st;
 }
 static apex_status slot_linear_half_grads(slot_run *s) { return slot_linear_half_grads_of(s, 0); }
+
+/* A bf16 x against an f32 weight with an f32 output gradient (an f32 product) whose gx is bf16: a half
+ * gradient of operands that the products take in f32 (cuBLASLt cannot write it directly). */
+static apex_status slot_linear_half_gx_f32_product(slot_run *s) {
+  enum { M = 13, N = 17, K = 19 };
+  void *x = sbuf_as(s, M * K, 371, APEX_BF16), *gx = sbuf_as(s, M * K, 375, APEX_BF16);
+  float *w = sbuf(s, N * K, 372), *go = sbuf(s, M * N, 374), *gw = sbuf(s, N * K, 0);
+  apex_status st = s->be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = M, .n = N, .k = K, .x = {x, APEX_BF16}, .w = {w, APEX_F32},
+                                                                    .gout = go, .gx = gx, .gx_dtype = APEX_BF16, .gw = gw,
+                                                                    .accumulate_x = 1, .accumulate_w = 0, .ws = slot_ws(s)});
+  sgot(s, "gx", gx), sgot(s, "gw", gw);
+  return st;
+}
 static apex_status slot_linear_gelu_half_grads(slot_run *s) { return slot_linear_half_grads_of(s, 1); }
 
 /* add's backward from a bf16 gradient into a bf16 ga (added to) and an f32 gb (fresh): the residual
@@ -1084,6 +1097,8 @@ static const struct {
     {"nn_row_norm rms wide half grads", slot_rms_norm_half_grads_wide, 1e-4, APEX_BF16},
     {"nn_linear half grads", slot_linear_half_grads, BF16_ONEDNN_REL, APEX_BF16},
     {"nn_linear gelu half grads", slot_linear_gelu_half_grads, BF16_ONEDNN_REL, APEX_BF16},
+    /* gw meets the bf16 x with the gradient rounded to bf16 on the GPU (bf16_grad), as the mixed cases */
+    {"nn_linear half gx, f32 product", slot_linear_half_gx_f32_product, BF16_ONEDNN_REL, APEX_BF16},
     {"nn_binary add half grads", slot_add_half_grads, 0, APEX_BF16},
     {"nn_attention half grads", slot_attention_half_grads, 6e-2, APEX_BF16},
     {"nn_softmax", slot_softmax, 1e-5, APEX_BF16},

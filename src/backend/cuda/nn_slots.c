@@ -434,11 +434,20 @@ static apex_status linear_bwd_products(const apex_nn_linear_bwd_args *a) {
   void *g16 = (to16_x || to16_w) && m && n ? bf16_grad(a->gout, m * n, &st) : NULL;
   void *og = NULL, *ow = NULL, *ox = NULL;
   const float *g32 = st == APEX_OK && (f32_x || f32_w) ? dev_f32((apex_nn_buf){a->gout, gt}, m * n, &og, &st) : NULL;
-  /* gx [m, k] = gout [m, n] w [n, k], landed in gx's dtype (cuBLASLt adds beta * gx in f32 and rounds once) */
+  /* gx [m, k] = gout [m, n] w [n, k], landed in gx's dtype: cuBLASLt adds beta * gx in f32 and rounds once
+   * where it can write gx's dtype (f32, or the operands' own); another (a half gx of f32 operands) is
+   * computed into f32 scratch and landed */
   if (st == APEX_OK && want_x) {
     bwd_operands o = bwd_pair(gt, a->gout, g16, g32, a->w, n * k, &ow, &st);
-    if (st == APEX_OK) st = zero_unless(a->gx, a->gx_dtype, m * k, a->accumulate_x);
-    if (st == APEX_OK) st = apex__cuda_gemm(0, 0, a->m, a->k, a->n, 1.0f, o.g, o.partner, o.dtype, 1.0f, a->gx, a->gx_dtype, NULL, 0);
+    if (st == APEX_OK && (a->gx_dtype == APEX_F32 || a->gx_dtype == o.dtype)) {
+      st = zero_unless(a->gx, a->gx_dtype, m * k, a->accumulate_x);
+      if (st == APEX_OK) st = apex__cuda_gemm(0, 0, a->m, a->k, a->n, 1.0f, o.g, o.partner, o.dtype, 1.0f, a->gx, a->gx_dtype, NULL, 0);
+    } else if (st == APEX_OK) {
+      float *t = scratch(m * k, &st);
+      if (t) st = apex__cuda_gemm(0, 0, a->m, a->k, a->n, 1.0f, o.g, o.partner, o.dtype, 0.0f, t, APEX_F32, NULL, 0);
+      if (st == APEX_OK) st = land(a->gx, a->gx_dtype, t, APEX_F32, m * k, a->accumulate_x);
+      apex__cuda_free(t);
+    }
   }
   /* gw [n, k] = gout^T [n, m] x [m, k] */
   if (st == APEX_OK && want_w) {
