@@ -250,7 +250,7 @@ static apex_status row_norm_bwd(apex_graph *g, apex_var *out) {
   void *gx = apex__gbuf_any(g, out->in[0], &tx);
   float *gw = apex__gbuf(g, out->in[1]), *gb = centre ? apex__gbuf(g, out->in[2]) : NULL;
   size_t ws = gw ? ag_nz(R * D) * sizeof(float) : 0;
-  float *gxhat = gw ? apex__scratch(g, ws) : NULL;
+  float *gxhat = gw ? apex__scratch_temp(g, ws) : NULL; /* only while the kernel runs */
   if (gw && !gxhat) return APEX_ERR_OUT_OF_MEMORY;
   return be->nn_row_norm_bwd(&(apex_nn_row_norm_bwd_args){.centre = centre, .rows = R, .cols = D, .x = ag_buf(out->in[0]->value),
                                                           .w = ag_buf_of(out->in[1]), .stats = out->aux, .gout = out->gbuf,

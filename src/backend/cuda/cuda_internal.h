@@ -175,10 +175,12 @@ apex_status apex__cuda_add_layer_norm_fwd(const void *x, const void *x2, void *x
                                           const void *b, apex_dtype wt, int64_t rows, int64_t cols, float eps, void *y,
                                           float *mean, float *rstd);
 /* Its backward: dy and dx in xt, w in wt (f32 or xt), dw and db f32; each gradient lands by its flag as
- * args_nn.h's accumulate rule says (dx NULL: not wanted; db NULL for RMS). */
+ * args_nn.h's accumulate rule says (dx NULL: not wanted; db NULL for RMS). The blocks' partial sums of dw
+ * and db take ws's memory when it lends some (args_nn.h), else the allocator's. */
 apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, apex_dtype xt, const void *w, apex_dtype wt,
                                       const float *mean, const float *rstd, int64_t rows, int64_t cols, int rms,
-                                      void *dx, int acc_dx, float *dw, int acc_w, float *db, int acc_b);
+                                      void *dx, int acc_dx, float *dw, int acc_w, float *db, int acc_b,
+                                      apex_nn_workspace ws);
 apex_status apex__cuda_xent_fwd(const void *logits, apex_dtype lt, const int64_t *target, int64_t rows, int64_t cols,
                                 int64_t ignore_index, float smoothing, float *loss, float *lse);
 apex_status apex__cuda_xent_bwd(const float *dloss, const void *logits, apex_dtype lt, const int64_t *target,

@@ -277,7 +277,7 @@ apex_status apex__cuda_slot_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) 
   const void *w = x ? (direct && a->w.data ? a->w.data : (const void *)norm_weight(a->w, D, &ow, &st)) : NULL; /* no weight: ones */
   if (st == APEX_OK)
     st = apex__cuda_layer_norm_bwd(a->gout, x, kt, w, wt, a->stats, a->stats + R, (int64_t)R, (int64_t)D, !a->centre, a->gx,
-                                   a->accumulate_x, a->gw, a->accumulate_w, a->centre ? a->gb : NULL, a->accumulate_b);
+                                   a->accumulate_x, a->gw, a->accumulate_w, a->centre ? a->gb : NULL, a->accumulate_b, a->ws);
   apex__cuda_free(ox);
   apex__cuda_free(ow);
   return st;

@@ -406,7 +406,7 @@ static unsigned bwd_blocks(K kernel, int threads, size_t smem, int64_t rows, int
 extern "C" apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, apex_dtype xt, const void *w,
                                                  apex_dtype wt, const float *mean, const float *rstd, int64_t rows,
                                                  int64_t cols, int rms, void *dx, int acc_dx, float *dw, int acc_w,
-                                                 float *db, int acc_b) {
+                                                 float *db, int acc_b, apex_nn_workspace ws) {
   if (!norm_fits(cols))
     return apex__fail(APEX_ERR_UNSUPPORTED, "apex_kernel_layer_norm_backward: rows of %lld; the fused kernel takes up to %d",
                       (long long)cols, NORM_MAX_COLS);
@@ -436,14 +436,22 @@ extern "C" apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, 
       return apex__cuda_check_launch("apex_kernel_layer_norm_backward");
     }
     unsigned grid = 0;
-    void *part = NULL;
+    void *part = NULL, *owned = NULL;
     apex_status s = APEX_OK;
     if (rows > 0)
       with_per(sh.per, [&](auto per) {
         /* fused rows take PER 8 or 16; mapping 32 to 16 keeps a fused PER-32 kernel from being built */
         auto k = ln_bwd_kernel<T, W, VEC, decltype(per)::value < 32 ? decltype(per)::value : 16, true>;
         grid = bwd_blocks(k, threads, smem, rows, sh.teams);
-        s = apex__cuda_alloc(sizeof(float) * 2 * (size_t)grid * (size_t)cols, 0, &part);
+        /* the blocks' partial rows: the caller's workspace when it lends one (no allocator call) */
+        const size_t bytes = sizeof(float) * 2 * (size_t)grid * (size_t)cols;
+        if (ws.get) {
+          part = ws.get(ws.ctx, bytes);
+          s = part ? APEX_OK : APEX_ERR_OUT_OF_MEMORY;
+        } else {
+          s = apex__cuda_alloc(bytes, 0, &owned);
+          part = owned;
+        }
         if (s == APEX_OK)
           k<<<grid, threads, smem, st>>>((const TS *)dy, (const TS *)x, (const WS *)w, mean, rstd, rows, cols, sh.tpr,
                                          rms, (TS *)dx, acc_dx, (float *)part);
@@ -453,7 +461,7 @@ extern "C" apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, 
       if (dw || db) ln_colsum_kernel<<<cgrid, cblock, 0, st>>>(src, (int64_t)grid, cols, dw, acc_w, db, acc_b);
       s = apex__cuda_check_launch("apex_kernel_layer_norm_backward");
     }
-    apex__cuda_free(part);
+    apex__cuda_free(owned);
     return s;
   });
 }
