@@ -59,17 +59,9 @@ static int build(apex_model **m, apex_module **gpt, apex_optimizer **opt, apex_a
   if (!*gpt) return fail("creating the model"), -1;
   *opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f});
   if (!*opt) return fail("creating AdamW"), -1;
-  size_t np = apex_model_num_params(*m);
-  apex_tensor **pv = malloc(np * sizeof *pv), **gv = malloc(np * sizeof *gv);
-  int ok = pv && gv;
-  for (size_t i = 0; ok && i < np; i++) {
-    pv[i] = apex_var_value(apex_model_param(*m, i, NULL));
-    gv[i] = apex_var_grad(apex_model_param(*m, i, NULL));
-  }
-  ok = ok && apex_optimizer_add_group(*opt, pv, (int)np, gv, (int)np, NULL, NULL) == APEX_OK &&
-       apex_amp_initialize(m, 1, opt, 1, &(apex_amp_config){.opt_level = "O2", .half_type = APEX_AMP_CAST_BF16, .half_grads = half_grads}, amp) == APEX_OK;
-  free(pv);
-  free(gv);
+  int ok = apex_optimizer_add_model(*opt, *m, NULL, NULL) == APEX_OK &&
+           apex_amp_initialize(m, 1, opt, 1, &(apex_amp_config){.opt_level = "O2", .half_type = APEX_AMP_CAST_BF16, .half_grads = half_grads},
+                               amp) == APEX_OK;
   return ok ? 0 : (fail("amp O2 over AdamW"), -1);
 }
 

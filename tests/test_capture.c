@@ -54,15 +54,7 @@ static run make(apex_device dev, const char *level, apex_amp_cast half) {
   assert_non_null(r.gpt);
   r.opt = apex_optimizer_create(APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f});
   assert_non_null(r.opt);
-  size_t np = apex_model_num_params(r.m);
-  apex_tensor **pv = calloc(np, sizeof *pv), **gv = calloc(np, sizeof *gv);
-  for (size_t i = 0; i < np; i++) {
-    pv[i] = apex_var_value(apex_model_param(r.m, i, NULL));
-    gv[i] = apex_var_grad(apex_model_param(r.m, i, NULL));
-  }
-  TU_OK(apex_optimizer_add_group(r.opt, pv, (int)np, gv, (int)np, NULL, NULL));
-  free(pv);
-  free(gv);
+  TU_OK(apex_optimizer_add_model(r.opt, r.m, NULL, NULL));
   apex_amp_config c = {.opt_level = level, .half_type = half};
   if (half == APEX_AMP_CAST_F16) c.loss_scale = APEX_AMP_DYNAMIC, c.init_scale = 16777216.0f, c.scale_window = 2;
   TU_OK(apex_amp_initialize(&r.m, 1, &r.opt, 1, &c, &r.amp));

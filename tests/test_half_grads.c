@@ -179,14 +179,7 @@ static size_t gpt_grads(apex_device dev, apex_amp_flag half, apex_tensor **out, 
   assert_non_null(opt);
   size_t np = apex_model_num_params(m);
   assert_true(np <= cap);
-  apex_tensor **pv = calloc(np, sizeof *pv), **gv = calloc(np, sizeof *gv);
-  for (size_t i = 0; i < np; i++) {
-    pv[i] = apex_var_value(apex_model_param(m, i, NULL));
-    gv[i] = apex_var_grad(apex_model_param(m, i, NULL));
-  }
-  TU_OK(apex_optimizer_add_group(opt, pv, (int)np, gv, (int)np, NULL, NULL));
-  free(pv);
-  free(gv);
+  TU_OK(apex_optimizer_add_model(opt, m, NULL, NULL));
   apex_amp *amp = NULL;
   TU_OK(apex_amp_initialize(&m, 1, &opt, 1, &(apex_amp_config){.opt_level = "O2", .half_type = APEX_AMP_CAST_BF16, .half_grads = half}, &amp));
   assert_int_equal(apex_amp_properties_of(amp)->half_grads, half);
