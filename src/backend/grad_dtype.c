@@ -3,13 +3,23 @@
 
 #include "core/internal.h"
 
-int apex__grads_low(const apex__grad_in *in, int n_in, const apex__grad_out *out, int n_out) {
-  for (int i = 0; i < n_in; i++)
-    if (*in[i].data && *in[i].dtype != APEX_F32) return 1;
-  for (int i = 0; i < n_out; i++)
-    if (*out[i].data && *out[i].dtype != APEX_F32) return 1;
-  return 0;
-}
+/* A gradient the kernel reads: *data (n elements of *dtype), rewritten to f32 for the call. */
+typedef struct grad_in {
+  const void **data;
+  apex_dtype *dtype;
+  size_t n;
+} grad_in;
+
+/* A gradient the kernel writes: *data spans n elements of *dtype, *accumulate its flag. NULL data: no
+ * gradient wanted. */
+typedef struct grad_out {
+  void **data;
+  apex_dtype *dtype;
+  size_t n;
+  int *accumulate;
+} grad_out;
+
+#define IO_MAX 4
 
 apex_status apex__grad_land(const apex_backend *be, void *dst, apex_dtype dt, const float *src, size_t n, int accumulate) {
   if (!n) return APEX_OK;
@@ -23,15 +33,20 @@ apex_status apex__grad_land(const apex_backend *be, void *dst, apex_dtype dt, co
   return st;
 }
 
-apex_status apex__grads_via_f32(const apex_backend *be, const char *fn, apex_status (*kernel)(const void *args), void *args,
-                                const apex__grad_in *in, int n_in, const apex__grad_out *out, int n_out) {
-  if (n_in > APEX__GRAD_IO_MAX || n_out > APEX__GRAD_IO_MAX)
-    return apex__fail(APEX_ERR_INVALID_ARG, "%s: too many gradients for the f32 road", fn);
+/* The road of grad_dtype.h over the listed gradients of args (the caller's copy of the slot's arguments,
+ * which the lists point into). fn names the slot in messages. */
+static apex_status road(const apex_backend *be, const char *fn, apex__grad_kernel kernel, void *args, const grad_in *in, int n_in,
+                        const grad_out *out, int n_out, int *ran) {
+  int low = 0;
+  for (int i = 0; i < n_in; i++) low |= *in[i].data && *in[i].dtype != APEX_F32;
+  for (int i = 0; i < n_out; i++) low |= *out[i].data && *out[i].dtype != APEX_F32;
+  *ran = low;
+  if (!low) return APEX_OK;
+  if (n_in > IO_MAX || n_out > IO_MAX) return apex__fail(APEX_ERR_INVALID_ARG, "%s: too many gradients for the f32 road", fn);
   const apex_memory *m = be->mem;
-  void *tmp_in[APEX__GRAD_IO_MAX] = {0}, *tmp_out[APEX__GRAD_IO_MAX] = {0};
-  void *dst[APEX__GRAD_IO_MAX] = {0};
-  apex_dtype dt[APEX__GRAD_IO_MAX] = {0};
-  int acc[APEX__GRAD_IO_MAX] = {0};
+  void *tmp_in[IO_MAX] = {0}, *tmp_out[IO_MAX] = {0}, *dst[IO_MAX] = {0};
+  apex_dtype dt[IO_MAX] = {0};
+  int acc[IO_MAX] = {0};
   apex_status st = APEX_OK;
   for (int i = 0; i < n_in && st == APEX_OK; i++) {
     if (!*in[i].data || *in[i].dtype == APEX_F32) continue;
@@ -53,6 +68,76 @@ apex_status apex__grads_via_f32(const apex_backend *be, const char *fn, apex_sta
     if (tmp_out[i] && !acc[i] && out[i].n) st = m->fill(dst[i], dt[i], 0.0f, out[i].n);
   for (int i = 0; i < n_out && st == APEX_OK; i++)
     if (tmp_out[i]) st = apex__grad_land(be, dst[i], dt[i], tmp_out[i], out[i].n, 1);
-  for (int i = 0; i < APEX__GRAD_IO_MAX; i++) m->free(tmp_in[i]), m->free(tmp_out[i]);
+  for (int i = 0; i < IO_MAX; i++) m->free(tmp_in[i]), m->free(tmp_out[i]);
   return st;
+}
+
+apex_status apex__binary_bwd_f32(const apex_backend *be, apex__grad_kernel kernel, const apex_nn_binary_bwd_args *a, int *ran) {
+  apex_nn_binary_bwd_args c = *a;
+  const grad_in in[] = {{&c.gout, &c.gout_dtype, a->plan->rows * a->plan->len}};
+  const grad_out out[] = {{&c.ga, &c.ga_dtype, a->numel_a, &c.accumulate_a}, {&c.gb, &c.gb_dtype, a->numel_b, &c.accumulate_b}};
+  return road(be, "nn_binary_bwd", kernel, &c, in, 1, out, 2, ran);
+}
+
+/* The road of a slot whose gout and gx are both n elements (fields of the copy c). */
+static apex_status one_in_one_out(const apex_backend *be, const char *fn, apex__grad_kernel kernel, void *c, const void **gout,
+                                  apex_dtype *gout_dtype, void **gx, apex_dtype *gx_dtype, int *accumulate_x, size_t n, int *ran) {
+  const grad_in in[] = {{gout, gout_dtype, n}};
+  const grad_out out[] = {{gx, gx_dtype, n, accumulate_x}};
+  return road(be, fn, kernel, c, in, 1, out, 1, ran);
+}
+
+apex_status apex__unary_bwd_f32(const apex_backend *be, apex__grad_kernel kernel, const apex_nn_unary_bwd_args *a, int *ran) {
+  apex_nn_unary_bwd_args c = *a;
+  return one_in_one_out(be, "nn_unary_bwd", kernel, &c, &c.gout, &c.gout_dtype, &c.gx, &c.gx_dtype, &c.accumulate_x, a->n, ran);
+}
+
+apex_status apex__scale_bwd_f32(const apex_backend *be, apex__grad_kernel kernel, const apex_nn_scale_bwd_args *a, int *ran) {
+  apex_nn_scale_bwd_args c = *a;
+  return one_in_one_out(be, "nn_scale_bwd", kernel, &c, &c.gout, &c.gout_dtype, &c.gx, &c.gx_dtype, &c.accumulate_x, a->n, ran);
+}
+
+apex_status apex__dropout_bwd_f32(const apex_backend *be, apex__grad_kernel kernel, const apex_nn_dropout_bwd_args *a, int *ran) {
+  apex_nn_dropout_bwd_args c = *a;
+  return one_in_one_out(be, "nn_dropout_bwd", kernel, &c, &c.gout, &c.gout_dtype, &c.gx, &c.gx_dtype, &c.accumulate_x, a->n, ran);
+}
+
+apex_status apex__row_norm_bwd_f32(const apex_backend *be, apex__grad_kernel kernel, const apex_nn_row_norm_bwd_args *a, int *ran) {
+  apex_nn_row_norm_bwd_args c = *a;
+  return one_in_one_out(be, "nn_row_norm_bwd", kernel, &c, &c.gout, &c.gout_dtype, &c.gx, &c.gx_dtype, &c.accumulate_x,
+                        a->rows * a->cols, ran);
+}
+
+/* gout is [m, n] and gx [m, k] (gw and gb are f32). */
+apex_status apex__linear_bwd_f32(const apex_backend *be, apex__grad_kernel kernel, const apex_nn_linear_bwd_args *a, int *ran) {
+  apex_nn_linear_bwd_args c = *a;
+  const grad_in in[] = {{&c.gout, &c.gout_dtype, (size_t)a->m * (size_t)a->n}};
+  const grad_out out[] = {{&c.gx, &c.gx_dtype, (size_t)a->m * (size_t)a->k, &c.accumulate_x}};
+  return road(be, "nn_linear_bwd", kernel, &c, in, 1, out, 1, ran);
+}
+
+apex_status apex__embedding_bwd_f32(const apex_backend *be, apex__grad_kernel kernel, const apex_nn_embedding_bwd_args *a, int *ran) {
+  apex_nn_embedding_bwd_args c = *a;
+  const grad_in in[] = {{&c.gout, &c.gout_dtype, a->n * a->dim}};
+  return road(be, "nn_embedding_bwd", kernel, &c, in, 1, NULL, 0, ran);
+}
+
+apex_status apex__cross_entropy_bwd_f32(const apex_backend *be, apex__grad_kernel kernel, const apex_nn_cross_entropy_bwd_args *a,
+                                        int *ran) {
+  apex_nn_cross_entropy_bwd_args c = *a;
+  const grad_out out[] = {{&c.gx, &c.gx_dtype, a->rows * a->classes, &c.accumulate_x}};
+  return road(be, "nn_cross_entropy_bwd", kernel, &c, NULL, 0, out, 1, ran);
+}
+
+/* The elements a strided [rows, heads * d] operand spans from its first. */
+static size_t span(size_t rows, size_t ld, size_t row) { return rows ? (rows - 1) * ld + row : 0; }
+
+apex_status apex__attention_bwd_f32(const apex_backend *be, apex__grad_kernel kernel, const apex_nn_attention_bwd_args *a, int *ran) {
+  apex_nn_attention_bwd_args c = *a;
+  const size_t rows = a->batch * (size_t)a->t, row = (size_t)a->heads * (size_t)a->d;
+  const grad_in in[] = {{&c.gout, &c.gout_dtype, span(rows, a->ld_gout, row)}};
+  const grad_out out[] = {{&c.gq, &c.gq_dtype, span(rows, a->ld_gq, row), &c.accumulate_q},
+                          {&c.gk, &c.gk_dtype, span(rows, a->ld_gk, row), &c.accumulate_k},
+                          {&c.gv, &c.gv_dtype, span(rows, a->ld_gv, row), &c.accumulate_v}};
+  return road(be, "nn_attention_bwd", kernel, &c, in, 1, out, 3, ran);
 }

@@ -334,19 +334,12 @@ static size_t bwd_extra(const apex_nn_attention_bwd_args *a) {
 
 static apex_status attention_bwd_k(const void *a) { return apex__cpu_nn_attention_bwd(a); }
 
-/* The elements a strided [rows, heads * d] operand spans from its first. */
-static size_t span(size_t rows, size_t ld, size_t row) { return rows ? (rows - 1) * ld + row : 0; }
-
 apex_status apex__cpu_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
   size_t heads = a->batch * (size_t)a->heads;
   if (!heads || !a->t || (!a->gq && !a->gk && !a->gv)) return APEX_OK;
-  apex_nn_attention_bwd_args c = *a;
-  size_t rows = a->batch * (size_t)a->t, row = (size_t)a->heads * (size_t)a->d;
-  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, span(rows, a->ld_gout, row)}};
-  const apex__grad_out out[] = {{&c.gq, &c.gq_dtype, span(rows, a->ld_gq, row), &c.accumulate_q},
-                                {&c.gk, &c.gk_dtype, span(rows, a->ld_gk, row), &c.accumulate_k},
-                                {&c.gv, &c.gv_dtype, span(rows, a->ld_gv, row), &c.accumulate_v}};
-  if (apex__grads_low(in, 1, out, 3)) return apex__grads_via_f32(&apex__cpu_backend, "nn_attention_bwd", attention_bwd_k, &c, in, 1, out, 3);
+  int ran;
+  apex_status rs = apex__attention_bwd_f32(&apex__cpu_backend, attention_bwd_k, a, &ran);
+  if (ran) return rs;
   size_t extra = bwd_extra(a);
   if (heads_on_threads(heads)) {
     heads_key key = key_of(bwd_head, a->t, a->d, a->q.dtype, a->k.dtype, a->v.dtype, extra);

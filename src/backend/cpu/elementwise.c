@@ -114,10 +114,9 @@ static inline float partial(apex_nn_binary_kind op, int k, float x, float y) {
 static apex_status binary_bwd_k(const void *a) { return apex__cpu_nn_binary_bwd(a); }
 
 apex_status apex__cpu_nn_binary_bwd(const apex_nn_binary_bwd_args *a) {
-  apex_nn_binary_bwd_args c = *a;
-  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, a->plan->rows * a->plan->len}};
-  const apex__grad_out out[] = {{&c.ga, &c.ga_dtype, a->numel_a, &c.accumulate_a}, {&c.gb, &c.gb_dtype, a->numel_b, &c.accumulate_b}};
-  if (apex__grads_low(in, 1, out, 2)) return apex__grads_via_f32(&apex__cpu_backend, "nn_binary_bwd", binary_bwd_k, &c, in, 1, out, 2);
+  int ran;
+  apex_status rs = apex__binary_bwd_f32(&apex__cpu_backend, binary_bwd_k, a, &ran);
+  if (ran) return rs;
   const apex_nn_bcast *p = a->plan;
   apex_nn_binary_kind op = a->kind;
   /* add and sub have constant partials and read no values */
@@ -174,10 +173,9 @@ apex_status apex__cpu_nn_scale(const apex_nn_scale_args *a) {
 static apex_status scale_bwd_k(const void *a) { return apex__cpu_nn_scale_bwd(a); }
 
 apex_status apex__cpu_nn_scale_bwd(const apex_nn_scale_bwd_args *a) {
-  apex_nn_scale_bwd_args c = *a;
-  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, a->n}};
-  const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, a->n, &c.accumulate_x}};
-  if (apex__grads_low(in, 1, out, 1)) return apex__grads_via_f32(&apex__cpu_backend, "nn_scale_bwd", scale_bwd_k, &c, in, 1, out, 1);
+  int ran;
+  apex_status rs = apex__scale_bwd_f32(&apex__cpu_backend, scale_bwd_k, a, &ran);
+  if (ran) return rs;
   const float *go = a->gout;
   float *gx = a->gx;
   float s = a->s;
@@ -419,10 +417,9 @@ static void unary_bwd_f32(const void *ctx, const float *restrict X, const float 
 static apex_status unary_bwd_k(const void *a) { return apex__cpu_nn_unary_bwd(a); }
 
 apex_status apex__cpu_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
-  apex_nn_unary_bwd_args c = *a;
-  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, a->n}};
-  const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, a->n, &c.accumulate_x}};
-  if (apex__grads_low(in, 1, out, 1)) return apex__grads_via_f32(&apex__cpu_backend, "nn_unary_bwd", unary_bwd_k, &c, in, 1, out, 1);
+  int ran;
+  apex_status rs = apex__unary_bwd_f32(&apex__cpu_backend, unary_bwd_k, a, &ran);
+  if (ran) return rs;
   if (a->kind == APEX_NN_RELU) {
     relu_bwd(a->gx, !a->accumulate_x, a->y, a->y_dtype, a->gout, a->n);
     return APEX_OK;
@@ -464,10 +461,9 @@ apex_status apex__cpu_nn_dropout(const apex_nn_dropout_args *a) {
 static apex_status dropout_bwd_k(const void *a) { return apex__cpu_nn_dropout_bwd(a); }
 
 apex_status apex__cpu_nn_dropout_bwd(const apex_nn_dropout_bwd_args *a) {
-  apex_nn_dropout_bwd_args c = *a;
-  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, a->n}};
-  const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, a->n, &c.accumulate_x}};
-  if (apex__grads_low(in, 1, out, 1)) return apex__grads_via_f32(&apex__cpu_backend, "nn_dropout_bwd", dropout_bwd_k, &c, in, 1, out, 1);
+  int ran;
+  apex_status rs = apex__dropout_bwd_f32(&apex__cpu_backend, dropout_bwd_k, a, &ran);
+  if (ran) return rs;
   const uint8_t *mask = a->mask;
   const float *go = a->gout;
   float *gx = a->gx;

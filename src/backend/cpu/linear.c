@@ -102,7 +102,6 @@ static apex_status linear_bwd_k(const void *a) { return apex__cpu_nn_linear_bwd(
 
 apex_status apex__cpu_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
   int m = a->m, n = a->n, k = a->k;
-  apex_nn_linear_bwd_args c = *a;
   if (a->gelu && a->gout_dtype != APEX_F32) {
     /* gpre rounded to gout's dtype, as the GELU op's backward would land it in pre's gradient
      * (args_nn.h), then the plain backward on it */
@@ -113,13 +112,14 @@ apex_status apex__cpu_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
                                                                        .gout_dtype = a->gout_dtype, .gx = gp, .gx_dtype = a->gout_dtype,
                                                                        .accumulate_x = 0, .ws = a->ws});
     if (st != APEX_OK) return st;
+    apex_nn_linear_bwd_args c = *a;
     c.gelu = 0;
     c.gout = gp;
     return apex__cpu_nn_linear_bwd(&c);
   }
-  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, (size_t)m * n}};
-  const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, (size_t)m * k, &c.accumulate_x}};
-  if (apex__grads_low(in, 1, out, 1)) return apex__grads_via_f32(&apex__cpu_backend, "nn_linear_bwd", linear_bwd_k, &c, in, 1, out, 1);
+  int ran;
+  apex_status rs = apex__linear_bwd_f32(&apex__cpu_backend, linear_bwd_k, a, &ran);
+  if (ran) return rs;
   const float *go = a->gout;
   if (a->gelu) { /* gpre in the workspace, as the GELU op's backward would store it into a fresh gradient */
     size_t mn = (size_t)m * n;

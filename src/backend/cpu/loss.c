@@ -166,10 +166,9 @@ static apex_status cross_entropy_bwd_k(const void *a) { return apex__cpu_nn_cros
 
 apex_status apex__cpu_nn_cross_entropy_bwd(const apex_nn_cross_entropy_bwd_args *a) {
   size_t N = a->rows, C = a->classes, n = N * C;
-  apex_nn_cross_entropy_bwd_args c = *a;
-  const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, n, &c.accumulate_x}};
-  if (apex__grads_low(NULL, 0, out, 1))
-    return apex__grads_via_f32(&apex__cpu_backend, "nn_cross_entropy_bwd", cross_entropy_bwd_k, &c, NULL, 0, out, 1);
+  int ran;
+  apex_status rs = apex__cross_entropy_bwd_f32(&apex__cpu_backend, cross_entropy_bwd_k, a, &ran);
+  if (ran) return rs;
   const float *st = a->stats, *go = a->gout;
   const int64_t *tg = a->target;
   float *gx = a->gx;

@@ -548,10 +548,9 @@ static apex_status row_norm(const apex_nn_row_norm_args *a) {
 static apex_status row_norm_bwd_k(const void *a) { return apex__cpu_nn_row_norm_bwd(a); }
 
 apex_status apex__cpu_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) {
-  apex_nn_row_norm_bwd_args c = *a;
-  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, a->rows * a->cols}};
-  const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, a->rows * a->cols, &c.accumulate_x}};
-  if (apex__grads_low(in, 1, out, 1)) return apex__grads_via_f32(&apex__cpu_backend, "nn_row_norm_bwd", row_norm_bwd_k, &c, in, 1, out, 1);
+  int ran;
+  apex_status rs = apex__row_norm_bwd_f32(&apex__cpu_backend, row_norm_bwd_k, a, &ran);
+  if (ran) return rs;
   size_t R = a->rows, D = a->cols, ng = (R + RN_GB - 1) / RN_GB;
   int centre = a->centre;
   const float *wf = apex__cpu_f32(a->w, D, &a->ws), *st = a->stats, *go = a->gout;

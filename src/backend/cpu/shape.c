@@ -202,9 +202,9 @@ apex_status apex__cpu_nn_embedding(const apex_nn_embedding_args *a) {
 static apex_status embedding_bwd_k(const void *a) { return apex__cpu_nn_embedding_bwd(a); }
 
 apex_status apex__cpu_nn_embedding_bwd(const apex_nn_embedding_bwd_args *a) {
-  apex_nn_embedding_bwd_args c = *a;
-  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, a->n * a->dim}};
-  if (apex__grads_low(in, 1, NULL, 0)) return apex__grads_via_f32(&apex__cpu_backend, "nn_embedding_bwd", embedding_bwd_k, &c, in, 1, NULL, 0);
+  int ran;
+  apex_status rs = apex__embedding_bwd_f32(&apex__cpu_backend, embedding_bwd_k, a, &ran);
+  if (ran) return rs;
   size_t D = a->dim;
   const int64_t *ids = a->ids;
   const float *go = a->gout;

@@ -119,7 +119,7 @@ apex_status apex__cuda_slot_nn_binary(const apex_nn_binary_args *a) {
   return n ? apex__cuda_ew(op, a->a.data, a->a.dtype, a->b.data, a->b.dtype, 0.0f, a->out, a->out_dtype, (int64_t)n) : APEX_OK;
 }
 
-static apex_status binary_bwd_k(const void *a) { return apex__cuda_slot_nn_binary_bwd(a); }
+static apex_status binary_bwd_k(const void *a) { return apex__cuda_nn_binary_bwd_any(a); }
 
 /* Flat add and mul read gout and write ga, gb in their own dtypes; the general kernels take f32 gradients,
  * so low-precision ones reach them through the f32 road. */
@@ -127,11 +127,9 @@ apex_status apex__cuda_slot_nn_binary_bwd(const apex_nn_binary_bwd_args *a) {
   apex__cuda_ew_op op = APEX__EW_ADD;
   size_t n = a->plan->rows * a->plan->len;
   if (!binary_op(a->kind, &op) || !flat_plan(a->plan)) {
-    apex_nn_binary_bwd_args c = *a;
-    const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, n}};
-    const apex__grad_out out[] = {{&c.ga, &c.ga_dtype, a->numel_a, &c.accumulate_a}, {&c.gb, &c.gb_dtype, a->numel_b, &c.accumulate_b}};
-    if (apex__grads_low(in, 1, out, 2)) return apex__grads_via_f32(&apex__cuda_backend, "nn_binary_bwd", binary_bwd_k, &c, in, 1, out, 2);
-    return apex__cuda_nn_binary_bwd_any(a);
+    int ran;
+    apex_status rs = apex__binary_bwd_f32(&apex__cuda_backend, binary_bwd_k, a, &ran);
+    return ran ? rs : apex__cuda_nn_binary_bwd_any(a);
   }
   apex_status st = APEX_OK;
   if (op == APEX__EW_ADD) {
@@ -154,7 +152,7 @@ apex_status apex__cuda_slot_nn_unary(const apex_nn_unary_args *a) {
   return a->n ? apex__cuda_ew(op, a->x.data, a->x.dtype, NULL, APEX_F32, 0.0f, a->out, a->out_dtype, (int64_t)a->n) : APEX_OK;
 }
 
-static apex_status unary_bwd_k(const void *a) { return apex__cuda_slot_nn_unary_bwd(a); }
+static apex_status unary_bwd_k(const void *a) { return apex__cuda_nn_unary_bwd_any(a); }
 
 apex_status apex__cuda_slot_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
   /* ReLU's mask comes from its output y (raw, y_dtype): non-zero exactly where x > 0, and the kernel
@@ -163,11 +161,9 @@ apex_status apex__cuda_slot_nn_unary_bwd(const apex_nn_unary_bwd_args *a) {
     return ew_into(a->gx, a->gx_dtype, a->accumulate_x, APEX__EW_RELU_BWD, a->gout, a->gout_dtype, a->y, a->y_dtype, 0.0f, a->n);
   if (a->kind == APEX_NN_GELU_TANH)
     return ew_into(a->gx, a->gx_dtype, a->accumulate_x, APEX__EW_GELU_BWD, a->gout, a->gout_dtype, a->x.data, a->x.dtype, 0.0f, a->n);
-  apex_nn_unary_bwd_args c = *a;
-  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, a->n}};
-  const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, a->n, &c.accumulate_x}};
-  if (apex__grads_low(in, 1, out, 1)) return apex__grads_via_f32(&apex__cuda_backend, "nn_unary_bwd", unary_bwd_k, &c, in, 1, out, 1);
-  return apex__cuda_nn_unary_bwd_any(a);
+  int ran;
+  apex_status rs = apex__unary_bwd_f32(&apex__cuda_backend, unary_bwd_k, a, &ran);
+  return ran ? rs : apex__cuda_nn_unary_bwd_any(a);
 }
 
 apex_status apex__cuda_slot_nn_scale(const apex_nn_scale_args *a) {
@@ -264,10 +260,8 @@ apex_status apex__cuda_slot_nn_row_norm_bwd(const apex_nn_row_norm_bwd_args *a) 
   const int all_f32 = a->gout_dtype == APEX_F32 && (!a->gx || a->gx_dtype == APEX_F32);
   const int direct = in_x && (!a->w.data || a->w.dtype == APEX_F32 || a->w.dtype == xt);
   if ((!direct && !all_f32) || (D > APEX__CUDA_NORM_FUSED_COLS && !all_f32)) {
-    apex_nn_row_norm_bwd_args c = *a;
-    const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, R * D}};
-    const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, R * D, &c.accumulate_x}};
-    return apex__grads_via_f32(&apex__cuda_backend, "nn_row_norm_bwd", row_norm_bwd_k, &c, in, 1, out, 1);
+    int ran; /* !all_f32: some gradient is f16/bf16, so the road runs */
+    return apex__row_norm_bwd_f32(&apex__cuda_backend, row_norm_bwd_k, a, &ran);
   }
   if (D > APEX__CUDA_NORM_FUSED_COLS) return apex__cuda_row_norm_wide_bwd(a);
   void *ox = NULL, *ow = NULL;
@@ -768,16 +762,9 @@ static apex_status attention_bwd_k(const void *a) { return apex__cuda_attention_
 
 /* The materialised backward (attention.cu) takes f32 gradients: others reach it through the f32 road. */
 static apex_status materialised_bwd(const apex_nn_attention_bwd_args *a) {
-  apex_nn_attention_bwd_args c = *a;
-  size_t rows = a->batch * (size_t)a->t, row = (size_t)a->heads * (size_t)a->d;
-#define SPAN(ld) ((rows - 1) * (ld) + row)
-  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, SPAN(a->ld_gout)}};
-  const apex__grad_out out[] = {{&c.gq, &c.gq_dtype, SPAN(a->ld_gq), &c.accumulate_q},
-                                {&c.gk, &c.gk_dtype, SPAN(a->ld_gk), &c.accumulate_k},
-                                {&c.gv, &c.gv_dtype, SPAN(a->ld_gv), &c.accumulate_v}};
-#undef SPAN
-  if (apex__grads_low(in, 1, out, 3)) return apex__grads_via_f32(&apex__cuda_backend, "nn_attention_bwd", attention_bwd_k, &c, in, 1, out, 3);
-  return apex__cuda_attention_slot_bwd(a);
+  int ran;
+  apex_status rs = apex__attention_bwd_f32(&apex__cuda_backend, attention_bwd_k, a, &ran);
+  return ran ? rs : apex__cuda_attention_slot_bwd(a);
 }
 
 apex_status apex__cuda_slot_nn_attention_bwd(const apex_nn_attention_bwd_args *a) {
@@ -804,14 +791,12 @@ apex_status apex__cuda_slot_nn_attention_bwd(const apex_nn_attention_bwd_args *a
 apex_status apex__cuda_slot_nn_cross_entropy(const apex_nn_cross_entropy_args *a) { return apex__cuda_cross_entropy_slot_fwd(a); }
 apex_status apex__cuda_slot_nn_cross_entropy_bwd(const apex_nn_cross_entropy_bwd_args *a) { return apex__cuda_cross_entropy_slot_bwd(a); }
 apex_status apex__cuda_slot_nn_dropout(const apex_nn_dropout_args *a) { return apex__cuda_dropout_slot_fwd(a); }
-static apex_status dropout_bwd_k(const void *a) { return apex__cuda_slot_nn_dropout_bwd(a); }
+static apex_status dropout_bwd_k(const void *a) { return apex__cuda_dropout_slot_bwd(a); }
 
 apex_status apex__cuda_slot_nn_dropout_bwd(const apex_nn_dropout_bwd_args *a) {
-  apex_nn_dropout_bwd_args c = *a;
-  const apex__grad_in in[] = {{&c.gout, &c.gout_dtype, a->n}};
-  const apex__grad_out out[] = {{&c.gx, &c.gx_dtype, a->n, &c.accumulate_x}};
-  if (apex__grads_low(in, 1, out, 1)) return apex__grads_via_f32(&apex__cuda_backend, "nn_dropout_bwd", dropout_bwd_k, &c, in, 1, out, 1);
-  return apex__cuda_dropout_slot_bwd(a);
+  int ran;
+  apex_status rs = apex__dropout_bwd_f32(&apex__cuda_backend, dropout_bwd_k, a, &ran);
+  return ran ? rs : apex__cuda_dropout_slot_bwd(a);
 }
 apex_status apex__cuda_slot_nn_batch_norm(const apex_nn_batch_norm_args *a) {
   /* statistics only (args_nn.h): bn_stats.cu's Welford kernel */
