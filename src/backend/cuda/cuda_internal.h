@@ -43,6 +43,10 @@ apex_status apex__cuda_use_device(int device);
 apex_status apex__cuda_alloc(size_t bytes, int zero, void **out);
 /* Returns a block to the cache (NULL is fine). */
 void apex__cuda_free(void *d_ptr);
+/* `bytes` of device scratch for one slot call: from the workspace the caller lends (args_nn.h; autograd's
+ * graph pool: no allocator call, the same blocks every step) when ws.get is set, else from the allocator,
+ * which *owned then holds for apex__cuda_free (NULL otherwise). NULL after a message (*st set). */
+void *apex__cuda_ws_scratch(apex_nn_workspace ws, size_t bytes, void **owned, apex_status *st);
 enum { APEX__H2D = 1, APEX__D2H = 2, APEX__D2D = 3 };
 /* Copies bytes, queued on the stream; with wait set, returns once it (and all earlier work) is done. */
 apex_status apex__cuda_memcpy(void *dst, const void *src, size_t bytes, int direction, int wait);

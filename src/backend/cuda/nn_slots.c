@@ -27,20 +27,6 @@ static apex_status unsupported(const char *slot, const char *what) {
   return apex__fail(APEX_ERR_UNSUPPORTED, "%s: %s on the cuda backend; run this op on the CPU", slot, what);
 }
 
-/* `bytes` of device scratch for one slot call: from the caller's workspace when it lends one (autograd's
- * graph pool: no allocator call, the same blocks every step), else from the allocator, which *owned then
- * holds for apex__cuda_free. NULL after a message (*st set). */
-static void *ws_scratch(apex_nn_workspace ws, size_t bytes, void **owned, apex_status *st) {
-  *owned = NULL;
-  if (ws.get) {
-    void *p = ws.get(ws.ctx, bytes ? bytes : 1);
-    *st = p ? APEX_OK : APEX_ERR_OUT_OF_MEMORY;
-    return p;
-  }
-  *st = apex__cuda_alloc(bytes ? bytes : 1, 0, owned);
-  return *st == APEX_OK ? *owned : NULL;
-}
-
 /* n f32 of device scratch, or NULL after a message (*st set). */
 static float *scratch(size_t n, apex_status *st) {
   void *p = NULL;
@@ -296,7 +282,7 @@ static apex_status embedding_grad(const apex_nn_embedding_bwd_args *a, float *dt
   size_t bytes = apex__cuda_embedding_bwd_scratch((int64_t)a->n, (int64_t)a->rows);
   void *owned;
   apex_status st;
-  void *s = ws_scratch(a->ws, bytes, &owned, &st);
+  void *s = apex__cuda_ws_scratch(a->ws, bytes, &owned, &st);
   if (st == APEX_OK)
     st = apex__cuda_embedding_bwd_dev(a->gout, a->gout_dtype, a->ids, (int64_t)a->n, (int64_t)a->rows, (int64_t)a->dim, dtable, APEX_F32,
                                       s, bytes);
@@ -466,7 +452,7 @@ apex_status apex__cuda_slot_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
    * it to +0), then the linear's backward on it */
   apex_status st;
   size_t mn = (size_t)a->m * (size_t)a->n;
-  void *owned, *gp = ws_scratch(a->ws, mn * apex_dtype_size(a->gout_dtype), &owned, &st);
+  void *owned, *gp = apex__cuda_ws_scratch(a->ws, mn * apex_dtype_size(a->gout_dtype), &owned, &st);
   if (st == APEX_OK && mn)
     st = apex__cuda_ew(APEX__EW_GELU_BWD, a->gout, a->gout_dtype, a->pre.data, a->pre.dtype, 0.0f, gp, a->gout_dtype, (int64_t)mn);
   apex_nn_linear_bwd_args p = *a;
@@ -724,7 +710,7 @@ static apex_status fused_bwd(const apex_nn_attention_bwd_args *a, apex__cuda_fla
   const size_t nbuf = (do_direct ? 0 : 1) + (direct ? 0 : 3);
   void *buf = NULL, *owned = NULL;
   apex_status st = APEX_OK;
-  if (nbuf) buf = ws_scratch(a->ws, nbuf * rows * C * es, &owned, &st);
+  if (nbuf) buf = apex__cuda_ws_scratch(a->ws, nbuf * rows * C * es, &owned, &st);
   if (st != APEX_OK) return st;
   char *next = buf;
   const void *dout = do_direct ? a->gout : (const void *)next;

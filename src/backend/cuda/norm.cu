@@ -443,15 +443,7 @@ extern "C" apex_status apex__cuda_layer_norm_bwd(const void *dy, const void *x, 
         /* fused rows take PER 8 or 16; mapping 32 to 16 keeps a fused PER-32 kernel from being built */
         auto k = ln_bwd_kernel<T, W, VEC, decltype(per)::value < 32 ? decltype(per)::value : 16, true>;
         grid = bwd_blocks(k, threads, smem, rows, sh.teams);
-        /* the blocks' partial rows: the caller's workspace when it lends one (no allocator call) */
-        const size_t bytes = sizeof(float) * 2 * (size_t)grid * (size_t)cols;
-        if (ws.get) {
-          part = ws.get(ws.ctx, bytes);
-          s = part ? APEX_OK : APEX_ERR_OUT_OF_MEMORY;
-        } else {
-          s = apex__cuda_alloc(bytes, 0, &owned);
-          part = owned;
-        }
+        part = apex__cuda_ws_scratch(ws, sizeof(float) * 2 * (size_t)grid * (size_t)cols, &owned, &s);
         if (s == APEX_OK)
           k<<<grid, threads, smem, st>>>((const TS *)dy, (const TS *)x, (const WS *)w, mean, rstd, rows, cols, sh.tpr,
                                          rms, (TS *)dx, acc_dx, (float *)part);

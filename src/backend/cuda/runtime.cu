@@ -227,6 +227,17 @@ extern "C" void apex__cuda_free(void *d_ptr) {
   pthread_mutex_unlock(&g_mu);
 }
 
+extern "C" void *apex__cuda_ws_scratch(apex_nn_workspace ws, size_t bytes, void **owned, apex_status *st) {
+  *owned = NULL;
+  if (ws.get) {
+    void *p = ws.get(ws.ctx, bytes ? bytes : 1);
+    *st = p ? APEX_OK : APEX_ERR_OUT_OF_MEMORY;
+    return p;
+  }
+  *st = apex__cuda_alloc(bytes ? bytes : 1, 0, owned);
+  return *st == APEX_OK ? *owned : NULL;
+}
+
 extern "C" apex_status apex__cuda_pool_capture_begin(int *id) {
   pthread_mutex_lock(&g_mu);
   apex_status st = APEX_OK;
