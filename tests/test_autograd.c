@@ -416,23 +416,90 @@ static void test_linear_gelu_fused(void **state) {
  * two ops: the loss bit for bit always (the same slots run forward); the gradients of x and w bit for bit
  * with one chunk, and with several (chunk_rows 3 of 10 rows) within a few f32 ulps of the largest
  * element (w's gradient adds the chunks' products in turn). out receives loss, gx, gw as f32. */
-static void classifier_run(apex_dtype dt, apex_dtype autocast, int fused, int64_t chunk, const apex_cross_entropy_options *o, float *out,
-                           size_t *n) {
+static void classifier_run_seeded(apex_dtype dt, apex_dtype autocast, int fused, int64_t chunk, const apex_cross_entropy_options *o,
+                                  float seed, int half_grads, float *out, size_t *n) {
   enum { N = 10, C = 12, V = 33 };
   static const int64_t tg[N] = {3, 0, 32, 7, 7, 1, 30, 2, 5, 16};
   apex_graph *g = apex_graph_create();
   if (autocast) TU_OK(apex_graph_set_autocast(g, 1, autocast));
+  TU_OK(apex_graph_set_half_grads(g, half_grads));
   apex_var *x = tu_random_leaf(dt, 2, (int64_t[]){N, C}, 41, 1), *w = tu_random_leaf(dt, 2, (int64_t[]){V, C}, 42, 1);
   apex_var *h = apex_scale(g, x, 2.0f); /* an op's result, as a model's last layer norm gives */
   apex_var *loss = fused ? apex_linear_cross_entropy(g, h, w, tg, o, chunk) : apex_cross_entropy(g, apex_linear(g, h, w, NULL), tg, o);
   assert_non_null(loss);
   assert_int_equal(apex_var_op(loss), fused ? APEX_OP_LINEAR_CROSS_ENTROPY : APEX_OP_CROSS_ENTROPY);
-  TU_OK(apex_backward(loss, NULL));
+  apex_tensor *go = apex_tensor_create(APEX_F32, 0, NULL); /* the loss's gradient: 1, or a loss scale */
+  TU_OK(apex_tensor_fill(go, seed));
+  TU_OK(apex_backward(loss, &(apex_backward_options){.grad_output = go}));
+  apex_tensor_destroy(go);
   size_t k = 0;
   out[k++] = apex_tensor_get(apex_var_value(loss), 0);
   for (size_t i = 0; i < (size_t)N * C; i++) out[k++] = apex_tensor_get(apex_var_grad(x), i);
   for (size_t i = 0; i < (size_t)V * C; i++) out[k++] = apex_tensor_get(apex_var_grad(w), i);
   *n = k;
+  apex_graph_destroy(g);
+  apex_var_destroy(x);
+  apex_var_destroy(w);
+}
+
+static void classifier_run(apex_dtype dt, apex_dtype autocast, int fused, int64_t chunk, const apex_cross_entropy_options *o, float *out,
+                           size_t *n) {
+  classifier_run_seeded(dt, autocast, fused, chunk, o, 1.0f, 0, out, n);
+}
+
+/* The one-pass classifier (apex_cross_entropy_options.one_pass 1: the logits' gradient written by the
+ * forward for a loss gradient of 1, the backward's products scaled by the real one) against two passes
+ * (-1) in a graph that keeps gradients in the values' dtype, so that the two-pass road also rounds the
+ * logits' gradient to their dtype: bit for bit for a power-of-two loss gradient (1, 1024, 2^-3: a loss
+ * scale), where scaling commutes with every rounding; within a rounding of the logits' dtype for 0.3.
+ * f32, bf16 and bf16 autocast; MEAN, SUM with smoothing, an ignored target. Then the refusals. */
+static void test_linear_cross_entropy_one_pass(void **state) {
+  (void)state;
+  enum { CAP = 1024 };
+  static float a[CAP], f[CAP];
+  const struct { apex_dtype dt, autocast; } runs[] = {{APEX_F32, 0}, {APEX_BF16, 0}, {APEX_F32, APEX_BF16}};
+  const apex_cross_entropy_options base[3] = {{0}, {.reduction = APEX_REDUCTION_SUM, .label_smoothing = 0.1f},
+                                              {.use_ignore_index = 1, .ignore_index = 7}};
+  const float seeds[4] = {1.0f, 1024.0f, 0.125f, 0.3f};
+  for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++)
+    for (int o = 0; o < 3; o++)
+      for (int si = 0; si < 4; si++) {
+        apex_cross_entropy_options one = base[o], two = base[o];
+        one.one_pass = 1, two.one_pass = -1;
+        size_t na, nf;
+        classifier_run_seeded(runs[r].dt, runs[r].autocast, 1, 0, &two, seeds[si], 1, a, &na);
+        classifier_run_seeded(runs[r].dt, runs[r].autocast, 1, 0, &one, seeds[si], 1, f, &nf);
+        assert_int_equal(na, nf);
+        const int exact = si < 3, f32 = runs[r].dt == APEX_F32 && !runs[r].autocast;
+        double mx = 0;
+        for (size_t i = 1; i < na; i++) mx = fmax(mx, fabs(a[i]));
+        for (size_t i = 0; i < na; i++) {
+          /* 0.3: the two-pass road rounds 0.3 x the gradient, the one-pass one the gradient, then scales: a
+           * rounding of each term in the logits' dtype (2^-24 relative in f32, 2^-8 in bf16), summed over the
+           * products */
+          double bound = i == 0 || exact ? 0 : ldexp(mx, f32 ? -18 : -6);
+          if (!(tu_bits(a[i]) == tu_bits(f[i]) || fabs((double)a[i] - f[i]) <= bound))
+            fail_msg("%s autocast %s opts %d seed %g: value %zu is %.9g in one pass, %.9g in two (bound %.3g)", apex_dtype_name(runs[r].dt),
+                     runs[r].autocast ? apex_dtype_name(runs[r].autocast) : "off", o, (double)seeds[si], i, f[i], a[i], bound);
+        }
+      }
+  /* refusals: a clear error each, nothing recorded */
+  apex_graph *g = apex_graph_create();
+  apex_var *x = tu_random_leaf(APEX_F16, 2, (int64_t[]){2, 4}, 43, 1), *w = tu_random_leaf(APEX_F16, 2, (int64_t[]){5, 4}, 44, 1);
+  const int64_t good[2] = {1, 4};
+  assert_null(apex_linear_cross_entropy(g, x, w, good, &(apex_cross_entropy_options){.one_pass = 1}, 0));
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  assert_non_null(strstr(apex_last_error(), "f16 logits"));
+  assert_null(apex_linear_cross_entropy(g, x, w, good, &(apex_cross_entropy_options){.one_pass = 2}, 0));
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  assert_non_null(strstr(apex_last_error(), "one_pass 2"));
+  assert_null(apex_cross_entropy(g, apex_linear(g, x, w, NULL), good, &(apex_cross_entropy_options){.one_pass = 1}));
+  assert_int_equal(apex_last_status(), APEX_ERR_INVALID_ARG);
+  assert_non_null(strstr(apex_last_error(), "apex_linear_cross_entropy"));
+  apex_var *loss = apex_linear_cross_entropy(g, x, w, good, NULL, 0); /* f16 by default: two passes, and it runs */
+  assert_non_null(loss);
+  TU_OK(apex_backward(loss, NULL));
+  assert_true(isfinite(apex_tensor_get(apex_var_value(loss), 0)));
   apex_graph_destroy(g);
   apex_var_destroy(x);
   apex_var_destroy(w);
@@ -591,7 +658,7 @@ int main(void) {
       cmocka_unit_test(test_accumulate_and_zero),       cmocka_unit_test(test_no_grad_and_freed_graph),
       cmocka_unit_test(test_errors_name_op_and_shapes), cmocka_unit_test(test_low_precision_and_autocast),
       cmocka_unit_test(test_threads_bitwise),           cmocka_unit_test(test_ten_thousand_steps),
-      cmocka_unit_test(test_model_names_and_init),       cmocka_unit_test(test_batch_norm_relu_fused), cmocka_unit_test(test_linear_gelu_fused), cmocka_unit_test(test_linear_cross_entropy), cmocka_unit_test(test_add_layer_norm),
+      cmocka_unit_test(test_model_names_and_init),       cmocka_unit_test(test_batch_norm_relu_fused), cmocka_unit_test(test_linear_gelu_fused), cmocka_unit_test(test_linear_cross_entropy), cmocka_unit_test(test_linear_cross_entropy_one_pass), cmocka_unit_test(test_add_layer_norm),
       cmocka_unit_test(test_low_precision_leaf_adds_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

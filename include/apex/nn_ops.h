@@ -173,6 +173,14 @@ typedef struct apex_cross_entropy_options {
   int use_ignore_index;   /* 1: targets equal to ignore_index add nothing and do not count in the mean */
   int64_t ignore_index;
   float label_smoothing;  /* in [0, 1] */
+  /* apex_linear_cross_entropy only (apex_cross_entropy refuses a nonzero value): whether the forward
+   * also writes the logits' gradient over them, for a gradient of 1 on the loss, in the logits' dtype, so
+   * that the backward's head products read it and scale by the loss's real gradient (llm.c's fused
+   * classifier: the logits cross memory once each way). 0: on for a graph on a GPU whose logits are bf16
+   * or f32, off on the CPU (whose backward keeps the gradient in f32, as before); 1: on; -1: off. f16 logits
+   * never take it (f16's range cannot hold a gradient made before its loss scale): 1 with f16 logits is
+   * APEX_ERR_INVALID_ARG. */
+  int one_pass;
 } apex_cross_entropy_options;
 /* Cross entropy of logits [N, C] against class indices targets[N] (each in [0, C) unless ignored);
  * opts may be NULL. Reduction NONE gives [N]. APEX_ERR_INVALID_ARG for a target out of range. */
@@ -187,12 +195,18 @@ APEX_API apex_var *apex_cross_entropy_index(apex_graph *g, apex_var *logits, con
  * x w^T (x [N, C], w [V, C], no bias: a language model's head, tied or not) against targets[N] (each in
  * [0, V) unless ignored), reduced by MEAN or SUM (opts; NULL: MEAN); the result is f32 [], whatever
  * the product's dtype. The logits are kept in the product's dtype (autocast treats the op as a linear,
- * HALF) and never widened whole; the backward makes their f32 gradient chunk_rows rows at a time (0: as
- * many rows as fit in 32 MiB on the CPU, 256 MiB on a GPU) and feeds each chunk to the head's products at once, so the [N, V] f32
- * gradient of apex_linear + apex_cross_entropy never exists. With one chunk the bits are those of
- * apex_cross_entropy(apex_linear(x, w, NULL)); with more, w's gradient adds the chunks' products in
- * turn (ops_classifier.c). APEX_ERR_SHAPE for shapes that do not fit, APEX_ERR_INVALID_ARG for a
- * target out of range, reduction NONE (use the two ops) or a negative chunk_rows. */
+ * HALF) and never widened whole. Their gradient:
+ *   - one pass (opts->one_pass; the default on a GPU): written over the logits by the forward's loss
+ *     kernel, in their dtype, and read by one backward product each for x and w, scaled there by the
+ *     loss's gradient. For a power-of-two loss gradient (1, a loss scale) the bits are those of the
+ *     two-pass road with the logits' gradient kept in their dtype (a graph with half gradients);
+ *   - two passes (the default on the CPU): made by the backward chunk_rows rows at a time (0: as many
+ *     rows as fit in 32 MiB on the CPU, 256 MiB on a GPU) and fed to the head's products at once, so the
+ *     [N, V] f32 gradient of apex_linear + apex_cross_entropy never exists. With one chunk the bits are
+ *     those of apex_cross_entropy(apex_linear(x, w, NULL)); with more, w's gradient adds the chunks'
+ *     products in turn (ops_classifier.c).
+ * APEX_ERR_SHAPE for shapes that do not fit, APEX_ERR_INVALID_ARG for a target out of range, reduction
+ * NONE (use the two ops), a negative chunk_rows or a one_pass the logits cannot take. */
 APEX_API apex_var *apex_linear_cross_entropy(apex_graph *g, apex_var *x, apex_var *w, const int64_t *targets,
                                              const apex_cross_entropy_options *opts, int64_t chunk_rows);
 /* The same with the targets of an index, as apex_cross_entropy_index takes them; the same bits. */

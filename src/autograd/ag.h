@@ -64,8 +64,10 @@ typedef union ag_op_params {
     int64_t rows, cols; /* layer norm, RMS norm: x is [rows, cols] with cols normalised */
   } row_norm;
   struct {
-    void *logits;             /* linear_cross_entropy: [rows, classes] in dtype, the product's */
+    void *logits;             /* linear_cross_entropy: [rows, classes] in dtype, the product's; with one_pass
+                                 their gradient for a loss gradient of 1, written over them by the forward */
     apex_dtype dtype;
+    int one_pass;
     int64_t rows, classes, count, chunk_rows; /* count: rows with a target; chunk_rows: the backward's */
     float smoothing;
     apex_reduction reduction; /* MEAN or SUM */

@@ -1,7 +1,13 @@
 /* ops_classifier.c: a language model's classifier as one op, apex_linear_cross_entropy: the logits
  * x w^T of a head without bias (GPT's tied head reads the embedding table w where it is), their
- * cross entropy against the targets, reduced, and in the backward the logits' gradient made a chunk
- * of rows at a time and consumed at once by the head's products.
+ * cross entropy against the targets, reduced, and the logits' gradient, either written over the logits
+ * by the forward's loss kernel (one pass, llm.c's fused classifier: on a GPU by default) or made in the
+ * backward a chunk of rows at a time (two passes), and consumed at once by the head's products.
+ *
+ * One pass: the gradient is made for a loss gradient of 1, before the real one (a loss scale, on the
+ * device) is known, and the backward's products take the real one as their alpha (nn_linear_bwd's
+ * gout_scale). The logits go through memory once each way, the backward is two products over all the
+ * rows, and nothing is allocated for the gradient.
  *
  * What it saves against apex_linear, a cast to f32 and apex_cross_entropy: the logits stay in the
  * product's dtype (the cross entropy slot widens a row at a time, so no f32 copy is ever made), and
@@ -24,6 +30,16 @@
 #define CHUNK_BYTES_CPU ((size_t)32 << 20)
 #define CHUNK_BYTES_DEVICE ((size_t)256 << 20)
 
+/* Whether the forward writes the logits' gradient (apex_cross_entropy_options.one_pass): asked (1, -1), or
+ * by default where it pays and keeps the bits that matter. A GPU's step gains a read of the logits and
+ * the backward's chunking (each chunk's weight-gradient product reads and writes the whole f32 [V, C]
+ * gradient: 7 times for GPT-2 small at B 8); the CPU keeps its f32 gradient and its bits. f16 never: see
+ * nn_ops.h. */
+static int one_pass(const apex_graph *g, int asked, apex_dtype dt) {
+  if (asked) return asked == 1;
+  return g->be->device != APEX_DEVICE_CPU && dt != APEX_F16;
+}
+
 /* apex_linear_cross_entropy and _index: targets from the host array or the index (apex__ce_targets). */
 static apex_var *linear_cross_entropy_of(apex_graph *g, apex_var *x, apex_var *w, const int64_t *targets, const apex_index *ix,
                                          const apex_cross_entropy_options *opts, int64_t chunk_rows) {
@@ -35,6 +51,9 @@ static apex_var *linear_cross_entropy_of(apex_graph *g, apex_var *x, apex_var *w
                            "terms use apex_linear and apex_cross_entropy)", (int)opts->reduction);
   if (chunk_rows < 0)
     return apex__fail_null(APEX_ERR_INVALID_ARG, "linear_cross_entropy: chunk_rows %lld; give >= 1, or 0 for the default", (long long)chunk_rows);
+  if (opts->one_pass < -1 || opts->one_pass > 1)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "linear_cross_entropy: one_pass %d; give 1 (on), -1 (off) or 0 (the default)",
+                           opts->one_pass);
   apex_var *in[2] = {x, w}, *u[2];
   apex_dtype dt;
   if (apex__dispatch(g, op, 2, in, 0, u, &dt) != APEX_OK) return NULL;
@@ -46,6 +65,9 @@ static apex_var *linear_cross_entropy_of(apex_graph *g, apex_var *x, apex_var *w
   if (N > (size_t)INT32_MAX || V > (size_t)INT32_MAX || C > (size_t)INT32_MAX)
     return apex__fail_null(APEX_ERR_SHAPE, "linear_cross_entropy: input %s, weight %s: each extent must be below 2^31", apex__shape(x),
                            apex__shape(w));
+  if (opts->one_pass == 1 && dt == APEX_F16)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "linear_cross_entropy: one_pass 1 with f16 logits: their gradient would be made "
+                           "before its loss scale, below f16's range; leave one_pass 0 (two passes for f16) or use bf16");
   int64_t count = 0;
   int64_t *tg = apex__ce_targets(g, targets, ix, N, V, opts, ix ? "linear_cross_entropy_index" : "linear_cross_entropy", x, &count);
   if (!tg) return NULL;
@@ -67,6 +89,7 @@ static apex_var *linear_cross_entropy_of(apex_graph *g, apex_var *x, apex_var *w
   out->p.classifier.count = count;
   out->p.classifier.smoothing = opts->label_smoothing;
   out->p.classifier.reduction = opts->reduction;
+  out->p.classifier.one_pass = out->requires_grad && one_pass(g, opts->one_pass, dt);
   size_t chunk_bytes = g->be->device == APEX_DEVICE_CPU ? CHUNK_BYTES_CPU : CHUNK_BYTES_DEVICE;
   out->p.classifier.chunk_rows = chunk_rows ? chunk_rows : (int64_t)(chunk_bytes / (ag_nz(V) * sizeof(float)));
   if (out->p.classifier.chunk_rows < 1) out->p.classifier.chunk_rows = 1;
@@ -77,7 +100,8 @@ static apex_var *linear_cross_entropy_of(apex_graph *g, apex_var *x, apex_var *w
     st = be->nn_cross_entropy(&(apex_nn_cross_entropy_args){
         .rows = N, .classes = V, .x = {logits, dt}, .target = tg, .smoothing = opts->label_smoothing, .stats = (float *)(tg + N),
         .loss = terms, .result = apex_tensor_data(out->value), .result_dtype = APEX_F32,
-        .divisor = opts->reduction == APEX_REDUCTION_MEAN ? (double)count : 1.0, .ws = apex__ag_workspace(g)});
+        .divisor = opts->reduction == APEX_REDUCTION_MEAN ? (double)count : 1.0, .gx = out->p.classifier.one_pass ? logits : NULL,
+        .ws = apex__ag_workspace(g)});
   return st == APEX_OK ? out : NULL;
 }
 
@@ -92,7 +116,8 @@ apex_var *apex_linear_cross_entropy_index(apex_graph *g, apex_var *x, apex_var *
   return linear_cross_entropy_of(g, x, w, NULL, targets, opts, chunk_rows);
 }
 
-/* Per chunk of rows: the logits' f32 gradient (the cross entropy's backward, stored fresh), then the
+/* One pass: the head's products on the gradient the forward left in the logits. Two passes, per chunk of
+ * rows: the logits' f32 gradient (the cross entropy's backward, stored fresh), then the
  * head's products from it: the chunk's rows of gx (written once each) and gw (the first chunk writes,
  * the rest add). */
 apex_status apex__bwd_linear_cross_entropy(apex_graph *g, apex_var *out) {
@@ -111,6 +136,11 @@ apex_status apex__bwd_linear_cross_entropy(apex_graph *g, apex_var *out) {
   char *gx = apex__gbuf_w_any(g, out->in[0], &fresh_x, &tx);
   float *gw = apex__gbuf_w(g, out->in[1], &fresh_w);
   if (!gx && !gw) return APEX_OK;
+  if (out->p.classifier.one_pass) /* the logits hold their gradient for 1: one product each, scaled by out's */
+    return be->nn_linear_bwd(&(apex_nn_linear_bwd_args){
+        .m = (int)N, .n = (int)V, .k = (int)C, .x = ag_buf(X), .w = ag_buf(W), .gout = out->p.classifier.logits, .gout_dtype = dt,
+        .gout_scale = out->gbuf, .gx = gx, .gx_dtype = tx, .gw = gw, .accumulate_x = !fresh_x, .accumulate_w = !fresh_w,
+        .ws = apex__ag_workspace(g)});
   const size_t gs = apex_dtype_size(tx);
   /* the chunk's gradient lives until the graph's reset, so that the slots' transient scratch can go back
    * to the pool after each chunk (it would otherwise pile up, chunk after chunk, until the next op) */

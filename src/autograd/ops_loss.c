@@ -124,6 +124,9 @@ static apex_var *cross_entropy_of(apex_graph *g, apex_var *logits, const int64_t
                                   const apex_cross_entropy_options *opts) {
   static const apex_cross_entropy_options defaults = {0};
   if (!opts) opts = &defaults;
+  if (opts->one_pass)
+    return apex__fail_null(APEX_ERR_INVALID_ARG, "cross_entropy: one_pass %d is for apex_linear_cross_entropy (whose backward "
+                           "reads the gradient it writes); leave it 0", opts->one_pass);
   apex_var *u;
   apex_dtype dt;
   if (apex__dispatch(g, APEX_OP_CROSS_ENTROPY, 1, &logits, 0, &u, &dt) != APEX_OK) return NULL;

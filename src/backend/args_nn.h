@@ -198,7 +198,15 @@ typedef enum apex_nn_reduction { APEX_NN_MEAN, APEX_NN_SUM, APEX_NN_NONE } apex_
  * softmax p = exp(x - m) * r with the forward's bits. The row softmax is never kept. A reduced loss:
  * sum (when not NULL) receives the terms' sum in double, in fixed blocks, and result (when not NULL)
  * (float)(sum / divisor) (MEAN's count, 1 for SUM; 0 / 0 is NaN) as one value of result_dtype. Every
- * buffer is the backend's device memory. */
+ * buffer is the backend's device memory.
+ *
+ * The one-pass classifier (llm.c's fused classifier): with gx set, the same call also writes the
+ * gradient of the reduced loss for a gradient of 1 on it, in x's dtype (gx may be x.data itself: each
+ * row is read whole before it is written), with the bits of nn_cross_entropy_bwd into a fresh gx with
+ * gout 1 and count = divisor: 0.0f + w (p - e / C - (1 - e at the target)), w = (float)(1 / divisor),
+ * rounded once; an ignored row gets zeros. So the logits are read for the loss and rewritten as their
+ * gradient in one kernel, and the backward's consumer scales by the real gradient of the result
+ * (nn_linear_bwd's gout_scale): for a power-of-two gradient (1, a loss scale) that scaling is exact. */
 typedef struct apex_nn_cross_entropy_args {
   size_t rows, classes;
   apex_nn_buf x; /* native dtype, widened to f32 a row at a time */
@@ -210,6 +218,7 @@ typedef struct apex_nn_cross_entropy_args {
   void *result;
   apex_dtype result_dtype;
   double divisor;
+  void *gx; /* NULL, or the one-pass gradient [rows, classes] in x's dtype (above) */
   apex_nn_workspace ws;
 } apex_nn_cross_entropy_args;
 
@@ -549,6 +558,11 @@ typedef struct apex_nn_linear_bwd_args {
   int m, n, k;
   apex_nn_buf x, w;
   const void *gout;
+  /* NULL, or one f32 in the backend's memory by which gout is multiplied: the products take
+   * gout_scale * gout (the scaling applied to each product's f32 sum, as a GEMM's alpha), so that a
+   * gradient made before its scale was known (the one-pass classifier's) needs no pass of its own.
+   * Not with gb (APEX_ERR_INVALID_ARG on every backend). */
+  const float *gout_scale;
   void *gx;
   apex_dtype gout_dtype, gx_dtype;
   float *gw, *gb;

@@ -102,6 +102,7 @@ static apex_status linear_bwd_k(const void *a) { return apex__cpu_nn_linear_bwd(
 
 apex_status apex__cpu_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
   int m = a->m, n = a->n, k = a->k;
+  if (a->gout_scale && a->gb) return apex__fail(APEX_ERR_INVALID_ARG, "nn_linear_bwd: gout_scale with a bias gradient (args_nn.h)");
   if (a->gelu && a->gout_dtype != APEX_F32) {
     /* gpre rounded to gout's dtype, as the GELU op's backward would land it in pre's gradient
      * (args_nn.h), then the plain backward on it */
@@ -130,10 +131,11 @@ apex_status apex__cpu_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
     if (st != APEX_OK) return st;
     go = gp;
   }
-  if (a->gx && apex__gemm(&a->ws, m, k, n, 1.0f, mat_f32(go, n, 0), mat(a->w, 0, k, 0), a->accumulate_x ? 1.0f : 0.0f, a->gx,
+  const float alpha = a->gout_scale ? *a->gout_scale : 1.0f; /* the products' alpha: the CPU's memory is the host's */
+  if (a->gx && apex__gemm(&a->ws, m, k, n, alpha, mat_f32(go, n, 0), mat(a->w, 0, k, 0), a->accumulate_x ? 1.0f : 0.0f, a->gx,
                           APEX_F32, k, NULL) != APEX_OK)
     return APEX_ERR_OUT_OF_MEMORY;
-  if (a->gw && apex__gemm(&a->ws, n, k, m, 1.0f, mat_f32(go, n, 1), mat(a->x, 0, k, 0), a->accumulate_w ? 1.0f : 0.0f, a->gw,
+  if (a->gw && apex__gemm(&a->ws, n, k, m, alpha, mat_f32(go, n, 1), mat(a->x, 0, k, 0), a->accumulate_w ? 1.0f : 0.0f, a->gw,
                           APEX_F32, k, NULL) != APEX_OK)
     return APEX_ERR_OUT_OF_MEMORY;
   if (a->gb) {

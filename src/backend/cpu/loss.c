@@ -7,6 +7,7 @@
  * sums its per-element terms in double and in apex__blocked_sum's fixed blocks, so no result depends
  * on the thread count. */
 #include <math.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
@@ -127,15 +128,21 @@ static inline float row_softmax(const float *x, size_t C, float mx, int given_r,
   return s;
 }
 
-/* One row's gradient: gx[c] += w * (p[c] - smooth - (1 - eps at the target)). */
+/* One row's gradient: gx[c] += w * (p[c] - smooth - (1 - eps at the target)). gx == p: the fresh row
+ * 0.0f + that term written over p (the one-pass forward; the bits of a zeroed gx's). */
 static inline void row_grad(float *gx, const float *p, size_t C, int64_t target, float w, float smooth, float eps) {
-  for (size_t c = 0; c < C; c++) gx[c] += w * (p[c] - smooth - ((int64_t)c == target ? 1.0f - eps : 0.0f));
+  const int fresh = gx == p;
+  for (size_t c = 0; c < C; c++) {
+    const float term = w * (p[c] - smooth - ((int64_t)c == target ? 1.0f - eps : 0.0f));
+    gx[c] = (fresh ? 0.0f : gx[c]) + term;
+  }
 }
 
 apex_status apex__cpu_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
   size_t N = a->rows, C = a->classes, n = N * C;
   const int64_t *tg = a->target;
   float *st = a->stats, *l = a->loss, eps = a->smoothing;
+  const float w1 = (float)(1.0 / a->divisor); /* the one-pass gradient's weight: loss_grad of a gout of 1 */
   /* per thread: the widened row (half x), then the softmax row */
   size_t k = 1 + (a->x.dtype != APEX_F32);
   int fail;
@@ -151,6 +158,12 @@ apex_status apex__cpu_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
     st[2 * i] = mx;
     st[2 * i + 1] = r;
     l[i] = tg[i] < 0 ? 0.0f : -(1.0f - eps) * (xi[tg[i]] - lse) - eps / (float)C * sum_logp;
+    if (a->gx) { /* the one-pass gradient, over p's row (x's row, which gx may be, is read no more) */
+      if (tg[i] >= 0) row_grad(pi, pi, C, tg[i], w1, eps / (float)C, eps);
+      else memset(pi, 0, C * sizeof *pi);
+      if (a->x.dtype == APEX_F32) memcpy((float *)a->gx + i * C, pi, C * sizeof *pi);
+      else apex__convert_range((uint16_t *)a->gx + i * C, a->x.dtype, pi, APEX_F32, C);
+    }
   }
   if (!a->sum && !a->result) return APEX_OK;
   double sum = apex__sum_f32(l, N);

@@ -72,8 +72,10 @@ typedef struct gemm_key {
   int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c;
   int32_t batch, trans_a, trans_b, in_type, c_type, epilogue;
   uint32_t al_a, al_b, al_c;
-  int32_t device; /* the algorithm is chosen for one GPU */
-} gemm_key; /* 112 bytes, no implicit padding */
+  int32_t device;    /* the algorithm is chosen for one GPU */
+  int32_t alpha_dev; /* alpha and beta read from device memory (the descriptor's pointer mode) */
+  int32_t pad;
+} gemm_key; /* 120 bytes, no implicit padding */
 
 typedef struct gemm_plan {
   cublasLtMatmulDesc_t op;
@@ -122,12 +124,26 @@ static cublasStatus_t set_pointers(cublasLtMatmulDesc_t op, const void *vec, voi
   return s;
 }
 
+/* beta for a product whose alpha is read on the device: 0 or 1 from this constant, whose address (for
+ * the current device) the runtime knows without a transfer, so that a captured step may make the call. */
+__device__ const float g_betas[2] = {0.0f, 1.0f};
+
+static apex_status device_beta(const char *fn, float beta, const float **p) {
+  if (beta != 0.0f && beta != 1.0f)
+    return apex__fail(APEX_ERR_INVALID_ARG, "%s: beta %g with a device alpha: 0 or 1", fn, (double)beta);
+  void *base = NULL;
+  cudaError_t e = cudaGetSymbolAddress(&base, g_betas);
+  if (e != cudaSuccess) return apex__fail(APEX_ERR_DEVICE, "%s: the device's beta constant: %s", fn, cudaGetErrorString(e));
+  *p = (const float *)base + (beta == 1.0f);
+  return APEX_OK;
+}
+
 /* One product, or `batch` of them (batch >= 1) at the given element strides; ld*: the row-major row
  * lengths of the stored operands (their leading dimensions); fn names the public call in messages. */
 static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                         const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
                         apex_dtype in_type, float beta, void *c, int64_t ldc, int64_t stride_c, apex_dtype c_type,
-                        int batch, const void *bias, int gelu, const apex__cuda_epilogue *x) {
+                        int batch, const void *bias, int gelu, const apex__cuda_epilogue *x, const float *alpha_dev) {
   pthread_once(&g_once, init_lt);
   if (g_init_status != CUBLAS_STATUS_SUCCESS) return lt_fail(fn, g_init_status, "handle creation");
   apex_status st = APEX_OK;
@@ -161,6 +177,13 @@ static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int
   int dev = 0;
   cudaGetDevice(&dev);
   key.device = dev;
+  key.alpha_dev = alpha_dev != NULL;
+  /* with alpha on the device, beta must be there too (cuBLASLt's pointer mode covers both) */
+  const float *pa = &alpha, *pb = &beta;
+  if (alpha_dev) {
+    pa = alpha_dev;
+    if ((st = device_beta(fn, beta, &pb)) != APEX_OK) return st;
+  }
   size_t ie = apex_dtype_size(in_type), ce = apex_dtype_size(c_type);
   key.al_a = alignment(b, stride_b * (int64_t)ie, batch);
   key.al_b = alignment(a, stride_a * (int64_t)ie, batch);
@@ -172,7 +195,7 @@ static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int
     gemm_plan *p = &g_algos[slot].plan;
     cublasStatus_t s = set_pointers(p->op, vec, aux);
     if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmul(g_lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, g_ws, ws,
+      s = cublasLtMatmul(g_lt, p->op, pa, b, p->la, a, p->lb, pb, c, p->lc, c, p->lc, &p->algo, g_ws, ws,
                          (cudaStream_t)apex__cuda_stream());
     pthread_mutex_unlock(&g_algo_mu);
     return s == CUBLAS_STATUS_SUCCESS ? APEX_OK : lt_fail(fn, s, "matmul");
@@ -182,6 +205,10 @@ static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int
   LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
   LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
   LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "epilogue");
+  if (alpha_dev) {
+    const cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
+    LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm), "pointer mode");
+  }
   if (vec) LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ct, sizeof ct), "bias type");
   if (aux) {
     const int64_t aux_ld = n;
@@ -226,7 +253,7 @@ static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int
     kept = 1;
   }
   {
-    cublasStatus_t s = cublasLtMatmul(g_lt, plan.op, &alpha, b, plan.la, a, plan.lb, &beta, c, plan.lc, c, plan.lc, &plan.algo, g_ws,
+    cublasStatus_t s = cublasLtMatmul(g_lt, plan.op, pa, b, plan.la, a, plan.lb, pb, c, plan.lc, c, plan.lc, &plan.algo, g_ws,
                                       ws, (cudaStream_t)apex__cuda_stream());
     if (s != CUBLAS_STATUS_SUCCESS) st = lt_fail(fn, s, "matmul");
   }
@@ -241,7 +268,14 @@ extern "C" apex_status apex__cuda_gemm(int trans_a, int trans_b, int64_t m, int6
                                        const void *a, const void *b, apex_dtype in_type, float beta, void *c,
                                        apex_dtype c_type, const void *bias, int gelu) {
   return gemm("apex_kernel_matmul", trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, 0, b, trans_b ? k : n, 0,
-              in_type, beta, c, n, 0, c_type, 1, bias, gelu, NULL);
+              in_type, beta, c, n, 0, c_type, 1, bias, gelu, NULL, NULL);
+}
+
+extern "C" apex_status apex__cuda_gemm_scaled(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *alpha,
+                                              const void *a, const void *b, apex_dtype in_type, float beta, void *c, apex_dtype c_type) {
+  if (!alpha) return apex__cuda_gemm(trans_a, trans_b, m, n, k, 1.0f, a, b, in_type, beta, c, c_type, NULL, 0);
+  return gemm("apex_kernel_matmul", trans_a, trans_b, m, n, k, 1.0f, a, trans_a ? m : k, 0, b, trans_b ? k : n, 0, in_type, beta, c,
+              n, 0, c_type, 1, NULL, 0, NULL, alpha);
 }
 
 extern "C" apex_status apex__cuda_gemm_epilogue(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const void *a,
@@ -253,7 +287,7 @@ extern "C" apex_status apex__cuda_gemm_epilogue(int trans_a, int trans_b, int64_
                       "f16/bf16 in and out and n a multiple of 8", apex_dtype_name(in_type), apex_dtype_name(c_type),
                       (long long)n);
   return gemm("apex__cuda_gemm_epilogue", trans_a, trans_b, m, n, k, 1.0f, a, trans_a ? m : k, 0, b, trans_b ? k : n, 0,
-              in_type, 0.0f, c, n, 0, c_type, 1, NULL, 0, x);
+              in_type, 0.0f, c, n, 0, c_type, 1, NULL, 0, x, NULL);
 }
 
 extern "C" apex_status apex__cuda_gemm_batched(const char *fn, int trans_a, int trans_b, int64_t m, int64_t n,
@@ -263,5 +297,5 @@ extern "C" apex_status apex__cuda_gemm_batched(const char *fn, int trans_a, int 
                                                int batch) {
   if (batch < 1 || m < 1 || n < 1) return APEX_OK; /* an empty result: nothing to compute */
   return gemm(fn, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, in_type, beta, c, ldc, stride_c,
-              c_type, batch, NULL, 0, NULL);
+              c_type, batch, NULL, 0, NULL, NULL);
 }

@@ -421,10 +421,10 @@ static apex_status linear_bwd_products(const apex_nn_linear_bwd_args *a) {
     bwd_operands o = bwd_pair(gt, a->gout, g16, g32, a->w, n * k, &ow, &st);
     if (st == APEX_OK && (a->gx_dtype == APEX_F32 || a->gx_dtype == o.dtype)) {
       st = zero_unless(a->gx, a->gx_dtype, m * k, a->accumulate_x);
-      if (st == APEX_OK) st = apex__cuda_gemm(0, 0, a->m, a->k, a->n, 1.0f, o.g, o.partner, o.dtype, 1.0f, a->gx, a->gx_dtype, NULL, 0);
+      if (st == APEX_OK) st = apex__cuda_gemm_scaled(0, 0, a->m, a->k, a->n, a->gout_scale, o.g, o.partner, o.dtype, 1.0f, a->gx, a->gx_dtype);
     } else if (st == APEX_OK) {
       float *t = scratch(m * k, &st);
-      if (t) st = apex__cuda_gemm(0, 0, a->m, a->k, a->n, 1.0f, o.g, o.partner, o.dtype, 0.0f, t, APEX_F32, NULL, 0);
+      if (t) st = apex__cuda_gemm_scaled(0, 0, a->m, a->k, a->n, a->gout_scale, o.g, o.partner, o.dtype, 0.0f, t, APEX_F32);
       if (st == APEX_OK) st = land(a->gx, a->gx_dtype, t, APEX_F32, m * k, a->accumulate_x);
       apex__cuda_free(t);
     }
@@ -433,7 +433,7 @@ static apex_status linear_bwd_products(const apex_nn_linear_bwd_args *a) {
   if (st == APEX_OK && want_w) {
     bwd_operands o = bwd_pair(gt, a->gout, g16, g32, a->x, m * k, &ox, &st);
     if (st == APEX_OK) st = zero_unless(a->gw, APEX_F32, n * k, a->accumulate_w);
-    if (st == APEX_OK) st = apex__cuda_gemm(1, 0, a->n, a->k, a->m, 1.0f, o.g, o.partner, o.dtype, 1.0f, a->gw, APEX_F32, NULL, 0);
+    if (st == APEX_OK) st = apex__cuda_gemm_scaled(1, 0, a->n, a->k, a->m, a->gout_scale, o.g, o.partner, o.dtype, 1.0f, a->gw, APEX_F32);
   }
   if (st == APEX_OK && a->gb && n) {
     st = zero_unless(a->gb, APEX_F32, n, a->accumulate_b);
@@ -447,6 +447,7 @@ static apex_status linear_bwd_products(const apex_nn_linear_bwd_args *a) {
 }
 
 apex_status apex__cuda_slot_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
+  if (a->gout_scale && a->gb) return apex__fail(APEX_ERR_INVALID_ARG, "nn_linear_bwd: gout_scale with a bias gradient (args_nn.h)");
   if (!a->gelu) return linear_bwd_products(a);
   /* gpre = gout * gelu'(pre) in scratch, in gout's dtype (args_nn.h; a -0 term stays -0: only the CPU adds
    * it to +0), then the linear's backward on it */

@@ -73,31 +73,146 @@ extern "C" apex_status apex__cuda_xent_bwd(const float *dloss, const void *logit
  * The slot's contract: per row the max m and r = 1 / sum exp(x - m) (stats), the term with label
  * smoothing e over C classes, -(1 - e) (x_t - lse) - e / C * sum_c (x_c - lse) with lse = m + log(sum),
  * as the CPU computes it (targets -1: a 0 term); the sum of the terms in double, and the reduced value.
- * The backward recomputes p = exp(x - m) r. One block per row; every sum is a block's fixed order. */
+ * The backward recomputes p = exp(x - m) r. One block per row; every sum is a block's fixed order.
+ *
+ * The forward reads a row once for its statistics: each thread keeps a running max m and the sum s of
+ * exp(x - m) over its elements (rescaled when m grows, once a vector of 16 bytes), and the sum of x for the
+ * smoothing term (sum_c (x_c - lse) = sum_c x_c - C lse); the block merges the threads' pairs in a fixed
+ * order. With gx (the one-pass classifier, args_nn.h) a second sweep reads the row again, mostly from L2
+ * (a row of GPT-2's vocabulary is 100 KB in bf16), and writes the gradient, possibly over x: the logits
+ * go through DRAM once each way, where a forward and a backward kernel would read them twice and write once. */
 
-__global__ void ce_fwd_kernel(const void *x, apex_dtype xt, const int64_t *target, int64_t rows, int64_t cols, float eps,
-                              float *stats, float *loss) {
-  __shared__ float scratch[33];
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const int64_t base = row * cols;
-    float mx = -INFINITY;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) mx = fmaxf(mx, apex_ld(x, xt, base + c));
-    mx = block_max(mx, scratch);
-    float se = 0.0f;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) se += expf(apex_ld(x, xt, base + c) - mx);
-    se = block_sum(se, scratch);
-    const float lse = mx + logf(se);
-    float sl = 0.0f;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sl += apex_ld(x, xt, base + c) - lse;
-    sl = block_sum(sl, scratch);
-    if (threadIdx.x == 0) {
-      stats[2 * row] = mx;
-      stats[2 * row + 1] = 1.0f / se;
-      const int64_t t = target[row];
-      loss[row] = t < 0 ? 0.0f : -(1.0f - eps) * (apex_ld(x, xt, base + t) - lse) - eps / (float)cols * sl;
+namespace {
+
+constexpr int CE_WIDE_THREADS = 1024; /* rows of 8192 classes and more: 8 or more 16-byte vectors a thread */
+constexpr int CE_THREADS = 256;
+
+/* (m, s) and (m2, s2): the pair of their union. m = -inf: no element yet (s is 0, or NaN after a NaN). */
+__device__ __forceinline__ void ms_merge(float &m, float &s, float m2, float s2) {
+  const float mm = fmaxf(m, m2);
+  if (mm == -INFINITY) {
+    s += s2;
+    return;
+  }
+  s = s * expf(m - mm) + s2 * expf(m2 - mm);
+  m = mm;
+}
+
+/* One element into a thread's (m, s, sx), m already at least x (or x NaN). A -inf x adds exactly 0
+ * (exp(-inf - m)), also while m is still -inf, where the subtraction would be NaN. */
+__device__ __forceinline__ void ms_add(float m, float &s, float &sx, float x) {
+  s += x == -INFINITY ? 0.0f : expf(x - m);
+  sx += x;
+}
+
+/* Element c of a row's one-pass gradient, ce_bwd_kernel's term into a fresh gradient with weight w
+ * (an ignored row, t < 0: 0, whatever x holds). */
+__device__ __forceinline__ float ce_grad(float x, float m, float r, float w, float smooth, float eps, int64_t c, int64_t t) {
+  return t < 0 ? 0.0f : 0.0f + w * (expf(x - m) * r - smooth - (c == t ? 1.0f - eps : 0.0f));
+}
+
+/* The block's (m, s) and sum of x, every thread getting them: warps by butterflies, then warp 0 over the
+ * warps, in a fixed order. sm: >= 3 * 32 + 3 floats. */
+__device__ __forceinline__ void ms_block(float &m, float &s, float &sx, float *sm) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    ms_merge(m, s, m2, s2);
+    sx += __shfl_xor_sync(0xffffffffu, sx, o);
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  if (lane == 0) sm[warp] = m, sm[32 + warp] = s, sm[64 + warp] = sx;
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < nw ? sm[lane] : -INFINITY;
+    s = lane < nw ? sm[32 + lane] : 0.0f;
+    sx = lane < nw ? sm[64 + lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+      ms_merge(m, s, m2, s2);
+      sx += __shfl_xor_sync(0xffffffffu, sx, o);
     }
+    if (lane == 0) sm[96] = m, sm[97] = s, sm[98] = sx;
+  }
+  __syncthreads();
+  m = sm[96], s = sm[97], sx = sm[98];
+}
+
+/* Rows of x [rows, cols] (type Dt, VEC elements a 16-byte access when the rows allow it, else 1): stats,
+ * terms, and with gx the one-pass gradient w1 (p - e / C - (1 - e at the target)) (0 for an ignored row). */
+template <class Dt, int VEC>
+__global__ void ce_fwd_kernel(const typename Dt::S *x, typename Dt::S *gx, const int64_t *target, int64_t rows, int64_t cols, float eps,
+                              float w1, float *stats, float *loss) {
+  __shared__ float sm[99];
+  const int64_t nvec = cols / VEC, tail = nvec * VEC;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const typename Dt::S *xr = x + row * cols;
+    const int64_t t = target[row];
+    float m = -INFINITY, s = 0.0f, sx = 0.0f;
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      float e[VEC];
+      dev_ld_vec<Dt, VEC>(xr + v * VEC, e);
+      float vm = e[0];
+#pragma unroll
+      for (int i = 1; i < VEC; i++) vm = fmaxf(vm, e[i]);
+      if (vm > m) {
+        s = m == -INFINITY ? s : s * expf(m - vm);
+        m = vm;
+      }
+#pragma unroll
+      for (int i = 0; i < VEC; i++) ms_add(m, s, sx, e[i]);
+    }
+    for (int64_t c = tail + threadIdx.x; c < cols; c += blockDim.x) {
+      const float e = Dt::ld(xr[c]);
+      if (e > m) {
+        s = m == -INFINITY ? s : s * expf(m - e);
+        m = e;
+      }
+      ms_add(m, s, sx, e);
+    }
+    /* x[t] is read before the block's last barrier in ms_block, so before any thread writes the row */
+    const float xt = t >= 0 ? Dt::ld(xr[t]) : 0.0f;
+    ms_block(m, s, sx, sm);
+    const float lse = m + logf(s), r = 1.0f / s;
+    if (threadIdx.x == 0) {
+      stats[2 * row] = m;
+      stats[2 * row + 1] = r;
+      loss[row] = t < 0 ? 0.0f : -(1.0f - eps) * (xt - lse) - eps / (float)cols * (sx - (float)cols * lse);
+    }
+    if (gx) {
+      typename Dt::S *gr = gx + row * cols;
+      const float smooth = eps / (float)cols;
+      for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+        float e[VEC];
+        dev_ld_vec<Dt, VEC>(xr + v * VEC, e);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) e[i] = ce_grad(e[i], m, r, w1, smooth, eps, v * VEC + i, t);
+        dev_st_vec<Dt, VEC>(gr + v * VEC, e);
+      }
+      for (int64_t c = tail + threadIdx.x; c < cols; c += blockDim.x) gr[c] = Dt::st(ce_grad(Dt::ld(xr[c]), m, r, w1, smooth, eps, c, t));
+    }
+    __syncthreads(); /* sm is the next row's */
   }
 }
+
+template <class Dt>
+void ce_fwd_launch(const apex_nn_cross_entropy_args *a, unsigned grid, float w1) {
+  typedef typename Dt::S S;
+  constexpr int VEC = 16 / sizeof(S);
+  const int64_t cols = (int64_t)a->classes;
+  const int threads = cols >= 8192 ? CE_WIDE_THREADS : CE_THREADS;
+  const bool wide = cols % VEC == 0 && ((uintptr_t)a->x.data & 15u) == 0 && ((uintptr_t)a->gx & 15u) == 0;
+  cudaStream_t st = (cudaStream_t)apex__cuda_stream();
+  if (wide)
+    ce_fwd_kernel<Dt, VEC><<<grid, threads, 0, st>>>((const S *)a->x.data, (S *)a->gx, a->target, (int64_t)a->rows, cols, a->smoothing, w1,
+                                                    a->stats, a->loss);
+  else
+    ce_fwd_kernel<Dt, 1><<<grid, threads, 0, st>>>((const S *)a->x.data, (S *)a->gx, a->target, (int64_t)a->rows, cols, a->smoothing, w1,
+                                                  a->stats, a->loss);
+}
+
+} /* namespace */
 
 /* One block: the sum of l[0..n) in double (each thread a strided share, then a tree in shared memory:
  * a fixed order), into *sum (may be NULL) and *result (may be NULL) as (float)(sum / divisor), rounded
@@ -145,8 +260,13 @@ extern "C" apex_status apex__cuda_cross_entropy_slot_fwd(const apex_nn_cross_ent
   if (!a->rows) {
     if (!a->sum && !a->result) return APEX_OK;
   } else {
-    ce_fwd_kernel<<<ce_grid(a->rows), 256, 0, (cudaStream_t)apex__cuda_stream()>>>(a->x.data, a->x.dtype, a->target, (int64_t)a->rows,
-                                                                                   (int64_t)a->classes, a->smoothing, a->stats, a->loss);
+    const float w1 = (float)(1.0 / a->divisor); /* the one-pass gradient's weight: the backward's for a gout of 1 */
+    switch (a->x.dtype) {
+    case APEX_F32: ce_fwd_launch<DevF32>(a, ce_grid(a->rows), w1); break;
+    case APEX_F16: ce_fwd_launch<DevF16>(a, ce_grid(a->rows), w1); break;
+    case APEX_BF16: ce_fwd_launch<DevBF16>(a, ce_grid(a->rows), w1); break;
+    default: return apex__fail(APEX_ERR_DTYPE, "nn_cross_entropy: logits of %s: f32, f16 or bf16", apex_dtype_name(a->x.dtype));
+    }
     apex_status st = apex__cuda_check_launch("nn_cross_entropy");
     if (st != APEX_OK || (!a->sum && !a->result)) return st;
   }
