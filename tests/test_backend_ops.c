@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "apex/cpu.h"
 #include "apex/cuda.h"
@@ -759,6 +760,62 @@ static apex_status slot_matmul_mixed(slot_run *s) {
   return st;
 }
 
+/* ---- the one-pass classifier (args_nn.h: nn_cross_entropy's gx, nn_linear_bwd's gout_scale) ---- */
+
+/* n int64 targets on the run's device (an f32 buffer of 2n elements holding their bytes). */
+static int64_t *sbuf_targets(slot_run *s, const int64_t *tg, size_t n) {
+  apex_tensor *h = apex_tensor_create(APEX_F32, 1, (int64_t[]){(int64_t)(2 * n)});
+  assert_non_null(h);
+  memcpy(apex_tensor_data(h), tg, n * sizeof *tg);
+  apex_tensor *d = on_device(h, s->dev);
+  apex_tensor_destroy(h);
+  assert_non_null(d);
+  assert_true(s->nt < SLOT_MAX);
+  s->t[s->nt++] = d;
+  return apex_tensor_data(d);
+}
+
+/* ROWS rows of `classes` logits of dt with label smoothing 0.1, row 1 ignored: the terms, stats and mean,
+ * and the gradient written over the logits themselves. */
+static apex_status slot_ce_one_pass(slot_run *s, apex_dtype dt, size_t classes) {
+  enum { ROWS = 5 };
+  int64_t tg[ROWS];
+  for (size_t r = 0; r < ROWS; r++) tg[r] = (int64_t)((r * 7919 + 3) % classes);
+  tg[1] = -1, tg[3] = (int64_t)classes - 1; /* an ignored row; the last class (a tail's, when there is one) */
+  void *x = sbuf_as(s, ROWS * classes, 301, dt);
+  float *stats = sbuf(s, 2 * ROWS, 0), *loss = sbuf(s, ROWS, 0), *result = sbuf(s, 1, 0);
+  apex_status st = s->be->nn_cross_entropy(&(apex_nn_cross_entropy_args){
+      .rows = ROWS, .classes = classes, .x = {x, dt}, .target = sbuf_targets(s, tg, ROWS), .smoothing = 0.1f, .stats = stats, .loss = loss,
+      .result = result, .result_dtype = APEX_F32, .divisor = ROWS - 1, .gx = x, .ws = slot_ws(s)});
+  sgot(s, "stats", stats), sgot(s, "loss", loss), sgot(s, "result", result), sgot(s, "gx", x);
+  return st;
+}
+/* 16-byte vectors of 1024-thread rows; one element at a time (37 classes); f16's vectors */
+static apex_status slot_ce_one_pass_wide(slot_run *s) { return slot_ce_one_pass(s, APEX_BF16, 8200); }
+static apex_status slot_ce_one_pass_tail(slot_run *s) { return slot_ce_one_pass(s, APEX_F32, 37); }
+static apex_status slot_ce_one_pass_f16(slot_run *s) { return slot_ce_one_pass(s, APEX_F16, 64); }
+
+/* The head's backward on a bf16 gradient scaled by a device-side 0.37: gx bf16 fresh, gw f32 added to. */
+static apex_status slot_linear_gout_scale(slot_run *s) {
+  enum { M = 13, N = 40, K = 24 };
+  void *x = sbuf_as(s, M * K, 311, APEX_BF16), *w = sbuf_as(s, N * K, 312, APEX_BF16), *go = sbuf_as(s, M * N, 313, APEX_BF16);
+  void *gx = sbuf_as(s, M * K, 0, APEX_BF16);
+  float *gw = sbuf(s, N * K, 314), *scale = sbuf(s, 1, 0);
+  apex_tensor *sc = stensor(s, scale);
+  TU_OK(apex_tensor_fill(sc, 0.37f));
+  /* a bias gradient cannot take the scale (args_nn.h): refused, nothing written */
+  float *gb = sbuf(s, N, 0);
+  TU_FAILS(s->be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = M, .n = N, .k = K, .x = {x, APEX_BF16}, .w = {w, APEX_BF16}, .gout = go,
+                                                            .gout_dtype = APEX_BF16, .gout_scale = scale, .gw = gw, .gb = gb,
+                                                            .accumulate_w = 1, .ws = slot_ws(s)}),
+           APEX_ERR_INVALID_ARG, "gout_scale with a bias gradient");
+  apex_status st = s->be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = M, .n = N, .k = K, .x = {x, APEX_BF16}, .w = {w, APEX_BF16}, .gout = go,
+                                                                    .gout_dtype = APEX_BF16, .gout_scale = scale, .gx = gx, .gx_dtype = APEX_BF16,
+                                                                    .gw = gw, .accumulate_x = 0, .accumulate_w = 1, .ws = slot_ws(s)});
+  sgot(s, "gx", gx), sgot(s, "gw", gw);
+  return st;
+}
+
 /* ---- gradients in the values' dtype (args_nn.h's gradient dtypes: a graph with half gradients) ---- */
 
 static apex_status slot_layer_norm_half_grads(slot_run *s) { return slot_row_norm_g(s, 1, APEX_BF16, 8, 96, APEX_BF16); }
@@ -1101,6 +1158,13 @@ static const struct {
     {"nn_linear half gx, f32 product", slot_linear_half_gx_f32_product, BF16_ONEDNN_REL, APEX_BF16},
     {"nn_binary add half grads", slot_add_half_grads, 0, APEX_BF16},
     {"nn_attention half grads", slot_attention_half_grads, 6e-2, APEX_BF16},
+    /* the one-pass classifier: the GPU's running max and its sums' trees against the CPU's passes (the
+     * ops' CUDA_OP_REL), then the gradient's rounding (the ulp of dt); the scaled products as the half
+     * gradients' */
+    {"nn_cross_entropy one pass", slot_ce_one_pass_wide, 1e-5, APEX_BF16},
+    {"nn_cross_entropy one pass", slot_ce_one_pass_tail, 1e-5, APEX_F32},
+    {"nn_cross_entropy one pass", slot_ce_one_pass_f16, 1e-5, APEX_F16},
+    {"nn_linear gout_scale", slot_linear_gout_scale, BF16_ONEDNN_REL, APEX_BF16},
     {"nn_softmax", slot_softmax, 1e-5, APEX_BF16},
     {"nn_pointwise_loss", slot_pointwise_loss, 1e-5, APEX_F16},
     {"nn_batch_norm_bwd relu", slot_batch_norm_bwd, 1e-5, APEX_BF16},

@@ -159,7 +159,7 @@ step test_syncbn_cuda 20 test key_cmocka "$B/tests/test_syncbn_cuda"
 [ -x "$B/tests/test_half_grads" ] && step test_half_grads 40 test key_cmocka "$B/tests/test_half_grads"
 # generation with a key/value cache on the GPU: the cached tokens against the uncached forward's argmax
 [ -x "$B/tests/test_generate" ] && step test_generate 40 test key_cmocka "$B/tests/test_generate"
-for t in test_cuda_classifier test_cuda_epilogues test_cuda_nn_contract test_amp_device test_graph_device; do
+for t in test_cuda_epilogues test_cuda_nn_contract test_amp_device test_graph_device; do
   [ -x "$B/tests/$t" ] && step $t 30 test key_cmocka "$B/tests/$t"
 done
 # apex-train --device cuda against the CPU (16 threads): CNN O1 f16 / O2 bf16 accuracy, GPT losses,

@@ -367,15 +367,6 @@ apex_status apex__cuda_sdpa_bwd(const apex__cuda_flash *g, int causal, int nonde
 apex_status apex__cuda_sdpa_check(const apex__cuda_flash *g, int causal, int backward, int nondeterministic);
 
 
-/* ---- classifier.cu: cross entropy and its gradient in one pass over the logits ---------------------------- */
-
-/* For each of rows rows of logits (row r at logits + r * ld, cols classes, dtype lt): loss[r] (f32) = lse -
- * x[target[r]], and the row overwritten by its gradient dloss (softmax - onehot(target)), in lt. target
- * (device int64 [rows]): -1 ignores the row (loss 0, gradient 0); another value outside [0, cols) gives a
- * NaN loss. The logits are read twice and written once; deterministic. */
-apex_status apex__cuda_classifier(void *logits, apex_dtype lt, const int64_t *target, int64_t rows, int64_t cols,
-                                  int64_t ld, float dloss, float *loss);
-
 /* ---- elementwise.cu: elementwise ops and deterministic sums (see apex/cuda.h) ----------------------------- */
 
 typedef enum apex__cuda_ew_op {
