@@ -142,7 +142,7 @@ __device__ __forceinline__ void ms_block(float &m, float &s, float &sx, float *s
 /* Rows of x [rows, cols] (type Dt, VEC elements a 16-byte access when the rows allow it, else 1): stats,
  * terms, and with gx the one-pass gradient w1 (p - e / C - (1 - e at the target)) (0 for an ignored row). */
 template <class Dt, int VEC>
-__global__ void ce_fwd_kernel(const typename Dt::S *x, typename Dt::S *gx, const int64_t *target, int64_t rows, int64_t cols, float eps,
+__global__ void __launch_bounds__(CE_WIDE_THREADS) ce_fwd_kernel(const typename Dt::S *x, typename Dt::S *gx, const int64_t *target, int64_t rows, int64_t cols, float eps,
                               float w1, float *stats, float *loss) {
   __shared__ float sm[99];
   const int64_t nvec = cols / VEC, tail = nvec * VEC;
