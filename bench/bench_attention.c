@@ -11,9 +11,9 @@
  *     bench attention_<T>_road_<R>_fwdbwd_ms                   each road with APEX_ATTENTION=R: flash (apex's
  *                                                               kernel), cudnn (cuDNN's fused attention,
  *                                                               deterministic backward), cudnn-nondeterministic,
- *                                                               hopper (apex's Hopper forward, TMA and wgmma,
- *                                                               with the flash road's backward; compute
- *                                                               capability 9.0 only, a `failed:` line elsewhere),
+ *                                                               hopper (apex's Hopper kernels, TMA and wgmma;
+ *                                                               compute capability 9.0 only, a `failed:` line
+ *                                                               elsewhere),
  *                                                               each with its ratio against the peer, so that one
  *                                                               run decides the default
  *     bench attention_<T>_road_<R>_fwd_ms                      each road's forward alone

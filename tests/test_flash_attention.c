@@ -1,6 +1,6 @@
 /* test_flash_attention.c: the CUDA fused attention roads, apex's kernel (src/backend/cuda/flash_attention.cu,
- * causal), apex's Hopper forward (src/backend/cuda/flash_attention_sm90.cu, causal, with the kernel's backward
- * reading its stats; compute capability 9.0 only) and cuDNN's fused attention (src/backend/cuda/attention_cudnn.cu,
+ * causal), apex's Hopper kernels (src/backend/cuda/flash_attention_sm90*.cu, causal; compute capability 9.0
+ * only) and cuDNN's fused attention (src/backend/cuda/attention_cudnn.cu,
  * causal and without a mask), against
  * an f64 reference computed here on the host from the same rounded inputs, forward (o and the stats) and
  * backward (dq, dk, dv), f16 and bf16, head dims 64 and 128, heads read in place from a packed qkv and from
@@ -15,7 +15,7 @@
  * 3e-2; f16 o 4e-3, dq/dk/dv 8e-3: the operands' own rounding (2^-9 relative for bf16, 2^-12 for f16), P
  * and dS rounded to the operand dtype before their products (as FlashAttention and the materialised path
  * do), the outputs' rounding. The stats: the kernel's (m, r) = (row max, 1 / sum): |m - ref| <= 1e-4 (1 +
- * |ref|), |r - ref| <= 2e-3 ref (the Hopper forward's too); cuDNN's (L, 1): the log-sum-exp L within the same bound as m, r exactly 1.
+ * |ref|), |r - ref| <= 2e-3 ref (the Hopper kernel's too); cuDNN's (L, 1): the log-sum-exp L within the same bound as m, r exactly 1.
  * Each case prints one line `ROAD CASE (...): o E dq E dk E dv E m|lse E r E, backward bits ...: PASS|FAIL`. */
 #include <math.h>
 #include <stdio.h>
@@ -29,7 +29,7 @@
 #include "backend/cuda/cuda_internal.h"
 
 /* The roads a case runs: apex's fused kernel (causal), cuDNN's fused attention causal and without a mask, apex's
- * Hopper forward (causal) with the fused kernel's backward on its output and stats (the slot's hopper road). */
+ * Hopper kernels (causal). */
 enum { ROAD_FLASH, ROAD_CUDNN_CAUSAL, ROAD_CUDNN_FULL, ROAD_HOPPER };
 static const char *const road_names[] = {"flash", "cudnn causal", "cudnn full", "hopper"};
 
@@ -41,7 +41,8 @@ static apex_status road_fwd(int road, const apex__cuda_flash *g, const void *q, 
 
 static apex_status road_bwd(int road, const apex__cuda_flash *g, const void *q, const void *k, const void *v, const void *o,
                             const void *dout, const float *st, void *dq, void *dk, void *dv) {
-  if (road == ROAD_FLASH || road == ROAD_HOPPER) return apex__cuda_flash_attention_bwd(g, q, k, v, o, dout, st, dq, dk, dv);
+  if (road == ROAD_FLASH) return apex__cuda_flash_attention_bwd(g, q, k, v, o, dout, st, dq, dk, dv);
+  if (road == ROAD_HOPPER) return apex__cuda_flash_sm90_bwd(g, q, k, v, o, dout, st, dq, dk, dv);
   return apex__cuda_sdpa_bwd(g, road == ROAD_CUDNN_CAUSAL, 0, q, k, v, o, dout, st, dq, dk, dv);
 }
 
@@ -240,9 +241,9 @@ static int run_cases(int road, uint64_t seed0) {
   return ok;
 }
 
-/* The Hopper forward's own cases, beyond run_cases': its tiles are 128 query rows and 128 keys, so t of 129
- * (a second tile of one row), 255 and 300 (the two-stage ring reused), d 128 on GPT's packed layout in both
- * dtypes, several batches and heads. */
+/* The Hopper kernels' own cases, beyond run_cases': their blocks are 128 rows and their streamed tiles 64 or 128,
+ * so t of 129 (a second block of one row), 255 and 300 (the two-stage rings reused), d 128 on GPT's packed layout
+ * in both dtypes, several batches and heads. */
 static int run_hopper_cases(uint64_t seed0) {
   static const struct {
     const char *name;
@@ -287,8 +288,8 @@ static void test_cudnn_matches_reference(void **state) {
   assert_true(causal_ok && full_ok);
 }
 
-/* apex's Hopper forward (flash_attention_sm90.cu) on run_cases' cases and its own, with the fused kernel's backward
- * on its stats, within the same bounds: skipped, with the reason, on a device other than compute capability 9.0
+/* apex's Hopper kernels (flash_attention_sm90*.cu), forward and backward, on run_cases' cases and their own, within
+ * the same bounds: skipped, with the reason, on a device other than compute capability 9.0
  * or in a build without sm_90a code; any other refusal on a GPU fails. */
 static void test_hopper_matches_reference(void **state) {
   (void)state;
@@ -351,7 +352,7 @@ static void test_arguments(void **state) {
   f.ld_dq = 2300;
   TU_FAILS(apex__cuda_flash_attention_bwd(&f, p, p, p, p, p, st, buf, buf, buf), APEX_ERR_UNSUPPORTED, "operand 5");
   TU_FAILS(apex__cuda_flash_attention_bwd(&g, p, p, p, p, p, NULL, buf, buf, buf), APEX_ERR_INVALID_ARG, "NULL stats");
-  /* the Hopper forward makes the same checks before it asks the device */
+  /* the Hopper kernels make the same checks before they ask the device */
   f = g;
   f.dtype = APEX_F32;
   TU_FAILS(apex__cuda_flash_sm90_fwd(&f, p, p, p, buf, st), APEX_ERR_UNSUPPORTED, "f16 or bf16");
@@ -376,6 +377,18 @@ static void test_arguments(void **state) {
   f = g;
   f.batch = 65536 / 12 + 1;
   TU_FAILS(apex__cuda_flash_sm90_fwd(&f, p, p, p, buf, st), APEX_ERR_UNSUPPORTED, "above 65535");
+  TU_FAILS(apex__cuda_flash_sm90_bwd(&f, p, p, p, p, p, st, buf, buf, buf), APEX_ERR_UNSUPPORTED, "above 65535");
+  TU_FAILS(apex__cuda_flash_sm90_bwd(&g, p, p, p, p, p, st, buf, buf, NULL), APEX_ERR_INVALID_ARG, "NULL operand 7");
+  TU_FAILS(apex__cuda_flash_sm90_bwd(&g, p, p, p, p, p, NULL, buf, buf, buf), APEX_ERR_INVALID_ARG, "NULL stats");
+  f = g;
+  f.ld_dq = 2300;
+  TU_FAILS(apex__cuda_flash_sm90_bwd(&f, p, p, p, p, p, st, buf, buf, buf), APEX_ERR_UNSUPPORTED, "operand 5");
+  f = g;
+  f.d = 32;
+  f.ld_q = f.ld_k = f.ld_v = f.ld_dq = f.ld_dk = f.ld_dv = 3 * 12 * 32;
+  f.ld_o = f.ld_do = 12 * 32;
+  TU_FAILS(apex__cuda_flash_sm90_bwd(&f, p, p, p, p, p, st, buf, buf, buf), APEX_ERR_UNSUPPORTED, "head dim 32");
+  TU_FAILS(apex__cuda_flash_sm90_bwd(NULL, p, p, p, p, p, st, buf, buf, buf), APEX_ERR_INVALID_ARG, "NULL geometry");
   /* cuDNN's road makes the same checks before cuDNN is asked */
   f = g;
   f.dtype = APEX_F32;

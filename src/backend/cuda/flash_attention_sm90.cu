@@ -29,10 +29,10 @@
  *
  * Built only for sm_90a (wgmma and setmaxnreg exist nowhere else): CMakeLists.txt compiles this file for
  * 90a in place of 90, and for the other architectures the kernel is an empty stub that the host never
- * launches (APEX_SM90A says whether the 90a code exists; the device's compute capability, read once, whether it
- * can run). The tensor maps are made with the driver's cuTensorMapEncodeTiled, reached through the
- * runtime (cudaGetDriverEntryPointByVersion), so that the library does not link libcuda. */
-#include <cuda.h> /* CUtensorMap and its enums: types only, the one driver function is looked up at run time */
+ * launches (APEX_SM90A says whether the 90a code exists; the device's compute capability, read once, whether
+ * it can run). The helpers it shares with the backward (flash_attention_sm90_bwd.cu) are in sm90.cuh; the
+ * host's half of them is here: the tensor maps are made with the driver's cuTensorMapEncodeTiled, reached
+ * through the runtime (cudaGetDriverEntryPointByVersion), so that the library does not link libcuda. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -40,8 +40,8 @@
 
 extern "C" {
 #include "core/internal.h"
-#include "backend/cuda/cuda_internal.h"
 }
+#include "backend/cuda/sm90.cuh"
 
 #ifndef APEX_SM90A
 #define APEX_SM90A 0
@@ -73,233 +73,6 @@ template <int D> __host__ __device__ constexpr int smem_bytes() {
   return 1024 + q_bytes<D>() + 2 * STAGES * kv_bytes<D>() + 8 * (1 + 3 * STAGES);
 }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-/* ---- device helpers (sm_90a) ------------------------------------------------------------------------------ */
-
-constexpr int CONSUMERS = 256; /* the threads of the two consumer warpgroups */
-constexpr float LN2 = 0.6931471805599453f;
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-/* Arms bar for `bytes` of TMA transfers and counts this thread's arrival. */
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-/* Waits until the phase of bar with this parity has completed. */
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-  } while (!done);
-}
-
-/* One box of a 3-d tensor map (coordinates: column, row, batch) into shared memory, completing on bar. */
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t bar) {
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-               ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-               : "memory");
-}
-
-/* A shared-memory matrix descriptor with the 128-byte swizzle: start address, leading and stride byte
- * offsets, each in 16-byte units (bits 0-13, 16-29, 32-45), base offset 0 (tiles start on 1024-byte
- * boundaries), swizzle mode 1 (bits 62-63). */
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((addr >> 4) & 0x3fffu) | ((uint64_t)((lbo >> 4) & 0x3fffu) << 16) | ((uint64_t)((sbo >> 4) & 0x3fffu) << 32) |
-         (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-/* Tells the compiler that the accumulators change here (the asynchronous wgmma writes them between its issue and
- * the wait), so that no read of them moves above the wait and no write below the issue. */
-template <int N>
-__device__ __forceinline__ void fence_regs(float *r) {
-#pragma unroll
-  for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-/* Two f32 rounded to nearest even into one word of the operand dtype: lo in the low half. */
-template <bool BF>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  uint32_t r;
-  if (BF) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-/* d (m64n64k16, f32) += A B^T, A and B K-major in shared memory (descriptors da, db). */
-template <bool BF>
-__device__ __forceinline__ void wgmma_ss64(float *d, uint64_t da, uint64_t db, int accumulate) {
-  if (BF)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(accumulate));
-  else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                 "{"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(accumulate));
-}
-
-/* d (m64n64k16, f32) += A B, A from registers (a[4], the fragment of mma.sync's A), B MN-major in shared memory. */
-template <bool BF>
-__device__ __forceinline__ void wgmma_rs64(float *d, const uint32_t a[4], uint64_t db) {
-  if (BF)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-  else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                 "{"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
-/* d (m64n128k16, f32) += A B^T, A and B K-major in shared memory (descriptors da, db). */
-template <bool BF>
-__device__ __forceinline__ void wgmma_ss128(float *d, uint64_t da, uint64_t db, int accumulate) {
-  if (BF)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db), "r"(accumulate));
-  else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-                 "{"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db), "r"(accumulate));
-}
-
-/* d (m64n128k16, f32) += A B, A from registers (a[4], the fragment of mma.sync's A), B MN-major in shared memory. */
-template <bool BF>
-__device__ __forceinline__ void wgmma_rs128(float *d, const uint32_t a[4], uint64_t db) {
-  if (BF)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-  else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-                 "{"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
-template <int N, bool BF>
-__device__ __forceinline__ void wgmma_ss(float *d, uint64_t da, uint64_t db, int accumulate) {
-  if constexpr (N == 64) wgmma_ss64<BF>(d, da, db, accumulate);
-  else wgmma_ss128<BF>(d, da, db, accumulate);
-}
-template <int N, bool BF>
-__device__ __forceinline__ void wgmma_rs(float *d, const uint32_t a[4], uint64_t db) {
-  if constexpr (N == 64) wgmma_rs64<BF>(d, a, db);
-  else wgmma_rs128<BF>(d, a, db);
-}
-
-#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
-
 /* ---- the kernel --------------------------------------------------------------------------------------------- */
 
 /* Grid (query blocks, batch * heads), the blocks with the most keys (the last query blocks) first. */
@@ -308,6 +81,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     flash_sm90_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const H3Params P) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int CONSUMERS = 256; /* the threads of the two consumer warpgroups */
+  constexpr float LN2 = 0.6931471805599453f;
   constexpr uint32_t QB = q_bytes<D>(), KVB = kv_bytes<D>();
   constexpr int BOXES = D / 64; /* 64-column boxes of a row */
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -468,67 +243,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
-/* ---- host ---------------------------------------------------------------------------------------------------- */
-
-typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *, const cuuint64_t *,
-                                const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-/* Whether the kernel can run here, decided once: the 90a code built, a device of compute capability 9.0 (the
- * device apex uses is fixed once it holds memory, which every attention operand is), the driver's encoder. */
-struct Hopper {
-  int ok;
-  char why[240];
-  EncodeTiled encode;
-};
-
-static const Hopper &hopper() {
-  static const Hopper hw = [] {
-    Hopper r = {};
-    if (!APEX_SM90A) {
-      snprintf(r.why, sizeof r.why, "the library was built without sm_90a code (CMAKE_CUDA_ARCHITECTURES did not include 90)");
-      return r;
-    }
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-      snprintf(r.why, sizeof r.why, "no CUDA device could be queried (%s)", cudaGetErrorString(cudaGetLastError()));
-      return r;
-    }
-    if (major != 9 || minor != 0) {
-      snprintf(r.why, sizeof r.why, "device of compute capability %d.%d: the Hopper kernel (wgmma, sm_90a) runs on 9.0 only", major, minor);
-      return r;
-    }
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess || !fn) {
-      cudaGetLastError();
-      snprintf(r.why, sizeof r.why, "the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12 or later is needed)");
-      return r;
-    }
-    r.encode = (EncodeTiled)fn;
-    r.ok = 1;
-    return r;
-  }();
-  return hw;
-}
-
-/* The tensor map of one operand: [batch][t][heads * d] (innermost last) with row stride ld elements, read in boxes
- * of 64 columns by `rows` rows with the 128-byte swizzle; rows past t read as zeros. */
-static apex_status make_map(const Hopper &hw, CUtensorMap *map, const void *ptr, int64_t ld, const apex__cuda_flash *g, int rows,
-                            const char *what) {
-  const cuuint64_t dims[3] = {(cuuint64_t)g->heads * (cuuint64_t)g->d, (cuuint64_t)g->t, (cuuint64_t)g->batch};
-  const cuuint64_t strides[2] = {(cuuint64_t)ld * 2u, (cuuint64_t)ld * 2u * (cuuint64_t)g->t};
-  const cuuint32_t box[3] = {64, (cuuint32_t)rows, 1}, unit[3] = {1, 1, 1};
-  const CUresult r = hw.encode(map, g->dtype == APEX_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
-                               (void *)ptr, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return apex__fail(APEX_ERR_UNSUPPORTED, "%s: the driver refused the tensor map of %s (row stride %lld, t %d, batch %d): CUresult %d",
-                      H3_FWD, what, (long long)ld, g->t, g->batch, (int)r);
-  return APEX_OK;
-}
+/* ---- launch ------------------------------------------------------------------------------------------------- */
 
 template <int D, bool BF>
 static apex_status launch(const CUtensorMap &q, const CUtensorMap &k, const CUtensorMap &v, const H3Params &p, int bh) {
@@ -546,6 +261,76 @@ static apex_status launch(const CUtensorMap &q, const CUtensorMap &k, const CUte
 
 } /* namespace */
 
+/* ---- host: what sm90.cuh declares ---------------------------------------------------------------------------- */
+
+namespace {
+
+typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *, const cuuint64_t *,
+                                const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+struct Hopper {
+  int ok;
+  char why[240];
+  EncodeTiled encode;
+};
+
+const Hopper &hopper() {
+  static const Hopper hw = [] {
+    Hopper r = {};
+    if (!APEX_SM90A) {
+      snprintf(r.why, sizeof r.why, "the library was built without sm_90a code (CMAKE_CUDA_ARCHITECTURES did not include 90)");
+      return r;
+    }
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+      snprintf(r.why, sizeof r.why, "no CUDA device could be queried (%s)", cudaGetErrorString(cudaGetLastError()));
+      return r;
+    }
+    if (major != 9 || minor != 0) {
+      snprintf(r.why, sizeof r.why, "device of compute capability %d.%d: the Hopper kernels (wgmma, sm_90a) run on 9.0 only", major,
+               minor);
+      return r;
+    }
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn) {
+      cudaGetLastError();
+      snprintf(r.why, sizeof r.why, "the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12 or later is needed)");
+      return r;
+    }
+    r.encode = (EncodeTiled)fn;
+    r.ok = 1;
+    return r;
+  }();
+  return hw;
+}
+
+} /* namespace */
+
+extern "C" apex_status apex__sm90_usable(const char *fn) {
+  const Hopper &hw = hopper();
+  return hw.ok ? APEX_OK : apex__fail(APEX_ERR_UNSUPPORTED, "%s: %s", fn, hw.why);
+}
+
+extern "C" apex_status apex__sm90_map(CUtensorMap *map, const void *ptr, int64_t ld, const apex__cuda_flash *g, int rows,
+                                      const char *fn, const char *what) {
+  const Hopper &hw = hopper();
+  if (!hw.ok) return apex__fail(APEX_ERR_UNSUPPORTED, "%s: %s", fn, hw.why);
+  const cuuint64_t dims[3] = {(cuuint64_t)g->heads * (cuuint64_t)g->d, (cuuint64_t)g->t, (cuuint64_t)g->batch};
+  const cuuint64_t strides[2] = {(cuuint64_t)ld * 2u, (cuuint64_t)ld * 2u * (cuuint64_t)g->t};
+  const cuuint32_t box[3] = {64, (cuuint32_t)rows, 1}, unit[3] = {1, 1, 1};
+  const CUresult r = hw.encode(map, g->dtype == APEX_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+                               (void *)ptr, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return apex__fail(APEX_ERR_UNSUPPORTED, "%s: the driver refused the tensor map of %s (row stride %lld, t %d, batch %d): CUresult %d",
+                      fn, what, (long long)ld, g->t, g->batch, (int)r);
+  return APEX_OK;
+}
+
 extern "C" apex_status apex__cuda_flash_sm90_fwd(const apex__cuda_flash *g, const void *q, const void *k, const void *v, void *o,
                                                  float *stats) {
   if (!g) return apex__fail(APEX_ERR_INVALID_ARG, "%s: NULL geometry", H3_FWD);
@@ -559,11 +344,11 @@ extern "C" apex_status apex__cuda_flash_sm90_fwd(const apex__cuda_flash *g, cons
   if ((int64_t)g->batch * g->heads > 65535)
     return apex__fail(APEX_ERR_UNSUPPORTED, "%s: batch %d x heads %d above 65535 (the grid's second dimension)", H3_FWD, g->batch,
                       g->heads);
-  const Hopper &hw = hopper();
-  if (!hw.ok) return apex__fail(APEX_ERR_UNSUPPORTED, "%s: %s", H3_FWD, hw.why);
+  if ((st = apex__sm90_usable(H3_FWD)) != APEX_OK) return st;
   CUtensorMap mq, mk, mv;
-  if ((st = make_map(hw, &mq, q, g->ld_q, g, BM, "q")) != APEX_OK || (st = make_map(hw, &mk, k, g->ld_k, g, BN, "k")) != APEX_OK ||
-      (st = make_map(hw, &mv, v, g->ld_v, g, BN, "v")) != APEX_OK)
+  if ((st = apex__sm90_map(&mq, q, g->ld_q, g, BM, H3_FWD, "q")) != APEX_OK ||
+      (st = apex__sm90_map(&mk, k, g->ld_k, g, BN, H3_FWD, "k")) != APEX_OK ||
+      (st = apex__sm90_map(&mv, v, g->ld_v, g, BN, H3_FWD, "v")) != APEX_OK)
     return st;
   H3Params p = {};
   p.out = (uint16_t *)o;

@@ -648,9 +648,8 @@ static int flash_geom(size_t batch, int heads, int t, int d, apex_dtype dt, apex
  *   "cudnn":             cuDNN's, and its refusal is the answer (no other path): for measuring it;
  *   "cudnn-nondeterministic": the same with cuDNN's faster backward, whose dQ is summed with atomics
  *                        (not bitwise repeatable);
- *   "hopper":            apex's Hopper forward (flash_attention_sm90.cu: TMA, wgmma; compute capability 9.0
- *                        only) with apex's fused backward reading its stats, and its refusal is the answer:
- *                        for measuring it. It joins auto's order (ahead of cuDNN where faster, else only
+ *   "hopper":            apex's Hopper kernels (flash_attention_sm90*.cu: TMA, wgmma; compute capability 9.0
+ *                        only), forward and backward, and their refusal is the answer: for measuring them. It joins auto's order (ahead of cuDNN where faster, else only
  *                        where it alone runs) once bench_attention has timed it against the cudnn and
  *                        flash roads on a GPU; until then auto does not ask it. */
 typedef enum { ROAD_AUTO, ROAD_FLASH, ROAD_CUDNN, ROAD_CUDNN_NONDET, ROAD_HOPPER } attention_road;
@@ -712,8 +711,8 @@ apex_status apex__cuda_slot_nn_attention(const apex_nn_attention_args *a) {
  * gradients go straight into the slot's buffers when all three are wanted, fresh and in that dtype (the
  * packed q/k/v of a graph that keeps gradients in the values' dtype: the bits of 0.0f + term but for the
  * sign of a zero); otherwise into scratch ([batch, t, heads * d]), landed by the accumulate rule. cuDNN or
- * apex's kernel runs as the road says (in auto, the kernel when cuDNN refuses, with e's error state back; on
- * the hopper road, apex's fused backward, which reads the Hopper forward's stats). */
+ * apex's kernel runs as the road says (in auto, the kernel when cuDNN refuses, with e's error state back), or
+ * apex's Hopper kernel on the hopper road. */
 static apex_status fused_bwd(const apex_nn_attention_bwd_args *a, apex__cuda_flash *g, attention_road road, const saved_error *e) {
   size_t rows = a->batch * (size_t)a->t, C = (size_t)a->heads * (size_t)a->d, es = apex_dtype_size(g->dtype);
   const int do_direct = a->gout_dtype == g->dtype;
@@ -734,8 +733,10 @@ static apex_status fused_bwd(const apex_nn_attention_bwd_args *a, apex__cuda_fla
   g->ld_dv = direct ? (int64_t)a->ld_gv : (int64_t)C;
   if (!do_direct)
     st = apex__cuda_rows_copy((void *)dout, g->dtype, (int64_t)C, a->gout, a->gout_dtype, (int64_t)a->ld_gout, (int64_t)rows, (int64_t)C, 0, 0);
-  int flash = road == ROAD_FLASH || road == ROAD_HOPPER; /* the Hopper road's forward writes the fused kernel's stats */
-  if (st == APEX_OK && !flash) {
+  int flash = road == ROAD_FLASH;
+  if (st == APEX_OK && road == ROAD_HOPPER) {
+    st = apex__cuda_flash_sm90_bwd(g, a->q.data, a->k.data, a->v.data, a->out, dout, a->stats, dq, dk, dv);
+  } else if (st == APEX_OK && !flash) {
     st = apex__cuda_sdpa_bwd(g, 1, road == ROAD_CUDNN_NONDET, a->q.data, a->k.data, a->v.data, a->out, dout, a->stats, dq, dk, dv);
     if (st == APEX_ERR_UNSUPPORTED && road == ROAD_AUTO) {
       error_restore(e);
