@@ -56,7 +56,9 @@ struct BwdParams {
 template <int D> __host__ __device__ constexpr int dkdv_smem() {
   return 1024 + 2 * BK * D * 2 + STAGES * (2 * BT * D * 2 + BT * 16) + 8 * (1 + 2 * STAGES);
 }
-template <int D> __host__ __device__ constexpr int dq_smem() { return 1024 + 2 * BK * D * 2 + STAGES * 2 * BT * D * 2 + 8 * (1 + 2 * STAGES); }
+template <int D> __host__ __device__ constexpr int dq_smem() {
+  return 1024 + 2 * BK * D * 2 + STAGES * 2 * BT * D * 2 + 8 * (1 + 2 * STAGES);
+}
 
 /* ---- aux ----------------------------------------------------------------------------------------------------- */
 

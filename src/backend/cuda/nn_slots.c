@@ -649,9 +649,10 @@ static int flash_geom(size_t batch, int heads, int t, int d, apex_dtype dt, apex
  *   "cudnn-nondeterministic": the same with cuDNN's faster backward, whose dQ is summed with atomics
  *                        (not bitwise repeatable);
  *   "hopper":            apex's Hopper kernels (flash_attention_sm90*.cu: TMA, wgmma; compute capability 9.0
- *                        only), forward and backward, and their refusal is the answer: for measuring them. It joins auto's order (ahead of cuDNN where faster, else only
- *                        where it alone runs) once bench_attention has timed it against the cudnn and
- *                        flash roads on a GPU; until then auto does not ask it. */
+ *                        only), forward and backward, and their refusal is the answer: for measuring them.
+ *                        It joins auto's order (ahead of cuDNN where faster, else only where it alone runs)
+ *                        once bench_attention has timed it against the cudnn and flash roads on a GPU;
+ *                        until then auto does not ask it. */
 typedef enum { ROAD_AUTO, ROAD_FLASH, ROAD_CUDNN, ROAD_CUDNN_NONDET, ROAD_HOPPER } attention_road;
 
 static apex_status road_of(const char *slot, attention_road *road) {
