@@ -16,7 +16,11 @@
  * and dS rounded to the operand dtype before their products (as FlashAttention and the materialised path
  * do), the outputs' rounding. The stats: the kernel's (m, r) = (row max, 1 / sum): |m - ref| <= 1e-4 (1 +
  * |ref|), |r - ref| <= 2e-3 ref (the Hopper kernel's too); cuDNN's (L, 1): the log-sum-exp L within the same bound as m, r exactly 1.
+ * The slot's hopper road (APEX_ATTENTION=hopper, through apex_kernel_attention_forward / _backward) is held to its
+ * flash road on GPT's packed layout within the same bounds, or, on a device the Hopper kernels do not take, to
+ * its refusal (APEX_ERR_UNSUPPORTED, no other path).
  * Each case prints one line `ROAD CASE (...): o E dq E dk E dv E m|lse E r E, backward bits ...: PASS|FAIL`. */
+#define _POSIX_C_SOURCE 200809L /* setenv: the road knob, APEX_ATTENTION */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -308,7 +312,7 @@ static void test_hopper_matches_reference(void **state) {
   snprintf(msg, sizeof msg, "%s", ps == APEX_OK ? "" : apex_last_error());
   apex__cuda_free(buf);
   apex__cuda_free(st);
-  if (ps == APEX_ERR_UNSUPPORTED && (strstr(msg, "runs on 9.0 only") || strstr(msg, "without sm_90a"))) {
+  if (ps == APEX_ERR_UNSUPPORTED && (strstr(msg, "run on 9.0 only") || strstr(msg, "without sm_90a"))) {
     printf("hopper cases skipped: %s\n", msg);
     skip();
   }
@@ -316,6 +320,82 @@ static void test_hopper_matches_reference(void **state) {
   assert_int_equal(ps, APEX_OK);
   const int common_ok = run_cases(ROAD_HOPPER, 31), own_ok = run_hopper_cases(41);
   assert_true(common_ok && own_ok);
+}
+
+/* A bf16 tensor on the GPU of shape [b, t, w], uniform in [-range, range) from seed (zeros when range is 0). */
+static apex_tensor *dev_tensor(int64_t b, int64_t t, int64_t w, float range, uint64_t seed) {
+  const int64_t shape[3] = {b, t, w};
+  apex_tensor *d = apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_BF16, 3, shape), *h = apex_tensor_create(APEX_F32, 3, shape);
+  assert_true(d && h);
+  float *u = apex_tensor_data(h);
+  const size_t n = apex_tensor_numel(h);
+  apex_rng rng = apex_rng_init(seed);
+  apex_rng_uniform(&rng, u, n);
+  for (size_t i = 0; i < n; i++) u[i] = range * (2 * u[i] - 1);
+  TU_OK(apex_tensor_copy(d, h));
+  apex_tensor_destroy(h);
+  return d;
+}
+
+/* max |a - b| / max |b| of two tensors of n elements on the GPU (through f32 host copies). */
+static double tensor_err(const apex_tensor *a, const apex_tensor *b, int64_t b0, int64_t t, int64_t w) {
+  const int64_t shape[3] = {b0, t, w};
+  apex_tensor *ha = apex_tensor_create(APEX_F32, 3, shape), *hb = apex_tensor_create(APEX_F32, 3, shape);
+  assert_true(ha && hb);
+  TU_OK(apex_tensor_copy(ha, a));
+  TU_OK(apex_tensor_copy(hb, b));
+  const float *x = apex_tensor_data(ha), *y = apex_tensor_data(hb);
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < apex_tensor_numel(ha); i++) {
+    const double e = fabs((double)x[i] - y[i]);
+    if (!(e <= num)) num = isnan(e) ? INFINITY : e;
+    if (fabs(y[i]) > den) den = fabs(y[i]);
+  }
+  apex_tensor_destroy(ha);
+  apex_tensor_destroy(hb);
+  return num / den;
+}
+
+/* The slot's hopper road against its flash road through the public calls (GPT's packed qkv, bf16, B 2, H 3,
+ * T 300, d 64): y within the bf16 bound of o, dqkv within that of the gradients; on a device the Hopper kernels
+ * do not take, the road's answer is their refusal. */
+static void test_hopper_road(void **state) {
+  (void)state;
+  const char *why;
+  if (!apex_cuda_available(&why)) {
+    printf("hopper road skipped: %s\n", why);
+    skip();
+  }
+  enum { NB = 2, NH = 3, NT = 300, HD = 64, NC = NH * HD };
+  apex_tensor *qkv = dev_tensor(NB, NT, 3 * NC, 1.5f, 51), *dy = dev_tensor(NB, NT, NC, 1.0f, 52);
+  apex_tensor *y[2] = {dev_tensor(NB, NT, NC, 0, 0), dev_tensor(NB, NT, NC, 0, 0)};
+  apex_tensor *dqkv[2] = {dev_tensor(NB, NT, 3 * NC, 0, 0), dev_tensor(NB, NT, 3 * NC, 0, 0)};
+  const int64_t ss[4] = {NB, NH, NT, 2};
+  apex_tensor *stats[2] = {apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 4, ss),
+                           apex_tensor_create_on(APEX_DEVICE_CUDA, APEX_F32, 4, ss)};
+  assert_true(stats[0] && stats[1]);
+  const char *roads[2] = {"flash", "hopper"};
+  apex_status st[2];
+  for (int r = 0; r < 2; r++) {
+    setenv("APEX_ATTENTION", roads[r], 1);
+    st[r] = apex_kernel_attention_forward(qkv, NH, y[r], stats[r]);
+    if (st[r] == APEX_OK) st[r] = apex_kernel_attention_backward(dy, qkv, y[r], stats[r], NH, dqkv[r]);
+    if (st[r] != APEX_OK) printf("%s road: %s\n", roads[r], apex_last_error());
+  }
+  unsetenv("APEX_ATTENTION");
+  assert_int_equal(st[0], APEX_OK);
+  const char *refusal = apex_last_error();
+  if (st[1] == APEX_ERR_UNSUPPORTED && (strstr(refusal, "run on 9.0 only") || strstr(refusal, "without sm_90a"))) {
+    printf("hopper road: refused on this device, as it must be (no other path)\n");
+  } else {
+    assert_int_equal(st[1], APEX_OK);
+    const double ey = tensor_err(y[1], y[0], NB, NT, NC), eg = tensor_err(dqkv[1], dqkv[0], NB, NT, 3 * NC);
+    printf("hopper road against the flash road (bf16, batch %d, heads %d, t %d, d %d, packed qkv): y %.2e dqkv %.2e (bounds "
+           "1.5e-02, 3e-02): %s\n", NB, NH, NT, HD, ey, eg, ey <= 1.5e-2 && eg <= 3e-2 ? "PASS" : "FAIL");
+    assert_true(ey <= 1.5e-2 && eg <= 3e-2);
+  }
+  apex_tensor *all[] = {qkv, dy, y[0], y[1], dqkv[0], dqkv[1], stats[0], stats[1]};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) apex_tensor_destroy(all[i]);
 }
 
 /* What a fused road (apex's kernel, cuDNN's) does not cover is UNSUPPORTED (the caller falls back), what is
@@ -418,6 +498,7 @@ int main(void) {
       cmocka_unit_test(test_fused_matches_reference),
       cmocka_unit_test(test_cudnn_matches_reference),
       cmocka_unit_test(test_hopper_matches_reference),
+      cmocka_unit_test(test_hopper_road),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
