@@ -11,6 +11,9 @@
  *     bench attention_<T>_road_<R>_fwdbwd_ms                   each road with APEX_ATTENTION=R: flash (apex's
  *                                                               kernel), cudnn (cuDNN's fused attention,
  *                                                               deterministic backward), cudnn-nondeterministic,
+ *                                                               hopper (apex's Hopper kernels, TMA and wgmma;
+ *                                                               compute capability 9.0 only, a `failed:` line
+ *                                                               elsewhere),
  *                                                               each with its ratio against the peer, so that one
  *                                                               run decides the default
  *     bench attention_<T>_road_<R>_fwd_ms                      each road's forward alone
@@ -134,8 +137,8 @@ int main(int argc, char **argv) {
       bench_report(name, 1e3 * bwd, "ms", 0, "-");
       snprintf(name, sizeof name, "attention_%d_fwdbwd_tflops", t);
       bench_report(name, flops / both / 1e12, "TFLOP/s", 0, "-");
-      const char *roads[3] = {"flash", "cudnn", "cudnn-nondeterministic"};
-      for (int r = 0; r < 3; r++) {
+      const char *roads[] = {"flash", "cudnn", "cudnn-nondeterministic", "hopper"};
+      for (size_t r = 0; r < sizeof roads / sizeof roads[0]; r++) {
         setenv("APEX_ATTENTION", roads[r], 1);
         c.st = APEX_OK;
         const double ms = 1e3 * time_loop(&c, 2, 20), fms = c.st == APEX_OK ? 1e3 * time_loop(&c, 0, 20) : 0;

@@ -343,6 +343,19 @@ apex_status apex__cuda_flash_attention_bwd(const apex__cuda_flash *g, const void
 apex_status apex__cuda_attn_operands_check(const char *fn, const char *who, const apex__cuda_flash *g,
                                            const void *const *ptrs, const int64_t *lds, int n);
 
+/* ---- flash_attention_sm90*.cu: the same attention for Hopper (FlashAttention-3's scheme: TMA, wgmma) -------- */
+
+/* The forward of apex__cuda_flash_attention_fwd (the same operands, stats (m, r) and coverage: f16/bf16,
+ * d 64 or 128, 16-byte aligned rows), run by a warp-specialised kernel for compute capability 9.0 (TMA
+ * loads, wgmma); apex__cuda_flash_attention_bwd reads its stats. APEX_ERR_UNSUPPORTED, with the reason, on
+ * any other device, in a build without sm_90a code, or where the driver lacks the tensor-map encoder. */
+apex_status apex__cuda_flash_sm90_fwd(const apex__cuda_flash *g, const void *q, const void *k, const void *v, void *o,
+                                      float *stats);
+/* flash_attention_sm90_bwd.cu: the backward of apex__cuda_flash_attention_bwd (the same operands, stats and
+ * coverage; deterministic, no atomics) on the same Hopper machinery; refuses as the forward does. */
+apex_status apex__cuda_flash_sm90_bwd(const apex__cuda_flash *g, const void *q, const void *k, const void *v, const void *o,
+                                      const void *dout, const float *stats, void *dq, void *dk, void *dv);
+
 /* ---- attention_cudnn.cu: the same attention through cuDNN's fused scaled-dot-product attention ------------ */
 
 /* The same operation as apex__cuda_flash_attention_fwd/bwd, on the same geometry (q, k, v, o, dout, dq,

@@ -648,31 +648,41 @@ static int flash_geom(size_t batch, int heads, int t, int d, apex_dtype dt, apex
  *   "flash":             apex's fused kernel (cuDNN not asked), else the materialised path;
  *   "cudnn":             cuDNN's, and its refusal is the answer (no other path): for measuring it;
  *   "cudnn-nondeterministic": the same with cuDNN's faster backward, whose dQ is summed with atomics
- *                        (not bitwise repeatable). */
-typedef enum { ROAD_AUTO, ROAD_FLASH, ROAD_CUDNN, ROAD_CUDNN_NONDET } attention_road;
+ *                        (not bitwise repeatable);
+ *   "hopper":            apex's Hopper kernels (flash_attention_sm90*.cu: TMA, wgmma; compute capability 9.0
+ *                        only), forward and backward, and their refusal is the answer: for measuring them.
+ *                        It joins auto's order (ahead of cuDNN where faster, else only where it alone runs)
+ *                        once bench_attention has timed it against the cudnn and flash roads on a GPU;
+ *                        until then auto does not ask it. */
+typedef enum { ROAD_AUTO, ROAD_FLASH, ROAD_CUDNN, ROAD_CUDNN_NONDET, ROAD_HOPPER } attention_road;
 
 static apex_status road_of(const char *slot, attention_road *road) {
   const char *v = getenv("APEX_ATTENTION");
-  static const char *const names[] = {"auto", "flash", "cudnn", "cudnn-nondeterministic"};
+  static const char *const names[] = {"auto", "flash", "cudnn", "cudnn-nondeterministic", "hopper"};
   *road = ROAD_AUTO;
   if (!v || !*v) return APEX_OK;
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
     if (!strcmp(v, names[i])) {
       *road = (attention_road)i;
       return APEX_OK;
     }
-  return apex__fail(APEX_ERR_INVALID_ARG, "%s: APEX_ATTENTION='%s' names no attention path; use auto, flash, cudnn or "
-                    "cudnn-nondeterministic (or leave it unset)", slot, v);
+  return apex__fail(APEX_ERR_INVALID_ARG, "%s: APEX_ATTENTION='%s' names no attention path; use auto, flash, cudnn, "
+                    "cudnn-nondeterministic or hopper (or leave it unset)", slot, v);
 }
 
-/* The answer of a cuDNN-only road for a call no fused path takes. */
-static apex_status cudnn_only(const char *slot, apex_dtype in, apex_dtype out) {
-  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: APEX_ATTENTION asks for cuDNN's fused attention, which takes q, k, v and the "
-                    "output in one of f16, bf16 (this call: %s into %s)", slot, apex_dtype_name(in), apex_dtype_name(out));
+/* Roads whose refusal is the answer: the ones asked for by name to measure a single path. */
+static int road_exclusive(attention_road road) { return road == ROAD_CUDNN || road == ROAD_CUDNN_NONDET || road == ROAD_HOPPER; }
+
+/* The answer of an exclusive road for a call no fused path takes. */
+static apex_status fused_only(const char *slot, attention_road road, apex_dtype in, apex_dtype out) {
+  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: APEX_ATTENTION asks for %s, which takes q, k, v and the output in one of f16, "
+                    "bf16 (this call: %s into %s)", slot, road == ROAD_HOPPER ? "apex's Hopper attention" : "cuDNN's fused attention",
+                    apex_dtype_name(in), apex_dtype_name(out));
 }
 
 /* Tries cuDNN's fused attention and apex's fused kernel, as the road says (any status but
- * APEX_ERR_UNSUPPORTED is the answer), else the materialised path (attention.cu). */
+ * APEX_ERR_UNSUPPORTED is the answer), else the materialised path (attention.cu); the hopper road runs apex's
+ * Hopper kernel alone. */
 apex_status apex__cuda_slot_nn_attention(const apex_nn_attention_args *a) {
   apex_status st = attention_dtypes("nn_attention", a->q, a->k, a->v);
   if (st != APEX_OK || !a->batch || !a->heads || !a->t) return st;
@@ -681,6 +691,7 @@ apex_status apex__cuda_slot_nn_attention(const apex_nn_attention_args *a) {
   apex__cuda_flash g;
   if (a->out_dtype == a->q.dtype && flash_geom(a->batch, a->heads, a->t, a->d, a->q.dtype, &g)) {
     g.ld_q = (int64_t)a->ld_q, g.ld_k = (int64_t)a->ld_k, g.ld_v = (int64_t)a->ld_v, g.ld_o = (int64_t)a->ld_out;
+    if (road == ROAD_HOPPER) return apex__cuda_flash_sm90_fwd(&g, a->q.data, a->k.data, a->v.data, a->out, a->stats);
     saved_error e;
     error_save(&e);
     if (road != ROAD_FLASH) {
@@ -691,8 +702,8 @@ apex_status apex__cuda_slot_nn_attention(const apex_nn_attention_args *a) {
     st = apex__cuda_flash_attention_fwd(&g, a->q.data, a->k.data, a->v.data, a->out, a->stats);
     if (st != APEX_ERR_UNSUPPORTED) return st;
     error_restore(&e);
-  } else if (road == ROAD_CUDNN || road == ROAD_CUDNN_NONDET) {
-    return cudnn_only("nn_attention", a->q.dtype, a->out_dtype);
+  } else if (road_exclusive(road)) {
+    return fused_only("nn_attention", road, a->q.dtype, a->out_dtype);
   }
   return apex__cuda_attention_slot_fwd(a);
 }
@@ -702,7 +713,8 @@ apex_status apex__cuda_slot_nn_attention(const apex_nn_attention_args *a) {
  * gradients go straight into the slot's buffers when all three are wanted, fresh and in that dtype (the
  * packed q/k/v of a graph that keeps gradients in the values' dtype: the bits of 0.0f + term but for the
  * sign of a zero); otherwise into scratch ([batch, t, heads * d]), landed by the accumulate rule. cuDNN or
- * apex's kernel runs as the road says (in auto, the kernel when cuDNN refuses, with e's error state back). */
+ * apex's kernel runs as the road says (in auto, the kernel when cuDNN refuses, with e's error state back), or
+ * apex's Hopper kernel on the hopper road. */
 static apex_status fused_bwd(const apex_nn_attention_bwd_args *a, apex__cuda_flash *g, attention_road road, const saved_error *e) {
   size_t rows = a->batch * (size_t)a->t, C = (size_t)a->heads * (size_t)a->d, es = apex_dtype_size(g->dtype);
   const int do_direct = a->gout_dtype == g->dtype;
@@ -724,7 +736,9 @@ static apex_status fused_bwd(const apex_nn_attention_bwd_args *a, apex__cuda_fla
   if (!do_direct)
     st = apex__cuda_rows_copy((void *)dout, g->dtype, (int64_t)C, a->gout, a->gout_dtype, (int64_t)a->ld_gout, (int64_t)rows, (int64_t)C, 0, 0);
   int flash = road == ROAD_FLASH;
-  if (st == APEX_OK && !flash) {
+  if (st == APEX_OK && road == ROAD_HOPPER) {
+    st = apex__cuda_flash_sm90_bwd(g, a->q.data, a->k.data, a->v.data, a->out, dout, a->stats, dq, dk, dv);
+  } else if (st == APEX_OK && !flash) {
     st = apex__cuda_sdpa_bwd(g, 1, road == ROAD_CUDNN_NONDET, a->q.data, a->k.data, a->v.data, a->out, dout, a->stats, dq, dk, dv);
     if (st == APEX_ERR_UNSUPPORTED && road == ROAD_AUTO) {
       error_restore(e);
@@ -765,10 +779,10 @@ apex_status apex__cuda_slot_nn_attention_bwd(const apex_nn_attention_bwd_args *a
     saved_error e;
     error_save(&e);
     st = fused_bwd(a, &g, road, &e);
-    if (st != APEX_ERR_UNSUPPORTED || road == ROAD_CUDNN || road == ROAD_CUDNN_NONDET) return st;
+    if (st != APEX_ERR_UNSUPPORTED || road_exclusive(road)) return st;
     error_restore(&e);
-  } else if (road == ROAD_CUDNN || road == ROAD_CUDNN_NONDET) {
-    return cudnn_only("nn_attention_bwd", a->q.dtype, a->out_dtype);
+  } else if (road_exclusive(road)) {
+    return fused_only("nn_attention_bwd", road, a->q.dtype, a->out_dtype);
   }
   return materialised_bwd(a);
 }
