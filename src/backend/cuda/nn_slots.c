@@ -431,14 +431,14 @@ static apex_status dgelu_x(const apex_nn_linear_bwd_args *a, bwd_operands o) {
   int summed = 0;
   if (o.dtype == dt && a->dgelu_pre.dtype == dt) {
     if (a->dgelu_gb) {
-      float *t = scratch((size_t)a->k, &st);
+      void *owned, *t = apex__cuda_ws_scratch(a->ws, (size_t)a->k * sizeof(float), &owned, &st);
       apex__cuda_epilogue e = {APEX__EPI_DGELU_BGRAD, NULL, pre, t, 1};
       if (t) st = apex__cuda_gemm_epilogue(0, 0, a->m, a->k, a->n, o.g, o.partner, dt, a->gx, dt, &e);
       if (st == APEX_OK) {
         summed = 1;
         st = land(a->dgelu_gb, APEX_F32, t, APEX_F32, (size_t)a->k, a->accumulate_dgelu_gb);
       }
-      apex__cuda_free(t);
+      apex__cuda_free(owned);
       if (summed) return st;
     }
     apex__cuda_epilogue e = {APEX__EPI_DGELU, NULL, pre, NULL, 0};
