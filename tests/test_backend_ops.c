@@ -805,7 +805,7 @@ static apex_status slot_linear_gelu_half_grads(slot_run *s) { return slot_linear
  * takes cuBLASLt's DGELU epilogue on the GPU for half dt, k = 19 the separate kernels. part 0 records gx,
  * gw and gb, part 1 dgb (their bounds differ: see slot_cases). */
 static apex_status slot_linear_dgelu_of(slot_run *s, apex_dtype dt, int k, int part) {
-  enum { M = 13, N = 17 };
+  enum { M = 13, N = 24 }; /* N, the product's inner extent, a multiple of 8 too: no row of an operand unaligned */
   void *x = sbuf_as(s, (size_t)M * k, 471, dt), *w = sbuf_as(s, (size_t)N * k, 472, dt), *go = sbuf_as(s, M * N, 474, dt);
   void *pre = sbuf_in(s, (size_t)M * k, 478, dt, -3.0f, 3.0f), *gx = sbuf_as(s, (size_t)M * k, 0, dt);
   float *gw = sbuf(s, (size_t)N * k, 476), *gb = sbuf(s, N, 0), *dgb = sbuf(s, (size_t)k, 477);
@@ -824,13 +824,13 @@ static apex_status slot_linear_dgelu_of(slot_run *s, apex_dtype dt, int k, int p
   else sgot(s, "dgelu_gb", dgb);
   return st;
 }
-static apex_status slot_linear_dgelu_f32(slot_run *s) { return slot_linear_dgelu_of(s, APEX_F32, 24, 0); }
-static apex_status slot_linear_dgelu_f16(slot_run *s) { return slot_linear_dgelu_of(s, APEX_F16, 24, 0); }
-static apex_status slot_linear_dgelu_bf16(slot_run *s) { return slot_linear_dgelu_of(s, APEX_BF16, 24, 0); }
+static apex_status slot_linear_dgelu_f32(slot_run *s) { return slot_linear_dgelu_of(s, APEX_F32, 32, 0); }
+static apex_status slot_linear_dgelu_f16(slot_run *s) { return slot_linear_dgelu_of(s, APEX_F16, 32, 0); }
+static apex_status slot_linear_dgelu_bf16(slot_run *s) { return slot_linear_dgelu_of(s, APEX_BF16, 32, 0); }
 static apex_status slot_linear_dgelu_bf16_k19(slot_run *s) { return slot_linear_dgelu_of(s, APEX_BF16, 19, 0); }
-static apex_status slot_linear_dgelu_gb_f32(slot_run *s) { return slot_linear_dgelu_of(s, APEX_F32, 24, 1); }
-static apex_status slot_linear_dgelu_gb_f16(slot_run *s) { return slot_linear_dgelu_of(s, APEX_F16, 24, 1); }
-static apex_status slot_linear_dgelu_gb_bf16(slot_run *s) { return slot_linear_dgelu_of(s, APEX_BF16, 24, 1); }
+static apex_status slot_linear_dgelu_gb_f32(slot_run *s) { return slot_linear_dgelu_of(s, APEX_F32, 32, 1); }
+static apex_status slot_linear_dgelu_gb_f16(slot_run *s) { return slot_linear_dgelu_of(s, APEX_F16, 32, 1); }
+static apex_status slot_linear_dgelu_gb_bf16(slot_run *s) { return slot_linear_dgelu_of(s, APEX_BF16, 32, 1); }
 static apex_status slot_linear_dgelu_gb_bf16_k19(slot_run *s) { return slot_linear_dgelu_of(s, APEX_BF16, 19, 1); }
 
 /* add's backward from a bf16 gradient into a bf16 ga (added to) and an f32 gb (fresh): the residual
