@@ -516,7 +516,7 @@ typedef struct slot_run {
   const apex_backend *be;
   apex_tensor *t[SLOT_MAX];
   int nt;
-  void *mem[8];
+  void *mem[32];
   int nmem;
   result *r;
 } slot_run;
@@ -554,7 +554,7 @@ static void *slot_ws_get(void *ctx, size_t bytes) {
     s->t[s->nt++] = t;
     return apex_tensor_data(t);
   }
-  if (s->nmem == 8) return NULL;
+  if (s->nmem == (int)(sizeof s->mem / sizeof s->mem[0])) return NULL;
   return s->mem[s->nmem++] = malloc(bytes ? bytes : 1);
 }
 static apex_nn_workspace slot_ws(slot_run *s) { return (apex_nn_workspace){slot_ws_get, s}; }
@@ -856,6 +856,40 @@ static apex_status slot_linear_half_gx_f32_product(slot_run *s) {
 }
 static apex_status slot_linear_gelu_half_grads(slot_run *s) { return slot_linear_half_grads_of(s, 1); }
 
+/* args_nn.h's dgelu: x is the output of the previous layer's GELU epilogue, whose pre-activation is pre [M, k]
+ * (spread over GELU's curve), and gx (written fresh) receives that pre-activation's gradient, its column
+ * sums added to the previous layer's bias gradient dgb; values, pre and gradients in dt. k a multiple of 8
+ * takes cuBLASLt's DGELU epilogue on the GPU for half dt, k = 19 the separate kernels. part 0 records gx,
+ * gw and gb, part 1 dgb (their bounds differ: see slot_cases). */
+static apex_status slot_linear_dgelu_of(slot_run *s, apex_dtype dt, int k, int part) {
+  enum { M = 13, N = 24 }; /* N, the product's inner extent, a multiple of 8 too: no row of an operand unaligned */
+  void *x = sbuf_as(s, (size_t)M * k, 471, dt), *w = sbuf_as(s, (size_t)N * k, 472, dt), *go = sbuf_as(s, M * N, 474, dt);
+  void *pre = sbuf_in(s, (size_t)M * k, 478, dt, -3.0f, 3.0f), *gx = sbuf_as(s, (size_t)M * k, 0, dt);
+  float *gw = sbuf(s, (size_t)N * k, 476), *gb = sbuf(s, N, 0), *dgb = sbuf(s, (size_t)k, 477);
+  apex_status st = s->be->nn_linear_bwd(&(apex_nn_linear_bwd_args){
+      .m = M, .n = N, .k = k, .x = {x, dt}, .w = {w, dt}, .gout = go, .gout_dtype = dt, .gx = gx, .gx_dtype = dt, .gw = gw, .gb = gb,
+      .accumulate_x = 0, .accumulate_w = 1, .accumulate_b = 0, .dgelu_pre = {pre, dt}, .dgelu_gb = dgb, .accumulate_dgelu_gb = 1,
+      .ws = slot_ws(s)});
+  if (st == APEX_OK && s->dev == APEX_DEVICE_CPU && part == 1) {
+    /* dgb's bound (slot_cases) is relative to max |gx|: here no smaller than max |dgb| */
+    double mx = 0, mb = 0;
+    for (size_t i = 0; i < (size_t)M * k; i++) mx = fmax(mx, fabs(apex_tensor_get(stensor(s, gx), i)));
+    for (int j = 0; j < k; j++) mb = fmax(mb, fabs(dgb[j]));
+    if (!(mb >= mx)) fail_msg("nn_linear dgelu: max |dgb| %g below max |gx| %g: the case's bound does not hold", mb, mx);
+  }
+  if (part == 0) sgot(s, "gx", gx), sgot(s, "gw", gw), sgot(s, "gb", gb);
+  else sgot(s, "dgelu_gb", dgb);
+  return st;
+}
+static apex_status slot_linear_dgelu_f32(slot_run *s) { return slot_linear_dgelu_of(s, APEX_F32, 32, 0); }
+static apex_status slot_linear_dgelu_f16(slot_run *s) { return slot_linear_dgelu_of(s, APEX_F16, 32, 0); }
+static apex_status slot_linear_dgelu_bf16(slot_run *s) { return slot_linear_dgelu_of(s, APEX_BF16, 32, 0); }
+static apex_status slot_linear_dgelu_bf16_k19(slot_run *s) { return slot_linear_dgelu_of(s, APEX_BF16, 19, 0); }
+static apex_status slot_linear_dgelu_gb_f32(slot_run *s) { return slot_linear_dgelu_of(s, APEX_F32, 32, 1); }
+static apex_status slot_linear_dgelu_gb_f16(slot_run *s) { return slot_linear_dgelu_of(s, APEX_F16, 32, 1); }
+static apex_status slot_linear_dgelu_gb_bf16(slot_run *s) { return slot_linear_dgelu_of(s, APEX_BF16, 32, 1); }
+static apex_status slot_linear_dgelu_gb_bf16_k19(slot_run *s) { return slot_linear_dgelu_of(s, APEX_BF16, 19, 1); }
+
 /* add's backward from a bf16 gradient into a bf16 ga (added to) and an f32 gb (fresh): the residual
  * stream beside a value made from leaves alone. */
 static apex_status slot_add_half_grads(slot_run *s) {
@@ -1156,6 +1190,19 @@ static const struct {
     {"nn_linear gelu half grads", slot_linear_gelu_half_grads, BF16_ONEDNN_REL, APEX_BF16},
     /* gw meets the bf16 x with the gradient rounded to bf16 on the GPU (bf16_grad), as the mixed cases */
     {"nn_linear half gx, f32 product", slot_linear_half_gx_f32_product, BF16_ONEDNN_REL, APEX_BF16},
+    /* dgelu: with u the dtype's unit roundoff, the GPU's epilogue rounds gpre = (gout w) gelu'(pre) once from
+     * f32 where the CPU rounds gout w first (u |gout w| |gelu'| = u |gpre|), then gpre: each element within
+     * 3u |gpre| of the CPU's (the products' f32 order adding far less), inside 4u (BF16_ONEDNN_REL,
+     * CUDA_F16_ROUNDED_REL); f32 runs the separate kernels, the CPU's steps. dgelu_gb sums M = 13 such
+     * elements: 3u M of max |gx|, which the case checks is below max |dgelu_gb| */
+    {"nn_linear dgelu", slot_linear_dgelu_f32, 1e-4, APEX_F32},
+    {"nn_linear dgelu", slot_linear_dgelu_f16, CUDA_F16_ROUNDED_REL, APEX_F16},
+    {"nn_linear dgelu", slot_linear_dgelu_bf16, BF16_ONEDNN_REL, APEX_BF16},
+    {"nn_linear dgelu, k 19 (no epilogue)", slot_linear_dgelu_bf16_k19, BF16_ONEDNN_REL, APEX_BF16},
+    {"nn_linear dgelu bias grad", slot_linear_dgelu_gb_f32, 1e-4, APEX_F32},
+    {"nn_linear dgelu bias grad", slot_linear_dgelu_gb_f16, 39 * 0x1p-11, APEX_F16},
+    {"nn_linear dgelu bias grad", slot_linear_dgelu_gb_bf16, 39 * 0x1p-8, APEX_BF16},
+    {"nn_linear dgelu bias grad, k 19", slot_linear_dgelu_gb_bf16_k19, 39 * 0x1p-8, APEX_BF16},
     {"nn_binary add half grads", slot_add_half_grads, 0, APEX_BF16},
     {"nn_attention half grads", slot_attention_half_grads, 6e-2, APEX_BF16},
     /* the one-pass classifier: the GPU's running max and its sums' trees against the CPU's passes (the
@@ -1209,6 +1256,69 @@ static void test_nn_slot_cases(void **state) {
     }
     result_free(&ref);
   }
+}
+
+/* args_nn.h's dgelu on the CPU is the unfused ops' composition bit for bit: the projection's backward with
+ * dgelu (gx = the pre-activation's gradient, the previous layer's bias gradient added) followed by the
+ * previous layer's plain backward on that gx, against the projection's plain backward, the previous
+ * linear_gelu's backward with its GELU (gelu set) and, for gpre itself, the unary slot's GELU backward. Values
+ * and pre in dt, gradients in gdt (half gradients, and f32 ones beside half values). */
+static void linear_dgelu_composition(apex_dtype dt, apex_dtype gdt) {
+  enum { M = 13, C = 11, K = 24, N = 17 };
+  const apex_backend *be = &apex__cpu_backend;
+  result unused = {0};
+  slot_run s = {.dev = APEX_DEVICE_CPU, .be = be, .r = &unused};
+  void *x0 = sbuf_as(&s, M * C, 571, dt), *w1 = sbuf_as(&s, K * C, 572, dt), *h = sbuf_as(&s, M * K, 573, dt);
+  void *pre = sbuf_in(&s, M * K, 574, dt, -3.0f, 3.0f), *w2 = sbuf_as(&s, N * K, 575, dt), *go = sbuf_as(&s, M * N, 576, gdt);
+  /* [0]: unfused, [1]: fused; the accumulated ones preloaded alike */
+  void *gmid[2], *gx0[2];
+  float *gw2[2], *gb2[2], *gw1[2], *gb1[2];
+  for (int i = 0; i < 2; i++) {
+    gmid[i] = sbuf_as(&s, M * K, 0, gdt), gx0[i] = sbuf_as(&s, M * C, 0, gdt);
+    gw2[i] = sbuf(&s, N * K, 577), gb2[i] = sbuf(&s, N, 578), gw1[i] = sbuf(&s, K * C, 0), gb1[i] = sbuf(&s, K, 579);
+  }
+  void *gp = sbuf_as(&s, M * K, 0, gdt);
+  const apex_nn_linear_bwd_args proj = {.m = M, .n = N, .k = K, .x = {h, dt}, .w = {w2, dt}, .gout = go, .gout_dtype = gdt,
+                                        .gx_dtype = gdt, .accumulate_x = 0, .accumulate_w = 1, .accumulate_b = 1, .ws = slot_ws(&s)};
+  const apex_nn_linear_bwd_args fc = {.m = M, .n = K, .k = C, .x = {x0, dt}, .w = {w1, dt}, .gout_dtype = gdt, .gx_dtype = gdt,
+                                      .accumulate_x = 0, .accumulate_w = 0, .accumulate_b = 1, .pre = {pre, dt}, .ws = slot_ws(&s)};
+  apex_nn_linear_bwd_args a = proj;
+  a.gx = gmid[0], a.gw = gw2[0], a.gb = gb2[0];
+  TU_OK(be->nn_linear_bwd(&a));
+  a = fc;
+  a.gout = gmid[0], a.gx = gx0[0], a.gw = gw1[0], a.gb = gb1[0], a.gelu = 1;
+  TU_OK(be->nn_linear_bwd(&a));
+  TU_OK(be->nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = APEX_NN_GELU_TANH, .n = M * K, .x = {pre, dt}, .gout = gmid[0], .gout_dtype = gdt,
+                                                     .gx = gp, .gx_dtype = gdt, .accumulate_x = 0, .ws = slot_ws(&s)}));
+  a = proj;
+  a.gx = gmid[1], a.gw = gw2[1], a.gb = gb2[1], a.dgelu_pre = (apex_nn_buf){pre, dt}, a.dgelu_gb = gb1[1], a.accumulate_dgelu_gb = 1;
+  TU_OK(be->nn_linear_bwd(&a));
+  a = fc;
+  a.gout = gmid[1], a.gx = gx0[1], a.gw = gw1[1], a.gb = NULL;
+  TU_OK(be->nn_linear_bwd(&a));
+  const struct {
+    const char *what;
+    const void *ref, *got;
+    size_t bytes;
+  } cmp[] = {{"gpre", gp, gmid[1], M * K * apex_dtype_size(gdt)}, {"gw2", gw2[0], gw2[1], N * K * 4}, {"gb2", gb2[0], gb2[1], N * 4},
+             {"gx0", gx0[0], gx0[1], M * C * apex_dtype_size(gdt)}, {"gw1", gw1[0], gw1[1], K * C * 4}, {"gb1", gb1[0], gb1[1], K * 4}};
+  for (size_t i = 0; i < sizeof cmp / sizeof cmp[0]; i++)
+    if (memcmp(cmp[i].ref, cmp[i].got, cmp[i].bytes))
+      fail_msg("nn_linear dgelu (%s values, %s gradients): %s differs from the unfused ops'", apex_dtype_name(dt), apex_dtype_name(gdt),
+               cmp[i].what);
+  /* and the fusion did something: gx is not the plain product */
+  assert_true(memcmp(gmid[0], gmid[1], M * K * apex_dtype_size(gdt)) != 0);
+  printf("# nn_linear dgelu, cpu: %s values, %s gradients: the unfused ops' bits\n", apex_dtype_name(dt), apex_dtype_name(gdt));
+  for (int i = 0; i < s.nt; i++) apex_tensor_destroy(s.t[i]);
+  for (int i = 0; i < s.nmem; i++) free(s.mem[i]);
+}
+
+static void test_linear_dgelu_composition(void **state) {
+  (void)state;
+  linear_dgelu_composition(APEX_F32, APEX_F32);
+  linear_dgelu_composition(APEX_F16, APEX_F16);
+  linear_dgelu_composition(APEX_BF16, APEX_BF16);
+  linear_dgelu_composition(APEX_BF16, APEX_F32);
 }
 
 /* Every kernel slot of backend.h by name, for the check that a backend fills them all. */
@@ -1390,6 +1500,7 @@ int main(void) {
       cmocka_unit_test(test_multi_tensor_cases),
       cmocka_unit_test(test_optimizer_cases),
       cmocka_unit_test(test_nn_slot_cases),
+      cmocka_unit_test(test_linear_dgelu_composition),
       cmocka_unit_test(test_slot_table_complete),
       cmocka_unit_test(test_cuda_slots_filled),
       cmocka_unit_test(test_stream_slots),

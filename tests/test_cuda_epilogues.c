@@ -1,7 +1,8 @@
 /* test_cuda_epilogues.c: cuBLASLt's training epilogues (apex__cuda_gemm_epilogue, src/backend/cuda/gemm.cu)
  * against an f64 reference computed here from the same bf16 operands, in apex's row-major convention:
  *   GELU_AUX_BIAS: C = gelu_tanh(A B^T + bias) and aux = A B^T + bias (c_fc's forward);
- *   DGELU_BGRAD:   C = (A B) * gelu_tanh'(aux) and bgrad = the column sums of C (the MLP's hidden gradient);
+ *   DGELU_BGRAD:   C = (A B) * gelu_tanh'(aux) and bgrad = the column sums of C (the MLP's hidden gradient),
+ *                  bgrad in bf16 and (where cuBLASLt takes it) f32; DGELU: that C alone;
  *   BGRADB:        C = A^T B with A [k, m], and bgrad = the column sums of A (a weight and bias gradient).
  * Bound: max |x - ref| / max |ref| <= 1e-2 for each output (bf16 outputs: 2^-9 relative rounding, and the
  * f32 accumulation). A refusal (cuBLASLt without an algorithm: APEX_ERR_UNSUPPORTED) is printed and
@@ -96,7 +97,7 @@ static void test_epilogues(void **state) {
       pre[i * N + j] = s;
       c[i * N + j] = gelu(s);
     }
-  apex__cuda_epilogue e1 = {APEX__EPI_GELU_AUX_BIAS, dbias, dout_aux, NULL};
+  apex__cuda_epilogue e1 = {APEX__EPI_GELU_AUX_BIAS, dbias, dout_aux, NULL, 0};
   apex_status st = apex__cuda_gemm_epilogue(0, 1, M, N, K, da, db, APEX_BF16, dc, APEX_BF16, &e1);
   ok &= report("GELU_AUX_BIAS", st, st == APEX_OK ? err(dc, c, M * N) : 0, "C", st == APEX_OK ? err(dout_aux, pre, M * N) : 0,
                "aux");
@@ -110,9 +111,30 @@ static void test_epilogues(void **state) {
       c[i * N + j] = s * dgelu(aux[i * N + j]);
       vec[j] += c[i * N + j];
     }
-  apex__cuda_epilogue e2 = {APEX__EPI_DGELU_BGRAD, NULL, daux, dvec};
+  apex__cuda_epilogue e2 = {APEX__EPI_DGELU_BGRAD, NULL, daux, dvec, 0};
   st = apex__cuda_gemm_epilogue(0, 0, M, N, K, da, db, APEX_BF16, dc, APEX_BF16, &e2);
   ok &= report("DGELU_BGRAD", st, st == APEX_OK ? err(dc, c, M * N) : 0, "C", st == APEX_OK ? err(dvec, vec, N) : 0, "bgrad");
+  /* the same with an f32 bgrad (nn_linear_bwd's dgelu asks for it first; a refusal is no failure, the slot
+   * then sums the rows itself), and DGELU alone (the slot's other form: its refusal is one) */
+  TU_OK(apex__cuda_fill(dc, APEX_BF16, 0.0f, M * N));
+  void *dvec32 = NULL;
+  TU_OK(apex__cuda_alloc(N * 4, 1, &dvec32));
+  apex__cuda_epilogue e2f = {APEX__EPI_DGELU_BGRAD, NULL, daux, dvec32, 1};
+  st = apex__cuda_gemm_epilogue(0, 0, M, N, K, da, db, APEX_BF16, dc, APEX_BF16, &e2f);
+  if (st == APEX_OK) {
+    float h32[N];
+    TU_OK(apex__cuda_memcpy(h32, dvec32, sizeof h32, APEX__D2H, 1));
+    double num = 0, den = 1e-30;
+    for (int j = 0; j < N; j++) num = isnan(h32[j]) ? INFINITY : fmax(num, fabs(h32[j] - vec[j])), den = fmax(den, fabs(vec[j]));
+    ok &= report("DGELU_BGRAD, f32 bgrad", st, err(dc, c, M * N), "C", num / den, "bgrad");
+  } else {
+    printf("epilogue DGELU_BGRAD, f32 bgrad: refused (%s): nn_linear_bwd sums the rows instead\n", apex_last_error());
+  }
+  apex__cuda_free(dvec32);
+  TU_OK(apex__cuda_fill(dc, APEX_BF16, 0.0f, M * N));
+  apex__cuda_epilogue e4 = {APEX__EPI_DGELU, NULL, daux, NULL, 0};
+  st = apex__cuda_gemm_epilogue(0, 0, M, N, K, da, db, APEX_BF16, dc, APEX_BF16, &e4);
+  ok &= report("DGELU", st, st == APEX_OK ? err(dc, c, M * N) : 0, "C", 0, "-");
 
   /* BGRADB: A stored [K, Mb] (trans_a), B [K, N]; C [Mb, N] = A^T B, bgrad [Mb] = column sums of A. Mb = 24 so
    * that A's K x Mb values come from the first buffer. */
@@ -126,7 +148,7 @@ static void test_epilogues(void **state) {
       c[i * N + j] = s;
     }
   }
-  apex__cuda_epilogue e3 = {APEX__EPI_BGRADB, NULL, NULL, dvec};
+  apex__cuda_epilogue e3 = {APEX__EPI_BGRADB, NULL, NULL, dvec, 0};
   st = apex__cuda_gemm_epilogue(1, 0, Mb, N, K, da, db, APEX_BF16, dc, APEX_BF16, &e3);
   ok &= report("BGRADB", st, st == APEX_OK ? err(dc, c, Mb * N) : 0, "C", st == APEX_OK ? err(dvec, vec, Mb) : 0, "bgrad");
 
@@ -139,7 +161,7 @@ static void test_epilogues(void **state) {
 static void test_arguments(void **state) {
   (void)state;
   _Alignas(16) static char buf[256];
-  apex__cuda_epilogue e = {APEX__EPI_BGRADB, NULL, NULL, buf};
+  apex__cuda_epilogue e = {APEX__EPI_BGRADB, NULL, NULL, buf, 0};
   TU_FAILS(apex__cuda_gemm_epilogue(1, 0, 8, 8, 8, buf, buf, APEX_BF16, buf, APEX_BF16, NULL), APEX_ERR_INVALID_ARG,
            "NULL epilogue");
   TU_FAILS(apex__cuda_gemm_epilogue(1, 0, 8, 8, 8, buf, buf, APEX_F32, buf, APEX_F32, &e), APEX_ERR_UNSUPPORTED,

@@ -113,6 +113,10 @@ struct apex_var {
   uint32_t reads_also; /* inputs its backward reads that its op's `unread` mask leaves out (apex__save_also) */
   apex_tensor *sum_into; /* low-precision leaves: where a backward collects the f32 sum, instead of the pool
                             (apex__leaf_sum_into); NULL: a pool buffer */
+  size_t at;           /* graph vars: the index in the graph's vars (its creation order) */
+  int gbuf_is_pre;     /* linear_gelu results: gbuf holds the gradient of the pre-activation, and the bias's is
+                          added, as the consuming linear's backward took GELU's backward (ops_linear.c); cleared
+                          as each backward ends */
 };
 
 typedef struct ag_block {

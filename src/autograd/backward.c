@@ -25,6 +25,7 @@ static int profile_on = -1;
 static double profile_s[APEX_OP_COUNT];
 static long profile_n[APEX_OP_COUNT];
 static double profile_finish_s; /* the leaves' flushes and amp's leaf sink, after the ops */
+static long profile_dgelu_n;    /* linears whose product took their linear_gelu input's GELU backward (ops_linear.c) */
 
 static double now_s(void) {
   struct timespec ts;
@@ -40,6 +41,9 @@ static void profile_print(void) {
     if (profile_n[op])
       fprintf(stderr, "#   %-20s %9.4f s %7ld calls %8.1f us a call\n", apex_op_name((apex_op)op), profile_s[op], profile_n[op],
               1e6 * profile_s[op] / (double)profile_n[op]);
+  if (profile_dgelu_n)
+    fprintf(stderr, "#   %-20s %7ld of the linear calls took the GELU backward of the linear_gelu before them\n", "linear dgelu",
+            profile_dgelu_n);
   fprintf(stderr, "#   %-20s %9.4f s (the leaves' flushes, amp's leaf sink)\n", "finish", profile_finish_s);
 }
 
@@ -265,7 +269,7 @@ static apex_status finish(apex_graph *g, int ok) {
     if (st == APEX_OK) st = s;
   }
   g->n_touched = 0;
-  for (size_t i = 0; i < g->n_vars; i++) g->vars[i]->gbuf = NULL, g->vars[i]->gt = NULL;
+  for (size_t i = 0; i < g->n_vars; i++) g->vars[i]->gbuf = NULL, g->vars[i]->gt = NULL, g->vars[i]->gbuf_is_pre = 0;
   for (size_t i = 0; i < g->n_finals; i++) g->finals[i].leaf->hook_seen = 0;
   g->n_finals = 0;
   return st;
@@ -362,6 +366,7 @@ apex_status apex_backward(apex_var *out, const apex_backward_options *opts) {
       double t0 = prof ? now_s() : 0;
       st = run_backward(g, v);
       if (prof && (int)v->op < APEX_OP_COUNT) profile_s[v->op] += now_s() - t0, profile_n[v->op]++;
+      if (prof && v->op == APEX_OP_LINEAR && v->in[0] && v->in[0]->gbuf_is_pre) profile_dgelu_n++;
       if (st == APEX_OK && g->oom) st = APEX_ERR_OUT_OF_MEMORY;
       if (st != APEX_OK) break;
       /* Every op that adds into v's gradient came after v and has run: its buffer is spent. What the

@@ -219,8 +219,9 @@ static apex_var *new_graph_var(apex_graph *g) {
     if (!v) return NULL;
     g->vars[g->n_alloc++] = v;
   }
-  apex_var *v = g->vars[g->n_vars++];
+  apex_var *v = g->vars[g->n_vars];
   memset(v, 0, sizeof *v);
+  v->at = g->n_vars++;
   v->graph = g;
   v->step = g->step;
   return v;

@@ -105,24 +105,58 @@ static apex_var *linear_op(apex_graph *g, apex_op op, apex_var *x, apex_var *w, 
 apex_var *apex_linear(apex_graph *g, apex_var *x, apex_var *w, apex_var *b) { return linear_op(g, APEX_OP_LINEAR, x, w, b); }
 apex_var *apex_linear_gelu(apex_graph *g, apex_var *x, apex_var *w, apex_var *b) { return linear_op(g, APEX_OP_LINEAR_GELU, x, w, b); }
 
-/* The weight's and input's first gradients need not be zeroed (apex__gbuf_w): the products write them. */
+/* How far back from a linear the peephole below looks for its linear_gelu input: the MLP's two products
+ * are adjacent in a model's graph, and the look stays linear in the graph's size. */
+#define DGELU_REACH 64
+
+/* The linear_gelu h whose GELU backward the backward of linear `out` may take (args_nn.h's dgelu), or NULL.
+ * Fused, out's product writes the gradient of h's pre-activation into h's gradient buffer and adds the
+ * column sums of it to h's bias gradient; h's own backward then runs its products without GELU or bias.
+ * That has the unfused bits when out's product is the whole of h's gradient and the bias gradient's terms
+ * keep their order: h's buffer not begun (no op after out added to it: a graph var's gradient has no other
+ * reader, no hook, no grad tensor) and no op between h and out reads h (it would add to h's gradient after
+ * out) or h's bias (its term would land before the one moved ahead of it). */
+static apex_var *dgelu_source(apex_graph *g, const apex_var *out) {
+  apex_var *h = out->in[0];
+  if (out->op != APEX_OP_LINEAR || !h || h->op != APEX_OP_LINEAR_GELU || h->graph != g || !h->requires_grad || !h->aux || h->gbuf ||
+      out->in[1] == h || out->in[2] == h || out->at <= h->at || out->at - h->at > DGELU_REACH)
+    return NULL;
+  const apex_var *b = h->in[2];
+  for (size_t i = h->at + 1; i < out->at; i++) {
+    const apex_var *v = g->vars[i];
+    for (int k = 0; k < v->n_in; k++)
+      if (v->in[k] == h || (b && v->in[k] == b)) return NULL;
+  }
+  return h;
+}
+
+/* The weight's and input's first gradients need not be zeroed (apex__gbuf_w): the products write them. A
+ * linear_gelu whose gradient buffer already holds its pre-activation's (gbuf_is_pre) runs the plain
+ * products on it, its bias gradient already added. */
 static apex_status linear_backward(apex_graph *g, apex_var *out) {
   const apex_backend *be = apex__ag_backend(out, out->op);
   if (!be || !AG_HAS(be, nn_linear_bwd, out->op)) return apex_last_status();
   const apex_tensor *X = out->in[0]->value, *W = out->in[1]->value;
   int k = (int)W->shape[1], n = (int)W->shape[0];
   int m = (int)(X->numel / (size_t)ag_nz(k));
+  apex_var *h = dgelu_source(g, out);
   int fresh_x, fresh_w;
   apex_dtype tx;
   void *gx = apex__gbuf_w_any(g, out->in[0], &fresh_x, &tx);
-  float *gw = apex__gbuf_w(g, out->in[1], &fresh_w), *gb = apex__gbuf(g, out->in[2]);
-  int gelu = out->op == APEX_OP_LINEAR_GELU;
-  return be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = m, .n = n, .k = k, .x = ag_buf(X), .w = ag_buf(W), .gout = out->gbuf,
-                                                      .gout_dtype = out->gdt, .gx = gx, .gx_dtype = tx, .gw = gw, .gb = gb,
-                                                      .accumulate_x = !fresh_x, .accumulate_w = !fresh_w,
-                                                      .accumulate_b = 1, .gelu = gelu,
-                                                      .pre = {gelu ? out->aux : NULL, out->value->dtype},
-                                                      .ws = apex__ag_workspace(g)});
+  if (h && !fresh_x) h = NULL;
+  float *gw = apex__gbuf_w(g, out->in[1], &fresh_w), *gb = out->gbuf_is_pre ? NULL : apex__gbuf(g, out->in[2]);
+  float *dgb = h ? apex__gbuf(g, h->in[2]) : NULL;
+  int gelu = out->op == APEX_OP_LINEAR_GELU && !out->gbuf_is_pre;
+  apex_status st = be->nn_linear_bwd(&(apex_nn_linear_bwd_args){.m = m, .n = n, .k = k, .x = ag_buf(X), .w = ag_buf(W), .gout = out->gbuf,
+                                                               .gout_dtype = out->gdt, .gx = gx, .gx_dtype = tx, .gw = gw, .gb = gb,
+                                                               .accumulate_x = !fresh_x, .accumulate_w = !fresh_w,
+                                                               .accumulate_b = 1, .gelu = gelu,
+                                                               .pre = {gelu ? out->aux : NULL, out->value->dtype},
+                                                               .dgelu_pre = {h ? h->aux : NULL, h ? h->value->dtype : APEX_F32},
+                                                               .dgelu_gb = dgb, .accumulate_dgelu_gb = 1,
+                                                               .ws = apex__ag_workspace(g)});
+  if (st == APEX_OK && h) h->gbuf_is_pre = 1;
+  return st;
 }
 
 apex_status apex__bwd_linear(apex_graph *g, apex_var *out) { return linear_backward(g, out); }

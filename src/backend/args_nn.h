@@ -553,7 +553,21 @@ typedef struct apex_nn_linear_args {
  * the gradient of the GELU epilogue's output: the kernel first forms gpre = 0.0f + gout * gelu_tanh'(pre)
  * in f32 (the unary slot's GELU backward, from pre as the forward stored it; rounded to gout_dtype when
  * that is not f32, as that backward would land it in pre's gradient) and runs the products and the column
- * sums on gpre, so the results are those of apex_gelu_tanh's backward followed by the linear's. */
+ * sums on gpre, so the results are those of apex_gelu_tanh's backward followed by the linear's.
+ *
+ * With dgelu_pre set, x is the output of a GELU epilogue (the previous layer's apex_linear_gelu, whose
+ * pre-activation dgelu_pre [m, k] is, as its forward stored it) and gx receives the gradient of that
+ * pre-activation instead of x's: gpre = (gout w) * gelu_tanh'(dgelu_pre). gx must hold nothing yet
+ * (accumulate_x 0, gx set): it is the gradient of the previous layer's pre-activation, which no other op
+ * adds to. dgelu_gb, when set, receives the column sums of gpre (the previous layer's bias gradient, f32
+ * [k]) by the accumulate_dgelu_gb rule. The CPU forms gout w as without dgelu (rounded to gx_dtype, as it
+ * would land in x's gradient), then gpre as the unary slot's GELU backward from it (rounded to gx_dtype),
+ * then the column sums of gpre as stored, as gb's: the bits of this linear's backward, apex_gelu_tanh's and
+ * the previous linear's column sums run apart. The CUDA backend's epilogue (cuBLASLt's DGELU, for half
+ * operands, gx and dgelu_pre of one dtype) takes gelu_tanh' times the f32 product before its rounding:
+ * with u gx_dtype's unit roundoff, |gout w| |gelu_tanh'| u = |gpre| u, so each element of gpre is within
+ * 3u |gpre| of the CPU's (that, then each side's own rounding), and the column sums within the sum of
+ * those over the rows (the epilogue's BGRAD sums the unrounded elements). */
 typedef struct apex_nn_linear_bwd_args {
   int m, n, k;
   apex_nn_buf x, w;
@@ -569,6 +583,9 @@ typedef struct apex_nn_linear_bwd_args {
   int accumulate_x, accumulate_w, accumulate_b;
   int gelu;
   apex_nn_buf pre;
+  apex_nn_buf dgelu_pre;
+  float *dgelu_gb;
+  int accumulate_dgelu_gb;
   apex_nn_workspace ws;
 } apex_nn_linear_bwd_args;
 

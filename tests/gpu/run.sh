@@ -49,6 +49,7 @@ key_profile() { # the host's microseconds per backward call of the costliest op 
   local f=$1
   awk '$1 == "#" && $NF == "call" && $(NF-1) == "a" {printf "%s %s\n", $(NF-3), $2}' "$f" | sort -gr | head -4 |
     awk '{printf "%s %.0f us; ", $2, $1}'
+  awk '$1 == "#" && $2 == "linear" && $3 == "dgelu" {printf "%s linears fused GELU backward; ", $4}' "$f" # ops_linear.c's peephole
   grep -m1 -E '# APEX_BACKWARD_PROFILE' "$f" | sed 's/.*, \(.*\) in all/all \1/'
 }
 key_parity() { # the largest relative loss difference over the steps, apex / torch at the last, the verdict
@@ -157,6 +158,9 @@ step test_syncbn_cuda 20 test key_cmocka "$B/tests/test_syncbn_cuda"
 # gradients in the values' dtype (amp's default on a GPU): each op's half path against round_bf16 of its f32 path,
 # and a GPT's master gradients with them on and off
 [ -x "$B/tests/test_half_grads" ] && step test_half_grads 40 test key_cmocka "$B/tests/test_half_grads"
+# the MLP's GELU backward in the projection's product (cuBLASLt DGELU_BGRAD): the fused graph's gradients against
+# the unfused graph's, and whether the fusion took place
+[ -x "$B/tests/test_mlp_fusion" ] && step test_mlp_fusion 30 test key_cmocka "$B/tests/test_mlp_fusion"
 # generation with a key/value cache on the GPU: the cached tokens against the uncached forward's argmax
 [ -x "$B/tests/test_generate" ] && step test_generate 40 test key_cmocka "$B/tests/test_generate"
 for t in test_cuda_epilogues test_cuda_nn_contract test_amp_device test_graph_device; do

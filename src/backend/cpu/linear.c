@@ -100,7 +100,39 @@ apex_status apex__cpu_nn_linear(const apex_nn_linear_args *a) {
  * product then starts from +0 as it would have in a zeroed one. */
 static apex_status linear_bwd_k(const void *a) { return apex__cpu_nn_linear_bwd(a); }
 
+/* gb [cols] receives the column sums of g [rows, cols] (f32, summed in row order) by the accumulate rule. */
+static void colsums_into(float *gb, const float *g, size_t rows, size_t cols, int accumulate) {
+  if (!accumulate) memset(gb, 0, cols * sizeof *gb);
+  apex__colsum_add(g, rows, cols, gb);
+}
+
+/* args_nn.h's dgelu: the three steps the unfused ops take, on their own kernels: this backward with gout w
+ * into the workspace (in gx's dtype, as it would land in x's gradient), the unary slot's GELU backward from
+ * it into gx, and the column sums of gx as stored. */
+static apex_status linear_bwd_dgelu(const apex_nn_linear_bwd_args *a) {
+  if (!a->gx || a->accumulate_x)
+    return apex__fail(APEX_ERR_INVALID_ARG, "nn_linear_bwd: dgelu_pre needs a gx that holds nothing yet (accumulate_x 0)");
+  size_t mk = (size_t)a->m * (size_t)a->k;
+  void *gh = a->ws.get(a->ws.ctx, (mk ? mk : 1) * apex_dtype_size(a->gx_dtype));
+  if (!gh) return APEX_ERR_OUT_OF_MEMORY;
+  apex_nn_linear_bwd_args c = *a;
+  c.gx = gh;
+  c.dgelu_pre = (apex_nn_buf){NULL, APEX_F32};
+  c.dgelu_gb = NULL;
+  apex_status st = apex__cpu_nn_linear_bwd(&c);
+  if (st == APEX_OK)
+    st = apex__cpu_nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = APEX_NN_GELU_TANH, .n = mk, .x = a->dgelu_pre, .gout = gh,
+                                                          .gout_dtype = a->gx_dtype, .gx = a->gx, .gx_dtype = a->gx_dtype,
+                                                          .accumulate_x = 0, .ws = a->ws});
+  if (st != APEX_OK || !a->dgelu_gb) return st;
+  const float *gp = apex__cpu_f32((apex_nn_buf){a->gx, a->gx_dtype}, mk, &a->ws);
+  if (!gp) return APEX_ERR_OUT_OF_MEMORY;
+  colsums_into(a->dgelu_gb, gp, (size_t)a->m, (size_t)a->k, a->accumulate_dgelu_gb);
+  return APEX_OK;
+}
+
 apex_status apex__cpu_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
+  if (a->dgelu_pre.data) return linear_bwd_dgelu(a);
   int m = a->m, n = a->n, k = a->k;
   if (a->gout_scale && a->gb) return apex__fail(APEX_ERR_INVALID_ARG, "nn_linear_bwd: gout_scale with a bias gradient (args_nn.h)");
   if (a->gelu && a->gout_dtype != APEX_F32) {
@@ -138,9 +170,6 @@ apex_status apex__cpu_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
   if (a->gw && apex__gemm(&a->ws, n, k, m, alpha, mat_f32(go, n, 1), mat(a->x, 0, k, 0), a->accumulate_w ? 1.0f : 0.0f, a->gw,
                           APEX_F32, k, NULL) != APEX_OK)
     return APEX_ERR_OUT_OF_MEMORY;
-  if (a->gb) {
-    if (!a->accumulate_b) memset(a->gb, 0, (size_t)n * sizeof *a->gb);
-    apex__colsum_add(go, (size_t)m, (size_t)n, a->gb);
-  }
+  if (a->gb) colsums_into(a->gb, go, (size_t)m, (size_t)n, a->accumulate_b);
   return APEX_OK;
 }

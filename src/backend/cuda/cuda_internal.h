@@ -203,18 +203,23 @@ apex_status apex__cuda_gemm_scaled(int trans_a, int trans_b, int64_t m, int64_t 
  *   GELU_AUX_BIAS: C = gelu_tanh(op(A) op(B) + bias), and aux [m, n] = the pre-activation, kept for the backward;
  *   DGELU_BGRAD:   C = (op(A) op(B)) * gelu_tanh'(aux), and bgrad [n] = the column sums of that C (the bias
  *                  gradient of the layer whose pre-activation aux is);
+ *   DGELU:         DGELU_BGRAD's C alone;
  *   BGRADB:        C = op(A) op(B), and bgrad [m] with bgrad[i] = sum over k of op(A)[i, k]: for a weight
  *                  gradient dW = dY^T X (trans_a, A = dY [k, m]), the column sums of dY, the layer's bias gradient.
- * bias, bgrad and aux in c_type. */
-typedef enum apex__cuda_epi_kind { APEX__EPI_GELU_AUX_BIAS = 1, APEX__EPI_DGELU_BGRAD, APEX__EPI_BGRADB } apex__cuda_epi_kind;
+ * bias and aux in c_type; bgrad in c_type, or f32 with bgrad_f32 set (where cuBLASLt has an algorithm for it). */
+typedef enum apex__cuda_epi_kind {
+  APEX__EPI_GELU_AUX_BIAS = 1, APEX__EPI_DGELU_BGRAD, APEX__EPI_BGRADB, APEX__EPI_DGELU
+} apex__cuda_epi_kind;
 typedef struct apex__cuda_epilogue {
   apex__cuda_epi_kind kind;
   const void *bias; /* GELU_AUX_BIAS */
-  void *aux;        /* GELU_AUX_BIAS: written; DGELU_BGRAD: read */
+  void *aux;        /* GELU_AUX_BIAS: written; DGELU_BGRAD, DGELU: read */
   void *bgrad;      /* DGELU_BGRAD, BGRADB: written */
+  int bgrad_f32;    /* bgrad is f32 rather than c_type */
 } apex__cuda_epilogue;
 /* APEX_ERR_UNSUPPORTED (with a message) for f32, mixed dtypes, n not a multiple of 8, or when cuBLASLt
- * has no algorithm for the epilogue: the caller then runs the product and the separate kernels. */
+ * has no algorithm for the epilogue (remembered per problem, so a refusal costs its heuristic query
+ * once): the caller then runs the product and the separate kernels. */
 apex_status apex__cuda_gemm_epilogue(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const void *a,
                                      const void *b, apex_dtype in_type, void *c, apex_dtype c_type,
                                      const apex__cuda_epilogue *x);

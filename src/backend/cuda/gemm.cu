@@ -58,6 +58,11 @@ static uint32_t alignment(const void *p, int64_t stride_bytes, int batch) {
   return (uint32_t)(bits & (~bits + 1)); /* the lowest set bit */
 }
 
+static apex_status no_algorithm(const char *fn, apex_dtype in_type, apex_dtype c_type) {
+  return apex__fail(APEX_ERR_UNSUPPORTED, "%s: cuBLASLt has no algorithm for %s inputs with a %s output and this epilogue", fn,
+                    apex_dtype_name(in_type), apex_dtype_name(c_type));
+}
+
 /* ---- the plan cache ---------------------------------------------------------------------------------
  * A product's host work before its launch is cuBLASLt's: a matmul descriptor with its attributes, three
  * matrix layouts and, the dearest, the heuristic query (tens of microseconds), and a training step makes the
@@ -73,8 +78,8 @@ typedef struct gemm_key {
   int32_t batch, trans_a, trans_b, in_type, c_type, epilogue;
   uint32_t al_a, al_b, al_c;
   int32_t device;    /* the algorithm is chosen for one GPU */
+  int32_t vec_type;  /* the epilogue vector's cudaDataType (-1: none) */
   int32_t alpha_dev; /* alpha and beta read from device memory (the descriptor's pointer mode) */
-  int32_t pad;
 } gemm_key; /* 120 bytes, no implicit padding */
 
 typedef struct gemm_plan {
@@ -88,6 +93,7 @@ static struct {
   gemm_key key;
   gemm_plan plan;
   int used;
+  int refused; /* cuBLASLt has no algorithm for the problem: no plan, and the heuristic is not asked again */
 } g_algos[ALGO_SLOTS];
 static pthread_mutex_t g_algo_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -161,19 +167,21 @@ static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int
     case APEX__EPI_GELU_AUX_BIAS: epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS, vec = x->bias, aux = x->aux; break;
     case APEX__EPI_DGELU_BGRAD: epi = CUBLASLT_EPILOGUE_DGELU_BGRAD, vec = x->bgrad, aux = x->aux; break;
     case APEX__EPI_BGRADB: epi = CUBLASLT_EPILOGUE_BGRADB, vec = x->bgrad; break;
+    case APEX__EPI_DGELU: epi = CUBLASLT_EPILOGUE_DGELU, aux = x->aux; break;
     }
-    if (!vec || (!aux && x->kind != APEX__EPI_BGRADB) || batch != 1)
+    if ((!vec && x->kind != APEX__EPI_DGELU) || (!aux && x->kind != APEX__EPI_BGRADB) || batch != 1)
       return apex__fail(APEX_ERR_INVALID_ARG, "%s: epilogue %d without its vector or aux, or on a batched product", fn,
                         (int)x->kind);
   }
   cudaDataType_t it = cuda_type(in_type), ct = cuda_type(c_type);
+  const int32_t vt = !vec ? -1 : x && x->bgrad_f32 ? (int32_t)CUDA_R_32F : (int32_t)ct; /* the vector's type */
   size_t ws = g_ws ? GEMM_WORKSPACE : 0;
   gemm_key key;
   memset(&key, 0, sizeof key); /* no padding is left unset: keys are compared and hashed as bytes */
   key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
   if (batch > 1) key.stride_a = stride_a, key.stride_b = stride_b, key.stride_c = stride_c;
   key.batch = batch, key.trans_a = trans_a, key.trans_b = trans_b;
-  key.in_type = (int32_t)in_type, key.c_type = (int32_t)c_type, key.epilogue = (int32_t)epi;
+  key.in_type = (int32_t)in_type, key.c_type = (int32_t)c_type, key.epilogue = (int32_t)epi, key.vec_type = vt;
   int dev = 0;
   cudaGetDevice(&dev);
   key.device = dev;
@@ -191,6 +199,10 @@ static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int
   /* a known problem: its kept plan, the pointers set and the launch queued under the lock */
   pthread_mutex_lock(&g_algo_mu);
   int slot = algo_slot(&key);
+  if (slot >= 0 && g_algos[slot].used && g_algos[slot].refused) {
+    pthread_mutex_unlock(&g_algo_mu);
+    return no_algorithm(fn, in_type, c_type);
+  }
   if (slot >= 0 && g_algos[slot].used) {
     gemm_plan *p = &g_algos[slot].plan;
     cublasStatus_t s = set_pointers(p->op, vec, aux);
@@ -209,7 +221,7 @@ static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int
     const cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
     LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm), "pointer mode");
   }
-  if (vec) LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ct, sizeof ct), "bias type");
+  if (vec) LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vt, sizeof vt), "bias type");
   if (aux) {
     const int64_t aux_ld = n;
     LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld), "aux ld");
@@ -235,10 +247,21 @@ static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int
   LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.al_b, sizeof key.al_b), "alignment B");
   LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.al_c, sizeof key.al_c), "alignment C");
   LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.al_c, sizeof key.al_c), "alignment D");
-  LT(cublasLtMatmulAlgoGetHeuristic(g_lt, plan.op, plan.la, plan.lb, plan.lc, plan.lc, pref, 1, &heur, &found), "heuristic");
+  {
+    /* NOT_SUPPORTED is the heuristic's other way of saying that it has no algorithm */
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(g_lt, plan.op, plan.la, plan.lb, plan.lc, plan.lc, pref, 1, &heur, &found);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED) found = 0;
+    else LT(s, "heuristic");
+  }
   if (!found) {
-    st = apex__fail(APEX_ERR_UNSUPPORTED, "%s: cuBLASLt has no algorithm for %s inputs with a %s output "
-                    "and this epilogue", fn, apex_dtype_name(in_type), apex_dtype_name(c_type));
+    pthread_mutex_lock(&g_algo_mu);
+    slot = algo_slot(&key);
+    if (slot >= 0 && !g_algos[slot].used) {
+      g_algos[slot].key = key;
+      g_algos[slot].used = g_algos[slot].refused = 1;
+    }
+    pthread_mutex_unlock(&g_algo_mu);
+    st = no_algorithm(fn, in_type, c_type);
     goto done;
   }
   plan.algo = heur.algo;

@@ -329,7 +329,7 @@ static apex_status linear_gelu(const apex_nn_linear_args *a) {
   const apex_dtype dt = a->out_dtype;
   if ((dt == APEX_BF16 || dt == APEX_F16) && a->x.dtype == dt && a->w.dtype == dt && a->bias.data && a->bias.dtype == dt &&
       a->n % 8 == 0) {
-    apex__cuda_epilogue e = {APEX__EPI_GELU_AUX_BIAS, a->bias.data, a->pre, NULL};
+    apex__cuda_epilogue e = {APEX__EPI_GELU_AUX_BIAS, a->bias.data, a->pre, NULL, 0};
     if (apex__cuda_gemm_epilogue(0, 1, a->m, a->n, a->k, a->x.data, a->w.data, dt, a->out, dt, &e) == APEX_OK) return APEX_OK;
     /* no algorithm for the epilogue (its message says why): the separate kernels give the same result */
   }
@@ -403,6 +403,58 @@ static bwd_operands bwd_pair(apex_dtype gt, const void *gout, const void *g16, c
   return (bwd_operands){g32, dev_f32(partner, np, owned, st), APEX_F32};
 }
 
+/* gx [m, k] = gout [m, n] w [n, k] (operands o), landed in gx's dtype: cuBLASLt adds beta * gx in f32 and
+ * rounds once where it can write gx's dtype (f32, or the operands' own); another (a half gx of f32 operands)
+ * is computed into f32 scratch and landed. */
+static apex_status product_x(const apex_nn_linear_bwd_args *a, bwd_operands o) {
+  apex_status st;
+  size_t mk = (size_t)a->m * (size_t)a->k;
+  if (a->gx_dtype == APEX_F32 || a->gx_dtype == o.dtype) {
+    st = zero_unless(a->gx, a->gx_dtype, mk, a->accumulate_x);
+    return st == APEX_OK ? apex__cuda_gemm_scaled(0, 0, a->m, a->k, a->n, a->gout_scale, o.g, o.partner, o.dtype, 1.0f, a->gx, a->gx_dtype) : st;
+  }
+  float *t = scratch(mk, &st);
+  if (t) st = apex__cuda_gemm_scaled(0, 0, a->m, a->k, a->n, a->gout_scale, o.g, o.partner, o.dtype, 0.0f, t, APEX_F32);
+  if (st == APEX_OK) st = land(a->gx, a->gx_dtype, t, APEX_F32, mk, a->accumulate_x);
+  apex__cuda_free(t);
+  return st;
+}
+
+/* args_nn.h's dgelu (gx fresh, m and k not 0): one product with cuBLASLt's DGELU epilogue where it applies
+ * (the operands, gx and dgelu_pre of one half dtype, k a multiple of 8, no gout_scale), taking the previous layer's bias
+ * gradient in the same product when cuBLASLt writes it in f32 (BGRAD), else by the column-sum kernel over
+ * gx; otherwise the CPU's steps: the product rounded into gx, GELU's backward over it in place, the sums. */
+static apex_status dgelu_x(const apex_nn_linear_bwd_args *a, bwd_operands o) {
+  const apex_dtype dt = a->gx_dtype;
+  void *pre = (void *)a->dgelu_pre.data;
+  apex_status st = APEX_ERR_UNSUPPORTED;
+  int summed = 0;
+  if (o.dtype == dt && a->dgelu_pre.dtype == dt && !a->gout_scale) { /* the epilogues take alpha on the host */
+    if (a->dgelu_gb) {
+      void *owned, *t = apex__cuda_ws_scratch(a->ws, (size_t)a->k * sizeof(float), &owned, &st);
+      apex__cuda_epilogue e = {APEX__EPI_DGELU_BGRAD, NULL, pre, t, 1};
+      if (t) st = apex__cuda_gemm_epilogue(0, 0, a->m, a->k, a->n, o.g, o.partner, dt, a->gx, dt, &e);
+      if (st == APEX_OK) {
+        summed = 1;
+        st = land(a->dgelu_gb, APEX_F32, t, APEX_F32, (size_t)a->k, a->accumulate_dgelu_gb);
+      }
+      apex__cuda_free(owned);
+      if (summed) return st;
+    }
+    apex__cuda_epilogue e = {APEX__EPI_DGELU, NULL, pre, NULL, 0};
+    st = apex__cuda_gemm_epilogue(0, 0, a->m, a->k, a->n, o.g, o.partner, dt, a->gx, dt, &e);
+    /* no algorithm for the epilogue (its message says why): the separate kernels give the CPU's result */
+  }
+  if (st != APEX_OK) {
+    st = product_x(a, o);
+    if (st == APEX_OK)
+      st = apex__cuda_ew(APEX__EW_GELU_BWD, a->gx, dt, pre, a->dgelu_pre.dtype, 0.0f, a->gx, dt, (int64_t)a->m * a->k);
+  }
+  if (st != APEX_OK || !a->dgelu_gb) return st;
+  st = zero_unless(a->dgelu_gb, APEX_F32, (size_t)a->k, a->accumulate_dgelu_gb);
+  return st == APEX_OK ? apex__cuda_sum_rows(a->gx, dt, a->m, a->k, a->dgelu_gb, APEX_F32, 1) : st;
+}
+
 static apex_status linear_bwd_products(const apex_nn_linear_bwd_args *a) {
   apex_status st = APEX_OK;
   size_t m = (size_t)a->m, n = (size_t)a->n, k = (size_t)a->k;
@@ -414,21 +466,13 @@ static apex_status linear_bwd_products(const apex_nn_linear_bwd_args *a) {
   void *g16 = (to16_x || to16_w) && m && n ? bf16_grad(a->gout, m * n, &st) : NULL;
   void *og = NULL, *ow = NULL, *ox = NULL;
   const float *g32 = st == APEX_OK && (f32_x || f32_w) ? dev_f32((apex_nn_buf){a->gout, gt}, m * n, &og, &st) : NULL;
-  /* gx [m, k] = gout [m, n] w [n, k], landed in gx's dtype: cuBLASLt adds beta * gx in f32 and rounds once
-   * where it can write gx's dtype (f32, or the operands' own); another (a half gx of f32 operands) is
-   * computed into f32 scratch and landed */
+  if (st == APEX_OK && a->dgelu_pre.data && (a->accumulate_x || !a->gx))
+    st = apex__fail(APEX_ERR_INVALID_ARG, "nn_linear_bwd: dgelu_pre needs a gx that holds nothing yet (accumulate_x 0)");
   if (st == APEX_OK && want_x) {
     bwd_operands o = bwd_pair(gt, a->gout, g16, g32, a->w, n * k, &ow, &st);
-    if (st == APEX_OK && (a->gx_dtype == APEX_F32 || a->gx_dtype == o.dtype)) {
-      st = zero_unless(a->gx, a->gx_dtype, m * k, a->accumulate_x);
-      if (st == APEX_OK) st = apex__cuda_gemm_scaled(0, 0, a->m, a->k, a->n, a->gout_scale, o.g, o.partner, o.dtype, 1.0f, a->gx, a->gx_dtype);
-    } else if (st == APEX_OK) {
-      float *t = scratch(m * k, &st);
-      if (t) st = apex__cuda_gemm_scaled(0, 0, a->m, a->k, a->n, a->gout_scale, o.g, o.partner, o.dtype, 0.0f, t, APEX_F32);
-      if (st == APEX_OK) st = land(a->gx, a->gx_dtype, t, APEX_F32, m * k, a->accumulate_x);
-      apex__cuda_free(t);
-    }
-  }
+    if (st == APEX_OK) st = a->dgelu_pre.data ? dgelu_x(a, o) : product_x(a, o);
+  } else if (st == APEX_OK && a->dgelu_pre.data && a->dgelu_gb) /* no rows: the sums are zeros */
+    st = zero_unless(a->dgelu_gb, APEX_F32, k, a->accumulate_dgelu_gb);
   /* gw [n, k] = gout^T [n, m] x [m, k] */
   if (st == APEX_OK && want_w) {
     bwd_operands o = bwd_pair(gt, a->gout, g16, g32, a->x, m * k, &ox, &st);
