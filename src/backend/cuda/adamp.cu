@@ -1,18 +1,25 @@
-/* adamp.cu: AdamP on the GPU, the rule of backend/cpu/optim_adamp.c (read its header), one parameter at a time
- * in three launches that queue without a host synchronisation:
- *   rows     one block per row of the channel view (the first dimension; the whole tensor for 0/1-D):
- *            m, v and perturb u (u into a scratch), and the row's sums <g,p>, <g,g>, <p,p>, <p,u> in
- *            f64 (each thread in index order, then the block in a fixed tree: another order than the
- *            CPU's, so the sums, and the projection coefficients made from them, may differ from it
- *            in the last bits; the parity test allows for that);
- *   decide   one block: the largest |cos(g, p)| over rows against delta / sqrt(row length), then the
- *            layer view (the rows' sums added in row order, as the CPU does), the per-row projection
- *            coefficients, the decay, lr / bc1; then the step count advances;
- *   apply    per element: p = p * decay - lr / bc1 * (u - coef[row] * p), the model copy written too.
+/* adamp.cu: AdamP on the GPU, the rule of backend/cpu/optim_adamp.c (read its header), in launches that queue
+ * without a host synchronisation:
+ *   rows     per parameter, one block per row of the channel view (the first dimension; the whole tensor for
+ *            0/1-D): m, v and perturb u (u into a scratch that holds every parameter's), and the row's sums
+ *            <g,p>, <g,g>, <p,p>, <p,u> in f64 (each thread in index order, then the block in a fixed tree:
+ *            another order than the CPU's, so the sums, and the projection coefficients made from them, may
+ *            differ from it in the last bits; the parity test allows for that);
+ *   decide   per parameter, one block: the largest |cos(g, p)| over rows against delta / sqrt(row length),
+ *            then the layer view (the rows' sums added in row order, as the CPU does), the per-row
+ *            projection coefficients, the decay, lr / bc1, into the parameter's AdampMeta; then its step
+ *            count advances;
+ *   apply    every parameter in one walk (mt_ilp.cuh, as optim.cu's kinds): p = p * decay - lr / bc1 *
+ *            (u - coef[row] * p), the model copy written too.
  * Element rules are the CPU's own (apex__adamp_moments, _perturb and _apply in backend/optim_rules.h; compiled
- * with -fmad=false like optim.cu).
- * Every launch reads the skip flag and the loss scale on the device. AdamP is not among the benchmarks:
- * a launch per parameter keeps this simple. */
+ * with -fmad=false like optim.cu). Every launch reads the skip flag and the loss scale on the device.
+ *
+ * The step moves, per f32 parameter, 40 bytes: rows reads g, p, m, v and writes m, v, u (28), apply reads p,
+ * u and writes p (12); f16/bf16 gradients and model copies take 2 bytes where f32 ones take 4. Apply is
+ * elementwise and walks every parameter at once (t.id[k] finds its AdampMeta; a row's coefficient, when the
+ * channel view projects, is looked up per element). Rows stays a block per row: its sums are per row, which
+ * the walk has no place for, and taking them in a pass of their own would read g, p and u again (12 bytes
+ * more per parameter, 40 where the fused pass moves 28). */
 #include <cuda_runtime.h>
 #include <math.h>
 
@@ -23,13 +30,19 @@ extern "C" {
 }
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/dtype_dev.cuh"
+#include "backend/cuda/mt_ilp.cuh"
 
 #define ROW_THREADS 256
 
-/* What decide leaves for apply: the mode (0 no projection, 1 per row, 2 whole tensor) and two floats. */
+/* What decide leaves for apply, per parameter: the mode (0 no projection, 1 per row, 2 whole tensor), lr / bc1,
+ * the decay, the whole tensor's coefficient (mode 2), and for mode 1 the rows' coefficients and the row
+ * length (with its reciprocal, to find an element's row without a 64-bit division). */
 struct AdampMeta {
   int mode;
-  float step_size, decay;
+  float step_size, decay, rc;
+  int64_t len;
+  double inv_len;
+  const float *row_coef;
 };
 
 struct AdampRule {
@@ -119,7 +132,7 @@ __global__ void __launch_bounds__(ROW_THREADS)
         for (int j = 0; j < 4; j++) layer[j] += stats[4 * k + j];
       if (row_cos(layer, eps) < (double)r.delta / sqrt((double)(len * rows))) {
         double n = sqrt(layer[2]) + eps;
-        coef[0] = (float)(layer[3] / (n * n));
+        meta->rc = (float)(layer[3] / (n * n));
         mode = 2;
       }
     }
@@ -127,6 +140,10 @@ __global__ void __launch_bounds__(ROW_THREADS)
     double bc1 = 1.0 - pow((double)r.beta1, (double)step);
     float wd = mode ? r.wd_ratio : 1.0f;
     meta->mode = mode;
+    if (mode != 2) meta->rc = 0.0f;
+    meta->len = len;
+    meta->inv_len = len > 0 ? 1.0 / (double)len : 0.0;
+    meta->row_coef = coef;
     const float lr = r.d_lr ? *r.d_lr : r.lr;
     meta->step_size = (float)(lr / bc1);
     meta->decay = r.weight_decay > 0.0f ? 1.0f - lr * r.weight_decay * wd : 1.0f;
@@ -141,35 +158,97 @@ __global__ void __launch_bounds__(ROW_THREADS)
     }
 }
 
-__global__ void adamp_apply(AdampRule r, void *p, apex_dtype pt, void *model, apex_dtype mt, const float *u,
-                            int64_t numel, int64_t len, const float *coef, const AdampMeta *meta) {
-  if (skipped(r)) return;
-  const int mode = meta->mode;
-  const float ss = meta->step_size, decay = meta->decay;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < numel; i += (int64_t)gridDim.x * blockDim.x) {
-    float rc = mode == 1 ? coef[i / len] : mode == 2 ? coef[0] : 0.0f;
-    float pi = apex_ld(p, pt, i);
-    pi = apex__adamp_apply(pi, u[i], rc, decay, ss);
-    apex_st(p, pt, i, pi);
-    if (model) apex_st(model, mt, i, pi);
+/* Lists of the apply walk: 0 g (element counts), 1 p (f32 master or parameter), 2 model copy, 5 u. */
+enum { L_G, L_P, L_MODEL, L_U = 5 };
+enum { K_SS, K_DECAY, K_MODE, K_RC };
+
+/* Apply for updated values of dtype P and model copies of dtype M (MT_NONE: none). */
+template <int P, int M>
+struct AdampApply {
+  static constexpr bool vec = P != MT_DYN && M != MT_DYN;
+  const AdampMeta *d_meta; /* per entry of the call's lists (t.id) */
+  const int *d_skip;
+
+  __device__ bool live() const { return !(d_skip && *d_skip); }
+
+  __device__ void coefs(const MtWideTable &t, int k, float *coef) const {
+    const AdampMeta &m = d_meta[t.id[k]];
+    coef[K_SS] = m.step_size;
+    coef[K_DECAY] = m.decay;
+    coef[K_MODE] = (float)m.mode;
+    coef[K_RC] = m.rc;
   }
-}
+
+  __device__ bool aligned(const MtWideTable &t, int k) const {
+    bool ok = mt_aligned<P>(t.ptr[L_P][k]) && mt_aligned<APEX_F32>(t.ptr[L_U][k]);
+    if constexpr (M != MT_NONE) ok = ok && mt_aligned<M>(t.ptr[L_MODEL][k]);
+    return ok;
+  }
+
+  template <bool VEC>
+  __device__ __forceinline__ void apply(const MtWideTable &t, int k, int64_t i0, int64_t stride, int64_t end,
+                                        const float (&coef)[MT_COEFS]) const {
+    float p[MT_BATCH] = {}, u[MT_BATCH] = {}, rc[MT_BATCH];
+    mt_load<P, VEC>(t.ptr[L_P][k], (apex_dtype)t.dtype[L_P][k], i0, stride, end, p);
+    mt_load<APEX_F32, VEC>(t.ptr[L_U][k], APEX_F32, i0, stride, end, u);
+#pragma unroll
+    for (int j = 0; j < MT_BATCH; j++) rc[j] = coef[K_RC];
+    if (coef[K_MODE] == 1.0f) { /* per row: element e's row is e / len, from the reciprocal and one correction */
+      const AdampMeta &m = d_meta[t.id[k]];
+#pragma unroll
+      for (int j = 0; j < MT_BATCH; j++) {
+        const int64_t lane = VEC ? i0 + (j / MT_ILP) * stride : i0 + j * stride;
+        if (lane >= end) continue;
+        const int64_t e = VEC ? lane * MT_ILP + j % MT_ILP : lane;
+        int64_t row = (int64_t)((double)e * m.inv_len); /* within one of e / len below 2^52 elements */
+        if (row * m.len > e) row--;
+        else if ((row + 1) * m.len <= e) row++;
+        rc[j] = m.row_coef[row];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < MT_BATCH; j++) p[j] = apex__adamp_apply(p[j], u[j], rc[j], coef[K_DECAY], coef[K_SS]);
+    mt_store<P, VEC>(t.ptr[L_P][k], (apex_dtype)t.dtype[L_P][k], i0, stride, end, p);
+    if constexpr (M == MT_DYN) {
+      if (t.ptr[L_MODEL][k]) mt_store<M, VEC>(t.ptr[L_MODEL][k], (apex_dtype)t.dtype[L_MODEL][k], i0, stride, end, p);
+    } else if constexpr (M != MT_NONE) {
+      mt_store<M, VEC>(t.ptr[L_MODEL][k], (apex_dtype)t.dtype[L_MODEL][k], i0, stride, end, p);
+    }
+  }
+};
+
+/* mt_typed's launch of apply (the gradient's dtype does not enter it). */
+struct ApplyLaunch {
+  const apex__cuda_list *const *lists;
+  const AdampMeta *d_meta;
+  const int *d_skip;
+  template <int G, int P, int M>
+  cudaError_t run() const {
+    AdampApply<P, M> op;
+    op.d_meta = d_meta;
+    op.d_skip = d_skip;
+    return mt_apply_wide(MT_LISTS, lists, op);
+  }
+};
 
 extern "C" apex_status apex__cuda_adamp_step(const apex__cuda_step *s) {
   const apex_optim_options *o = s->o;
-  size_t most = 1, most_rows = 1;
+  /* One scratch: u for every parameter (each from a multiple of MT_ILP floats, so that apply's vectors are
+   * aligned), the rows' sums, each parameter's AdampMeta, the rows' coefficients. */
+  size_t total = 0, all_rows = 0;
   for (int i = 0; i < s->n; i++) {
-    most = s->p.numel[i] > most ? s->p.numel[i] : most;
-    most_rows = s->rows[i] > (int64_t)most_rows ? (size_t)s->rows[i] : most_rows;
+    total += (s->p.numel[i] + MT_ILP - 1) / MT_ILP * MT_ILP;
+    all_rows += s->rows[i] > 0 && s->p.numel[i] > 0 ? (size_t)s->rows[i] : 1;
   }
-  /* One scratch for every parameter, reused: the launches run in order on the one stream. */
   void *d_mem = NULL;
-  size_t bytes = sizeof(double) * 4 * most_rows + sizeof(AdampMeta) + sizeof(float) * (most_rows + most);
+  size_t bytes = sizeof(float) * total + sizeof(double) * 4 * all_rows + sizeof(AdampMeta) * (size_t)(s->n ? s->n : 1) +
+                 sizeof(float) * all_rows;
   apex_status st = apex__cuda_alloc(bytes, 0, &d_mem);
   if (st != APEX_OK) return st;
-  double *d_stats = (double *)d_mem;
-  AdampMeta *d_meta = (AdampMeta *)(d_stats + 4 * most_rows);
-  float *d_coef = (float *)(d_meta + 1), *d_u = d_coef + most_rows;
+  float *d_u = (float *)d_mem;
+  double *d_stats = (double *)(d_u + total);
+  AdampMeta *d_meta = (AdampMeta *)(d_stats + 4 * all_rows);
+  float *d_coef = (float *)(d_meta + (s->n ? s->n : 1));
   AdampRule r;
   r.inv_scale = s->inv_scale;
   r.beta1 = o->beta1;
@@ -183,25 +262,42 @@ extern "C" apex_status apex__cuda_adamp_step(const apex__cuda_step *s) {
   r.nesterov = o->nesterov == APEX_OPTIM_ON;
   r.d_scale = s->d_scale;
   r.d_skip = s->d_skip;
+  apex__cuda_list u = s->p, none = s->p;
+  void **u_ptr = (void **)malloc(sizeof(void *) * (size_t)(s->n ? s->n : 1));
+  apex_dtype *u_dt = (apex_dtype *)malloc(sizeof(apex_dtype) * (size_t)(s->n ? s->n : 1));
+  if (!u_ptr || !u_dt) {
+    free(u_ptr);
+    free(u_dt);
+    apex__cuda_free(d_mem);
+    return apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
+  }
   cudaStream_t stream = (cudaStream_t)apex__cuda_stream();
   cudaError_t e = cudaSuccess;
+  size_t off = 0, row0 = 0;
   for (int i = 0; i < s->n && e == cudaSuccess; i++) {
     int64_t numel = (int64_t)s->p.numel[i];
     int project = s->rows[i] > 0 && numel > 0;
     int64_t rows = project ? s->rows[i] : 1, len = numel / rows;
     int64_t *d_step = s->d_step + s->idx[i];
+    u_ptr[i] = d_u + off;
+    u_dt[i] = APEX_F32;
     adamp_rows<<<(unsigned)rows, ROW_THREADS, 0, stream>>>(r, s->g.ptr[i], s->g.dtype[i], s->p.ptr[i], s->p.dtype[i],
-                                                          (float *)s->s[0].ptr[i], (float *)s->s[1].ptr[i], d_u, len,
-                                                          d_step, d_stats);
-    adamp_decide<<<1, ROW_THREADS, 0, stream>>>(r, d_stats, rows, len, project,
-                                                d_step, d_coef, d_meta);
-    if (numel > 0) {
-      int64_t blocks = (numel + 255) / 256;
-      adamp_apply<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, stream>>>(
-          r, s->p.ptr[i], s->p.dtype[i], s->model.ptr[i], s->model.dtype[i], d_u, numel, len, d_coef, d_meta);
-    }
+                                                          (float *)s->s[0].ptr[i], (float *)s->s[1].ptr[i], d_u + off,
+                                                          len, d_step, d_stats + 4 * row0);
+    adamp_decide<<<1, ROW_THREADS, 0, stream>>>(r, d_stats + 4 * row0, rows, len, project, d_step, d_coef + row0,
+                                                d_meta + i);
     e = cudaGetLastError();
+    off += (s->p.numel[i] + MT_ILP - 1) / MT_ILP * MT_ILP;
+    row0 += (size_t)rows;
   }
+  if (e == cudaSuccess) {
+    u.ptr = u_ptr;
+    u.dtype = u_dt;
+    const apex__cuda_list *lists[MT_LISTS] = {&s->g, &s->p, &s->model, &none, &none, &u, &none};
+    e = mt_typed(&s->g, &s->p, &s->model, ApplyLaunch{lists, d_meta, s->d_skip});
+  }
+  free(u_ptr);
+  free(u_dt);
   apex__cuda_free(d_mem); /* stream-ordered: the cache hands it out again only to later work */
   if (e != cudaSuccess)
     return apex__fail(APEX_ERR_DEVICE, "AdamP step: CUDA error %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
