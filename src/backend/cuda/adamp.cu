@@ -19,7 +19,8 @@
  * elementwise and walks every parameter at once (t.id[k] finds its AdampMeta; a row's coefficient, when the
  * channel view projects, is looked up per element). Rows stays a block per row: its sums are per row, which
  * the walk has no place for, and taking them in a pass of their own would read g, p and u again (12 bytes
- * more per parameter, 40 where the fused pass moves 28). */
+ * more per parameter, 40 where the fused pass moves 28). Its threads load ROW_BATCH elements of every list
+ * before computing any, with the dtypes compiled in for f32 values (rows_kernel). */
 #include <cuda_runtime.h>
 #include <math.h>
 
@@ -33,6 +34,7 @@ extern "C" {
 #include "backend/cuda/mt_ilp.cuh"
 
 #define ROW_THREADS 256
+#define ROW_BATCH 4 /* elements of each list a thread of the rows pass has in flight */
 
 /* What decide leaves for apply, per parameter: the mode (0 no projection, 1 per row, 2 whole tensor), lr / bc1,
  * the decay, the whole tensor's coefficient (mode 2), and for mode 1 the rows' coefficients and the row
@@ -69,9 +71,12 @@ static __device__ void block_sum4(double v[4], double (*scratch)[ROW_THREADS / 3
     }
 }
 
+/* Rows for gradients of dtype G and values of dtype P (compile-time ones, or MT_DYN: the run-time gt, pt). */
+template <int G, int P>
 __global__ void __launch_bounds__(ROW_THREADS)
-    adamp_rows(AdampRule r, const void *g, apex_dtype gt, const void *p, apex_dtype pt, float *m, float *v, float *u,
-               int64_t len, const int64_t *d_step, double *stats) {
+    adamp_rows(AdampRule r, const void *__restrict__ g, apex_dtype gt, const void *__restrict__ p, apex_dtype pt,
+               float *__restrict__ m, float *__restrict__ v, float *__restrict__ u, int64_t len, const int64_t *d_step,
+               double *stats) {
   if (skipped(r)) return;
   __shared__ double scratch[4][ROW_THREADS / 32];
   const float inv = r.d_scale ? r.inv_scale / *r.d_scale : r.inv_scale;
@@ -81,19 +86,35 @@ __global__ void __launch_bounds__(ROW_THREADS)
   const float ng = r.nesterov ? nb1 : 0.0f, nm = r.nesterov ? b1 : 1.0f;
   double s[4] = {0, 0, 0, 0};
   const int64_t base = (int64_t)blockIdx.x * len;
-  for (int64_t j = threadIdx.x; j < len; j += ROW_THREADS) {
-    int64_t i = base + j;
-    float gi = apex_ld(g, gt, i) * inv, pi = apex_ld(p, pt, i);
-    float mi = m[i], vi = v[i];
-    apex__adamp_moments(gi, &mi, &vi, b1, nb1, b2, nb2);
-    m[i] = mi;
-    v[i] = vi;
-    float ui = apex__adamp_perturb(mi, gi, sqrtf(vi), ib, r.eps, nm, ng);
-    u[i] = ui;
-    s[0] += (double)gi * (double)pi;
-    s[1] += (double)gi * (double)gi;
-    s[2] += (double)pi * (double)pi;
-    s[3] += (double)pi * (double)ui;
+  /* ROW_BATCH elements a thread, ROW_THREADS apart, loaded before any is computed (the buffers do not overlap:
+   * restrict; the dtypes are compiled in), so their loads are in flight together; each thread still adds its
+   * elements to the sums in index order. */
+  for (int64_t j0 = threadIdx.x; j0 < len; j0 += (int64_t)ROW_BATCH * ROW_THREADS) {
+    float gv[ROW_BATCH] = {}, pv[ROW_BATCH] = {}, mv[ROW_BATCH] = {}, vv[ROW_BATCH] = {};
+#pragma unroll
+    for (int b = 0; b < ROW_BATCH; b++) {
+      const int64_t j = j0 + (int64_t)b * ROW_THREADS, i = base + j;
+      if (j >= len) continue;
+      gv[b] = mt_ld1<G>(g, gt, i);
+      pv[b] = mt_ld1<P>(p, pt, i);
+      mv[b] = m[i];
+      vv[b] = v[i];
+    }
+#pragma unroll
+    for (int b = 0; b < ROW_BATCH; b++) {
+      const int64_t j = j0 + (int64_t)b * ROW_THREADS, i = base + j;
+      if (j >= len) continue;
+      float gi = gv[b] * inv, pi = pv[b], mi = mv[b], vi = vv[b];
+      apex__adamp_moments(gi, &mi, &vi, b1, nb1, b2, nb2);
+      m[i] = mi;
+      v[i] = vi;
+      float ui = apex__adamp_perturb(mi, gi, sqrtf(vi), ib, r.eps, nm, ng);
+      u[i] = ui;
+      s[0] += (double)gi * (double)pi;
+      s[1] += (double)gi * (double)gi;
+      s[2] += (double)pi * (double)pi;
+      s[3] += (double)pi * (double)ui;
+    }
   }
   block_sum4(s, scratch);
   if (threadIdx.x == 0)
@@ -156,6 +177,18 @@ __global__ void __launch_bounds__(ROW_THREADS)
       double n = sqrt(stats[4 * k + 2]) + eps;
       coef[k] = (float)(stats[4 * k + 3] / (n * n));
     }
+}
+
+typedef void (*rows_fn)(AdampRule, const void *, apex_dtype, const void *, apex_dtype, float *, float *, float *,
+                        int64_t, const int64_t *, double *);
+
+/* The rows instance for a parameter: f32 values (the parameter or its master) with an f32, f16 or bf16
+ * gradient compiled in, any other mix read by run-time dtype. */
+static rows_fn rows_kernel(apex_dtype gt, apex_dtype pt) {
+  if (pt == APEX_F32 && gt == APEX_F32) return adamp_rows<APEX_F32, APEX_F32>;
+  if (pt == APEX_F32 && gt == APEX_F16) return adamp_rows<APEX_F16, APEX_F32>;
+  if (pt == APEX_F32 && gt == APEX_BF16) return adamp_rows<APEX_BF16, APEX_F32>;
+  return adamp_rows<MT_DYN, MT_DYN>;
 }
 
 /* Lists of the apply walk: 0 g (element counts), 1 p (f32 master or parameter), 2 model copy, 5 u. */
@@ -281,9 +314,9 @@ extern "C" apex_status apex__cuda_adamp_step(const apex__cuda_step *s) {
     int64_t *d_step = s->d_step + s->idx[i];
     u_ptr[i] = d_u + off;
     u_dt[i] = APEX_F32;
-    adamp_rows<<<(unsigned)rows, ROW_THREADS, 0, stream>>>(r, s->g.ptr[i], s->g.dtype[i], s->p.ptr[i], s->p.dtype[i],
-                                                          (float *)s->s[0].ptr[i], (float *)s->s[1].ptr[i], d_u + off,
-                                                          len, d_step, d_stats + 4 * row0);
+    rows_kernel(s->g.dtype[i], s->p.dtype[i])<<<(unsigned)rows, ROW_THREADS, 0, stream>>>(
+        r, s->g.ptr[i], s->g.dtype[i], s->p.ptr[i], s->p.dtype[i], (float *)s->s[0].ptr[i], (float *)s->s[1].ptr[i],
+        d_u + off, len, d_step, d_stats + 4 * row0);
     adamp_decide<<<1, ROW_THREADS, 0, stream>>>(r, d_stats + 4 * row0, rows, len, project, d_step, d_coef + row0,
                                                 d_meta + i);
     e = cudaGetLastError();
