@@ -6,7 +6,8 @@
  *            another order than the CPU's, so the sums, and the projection coefficients made from them, may
  *            differ from it in the last bits; the parity test allows for that);
  *   decide   per parameter, one block: the largest |cos(g, p)| over rows against delta / sqrt(row length),
- *            then the layer view (the rows' sums added in row order, as the CPU does), the per-row
+ *            then the layer view (the rows' sums added in row order, as the CPU does, by one thread from
+ *            rows the block stages in shared memory), the per-row
  *            projection coefficients, the decay, lr / bc1, into the parameter's AdampMeta; then its step
  *            count advances;
  *   apply    every parameter in one walk (mt_ilp.cuh, as optim.cu's kinds): p = p * decay - lr / bc1 *
@@ -35,6 +36,7 @@ extern "C" {
 
 #define ROW_THREADS 256
 #define ROW_BATCH 4 /* elements of each list a thread of the rows pass has in flight */
+#define DECIDE_ROWS 256 /* rows' sums decide stages in shared memory at a time (8 KB) */
 
 /* What decide leaves for apply, per parameter: the mode (0 no projection, 1 per row, 2 whole tensor), lr / bc1,
  * the decay, the whole tensor's coefficient (mode 2), and for mode 1 the rows' coefficients and the row
@@ -143,14 +145,26 @@ __global__ void __launch_bounds__(ROW_THREADS)
   atomicMax(&s_max, (unsigned long long)__double_as_longlong(mine));
   __syncthreads();
   const double max_row = __longlong_as_double((long long)s_max);
+  const bool per_row = project && max_row < (double)r.delta / sqrt((double)len), whole = project && !per_row;
+  /* The layer view: thread 0 adds the rows' sums in row order (the CPU's), from DECIDE_ROWS rows at a time
+   * that the block has staged in shared memory, so that its serial adds wait on shared memory rather than on
+   * one L2 read after another. (whole is the same in every thread: every thread reaches the barriers.) */
+  __shared__ double s_rows[DECIDE_ROWS * 4];
+  double layer[4] = {0, 0, 0, 0};
+  for (int64_t k0 = 0; whole && k0 < rows; k0 += DECIDE_ROWS) {
+    const int nr = rows - k0 < DECIDE_ROWS ? (int)(rows - k0) : DECIDE_ROWS;
+    for (int x = threadIdx.x; x < 4 * nr; x += ROW_THREADS) s_rows[x] = stats[4 * k0 + x];
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int k = 0; k < nr; k++)
+        for (int j = 0; j < 4; j++) layer[j] += s_rows[4 * k + j];
+    __syncthreads();
+  }
   if (threadIdx.x == 0) {
     int mode = 0;
-    if (project && max_row < (double)r.delta / sqrt((double)len)) {
+    if (per_row) {
       mode = 1;
-    } else if (project) {
-      double layer[4] = {0, 0, 0, 0};
-      for (int64_t k = 0; k < rows; k++)
-        for (int j = 0; j < 4; j++) layer[j] += stats[4 * k + j];
+    } else if (whole) {
       if (row_cos(layer, eps) < (double)r.delta / sqrt((double)(len * rows))) {
         double n = sqrt(layer[2]) + eps;
         meta->rc = (float)(layer[3] / (n * n));
