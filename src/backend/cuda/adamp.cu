@@ -1,15 +1,14 @@
 /* adamp.cu: AdamP on the GPU, the rule of backend/cpu/optim_adamp.c (read its header), in launches that queue
- * without a host synchronisation:
- *   rows     per parameter, one block per row of the channel view (the first dimension; the whole tensor for
+ * without a host synchronisation, each over up to ADAMP_TABLE parameters (apply: all of them):
+ *   rows     one block per row of each parameter's channel view (the first dimension; the whole tensor for
  *            0/1-D): m, v and perturb u (u into a scratch that holds every parameter's), and the row's sums
  *            <g,p>, <g,g>, <p,p>, <p,u> in f64 (each thread in index order, then the block in a fixed tree:
  *            another order than the CPU's, so the sums, and the projection coefficients made from them, may
  *            differ from it in the last bits; the parity test allows for that);
- *   decide   per parameter, one block: the largest |cos(g, p)| over rows against delta / sqrt(row length),
+ *   decide   one block per parameter: the largest |cos(g, p)| over rows against delta / sqrt(row length),
  *            then the layer view (the rows' sums added in row order, as the CPU does, by one thread from
- *            rows the block stages in shared memory), the per-row
- *            projection coefficients, the decay, lr / bc1, into the parameter's AdampMeta; then its step
- *            count advances;
+ *            rows the block stages in shared memory), the per-row projection coefficients, the decay,
+ *            lr / bc1, into the parameter's AdampMeta; then its step count advances;
  *   apply    every parameter in one walk (mt_ilp.cuh, as optim.cu's kinds): p = p * decay - lr / bc1 *
  *            (u - coef[row] * p), the model copy written too.
  * Element rules are the CPU's own (apex__adamp_moments, _perturb and _apply in backend/optim_rules.h; compiled
@@ -59,6 +58,20 @@ struct AdampRule {
 
 static __device__ bool skipped(const AdampRule &r) { return r.d_skip && *r.d_skip; }
 
+/* One rows launch and one decide launch cover up to ADAMP_TABLE parameters, their pointers in the kernels'
+ * parameters (about 10 KB): a launch per parameter would run each parameter's few waves of rows, and its tail,
+ * alone. A parameter that is not projected is one row (len: numel); an empty one a row of length 0. */
+#define ADAMP_TABLE 128
+struct AdampTable {
+  const void *g[ADAMP_TABLE], *p[ADAMP_TABLE];
+  float *m[ADAMP_TABLE], *v[ADAMP_TABLE], *u[ADAMP_TABLE];
+  int64_t *step[ADAMP_TABLE];
+  int64_t len[ADAMP_TABLE];
+  int64_t row0[ADAMP_TABLE + 1]; /* each parameter's first row among the table's; row0[n]: all its rows */
+  uint8_t gt[ADAMP_TABLE], pt[ADAMP_TABLE], project[ADAMP_TABLE];
+  int n;
+};
+
 /* A sum of four doubles over the block in a fixed order: warps by shuffles, then warp 0 over warps. */
 static __device__ void block_sum4(double v[4], double (*scratch)[ROW_THREADS / 32]) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -76,18 +89,30 @@ static __device__ void block_sum4(double v[4], double (*scratch)[ROW_THREADS / 3
 /* Rows for gradients of dtype G and values of dtype P (compile-time ones, or MT_DYN: the run-time gt, pt). */
 template <int G, int P>
 __global__ void __launch_bounds__(ROW_THREADS)
-    adamp_rows(AdampRule r, const void *__restrict__ g, apex_dtype gt, const void *__restrict__ p, apex_dtype pt,
-               float *__restrict__ m, float *__restrict__ v, float *__restrict__ u, int64_t len, const int64_t *d_step,
-               double *stats) {
+    adamp_rows(AdampRule r, const __grid_constant__ AdampTable t, double *stats) {
   if (skipped(r)) return;
   __shared__ double scratch[4][ROW_THREADS / 32];
+  /* This block's row: of parameter k, the last one whose first row is not past it. */
+  int k = 0, hi = t.n - 1;
+  while (k < hi) {
+    const int mid = (k + hi + 1) / 2;
+    if (t.row0[mid] <= (int64_t)blockIdx.x) k = mid;
+    else hi = mid - 1;
+  }
+  const void *__restrict__ g = t.g[k];
+  const void *__restrict__ p = t.p[k];
+  float *__restrict__ m = t.m[k];
+  float *__restrict__ v = t.v[k];
+  float *__restrict__ u = t.u[k];
+  const apex_dtype gt = (apex_dtype)t.gt[k], pt = (apex_dtype)t.pt[k];
+  const int64_t len = t.len[k], *d_step = t.step[k];
   const float inv = r.d_scale ? r.inv_scale / *r.d_scale : r.inv_scale;
   const int64_t step = *d_step + 1;
   const float ib = (float)(1.0 / sqrt(1.0 - pow((double)r.beta2, (double)step)));
   const float b1 = r.beta1, b2 = r.beta2, nb1 = 1.0f - r.beta1, nb2 = 1.0f - r.beta2;
   const float ng = r.nesterov ? nb1 : 0.0f, nm = r.nesterov ? b1 : 1.0f;
   double s[4] = {0, 0, 0, 0};
-  const int64_t base = (int64_t)blockIdx.x * len;
+  const int64_t base = ((int64_t)blockIdx.x - t.row0[k]) * len;
   /* ROW_BATCH elements a thread, ROW_THREADS apart, loaded before any is computed (the buffers do not overlap:
    * restrict; the dtypes are compiled in), so their loads are in flight together; each thread still adds its
    * elements to the sums in index order. */
@@ -127,12 +152,20 @@ static __device__ double row_cos(const double *s, double eps) {
   return fabs(s[0]) / (fmax(sqrt(s[1]), eps) * fmax(sqrt(s[2]), eps));
 }
 
-/* One block. project: the tensor has 2+ dimensions and elements (else no projection is tried). rows and
- * len: the channel view (rows 1, len numel when project is 0). */
+/* One block per parameter of the table, with the stats, coef and meta of the table's first row and parameter.
+ * project: the tensor has 2+ dimensions and elements (else no projection is tried). rows and len: the channel
+ * view (rows 1, len numel when project is 0). */
 __global__ void __launch_bounds__(ROW_THREADS)
-    adamp_decide(AdampRule r, const double *stats, int64_t rows, int64_t len, int project, int64_t *d_step,
-                 float *coef, AdampMeta *meta) {
+    adamp_decide(AdampRule r, const __grid_constant__ AdampTable t, const double *stats, float *coef,
+                 AdampMeta *meta) {
   if (skipped(r)) return;
+  const int kk = (int)blockIdx.x;
+  const int64_t rows = t.row0[kk + 1] - t.row0[kk], len = t.len[kk];
+  const int project = t.project[kk];
+  int64_t *d_step = t.step[kk];
+  stats += 4 * t.row0[kk];
+  coef += t.row0[kk];
+  meta += kk;
   __shared__ int s_mode;
   __shared__ unsigned long long s_max;
   const double eps = r.eps;
@@ -193,15 +226,15 @@ __global__ void __launch_bounds__(ROW_THREADS)
     }
 }
 
-typedef void (*rows_fn)(AdampRule, const void *, apex_dtype, const void *, apex_dtype, float *, float *, float *,
-                        int64_t, const int64_t *, double *);
+typedef void (*rows_fn)(AdampRule, AdampTable, double *);
 
-/* The rows instance for a parameter: f32 values (the parameter or its master) with an f32, f16 or bf16
- * gradient compiled in, any other mix read by run-time dtype. */
-static rows_fn rows_kernel(apex_dtype gt, apex_dtype pt) {
-  if (pt == APEX_F32 && gt == APEX_F32) return adamp_rows<APEX_F32, APEX_F32>;
-  if (pt == APEX_F32 && gt == APEX_F16) return adamp_rows<APEX_F16, APEX_F32>;
-  if (pt == APEX_F32 && gt == APEX_BF16) return adamp_rows<APEX_BF16, APEX_F32>;
+/* The rows instance for a group: f32 values (the parameters or their masters) with one gradient dtype, f32,
+ * f16 or bf16, compiled in; any other group read by run-time dtypes. */
+static rows_fn rows_kernel(const apex__cuda_step *s) {
+  const int gd = mt_list_dtype(&s->g, 0), pd = mt_list_dtype(&s->p, 0);
+  if (pd == APEX_F32 && gd == APEX_F32) return adamp_rows<APEX_F32, APEX_F32>;
+  if (pd == APEX_F32 && gd == APEX_F16) return adamp_rows<APEX_F16, APEX_F32>;
+  if (pd == APEX_F32 && gd == APEX_BF16) return adamp_rows<APEX_BF16, APEX_F32>;
   return adamp_rows<MT_DYN, MT_DYN>;
 }
 
@@ -320,22 +353,40 @@ extern "C" apex_status apex__cuda_adamp_step(const apex__cuda_step *s) {
   }
   cudaStream_t stream = (cudaStream_t)apex__cuda_stream();
   cudaError_t e = cudaSuccess;
-  size_t off = 0, row0 = 0;
+  const rows_fn rows_launch = rows_kernel(s);
+  AdampTable t;
+  t.n = 0;
+  t.row0[0] = 0;
+  size_t off = 0, first_row = 0; /* u's next offset; the table's first row among the call's */
+  int first = 0;                 /* the table's first parameter */
   for (int i = 0; i < s->n && e == cudaSuccess; i++) {
     int64_t numel = (int64_t)s->p.numel[i];
     int project = s->rows[i] > 0 && numel > 0;
-    int64_t rows = project ? s->rows[i] : 1, len = numel / rows;
-    int64_t *d_step = s->d_step + s->idx[i];
+    int64_t rows = project ? s->rows[i] : 1;
+    const int k = t.n++;
+    t.g[k] = s->g.ptr[i];
+    t.p[k] = s->p.ptr[i];
+    t.m[k] = (float *)s->s[0].ptr[i];
+    t.v[k] = (float *)s->s[1].ptr[i];
+    t.u[k] = d_u + off;
+    t.step[k] = s->d_step + s->idx[i];
+    t.len[k] = numel / rows;
+    t.row0[k + 1] = t.row0[k] + rows;
+    t.gt[k] = (uint8_t)s->g.dtype[i];
+    t.pt[k] = (uint8_t)s->p.dtype[i];
+    t.project[k] = (uint8_t)project;
     u_ptr[i] = d_u + off;
     u_dt[i] = APEX_F32;
-    rows_kernel(s->g.dtype[i], s->p.dtype[i])<<<(unsigned)rows, ROW_THREADS, 0, stream>>>(
-        r, s->g.ptr[i], s->g.dtype[i], s->p.ptr[i], s->p.dtype[i], (float *)s->s[0].ptr[i], (float *)s->s[1].ptr[i],
-        d_u + off, len, d_step, d_stats + 4 * row0);
-    adamp_decide<<<1, ROW_THREADS, 0, stream>>>(r, d_stats + 4 * row0, rows, len, project, d_step, d_coef + row0,
-                                                d_meta + i);
-    e = cudaGetLastError();
     off += (s->p.numel[i] + MT_ILP - 1) / MT_ILP * MT_ILP;
-    row0 += (size_t)rows;
+    if (t.n == ADAMP_TABLE || i == s->n - 1) {
+      rows_launch<<<(unsigned)t.row0[t.n], ROW_THREADS, 0, stream>>>(r, t, d_stats + 4 * first_row);
+      adamp_decide<<<(unsigned)t.n, ROW_THREADS, 0, stream>>>(r, t, d_stats + 4 * first_row, d_coef + first_row,
+                                                             d_meta + first);
+      e = cudaGetLastError();
+      first_row += (size_t)t.row0[t.n];
+      first += t.n;
+      t.n = 0;
+    }
   }
   if (e == cudaSuccess) {
     u.ptr = u_ptr;
