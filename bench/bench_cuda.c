@@ -7,8 +7,8 @@
  *     their passes, the same 100M f32 parameters in 20 tensors (AdamP's of 2000 x 2500, so that its channel
  *     view has rows), effective GB/s at what each step must move per parameter (no peer in PyTorch: against
  *     the copy of the same bytes, half read, half written):
- *       LAMB 48: stage 1 reads g, p, m, v and writes m, v, u (28), ||p|| and ||u|| read p, u (8), stage 2
- *         reads p, u and writes p (12);
+ *       LAMB 52: its default global-norm clipping (max_grad_norm 1) reads g (4), stage 1 reads g, p, m, v and
+ *         writes m, v, u (28), ||p|| and ||u|| read p, u (8), stage 2 reads p, u and writes p (12);
  *       NovoGrad 24: ||g|| reads g (4), the update reads g, p, m and writes m, p (20);
  *       AdamP 40: the rows pass reads g, p, m, v and writes m, v, u (28), apply reads p, u and writes p (12);
  *   cuda_layer_norm_bf16_R, cuda_rms_norm_bf16_R: layer norm (RMSNorm: the same kernels with rms = 1, no
@@ -189,7 +189,7 @@ static int figures(figure *f) {
   int n = 0;
   f[n++] = (figure){FIG_OPTIM, APEX_F32, APEX_OPTIM_ADAMW, 28, 0, 0, "cuda_adamw_f32_100M"};
   f[n++] = (figure){FIG_OPTIM, APEX_BF16, APEX_OPTIM_ADAMW, 28, 0, 0, "cuda_adamw_bf16_master_100M"};
-  f[n++] = (figure){FIG_OPTIM, APEX_F32, APEX_OPTIM_LAMB, 48, 0, 0, "cuda_lamb_f32_100M"};
+  f[n++] = (figure){FIG_OPTIM, APEX_F32, APEX_OPTIM_LAMB, 52, 0, 0, "cuda_lamb_f32_100M"};
   f[n++] = (figure){FIG_OPTIM, APEX_F32, APEX_OPTIM_NOVOGRAD, 24, 0, 0, "cuda_novograd_f32_100M"};
   f[n++] = (figure){FIG_OPTIM, APEX_F32, APEX_OPTIM_ADAMP, 40, 2000, 0, "cuda_adamp_f32_100M"};
   for (int i = 0; i < COUNT(LN_COLS); i++) {

@@ -11,7 +11,8 @@
  * -fmad=false like optim.cu.
  *
  * The step moves, per f32 parameter, 48 bytes: stage 1 reads g, p, m, v and writes m, v, u (28), the
- * norms read p and u (8), stage 2 reads p, u and writes p (12); f16/bf16 gradients and model copies take
+ * norms read p and u (8), stage 2 reads p, u and writes p (12), and 4 more with clipping (the global
+ * gradient norm, taken before the step by optim/optimizer.c); f16/bf16 gradients and model copies take
  * 2 bytes where f32 ones take 4. Both stages are elementwise, so they walk as optim.cu's kinds do
  * (mt_ilp.cuh: even shares per block, vectors of four, two vectors of every list in flight), instantiated
  * per dtype mix (mt_typed); stage 2 reads its tensor's two norms once per block (t.id[k]). Each tensor's
