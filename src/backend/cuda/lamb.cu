@@ -1,8 +1,8 @@
 /* lamb.cu: LAMB on the GPU, the same two stages as backend/cpu/optim_lamb.c (read its header for the rule):
  *   stage 1  m, v and u = (m / bc1) / (sqrt(v / bc2) + eps) + wd_w * p, u into a device scratch;
- *   norms    ||p|| and ||u|| per tensor with the multi-tensor l2norm, which sums in the CPU's order (tiles
- *            of eight f32 lanes, f64 across tiles and chunks): the CPU's bits, so the trust ratio is the
- *            CPU's (the global gradient norm for clipping comes from the same l2norm);
+ *   norms    ||p|| and ||u|| per tensor with the multi-tensor l2norm (one call over both lists), which sums
+ *            in the CPU's order (tiles of eight f32 lanes, f64 across tiles and chunks): the CPU's bits, so
+ *            the trust ratio is the CPU's (the global gradient norm for clipping comes from the same l2norm);
  *   stage 2  p -= ratio * u, ratio = lr * ||p|| / ||u|| (weight decay or use_nvlamb, both norms non-zero)
  *            else lr; the f16/bf16 model copy written from p; then the step counts advance.
  * Everything reads the skip flag, the loss scale and the global gradient norm from the device, so the
@@ -166,20 +166,29 @@ extern "C" apex_status apex__cuda_lamb_step(const apex__cuda_step *s) {
   if (st != APEX_OK) return st;
   float *d_u = (float *)d_mem, *d_pnorm = d_u + total, *d_unorm = d_pnorm + s->n;
   apex__cuda_list u = s->p, steps;
-  void **u_ptr = (void **)malloc(sizeof(void *) * (size_t)(s->n ? s->n : 1));
-  apex_dtype *u_dt = (apex_dtype *)malloc(sizeof(apex_dtype) * (size_t)(s->n ? s->n : 1));
+  /* p's and u's tensors as one list of 2n for the norms (one l2norm call: ||p|| into d_pnorm, ||u|| into
+   * d_unorm right after it; each tensor's sum is its own, so the bits are those of two calls); u is its
+   * second half. */
+  const size_t n2 = 2 * (size_t)s->n + 1;
+  void **pu_ptr = (void **)malloc(sizeof(void *) * n2);
+  apex_dtype *pu_dt = (apex_dtype *)malloc(sizeof(apex_dtype) * n2);
+  size_t *pu_numel = (size_t *)malloc(sizeof(size_t) * n2);
   int have_steps = step_count_list(s, &steps);
-  if (!u_ptr || !u_dt || !have_steps) {
+  if (!pu_ptr || !pu_dt || !pu_numel || !have_steps) {
     st = apex__fail(APEX_ERR_OUT_OF_MEMORY, "apex_optimizer_step: out of memory");
   } else {
     size_t off = 0;
     for (int i = 0; i < s->n; i++) {
-      u_ptr[i] = d_u + off;
-      u_dt[i] = APEX_F32;
+      pu_ptr[i] = s->p.ptr[i];
+      pu_dt[i] = s->p.dtype[i];
+      pu_numel[i] = pu_numel[s->n + i] = s->p.numel[i];
+      pu_ptr[s->n + i] = d_u + off;
+      pu_dt[s->n + i] = APEX_F32;
       off += (s->p.numel[i] + MT_ILP - 1) / MT_ILP * MT_ILP;
     }
-    u.ptr = u_ptr;
-    u.dtype = u_dt;
+    u.ptr = pu_ptr + s->n;
+    u.dtype = pu_dt + s->n;
+    const apex__cuda_list pu = {2 * s->n, pu_ptr, pu_dt, pu_numel};
     const apex__cuda_list *lists[MT_LISTS] = {&s->g, &s->p, &s->model, &s->s[0], &s->s[1], &u, &steps};
     int w = on(o->adam_w_mode);
     Stage1Args a;
@@ -198,8 +207,7 @@ extern "C" apex_status apex__cuda_lamb_step(const apex__cuda_step *s) {
     cudaError_t e = mt_typed(&s->g, &s->p, &s->model, Stage1Launch{lists, a});
     if (e != cudaSuccess)
       st = apex__fail(APEX_ERR_DEVICE, "LAMB step (stage 1): CUDA error %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
-    if (st == APEX_OK) st = apex__cuda_mt_l2norm(&s->p, 1.0f, NULL, d_pnorm, NULL);
-    if (st == APEX_OK) st = apex__cuda_mt_l2norm(&u, 1.0f, NULL, d_unorm, NULL);
+    if (st == APEX_OK) st = apex__cuda_mt_l2norm(&pu, 1.0f, NULL, d_pnorm, NULL);
     if (st == APEX_OK) {
       Stage2Args b;
       b.lr = o->lr;
@@ -215,8 +223,9 @@ extern "C" apex_status apex__cuda_lamb_step(const apex__cuda_step *s) {
     }
   }
   if (have_steps) free(steps.ptr);
-  free(u_ptr);
-  free(u_dt);
+  free(pu_ptr);
+  free(pu_dt);
+  free(pu_numel);
   apex__cuda_free(d_mem); /* stream-ordered: the cache hands it out again only to later work */
   return st;
 }
