@@ -13,11 +13,12 @@
  *     vector at a time would wait for each); a warp's access is 32 neighbouring vectors, 512 bytes of f32
  *     or 256 of f16/bf16, so every 32-byte sector it touches it moves whole, loads and stores alike.
  *   - Tables of up to MT_WIDE_TENSORS tensors, so a model's parameter group is one or two launches.
- * The walk serves the optimizers' later passes too (LAMB's stage 2, NovoGrad's update, AdamP's apply), whose
- * per-tensor values an earlier launch left in a device buffer indexed by the tensor's entry in the call: coefs
- * reads them through t.id[k] (one read per tensor and block, like the step counts).
- * The op is compiled per update rule and dtype mix (optim.cu), so that an element's update is straight-line
- * code on registers.
+ * The walk serves the passes of LAMB, NovoGrad and AdamP too (lamb.cu, novograd.cu, adamp.cu), some of whose
+ * per-tensor values an earlier launch left in a device buffer indexed by the tensor's entry in the call (LAMB's
+ * norms, NovoGrad's coefficients, AdamP's AdampMeta): coefs reads them through t.id[k], once per tensor and
+ * block, like the step counts.
+ * The op is compiled per update rule and dtype mix (mt_typed, at the bottom, picks the instance for a group),
+ * so that an element's update is straight-line code on registers.
  *
  * Alignment: a tensor takes the vector path when the op's dtypes are compile-time ones and every pointer it
  * touches is aligned to MT_ILP elements (Op::aligned); block shares start at multiples of MT_GRAIN elements of
