@@ -3,8 +3,8 @@
  *   norms    per tensor, ||g * inv_scale||: the multi-tensor l2norm (its sums run in another order than
  *            the CPU's, so the last bits may differ), or the infinity norm max |g| * inv_scale (a max:
  *            the same bits as the CPU in any order);
- *   moments  one thread per tensor (its first chunk) blends the second moment v, kept on the device with
- *            the step counts, and writes the tensor's 1 / bc1 and 1 / (v / bc2 + eps);
+ *   moments  one thread per tensor (novo_moments, a launch of one block) blends the second moment v, kept
+ *            on the device with the step counts, and writes the tensor's 1 / bc1 and 1 / (v / bc2 + eps);
  *   update   per element, the rule the CPU calls (apex__novograd_rule, backend/optim_rules.h; -fmad=false),
  *            then the counts.
  * The skip flag and the loss scale are read on the device.
@@ -54,26 +54,55 @@ struct NovoMoments {
   float *d_coef;       /* per tensor: 1 / bc1, 1 / (v / bc2 + eps) */
   const float *d_scale;
   const int *d_skip;
-
-  __device__ bool begin(const MtTable &t, int k, int64_t start, float *) const {
-    if (start != 0 || (d_skip && *d_skip)) return false;
-    int i = t.id[k];
-    float nf = inf_raw ? d_norm[i] * inv_scale : d_norm[i];
-    if (d_scale) nf = nf / *d_scale;
-    float *v = (float *)t.ptr[L_V][k];
-    int64_t step = *(const int64_t *)t.ptr[L_STEP][k] + 1;
-    double n = nf, b2 = beta2;
-    if (step == 1) *v = init_zero ? 0.0f : (float)n;
-    *v = l2 ? (float)sqrt(b2 * (double)*v * (double)*v + (1.0 - b2) * n * n) : (float)(b2 * (double)*v + (1.0 - b2) * n);
-    double bc1 = bias_correction ? 1.0 - pow((double)beta1, (double)step) : 1.0;
-    double bc2 = bias_correction ? sqrt(1.0 - pow(b2, (double)step)) : 1.0;
-    d_coef[2 * i] = (float)(1.0 / bc1);
-    d_coef[2 * i + 1] = (float)(1.0 / ((double)*v / bc2 + (double)eps));
-    return false;
-  }
-  __device__ void elem(const MtTable &, int, int64_t, bool &, const float *) const {}
-  __device__ void end_chunk(const MtTable &, int, int, bool) const {}
 };
+
+/* The moments of up to MOMENT_BATCH tensors, a thread each: entry id[k] of the call, its v and step count. */
+#define MOMENT_BATCH 256
+struct MomentBatch {
+  float *v[MOMENT_BATCH];
+  const int64_t *step[MOMENT_BATCH];
+  int id[MOMENT_BATCH];
+  int n;
+};
+
+static __global__ void novo_moments(const __grid_constant__ MomentBatch b, NovoMoments a) {
+  const int k = (int)threadIdx.x;
+  if (k >= b.n || (a.d_skip && *a.d_skip)) return;
+  const int i = b.id[k];
+  float nf = a.inf_raw ? a.d_norm[i] * a.inv_scale : a.d_norm[i];
+  if (a.d_scale) nf = nf / *a.d_scale;
+  float *v = b.v[k];
+  int64_t step = *b.step[k] + 1;
+  double n = nf, b2 = a.beta2;
+  if (step == 1) *v = a.init_zero ? 0.0f : (float)n;
+  *v = a.l2 ? (float)sqrt(b2 * (double)*v * (double)*v + (1.0 - b2) * n * n) : (float)(b2 * (double)*v + (1.0 - b2) * n);
+  double bc1 = a.bias_correction ? 1.0 - pow((double)a.beta1, (double)step) : 1.0;
+  double bc2 = a.bias_correction ? sqrt(1.0 - pow(b2, (double)step)) : 1.0;
+  a.d_coef[2 * i] = (float)(1.0 / bc1);
+  a.d_coef[2 * i + 1] = (float)(1.0 / ((double)*v / bc2 + (double)a.eps));
+}
+
+/* Launches novo_moments over the entries with elements (an empty tensor's moment stays, as the chunk walk that
+ * ran this before left it). */
+static cudaError_t moments_launch(const apex__cuda_step *s, const apex__cuda_list &v, const apex__cuda_list &steps,
+                                  const NovoMoments &a) {
+  MomentBatch b;
+  b.n = 0;
+  for (int i = 0; i < s->n; i++) {
+    if (s->g.numel[i] > 0) {
+      b.v[b.n] = (float *)v.ptr[i];
+      b.step[b.n] = (const int64_t *)steps.ptr[i];
+      b.id[b.n++] = i;
+    }
+    if (b.n > 0 && (b.n == MOMENT_BATCH || i == s->n - 1)) {
+      novo_moments<<<1, (b.n + 31) / 32 * 32, 0, (cudaStream_t)apex__cuda_stream()>>>(b, a);
+      cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) return e;
+      b.n = 0;
+    }
+  }
+  return cudaSuccess;
+}
 
 struct UpdateArgs {
   float inv_scale, lr, beta1, beta3, wd;
@@ -182,7 +211,7 @@ extern "C" apex_status apex__cuda_novograd_step(const apex__cuda_step *s) {
     a.d_coef = d_coef;
     a.d_scale = s->d_scale;
     a.d_skip = s->d_skip;
-    st = cuda_failed(mt_apply(MT_LISTS, lists, a));
+    st = cuda_failed(moments_launch(s, v, steps, a));
   }
   if (st == APEX_OK) {
     UpdateArgs b;
