@@ -3,6 +3,14 @@
  *     tensors, effective GB/s at 28 bytes per parameter (f32: g, p, m, v read, p, m, v written; bf16 with
  *     f32 masters: bf16 g, master, m, v read, master, m, v and the bf16 model written), against a
  *     device-to-device copy of the same bytes (14 bytes read + 14 written per parameter);
+ *   cuda_lamb_f32_100M, cuda_novograd_f32_100M, cuda_adamp_f32_100M: the other fused steps with norms between
+ *     their passes, the same 100M f32 parameters in 20 tensors (AdamP's of 2000 x 2500, so that its channel
+ *     view has rows), effective GB/s at what each step must move per parameter (no peer in PyTorch: against
+ *     the copy of the same bytes, half read, half written):
+ *       LAMB 52: its default global-norm clipping (max_grad_norm 1) reads g (4), stage 1 reads g, p, m, v and
+ *         writes m, v, u (28), ||p|| and ||u|| read p, u (8), stage 2 reads p, u and writes p (12);
+ *       NovoGrad 24: ||g|| reads g (4), the update reads g, p, m and writes m, p (20);
+ *       AdamP 40: the rows pass reads g, p, m, v and writes m, v, u (28), apply reads p, u and writes p (12);
  *   cuda_layer_norm_bf16_R, cuda_rms_norm_bf16_R: layer norm (RMSNorm: the same kernels with rms = 1, no
  *     bias) forward + backward over 16384 rows of R bf16 values (R = 256..8192; RMSNorm at 768 and 4096),
  *     effective GB/s (x, y, dy, dx at 2 bytes each, x read twice, plus the f32 weight) against the same
@@ -73,16 +81,20 @@ typedef struct {
 } step_ctx;
 static void optim_step(void *c) { apex_optimizer_step(((step_ctx *)c)->opt, 1.0f, 0); }
 
-static double adamw_seconds(apex_dtype dt, size_t nparams, int ntensors) {
+/* kind's step over nparams parameters of dtype dt (bf16: with f32 masters) in ntensors tensors, each of
+ * [rows, nparams / ntensors / rows] (rows 0: 1-D). */
+static double optim_seconds(apex_optim_kind kind, apex_dtype dt, size_t nparams, int ntensors, int64_t rows) {
   apex_tensor **p = calloc((size_t)ntensors, sizeof *p), **g = calloc((size_t)ntensors, sizeof *g);
   int64_t each = (int64_t)(nparams / (size_t)ntensors);
+  int64_t shape[2] = {rows, rows ? each / rows : each};
+  int nd = rows ? 2 : 1;
   for (int i = 0; i < ntensors; i++) {
-    p[i] = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 1, &each);
-    g[i] = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, 1, &each);
+    p[i] = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, nd, rows ? shape : &each);
+    g[i] = apex_tensor_create_on(APEX_DEVICE_CUDA, dt, nd, rows ? shape : &each);
     apex_tensor_fill(p[i], 0.5f);
     apex_tensor_fill(g[i], 1e-3f);
   }
-  step_ctx c = {apex_optimizer_create(APEX_OPTIM_ADAMW, &(apex_optim_options){.lr = 1e-3f, .weight_decay = 1e-2f})};
+  step_ctx c = {apex_optimizer_create(kind, &(apex_optim_options){.lr = 1e-3f, .weight_decay = 1e-2f})};
   double t = -1;
   if (apex_optimizer_add_group(c.opt, p, ntensors, g, ntensors, NULL, NULL) == APEX_OK) t = time_loop(optim_step, &c, 10);
   else fprintf(stderr, "bench_cuda: %s\n", apex_last_error());
@@ -155,11 +167,12 @@ static double matmul_seconds(int64_t m, int64_t k, int64_t n, int trans_b) {
 
 /* The figures, each a line. 768: GPT-2 small's width, whose layer norms took 14% of the GPT-2 side program's step
  * in the H200 run of 2026-11-26; 256 and 512: the small widths where a row is a few warps' work. */
-enum { FIG_ADAMW, FIG_NORM, FIG_MATMUL };
+enum { FIG_OPTIM, FIG_NORM, FIG_MATMUL };
 typedef struct {
   int kind;
-  apex_dtype dt;      /* FIG_ADAMW: the parameters' dtype */
-  int64_t m, k, n;    /* FIG_NORM: n columns, k = 1 for RMSNorm; FIG_MATMUL: the product's shape */
+  apex_dtype dt;      /* FIG_OPTIM: the parameters' dtype */
+  int64_t m, k, n;    /* FIG_OPTIM: m the apex_optim_kind, k the bytes a parameter must move, n the tensors' rows
+                       * (0: 1-D); FIG_NORM: n columns, k = 1 for RMSNorm; FIG_MATMUL: the product's shape */
   int trans_b;        /* FIG_MATMUL: x w^T */
   char name[64];
 } figure;
@@ -170,12 +183,15 @@ static const int64_t LN_COLS[] = {256, 512, 768, 1024, 2048, 4096, 8192}, RMS_CO
 static const int64_t GPT2_N[] = {2304, 3072, 50304}; /* x [8192, 768] times w^T: q k v, the MLP's first, the head */
 #define COUNT(a) (int)(sizeof a / sizeof a[0])
 #define MAX_FIGURES 32
-_Static_assert(2 + COUNT(LN_COLS) + COUNT(RMS_COLS) + 1 + COUNT(GPT2_N) <= MAX_FIGURES, "figures() fills fig[MAX_FIGURES]");
+_Static_assert(5 + COUNT(LN_COLS) + COUNT(RMS_COLS) + 1 + COUNT(GPT2_N) <= MAX_FIGURES, "figures() fills fig[MAX_FIGURES]");
 
 static int figures(figure *f) {
   int n = 0;
-  f[n++] = (figure){FIG_ADAMW, APEX_F32, 0, 0, 0, 0, "cuda_adamw_f32_100M"};
-  f[n++] = (figure){FIG_ADAMW, APEX_BF16, 0, 0, 0, 0, "cuda_adamw_bf16_master_100M"};
+  f[n++] = (figure){FIG_OPTIM, APEX_F32, APEX_OPTIM_ADAMW, 28, 0, 0, "cuda_adamw_f32_100M"};
+  f[n++] = (figure){FIG_OPTIM, APEX_BF16, APEX_OPTIM_ADAMW, 28, 0, 0, "cuda_adamw_bf16_master_100M"};
+  f[n++] = (figure){FIG_OPTIM, APEX_F32, APEX_OPTIM_LAMB, 52, 0, 0, "cuda_lamb_f32_100M"};
+  f[n++] = (figure){FIG_OPTIM, APEX_F32, APEX_OPTIM_NOVOGRAD, 24, 0, 0, "cuda_novograd_f32_100M"};
+  f[n++] = (figure){FIG_OPTIM, APEX_F32, APEX_OPTIM_ADAMP, 40, 2000, 0, "cuda_adamp_f32_100M"};
   for (int i = 0; i < COUNT(LN_COLS); i++) {
     f[n] = (figure){FIG_NORM, APEX_BF16, LN_ROWS, 0, LN_COLS[i], 0, ""};
     snprintf(f[n++].name, sizeof f->name, "cuda_layer_norm_bf16_%lld", (long long)LN_COLS[i]);
@@ -197,9 +213,9 @@ static double figure_seconds(const figure *f, double *work) {
   size_t bytes = 0;
   double t = -1;
   switch (f->kind) {
-    case FIG_ADAMW:
-      t = adamw_seconds(f->dt, NPARAMS, 20);
-      *work = 28.0 * NPARAMS;
+    case FIG_OPTIM:
+      t = optim_seconds((apex_optim_kind)f->m, f->dt, NPARAMS, 20, f->n);
+      *work = (double)f->k * NPARAMS;
       break;
     case FIG_NORM:
       t = norm_seconds(f->m, f->n, (int)f->k, &bytes);
@@ -243,7 +259,7 @@ int main(int argc, char **argv) {
     if (fig[i].kind == FIG_MATMUL)
       bench_report(fig[i].name, work / t / 1e12, "TFLOP/s", 0, "torch.matmul in peer_cuda.py");
     else /* the copy of the same bytes (half read, half written) */
-      bench_report_gbs(fig[i].name, work, t, work, fig[i].kind == FIG_ADAMW ? copy28 : copy_seconds((size_t)work / 2),
+      bench_report_gbs(fig[i].name, work, t, work, work == 28.0 * NPARAMS ? copy28 : copy_seconds((size_t)work / 2),
                        "device-to-device copy");
   }
   return 0;

@@ -10,7 +10,9 @@ amp O2 does around the step); torch.nn.functional.layer_norm forward + backward 
 f32 weight and bias, R = 256..8192; torch.nn.functional.rms_norm the same way at R = 768 and 4096 (its
 weight in bf16 where an f32 one would make y f32: y stays in x's dtype, as apex's); torch.matmul on
 8192^3 bf16, and x w^T at GPT-2 small's shapes (x [8192, 768], w [N, 768], N = 2304, 3072, 50304). Skipped,
-with the reason, without torch or a GPU, and a figure this torch lacks (rms_norm before 2.4).
+with the reason, without torch or a GPU, and a figure this torch lacks (rms_norm before 2.4). bench_cuda's
+LAMB, NovoGrad and AdamP lines have no peer here: PyTorch has no fused step for them (torch.optim has no LAMB or
+NovoGrad, and AdamP lives outside it), so their peer is bench_cuda's device copy of the same bytes.
 """
 import subprocess
 import sys

@@ -210,10 +210,11 @@ step gpt2_torch_b16 ${GPT2_TORCH_CAP:-60} bench key_bench python3 "$G/src/bench/
   ${tps16:+--apex-tokens-per-s $tps16} --modes "${GPT2_MODES:-eager}" --compile-timeout ${GPT2_COMPILE_TIMEOUT:-40}
 # what gradients in the values' dtype save (amp's half_grads, on by default on a GPU): the B = 8 step with them off
 step gpt2_stack_f32grads 45 bench key_gpt2 "$B/bench/bench_gpt2_stack" --f32-grads --steps 5
-# bench_cuda: AdamW over 100M parameters (f32; bf16 with f32 masters) and layer norm fwd+bwd at 256..8192 columns
+# bench_cuda: AdamW over 100M parameters (f32; bf16 with f32 masters), LAMB, NovoGrad and AdamP over 100M f32 (10 s
+# of the cap) and layer norm fwd+bwd at 256..8192 columns
 # and RMSNorm at 768 and 4096 (GB/s against a device copy), bf16 GEMMs at 8192^3 and GPT-2's x w^T (M 8192, K 768,
 # N 2304, 3072, 50304; TFLOP/s); peer_cuda.py: each against PyTorch, bench_cuda --time giving apex's seconds
-step bench_cuda 45 bench key_bench "$B/bench/bench_cuda"
+step bench_cuda 55 bench key_bench "$B/bench/bench_cuda"
 step peer_cuda 90 bench key_bench python3 "$G/src/bench/peer_cuda.py" "$B"
 step bench_attention 60 bench key_bench "$B/bench/bench_attention"
 step peer_attention 60 bench key_bench python3 "$G/src/bench/peer_attention.py" "$B"

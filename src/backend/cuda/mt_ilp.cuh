@@ -13,8 +13,12 @@
  *     vector at a time would wait for each); a warp's access is 32 neighbouring vectors, 512 bytes of f32
  *     or 256 of f16/bf16, so every 32-byte sector it touches it moves whole, loads and stores alike.
  *   - Tables of up to MT_WIDE_TENSORS tensors, so a model's parameter group is one or two launches.
- * The op is compiled per update rule and dtype mix (optim.cu), so that an element's update is straight-line
- * code on registers.
+ * The walk serves the passes of LAMB, NovoGrad and AdamP too (lamb.cu, novograd.cu, adamp.cu), some of whose
+ * per-tensor values an earlier launch left in a device buffer indexed by the tensor's entry in the call (LAMB's
+ * norms, NovoGrad's coefficients, AdamP's AdampMeta): coefs reads them through t.id[k], once per tensor and
+ * block, like the step counts.
+ * The op is compiled per update rule and dtype mix (mt_typed, at the bottom, picks the instance for a group),
+ * so that an element's update is straight-line code on registers.
  *
  * Alignment: a tensor takes the vector path when the op's dtypes are compile-time ones and every pointer it
  * touches is aligned to MT_ILP elements (Op::aligned); block shares start at multiples of MT_GRAIN elements of
@@ -26,7 +30,8 @@
  * An Op supplies
  *     static constexpr bool vec            its dtypes are compile-time ones (else never vectorised)
  *     bool live() const                    false: the launch does nothing (a skipped step), read by every thread
- *     void coefs(const MtWideTable &t, int k, float *coef) const      coef[0..MT_COEFS) for tensor k
+ *     void coefs(const MtWideTable &t, int k, float *coef) const      coef[0..MT_COEFS) for tensor k (t.id[k]: its
+ *                                                                     entry in the call's lists)
  *     bool aligned(const MtWideTable &t, int k) const                 every pointer it touches aligned
  *     template <bool VEC> void apply(const MtWideTable &t, int k, int64_t i0, int64_t stride, int64_t end,
  *                                    const float (&coef)[MT_COEFS]) const
@@ -41,7 +46,7 @@
 #define MT_UNROLL 2                    /* vectors of each list a thread has in flight */
 #define MT_BATCH (MT_ILP * MT_UNROLL)  /* elements a thread computes between its loads and its stores */
 #define MT_GRAIN 64                    /* block shares start at multiples of this many elements of a tensor */
-#define MT_WIDE_TENSORS 256            /* a table's tensors: about 20 KB of kernel parameters (the limit is 32 KB) */
+#define MT_WIDE_TENSORS 256            /* a table's tensors: about 21 KB of kernel parameters (the limit is 32 KB) */
 #define MT_WIDE_THREADS 256
 static_assert(MT_GRAIN % MT_ILP == 0, "block shares must keep a tensor's vector alignment");
 
@@ -52,6 +57,7 @@ struct MtWideTable {
   void *ptr[MT_LISTS][MT_WIDE_TENSORS];
   int64_t numel[MT_WIDE_TENSORS];
   int64_t gstart[MT_WIDE_TENSORS + 1]; /* first grain (MT_GRAIN elements) of each tensor; gstart[n]: all grains */
+  int id[MT_WIDE_TENSORS];             /* each tensor's entry among the call's lists (empty ones counted) */
   uint8_t dtype[MT_LISTS][MT_WIDE_TENSORS];
   int n;
 };
@@ -207,6 +213,7 @@ static cudaError_t mt_apply_wide(int nlists, const apex__cuda_list *const *lists
         t.dtype[l][k] = (uint8_t)lists[l]->dtype[i];
       }
       t.numel[k] = numel;
+      t.id[k] = i;
       t.gstart[k + 1] = t.gstart[k] + (numel + MT_GRAIN - 1) / MT_GRAIN;
     }
     if (t.n > 0 && (t.n == MT_WIDE_TENSORS || i == n - 1)) {
@@ -219,6 +226,40 @@ static cudaError_t mt_apply_wide(int nlists, const apex__cuda_list *const *lists
     }
   }
   return cudaSuccess;
+}
+
+/* The dtype every entry of l has (MT_DYN when they differ); model lists: MT_NONE when every entry is NULL. */
+static int mt_list_dtype(const apex__cuda_list *l, int model) {
+  int d = MT_DYN;
+  for (int i = 0; i < l->n; i++) {
+    int di = model && !l->ptr[i] ? MT_NONE : (int)l->dtype[i];
+    if (i > 0 && di != d) return MT_DYN;
+    d = di;
+  }
+  return d;
+}
+
+template <int G, class F>
+static cudaError_t mt_typed_model(int m, const F &f) {
+  if (m == APEX_F16) return f.template run<G, APEX_F32, APEX_F16>();
+  if (m == APEX_BF16) return f.template run<G, APEX_F32, APEX_BF16>();
+  return f.template run<G, APEX_F32, MT_NONE>();
+}
+
+/* f.run<G, P, M>() with the gradient's, the updated value's and the model copy's dtypes as compile-time ones:
+ * f32 updated values (f32 parameters, or the f32 masters of f16/bf16 ones) with one gradient dtype and one
+ * model copy dtype (or none) across the group, every mix apex_amp makes; any other group (dtypes mixed
+ * within it, f16/bf16 parameters without masters) runs run<MT_DYN, MT_DYN, MT_DYN>, scalar loads only. */
+template <class F>
+static cudaError_t mt_typed(const apex__cuda_list *g, const apex__cuda_list *p, const apex__cuda_list *model,
+                            const F &f) {
+  const int gd = mt_list_dtype(g, 0), pd = mt_list_dtype(p, 0), md = mt_list_dtype(model, 1);
+  if (pd == APEX_F32 && (md == MT_NONE || md == APEX_F16 || md == APEX_BF16)) {
+    if (gd == APEX_F32) return mt_typed_model<APEX_F32>(md, f);
+    if (gd == APEX_F16) return mt_typed_model<APEX_F16>(md, f);
+    if (gd == APEX_BF16) return mt_typed_model<APEX_BF16>(md, f);
+  }
+  return f.template run<MT_DYN, MT_DYN, MT_DYN>();
 }
 
 #endif

@@ -180,45 +180,22 @@ struct StepOp {
   }
 };
 
-/* The dtype every entry of l has (MT_DYN when they differ); model lists: MT_NONE when every entry is NULL. */
-static int list_dtype(const apex__cuda_list *l, int model) {
-  int d = MT_DYN;
-  for (int i = 0; i < l->n; i++) {
-    int di = model && !l->ptr[i] ? MT_NONE : (int)l->dtype[i];
-    if (i > 0 && di != d) return MT_DYN;
-    d = di;
+/* One kind's step over the lists, at the group's dtype mix (mt_ilp.cuh's mt_typed picks the instance). */
+template <class Rule>
+struct StepLaunch {
+  const apex__cuda_list *const *lists;
+  StepArgs a;
+  template <int G, int P, int M>
+  cudaError_t run() const {
+    StepOp<Rule, G, P, M> op;
+    op.a = a;
+    return mt_apply_wide(MT_LISTS, lists, op);
   }
-  return d;
-}
+};
 
-typedef cudaError_t (*step_launch_fn)(const apex__cuda_list *const *lists, const StepArgs &a);
-
-template <class Rule, int G, int P, int M>
-static cudaError_t step_launch(const apex__cuda_list *const *lists, const StepArgs &a) {
-  StepOp<Rule, G, P, M> op;
-  op.a = a;
-  return mt_apply_wide(MT_LISTS, lists, op);
-}
-
-/* One kind's step: compiled for f32 updated values (f32 parameters, or the f32 masters of f16/bf16 ones) with
- * one gradient dtype and one model copy dtype (or none) across the group, every mix apex_amp makes; any other
- * group (dtypes mixed within it, f16/bf16 parameters without masters) runs the run-time-dtype instance,
- * scalar loads only. */
 template <class Rule>
 static cudaError_t step_rule(const apex__cuda_step *s, const apex__cuda_list *const *lists, const StepArgs &a) {
-  /* Indexed [gradient dtype][model copy: none, f16, bf16]. */
-  static const step_launch_fn typed[3][3] = {
-      {step_launch<Rule, APEX_F32, APEX_F32, MT_NONE>, step_launch<Rule, APEX_F32, APEX_F32, APEX_F16>,
-       step_launch<Rule, APEX_F32, APEX_F32, APEX_BF16>},
-      {step_launch<Rule, APEX_F16, APEX_F32, MT_NONE>, step_launch<Rule, APEX_F16, APEX_F32, APEX_F16>,
-       step_launch<Rule, APEX_F16, APEX_F32, APEX_BF16>},
-      {step_launch<Rule, APEX_BF16, APEX_F32, MT_NONE>, step_launch<Rule, APEX_BF16, APEX_F32, APEX_F16>,
-       step_launch<Rule, APEX_BF16, APEX_F32, APEX_BF16>},
-  };
-  int g = list_dtype(&s->g, 0), p = list_dtype(&s->p, 0), m = list_dtype(&s->model, 1);
-  int mi = m == MT_NONE ? 0 : m == APEX_F16 ? 1 : m == APEX_BF16 ? 2 : -1;
-  if (p == APEX_F32 && g >= APEX_F32 && g <= APEX_BF16 && mi >= 0) return typed[g][mi](lists, a);
-  return step_launch<Rule, MT_DYN, MT_DYN, MT_DYN>(lists, a);
+  return mt_typed(&s->g, &s->p, &s->model, StepLaunch<Rule>{lists, a});
 }
 
 static int on(apex_optim_flag f) { return f == APEX_OPTIM_ON; }
