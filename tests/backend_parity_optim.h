@@ -344,6 +344,10 @@ static void pc_optimizer_vector_and_scalar_paths(void) {
       {APEX_OPTIM_ADAGRAD, {.lr_decay = 1e-2f, .weight_decay = 1e-2f}, 0},
       {APEX_OPTIM_RMSPROP, {.momentum = 0.9f, .centered = APEX_OPTIM_ON, .weight_decay = 1e-2f}, 0},
       {APEX_OPTIM_RMSPROP_TF, {.centered = APEX_OPTIM_ON, .weight_decay = 1e-2f}, 0},
+      /* the kinds with per-tensor norms (64 ulps: pc_optimizers_match_cpu's bound), on the same walk */
+      {APEX_OPTIM_LAMB, {.lr = 1e-2f, .weight_decay = 1e-2f}, 64},
+      {APEX_OPTIM_NOVOGRAD, {.lr = 1e-2f, .weight_decay = 1e-2f}, 64},
+      {APEX_OPTIM_ADAMP, {.lr = 1e-2f, .weight_decay = 1e-2f}, 64},
   };
   const apex_dtype dts[3] = {APEX_F32, APEX_F16, APEX_BF16};
   const size_t sizes[] = {1, 3, 4, 4096, 4099, 70001, 16384 * 2 + 5};
@@ -376,6 +380,9 @@ static void pc_optimizer_vector_and_scalar_paths(void) {
   run_path_case(&cases[0], MANY, many, 1, 3);
   for (int i = 0; i < MANY; i++) many[i].pdt = APEX_F32;
   run_path_case(&cases[0], MANY, many, 1, 2);
+  /* LAMB, NovoGrad and AdamP over the same 300 tensors: past one table (256) and AdamP's 128 parameters a
+   * launch pair */
+  for (size_t k = sizeof cases / sizeof cases[0] - 3; k < sizeof cases / sizeof cases[0]; k++) run_path_case(&cases[k], MANY, many, 1, 2);
 }
 
 /* AdamP's projection depends on each tensor's shape: parameters of 3, 2 and 1 dimensions, with gradients

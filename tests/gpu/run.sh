@@ -147,7 +147,7 @@ fi
 
 # ---- the tests (their rc counts) -----------------------------------------------------------------------------
 step test_cuda 30 test key_cmocka "$B/tests/test_cuda"
-step test_backend_ops 60 test key_cmocka "$B/tests/test_backend_ops"
+step test_backend_ops 75 test key_cmocka "$B/tests/test_backend_ops"
 step test_graph_cuda 40 test key_cmocka "$B/tests/test_graph_cuda"
 step test_flash_attention 60 test key_cmocka "$B/tests/test_flash_attention"
 step test_syncbn_cuda 20 test key_cmocka "$B/tests/test_syncbn_cuda"
