@@ -30,7 +30,7 @@ WANT="tests/test_cuda tests/test_backend_ops tests/test_graph_cuda tests/test_mu
       tools/apex-train bench/bench_cuda bench/bench_amp bench/bench_nn bench/bench_scaling
       bench/bench_attention tests/test_cuda_epilogues tests/test_cuda_nn_contract
       tests/test_amp_device tests/test_graph_device bench/bench_gpt2_stack bench/gpt2_loss_dump tests/test_generate
-      tests/test_capture tests/test_index tests/test_half_grads"
+      tests/test_capture tests/test_index tests/test_half_grads tests/test_mlp_fusion"
 have=$(cmake --build "$B" --target help 2> /dev/null | sed -n 's/^\.\.\. \([A-Za-z0-9_-]*\).*/\1/p')
 targets=() skipped=""
 for b in $WANT; do
