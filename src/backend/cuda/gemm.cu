@@ -134,13 +134,21 @@ static cublasStatus_t set_pointers(cublasLtMatmulDesc_t op, const void *vec, voi
  * the current device) the runtime knows without a transfer, so that a captured step may make the call. */
 __device__ const float g_betas[2] = {0.0f, 1.0f};
 
-static apex_status device_beta(const char *fn, float beta, const float **p) {
+#define BETA_DEVICES 64
+static const float *g_beta_at[BETA_DEVICES]; /* per device, once: no runtime call inside a captured step's later calls */
+
+static apex_status device_beta(const char *fn, int dev, float beta, const float **p) {
   if (beta != 0.0f && beta != 1.0f)
     return apex__fail(APEX_ERR_INVALID_ARG, "%s: beta %g with a device alpha: 0 or 1", fn, (double)beta);
-  void *base = NULL;
-  cudaError_t e = cudaGetSymbolAddress(&base, g_betas);
-  if (e != cudaSuccess) return apex__fail(APEX_ERR_DEVICE, "%s: the device's beta constant: %s", fn, cudaGetErrorString(e));
-  *p = (const float *)base + (beta == 1.0f);
+  const float *base = dev >= 0 && dev < BETA_DEVICES ? __atomic_load_n(&g_beta_at[dev], __ATOMIC_ACQUIRE) : NULL;
+  if (!base) {
+    void *b = NULL;
+    cudaError_t e = cudaGetSymbolAddress(&b, g_betas);
+    if (e != cudaSuccess) return apex__fail(APEX_ERR_DEVICE, "%s: the device's beta constant: %s", fn, cudaGetErrorString(e));
+    base = (const float *)b;
+    if (dev >= 0 && dev < BETA_DEVICES) __atomic_store_n(&g_beta_at[dev], base, __ATOMIC_RELEASE); /* racers store the same */
+  }
+  *p = base + (beta == 1.0f);
   return APEX_OK;
 }
 
@@ -190,7 +198,7 @@ static apex_status gemm(const char *fn, int trans_a, int trans_b, int64_t m, int
   const float *pa = &alpha, *pb = &beta;
   if (alpha_dev) {
     pa = alpha_dev;
-    if ((st = device_beta(fn, beta, &pb)) != APEX_OK) return st;
+    if ((st = device_beta(fn, dev, beta, &pb)) != APEX_OK) return st;
   }
   size_t ie = apex_dtype_size(in_type), ce = apex_dtype_size(c_type);
   key.al_a = alignment(b, stride_b * (int64_t)ie, batch);
