@@ -38,6 +38,7 @@ extern "C" {
 #include "core/internal.h"
 #include "backend/cuda/cuda_internal.h"
 }
+#include "backend/cuda/flash_tile.cuh"
 
 #define FA_FWD "apex__cuda_flash_attention_fwd"
 #define FA_BWD "apex__cuda_flash_attention_bwd"
@@ -86,8 +87,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
-
-__device__ __forceinline__ uint32_t ld32(const uint16_t *p) { return *(const uint32_t *)p; }
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool full) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -199,15 +198,6 @@ __device__ __forceinline__ void store_rows(uint16_t *g_, int64_t ld, int row0, i
   }
 }
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 /* ---- forward ---------------------------------------------------------------------------------------------- */
 
 /* Grid (query blocks, batch * heads); the blocks with the most keys (the last query blocks) first. Shared:
@@ -250,43 +240,9 @@ __global__ void __launch_bounds__(THREADS) flash_fwd(FaParams P) {
     for (int n = 0; n < BM / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
     mma_abt<BF, D, BM, LDS>(s, qs, warp * 16, kt, g, tq);
     /* to the log2 domain, masked above the diagonal (only the diagonal block has such keys; keys past t
-     * are past every row's diagonal) */
-    const int k0 = kb * BM;
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < BM / 8; n++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int j = k0 + n * 8 + 2 * tq + (e & 1), i = e < 2 ? i0 : i1;
-        s[n][e] = j <= i ? s[n][e] * P.sl2 : -INFINITY;
-      }
-      mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-      mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
-    }
-    /* every row has key k0 <= i unmasked in each block it visits, so the maxima are finite */
-    const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
-    const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1); /* 0 on the first block (m = -inf) */
-    m0 = mn0;
-    m1 = mn1;
-    float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-    for (int n = 0; n < BM / 8; n++) {
-      s[n][0] = exp2f(s[n][0] - m0);
-      s[n][1] = exp2f(s[n][1] - m0);
-      s[n][2] = exp2f(s[n][2] - m1);
-      s[n][3] = exp2f(s[n][3] - m1);
-      sum0 += s[n][0] + s[n][1];
-      sum1 += s[n][2] + s[n][3];
-    }
-    l0 = l0 * al0 + sum0; /* this thread's share; the quad's shares are summed at the end */
-    l1 = l1 * al1 + sum1;
-#pragma unroll
-    for (int n = 0; n < D / 8; n++) {
-      o[n][0] *= al0;
-      o[n][1] *= al0;
-      o[n][2] *= al1;
-      o[n][3] *= al1;
-    }
+     * are past every row's diagonal); every row has key k0 <= i unmasked in each block it visits, so the
+     * maxima are finite */
+    online_softmax_tile(s, o, m0, m1, l0, l1, kb * BM, i0, i1, tq, P.sl2);
     mma_pb<BF, D, LDS>(o, s, vt, g, tq);
     cp_async_wait_all();
     __syncthreads();
@@ -319,27 +275,7 @@ __global__ void flash_bwd_dot(FaParams P, int64_t rows) {
   const int lane = threadIdx.x & 31, t = P.t;
   const int64_t i = r % t, bh = r / t, b = bh / P.heads, h = bh % P.heads;
   const uint16_t *og = P.o + (b * t + i) * P.ld_o + h * D, *dg = P.dout + (b * t + i) * P.ld_do + h * D;
-  float acc = 0.0f;
-#pragma unroll
-  for (int c = lane * 2; c < D; c += 64) {
-    const uint32_t ow = ld32(og + c), dw = ld32(dg + c);
-    float o0, o1, d0, d1;
-    if (BF) {
-      o0 = __uint_as_float(ow << 16);
-      o1 = __uint_as_float(ow & 0xffff0000u);
-      d0 = __uint_as_float(dw << 16);
-      d1 = __uint_as_float(dw & 0xffff0000u);
-    } else {
-      o0 = __half2float(__ushort_as_half((unsigned short)(ow & 0xffffu)));
-      o1 = __half2float(__ushort_as_half((unsigned short)(ow >> 16)));
-      d0 = __half2float(__ushort_as_half((unsigned short)(dw & 0xffffu)));
-      d1 = __half2float(__ushort_as_half((unsigned short)(dw >> 16)));
-    }
-    acc = __fmaf_rn(o0, d0, acc);
-    acc = __fmaf_rn(o1, d1, acc);
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  const float acc = row_dot<D, BF>(og, dg, lane);
   if (lane == 0) P.dvec[r] = acc;
 }
 

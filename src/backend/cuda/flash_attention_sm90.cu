@@ -41,6 +41,7 @@
 extern "C" {
 #include "core/internal.h"
 }
+#include "backend/cuda/flash_tile.cuh"
 #include "backend/cuda/sm90.cuh"
 
 #ifndef APEX_SM90A
@@ -159,42 +160,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     wgmma_wait0();
     fence_regs<BN / 2>(&sc[0][0]);
 
-    /* to the log2 domain, masked above the diagonal */
-    const int k0 = it * BN;
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < BN / 8; n++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int j = k0 + n * 8 + 2 * tq4 + (e & 1), i = e < 2 ? i0 : i1;
-        sc[n][e] = j <= i ? sc[n][e] * P.sl2 : -INFINITY;
-      }
-      mx0 = fmaxf(mx0, fmaxf(sc[n][0], sc[n][1]));
-      mx1 = fmaxf(mx1, fmaxf(sc[n][2], sc[n][3]));
-    }
-    const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
-    const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1); /* 0 on the first tile (m = -inf) */
-    m0 = mn0;
-    m1 = mn1;
-    float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-    for (int n = 0; n < BN / 8; n++) {
-      sc[n][0] = exp2f(sc[n][0] - m0);
-      sc[n][1] = exp2f(sc[n][1] - m0);
-      sc[n][2] = exp2f(sc[n][2] - m1);
-      sc[n][3] = exp2f(sc[n][3] - m1);
-      sum0 += sc[n][0] + sc[n][1];
-      sum1 += sc[n][2] + sc[n][3];
-    }
-    l0 = l0 * al0 + sum0; /* this thread's share; the quad's shares are summed at the end */
-    l1 = l1 * al1 + sum1;
-#pragma unroll
-    for (int n = 0; n < D / 8; n++) {
-      o[n][0] *= al0;
-      o[n][1] *= al0;
-      o[n][2] *= al1;
-      o[n][3] *= al1;
-    }
+    /* to the log2 domain, masked above the diagonal; the running max and sums moved on */
+    online_softmax_tile(sc, o, m0, m1, l0, l1, it * BN, i0, i1, tq4, P.sl2);
     /* P in the operand dtype: the accumulator tiles 2 kc and 2 kc + 1 are the A fragment of k step kc */
     uint32_t pa[BN / 16][4];
 #pragma unroll

@@ -28,6 +28,7 @@
 extern "C" {
 #include "core/internal.h"
 }
+#include "backend/cuda/flash_tile.cuh"
 #include "backend/cuda/sm90.cuh"
 
 #define H3_BWD "apex__cuda_flash_sm90_bwd"
@@ -73,27 +74,7 @@ __global__ void sm90_bwd_aux(BwdParams P, int64_t rows) {
   float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (i < t) {
     const uint16_t *og = P.o + (b * t + i) * P.ld_o + h * D, *dg = P.dout + (b * t + i) * P.ld_do + h * D;
-    float acc = 0.0f;
-#pragma unroll
-    for (int c = lane * 2; c < D; c += 64) {
-      const uint32_t ow = *(const uint32_t *)(og + c), dw = *(const uint32_t *)(dg + c);
-      float o0, o1, d0, d1;
-      if (BF) {
-        o0 = __uint_as_float(ow << 16);
-        o1 = __uint_as_float(ow & 0xffff0000u);
-        d0 = __uint_as_float(dw << 16);
-        d1 = __uint_as_float(dw & 0xffff0000u);
-      } else {
-        o0 = __half2float(__ushort_as_half((unsigned short)(ow & 0xffffu)));
-        o1 = __half2float(__ushort_as_half((unsigned short)(ow >> 16)));
-        d0 = __half2float(__ushort_as_half((unsigned short)(dw & 0xffffu)));
-        d1 = __half2float(__ushort_as_half((unsigned short)(dw >> 16)));
-      }
-      acc = __fmaf_rn(o0, d0, acc);
-      acc = __fmaf_rn(o1, d1, acc);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    const float acc = row_dot<D, BF>(og, dg, lane);
     const float *st = P.stats + (bh * t + i) * 2;
     out = make_float4(st[0] * LOG2E, st[1], acc, 0.0f);
   }

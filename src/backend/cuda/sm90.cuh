@@ -93,15 +93,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return r;
 }
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 /* Each wgmma form below is one asm block for both operand dtypes: a local macro takes the type's name.
  *
  * d (m64n64k16, f32) = A B^T, plus d when accumulate is set; A and B K-major in shared memory (descriptors da, db). */
