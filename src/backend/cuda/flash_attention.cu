@@ -79,15 +79,6 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* Two f32 rounded to nearest even into one word of the operand dtype: lo in the low half. */
-template <bool BF>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  uint32_t r;
-  if (BF) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool full) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   const int n = full ? 16 : 0; /* 0: nothing read, the 16 bytes zero-filled */

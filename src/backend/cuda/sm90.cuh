@@ -84,15 +84,6 @@ __device__ __forceinline__ void fence_regs(float *r) {
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-/* Two f32 rounded to nearest even into one word of the operand dtype: lo in the low half. */
-template <bool BF>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  uint32_t r;
-  if (BF) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 /* Each wgmma form below is one asm block for both operand dtypes: a local macro takes the type's name.
  *
  * d (m64n64k16, f32) = A B^T, plus d when accumulate is set; A and B K-major in shared memory (descriptors da, db). */
