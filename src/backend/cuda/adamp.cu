@@ -288,12 +288,7 @@ struct AdampApply {
     }
 #pragma unroll
     for (int j = 0; j < MT_BATCH; j++) p[j] = apex__adamp_apply(p[j], u[j], rc[j], coef[K_DECAY], coef[K_SS]);
-    mt_store<P, VEC>(t.ptr[L_P][k], (apex_dtype)t.dtype[L_P][k], i0, stride, end, p);
-    if constexpr (M == MT_DYN) {
-      if (t.ptr[L_MODEL][k]) mt_store<M, VEC>(t.ptr[L_MODEL][k], (apex_dtype)t.dtype[L_MODEL][k], i0, stride, end, p);
-    } else if constexpr (M != MT_NONE) {
-      mt_store<M, VEC>(t.ptr[L_MODEL][k], (apex_dtype)t.dtype[L_MODEL][k], i0, stride, end, p);
-    }
+    mt_store_param<P, M, VEC>(t, L_P, L_MODEL, k, i0, stride, end, p);
   }
 };
 

@@ -121,12 +121,7 @@ struct LambStage2 {
     mt_load<APEX_F32, VEC>(t.ptr[L_U][k], APEX_F32, i0, stride, end, u);
 #pragma unroll
     for (int j = 0; j < MT_BATCH; j++) p[j] = p[j] - coef[0] * u[j];
-    mt_store<P, VEC>(t.ptr[L_P][k], (apex_dtype)t.dtype[L_P][k], i0, stride, end, p);
-    if constexpr (M == MT_DYN) {
-      if (t.ptr[L_MODEL][k]) mt_store<M, VEC>(t.ptr[L_MODEL][k], (apex_dtype)t.dtype[L_MODEL][k], i0, stride, end, p);
-    } else if constexpr (M != MT_NONE) {
-      mt_store<M, VEC>(t.ptr[L_MODEL][k], (apex_dtype)t.dtype[L_MODEL][k], i0, stride, end, p);
-    }
+    mt_store_param<P, M, VEC>(t, L_P, L_MODEL, k, i0, stride, end, p);
   }
 };
 

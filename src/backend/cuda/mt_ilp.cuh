@@ -150,6 +150,19 @@ __device__ __forceinline__ void mt_store(void *p, apex_dtype rt, int64_t i0, int
   }
 }
 
+/* An update's results v into tensor k's values (list lp, dtype P) and, from the same registers, its model copy
+ * (list lm, dtype M: MT_NONE none, MT_DYN the tensor's own, whose copy may be absent). */
+template <int P, int M, bool VEC>
+__device__ __forceinline__ void mt_store_param(const MtWideTable &t, int lp, int lm, int k, int64_t i0, int64_t stride, int64_t end,
+                                               const float (&v)[MT_BATCH]) {
+  mt_store<P, VEC>(t.ptr[lp][k], (apex_dtype)t.dtype[lp][k], i0, stride, end, v);
+  if constexpr (M == MT_DYN) {
+    if (t.ptr[lm][k]) mt_store<M, VEC>(t.ptr[lm][k], (apex_dtype)t.dtype[lm][k], i0, stride, end, v);
+  } else if constexpr (M != MT_NONE) {
+    mt_store<M, VEC>(t.ptr[lm][k], (apex_dtype)t.dtype[lm][k], i0, stride, end, v);
+  }
+}
+
 /* The tensor holding grain g < gstart[n]: the last k with gstart[k] <= g (tables hold no empty tensor). */
 __device__ __forceinline__ int mt_wide_tensor_of(const MtWideTable &t, int64_t g) {
   int lo = 0, hi = t.n - 1;

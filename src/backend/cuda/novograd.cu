@@ -147,12 +147,7 @@ struct NovoUpdate {
       p[j] = apex__novograd_rule(g[j], p[j], &m[j], coef[K_INV], coef[K_ID], coef[K_IB1], coef[K_LR], a.beta1, a.beta3,
                                  a.wd, a.reg_inside);
     mt_store<APEX_F32, VEC>(t.ptr[L_M][k], APEX_F32, i0, stride, end, m);
-    mt_store<P, VEC>(t.ptr[L_P][k], (apex_dtype)t.dtype[L_P][k], i0, stride, end, p);
-    if constexpr (M == MT_DYN) {
-      if (t.ptr[L_MODEL][k]) mt_store<M, VEC>(t.ptr[L_MODEL][k], (apex_dtype)t.dtype[L_MODEL][k], i0, stride, end, p);
-    } else if constexpr (M != MT_NONE) {
-      mt_store<M, VEC>(t.ptr[L_MODEL][k], (apex_dtype)t.dtype[L_MODEL][k], i0, stride, end, p);
-    }
+    mt_store_param<P, M, VEC>(t, L_P, L_MODEL, k, i0, stride, end, p);
   }
 };
 

@@ -170,13 +170,7 @@ struct StepOp {
     if (ns > 0) mt_store<APEX_F32, VEC>(t.ptr[3][k], APEX_F32, i0, stride, end, s0);
     if (ns > 1) mt_store<APEX_F32, VEC>(t.ptr[4][k], APEX_F32, i0, stride, end, s1);
     if (ns > 2) mt_store<APEX_F32, VEC>(t.ptr[5][k], APEX_F32, i0, stride, end, s2);
-    mt_store<P, VEC>(t.ptr[1][k], (apex_dtype)t.dtype[1][k], i0, stride, end, p);
-    /* The model copy from the same registers, in the same pass. */
-    if constexpr (M == MT_DYN) {
-      if (t.ptr[2][k]) mt_store<M, VEC>(t.ptr[2][k], (apex_dtype)t.dtype[2][k], i0, stride, end, p);
-    } else if constexpr (M != MT_NONE) {
-      mt_store<M, VEC>(t.ptr[2][k], (apex_dtype)t.dtype[2][k], i0, stride, end, p);
-    }
+    mt_store_param<P, M, VEC>(t, 1, 2, k, i0, stride, end, p);
   }
 };
 
