@@ -49,7 +49,6 @@ constexpr int BM = 64;     /* query rows of a block, and keys of a key block */
 constexpr int THREADS = 128; /* 4 warps, 16 rows each */
 constexpr int PAD = 8;     /* elements after each shared row: rows 16 bytes apart modulo 128, no bank conflicts */
 constexpr float LOG2E = 1.4426950408889634f;
-constexpr float LN2 = 0.6931471805599453f;
 
 /* What every kernel needs; pointers of 16-bit elements. */
 struct FaParams {
@@ -175,20 +174,6 @@ __device__ __forceinline__ void mma_pb(float acc[][4], float pc[][4], const uint
   }
 }
 
-/* Stores a warp's 16 x D f32 tile acc (times mul) as rows row0 + g and row0 + g + 8 of a head matrix, rows at
- * or past t skipped. mul0/mul1: the factor of each of the two rows. */
-template <bool BF, int D>
-__device__ __forceinline__ void store_rows(uint16_t *g_, int64_t ld, int row0, int t, float acc[][4], float mul0,
-                                           float mul1, int g, int tq) {
-  const int r0 = row0 + g, r1 = r0 + 8;
-#pragma unroll
-  for (int n = 0; n < D / 8; n++) {
-    const int col = n * 8 + 2 * tq;
-    if (r0 < t) *(uint32_t *)(g_ + (int64_t)r0 * ld + col) = pack2<BF>(acc[n][0] * mul0, acc[n][1] * mul0);
-    if (r1 < t) *(uint32_t *)(g_ + (int64_t)r1 * ld + col) = pack2<BF>(acc[n][2] * mul1, acc[n][3] * mul1);
-  }
-}
-
 /* ---- forward ---------------------------------------------------------------------------------------------- */
 
 /* Grid (query blocks, batch * heads); the blocks with the most keys (the last query blocks) first. Shared:
@@ -241,18 +226,8 @@ __global__ void __launch_bounds__(THREADS) flash_fwd(FaParams P) {
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
   const float r0 = 1.0f / l0, r1 = 1.0f / l1;
-  store_rows<BF, D>(P.out + (int64_t)b * t * P.ld_o + (int64_t)h * D, P.ld_o, q0 + warp * 16, t, o, r0, r1, g, tq);
-  if (tq == 0) {
-    float *st = P.stats + ((int64_t)bh * t) * 2;
-    if (i0 < t) {
-      st[2 * (int64_t)i0] = m0 * LN2;
-      st[2 * (int64_t)i0 + 1] = r0;
-    }
-    if (i1 < t) {
-      st[2 * (int64_t)i1] = m1 * LN2;
-      st[2 * (int64_t)i1 + 1] = r1;
-    }
-  }
+  store_rows<BF, D>(P.out + (int64_t)b * t * P.ld_o + (int64_t)h * D, P.ld_o, i0, t, o, r0, r1, tq);
+  if (tq == 0) store_stats(P.stats + ((int64_t)bh * t) * 2, t, i0, i1, m0, m1, r0, r1);
 }
 
 /* ---- backward ----------------------------------------------------------------------------------------------- */
@@ -344,8 +319,8 @@ __global__ void __launch_bounds__(THREADS) flash_bwd_dkdv(FaParams P) {
     mma_pb<BF, D, LDS>(dk, ds, qs, g, tq);
   }
   const int row0 = k0 + warp * 16;
-  store_rows<BF, D>(P.dk + (int64_t)b * t * P.ld_dk + (int64_t)h * D, P.ld_dk, row0, t, dk, P.scale, P.scale, g, tq);
-  store_rows<BF, D>(P.dv + (int64_t)b * t * P.ld_dv + (int64_t)h * D, P.ld_dv, row0, t, dv, 1.0f, 1.0f, g, tq);
+  store_rows<BF, D>(P.dk + (int64_t)b * t * P.ld_dk + (int64_t)h * D, P.ld_dk, row0 + g, t, dk, P.scale, P.scale, tq);
+  store_rows<BF, D>(P.dv + (int64_t)b * t * P.ld_dv + (int64_t)h * D, P.ld_dv, row0 + g, t, dv, 1.0f, 1.0f, tq);
 }
 
 /* dQ of one 64-query block (grid (query blocks, batch * heads), the last, longest, first); warp w owns
@@ -400,8 +375,7 @@ __global__ void __launch_bounds__(THREADS) flash_bwd_dq(FaParams P) {
     }
     mma_pb<BF, D, LDS>(dq, ds, ks, g, tq);
   }
-  store_rows<BF, D>(P.dq + (int64_t)b * t * P.ld_dq + (int64_t)h * D, P.ld_dq, q0 + warp * 16, t, dq, P.scale, P.scale, g,
-                    tq);
+  store_rows<BF, D>(P.dq + (int64_t)b * t * P.ld_dq + (int64_t)h * D, P.ld_dq, i0, t, dq, P.scale, P.scale, tq);
 }
 
 /* ---- launches ----------------------------------------------------------------------------------------------- */

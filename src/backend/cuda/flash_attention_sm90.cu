@@ -83,7 +83,6 @@ __global__ void __launch_bounds__(THREADS, 1)
                    const __grid_constant__ CUtensorMap tv, const H3Params P) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int CONSUMERS = 256; /* the threads of the two consumer warpgroups */
-  constexpr float LN2 = 0.6931471805599453f;
   constexpr uint32_t QB = q_bytes<D>(), KVB = kv_bytes<D>();
   constexpr int BOXES = D / 64; /* 64-column boxes of a row */
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -187,24 +186,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
   const float r0 = 1.0f / l0, r1 = 1.0f / l1;
-  uint16_t *og = P.out + (int64_t)b * t * P.ld_o + (int64_t)h * D;
-#pragma unroll
-  for (int n = 0; n < D / 8; n++) {
-    const int col = n * 8 + 2 * tq4;
-    if (i0 < t) *(uint32_t *)(og + (int64_t)i0 * P.ld_o + col) = pack2<BF>(o[n][0] * r0, o[n][1] * r0);
-    if (i1 < t) *(uint32_t *)(og + (int64_t)i1 * P.ld_o + col) = pack2<BF>(o[n][2] * r1, o[n][3] * r1);
-  }
-  if (tq4 == 0) {
-    float *st = P.stats + (int64_t)bh * t * 2;
-    if (i0 < t) {
-      st[2 * (int64_t)i0] = m0 * LN2;
-      st[2 * (int64_t)i0 + 1] = r0;
-    }
-    if (i1 < t) {
-      st[2 * (int64_t)i1] = m1 * LN2;
-      st[2 * (int64_t)i1 + 1] = r1;
-    }
-  }
+  store_rows<BF, D>(P.out + (int64_t)b * t * P.ld_o + (int64_t)h * D, P.ld_o, i0, t, o, r0, r1, tq4);
+  if (tq4 == 0) store_stats(P.stats + (int64_t)bh * t * 2, t, i0, i1, m0, m1, r0, r1);
 #else
   (void)tq, (void)tk, (void)tv, (void)P; /* not built for this architecture: the host never launches it here */
 #endif

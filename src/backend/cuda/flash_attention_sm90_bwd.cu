@@ -97,18 +97,6 @@ __device__ __forceinline__ uint64_t kmajor(uint32_t base, int rows, int row0, in
 /* The MN-major descriptor of k step kc (rows 16 kc ..) of a tile of `rows`-row boxes at base. */
 __device__ __forceinline__ uint64_t mnmajor(uint32_t base, int rows, int kc) { return sw128_desc(base + kc * 2048, rows * 128, 1024); }
 
-/* Stores a warpgroup's 64 x D f32 tile acc (times mul) as rows row0 (this thread's g-row) and row0 + 8 of a
- * head matrix, rows at or past t skipped. */
-template <int D, bool BF>
-__device__ __forceinline__ void store_rows(uint16_t *g_, int64_t ld, int row0, int t, float acc[][4], float mul, int tq) {
-#pragma unroll
-  for (int n = 0; n < D / 8; n++) {
-    const int col = n * 8 + 2 * tq;
-    if (row0 < t) *(uint32_t *)(g_ + (int64_t)row0 * ld + col) = pack2<BF>(acc[n][0] * mul, acc[n][1] * mul);
-    if (row0 + 8 < t) *(uint32_t *)(g_ + (int64_t)(row0 + 8) * ld + col) = pack2<BF>(acc[n][2] * mul, acc[n][3] * mul);
-  }
-}
-
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 /* ---- dK, dV ----------------------------------------------------------------------------------------------------- */
@@ -234,8 +222,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     mbar_arrive(bar_e + 8 * s);
   }
   const int row0 = k0 + cw * 64 + warp * 16 + g;
-  store_rows<D, BF>(P.dk + (int64_t)b * t * P.ld_dk + (int64_t)h * D, P.ld_dk, row0, t, dk, P.scale, tq4);
-  store_rows<D, BF>(P.dv + (int64_t)b * t * P.ld_dv + (int64_t)h * D, P.ld_dv, row0, t, dv, 1.0f, tq4);
+  store_rows<BF, D>(P.dk + (int64_t)b * t * P.ld_dk + (int64_t)h * D, P.ld_dk, row0, t, dk, P.scale, P.scale, tq4);
+  store_rows<BF, D>(P.dv + (int64_t)b * t * P.ld_dv + (int64_t)h * D, P.ld_dv, row0, t, dv, 1.0f, 1.0f, tq4);
 #else
   (void)tk, (void)tv, (void)tq, (void)tdo, (void)P;
 #endif
@@ -349,7 +337,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     fence_regs<D / 2>(&dq[0][0]);
     mbar_arrive(bar_e + 8 * s);
   }
-  store_rows<D, BF>(P.dq + (int64_t)b * t * P.ld_dq + (int64_t)h * D, P.ld_dq, i0, t, dq, P.scale, tq4);
+  store_rows<BF, D>(P.dq + (int64_t)b * t * P.ld_dq + (int64_t)h * D, P.ld_dq, i0, t, dq, P.scale, P.scale, tq4);
 #else
   (void)tq, (void)tdo, (void)tk, (void)tv, (void)P;
 #endif

@@ -99,6 +99,33 @@ __device__ __forceinline__ float row_dot(const uint16_t *og, const uint16_t *dg,
   return acc;
 }
 
+/* Stores a warp's 16 x D f32 tile acc, this thread's rows r0 and r0 + 8 times mul0 and mul1, as rows of a head
+ * matrix (f16/bf16, rows ld elements apart), rows at or past t skipped. */
+template <bool BF, int D>
+__device__ __forceinline__ void store_rows(uint16_t *g_, int64_t ld, int r0, int t, float acc[][4], float mul0, float mul1, int tq) {
+  const int r1 = r0 + 8;
+#pragma unroll
+  for (int n = 0; n < D / 8; n++) {
+    const int col = n * 8 + 2 * tq;
+    if (r0 < t) *(uint32_t *)(g_ + (int64_t)r0 * ld + col) = pack2<BF>(acc[n][0] * mul0, acc[n][1] * mul0);
+    if (r1 < t) *(uint32_t *)(g_ + (int64_t)r1 * ld + col) = pack2<BF>(acc[n][2] * mul1, acc[n][3] * mul1);
+  }
+}
+
+/* The slot's stats (m, r) of rows i0 and i1 of a head (st: its [t][2]), those below t: m kept in the log2
+ * domain, stored natural (x ln 2). */
+__device__ __forceinline__ void store_stats(float *st, int t, int i0, int i1, float m0, float m1, float r0, float r1) {
+  constexpr float LN2 = 0.6931471805599453f;
+  if (i0 < t) {
+    st[2 * (int64_t)i0] = m0 * LN2;
+    st[2 * (int64_t)i0 + 1] = r0;
+  }
+  if (i1 < t) {
+    st[2 * (int64_t)i1] = m1 * LN2;
+    st[2 * (int64_t)i1 + 1] = r1;
+  }
+}
+
 } /* namespace */
 
 #endif
