@@ -103,14 +103,12 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(bar_v + 8 * s, 1);
       mbar_init(bar_e + 8 * s, CONSUMERS);
     }
-    /* the initialisations visible to the other threads and to the async proxy (TMA) */
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 
   if (wg == 0) {
-    /* the producer needs few registers: give them to the consumers (setmaxnreg is per warpgroup) */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    producer_regs();
     if (threadIdx.x == 0) {
       mbar_expect(bar_q, QB);
       for (int c = 0; c < BOXES; c++) tma_load(sq + c * (BM * 128), &tq, h * D + 64 * c, q0, b, bar_q);
@@ -126,7 +124,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  consumer_regs();
 
   const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x & 31, g = lane >> 2, tq4 = lane & 3;
   const int i0 = q0 + cw * 64 + warp * 16 + g, i1 = i0 + 8; /* this thread's two rows */

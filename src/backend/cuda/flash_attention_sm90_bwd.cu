@@ -97,6 +97,18 @@ __device__ __forceinline__ uint64_t kmajor(uint32_t base, int rows, int row0, in
 /* The MN-major descriptor of k step kc (rows 16 kc ..) of a tile of `rows`-row boxes at base. */
 __device__ __forceinline__ uint64_t mnmajor(uint32_t base, int rows, int kc) { return sw128_desc(base + kc * 2048, rows * 128, 1024); }
 
+/* Both passes' barriers, by thread 0: `once` for the block's resident tiles (the producer's one arrival), and per
+ * stage of the ring a full barrier (the producer's arrival and its TMA bytes) and an empty one (every consumer
+ * thread's arrival), 8 bytes apart. */
+__device__ __forceinline__ void ring_init(uint32_t once, uint32_t full, uint32_t empty, int consumers) {
+  mbar_init(once, 1);
+  for (int s = 0; s < STAGES; s++) {
+    mbar_init(full + 8 * s, 1);
+    mbar_init(empty + 8 * s, consumers);
+  }
+  mbar_init_fence();
+}
+
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 /* ---- dK, dV ----------------------------------------------------------------------------------------------------- */
@@ -120,18 +132,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int wg = threadIdx.x / 128;
   const float *auxg = P.aux + ((int64_t)bh * P.tpad) * 4;
 
-  if (threadIdx.x == 0) {
-    mbar_init(bar_kv, 1);
-    for (int s = 0; s < STAGES; s++) {
-      mbar_init(bar_f + 8 * s, 1);
-      mbar_init(bar_e + 8 * s, CONSUMERS);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (threadIdx.x == 0) ring_init(bar_kv, bar_f, bar_e, CONSUMERS);
   __syncthreads();
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    producer_regs();
     if (threadIdx.x == 0) {
       mbar_expect(bar_kv, 2 * KB);
       for (int c = 0; c < BOXES; c++) {
@@ -152,7 +157,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  consumer_regs();
 
   const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x & 31, g = lane >> 2, tq4 = lane & 3;
   const int j0 = k0 + cw * 64 + warp * 16 + g, j1 = j0 + 8; /* this thread's two keys */
@@ -249,18 +254,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int ntiles = (min(q0 + BK, t) - 1) / BT + 1; /* the key tiles up to the block's last row */
   const int wg = threadIdx.x / 128;
 
-  if (threadIdx.x == 0) {
-    mbar_init(bar_q, 1);
-    for (int s = 0; s < STAGES; s++) {
-      mbar_init(bar_f + 8 * s, 1);
-      mbar_init(bar_e + 8 * s, CONSUMERS);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (threadIdx.x == 0) ring_init(bar_q, bar_f, bar_e, CONSUMERS);
   __syncthreads();
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    producer_regs();
     if (threadIdx.x == 0) {
       mbar_expect(bar_q, 2 * QB);
       for (int c = 0; c < BOXES; c++) {
@@ -280,7 +278,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  consumer_regs();
 
   const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x & 31, g = lane >> 2, tq4 = lane & 3;
   const int i0 = q0 + cw * 64 + warp * 16 + g, i1 = i0 + 8; /* this thread's two rows */
