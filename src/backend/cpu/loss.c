@@ -128,10 +128,9 @@ static inline float row_softmax(const float *x, size_t C, float mx, int given_r,
   return s;
 }
 
-/* One row's gradient: gx[c] += w * (p[c] - smooth - (1 - eps at the target)). gx == p: the fresh row
- * 0.0f + that term written over p (the one-pass forward; the bits of a zeroed gx's). */
-static inline void row_grad(float *gx, const float *p, size_t C, int64_t target, float w, float smooth, float eps) {
-  const int fresh = gx == p;
+/* One row's gradient: gx[c] += w * (p[c] - smooth - (1 - eps at the target)); fresh: gx[c] = 0.0f + that term
+ * (the bits of a zeroed gx's), which may then be written over p itself (the one-pass forward, gx == p). */
+static inline void row_grad(float *gx, const float *p, size_t C, int64_t target, float w, float smooth, float eps, int fresh) {
   for (size_t c = 0; c < C; c++) {
     const float term = w * (p[c] - smooth - ((int64_t)c == target ? 1.0f - eps : 0.0f));
     gx[c] = (fresh ? 0.0f : gx[c]) + term;
@@ -159,7 +158,7 @@ apex_status apex__cpu_nn_cross_entropy(const apex_nn_cross_entropy_args *a) {
     st[2 * i + 1] = r;
     l[i] = tg[i] < 0 ? 0.0f : -(1.0f - eps) * (xi[tg[i]] - lse) - eps / (float)C * sum_logp;
     if (a->gx) { /* the one-pass gradient, over p's row (x's row, which gx may be, is read no more) */
-      if (tg[i] >= 0) row_grad(pi, pi, C, tg[i], w1, eps / (float)C, eps);
+      if (tg[i] >= 0) row_grad(pi, pi, C, tg[i], w1, eps / (float)C, eps, 1);
       else memset(pi, 0, C * sizeof *pi);
       if (a->x.dtype == APEX_F32) memcpy((float *)a->gx + i * C, pi, C * sizeof *pi);
       else apex__convert_range((uint16_t *)a->gx + i * C, a->x.dtype, pi, APEX_F32, C);
@@ -199,7 +198,7 @@ apex_status apex__cpu_nn_cross_entropy_bwd(const apex_nn_cross_entropy_bwd_args 
     if (tg[i] < 0) continue;
     float *p = apex__cpu_my_row(rows, k, C, k - 1), r = st[2 * i + 1];
     (void)row_softmax(apex__cpu_row_f32(a->x, i * C, C, apex__cpu_my_row(rows, k, C, 0)), C, st[2 * i], 1, &r, p);
-    row_grad(gx + i * C, p, C, tg[i], loss_grad(red, go, i, count), smooth, eps);
+    row_grad(gx + i * C, p, C, tg[i], loss_grad(red, go, i, count), smooth, eps, 0);
   }
   return APEX_OK;
 }

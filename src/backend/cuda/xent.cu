@@ -105,10 +105,16 @@ __device__ __forceinline__ void ms_add(float m, float &s, float &sx, float x) {
   sx += x;
 }
 
-/* Element c of a row's one-pass gradient, ce_bwd_kernel's term into a fresh gradient with weight w
- * (an ignored row, t < 0: 0, whatever x holds). */
+/* Element c's gradient term w (p - smooth - (1 - eps at the target t)), p = exp(x - m) r recomputed from the
+ * row's stats: the backward's, and the one-pass forward's. */
+__device__ __forceinline__ float ce_term(float x, float m, float r, float w, float smooth, float eps, int64_t c, int64_t t) {
+  return w * (expf(x - m) * r - smooth - (c == t ? 1.0f - eps : 0.0f));
+}
+
+/* Element c of a row's one-pass gradient: the term into a fresh gradient (an ignored row, t < 0: 0, whatever x
+ * holds), as ce_bwd_kernel stores it. */
 __device__ __forceinline__ float ce_grad(float x, float m, float r, float w, float smooth, float eps, int64_t c, int64_t t) {
-  return t < 0 ? 0.0f : 0.0f + w * (expf(x - m) * r - smooth - (c == t ? 1.0f - eps : 0.0f));
+  return t < 0 ? 0.0f : 0.0f + ce_term(x, m, r, w, smooth, eps, c, t);
 }
 
 /* The block's (m, s) and sum of x, every thread getting them: warps by butterflies, then warp 0 over the
@@ -248,8 +254,7 @@ __global__ void ce_bwd_kernel(const void *x, apex_dtype xt, const float *stats, 
         apex_st(gx, gxt, base + c, prev);
         continue;
       }
-      const float p = expf(apex_ld(x, xt, base + c) - m) * r;
-      apex_st(gx, gxt, base + c, prev + w * (p - smooth - (c == t ? 1.0f - eps : 0.0f)));
+      apex_st(gx, gxt, base + c, prev + ce_term(apex_ld(x, xt, base + c), m, r, w, smooth, eps, c, t));
     }
   }
 }
