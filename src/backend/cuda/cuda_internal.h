@@ -195,8 +195,8 @@ apex_status apex__cuda_bn_stats(const void *x, apex_dtype xt, int64_t n, int64_t
 apex_status apex__cuda_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
                             const void *b, apex_dtype in_type, float beta, void *c, apex_dtype c_type,
                             const void *bias, int gelu);
-/* apex__cuda_gemm without epilogue, alpha read from the device (one f32; NULL: 1) and beta 0 or 1 (else
- * APEX_ERR_INVALID_ARG): a scale known only on the device (a loss's gradient) applied to the f32 sums. */
+/* apex__cuda_gemm without epilogue, alpha read from the device (one f32; NULL: 1, on the host), beta then 0 or 1
+ * (else APEX_ERR_INVALID_ARG): a scale known only on the device (a loss's gradient) applied to the f32 sums. */
 apex_status apex__cuda_gemm_scaled(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *alpha, const void *a,
                                    const void *b, apex_dtype in_type, float beta, void *c, apex_dtype c_type);
 /* cuBLASLt's training epilogues, for C = op(A) op(B) (row-major, as apex__cuda_gemm; alpha 1, beta 0):

@@ -304,7 +304,6 @@ extern "C" apex_status apex__cuda_gemm(int trans_a, int trans_b, int64_t m, int6
 
 extern "C" apex_status apex__cuda_gemm_scaled(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *alpha,
                                               const void *a, const void *b, apex_dtype in_type, float beta, void *c, apex_dtype c_type) {
-  if (!alpha) return apex__cuda_gemm(trans_a, trans_b, m, n, k, 1.0f, a, b, in_type, beta, c, c_type, NULL, 0);
   return gemm("apex_kernel_matmul", trans_a, trans_b, m, n, k, 1.0f, a, trans_a ? m : k, 0, b, trans_b ? k : n, 0, in_type, beta, c,
               n, 0, c_type, 1, NULL, 0, NULL, alpha);
 }
