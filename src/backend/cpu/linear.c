@@ -135,9 +135,9 @@ apex_status apex__cpu_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
   if (a->dgelu_pre.data) return linear_bwd_dgelu(a);
   int m = a->m, n = a->n, k = a->k;
   if (a->gout_scale && a->gb) return apex__fail(APEX_ERR_INVALID_ARG, "nn_linear_bwd: gout_scale with a bias gradient (args_nn.h)");
-  if (a->gelu && a->gout_dtype != APEX_F32) {
-    /* gpre rounded to gout's dtype, as the GELU op's backward would land it in pre's gradient
-     * (args_nn.h), then the plain backward on it */
+  if (a->gelu) {
+    /* gpre in gout's dtype (rounded when that is half), as the GELU op's backward would land it in pre's
+     * fresh gradient (args_nn.h), then the plain backward on it */
     size_t mn = (size_t)m * n;
     void *gp = a->ws.get(a->ws.ctx, (mn ? mn : 1) * apex_dtype_size(a->gout_dtype));
     if (!gp) return APEX_ERR_OUT_OF_MEMORY;
@@ -154,15 +154,6 @@ apex_status apex__cpu_nn_linear_bwd(const apex_nn_linear_bwd_args *a) {
   apex_status rs = apex__linear_bwd_f32(&apex__cpu_backend, linear_bwd_k, a, &ran);
   if (ran) return rs;
   const float *go = a->gout;
-  if (a->gelu) { /* gpre in the workspace, as the GELU op's backward would store it into a fresh gradient */
-    size_t mn = (size_t)m * n;
-    float *gp = a->ws.get(a->ws.ctx, (mn ? mn : 1) * sizeof(float));
-    if (!gp) return APEX_ERR_OUT_OF_MEMORY;
-    apex_status st = apex__cpu_nn_unary_bwd(&(apex_nn_unary_bwd_args){.kind = APEX_NN_GELU_TANH, .n = mn, .x = a->pre, .gout = go,
-                                                                       .gx = gp, .accumulate_x = 0, .ws = a->ws});
-    if (st != APEX_OK) return st;
-    go = gp;
-  }
   const float alpha = a->gout_scale ? *a->gout_scale : 1.0f; /* the products' alpha: the CPU's memory is the host's */
   if (a->gx && apex__gemm(&a->ws, m, k, n, alpha, mat_f32(go, n, 0), mat(a->w, 0, k, 0), a->accumulate_x ? 1.0f : 0.0f, a->gx,
                           APEX_F32, k, NULL) != APEX_OK)
